@@ -1,0 +1,1 @@
+"""Built-in emitters of stg (installed as stg.emitters); each module is an ordinary plugin."""

@@ -1,0 +1,91 @@
+"""GPT (Megatron-LM): multi-head attention, GELU MLP, LayerNorm, learned position embeddings.
+
+Tensor parallelism follows Megatron: Q/K/V and the first MLP matmul are split by output
+(heads, dff), the attention output and the second MLP matmul by input, the vocabulary of the
+embedding and LM head by rows. Every collective follows from these splits.
+"""
+
+from __future__ import annotations
+
+import sympy
+
+from stg import hookimpl
+from stg.records import Model
+from stg.symbolic import GraphBuilder, Tensor
+
+GELU_FLOPS = 8  # tanh approximation, per element
+SOFTMAX_FLOPS = 5  # scale, max, subtract+exp, sum, divide
+CROSS_ENTROPY_FLOPS = 5
+CROSS_ENTROPY_BACKWARD_FLOPS = 3
+
+
+def causal_scale(b: GraphBuilder) -> sympy.Expr:
+    """Half of the s×s score matrix is computed under causal masking (``--causal true``)."""
+    return sympy.Rational(1, 2) if b.options.get("causal") else sympy.Integer(1)
+
+
+def embedding(b: GraphBuilder, x: None) -> Tensor:
+    # As in Megatron: with learned positions the word embedding is all-reduced, positions are
+    # added on the whole sequence, and the sum is then split for sequence parallelism.
+    wte = b.weight("wte", "dvocal dmodel", shard={"dvocal": "tp"})
+    h = b.unpartial(b.gather(wte, b.tokens(), name="token_embedding"))
+    return b.elementwise("position_embedding", h, b.weight("wpe", "seq dmodel"), flops=1)
+
+
+def attention(b: GraphBuilder, x: Tensor) -> Tensor:
+    q = b.einsum("bsh,hak->bsak", x, b.weight("wq", "dmodel head dhead", shard={"head": "tp"}), name="q")
+    k = b.einsum("bsh,hak->bsak", x, b.weight("wk", "dmodel head dhead", shard={"head": "tp"}), name="k")
+    v = b.einsum("bsh,hak->bsak", x, b.weight("wv", "dmodel head dhead", shard={"head": "tp"}), name="v")
+    q = b.elementwise("q_bias", q, b.weight("bq", "head dhead", shard={"head": "tp"}))
+    k = b.elementwise("k_bias", k, b.weight("bk", "head dhead", shard={"head": "tp"}))
+    v = b.elementwise("v_bias", v, b.weight("bv", "head dhead", shard={"head": "tp"}))
+    with b.tag("core_attention"):
+        scores = b.einsum("bsak,btak->bast", q, k, name="scores", scale=causal_scale(b))
+        probs = b.elementwise("softmax", scores, flops=SOFTMAX_FLOPS, reduce=(-1,))
+        ctx = b.einsum("bast,btak->bsak", probs, v, name="context", scale=causal_scale(b))
+    o = b.einsum("bsak,akh->bsh", ctx, b.weight("wo", "head dhead dmodel", shard={"head": "tp"}), name="attn_out")
+    return b.elementwise("attn_out_bias", b.residual(o), b.weight("bo", "dmodel"))
+
+
+def mlp(b: GraphBuilder, x: Tensor) -> Tensor:
+    u = b.einsum("bsh,hf->bsf", x, b.weight("w1", "dmodel dff", shard={"dff": "tp"}), name="fc1")
+    u = b.elementwise("fc1_bias", u, b.weight("b1", "dff", shard={"dff": "tp"}))
+    u = b.elementwise("gelu", u, flops=GELU_FLOPS)
+    d = b.einsum("bsf,fh->bsh", u, b.weight("w2", "dff dmodel", shard={"dff": "tp"}), name="fc2")
+    return b.elementwise("fc2_bias", b.residual(d), b.weight("b2", "dmodel"))
+
+
+def block(b: GraphBuilder, x: Tensor) -> Tensor:
+    x = b.add(x, attention(b, b.layernorm(x, "ln1")), name="residual1")
+    return b.add(x, mlp(b, b.layernorm(x, "ln2")), name="residual2")
+
+
+def lm_head(b: GraphBuilder, x: Tensor, norm: str = "layernorm") -> Tensor:
+    """Final norm, LM head over the vocabulary-parallel weight, and cross-entropy loss."""
+    h = getattr(b, norm)(x, "ln_f")
+    logits = b.einsum("bsh,vh->bsv", h, b.weight("lm_head", "dvocal dmodel", shard={"dvocal": "tp"}), name="logits")
+    return b.custom(
+        "cross_entropy",
+        [logits],
+        "batch seq",
+        flops=CROSS_ENTROPY_FLOPS,
+        backward_flops=CROSS_ENTROPY_BACKWARD_FLOPS,
+        out_dtype="fp32",
+    )
+
+
+def head(b: GraphBuilder, x: Tensor) -> Tensor:
+    return lm_head(b, x, "layernorm")
+
+
+@hookimpl
+def stg_register_models(register):  # type: ignore[no-untyped-def]
+    register(
+        Model(
+            "gpt",
+            embedding=embedding,
+            block=block,
+            head=head,
+            description="GPT: multi-head attention, GELU MLP, LayerNorm, learned positions",
+        )
+    )

@@ -1,0 +1,157 @@
+"""Automatic backward: derive the backward ops of a built part from its forward ops.
+
+The gradient of an einsum is two einsums; of an elementwise op, an elementwise op of declared
+cost (and a reduction for broadcast operands such as a norm's weight); of a collective, the
+reshard back to its input's sharding (all-gather <-> reduce-scatter, all-reduce <-> nothing,
+all-to-all <-> all-to-all). Collectives of the backward are inferred exactly like forward ones.
+Weight gradients stay partial over the axes that split the batch (and sequence); their
+reduction is built separately, once per iteration (:func:`build_grad_reduction`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from stg.sharding import Sharding
+from stg.symbolic import GraphBuilder, Op, Tensor
+
+
+def _key(t: Tensor) -> int:
+    return id(t.base or t)
+
+
+def grad_sharding(t: Tensor) -> Sharding:
+    """How the gradient of ``t`` is sharded: like ``t``, but never partial (the gradient of a
+    partial sum is the full gradient on every rank that holds a summand)."""
+    return t.sharding.with_partial(())
+
+
+class _Grads:
+    def __init__(self, b: GraphBuilder) -> None:
+        self.b = b
+        self.contributions: dict[int, list[Tensor]] = defaultdict(list)
+        self.forward: dict[int, Tensor] = {}
+
+    def add(self, tensor: Tensor, grad: Tensor) -> None:
+        self.forward.setdefault(_key(tensor), tensor.base or tensor)
+        self.contributions[_key(tensor)].append(grad)
+
+    def total(self, tensor: Tensor, conform: bool) -> Tensor | None:
+        """The summed gradient of ``tensor``; resharded like ``tensor`` when ``conform``."""
+        terms = self.contributions.get(_key(tensor))
+        if not terms:
+            return None
+        b = self.b
+        if len(terms) > 1 and any(t.sharding != terms[0].sharding for t in terms):
+            terms = [b.reshard(t, grad_sharding(tensor)) for t in terms]
+        grad = b.add(*terms, name=f"{tensor.name}.grad_sum") if len(terms) > 1 else terms[0]
+        return b.reshard(grad, grad_sharding(tensor)) if conform else grad
+
+
+def build_backward(b: GraphBuilder, seed: Tensor | None, loss: Tensor | None = None) -> None:
+    """Append the backward ops of ``b.part`` to it.
+
+    ``seed`` is the gradient arriving at the part's output (an input of the backward), or
+    ``None`` when the part ends in ``loss``, whose gradient is implicit. Fills
+    ``part.grad_input`` (the gradient of the part's first input, sharded like it) and
+    ``part.weight_grads``.
+    """
+    part = b.part
+    grads = _Grads(b)
+    with b.phase("backward"):
+        if seed is not None:
+            assert part.output is not None
+            grads.add(part.output, seed)
+        for op in reversed(part.forward):
+            is_loss = loss is not None and op.output is loss
+            if is_loss:
+                dy = None
+            else:
+                dy = grads.total(op.output, conform=op.kind != "collective")
+                if dy is None:
+                    continue
+            _backward_op(b, op, dy, grads)
+        for w in part.weights:
+            g = grads.total(w, conform=False)
+            if g is not None:
+                part.weight_grads[w] = g
+        for t in part.inputs:
+            if t.kind == "input" and grads.contributions.get(_key(t)):
+                part.grad_input = grads.total(t, conform=True)
+                break
+
+
+def _backward_op(b: GraphBuilder, op: Op, dy: Tensor | None, grads: _Grads) -> None:
+    name = op.name
+    if op.kind == "collective":
+        assert dy is not None
+        x = op.inputs[0]
+        grads.add(x, b.reshard(dy, grad_sharding(x)))
+    elif op.kind == "einsum":
+        assert dy is not None
+        lhs, out_letters = op.spec.split("->")
+        letters = lhs.split(",")
+        for i, x in enumerate(op.inputs):
+            if not _needs_grad(x):
+                continue
+            others = [(letters[j], t) for j, t in enumerate(op.inputs) if j != i]
+            if x.kind == "weight":
+                spec = ",".join([*(lt for lt, _ in others), out_letters]) + "->" + letters[i]
+                operands = [*(t for _, t in others), dy]
+            else:
+                spec = ",".join([out_letters, *(lt for lt, _ in others)]) + "->" + letters[i]
+                operands = [dy, *(t for _, t in others)]
+            grads.add(x, b.einsum(spec, *operands, name=f"{name}.grad_{x.name}", scale=op.scale))
+    elif op.kind == "elementwise":
+        assert dy is not None
+        x = op.inputs[0]
+        full = [t for t in op.inputs if t.dims == x.dims and _needs_grad(t)]
+        reduce_names = list(op.reduce_dims)
+        share = op.backward_flops_per_element / max(len(full), 1)
+        for t in full:
+            g = b.elementwise(f"{name}.grad_{t.name}", dy, *op.inputs, flops=share, backward_flops=0, reduce=reduce_names)
+            grads.add(t, b.reshard(g, grad_sharding(t)))
+        for t in op.inputs:
+            if t.dims != x.dims and _needs_grad(t):
+                grads.add(t, b.reduce_to(f"{name}.grad_{t.name}", dy, t, x, flops=2))
+    elif op.kind == "add":
+        assert dy is not None
+        for t in op.inputs:
+            if _needs_grad(t):
+                grads.add(t, b.reshard(dy, grad_sharding(t)))
+    elif op.kind == "gather":
+        assert dy is not None
+        table = op.inputs[0]
+        source = b.reshard(dy, grad_sharding(op.output))
+        grads.add(table, b.scatter_add(f"{name}.grad_{table.name}", source, op.inputs[1], table))
+    elif op.kind == "custom":
+        saved = op.inputs if dy is None else (*op.inputs, dy)
+        for i in op.grad_inputs:
+            t = op.inputs[i]
+            if not _needs_grad(t):
+                continue
+            g = b.custom(
+                f"{name}.grad_{t.name}",
+                saved,
+                t.dims,
+                flops=op.backward_flops_per_element,
+                backward_flops=0,
+                out_sharding=grad_sharding(t),
+            )
+            grads.add(t, g)
+    else:  # pragma: no cover - every op kind is handled above
+        raise AssertionError(f"no backward rule for op kind {op.kind!r}")
+
+
+def _needs_grad(t: Tensor) -> bool:
+    return t.kind in {"activation", "weight", "input"}
+
+
+def build_grad_reduction(b: GraphBuilder, target: dict[Tensor, Sharding] | None = None) -> None:
+    """Append, in the reduce phase, the collectives that turn each weight gradient (partial
+    over the data axes) into the sharding its weight (or ``target[weight]``) has."""
+    part = b.part
+    with b.phase("reduce"):
+        for w, g in part.weight_grads.items():
+            want = (target or {}).get(w, w.sharding)
+            b.reshard(g, want)

@@ -1,0 +1,151 @@
+"""The generation pipeline: options -> plan -> model parts -> lowered stages -> Workload."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from stg.autodiff import build_backward, build_grad_reduction
+from stg.layout import Layout, parse_rank_order
+from stg.lowering import Binder, BoundPart, ModelParts, bind_part, lower_stage
+from stg.options import GenerateOptions, OptionError
+from stg.plan import ParallelPlan, make_plan
+from stg.records import Model, PipelineSchedule
+from stg.symbolic import (
+    DTYPE_BYTES,
+    Capacity,
+    Dff,
+    Dmodel,
+    Dvocal,
+    Experts,
+    GraphBuilder,
+    Head,
+    KExperts,
+    KVHead,
+    MicroBatch,
+    Seq,
+)
+from stg.workload import RankGraph, Workload
+
+if TYPE_CHECKING:
+    from stg.plugins import Registry
+
+Progress = Callable[[str, int, int], None]
+
+
+def validate_options(options: GenerateOptions, registry: Registry) -> ParallelPlan:
+    """Check every option (names against the registry, degrees against the model) and return
+    the plan. Raises :class:`~stg.options.OptionError` (or UnknownNameError) on bad input."""
+    registry.models.get(options.model)
+    schedule = registry.schedules.get(options.pipeline_schedule)
+    plan = make_plan(options)
+    if options.virtual_stages > 1 and not schedule.supports_chunks:
+        raise OptionError(
+            f"pipeline_schedule={options.pipeline_schedule} does not support virtual_stages > 1"
+        )
+    return plan
+
+
+def symbol_values(options: GenerateOptions) -> dict[Any, int]:
+    """Integer values of the standard dimension symbols for one run."""
+    micro_batch = options.micro_batch or options.batch
+    tokens = micro_batch * options.seq
+    capacity = -(-int(tokens * options.kexperts * options.capacity_factor) // options.experts)
+    return {
+        MicroBatch: micro_batch,
+        Seq: options.seq,
+        Dmodel: options.dmodel,
+        Dff: options.dff,
+        Head: options.head,
+        KVHead: options.kvhead,
+        Dvocal: options.dvocal,
+        Experts: options.experts,
+        KExperts: options.kexperts,
+        Capacity: capacity,
+    }
+
+
+def build_parts(model: Model, plan: ParallelPlan) -> ModelParts:
+    """Build, differentiate and bind the embedding, block and head of ``model``."""
+    o = plan.options
+    binder = Binder(symbol_values(o), plan.degrees)
+    bound: dict[str, BoundPart] = {}
+    for name in ("embedding", "block", "head"):
+        b = GraphBuilder(
+            name,
+            active_axes=plan.active_axes,
+            data_axes=plan.data_axes,
+            seq_axes=plan.seq_axes,
+            dtype=o.dtype,
+            options=o.as_dict(),
+        )
+        x = None if name == "embedding" else b.residual_input()
+        with b.tag(name):
+            result = getattr(model, name)(b, x)
+        if name == "head":
+            build_backward(b, seed=None, loss=result)
+            seed = None
+        else:
+            if b.part.output is None:
+                b.output(result)
+            seed = b.input("grad_output", b.part.output.dims, _shard_of(b.part.output))  # type: ignore[union-attr]
+            seed.kind = "grad"
+            build_backward(b, seed=seed)
+        build_grad_reduction(b)
+        bound[name] = bind_part(b.part, binder, seed)
+    weight_bytes = DTYPE_BYTES[o.dtype]
+    return ModelParts(
+        bound["embedding"],
+        bound["block"],
+        bound["head"],
+        optimizer_bytes_per_param=int(2 * weight_bytes + weight_bytes + 16),
+    )
+
+
+def _shard_of(t: Any) -> dict[str, Any]:
+    return {d.name: axes for d, axes in zip(t.dims, t.sharding.dims, strict=True)}
+
+
+def build_workload(
+    options: GenerateOptions, registry: Registry, progress: Progress | None = None
+) -> Workload:
+    """Build the workload of one training iteration for every rank."""
+    plan = validate_options(options, registry)
+    model = registry.models.get(options.model)
+    schedule: PipelineSchedule = registry.schedules.get(options.pipeline_schedule)
+    parts = build_parts(model, plan)
+    stages = plan.stages
+    orders = [schedule.order(s, stages, plan.micro_batches, plan.chunks_per_stage) for s in range(stages)]
+    total_steps = sum(len(o) for o in orders)
+    done = 0
+    classes = []
+    for stage in range(stages):
+        def tick() -> None:
+            nonlocal done
+            done += 1
+            if progress is not None:
+                progress("lowering", done, total_steps)
+
+        classes.append(lower_stage(stage, plan, parts, orders[stage], tick))
+    used_axes: list[tuple[str, ...]] = []
+    stage_axes: list[set[tuple[str, ...]]] = []
+    for cls in classes:
+        axes_here = {n.group_axes for n in cls.nodes if n.group_axes}
+        stage_axes.append(axes_here)
+        for axes in sorted(axes_here):
+            if axes not in used_axes:
+                used_axes.append(axes)
+    layout = Layout(plan.degrees, parse_rank_order(options.rank_order), tuple(used_axes))
+    ranks = tuple(RankGraph(r, classes[layout.stage(r)], layout) for r in range(layout.world_size))
+    groups: dict[int, tuple[int, ...]] = {}
+    for graph in ranks:
+        for axes in stage_axes[graph.rank_class.stage]:
+            gid = layout.group_id(graph.rank, axes)
+            groups.setdefault(gid, layout.members(graph.rank, axes))
+    metadata = {
+        "generator": "stg",
+        "options": options.as_dict(),
+        "micro_batches": plan.micro_batches,
+        "layers_per_chunk": list(plan.layers_per_chunk),
+    }
+    return Workload(ranks, dict(sorted(groups.items())), layout, metadata)

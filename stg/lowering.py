@@ -1,0 +1,437 @@
+"""Lowering: bind a built model to integers once, then lay out each pipeline stage's nodes.
+
+:func:`bind_part` turns the symbolic ops of a part into :class:`BoundOp` records with integer
+FLOPs and bytes for one rank (sympy is evaluated here, once per run, never per rank or per
+micro-batch). :func:`lower_stage` instantiates the bound parts for every step of the stage's
+pipeline schedule and returns a :class:`~stg.workload.RankClass`: node ids in execution
+order, data deps for data flow, ctrl deps for the schedule and collective issue order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from fractions import Fraction
+from math import prod
+
+import sympy
+
+from stg.options import OptionError
+from stg.plan import ParallelPlan
+from stg.symbolic import DTYPE_BYTES, Dim, Op, Part, Tensor
+from stg.workload import CollectiveType, NodeTemplate, NodeType, RankClass
+
+DIM_OPTION = {"batch": "micro_batch", "qgroup": "head/kvhead", "dhead": "dmodel/head"}
+OPTIMIZER_FLOPS_PER_PARAM = 12  # Adam: two moment updates, bias correction, update
+
+
+def key(t: Tensor) -> int:
+    """Identity of a tensor's storage (views share their base's)."""
+    return id(t.base or t)
+
+
+class Binder:
+    """Evaluates symbolic sizes for one run: global dims to ints, local (per rank) sizes."""
+
+    def __init__(self, values: Mapping[sympy.Symbol, int], degrees: Mapping[str, int]) -> None:
+        self.values = dict(values)
+        self.degrees = dict(degrees)
+        self._dims: dict[sympy.Expr, int] = {}
+
+    def size(self, d: Dim) -> int:
+        cached = self._dims.get(d.size)
+        if cached is None:
+            value = sympy.sympify(sympy.sympify(d.size).xreplace(self.values))
+            if not value.is_Integer:
+                raise OptionError(f"{DIM_OPTION.get(d.name, d.name)}={value} must be a whole number")
+            cached = self._dims[d.size] = int(value)
+        return cached
+
+    def local_dim(self, d: Dim, axes: Iterable[str]) -> int:
+        axes = sorted(axes)
+        split = prod(self.degrees[a] for a in axes)
+        size = self.size(d)
+        if size % split:
+            who = "·".join(axes)
+            raise OptionError(
+                f"{who}={split} must divide {DIM_OPTION.get(d.name, d.name)}={size}"
+            )
+        return size // split
+
+    def numel(self, t: Tensor) -> int:
+        return prod(self.local_dim(d, a) for d, a in zip(t.dims, t.sharding.dims, strict=True))
+
+    def nbytes(self, t: Tensor) -> int:
+        return int(self.numel(t) * DTYPE_BYTES[t.dtype])
+
+
+@dataclass(frozen=True, slots=True)
+class BoundOp:
+    """An op of one rank with integer costs; ``inputs``/``output`` are tensor keys."""
+
+    name: str
+    type: NodeType
+    inputs: tuple[int, ...]
+    output: int
+    num_ops: int = 0
+    tensor_size: int = 0
+    comm_type: CollectiveType | None = None
+    comm_size: int = 0
+    group_axes: tuple[str, ...] = ()
+    tags: frozenset[str] = frozenset()
+    dtype: str | None = None
+
+
+def _flops(op: Op, binder: Binder) -> int:
+    if op.kind == "einsum":
+        lhs, _ = op.spec.split("->")
+        sizes: dict[str, int] = {}
+        for letters, t in zip(lhs.split(","), op.inputs, strict=True):
+            for letter, d, axes in zip(letters, t.dims, t.sharding.dims, strict=True):
+                sizes.setdefault(letter, binder.local_dim(d, axes))
+        return int(2 * prod(sizes.values()) * Fraction(str(op.scale)))
+    if op.kind in {"elementwise", "custom"}:
+        return int(Fraction(str(op.flops_per_element)) * binder.numel(op.inputs[0]))
+    if op.kind == "add":
+        return int(Fraction(str(op.flops_per_element)) * binder.numel(op.output))
+    return 0
+
+
+def bind_ops(ops: Iterable[Op], binder: Binder) -> list[BoundOp]:
+    """Integer costs for every op of one phase of a part."""
+    bound = []
+    for op in ops:
+        inputs = tuple(key(t) for t in op.inputs)
+        if op.kind == "collective":
+            assert op.collective is not None
+            bound.append(
+                BoundOp(
+                    op.name,
+                    NodeType.COMM_COLL,
+                    inputs,
+                    key(op.output),
+                    comm_type=op.collective,
+                    comm_size=binder.nbytes(op.inputs[0]),
+                    group_axes=tuple(sorted(op.axes)),
+                    tags=op.tags,
+                    dtype=op.inputs[0].dtype,
+                )
+            )
+        else:
+            moved = sum(binder.nbytes(t) for t in op.inputs if t.kind != "index") + binder.nbytes(op.output)
+            moved += sum(binder.numel(t) * 4 for t in op.inputs if t.kind == "index")
+            bound.append(
+                BoundOp(
+                    op.name,
+                    NodeType.COMP,
+                    inputs,
+                    key(op.output),
+                    num_ops=_flops(op, binder),
+                    tensor_size=moved,
+                    tags=op.tags,
+                    dtype=op.output.dtype,
+                )
+            )
+    return bound
+
+
+@dataclass
+class BoundPart:
+    """A part bound to integers: forward, backward and once-per-iteration reduce ops."""
+
+    part: Part
+    forward: list[BoundOp]
+    backward: list[BoundOp]
+    reduce: list[BoundOp]
+    input_key: int | None
+    output_key: int | None
+    seed_key: int | None
+    grad_input_key: int | None
+    grad_keys: tuple[int, ...]
+    parameters: int
+    boundary_bytes: int
+
+
+def bind_part(part: Part, binder: Binder, seed: Tensor | None) -> BoundPart:
+    grads = tuple(key(g) for g in part.weight_grads.values())
+    input_tensor = next((t for t in part.inputs if t.kind == "input"), None)
+    boundary = part.output if part.output is not None else input_tensor
+    return BoundPart(
+        part,
+        bind_ops(part.forward, binder),
+        bind_ops(part.backward, binder),
+        bind_ops(part.reduce, binder),
+        key(input_tensor) if input_tensor is not None else None,
+        key(part.output) if part.output is not None else None,
+        key(seed) if seed is not None else None,
+        key(part.grad_input) if part.grad_input is not None else None,
+        grads,
+        sum(binder.numel(w) for w in part.weights),
+        binder.nbytes(boundary) if boundary is not None else 0,
+    )
+
+
+@dataclass
+class ModelParts:
+    """The three bound parts of a model for one run."""
+
+    embedding: BoundPart
+    block: BoundPart
+    head: BoundPart
+    optimizer_bytes_per_param: int = 16
+
+
+Env = dict[int, tuple[int, ...]]
+
+
+@dataclass
+class _Nodes:
+    """Accumulates the node templates of one stage in execution order."""
+
+    nodes: list[NodeTemplate] = field(default_factory=list)
+    last_comp: int | None = None
+    step_pending: int | None = None
+    last_coll: dict[tuple[str, ...], int] = field(default_factory=dict)
+
+    def start_step(self) -> None:
+        self.step_pending = self.last_comp
+
+    def add(self, template_fields: dict, data_deps: Iterable[int]) -> int:
+        nid = len(self.nodes)
+        deps = tuple(sorted(set(data_deps)))
+        ctrl: list[int] = []
+        if self.step_pending is not None:
+            if self.step_pending not in deps:
+                ctrl.append(self.step_pending)
+            self.step_pending = None
+        node_type = template_fields["type"]
+        if node_type is NodeType.COMM_COLL:
+            axes = template_fields["group_axes"]
+            previous = self.last_coll.get(axes)
+            if previous is not None and previous not in deps and previous not in ctrl:
+                ctrl.append(previous)
+            self.last_coll[axes] = nid
+        self.nodes.append(NodeTemplate(id=nid, data_deps=deps, ctrl_deps=tuple(ctrl), **template_fields))
+        if node_type is NodeType.COMP:
+            self.last_comp = nid
+        return nid
+
+    def run(self, ops: Iterable[BoundOp], env: Env, prefix: str) -> None:
+        for op in ops:
+            deps = [d for k in op.inputs for d in env.get(k, ())]
+            nid = self.add(_fields(op, prefix), deps)
+            env[op.output] = (nid,)
+
+
+def _fields(op: BoundOp, prefix: str) -> dict:
+    return {
+        "name": f"{prefix}{op.name}",
+        "type": op.type,
+        "num_ops": op.num_ops,
+        "tensor_size": op.tensor_size,
+        "comm_type": op.comm_type,
+        "comm_size": op.comm_size,
+        "group_axes": op.group_axes,
+        "dtype": op.dtype,
+    }
+
+
+def send_tag(direction: str, micro_batch: int, boundary: int, chunks: int) -> int:
+    """Deterministic tag of the transfer across the boundary after chunk ``boundary``."""
+    return 1 + (micro_batch * 2 + (direction == "B")) * chunks + boundary
+
+
+def lower_stage(
+    stage: int,
+    plan: ParallelPlan,
+    parts: ModelParts,
+    order: list[tuple[str, int, int]],
+    progress: Callable[[], None] | None = None,
+) -> RankClass:
+    """All node templates of one pipeline stage for one iteration."""
+    out = _Nodes()
+    chunks = plan.chunks
+    saved: dict[tuple[int, int], Env] = {}
+    layer_grads: dict[int, list[int]] = {}
+    remaining_backward: dict[int, int] = {}
+    for direction, _mb, chunk in order:
+        if direction == "B":
+            remaining_backward[chunk] = remaining_backward.get(chunk, 0) + 1
+    final_nodes: list[int] = []
+    block, emb, head = parts.block, parts.embedding, parts.head
+    selective = plan.recompute == "selective"
+    full = plan.recompute == "full"
+
+    def reduce_layer(bp: BoundPart, grad_nodes: dict[int, list[int]], prefix: str) -> None:
+        env: Env = {k: tuple(v) for k, v in grad_nodes.items()}
+        groups: dict[tuple[CollectiveType | None, tuple[str, ...]], list[BoundOp]] = {}
+        rest: list[BoundOp] = []
+        for op in bp.reduce:
+            if op.inputs[0] in grad_nodes and op.type is NodeType.COMM_COLL:
+                groups.setdefault((op.comm_type, op.group_axes), []).append(op)
+            else:
+                rest.append(op)
+        for ops in groups.values():
+            deps = [d for op in ops for k in op.inputs for d in env.get(k, ())]
+            first = ops[0]
+            fields = _fields(first, prefix)
+            fields["name"] = f"{prefix}grad_{first.comm_type.name.lower() if first.comm_type else 'reduce'}_{'_'.join(first.group_axes)}"
+            fields["comm_size"] = sum(op.comm_size for op in ops)
+            nid = out.add(fields, deps)
+            for op in ops:
+                env[op.output] = (nid,)
+            final_nodes.append(nid)
+        if rest:
+            out.run(rest, env, prefix)
+            final_nodes.extend(env[op.output][0] for op in rest)
+        if not bp.reduce:
+            final_nodes.extend(n for nodes in grad_nodes.values() for n in nodes)
+
+    def collect_grads(bp: BoundPart, env: Env, store: dict[int, list[int]]) -> None:
+        for k in bp.grad_keys:
+            store.setdefault(k, []).extend(env.get(k, ()))
+
+    embedding_grads: dict[int, list[int]] = {}
+    head_grads: dict[int, list[int]] = {}
+    block_grads: dict[int, dict[int, list[int]]] = {}
+    del layer_grads
+
+    for direction, mb, chunk in order:
+        gchunk = chunk * plan.stages + stage
+        layers = plan.chunk_layers(gchunk)
+        first, last = gchunk == 0, gchunk == chunks - 1
+        out.start_step()
+        if direction == "F":
+            if first:
+                env: Env = {}
+                out.run(emb.forward, env, f"mb{mb}/embedding/")
+                x_node = env[emb.output_key][0]  # type: ignore[index]
+                saved[(-1, mb)] = env
+            else:
+                x_node = out.add(
+                    {
+                        "name": f"mb{mb}/recv_activation_c{gchunk}",
+                        "type": NodeType.COMM_RECV,
+                        "comm_size": block.boundary_bytes,
+                        "peer_stage": plan.chunk_stage(gchunk - 1),
+                        "comm_tag": send_tag("F", mb, gchunk - 1, chunks),
+                        "dtype": None,
+                    },
+                    (),
+                )
+            for layer in layers:
+                env = {block.input_key: (x_node,)}  # type: ignore[dict-item]
+                out.run(block.forward, env, f"mb{mb}/layer{layer}/fwd/")
+                saved[(layer, mb)] = env
+                x_node = env[block.output_key][0]  # type: ignore[index]
+            if last:
+                env = {head.input_key: (x_node,)}  # type: ignore[dict-item]
+                out.run(head.forward, env, f"mb{mb}/head/fwd/")
+                saved[(chunks * 10**9, mb)] = env
+            else:
+                out.add(
+                    {
+                        "name": f"mb{mb}/send_activation_c{gchunk}",
+                        "type": NodeType.COMM_SEND,
+                        "comm_size": block.boundary_bytes,
+                        "peer_stage": plan.chunk_stage(gchunk + 1),
+                        "comm_tag": send_tag("F", mb, gchunk, chunks),
+                        "dtype": None,
+                    },
+                    (x_node,),
+                )
+        else:
+            remaining_backward[chunk] -= 1
+            final_pass = remaining_backward[chunk] == 0
+            if last:
+                env = saved.pop((chunks * 10**9, mb))
+                out.run(head.backward, env, f"mb{mb}/head/bwd/")
+                collect_grads(head, env, head_grads)
+                dy_node = env[head.grad_input_key][0]  # type: ignore[index]
+                if final_pass:
+                    reduce_layer(head, head_grads, "head/")
+            else:
+                dy_node = out.add(
+                    {
+                        "name": f"mb{mb}/recv_gradient_c{gchunk}",
+                        "type": NodeType.COMM_RECV,
+                        "comm_size": block.boundary_bytes,
+                        "peer_stage": plan.chunk_stage(gchunk + 1),
+                        "comm_tag": send_tag("B", mb, gchunk, chunks),
+                        "dtype": None,
+                    },
+                    (),
+                )
+            for layer in reversed(layers):
+                env = saved.pop((layer, mb))
+                if full:
+                    out.run(block.forward, env, f"mb{mb}/layer{layer}/recompute/")
+                elif selective:
+                    out.run(
+                        (op for op in block.forward if "core_attention" in op.tags),
+                        env,
+                        f"mb{mb}/layer{layer}/recompute/",
+                    )
+                env[block.seed_key] = (dy_node,)  # type: ignore[index]
+                out.run(block.backward, env, f"mb{mb}/layer{layer}/bwd/")
+                collect_grads(block, env, block_grads.setdefault(layer, {}))
+                dy_node = env[block.grad_input_key][0]  # type: ignore[index]
+                if final_pass:
+                    reduce_layer(block, block_grads.pop(layer), f"layer{layer}/")
+            if first:
+                env = saved.pop((-1, mb))
+                env[emb.seed_key] = (dy_node,)  # type: ignore[index]
+                out.run(emb.backward, env, f"mb{mb}/embedding/bwd/")
+                collect_grads(emb, env, embedding_grads)
+                if final_pass:
+                    reduce_layer(emb, embedding_grads, "embedding/")
+            else:
+                out.add(
+                    {
+                        "name": f"mb{mb}/send_gradient_c{gchunk}",
+                        "type": NodeType.COMM_SEND,
+                        "comm_size": block.boundary_bytes,
+                        "peer_stage": plan.chunk_stage(gchunk - 1),
+                        "comm_tag": send_tag("B", mb, gchunk - 1, chunks),
+                        "dtype": None,
+                    },
+                    (dy_node,),
+                )
+        if progress is not None:
+            progress()
+
+    params = stage_parameters(stage, plan, parts)
+    out.start_step()
+    out.add(
+        {
+            "name": "optimizer_step",
+            "type": NodeType.COMP,
+            "num_ops": OPTIMIZER_FLOPS_PER_PARAM * params,
+            "tensor_size": params * parts.optimizer_bytes_per_param,
+            "dtype": "fp32",
+        },
+        final_nodes,
+    )
+    return RankClass(
+        index=stage,
+        stage=stage,
+        nodes=tuple(out.nodes),
+        facts={
+            "parameters": params,
+            "layers": sum(len(plan.chunk_layers(c * plan.stages + stage)) for c in range(plan.chunks_per_stage)),
+            "has_embedding": stage == 0,
+            "has_head": plan.chunk_stage(plan.chunks - 1) == stage,
+            "micro_batches": plan.micro_batches,
+        },
+    )
+
+
+def stage_parameters(stage: int, plan: ParallelPlan, parts: ModelParts) -> int:
+    """Weight elements held by one rank of ``stage``."""
+    layers = sum(len(plan.chunk_layers(c * plan.stages + stage)) for c in range(plan.chunks_per_stage))
+    total = layers * parts.block.parameters
+    if stage == 0:
+        total += parts.embedding.parameters
+    if plan.chunk_stage(plan.chunks - 1) == stage:
+        total += parts.head.parameters
+    return total

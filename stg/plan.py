@@ -1,0 +1,124 @@
+"""The parallel plan: degrees checked against the model, and layers assigned to stages.
+
+Layers are split over the ``pp · virtual_stages`` model chunks as evenly as possible; when the
+division is not exact the first ``num_stacks mod chunks`` chunks get one layer more. The
+embedding runs on the first chunk (stage 0) and the LM head and loss on the last chunk (the
+last stage).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+
+from stg.layout import AXES, parse_rank_order
+from stg.options import GenerateOptions, OptionError
+from stg.symbolic import DTYPE_BYTES
+
+MAX_TAG = 500_000_000
+RECOMPUTE = {"none": "none", "false": "none", "selective": "selective", "full": "full", "true": "full"}
+
+
+@dataclass(frozen=True)
+class ParallelPlan:
+    """Degrees, micro-batching and the layer split of one run."""
+
+    options: GenerateOptions
+    degrees: dict[str, int]
+    micro_batches: int
+    chunks_per_stage: int
+    layers_per_chunk: tuple[int, ...]
+    recompute: str
+
+    @property
+    def stages(self) -> int:
+        return self.degrees["pp"]
+
+    @property
+    def active_axes(self) -> frozenset[str]:
+        return frozenset(a for a, d in self.degrees.items() if d > 1)
+
+    @property
+    def data_axes(self) -> tuple[str, ...]:
+        """Axes that split the batch: data parallelism, and expert parallelism outside experts."""
+        return ("dp", "ep")
+
+    @property
+    def seq_axes(self) -> tuple[str, ...]:
+        """Axes that split the sequence of the residual stream between layers."""
+        return ("sp", "tp") if self.options.tpsp else ("sp",)
+
+    @property
+    def chunks(self) -> int:
+        return self.stages * self.chunks_per_stage
+
+    def chunk_layers(self, chunk: int) -> range:
+        """Global indices of the layers of model chunk ``chunk`` (0 .. chunks-1)."""
+        start = sum(self.layers_per_chunk[:chunk])
+        return range(start, start + self.layers_per_chunk[chunk])
+
+    def chunk_stage(self, chunk: int) -> int:
+        return chunk % self.stages
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise OptionError(message)
+
+
+def make_plan(o: GenerateOptions) -> ParallelPlan:
+    """Check the options against each other and derive the plan; raise OptionError otherwise."""
+    degrees = {"dp": o.dp, "tp": o.tp, "sp": o.sp, "pp": o.pp, "ep": o.ep}
+    for axis in AXES:
+        _require(isinstance(degrees[axis], int) and degrees[axis] >= 1, f"{axis}={degrees[axis]} must be a positive integer")
+    for name in ("dvocal", "dmodel", "dff", "batch", "seq", "head", "kvhead", "num_stacks", "experts", "kexperts"):
+        value = getattr(o, name)
+        _require(isinstance(value, int) and value >= 1, f"{name}={value} must be a positive integer")
+    micro_batch = o.micro_batch or o.batch
+    _require(micro_batch >= 1, f"micro_batch={micro_batch} must be a positive integer")
+    _require(o.batch % micro_batch == 0, f"micro_batch={micro_batch} must divide batch={o.batch}")
+    replicas = o.dp * o.ep
+    _require(
+        micro_batch % replicas == 0,
+        f"dp·ep={replicas} must divide micro_batch={micro_batch} (each data-parallel replica needs whole samples)",
+    )
+    _require(o.dmodel % o.head == 0, f"head={o.head} must divide dmodel={o.dmodel}")
+    _require(o.head % o.kvhead == 0, f"kvhead={o.kvhead} must divide head={o.head}")
+    _require(o.head % o.tp == 0, f"tp={o.tp} must divide head={o.head}")
+    _require(o.dff % o.tp == 0, f"tp={o.tp} must divide dff={o.dff}")
+    _require(o.dvocal % o.tp == 0, f"tp={o.tp} must divide dvocal={o.dvocal}")
+    seq_split = o.sp * (o.tp if o.tpsp else 1)
+    what = "tp·sp" if o.tpsp and o.tp > 1 else "sp"
+    _require(o.seq % seq_split == 0, f"{what}={seq_split} must divide seq={o.seq}")
+    _require(o.virtual_stages >= 1, f"virtual_stages={o.virtual_stages} must be a positive integer")
+    chunks = o.pp * o.virtual_stages
+    _require(
+        chunks <= o.num_stacks,
+        f"pp={o.pp}" + (f"·virtual_stages={o.virtual_stages}" if o.virtual_stages > 1 else "")
+        + f" must not exceed num_stacks={o.num_stacks}",
+    )
+    recompute = RECOMPUTE.get(str(o.activation_recompute).lower())
+    _require(
+        recompute is not None,
+        f"activation_recompute={o.activation_recompute!r} must be one of none, selective, full",
+    )
+    _require(o.dtype in DTYPE_BYTES, f"dtype={o.dtype!r} must be one of {', '.join(DTYPE_BYTES)}")
+    if o.virtual_stages > 1:
+        _require(
+            o.pipeline_schedule == "interleaved",
+            f"virtual_stages={o.virtual_stages} needs pipeline_schedule=interleaved",
+        )
+    if o.pipeline_schedule == "interleaved":
+        _require(o.pp > 1, "pipeline_schedule=interleaved needs pp > 1")
+        m = o.batch // micro_batch
+        _require(
+            m % o.pp == 0,
+            f"pipeline_schedule=interleaved needs the number of micro-batches ({m}) divisible by pp={o.pp}",
+        )
+    parse_rank_order(o.rank_order)
+    m = o.batch // micro_batch
+    _require(2 * m * chunks < MAX_TAG, f"too many micro-batches ({m}) for send/recv tags below {MAX_TAG}")
+    base, extra = divmod(o.num_stacks, chunks)
+    layers = tuple(base + (1 if c < extra else 0) for c in range(chunks))
+    _require(prod(degrees.values()) >= 1, "world size must be positive")
+    return ParallelPlan(o, degrees, m, o.virtual_stages, layers, recompute)

@@ -1,0 +1,121 @@
+"""Shardings of tensors over mesh axes, and the collectives that change one into another.
+
+A :class:`Sharding` says, per tensor dimension, which mesh axes split it, and which axes hold
+partial sums (the "hidden" factor of the original STG: after a row-parallel matmul every TP
+rank holds a partial sum, written ``partial={"tp"}``). :func:`plan_reshard` turns a change of
+sharding into the collectives that perform it; nothing else in stg decides on collectives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from stg.workload import CollectiveType
+
+Axes = frozenset[str]
+NO_AXES: Axes = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class Sharding:
+    """Per-dimension mesh axes plus the axes over which the values are partial sums."""
+
+    dims: tuple[Axes, ...]
+    partial: Axes = NO_AXES
+
+    @classmethod
+    def replicated(cls, rank: int) -> Sharding:
+        return cls(tuple(NO_AXES for _ in range(rank)))
+
+    def axes(self) -> Axes:
+        """Every axis that splits some dimension."""
+        out: set[str] = set()
+        for axes in self.dims:
+            out |= axes
+        return frozenset(out)
+
+    def dim_of(self, axis: str) -> int | None:
+        """The dimension that ``axis`` splits, if any."""
+        for i, axes in enumerate(self.dims):
+            if axis in axes:
+                return i
+        return None
+
+    def with_dim(self, index: int, axes: Iterable[str]) -> Sharding:
+        dims = list(self.dims)
+        dims[index] = frozenset(axes)
+        return Sharding(tuple(dims), self.partial)
+
+    def with_partial(self, partial: Iterable[str]) -> Sharding:
+        return Sharding(self.dims, frozenset(partial))
+
+    def describe(self, names: Iterable[str]) -> str:
+        parts = []
+        for name, axes in zip(names, self.dims, strict=True):
+            parts.append(f"{name}/{'·'.join(sorted(axes))}" if axes else name)
+        text = "[" + ", ".join(parts) + "]"
+        if self.partial:
+            text += " partial(" + ",".join(sorted(self.partial)) + ")"
+        return text
+
+
+@dataclass(frozen=True, slots=True)
+class ReshardStep:
+    """One collective of a reshard: ``kind`` over ``axes``; ``dim`` is the dimension split or
+    gathered (``dst_dim`` the one that becomes split, for all-to-all). The sharding after the
+    step is ``after``."""
+
+    kind: CollectiveType
+    axes: Axes
+    dim: int | None
+    dst_dim: int | None
+    after: Sharding
+
+
+def plan_reshard(src: Sharding, dst: Sharding) -> list[ReshardStep]:
+    """The collectives that turn a tensor sharded as ``src`` into ``dst``.
+
+    Rules, in order: a partial axis that ``dst`` splits a dimension by becomes a
+    reduce-scatter on that dimension; the remaining partial axes not partial in ``dst`` are
+    all-reduced together. An axis that splits a dimension in ``src`` but not in ``dst`` moves
+    by all-to-all when ``dst`` splits another dimension by it, and is all-gathered otherwise.
+    Axes that ``dst`` adds (a split of a replicated dimension, or a partial mark) cost
+    nothing: each rank keeps its slice.
+    """
+    steps: list[ReshardStep] = []
+    cur = src
+    reduce_all: set[str] = set()
+    for axis in sorted(cur.partial - dst.partial):
+        target = dst.dim_of(axis)
+        if target is not None and cur.dim_of(axis) is None:
+            cur = Sharding(
+                tuple(a | {axis} if i == target else a for i, a in enumerate(cur.dims)),
+                cur.partial - {axis},
+            )
+            steps.append(ReshardStep(CollectiveType.REDUCE_SCATTER, frozenset({axis}), target, None, cur))
+        else:
+            reduce_all.add(axis)
+    if reduce_all:
+        cur = cur.with_partial(cur.partial - reduce_all)
+        steps.append(ReshardStep(CollectiveType.ALL_REDUCE, frozenset(reduce_all), None, None, cur))
+    for index in range(len(cur.dims)):
+        extra = cur.dims[index] - dst.dims[index]
+        gather: set[str] = set()
+        for axis in sorted(extra):
+            target = dst.dim_of(axis)
+            if target is not None and axis not in cur.dims[target]:
+                cur = Sharding(
+                    tuple(
+                        a - {axis} if i == index else (a | {axis} if i == target else a)
+                        for i, a in enumerate(cur.dims)
+                    ),
+                    cur.partial,
+                )
+                steps.append(ReshardStep(CollectiveType.ALL_TO_ALL, frozenset({axis}), index, target, cur))
+            else:
+                gather.add(axis)
+        if gather:
+            cur = cur.with_dim(index, cur.dims[index] - gather)
+            steps.append(ReshardStep(CollectiveType.ALL_GATHER, frozenset(gather), index, None, cur))
+    return steps

@@ -1,0 +1,492 @@
+"""The symbolic tensor graph: tensors with sympy shapes and shardings, and the ops between them.
+
+A model template calls a :class:`GraphBuilder` with plain forward einsums and elementwise ops.
+The builder resolves shardings eagerly: when an op needs its inputs sharded differently from
+how they are, it inserts the collectives that :func:`stg.sharding.plan_reshard` prescribes.
+Model templates therefore never write a collective.
+
+Sizes stay symbolic (sympy) here; :mod:`stg.lowering` binds them to integers once per run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import sympy
+
+from stg.errors import UserError
+from stg.sharding import NO_AXES, Axes, Sharding, plan_reshard
+from stg.workload import CollectiveType
+
+DTYPE_BYTES: dict[str, float] = {
+    "fp64": 8,
+    "fp32": 4,
+    "tf32": 4,
+    "bf16": 2,
+    "fp16": 2,
+    "fp8": 1,
+    "int8": 1,
+}
+
+# Global sizes of the standard dimensions, as symbols named after their options.
+MicroBatch, Seq, Dmodel, Dff, Head, KVHead, Dvocal, Experts, KExperts, Capacity = sympy.symbols(
+    "micro_batch seq dmodel dff head kvhead dvocal experts kexperts capacity",
+    integer=True,
+    positive=True,
+)
+
+
+@dataclass(frozen=True)
+class Dim:
+    """A named tensor dimension with a symbolic global size."""
+
+    name: str
+    size: sympy.Expr
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+STANDARD_DIMS: dict[str, Dim] = {
+    d.name: d
+    for d in (
+        Dim("batch", MicroBatch),
+        Dim("seq", Seq),
+        Dim("dmodel", Dmodel),
+        Dim("dff", Dff),
+        Dim("head", Head),
+        Dim("kvhead", KVHead),
+        Dim("qgroup", Head / KVHead),
+        Dim("dhead", Dmodel / Head),
+        Dim("dvocal", Dvocal),
+        Dim("experts", Experts),
+        Dim("kexperts", KExperts),
+        Dim("capacity", Capacity),
+    )
+}
+
+
+@dataclass(eq=False)
+class Tensor:
+    """A tensor of the graph. ``kind`` is ``activation``, ``weight``, ``input`` (a part's
+    input that needs a gradient), ``grad`` (an incoming gradient) or ``index`` (integer ids)."""
+
+    name: str
+    dims: tuple[Dim, ...]
+    sharding: Sharding
+    dtype: str
+    kind: str = "activation"
+    producer: Op | None = None
+    base: Tensor | None = None
+
+    def __repr__(self) -> str:
+        return f"{self.name}{self.sharding.describe(d.name for d in self.dims)}"
+
+    @property
+    def numel(self) -> sympy.Expr:
+        """Global number of elements."""
+        return sympy.Mul(*(d.size for d in self.dims))
+
+
+@dataclass(eq=False)
+class Op:
+    """One op. ``kind`` is einsum, elementwise, add, gather, custom or collective.
+
+    Cost declarations: an einsum costs ``2·∏(letter sizes)·scale`` FLOPs; elementwise and
+    custom ops cost ``flops_per_element`` per element of their first input.
+    ``backward_flops_per_element`` is the cost of an elementwise or custom op's backward.
+    """
+
+    kind: str
+    name: str
+    inputs: tuple[Tensor, ...]
+    output: Tensor
+    phase: str = "forward"
+    tags: frozenset[str] = frozenset()
+    spec: str = ""
+    scale: sympy.Expr = sympy.Integer(1)
+    flops_per_element: sympy.Expr = sympy.Integer(0)
+    backward_flops_per_element: sympy.Expr = sympy.Integer(0)
+    reduce_dims: tuple[int, ...] = ()
+    grad_inputs: tuple[int, ...] = ()
+    collective: CollectiveType | None = None
+    axes: Axes = NO_AXES
+
+
+@dataclass
+class Part:
+    """One built part of a model (embedding, block or head): its ops and tensors."""
+
+    name: str
+    forward: list[Op] = field(default_factory=list)
+    backward: list[Op] = field(default_factory=list)
+    inputs: list[Tensor] = field(default_factory=list)
+    output: Tensor | None = None
+    weights: list[Tensor] = field(default_factory=list)
+    grad_input: Tensor | None = None
+    grad_output: Tensor | None = None
+    weight_grads: dict[Tensor, Tensor] = field(default_factory=dict)
+    reduce: list[Op] = field(default_factory=list)
+
+
+class GraphBuilder:
+    """Builds one part of a model. Handed to model templates as ``b``.
+
+    ``active_axes`` are the mesh axes with degree > 1; sharding requests on other axes are
+    dropped, so no collective is ever planned on a one-rank group. ``data_axes`` split the
+    batch, ``seq_axes`` the sequence of the residual stream between layers.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        active_axes: Iterable[str] = (),
+        data_axes: Sequence[str] = ("dp", "ep"),
+        seq_axes: Sequence[str] = ("sp",),
+        dtype: str = "bf16",
+        weight_dtype: str | None = None,
+        options: Mapping[str, object] | None = None,
+    ) -> None:
+        self.part = Part(name)
+        self.active = frozenset(active_axes)
+        self.data_axes = self._axes(data_axes)
+        self.seq_axes = self._axes(seq_axes)
+        self.dtype = dtype
+        self.weight_dtype = weight_dtype or dtype
+        self.options: Mapping[str, object] = options or {}
+        self.dims: Mapping[str, Dim] = dict(STANDARD_DIMS)
+        self._phase = "forward"
+        self._tags: frozenset[str] = frozenset()
+        self._reshard_cache: dict[tuple[int, Sharding], Tensor] = {}
+        self._names: dict[str, int] = {}
+
+    # ----------------------------------------------------------------- helpers
+    def _axes(self, axes: Iterable[str] | str | None) -> Axes:
+        if axes is None:
+            return NO_AXES
+        if isinstance(axes, str):
+            axes = (axes,)
+        return frozenset(a for a in axes if a in self.active)
+
+    def _unique(self, name: str) -> str:
+        count = self._names.get(name, 0)
+        self._names[name] = count + 1
+        return name if count == 0 else f"{name}_{count}"
+
+    def dim(self, name: str) -> Dim:
+        """A standard dimension by name (batch, seq, dmodel, dff, head, kvhead, qgroup, dhead,
+        dvocal, experts, kexperts, capacity)."""
+        try:
+            return self.dims[name]
+        except KeyError:
+            raise UserError(
+                f"unknown dimension {name!r}; allowed: {', '.join(sorted(self.dims))}"
+            ) from None
+
+    def _dims(self, dims: str | Sequence[Dim | str]) -> tuple[Dim, ...]:
+        items = dims.split() if isinstance(dims, str) else dims
+        return tuple(d if isinstance(d, Dim) else self.dim(d) for d in items)
+
+    def _emit(self, op: Op) -> Tensor:
+        op.phase = self._phase
+        op.tags = self._tags
+        op.output.producer = op
+        {"forward": self.part.forward, "backward": self.part.backward, "reduce": self.part.reduce}[
+            self._phase
+        ].append(op)
+        return op.output
+
+    def _new(self, name: str, dims: tuple[Dim, ...], sharding: Sharding, dtype: str | None = None) -> Tensor:
+        return Tensor(self._unique(name), dims, sharding, dtype or self.dtype)
+
+    @contextmanager
+    def tag(self, *tags: str) -> Iterator[None]:
+        """Tag the ops built inside the block (e.g. ``core_attention`` for selective recompute)."""
+        saved = self._tags
+        self._tags = saved | frozenset(tags)
+        try:
+            yield
+        finally:
+            self._tags = saved
+
+    @contextmanager
+    def phase(self, phase: str) -> Iterator[None]:
+        """Build ops of ``phase``: forward, backward or reduce (once per iteration)."""
+        saved = self._phase
+        self._phase = phase
+        try:
+            yield
+        finally:
+            self._phase = saved
+
+    # ----------------------------------------------------------------- leaves
+    def input(self, name: str, dims: str | Sequence[Dim | str], shard: Mapping[str, Iterable[str] | str] | None = None) -> Tensor:
+        """An input of this part (activation from the previous part, tokens, a gradient)."""
+        dim_tuple = self._dims(dims)
+        sharding = Sharding(tuple(self._axes((shard or {}).get(d.name)) for d in dim_tuple))
+        tensor = Tensor(self._unique(name), dim_tuple, sharding, self.dtype, kind="input")
+        self.part.inputs.append(tensor)
+        return tensor
+
+    def residual_input(self, name: str = "x") -> Tensor:
+        """The residual stream entering this part: [batch, seq, dmodel], batch split over the
+        data axes and seq over the sequence axes of the plan."""
+        return self.input(name, "batch seq dmodel", {"batch": self.data_axes, "seq": self.seq_axes})
+
+    def tokens(self, name: str = "tokens") -> Tensor:
+        """Token ids [batch, seq] of this replica (not split over tp)."""
+        seq = self.seq_axes - {"tp"}
+        tokens = self.input(name, "batch seq", {"batch": self.data_axes, "seq": seq})
+        tokens.kind = "index"
+        return tokens
+
+    def weight(self, name: str, dims: str | Sequence[Dim | str], shard: Mapping[str, Iterable[str] | str] | None = None) -> Tensor:
+        """A parameter. ``shard`` maps dimension names to the mesh axes that split them,
+        e.g. ``{"dff": "tp"}`` for a column-parallel weight."""
+        dim_tuple = self._dims(dims)
+        sharding = Sharding(tuple(self._axes((shard or {}).get(d.name)) for d in dim_tuple))
+        tensor = Tensor(self._unique(name), dim_tuple, sharding, self.weight_dtype, kind="weight")
+        self.part.weights.append(tensor)
+        return tensor
+
+    # ----------------------------------------------------------------- resharding
+    def reshard(self, tensor: Tensor, target: Sharding) -> Tensor:
+        """``tensor`` sharded as ``target``, through the collectives this needs (memoised)."""
+        if tensor.sharding == target:
+            return tensor
+        key = (id(tensor), target)
+        cached = self._reshard_cache.get(key)
+        if cached is not None:
+            return cached
+        current = tensor
+        for step in plan_reshard(tensor.sharding, target):
+            out = self._new(tensor.name, tensor.dims, step.after, tensor.dtype)
+            out.kind = tensor.kind if tensor.kind != "input" else "activation"
+            kind_name = step.kind.name.lower()
+            self._emit(
+                Op(
+                    "collective",
+                    f"{kind_name}_{'_'.join(sorted(step.axes))}:{tensor.name}",
+                    (current,),
+                    out,
+                    collective=step.kind,
+                    axes=step.axes,
+                )
+            )
+            current = out
+        if current.sharding != target:  # only free slices/partial marks remain
+            current = Tensor(
+                current.name, current.dims, target, current.dtype, current.kind, current.producer,
+                base=current.base or current,
+            )
+        self._reshard_cache[key] = current
+        return current
+
+    def conform(self, tensor: Tensor, like: Tensor) -> Tensor:
+        """``tensor`` resharded as ``like`` is."""
+        return self.reshard(tensor, like.sharding)
+
+    def unpartial(self, tensor: Tensor) -> Tensor:
+        if not tensor.sharding.partial:
+            return tensor
+        return self.reshard(tensor, tensor.sharding.with_partial(()))
+
+    # ----------------------------------------------------------------- ops
+    def einsum(self, spec: str, *operands: Tensor, name: str = "einsum", scale: sympy.Expr | int = 1) -> Tensor:
+        """``einsum("bsh,hf->bsf", x, w)``: a matmul in Einstein notation.
+
+        Weights keep their sharding; activations are resharded to match (earlier operands
+        win over later ones). A contracted letter that is split yields a partial sum.
+        """
+        lhs, out_letters = spec.replace(" ", "").split("->")
+        in_letters = lhs.split(",")
+        if len(in_letters) != len(operands):
+            raise ValueError(f"einsum {spec!r} expects {len(in_letters)} operands, got {len(operands)}")
+        letter_dim: dict[str, Dim] = {}
+        for letters, t in zip(in_letters, operands, strict=True):
+            if len(letters) != len(t.dims) or len(set(letters)) != len(letters):
+                raise ValueError(f"einsum {spec!r}: {letters!r} does not fit {t!r}")
+            for letter, d in zip(letters, t.dims, strict=True):
+                if letter_dim.setdefault(letter, d).size != d.size:
+                    raise ValueError(f"einsum {spec!r}: letter {letter!r} is {letter_dim[letter]} and {d}")
+        order = sorted(range(len(operands)), key=lambda i: (operands[i].kind != "weight", i))
+        owner: dict[str, str] = {}
+        letter_axes: dict[str, set[str]] = {}
+        for i in order:
+            t = operands[i]
+            for letter, axes in zip(in_letters[i], t.sharding.dims, strict=True):
+                for axis in sorted(axes):
+                    if owner.setdefault(axis, letter) == letter:
+                        letter_axes.setdefault(letter, set()).add(axis)
+        resolved = []
+        for letters, t in zip(in_letters, operands, strict=True):
+            target = Sharding(tuple(frozenset(letter_axes.get(c, ())) for c in letters))
+            resolved.append(t if t.kind == "weight" and t.sharding == target else self.reshard(t, target))
+        out_dims = tuple(letter_dim[c] for c in out_letters)
+        partial = frozenset(a for c, axes in letter_axes.items() if c not in out_letters for a in axes)
+        out_sharding = Sharding(tuple(frozenset(letter_axes.get(c, ())) for c in out_letters), partial)
+        out = self._new(name, out_dims, out_sharding)
+        return self._emit(Op("einsum", name, tuple(resolved), out, spec=spec, scale=sympy.sympify(scale)))
+
+    def _broadcast_target(self, main: Sharding, main_dims: tuple[Dim, ...], other: Tensor) -> Sharding:
+        offset = len(main_dims) - len(other.dims)
+        if offset < 0 or any(main_dims[offset + i].size != d.size for i, d in enumerate(other.dims)):
+            raise ValueError(f"{other!r} does not broadcast against {main_dims}")
+        return Sharding(main.dims[offset:])
+
+    def elementwise(
+        self,
+        name: str,
+        x: Tensor,
+        *others: Tensor,
+        flops: sympy.Expr | float = 1,
+        backward_flops: sympy.Expr | float | None = None,
+        reduce: Sequence[str | int] = (),
+        out_dtype: str | None = None,
+    ) -> Tensor:
+        """An elementwise op on ``x`` (others broadcast from the right, e.g. a norm's weight).
+
+        ``flops`` per element of ``x``; ``backward_flops`` defaults to twice that.
+        ``reduce`` lists dimensions the op reduces over (softmax, norms), by name or position
+        (negative counts from the end): they must not be split, so they are gathered first.
+        """
+        n = len(x.dims)
+        reduce_idx = tuple(
+            sorted(
+                {r % n for r in reduce if isinstance(r, int)}
+                | {i for i, d in enumerate(x.dims) if d.name in {r for r in reduce if isinstance(r, str)}}
+            )
+        )
+        target = Sharding(tuple(NO_AXES if i in reduce_idx else a for i, a in enumerate(x.sharding.dims)))
+        x_r = self.reshard(x, target)
+        rest = tuple(
+            o if o.kind == "weight" and o.sharding == self._broadcast_target(target, x.dims, o)
+            else self.reshard(o, self._broadcast_target(target, x.dims, o))
+            for o in others
+        )
+        out = self._new(name, x.dims, target, out_dtype)
+        bwd = sympy.sympify(backward_flops) if backward_flops is not None else 2 * sympy.sympify(flops)
+        return self._emit(
+            Op(
+                "elementwise",
+                name,
+                (x_r, *rest),
+                out,
+                flops_per_element=sympy.sympify(flops),
+                backward_flops_per_element=bwd,
+                reduce_dims=reduce_idx,
+                grad_inputs=tuple(range(1 + len(others))),
+            )
+        )
+
+    def add(self, *terms: Tensor, name: str = "add") -> Tensor:
+        """Sum of same-shaped tensors (a residual connection, a gradient accumulation).
+
+        Terms partial over the same axes stay partial; otherwise every term is resharded
+        like the first term that is not partial.
+        """
+        if len(terms) == 1:
+            return terms[0]
+        first = terms[0]
+        if all(t.sharding == first.sharding for t in terms):
+            target = first.sharding
+        else:
+            full = next((t for t in terms if not t.sharding.partial), first)
+            target = full.sharding.with_partial(())
+        resolved = tuple(self.reshard(t, target) for t in terms)
+        out = self._new(name, first.dims, target)
+        return self._emit(
+            Op("add", name, resolved, out, flops_per_element=sympy.Integer(len(terms) - 1), grad_inputs=tuple(range(len(terms))))
+        )
+
+    def gather(self, table: Tensor, ids: Tensor, name: str = "embedding") -> Tensor:
+        """Row lookup ``table[ids]`` (an embedding). A table split by rows yields partial sums
+        (vocabulary-parallel embedding)."""
+        ids_r = self.unpartial(ids)
+        dims = ids.dims + table.dims[1:]
+        sharding = Sharding(ids_r.sharding.dims + table.sharding.dims[1:], table.sharding.dims[0])
+        out = self._new(name, dims, sharding)
+        return self._emit(Op("gather", name, (table, ids_r), out, grad_inputs=(0,)))
+
+    def custom(
+        self,
+        name: str,
+        inputs: Sequence[Tensor],
+        out_dims: str | Sequence[Dim | str],
+        *,
+        flops: sympy.Expr | float,
+        backward_flops: sympy.Expr | float,
+        grad_inputs: Sequence[int] = (0,),
+        out_sharding: Sharding | None = None,
+        out_dtype: str | None = None,
+    ) -> Tensor:
+        """An op with a declared cost: ``flops`` per element of its first input forward and
+        ``backward_flops`` backward (the loss, a router). The output keeps the first input's
+        split of every dimension it shares with it, unless ``out_sharding`` is given."""
+        resolved = tuple(self.unpartial(t) for t in inputs)
+        dims = self._dims(out_dims)
+        if out_sharding is None:
+            by_name = {d.name: axes for d, axes in zip(resolved[0].dims, resolved[0].sharding.dims, strict=True)}
+            out_sharding = Sharding(tuple(by_name.get(d.name, NO_AXES) for d in dims))
+        out = self._new(name, dims, out_sharding, out_dtype)
+        return self._emit(
+            Op(
+                "custom",
+                name,
+                resolved,
+                out,
+                flops_per_element=sympy.sympify(flops),
+                backward_flops_per_element=sympy.sympify(backward_flops),
+                grad_inputs=tuple(grad_inputs),
+            )
+        )
+
+    def reduce_to(self, name: str, source: Tensor, like: Tensor, *saved: Tensor, flops: sympy.Expr | float = 1) -> Tensor:
+        """Sum ``source`` over its leading dimensions down to the shape of ``like`` (the gradient
+        of a broadcast operand). Axes that split the summed dimensions become partial."""
+        offset = len(source.dims) - len(like.dims)
+        summed = frozenset(a for axes in source.sharding.dims[:offset] for a in axes)
+        sharding = Sharding(source.sharding.dims[offset:], summed | source.sharding.partial)
+        out = self._new(name, like.dims, sharding, like.dtype)
+        return self._emit(Op("elementwise", name, (source, *saved), out, flops_per_element=sympy.sympify(flops)))
+
+    def scatter_add(self, name: str, source: Tensor, ids: Tensor, table: Tensor) -> Tensor:
+        """Add the rows of ``source`` into a tensor shaped like ``table`` at ``ids`` (the
+        gradient of :meth:`gather`). Axes that split the ids become partial."""
+        summed = frozenset(a for axes in source.sharding.dims[: len(ids.dims)] for a in axes)
+        sharding = Sharding(table.sharding.dims, summed)
+        out = self._new(name, table.dims, sharding, table.dtype)
+        return self._emit(Op("elementwise", name, (source, ids), out, flops_per_element=sympy.Integer(1)))
+
+    # ----------------------------------------------------------------- conveniences
+    def layernorm(self, x: Tensor, name: str = "layernorm") -> Tensor:
+        """LayerNorm over dmodel with weight and bias (7 FLOPs per element forward)."""
+        gamma = self.weight(f"{name}.weight", "dmodel")
+        beta = self.weight(f"{name}.bias", "dmodel")
+        return self.elementwise(name, x, gamma, beta, flops=7, reduce=("dmodel",))
+
+    def rmsnorm(self, x: Tensor, name: str = "rmsnorm") -> Tensor:
+        """RMSNorm over dmodel with a weight (4 FLOPs per element forward)."""
+        gamma = self.weight(f"{name}.weight", "dmodel")
+        return self.elementwise(name, x, gamma, flops=4, reduce=("dmodel",))
+
+    def residual(self, x: Tensor) -> Tensor:
+        """``x`` resharded like the residual stream (batch over the data axes, seq over the
+        sequence axes): after a row-parallel matmul this is the all-reduce, or with sequence
+        parallelism the reduce-scatter."""
+        target = Sharding(
+            tuple(
+                self.data_axes if d.name == "batch" else self.seq_axes if d.name == "seq" else NO_AXES
+                for d in x.dims
+            )
+        )
+        return self.reshard(x, target)
+
+    def output(self, x: Tensor) -> Tensor:
+        """Mark ``x`` as this part's output, resharded like the residual stream."""
+        out = self.residual(x)
+        self.part.output = out
+        return out
