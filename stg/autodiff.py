@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from stg.sharding import Sharding
-from stg.symbolic import GraphBuilder, Op, Tensor
+from stg.symbolic import GraphBuilder, Op, Tensor, shard_further
 
 
 def _key(t: Tensor) -> int:
@@ -86,7 +86,13 @@ def _backward_op(b: GraphBuilder, op: Op, dy: Tensor | None, grads: _Grads) -> N
     if op.kind == "collective":
         assert dy is not None
         x = op.inputs[0]
-        grads.add(x, b.reshard(dy, grad_sharding(x)))
+        target = grad_sharding(x)
+        if x.kind == "weight":  # FSDP: reduce-scatter now, leave the other data axes partial
+            target = target.with_partial(dy.sharding.partial - x.sharding.axes())
+            with b.tag("weight_grad_reduce"):
+                grads.add(x, b.reshard(dy, target))
+        else:
+            grads.add(x, b.reshard(dy, target))
     elif op.kind == "einsum":
         assert dy is not None
         lhs, out_letters = op.spec.split("->")
@@ -101,7 +107,8 @@ def _backward_op(b: GraphBuilder, op: Op, dy: Tensor | None, grads: _Grads) -> N
             else:
                 spec = ",".join([out_letters, *(lt for lt, _ in others)]) + "->" + letters[i]
                 operands = [dy, *(t for _, t in others)]
-            grads.add(x, b.einsum(spec, *operands, name=f"{name}.grad_{x.name}", scale=op.scale))
+            out_dtype = b.grad_dtype if x.kind == "weight" else None
+            grads.add(x, b.einsum(spec, *operands, name=f"{name}.grad_{x.name}", scale=op.scale, out_dtype=out_dtype))
     elif op.kind == "elementwise":
         assert dy is not None
         x = op.inputs[0]
@@ -113,7 +120,8 @@ def _backward_op(b: GraphBuilder, op: Op, dy: Tensor | None, grads: _Grads) -> N
             grads.add(t, b.reshard(g, grad_sharding(t)))
         for t in op.inputs:
             if t.dims != x.dims and _needs_grad(t):
-                grads.add(t, b.reduce_to(f"{name}.grad_{t.name}", dy, t, x, flops=2))
+                dtype = b.grad_dtype if t.kind == "weight" else None
+                grads.add(t, b.reduce_to(f"{name}.grad_{t.name}", dy, t, x, flops=2, dtype=dtype))
     elif op.kind == "add":
         assert dy is not None
         for t in op.inputs:
@@ -147,11 +155,18 @@ def _needs_grad(t: Tensor) -> bool:
     return t.kind in {"activation", "weight", "input"}
 
 
-def build_grad_reduction(b: GraphBuilder, target: dict[Tensor, Sharding] | None = None) -> None:
-    """Append, in the reduce phase, the collectives that turn each weight gradient (partial
-    over the data axes) into the sharding its weight (or ``target[weight]``) has."""
+def build_grad_reduction(b: GraphBuilder, shard_optimizer_over: tuple[str, ...] = ()) -> None:
+    """Append the once-per-iteration collectives: in the reduce phase, those that turn each
+    weight gradient (partial over the data axes) into the sharding of its weight; with ZeRO-1/2
+    (``shard_optimizer_over``) a reduce-scatter instead, and in the update phase the all-gather
+    of the updated weight shards."""
     part = b.part
-    with b.phase("reduce"):
-        for w, g in part.weight_grads.items():
-            want = (target or {}).get(w, w.sharding)
+    axes = b._axes(shard_optimizer_over)
+    for w, g in part.weight_grads.items():
+        want = shard_further(w.sharding, axes) if axes else w.sharding
+        with b.phase("reduce"):
             b.reshard(g, want)
+        if axes:
+            with b.phase("update"):
+                shard = Tensor(w.name, w.dims, want, w.dtype, kind="weight")
+                b.reshard(shard, w.sharding)

@@ -70,6 +70,8 @@ def build_parts(model: Model, plan: ParallelPlan) -> ModelParts:
     o = plan.options
     binder = Binder(symbol_values(o), plan.degrees)
     bound: dict[str, BoundPart] = {}
+    precision = plan.precision
+    zero_axes = ("dp",) if o.zero in (1, 2) else ()
     for name in ("embedding", "block", "head"):
         b = GraphBuilder(
             name,
@@ -77,6 +79,8 @@ def build_parts(model: Model, plan: ParallelPlan) -> ModelParts:
             data_axes=plan.data_axes,
             seq_axes=plan.seq_axes,
             dtype=o.dtype,
+            grad_dtype=precision["grad"],
+            shard_weights_over=("dp",) if o.weight_sharded else (),
             options=o.as_dict(),
         )
         x = None if name == "embedding" else b.residual_input()
@@ -91,14 +95,26 @@ def build_parts(model: Model, plan: ParallelPlan) -> ModelParts:
             seed = b.input("grad_output", b.part.output.dims, _shard_of(b.part.output))  # type: ignore[union-attr]
             seed.kind = "grad"
             build_backward(b, seed=seed)
-        build_grad_reduction(b)
-        bound[name] = bind_part(b.part, binder, seed)
-    weight_bytes = DTYPE_BYTES[o.dtype]
+        build_grad_reduction(b, zero_axes)
+        bound[name] = bind_part(b.part, binder, seed, optimizer_split=plan.degrees["dp"] if zero_axes else 1)
+    master, state, grad = (DTYPE_BYTES[precision[k]] for k in ("master", "optimizer", "grad"))
+    # Adam reads and writes the master weights and both moments and reads the gradient; with
+    # mixed precision it also writes the 16-bit working copy of the weights.
+    per_param = 2 * master + 4 * state + grad + (DTYPE_BYTES[o.dtype] if o.mixed_precision else 0)
     return ModelParts(
         bound["embedding"],
         bound["block"],
         bound["head"],
-        optimizer_bytes_per_param=int(2 * weight_bytes + weight_bytes + 16),
+        optimizer_bytes_per_param=int(per_param),
+        optimizer_dtype=precision["optimizer"],
+        facts={
+            "weight_dtype": o.dtype,
+            "grad_dtype": precision["grad"],
+            "master_dtype": precision["master"],
+            "optimizer_dtype": precision["optimizer"],
+            "zero": 3 if o.weight_sharded else o.zero,
+            "recompute": plan.recompute,
+        },
     )
 
 

@@ -72,7 +72,7 @@ class BoundOp:
     name: str
     type: NodeType
     inputs: tuple[int, ...]
-    output: int
+    outputs: tuple[int, ...]
     num_ops: int = 0
     tensor_size: int = 0
     comm_type: CollectiveType | None = None
@@ -109,7 +109,7 @@ def bind_ops(ops: Iterable[Op], binder: Binder) -> list[BoundOp]:
                     op.name,
                     NodeType.COMM_COLL,
                     inputs,
-                    key(op.output),
+                    (key(op.output),),
                     comm_type=op.collective,
                     comm_size=binder.nbytes(op.inputs[0]),
                     group_axes=tuple(sorted(op.axes)),
@@ -125,7 +125,7 @@ def bind_ops(ops: Iterable[Op], binder: Binder) -> list[BoundOp]:
                     op.name,
                     NodeType.COMP,
                     inputs,
-                    key(op.output),
+                    (key(op.output),),
                     num_ops=_flops(op, binder),
                     tensor_size=moved,
                     tags=op.tags,
@@ -133,6 +133,65 @@ def bind_ops(ops: Iterable[Op], binder: Binder) -> list[BoundOp]:
                 )
             )
     return bound
+
+
+def fuse(ops: list[BoundOp], group_of: Callable[[BoundOp], object | None]) -> list[BoundOp]:
+    """Merge ops that ``group_of`` puts in the same group into one node (bucketing), e.g. the
+    weight all-gathers of a layer under FSDP, or a layer's gradient reductions. A group whose
+    inputs all come from outside ``ops`` is placed where its first member was, any other group
+    where its last member was, so the order stays topological."""
+    produced = {k for op in ops for k in op.outputs}
+    groups: dict[object, list[BoundOp]] = {}
+    for op in ops:
+        g = group_of(op)
+        if g is not None:
+            groups.setdefault(g, []).append(op)
+    place: dict[int, list[BoundOp]] = {}
+    for members in groups.values():
+        external = all(k not in produced for op in members for k in op.inputs)
+        anchor = members[0] if external else members[-1]
+        place[id(anchor)] = members
+    grouped = {id(op) for members in groups.values() for op in members}
+    out: list[BoundOp] = []
+    for op in ops:
+        if id(op) in place:
+            members = place[id(op)]
+            if len(members) == 1:
+                out.append(members[0])
+                continue
+            first = members[0]
+            outputs = tuple(k for m in members for k in m.outputs)
+            inputs = tuple(dict.fromkeys(k for m in members for k in m.inputs if k not in outputs))
+            axes = "_".join(first.group_axes)
+            kind = first.comm_type.name.lower() if first.comm_type is not None else first.name
+            out.append(
+                BoundOp(
+                    f"{kind}_{axes}:{len(members)}_tensors" if first.comm_type is not None else first.name,
+                    first.type,
+                    inputs,
+                    outputs,
+                    num_ops=sum(m.num_ops for m in members),
+                    tensor_size=sum(m.tensor_size for m in members),
+                    comm_type=first.comm_type,
+                    comm_size=sum(m.comm_size for m in members),
+                    group_axes=first.group_axes,
+                    tags=first.tags,
+                    dtype=first.dtype,
+                )
+            )
+        elif id(op) not in grouped:
+            out.append(op)
+    return out
+
+
+def _weight_collective(op: BoundOp) -> object | None:
+    if op.type is NodeType.COMM_COLL and op.tags & {"weight_gather", "weight_grad_reduce"}:
+        return (op.comm_type, op.group_axes, tuple(sorted(op.tags)))
+    return None
+
+
+def _any_collective(op: BoundOp) -> object | None:
+    return (op.comm_type, op.group_axes) if op.type is NodeType.COMM_COLL else None
 
 
 @dataclass
@@ -143,6 +202,7 @@ class BoundPart:
     forward: list[BoundOp]
     backward: list[BoundOp]
     reduce: list[BoundOp]
+    update: list[BoundOp]
     input_key: int | None
     output_key: int | None
     seed_key: int | None
@@ -150,17 +210,27 @@ class BoundPart:
     grad_keys: tuple[int, ...]
     parameters: int
     boundary_bytes: int
+    optimizer_parameters: int
+
+    def repeated_before_backward(self, recompute: str) -> list[BoundOp]:
+        """Forward ops run again before this part's backward: FSDP weight gathers, plus the
+        attention core (selective recompute) or everything (full recompute)."""
+        if recompute == "full":
+            return self.forward
+        tags = {"weight_gather", "core_attention"} if recompute == "selective" else {"weight_gather"}
+        return [op for op in self.forward if op.tags & tags]
 
 
-def bind_part(part: Part, binder: Binder, seed: Tensor | None) -> BoundPart:
+def bind_part(part: Part, binder: Binder, seed: Tensor | None, optimizer_split: int = 1) -> BoundPart:
     grads = tuple(key(g) for g in part.weight_grads.values())
     input_tensor = next((t for t in part.inputs if t.kind == "input"), None)
     boundary = part.output if part.output is not None else input_tensor
     return BoundPart(
         part,
-        bind_ops(part.forward, binder),
-        bind_ops(part.backward, binder),
-        bind_ops(part.reduce, binder),
+        fuse(bind_ops(part.forward, binder), _weight_collective),
+        fuse(bind_ops(part.backward, binder), _weight_collective),
+        fuse(bind_ops(part.reduce, binder), _any_collective),
+        fuse(bind_ops(part.update, binder), _any_collective),
         key(input_tensor) if input_tensor is not None else None,
         key(part.output) if part.output is not None else None,
         key(seed) if seed is not None else None,
@@ -168,6 +238,7 @@ def bind_part(part: Part, binder: Binder, seed: Tensor | None) -> BoundPart:
         grads,
         sum(binder.numel(w) for w in part.weights),
         binder.nbytes(boundary) if boundary is not None else 0,
+        sum(binder.numel(w) for w in part.weights) // optimizer_split,
     )
 
 
@@ -179,6 +250,8 @@ class ModelParts:
     block: BoundPart
     head: BoundPart
     optimizer_bytes_per_param: int = 16
+    optimizer_dtype: str = "fp32"
+    facts: dict[str, object] = field(default_factory=dict)
 
 
 Env = dict[int, tuple[int, ...]]
@@ -220,7 +293,8 @@ class _Nodes:
         for op in ops:
             deps = [d for k in op.inputs for d in env.get(k, ())]
             nid = self.add(_fields(op, prefix), deps)
-            env[op.output] = (nid,)
+            for k in op.outputs:
+                env[k] = (nid,)
 
 
 def _fields(op: BoundOp, prefix: str) -> dict:
@@ -252,40 +326,23 @@ def lower_stage(
     out = _Nodes()
     chunks = plan.chunks
     saved: dict[tuple[int, int], Env] = {}
-    layer_grads: dict[int, list[int]] = {}
     remaining_backward: dict[int, int] = {}
     for direction, _mb, chunk in order:
         if direction == "B":
             remaining_backward[chunk] = remaining_backward.get(chunk, 0) + 1
     final_nodes: list[int] = []
     block, emb, head = parts.block, parts.embedding, parts.head
-    selective = plan.recompute == "selective"
-    full = plan.recompute == "full"
+    repeat = block.repeated_before_backward(plan.recompute)
+    repeat_embedding = emb.repeated_before_backward("none")
+    repeat_head = head.repeated_before_backward("none")
 
     def reduce_layer(bp: BoundPart, grad_nodes: dict[int, list[int]], prefix: str) -> None:
         env: Env = {k: tuple(v) for k, v in grad_nodes.items()}
-        groups: dict[tuple[CollectiveType | None, tuple[str, ...]], list[BoundOp]] = {}
-        rest: list[BoundOp] = []
-        for op in bp.reduce:
-            if op.inputs[0] in grad_nodes and op.type is NodeType.COMM_COLL:
-                groups.setdefault((op.comm_type, op.group_axes), []).append(op)
-            else:
-                rest.append(op)
-        for ops in groups.values():
-            deps = [d for op in ops for k in op.inputs for d in env.get(k, ())]
-            first = ops[0]
-            fields = _fields(first, prefix)
-            fields["name"] = f"{prefix}grad_{first.comm_type.name.lower() if first.comm_type else 'reduce'}_{'_'.join(first.group_axes)}"
-            fields["comm_size"] = sum(op.comm_size for op in ops)
-            nid = out.add(fields, deps)
-            for op in ops:
-                env[op.output] = (nid,)
-            final_nodes.append(nid)
-        if rest:
-            out.run(rest, env, prefix)
-            final_nodes.extend(env[op.output][0] for op in rest)
         if not bp.reduce:
             final_nodes.extend(n for nodes in grad_nodes.values() for n in nodes)
+            return
+        out.run(bp.reduce, env, f"{prefix}grad_")
+        final_nodes.extend(env[op.outputs[0]][0] for op in bp.reduce)
 
     def collect_grads(bp: BoundPart, env: Env, store: dict[int, list[int]]) -> None:
         for k in bp.grad_keys:
@@ -294,7 +351,6 @@ def lower_stage(
     embedding_grads: dict[int, list[int]] = {}
     head_grads: dict[int, list[int]] = {}
     block_grads: dict[int, dict[int, list[int]]] = {}
-    del layer_grads
 
     for direction, mb, chunk in order:
         gchunk = chunk * plan.stages + stage
@@ -345,6 +401,7 @@ def lower_stage(
             final_pass = remaining_backward[chunk] == 0
             if last:
                 env = saved.pop((chunks * 10**9, mb))
+                out.run(repeat_head, env, f"mb{mb}/head/regather/")
                 out.run(head.backward, env, f"mb{mb}/head/bwd/")
                 collect_grads(head, env, head_grads)
                 dy_node = env[head.grad_input_key][0]  # type: ignore[index]
@@ -364,14 +421,7 @@ def lower_stage(
                 )
             for layer in reversed(layers):
                 env = saved.pop((layer, mb))
-                if full:
-                    out.run(block.forward, env, f"mb{mb}/layer{layer}/recompute/")
-                elif selective:
-                    out.run(
-                        (op for op in block.forward if "core_attention" in op.tags),
-                        env,
-                        f"mb{mb}/layer{layer}/recompute/",
-                    )
+                out.run(repeat, env, f"mb{mb}/layer{layer}/recompute/")
                 env[block.seed_key] = (dy_node,)  # type: ignore[index]
                 out.run(block.backward, env, f"mb{mb}/layer{layer}/bwd/")
                 collect_grads(block, env, block_grads.setdefault(layer, {}))
@@ -380,6 +430,7 @@ def lower_stage(
                     reduce_layer(block, block_grads.pop(layer), f"layer{layer}/")
             if first:
                 env = saved.pop((-1, mb))
+                out.run(repeat_embedding, env, f"mb{mb}/embedding/regather/")
                 env[emb.seed_key] = (dy_node,)  # type: ignore[index]
                 out.run(emb.backward, env, f"mb{mb}/embedding/bwd/")
                 collect_grads(emb, env, embedding_grads)
@@ -401,17 +452,21 @@ def lower_stage(
             progress()
 
     params = stage_parameters(stage, plan, parts)
+    updated = stage_parameters(stage, plan, parts, optimizer=True)
     out.start_step()
-    out.add(
+    step = out.add(
         {
             "name": "optimizer_step",
             "type": NodeType.COMP,
-            "num_ops": OPTIMIZER_FLOPS_PER_PARAM * params,
-            "tensor_size": params * parts.optimizer_bytes_per_param,
-            "dtype": "fp32",
+            "num_ops": OPTIMIZER_FLOPS_PER_PARAM * updated,
+            "tensor_size": updated * parts.optimizer_bytes_per_param,
+            "dtype": parts.optimizer_dtype,
         },
         final_nodes,
     )
+    for prefix, bp in stage_parts(stage, plan, parts):
+        if bp.update:
+            out.run(bp.update, {k: (step,) for op in bp.update for k in op.inputs}, prefix)
     return RankClass(
         index=stage,
         stage=stage,
@@ -422,16 +477,25 @@ def lower_stage(
             "has_embedding": stage == 0,
             "has_head": plan.chunk_stage(plan.chunks - 1) == stage,
             "micro_batches": plan.micro_batches,
+            **parts.facts,
         },
     )
 
 
-def stage_parameters(stage: int, plan: ParallelPlan, parts: ModelParts) -> int:
-    """Weight elements held by one rank of ``stage``."""
-    layers = sum(len(plan.chunk_layers(c * plan.stages + stage)) for c in range(plan.chunks_per_stage))
-    total = layers * parts.block.parameters
+def stage_parts(stage: int, plan: ParallelPlan, parts: ModelParts) -> list[tuple[str, BoundPart]]:
+    """(name prefix, part) of every part instance a rank of ``stage`` holds, in model order."""
+    out: list[tuple[str, BoundPart]] = []
     if stage == 0:
-        total += parts.embedding.parameters
+        out.append(("embedding/", parts.embedding))
+    for chunk in range(plan.chunks_per_stage):
+        out.extend((f"layer{layer}/", parts.block) for layer in plan.chunk_layers(chunk * plan.stages + stage))
     if plan.chunk_stage(plan.chunks - 1) == stage:
-        total += parts.head.parameters
-    return total
+        out.append(("head/", parts.head))
+    return out
+
+
+def stage_parameters(stage: int, plan: ParallelPlan, parts: ModelParts, optimizer: bool = False) -> int:
+    """Weight elements stored on one rank of ``stage`` (``optimizer``: those it updates)."""
+    return sum(
+        bp.optimizer_parameters if optimizer else bp.parameters for _, bp in stage_parts(stage, plan, parts)
+    )

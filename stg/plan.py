@@ -31,6 +31,21 @@ class ParallelPlan:
     recompute: str
 
     @property
+    def precision(self) -> dict[str, str]:
+        """Dtypes of the working weights and activations, the gradients (as accumulated and
+        reduced), the master weights and the optimizer states. With mixed precision Megatron
+        keeps fp32 master weights, main gradients and Adam states."""
+        o = self.options
+        mixed = o.mixed_precision
+        grad = o.grad_reduce_dtype or ("fp32" if mixed else o.dtype)
+        return {
+            "weight": o.dtype,
+            "grad": grad,
+            "master": "fp32" if mixed else o.dtype,
+            "optimizer": "fp32" if mixed else o.dtype,
+        }
+
+    @property
     def stages(self) -> int:
         return self.degrees["pp"]
 
@@ -103,6 +118,17 @@ def make_plan(o: GenerateOptions) -> ParallelPlan:
         f"activation_recompute={o.activation_recompute!r} must be one of none, selective, full",
     )
     _require(o.dtype in DTYPE_BYTES, f"dtype={o.dtype!r} must be one of {', '.join(DTYPE_BYTES)}")
+    _require(
+        o.grad_reduce_dtype is None or o.grad_reduce_dtype in DTYPE_BYTES,
+        f"grad_reduce_dtype={o.grad_reduce_dtype!r} must be one of {', '.join(DTYPE_BYTES)}",
+    )
+    _require(o.zero in (0, 1, 2), f"zero={o.zero} must be one of 0, 1, 2 (use weight_sharded for ZeRO-3)")
+    _require(
+        not (o.zero and o.weight_sharded),
+        f"zero={o.zero} cannot be combined with weight_sharded (which already shards everything, ZeRO-3)",
+    )
+    _require(o.kexperts <= o.experts, f"kexperts={o.kexperts} must not exceed experts={o.experts}")
+    _require(o.capacity_factor > 0, f"capacity_factor={o.capacity_factor} must be positive")
     if o.virtual_stages > 1:
         _require(
             o.pipeline_schedule == "interleaved",

@@ -129,6 +129,17 @@ class Part:
     grad_output: Tensor | None = None
     weight_grads: dict[Tensor, Tensor] = field(default_factory=dict)
     reduce: list[Op] = field(default_factory=list)
+    update: list[Op] = field(default_factory=list)
+
+
+def shard_further(sharding: Sharding, axes: Iterable[str]) -> Sharding:
+    """``sharding`` with ``axes`` also splitting its first dimension not split yet (the first
+    dimension if all are): how FSDP and ZeRO store a weight, its gradient or its optimizer
+    state."""
+    dims = list(sharding.dims)
+    index = next((i for i, a in enumerate(dims) if not a), 0)
+    dims[index] = dims[index] | frozenset(axes)
+    return Sharding(tuple(dims), sharding.partial)
 
 
 class GraphBuilder:
@@ -137,6 +148,9 @@ class GraphBuilder:
     ``active_axes`` are the mesh axes with degree > 1; sharding requests on other axes are
     dropped, so no collective is ever planned on a one-rank group. ``data_axes`` split the
     batch, ``seq_axes`` the sequence of the residual stream between layers.
+    ``shard_weights_over`` (FSDP / ZeRO-3) stores every weight split over these axes as well
+    and all-gathers it where it is used; the gathers are tagged ``weight_gather`` so that
+    lowering repeats them before the backward.
     """
 
     def __init__(
@@ -148,6 +162,8 @@ class GraphBuilder:
         seq_axes: Sequence[str] = ("sp",),
         dtype: str = "bf16",
         weight_dtype: str | None = None,
+        grad_dtype: str | None = None,
+        shard_weights_over: Sequence[str] = (),
         options: Mapping[str, object] | None = None,
     ) -> None:
         self.part = Part(name)
@@ -156,6 +172,8 @@ class GraphBuilder:
         self.seq_axes = self._axes(seq_axes)
         self.dtype = dtype
         self.weight_dtype = weight_dtype or dtype
+        self.grad_dtype = grad_dtype or self.weight_dtype
+        self.fsdp_axes = self._axes(shard_weights_over)
         self.options: Mapping[str, object] = options or {}
         self.dims: Mapping[str, Dim] = dict(STANDARD_DIMS)
         self._phase = "forward"
@@ -194,9 +212,9 @@ class GraphBuilder:
         op.phase = self._phase
         op.tags = self._tags
         op.output.producer = op
-        {"forward": self.part.forward, "backward": self.part.backward, "reduce": self.part.reduce}[
-            self._phase
-        ].append(op)
+        phases = {"forward": self.part.forward, "backward": self.part.backward}
+        phases.update(reduce=self.part.reduce, update=self.part.update)
+        phases[self._phase].append(op)
         return op.output
 
     def _new(self, name: str, dims: tuple[Dim, ...], sharding: Sharding, dtype: str | None = None) -> Tensor:
@@ -214,7 +232,8 @@ class GraphBuilder:
 
     @contextmanager
     def phase(self, phase: str) -> Iterator[None]:
-        """Build ops of ``phase``: forward, backward or reduce (once per iteration)."""
+        """Build ops of ``phase``: forward, backward, reduce (gradients, once per iteration) or
+        update (after the optimizer step, once per iteration)."""
         saved = self._phase
         self._phase = phase
         try:
@@ -248,9 +267,15 @@ class GraphBuilder:
         e.g. ``{"dff": "tp"}`` for a column-parallel weight."""
         dim_tuple = self._dims(dims)
         sharding = Sharding(tuple(self._axes((shard or {}).get(d.name)) for d in dim_tuple))
-        tensor = Tensor(self._unique(name), dim_tuple, sharding, self.weight_dtype, kind="weight")
-        self.part.weights.append(tensor)
-        return tensor
+        if not self.fsdp_axes:
+            tensor = Tensor(self._unique(name), dim_tuple, sharding, self.weight_dtype, kind="weight")
+            self.part.weights.append(tensor)
+            return tensor
+        stored = Tensor(self._unique(name), dim_tuple, shard_further(sharding, self.fsdp_axes), self.weight_dtype, kind="weight")
+        self.part.weights.append(stored)
+        with self.tag("weight_gather"):
+            gathered = self.reshard(stored, sharding)
+        return gathered
 
     # ----------------------------------------------------------------- resharding
     def reshard(self, tensor: Tensor, target: Sharding) -> Tensor:
@@ -295,7 +320,14 @@ class GraphBuilder:
         return self.reshard(tensor, tensor.sharding.with_partial(()))
 
     # ----------------------------------------------------------------- ops
-    def einsum(self, spec: str, *operands: Tensor, name: str = "einsum", scale: sympy.Expr | int = 1) -> Tensor:
+    def einsum(
+        self,
+        spec: str,
+        *operands: Tensor,
+        name: str = "einsum",
+        scale: sympy.Expr | int = 1,
+        out_dtype: str | None = None,
+    ) -> Tensor:
         """``einsum("bsh,hf->bsf", x, w)``: a matmul in Einstein notation.
 
         Weights keep their sharding; activations are resharded to match (earlier operands
@@ -328,7 +360,7 @@ class GraphBuilder:
         out_dims = tuple(letter_dim[c] for c in out_letters)
         partial = frozenset(a for c, axes in letter_axes.items() if c not in out_letters for a in axes)
         out_sharding = Sharding(tuple(frozenset(letter_axes.get(c, ())) for c in out_letters), partial)
-        out = self._new(name, out_dims, out_sharding)
+        out = self._new(name, out_dims, out_sharding, out_dtype)
         return self._emit(Op("einsum", name, tuple(resolved), out, spec=spec, scale=sympy.sympify(scale)))
 
     def _broadcast_target(self, main: Sharding, main_dims: tuple[Dim, ...], other: Tensor) -> Sharding:
@@ -421,13 +453,23 @@ class GraphBuilder:
         backward_flops: sympy.Expr | float,
         grad_inputs: Sequence[int] = (0,),
         out_sharding: Sharding | None = None,
+        out_shard: Mapping[str, Iterable[str] | str] | None = None,
+        in_shardings: Sequence[Sharding | None] = (),
         out_dtype: str | None = None,
     ) -> Tensor:
         """An op with a declared cost: ``flops`` per element of its first input forward and
         ``backward_flops`` backward (the loss, a router). The output keeps the first input's
-        split of every dimension it shares with it, unless ``out_sharding`` is given."""
-        resolved = tuple(self.unpartial(t) for t in inputs)
+        split of every dimension it shares with it, unless ``out_sharding`` (or ``out_shard``,
+        dimension name -> axes) is given. ``in_shardings`` lists the sharding each input must
+        have (``None``: as it is, but not partial)."""
+        wanted = list(in_shardings) + [None] * (len(inputs) - len(in_shardings))
+        resolved = tuple(
+            self.reshard(t, want) if want is not None else self.unpartial(t)
+            for t, want in zip(inputs, wanted, strict=True)
+        )
         dims = self._dims(out_dims)
+        if out_shard is not None:
+            out_sharding = self.sharding(dims, out_shard)
         if out_sharding is None:
             by_name = {d.name: axes for d, axes in zip(resolved[0].dims, resolved[0].sharding.dims, strict=True)}
             out_sharding = Sharding(tuple(by_name.get(d.name, NO_AXES) for d in dims))
@@ -444,13 +486,23 @@ class GraphBuilder:
             )
         )
 
-    def reduce_to(self, name: str, source: Tensor, like: Tensor, *saved: Tensor, flops: sympy.Expr | float = 1) -> Tensor:
+    def sharding(self, dims: str | Sequence[Dim | str], shard: Mapping[str, Iterable[str] | str]) -> Sharding:
+        """A sharding of ``dims`` from dimension name -> axes (inactive axes dropped)."""
+        return Sharding(tuple(self._axes(shard.get(d.name)) for d in self._dims(dims)))
+
+    def axes_of(self, t: Tensor, *dim_names: str) -> frozenset[str]:
+        """The axes that split the named dimensions of ``t`` (e.g. all token axes)."""
+        return frozenset(a for d, axes in zip(t.dims, t.sharding.dims, strict=True) if d.name in dim_names for a in axes)
+
+    def reduce_to(
+        self, name: str, source: Tensor, like: Tensor, *saved: Tensor, flops: sympy.Expr | float = 1, dtype: str | None = None
+    ) -> Tensor:
         """Sum ``source`` over its leading dimensions down to the shape of ``like`` (the gradient
         of a broadcast operand). Axes that split the summed dimensions become partial."""
         offset = len(source.dims) - len(like.dims)
         summed = frozenset(a for axes in source.sharding.dims[:offset] for a in axes)
         sharding = Sharding(source.sharding.dims[offset:], summed | source.sharding.partial)
-        out = self._new(name, like.dims, sharding, like.dtype)
+        out = self._new(name, like.dims, sharding, dtype or like.dtype)
         return self._emit(Op("elementwise", name, (source, *saved), out, flops_per_element=sympy.sympify(flops)))
 
     def scatter_add(self, name: str, source: Tensor, ids: Tensor, table: Tensor) -> Tensor:
@@ -458,7 +510,7 @@ class GraphBuilder:
         gradient of :meth:`gather`). Axes that split the ids become partial."""
         summed = frozenset(a for axes in source.sharding.dims[: len(ids.dims)] for a in axes)
         sharding = Sharding(table.sharding.dims, summed)
-        out = self._new(name, table.dims, sharding, table.dtype)
+        out = self._new(name, table.dims, sharding, self.grad_dtype)
         return self._emit(Op("elementwise", name, (source, ids), out, flops_per_element=sympy.Integer(1)))
 
     # ----------------------------------------------------------------- conveniences

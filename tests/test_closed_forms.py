@@ -5,10 +5,6 @@ from __future__ import annotations
 import itertools
 
 import pytest
-
-from stg.generate import build_workload
-from stg.options import GenerateOptions
-from stg.plugins import load_registry
 from workload_checks import (
     ATTENTION,
     GPT_GEMMS,
@@ -18,6 +14,10 @@ from workload_checks import (
     flops_by_root,
     total_flops,
 )
+
+from stg.generate import build_workload
+from stg.options import GenerateOptions
+from stg.plugins import load_registry
 
 SMALL = dict(dvocal=512, dmodel=64, dff=256, seq=32, head=8, kvhead=4, num_stacks=4)
 

@@ -1,0 +1,481 @@
+"""The ``memory`` predictor: bytes per GPU for weights, gradients, optimizer states and activations.
+
+Model state (mixed-precision Adam, Rajbhandari et al. 2020; Megatron-LM):
+
+- weights in the compute dtype (``e_w`` bytes), gradients in ``e_g`` bytes (Megatron keeps fp32
+  main gradients: ``e_g`` = 4, hence its 18 bytes per parameter; ZeRO's accounting uses 16-bit
+  gradients: 16 bytes), optimizer ``K`` bytes: fp32 master weights and two fp32 moments
+  (K = 12) with mixed precision, two moments in the weight dtype (K = 2·e_w) without;
+- ZeRO-1 shards the optimizer, ZeRO-2 also the gradients, ZeRO-3 / FSDP (``weight_sharded``)
+  also the weights, over N_d = dp·sp ranks (the ranks that hold the same weights).
+
+Activations (Korthikanti et al. 2022, section 4), per layer and micro-batch, derived per stored
+tensor so that the published closed forms come out exactly for GPT (F = 4h, 16-bit activations,
+1-byte dropout masks): ``s·b·h·(10 + 24/t + 5·a·s/(h·t))`` with TP, ``/t`` for the first term
+with sequence parallelism, no ``5·a·s/h`` term with selective recompute, ``2·s·b·h`` (``/t``
+with SP) with full recompute. Llama-style models (SwiGLU, RMSNorm, GQA, no dropout) store the
+gate, up and product tensors of the MLP and K/V of ``kv`` heads, and no dropout masks.
+Context parallelism (``sp``) divides the sequence of every stored tensor; the attention
+scores of a rank are its ``s/sp`` queries against all ``s`` keys.
+
+In-flight micro-batches on stage i of p with m micro-batches: GPipe m, 1F1B min(p - i, m),
+interleaved 1F1B with v chunks ``min(2(p - i - 1) + (v - 1)·p + 1, m·v)`` chunks of L/(p·v)
+layers (Korthikanti's first-stage factor 1 + (p - 1)/(p·v)).
+
+Buffers: the working set that exists only transiently at the peak: with full recompute the
+full activations of the one layer being recomputed; with selective recompute that layer's
+attention scores; with ZeRO-3 the gathered weights of two layers (current and prefetched).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import stg
+from stg.errors import UserError
+from stg.options import GenerateOptions
+from stg.records import Predictor
+from stg.system import System, load_system, normalize_dtype
+
+DTYPE_BYTES: Mapping[str, int] = {
+    "fp32": 4,
+    "tf32": 4,
+    "bf16": 2,
+    "fp16": 2,
+    "fp8": 1,
+    "int8": 1,
+}
+MASK_BYTES = 1
+ADAM_MIXED_K = 12
+
+
+def dtype_bytes(dtype: str) -> int:
+    return DTYPE_BYTES[normalize_dtype(dtype)]
+
+
+def as_options(options: Mapping[str, Any] | GenerateOptions) -> GenerateOptions:
+    """GenerateOptions from an option dict (``Workload.metadata["options"]``); unknown keys
+    are ignored, missing ones take the defaults."""
+    if isinstance(options, GenerateOptions):
+        return options
+    names = {f.name for f in fields(GenerateOptions)}
+    return GenerateOptions(**{k: v for k, v in options.items() if k in names})
+
+
+def model_family(model: str) -> str:
+    """``llama`` (SwiGLU, RMSNorm, no dropout) or ``gpt`` (GELU MLP, LayerNorm, dropout)."""
+    name = model.lower().split(":")[-1]
+    return "llama" if "llama" in name or "mistral" in name or "qwen" in name else "gpt"
+
+
+def replicas(o: GenerateOptions) -> int:
+    return o.dp * o.ep
+
+
+def micro_batch_size(o: GenerateOptions) -> int:
+    """b: samples per data-parallel replica per micro-batch."""
+    global_micro = o.micro_batch or o.batch
+    if global_micro % replicas(o):
+        raise UserError(
+            f"micro_batch={global_micro} must be divisible by dp*ep={replicas(o)}"
+        )
+    return global_micro // replicas(o)
+
+
+# ---------------------------------------------------------------------------------------------
+# Parameters
+
+
+@dataclass(frozen=True)
+class StageParameters:
+    """Weight elements held by one rank of a pipeline stage."""
+
+    stage: int
+    layers: int
+    layer_parameters: int
+    """parameters of all this stage's layers held by one rank"""
+    embedding_parameters: int
+    head_parameters: int
+
+    @property
+    def total(self) -> int:
+        return self.layer_parameters + self.embedding_parameters + self.head_parameters
+
+
+def layers_per_stage(layers: int, pp: int) -> list[int]:
+    """Layers split as evenly as possible; the first ``layers % pp`` stages get one more."""
+    if layers < pp:
+        raise UserError(f"pp={pp} must not exceed num_stacks={layers}")
+    base, extra = divmod(layers, pp)
+    return [base + (1 if i < extra else 0) for i in range(pp)]
+
+
+def layer_parameters_per_rank(o: GenerateOptions) -> int:
+    """Parameters of one transformer layer held by one TP rank.
+
+    GPT: QKV (3h² + 3h), projection (h² + h), MLP (2hF + F + h), two LayerNorms (4h);
+    column-parallel weights and biases are split by t, row-parallel biases and norms are
+    replicated: 12h² + 13h over all TP ranks for F = 4h. Llama: Q and O h², K and V h²·kv/a,
+    SwiGLU 3hF, two RMSNorms (2h), no biases. MoE models hold E/ep experts' MLPs per rank.
+    """
+    h, f, t = o.dmodel, o.dff, o.tp
+    experts_per_rank = o.experts // o.ep if o.model.lower().startswith("moe") else 1
+    if model_family(o.model) == "llama":
+        kv_width = h * o.kvhead // o.head
+        attention = (2 * h * h + 2 * h * kv_width) // t
+        mlp = experts_per_rank * 3 * h * f // t
+        return attention + mlp + 2 * h
+    attention = (3 * h * h + 3 * h) // t + h * h // t + h
+    mlp = experts_per_rank * ((2 * h * f + f) // t + h)
+    return attention + mlp + 4 * h
+
+
+def count_parameters(options: Mapping[str, Any] | GenerateOptions) -> list[StageParameters]:
+    """Analytical parameter counts per rank of each pipeline stage (for GPT and Llama).
+
+    GPT: vocabulary-parallel word embedding (V·h/t) and learned positions (s·h) on the first
+    stage; final LayerNorm (2h) on the last; the LM head is tied to the word embedding, and a
+    separate copy (V·h/t) lives on the last stage when pp > 1. Llama: untied LM head (V·h/t),
+    final RMSNorm (h), no position embedding.
+    """
+    o = as_options(options)
+    h, v, t = o.dmodel, o.dvocal, o.tp
+    llama = model_family(o.model) == "llama"
+    per_layer = layer_parameters_per_rank(o)
+    stages = []
+    split = layers_per_stage(o.num_stacks, o.pp)
+    for stage, layers in enumerate(split):
+        first, last = stage == 0, stage == o.pp - 1
+        embedding = 0
+        head = 0
+        if first:
+            embedding = v * h // t + (0 if llama else o.seq * h)
+        if last:
+            head = h if llama else 2 * h
+            if llama or o.pp > 1:
+                head += v * h // t
+        stages.append(StageParameters(stage, layers, per_layer * layers, embedding, head))
+    return stages
+
+
+def total_parameters(options: Mapping[str, Any] | GenerateOptions) -> int:
+    """All parameters of the model (one copy), from :func:`count_parameters` with tp = pp = 1."""
+    o = as_options(options)
+    single = GenerateOptions(**{**o.as_dict(), "tp": 1, "pp": 1, "dp": 1, "sp": 1, "ep": 1})
+    return count_parameters(single)[0].total
+
+
+# ---------------------------------------------------------------------------------------------
+# Activations
+
+
+def activation_bytes_per_layer(
+    options: Mapping[str, Any] | GenerateOptions, *, recompute: str | None = None
+) -> float:
+    """Bytes one rank stores for one layer and one micro-batch between forward and backward."""
+    o = as_options(options)
+    recompute = recompute or o.activation_recompute
+    if recompute not in ("none", "selective", "full"):
+        raise UserError(
+            f"activation_recompute={recompute!r}; allowed: none, selective, full"
+        )
+    b = micro_batch_size(o)
+    s_local = o.seq / o.sp
+    h, f, a, t = o.dmodel, o.dff, o.head, o.tp
+    e = dtype_bytes(o.dtype)
+    sp_divisor = t if (o.tpsp and t > 1) else 1
+    sbh = s_local * b * h
+    if recompute == "full":
+        return e * sbh / sp_divisor
+    llama = model_family(o.model) == "llama"
+    k = o.kexperts if o.model.lower().startswith("moe") else 1
+    kv_fraction = o.kvhead / a if llama else 1.0
+    if llama:
+        # two RMSNorm inputs, QKV input, MLP input
+        replicated = e * 4 * sbh
+        sharded = e * sbh * (2 + 2 * kv_fraction) + k * e * 3 * s_local * b * f
+        scores = e * a * s_local * o.seq * b
+    else:
+        # two LayerNorm inputs, QKV input, MLP input (16-bit), two dropout masks (1 byte)
+        replicated = e * 4 * sbh + MASK_BYTES * 2 * sbh
+        # Q, K, V, projection input; GELU input and output
+        sharded = e * sbh * (2 + 2 * kv_fraction) + k * e * 2 * s_local * b * f
+        # softmax output, dropout mask, dropout output
+        scores = (2 * e + MASK_BYTES) * a * s_local * o.seq * b
+    total = replicated / sp_divisor + sharded / t
+    if recompute == "none":
+        total += scores / t
+    return total
+
+
+def in_flight_layers(
+    stage: int, layers: int, pp: int, micro_batches: int, schedule: str, chunks: int = 1
+) -> float:
+    """Layer-micro-batches whose activations stage ``stage`` holds at its peak."""
+    schedule = schedule.lower()
+    if schedule == "gpipe":
+        return float(layers * micro_batches)
+    if chunks > 1:
+        held_chunks = min(2 * (pp - stage - 1) + (chunks - 1) * pp + 1, micro_batches * chunks)
+        return layers / chunks * held_chunks
+    return float(layers * min(pp - stage, micro_batches))
+
+
+def in_flight_micro_batches(stage: int, pp: int, micro_batches: int, schedule: str) -> int:
+    if schedule.lower() == "gpipe":
+        return micro_batches
+    return min(pp - stage, micro_batches)
+
+
+# ---------------------------------------------------------------------------------------------
+# Model state
+
+
+@dataclass(frozen=True)
+class ModelState:
+    weights: float
+    gradients: float
+    optimizer: float
+
+
+def model_state_bytes(
+    parameters: float,
+    *,
+    weight_bytes: int = 2,
+    grad_bytes: int = 4,
+    optimizer_bytes: int = ADAM_MIXED_K,
+    zero: int = 0,
+    shard: int = 1,
+) -> ModelState:
+    """Weights, gradients and optimizer states of ``parameters`` elements under ZeRO ``zero``.
+
+    Defaults are Megatron's mixed precision (2 + 4 + 12 = 18 bytes per parameter); with
+    ``grad_bytes=2`` and ZeRO over N_d = ``shard`` ranks this is Rajbhandari et al.'s
+    (2 + 2 + K)Ψ, 4Ψ + KΨ/N_d, 2Ψ + (2 + K)Ψ/N_d and (2 + 2 + K)Ψ/N_d.
+    """
+    if zero not in (0, 1, 2, 3):
+        raise UserError(f"zero={zero}; allowed: 0, 1, 2, 3")
+    weights = weight_bytes * parameters
+    gradients = grad_bytes * parameters
+    optimizer = optimizer_bytes * parameters
+    if zero >= 1:
+        optimizer /= shard
+    if zero >= 2:
+        gradients /= shard
+    if zero >= 3:
+        weights /= shard
+    return ModelState(weights, gradients, optimizer)
+
+
+def precision_bytes(
+    o: GenerateOptions, weight_dtype: str | None = None, grad_dtype: str | None = None
+) -> tuple[int, int, int]:
+    """(weight, gradient, optimizer) bytes per parameter for these options."""
+    e_w = dtype_bytes(weight_dtype or o.dtype)
+    if grad_dtype is None:
+        grad_dtype = o.grad_reduce_dtype or ("fp32" if o.mixed_precision else o.dtype)
+    e_g = dtype_bytes(grad_dtype)
+    k = ADAM_MIXED_K if o.mixed_precision else 2 * e_w
+    return e_w, e_g, k
+
+
+def zero_stage(o: GenerateOptions) -> int:
+    return 3 if o.weight_sharded else o.zero
+
+
+# ---------------------------------------------------------------------------------------------
+# Per stage
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    """Memory of one rank (of a rank class) in bytes."""
+
+    stage: int
+    parameters: int
+    weights: float
+    gradients: float
+    optimizer: float
+    activations: float
+    buffers: float
+
+    @property
+    def peak(self) -> float:
+        return self.weights + self.gradients + self.optimizer + self.activations + self.buffers
+
+
+def stage_memory(
+    options: Mapping[str, Any] | GenerateOptions,
+    *,
+    stage: int,
+    parameters: int,
+    layers: int,
+    has_embedding: bool,
+    has_head: bool,
+    weight_dtype: str | None = None,
+    grad_dtype: str | None = None,
+) -> RankMemory:
+    """The memory of one rank of pipeline stage ``stage`` holding ``parameters`` weights."""
+    o = as_options(options)
+    e_w, e_g, k = precision_bytes(o, weight_dtype, grad_dtype)
+    zero = zero_stage(o)
+    shard = o.dp * o.sp
+    state = model_state_bytes(
+        parameters, weight_bytes=e_w, grad_bytes=e_g, optimizer_bytes=k, zero=zero, shard=shard
+    )
+    m = o.micro_batches
+    per_layer = activation_bytes_per_layer(o)
+    activations = per_layer * in_flight_layers(
+        stage, layers, o.pp, m, o.pipeline_schedule, o.virtual_stages
+    )
+    b = micro_batch_size(o)
+    e = dtype_bytes(o.dtype)
+    t = o.tp
+    sp_divisor = t if (o.tpsp and t > 1) else 1
+    sbh = o.seq / o.sp * b * o.dmodel
+    held = in_flight_micro_batches(stage, o.pp, m, o.pipeline_schedule)
+    if has_embedding and model_family(o.model) == "gpt":
+        activations += held * MASK_BYTES * sbh / sp_divisor  # embedding dropout mask
+    if has_head:
+        # final norm input and LM-head input, fp32 logits for the cross entropy
+        head = 2 * e * sbh / sp_divisor + 4 * o.seq / o.sp * b * o.dvocal / t
+        activations += (m if o.pipeline_schedule.lower() == "gpipe" else 1) * head
+    buffers = 0.0
+    if layers and o.activation_recompute == "full":
+        buffers += activation_bytes_per_layer(o, recompute="none")
+    elif layers and o.activation_recompute == "selective":
+        buffers += activation_bytes_per_layer(o, recompute="none") - per_layer
+    if zero == 3 and layers:
+        buffers += 2 * e_w * layer_parameters_per_rank(o)
+    return RankMemory(
+        stage=stage,
+        parameters=parameters,
+        weights=state.weights,
+        gradients=state.gradients,
+        optimizer=state.optimizer,
+        activations=activations,
+        buffers=buffers,
+    )
+
+
+def analytic_memory(options: Mapping[str, Any] | GenerateOptions) -> list[RankMemory]:
+    """Memory per stage from options alone (parameters from :func:`count_parameters`)."""
+    o = as_options(options)
+    return [
+        stage_memory(
+            o,
+            stage=p.stage,
+            parameters=p.total,
+            layers=p.layers,
+            has_embedding=p.stage == 0,
+            has_head=p.stage == o.pp - 1,
+        )
+        for p in count_parameters(o)
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# The predictor
+
+
+def _rank_memory_dict(memory: RankMemory) -> dict[str, Any]:
+    out = {k: (round(v) if isinstance(v, float) else v) for k, v in asdict(memory).items()}
+    out["peak"] = round(memory.peak)
+    return out
+
+
+def predict_memory(workload: Any, system: System | str = "a100-80g", **_: Any) -> dict[str, Any]:
+    """Peak memory per rank class of a generated workload (needs ``metadata["options"]``)."""
+    system = load_system(system)
+    options = workload.metadata.get("options") if workload.metadata else None
+    if not options:
+        raise UserError(
+            "the memory predictor needs the generation options (a workload built by "
+            "stg generate options, not a bare trace)"
+        )
+    o = as_options(options)
+    classes = []
+    for rank_class in workload.rank_classes:
+        facts = rank_class.facts
+        for key in ("parameters", "layers", "has_embedding", "has_head"):
+            if key not in facts:
+                raise UserError(f"rank class {rank_class.index} lacks the fact {key!r}")
+        memory = stage_memory(
+            o,
+            stage=rank_class.stage,
+            parameters=int(facts["parameters"]),
+            layers=int(facts["layers"]),
+            has_embedding=bool(facts["has_embedding"]),
+            has_head=bool(facts["has_head"]),
+            weight_dtype=facts.get("weight_dtype"),
+            grad_dtype=facts.get("grad_dtype"),
+        )
+        ranks = [g.rank for g in workload.ranks if g.rank_class.index == rank_class.index]
+        entry = {"class": rank_class.index, "ranks": len(ranks), "first_rank": min(ranks)}
+        entry.update(_rank_memory_dict(memory))
+        entry["fits"] = memory.peak <= system.hbm_capacity
+        classes.append(entry)
+    return _memory_report(classes, system)
+
+
+def predict_analytic(
+    options: Mapping[str, Any] | GenerateOptions, system: System | str = "a100-80g"
+) -> dict[str, Any]:
+    """The memory report from options alone (parameters counted by :func:`count_parameters`),
+    for traces that record their options but not the per-stage facts."""
+    system = load_system(system)
+    o = as_options(options)
+    classes = []
+    ranks_per_stage = o.world_size // o.pp
+    for memory in analytic_memory(o):
+        entry: dict[str, Any] = {
+            "class": memory.stage,
+            "ranks": ranks_per_stage,
+            "first_rank": None,
+        }
+        entry.update(_rank_memory_dict(memory))
+        entry["fits"] = memory.peak <= system.hbm_capacity
+        classes.append(entry)
+    return _memory_report(classes, system)
+
+
+def _memory_report(classes: list[dict[str, Any]], system: System) -> dict[str, Any]:
+    peak = max(c["peak"] for c in classes)
+    return {
+        "predictor": "memory",
+        "system": system.name,
+        "capacity_bytes": system.hbm_capacity,
+        "peak_bytes": peak,
+        "fits": peak <= system.hbm_capacity,
+        "classes": classes,
+    }
+
+
+@stg.hookimpl
+def stg_register_predictors(register: Any) -> None:
+    register(
+        Predictor(
+            name="memory",
+            predict=predict_memory,
+            description="analytical peak memory per rank: weights, gradients, optimizer "
+            "states (ZeRO), activations (Korthikanti) and buffers",
+        )
+    )
+
+
+__all__ = [
+    "RankMemory",
+    "StageParameters",
+    "activation_bytes_per_layer",
+    "analytic_memory",
+    "count_parameters",
+    "in_flight_layers",
+    "model_state_bytes",
+    "predict_analytic",
+    "predict_memory",
+    "stage_memory",
+    "total_parameters",
+]
+

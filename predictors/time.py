@@ -1,0 +1,872 @@
+"""The ``time`` predictor: roofline compute and alpha-beta collectives replayed over the DAG.
+
+Cost of one node on a :class:`stg.system.System`:
+
+- COMP (and MEM_LOAD/STORE): ``max(num_ops / (peak(dtype)·eff(op class)),
+  tensor_size / (hbm·memory_efficiency)) + kernel_overhead``; a node with neither FLOPs nor
+  bytes but a recorded ``runtime`` (a trace of a real run) takes that runtime.
+- Collectives over a group of n ranks, per network dimension i that the group spans with n_i
+  ranks (bandwidth B_i = per-GPU bandwidth·efficiency, latency alpha_i), applied hierarchically:
+  reduce-scatter and all-gather ``(n_i-1)/n_i · S_i/B_i + (n_i-1)·alpha_i`` with S_0 the full
+  buffer and S_{i+1} = S_i/n_i (reduce-scatter inner to outer, all-gather outer to inner);
+  all-reduce twice that (``2(n-1)/n·S/B + 2(n-1)alpha`` on one dimension); all-to-all
+  ``(n_i-1)/n_i · S/B_i + (n_i-1)·alpha_i`` per dimension. Which dimensions a group spans follows
+  from its member ranks: rank r sits at ``r % size_0`` of the first dimension, and so on.
+- Send: ``S/B + alpha`` on the outermost dimension where the two ranks differ.
+
+Replay (as ASTRA-sim): each rank has one compute stream and one communication stream; a
+ready node is issued smallest id first when its stream is free. A collective occupies the
+communication stream of every member from when the member issues it; its transfer starts
+when the last member has issued it (matched per group in issue order). A receive occupies no
+stream and completes when its matching send (same source, destination, tag and size, first in
+first out) has completed.
+
+Symmetry: ranks of one rank class whose groups have the same placement shape (and, by
+refinement, whose group partners are alike) have identical timelines, so only one
+representative per such *unit* is simulated; collectives and sends synchronise the
+representatives of the units involved. A trace read from files is simulated rank by rank.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import os
+import tempfile
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import stg
+from stg.errors import TraceError, UserError
+from stg.records import Predictor
+from stg.system import System, load_system, op_class
+from stg.workload import CollectiveType, Node, NodeType, Workload
+
+COMPUTE, COLL, SEND, RECV, INSTANT = 0, 1, 2, 3, 4
+_KIND_NAMES = {COMPUTE: "compute", COLL: "collective", SEND: "send", RECV: "recv", INSTANT: "other"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Costs
+
+
+def compute_time(node: Node, system: System, default_dtype: str = "bf16") -> float:
+    """Roofline time of one compute node in seconds."""
+    if node.num_ops <= 0 and node.tensor_size <= 0:
+        return node.runtime * 1e-6
+    flops = 0.0
+    if node.num_ops > 0:
+        efficiency = system.compute_efficiency[op_class(node.name, node.num_ops, node.tensor_size)]
+        flops = node.num_ops / (system.peak(node.dtype or default_dtype) * efficiency)
+    memory = node.tensor_size / (system.hbm_bandwidth * system.memory_efficiency)
+    return max(flops, memory) + system.kernel_overhead
+
+
+def group_shape(ranks: Iterable[int], system: System) -> tuple[int, ...]:
+    """Ranks a group spans along each network dimension (inner first).
+
+    For dimension i: the largest number of distinct coordinates along i among members that
+    share all outer coordinates (so an irregular group of 4 ranks over two nodes is 2 x 2).
+    """
+    coords = [system.coordinates(r) for r in ranks]
+    shape = []
+    for i in range(len(system.network)):
+        buckets: dict[tuple[int, ...], set[int]] = {}
+        for c in coords:
+            buckets.setdefault(c[i + 1 :], set()).add(c[i])
+        shape.append(max((len(v) for v in buckets.values()), default=1))
+    return tuple(shape)
+
+
+def collective_time(
+    kind: CollectiveType, size: int, shape: Sequence[int], system: System
+) -> float:
+    """Alpha-beta time of one collective; ``size`` follows the Chakra convention (all-gather:
+    this rank's input shard; reduce-scatter, all-reduce: the full buffer; all-to-all: this
+    rank's buffer)."""
+    members = 1
+    for n in shape:
+        members *= n
+    if members <= 1:
+        return 0.0
+    dims = system.network
+    if kind in (CollectiveType.ALL_GATHER, CollectiveType.GATHER):
+        buffer = float(size) * members
+    else:
+        buffer = float(size)
+    total = 0.0
+    if kind is CollectiveType.BARRIER:
+        return sum(2 * (n - 1) * d.latency for n, d in zip(shape, dims, strict=False))
+    for n, dim in zip(shape, dims, strict=False):
+        if n <= 1:
+            continue
+        bandwidth = dim.effective_bandwidth
+        if kind is CollectiveType.ALL_TO_ALL:
+            total += (n - 1) / n * size / bandwidth + (n - 1) * dim.latency
+            continue
+        if kind in (CollectiveType.BROADCAST, CollectiveType.REDUCE):
+            total += buffer / bandwidth + (n - 1) * dim.latency
+            continue
+        step = (n - 1) / n * buffer / bandwidth + (n - 1) * dim.latency
+        total += 2 * step if kind is CollectiveType.ALL_REDUCE else step
+        buffer /= n
+    return total
+
+
+def link_dimension(src: int, dst: int, system: System) -> int:
+    """The outermost network dimension on which two ranks differ (-1 for the same rank)."""
+    a, b = system.coordinates(src), system.coordinates(dst)
+    for i in range(len(a) - 1, -1, -1):
+        if a[i] != b[i]:
+            return i
+    return -1
+
+
+def send_time(size: int, dimension: int, system: System) -> float:
+    if dimension < 0:
+        return 0.0
+    dim = system.network[dimension]
+    return size / dim.effective_bandwidth + dim.latency
+
+
+# ---------------------------------------------------------------------------------------------
+# Units: the timelines that are simulated
+
+
+@dataclass
+class Unit:
+    """One simulated timeline standing for ``ranks`` (all identical); ``rank`` simulates it."""
+
+    index: int
+    rank: int
+    ranks: tuple[int, ...]
+    nodes: list[Node]
+    rank_class: int | None = None
+    stage: int | None = None
+    group_keys: dict[int, Any] = field(default_factory=dict)
+    """node position -> axes key used to match collectives across units"""
+
+
+@dataclass
+class Problem:
+    """What the replay needs: units, the unit of every rank, and communicator members."""
+
+    units: list[Unit]
+    unit_of_rank: Mapping[int, int]
+    comm_groups: Mapping[int, Sequence[int]]
+    world_size: int
+
+
+def _refine(
+    ranks: Sequence[int],
+    initial: Mapping[int, Any],
+    neighbours: Mapping[int, list[Sequence[int]]],
+    peers: Mapping[int, list[int]],
+) -> dict[int, int]:
+    """Colour refinement: ranks stay together only while their partners are alike."""
+    colour: dict[int, int] = {}
+    keys: dict[Any, int] = {}
+    for r in ranks:
+        colour[r] = keys.setdefault(initial[r], len(keys))
+    for _ in range(8):
+        group_colours: dict[int, tuple[int, ...]] = {}
+        new_keys: dict[Any, int] = {}
+        new: dict[int, int] = {}
+        for r in ranks:
+            parts = []
+            for members in neighbours[r]:
+                key = id(members)
+                if key not in group_colours:
+                    group_colours[key] = tuple(sorted({colour[m] for m in members}))
+                parts.append(group_colours[key])
+            sig = (colour[r], tuple(parts), tuple(colour[p] for p in peers[r]))
+            new[r] = new_keys.setdefault(sig, len(new_keys))
+        if len(new_keys) == len(keys):
+            return new
+        colour, keys = new, new_keys
+    return colour
+
+
+def problem_from_workload(workload: Workload, system: System) -> Problem:
+    """Split a workload into symmetric units (see the module docstring)."""
+    layout = workload.layout
+    groups = {gid: tuple(m) for gid, m in workload.comm_groups.items()}
+    for gid, members in layout.comm_groups.items():
+        groups.setdefault(gid, members)
+    class_axes: dict[int, list[tuple[str, ...]]] = {}
+    class_peers: dict[int, list[int]] = {}
+    for rc in workload.rank_classes:
+        axes = sorted(
+            {t.group_axes for t in rc.nodes if t.type is NodeType.COMM_COLL and t.group_axes}
+        )
+        class_axes[rc.index] = axes
+        class_peers[rc.index] = sorted(
+            {
+                t.peer_stage
+                for t in rc.nodes
+                if t.type in (NodeType.COMM_SEND, NodeType.COMM_RECV) and t.peer_stage is not None
+            }
+        )
+    shapes: dict[int, tuple[int, ...]] = {}
+    initial: dict[int, Any] = {}
+    neighbours: dict[int, list[Sequence[int]]] = {}
+    peers: dict[int, list[int]] = {}
+    ranks = [g.rank for g in workload.ranks]
+    for graph in workload.ranks:
+        r, rc = graph.rank, graph.rank_class.index
+        parts: list[Any] = []
+        nbrs: list[Sequence[int]] = []
+        for axes in class_axes[rc]:
+            try:
+                gid = layout.group_id(r, axes)
+            except KeyError:
+                parts.append(None)
+                continue
+            members = groups[gid]
+            if gid not in shapes:
+                shapes[gid] = group_shape(members, system)
+            parts.append(shapes[gid])
+            nbrs.append(members)
+        links = []
+        prs = []
+        for stage in class_peers[rc]:
+            peer = layout.peer(r, stage)
+            links.append(link_dimension(r, peer, system))
+            prs.append(peer)
+        initial[r] = (rc, tuple(parts), tuple(links))
+        neighbours[r] = nbrs
+        peers[r] = prs
+    colour = _refine(ranks, initial, neighbours, peers)
+    by_colour: dict[int, list[int]] = {}
+    for r in ranks:
+        by_colour.setdefault(colour[r], []).append(r)
+    ordered = sorted(by_colour.values(), key=min)
+    graphs = {g.rank: g for g in workload.ranks}
+    units: list[Unit] = []
+    unit_of_rank: dict[int, int] = {}
+    for index, members in enumerate(ordered):
+        rep = graphs[min(members)]
+        templates = sorted(rep.rank_class.nodes, key=lambda t: t.id)
+        nodes = [rep.resolve(t) for t in templates]
+        keys = {
+            i: tuple(sorted(t.group_axes))
+            for i, t in enumerate(templates)
+            if t.type is NodeType.COMM_COLL
+        }
+        units.append(
+            Unit(
+                index=index,
+                rank=rep.rank,
+                ranks=tuple(sorted(members)),
+                nodes=nodes,
+                rank_class=rep.rank_class.index,
+                stage=rep.rank_class.stage,
+                group_keys=keys,
+            )
+        )
+        for r in members:
+            unit_of_rank[r] = index
+    return Problem(units, unit_of_rank, groups, workload.world_size)
+
+
+def problem_from_nodes(
+    rank_nodes: Mapping[int, Sequence[Node]], comm_groups: Mapping[int, Sequence[int]]
+) -> Problem:
+    """One unit per rank: for traces read from files."""
+    units = []
+    unit_of_rank = {}
+    for index, rank in enumerate(sorted(rank_nodes)):
+        nodes = sorted(rank_nodes[rank], key=lambda n: n.id)
+        keys = {
+            i: ("group", n.comm_group) for i, n in enumerate(nodes) if n.type is NodeType.COMM_COLL
+        }
+        units.append(Unit(index, rank, (rank,), nodes, group_keys=keys))
+        unit_of_rank[rank] = index
+    groups = {int(g): tuple(m) for g, m in comm_groups.items()}
+    return Problem(units, unit_of_rank, groups, len(units))
+
+
+# ---------------------------------------------------------------------------------------------
+# Replay
+
+
+@dataclass
+class UnitResult:
+    """Timeline of one unit: per node start/end (seconds), and what gated each start."""
+
+    unit: Unit
+    kind: list[int]
+    duration: list[float]
+    start: list[float]
+    end: list[float]
+    transfer_start: list[float]
+    cause: list[tuple[int, int] | None]
+
+
+@dataclass
+class Replay:
+    units: list[UnitResult]
+    iteration_time: float
+
+
+class _Sim:
+    """Event-driven replay of all units (see the module docstring)."""
+
+    def __init__(self, problem: Problem, system: System, default_dtype: str) -> None:
+        self.problem = problem
+        self.system = system
+        self.default_dtype = default_dtype
+        self.results: list[UnitResult] = []
+        self.children: list[list[list[int]]] = []
+        self.pending: list[list[int]] = []
+        self.ready_time: list[list[float]] = []
+        self.ready_cause: list[list[tuple[int, int] | None]] = []
+        self.coll_key: list[dict[int, Any]] = []
+        self.coll_needed: list[dict[int, int]] = []
+        self.p2p_key: list[dict[int, tuple[int, int, int, int]]] = []
+        self.shape_cache: dict[int, tuple[int, ...]] = {}
+        self.participants_cache: dict[int, tuple[int, ...]] = {}
+        for unit in problem.units:
+            self._prepare(unit)
+
+    def _participants(self, gid: int) -> tuple[int, ...]:
+        if gid not in self.participants_cache:
+            members = self.problem.comm_groups.get(gid)
+            if members is None:
+                raise TraceError(f"collective uses communicator {gid}, which has no member list")
+            self.participants_cache[gid] = tuple(
+                sorted({self.problem.unit_of_rank[m] for m in members})
+            )
+            self.shape_cache[gid] = group_shape(members, self.system)
+        return self.participants_cache[gid]
+
+    def _prepare(self, unit: Unit) -> None:
+        nodes = unit.nodes
+        n = len(nodes)
+        position = {node.id: i for i, node in enumerate(nodes)}
+        if len(position) != n:
+            raise TraceError(f"rank {unit.rank}: duplicate node ids")
+        children: list[list[int]] = [[] for _ in range(n)]
+        pending = [0] * n
+        kind = [INSTANT] * n
+        duration = [0.0] * n
+        coll_key: dict[int, Any] = {}
+        coll_needed: dict[int, int] = {}
+        p2p_key: dict[int, tuple[int, int, int, int]] = {}
+        system = self.system
+        unit_of = self.problem.unit_of_rank
+        cost_cache: dict[tuple[Any, ...], float] = {}
+        for i, node in enumerate(nodes):
+            deps = set(node.data_deps) | set(node.ctrl_deps)
+            for dep in deps:
+                j = position.get(dep)
+                if j is None:
+                    raise TraceError(f"rank {unit.rank}: node {node.id} depends on missing {dep}")
+                children[j].append(i)
+            pending[i] = len(deps)
+            t = node.type
+            if t in (NodeType.COMP, NodeType.MEM_LOAD, NodeType.MEM_STORE):
+                kind[i] = COMPUTE
+                duration[i] = compute_time(node, system, self.default_dtype)
+            elif t is NodeType.COMM_COLL:
+                if node.comm_group is None or node.comm_type is None:
+                    raise TraceError(
+                        f"rank {unit.rank}: collective {node.id} lacks its group or type"
+                    )
+                participants = self._participants(node.comm_group)
+                shape = self.shape_cache[node.comm_group]
+                key = (node.comm_type, node.comm_size, shape)
+                if key not in cost_cache:
+                    cost_cache[key] = collective_time(node.comm_type, node.comm_size, shape, system)
+                kind[i] = COLL
+                duration[i] = cost_cache[key]
+                coll_key[i] = (unit.group_keys.get(i, ("group", node.comm_group)), participants)
+                coll_needed[i] = len(participants)
+            elif t is NodeType.COMM_SEND:
+                if node.comm_dst is None or node.comm_dst not in unit_of:
+                    raise TraceError(f"rank {unit.rank}: send {node.id} has no valid destination")
+                kind[i] = SEND
+                duration[i] = send_time(
+                    node.comm_size, link_dimension(unit.rank, node.comm_dst, system), system
+                )
+                p2p_key[i] = (
+                    unit.index,
+                    unit_of[node.comm_dst],
+                    -1 if node.comm_tag is None else node.comm_tag,
+                    node.comm_size,
+                )
+            elif t is NodeType.COMM_RECV:
+                if node.comm_src is None or node.comm_src not in unit_of:
+                    raise TraceError(f"rank {unit.rank}: receive {node.id} has no valid source")
+                kind[i] = RECV
+                p2p_key[i] = (
+                    unit_of[node.comm_src],
+                    unit.index,
+                    -1 if node.comm_tag is None else node.comm_tag,
+                    node.comm_size,
+                )
+        self.children.append(children)
+        self.pending.append(pending)
+        self.ready_time.append([0.0] * n)
+        self.ready_cause.append([None] * n)
+        self.coll_key.append(coll_key)
+        self.coll_needed.append(coll_needed)
+        self.p2p_key.append(p2p_key)
+        self.results.append(
+            UnitResult(
+                unit=unit,
+                kind=kind,
+                duration=duration,
+                start=[-1.0] * n,
+                end=[-1.0] * n,
+                transfer_start=[-1.0] * n,
+                cause=[None] * n,
+            )
+        )
+
+    def run(self) -> Replay:
+        units = self.problem.units
+        results = self.results
+        heap: list[tuple[float, int, int, int]] = []
+        counter = 0
+        ready: list[list[list[int]]] = [[[], []] for _ in units]
+        busy = [[False, False] for _ in units]
+        last_on_stream: list[list[tuple[int, int] | None]] = [[None, None] for _ in units]
+        mailbox: dict[tuple[int, int, int, int], deque[tuple[float, int, int]]] = {}
+        waiting: dict[tuple[int, int, int, int], deque[tuple[int, int]]] = {}
+        coll_seq: dict[tuple[int, Any], int] = {}
+        instances: dict[Any, list[Any]] = {}
+        touched: set[tuple[int, int]] = set()
+
+        def push(time: float, u: int, i: int) -> None:
+            nonlocal counter
+            counter += 1
+            heapq.heappush(heap, (time, counter, u, i))
+
+        def make_ready(u: int, i: int, t: float, cause: tuple[int, int] | None) -> None:
+            res = results[u]
+            k = res.kind[i]
+            self.ready_time[u][i] = t
+            self.ready_cause[u][i] = cause
+            if k == COMPUTE:
+                heapq.heappush(ready[u][0], i)
+                touched.add((u, 0))
+            elif k == COLL or k == SEND:
+                heapq.heappush(ready[u][1], i)
+                touched.add((u, 1))
+            elif k == RECV:
+                res.start[i] = t
+                key = self.p2p_key[u][i]
+                box = mailbox.get(key)
+                if box:
+                    sent, su, si = box.popleft()
+                    if sent > t:
+                        res.cause[i] = (su, si)
+                        push(sent, u, i)
+                    else:
+                        res.cause[i] = cause
+                        push(t, u, i)
+                else:
+                    waiting.setdefault(key, deque()).append((u, i))
+            else:
+                res.start[i] = t
+                res.cause[i] = cause
+                push(t, u, i)
+
+        for u in range(len(results)):
+            for i, count in enumerate(self.pending[u]):
+                if count == 0:
+                    make_ready(u, i, 0.0, None)
+
+        def dispatch(u: int, stream: int, t: float) -> None:
+            if busy[u][stream] or not ready[u][stream]:
+                return
+            i = heapq.heappop(ready[u][stream])
+            res = results[u]
+            busy[u][stream] = True
+            res.start[i] = t
+            if t > self.ready_time[u][i] and last_on_stream[u][stream] is not None:
+                res.cause[i] = last_on_stream[u][stream]
+            else:
+                res.cause[i] = self.ready_cause[u][i]
+            last_on_stream[u][stream] = (u, i)
+            k = res.kind[i]
+            if k == COLL:
+                group_key = self.coll_key[u][i]
+                seq_key = (u, group_key)
+                seq = coll_seq.get(seq_key, 0)
+                coll_seq[seq_key] = seq + 1
+                instance_key = (group_key, seq)
+                inst = instances.get(instance_key)
+                if inst is None:
+                    inst = instances[instance_key] = [[], -1.0, None]
+                inst[0].append((u, i))
+                if t >= inst[1]:
+                    inst[1] = t
+                    inst[2] = res.cause[i]
+                if len(inst[0]) == self.coll_needed[u][i]:
+                    del instances[instance_key]
+                    begin = inst[1]
+                    for pu, pi in inst[0]:
+                        pres = results[pu]
+                        pres.transfer_start[pi] = begin
+                        pres.cause[pi] = inst[2]
+                        push(begin + pres.duration[pi], pu, pi)
+            else:
+                res.transfer_start[i] = t
+                push(t + res.duration[i], u, i)
+
+        for u, stream in sorted(touched):
+            dispatch(u, stream, 0.0)
+        touched.clear()
+        while heap:
+            t = heap[0][0]
+            while heap and heap[0][0] == t:
+                _, _, u, i = heapq.heappop(heap)
+                res = results[u]
+                res.end[i] = t
+                k = res.kind[i]
+                if k == COMPUTE:
+                    busy[u][0] = False
+                    touched.add((u, 0))
+                elif k == COLL or k == SEND:
+                    busy[u][1] = False
+                    touched.add((u, 1))
+                    if k == SEND:
+                        key = self.p2p_key[u][i]
+                        queue = waiting.get(key)
+                        if queue:
+                            ru, ri = queue.popleft()
+                            results[ru].cause[ri] = (u, i)
+                            push(t, ru, ri)
+                        else:
+                            mailbox.setdefault(key, deque()).append((t, u, i))
+                pend = self.pending[u]
+                for c in self.children[u][i]:
+                    pend[c] -= 1
+                    if pend[c] == 0:
+                        make_ready(u, c, t, (u, i))
+            if touched:
+                for u, stream in sorted(touched):
+                    dispatch(u, stream, t)
+                touched.clear()
+        self._check_finished()
+        end = max((max(r.end, default=0.0) for r in results), default=0.0)
+        return Replay(results, end)
+
+    def _check_finished(self) -> None:
+        for res in self.results:
+            for i, end in enumerate(res.end):
+                if end < 0:
+                    node = res.unit.nodes[i]
+                    state = "never became ready"
+                    if res.start[i] >= 0 and res.kind[i] == RECV:
+                        state = f"waits for a send from rank {node.comm_src} (tag {node.comm_tag})"
+                    elif res.start[i] >= 0 and res.kind[i] == COLL:
+                        state = (
+                            f"waits for the other members of communicator {node.comm_group}"
+                        )
+                    elif self.pending[res.unit.index][i] == 0:
+                        state = "is ready but its stream is blocked"
+                    raise TraceError(
+                        f"replay deadlocked: rank {res.unit.rank} node {node.id} "
+                        f"({node.name!r}) {state}"
+                    )
+
+
+def replay(problem: Problem, system: System, default_dtype: str = "bf16") -> Replay:
+    """Simulate every unit of ``problem`` on ``system``."""
+    return _Sim(problem, system, default_dtype).run()
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+
+
+def _union_length(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    intervals = sorted(a + b)
+    total = 0.0
+    cur_start = cur_end = None
+    for s, e in intervals:
+        if cur_end is None or s > cur_end:
+            if cur_end is not None:
+                total += cur_end - cur_start
+            cur_start, cur_end = s, e
+        elif e > cur_end:
+            cur_end = e
+    if cur_end is not None:
+        total += cur_end - cur_start
+    return total
+
+
+def unit_breakdown(res: UnitResult, iteration_time: float) -> dict[str, float]:
+    """Compute, communication, exposed communication and idle (bubble) time of one unit."""
+    compute: list[tuple[float, float]] = []
+    comm: list[tuple[float, float]] = []
+    waiting = 0.0
+    for i, k in enumerate(res.kind):
+        if k == COMPUTE:
+            compute.append((res.start[i], res.end[i]))
+        elif k == COLL or k == SEND:
+            comm.append((res.transfer_start[i], res.end[i]))
+            waiting += res.transfer_start[i] - res.start[i]
+    compute_s = sum(e - s for s, e in compute)
+    comm_s = sum(e - s for s, e in comm)
+    busy = _union_length(compute, comm)
+    return {
+        "compute_s": compute_s,
+        "communication_s": comm_s,
+        "exposed_communication_s": busy - compute_s,
+        "collective_wait_s": waiting,
+        "bubble_s": iteration_time - busy,
+    }
+
+
+def critical_path(replay_: Replay) -> list[dict[str, Any]]:
+    """The chain of nodes that determines the iteration time, earliest first, as runs of
+    consecutive nodes on one rank and stream."""
+    best: tuple[float, int, int] | None = None
+    for u, res in enumerate(replay_.units):
+        for i, end in enumerate(res.end):
+            if best is None or end > best[0]:
+                best = (end, u, i)
+    if best is None:
+        return []
+    chain: list[tuple[int, int]] = []
+    seen: set[tuple[int, int]] = set()
+    current: tuple[int, int] | None = (best[1], best[2])
+    while current is not None and current not in seen:
+        seen.add(current)
+        chain.append(current)
+        u, i = current
+        current = replay_.units[u].cause[i]
+    chain.reverse()
+    runs: list[dict[str, Any]] = []
+    for u, i in chain:
+        res = replay_.units[u]
+        kind = _KIND_NAMES[res.kind[i]]
+        node = res.unit.nodes[i]
+        if runs and runs[-1]["rank"] == res.unit.rank and runs[-1]["kind"] == kind:
+            run = runs[-1]
+            run["end_s"] = res.end[i]
+            run["nodes"] += 1
+            run["last"] = node.name
+        else:
+            runs.append(
+                {
+                    "rank": res.unit.rank,
+                    "kind": kind,
+                    "start_s": res.start[i],
+                    "end_s": res.end[i],
+                    "nodes": 1,
+                    "first": node.name,
+                    "last": node.name,
+                }
+            )
+    return runs
+
+
+def timeline_events(replay_: Replay) -> dict[str, Any]:
+    """A Chrome / Perfetto trace (JSON object format): one process per simulated rank, one
+    thread for the compute stream and one for the communication stream."""
+    events: list[dict[str, Any]] = []
+    for res in replay_.units:
+        unit = res.unit
+        pid = unit.rank
+        label = f"rank {unit.rank}"
+        if len(unit.ranks) > 1:
+            label += f" (stands for {len(unit.ranks)} ranks)"
+        events.append({"ph": "M", "pid": pid, "name": "process_name", "args": {"name": label}})
+        events.append(
+            {"ph": "M", "pid": pid, "name": "process_sort_index", "args": {"sort_index": pid}}
+        )
+        for tid, name in ((0, "compute"), (1, "communication")):
+            events.append(
+                {"ph": "M", "pid": pid, "tid": tid, "name": "thread_name", "args": {"name": name}}
+            )
+        for i, k in enumerate(res.kind):
+            node = unit.nodes[i]
+            if k == COMPUTE:
+                tid, begin = 0, res.start[i]
+            elif k == COLL or k == SEND:
+                tid, begin = 1, res.transfer_start[i]
+            else:
+                continue
+            args: dict[str, Any] = {"id": node.id}
+            if node.num_ops:
+                args["num_ops"] = node.num_ops
+            if node.tensor_size:
+                args["tensor_size"] = node.tensor_size
+            if node.comm_size:
+                args["comm_size"] = node.comm_size
+            if k == COLL:
+                args["comm_group"] = node.comm_group
+                args["wait_us"] = round((begin - res.start[i]) * 1e6, 3)
+            events.append(
+                {
+                    "ph": "X",
+                    "pid": pid,
+                    "tid": tid,
+                    "name": node.name,
+                    "cat": _KIND_NAMES[k],
+                    "ts": round(begin * 1e6, 3),
+                    "dur": round((res.end[i] - begin) * 1e6, 3),
+                    "args": args,
+                }
+            )
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def write_json_atomic(path: str | Path, data: Any) -> None:
+    """Write JSON to ``path`` through a temporary file in the same directory."""
+    path = Path(path)
+    if path.parent and not path.parent.is_dir():
+        raise UserError(f"cannot write {str(path)!r}: directory {str(path.parent)!r} is missing")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(data, handle, separators=(",", ":"))
+            handle.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _is_recompute(name: str) -> bool:
+    return "recompute" in name.lower()
+
+
+def summarize(
+    replay_: Replay,
+    system: System,
+    *,
+    dtype: str = "bf16",
+    tokens: int | None = None,
+    world_size: int | None = None,
+) -> dict[str, Any]:
+    """The report of the ``time`` predictor for one replay."""
+    iteration = replay_.iteration_time
+    hardware_flops = 0
+    model_flops = 0
+    world = 0
+    units = []
+    for res in replay_.units:
+        weight = len(res.unit.ranks)
+        world += weight
+        unit_flops = 0
+        unit_model = 0
+        for node in res.unit.nodes:
+            if node.type is NodeType.COMP and node.num_ops > 0:
+                unit_flops += node.num_ops
+                if not _is_recompute(node.name):
+                    unit_model += node.num_ops
+        hardware_flops += weight * unit_flops
+        model_flops += weight * unit_model
+        entry: dict[str, Any] = {
+            "rank": res.unit.rank,
+            "ranks": weight,
+            "class": res.unit.rank_class,
+            "stage": res.unit.stage,
+            "flops": unit_flops,
+        }
+        entry.update(unit_breakdown(res, iteration))
+        units.append(entry)
+    world = world_size or world
+    peak = system.peak(dtype)
+    report: dict[str, Any] = {
+        "predictor": "time",
+        "system": system.name,
+        "world_size": world,
+        "iteration_time_s": iteration,
+        "model_flops": model_flops,
+        "hardware_flops": hardware_flops,
+        "mfu": model_flops / (iteration * world * peak) if iteration > 0 else 0.0,
+        "hfu": hardware_flops / (iteration * world * peak) if iteration > 0 else 0.0,
+        "peak_flops_per_gpu": peak,
+        "ranks": units,
+        "critical_path": critical_path(replay_),
+    }
+    if tokens is not None and iteration > 0:
+        report["tokens_per_s"] = tokens / iteration
+    return report
+
+
+def predict_problem(
+    problem: Problem,
+    system: System | str = "a100-80g",
+    *,
+    dtype: str = "bf16",
+    tokens: int | None = None,
+    timeline: str | Path | None = None,
+) -> dict[str, Any]:
+    """Replay ``problem`` and report; ``timeline`` writes a Chrome trace JSON there."""
+    system = load_system(system)
+    if system.capacity and problem.world_size > system.capacity:
+        raise UserError(
+            f"{problem.world_size} ranks do not fit system {system.name!r} "
+            f"({system.capacity} GPUs)"
+        )
+    result = replay(problem, system, dtype)
+    report = summarize(result, system, dtype=dtype, tokens=tokens, world_size=problem.world_size)
+    if timeline is not None:
+        write_json_atomic(timeline, timeline_events(result))
+        report["timeline"] = str(timeline)
+    return report
+
+
+def predict_time(
+    workload: Workload,
+    system: System | str = "a100-80g",
+    *,
+    timeline: str | Path | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+    **_: Any,
+) -> dict[str, Any]:
+    """Iteration time, per-rank breakdown, MFU and critical path of a workload."""
+    system = load_system(system)
+    options = dict(workload.metadata.get("options") or {}) if workload.metadata else {}
+    dtype = str(options.get("dtype") or "bf16")
+    tokens = None
+    if options.get("batch") and options.get("seq"):
+        tokens = int(options["batch"]) * int(options["seq"])
+    if progress:
+        progress("symmetry", 0, 1)
+    problem = problem_from_workload(workload, system)
+    if progress:
+        progress("symmetry", 1, 1)
+    report = predict_problem(problem, system, dtype=dtype, tokens=tokens, timeline=timeline)
+    report["simulated_ranks"] = len(problem.units)
+    return report
+
+
+@stg.hookimpl
+def stg_register_predictors(register: Any) -> None:
+    register(
+        Predictor(
+            name="time",
+            predict=predict_time,
+            description="roofline compute and alpha-beta collectives replayed over the "
+            "multi-rank graph: iteration time, exposed communication, bubble, MFU",
+        )
+    )
+
+
+__all__ = [
+    "Problem",
+    "Unit",
+    "collective_time",
+    "compute_time",
+    "group_shape",
+    "predict_problem",
+    "predict_time",
+    "problem_from_nodes",
+    "problem_from_workload",
+    "replay",
+    "send_time",
+    "summarize",
+    "timeline_events",
+]

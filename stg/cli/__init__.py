@@ -1,0 +1,263 @@
+"""The stg command line.
+
+Each built-in command (or command group) is one module ``stg/cli/<name>.py`` that defines
+``app = typer.Typer(...)``; the module is imported only when its command runs or help is
+shown. A module whose app has one command named like the module is that command
+(``stg generate``); otherwise it is a group (``stg plugins list``). Plugins add commands
+through the ``stg_register_commands`` hook. Data goes to stdout, messages to stderr; a
+:class:`stg.errors.UserError` becomes one ``error: ...`` line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import sys
+from collections.abc import Sequence
+from functools import cache
+from typing import TYPE_CHECKING, Any
+
+import typer
+import typer.main
+from typer import _click
+from typer._click.exceptions import ClickException, NoArgsIsHelpError, UsageError
+from typer._click.globals import get_current_context
+from typer.core import TyperGroup
+
+from stg.errors import UserError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from stg.plugins import Registry
+
+PLUGINS_KEY = "stg.plugins"
+REGISTRY_KEY = "stg.registry"
+COMMAND_REGISTRY_KEY = "stg.command_registry"
+
+
+@cache
+def builtin_command_names() -> tuple[str, ...]:
+    """Names of the built-in commands: one per module of ``stg.cli`` (``_x`` modules skipped)."""
+    names = [
+        info.name.replace("_", "-")
+        for info in pkgutil.iter_modules(__path__)
+        if not info.name.startswith("_")
+    ]
+    return tuple(sorted(names))
+
+
+def _builtin_command(name: str) -> _click.Command:
+    module = importlib.import_module(f"{__name__}.{name.replace('-', '_')}")
+    sub_app: typer.Typer = module.app
+    commands = sub_app.registered_commands
+    if (
+        sub_app.registered_callback is None
+        and not sub_app.registered_groups
+        and len(commands) == 1
+        and _command_name(commands[0]) == name
+    ):
+        command = typer.main.get_command(sub_app)
+    else:
+        command = typer.main.get_group(sub_app)
+    command.name = name
+    return command
+
+
+def _command_name(info: Any) -> str:
+    if info.name:
+        return str(info.name)
+    return typer.main.get_command_name(info.callback.__name__)
+
+
+def _prescan_plugins(args: Sequence[str]) -> list[str]:
+    """The ``-p/--plugin`` values given before the command name."""
+    found: list[str] = []
+    i = 0
+    while i < len(args):
+        token = args[i]
+        if token in ("-p", "--plugin"):
+            if i + 1 < len(args):
+                found.append(args[i + 1])
+            i += 2
+            continue
+        if token.startswith("--plugin="):
+            found.append(token.split("=", 1)[1])
+        elif token.startswith("-p") and not token.startswith("--"):
+            found.append(token[2:])
+        elif token == "--" or not token.startswith("-"):
+            break
+        i += 1
+    return found
+
+
+def _plugins_of(ctx: _click.Context) -> tuple[str, ...]:
+    root = ctx.find_root()
+    if PLUGINS_KEY in root.meta:
+        return tuple(root.meta[PLUGINS_KEY])
+    return tuple(root.params.get("plugin") or ())
+
+
+def get_registry(ctx: _click.Context | None = None) -> Registry:
+    """The plugin registry of this invocation (built-ins, entry points and ``-p`` modules).
+
+    Loaded once per invocation; a ``-p`` module that fails to load is reported on stderr.
+    """
+    from stg.plugins import SOURCE_COMMAND_LINE, load_registry
+
+    root = (ctx or get_current_context()).find_root()
+    registry = root.meta.get(REGISTRY_KEY)
+    if registry is None:
+        registry = load_registry(
+            _plugins_of(root), reserved_commands=builtin_command_names()
+        )
+        root.meta[REGISTRY_KEY] = registry
+        for failure in registry.failures:
+            if failure.source == SOURCE_COMMAND_LINE:
+                typer.echo(
+                    f"warning: plugin {failure.name!r} failed to load: {failure.error}",
+                    err=True,
+                )
+    return registry
+
+
+def _command_registry(ctx: _click.Context) -> Registry:
+    """Plugins that may add commands (built-ins never do): skips importing the built-ins."""
+    from stg.plugins import load_registry
+
+    root = ctx.find_root()
+    registry: Registry | None = root.meta.get(REGISTRY_KEY) or root.meta.get(
+        COMMAND_REGISTRY_KEY
+    )
+    if registry is None:
+        registry = load_registry(
+            _plugins_of(root), builtins=False, reserved_commands=builtin_command_names()
+        )
+        root.meta[COMMAND_REGISTRY_KEY] = registry
+    return registry
+
+
+def err_console() -> Console:
+    """A rich console on stderr for messages, progress and summaries."""
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False)
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+
+
+class StgGroup(TyperGroup):
+    """The root group: lazy built-in commands, plugin commands, one-line errors."""
+
+    def parse_args(self, ctx: _click.Context, args: list[str]) -> list[str]:
+        ctx.meta[PLUGINS_KEY] = _prescan_plugins(args)
+        return super().parse_args(ctx, args)
+
+    def list_commands(self, ctx: _click.Context) -> list[str]:
+        names = list(super().list_commands(ctx))
+        names += [n for n in builtin_command_names() if n not in names]
+        names += [n for n in _command_registry(ctx).command_names() if n not in names]
+        return names
+
+    def get_command(self, ctx: _click.Context, cmd_name: str) -> _click.Command | None:
+        command = super().get_command(ctx, cmd_name)
+        if command is not None:
+            return command
+        if cmd_name in builtin_command_names():
+            return _builtin_command(cmd_name)
+        for entry in _command_registry(ctx).commands:
+            if cmd_name in entry.item.names:
+                return typer.main.get_group(entry.item.app).commands[cmd_name]
+        return None
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        windows_expand_args: bool = True,
+        **extra: Any,
+    ) -> Any:
+        code = 0
+        try:
+            result = super().main(
+                args,
+                prog_name,
+                complete_var,
+                standalone_mode=False,
+                windows_expand_args=windows_expand_args,
+                **extra,
+            )
+            if isinstance(result, int) and not isinstance(result, bool):
+                code = result
+        except NoArgsIsHelpError as exc:
+            if exc.message.strip():  # rich help is printed while the error is built
+                typer.echo(exc.message)
+        except UsageError as exc:
+            where = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""
+            _fail(f"{exc.format_message().rstrip('.')}{where}")
+            code = exc.exit_code
+        except ClickException as exc:
+            _fail(exc.format_message())
+            code = exc.exit_code
+        except UserError as exc:
+            _fail(str(exc))
+            code = 2
+        except typer.Abort:
+            _fail("aborted")
+            code = 1
+        if standalone_mode:
+            sys.exit(code)
+        return code
+
+
+app = typer.Typer(
+    cls=StgGroup,
+    name="stg",
+    help="Generate Chakra execution traces of distributed transformer training, "
+    "read them back, and predict their time and memory.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from stg import __version__
+
+        typer.echo(f"stg {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    plugin: list[str] = typer.Option(  # noqa: B008 (typer's declaration style)
+        [],
+        "-p",
+        "--plugin",
+        metavar="MODULE",
+        help="Load an extra plugin module (repeatable), after the installed plugins.",
+    ),
+    version: bool = typer.Option(
+        False,
+        "--version",
+        is_eager=True,
+        callback=_print_version,
+        help="Print the version and exit.",
+    ),
+) -> None:
+    """Generate Chakra execution traces of distributed transformer training."""
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of the ``stg`` script."""
+    command = typer.main.get_command(app)
+    command.main(args=argv, prog_name="stg")
+
+
+__all__ = ["app", "builtin_command_names", "err_console", "get_registry", "main"]

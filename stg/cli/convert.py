@@ -1,0 +1,48 @@
+"""``stg convert``: convert traces between Chakra v0.0.4, v0.0.1 and feeder JSON."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+app = typer.Typer(add_completion=False)
+
+
+@app.command("convert")
+def convert(
+    source: Path = typer.Argument(  # noqa: B008
+        ...,
+        help="A rank file, or a directory / prefix (out/workload) / pattern "
+        "(out/workload.%d.et) of rank files.",
+    ),
+    destination: str = typer.Argument(
+        ...,
+        help="For one file: the output file. Otherwise an output directory (existing, or "
+        "ending in '/'), or dir/name (name as --output_name: workload, workload.%d.json).",
+    ),
+    to: str = typer.Option(..., "--to", help="Target format: v0.0.4, v0.0.1 or json."),
+    source_format: str | None = typer.Option(
+        None, "--from", help="Source format: v0.0.4, v0.0.1 or json (default: detected)."
+    ),
+) -> None:
+    """Convert a trace (every rank file, plus the comm-group file) to another format.
+    v0.0.4 <-> json is lossless; v0.0.1 drops what that schema cannot hold."""
+    from stg.convert import convert_trace, target_format
+    from stg.errors import UserError
+    from stg.reader import FORMATS
+
+    target_format(to)
+    if source_format is not None and source_format not in FORMATS:
+        raise UserError(f"--from {source_format}: not known; allowed: {', '.join(FORMATS)}")
+    if not source.exists() and "%d" not in source.name and not source.parent.is_dir():
+        raise UserError(f"{source} does not exist")
+    paths = convert_trace(source, destination, to, source_format=source_format)
+    typer.echo(f"wrote {len(paths)} file(s) to {paths[0].parent}", err=True)
+    for path in paths:
+        typer.echo(str(path))
+
+
+def register(parent: typer.Typer) -> None:
+    """Add ``convert`` to another Typer app."""
+    parent.command("convert")(convert)

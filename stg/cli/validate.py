@@ -1,0 +1,77 @@
+"""``stg validate``: check a trace on disk against what simulators need (see stg.validate)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+app = typer.Typer(add_completion=False)
+
+SHOWN = 50
+
+
+@app.command("validate")
+def validate(
+    path: Path = typer.Argument(  # noqa: B008
+        ...,
+        help="A directory of rank files, a prefix (out/workload), a pattern "
+        "(out/workload.%d.et) or one rank file.",
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the full report as JSON."),
+) -> int:
+    """Check every rank file of a trace: ids, deps, cycles, attribute types, send/recv pairs,
+    collective sequences and the comm-group file. Exit 1 on any violation, 2 on unusable
+    input."""
+    from stg.validate import validate_trace
+
+    report = validate_trace(path)
+    if as_json:
+        typer.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        _render(report)
+    return 0 if report.ok else 1
+
+
+def _render(report: object) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from stg.validate import ValidationReport
+
+    assert isinstance(report, ValidationReport)
+    console = Console(highlight=False)
+    status = "[green]valid[/]" if report.ok else "[red]INVALID[/]"
+    console.print(
+        f"{status}: {report.ranks} rank(s), {report.nodes:,} nodes, "
+        f"{len(report.errors)} violation(s), {len(report.warnings)} warning(s)"
+    )
+    if report.comm_group_file:
+        console.print(f"comm groups: {report.comm_group_file}")
+    if report.counts():
+        console.print(
+            "by check: " + ", ".join(f"{check} {n}" for check, n in report.counts().items())
+        )
+    if not report.violations:
+        return
+    table = Table(show_edge=False, pad_edge=False)
+    for column in ("severity", "check", "rank", "node", "message"):
+        table.add_column(column, overflow="fold")
+    ordered = report.errors + report.warnings
+    for v in ordered[:SHOWN]:
+        table.add_row(
+            v.severity,
+            v.check,
+            "" if v.rank is None else str(v.rank),
+            "" if v.node is None else str(v.node),
+            v.message,
+        )
+    console.print(table)
+    if len(ordered) > SHOWN:
+        console.print(f"... and {len(ordered) - SHOWN} more (use --json for all)")
+
+
+def register(parent: typer.Typer) -> None:
+    """Add ``validate`` to another Typer app."""
+    parent.command("validate")(validate)

@@ -1,0 +1,378 @@
+"""Output naming, record framing and atomic writing, shared by all emitters.
+
+Naming (TRACES.md): rank files are ``output_name % rank``; an ``output_name`` without ``%d``
+gets ``.%d`` plus the emitter's extension appended (``workload`` -> ``workload.0.et``). The
+comm-group file is ``output_name`` with ``.%d`` (or a bare ``%d``) removed and its extension
+replaced by ``.json`` (``workload.%d.et`` -> ``workload.json``).
+
+Atomic writing (:func:`write_workload`): the emitter writes every file into a fresh temporary
+directory created beside ``output_dir`` (inside its parent, so on the same file system; inside
+``output_dir`` itself when only that is writable). Then:
+
+* if ``output_dir`` does not exist, the temporary directory is renamed to it: one atomic step;
+* if it exists, each file of this run replaces its namesake with an atomic rename. Files of
+  the same output name left from an earlier run with more ranks (``workload.7.et`` when this
+  run has 4 ranks) are removed, so the directory holds one consistent trace; other files are
+  left alone. Replaced and removed files are first moved into the temporary directory, and
+  if any step fails every file is put back, so a failure leaves the old state and no partial
+  file. (A crash of the machine in the middle of this switch can leave a mix of complete old
+  and new files, never a truncated one.)
+
+An unwritable destination is reported as a one-line :class:`stg.errors.UserError` before
+anything is written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+from stg.errors import UserError
+from stg.workload import COMM_TYPES
+
+if TYPE_CHECKING:
+    from stg.records import Emitter
+    from stg.workload import Node, Workload
+
+_DIRECTIVE = re.compile(r"%.")
+
+
+def check_output_name(output_name: str) -> None:
+    """Reject names that cannot be used: path separators, stray ``%`` directives."""
+    if not output_name or output_name in (".", ".."):
+        raise UserError(f"output_name={output_name!r} must be a non-empty file name")
+    if "/" in output_name or "\\" in output_name or "\0" in output_name:
+        raise UserError(
+            f"output_name={output_name!r} must be a file name without directories; "
+            "use output_dir for the directory"
+        )
+    directives = [d for d in _DIRECTIVE.findall(output_name) if d != "%%"]
+    if output_name.replace("%%", "").count("%") != len(directives) or any(
+        d != "%d" for d in directives
+    ) or len(directives) > 1:
+        raise UserError(
+            f"output_name={output_name!r} may contain '%d' once (the rank) and no other "
+            "'%' directive (write '%%' for a literal '%')"
+        )
+
+
+def rank_pattern(output_name: str, extension: str) -> str:
+    """The ``%d`` pattern of the rank files: ``output_name`` with ``.%d<extension>`` appended
+    when it has no ``%d``."""
+    check_output_name(output_name)
+    if "%d" in output_name.replace("%%", ""):
+        return output_name
+    return f"{output_name}.%d{extension}"
+
+
+def output_paths(output_name: str, world_size: int, extension: str) -> list[str]:
+    """The rank file names ``[name of rank 0, name of rank 1, ...]``."""
+    pattern = rank_pattern(output_name, extension)
+    return [pattern % rank for rank in range(world_size)]
+
+
+def comm_group_path(output_name: str) -> str:
+    """The comm-group file name for ``output_name`` (``workload.%d.et`` -> ``workload.json``)."""
+    check_output_name(output_name)
+    name = output_name
+    if ".%d" in name:
+        name = name.replace(".%d", "", 1)
+    else:
+        name = name.replace("%d", "", 1)
+    name = name.replace("%%", "%")
+    stem, dot, _ = name.rpartition(".")
+    base = stem if dot and stem else name
+    if not base:
+        raise UserError(f"output_name={output_name!r} leaves no name for the comm-group file")
+    return base + ".json"
+
+
+def format_comm_groups(groups: Mapping[int, Sequence[int]]) -> str:
+    """The comm-group JSON text: ``{"1": [0, 1], ...}``, keys in numeric order, members
+    sorted, one group per line; groups with fewer than two members are left out."""
+    lines = [
+        f"  {json.dumps(str(gid))}: {json.dumps(sorted(int(m) for m in groups[gid]))}"
+        for gid in sorted(groups)
+        if len(groups[gid]) > 1
+    ]
+    if not lines:
+        return "{}\n"
+    return "{\n" + ",\n".join(lines) + "\n}\n"
+
+
+def used_comm_groups(workload: Workload) -> dict[int, tuple[int, ...]]:
+    """The groups of ``workload.comm_groups`` with more than one member."""
+    return {
+        int(gid): tuple(sorted(members))
+        for gid, members in workload.comm_groups.items()
+        if len(members) > 1
+    }
+
+
+def write_comm_groups(workload: Workload, directory: Path, output_name: str) -> Path:
+    """Write the comm-group file of ``workload`` into ``directory``; return its path.
+
+    Call it after writing the rank files: it refuses to overwrite one of them.
+    """
+    path = Path(directory) / comm_group_path(output_name)
+    if path.exists():
+        raise UserError(
+            f"output_name={output_name!r}: the comm-group file {path.name} would overwrite a "
+            "rank file; choose a name with '.%d'"
+        )
+    path.write_text(format_comm_groups(used_comm_groups(workload)), encoding="utf-8")
+    return path
+
+
+def varint(value: int) -> bytes:
+    """The protobuf varint encoding of a non-negative integer."""
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def frame(payload: bytes) -> bytes:
+    """One record: the payload preceded by its length as a varint (never empty)."""
+    if not payload:
+        raise ValueError("refusing to write an empty record: Chakra readers stop at one")
+    return varint(len(payload)) + payload
+
+
+def rank_files(
+    workload: Workload, node_record: Callable[[Node], bytes]
+) -> Iterator[tuple[int, list[bytes]]]:
+    """Yield ``(rank, records)`` for each rank: the framed node records in id order.
+
+    ``node_record(node) -> bytes`` encodes one node; each non-comm template is encoded once
+    per rank class and each comm node once per distinct resolved content.
+    """
+    static: dict[int, list[bytes | None]] = {}
+    orders: dict[int, list[int]] = {}
+    comm_cache: dict[tuple[Any, ...], bytes] = {}
+    for graph in workload.ranks:
+        rank_class = graph.rank_class
+        templates = rank_class.nodes
+        key = rank_class.index
+        if key not in static:
+            order = sorted(range(len(templates)), key=lambda i: templates[i].id)
+            orders[key] = order
+            static[key] = [
+                None if t.type in COMM_TYPES else node_record(graph.resolve(t)) for t in templates
+            ]
+        cached = static[key]
+        records: list[bytes] = []
+        append = records.append
+        for i in orders[key]:
+            record = cached[i]
+            if record is None:
+                node = graph.resolve(templates[i])
+                ckey = (key, i, node.comm_group, node.comm_src, node.comm_dst)
+                record = comm_cache.get(ckey)
+                if record is None:
+                    record = comm_cache[ckey] = node_record(node)
+            append(record)
+        yield graph.rank, records
+
+
+def _stale_rank_files(
+    directory: Path, output_name: str, extension: str, keep: set[str]
+) -> list[Path]:
+    pattern = rank_pattern(output_name, extension)
+    head, _, tail = pattern.replace("%%", "\0").partition("%d")
+    head, tail = head.replace("\0", "%"), tail.replace("\0", "%")
+    regex = re.compile(re.escape(head) + r"(0|[1-9][0-9]*)" + re.escape(tail) + r"\Z")
+    stale = []
+    for entry in sorted(os.listdir(directory)):
+        if entry not in keep and regex.match(entry) and (directory / entry).is_file():
+            stale.append(directory / entry)
+    return stale
+
+
+def _writable(path: Path) -> bool:
+    return path.is_dir() and os.access(path, os.W_OK | os.X_OK)
+
+
+def _nearest_existing(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _denied(output: Path, reason: str = "permission denied") -> UserError:
+    return UserError(f"cannot write output_dir={output}: {reason}")
+
+
+def _make_dirs(directory: Path, output: Path) -> list[Path]:
+    """Create ``directory`` and its missing parents; return what was created (outermost
+    first). Errors name ``output``, the path the caller is writing."""
+    existing = _nearest_existing(directory)
+    if not existing.is_dir():
+        raise _denied(output, f"{existing} is not a directory")
+    if existing == directory:
+        return []
+    if not _writable(existing):
+        raise _denied(output)
+    missing = []
+    p = directory
+    while p != existing:
+        missing.append(p)
+        p = p.parent
+    created: list[Path] = []
+    for p in reversed(missing):
+        try:
+            p.mkdir()
+        except OSError as exc:
+            _remove_dirs(created)
+            raise _denied(output, exc.strerror or str(exc)) from None
+        created.append(p)
+    return created
+
+
+def _prepare_parent(output_dir: Path) -> tuple[Path, list[Path]]:
+    """Create missing parents of ``output_dir``; return (staging parent, created dirs)."""
+    parent = output_dir.parent
+    created = _make_dirs(parent, output_dir)
+    if output_dir.exists():
+        if not output_dir.is_dir():
+            _remove_dirs(created)
+            raise _denied(output_dir, "it exists and is not a directory")
+        if not _writable(output_dir):
+            raise _denied(output_dir)
+        return (parent if _writable(parent) else output_dir), created
+    if not _writable(parent):
+        _remove_dirs(created)
+        raise _denied(output_dir)
+    return parent, created
+
+
+def _remove_dirs(created: list[Path]) -> None:
+    for p in reversed(created):
+        try:
+            p.rmdir()
+        except OSError:
+            pass
+
+
+def write_workload(
+    workload: Workload, emitter: Emitter, output_dir: str | Path, output_name: str
+) -> list[Path]:
+    """Write ``workload`` with ``emitter`` into ``output_dir`` atomically (see module doc).
+
+    Returns the final paths of the written files, rank files first in rank order.
+    """
+
+    def write(tmp: Path) -> list[Path]:
+        return [Path(p) for p in emitter.write(workload, tmp, output_name)]
+
+    return write_atomically(output_dir, output_name, emitter.extension, write, emitter.name)
+
+
+def write_atomically(
+    output_dir: str | Path,
+    output_name: str,
+    extension: str,
+    write: Callable[[Path], list[Path]],
+    writer_name: str = "writer",
+) -> list[Path]:
+    """Run ``write(tmp)``, which writes files into a fresh temporary directory and returns
+    their paths, then move them into ``output_dir`` atomically (see module doc)."""
+    output_dir = Path(output_dir).absolute()
+    rank_pattern(output_name, extension)  # reject a bad name before touching disk
+    comm_group_path(output_name)
+    staging_parent, created = _prepare_parent(output_dir)
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.stg-tmp-", dir=staging_parent))
+    except OSError as exc:
+        _remove_dirs(created)
+        raise _denied(output_dir, exc.strerror or str(exc)) from None
+    try:
+        staged = write(tmp)
+        for p in staged:
+            if p.parent != tmp or not p.is_file():
+                raise RuntimeError(f"{writer_name} returned {p}, not a file it wrote into {tmp}")
+        umask = os.umask(0)
+        os.umask(umask)
+        for p in staged:
+            os.chmod(p, 0o666 & ~umask)
+        if not output_dir.exists():
+            os.chmod(tmp, 0o777 & ~umask)
+            os.rename(tmp, output_dir)
+            return [output_dir / p.name for p in staged]
+        return _switch_files(tmp, staged, output_dir, output_name, extension)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        _remove_dirs(created)
+        raise
+    finally:
+        if tmp.exists() and tmp != output_dir:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_file_atomically(path: str | Path, write: Callable[[BinaryIO], object]) -> Path:
+    """Write one file through ``write(stream)`` into a temporary file beside it, then rename
+    it into place; on any failure the old file (if any) is untouched."""
+    path = Path(path).absolute()
+    if path.is_dir():
+        raise UserError(f"cannot write {path}: it is a directory")
+    parent = path.parent
+    try:
+        created = _make_dirs(parent, path)
+    except UserError as exc:
+        raise UserError(str(exc).replace("output_dir=", "", 1)) from None
+    if not _writable(parent):
+        raise UserError(f"cannot write {path}: permission denied")
+    try:
+        handle, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.stg-tmp-", dir=parent)
+    except OSError as exc:
+        _remove_dirs(created)
+        raise UserError(f"cannot write {path}: {exc.strerror or exc}") from None
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(handle, "wb") as out:
+            write(out)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        _remove_dirs(created)
+        raise
+    return path
+
+
+def _switch_files(
+    tmp: Path, staged: list[Path], output_dir: Path, output_name: str, extension: str
+) -> list[Path]:
+    names = {p.name for p in staged}
+    backup = tmp / ".old"
+    backup.mkdir()
+    moved_out: list[tuple[Path, Path]] = []  # (original, backup)
+    moved_in: list[Path] = []
+    stale = _stale_rank_files(output_dir, output_name, extension, names)
+    try:
+        for final in [output_dir / n for n in sorted(names)] + stale:
+            if final.exists() or final.is_symlink():
+                saved = backup / final.name
+                os.rename(final, saved)
+                moved_out.append((final, saved))
+        for p in staged:
+            final = output_dir / p.name
+            os.rename(p, final)
+            moved_in.append(final)
+    except BaseException:
+        for final in moved_in:
+            final.unlink(missing_ok=True)
+        for final, saved in moved_out:
+            os.rename(saved, final)
+        raise
+    return [output_dir / p.name for p in staged]

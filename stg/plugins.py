@@ -1,0 +1,518 @@
+"""The plugin host: finds plugins, checks what they register, and remembers who registered what.
+
+Load order: the built-in plugin modules (every module of ``stg.models``, ``stg.emitters``,
+``stg.predictors``, then ``stg.schedules``), then the entry points of group ``stg`` sorted by
+name, then modules named with ``-p``, then plugin objects passed in by a caller. Built-ins go
+through exactly the same path as third-party plugins.
+
+A plugin whose import fails, whose hook raises, or that registers something malformed is
+recorded in :attr:`Registry.failures` with its name, distribution and version; none of its
+registrations are kept and everything else still loads. Setting
+``STG_DISABLE_PLUGIN_AUTOLOAD=1`` skips the entry points (built-ins and ``-p`` still load).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import pkgutil
+import re
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+import pluggy
+
+import stg
+from stg import hookspecs
+from stg.errors import UnknownNameError, UserError
+from stg.records import Emitter, Kernel, Model, PipelineSchedule, Predictor
+
+if TYPE_CHECKING:
+    import typer
+
+T = TypeVar("T")
+
+DISABLE_AUTOLOAD_ENV = "STG_DISABLE_PLUGIN_AUTOLOAD"
+ENTRY_POINT_GROUP = "stg"
+BUILTIN_DIST = "symbolic-tensor-graph"
+BUILTIN_PACKAGES = ("stg.models", "stg.emitters", "stg.predictors")
+BUILTIN_MODULES = ("stg.schedules",)
+
+SOURCE_BUILTIN = "builtin"
+SOURCE_ENTRY_POINT = "entry point"
+SOURCE_COMMAND_LINE = "command line"
+SOURCE_IN_PROCESS = "in process"
+
+
+@dataclass(frozen=True)
+class _Kind:
+    hook: str
+    catalog: str
+    label: str
+    record: type
+
+
+KINDS: tuple[_Kind, ...] = (
+    _Kind("stg_register_models", "models", "model", Model),
+    _Kind("stg_register_parallelisms", "schedules", "pipeline schedule", PipelineSchedule),
+    _Kind("stg_register_kernels", "kernels", "kernel", Kernel),
+    _Kind("stg_register_emitters", "emitters", "emitter", Emitter),
+    _Kind("stg_register_predictors", "predictors", "predictor", Predictor),
+)
+COMMANDS_HOOK = "stg_register_commands"
+
+
+class AmbiguousNameError(UserError, LookupError):
+    """A bare name that several plugins registered; ``dist:name`` selects one."""
+
+
+class PluginError(Exception):
+    """Why one plugin could not be loaded (recorded, never raised out of :func:`load_registry`)."""
+
+
+def normalize_dist(name: str) -> str:
+    """A distribution name in canonical form (PEP 503), for comparisons."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+@dataclass(frozen=True)
+class Registered(Generic[T]):
+    """One registered item with its provenance."""
+
+    item: T
+    name: str
+    aliases: tuple[str, ...]
+    plugin: str
+    dist: str | None
+    version: str | None
+    source: str
+
+    @property
+    def qualified(self) -> str:
+        """``dist:name`` (or ``plugin:name`` for a plugin outside any distribution)."""
+        return f"{self.dist or self.plugin}:{self.name}"
+
+
+class Catalog(Generic[T]):
+    """The items of one kind (models, emitters, ...) in registration order."""
+
+    def __init__(self, label: str, entries: Sequence[Registered[T]] = ()) -> None:
+        self.label = label
+        self._entries: list[Registered[T]] = list(entries)
+
+    def entries(self) -> list[Registered[T]]:
+        """Every registration, in load order (built-ins first)."""
+        return list(self._entries)
+
+    def names(self) -> list[str]:
+        """Registered names (not aliases), sorted, each once."""
+        return sorted({entry.name for entry in self._entries})
+
+    def __contains__(self, name: object) -> bool:
+        if not isinstance(name, str):
+            return False
+        try:
+            self.lookup(name)
+        except UserError:
+            return False
+        return True
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self) -> Iterator[Registered[T]]:
+        return iter(self._entries)
+
+    def get(self, name: str) -> T:
+        """The item called ``name`` (a name, an alias, or ``dist:name``)."""
+        return self.lookup(name).item
+
+    def lookup(self, name: str) -> Registered[T]:
+        """Like :meth:`get`, returning the item with its provenance."""
+        qualifier, _, base = name.rpartition(":")
+        base = base.lower()
+        candidates = self._entries
+        if qualifier:
+            wanted = normalize_dist(qualifier)
+            candidates = [
+                e
+                for e in candidates
+                if (e.dist is not None and normalize_dist(e.dist) == wanted)
+                or e.plugin == qualifier
+            ]
+        matches = [e for e in candidates if e.name == base]
+        if not matches:
+            matches = [e for e in candidates if base in e.aliases]
+        if len(matches) == 1:
+            return matches[0]
+        if not matches:
+            raise UnknownNameError(
+                f"unknown {self.label} {name!r}; allowed: {', '.join(self.names()) or '(none)'}"
+            )
+        choices = ", ".join(e.qualified for e in matches)
+        raise AmbiguousNameError(
+            f"{self.label} {name!r} is registered by several plugins; choose one of: {choices}"
+        )
+
+
+@dataclass(frozen=True)
+class PluginInfo:
+    """A loaded plugin and the names it registered, by catalog (``models``, ``emitters``, ...)."""
+
+    name: str
+    dist: str | None
+    version: str | None
+    source: str
+    registered: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PluginFailure:
+    """A plugin that could not be loaded, with a one-line reason."""
+
+    name: str
+    dist: str | None
+    version: str | None
+    source: str
+    error: str
+
+
+@dataclass(frozen=True)
+class CommandSet:
+    """The commands one plugin added through ``stg_register_commands`` (a Typer app)."""
+
+    app: typer.Typer
+    names: tuple[str, ...]
+
+
+class Registry:
+    """Everything the loaded plugins registered, with provenance and load failures."""
+
+    def __init__(self) -> None:
+        self.models: Catalog[Model] = Catalog("model")
+        self.schedules: Catalog[PipelineSchedule] = Catalog("pipeline schedule")
+        self.kernels: Catalog[Kernel] = Catalog("kernel")
+        self.emitters: Catalog[Emitter] = Catalog("emitter")
+        self.predictors: Catalog[Predictor] = Catalog("predictor")
+        self.commands: Catalog[CommandSet] = Catalog("command set")
+        self.plugins: list[PluginInfo] = []
+        self.failures: list[PluginFailure] = []
+        self._loaded_objects: set[int] = set()
+        self._pm = pluggy.PluginManager("stg")
+        self._pm.add_hookspecs(hookspecs)
+
+    def catalog(self, name: str) -> Catalog[Any]:
+        """A catalog by attribute name (``"models"``, ``"emitters"``, ...)."""
+        if name not in ("models", "schedules", "kernels", "emitters", "predictors", "commands"):
+            raise KeyError(name)
+        return getattr(self, name)
+
+    def command_names(self) -> list[str]:
+        """Names of all commands that plugins added, sorted."""
+        return sorted({n for entry in self.commands for n in entry.item.names})
+
+    # -- loading --------------------------------------------------------------------------
+
+    def add_plugin(
+        self,
+        plugin: object,
+        name: str,
+        *,
+        dist: str | None = None,
+        version: str | None = None,
+        source: str = SOURCE_IN_PROCESS,
+        reserved_commands: Collection[str] = (),
+        skip_if_empty: bool = False,
+    ) -> bool:
+        """Register one plugin object; on any error record a failure instead. True if loaded."""
+        if id(plugin) in self._loaded_objects:
+            return True
+        try:
+            staged = self._collect(plugin, name, reserved_commands)
+        except PluginError as exc:
+            self.failures.append(PluginFailure(name, dist, version, source, str(exc)))
+            return False
+        if staged is None:
+            if not skip_if_empty:
+                self.failures.append(
+                    PluginFailure(name, dist, version, source, "defines no @stg.hookimpl hooks")
+                )
+            return False
+        self._loaded_objects.add(id(plugin))
+        registered: dict[str, tuple[str, ...]] = {}
+        for catalog, items in staged.items():
+            for item, names, aliases in items:
+                entry = Registered(item, names, aliases, name, dist, version, source)
+                self.catalog(catalog)._entries.append(entry)
+            if items:
+                if catalog == "commands":
+                    registered[catalog] = tuple(n for it in items for n in it[0].names)
+                else:
+                    registered[catalog] = tuple(it[1] for it in items)
+        self.plugins.append(PluginInfo(name, dist, version, source, registered))
+        return True
+
+    def _collect(
+        self, plugin: object, name: str, reserved_commands: Collection[str]
+    ) -> dict[str, list[tuple[Any, str, tuple[str, ...]]]] | None:
+        """Call the plugin's hooks into a staging area; None if it implements no hooks."""
+        pm = self._pm
+        if pm.get_plugin(name) is not None:
+            raise PluginError(f"another plugin named {name!r} is already loaded")
+        try:
+            pm.register(plugin, name=name)
+        except Exception as exc:
+            raise PluginError(_one_line(exc)) from exc
+        try:
+            callers = pm.get_hookcallers(plugin) or []
+            if not callers:
+                pm.unregister(plugin)
+                return None
+            known = [*sorted(k.hook for k in KINDS), COMMANDS_HOOK]
+            for caller in callers:
+                if not caller.has_spec():
+                    raise PluginError(
+                        f"unknown hook {caller.name}; known hooks: {', '.join(known)}"
+                    )
+            staged: dict[str, list[tuple[Any, str, tuple[str, ...]]]] = {}
+            for kind in KINDS:
+                items = staged.setdefault(kind.catalog, [])
+                for impl in _impls(pm, kind.hook, plugin):
+                    _call(impl, kind.hook, register=_registrar(kind, items))
+            commands = staged.setdefault("commands", [])
+            for impl in _impls(pm, COMMANDS_HOOK, plugin):
+                commands.append(_collect_commands(impl, reserved_commands, self))
+            return staged
+        except BaseException:
+            pm.unregister(plugin)
+            raise
+
+    def load_builtins(self, reserved_commands: Collection[str] = ()) -> None:
+        """Register the built-in plugin modules (skipping helper modules without hooks)."""
+        for module_name in builtin_module_names():
+            module = _import(module_name)
+            if isinstance(module, PluginError):
+                self.failures.append(
+                    PluginFailure(
+                        module_name, BUILTIN_DIST, stg.__version__, SOURCE_BUILTIN, str(module)
+                    )
+                )
+                continue
+            self.add_plugin(
+                module,
+                module_name,
+                dist=BUILTIN_DIST,
+                version=stg.__version__,
+                source=SOURCE_BUILTIN,
+                reserved_commands=reserved_commands,
+                skip_if_empty=True,
+            )
+
+    def load_entry_points(self, reserved_commands: Collection[str] = ()) -> None:
+        """Register the plugins of the entry-point group ``stg``, sorted by name."""
+        seen: set[tuple[str, str, str]] = set()
+        eps = sorted(
+            metadata.entry_points(group=ENTRY_POINT_GROUP),
+            key=lambda ep: (ep.name, _ep_dist(ep)[0] or "", ep.value),
+        )
+        for ep in eps:
+            dist, version = _ep_dist(ep)
+            key = (ep.name, dist or "", ep.value)
+            if key in seen:
+                continue
+            seen.add(key)
+            try:
+                plugin = ep.load()
+            except BaseException as exc:  # a plugin may even call sys.exit at import
+                if isinstance(exc, KeyboardInterrupt):
+                    raise
+                self.failures.append(
+                    PluginFailure(ep.name, dist, version, SOURCE_ENTRY_POINT, _one_line(exc))
+                )
+                continue
+            self.add_plugin(
+                plugin,
+                ep.name,
+                dist=dist,
+                version=version,
+                source=SOURCE_ENTRY_POINT,
+                reserved_commands=reserved_commands,
+            )
+
+    def load_module(self, module_name: str, reserved_commands: Collection[str] = ()) -> None:
+        """Register a plugin module named on the command line (``-p module``)."""
+        dist, version = _module_dist(module_name)
+        module = _import(module_name)
+        if isinstance(module, PluginError):
+            self.failures.append(
+                PluginFailure(module_name, dist, version, SOURCE_COMMAND_LINE, str(module))
+            )
+            return
+        self.add_plugin(
+            module,
+            module_name,
+            dist=dist,
+            version=version,
+            source=SOURCE_COMMAND_LINE,
+            reserved_commands=reserved_commands,
+        )
+
+
+def builtin_module_names() -> list[str]:
+    """The built-in plugin modules, in load order."""
+    names: list[str] = []
+    for package_name in BUILTIN_PACKAGES:
+        package = importlib.import_module(package_name)
+        found = sorted(
+            info.name
+            for info in pkgutil.iter_modules(package.__path__)
+            if not info.name.startswith("_")
+        )
+        names.extend(f"{package_name}.{n}" for n in found)
+    for module_name in BUILTIN_MODULES:
+        if importlib.util.find_spec(module_name) is not None:
+            names.append(module_name)
+    return names
+
+
+def autoload_enabled() -> bool:
+    """False when ``STG_DISABLE_PLUGIN_AUTOLOAD`` is set to anything but '', '0' or 'false'."""
+    value = os.environ.get(DISABLE_AUTOLOAD_ENV, "").strip().lower()
+    return value in ("", "0", "false", "no")
+
+
+def load_registry(
+    extra_plugins: Sequence[str] = (),
+    autoload: bool | None = None,
+    *,
+    plugins: Sequence[object] = (),
+    reserved_commands: Collection[str] = (),
+    builtins: bool = True,
+) -> Registry:
+    """Load built-ins, entry points (unless disabled), ``-p`` modules, then plugin objects.
+
+    ``extra_plugins`` are module names (``-p``); ``autoload=None`` follows the environment
+    variable ``STG_DISABLE_PLUGIN_AUTOLOAD``; ``plugins`` are plugin objects registered last
+    (tests and embedding); ``reserved_commands`` are command names plugins may not take;
+    ``builtins=False`` skips the built-in modules (the CLI uses it to list plugin commands).
+    """
+    registry = Registry()
+    if builtins:
+        registry.load_builtins(reserved_commands)
+    if autoload is None:
+        autoload = autoload_enabled()
+    if autoload:
+        registry.load_entry_points(reserved_commands)
+    for module_name in extra_plugins:
+        registry.load_module(module_name, reserved_commands)
+    for index, plugin in enumerate(plugins):
+        name = getattr(plugin, "__name__", None) or f"{type(plugin).__name__}-{index}"
+        registry.add_plugin(plugin, name, reserved_commands=reserved_commands)
+    return registry
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    message = text[0] if text else ""
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+def _import(module_name: str) -> ModuleType | PluginError:
+    try:
+        return importlib.import_module(module_name)
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        return PluginError(_one_line(exc))
+
+
+def _ep_dist(ep: metadata.EntryPoint) -> tuple[str | None, str | None]:
+    dist = getattr(ep, "dist", None)
+    if dist is None:
+        return None, None
+    return dist.metadata["Name"] or dist.name, dist.version
+
+
+def _module_dist(module_name: str) -> tuple[str | None, str | None]:
+    """The distribution named like the module's top-level package (``stg_relu`` ->
+    ``stg-relu``), if one is installed; a full scan of all distributions would be slow."""
+    top = module_name.split(".", 1)[0]
+    if top == "stg":
+        return BUILTIN_DIST, stg.__version__
+    try:
+        dist = metadata.distribution(top)
+    except (metadata.PackageNotFoundError, ValueError):
+        return None, None
+    return dist.metadata["Name"] or top, dist.version
+
+
+def _impls(pm: pluggy.PluginManager, hook: str, plugin: object) -> list[Any]:
+    caller = getattr(pm.hook, hook)
+    return [impl for impl in caller.get_hookimpls() if impl.plugin is plugin]
+
+
+def _call(impl: Any, hook: str, **kwargs: Any) -> Any:
+    if impl.hookwrapper or impl.wrapper:
+        raise PluginError(f"{hook}: hook wrappers are not supported")
+    try:
+        return impl.function(**{name: kwargs[name] for name in impl.argnames})
+    except PluginError:
+        raise
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        raise PluginError(f"{hook}: {_one_line(exc)}") from exc
+
+
+def _registrar(
+    kind: _Kind, items: list[tuple[Any, str, tuple[str, ...]]]
+) -> Callable[[Any], None]:
+    def register(record: Any) -> None:
+        if not isinstance(record, kind.record):
+            raise PluginError(
+                f"{kind.hook} registered {_short_repr(record)}; expected a "
+                f"stg.records.{kind.record.__name__}"
+            )
+        if any(existing[1] == record.name for existing in items):
+            raise PluginError(f"{kind.hook} registered {kind.label} {record.name!r} twice")
+        items.append((record, record.name, tuple(getattr(record, "aliases", ()))))
+
+    register.__doc__ = f"Register one stg.records.{kind.record.__name__}."
+    return register
+
+
+def _short_repr(value: object) -> str:
+    name = getattr(value, "name", None)
+    if isinstance(name, str):
+        return f"a {type(value).__name__} named {name!r}"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _collect_commands(
+    impl: Any, reserved_commands: Collection[str], registry: Registry
+) -> tuple[CommandSet, str, tuple[str, ...]]:
+    import typer
+    import typer.main
+
+    app = typer.Typer()
+    _call(impl, COMMANDS_HOOK, app=app)
+    try:
+        group = typer.main.get_group(app)
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        raise PluginError(f"{COMMANDS_HOOK}: {_one_line(exc)}") from exc
+    names = tuple(sorted(group.commands))
+    taken = set(reserved_commands) | set(registry.command_names())
+    for command in names:
+        if command in taken:
+            raise PluginError(f"{COMMANDS_HOOK}: command {command!r} is already taken")
+    return CommandSet(app, names), ",".join(names), ()

@@ -1,0 +1,419 @@
+"""System descriptions for predictors: compute, memory and network of one GPU cluster.
+
+A system is a JSON object (stdlib ``json``; no YAML dependency). Units are in the key names::
+
+    {
+      "name": "a100-80g",
+      "description": "NVIDIA DGX A100 80GB: 8 GPUs per node, NVLink 3, 8x HDR 200 Gb/s",
+      "peak_tflops": {"fp32": 19.5, "tf32": 156, "bf16": 312, "fp16": 312,
+                      "fp8": 312, "int8": 624},
+      "hbm_gbps": 2039,
+      "hbm_gib": 80,
+      "compute_efficiency": {"gemm": 0.8, "attention": 0.6, "other": 0.8},
+      "memory_efficiency": 0.8,
+      "kernel_overhead_us": 2.0,
+      "network": [
+        {"name": "nvlink", "size": 8, "bandwidth_gbps": 300, "latency_us": 1.0,
+         "efficiency": 0.75},
+        {"name": "infiniband", "size": 0, "bandwidth_gbps": 25, "latency_us": 3.0,
+         "efficiency": 0.9}
+      ]
+    }
+
+- ``peak_tflops``: dense (not 2:4-sparse) peak per dtype, in 10^12 operations per second.
+  A dtype without hardware support (fp8 on A100) lists the rate its kernels actually run at.
+- ``hbm_gbps`` (10^9 B/s) and ``hbm_gib`` (2^30 B): device memory bandwidth and capacity.
+- ``compute_efficiency``: the fraction of peak a compute-bound op of that class sustains;
+  ``memory_efficiency`` the fraction of ``hbm_gbps`` a memory-bound op sustains;
+  ``kernel_overhead_us``: fixed cost per compute op (launch and tail).
+- ``network``: dimensions innermost first. ``size`` is the number of ranks along the
+  dimension (0 = as many as needed: only the outermost dimension may say so);
+  ``bandwidth_gbps`` is per GPU per direction (10^9 B/s); ``latency_us`` the per-step latency
+  (alpha); ``efficiency`` the fraction of bandwidth collectives achieve. Global rank ``r``
+  sits at coordinate ``r % size0`` of the first dimension, ``(r // size0) % size1`` of the
+  second, and so on.
+
+Built-in presets: ``a100-80g``, ``h100-80g``. :func:`load_system` accepts a preset name or
+the path of a JSON file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stg.errors import UnknownNameError, UserError
+
+DTYPES: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8")
+"""Dtypes a system must give a peak rate for."""
+
+OP_CLASSES: tuple[str, ...] = ("gemm", "attention", "other")
+"""Op classes with their own compute efficiency (see :func:`op_class`)."""
+
+DTYPE_ALIASES: Mapping[str, str] = {
+    "float32": "fp32",
+    "float": "fp32",
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "half": "fp16",
+    "float8": "fp8",
+    "fp8_e4m3": "fp8",
+    "fp8_e5m2": "fp8",
+    "e4m3": "fp8",
+    "e5m2": "fp8",
+}
+
+
+class SystemDescriptionError(UserError):
+    """A malformed system description."""
+
+
+@dataclass(frozen=True)
+class NetworkDim:
+    """One network dimension: ``size`` ranks (0 = unbounded), per-GPU per-direction bandwidth."""
+
+    name: str
+    size: int
+    bandwidth: float
+    """bytes per second per GPU per direction"""
+    latency: float
+    """seconds per step"""
+    efficiency: float = 1.0
+
+    @property
+    def effective_bandwidth(self) -> float:
+        return self.bandwidth * self.efficiency
+
+
+@dataclass(frozen=True)
+class System:
+    """A cluster as predictors see it. Rates are in operations, bytes and seconds."""
+
+    name: str
+    peak_flops: Mapping[str, float]
+    hbm_bandwidth: float
+    hbm_capacity: int
+    network: tuple[NetworkDim, ...]
+    compute_efficiency: Mapping[str, float] = field(
+        default_factory=lambda: {c: 1.0 for c in OP_CLASSES}
+    )
+    memory_efficiency: float = 1.0
+    kernel_overhead: float = 0.0
+    description: str = ""
+
+    def peak(self, dtype: str | None) -> float:
+        """Dense peak operations per second for ``dtype`` (``None`` means bf16)."""
+        return self.peak_flops[normalize_dtype(dtype or "bf16")]
+
+    def coordinates(self, rank: int) -> tuple[int, ...]:
+        """The coordinate of global rank ``rank`` along each network dimension."""
+        coords = []
+        for dim in self.network:
+            if dim.size:
+                coords.append(rank % dim.size)
+                rank //= dim.size
+            else:
+                coords.append(rank)
+                rank = 0
+        return tuple(coords)
+
+    @property
+    def capacity(self) -> int:
+        """How many ranks the network holds (0 = unbounded)."""
+        if self.network[-1].size == 0:
+            return 0
+        return math.prod(d.size for d in self.network)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON form (the inverse of :func:`system_from_dict`)."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "peak_tflops": {d: _num(self.peak_flops[d] / 1e12) for d in DTYPES},
+            "hbm_gbps": _num(self.hbm_bandwidth / 1e9),
+            "hbm_gib": _num(self.hbm_capacity / 2**30),
+            "compute_efficiency": {c: self.compute_efficiency[c] for c in OP_CLASSES},
+            "memory_efficiency": self.memory_efficiency,
+            "kernel_overhead_us": _num(self.kernel_overhead * 1e6),
+            "network": [
+                {
+                    "name": d.name,
+                    "size": d.size,
+                    "bandwidth_gbps": _num(d.bandwidth / 1e9),
+                    "latency_us": _num(d.latency * 1e6),
+                    "efficiency": d.efficiency,
+                }
+                for d in self.network
+            ],
+        }
+
+
+def _num(value: float) -> float | int:
+    rounded = round(value, 9)
+    return int(rounded) if rounded == int(rounded) else rounded
+
+
+def normalize_dtype(dtype: str) -> str:
+    """``bfloat16`` -> ``bf16`` etc.; raises :class:`UnknownNameError` for anything else."""
+    name = dtype.lower()
+    name = DTYPE_ALIASES.get(name, name)
+    if name not in DTYPES:
+        raise UnknownNameError(f"unknown dtype {dtype!r}; allowed: {', '.join(DTYPES)}")
+    return name
+
+
+ATTENTION_CORE_NAMES = frozenset({"scores", "softmax", "context", "attention", "core_attention"})
+
+
+def op_class(name: str, num_ops: int, tensor_size: int) -> str:
+    """The efficiency class of a compute node, from its name.
+
+    The attention core (the score and context matmuls and the softmax between them, named
+    ``scores``, ``softmax``, ``context``, or containing ``flash``/``core_attention``, with
+    their gradients ``scores.grad_*`` etc.) runs below GEMM efficiency because its inner
+    dimension is one head; other ops with an arithmetic intensity of at least 32 FLOP/B are
+    GEMMs; the rest are elementwise/reductions (``other``).
+    """
+    base = name.rsplit("/", 1)[-1].split(".", 1)[0].lower()
+    if base in ATTENTION_CORE_NAMES or "flash" in base or "core_attention" in base:
+        return "attention"
+    if tensor_size and num_ops / tensor_size >= 32:
+        return "gemm"
+    return "other"
+
+
+# Peak rates and bandwidths: data sheets as collected in groundtruth-dev.json
+# (hardware_profiles). Efficiency factors are physical, not fitted to any iteration time:
+# - gemm 0.80 (A100) / 0.75 (H100): large bf16 cuBLAS GEMMs sustain 80-90 % of the boost-clock
+#   peak, and power capping during training lowers clocks; H100 SXM is more power-limited.
+# - attention 0.60: the attention-core matmuls have a head-sized (64-128) inner dimension and
+#   are interleaved with softmax, so they reach a lower fraction of peak.
+# - memory 0.80: STREAM-like kernels reach ~1.6 TB/s of the 2.04 TB/s A100 HBM2e peak.
+# - NVLink 0.75: NCCL all-reduce bus bandwidth on DGX A100 is ~230 GB/s of 300 GB/s per
+#   direction; InfiniBand 0.9: NCCL reaches ~23 of 25 GB/s per HDR NIC.
+# - latencies: ~1 us per NVLink ring step, ~3 us per IB hop; kernel overhead 2 us (launch and
+#   tail effect of one kernel).
+PRESETS: dict[str, dict[str, Any]] = {
+    "a100-80g": {
+        "name": "a100-80g",
+        "description": "NVIDIA DGX A100 80GB: 8 GPUs per node (NVLink 3, 300 GB/s per "
+        "direction), one HDR 200 Gb/s InfiniBand NIC per GPU",
+        "peak_tflops": {
+            "fp32": 19.5,
+            "tf32": 156,
+            "bf16": 312,
+            "fp16": 312,
+            "fp8": 312,
+            "int8": 624,
+        },
+        "hbm_gbps": 2039,
+        "hbm_gib": 80,
+        "compute_efficiency": {"gemm": 0.8, "attention": 0.6, "other": 0.8},
+        "memory_efficiency": 0.8,
+        "kernel_overhead_us": 2,
+        "network": [
+            {
+                "name": "nvlink",
+                "size": 8,
+                "bandwidth_gbps": 300,
+                "latency_us": 1,
+                "efficiency": 0.75,
+            },
+            {
+                "name": "infiniband",
+                "size": 0,
+                "bandwidth_gbps": 25,
+                "latency_us": 3,
+                "efficiency": 0.9,
+            },
+        ],
+    },
+    "h100-80g": {
+        "name": "h100-80g",
+        "description": "NVIDIA HGX H100 SXM 80GB: 8 GPUs per node (NVLink 4, 450 GB/s per "
+        "direction), one 400 Gb/s NIC per GPU",
+        "peak_tflops": {
+            "fp32": 66.9,
+            "tf32": 494.7,
+            "bf16": 989.4,
+            "fp16": 989.4,
+            "fp8": 1978.9,
+            "int8": 1978.9,
+        },
+        "hbm_gbps": 3350,
+        "hbm_gib": 80,
+        "compute_efficiency": {"gemm": 0.75, "attention": 0.55, "other": 0.8},
+        "memory_efficiency": 0.8,
+        "kernel_overhead_us": 2,
+        "network": [
+            {
+                "name": "nvlink",
+                "size": 8,
+                "bandwidth_gbps": 450,
+                "latency_us": 1,
+                "efficiency": 0.75,
+            },
+            {
+                "name": "network",
+                "size": 0,
+                "bandwidth_gbps": 50,
+                "latency_us": 3,
+                "efficiency": 0.9,
+            },
+        ],
+    },
+}
+
+
+def preset_names() -> tuple[str, ...]:
+    return tuple(sorted(PRESETS))
+
+
+def _positive(where: str, value: object, *, allow_zero: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise SystemDescriptionError(f"{where} must be a number, got {value!r}")
+    if value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise SystemDescriptionError(f"{where} must be {bound}, got {value!r}")
+    return float(value)
+
+
+def _fraction(where: str, value: object) -> float:
+    number = _positive(where, value)
+    if number > 1:
+        raise SystemDescriptionError(f"{where} must be in (0, 1], got {value!r}")
+    return number
+
+
+def _mapping(where: str, value: object) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise SystemDescriptionError(f"{where} must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+KNOWN_KEYS = frozenset(
+    {
+        "name",
+        "description",
+        "peak_tflops",
+        "hbm_gbps",
+        "hbm_gib",
+        "compute_efficiency",
+        "memory_efficiency",
+        "kernel_overhead_us",
+        "network",
+    }
+)
+NETWORK_KEYS = frozenset({"name", "size", "bandwidth_gbps", "latency_us", "efficiency"})
+
+
+def system_from_dict(data: object, source: str = "system") -> System:
+    """Check and convert the JSON form; a mistake raises a one-line :class:`UserError`."""
+    data = _mapping(source, data)
+    unknown = sorted(set(data) - KNOWN_KEYS)
+    if unknown:
+        raise SystemDescriptionError(
+            f"{source}: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(KNOWN_KEYS))}"
+        )
+    for key in ("peak_tflops", "hbm_gbps", "hbm_gib", "network"):
+        if key not in data:
+            raise SystemDescriptionError(f"{source}: missing key {key!r}")
+    peaks = _mapping(f"{source}: peak_tflops", data["peak_tflops"])
+    missing = [d for d in DTYPES if d not in peaks]
+    extra = sorted(set(peaks) - set(DTYPES))
+    if missing or extra:
+        raise SystemDescriptionError(
+            f"{source}: peak_tflops must give exactly the dtypes {', '.join(DTYPES)}"
+            + (f" (missing {', '.join(missing)})" if missing else f" (unknown {extra[0]})")
+        )
+    peak_flops = {d: _positive(f"{source}: peak_tflops.{d}", peaks[d]) * 1e12 for d in DTYPES}
+    efficiency_in = _mapping(
+        f"{source}: compute_efficiency", data.get("compute_efficiency", {})
+    )
+    extra = sorted(set(efficiency_in) - set(OP_CLASSES))
+    if extra:
+        raise SystemDescriptionError(
+            f"{source}: compute_efficiency has unknown op class {extra[0]!r}; "
+            f"allowed: {', '.join(OP_CLASSES)}"
+        )
+    compute_efficiency = {
+        c: _fraction(f"{source}: compute_efficiency.{c}", efficiency_in.get(c, 1.0))
+        for c in OP_CLASSES
+    }
+    network_in = data["network"]
+    if not isinstance(network_in, list) or not network_in:
+        raise SystemDescriptionError(f"{source}: network must be a non-empty list of dimensions")
+    dims: list[NetworkDim] = []
+    for i, raw in enumerate(network_in):
+        where = f"{source}: network[{i}]"
+        raw = _mapping(where, raw)
+        unknown = sorted(set(raw) - NETWORK_KEYS)
+        if unknown:
+            raise SystemDescriptionError(
+                f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(NETWORK_KEYS))}"
+            )
+        for key in ("size", "bandwidth_gbps", "latency_us"):
+            if key not in raw:
+                raise SystemDescriptionError(f"{where}: missing key {key!r}")
+        size = raw["size"]
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise SystemDescriptionError(f"{where}.size must be an integer >= 0, got {size!r}")
+        if size == 0 and i != len(network_in) - 1:
+            raise SystemDescriptionError(
+                f"{where}.size=0 (unbounded) is allowed only for the last dimension"
+            )
+        dims.append(
+            NetworkDim(
+                name=str(raw.get("name", f"dim{i}")),
+                size=size,
+                bandwidth=_positive(f"{where}.bandwidth_gbps", raw["bandwidth_gbps"]) * 1e9,
+                latency=_positive(f"{where}.latency_us", raw["latency_us"], allow_zero=True)
+                * 1e-6,
+                efficiency=_fraction(f"{where}.efficiency", raw.get("efficiency", 1.0)),
+            )
+        )
+    return System(
+        name=str(data.get("name", source)),
+        description=str(data.get("description", "")),
+        peak_flops=peak_flops,
+        hbm_bandwidth=_positive(f"{source}: hbm_gbps", data["hbm_gbps"]) * 1e9,
+        hbm_capacity=int(_positive(f"{source}: hbm_gib", data["hbm_gib"]) * 2**30),
+        network=tuple(dims),
+        compute_efficiency=compute_efficiency,
+        memory_efficiency=_fraction(
+            f"{source}: memory_efficiency", data.get("memory_efficiency", 1.0)
+        ),
+        kernel_overhead=_positive(
+            f"{source}: kernel_overhead_us", data.get("kernel_overhead_us", 0), allow_zero=True
+        )
+        * 1e-6,
+    )
+
+
+def load_system(spec: str | Path | System) -> System:
+    """A preset by name (``a100-80g``, ``h100-80g``) or a JSON file by path."""
+    if isinstance(spec, System):
+        return spec
+    text = str(spec)
+    if text in PRESETS:
+        return system_from_dict(PRESETS[text], text)
+    path = Path(text)
+    if path.suffix.lower() == ".json" or path.exists() or "/" in text:
+        if not path.is_file():
+            raise SystemDescriptionError(f"system file {text!r} does not exist")
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SystemDescriptionError(f"cannot read system file {text!r}: {exc}") from None
+        except json.JSONDecodeError as exc:
+            raise SystemDescriptionError(
+                f"system file {text!r} is not valid JSON: {exc.msg} at line {exc.lineno}"
+            ) from None
+        return system_from_dict(data, text)
+    raise UnknownNameError(
+        f"unknown system {text!r}; allowed: {', '.join(preset_names())} or a path to a JSON file"
+    )

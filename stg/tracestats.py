@@ -1,0 +1,454 @@
+"""Statistics of trace files, computed by draining them through the :class:`~stg.feeder.ETFeeder`.
+
+Used by ``stg feed`` and ``stg inspect trace``. One pass per rank file with bounded memory
+(the feeder's window plus one small integer per node id for the critical path).
+
+The drain is level-synchronous: each *round* issues every ready node, then completes them
+all. With a window that holds the whole trace, the number of rounds is the critical path
+length in nodes; a smaller window can only add rounds.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from array import array
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from stg.errors import TraceError, UserError
+from stg.feeder import DEFAULT_WINDOW, DepsMode, ETFeeder, ETFeederNode
+from stg.workload import CollectiveType, NodeType
+
+_RANK_FILE = re.compile(r"^(?P<prefix>.+)\.(?P<rank>\d+)(?P<ext>\.[A-Za-z0-9]+)?(?:\.gz)?$")
+
+
+@dataclass(frozen=True, slots=True)
+class TraceFile:
+    """One rank file: ``name`` is the trace name shared by its ranks (``workload``)."""
+
+    name: str
+    rank: int
+    path: Path
+
+
+def find_trace_files(path: str | os.PathLike[str]) -> list[TraceFile]:
+    """The rank files that ``path`` names, sorted by trace name then rank.
+
+    ``path`` is a file, a directory (all ``<name>.<rank>.<ext>`` files in it), or a prefix
+    (``out/workload`` or ``out/workload.%d.et``: the files ``out/workload.<rank>.*``).
+    Raises :class:`~stg.errors.UserError` when nothing matches.
+    """
+    given = Path(path)
+    if given.is_file():
+        match = _RANK_FILE.match(given.name)
+        if match:
+            return [TraceFile(match["prefix"], int(match["rank"]), given)]
+        return [TraceFile(given.name, 0, given)]
+    found: list[TraceFile] = []
+    if given.is_dir():
+        for child in given.iterdir():
+            match = _RANK_FILE.match(child.name)
+            if match and child.is_file():
+                found.append(TraceFile(match["prefix"], int(match["rank"]), child))
+    else:
+        folder = given.parent
+        name = given.name
+        pattern = None
+        if "%d" in name:
+            head, _, tail = name.partition("%d")
+            pattern = re.compile(re.escape(head) + r"(\d+)" + re.escape(tail) + r"$")
+        if folder.is_dir():
+            for child in folder.iterdir():
+                if not child.is_file():
+                    continue
+                if pattern is not None:
+                    m = pattern.match(child.name)
+                    if m:
+                        found.append(TraceFile(head.rstrip("._-") or name, int(m[1]), child))
+                    continue
+                match = _RANK_FILE.match(child.name)
+                if match and match["prefix"] == name:
+                    found.append(TraceFile(name, int(match["rank"]), child))
+    if not found:
+        raise UserError(
+            f"{given}: no trace files (expected a file, a directory of <name>.<rank>.et "
+            "files, or a prefix such as out/workload)"
+        )
+    found.sort(key=lambda t: (t.name, t.rank, t.path.name))
+    return found
+
+
+def select_rank(files: list[TraceFile], rank: int | None) -> list[TraceFile]:
+    """The files of ``rank`` (all files when None); a UserError names the ranks present."""
+    if rank is None:
+        return files
+    chosen = [f for f in files if f.rank == rank]
+    if not chosen:
+        ranks = sorted({f.rank for f in files})
+        raise UserError(f"--rank {rank}: no such rank; ranks present: {_ranges(ranks)}")
+    return chosen
+
+
+def _ranges(values: list[int]) -> str:
+    parts: list[str] = []
+    start = prev = None
+    for v in [*values, None]:
+        if start is not None and (v is None or v != prev + 1):  # type: ignore[operator]
+            parts.append(str(start) if start == prev else f"{start}-{prev}")
+            start = None
+        if v is not None and start is None:
+            start = v
+        prev = v
+    return ", ".join(parts)
+
+
+@dataclass(slots=True)
+class TraceStats:
+    """What one pass over a rank file measures.
+
+    ``flops`` sums ``num_ops`` (floating-point operations); byte counts are in bytes.
+    ``collective_bytes`` and ``collective_counts`` are keyed by collective type name.
+    ``critical_path`` is the longest dependency chain in nodes and ``critical_path_us`` the
+    largest sum of ``runtime`` (microseconds) along a chain.
+    """
+
+    path: str
+    name: str
+    rank: int
+    deps: str
+    nodes: int = 0
+    by_type: dict[str, int] = field(default_factory=dict)
+    flops: int = 0
+    tensor_bytes: int = 0
+    collective_counts: dict[str, int] = field(default_factory=dict)
+    collective_bytes: dict[str, int] = field(default_factory=dict)
+    send_count: int = 0
+    send_bytes: int = 0
+    recv_count: int = 0
+    recv_bytes: int = 0
+    critical_path: int = 0
+    critical_path_us: int = 0
+    rounds: int = 0
+    max_width: int = 0
+    error: str | None = None
+
+    @property
+    def mean_width(self) -> float:
+        """Mean number of nodes issued per round."""
+        return self.nodes / self.rounds if self.rounds else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready, with sorted keys inside the per-type tables."""
+        data = asdict(self)
+        for key in ("by_type", "collective_counts", "collective_bytes"):
+            data[key] = dict(sorted(data[key].items()))
+        data["mean_width"] = round(self.mean_width, 6)
+        return data
+
+
+class _IdValues:
+    """One integer per node id (0 when unset): an array for dense ids, a dict for the rest."""
+
+    __slots__ = ("_array", "_count", "_dict")
+
+    def __init__(self) -> None:
+        self._array = array("q")
+        self._dict: dict[int, int] = {}
+        self._count = 0
+
+    def get(self, key: int) -> int:
+        if 0 <= key < len(self._array):
+            return self._array[key]
+        return self._dict.get(key, 0)
+
+    def set(self, key: int, value: int) -> None:
+        self._count += 1
+        arr = self._array
+        if 0 <= key < len(arr):
+            arr[key] = value
+        elif 0 <= key < 2 * self._count + 65536:  # keep the array proportional to the nodes
+            arr.frombytes(bytes(8 * (max(key + 1, 2 * len(arr)) - len(arr))))
+            arr[key] = value
+        else:
+            self._dict[key] = value
+
+
+def analyze(
+    trace: TraceFile,
+    *,
+    deps: DepsMode = "data+ctrl",
+    window: int = DEFAULT_WINDOW,
+    format: str | None = None,
+    dot: IO[str] | None = None,
+) -> TraceStats:
+    """Drain one rank file and measure it; with ``dot``, also write its graph as DOT.
+
+    A malformed trace does not raise: its :attr:`TraceStats.error` holds the one-line message
+    (the counts then cover the nodes completed before the error).
+    """
+    stats = TraceStats(path=str(trace.path), name=trace.name, rank=trace.rank, deps=deps)
+    try:
+        with ETFeeder(trace.path, deps=deps, window=window, format=format) as feeder:
+            _drain(feeder, stats, dot)
+    except TraceError as exc:
+        stats.error = str(exc)
+    return stats
+
+
+def _drain(feeder: ETFeeder, stats: TraceStats, dot: IO[str] | None) -> None:
+    use_ctrl = feeder.deps == "data+ctrl"
+    depth = _IdValues()
+    span = _IdValues()
+    by_type = stats.by_type
+    coll_counts = stats.collective_counts
+    coll_bytes = stats.collective_bytes
+    type_names = {t: t.name for t in NodeType}
+    coll_names: dict[CollectiveType | None, str] = {c: c.name for c in CollectiveType}
+    coll_names[None] = "UNSET"
+    if dot is not None:
+        dot.write(f"digraph {_dot_id(f'{stats.name}.{stats.rank}')} {{\n")
+        dot.write("  node [shape=box, style=filled, fontname=Helvetica];\n")
+    while feeder.has_nodes_to_issue():
+        wave: list[ETFeederNode] = []
+        node = feeder.get_next_issuable_node()
+        while node is not None:
+            wave.append(node)
+            node = feeder.get_next_issuable_node()
+        if not wave:
+            raise TraceError(f"{feeder.source_name}: nodes remain but none can be issued")
+        stats.rounds += 1
+        stats.max_width = max(stats.max_width, len(wave))
+        for fnode in wave:
+            n = fnode.node
+            parents = n.data_deps + n.ctrl_deps if use_ctrl else n.data_deps
+            d = s = 0
+            for p in parents:
+                pd = depth.get(p)
+                if pd > d:
+                    d = pd
+                ps = span.get(p)
+                if ps > s:
+                    s = ps
+            d += 1
+            s += n.runtime
+            depth.set(n.id, d)
+            span.set(n.id, s)
+            if d > stats.critical_path:
+                stats.critical_path = d
+            if s > stats.critical_path_us:
+                stats.critical_path_us = s
+            stats.nodes += 1
+            tname = type_names[n.type]
+            by_type[tname] = by_type.get(tname, 0) + 1
+            if n.type is NodeType.COMP:
+                stats.flops += n.num_ops
+            stats.tensor_bytes += n.tensor_size
+            if n.type is NodeType.COMM_COLL:
+                cname = coll_names[n.comm_type]
+                coll_counts[cname] = coll_counts.get(cname, 0) + 1
+                coll_bytes[cname] = coll_bytes.get(cname, 0) + n.comm_size
+            elif n.type is NodeType.COMM_SEND:
+                stats.send_count += 1
+                stats.send_bytes += n.comm_size
+            elif n.type is NodeType.COMM_RECV:
+                stats.recv_count += 1
+                stats.recv_bytes += n.comm_size
+            if dot is not None:
+                _dot_node(dot, fnode, use_ctrl)
+        for fnode in wave:
+            feeder.free_children_nodes(fnode.id)
+        for fnode in wave:
+            feeder.remove_node(fnode.id)
+    if dot is not None:
+        dot.write("}\n")
+
+
+_DOT_COLORS = {
+    NodeType.COMP: "lightblue",
+    NodeType.COMM_COLL: "orange",
+    NodeType.COMM_SEND: "palegreen",
+    NodeType.COMM_RECV: "palegreen",
+    NodeType.MEM_LOAD: "khaki",
+    NodeType.MEM_STORE: "khaki",
+}
+
+
+def _dot_id(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def _dot_node(out: IO[str], fnode: ETFeederNode, use_ctrl: bool) -> None:
+    n = fnode.node
+    name = n.name if len(n.name) <= 60 else n.name[:57] + "..."
+    label = f"{n.id} {n.type.name}\n{name}"
+    if n.type is NodeType.COMM_COLL and n.comm_type is not None:
+        label += f"\n{n.comm_type.name} {n.comm_size} B"
+    elif n.type in (NodeType.COMM_SEND, NodeType.COMM_RECV):
+        label += f"\n{n.comm_size} B"
+    color = _DOT_COLORS.get(n.type, "white")
+    out.write(f"  n{n.id} [label={_dot_id(label)}, fillcolor={color}];\n")
+    for p in n.data_deps:
+        out.write(f"  n{p} -> n{n.id};\n")
+    if use_ctrl:
+        for p in n.ctrl_deps:
+            if p not in n.data_deps:
+                out.write(f"  n{p} -> n{n.id} [style=dashed];\n")
+
+
+def write_dot(
+    trace: TraceFile,
+    out_path: str | os.PathLike[str],
+    *,
+    deps: DepsMode = "data+ctrl",
+    window: int = DEFAULT_WINDOW,
+    format: str | None = None,
+) -> TraceStats:
+    """Write one rank's graph as Graphviz DOT to ``out_path``, atomically.
+
+    Nodes appear in issue order; data deps are solid edges, ctrl deps dashed (only with
+    ``deps="data+ctrl"``). Nothing is written when the trace is malformed (see ``error``).
+    """
+    target = Path(out_path)
+    folder = target.parent
+    if not folder.is_dir():
+        raise UserError(f"--dot {target}: directory {folder} does not exist")
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as out:
+            stats = analyze(trace, deps=deps, window=window, format=format, dot=out)
+        if stats.error is None:
+            os.chmod(tmp_name, 0o666 & ~_umask())
+            os.replace(tmp_name, target)
+    finally:
+        if os.path.exists(tmp_name):
+            os.unlink(tmp_name)
+    return stats
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def iter_stats(
+    files: list[TraceFile],
+    *,
+    deps: DepsMode = "data+ctrl",
+    window: int = DEFAULT_WINDOW,
+    format: str | None = None,
+) -> Iterator[TraceStats]:
+    """:func:`analyze` each file in turn."""
+    for trace in files:
+        yield analyze(trace, deps=deps, window=window, format=format)
+
+
+# -- rendering (for the CLI) ------------------------------------------------------------------
+
+FEED_KEYS: tuple[str, ...] = (
+    "path", "name", "rank", "deps", "nodes", "rounds", "max_width", "mean_width", "by_type",
+    "error",
+)  # fmt: skip
+
+
+def feed_report(stats: list[TraceStats], window: int) -> dict[str, Any]:
+    """The JSON document of ``stg feed --json``."""
+    ranks = []
+    for s in stats:
+        data = s.to_dict()
+        ranks.append({k: data[k] for k in FEED_KEYS})
+    return {"window": window, "ranks": ranks, "invalid": sum(s.error is not None for s in stats)}
+
+
+def inspect_report(stats: list[TraceStats]) -> dict[str, Any]:
+    """The JSON document of ``stg inspect trace --json``: per-rank stats and totals."""
+    ok = [s for s in stats if s.error is None]
+    total: dict[str, Any] = {
+        "ranks": len(stats),
+        "invalid": len(stats) - len(ok),
+        "nodes": sum(s.nodes for s in ok),
+        "flops": sum(s.flops for s in ok),
+        "tensor_bytes": sum(s.tensor_bytes for s in ok),
+        "send_bytes": sum(s.send_bytes for s in ok),
+        "recv_bytes": sum(s.recv_bytes for s in ok),
+        "collective_bytes": _sum_tables(s.collective_bytes for s in ok),
+        "critical_path": max((s.critical_path for s in ok), default=0),
+    }
+    return {"ranks": [s.to_dict() for s in stats], "total": total}
+
+
+def _sum_tables(tables: Iterator[dict[str, int]] | Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for table in tables:
+        for key, value in table.items():
+            out[key] = out.get(key, 0) + value
+    return dict(sorted(out.items()))
+
+
+def _types(table: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v:,}" for k, v in sorted(table.items())) or "-"
+
+
+def _label(s: TraceStats) -> str:
+    return f"{s.name}.{s.rank}"
+
+
+def render_feed(stats: list[TraceStats]) -> str:
+    """The text table of ``stg feed``: one line per rank."""
+    header = ("trace", "nodes", "rounds", "max width", "mean width", "nodes by type")
+    rows = [header]
+    for s in stats:
+        if s.error is not None:
+            rows.append((_label(s), "invalid", "-", "-", "-", "-"))
+        else:
+            rows.append(
+                (
+                    _label(s),
+                    f"{s.nodes:,}",
+                    f"{s.rounds:,}",
+                    f"{s.max_width:,}",
+                    f"{s.mean_width:.2f}",
+                    _types(s.by_type),
+                )
+            )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header) - 1)]
+    lines = []
+    for row in rows:
+        cells = [row[0].ljust(widths[0])]
+        cells += [row[i].rjust(widths[i]) for i in range(1, len(widths))]
+        lines.append("  ".join([*cells, row[-1]]).rstrip())
+    return "\n".join(lines) + "\n"
+
+
+def render_inspect(stats: list[TraceStats]) -> str:
+    """The text report of ``stg inspect trace``: one block per rank, then totals."""
+    out: list[str] = []
+    for s in stats:
+        out.append(f"{_label(s)}  ({s.path})")
+        if s.error is not None:
+            out.append("  invalid (see the error)")
+            continue
+        out.append(f"  nodes          {s.nodes:,}  ({_types(s.by_type)})")
+        out.append(f"  FLOPs          {s.flops:,}")
+        out.append(f"  tensor bytes   {s.tensor_bytes:,}")
+        for cname in sorted(s.collective_counts):
+            count = s.collective_counts[cname]
+            out.append(f"  {cname:<14} {count:,} ops, {s.collective_bytes[cname]:,} bytes")
+        if s.send_count:
+            out.append(f"  send           {s.send_count:,} ops, {s.send_bytes:,} bytes")
+        if s.recv_count:
+            out.append(f"  recv           {s.recv_count:,} ops, {s.recv_bytes:,} bytes")
+        out.append(
+            f"  critical path  {s.critical_path:,} nodes, {s.critical_path_us:,} us of runtime"
+        )
+    if len(stats) > 1:
+        total = inspect_report(stats)["total"]
+        out.append(
+            f"total  {total['ranks']} ranks, {total['nodes']:,} nodes, "
+            f"{total['flops']:,} FLOPs, longest critical path {total['critical_path']:,} nodes"
+        )
+    return "\n".join(out) + "\n"

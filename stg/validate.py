@@ -1,0 +1,536 @@
+"""Check that a multi-rank trace (on disk or in memory) is one a simulator can run.
+
+Checks, each reported as a :class:`Violation` with a short ``check`` code:
+
+per rank
+    ``file`` (unreadable or malformed rank file), ``duplicate-id``, ``dangling-dep`` (a data or
+    ctrl dep naming no node of the file), ``repeated-dep`` (a parent listed twice, within or
+    across data and ctrl deps), ``cycle`` (iterative Kahn; one cycle is shown),
+    ``attr-type`` (a TRACES.md attribute stored under another value kind: Chakra's C++ feeder
+    would read 0), ``comm-field`` (a comm node without its type, size, group or peer and tag;
+    a tag at or above 500,000,000; a peer out of range; ``is_cpu_op`` true on a comm node).
+across ranks
+    ``rank-files`` (missing rank files), ``comm-group`` (the comm-group file: decimal keys
+    >= 1, sorted in-range members, no one-rank groups, every used group present, the user is a
+    member), ``collective-mismatch`` (members of a group issue different sequences of
+    (type, size)), ``unmatched-send`` / ``unmatched-recv`` (sends and receives matched by
+    (source, destination, tag, size), first in first out).
+
+Warnings (reported, not failures): collective types ASTRA-sim does not simulate, a comp or
+comm node without ``is_cpu_op``.
+
+Collectives are taken in id order, the order in which ASTRA-sim issues ready nodes. A
+collective without ``pg_name`` belongs to the group of all ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict, deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from stg.errors import TraceError, UserError
+from stg.output import comm_group_path
+from stg.reader import detect_format, iter_nodes
+from stg.workload import CollectiveType, Node, NodeType
+
+if TYPE_CHECKING:
+    from stg.workload import Workload
+
+MAX_TAG = 500_000_000
+SIMULATED = frozenset(
+    {CollectiveType.ALL_REDUCE, CollectiveType.ALL_GATHER, CollectiveType.REDUCE_SCATTER,
+     CollectiveType.ALL_TO_ALL}
+)  # fmt: skip
+EXPECTED_KINDS: dict[str, str] = {
+    "is_cpu_op": "bool_val",
+    "num_ops": "int64_val",
+    "tensor_size": "uint64_val",
+    "comm_type": "int64_val",
+    "comm_size": "int64_val",
+    "pg_name": "string_val",
+    "comm_src": "int32_val",
+    "comm_dst": "int32_val",
+    "comm_tag": "int32_val",
+    "comm_priority": "int32_val",
+    "involved_dim": "bool_list",
+}
+WORLD = 0  # group key of collectives without pg_name
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One problem found. ``rank`` and ``node`` locate it when they apply."""
+
+    check: str
+    message: str
+    rank: int | None = None
+    node: int | None = None
+    severity: str = "error"
+
+
+@dataclass
+class ValidationReport:
+    """What :func:`validate_trace` or :func:`validate_workload` found."""
+
+    ranks: int = 0
+    nodes: int = 0
+    files: list[str] = field(default_factory=list)
+    comm_group_file: str | None = None
+    violations: list[Violation] = field(default_factory=list)
+
+    @property
+    def errors(self) -> list[Violation]:
+        return [v for v in self.violations if v.severity == "error"]
+
+    @property
+    def warnings(self) -> list[Violation]:
+        return [v for v in self.violations if v.severity != "error"]
+
+    @property
+    def ok(self) -> bool:
+        """True when no error (warnings allowed) was found."""
+        return not self.errors
+
+    def counts(self) -> dict[str, int]:
+        """Number of errors per check code."""
+        out: dict[str, int] = defaultdict(int)
+        for v in self.errors:
+            out[v.check] += 1
+        return dict(sorted(out.items()))
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable form."""
+        return {
+            "ok": self.ok,
+            "ranks": self.ranks,
+            "nodes": self.nodes,
+            "files": self.files,
+            "comm_group_file": self.comm_group_file,
+            "errors": self.counts(),
+            "violations": [asdict(v) for v in self.violations],
+        }
+
+
+@dataclass
+class _RankComm:
+    """The communication of one rank, for the cross-rank checks."""
+
+    colls: dict[int, list[tuple[int, int, int]]] = field(
+        default_factory=lambda: defaultdict(list)
+    )  # group -> [(node id, type, size)]
+    sends: list[tuple[int, int, int, int]] = field(default_factory=list)  # (id, dst, tag, size)
+    recvs: list[tuple[int, int, int, int]] = field(default_factory=list)  # (id, src, tag, size)
+
+
+class _Checker:
+    def __init__(self, report: ValidationReport, world_size: int | None) -> None:
+        self.report = report
+        self.world = world_size
+
+    def add(self, check: str, message: str, rank: int | None = None, node: int | None = None,
+            severity: str = "error") -> None:
+        self.report.violations.append(Violation(check, message, rank, node, severity))
+
+    # -- one rank --------------------------------------------------------------------------
+
+    def structure(self, rank: int | None, nodes: Sequence[Node], where: str = "") -> None:
+        """Ids, deps and acyclicity of one rank's graph."""
+        ids: set[int] = set()
+        for n in nodes:
+            if n.id in ids:
+                self.add("duplicate-id", f"node id {n.id} appears more than once{where}", rank,
+                         n.id)
+            ids.add(n.id)
+        parents: dict[int, list[int]] = {}
+        for n in nodes:
+            seen: set[int] = set()
+            for kind, deps in (("data", n.data_deps), ("ctrl", n.ctrl_deps)):
+                for dep in deps:
+                    if dep in seen:
+                        self.add("repeated-dep", f"node {n.id} lists parent {dep} twice "
+                                 f"({kind} deps){where}", rank, n.id)
+                        continue
+                    seen.add(dep)
+                    if dep not in ids:
+                        self.add("dangling-dep", f"node {n.id} has {kind} dep {dep}, which is "
+                                 f"not a node of this rank{where}", rank, n.id)
+            parents.setdefault(n.id, [])
+            parents[n.id].extend(d for d in seen if d in ids)
+        self._acyclic(rank, parents, where)
+
+    def _acyclic(self, rank: int | None, parents: Mapping[int, list[int]], where: str) -> None:
+        indegree = {nid: len(ps) for nid, ps in parents.items()}
+        children: dict[int, list[int]] = defaultdict(list)
+        for nid, ps in parents.items():
+            for p in ps:
+                children[p].append(nid)
+        ready = deque(nid for nid, d in indegree.items() if d == 0)
+        done = 0
+        while ready:
+            nid = ready.popleft()
+            done += 1
+            for child in children.get(nid, ()):
+                indegree[child] -= 1
+                if indegree[child] == 0:
+                    ready.append(child)
+        if done == len(indegree):
+            return
+        left = {nid for nid, d in indegree.items() if d > 0}
+        start = min(left)
+        path = [start]
+        index = {start: 0}
+        node = start
+        while True:
+            node = min(p for p in parents[node] if p in left)
+            if node in index:
+                cycle = [*path[index[node]:], node]
+                break
+            index[node] = len(path)
+            path.append(node)
+        shown = " -> ".join(str(c) for c in reversed(cycle))
+        self.add("cycle", f"{len(left)} nodes cannot run because of a dependency cycle, e.g. "
+                 f"{shown}{where}", rank, cycle[0])
+
+    def comm_node(
+        self, rank: int | None, n: Node, comm: _RankComm, kinds: Mapping[str, str] | None
+    ) -> None:
+        """Field and value-kind checks of one node; collect its communication.
+
+        ``kinds`` are the value kinds a v0.0.4 file used (None when there is no such file).
+        """
+        for name, kind in (kinds or {}).items():
+            expected = EXPECTED_KINDS.get(name)
+            if expected and kind != expected:
+                self.add("attr-type", f"node {n.id}: attribute {name} is {kind}, must be "
+                         f"{expected}", rank, n.id)
+        attrs = n.attrs
+        for name in ("comm_priority", "involved_dim", "pg_name"):
+            if name in attrs:
+                kind = getattr(attrs, "kinds", {}).get(name)
+                if kind and kind != EXPECTED_KINDS[name]:
+                    self.add("attr-type", f"node {n.id}: attribute {name} is {kind}, must be "
+                             f"{EXPECTED_KINDS[name]}", rank, n.id)
+        t = n.type
+        if kinds is not None and "is_cpu_op" not in kinds and t in (
+            NodeType.COMP, NodeType.COMM_COLL, NodeType.COMM_SEND, NodeType.COMM_RECV
+        ):
+            self.add("comm-field", f"node {n.id} has no is_cpu_op attribute", rank, n.id,
+                     "warning")
+        if t is NodeType.COMM_COLL:
+            if n.is_cpu_op:
+                self.add("comm-field", f"collective {n.id} has is_cpu_op true", rank, n.id)
+            if n.comm_type is None:
+                self.add("comm-field", f"collective {n.id} has no comm_type", rank, n.id)
+                return
+            if n.comm_type not in SIMULATED:
+                self.add("comm-field", f"collective {n.id} is {n.comm_type.name}, which "
+                         "ASTRA-sim does not simulate", rank, n.id, "warning")
+            if "pg_name" in attrs:
+                self.add("comm-field", f"collective {n.id} has pg_name {attrs['pg_name']!r}, "
+                         "not a decimal comm-group id", rank, n.id)
+                return
+            group = WORLD if n.comm_group is None else n.comm_group
+            comm.colls[group].append((n.id, int(n.comm_type), n.comm_size))
+        elif t in (NodeType.COMM_SEND, NodeType.COMM_RECV):
+            verb, peer_name = ("send", "comm_dst") if t is NodeType.COMM_SEND else (
+                "recv", "comm_src")
+            peer = getattr(n, peer_name)
+            if n.is_cpu_op:
+                self.add("comm-field", f"{verb} {n.id} has is_cpu_op true", rank, n.id)
+            missing = [name for name in (peer_name, "comm_tag") if getattr(n, name) is None]
+            if missing:
+                self.add("comm-field", f"{verb} {n.id} has no {' or '.join(missing)}", rank,
+                         n.id)
+                return
+            assert peer is not None and n.comm_tag is not None
+            if peer == rank or peer < 0 or (self.world is not None and peer >= self.world):
+                upto = "" if self.world is None else f" in 0..{self.world - 1}"
+                self.add("comm-field", f"{verb} {n.id} has {peer_name}={peer}; must be another "
+                         f"rank{upto}", rank, n.id)
+                return
+            if not 0 <= n.comm_tag < MAX_TAG:
+                self.add("comm-field", f"{verb} {n.id} has comm_tag={n.comm_tag}; must be in "
+                         f"0..{MAX_TAG - 1}", rank, n.id)
+            own = n.comm_src if t is NodeType.COMM_SEND else n.comm_dst
+            if own is not None and rank is not None and own != rank:
+                other = "comm_src" if t is NodeType.COMM_SEND else "comm_dst"
+                self.add("comm-field", f"{verb} {n.id} on rank {rank} has {other}={own}", rank,
+                         n.id)
+            entry = (n.id, peer, n.comm_tag, n.comm_size)
+            (comm.sends if t is NodeType.COMM_SEND else comm.recvs).append(entry)
+
+    # -- across ranks ----------------------------------------------------------------------
+
+    def groups(self, groups: Mapping[int, Sequence[int]], used: Mapping[int, set[int]]) -> None:
+        """The comm-group table against the groups the ranks use."""
+        for gid, members in groups.items():
+            if gid < 1:
+                self.add("comm-group", f"group id {gid} must be >= 1 (0 means all ranks)")
+            if len(members) < 2:
+                self.add("comm-group", f"group {gid} has {len(members)} member(s); a collective "
+                         "on a one-rank group never completes")
+            if list(members) != sorted(set(members)):
+                self.add("comm-group", f"group {gid} members {list(members)} must be sorted and "
+                         "unique")
+            world = self.world or 0
+            bad = [m for m in members if not 0 <= m < world]
+            if bad:
+                self.add("comm-group", f"group {gid} has ranks {bad} outside 0..{world - 1}")
+        for gid in sorted(used):
+            if gid == WORLD:
+                continue
+            if gid not in groups:
+                rank = min(used[gid])
+                self.add("comm-group", f"group {gid} is used by rank {rank} but not defined in "
+                         "the comm-group file", rank)
+                continue
+            outsiders = sorted(used[gid] - set(groups[gid]))
+            if outsiders:
+                self.add("comm-group", f"ranks {outsiders} use group {gid} but are not among "
+                         f"its members {list(groups[gid])}", outsiders[0])
+
+    def collectives(self, groups: Mapping[int, Sequence[int]], comms: Mapping[int, _RankComm],
+                    ranks: Iterable[int]) -> None:
+        """Every member of a group issues the same (type, size) sequence on it."""
+        used = sorted({g for c in comms.values() for g in c.colls})
+        for gid in used:
+            members = list(ranks) if gid == WORLD else list(groups.get(gid, ()))
+            members = [m for m in members if m in comms]
+            if not members:
+                continue
+            ref = members[0]
+            ref_seq = sorted(comms[ref].colls.get(gid, []))
+            for m in members[1:]:
+                seq = sorted(comms[m].colls.get(gid, []))
+                if [s[1:] for s in seq] == [s[1:] for s in ref_seq]:
+                    continue
+                k = next((i for i, (a, b) in enumerate(zip(seq, ref_seq, strict=False))
+                          if a[1:] != b[1:]), min(len(seq), len(ref_seq)))
+                name = "all ranks" if gid == WORLD else f"group {gid}"
+                self.add("collective-mismatch", f"{name}: rank {m}'s collective #{k + 1} is "
+                         f"{_describe(seq, k)} but rank {ref}'s is {_describe(ref_seq, k)}", m,
+                         seq[k][0] if k < len(seq) else None)
+
+    def point_to_point(self, comms: Mapping[int, _RankComm]) -> None:
+        """Sends and receives pair up by (src, dst, tag, size), first in first out."""
+        sends: dict[tuple[int, int, int, int], deque[int]] = defaultdict(deque)
+        for rank in sorted(comms):
+            for nid, dst, tag, size in sorted(comms[rank].sends):
+                sends[(rank, dst, tag, size)].append(nid)
+        for rank in sorted(comms):
+            for nid, src, tag, size in sorted(comms[rank].recvs):
+                queue = sends.get((src, rank, tag, size))
+                if queue:
+                    queue.popleft()
+                    continue
+                self.add("unmatched-recv", f"recv {nid} waits for rank {src} (tag {tag}, "
+                         f"{size} bytes) but no such send exists: the rank would deadlock",
+                         rank, nid)
+        for (src, dst, tag, size), queue in sorted(sends.items()):
+            for nid in queue:
+                self.add("unmatched-send", f"send {nid} to rank {dst} (tag {tag}, {size} bytes) "
+                         "has no matching recv", src, nid)
+
+
+def _describe(seq: Sequence[tuple[int, int, int]], k: int) -> str:
+    if k >= len(seq):
+        return "missing"
+    nid, ctype, size = seq[k]
+    return f"{CollectiveType(ctype).name} of {size} bytes (node {nid})"
+
+
+# ---------------------------------------------------------------------------------------------
+# Files
+
+
+def find_rank_files(path_or_prefix: str | Path) -> tuple[list[Path | None], Path | None]:
+    """The rank files (index = rank; ``None`` for a missing rank) and the comm-group file of a
+    trace given as a directory, a prefix (``out/workload``), a pattern
+    (``out/workload.%d.et``) or one rank file. Raises :class:`UserError` when nothing is
+    found."""
+    text = str(path_or_prefix)
+    path = Path(text)
+    if "%d" in path.name:
+        parent, pattern = path.parent, path.name
+        found = _match_pattern(parent, pattern)
+        if not found:
+            raise UserError(f"no rank files match {text}")
+        return _by_rank(found), _group_file(parent, pattern)
+    if path.is_dir():
+        sets = _rank_file_sets(path)
+        if not sets:
+            raise UserError(f"no rank files (<name>.<rank>.et or .json) in directory {text}")
+        if len(sets) > 1:
+            names = ", ".join(sorted(p.replace("%d", "N") for p in sets))
+            raise UserError(f"directory {text} holds several traces ({names}); pass a prefix")
+        ((pattern, found),) = sets.items()
+        return _by_rank(found), _group_file(path, pattern)
+    if path.is_file():
+        return [path], None
+    parent = path.parent
+    if parent.is_dir():
+        sets = {p: f for p, f in _rank_file_sets(parent).items()
+                if p.startswith(path.name + ".%d.")}
+        if len(sets) == 1:
+            ((pattern, found),) = sets.items()
+            return _by_rank(found), _group_file(parent, pattern)
+        if len(sets) > 1:
+            raise UserError(f"prefix {text} matches several traces: {', '.join(sorted(sets))}")
+    raise UserError(f"{text} does not exist (expected a directory, a rank file or a prefix "
+                    "such as out/workload)")
+
+
+def _match_pattern(parent: Path, pattern: str) -> dict[int, Path]:
+    head, _, tail = pattern.partition("%d")
+    regex = re.compile(re.escape(head) + r"(0|[1-9][0-9]*)" + re.escape(tail) + r"\Z")
+    found: dict[int, Path] = {}
+    if parent.is_dir():
+        for entry in parent.iterdir():
+            m = regex.match(entry.name)
+            if m and entry.is_file():
+                found[int(m.group(1))] = entry
+    return found
+
+
+def _rank_file_sets(directory: Path) -> dict[str, dict[int, Path]]:
+    sets: dict[str, dict[int, Path]] = defaultdict(dict)
+    for entry in directory.iterdir():
+        m = re.match(r"^(.+)\.(0|[1-9][0-9]*)\.(et|json|et\.gz|json\.gz)$", entry.name)
+        if m and entry.is_file():
+            sets[f"{m.group(1)}.%d.{m.group(3)}"][int(m.group(2))] = entry
+    return dict(sets)
+
+
+def _by_rank(found: Mapping[int, Path]) -> list[Path | None]:
+    return [found.get(r) for r in range(max(found) + 1)]
+
+
+def _group_file(parent: Path, pattern: str) -> Path:
+    return parent / comm_group_path(pattern.removesuffix(".gz"))
+
+
+def read_comm_groups(path: Path) -> dict[int, tuple[int, ...]]:
+    """Parse a comm-group file strictly; raise :class:`TraceError` naming the problem."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise TraceError(f"{path}: not a readable JSON comm-group file: {exc}") from None
+    if not isinstance(data, dict):
+        raise TraceError(f"{path}: must be a JSON object {{\"1\": [0, 1], ...}}")
+    groups: dict[int, tuple[int, ...]] = {}
+    for key, members in data.items():
+        if not (isinstance(key, str) and key.isascii() and key.isdecimal()):
+            raise TraceError(f"{path}: key {key!r} must be a decimal group id")
+        if not isinstance(members, list) or any(
+            isinstance(m, bool) or not isinstance(m, int) for m in members
+        ):
+            raise TraceError(f"{path}: group {key} must be a list of ranks")
+        groups[int(key)] = tuple(members)
+    return groups
+
+
+def validate_trace(path_or_prefix: str | Path) -> ValidationReport:
+    """Validate every rank file of a trace on disk (see module doc).
+
+    Raises :class:`UserError` when no rank file is found; everything wrong inside the files
+    is reported as violations.
+    """
+    files, group_path = find_rank_files(path_or_prefix)
+    report = ValidationReport(ranks=len(files), files=[str(f) for f in files if f])
+    cross_rank = group_path is not None
+    checker = _Checker(report, len(files) if cross_rank else None)
+    missing = [r for r, f in enumerate(files) if f is None]
+    if missing:
+        checker.add("rank-files", f"rank files missing for ranks {missing} (found ranks up to "
+                    f"{len(files) - 1})")
+    comms: dict[int, _RankComm] = {}
+    for index, path in enumerate(files):
+        if path is None:
+            continue
+        rank = index if cross_rank else _rank_in_name(path.name)
+        comm = _RankComm()
+        try:
+            fmt = detect_format(path)
+            nodes = []
+            for n in iter_nodes(path, format=fmt):
+                kinds = getattr(n.attrs, "field_kinds", {}) if fmt == "v0.0.4" else None
+                checker.comm_node(rank, n, comm, kinds)
+                nodes.append(_skeleton(n))
+        except TraceError as exc:
+            checker.add("file", str(exc), rank)
+            continue
+        report.nodes += len(nodes)
+        checker.structure(rank, nodes)
+        comms[index] = comm
+    groups: dict[int, tuple[int, ...]] = {}
+    used = _used_groups(comms)
+    if group_path is not None:
+        report.comm_group_file = str(group_path)
+        if group_path.exists():
+            try:
+                groups = read_comm_groups(group_path)
+            except TraceError as exc:
+                checker.add("comm-group", str(exc))
+        elif any(g != WORLD for g in used):
+            checker.add("comm-group", f"comm-group file {group_path} is missing but collectives "
+                        "use groups " + ", ".join(str(g) for g in sorted(used) if g != WORLD))
+    if cross_rank:
+        checker.groups(groups, used)
+        checker.collectives(groups, comms, range(len(files)))
+        checker.point_to_point(comms)
+    return report
+
+
+def _rank_in_name(name: str) -> int | None:
+    m = re.search(r"\.(0|[1-9][0-9]*)\.(et|json)(\.gz)?$", name)
+    return int(m.group(1)) if m else None
+
+
+def _skeleton(n: Node) -> Node:
+    """What the structural checks need, without attrs (bounded memory per rank)."""
+    return Node(id=n.id, name="", type=n.type, data_deps=n.data_deps, ctrl_deps=n.ctrl_deps)
+
+
+def _used_groups(comms: Mapping[int, _RankComm]) -> dict[int, set[int]]:
+    used: dict[int, set[int]] = defaultdict(set)
+    for rank, comm in comms.items():
+        for gid in comm.colls:
+            used[gid].add(rank)
+    return used
+
+
+def validate_workload(workload: Workload) -> ValidationReport:
+    """Validate an in-memory workload: the checks of :func:`validate_trace` without files.
+
+    The graph structure is checked once per rank class (ranks of a class share it); the
+    communication of every rank is resolved and matched across ranks.
+    """
+    report = ValidationReport(ranks=workload.world_size)
+    checker = _Checker(report, workload.world_size)
+    for index, graph in enumerate(workload.ranks):
+        if graph.rank != index:
+            checker.add("rank-files", f"workload.ranks[{index}] is rank {graph.rank}", index)
+    checked: set[int] = set()
+    comms: dict[int, _RankComm] = {}
+    for graph in workload.ranks:
+        rank_class = graph.rank_class
+        report.nodes += len(rank_class.nodes)
+        if rank_class.index not in checked:
+            checked.add(rank_class.index)
+            checker.structure(graph.rank, list(graph.nodes()),
+                              f" (rank class {rank_class.index})")
+        comm = _RankComm()
+        for template in rank_class.nodes:
+            if template.type in (NodeType.COMM_COLL, NodeType.COMM_SEND, NodeType.COMM_RECV):
+                checker.comm_node(graph.rank, graph.resolve(template), comm, None)
+        comms[graph.rank] = comm
+    groups = {int(g): tuple(m) for g, m in workload.comm_groups.items()}
+    checker.groups(groups, _used_groups(comms))
+    checker.collectives(groups, comms, range(workload.world_size))
+    checker.point_to_point(comms)
+    return report

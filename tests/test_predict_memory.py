@@ -1,0 +1,287 @@
+"""The memory predictor against Korthikanti's and ZeRO's closed forms and published points."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from stg.predictors.memory import (
+    activation_bytes_per_layer,
+    analytic_memory,
+    count_parameters,
+    in_flight_layers,
+    model_state_bytes,
+    predict_memory,
+    stage_memory,
+    total_parameters,
+)
+
+from stg.errors import UserError
+from stg.layout import Layout
+from stg.workload import RankClass, RankGraph, Workload
+
+GROUNDTRUTH = Path(__file__).resolve().parents[1].parent / "shared/data/groundtruth-dev.json"
+
+
+def entries(metric: str) -> list[dict]:
+    if not GROUNDTRUTH.exists():
+        pytest.skip(f"{GROUNDTRUTH} not present")
+    data = json.loads(GROUNDTRUTH.read_text())
+    return [e for e in data["entries"] if e["metric"] == metric]
+
+
+def gpt(**kw: object) -> dict:
+    """GPT option dict (F = 4h, a = kv) with the given overrides."""
+    h = kw.pop("dmodel", 6144)
+    options = {
+        "model": "gpt",
+        "dmodel": h,
+        "dff": 4 * h,
+        "head": 64,
+        "kvhead": 64,
+        "num_stacks": 48,
+        "seq": 2048,
+        "dvocal": 51200,
+        "batch": 4,
+        "micro_batch": 4,
+        "dtype": "bf16",
+        "tpsp": False,
+    }
+    options.update(kw)
+    if "head" in kw and "kvhead" not in kw:
+        options["kvhead"] = kw["head"]
+    return options
+
+
+def model_options(entry: dict, **kw: object) -> dict:
+    m, p = entry["model"], entry["parallel"]
+    return gpt(
+        dmodel=m["hidden"],
+        dff=m["ffn_hidden"],
+        head=m["heads"],
+        num_stacks=m["layers"],
+        seq=m["seq_len"],
+        dvocal=m["vocab"],
+        tp=p.get("tp", 1),
+        pp=p.get("pp", 1),
+        dp=p.get("dp", 1),
+        batch=p.get("global_batch", 1),
+        micro_batch=p.get("micro_batch"),
+        virtual_stages=p.get("pipeline_interleaving", 1),
+        **kw,
+    )
+
+
+# --- activations: closed forms ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("t", [1, 2, 4, 8])
+@pytest.mark.parametrize("b", [1, 4])
+def test_activation_closed_forms(t: int, b: int) -> None:
+    s, h, a = 2048, 6144, 64
+    base = gpt(tp=t, batch=b, micro_batch=b)
+    sbh = s * b * h
+    cases = {
+        ("none", False): sbh * (10 + 24 / t + 5 * a * s / (h * t)),
+        ("none", True): sbh / t * (34 + 5 * a * s / h),
+        ("selective", False): sbh * (10 + 24 / t),
+        ("selective", True): 34 * sbh / t,
+        ("full", False): 2 * sbh,
+        ("full", True): 2 * sbh / t,
+    }
+    for (recompute, tpsp), expected in cases.items():
+        got = activation_bytes_per_layer({**base, "activation_recompute": recompute, "tpsp": tpsp})
+        assert got == pytest.approx(expected, rel=1e-12), (recompute, tpsp)
+    if t == 1:
+        assert activation_bytes_per_layer(base) == pytest.approx(sbh * (34 + 5 * a * s / h))
+
+
+def test_activation_b_is_per_replica_and_cp_divides_sequence() -> None:
+    one = activation_bytes_per_layer(gpt(batch=8, micro_batch=8, dp=2))
+    assert one == pytest.approx(activation_bytes_per_layer(gpt(batch=4, micro_batch=4)))
+    full = activation_bytes_per_layer(gpt(activation_recompute="full", sp=4))
+    assert full == pytest.approx(2 * 2048 / 4 * 4 * 6144)
+
+
+def test_fp32_activations_double_the_16bit_tensors() -> None:
+    full16 = activation_bytes_per_layer(gpt(activation_recompute="full"))
+    full32 = activation_bytes_per_layer(gpt(activation_recompute="full", dtype="fp32"))
+    assert full32 == 2 * full16
+
+
+def test_llama_activations_count_gqa_and_swiglu() -> None:
+    o = gpt(model="llama", dmodel=4096, dff=11008, head=32, kvhead=8, tp=2, batch=1, micro_batch=1)
+    s, b, h, f, a, kv, t = 2048, 1, 4096, 11008, 32, 8, 2
+    expected = 2 * s * b * (4 * h + (2 * h + 2 * h * kv / a + 3 * f) / t + a * s / t)
+    assert activation_bytes_per_layer(o) == pytest.approx(expected)
+
+
+# --- pipeline: in-flight micro-batches ----------------------------------------------------------
+
+
+def test_in_flight_layers_per_schedule() -> None:
+    p, m, layers = 4, 8, 5
+    assert [in_flight_layers(i, layers, p, m, "1f1b") for i in range(p)] == [20, 15, 10, 5]
+    assert in_flight_layers(0, layers, p, 2, "1f1b") == 10  # fewer micro-batches than stages
+    assert in_flight_layers(3, layers, p, m, "gpipe") == 40
+    v = 3
+    first = in_flight_layers(0, 6, p, m, "1f1b", chunks=v)
+    assert first == pytest.approx(6 * p * (1 + (p - 1) / (p * v)))
+
+
+def test_first_stage_holds_per_layer_times_total_layers() -> None:
+    o = gpt(pp=4, num_stacks=48, batch=32, micro_batch=4, tpsp=True, tp=8)
+    stages = analytic_memory(o)
+    per_layer = activation_bytes_per_layer(o)
+    sbh = 2048 * 4 * 6144
+    embedding_mask = 4 * sbh / 8  # 1-byte dropout mask after the embedding, 4 in flight
+    assert stages[0].activations == pytest.approx(per_layer * 48 + embedding_mask)
+    assert stages[1].activations == pytest.approx(per_layer * 12 * 3)
+
+
+# --- model state ----------------------------------------------------------------------------
+
+
+def test_megatron_18_bytes_and_zero_stages() -> None:
+    psi, nd, k = 1000.0, 8, 12
+    base = model_state_bytes(psi)
+    assert base.weights + base.gradients + base.optimizer == 18 * psi
+    totals = []
+    for stage in range(4):
+        st = model_state_bytes(psi, grad_bytes=2, zero=stage, shard=nd)
+        totals.append(st.weights + st.gradients + st.optimizer)
+    assert totals == [
+        pytest.approx((2 + 2 + k) * psi),
+        pytest.approx(4 * psi + k * psi / nd),
+        pytest.approx(2 * psi + (2 + k) * psi / nd),
+        pytest.approx((2 + 2 + k) * psi / nd),
+    ]
+
+
+def test_published_zero_points() -> None:
+    for entry in entries("model_state_memory_per_gpu"):
+        psi = entry["model"]["params_billion"] * 1e9
+        st = model_state_bytes(
+            psi, grad_bytes=2, zero=entry["parallel"]["zero_stage"], shard=entry["parallel"]["dp"]
+        )
+        got = (st.weights + st.gradients + st.optimizer) / 1e9
+        assert got == pytest.approx(entry["value"], abs=entry["tolerance_abs"]), entry["id"]
+
+
+def test_zero_through_options_uses_dp_times_sp() -> None:
+    o = gpt(dp=4, sp=2, zero=2, mixed_precision=True, grad_reduce_dtype="bf16", batch=8,
+            micro_batch=8)
+    mem = stage_memory(o, stage=0, parameters=800, layers=1, has_embedding=False, has_head=False)
+    assert (mem.weights, mem.gradients, mem.optimizer) == (1600, 200, 1200)
+    fsdp = stage_memory(
+        {**o, "weight_sharded": True, "zero": 0},
+        stage=0, parameters=800, layers=1, has_embedding=False, has_head=False,
+    )
+    assert (fsdp.weights, fsdp.gradients, fsdp.optimizer) == (200, 200, 1200)
+
+
+def test_published_megatron_model_state_points() -> None:
+    for entry in entries("memory_params_grads_optimizer_per_gpu"):
+        o = model_options(entry, mixed_precision=True)
+        layers_only = count_parameters(o)[0].layer_parameters  # "embeddings excluded"
+        mem = stage_memory(
+            o, stage=1, parameters=layers_only, layers=0, has_embedding=False, has_head=False
+        )
+        got = (mem.weights + mem.gradients + mem.optimizer) / 2**30
+        assert got == pytest.approx(entry["value"], rel=entry["tolerance_rel"]), entry["id"]
+
+
+def test_published_activation_ratios() -> None:
+    techniques = {
+        "sequence_parallel": {"tpsp": True},
+        "selective_recompute": {"activation_recompute": "selective"},
+        "sequence_parallel+selective_recompute": {
+            "tpsp": True,
+            "activation_recompute": "selective",
+        },
+        "full_recompute": {"activation_recompute": "full"},
+    }
+    checked = 0
+    for entry in entries("activation_memory_relative_to_baseline"):
+        base = model_options(entry)
+        ratio = activation_bytes_per_layer(
+            {**base, **techniques[entry["parallel"]["recompute"]]}
+        ) / activation_bytes_per_layer(base)
+        assert 100 * ratio == pytest.approx(entry["value"], abs=entry["tolerance_abs_points"])
+        checked += 1
+    assert checked == 16
+
+
+# --- parameters --------------------------------------------------------------------------------
+
+
+def test_gpt_parameters_match_narayanan_formula() -> None:
+    for entry in entries("parameter_count"):
+        o = model_options(entry)
+        m = entry["model"]
+        h, layers, v, s = m["hidden"], m["layers"], m["vocab"], m["seq_len"]
+        formula = 12 * layers * h * h * (1 + 13 / (12 * h) + (v + s) / (12 * layers * h))
+        assert total_parameters(o) == pytest.approx(formula + 2 * h, rel=1e-12)  # + final norm
+        assert total_parameters(o) / 1e9 == pytest.approx(entry["value"], abs=0.05), entry["id"]
+
+
+def test_llama2_7b_parameters() -> None:
+    o = gpt(model="llama", dmodel=4096, dff=11008, head=32, kvhead=32, num_stacks=32,
+            dvocal=32000)
+    assert total_parameters(o) == 6_738_415_616
+
+
+def test_parameters_are_split_over_tp_and_pp() -> None:
+    o = gpt(tp=4, pp=4, num_stacks=10)
+    stages = count_parameters(o)
+    assert [s.layers for s in stages] == [3, 3, 2, 2]
+    assert stages[0].embedding_parameters == 51200 * 6144 // 4 + 2048 * 6144
+    assert stages[3].head_parameters == 51200 * 6144 // 4 + 2 * 6144
+    one_layer = 12 * 6144**2 + 13 * 6144
+    per_rank = stages[0].layer_parameters / 3
+    assert one_layer / 4 < per_rank < one_layer / 4 + 6 * 6144  # norms and some biases replicated
+
+
+# --- the predictor on a workload -----------------------------------------------------------------
+
+
+def test_predict_memory_reads_rank_class_facts() -> None:
+    o = gpt(tp=2, pp=2, batch=8, micro_batch=2, mixed_precision=True)
+    layout = Layout({"tp": 2, "pp": 2})
+    classes = [
+        RankClass(
+            index=i,
+            stage=i,
+            nodes=(),
+            facts={"parameters": 1_000_000 * (i + 1), "layers": 24, "has_embedding": i == 0,
+                   "has_head": i == 1, "micro_batches": 4, "weight_dtype": "bf16",
+                   "grad_dtype": "fp32"},
+        )
+        for i in range(2)
+    ]
+    ranks = tuple(RankGraph(r, classes[layout.stage(r)], layout) for r in range(4))
+    workload = Workload(ranks, {}, layout, {"options": o})
+    report = predict_memory(workload, "a100-80g")
+    assert [c["ranks"] for c in report["classes"]] == [2, 2]
+    c0, c1 = report["classes"]
+    assert c0["weights"] + c0["gradients"] + c0["optimizer"] == 18_000_000
+    assert c1["weights"] + c1["gradients"] + c1["optimizer"] == 36_000_000
+    expected = stage_memory(o, stage=0, parameters=1_000_000, layers=24, has_embedding=True,
+                            has_head=False)
+    assert c0["activations"] == round(expected.activations)
+    assert report["peak_bytes"] == max(c0["peak"], c1["peak"])
+    assert report["fits"] is (report["peak_bytes"] <= 80 * 2**30)
+    json.dumps(report)
+
+
+def test_predict_memory_needs_options() -> None:
+    layout = Layout({"dp": 1})
+    workload = Workload((RankGraph(0, RankClass(0, 0, ()), layout),), {}, layout, {})
+    with pytest.raises(UserError, match="generation options"):
+        predict_memory(workload)
+
+
+def test_bad_recompute_is_a_user_error() -> None:
+    with pytest.raises(UserError, match="allowed: none, selective, full"):
+        activation_bytes_per_layer(gpt(activation_recompute="sometimes"))
