@@ -18,22 +18,86 @@ import time
 CASES: dict[str, list[str]] = {
     "a: dp2 tp2 pp2 (default sizes, 80 layers)": ["--dp", "2", "--tp", "2", "--pp", "2"],
     "b: dp8 tp4 pp4 (128 ranks, 1 micro-batch)": ["--dp", "8", "--tp", "4", "--pp", "4"],
-    "c: dp8 tp4 pp4, 8 micro-batches": ["--dp", "8", "--tp", "4", "--pp", "4", "--micro_batch", "8"],
+    "c: dp8 tp4 pp4, 8 micro-batches": [
+        "--dp",
+        "8",
+        "--tp",
+        "4",
+        "--pp",
+        "4",
+        "--micro_batch",
+        "8",
+    ],
     # dp·ep = 16 replicas need micro-batches of 16 samples: batch 128 gives 8 micro-batches
     "moe: dp4 tp2 pp4 ep4, batch 128, 8 micro-batches, 16 experts": [
-        "--model", "moe", "--dp", "4", "--tp", "2", "--pp", "4", "--ep", "4", "--batch", "128",
-        "--micro_batch", "16", "--experts", "16",
+        "--model",
+        "moe",
+        "--dp",
+        "4",
+        "--tp",
+        "2",
+        "--pp",
+        "4",
+        "--ep",
+        "4",
+        "--batch",
+        "128",
+        "--micro_batch",
+        "16",
+        "--experts",
+        "16",
     ],
     "fsdp: dp8 tp4 pp4, 8 micro-batches, weight_sharded": [
-        "--dp", "8", "--tp", "4", "--pp", "4", "--micro_batch", "8", "--weight_sharded", "true",
+        "--dp",
+        "8",
+        "--tp",
+        "4",
+        "--pp",
+        "4",
+        "--micro_batch",
+        "8",
+        "--weight_sharded",
+        "true",
     ],
     "all: moe dp2 tp2 sp2 pp4 ep4, 8 mb, fsdp, full recompute, mixed precision": [
-        "--model", "moe", "--dp", "2", "--tp", "2", "--sp", "2", "--pp", "4", "--ep", "4", "--micro_batch", "8",
-        "--experts", "16", "--weight_sharded", "true", "--activation_recompute", "full", "--mixed_precision", "true",
+        "--model",
+        "moe",
+        "--dp",
+        "2",
+        "--tp",
+        "2",
+        "--sp",
+        "2",
+        "--pp",
+        "4",
+        "--ep",
+        "4",
+        "--micro_batch",
+        "8",
+        "--experts",
+        "16",
+        "--weight_sharded",
+        "true",
+        "--activation_recompute",
+        "full",
+        "--mixed_precision",
+        "true",
     ],
     "interleaved: dp8 tp4 pp4, 8 mb, 2 virtual stages, zero 1": [
-        "--dp", "8", "--tp", "4", "--pp", "4", "--micro_batch", "8", "--pipeline_schedule", "interleaved",
-        "--virtual_stages", "2", "--zero", "1",
+        "--dp",
+        "8",
+        "--tp",
+        "4",
+        "--pp",
+        "4",
+        "--micro_batch",
+        "8",
+        "--pipeline_schedule",
+        "interleaved",
+        "--virtual_stages",
+        "2",
+        "--zero",
+        "1",
     ],
 }
 
@@ -41,14 +105,27 @@ CASES: dict[str, list[str]] = {
 def run(args: list[str]) -> tuple[float, float, int]:
     out = tempfile.mkdtemp(prefix="stg-bench-")
     try:
-        cmd = [sys.executable, "-m", "stg", "generate", *args, "--output_dir", os.path.join(out, "trace")]
+        cmd = [
+            sys.executable,
+            "-m",
+            "stg",
+            "generate",
+            *args,
+            "--output_dir",
+            os.path.join(out, "trace"),
+        ]
         start = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         _, status, usage = os.wait4(proc.pid, 0)
         elapsed = time.perf_counter() - start
         if status != 0:
-            raise SystemExit(f"failed: {' '.join(cmd)}\n{proc.stderr.read().decode() if proc.stderr else ''}")
-        size = sum(os.path.getsize(os.path.join(out, "trace", f)) for f in os.listdir(os.path.join(out, "trace")))
+            raise SystemExit(
+                f"failed: {' '.join(cmd)}\n{proc.stderr.read().decode() if proc.stderr else ''}"
+            )
+        size = sum(
+            os.path.getsize(os.path.join(out, "trace", f))
+            for f in os.listdir(os.path.join(out, "trace"))
+        )
         return elapsed, usage.ru_maxrss / 1024, size
     finally:
         shutil.rmtree(out, ignore_errors=True)

@@ -20,7 +20,7 @@ CROSS_ENTROPY_BACKWARD_FLOPS = 3
 
 
 def causal_scale(b: GraphBuilder) -> sympy.Expr:
-    """Half of the s×s score matrix is computed under causal masking (``--causal true``)."""
+    """Half of the s-by-s score matrix is computed under causal masking (``--causal true``)."""
     return sympy.Rational(1, 2) if b.options.get("causal") else sympy.Integer(1)
 
 
@@ -33,9 +33,15 @@ def embedding(b: GraphBuilder, x: None) -> Tensor:
 
 
 def attention(b: GraphBuilder, x: Tensor) -> Tensor:
-    q = b.einsum("bsh,hak->bsak", x, b.weight("wq", "dmodel head dhead", shard={"head": "tp"}), name="q")
-    k = b.einsum("bsh,hak->bsak", x, b.weight("wk", "dmodel head dhead", shard={"head": "tp"}), name="k")
-    v = b.einsum("bsh,hak->bsak", x, b.weight("wv", "dmodel head dhead", shard={"head": "tp"}), name="v")
+    q = b.einsum(
+        "bsh,hak->bsak", x, b.weight("wq", "dmodel head dhead", shard={"head": "tp"}), name="q"
+    )
+    k = b.einsum(
+        "bsh,hak->bsak", x, b.weight("wk", "dmodel head dhead", shard={"head": "tp"}), name="k"
+    )
+    v = b.einsum(
+        "bsh,hak->bsak", x, b.weight("wv", "dmodel head dhead", shard={"head": "tp"}), name="v"
+    )
     q = b.elementwise("q_bias", q, b.weight("bq", "head dhead", shard={"head": "tp"}))
     k = b.elementwise("k_bias", k, b.weight("bk", "head dhead", shard={"head": "tp"}))
     v = b.elementwise("v_bias", v, b.weight("bv", "head dhead", shard={"head": "tp"}))
@@ -43,7 +49,12 @@ def attention(b: GraphBuilder, x: Tensor) -> Tensor:
         scores = b.einsum("bsak,btak->bast", q, k, name="scores", scale=causal_scale(b))
         probs = b.elementwise("softmax", scores, flops=SOFTMAX_FLOPS, reduce=(-1,))
         ctx = b.einsum("bast,btak->bsak", probs, v, name="context", scale=causal_scale(b))
-    o = b.einsum("bsak,akh->bsh", ctx, b.weight("wo", "head dhead dmodel", shard={"head": "tp"}), name="attn_out")
+    o = b.einsum(
+        "bsak,akh->bsh",
+        ctx,
+        b.weight("wo", "head dhead dmodel", shard={"head": "tp"}),
+        name="attn_out",
+    )
     return b.elementwise("attn_out_bias", b.residual(o), b.weight("bo", "dmodel"))
 
 
@@ -63,7 +74,12 @@ def block(b: GraphBuilder, x: Tensor) -> Tensor:
 def lm_head(b: GraphBuilder, x: Tensor, norm: str = "layernorm") -> Tensor:
     """Final norm, LM head over the vocabulary-parallel weight, and cross-entropy loss."""
     h = getattr(b, norm)(x, "ln_f")
-    logits = b.einsum("bsh,vh->bsv", h, b.weight("lm_head", "dvocal dmodel", shard={"dvocal": "tp"}), name="logits")
+    logits = b.einsum(
+        "bsh,vh->bsv",
+        h,
+        b.weight("lm_head", "dvocal dmodel", shard={"dvocal": "tp"}),
+        name="logits",
+    )
     return b.custom(
         "cross_entropy",
         [logits],

@@ -6,8 +6,9 @@ group of ``head / kvhead`` query heads, and tensor parallelism splits the kvhead
 
 from __future__ import annotations
 
-from stg import hookimpl
 from stg.models.gpt import SOFTMAX_FLOPS, causal_scale, lm_head
+
+from stg import hookimpl
 from stg.records import Model
 from stg.symbolic import GraphBuilder, Tensor
 
@@ -22,7 +23,9 @@ def embedding(b: GraphBuilder, x: None) -> Tensor:
 
 def attention(b: GraphBuilder, x: Tensor) -> Tensor:
     tp = {"kvhead": "tp"}
-    q = b.einsum("bsh,hgrk->bsgrk", x, b.weight("wq", "dmodel kvhead qgroup dhead", shard=tp), name="q")
+    q = b.einsum(
+        "bsh,hgrk->bsgrk", x, b.weight("wq", "dmodel kvhead qgroup dhead", shard=tp), name="q"
+    )
     k = b.einsum("bsh,hgk->bsgk", x, b.weight("wk", "dmodel kvhead dhead", shard=tp), name="k")
     v = b.einsum("bsh,hgk->bsgk", x, b.weight("wv", "dmodel kvhead dhead", shard=tp), name="v")
     q = b.elementwise("rope_q", q, flops=ROPE_FLOPS)
@@ -36,10 +39,14 @@ def attention(b: GraphBuilder, x: Tensor) -> Tensor:
 
 
 def mlp(b: GraphBuilder, x: Tensor) -> Tensor:
-    gate = b.einsum("bsh,hf->bsf", x, b.weight("w1", "dmodel dff", shard={"dff": "tp"}), name="gate")
+    gate = b.einsum(
+        "bsh,hf->bsf", x, b.weight("w1", "dmodel dff", shard={"dff": "tp"}), name="gate"
+    )
     up = b.einsum("bsh,hf->bsf", x, b.weight("w3", "dmodel dff", shard={"dff": "tp"}), name="up")
     act = b.elementwise("swiglu", gate, up, flops=SWIGLU_FLOPS)
-    down = b.einsum("bsf,fh->bsh", act, b.weight("w2", "dff dmodel", shard={"dff": "tp"}), name="down")
+    down = b.einsum(
+        "bsf,fh->bsh", act, b.weight("w2", "dff dmodel", shard={"dff": "tp"}), name="down"
+    )
     return b.residual(down)
 
 

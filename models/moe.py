@@ -10,8 +10,9 @@ per micro-batch; its matmuls cost the full capacity (dropped or padded slots inc
 
 from __future__ import annotations
 
-from stg.api import GraphBuilder, Model, Tensor, hookimpl
 from stg.models import llama
+
+from stg.api import GraphBuilder, Model, Tensor, hookimpl
 
 ROUTER_FLOPS = 6  # softmax over experts and top-k selection, per router logit
 COMBINE_FLOPS = 2  # scale by the gate weight and accumulate, per expert output element
@@ -19,7 +20,13 @@ COMBINE_FLOPS = 2  # scale by the gate weight and accumulate, per expert output 
 
 def moe_mlp(b: GraphBuilder, x: Tensor) -> Tensor:
     logits = b.einsum("bsh,he->bse", x, b.weight("router", "dmodel experts"), name="router")
-    gates = b.custom("router_topk", [logits], "batch seq experts", flops=ROUTER_FLOPS, backward_flops=ROUTER_FLOPS)
+    gates = b.custom(
+        "router_topk",
+        [logits],
+        "batch seq experts",
+        flops=ROUTER_FLOPS,
+        backward_flops=ROUTER_FLOPS,
+    )
     token_axes = b.axes_of(x, "batch", "seq")
     dispatched = b.custom(
         "dispatch",
@@ -31,10 +38,19 @@ def moe_mlp(b: GraphBuilder, x: Tensor) -> Tensor:
         out_shard={"capacity": token_axes},
     )
     ep = {"experts": "ep", "dff": "tp"}
-    gate = b.einsum("ech,ehf->ecf", dispatched, b.weight("w1", "experts dmodel dff", shard=ep), name="expert_gate")
-    up = b.einsum("ech,ehf->ecf", dispatched, b.weight("w3", "experts dmodel dff", shard=ep), name="expert_up")
+    gate = b.einsum(
+        "ech,ehf->ecf",
+        dispatched,
+        b.weight("w1", "experts dmodel dff", shard=ep),
+        name="expert_gate",
+    )
+    up = b.einsum(
+        "ech,ehf->ecf", dispatched, b.weight("w3", "experts dmodel dff", shard=ep), name="expert_up"
+    )
     act = b.elementwise("swiglu", gate, up, flops=llama.SWIGLU_FLOPS)
-    down = b.einsum("ecf,efh->ech", act, b.weight("w2", "experts dff dmodel", shard=ep), name="expert_down")
+    down = b.einsum(
+        "ecf,efh->ech", act, b.weight("w2", "experts dff dmodel", shard=ep), name="expert_down"
+    )
     combined = b.custom(
         "combine",
         [down, gates],
@@ -61,6 +77,6 @@ def stg_register_models(register):  # type: ignore[no-untyped-def]
             embedding=llama.embedding,
             block=block,
             head=llama.head,
-            description="Mixture of experts: Llama attention, top-k routed SwiGLU experts (--experts, --kexperts)",
+            description="Mixture of experts: Llama attention, top-k routed SwiGLU experts",
         )
     )

@@ -36,6 +36,7 @@ import tempfile
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,7 @@ import stg
 from stg.errors import TraceError, UserError
 from stg.records import Predictor
 from stg.system import System, load_system, op_class
-from stg.workload import CollectiveType, Node, NodeType, Workload
+from stg.workload import COMM_TYPES, CollectiveType, Node, NodeType, Workload
 
 COMPUTE, COLL, SEND, RECV, INSTANT = 0, 1, 2, 3, 4
 _KIND_NAMES = {COMPUTE: "compute", COLL: "collective", SEND: "send", RECV: "recv", INSTANT: "other"}
@@ -53,14 +54,26 @@ _KIND_NAMES = {COMPUTE: "compute", COLL: "collective", SEND: "send", RECV: "recv
 # Costs
 
 
-def compute_time(node: Node, system: System, default_dtype: str = "bf16") -> float:
-    """Roofline time of one compute node in seconds."""
+WIDE_DTYPES = frozenset({"fp32", "tf32"})
+
+
+def compute_time(node: Any, system: System, default_dtype: str = "bf16") -> float:
+    """Roofline time of one compute node in seconds.
+
+    A node's dtype is that of its output. A matmul (gemm or attention class) whose output is
+    fp32 in a workload that computes in a narrower dtype is a narrow matmul accumulating into
+    fp32 (e.g. Megatron's weight gradients into fp32 main gradients): it runs at the peak of
+    the workload's compute dtype.
+    """
     if node.num_ops <= 0 and node.tensor_size <= 0:
-        return node.runtime * 1e-6
+        return getattr(node, "runtime", 0) * 1e-6
     flops = 0.0
     if node.num_ops > 0:
-        efficiency = system.compute_efficiency[op_class(node.name, node.num_ops, node.tensor_size)]
-        flops = node.num_ops / (system.peak(node.dtype or default_dtype) * efficiency)
+        kind = op_class(node.name, node.num_ops, node.tensor_size)
+        dtype = node.dtype or default_dtype
+        if kind != "other" and dtype in WIDE_DTYPES and default_dtype not in WIDE_DTYPES:
+            dtype = default_dtype
+        flops = node.num_ops / (system.peak(dtype) * system.compute_efficiency[kind])
     memory = node.tensor_size / (system.hbm_bandwidth * system.memory_efficiency)
     return max(flops, memory) + system.kernel_overhead
 
@@ -143,7 +156,7 @@ class Unit:
     index: int
     rank: int
     ranks: tuple[int, ...]
-    nodes: list[Node]
+    nodes: list[Any]
     rank_class: int | None = None
     stage: int | None = None
     group_keys: dict[int, Any] = field(default_factory=dict)
@@ -249,8 +262,11 @@ def problem_from_workload(workload: Workload, system: System) -> Problem:
     unit_of_rank: dict[int, int] = {}
     for index, members in enumerate(ordered):
         rep = graphs[min(members)]
-        templates = sorted(rep.rank_class.nodes, key=lambda t: t.id)
-        nodes = [rep.resolve(t) for t in templates]
+        templates = list(rep.rank_class.nodes)
+        if any(a.id >= b.id for a, b in pairwise(templates)):
+            templates.sort(key=lambda t: t.id)
+        # only communication nodes differ between ranks: resolve just those
+        nodes = [rep.resolve(t) if t.type in COMM_TYPES else t for t in templates]
         keys = {
             i: tuple(sorted(t.group_axes))
             for i, t in enumerate(templates)
@@ -370,7 +386,17 @@ class _Sim:
             t = node.type
             if t in (NodeType.COMP, NodeType.MEM_LOAD, NodeType.MEM_STORE):
                 kind[i] = COMPUTE
-                duration[i] = compute_time(node, system, self.default_dtype)
+                ckey = (
+                    node.name.rsplit("/", 1)[-1],
+                    node.num_ops,
+                    node.tensor_size,
+                    node.dtype,
+                    getattr(node, "runtime", 0),
+                )
+                cost = cost_cache.get(ckey)
+                if cost is None:
+                    cost = cost_cache[ckey] = compute_time(node, system, self.default_dtype)
+                duration[i] = cost
             elif t is NodeType.COMM_COLL:
                 if node.comm_group is None or node.comm_type is None:
                     raise TraceError(

@@ -108,7 +108,16 @@ def _backward_op(b: GraphBuilder, op: Op, dy: Tensor | None, grads: _Grads) -> N
                 spec = ",".join([out_letters, *(lt for lt, _ in others)]) + "->" + letters[i]
                 operands = [dy, *(t for _, t in others)]
             out_dtype = b.grad_dtype if x.kind == "weight" else None
-            grads.add(x, b.einsum(spec, *operands, name=f"{name}.grad_{x.name}", scale=op.scale, out_dtype=out_dtype))
+            grads.add(
+                x,
+                b.einsum(
+                    spec,
+                    *operands,
+                    name=f"{name}.grad_{x.name}",
+                    scale=op.scale,
+                    out_dtype=out_dtype,
+                ),
+            )
     elif op.kind == "elementwise":
         assert dy is not None
         x = op.inputs[0]
@@ -116,7 +125,14 @@ def _backward_op(b: GraphBuilder, op: Op, dy: Tensor | None, grads: _Grads) -> N
         reduce_names = list(op.reduce_dims)
         share = op.backward_flops_per_element / max(len(full), 1)
         for t in full:
-            g = b.elementwise(f"{name}.grad_{t.name}", dy, *op.inputs, flops=share, backward_flops=0, reduce=reduce_names)
+            g = b.elementwise(
+                f"{name}.grad_{t.name}",
+                dy,
+                *op.inputs,
+                flops=share,
+                backward_flops=0,
+                reduce=reduce_names,
+            )
             grads.add(t, b.reshard(g, grad_sharding(t)))
         for t in op.inputs:
             if t.dims != x.dims and _needs_grad(t):

@@ -96,7 +96,9 @@ def build_parts(model: Model, plan: ParallelPlan) -> ModelParts:
             seed.kind = "grad"
             build_backward(b, seed=seed)
         build_grad_reduction(b, zero_axes)
-        bound[name] = bind_part(b.part, binder, seed, optimizer_split=plan.degrees["dp"] if zero_axes else 1)
+        bound[name] = bind_part(
+            b.part, binder, seed, optimizer_split=plan.degrees["dp"] if zero_axes else 1
+        )
     master, state, grad = (DTYPE_BYTES[precision[k]] for k in ("master", "optimizer", "grad"))
     # Adam reads and writes the master weights and both moments and reads the gradient; with
     # mixed precision it also writes the 16-bit working copy of the weights.
@@ -131,11 +133,14 @@ def build_workload(
     schedule: PipelineSchedule = registry.schedules.get(options.pipeline_schedule)
     parts = build_parts(model, plan)
     stages = plan.stages
-    orders = [schedule.order(s, stages, plan.micro_batches, plan.chunks_per_stage) for s in range(stages)]
+    orders = [
+        schedule.order(s, stages, plan.micro_batches, plan.chunks_per_stage) for s in range(stages)
+    ]
     total_steps = sum(len(o) for o in orders)
     done = 0
     classes = []
     for stage in range(stages):
+
         def tick() -> None:
             nonlocal done
             done += 1

@@ -25,9 +25,7 @@ def parse_rank_order(text: str) -> tuple[str, ...]:
     """Parse ``"tp,sp,ep,dp,pp"``; every axis exactly once."""
     order = tuple(part.strip() for part in text.split(",") if part.strip())
     if sorted(order) != sorted(AXES):
-        raise LayoutError(
-            f"rank_order={text!r} must list each of {','.join(AXES)} exactly once"
-        )
+        raise LayoutError(f"rank_order={text!r} must list each of {','.join(AXES)} exactly once")
     return order
 
 

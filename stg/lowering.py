@@ -43,7 +43,9 @@ class Binder:
         if cached is None:
             value = sympy.sympify(sympy.sympify(d.size).xreplace(self.values))
             if not value.is_Integer:
-                raise OptionError(f"{DIM_OPTION.get(d.name, d.name)}={value} must be a whole number")
+                raise OptionError(
+                    f"{DIM_OPTION.get(d.name, d.name)}={value} must be a whole number"
+                )
             cached = self._dims[d.size] = int(value)
         return cached
 
@@ -53,9 +55,7 @@ class Binder:
         size = self.size(d)
         if size % split:
             who = "·".join(axes)
-            raise OptionError(
-                f"{who}={split} must divide {DIM_OPTION.get(d.name, d.name)}={size}"
-            )
+            raise OptionError(f"{who}={split} must divide {DIM_OPTION.get(d.name, d.name)}={size}")
         return size // split
 
     def numel(self, t: Tensor) -> int:
@@ -118,7 +118,9 @@ def bind_ops(ops: Iterable[Op], binder: Binder) -> list[BoundOp]:
                 )
             )
         else:
-            moved = sum(binder.nbytes(t) for t in op.inputs if t.kind != "index") + binder.nbytes(op.output)
+            moved = sum(binder.nbytes(t) for t in op.inputs if t.kind != "index") + binder.nbytes(
+                op.output
+            )
             moved += sum(binder.numel(t) * 4 for t in op.inputs if t.kind == "index")
             bound.append(
                 BoundOp(
@@ -166,7 +168,9 @@ def fuse(ops: list[BoundOp], group_of: Callable[[BoundOp], object | None]) -> li
             kind = first.comm_type.name.lower() if first.comm_type is not None else first.name
             out.append(
                 BoundOp(
-                    f"{kind}_{axes}:{len(members)}_tensors" if first.comm_type is not None else first.name,
+                    f"{kind}_{axes}:{len(members)}_tensors"
+                    if first.comm_type is not None
+                    else first.name,
                     first.type,
                     inputs,
                     outputs,
@@ -217,11 +221,15 @@ class BoundPart:
         attention core (selective recompute) or everything (full recompute)."""
         if recompute == "full":
             return self.forward
-        tags = {"weight_gather", "core_attention"} if recompute == "selective" else {"weight_gather"}
+        tags = (
+            {"weight_gather", "core_attention"} if recompute == "selective" else {"weight_gather"}
+        )
         return [op for op in self.forward if op.tags & tags]
 
 
-def bind_part(part: Part, binder: Binder, seed: Tensor | None, optimizer_split: int = 1) -> BoundPart:
+def bind_part(
+    part: Part, binder: Binder, seed: Tensor | None, optimizer_split: int = 1
+) -> BoundPart:
     grads = tuple(key(g) for g in part.weight_grads.values())
     input_tensor = next((t for t in part.inputs if t.kind == "input"), None)
     boundary = part.output if part.output is not None else input_tensor
@@ -284,7 +292,9 @@ class _Nodes:
             if previous is not None and previous not in deps and previous not in ctrl:
                 ctrl.append(previous)
             self.last_coll[axes] = nid
-        self.nodes.append(NodeTemplate(id=nid, data_deps=deps, ctrl_deps=tuple(ctrl), **template_fields))
+        self.nodes.append(
+            NodeTemplate(id=nid, data_deps=deps, ctrl_deps=tuple(ctrl), **template_fields)
+        )
         if node_type is NodeType.COMP:
             self.last_comp = nid
         return nid
@@ -473,7 +483,10 @@ def lower_stage(
         nodes=tuple(out.nodes),
         facts={
             "parameters": params,
-            "layers": sum(len(plan.chunk_layers(c * plan.stages + stage)) for c in range(plan.chunks_per_stage)),
+            "layers": sum(
+                len(plan.chunk_layers(c * plan.stages + stage))
+                for c in range(plan.chunks_per_stage)
+            ),
             "has_embedding": stage == 0,
             "has_head": plan.chunk_stage(plan.chunks - 1) == stage,
             "micro_batches": plan.micro_batches,
@@ -488,14 +501,20 @@ def stage_parts(stage: int, plan: ParallelPlan, parts: ModelParts) -> list[tuple
     if stage == 0:
         out.append(("embedding/", parts.embedding))
     for chunk in range(plan.chunks_per_stage):
-        out.extend((f"layer{layer}/", parts.block) for layer in plan.chunk_layers(chunk * plan.stages + stage))
+        out.extend(
+            (f"layer{layer}/", parts.block)
+            for layer in plan.chunk_layers(chunk * plan.stages + stage)
+        )
     if plan.chunk_stage(plan.chunks - 1) == stage:
         out.append(("head/", parts.head))
     return out
 
 
-def stage_parameters(stage: int, plan: ParallelPlan, parts: ModelParts, optimizer: bool = False) -> int:
+def stage_parameters(
+    stage: int, plan: ParallelPlan, parts: ModelParts, optimizer: bool = False
+) -> int:
     """Weight elements stored on one rank of ``stage`` (``optimizer``: those it updates)."""
     return sum(
-        bp.optimizer_parameters if optimizer else bp.parameters for _, bp in stage_parts(stage, plan, parts)
+        bp.optimizer_parameters if optimizer else bp.parameters
+        for _, bp in stage_parts(stage, plan, parts)
     )

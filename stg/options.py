@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-
-
 from stg.errors import UserError
 
 

@@ -16,7 +16,13 @@ from stg.options import GenerateOptions, OptionError
 from stg.symbolic import DTYPE_BYTES
 
 MAX_TAG = 500_000_000
-RECOMPUTE = {"none": "none", "false": "none", "selective": "selective", "full": "full", "true": "full"}
+RECOMPUTE = {
+    "none": "none",
+    "false": "none",
+    "selective": "selective",
+    "full": "full",
+    "true": "full",
+}
 
 
 @dataclass(frozen=True)
@@ -85,17 +91,34 @@ def make_plan(o: GenerateOptions) -> ParallelPlan:
     """Check the options against each other and derive the plan; raise OptionError otherwise."""
     degrees = {"dp": o.dp, "tp": o.tp, "sp": o.sp, "pp": o.pp, "ep": o.ep}
     for axis in AXES:
-        _require(isinstance(degrees[axis], int) and degrees[axis] >= 1, f"{axis}={degrees[axis]} must be a positive integer")
-    for name in ("dvocal", "dmodel", "dff", "batch", "seq", "head", "kvhead", "num_stacks", "experts", "kexperts"):
+        _require(
+            isinstance(degrees[axis], int) and degrees[axis] >= 1,
+            f"{axis}={degrees[axis]} must be a positive integer",
+        )
+    for name in (
+        "dvocal",
+        "dmodel",
+        "dff",
+        "batch",
+        "seq",
+        "head",
+        "kvhead",
+        "num_stacks",
+        "experts",
+        "kexperts",
+    ):
         value = getattr(o, name)
-        _require(isinstance(value, int) and value >= 1, f"{name}={value} must be a positive integer")
+        _require(
+            isinstance(value, int) and value >= 1, f"{name}={value} must be a positive integer"
+        )
     micro_batch = o.micro_batch or o.batch
     _require(micro_batch >= 1, f"micro_batch={micro_batch} must be a positive integer")
     _require(o.batch % micro_batch == 0, f"micro_batch={micro_batch} must divide batch={o.batch}")
     replicas = o.dp * o.ep
     _require(
         micro_batch % replicas == 0,
-        f"dp·ep={replicas} must divide micro_batch={micro_batch} (each data-parallel replica needs whole samples)",
+        f"dp·ep={replicas} must divide micro_batch={micro_batch} "
+        "(each data-parallel replica needs whole samples)",
     )
     _require(o.dmodel % o.head == 0, f"head={o.head} must divide dmodel={o.dmodel}")
     _require(o.head % o.kvhead == 0, f"kvhead={o.kvhead} must divide head={o.head}")
@@ -109,7 +132,8 @@ def make_plan(o: GenerateOptions) -> ParallelPlan:
     chunks = o.pp * o.virtual_stages
     _require(
         chunks <= o.num_stacks,
-        f"pp={o.pp}" + (f"·virtual_stages={o.virtual_stages}" if o.virtual_stages > 1 else "")
+        f"pp={o.pp}"
+        + (f"·virtual_stages={o.virtual_stages}" if o.virtual_stages > 1 else "")
         + f" must not exceed num_stacks={o.num_stacks}",
     )
     recompute = RECOMPUTE.get(str(o.activation_recompute).lower())
@@ -122,10 +146,13 @@ def make_plan(o: GenerateOptions) -> ParallelPlan:
         o.grad_reduce_dtype is None or o.grad_reduce_dtype in DTYPE_BYTES,
         f"grad_reduce_dtype={o.grad_reduce_dtype!r} must be one of {', '.join(DTYPE_BYTES)}",
     )
-    _require(o.zero in (0, 1, 2), f"zero={o.zero} must be one of 0, 1, 2 (use weight_sharded for ZeRO-3)")
+    _require(
+        o.zero in (0, 1, 2), f"zero={o.zero} must be one of 0, 1, 2 (use weight_sharded for ZeRO-3)"
+    )
     _require(
         not (o.zero and o.weight_sharded),
-        f"zero={o.zero} cannot be combined with weight_sharded (which already shards everything, ZeRO-3)",
+        f"zero={o.zero} cannot be combined with weight_sharded "
+        "(which already shards everything, ZeRO-3)",
     )
     _require(o.kexperts <= o.experts, f"kexperts={o.kexperts} must not exceed experts={o.experts}")
     _require(o.capacity_factor > 0, f"capacity_factor={o.capacity_factor} must be positive")
@@ -139,11 +166,14 @@ def make_plan(o: GenerateOptions) -> ParallelPlan:
         m = o.batch // micro_batch
         _require(
             m % o.pp == 0,
-            f"pipeline_schedule=interleaved needs the number of micro-batches ({m}) divisible by pp={o.pp}",
+            f"pipeline_schedule=interleaved needs the number of micro-batches ({m}) "
+            f"divisible by pp={o.pp}",
         )
     parse_rank_order(o.rank_order)
     m = o.batch // micro_batch
-    _require(2 * m * chunks < MAX_TAG, f"too many micro-batches ({m}) for send/recv tags below {MAX_TAG}")
+    _require(
+        2 * m * chunks < MAX_TAG, f"too many micro-batches ({m}) for send/recv tags below {MAX_TAG}"
+    )
     base, extra = divmod(o.num_stacks, chunks)
     layers = tuple(base + (1 if c < extra else 0) for c in range(chunks))
     _require(prod(degrees.values()) >= 1, "world size must be positive")

@@ -62,7 +62,11 @@ def interleaved(stage: int, stages: int, micro_batches: int, chunks: int) -> lis
 
 @hookimpl
 def stg_register_parallelisms(register):  # type: ignore[no-untyped-def]
-    register(PipelineSchedule("1f1b", one_f_one_b, "1F1B (PipeDream-Flush): warm-up, steady 1F1B, cool-down"))
+    register(
+        PipelineSchedule(
+            "1f1b", one_f_one_b, "1F1B (PipeDream-Flush): warm-up, steady 1F1B, cool-down"
+        )
+    )
     register(PipelineSchedule("gpipe", gpipe, "GPipe: all forwards, then all backwards"))
     register(
         PipelineSchedule(

@@ -93,7 +93,9 @@ def plan_reshard(src: Sharding, dst: Sharding) -> list[ReshardStep]:
                 tuple(a | {axis} if i == target else a for i, a in enumerate(cur.dims)),
                 cur.partial - {axis},
             )
-            steps.append(ReshardStep(CollectiveType.REDUCE_SCATTER, frozenset({axis}), target, None, cur))
+            steps.append(
+                ReshardStep(CollectiveType.REDUCE_SCATTER, frozenset({axis}), target, None, cur)
+            )
         else:
             reduce_all.add(axis)
     if reduce_all:
@@ -112,10 +114,14 @@ def plan_reshard(src: Sharding, dst: Sharding) -> list[ReshardStep]:
                     ),
                     cur.partial,
                 )
-                steps.append(ReshardStep(CollectiveType.ALL_TO_ALL, frozenset({axis}), index, target, cur))
+                steps.append(
+                    ReshardStep(CollectiveType.ALL_TO_ALL, frozenset({axis}), index, target, cur)
+                )
             else:
                 gather.add(axis)
         if gather:
             cur = cur.with_dim(index, cur.dims[index] - gather)
-            steps.append(ReshardStep(CollectiveType.ALL_GATHER, frozenset(gather), index, None, cur))
+            steps.append(
+                ReshardStep(CollectiveType.ALL_GATHER, frozenset(gather), index, None, cur)
+            )
     return steps

@@ -38,6 +38,10 @@ MicroBatch, Seq, Dmodel, Dff, Head, KVHead, Dvocal, Experts, KExperts, Capacity 
 )
 
 
+ONE = sympy.Integer(1)
+ZERO = sympy.Integer(0)
+
+
 @dataclass(frozen=True)
 class Dim:
     """A named tensor dimension with a symbolic global size."""
@@ -106,9 +110,9 @@ class Op:
     phase: str = "forward"
     tags: frozenset[str] = frozenset()
     spec: str = ""
-    scale: sympy.Expr = sympy.Integer(1)
-    flops_per_element: sympy.Expr = sympy.Integer(0)
-    backward_flops_per_element: sympy.Expr = sympy.Integer(0)
+    scale: sympy.Expr = ONE
+    flops_per_element: sympy.Expr = ZERO
+    backward_flops_per_element: sympy.Expr = ZERO
     reduce_dims: tuple[int, ...] = ()
     grad_inputs: tuple[int, ...] = ()
     collective: CollectiveType | None = None
@@ -217,7 +221,9 @@ class GraphBuilder:
         phases[self._phase].append(op)
         return op.output
 
-    def _new(self, name: str, dims: tuple[Dim, ...], sharding: Sharding, dtype: str | None = None) -> Tensor:
+    def _new(
+        self, name: str, dims: tuple[Dim, ...], sharding: Sharding, dtype: str | None = None
+    ) -> Tensor:
         return Tensor(self._unique(name), dims, sharding, dtype or self.dtype)
 
     @contextmanager
@@ -242,7 +248,12 @@ class GraphBuilder:
             self._phase = saved
 
     # ----------------------------------------------------------------- leaves
-    def input(self, name: str, dims: str | Sequence[Dim | str], shard: Mapping[str, Iterable[str] | str] | None = None) -> Tensor:
+    def input(
+        self,
+        name: str,
+        dims: str | Sequence[Dim | str],
+        shard: Mapping[str, Iterable[str] | str] | None = None,
+    ) -> Tensor:
         """An input of this part (activation from the previous part, tokens, a gradient)."""
         dim_tuple = self._dims(dims)
         sharding = Sharding(tuple(self._axes((shard or {}).get(d.name)) for d in dim_tuple))
@@ -262,16 +273,29 @@ class GraphBuilder:
         tokens.kind = "index"
         return tokens
 
-    def weight(self, name: str, dims: str | Sequence[Dim | str], shard: Mapping[str, Iterable[str] | str] | None = None) -> Tensor:
+    def weight(
+        self,
+        name: str,
+        dims: str | Sequence[Dim | str],
+        shard: Mapping[str, Iterable[str] | str] | None = None,
+    ) -> Tensor:
         """A parameter. ``shard`` maps dimension names to the mesh axes that split them,
         e.g. ``{"dff": "tp"}`` for a column-parallel weight."""
         dim_tuple = self._dims(dims)
         sharding = Sharding(tuple(self._axes((shard or {}).get(d.name)) for d in dim_tuple))
         if not self.fsdp_axes:
-            tensor = Tensor(self._unique(name), dim_tuple, sharding, self.weight_dtype, kind="weight")
+            tensor = Tensor(
+                self._unique(name), dim_tuple, sharding, self.weight_dtype, kind="weight"
+            )
             self.part.weights.append(tensor)
             return tensor
-        stored = Tensor(self._unique(name), dim_tuple, shard_further(sharding, self.fsdp_axes), self.weight_dtype, kind="weight")
+        stored = Tensor(
+            self._unique(name),
+            dim_tuple,
+            shard_further(sharding, self.fsdp_axes),
+            self.weight_dtype,
+            kind="weight",
+        )
         self.part.weights.append(stored)
         with self.tag("weight_gather"):
             gathered = self.reshard(stored, sharding)
@@ -304,7 +328,12 @@ class GraphBuilder:
             current = out
         if current.sharding != target:  # only free slices/partial marks remain
             current = Tensor(
-                current.name, current.dims, target, current.dtype, current.kind, current.producer,
+                current.name,
+                current.dims,
+                target,
+                current.dtype,
+                current.kind,
+                current.producer,
                 base=current.base or current,
             )
         self._reshard_cache[key] = current
@@ -336,14 +365,18 @@ class GraphBuilder:
         lhs, out_letters = spec.replace(" ", "").split("->")
         in_letters = lhs.split(",")
         if len(in_letters) != len(operands):
-            raise ValueError(f"einsum {spec!r} expects {len(in_letters)} operands, got {len(operands)}")
+            raise ValueError(
+                f"einsum {spec!r} expects {len(in_letters)} operands, got {len(operands)}"
+            )
         letter_dim: dict[str, Dim] = {}
         for letters, t in zip(in_letters, operands, strict=True):
             if len(letters) != len(t.dims) or len(set(letters)) != len(letters):
                 raise ValueError(f"einsum {spec!r}: {letters!r} does not fit {t!r}")
             for letter, d in zip(letters, t.dims, strict=True):
                 if letter_dim.setdefault(letter, d).size != d.size:
-                    raise ValueError(f"einsum {spec!r}: letter {letter!r} is {letter_dim[letter]} and {d}")
+                    raise ValueError(
+                        f"einsum {spec!r}: letter {letter!r} is {letter_dim[letter]} and {d}"
+                    )
         order = sorted(range(len(operands)), key=lambda i: (operands[i].kind != "weight", i))
         owner: dict[str, str] = {}
         letter_axes: dict[str, set[str]] = {}
@@ -356,16 +389,28 @@ class GraphBuilder:
         resolved = []
         for letters, t in zip(in_letters, operands, strict=True):
             target = Sharding(tuple(frozenset(letter_axes.get(c, ())) for c in letters))
-            resolved.append(t if t.kind == "weight" and t.sharding == target else self.reshard(t, target))
+            resolved.append(
+                t if t.kind == "weight" and t.sharding == target else self.reshard(t, target)
+            )
         out_dims = tuple(letter_dim[c] for c in out_letters)
-        partial = frozenset(a for c, axes in letter_axes.items() if c not in out_letters for a in axes)
-        out_sharding = Sharding(tuple(frozenset(letter_axes.get(c, ())) for c in out_letters), partial)
+        partial = frozenset(
+            a for c, axes in letter_axes.items() if c not in out_letters for a in axes
+        )
+        out_sharding = Sharding(
+            tuple(frozenset(letter_axes.get(c, ())) for c in out_letters), partial
+        )
         out = self._new(name, out_dims, out_sharding, out_dtype)
-        return self._emit(Op("einsum", name, tuple(resolved), out, spec=spec, scale=sympy.sympify(scale)))
+        return self._emit(
+            Op("einsum", name, tuple(resolved), out, spec=spec, scale=sympy.sympify(scale))
+        )
 
-    def _broadcast_target(self, main: Sharding, main_dims: tuple[Dim, ...], other: Tensor) -> Sharding:
+    def _broadcast_target(
+        self, main: Sharding, main_dims: tuple[Dim, ...], other: Tensor
+    ) -> Sharding:
         offset = len(main_dims) - len(other.dims)
-        if offset < 0 or any(main_dims[offset + i].size != d.size for i, d in enumerate(other.dims)):
+        if offset < 0 or any(
+            main_dims[offset + i].size != d.size for i, d in enumerate(other.dims)
+        ):
             raise ValueError(f"{other!r} does not broadcast against {main_dims}")
         return Sharding(main.dims[offset:])
 
@@ -389,18 +434,29 @@ class GraphBuilder:
         reduce_idx = tuple(
             sorted(
                 {r % n for r in reduce if isinstance(r, int)}
-                | {i for i, d in enumerate(x.dims) if d.name in {r for r in reduce if isinstance(r, str)}}
+                | {
+                    i
+                    for i, d in enumerate(x.dims)
+                    if d.name in {r for r in reduce if isinstance(r, str)}
+                }
             )
         )
-        target = Sharding(tuple(NO_AXES if i in reduce_idx else a for i, a in enumerate(x.sharding.dims)))
+        target = Sharding(
+            tuple(NO_AXES if i in reduce_idx else a for i, a in enumerate(x.sharding.dims))
+        )
         x_r = self.reshard(x, target)
         rest = tuple(
-            o if o.kind == "weight" and o.sharding == self._broadcast_target(target, x.dims, o)
+            o
+            if o.kind == "weight" and o.sharding == self._broadcast_target(target, x.dims, o)
             else self.reshard(o, self._broadcast_target(target, x.dims, o))
             for o in others
         )
         out = self._new(name, x.dims, target, out_dtype)
-        bwd = sympy.sympify(backward_flops) if backward_flops is not None else 2 * sympy.sympify(flops)
+        bwd = (
+            sympy.sympify(backward_flops)
+            if backward_flops is not None
+            else 2 * sympy.sympify(flops)
+        )
         return self._emit(
             Op(
                 "elementwise",
@@ -431,7 +487,14 @@ class GraphBuilder:
         resolved = tuple(self.reshard(t, target) for t in terms)
         out = self._new(name, first.dims, target)
         return self._emit(
-            Op("add", name, resolved, out, flops_per_element=sympy.Integer(len(terms) - 1), grad_inputs=tuple(range(len(terms))))
+            Op(
+                "add",
+                name,
+                resolved,
+                out,
+                flops_per_element=sympy.Integer(len(terms) - 1),
+                grad_inputs=tuple(range(len(terms))),
+            )
         )
 
     def gather(self, table: Tensor, ids: Tensor, name: str = "embedding") -> Tensor:
@@ -471,7 +534,10 @@ class GraphBuilder:
         if out_shard is not None:
             out_sharding = self.sharding(dims, out_shard)
         if out_sharding is None:
-            by_name = {d.name: axes for d, axes in zip(resolved[0].dims, resolved[0].sharding.dims, strict=True)}
+            by_name = {
+                d.name: axes
+                for d, axes in zip(resolved[0].dims, resolved[0].sharding.dims, strict=True)
+            }
             out_sharding = Sharding(tuple(by_name.get(d.name, NO_AXES) for d in dims))
         out = self._new(name, dims, out_sharding, out_dtype)
         return self._emit(
@@ -486,16 +552,29 @@ class GraphBuilder:
             )
         )
 
-    def sharding(self, dims: str | Sequence[Dim | str], shard: Mapping[str, Iterable[str] | str]) -> Sharding:
+    def sharding(
+        self, dims: str | Sequence[Dim | str], shard: Mapping[str, Iterable[str] | str]
+    ) -> Sharding:
         """A sharding of ``dims`` from dimension name -> axes (inactive axes dropped)."""
         return Sharding(tuple(self._axes(shard.get(d.name)) for d in self._dims(dims)))
 
     def axes_of(self, t: Tensor, *dim_names: str) -> frozenset[str]:
         """The axes that split the named dimensions of ``t`` (e.g. all token axes)."""
-        return frozenset(a for d, axes in zip(t.dims, t.sharding.dims, strict=True) if d.name in dim_names for a in axes)
+        return frozenset(
+            a
+            for d, axes in zip(t.dims, t.sharding.dims, strict=True)
+            if d.name in dim_names
+            for a in axes
+        )
 
     def reduce_to(
-        self, name: str, source: Tensor, like: Tensor, *saved: Tensor, flops: sympy.Expr | float = 1, dtype: str | None = None
+        self,
+        name: str,
+        source: Tensor,
+        like: Tensor,
+        *saved: Tensor,
+        flops: sympy.Expr | float = 1,
+        dtype: str | None = None,
     ) -> Tensor:
         """Sum ``source`` over its leading dimensions down to the shape of ``like`` (the gradient
         of a broadcast operand). Axes that split the summed dimensions become partial."""
@@ -503,7 +582,9 @@ class GraphBuilder:
         summed = frozenset(a for axes in source.sharding.dims[:offset] for a in axes)
         sharding = Sharding(source.sharding.dims[offset:], summed | source.sharding.partial)
         out = self._new(name, like.dims, sharding, dtype or like.dtype)
-        return self._emit(Op("elementwise", name, (source, *saved), out, flops_per_element=sympy.sympify(flops)))
+        return self._emit(
+            Op("elementwise", name, (source, *saved), out, flops_per_element=sympy.sympify(flops))
+        )
 
     def scatter_add(self, name: str, source: Tensor, ids: Tensor, table: Tensor) -> Tensor:
         """Add the rows of ``source`` into a tensor shaped like ``table`` at ``ids`` (the
@@ -511,7 +592,9 @@ class GraphBuilder:
         summed = frozenset(a for axes in source.sharding.dims[: len(ids.dims)] for a in axes)
         sharding = Sharding(table.sharding.dims, summed)
         out = self._new(name, table.dims, sharding, self.grad_dtype)
-        return self._emit(Op("elementwise", name, (source, ids), out, flops_per_element=sympy.Integer(1)))
+        return self._emit(
+            Op("elementwise", name, (source, ids), out, flops_per_element=sympy.Integer(1))
+        )
 
     # ----------------------------------------------------------------- conveniences
     def layernorm(self, x: Tensor, name: str = "layernorm") -> Tensor:
@@ -531,7 +614,11 @@ class GraphBuilder:
         parallelism the reduce-scatter."""
         target = Sharding(
             tuple(
-                self.data_axes if d.name == "batch" else self.seq_axes if d.name == "seq" else NO_AXES
+                self.data_axes
+                if d.name == "batch"
+                else self.seq_axes
+                if d.name == "seq"
+                else NO_AXES
                 for d in x.dims
             )
         )

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import re
 from collections import defaultdict, deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -138,29 +138,41 @@ class _Checker:
 
     # -- one rank --------------------------------------------------------------------------
 
-    def structure(self, rank: int | None, nodes: Sequence[Node], where: str = "") -> None:
-        """Ids, deps and acyclicity of one rank's graph."""
+    def structure(
+        self,
+        rank: int | None,
+        nodes: Sequence[tuple[int, tuple[int, ...], tuple[int, ...]]],
+        where: str = "",
+    ) -> None:
+        """Ids, deps and acyclicity of one rank's graph, given ``(id, data_deps, ctrl_deps)``
+        per node."""
         ids: set[int] = set()
-        for n in nodes:
-            if n.id in ids:
-                self.add("duplicate-id", f"node id {n.id} appears more than once{where}", rank,
-                         n.id)
-            ids.add(n.id)
+        for nid, _, _ in nodes:
+            if nid in ids:
+                self.add("duplicate-id", f"node id {nid} appears more than once{where}", rank,
+                         nid)
+            ids.add(nid)
         parents: dict[int, list[int]] = {}
-        for n in nodes:
+        for nid, data_deps, ctrl_deps in nodes:
+            plist = parents.setdefault(nid, [])
+            if not ctrl_deps and len(set(data_deps)) == len(data_deps) and ids.issuperset(
+                data_deps
+            ):
+                plist.extend(data_deps)  # the common case, checked in bulk
+                continue
             seen: set[int] = set()
-            for kind, deps in (("data", n.data_deps), ("ctrl", n.ctrl_deps)):
+            for kind, deps in (("data", data_deps), ("ctrl", ctrl_deps)):
                 for dep in deps:
                     if dep in seen:
-                        self.add("repeated-dep", f"node {n.id} lists parent {dep} twice "
-                                 f"({kind} deps){where}", rank, n.id)
+                        self.add("repeated-dep", f"node {nid} lists parent {dep} twice "
+                                 f"({kind} deps){where}", rank, nid)
                         continue
                     seen.add(dep)
-                    if dep not in ids:
-                        self.add("dangling-dep", f"node {n.id} has {kind} dep {dep}, which is "
-                                 f"not a node of this rank{where}", rank, n.id)
-            parents.setdefault(n.id, [])
-            parents[n.id].extend(d for d in seen if d in ids)
+                    if dep in ids:
+                        plist.append(dep)
+                    else:
+                        self.add("dangling-dep", f"node {nid} has {kind} dep {dep}, which is "
+                                 f"not a node of this rank{where}", rank, nid)
         self._acyclic(rank, parents, where)
 
     def _acyclic(self, rank: int | None, parents: Mapping[int, list[int]], where: str) -> None:
@@ -434,11 +446,14 @@ def read_comm_groups(path: Path) -> dict[int, tuple[int, ...]]:
     return groups
 
 
-def validate_trace(path_or_prefix: str | Path) -> ValidationReport:
+def validate_trace(
+    path_or_prefix: str | Path, progress: Callable[[str, int, int], None] | None = None
+) -> ValidationReport:
     """Validate every rank file of a trace on disk (see module doc).
 
     Raises :class:`UserError` when no rank file is found; everything wrong inside the files
-    is reported as violations.
+    is reported as violations. ``progress(label, done, total)`` is called after each rank
+    file.
     """
     files, group_path = find_rank_files(path_or_prefix)
     report = ValidationReport(ranks=len(files), files=[str(f) for f in files if f])
@@ -460,13 +475,15 @@ def validate_trace(path_or_prefix: str | Path) -> ValidationReport:
             for n in iter_nodes(path, format=fmt):
                 kinds = getattr(n.attrs, "field_kinds", {}) if fmt == "v0.0.4" else None
                 checker.comm_node(rank, n, comm, kinds)
-                nodes.append(_skeleton(n))
+                nodes.append((n.id, n.data_deps, n.ctrl_deps))
         except TraceError as exc:
             checker.add("file", str(exc), rank)
             continue
         report.nodes += len(nodes)
         checker.structure(rank, nodes)
         comms[index] = comm
+        if progress is not None:
+            progress("validating rank files", index + 1, len(files))
     groups: dict[int, tuple[int, ...]] = {}
     used = _used_groups(comms)
     if group_path is not None:
@@ -479,7 +496,11 @@ def validate_trace(path_or_prefix: str | Path) -> ValidationReport:
         elif any(g != WORLD for g in used):
             checker.add("comm-group", f"comm-group file {group_path} is missing but collectives "
                         "use groups " + ", ".join(str(g) for g in sorted(used) if g != WORLD))
-    if cross_rank:
+    unreadable = [v.rank for v in report.errors if v.check == "file"]
+    if cross_rank and unreadable:
+        checker.add("file", f"cross-rank checks skipped: rank files {unreadable} are unreadable",
+                    severity="warning")
+    elif cross_rank:
         checker.groups(groups, used)
         checker.collectives(groups, comms, range(len(files)))
         checker.point_to_point(comms)
@@ -489,11 +510,6 @@ def validate_trace(path_or_prefix: str | Path) -> ValidationReport:
 def _rank_in_name(name: str) -> int | None:
     m = re.search(r"\.(0|[1-9][0-9]*)\.(et|json)(\.gz)?$", name)
     return int(m.group(1)) if m else None
-
-
-def _skeleton(n: Node) -> Node:
-    """What the structural checks need, without attrs (bounded memory per rank)."""
-    return Node(id=n.id, name="", type=n.type, data_deps=n.data_deps, ctrl_deps=n.ctrl_deps)
 
 
 def _used_groups(comms: Mapping[int, _RankComm]) -> dict[int, set[int]]:
@@ -522,8 +538,11 @@ def validate_workload(workload: Workload) -> ValidationReport:
         report.nodes += len(rank_class.nodes)
         if rank_class.index not in checked:
             checked.add(rank_class.index)
-            checker.structure(graph.rank, list(graph.nodes()),
-                              f" (rank class {rank_class.index})")
+            checker.structure(
+                graph.rank,
+                [(t.id, t.data_deps, t.ctrl_deps) for t in rank_class.nodes],
+                f" (rank class {rank_class.index})",
+            )
         comm = _RankComm()
         for template in rank_class.nodes:
             if template.type in (NodeType.COMM_COLL, NodeType.COMM_SEND, NodeType.COMM_RECV):

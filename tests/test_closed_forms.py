@@ -49,7 +49,9 @@ def parts(flops, gemms):
 
 LAYOUTS = [
     dict(dp=dp, tp=tp, pp=pp, tpsp=tpsp, micro_batch=8 // m)
-    for dp, tp, pp, tpsp, m in itertools.product((1, 2, 4), (1, 2, 4), (1, 2, 4), (True, False), (1, 2, 4))
+    for dp, tp, pp, tpsp, m in itertools.product(
+        (1, 2, 4), (1, 2, 4), (1, 2, 4), (True, False), (1, 2, 4)
+    )
     if (8 // m) % dp == 0 and not (tp == 1 and not tpsp)
 ]
 
@@ -61,7 +63,9 @@ def test_gpt_flops_match_closed_forms_on_every_layout(registry, layout):
     assert got == gpt_closed_forms(8, 32, 64, 256, 4, 512)
 
 
-@pytest.mark.parametrize("layout", LAYOUTS[::5], ids=lambda d: "-".join(f"{k}{v}" for k, v in d.items()))
+@pytest.mark.parametrize(
+    "layout", LAYOUTS[::5], ids=lambda d: "-".join(f"{k}{v}" for k, v in d.items())
+)
 def test_llama_flops_match_closed_forms(registry, layout):
     B, s, h, F, L, V, a, kv = 8, 32, 64, 256, 4, 512, 8, 4
     w = build(registry, model="llama", **layout)
@@ -75,7 +79,18 @@ def test_gpt_total_matches_textbook_formula_within_elementwise_remainder(registr
     # Realistic proportions (h >> a, s), where the elementwise remainder is small.
     B, s, h, L, V = 8, 512, 2048, 4, 32000
     w = build_workload(
-        GenerateOptions(model="gpt", dvocal=V, dmodel=h, dff=4 * h, seq=s, head=16, num_stacks=L, batch=B, tp=2, pp=2),
+        GenerateOptions(
+            model="gpt",
+            dvocal=V,
+            dmodel=h,
+            dff=4 * h,
+            seq=s,
+            head=16,
+            num_stacks=L,
+            batch=B,
+            tp=2,
+            pp=2,
+        ),
         registry,
     )
     textbook = 72 * B * s * L * h * h * (1 + s / (6 * h) + V / (12 * L * h))
@@ -144,12 +159,20 @@ def test_tp_with_sp_uses_allgather_reducescatter_pairs(registry, tp):
     assert "ALL_REDUCE" not in got
 
 
-@pytest.mark.parametrize("layout", [dict(dp=2, tp=2), dict(dp=4, tp=1, pp=2), dict(dp=2, tp=4, pp=2, tpsp=False)])
+@pytest.mark.parametrize(
+    "layout", [dict(dp=2, tp=2), dict(dp=4, tp=1, pp=2), dict(dp=2, tp=4, pp=2, tpsp=False)]
+)
 def test_dp_reduces_each_gradient_once_per_iteration(registry, layout):
     w = build(registry, micro_batch=4, **layout)
     for graph in w.ranks:
         cls = graph.rank_class
-        grad = [n for n in cls.nodes if n.type.name == "COMM_COLL" and "grad_" in n.name.rsplit("/", 1)[-1] and not n.name.startswith("mb")]
+        grad = [
+            n
+            for n in cls.nodes
+            if n.type.name == "COMM_COLL"
+            and "grad_" in n.name.rsplit("/", 1)[-1]
+            and not n.name.startswith("mb")
+        ]
         assert all(n.comm_type.name == "ALL_REDUCE" and "dp" in n.group_axes for n in grad)
         assert sum(n.comm_size for n in grad) == cls.facts["parameters"] * 2
 
@@ -159,7 +182,10 @@ def test_gpt_parameters_per_rank_follow_megatron_split(registry):
     w = build(registry, tp=t)
     # matrices and q/k/v/fc1 biases split over tp; out-proj/fc2 biases and norms replicated
     layer = (4 * h * h + 2 * h * F) // t + (3 * h + F) // t + 2 * h + 4 * h
-    assert w.ranks[0].rank_class.facts["parameters"] == L * layer + V * h // t + s * h + 2 * h + V * h // t
+    assert (
+        w.ranks[0].rank_class.facts["parameters"]
+        == L * layer + V * h // t + s * h + 2 * h + V * h // t
+    )
 
 
 @pytest.mark.parametrize("tpsp", [True, False])
@@ -193,7 +219,12 @@ def test_all_ranks_run_to_completion_without_deadlock(registry, kw):
 
 def test_model_flops_do_not_depend_on_layout(registry):
     base = None
-    for kw in [dict(), dict(dp=2, tp=2, pp=2), dict(tp=4, sp=2, micro_batch=2), dict(dp=4, pp=4, micro_batch=4)]:
+    for kw in [
+        dict(),
+        dict(dp=2, tp=2, pp=2),
+        dict(tp=4, sp=2, micro_batch=2),
+        dict(dp=4, pp=4, micro_batch=4),
+    ]:
         got = parts(flops_by_root(build(registry, **kw)), GPT_GEMMS)
         base = base or got
         assert got == base

@@ -98,7 +98,9 @@ def check_runs_to_completion(workload: Workload) -> int:
                     coll_waiting[(gid, idx)].append((r, nid))
                     entries = coll_waiting[(gid, idx)]
                     if len(entries) == len(members):
-                        sig = {(by_id[rr][ii].comm_type, by_id[rr][ii].comm_size) for rr, ii in entries}
+                        sig = {
+                            (by_id[rr][ii].comm_type, by_id[rr][ii].comm_size) for rr, ii in entries
+                        }
                         assert len(sig) == 1, f"collective mismatch in group {gid} #{idx}: {sig}"
                         for rr, ii in entries:
                             finish(rr, ii)

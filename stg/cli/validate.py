@@ -24,9 +24,22 @@ def validate(
     """Check every rank file of a trace: ids, deps, cycles, attribute types, send/recv pairs,
     collective sequences and the comm-group file. Exit 1 on any violation, 2 on unusable
     input."""
+    from stg.cli import err_console
     from stg.validate import validate_trace
 
-    report = validate_trace(path)
+    console = err_console()
+    if console.is_terminal:
+        from rich.progress import Progress
+
+        with Progress(console=console, transient=True) as bar:
+            task = bar.add_task("validating", total=None)
+
+            def progress(label: str, done: int, total: int) -> None:
+                bar.update(task, description=label, completed=done, total=total)
+
+            report = validate_trace(path, progress)
+    else:
+        report = validate_trace(path)
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2))
     else:
