@@ -29,6 +29,7 @@ representatives of the units involved. A trace read from files is simulated rank
 
 from __future__ import annotations
 
+import gc
 import heapq
 import json
 import os
@@ -605,7 +606,14 @@ class _Sim:
 
 def replay(problem: Problem, system: System, default_dtype: str = "bf16") -> Replay:
     """Simulate every unit of ``problem`` on ``system``."""
-    return _Sim(problem, system, default_dtype).run()
+    # millions of small lists and tuples, none cyclic: the cyclic collector only costs time
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _Sim(problem, system, default_dtype).run()
+    finally:
+        if enabled:
+            gc.enable()
 
 
 # ---------------------------------------------------------------------------------------------

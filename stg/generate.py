@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from stg.autodiff import build_backward, build_grad_reduction
+from stg.errors import UserError
 from stg.layout import Layout, parse_rank_order
 from stg.lowering import Binder, BoundPart, ModelParts, bind_part, lower_stage
 from stg.options import GenerateOptions, OptionError
@@ -24,6 +25,7 @@ from stg.symbolic import (
     KVHead,
     MicroBatch,
     Seq,
+    Tensor,
 )
 from stg.workload import RankGraph, Workload
 
@@ -86,6 +88,11 @@ def build_parts(model: Model, plan: ParallelPlan) -> ModelParts:
         x = None if name == "embedding" else b.residual_input()
         with b.tag(name):
             result = getattr(model, name)(b, x)
+        if not isinstance(result, Tensor):
+            what = "the loss" if name == "head" else "its output activation"
+            raise UserError(
+                f"model {model.name!r}: {name}() must return {what} (a Tensor), got {result!r}"
+            )
         if name == "head":
             build_backward(b, seed=None, loss=result)
             seed = None

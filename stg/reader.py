@@ -15,8 +15,10 @@ read through a bounded buffer, so memory stays constant whatever the file size; 
 (recognised by their magic bytes, whatever their name) are decompressed on the fly.
 
 Format detection (``format=None``)
-    A file whose first bytes are ``{`` (after whitespace) is JSON. Otherwise the records are
-    inspected at the wire level, without a schema. A first record that holds only
+    A name ending in ``.json`` or ``.json.gz`` is JSON, one ending in ``.et`` or ``.et.gz`` is
+    protobuf; any other name is JSON when it starts with ``{"`` (whitespace allowed). A
+    protobuf file's records are inspected at the wire level, without a schema. A first
+    record that holds only
     length-delimited fields 1 and 2, parses as ``GlobalMetadata``, has a valid UTF-8 version
     and only named attributes carrying a value is v0.0.4 metadata. Otherwise the records are
     Nodes, and each is classified by its wire layout: fields above 10, or varints in fields
@@ -43,6 +45,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
@@ -293,10 +296,18 @@ def _node_version(data: bytes) -> str | None:
     return None
 
 
+_JSON_HEAD = re.compile(rb'^\s*\{\s*["}]')
+
+
 def _sniff_json(path: Path) -> bool:
+    name = path.name.lower().removesuffix(".gz")
+    if name.endswith(".json"):
+        return True
+    if name.endswith(".et"):
+        return False
     with _open_binary(path) as stream:
-        head = stream.read(64).lstrip()
-    return head[:1] in (b"{", b"[")
+        head = stream.read(64)
+    return bool(_JSON_HEAD.match(head))
 
 
 def detect_format(path: str | Path) -> str:

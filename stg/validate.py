@@ -14,7 +14,9 @@ across ranks
     >= 1, sorted in-range members, no one-rank groups, every used group present, the user is a
     member), ``collective-mismatch`` (members of a group issue different sequences of
     (type, size)), ``unmatched-send`` / ``unmatched-recv`` (sends and receives matched by
-    (source, destination, tag, size), first in first out).
+    (source, destination, tag, size), first in first out), ``deadlock`` (when all else is
+    valid, the ranks are run together: a receive waits for its matched send, a collective
+    completes when all members reached it; nodes that can never run are a deadlock).
 
 Warnings (reported, not failures): collective types ASTRA-sim does not simulate, a comp or
 comm node without ``is_cpu_op``.
@@ -143,9 +145,9 @@ class _Checker:
         rank: int | None,
         nodes: Sequence[tuple[int, tuple[int, ...], tuple[int, ...]]],
         where: str = "",
-    ) -> None:
+    ) -> dict[int, list[int]]:
         """Ids, deps and acyclicity of one rank's graph, given ``(id, data_deps, ctrl_deps)``
-        per node."""
+        per node. Returns each node's existing parents (each once)."""
         ids: set[int] = set()
         for nid, _, _ in nodes:
             if nid in ids:
@@ -174,6 +176,7 @@ class _Checker:
                         self.add("dangling-dep", f"node {nid} has {kind} dep {dep}, which is "
                                  f"not a node of this rank{where}", rank, nid)
         self._acyclic(rank, parents, where)
+        return parents
 
     def _acyclic(self, rank: int | None, parents: Mapping[int, list[int]], where: str) -> None:
         indegree = {nid: len(ps) for nid, ps in parents.items()}
@@ -307,8 +310,10 @@ class _Checker:
                          f"its members {list(groups[gid])}", outsiders[0])
 
     def collectives(self, groups: Mapping[int, Sequence[int]], comms: Mapping[int, _RankComm],
-                    ranks: Iterable[int]) -> None:
-        """Every member of a group issues the same (type, size) sequence on it."""
+                    ranks: Iterable[int]) -> list[list[tuple[int, int]]]:
+        """Every member of a group issues the same (type, size) sequence on it. Returns the
+        collective instances: for each, the ``(rank, node id)`` of every member."""
+        instances: list[list[tuple[int, int]]] = []
         used = sorted({g for c in comms.values() for g in c.colls})
         for gid in used:
             members = list(ranks) if gid == WORLD else list(groups.get(gid, ()))
@@ -317,6 +322,10 @@ class _Checker:
                 continue
             ref = members[0]
             ref_seq = sorted(comms[ref].colls.get(gid, []))
+            seqs = {m: sorted(comms[m].colls.get(gid, [])) for m in members}
+            if all(len(seq) == len(ref_seq) for seq in seqs.values()):
+                for k in range(len(ref_seq)):
+                    instances.append([(m, seqs[m][k][0]) for m in members])
             for m in members[1:]:
                 seq = sorted(comms[m].colls.get(gid, []))
                 if [s[1:] for s in seq] == [s[1:] for s in ref_seq]:
@@ -327,9 +336,14 @@ class _Checker:
                 self.add("collective-mismatch", f"{name}: rank {m}'s collective #{k + 1} is "
                          f"{_describe(seq, k)} but rank {ref}'s is {_describe(ref_seq, k)}", m,
                          seq[k][0] if k < len(seq) else None)
+        return instances
 
-    def point_to_point(self, comms: Mapping[int, _RankComm]) -> None:
-        """Sends and receives pair up by (src, dst, tag, size), first in first out."""
+    def point_to_point(
+        self, comms: Mapping[int, _RankComm]
+    ) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+        """Sends and receives pair up by (src, dst, tag, size), first in first out. Returns
+        the pairs as ``((src rank, send id), (dst rank, recv id))``."""
+        pairs: list[tuple[tuple[int, int], tuple[int, int]]] = []
         sends: dict[tuple[int, int, int, int], deque[int]] = defaultdict(deque)
         for rank in sorted(comms):
             for nid, dst, tag, size in sorted(comms[rank].sends):
@@ -338,7 +352,7 @@ class _Checker:
             for nid, src, tag, size in sorted(comms[rank].recvs):
                 queue = sends.get((src, rank, tag, size))
                 if queue:
-                    queue.popleft()
+                    pairs.append(((src, queue.popleft()), (rank, nid)))
                     continue
                 self.add("unmatched-recv", f"recv {nid} waits for rank {src} (tag {tag}, "
                          f"{size} bytes) but no such send exists: the rank would deadlock",
@@ -347,6 +361,106 @@ class _Checker:
             for nid in queue:
                 self.add("unmatched-send", f"send {nid} to rank {dst} (tag {tag}, {size} bytes) "
                          "has no matching recv", src, nid)
+        return pairs
+
+    def deadlock(
+        self,
+        graphs: Mapping[int, Mapping[int, list[int]]],
+        pairs: Sequence[tuple[tuple[int, int], tuple[int, int]]],
+        instances: Sequence[Sequence[tuple[int, int]]],
+    ) -> None:
+        """Run all ranks together (Kahn over the multi-rank graph): a receive waits for its
+        send, a collective completes when every member reached it. Nodes that never run mean
+        the ranks deadlock."""
+        children: dict[int, dict[int, list[int]]] = {}
+        indegree: dict[int, dict[int, int]] = {}
+        shared: dict[int, dict[int, list[int]]] = {}
+        for rank, parents in graphs.items():
+            key = id(parents)
+            if key not in shared:
+                kids: dict[int, list[int]] = defaultdict(list)
+                for nid, ps in parents.items():
+                    for p in ps:
+                        kids[p].append(nid)
+                shared[key] = kids
+            children[rank] = shared[key]
+            indegree[rank] = {nid: len(ps) for nid, ps in parents.items()}
+        waiting_send: dict[tuple[int, int], tuple[int, int]] = {}
+        recv_of: dict[tuple[int, int], tuple[int, int]] = {}
+        for send_key, recv_key in pairs:
+            recv_of[send_key] = recv_key
+            waiting_send[recv_key] = send_key
+            indegree[recv_key[0]][recv_key[1]] += 1
+        instance_of: dict[tuple[int, int], int] = {}
+        for index, members in enumerate(instances):
+            for member in members:
+                instance_of[member] = index
+        arrived = [0] * len(instances)
+        ready = deque((r, n) for r, degs in indegree.items() for n, d in degs.items() if d == 0)
+        released = 0
+        total = sum(len(d) for d in indegree.values())
+
+        def release(rank: int, nid: int) -> None:
+            nonlocal released
+            released += 1
+            degs = indegree[rank]
+            for child in children[rank].get(nid, ()):
+                degs[child] -= 1
+                if degs[child] == 0:
+                    ready.append((rank, child))
+            target = recv_of.get((rank, nid))
+            if target is not None:
+                indegree[target[0]][target[1]] -= 1
+                if indegree[target[0]][target[1]] == 0:
+                    ready.append(target)
+
+        while ready:
+            node = ready.popleft()
+            index = instance_of.get(node)
+            if index is None:
+                release(*node)
+                continue
+            arrived[index] += 1
+            if arrived[index] == len(instances[index]):
+                for member in instances[index]:
+                    release(*member)
+        if released == total:
+            return
+        stuck = 0
+        for rank in sorted(indegree):
+            degs = indegree[rank]
+            blocked = sorted(n for n, d in degs.items() if d > 0)
+            if not blocked:
+                continue
+            stuck += 1
+            if stuck > 16:
+                continue
+            waiting = self._waiting_point(rank, degs, waiting_send, instance_of, arrived,
+                                          instances)
+            self.add("deadlock", f"rank {rank}: {len(blocked)} nodes never run; {waiting}",
+                     rank)
+        if stuck > 16:
+            self.add("deadlock", f"... and {stuck - 16} more ranks are stuck")
+
+    @staticmethod
+    def _waiting_point(
+        rank: int,
+        degs: Mapping[int, int],
+        waiting_send: Mapping[tuple[int, int], tuple[int, int]],
+        instance_of: Mapping[tuple[int, int], int],
+        arrived: Sequence[int],
+        instances: Sequence[Sequence[tuple[int, int]]],
+    ) -> str:
+        for nid in sorted(degs):
+            if degs[nid] == 1 and (rank, nid) in waiting_send:
+                src, send = waiting_send[(rank, nid)]
+                return f"recv {nid} waits for send {send} of rank {src}, which cannot run"
+        for nid in sorted(degs):
+            index = instance_of.get((rank, nid))
+            if degs[nid] == 0 and index is not None and arrived[index] < len(instances[index]):
+                ranks = [r for r, _ in instances[index]]
+                return f"collective {nid} waits for the other members of ranks {ranks}"
+        return "they wait on nodes above"
 
 
 def _describe(seq: Sequence[tuple[int, int, int]], k: int) -> str:
@@ -464,6 +578,7 @@ def validate_trace(
         checker.add("rank-files", f"rank files missing for ranks {missing} (found ranks up to "
                     f"{len(files) - 1})")
     comms: dict[int, _RankComm] = {}
+    graphs: dict[int, dict[int, list[int]]] = {}
     for index, path in enumerate(files):
         if path is None:
             continue
@@ -480,7 +595,7 @@ def validate_trace(
             checker.add("file", str(exc), rank)
             continue
         report.nodes += len(nodes)
-        checker.structure(rank, nodes)
+        graphs[index] = checker.structure(rank, nodes)
         comms[index] = comm
         if progress is not None:
             progress("validating rank files", index + 1, len(files))
@@ -502,8 +617,10 @@ def validate_trace(
                     severity="warning")
     elif cross_rank:
         checker.groups(groups, used)
-        checker.collectives(groups, comms, range(len(files)))
-        checker.point_to_point(comms)
+        instances = checker.collectives(groups, comms, range(len(files)))
+        pairs = checker.point_to_point(comms)
+        if not report.errors:
+            checker.deadlock(graphs, pairs, instances)
     return report
 
 
@@ -531,18 +648,19 @@ def validate_workload(workload: Workload) -> ValidationReport:
     for index, graph in enumerate(workload.ranks):
         if graph.rank != index:
             checker.add("rank-files", f"workload.ranks[{index}] is rank {graph.rank}", index)
-    checked: set[int] = set()
+    class_graphs: dict[int, dict[int, list[int]]] = {}
+    graphs: dict[int, dict[int, list[int]]] = {}
     comms: dict[int, _RankComm] = {}
     for graph in workload.ranks:
         rank_class = graph.rank_class
         report.nodes += len(rank_class.nodes)
-        if rank_class.index not in checked:
-            checked.add(rank_class.index)
-            checker.structure(
+        if rank_class.index not in class_graphs:
+            class_graphs[rank_class.index] = checker.structure(
                 graph.rank,
                 [(t.id, t.data_deps, t.ctrl_deps) for t in rank_class.nodes],
                 f" (rank class {rank_class.index})",
             )
+        graphs[graph.rank] = class_graphs[rank_class.index]
         comm = _RankComm()
         for template in rank_class.nodes:
             if template.type in (NodeType.COMM_COLL, NodeType.COMM_SEND, NodeType.COMM_RECV):
@@ -550,6 +668,8 @@ def validate_workload(workload: Workload) -> ValidationReport:
         comms[graph.rank] = comm
     groups = {int(g): tuple(m) for g, m in workload.comm_groups.items()}
     checker.groups(groups, _used_groups(comms))
-    checker.collectives(groups, comms, range(workload.world_size))
-    checker.point_to_point(comms)
+    instances = checker.collectives(groups, comms, range(workload.world_size))
+    pairs = checker.point_to_point(comms)
+    if not report.errors:
+        checker.deadlock(graphs, pairs, instances)
     return report

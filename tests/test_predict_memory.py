@@ -285,3 +285,21 @@ def test_predict_memory_needs_options() -> None:
 def test_bad_recompute_is_a_user_error() -> None:
     with pytest.raises(UserError, match="allowed: none, selective, full"):
         activation_bytes_per_layer(gpt(activation_recompute="sometimes"))
+
+
+@pytest.mark.parametrize(
+    ("model", "pp", "tp"), [("gpt", 2, 2), ("gpt", 3, 1), ("llama", 1, 2), ("llama", 3, 2)]
+)
+def test_analytic_parameters_match_generated_facts(model: str, pp: int, tp: int) -> None:
+    from stg.generate import build_workload
+    from stg.options import GenerateOptions
+    from stg.plugins import load_registry
+
+    o = GenerateOptions(
+        model=model, dmodel=256, dff=1024 if model == "gpt" else 704, head=8,
+        kvhead=8 if model == "gpt" else 2, num_stacks=5, seq=128, dvocal=1000, batch=4,
+        micro_batch=2, dp=2, tp=tp, pp=pp,
+    )
+    workload = build_workload(o, load_registry(autoload=False))
+    facts = [(c.facts["parameters"], c.facts["layers"]) for c in workload.rank_classes]
+    assert facts == [(s.total, s.layers) for s in count_parameters(o)]

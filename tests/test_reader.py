@@ -250,3 +250,31 @@ def test_trace_attrs_is_a_dict() -> None:
     assert attrs == {"a": 1} and reader.attr_kind(attrs, "a") == "uint32_val"
     assert reader.attr_kind({"b": (True, False)}, "b") == "bool_list"
     assert reader.infer_kind(2.5) == "double_val"
+
+
+def test_detection_without_extension(tmp_path: Path) -> None:
+    meta = pb4.GlobalMetadata(version="0.0.4")
+    meta.attr.add(name="generator", string_val="x" * 100)
+    data = meta.SerializeToString()
+    assert len(data) == 123  # its length prefix is the byte "{"
+    path = tmp_path / "trace"
+    path.write_bytes(_records(data, _node(1)))
+    assert detect_format(path) == "v0.0.4"
+    assert [n.id for n in read_nodes(path)] == [1]
+    js = tmp_path / "trace2"
+    js.write_text('  {"workload_graph": []}')
+    assert detect_format(js) == "json" and read_nodes(js) == []
+
+
+def test_v001_detection_reads_past_ambiguous_records(tmp_path: Path) -> None:
+    from stg.proto import chakra_v001_pb2 as pb1
+
+    plain = pb1.Node(id=1, name="a", node_type=pb1.COMP_NODE).SerializeToString()
+    typed = pb1.Node(id=2, name="b", node_type=pb1.COMP_NODE, parent=[1], num_ops=7)
+    path = tmp_path / "old.0.et"
+    path.write_bytes(_records(plain, typed.SerializeToString()))
+    assert detect_format(path) == "v0.0.1"
+    nodes = read_nodes(path)
+    assert [(n.id, n.type, n.data_deps, n.num_ops) for n in nodes] == [
+        (1, NodeType.COMP, (), 0), (2, NodeType.COMP, (1,), 7)
+    ]

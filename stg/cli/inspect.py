@@ -1,4 +1,4 @@
-"""``stg inspect``: look inside things stg makes (``stg inspect trace``)."""
+"""``stg inspect``: look inside things stg makes (``stg inspect trace``, ``stg inspect model``)."""
 
 from __future__ import annotations
 
@@ -65,3 +65,66 @@ def trace(
         typer.echo(render_inspect(results), nl=False)
     if any(s.error is not None for s in results):
         raise typer.Exit(1)
+
+
+MODEL_HELP = (
+    "Parameters, forward and backward FLOPs and activation bytes saved for the backward, per "
+    "part (embedding, one block, head), as symbolic expressions and as numbers for the given "
+    "dimensions (one device, no parallelism); totals for --num_stacks blocks. With --dot, the "
+    "block's forward and backward graph as Graphviz DOT."
+)
+
+
+@app.command("model", help=MODEL_HELP)
+def model(
+    name: str = typer.Argument(..., help="A registered model (see `stg plugins list`)."),
+    dvocal: int = typer.Option(32000, "--dvocal"),
+    dmodel: int = typer.Option(8192, "--dmodel"),
+    dff: int = typer.Option(28672, "--dff"),
+    seq: int = typer.Option(1024, "--seq"),
+    head: int = typer.Option(64, "--head"),
+    kvhead: int = typer.Option(8, "--kvhead"),
+    num_stacks: int = typer.Option(80, "--num_stacks", "--num-stacks"),
+    micro_batch: int = typer.Option(1, "--micro_batch", "--micro-batch", help="Samples."),
+    experts: int = typer.Option(8, "--experts"),
+    kexperts: int = typer.Option(2, "--kexperts"),
+    dtype: str = typer.Option("bf16", "--dtype"),
+    dot: Path | None = typer.Option(  # noqa: B008
+        None, "--dot", metavar="FILE", help="Write the block's graph as Graphviz DOT."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON report."),
+) -> None:
+    """Closed forms of a model (see MODEL_HELP)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from stg.cli import get_registry
+    from stg.generate import symbol_values
+    from stg.modelinfo import build_unsharded, describe_model, part_dot
+    from stg.options import GenerateOptions
+    from stg.output import write_file_atomically
+    from stg.plan import make_plan
+
+    options = GenerateOptions(
+        model=name, dvocal=dvocal, dmodel=dmodel, dff=dff, seq=seq, head=head, kvhead=kvhead,
+        num_stacks=num_stacks, batch=micro_batch, micro_batch=micro_batch, experts=experts,
+        kexperts=kexperts, dtype=dtype,
+    )  # fmt: skip
+    make_plan(options)
+    record = get_registry().models.get(name)
+    report = describe_model(record, options, symbol_values(options))
+    if dot is not None:
+        text = part_dot(build_unsharded(record, "block", options))
+        write_file_atomically(dot, lambda f: f.write(text.encode()))
+    if as_json:
+        typer.echo(json.dumps(report, indent=2))
+        return
+    table = Table(title=f"{name}: per part (micro_batch={micro_batch}, one device)")
+    for column in ("part", "figure", "expression", "value"):
+        table.add_column(column, justify="right" if column == "value" else "left")
+    for part, figures in report["parts"].items():
+        for figure, entry in figures.items():
+            table.add_row(part, figure, entry["expression"], f"{entry['value']:,}")
+    for figure, value in report["totals"].items():
+        table.add_row("total", figure, f"embedding + {num_stacks}·block + head", f"{value:,}")
+    Console(width=160).print(table)

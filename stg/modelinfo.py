@@ -1,0 +1,130 @@
+"""Closed-form summaries of a model template: parameters, FLOPs and activation bytes per part.
+
+Builds the model once without parallelism and reads its symbolic graph, so every figure is a
+sympy expression over the dimension symbols (``micro_batch``, ``seq``, ``dmodel``, ...) that a
+user can print, and a number once the dimensions are given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import sympy
+
+from stg.autodiff import build_backward
+from stg.options import GenerateOptions
+from stg.records import Model
+from stg.symbolic import DTYPE_BYTES, GraphBuilder, Op, Part, Tensor
+
+PARTS = ("embedding", "block", "head")
+
+
+def op_flops(op: Op) -> sympy.Expr:
+    """FLOPs of one op over its global shape (no parallelism)."""
+    if op.kind == "einsum":
+        lhs, _ = op.spec.split("->")
+        sizes: dict[str, sympy.Expr] = {}
+        for letters, t in zip(lhs.split(","), op.inputs, strict=True):
+            for letter, d in zip(letters, t.dims, strict=True):
+                sizes.setdefault(letter, d.size)
+        return 2 * sympy.Mul(*sizes.values()) * op.scale
+    if op.kind in {"elementwise", "custom"}:
+        return op.flops_per_element * op.inputs[0].numel
+    if op.kind == "add":
+        return op.flops_per_element * op.output.numel
+    return sympy.Integer(0)
+
+
+def _bytes(t: Tensor) -> sympy.Expr:
+    return t.numel * DTYPE_BYTES[t.dtype]
+
+
+def build_unsharded(model: Model, part_name: str, options: GenerateOptions) -> Part:
+    """Build one part of ``model`` on a single device, forward and backward."""
+    b = GraphBuilder(part_name, dtype=options.dtype, options=options.as_dict())
+    x = None if part_name == "embedding" else b.residual_input()
+    result = getattr(model, part_name)(b, x)
+    if part_name == "head":
+        build_backward(b, seed=None, loss=result)
+    else:
+        if b.part.output is None:
+            b.output(result)
+        out = b.part.output
+        assert out is not None
+        seed = b.input("grad_output", out.dims)
+        seed.kind = "grad"
+        build_backward(b, seed=seed)
+    return b.part
+
+
+def saved_activations(part: Part) -> list[Tensor]:
+    """Forward tensors that the backward reads: what stays in memory between the two."""
+    forward = {id(op.output): op.output for op in part.forward}
+    forward.update({id(t): t for t in part.inputs if t.kind in {"input", "index"}})
+    seen: dict[int, Tensor] = {}
+    for op in part.backward:
+        for t in op.inputs:
+            base = t.base or t
+            if id(base) in forward and base.kind != "weight":
+                seen.setdefault(id(base), base)
+    return list(seen.values())
+
+
+def describe_part(part: Part) -> dict[str, sympy.Expr]:
+    return {
+        "parameters": sympy.simplify(sum((w.numel for w in part.weights), sympy.Integer(0))),
+        "forward_flops": sympy.simplify(
+            sum((op_flops(op) for op in part.forward), sympy.Integer(0))
+        ),
+        "backward_flops": sympy.simplify(
+            sum((op_flops(op) for op in part.backward), sympy.Integer(0))
+        ),
+        "activation_bytes": sympy.simplify(
+            sum((_bytes(t) for t in saved_activations(part)), sympy.Integer(0))
+        ),
+    }
+
+
+def describe_model(
+    model: Model, options: GenerateOptions, values: Mapping[Any, int]
+) -> dict[str, Any]:
+    """Per part: each figure as an expression and as a number for ``values``; plus totals for
+    ``options.num_stacks`` layers."""
+    result: dict[str, Any] = {"model": model.name, "parts": {}}
+    totals: dict[str, int] = {}
+    for name in PARTS:
+        figures = describe_part(build_unsharded(model, name, options))
+        entry = {}
+        for key, expr in figures.items():
+            number = int(sympy.sympify(expr).xreplace(dict(values)))
+            entry[key] = {"expression": str(expr), "value": number}
+            totals[key] = totals.get(key, 0) + number * (
+                options.num_stacks if name == "block" else 1
+            )
+        result["parts"][name] = entry
+    result["totals"] = totals
+    result["dims"] = {str(k): v for k, v in values.items()}
+    return result
+
+
+def part_dot(part: Part) -> str:
+    """A Graphviz DOT view of one built part: ops as nodes (collectives as boxes, backward ops
+    dashed), edges from producers to consumers, labelled with shape and sharding."""
+    lines = [f'digraph "{part.name}" {{', "  rankdir=TB;", '  node [fontname="Helvetica"];']
+    index: dict[int, int] = {}
+    ops = [*part.forward, *part.backward]
+    for i, op in enumerate(ops):
+        index[id(op)] = i
+        shape = "box" if op.kind == "collective" else "ellipse"
+        style = ',style="dashed"' if op.phase == "backward" else ""
+        label = f"{op.name}\\n{op.kind}"
+        lines.append(f'  n{i} [label="{label}",shape={shape}{style}];')
+    for i, op in enumerate(ops):
+        for t in op.inputs:
+            producer = (t.base or t).producer
+            if producer is not None and id(producer) in index:
+                desc = t.sharding.describe(d.name for d in t.dims).replace('"', "")
+                lines.append(f'  n{index[id(producer)]} -> n{i} [label="{desc}",fontsize=8];')
+    lines.append("}")
+    return "\n".join(lines) + "\n"
