@@ -131,7 +131,7 @@ def bind_ops(ops: Iterable[Op], binder: Binder) -> list[BoundOp]:
                     num_ops=_flops(op, binder),
                     tensor_size=moved,
                     tags=op.tags,
-                    dtype=op.output.dtype,
+                    dtype=op.inputs[0].dtype if op.kind == "einsum" else op.output.dtype,
                 )
             )
     return bound
@@ -277,12 +277,14 @@ class _Nodes:
     def start_step(self) -> None:
         self.step_pending = self.last_comp
 
-    def add(self, template_fields: dict, data_deps: Iterable[int]) -> int:
+    def add(
+        self, template_fields: dict, data_deps: Iterable[int], ctrl_deps: Iterable[int] = ()
+    ) -> int:
         nid = len(self.nodes)
         deps = tuple(sorted(set(data_deps)))
-        ctrl: list[int] = []
+        ctrl: list[int] = [c for c in dict.fromkeys(ctrl_deps) if c not in deps]
         if self.step_pending is not None:
-            if self.step_pending not in deps:
+            if self.step_pending not in deps and self.step_pending not in ctrl:
                 ctrl.append(self.step_pending)
             self.step_pending = None
         node_type = template_fields["type"]
@@ -299,10 +301,14 @@ class _Nodes:
             self.last_comp = nid
         return nid
 
-    def run(self, ops: Iterable[BoundOp], env: Env, prefix: str) -> None:
+    def run(self, ops: Iterable[BoundOp], env: Env, prefix: str, after: int | None = None) -> None:
+        """Append ``ops``; ``after``: ops that depend on nothing appended here wait for that
+        node (a recompute starts when the layer's gradient arrives, not during the forward)."""
+        first = len(self.nodes)
         for op in ops:
             deps = [d for k in op.inputs for d in env.get(k, ())]
-            nid = self.add(_fields(op, prefix), deps)
+            extra = () if after is None or any(d >= first for d in deps) else (after,)
+            nid = self.add(_fields(op, prefix), deps, extra)
             for k in op.outputs:
                 env[k] = (nid,)
 
@@ -411,7 +417,7 @@ def lower_stage(
             final_pass = remaining_backward[chunk] == 0
             if last:
                 env = saved.pop((chunks * 10**9, mb))
-                out.run(repeat_head, env, f"mb{mb}/head/regather/")
+                out.run(repeat_head, env, f"mb{mb}/head/regather/", after=out.last_comp)
                 out.run(head.backward, env, f"mb{mb}/head/bwd/")
                 collect_grads(head, env, head_grads)
                 dy_node = env[head.grad_input_key][0]  # type: ignore[index]
@@ -431,7 +437,7 @@ def lower_stage(
                 )
             for layer in reversed(layers):
                 env = saved.pop((layer, mb))
-                out.run(repeat, env, f"mb{mb}/layer{layer}/recompute/")
+                out.run(repeat, env, f"mb{mb}/layer{layer}/recompute/", after=dy_node)
                 env[block.seed_key] = (dy_node,)  # type: ignore[index]
                 out.run(block.backward, env, f"mb{mb}/layer{layer}/bwd/")
                 collect_grads(block, env, block_grads.setdefault(layer, {}))
@@ -440,7 +446,7 @@ def lower_stage(
                     reduce_layer(block, block_grads.pop(layer), f"layer{layer}/")
             if first:
                 env = saved.pop((-1, mb))
-                out.run(repeat_embedding, env, f"mb{mb}/embedding/regather/")
+                out.run(repeat_embedding, env, f"mb{mb}/embedding/regather/", after=dy_node)
                 env[emb.seed_key] = (dy_node,)  # type: ignore[index]
                 out.run(emb.backward, env, f"mb{mb}/embedding/bwd/")
                 collect_grads(emb, env, embedding_grads)

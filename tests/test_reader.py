@@ -18,7 +18,7 @@ HERE = Path(__file__).parent
 DATA = HERE / "data"
 SHARED = HERE.parent.parent / "shared" / "data" / "chakra"
 SHARED_ET = sorted(SHARED.glob("**/*.et")) if SHARED.is_dir() else []
-LOCAL_ET = sorted(DATA.glob("*.et"))
+LOCAL_ET = sorted(DATA.glob("*.et")) + sorted(DATA.glob("chakra/chakra.0.et.gz"))
 
 et_def = pytest.importorskip("chakra.schema.protobuf.et_def_pb2")
 protolib = pytest.importorskip("chakra.src.third_party.utils.protolib")

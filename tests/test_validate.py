@@ -240,3 +240,44 @@ def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: ")
+
+
+def test_cross_rank_deadlock_of_sends(tmp_path: Path) -> None:
+    ranks = [
+        [recv(0, 0, 1, tag=1), Node(id=1, name="s", type=NodeType.COMM_SEND, data_deps=(0,),
+                                    comm_src=0, comm_dst=1, comm_tag=2, comm_size=8)],
+        [recv(0, 1, 0, tag=2), Node(id=1, name="s", type=NodeType.COMM_SEND, data_deps=(0,),
+                                    comm_src=1, comm_dst=0, comm_tag=1, comm_size=8)],
+    ]
+    report = validate_trace(write_trace(tmp_path, ranks, {}))
+    assert {v.check for v in report.errors} == {"deadlock"}
+    assert "recv 0 waits for send 1 of rank 1, which cannot run" in report.errors[0].message
+
+
+def test_cross_rank_deadlock_through_a_collective(tmp_path: Path) -> None:
+    ranks = [
+        [recv(0, 0, 1), coll(1, 1, 64, AR, 0)],
+        [coll(0, 1, 64, AR), Node(id=1, name="s", type=NodeType.COMM_SEND, data_deps=(0,),
+                                  comm_src=1, comm_dst=0, comm_tag=1, comm_size=8)],
+    ]
+    report = validate_trace(write_trace(tmp_path, ranks))
+    assert [v.check for v in report.errors] == ["deadlock", "deadlock"]
+    assert any("collective 0 waits for the other members" in v.message for v in report.errors)
+    ranks[0] = [coll(0, 1, 64, AR), recv(1, 0, 1, 1, 8)]
+    assert validate_trace(write_trace(tmp_path, ranks)).ok
+
+
+def test_validate_workload_finds_deadlock() -> None:
+    layout = Layout({"pp": 2})
+    stage0 = RankClass(index=0, stage=0, nodes=(
+        NodeTemplate(id=0, name="r", type=NodeType.COMM_RECV, peer_stage=1, comm_tag=1),
+        NodeTemplate(id=1, name="s", type=NodeType.COMM_SEND, peer_stage=1, comm_tag=2,
+                     data_deps=(0,)),
+    ))
+    stage1 = RankClass(index=1, stage=1, nodes=(
+        NodeTemplate(id=0, name="r", type=NodeType.COMM_RECV, peer_stage=0, comm_tag=2),
+        NodeTemplate(id=1, name="s", type=NodeType.COMM_SEND, peer_stage=0, comm_tag=1,
+                     data_deps=(0,)),
+    ))
+    report = validate_workload(workload_from_classes(layout, [stage0, stage1]))
+    assert {v.check for v in report.errors} == {"deadlock"}
