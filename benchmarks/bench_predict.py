@@ -10,12 +10,11 @@ from __future__ import annotations
 import sys
 import time
 
-from stg.predictors.memory import predict_memory
-from stg.predictors.time import predict_time
-
 from stg.generate import build_workload
 from stg.options import GenerateOptions
 from stg.plugins import load_registry
+from stg.predictors.memory import predict_memory
+from stg.predictors.time import predict_time
 
 CASES = {
     "dp8-tp4-pp4 (128 ranks)": GenerateOptions(dp=8, tp=4, pp=4, batch=64, micro_batch=8),

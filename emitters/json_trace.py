@@ -20,9 +20,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from stg.emitters.chakra_v004 import generator_metadata
-
 import stg
+from stg.emitters.chakra_v004 import generator_metadata
 from stg.output import output_paths, rank_files, write_comm_groups
 from stg.reader import attr_kind
 from stg.records import Emitter

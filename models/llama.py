@@ -6,9 +6,8 @@ group of ``head / kvhead`` query heads, and tensor parallelism splits the kvhead
 
 from __future__ import annotations
 
-from stg.models.gpt import SOFTMAX_FLOPS, causal_scale, lm_head
-
 from stg import hookimpl
+from stg.models.gpt import SOFTMAX_FLOPS, causal_scale, lm_head
 from stg.records import Model
 from stg.symbolic import GraphBuilder, Tensor
 

@@ -10,9 +10,8 @@ per micro-batch; its matmuls cost the full capacity (dropped or padded slots inc
 
 from __future__ import annotations
 
-from stg.models import llama
-
 from stg.api import GraphBuilder, Model, Tensor, hookimpl
+from stg.models import llama
 
 ROUTER_FLOPS = 6  # softmax over experts and top-k selection, per router logit
 COMBINE_FLOPS = 2  # scale by the gate weight and accumulate, per expert output element

@@ -172,7 +172,10 @@ def build_workload(
             groups.setdefault(gid, layout.members(graph.rank, axes))
     metadata = {
         "generator": "stg",
-        "options": options.as_dict(),
+        # where the files go is not part of the workload: same options, same bytes anywhere
+        "options": {
+            k: v for k, v in options.as_dict().items() if k not in {"output_dir", "output_name"}
+        },
         "micro_batches": plan.micro_batches,
         "layers_per_chunk": list(plan.layers_per_chunk),
     }

@@ -46,6 +46,7 @@ import gzip
 import io
 import json
 import re
+import zlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
@@ -164,7 +165,12 @@ def iter_records(stream: IO[bytes], name: str | Path) -> Iterator[tuple[int, int
     def fill(need: int) -> bool:
         nonlocal buf, pos, base, eof
         while len(buf) - pos < need and not eof:
-            chunk = stream.read(max(_CHUNK, need - (len(buf) - pos)))
+            try:
+                chunk = stream.read(max(_CHUNK, need - (len(buf) - pos)))
+            except (EOFError, OSError, zlib.error) as exc:  # corrupt or cut-off gzip stream
+                raise TraceError(
+                    f"{name}: unreadable compressed data near byte {base + len(buf)}: {exc}"
+                ) from None
             if not chunk:
                 eof = True
                 break
@@ -283,7 +289,7 @@ def _is_global_metadata(data: bytes) -> bool:
 
 
 def _node_version(data: bytes) -> str | None:
-    """"v0.0.1", "v0.0.4" or None (ambiguous) for a record that should be a Node."""
+    """ "v0.0.1", "v0.0.4" or None (ambiguous) for a record that should be a Node."""
     try:
         fields = wire_fields(data)
     except ValueError:
@@ -341,9 +347,7 @@ def _attr_value(attr: Any, kind: str) -> Any:
     return value
 
 
-_INT_FIELDS = frozenset(
-    {"num_ops", "tensor_size", "comm_size", "comm_src", "comm_dst", "comm_tag"}
-)
+_INT_FIELDS = frozenset({"num_ops", "tensor_size", "comm_size", "comm_src", "comm_dst", "comm_tag"})
 _NODE_TYPES = {int(t): t for t in NodeType}
 _COLLECTIVES = {int(c): c for c in CollectiveType}
 
@@ -432,9 +436,8 @@ def _iter_v004(path: Path) -> Iterator[Node]:
                 f"{path}: record 0 at byte {offset} is not a GlobalMetadata; a v0.0.4 trace "
                 "must start with one"
             )
-        msg = pb4.Node()
         for index, offset, data in records:
-            msg.Clear()
+            msg = pb4.Node()  # a fresh message: Clear() on a reused one keeps growing memory
             _parse(msg, data, path, index, offset, "a v0.0.4 Node")
             yield _node_from_v004(msg, path, index, offset)
 
@@ -525,9 +528,8 @@ def _node_from_v001(msg: Any, path: Path, index: int, offset: int) -> Node:
 
 def _iter_v001(path: Path) -> Iterator[Node]:
     with _open_binary(path) as stream:
-        msg = pb1.Node()
         for index, offset, data in iter_records(stream, path):
-            msg.Clear()
+            msg = pb1.Node()
             _parse(msg, data, path, index, offset, "a v0.0.1 Node")
             yield _node_from_v001(msg, path, index, offset)
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 from formats_samples import pipeline_workload
-from stg.emitters import chakra_v004
 
 from stg.cli import main
 from stg.convert import convert_file, convert_trace
+from stg.emitters import chakra_v004
 from stg.errors import UserError
 from stg.output import write_workload
 from stg.reader import detect_format, read_metadata, read_nodes

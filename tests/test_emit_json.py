@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 from formats_samples import pipeline_workload
+
 from stg.emitters import chakra_v004, json_trace
 from stg.emitters.json_trace import EMITTER
-
 from stg.output import write_workload
 from stg.reader import read_metadata, read_nodes
 from stg.workload import COMM_TYPES, CollectiveType, Node, NodeType

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 from formats_samples import pipeline_workload
-from stg.emitters.chakra_v004 import EMITTER
 
 from stg import output
+from stg.emitters.chakra_v004 import EMITTER
 from stg.errors import UserError
 from stg.output import comm_group_path, format_comm_groups, output_paths, write_workload
 from stg.records import Emitter

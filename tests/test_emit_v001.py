@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from formats_samples import pipeline_workload
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-from stg.emitters.chakra_v001 import EMITTER, V001Error, encode_nodes
 
+from stg.emitters.chakra_v001 import EMITTER, V001Error, encode_nodes
 from stg.output import write_workload
 from stg.reader import detect_format, iter_records, read_nodes
 from stg.workload import CollectiveType, Node, NodeType

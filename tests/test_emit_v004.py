@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 from formats_samples import pipeline_workload
-from stg.emitters.chakra_v004 import EMITTER, encode_nodes, generator_metadata
 
+from stg.emitters.chakra_v004 import EMITTER, encode_nodes, generator_metadata
 from stg.output import frame, varint, write_workload
 from stg.reader import iter_records, read_metadata, read_nodes
 from stg.workload import NodeType

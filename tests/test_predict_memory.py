@@ -6,6 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
+
+from stg.errors import UserError
+from stg.layout import Layout
 from stg.predictors.memory import (
     activation_bytes_per_layer,
     analytic_memory,
@@ -16,9 +19,6 @@ from stg.predictors.memory import (
     stage_memory,
     total_parameters,
 )
-
-from stg.errors import UserError
-from stg.layout import Layout
 from stg.workload import RankClass, RankGraph, Workload
 
 GROUNDTRUTH = Path(__file__).resolve().parents[1].parent / "shared/data/groundtruth-dev.json"

@@ -6,6 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
+
+from stg.errors import TraceError
+from stg.layout import Layout
 from stg.predictors.time import (
     collective_time,
     group_shape,
@@ -15,9 +18,6 @@ from stg.predictors.time import (
     problem_from_workload,
     send_time,
 )
-
-from stg.errors import TraceError
-from stg.layout import Layout
 from stg.system import NetworkDim, System
 from stg.workload import CollectiveType, NodeTemplate, NodeType, RankClass, RankGraph, Workload
 
@@ -263,7 +263,6 @@ def test_receive_without_send_is_reported() -> None:
 
 def test_roofline_memory_bound_and_runtime_fallback() -> None:
     from stg.predictors.time import compute_time
-
     from stg.workload import Node
 
     s = System(

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 from formats_samples import pipeline_workload, workload_from_classes
-from stg.emitters import chakra_v001, chakra_v004, json_trace
 
 from stg.cli import main
+from stg.emitters import chakra_v001, chakra_v004, json_trace
 from stg.errors import UserError
 from stg.layout import Layout
 from stg.output import format_comm_groups, frame, write_workload
