@@ -132,6 +132,7 @@ def _backward_op(b: GraphBuilder, op: Op, dy: Tensor | None, grads: _Grads) -> N
                 flops=share,
                 backward_flops=0,
                 reduce=reduce_names,
+                out_dtype=b.grad_dtype if t.kind == "weight" else None,
             )
             grads.add(t, b.reshard(g, grad_sharding(t)))
         for t in op.inputs:

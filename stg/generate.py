@@ -11,6 +11,7 @@ from stg.layout import Layout, parse_rank_order
 from stg.lowering import Binder, BoundPart, ModelParts, bind_part, lower_stage
 from stg.options import GenerateOptions, OptionError
 from stg.plan import ParallelPlan, make_plan
+from stg.precision import normalize_plan
 from stg.records import Model, PipelineSchedule
 from stg.symbolic import (
     DTYPE_BYTES,
@@ -83,6 +84,7 @@ def build_parts(model: Model, plan: ParallelPlan) -> ModelParts:
             dtype=o.dtype,
             grad_dtype=precision["grad"],
             shard_weights_over=("dp",) if o.weight_sharded else (),
+            precision=normalize_plan(o.precision),
             options=o.as_dict(),
         )
         x = None if name == "embedding" else b.residual_input()

@@ -15,7 +15,9 @@ class OptionError(UserError):
 class GenerateOptions:
     """Everything ``stg generate`` needs to build a workload.
 
-    Field names are the original STG's command-line options (underscored). Sizes are global:
+    Field names are the original STG's command-line options (underscored). ``precision`` is
+    a per-op precision plan, ``((op name pattern, dtype), ...)`` (see :mod:`stg.precision`;
+    ``--precision_plan FILE`` on the command line). Sizes are global:
     ``batch`` samples per iteration, ``micro_batch`` samples per micro-batch over all replicas
     (``None`` means one micro-batch: the whole batch).
     """
@@ -48,6 +50,7 @@ class GenerateOptions:
     dtype: str = "bf16"
     grad_reduce_dtype: str | None = None
     causal: bool = False
+    precision: tuple[tuple[str, str], ...] = ()
     rank_order: str = "tp,sp,ep,dp,pp"
     format: str = "chakra-v0.0.4"
     output_dir: str = "generated"

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import sympy
 
 from stg.errors import UserError
+from stg.precision import precision_of
 from stg.sharding import NO_AXES, Axes, Sharding, plan_reshard
 from stg.workload import CollectiveType
 
@@ -168,6 +169,7 @@ class GraphBuilder:
         weight_dtype: str | None = None,
         grad_dtype: str | None = None,
         shard_weights_over: Sequence[str] = (),
+        precision: tuple[tuple[str, str], ...] = (),
         options: Mapping[str, object] | None = None,
     ) -> None:
         self.part = Part(name)
@@ -178,6 +180,7 @@ class GraphBuilder:
         self.weight_dtype = weight_dtype or dtype
         self.grad_dtype = grad_dtype or self.weight_dtype
         self.fsdp_axes = self._axes(shard_weights_over)
+        self.precision = precision
         self.options: Mapping[str, object] = options or {}
         self.dims: Mapping[str, Dim] = dict(STANDARD_DIMS)
         self._phase = "forward"
@@ -364,6 +367,9 @@ class GraphBuilder:
         """
         lhs, out_letters = spec.replace(" ", "").split("->")
         in_letters = lhs.split(",")
+        compute = precision_of(self.precision, name) if self.precision else None
+        if compute is not None:
+            operands = tuple(self.cast(t, compute, f"{name}.cast_{t.name}") for t in operands)
         if len(in_letters) != len(operands):
             raise ValueError(
                 f"einsum {spec!r} expects {len(in_letters)} operands, got {len(operands)}"
@@ -403,6 +409,19 @@ class GraphBuilder:
         return self._emit(
             Op("einsum", name, tuple(resolved), out, spec=spec, scale=sympy.sympify(scale))
         )
+
+    def cast(self, t: Tensor, dtype: str, name: str | None = None) -> Tensor:
+        """``t`` converted to ``dtype`` (one FLOP per element); ``t`` itself if it already is.
+        A cast weight is still a weight: it keeps its sharding authority in einsums."""
+        if t.dtype == dtype:
+            return t
+        out = self.elementwise(
+            name or f"cast_{t.name}", t, flops=1, backward_flops=1, out_dtype=dtype
+        )
+        out.name = f"{t.name}_{dtype}"
+        if t.kind == "weight":
+            out.kind = "weight"
+        return out
 
     def _broadcast_target(
         self, main: Sharding, main_dims: tuple[Dim, ...], other: Tensor

@@ -13,8 +13,10 @@ HEAD = {"logits"}
 
 
 def op_root(name: str) -> str:
-    """The forward op a node comes from: ``mb0/layer3/bwd/fc1.grad_w1`` -> ``fc1``."""
-    return name.rsplit("/", 1)[-1].split(".grad_", 1)[0]
+    """The forward op a node comes from: ``mb0/layer3/bwd/fc1.grad_w1`` -> ``fc1``; every
+    precision cast -> ``cast``."""
+    last = name.rsplit("/", 1)[-1]
+    return "cast" if ".cast_" in last else last.split(".grad_", 1)[0]
 
 
 def flops_by_root(workload: Workload) -> Counter[str]:
