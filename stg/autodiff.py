@@ -139,6 +139,21 @@ def _backward_op(b: GraphBuilder, op: Op, dy: Tensor | None, grads: _Grads) -> N
             if t.dims != x.dims and _needs_grad(t):
                 dtype = b.grad_dtype if t.kind == "weight" else None
                 grads.add(t, b.reduce_to(f"{name}.grad_{t.name}", dy, t, x, flops=2, dtype=dtype))
+    elif op.kind == "view":
+        # the gradient of a reshape or slice is the same memory seen the other way (a slice's
+        # gradient accumulates in place into the full buffer)
+        assert dy is not None
+        x = op.inputs[0]
+        if _needs_grad(x):
+            grads.add(x, b.reinterpret(dy, x.dims, grad_sharding(x), name=f"{name}.grad"))
+    elif op.kind == "concat":
+        assert dy is not None
+        index = op.reduce_dims[0]
+        for t in op.inputs:
+            if _needs_grad(t):
+                grads.add(
+                    t, b.slice(dy, dy.dims[index].name, t.dims[index], name=f"{name}.grad_{t.name}")
+                )
     elif op.kind == "add":
         assert dy is not None
         for t in op.inputs:

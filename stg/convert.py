@@ -83,8 +83,9 @@ def _writer(target: str, source: Path, fmt: str) -> Callable[[BinaryIO], int]:
     return lambda out: write_v004(out, nodes, attrs, version=version)
 
 
-def convert_file(source: str | Path, destination: str | Path, to: str,
-                 *, source_format: str | None = None) -> int:
+def convert_file(
+    source: str | Path, destination: str | Path, to: str, *, source_format: str | None = None
+) -> int:
     """Convert one rank file; return its node count. ``destination`` is replaced atomically."""
     source = Path(source)
     destination = Path(destination)
@@ -95,14 +96,13 @@ def convert_file(source: str | Path, destination: str | Path, to: str,
     if destination.absolute() == source.absolute():
         raise UserError(f"destination {destination} is the source file")
     counts: list[int] = []
-    write_file_atomically(
-        destination, lambda out: counts.append(_writer(target, source, fmt)(out))
-    )
+    write_file_atomically(destination, lambda out: counts.append(_writer(target, source, fmt)(out)))
     return counts[0]
 
 
-def convert_trace(source: str | Path, destination: str | Path, to: str,
-                  *, source_format: str | None = None) -> list[Path]:
+def convert_trace(
+    source: str | Path, destination: str | Path, to: str, *, source_format: str | None = None
+) -> list[Path]:
     """Convert a trace: one rank file, or every rank file of a directory / prefix / pattern
     (with its comm-group file copied beside the output).
 
@@ -146,8 +146,9 @@ def convert_trace(source: str | Path, destination: str | Path, to: str,
             written.append(out_path)
         if group_file is not None and group_file.is_file():
             if group_name in names:
-                raise UserError(f"output name {output_name!r}: the comm-group file would "
-                                "overwrite a rank file")
+                raise UserError(
+                    f"output name {output_name!r}: the comm-group file would overwrite a rank file"
+                )
             shutil.copyfile(group_file, tmp / group_name)
             written.append(tmp / group_name)
         return written

@@ -26,7 +26,8 @@ OPTIMIZER_FLOPS_PER_PARAM = 12  # Adam: two moment updates, bias correction, upd
 
 
 def key(t: Tensor) -> int:
-    """Identity of a tensor's storage (views share their base's)."""
+    """Identity of a tensor's storage (free slices and views share their source's)."""
+    t = t.storage or t
     return id(t.base or t)
 
 
@@ -94,13 +95,15 @@ def _flops(op: Op, binder: Binder) -> int:
         return int(Fraction(str(op.flops_per_element)) * binder.numel(op.inputs[0]))
     if op.kind == "add":
         return int(Fraction(str(op.flops_per_element)) * binder.numel(op.output))
-    return 0
+    return 0  # gather, concat: data movement only
 
 
 def bind_ops(ops: Iterable[Op], binder: Binder) -> list[BoundOp]:
     """Integer costs for every op of one phase of a part."""
     bound = []
     for op in ops:
+        if op.kind == "view":
+            continue
         inputs = tuple(key(t) for t in op.inputs)
         if op.kind == "collective":
             assert op.collective is not None

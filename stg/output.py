@@ -53,9 +53,11 @@ def check_output_name(output_name: str) -> None:
             "use output_dir for the directory"
         )
     directives = [d for d in _DIRECTIVE.findall(output_name) if d != "%%"]
-    if output_name.replace("%%", "").count("%") != len(directives) or any(
-        d != "%d" for d in directives
-    ) or len(directives) > 1:
+    if (
+        output_name.replace("%%", "").count("%") != len(directives)
+        or any(d != "%d" for d in directives)
+        or len(directives) > 1
+    ):
         raise UserError(
             f"output_name={output_name!r} may contain '%d' once (the rank) and no other "
             "'%' directive (write '%%' for a literal '%')"

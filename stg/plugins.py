@@ -471,9 +471,7 @@ def _call(impl: Any, hook: str, **kwargs: Any) -> Any:
         raise PluginError(f"{hook}: {_one_line(exc)}") from exc
 
 
-def _registrar(
-    kind: _Kind, items: list[tuple[Any, str, tuple[str, ...]]]
-) -> Callable[[Any], None]:
+def _registrar(kind: _Kind, items: list[tuple[Any, str, tuple[str, ...]]]) -> Callable[[Any], None]:
     def register(record: Any) -> None:
         if not isinstance(record, kind.record):
             raise PluginError(

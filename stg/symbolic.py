@@ -76,7 +76,9 @@ STANDARD_DIMS: dict[str, Dim] = {
 @dataclass(eq=False)
 class Tensor:
     """A tensor of the graph. ``kind`` is ``activation``, ``weight``, ``input`` (a part's
-    input that needs a gradient), ``grad`` (an incoming gradient) or ``index`` (integer ids)."""
+    input that needs a gradient), ``grad`` (an incoming gradient) or ``index`` (integer ids).
+    ``base`` is the same tensor under another sharding mark (a free slice); ``storage`` the
+    tensor whose memory a view (reshape, slice) reads."""
 
     name: str
     dims: tuple[Dim, ...]
@@ -85,6 +87,7 @@ class Tensor:
     kind: str = "activation"
     producer: Op | None = None
     base: Tensor | None = None
+    storage: Tensor | None = None
 
     def __repr__(self) -> str:
         return f"{self.name}{self.sharding.describe(d.name for d in self.dims)}"
@@ -135,6 +138,38 @@ class Part:
     weight_grads: dict[Tensor, Tensor] = field(default_factory=dict)
     reduce: list[Op] = field(default_factory=list)
     update: list[Op] = field(default_factory=list)
+
+
+def _view_groups(
+    src: tuple[Dim, ...], dst: tuple[Dim, ...]
+) -> list[tuple[list[int], list[int]]] | None:
+    """Pair each run of ``src`` dimensions with a run of ``dst`` dimensions of the same total
+    size: one to one, several merged into one, or one split into several."""
+
+    def same(a: sympy.Expr, b: sympy.Expr) -> bool:
+        return sympy.simplify(a - b) == 0
+
+    groups: list[tuple[list[int], list[int]]] = []
+    i = j = 0
+    while i < len(src) and j < len(dst):
+        if same(src[i].size, dst[j].size):
+            groups.append(([i], [j]))
+            i, j = i + 1, j + 1
+            continue
+        for k in range(2, len(src) - i + 1):
+            if same(sympy.Mul(*(d.size for d in src[i : i + k])), dst[j].size):
+                groups.append((list(range(i, i + k)), [j]))
+                i, j = i + k, j + 1
+                break
+        else:
+            for k in range(2, len(dst) - j + 1):
+                if same(sympy.Mul(*(d.size for d in dst[j : j + k])), src[i].size):
+                    groups.append(([i], list(range(j, j + k))))
+                    i, j = i + 1, j + k
+                    break
+            else:
+                return None
+    return groups if i == len(src) and j == len(dst) else None
 
 
 def shard_further(sharding: Sharding, axes: Iterable[str]) -> Sharding:
@@ -603,6 +638,69 @@ class GraphBuilder:
         out = self._new(name, like.dims, sharding, dtype or like.dtype)
         return self._emit(
             Op("elementwise", name, (source, *saved), out, flops_per_element=sympy.sympify(flops))
+        )
+
+    def view(self, x: Tensor, dims: str | Sequence[Dim | str], name: str = "view") -> Tensor:
+        """``x`` reshaped to ``dims`` (same number of elements), without a copy.
+
+        Dimensions are grouped where their sizes multiply up alike; a group may be split only
+        along its first dimension, which passes its split on (other splits are gathered)."""
+        out_dims = self._dims(dims)
+        groups = _view_groups(x.dims, out_dims)
+        if groups is None:
+            raise ValueError(f"view {name!r}: {x.dims} cannot be viewed as {out_dims}")
+        x_target: list[Axes] = []
+        out_axes: list[Axes] = []
+        for ins, outs in groups:
+            lead = x.sharding.dims[ins[0]] if ins else NO_AXES
+            x_target.extend([lead] + [NO_AXES] * (len(ins) - 1))
+            out_axes.extend([lead] + [NO_AXES] * (len(outs) - 1))
+        x_r = self.reshard(x, Sharding(tuple(x_target)))
+        return self.reinterpret(x_r, out_dims, Sharding(tuple(out_axes)), name)
+
+    def reinterpret(
+        self, x: Tensor, dims: tuple[Dim, ...], sharding: Sharding, name: str
+    ) -> Tensor:
+        """The memory of ``x`` seen with other dimensions and sharding (no node, no cost)."""
+        out = self._new(name, dims, sharding, x.dtype)
+        out.kind = "weight" if x.kind == "weight" else "activation"
+        out.storage = x.storage or x.base or x
+        return self._emit(Op("view", name, (x,), out, grad_inputs=(0,)))
+
+    def slice(self, x: Tensor, dim: str, to: Dim | str, name: str = "slice") -> Tensor:
+        """Part of ``x`` along dimension ``dim`` (e.g. Q out of a fused QKV), a view that keeps
+        the split: each rank takes its part of its own shard."""
+        index = next((i for i, d in enumerate(x.dims) if d.name == dim), None)
+        if index is None:
+            raise ValueError(f"slice {name!r}: {x!r} has no dimension {dim!r}")
+        dims = list(x.dims)
+        dims[index] = to if isinstance(to, Dim) else self.dim(to)
+        x_r = self.unpartial(x)
+        return self.reinterpret(x_r, tuple(dims), x_r.sharding, name)
+
+    def concat(self, *parts: Tensor, dim: str, to: Dim | str, name: str = "concat") -> Tensor:
+        """``parts`` joined along dimension ``dim`` into a new one ``to`` (a copy: no FLOPs,
+        every byte read and written). Parts are resharded like the first."""
+        first = self.unpartial(parts[0])
+        index = next((i for i, d in enumerate(first.dims) if d.name == dim), None)
+        if index is None:
+            raise ValueError(f"concat {name!r}: {first!r} has no dimension {dim!r}")
+        resolved = tuple(
+            p if i == 0 else self.reshard(p, first.sharding)
+            for i, p in enumerate((first, *parts[1:]))
+        )
+        dims = list(first.dims)
+        dims[index] = to if isinstance(to, Dim) else self.dim(to)
+        out = self._new(name, tuple(dims), first.sharding, first.dtype)
+        return self._emit(
+            Op(
+                "concat",
+                name,
+                resolved,
+                out,
+                reduce_dims=(index,),
+                grad_inputs=tuple(range(len(parts))),
+            )
         )
 
     def scatter_add(self, name: str, source: Tensor, ids: Tensor, table: Tensor) -> Tensor:

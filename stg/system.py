@@ -331,9 +331,7 @@ def system_from_dict(data: object, source: str = "system") -> System:
             + (f" (missing {', '.join(missing)})" if missing else f" (unknown {extra[0]})")
         )
     peak_flops = {d: _positive(f"{source}: peak_tflops.{d}", peaks[d]) * 1e12 for d in DTYPES}
-    efficiency_in = _mapping(
-        f"{source}: compute_efficiency", data.get("compute_efficiency", {})
-    )
+    efficiency_in = _mapping(f"{source}: compute_efficiency", data.get("compute_efficiency", {}))
     extra = sorted(set(efficiency_in) - set(OP_CLASSES))
     if extra:
         raise SystemDescriptionError(
@@ -371,8 +369,7 @@ def system_from_dict(data: object, source: str = "system") -> System:
                 name=str(raw.get("name", f"dim{i}")),
                 size=size,
                 bandwidth=_positive(f"{where}.bandwidth_gbps", raw["bandwidth_gbps"]) * 1e9,
-                latency=_positive(f"{where}.latency_us", raw["latency_us"], allow_zero=True)
-                * 1e-6,
+                latency=_positive(f"{where}.latency_us", raw["latency_us"], allow_zero=True) * 1e-6,
                 efficiency=_fraction(f"{where}.efficiency", raw.get("efficiency", 1.0)),
             )
         )

@@ -86,8 +86,9 @@ def _registering(records: Sequence[Any]) -> Callable[..., None]:
     return hook
 
 
-def make_registry(*plugins: object, extra_plugins: Sequence[str] = (), autoload: bool = False,
-                  strict: bool = True) -> Registry:
+def make_registry(
+    *plugins: object, extra_plugins: Sequence[str] = (), autoload: bool = False, strict: bool = True
+) -> Registry:
     """A registry of the built-ins plus ``plugins`` (plugin objects or modules).
 
     Entry points are skipped unless ``autoload``; with ``strict`` any load failure raises
@@ -153,9 +154,7 @@ def _validate(workload: Workload) -> None:
         raise AssertionError(f"the workload is not a valid trace ({len(errors)} errors): {shown}")
 
 
-def check_model(
-    model: str | Model, registry: Registry | None = None, **dims: Any
-) -> Workload:
+def check_model(model: str | Model, registry: Registry | None = None, **dims: Any) -> Workload:
     """Build and lower ``model`` (a name or a record) on a tiny configuration.
 
     ``dims`` override :data:`TINY_DIMS` and any other option (e.g. ``tp=2, pp=2``). Checks

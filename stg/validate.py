@@ -134,8 +134,14 @@ class _Checker:
         self.report = report
         self.world = world_size
 
-    def add(self, check: str, message: str, rank: int | None = None, node: int | None = None,
-            severity: str = "error") -> None:
+    def add(
+        self,
+        check: str,
+        message: str,
+        rank: int | None = None,
+        node: int | None = None,
+        severity: str = "error",
+    ) -> None:
         self.report.violations.append(Violation(check, message, rank, node, severity))
 
     # -- one rank --------------------------------------------------------------------------
@@ -151,14 +157,15 @@ class _Checker:
         ids: set[int] = set()
         for nid, _, _ in nodes:
             if nid in ids:
-                self.add("duplicate-id", f"node id {nid} appears more than once{where}", rank,
-                         nid)
+                self.add("duplicate-id", f"node id {nid} appears more than once{where}", rank, nid)
             ids.add(nid)
         parents: dict[int, list[int]] = {}
         for nid, data_deps, ctrl_deps in nodes:
             plist = parents.setdefault(nid, [])
-            if not ctrl_deps and len(set(data_deps)) == len(data_deps) and ids.issuperset(
-                data_deps
+            if (
+                not ctrl_deps
+                and len(set(data_deps)) == len(data_deps)
+                and ids.issuperset(data_deps)
             ):
                 plist.extend(data_deps)  # the common case, checked in bulk
                 continue
@@ -166,15 +173,24 @@ class _Checker:
             for kind, deps in (("data", data_deps), ("ctrl", ctrl_deps)):
                 for dep in deps:
                     if dep in seen:
-                        self.add("repeated-dep", f"node {nid} lists parent {dep} twice "
-                                 f"({kind} deps){where}", rank, nid)
+                        self.add(
+                            "repeated-dep",
+                            f"node {nid} lists parent {dep} twice ({kind} deps){where}",
+                            rank,
+                            nid,
+                        )
                         continue
                     seen.add(dep)
                     if dep in ids:
                         plist.append(dep)
                     else:
-                        self.add("dangling-dep", f"node {nid} has {kind} dep {dep}, which is "
-                                 f"not a node of this rank{where}", rank, nid)
+                        self.add(
+                            "dangling-dep",
+                            f"node {nid} has {kind} dep {dep}, which is "
+                            f"not a node of this rank{where}",
+                            rank,
+                            nid,
+                        )
         self._acyclic(rank, parents, where)
         return parents
 
@@ -203,13 +219,17 @@ class _Checker:
         while True:
             node = min(p for p in parents[node] if p in left)
             if node in index:
-                cycle = [*path[index[node]:], node]
+                cycle = [*path[index[node] :], node]
                 break
             index[node] = len(path)
             path.append(node)
         shown = " -> ".join(str(c) for c in reversed(cycle))
-        self.add("cycle", f"{len(left)} nodes cannot run because of a dependency cycle, e.g. "
-                 f"{shown}{where}", rank, cycle[0])
+        self.add(
+            "cycle",
+            f"{len(left)} nodes cannot run because of a dependency cycle, e.g. {shown}{where}",
+            rank,
+            cycle[0],
+        )
 
     def comm_node(
         self, rank: int | None, n: Node, comm: _RankComm, kinds: Mapping[str, str] | None
@@ -221,21 +241,30 @@ class _Checker:
         for name, kind in (kinds or {}).items():
             expected = EXPECTED_KINDS.get(name)
             if expected and kind != expected:
-                self.add("attr-type", f"node {n.id}: attribute {name} is {kind}, must be "
-                         f"{expected}", rank, n.id)
+                self.add(
+                    "attr-type",
+                    f"node {n.id}: attribute {name} is {kind}, must be {expected}",
+                    rank,
+                    n.id,
+                )
         attrs = n.attrs
         for name in ("comm_priority", "involved_dim", "pg_name"):
             if name in attrs:
                 kind = getattr(attrs, "kinds", {}).get(name)
                 if kind and kind != EXPECTED_KINDS[name]:
-                    self.add("attr-type", f"node {n.id}: attribute {name} is {kind}, must be "
-                             f"{EXPECTED_KINDS[name]}", rank, n.id)
+                    self.add(
+                        "attr-type",
+                        f"node {n.id}: attribute {name} is {kind}, must be {EXPECTED_KINDS[name]}",
+                        rank,
+                        n.id,
+                    )
         t = n.type
-        if kinds is not None and "is_cpu_op" not in kinds and t in (
-            NodeType.COMP, NodeType.COMM_COLL, NodeType.COMM_SEND, NodeType.COMM_RECV
+        if (
+            kinds is not None
+            and "is_cpu_op" not in kinds
+            and t in (NodeType.COMP, NodeType.COMM_COLL, NodeType.COMM_SEND, NodeType.COMM_RECV)
         ):
-            self.add("comm-field", f"node {n.id} has no is_cpu_op attribute", rank, n.id,
-                     "warning")
+            self.add("comm-field", f"node {n.id} has no is_cpu_op attribute", rank, n.id, "warning")
         if t is NodeType.COMM_COLL:
             if n.is_cpu_op:
                 self.add("comm-field", f"collective {n.id} has is_cpu_op true", rank, n.id)
@@ -243,39 +272,58 @@ class _Checker:
                 self.add("comm-field", f"collective {n.id} has no comm_type", rank, n.id)
                 return
             if n.comm_type not in SIMULATED:
-                self.add("comm-field", f"collective {n.id} is {n.comm_type.name}, which "
-                         "ASTRA-sim does not simulate", rank, n.id, "warning")
+                self.add(
+                    "comm-field",
+                    f"collective {n.id} is {n.comm_type.name}, which ASTRA-sim does not simulate",
+                    rank,
+                    n.id,
+                    "warning",
+                )
             if "pg_name" in attrs:
-                self.add("comm-field", f"collective {n.id} has pg_name {attrs['pg_name']!r}, "
-                         "not a decimal comm-group id", rank, n.id)
+                self.add(
+                    "comm-field",
+                    f"collective {n.id} has pg_name {attrs['pg_name']!r}, "
+                    "not a decimal comm-group id",
+                    rank,
+                    n.id,
+                )
                 return
             group = WORLD if n.comm_group is None else n.comm_group
             comm.colls[group].append((n.id, int(n.comm_type), n.comm_size))
         elif t in (NodeType.COMM_SEND, NodeType.COMM_RECV):
-            verb, peer_name = ("send", "comm_dst") if t is NodeType.COMM_SEND else (
-                "recv", "comm_src")
+            verb, peer_name = (
+                ("send", "comm_dst") if t is NodeType.COMM_SEND else ("recv", "comm_src")
+            )
             peer = getattr(n, peer_name)
             if n.is_cpu_op:
                 self.add("comm-field", f"{verb} {n.id} has is_cpu_op true", rank, n.id)
             missing = [name for name in (peer_name, "comm_tag") if getattr(n, name) is None]
             if missing:
-                self.add("comm-field", f"{verb} {n.id} has no {' or '.join(missing)}", rank,
-                         n.id)
+                self.add("comm-field", f"{verb} {n.id} has no {' or '.join(missing)}", rank, n.id)
                 return
             assert peer is not None and n.comm_tag is not None
             if peer == rank or peer < 0 or (self.world is not None and peer >= self.world):
                 upto = "" if self.world is None else f" in 0..{self.world - 1}"
-                self.add("comm-field", f"{verb} {n.id} has {peer_name}={peer}; must be another "
-                         f"rank{upto}", rank, n.id)
+                self.add(
+                    "comm-field",
+                    f"{verb} {n.id} has {peer_name}={peer}; must be another rank{upto}",
+                    rank,
+                    n.id,
+                )
                 return
             if not 0 <= n.comm_tag < MAX_TAG:
-                self.add("comm-field", f"{verb} {n.id} has comm_tag={n.comm_tag}; must be in "
-                         f"0..{MAX_TAG - 1}", rank, n.id)
+                self.add(
+                    "comm-field",
+                    f"{verb} {n.id} has comm_tag={n.comm_tag}; must be in 0..{MAX_TAG - 1}",
+                    rank,
+                    n.id,
+                )
             own = n.comm_src if t is NodeType.COMM_SEND else n.comm_dst
             if own is not None and rank is not None and own != rank:
                 other = "comm_src" if t is NodeType.COMM_SEND else "comm_dst"
-                self.add("comm-field", f"{verb} {n.id} on rank {rank} has {other}={own}", rank,
-                         n.id)
+                self.add(
+                    "comm-field", f"{verb} {n.id} on rank {rank} has {other}={own}", rank, n.id
+                )
             entry = (n.id, peer, n.comm_tag, n.comm_size)
             (comm.sends if t is NodeType.COMM_SEND else comm.recvs).append(entry)
 
@@ -287,11 +335,15 @@ class _Checker:
             if gid < 1:
                 self.add("comm-group", f"group id {gid} must be >= 1 (0 means all ranks)")
             if len(members) < 2:
-                self.add("comm-group", f"group {gid} has {len(members)} member(s); a collective "
-                         "on a one-rank group never completes")
+                self.add(
+                    "comm-group",
+                    f"group {gid} has {len(members)} member(s); a collective "
+                    "on a one-rank group never completes",
+                )
             if list(members) != sorted(set(members)):
-                self.add("comm-group", f"group {gid} members {list(members)} must be sorted and "
-                         "unique")
+                self.add(
+                    "comm-group", f"group {gid} members {list(members)} must be sorted and unique"
+                )
             world = self.world or 0
             bad = [m for m in members if not 0 <= m < world]
             if bad:
@@ -301,16 +353,27 @@ class _Checker:
                 continue
             if gid not in groups:
                 rank = min(used[gid])
-                self.add("comm-group", f"group {gid} is used by rank {rank} but not defined in "
-                         "the comm-group file", rank)
+                self.add(
+                    "comm-group",
+                    f"group {gid} is used by rank {rank} but not defined in the comm-group file",
+                    rank,
+                )
                 continue
             outsiders = sorted(used[gid] - set(groups[gid]))
             if outsiders:
-                self.add("comm-group", f"ranks {outsiders} use group {gid} but are not among "
-                         f"its members {list(groups[gid])}", outsiders[0])
+                self.add(
+                    "comm-group",
+                    f"ranks {outsiders} use group {gid} but are not among "
+                    f"its members {list(groups[gid])}",
+                    outsiders[0],
+                )
 
-    def collectives(self, groups: Mapping[int, Sequence[int]], comms: Mapping[int, _RankComm],
-                    ranks: Iterable[int]) -> list[list[tuple[int, int]]]:
+    def collectives(
+        self,
+        groups: Mapping[int, Sequence[int]],
+        comms: Mapping[int, _RankComm],
+        ranks: Iterable[int],
+    ) -> list[list[tuple[int, int]]]:
         """Every member of a group issues the same (type, size) sequence on it. Returns the
         collective instances: for each, the ``(rank, node id)`` of every member."""
         instances: list[list[tuple[int, int]]] = []
@@ -330,12 +393,22 @@ class _Checker:
                 seq = sorted(comms[m].colls.get(gid, []))
                 if [s[1:] for s in seq] == [s[1:] for s in ref_seq]:
                     continue
-                k = next((i for i, (a, b) in enumerate(zip(seq, ref_seq, strict=False))
-                          if a[1:] != b[1:]), min(len(seq), len(ref_seq)))
+                k = next(
+                    (
+                        i
+                        for i, (a, b) in enumerate(zip(seq, ref_seq, strict=False))
+                        if a[1:] != b[1:]
+                    ),
+                    min(len(seq), len(ref_seq)),
+                )
                 name = "all ranks" if gid == WORLD else f"group {gid}"
-                self.add("collective-mismatch", f"{name}: rank {m}'s collective #{k + 1} is "
-                         f"{_describe(seq, k)} but rank {ref}'s is {_describe(ref_seq, k)}", m,
-                         seq[k][0] if k < len(seq) else None)
+                self.add(
+                    "collective-mismatch",
+                    f"{name}: rank {m}'s collective #{k + 1} is "
+                    f"{_describe(seq, k)} but rank {ref}'s is {_describe(ref_seq, k)}",
+                    m,
+                    seq[k][0] if k < len(seq) else None,
+                )
         return instances
 
     def point_to_point(
@@ -354,13 +427,21 @@ class _Checker:
                 if queue:
                     pairs.append(((src, queue.popleft()), (rank, nid)))
                     continue
-                self.add("unmatched-recv", f"recv {nid} waits for rank {src} (tag {tag}, "
-                         f"{size} bytes) but no such send exists: the rank would deadlock",
-                         rank, nid)
+                self.add(
+                    "unmatched-recv",
+                    f"recv {nid} waits for rank {src} (tag {tag}, "
+                    f"{size} bytes) but no such send exists: the rank would deadlock",
+                    rank,
+                    nid,
+                )
         for (src, dst, tag, size), queue in sorted(sends.items()):
             for nid in queue:
-                self.add("unmatched-send", f"send {nid} to rank {dst} (tag {tag}, {size} bytes) "
-                         "has no matching recv", src, nid)
+                self.add(
+                    "unmatched-send",
+                    f"send {nid} to rank {dst} (tag {tag}, {size} bytes) has no matching recv",
+                    src,
+                    nid,
+                )
         return pairs
 
     def deadlock(
@@ -435,10 +516,8 @@ class _Checker:
             stuck += 1
             if stuck > 16:
                 continue
-            waiting = self._waiting_point(rank, degs, waiting_send, instance_of, arrived,
-                                          instances)
-            self.add("deadlock", f"rank {rank}: {len(blocked)} nodes never run; {waiting}",
-                     rank)
+            waiting = self._waiting_point(rank, degs, waiting_send, instance_of, arrived, instances)
+            self.add("deadlock", f"rank {rank}: {len(blocked)} nodes never run; {waiting}", rank)
         if stuck > 16:
             self.add("deadlock", f"... and {stuck - 16} more ranks are stuck")
 
@@ -500,15 +579,18 @@ def find_rank_files(path_or_prefix: str | Path) -> tuple[list[Path | None], Path
         return [path], None
     parent = path.parent
     if parent.is_dir():
-        sets = {p: f for p, f in _rank_file_sets(parent).items()
-                if p.startswith(path.name + ".%d.")}
+        sets = {
+            p: f for p, f in _rank_file_sets(parent).items() if p.startswith(path.name + ".%d.")
+        }
         if len(sets) == 1:
             ((pattern, found),) = sets.items()
             return _by_rank(found), _group_file(parent, pattern)
         if len(sets) > 1:
             raise UserError(f"prefix {text} matches several traces: {', '.join(sorted(sets))}")
-    raise UserError(f"{text} does not exist (expected a directory, a rank file or a prefix "
-                    "such as out/workload)")
+    raise UserError(
+        f"{text} does not exist (expected a directory, a rank file or a prefix "
+        "such as out/workload)"
+    )
 
 
 def _match_pattern(parent: Path, pattern: str) -> dict[int, Path]:
@@ -547,7 +629,7 @@ def read_comm_groups(path: Path) -> dict[int, tuple[int, ...]]:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise TraceError(f"{path}: not a readable JSON comm-group file: {exc}") from None
     if not isinstance(data, dict):
-        raise TraceError(f"{path}: must be a JSON object {{\"1\": [0, 1], ...}}")
+        raise TraceError(f'{path}: must be a JSON object {{"1": [0, 1], ...}}')
     groups: dict[int, tuple[int, ...]] = {}
     for key, members in data.items():
         if not (isinstance(key, str) and key.isascii() and key.isdecimal()):
@@ -575,8 +657,10 @@ def validate_trace(
     checker = _Checker(report, len(files) if cross_rank else None)
     missing = [r for r, f in enumerate(files) if f is None]
     if missing:
-        checker.add("rank-files", f"rank files missing for ranks {missing} (found ranks up to "
-                    f"{len(files) - 1})")
+        checker.add(
+            "rank-files",
+            f"rank files missing for ranks {missing} (found ranks up to {len(files) - 1})",
+        )
     comms: dict[int, _RankComm] = {}
     graphs: dict[int, dict[int, list[int]]] = {}
     for index, path in enumerate(files):
@@ -609,12 +693,18 @@ def validate_trace(
             except TraceError as exc:
                 checker.add("comm-group", str(exc))
         elif any(g != WORLD for g in used):
-            checker.add("comm-group", f"comm-group file {group_path} is missing but collectives "
-                        "use groups " + ", ".join(str(g) for g in sorted(used) if g != WORLD))
+            checker.add(
+                "comm-group",
+                f"comm-group file {group_path} is missing but collectives "
+                "use groups " + ", ".join(str(g) for g in sorted(used) if g != WORLD),
+            )
     unreadable = [v.rank for v in report.errors if v.check == "file"]
     if cross_rank and unreadable:
-        checker.add("file", f"cross-rank checks skipped: rank files {unreadable} are unreadable",
-                    severity="warning")
+        checker.add(
+            "file",
+            f"cross-rank checks skipped: rank files {unreadable} are unreadable",
+            severity="warning",
+        )
     elif cross_rank:
         checker.groups(groups, used)
         instances = checker.collectives(groups, comms, range(len(files)))

@@ -108,9 +108,7 @@ def get_registry(ctx: _click.Context | None = None) -> Registry:
     root = (ctx or get_current_context()).find_root()
     registry = root.meta.get(REGISTRY_KEY)
     if registry is None:
-        registry = load_registry(
-            _plugins_of(root), reserved_commands=builtin_command_names()
-        )
+        registry = load_registry(_plugins_of(root), reserved_commands=builtin_command_names())
         root.meta[REGISTRY_KEY] = registry
         for failure in registry.failures:
             if failure.source == SOURCE_COMMAND_LINE:
@@ -126,9 +124,7 @@ def _command_registry(ctx: _click.Context) -> Registry:
     from stg.plugins import load_registry
 
     root = ctx.find_root()
-    registry: Registry | None = root.meta.get(REGISTRY_KEY) or root.meta.get(
-        COMMAND_REGISTRY_KEY
-    )
+    registry: Registry | None = root.meta.get(REGISTRY_KEY) or root.meta.get(COMMAND_REGISTRY_KEY)
     if registry is None:
         registry = load_registry(
             _plugins_of(root), builtins=False, reserved_commands=builtin_command_names()

@@ -55,6 +55,17 @@ def parse_recompute(value: str) -> str:
     )
 
 
+def parse_precision_plan(value: str) -> tuple[tuple[str, str], ...]:
+    """A precision plan file (see :mod:`stg.precision`) as ``GenerateOptions.precision``."""
+    from stg.errors import UserError
+    from stg.precision import load_plan
+
+    try:
+        return load_plan(value)
+    except UserError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
 @dataclass(frozen=True)
 class _Spec:
     help: str
@@ -70,8 +81,14 @@ _OUTPUT = "Output"
 
 # help text and extra spellings per GenerateOptions field (panel, spec)
 SPECS: dict[str, tuple[str, _Spec]] = {
-    "model": (_MODEL, _Spec("Model template (a registered model name or alias, or dist:name).",
-                            ("--model_type", "--model-type"), metavar="NAME")),
+    "model": (
+        _MODEL,
+        _Spec(
+            "Model template (a registered model name or alias, or dist:name).",
+            ("--model_type", "--model-type"),
+            metavar="NAME",
+        ),
+    ),
     "dvocal": (_MODEL, _Spec("Vocabulary size V.")),
     "dmodel": (_MODEL, _Spec("Hidden size h.")),
     "dff": (_MODEL, _Spec("FFN hidden size F.")),
@@ -89,41 +106,78 @@ SPECS: dict[str, tuple[str, _Spec]] = {
     "sp": (_PARALLEL, _Spec("Sequence/context-parallel degree.", ("--cp",))),
     "pp": (_PARALLEL, _Spec("Pipeline-parallel degree.")),
     "ep": (_PARALLEL, _Spec("Expert-parallel degree.")),
-    "tpsp": (_PARALLEL, _Spec("Megatron sequence parallelism inside TP.",
-                              parser=parse_bool, metavar="BOOL")),
-    "weight_sharded": (_PARALLEL, _Spec("Shard weights over dp (FSDP / ZeRO-3).",
-                                        parser=parse_bool, metavar="BOOL")),
+    "tpsp": (
+        _PARALLEL,
+        _Spec("Megatron sequence parallelism inside TP.", parser=parse_bool, metavar="BOOL"),
+    ),
+    "weight_sharded": (
+        _PARALLEL,
+        _Spec("Shard weights over dp (FSDP / ZeRO-3).", parser=parse_bool, metavar="BOOL"),
+    ),
     "zero": (_PARALLEL, _Spec("ZeRO stage 0-3.")),
     "rank_order": (_PARALLEL, _Spec("Mesh axes, fastest-varying first.", metavar="AXES")),
-    "pipeline_schedule": (_PARALLEL, _Spec("Pipeline schedule (a registered name).",
-                                           metavar="NAME")),
+    "pipeline_schedule": (
+        _PARALLEL,
+        _Spec("Pipeline schedule (a registered name).", metavar="NAME"),
+    ),
     "virtual_stages": (_PARALLEL, _Spec("Model chunks per pipeline stage (interleaving).")),
-    "activation_recompute": (_TRAINING, _Spec("Activation recomputation: none, selective, "
-                                              "full (true = full, false = none).",
-                                              parser=parse_recompute, metavar="MODE")),
-    "mixed_precision": (_TRAINING, _Spec("fp32 master weights and optimizer states.",
-                                         parser=parse_bool, metavar="BOOL")),
+    "activation_recompute": (
+        _TRAINING,
+        _Spec(
+            "Activation recomputation: none, selective, full (true = full, false = none).",
+            parser=parse_recompute,
+            metavar="MODE",
+        ),
+    ),
+    "mixed_precision": (
+        _TRAINING,
+        _Spec("fp32 master weights and optimizer states.", parser=parse_bool, metavar="BOOL"),
+    ),
     "dtype": (_TRAINING, _Spec("Compute and activation dtype.", metavar="DTYPE")),
-    "grad_reduce_dtype": (_TRAINING, _Spec("Dtype of gradient reduction; unset means --dtype.",
-                                           metavar="DTYPE")),
-    "causal": (_TRAINING, _Spec("Count only the causal half of attention scores.",
-                                parser=parse_bool, metavar="BOOL")),
-    "format": (_OUTPUT, _Spec("Output format (a registered emitter name or alias).",
-                              metavar="NAME")),
+    "grad_reduce_dtype": (
+        _TRAINING,
+        _Spec("Dtype of gradient reduction; unset means --dtype.", metavar="DTYPE"),
+    ),
+    "causal": (
+        _TRAINING,
+        _Spec("Count only the causal half of attention scores.", parser=parse_bool, metavar="BOOL"),
+    ),
+    "precision": (
+        _TRAINING,
+        _Spec(
+            "Per-op precision plan: a JSON file {\"ops\": {\"fc1\": \"int8\", ...}} "
+            "(as stg plan precision writes; default: every op in --dtype).",
+            parser=parse_precision_plan,
+            metavar="FILE",
+        ),
+    ),
+    "format": (
+        _OUTPUT,
+        _Spec("Output format (a registered emitter name or alias).", metavar="NAME"),
+    ),
     "output_dir": (_OUTPUT, _Spec("Directory to write into.", metavar="DIR")),
-    "output_name": (_OUTPUT, _Spec("Rank file name; %d is the rank (default: "
-                                   "workload.%d plus the format's extension).",
-                                   metavar="NAME")),
+    "output_name": (
+        _OUTPUT,
+        _Spec(
+            "Rank file name; %d is the rank (default: workload.%d plus the format's extension).",
+            metavar="NAME",
+        ),
+    ),
 }
 
 SCHEMA_OPTION = "chakra_schema_version"
 
 
+OPTION_SPELLINGS = {"precision": "precision_plan"}
+"""Fields whose option is not spelled like the field (``--precision_plan FILE``)."""
+
+
 def option_names(field_name: str) -> list[str]:
     """All spellings of a field's option: underscored, dashed, then aliases."""
-    names = [f"--{field_name}"]
-    if "_" in field_name:
-        names.append(f"--{field_name.replace('_', '-')}")
+    spelled = OPTION_SPELLINGS.get(field_name, field_name)
+    names = [f"--{spelled}"]
+    if "_" in spelled:
+        names.append(f"--{spelled.replace('_', '-')}")
     names.extend(SPECS[field_name][1].aliases)
     return names
 
@@ -159,8 +213,9 @@ def option_parameters() -> list[inspect.Parameter]:
             rich_help_panel=panel,
         )
         params.append(
-            inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option,
-                              annotation=annotation)
+            inspect.Parameter(
+                f.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation
+            )
         )
     schema = typer.Option(
         None,
@@ -172,8 +227,9 @@ def option_parameters() -> list[inspect.Parameter]:
         rich_help_panel=_OUTPUT,
     )
     params.append(
-        inspect.Parameter(SCHEMA_OPTION, inspect.Parameter.KEYWORD_ONLY, default=schema,
-                          annotation=Optional[str])  # noqa: UP045
+        inspect.Parameter(
+            SCHEMA_OPTION, inspect.Parameter.KEYWORD_ONLY, default=schema, annotation=Optional[str]
+        )
     )
     return params
 

@@ -68,9 +68,7 @@ def list_plugins(
             f"{_KIND_LABELS.get(kind, kind)}: {', '.join(names)}"
             for kind, names in plugin["registers"].items()
         )
-        table.add_row(
-            _who(plugin), plugin["version"] or "-", plugin["source"], registers or "-"
-        )
+        table.add_row(_who(plugin), plugin["version"] or "-", plugin["source"], registers or "-")
     for failure in report["failures"]:
         table.add_row(
             _who(failure),

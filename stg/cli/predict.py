@@ -49,7 +49,9 @@ def _own_parameters() -> list[inspect.Parameter]:
             "system",
             kw,
             default=typer.Option(
-                "a100-80g", "--system", "-s",
+                "a100-80g",
+                "--system",
+                "-s",
                 help="System preset (a100-80g, h100-80g) or a system JSON file.",
                 metavar="NAME|FILE",
             ),
@@ -59,7 +61,8 @@ def _own_parameters() -> list[inspect.Parameter]:
             "predictor",
             kw,
             default=typer.Option(
-                "all", "--predictor",
+                "all",
+                "--predictor",
                 help="A registered predictor (time, memory, ...) or all (time and memory).",
                 metavar="NAME",
             ),
@@ -75,7 +78,8 @@ def _own_parameters() -> list[inspect.Parameter]:
             "timeline",
             kw,
             default=typer.Option(
-                None, "--timeline",
+                None,
+                "--timeline",
                 help="Write a Chrome/Perfetto trace of the simulated timeline to this file.",
                 metavar="FILE",
             ),
@@ -267,8 +271,11 @@ def print_reports(reports: Mapping[str, Mapping[str, Any]], source: str) -> None
     for name, report in reports.items():
         kind = report.get("predictor")
         if kind == "time":
-            summary = Table(title=f"time: {source} on {report['system']}", title_justify="left",
-                            show_header=False)
+            summary = Table(
+                title=f"time: {source} on {report['system']}",
+                title_justify="left",
+                show_header=False,
+            )
             summary.add_column("what")
             summary.add_column("value", justify="right")
             summary.add_row("iteration time", _seconds(report["iteration_time_s"]))
@@ -276,20 +283,33 @@ def print_reports(reports: Mapping[str, Mapping[str, Any]], source: str) -> None
             summary.add_row("HFU (with recompute)", f"{100 * report['hfu']:.1f} %")
             if "tokens_per_s" in report:
                 summary.add_row("tokens per second", f"{report['tokens_per_s']:,.0f}")
-            summary.add_row("ranks (simulated)",
-                            f"{report['world_size']:,} ({report.get('simulated_ranks', '?')})")
+            summary.add_row(
+                "ranks (simulated)",
+                f"{report['world_size']:,} ({report.get('simulated_ranks', '?')})",
+            )
             console.print(summary)
-            ranks = Table(title="per rank (each row stands for identical ranks)",
-                          title_justify="left")
-            for column in ("rank", "ranks", "stage", "compute", "exposed comm", "comm wait",
-                           "bubble"):
+            ranks = Table(
+                title="per rank (each row stands for identical ranks)", title_justify="left"
+            )
+            for column in (
+                "rank",
+                "ranks",
+                "stage",
+                "compute",
+                "exposed comm",
+                "comm wait",
+                "bubble",
+            ):
                 ranks.add_column(column, justify="right")
             for row in report["ranks"]:
                 ranks.add_row(
-                    str(row["rank"]), str(row["ranks"]),
+                    str(row["rank"]),
+                    str(row["ranks"]),
                     "-" if row["stage"] is None else str(row["stage"]),
-                    _seconds(row["compute_s"]), _seconds(row["exposed_communication_s"]),
-                    _seconds(row["collective_wait_s"]), _seconds(row["bubble_s"]),
+                    _seconds(row["compute_s"]),
+                    _seconds(row["exposed_communication_s"]),
+                    _seconds(row["collective_wait_s"]),
+                    _seconds(row["bubble_s"]),
                 )
             console.print(ranks)
             path = report["critical_path"]
@@ -306,14 +326,29 @@ def print_reports(reports: Mapping[str, Mapping[str, Any]], source: str) -> None
                 f"(capacity {_gib(report['capacity_bytes'])} GiB)",
                 title_justify="left",
             )
-            for column in ("stage", "ranks", "weights", "gradients", "optimizer",
-                           "activations", "buffers", "peak", "fits"):
+            for column in (
+                "stage",
+                "ranks",
+                "weights",
+                "gradients",
+                "optimizer",
+                "activations",
+                "buffers",
+                "peak",
+                "fits",
+            ):
                 table.add_column(column, justify="right")
             for row in report["classes"]:
                 table.add_row(
-                    str(row["stage"]), str(row["ranks"]), _gib(row["weights"]),
-                    _gib(row["gradients"]), _gib(row["optimizer"]), _gib(row["activations"]),
-                    _gib(row["buffers"]), _gib(row["peak"]), "yes" if row["fits"] else "NO",
+                    str(row["stage"]),
+                    str(row["ranks"]),
+                    _gib(row["weights"]),
+                    _gib(row["gradients"]),
+                    _gib(row["optimizer"]),
+                    _gib(row["activations"]),
+                    _gib(row["buffers"]),
+                    _gib(row["peak"]),
+                    "yes" if row["fits"] else "NO",
                 )
             console.print(table)
         else:
