@@ -344,134 +344,120 @@ def lower_stage(
     """All node templates of one pipeline stage for one iteration."""
     out = _Nodes()
     chunks = plan.chunks
-    saved: dict[tuple[int, int], Env] = {}
-    remaining_backward: dict[int, int] = {}
-    for direction, _mb, chunk in order:
-        if direction == "B":
-            remaining_backward[chunk] = remaining_backward.get(chunk, 0) + 1
-    final_nodes: list[int] = []
     block, emb, head = parts.block, parts.embedding, parts.head
     repeat = block.repeated_before_backward(plan.recompute)
-    repeat_embedding = emb.repeated_before_backward("none")
-    repeat_head = head.repeated_before_backward("none")
+    saved: dict[tuple[str | int, int], Env] = {}  # (layer or part name, micro-batch) -> env
+    grads: dict[str | int, dict[int, list[int]]] = {}  # layer or part name -> grad nodes
+    final_nodes: list[int] = []
+    backwards_left: dict[int, int] = {}
+    for direction, _mb, chunk in order:
+        if direction == "B":
+            backwards_left[chunk] = backwards_left.get(chunk, 0) + 1
 
-    def reduce_layer(bp: BoundPart, grad_nodes: dict[int, list[int]], prefix: str) -> None:
-        env: Env = {k: tuple(v) for k, v in grad_nodes.items()}
-        if not bp.reduce:
-            final_nodes.extend(n for nodes in grad_nodes.values() for n in nodes)
-            return
-        out.run(bp.reduce, env, f"{prefix}grad_")
-        final_nodes.extend(env[op.outputs[0]][0] for op in bp.reduce)
+    def p2p(
+        kind: NodeType, what: str, mb: int, boundary: int, peer: int, deps: tuple[int, ...]
+    ) -> int:
+        """A send or receive of the activation (F) or gradient (B) across ``boundary``."""
+        direction = "F" if what == "activation" else "B"
+        verb = "send" if kind is NodeType.COMM_SEND else "recv"
+        return out.add(
+            {
+                "name": f"mb{mb}/{verb}_{what}_c{boundary}",
+                "type": kind,
+                "comm_size": block.boundary_bytes,
+                "peer_stage": plan.chunk_stage(peer),
+                "comm_tag": send_tag(direction, mb, boundary, chunks),
+                "dtype": None,
+            },
+            deps,
+        )
 
-    def collect_grads(bp: BoundPart, env: Env, store: dict[int, list[int]]) -> None:
+    def backward(
+        owner: str | int,
+        bp: BoundPart,
+        mb: int,
+        prefix: str,
+        dy: int | None,
+        repeated: list[BoundOp],
+        reduce_now: bool,
+    ) -> int | None:
+        """Backward of one part instance; returns the node of the gradient it passes on."""
+        env = saved.pop((owner, mb))
+        out.run(repeated, env, f"{prefix}recompute/", after=dy if dy is not None else out.last_comp)
+        if dy is not None:
+            env[bp.seed_key] = (dy,)  # type: ignore[index]
+        out.run(bp.backward, env, f"{prefix}bwd/")
+        store = grads.setdefault(owner, {})
         for k in bp.grad_keys:
             store.setdefault(k, []).extend(env.get(k, ()))
-
-    embedding_grads: dict[int, list[int]] = {}
-    head_grads: dict[int, list[int]] = {}
-    block_grads: dict[int, dict[int, list[int]]] = {}
+        if reduce_now:
+            reduce_env: Env = {k: tuple(v) for k, v in grads.pop(owner).items()}
+            if bp.reduce:
+                name = prefix.split("/", 1)[1]
+                out.run(bp.reduce, reduce_env, f"{name}grad_")
+                final_nodes.extend(reduce_env[op.outputs[0]][0] for op in bp.reduce)
+            else:
+                final_nodes.extend(n for nodes in reduce_env.values() for n in nodes)
+        return env[bp.grad_input_key][0] if bp.grad_input_key is not None else None
 
     for direction, mb, chunk in order:
         gchunk = chunk * plan.stages + stage
-        layers = plan.chunk_layers(gchunk)
         first, last = gchunk == 0, gchunk == chunks - 1
         out.start_step()
         if direction == "F":
             if first:
                 env: Env = {}
                 out.run(emb.forward, env, f"mb{mb}/embedding/")
-                x_node = env[emb.output_key][0]  # type: ignore[index]
-                saved[(-1, mb)] = env
+                saved[("embedding", mb)] = env
+                x = env[emb.output_key][0]  # type: ignore[index]
             else:
-                x_node = out.add(
-                    {
-                        "name": f"mb{mb}/recv_activation_c{gchunk}",
-                        "type": NodeType.COMM_RECV,
-                        "comm_size": block.boundary_bytes,
-                        "peer_stage": plan.chunk_stage(gchunk - 1),
-                        "comm_tag": send_tag("F", mb, gchunk - 1, chunks),
-                        "dtype": None,
-                    },
-                    (),
-                )
-            for layer in layers:
-                env = {block.input_key: (x_node,)}  # type: ignore[dict-item]
+                x = p2p(NodeType.COMM_RECV, "activation", mb, gchunk - 1, gchunk - 1, ())
+            for layer in plan.chunk_layers(gchunk):
+                env = {block.input_key: (x,)}  # type: ignore[dict-item]
                 out.run(block.forward, env, f"mb{mb}/layer{layer}/fwd/")
                 saved[(layer, mb)] = env
-                x_node = env[block.output_key][0]  # type: ignore[index]
+                x = env[block.output_key][0]  # type: ignore[index]
             if last:
-                env = {head.input_key: (x_node,)}  # type: ignore[dict-item]
+                env = {head.input_key: (x,)}  # type: ignore[dict-item]
                 out.run(head.forward, env, f"mb{mb}/head/fwd/")
-                saved[(chunks * 10**9, mb)] = env
+                saved[("head", mb)] = env
             else:
-                out.add(
-                    {
-                        "name": f"mb{mb}/send_activation_c{gchunk}",
-                        "type": NodeType.COMM_SEND,
-                        "comm_size": block.boundary_bytes,
-                        "peer_stage": plan.chunk_stage(gchunk + 1),
-                        "comm_tag": send_tag("F", mb, gchunk, chunks),
-                        "dtype": None,
-                    },
-                    (x_node,),
-                )
+                p2p(NodeType.COMM_SEND, "activation", mb, gchunk, gchunk + 1, (x,))
         else:
-            remaining_backward[chunk] -= 1
-            final_pass = remaining_backward[chunk] == 0
+            backwards_left[chunk] -= 1
+            reduce_now = backwards_left[chunk] == 0  # the last micro-batch of this chunk
             if last:
-                env = saved.pop((chunks * 10**9, mb))
-                out.run(repeat_head, env, f"mb{mb}/head/regather/", after=out.last_comp)
-                out.run(head.backward, env, f"mb{mb}/head/bwd/")
-                collect_grads(head, env, head_grads)
-                dy_node = env[head.grad_input_key][0]  # type: ignore[index]
-                if final_pass:
-                    reduce_layer(head, head_grads, "head/")
-            else:
-                dy_node = out.add(
-                    {
-                        "name": f"mb{mb}/recv_gradient_c{gchunk}",
-                        "type": NodeType.COMM_RECV,
-                        "comm_size": block.boundary_bytes,
-                        "peer_stage": plan.chunk_stage(gchunk + 1),
-                        "comm_tag": send_tag("B", mb, gchunk, chunks),
-                        "dtype": None,
-                    },
-                    (),
+                dy = backward(
+                    "head",
+                    head,
+                    mb,
+                    f"mb{mb}/head/",
+                    None,
+                    head.repeated_before_backward("none"),
+                    reduce_now,
                 )
-            for layer in reversed(layers):
-                env = saved.pop((layer, mb))
-                out.run(repeat, env, f"mb{mb}/layer{layer}/recompute/", after=dy_node)
-                env[block.seed_key] = (dy_node,)  # type: ignore[index]
-                out.run(block.backward, env, f"mb{mb}/layer{layer}/bwd/")
-                collect_grads(block, env, block_grads.setdefault(layer, {}))
-                dy_node = env[block.grad_input_key][0]  # type: ignore[index]
-                if final_pass:
-                    reduce_layer(block, block_grads.pop(layer), f"layer{layer}/")
+            else:
+                dy = p2p(NodeType.COMM_RECV, "gradient", mb, gchunk, gchunk + 1, ())
+            for layer in reversed(plan.chunk_layers(gchunk)):
+                dy = backward(layer, block, mb, f"mb{mb}/layer{layer}/", dy, repeat, reduce_now)
             if first:
-                env = saved.pop((-1, mb))
-                out.run(repeat_embedding, env, f"mb{mb}/embedding/regather/", after=dy_node)
-                env[emb.seed_key] = (dy_node,)  # type: ignore[index]
-                out.run(emb.backward, env, f"mb{mb}/embedding/bwd/")
-                collect_grads(emb, env, embedding_grads)
-                if final_pass:
-                    reduce_layer(emb, embedding_grads, "embedding/")
-            else:
-                out.add(
-                    {
-                        "name": f"mb{mb}/send_gradient_c{gchunk}",
-                        "type": NodeType.COMM_SEND,
-                        "comm_size": block.boundary_bytes,
-                        "peer_stage": plan.chunk_stage(gchunk - 1),
-                        "comm_tag": send_tag("B", mb, gchunk - 1, chunks),
-                        "dtype": None,
-                    },
-                    (dy_node,),
+                backward(
+                    "embedding",
+                    emb,
+                    mb,
+                    f"mb{mb}/embedding/",
+                    dy,
+                    emb.repeated_before_backward("none"),
+                    reduce_now,
                 )
+            else:
+                assert dy is not None
+                p2p(NodeType.COMM_SEND, "gradient", mb, gchunk - 1, gchunk - 1, (dy,))
         if progress is not None:
             progress()
 
-    params = stage_parameters(stage, plan, parts)
-    updated = stage_parameters(stage, plan, parts, optimizer=True)
+    held = stage_parts(stage, plan, parts)
+    updated = sum(bp.optimizer_parameters for _, bp in held)
     out.start_step()
     step = out.add(
         {
@@ -483,7 +469,7 @@ def lower_stage(
         },
         final_nodes,
     )
-    for prefix, bp in stage_parts(stage, plan, parts):
+    for prefix, bp in held:
         if bp.update:
             out.run(bp.update, {k: (step,) for op in bp.update for k in op.inputs}, prefix)
     return RankClass(
@@ -491,13 +477,10 @@ def lower_stage(
         stage=stage,
         nodes=tuple(out.nodes),
         facts={
-            "parameters": params,
-            "layers": sum(
-                len(plan.chunk_layers(c * plan.stages + stage))
-                for c in range(plan.chunks_per_stage)
-            ),
-            "has_embedding": stage == 0,
-            "has_head": plan.chunk_stage(plan.chunks - 1) == stage,
+            "parameters": sum(bp.parameters for _, bp in held),
+            "layers": sum(1 for _, bp in held if bp is block),
+            "has_embedding": any(bp is emb for _, bp in held),
+            "has_head": any(bp is head for _, bp in held),
             "micro_batches": plan.micro_batches,
             **parts.facts,
         },
@@ -517,13 +500,3 @@ def stage_parts(stage: int, plan: ParallelPlan, parts: ModelParts) -> list[tuple
     if plan.chunk_stage(plan.chunks - 1) == stage:
         out.append(("head/", parts.head))
     return out
-
-
-def stage_parameters(
-    stage: int, plan: ParallelPlan, parts: ModelParts, optimizer: bool = False
-) -> int:
-    """Weight elements stored on one rank of ``stage`` (``optimizer``: those it updates)."""
-    return sum(
-        bp.optimizer_parameters if optimizer else bp.parameters
-        for _, bp in stage_parts(stage, plan, parts)
-    )
