@@ -26,7 +26,7 @@ from typing import Any, BinaryIO
 
 import stg
 from stg.errors import UserError
-from stg.output import frame, output_paths, rank_files, write_comm_groups
+from stg.output import frame, write_rank_files
 from stg.proto import chakra_v001_pb2 as pb1
 from stg.reader import V001_COLLECTIVES, V001_EXTRA_FIELDS, V001_NODE_TYPES
 from stg.records import Emitter
@@ -132,15 +132,14 @@ def write_stream(out: BinaryIO, nodes: Iterable[Node]) -> int:
 
 def write(workload: Workload, directory: Path, output_name: str) -> list[Path]:
     """Write one v0.0.1 file per rank and the comm-group file into ``directory``."""
-    directory = Path(directory)
-    names = output_paths(output_name, workload.world_size, EXTENSION)
-    written: list[Path] = []
-    for rank, records in rank_files(workload, encode_node):
-        path = directory / names[rank]
-        path.write_bytes(b"".join(records))
-        written.append(path)
-    written.append(write_comm_groups(workload, directory, output_name))
-    return written
+    return write_rank_files(
+        workload,
+        directory,
+        output_name,
+        EXTENSION,
+        encode_node,
+        lambda _rank, records: b"".join(records),
+    )
 
 
 EMITTER = Emitter(
@@ -156,6 +155,3 @@ EMITTER = Emitter(
 def stg_register_emitters(register: Any) -> None:
     """Register the chakra-v0.0.1 emitter."""
     register(EMITTER)
-
-
-

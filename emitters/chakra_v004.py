@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import stg
-from stg.output import frame, output_paths, rank_files, write_comm_groups
+from stg.output import frame, write_rank_files
 from stg.proto import chakra_v004_pb2 as pb4
 from stg.reader import attr_kind
 from stg.records import Emitter
@@ -107,9 +107,7 @@ def encode_node(node: Node) -> bytes:
     return frame(node_message(node).SerializeToString())
 
 
-def metadata_message(
-    attrs: Mapping[str, Any] | None = None, version: str = SCHEMA_VERSION
-) -> Any:
+def metadata_message(attrs: Mapping[str, Any] | None = None, version: str = SCHEMA_VERSION) -> Any:
     """A ``GlobalMetadata`` with ``version`` and ``attrs`` (kinds remembered or inferred)."""
     meta = pb4.GlobalMetadata()
     meta.version = version or (SCHEMA_VERSION if not attrs else "")
@@ -180,17 +178,16 @@ def generator_metadata(workload: Workload, rank: int) -> dict[str, Any]:
 
 def write(workload: Workload, directory: Path, output_name: str) -> list[Path]:
     """Write one v0.0.4 file per rank and the comm-group file into ``directory``."""
-    directory = Path(directory)
-    names = output_paths(output_name, workload.world_size, EXTENSION)
-    written: list[Path] = []
-    for rank, records in rank_files(workload, encode_node):
-        path = directory / names[rank]
-        with open(path, "wb") as out:
-            out.write(encode_metadata(generator_metadata(workload, rank)))
-            out.write(b"".join(records))
-        written.append(path)
-    written.append(write_comm_groups(workload, directory, output_name))
-    return written
+    return write_rank_files(
+        workload,
+        directory,
+        output_name,
+        EXTENSION,
+        encode_node,
+        lambda rank, records: (
+            encode_metadata(generator_metadata(workload, rank)) + b"".join(records)
+        ),
+    )
 
 
 EMITTER = Emitter(

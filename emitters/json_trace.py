@@ -22,7 +22,7 @@ from typing import Any, BinaryIO
 
 import stg
 from stg.emitters.chakra_v004 import generator_metadata
-from stg.output import output_paths, rank_files, write_comm_groups
+from stg.output import write_rank_files
 from stg.reader import attr_kind
 from stg.records import Emitter
 from stg.workload import COMM_TYPES, Node, NodeType, Workload
@@ -165,15 +165,16 @@ def encode_nodes(
 
 def write(workload: Workload, directory: Path, output_name: str) -> list[Path]:
     """Write one JSON file per rank and the comm-group file into ``directory``."""
-    directory = Path(directory)
-    names = output_paths(output_name, workload.world_size, EXTENSION)
-    written: list[Path] = []
-    for rank, records in rank_files(workload, encode_node):
-        path = directory / names[rank]
-        path.write_bytes(_document(generator_metadata(workload, rank), SCHEMA_VERSION, records))
-        written.append(path)
-    written.append(write_comm_groups(workload, directory, output_name))
-    return written
+    return write_rank_files(
+        workload,
+        directory,
+        output_name,
+        EXTENSION,
+        encode_node,
+        lambda rank, records: _document(
+            generator_metadata(workload, rank), SCHEMA_VERSION, records
+        ),
+    )
 
 
 EMITTER = Emitter(
@@ -181,7 +182,7 @@ EMITTER = Emitter(
     aliases=("chakra-json",),
     extension=EXTENSION,
     write=write,
-    description="Chakra feeder JSON ({\"workload_graph\": [...]}), lossless with stg's extra keys",
+    description='Chakra feeder JSON ({"workload_graph": [...]}), lossless with stg\'s extra keys',
 )
 
 

@@ -185,6 +185,27 @@ def rank_files(
         yield graph.rank, records
 
 
+def write_rank_files(
+    workload: Workload,
+    directory: Path,
+    output_name: str,
+    extension: str,
+    node_record: Callable[[Node], bytes],
+    file_bytes: Callable[[int, list[bytes]], bytes],
+) -> list[Path]:
+    """Write every rank's file into ``directory`` (``file_bytes(rank, records)`` assembles it
+    from the rank's encoded node records), then the comm-group file; return the paths."""
+    directory = Path(directory)
+    names = output_paths(output_name, workload.world_size, extension)
+    written: list[Path] = []
+    for rank, records in rank_files(workload, node_record):
+        path = directory / names[rank]
+        path.write_bytes(file_bytes(rank, records))
+        written.append(path)
+    written.append(write_comm_groups(workload, directory, output_name))
+    return written
+
+
 def _stale_rank_files(
     directory: Path, output_name: str, extension: str, keep: set[str]
 ) -> list[Path]:
