@@ -29,12 +29,13 @@ attention scores; with ZeRO-3 the gathered weights of two layers (current and pr
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import stg
 from stg.errors import UserError
+from stg.kernels import KernelTable, kernel_table
 from stg.options import GenerateOptions
 from stg.records import Predictor
 from stg.system import System, load_system, normalize_dtype
@@ -172,9 +173,15 @@ def total_parameters(options: Mapping[str, Any] | GenerateOptions) -> int:
 
 
 def activation_bytes_per_layer(
-    options: Mapping[str, Any] | GenerateOptions, *, recompute: str | None = None
+    options: Mapping[str, Any] | GenerateOptions,
+    *,
+    recompute: str | None = None,
+    kernels: KernelTable | None = None,
 ) -> float:
-    """Bytes one rank stores for one layer and one micro-batch between forward and backward."""
+    """Bytes one rank stores for one layer and one micro-batch between forward and backward.
+
+    With a precision plan (``options.precision``) the matmul inputs saved for the backward
+    pass are stored as :func:`planned_activation_delta` says."""
     o = as_options(options)
     recompute = recompute or o.activation_recompute
     if recompute not in ("none", "selective", "full"):
@@ -207,7 +214,86 @@ def activation_bytes_per_layer(
     total = replicated / sp_divisor + sharded / t
     if recompute == "none":
         total += scores / t
+    if o.precision:
+        total += planned_activation_delta(o, recompute, kernels)
     return total
+
+
+def _saved_matmul_inputs(
+    o: GenerateOptions, recompute: str
+) -> list[tuple[float, tuple[str, ...], bool]]:
+    """(elements, consuming matmuls, also kept for a non-matmul backward) of each tensor that
+    :func:`activation_bytes_per_layer` counts as a matmul input (per layer and micro-batch)."""
+    b = micro_batch_size(o)
+    s_local = o.seq / o.sp
+    t = o.tp
+    sp_divisor = t if (o.tpsp and t > 1) else 1
+    sbh = s_local * b * o.dmodel
+    llama = model_family(o.model) == "llama"
+    moe = o.model.lower().startswith("moe")
+    k = o.kexperts if moe else 1
+    kv_fraction = o.kvhead / o.head if llama else 1.0
+    prefix = "expert_" if moe else ""
+    saved = [
+        (sbh / sp_divisor, ("q", "k", "v"), False),
+        (sbh / t, ("scores",), False),
+        (kv_fraction * sbh / t, ("scores",), False),
+        (kv_fraction * sbh / t, ("context",), False),
+        (sbh / t, ("attn_out",), False),
+    ]
+    sbf = k * s_local * b * o.dff / t
+    scores = o.head * s_local * o.seq * b / t
+    if llama:
+        saved += [
+            (sbh / sp_divisor, (f"{prefix}gate", f"{prefix}up"), False),
+            (sbf, (f"{prefix}down",), False),
+        ]
+        if recompute == "none":  # the softmax output feeds the context matmul and its backward
+            saved.append((scores, ("context",), True))
+    else:
+        saved += [
+            (sbh / sp_divisor, ("fc1",), False),
+            (sbf, ("fc2",), False),
+        ]
+        if recompute == "none":  # the dropout output feeds only the context matmul
+            saved.append((scores, ("context",), False))
+    return saved
+
+
+def planned_activation_delta(
+    options: Mapping[str, Any] | GenerateOptions,
+    recompute: str | None = None,
+    kernels: KernelTable | None = None,
+) -> float:
+    """Bytes per layer and micro-batch that a precision plan adds (negative: saves).
+
+    A saved matmul input is stored once per distinct precision its consumers run in: an
+    op that runs natively in a planned precision (see :mod:`stg.kernels`) saves its cast
+    input (``bytes_per_element`` of its kernel); other consumers, and a non-matmul backward
+    that needs the original, keep the tensor in the activation dtype. So ``fc1`` in int8
+    halves the MLP input, while ``q`` alone in int8 stores the QKV input twice. With full
+    recompute only the layer input is saved: no change.
+    """
+    o = as_options(options)
+    recompute = recompute or o.activation_recompute
+    if not o.precision or recompute == "full":
+        return 0.0
+    from stg.precision import precision_of
+
+    table = kernels if kernels is not None else KernelTable()
+    e = dtype_bytes(o.dtype)
+    delta = 0.0
+    for elements, consumers, keep_original in _saved_matmul_inputs(o, recompute):
+        stored: dict[str, float] = {o.dtype: e} if keep_original else {}
+        for op in consumers:
+            dtype = precision_of(o.precision, op) or o.dtype
+            kind = "attention" if op in ("scores", "context") else "gemm"
+            if dtype == o.dtype or not table.native(kind, dtype):
+                stored[o.dtype] = e
+            else:
+                stored[dtype] = table.bytes_per_element(kind, dtype)
+        delta += elements * (sum(stored.values()) - e)
+    return delta
 
 
 def in_flight_layers(
@@ -316,6 +402,7 @@ def stage_memory(
     has_head: bool,
     weight_dtype: str | None = None,
     grad_dtype: str | None = None,
+    kernels: KernelTable | None = None,
 ) -> RankMemory:
     """The memory of one rank of pipeline stage ``stage`` holding ``parameters`` weights."""
     o = as_options(options)
@@ -326,7 +413,7 @@ def stage_memory(
         parameters, weight_bytes=e_w, grad_bytes=e_g, optimizer_bytes=k, zero=zero, shard=shard
     )
     m = o.micro_batches
-    per_layer = activation_bytes_per_layer(o)
+    per_layer = activation_bytes_per_layer(o, kernels=kernels)
     activations = per_layer * in_flight_layers(
         stage, layers, o.pp, m, o.pipeline_schedule, o.virtual_stages
     )
@@ -344,9 +431,9 @@ def stage_memory(
         activations += (m if o.pipeline_schedule.lower() == "gpipe" else 1) * head
     buffers = 0.0
     if layers and o.activation_recompute == "full":
-        buffers += activation_bytes_per_layer(o, recompute="none")
+        buffers += activation_bytes_per_layer(o, recompute="none", kernels=kernels)
     elif layers and o.activation_recompute == "selective":
-        buffers += activation_bytes_per_layer(o, recompute="none") - per_layer
+        buffers += activation_bytes_per_layer(o, recompute="none", kernels=kernels) - per_layer
     if zero == 3 and layers:
         buffers += 2 * e_w * layer_parameters_per_rank(o)
     return RankMemory(
@@ -360,7 +447,9 @@ def stage_memory(
     )
 
 
-def analytic_memory(options: Mapping[str, Any] | GenerateOptions) -> list[RankMemory]:
+def analytic_memory(
+    options: Mapping[str, Any] | GenerateOptions, kernels: KernelTable | None = None
+) -> list[RankMemory]:
     """Memory per stage from options alone (parameters from :func:`count_parameters`)."""
     o = as_options(options)
     return [
@@ -371,6 +460,7 @@ def analytic_memory(options: Mapping[str, Any] | GenerateOptions) -> list[RankMe
             layers=p.layers,
             has_embedding=p.stage == 0,
             has_head=p.stage == o.pp - 1,
+            kernels=kernels,
         )
         for p in count_parameters(o)
     ]
@@ -386,9 +476,17 @@ def _rank_memory_dict(memory: RankMemory) -> dict[str, Any]:
     return out
 
 
-def predict_memory(workload: Any, system: System | str = "a100-80g", **_: Any) -> dict[str, Any]:
-    """Peak memory per rank class of a generated workload (needs ``metadata["options"]``)."""
+def predict_memory(
+    workload: Any,
+    system: System | str = "a100-80g",
+    *,
+    kernels: KernelTable | Iterable[Any] | None = None,
+    **_: Any,
+) -> dict[str, Any]:
+    """Peak memory per rank class of a generated workload (needs ``metadata["options"]``);
+    ``kernels`` (Kernel records) say what a precision plan's saved tensors occupy."""
     system = load_system(system)
+    table = kernel_table(kernels, system.name)
     options = workload.metadata.get("options") if workload.metadata else None
     if not options:
         raise UserError(
@@ -411,6 +509,7 @@ def predict_memory(workload: Any, system: System | str = "a100-80g", **_: Any) -
             has_head=bool(facts["has_head"]),
             weight_dtype=facts.get("weight_dtype"),
             grad_dtype=facts.get("grad_dtype"),
+            kernels=table,
         )
         ranks = [g.rank for g in workload.ranks if g.rank_class.index == rank_class.index]
         entry = {"class": rank_class.index, "ranks": len(ranks), "first_rank": min(ranks)}
@@ -421,15 +520,19 @@ def predict_memory(workload: Any, system: System | str = "a100-80g", **_: Any) -
 
 
 def predict_analytic(
-    options: Mapping[str, Any] | GenerateOptions, system: System | str = "a100-80g"
+    options: Mapping[str, Any] | GenerateOptions,
+    system: System | str = "a100-80g",
+    *,
+    kernels: KernelTable | Iterable[Any] | None = None,
 ) -> dict[str, Any]:
     """The memory report from options alone (parameters counted by :func:`count_parameters`),
     for traces that record their options but not the per-stage facts."""
     system = load_system(system)
     o = as_options(options)
+    table = kernel_table(kernels, system.name)
     classes = []
     ranks_per_stage = o.world_size // o.pp
-    for memory in analytic_memory(o):
+    for memory in analytic_memory(o, table):
         entry: dict[str, Any] = {
             "class": memory.stage,
             "ranks": ranks_per_stage,
@@ -473,6 +576,7 @@ __all__ = [
     "count_parameters",
     "in_flight_layers",
     "model_state_bytes",
+    "planned_activation_delta",
     "predict_analytic",
     "predict_memory",
     "stage_memory",

@@ -4,7 +4,10 @@ Cost of one node on a :class:`stg.system.System`:
 
 - COMP (and MEM_LOAD/STORE): ``max(num_ops / (peak(dtype)·eff(op class)),
   tensor_size / (hbm·memory_efficiency)) + kernel_overhead``; a node with neither FLOPs nor
-  bytes but a recorded ``runtime`` (a trace of a real run) takes that runtime.
+  bytes but a recorded ``runtime`` (a trace of a real run) takes that runtime. Registered
+  kernels (:mod:`stg.kernels`) divide the FLOP term by their ``speedup``, price casts
+  (``.cast_`` nodes) as ``cast_alpha·elements + cast_beta``, and decide whether an fp8/int8
+  op runs natively or, without a kernel, in the workload's dtype.
 - Collectives over a group of n ranks, per network dimension i that the group spans with n_i
   ranks (bandwidth B_i = per-GPU bandwidth·efficiency, latency alpha_i), applied hierarchically:
   reduce-scatter and all-gather ``(n_i-1)/n_i · S_i/B_i + (n_i-1)·alpha_i`` with S_0 the full
@@ -43,6 +46,7 @@ from typing import Any
 
 import stg
 from stg.errors import TraceError, UserError
+from stg.kernels import KernelTable, is_cast, kernel_table
 from stg.records import Predictor
 from stg.system import System, load_system, op_class
 from stg.workload import COMM_TYPES, CollectiveType, Node, NodeType, Workload
@@ -56,25 +60,44 @@ _KIND_NAMES = {COMPUTE: "compute", COLL: "collective", SEND: "send", RECV: "recv
 
 
 WIDE_DTYPES = frozenset({"fp32", "tf32"})
+NO_KERNELS = KernelTable()
 
 
-def compute_time(node: Any, system: System, default_dtype: str = "bf16") -> float:
-    """Roofline time of one compute node in seconds.
+def compute_time(
+    node: Any,
+    system: System,
+    default_dtype: str = "bf16",
+    kernels: KernelTable | None = None,
+) -> float:
+    """Roofline time of one compute node in seconds, with the kernels of ``kernels``.
 
     A node's dtype is that of its output. A matmul (gemm or attention class) whose output is
     fp32 in a workload that computes in a narrower dtype is a narrow matmul accumulating into
     fp32 (e.g. Megatron's weight gradients into fp32 main gradients): it runs at the peak of
-    the workload's compute dtype.
+    the workload's compute dtype. Kernels (see :mod:`stg.kernels`) price casts, scale the FLOP
+    term by their speedup, and decide whether an fp8/int8 op runs natively or is priced in the
+    workload's dtype.
     """
     if node.num_ops <= 0 and node.tensor_size <= 0:
         return getattr(node, "runtime", 0) * 1e-6
+    table = kernels if kernels is not None else NO_KERNELS
+    if table and node.dtype and is_cast(node.name):
+        cast = table.cast_kernel(node.dtype)
+        if cast is not None:
+            return cast.cast_alpha * node.num_ops + cast.cast_beta
     flops = 0.0
     if node.num_ops > 0:
         kind = op_class(node.name, node.num_ops, node.tensor_size)
         dtype = node.dtype or default_dtype
         if kind != "other" and dtype in WIDE_DTYPES and default_dtype not in WIDE_DTYPES:
             dtype = default_dtype
-        flops = node.num_ops / (system.peak(dtype) * system.compute_efficiency[kind])
+        speedup = 1.0
+        kernel = table.get(kind, dtype)
+        if kernel is not None:
+            speedup = kernel.speedup
+        elif dtype != default_dtype and not table.native(kind, dtype):
+            dtype = default_dtype  # no native kernel: dequantize, compute in the workload dtype
+        flops = node.num_ops / (system.peak(dtype) * system.compute_efficiency[kind] * speedup)
     memory = node.tensor_size / (system.hbm_bandwidth * system.memory_efficiency)
     return max(flops, memory) + system.kernel_overhead
 
@@ -332,10 +355,17 @@ class Replay:
 class _Sim:
     """Event-driven replay of all units (see the module docstring)."""
 
-    def __init__(self, problem: Problem, system: System, default_dtype: str) -> None:
+    def __init__(
+        self,
+        problem: Problem,
+        system: System,
+        default_dtype: str,
+        kernels: KernelTable | None = None,
+    ) -> None:
         self.problem = problem
         self.system = system
         self.default_dtype = default_dtype
+        self.kernels = kernels
         self.results: list[UnitResult] = []
         self.children: list[list[list[int]]] = []
         self.pending: list[list[int]] = []
@@ -396,7 +426,9 @@ class _Sim:
                 )
                 cost = cost_cache.get(ckey)
                 if cost is None:
-                    cost = cost_cache[ckey] = compute_time(node, system, self.default_dtype)
+                    cost = cost_cache[ckey] = compute_time(
+                        node, system, self.default_dtype, self.kernels
+                    )
                 duration[i] = cost
             elif t is NodeType.COMM_COLL:
                 if node.comm_group is None or node.comm_type is None:
@@ -604,13 +636,18 @@ class _Sim:
                     )
 
 
-def replay(problem: Problem, system: System, default_dtype: str = "bf16") -> Replay:
-    """Simulate every unit of ``problem`` on ``system``."""
+def replay(
+    problem: Problem,
+    system: System,
+    default_dtype: str = "bf16",
+    kernels: KernelTable | None = None,
+) -> Replay:
+    """Simulate every unit of ``problem`` on ``system`` (ops priced with ``kernels``)."""
     # millions of small lists and tuples, none cyclic: the cyclic collector only costs time
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _Sim(problem, system, default_dtype).run()
+        return _Sim(problem, system, default_dtype, kernels).run()
     finally:
         if enabled:
             gc.enable()
@@ -836,16 +873,23 @@ def predict_problem(
     dtype: str = "bf16",
     tokens: int | None = None,
     timeline: str | Path | None = None,
+    kernels: KernelTable | Iterable[Any] | None = None,
 ) -> dict[str, Any]:
-    """Replay ``problem`` and report; ``timeline`` writes a Chrome trace JSON there."""
+    """Replay ``problem`` and report; ``timeline`` writes a Chrome trace JSON there.
+
+    ``kernels``: Kernel records (or registry entries, or a :class:`KernelTable`) that price
+    ops by precision; none (the default) means the plain roofline."""
     system = load_system(system)
+    table = kernel_table(kernels, system.name)
     if system.capacity and problem.world_size > system.capacity:
         raise UserError(
             f"{problem.world_size} ranks do not fit system {system.name!r} "
             f"({system.capacity} GPUs)"
         )
-    result = replay(problem, system, dtype)
+    result = replay(problem, system, dtype, table)
     report = summarize(result, system, dtype=dtype, tokens=tokens, world_size=problem.world_size)
+    if table:
+        report["kernels"] = table.names()
     if timeline is not None:
         write_json_atomic(timeline, timeline_events(result))
         report["timeline"] = str(timeline)
@@ -858,9 +902,13 @@ def predict_time(
     *,
     timeline: str | Path | None = None,
     progress: Callable[[str, int, int], None] | None = None,
+    kernels: KernelTable | Iterable[Any] | None = None,
     **_: Any,
 ) -> dict[str, Any]:
-    """Iteration time, per-rank breakdown, MFU and critical path of a workload."""
+    """Iteration time, per-rank breakdown, MFU and critical path of a workload.
+
+    A pure function of (workload, system, kernels): ``kernels`` are Kernel records (or registry
+    entries, or a :class:`stg.kernels.KernelTable`); without them ops get the plain roofline."""
     system = load_system(system)
     options = dict(workload.metadata.get("options") or {}) if workload.metadata else {}
     dtype = str(options.get("dtype") or "bf16")
@@ -872,7 +920,9 @@ def predict_time(
     problem = problem_from_workload(workload, system)
     if progress:
         progress("symmetry", 1, 1)
-    report = predict_problem(problem, system, dtype=dtype, tokens=tokens, timeline=timeline)
+    report = predict_problem(
+        problem, system, dtype=dtype, tokens=tokens, timeline=timeline, kernels=kernels
+    )
     report["simulated_ranks"] = len(problem.units)
     return report
 

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from stg.workload import Workload
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.\-]*$")
+KERNEL_OP_CLASSES = ("einsum", "gemm", "attention", "elementwise", "other")
 
 
 class RecordError(ValueError):
@@ -118,10 +119,14 @@ class Predictor:
 class Kernel:
     """A kernel for one op class at one precision: throughput and memory per element.
 
-    ``op_class`` is e.g. ``"einsum"``, ``"attention"``, ``"elementwise"``; ``dtype`` one of
-    fp32, tf32, bf16, fp16, fp8, int8. ``speedup`` scales the roofline compute time
+    ``op_class`` is ``"einsum"`` (matmuls; also spelled ``"gemm"``), ``"attention"`` (the
+    score and context matmuls and softmax) or ``"elementwise"`` (also ``"other"``); ``dtype``
+    one of fp32, tf32, bf16, fp16, fp8, int8. ``speedup`` scales the FLOP term of the roofline
     (2.0 = twice as fast as the system's peak for that dtype predicts); ``cast_alpha`` (s per
-    element) and ``cast_beta`` (s) price a cast into this precision.
+    element) and ``cast_beta`` (s) price a cast into this precision (both 0: the roofline
+    prices it); ``bytes_per_element`` is what a tensor saved in this precision occupies
+    (``None``: the dtype's width). ``systems`` names the system descriptions the kernel runs
+    on (empty: every system). See :mod:`stg.kernels` for how predictors use kernels.
     """
 
     name: str
@@ -132,13 +137,33 @@ class Kernel:
     cast_alpha: float = 0.0
     cast_beta: float = 0.0
     description: str = ""
+    systems: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _check_name("kernel", self.name)
+        if self.op_class not in KERNEL_OP_CLASSES:
+            raise RecordError(
+                f"kernel {self.name!r}: op_class {self.op_class!r} must be one of "
+                f"{', '.join(KERNEL_OP_CLASSES)}"
+            )
+        for field_name in ("cast_alpha", "cast_beta"):
+            value = getattr(self, field_name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+                raise RecordError(f"kernel {self.name!r}: {field_name} must be a number >= 0")
+        if self.bytes_per_element is not None and not (
+            isinstance(self.bytes_per_element, int | float) and self.bytes_per_element > 0
+        ):
+            raise RecordError(f"kernel {self.name!r}: bytes_per_element must be > 0 or None")
+        if isinstance(self.systems, str) or not all(isinstance(x, str) for x in self.systems):
+            raise RecordError(f"kernel {self.name!r}: systems must be a tuple of system names")
         if self.dtype not in {"fp32", "tf32", "bf16", "fp16", "fp8", "int8"}:
             raise RecordError(
                 f"kernel {self.name!r}: dtype {self.dtype!r} must be one of "
                 "fp32, tf32, bf16, fp16, fp8, int8"
             )
-        if not self.speedup > 0:
-            raise RecordError(f"kernel {self.name!r}: speedup must be > 0")
+        if (
+            isinstance(self.speedup, bool)
+            or not isinstance(self.speedup, int | float)
+            or not 0 < self.speedup < float("inf")
+        ):
+            raise RecordError(f"kernel {self.name!r}: speedup must be a finite number > 0")

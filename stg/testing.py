@@ -1,7 +1,8 @@
 """Contract checks and a pytest fixture for plugin authors.
 
 ``check_model`` builds and lowers a model on a tiny configuration; ``check_emitter`` writes a
-tiny workload and reads it back; ``check_predictor`` runs a predictor and checks its report.
+tiny workload and reads it back; ``check_predictor`` runs a predictor and checks its report;
+``check_kernel`` predicts a small workload with and without a precision plan in a kernel's dtype.
 Each raises ``AssertionError`` naming what is wrong, and returns what it built so a test can
 check more. The ``stg_registry`` fixture (installed as a pytest plugin, no conftest needed)
 loads a registry with extra plugin objects::
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from stg.options import GenerateOptions
 from stg.plugins import Registry, load_registry
-from stg.records import Emitter, Model, Predictor
+from stg.records import Emitter, Kernel, Model, Predictor
 
 if TYPE_CHECKING:
     from stg.workload import Node, Workload
@@ -72,6 +73,7 @@ class _RecordPlugin:
             ("stg_register_models", Model),
             ("stg_register_emitters", Emitter),
             ("stg_register_predictors", Predictor),
+            ("stg_register_kernels", Kernel),
         ):
             mine = [r for r in self._records if isinstance(r, kind)]
             if mine:
@@ -280,6 +282,78 @@ def check_predictor(
     return report
 
 
+KERNEL_DIMS: Mapping[str, Any] = {
+    "dvocal": 32000,
+    "dmodel": 4096,
+    "dff": 16384,
+    "batch": 2,
+    "micro_batch": 1,
+    "seq": 2048,
+    "head": 32,
+    "kvhead": 32,
+    "num_stacks": 2,
+}
+"""Two layers of a 7B-class model: matmuls as large as the ones quantized kernels are for
+(building and predicting costs the same at any size; small matmuls are dominated by the
+fixed cost of their casts)."""
+
+
+def check_kernel(
+    kernel: str | Kernel,
+    registry: Registry | None = None,
+    system: Any = None,
+    *,
+    ops: Sequence[str] = ("fc1", "fc2"),
+    model: str = "gpt",
+    **dims: Any,
+) -> dict[str, dict[str, Any]]:
+    """Predict a small workload with ``ops`` planned in the kernel's dtype, and without a plan.
+
+    Checks that the kernel applies on ``system`` (default: the first system the kernel names,
+    else the first preset) and is not shadowed by another, that both time and memory reports
+    are sane and deterministic, and that the planned report names the kernel. Returns
+    ``{"default": {"time": ..., "memory": ...}, "planned": {...}}`` so a test can compare.
+    """
+    from stg import generate
+    from stg.kernels import OP_CLASS_OF_KERNEL, KernelTable
+    from stg.predictors.memory import predict_memory
+    from stg.predictors.time import predict_time
+    from stg.system import load_system, preset_names
+
+    name, registry = _resolve("kernel", kernel, registry)
+    record = registry.kernels.get(name)
+    if system is None:
+        system = record.systems[0] if record.systems else preset_names()[0]
+    system = load_system(system)
+    table = KernelTable.build(list(registry.kernels), system.name)
+    applied = table.get(OP_CLASS_OF_KERNEL[record.op_class], record.dtype)
+    assert applied is record, (
+        f"kernel {name!r} does not apply on system {system.name!r}"
+        + (f" ({applied.name!r} is chosen instead)" if applied else f" (systems={record.systems})")
+    )
+    reports: dict[str, dict[str, Any]] = {}
+    for label, plan in (("default", ()), ("planned", tuple((op, record.dtype) for op in ops))):
+        options = replace(GenerateOptions(), **{**KERNEL_DIMS, "model": model, **dims})
+        options = replace(options, precision=plan)
+        generate.validate_options(options, registry)
+        workload = generate.build_workload(options, registry)
+        pair = {
+            "time": predict_time(workload, system, kernels=table),
+            "memory": predict_memory(workload, system, kernels=table),
+        }
+        _finite_numbers(pair, f"{label} report")
+        again = predict_time(workload, system, kernels=table)
+        assert json.dumps(again, sort_keys=True) == json.dumps(pair["time"], sort_keys=True), (
+            f"{label} time prediction with kernel {name!r} is not deterministic"
+        )
+        assert pair["time"]["iteration_time_s"] > 0 and pair["memory"]["peak_bytes"] > 0
+        reports[label] = pair
+    assert record.name in reports["planned"]["time"].get("kernels", ()), (
+        f"the time report does not list kernel {name!r}"
+    )
+    return reports
+
+
 try:
     import pytest
 except ImportError:  # stg.testing's checks work without pytest; only the fixture needs it
@@ -298,6 +372,7 @@ __all__ = [
     "TINY_DIMS",
     "build_tiny_workload",
     "check_emitter",
+    "check_kernel",
     "check_model",
     "check_predictor",
     "make_registry",

@@ -105,10 +105,14 @@ def test_readme_opens_with_the_two_commands() -> None:
     lines = [line for line in first.group(2).splitlines() if line and not line.startswith("#")]
     assert lines == [
         "pip install -e . && stg generate",
-        "pip install -e '.[test]' && python -m pytest",
+        "pip install -e '.[test]' -e plugins/stg-int8-kernels && python -m pytest",
     ]
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
-    assert "pip install -e '.[test]' && python -m pytest" in ci
+    assert lines[1] in ci.splitlines()
+    testpaths = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"][
+        "ini_options"
+    ]["testpaths"]
+    assert "plugins/stg-int8-kernels/tests" in testpaths
 
 
 def test_readme_cli_reference_covers_every_command() -> None:

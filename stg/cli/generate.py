@@ -78,6 +78,7 @@ _MODEL = "Model"
 _PARALLEL = "Parallelism"
 _TRAINING = "Training"
 _OUTPUT = "Output"
+_PREDICT = "Prediction"
 
 # help text and extra spellings per GenerateOptions field (panel, spec)
 SPECS: dict[str, tuple[str, _Spec]] = {
@@ -169,15 +170,20 @@ SCHEMA_OPTION = "chakra_schema_version"
 
 
 OPTION_SPELLINGS = {"precision": "precision_plan"}
-"""Fields whose option is not spelled like the field (``--precision_plan FILE``)."""
+"""Fields whose option is spelled otherwise first (``--precision_plan FILE``; the field name
+``--precision`` works too)."""
+
+COMMAND_OPTIONS = frozenset({"predict", "print_gpu_vram", "system"})
+"""Options of ``stg generate`` that are not GenerateOptions fields."""
 
 
 def option_names(field_name: str) -> list[str]:
     """All spellings of a field's option: underscored, dashed, then aliases."""
-    spelled = OPTION_SPELLINGS.get(field_name, field_name)
-    names = [f"--{spelled}"]
-    if "_" in spelled:
-        names.append(f"--{spelled.replace('_', '-')}")
+    names: list[str] = []
+    for spelled in dict.fromkeys((OPTION_SPELLINGS.get(field_name, field_name), field_name)):
+        names.append(f"--{spelled}")
+        if "_" in spelled:
+            names.append(f"--{spelled.replace('_', '-')}")
     names.extend(SPECS[field_name][1].aliases)
     return names
 
@@ -228,7 +234,10 @@ def option_parameters() -> list[inspect.Parameter]:
     )
     params.append(
         inspect.Parameter(
-            SCHEMA_OPTION, inspect.Parameter.KEYWORD_ONLY, default=schema, annotation=Optional[str]
+            SCHEMA_OPTION,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=schema,
+            annotation=Optional[str],  # noqa: UP045
         )
     )
     return params
@@ -245,7 +254,11 @@ def _show(value: object) -> str:
 
 def options_from_cli(values: Mapping[str, Any]) -> GenerateOptions:
     """GenerateOptions from parsed option values (``None`` = not given, keep the default)."""
-    given = {k: v for k, v in values.items() if v is not None and k != SCHEMA_OPTION}
+    given = {
+        k: v
+        for k, v in values.items()
+        if v is not None and k != SCHEMA_OPTION and k not in COMMAND_OPTIONS
+    }
     schema = values.get(SCHEMA_OPTION)
     if schema is not None:
         if schema not in SCHEMA_FORMATS:
@@ -268,11 +281,67 @@ def default_output_name(extension: str) -> str:
     return f"workload.%d{extension}"
 
 
+def _command_parameters() -> list[inspect.Parameter]:
+    """Options of ``stg generate`` itself (not GenerateOptions): predictions after writing."""
+    kw = inspect.Parameter.KEYWORD_ONLY
+    return [
+        inspect.Parameter(
+            "predict",
+            kw,
+            default=typer.Option(
+                False,
+                "--predict",
+                help="Append the predicted iteration time and peak memory to the summary.",
+                rich_help_panel=_PREDICT,
+            ),
+            annotation=bool,
+        ),
+        inspect.Parameter(
+            "print_gpu_vram",
+            kw,
+            default=typer.Option(
+                None,
+                "--print_gpu_vram",
+                "--print-gpu-vram",
+                help="Print the memory predictor's peak memory per rank on stdout, as the "
+                "original STG (default: false).",
+                parser=parse_bool,
+                metavar="BOOL",
+                show_default=False,
+                rich_help_panel=_PREDICT,
+            ),
+            annotation=Optional[str],  # noqa: UP045 (parsed by parse_bool)
+        ),
+        inspect.Parameter(
+            "system",
+            kw,
+            default=typer.Option(
+                "a100-80g",
+                "--system",
+                "-s",
+                help="System for --predict and --print_gpu_vram: a preset (a100-80g, "
+                "h100-80g) or a system JSON file.",
+                metavar="NAME|FILE",
+                rich_help_panel=_PREDICT,
+            ),
+            annotation=str,
+        ),
+    ]
+
+
 def generate(**values: Any) -> None:
     """Generate the workload of one training iteration and write it as trace files."""
     from stg import generate as gen
     from stg.output import write_workload
 
+    predict = values.pop("predict", False)
+    print_vram = bool(values.pop("print_gpu_vram", None))
+    system_spec = values.pop("system", "a100-80g")
+    system = None
+    if predict or print_vram:
+        from stg.system import load_system
+
+        system = load_system(system_spec)
     options = options_from_cli(values)
     registry = get_registry()
     emitter = registry.emitters.get(options.format)
@@ -283,11 +352,25 @@ def generate(**values: Any) -> None:
     with progress_bar(console) as progress:
         workload = gen.build_workload(options, registry, progress=progress)
     files = write_workload(workload, emitter, Path(options.output_dir), options.output_name)
-    _print_summary(console, workload_summary(workload), files)
+    reports: dict[str, dict[str, Any]] = {}
+    if system is not None:
+        from stg.cli.predict import run_predictors
+
+        names = (["time"] if predict else []) + ["memory"]
+        reports = run_predictors(names, registry, system, workload=workload)
+    _print_summary(console, workload_summary(workload), files, reports if predict else None)
+    if print_vram:
+        from stg.cli.predict import print_reports
+
+        print_reports({"memory": reports["memory"]}, f"{options.model} (generated)")
 
 
-generate.__signature__ = inspect.Signature(option_parameters(), return_annotation=None)  # type: ignore[attr-defined]
-generate.__annotations__ = {p.name: p.annotation for p in option_parameters()} | {"return": None}
+def _signature() -> list[inspect.Parameter]:
+    return option_parameters() + _command_parameters()
+
+
+generate.__signature__ = inspect.Signature(_signature(), return_annotation=None)  # type: ignore[attr-defined]
+generate.__annotations__ = {p.name: p.annotation for p in _signature()} | {"return": None}
 app.command("generate")(generate)
 
 
@@ -354,7 +437,12 @@ def workload_summary(workload: Workload) -> dict[str, Any]:
     }
 
 
-def _print_summary(console: Any, summary: Mapping[str, Any], files: list[Path]) -> None:
+def _print_summary(
+    console: Any,
+    summary: Mapping[str, Any],
+    files: list[Path],
+    reports: Mapping[str, Mapping[str, Any]] | None = None,
+) -> None:
     from rich.table import Table
 
     table = Table(title="stg generate", title_justify="left", show_header=False)
@@ -374,7 +462,35 @@ def _print_summary(console: Any, summary: Mapping[str, Any], files: list[Path]) 
     table.add_row("bytes written", _bytes(written))
     if files:
         table.add_row("output", str(files[0].parent))
+    if reports:
+        _prediction_rows(table, reports)
     console.print(table)
+
+
+def _prediction_rows(table: Any, reports: Mapping[str, Mapping[str, Any]]) -> None:
+    """Rows of ``--predict``: time and MFU, then peak memory per GPU and whether it fits."""
+    time_report = reports.get("time")
+    if time_report:
+        system = time_report["system"]
+        table.add_row(
+            f"predicted iteration time ({system})", _seconds(time_report["iteration_time_s"])
+        )
+        table.add_row("predicted MFU", f"{100 * time_report['mfu']:.1f} %")
+        if "tokens_per_s" in time_report:
+            table.add_row("predicted tokens per second", f"{time_report['tokens_per_s']:,.0f}")
+    memory = reports.get("memory")
+    if memory:
+        table.add_row("predicted peak memory per GPU", _bytes(int(memory["peak_bytes"])))
+        fits = "yes" if memory["fits"] else "NO"
+        table.add_row(f"fits in {_bytes(int(memory['capacity_bytes']))}", fits)
+
+
+def _seconds(value: float) -> str:
+    if value >= 1:
+        return f"{value:.3f} s"
+    if value >= 1e-3:
+        return f"{value * 1e3:.3f} ms"
+    return f"{value * 1e6:.1f} µs"
 
 
 def _bytes(size: int) -> str:

@@ -134,6 +134,14 @@ def _accepts(fn: Any, keyword: str) -> bool:
     return keyword in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
+def _accepts_explicitly(fn: Any, keyword: str) -> bool:
+    """Whether ``fn`` names the keyword parameter ``keyword`` (not just ``**kwargs``)."""
+    try:
+        return keyword in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def run_predictors(
     names: list[str],
     registry: Any,
@@ -154,6 +162,8 @@ def run_predictors(
             kwargs: dict[str, Any] = {}
             if timeline is not None and _accepts(predictor.predict, "timeline"):
                 kwargs["timeline"] = timeline
+            if _accepts_explicitly(predictor.predict, "kernels"):
+                kwargs["kernels"] = list(registry.kernels)
             reports[name] = predictor.predict(workload, system, **kwargs)
             continue
         assert trace is not None
@@ -169,6 +179,7 @@ def run_predictors(
                 dtype=str(options.get("dtype") or "bf16"),
                 tokens=tokens,
                 timeline=timeline,
+                kernels=list(registry.kernels),
             )
             reports[name]["simulated_ranks"] = len(problem.units)
         elif predictor.predict is memory_predictor.predict_memory:
@@ -177,7 +188,9 @@ def run_predictors(
                     "the memory predictor needs generation options; this trace does not record "
                     "them (give the options of stg generate instead of a trace)"
                 )
-            reports[name] = memory_predictor.predict_analytic(options, system)
+            reports[name] = memory_predictor.predict_analytic(
+                options, system, kernels=list(registry.kernels)
+            )
         else:
             raise UserError(
                 f"predictor {name!r} needs a generated workload; give the options of "

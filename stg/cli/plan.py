@@ -1,0 +1,192 @@
+"""``stg plan precision``: search the fastest per-op precision plan that fits a memory budget.
+
+Takes the generation options of ``stg generate`` (same names and defaults), predicts the
+workload with each candidate plan (see :mod:`stg.plansearch` for the greedy rule), prints the
+predicted iteration time and peak memory per GPU before and after, and writes the plan as the
+JSON file that ``--precision_plan`` reads.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from typing import Any, Optional
+
+import typer
+
+from stg.cli import err_console, get_registry
+from stg.errors import UserError
+
+app = typer.Typer(
+    add_completion=False,
+    help="Search plans: stg plan precision finds a per-op precision plan.",
+    no_args_is_help=True,
+)
+
+EXCLUDED = frozenset({"format", "output_dir", "output_name", "chakra_schema_version", "precision"})
+DEFAULT_OUT = "precision_plan.json"
+
+
+def _generation_parameters() -> list[inspect.Parameter]:
+    from stg.cli.generate import option_parameters
+
+    return [p for p in option_parameters() if p.name not in EXCLUDED]
+
+
+def _own_parameters() -> list[inspect.Parameter]:
+    kw = inspect.Parameter.KEYWORD_ONLY
+    text = Optional[str]  # noqa: UP045 (typer needs a runtime type object)
+    return [
+        inspect.Parameter(
+            "memory_budget",
+            kw,
+            default=typer.Option(
+                None,
+                "--memory-budget",
+                "--memory_budget",
+                help="Peak memory per GPU the plan must fit, e.g. 40GiB, 40GB or 4e10 (bytes) "
+                "(default: the system's HBM capacity).",
+                metavar="SIZE",
+                show_default=False,
+            ),
+            annotation=text,
+        ),
+        inspect.Parameter(
+            "system",
+            kw,
+            default=typer.Option(
+                "a100-80g",
+                "--system",
+                "-s",
+                help="System preset (a100-80g, h100-80g) or a system JSON file.",
+                metavar="NAME|FILE",
+            ),
+            annotation=str,
+        ),
+        inspect.Parameter(
+            "dtypes",
+            kw,
+            default=typer.Option(
+                "bf16,fp8,int8",
+                "--dtypes",
+                help="Precisions an op may be lowered to (fp8 and int8 need a registered "
+                "kernel for the op's class on the system).",
+                metavar="LIST",
+            ),
+            annotation=str,
+        ),
+        inspect.Parameter(
+            "out",
+            kw,
+            default=typer.Option(
+                DEFAULT_OUT, "--out", "-o", help="Write the plan to this file.", metavar="FILE"
+            ),
+            annotation=str,
+        ),
+        inspect.Parameter(
+            "as_json",
+            kw,
+            default=typer.Option(False, "--json", help="Print the result as JSON."),
+            annotation=bool,
+        ),
+    ]
+
+
+def _parse_dtypes(text: str) -> tuple[str, ...]:
+    from stg.system import DTYPES, normalize_dtype
+
+    names = [d.strip() for d in text.split(",") if d.strip()]
+    if not names:
+        raise UserError(f"--dtypes must list precisions; allowed: {', '.join(DTYPES)}")
+    try:
+        return tuple(dict.fromkeys(normalize_dtype(d) for d in names))
+    except UserError as exc:
+        raise UserError(f"--dtypes: {exc}") from None
+
+
+def precision(**values: Any) -> None:
+    """Find the fastest per-op precision plan whose predicted peak memory fits the budget."""
+    from stg import generate as gen
+    from stg.cli.generate import options_from_cli, progress_bar
+    from stg.output import write_file_atomically
+    from stg.plansearch import parse_size, search_precision
+    from stg.precision import dump_plan
+    from stg.system import load_system
+
+    budget_text = values.pop("memory_budget")
+    system_spec = values.pop("system")
+    dtypes = _parse_dtypes(values.pop("dtypes"))
+    out = values.pop("out")
+    as_json = values.pop("as_json")
+    if not out:
+        raise UserError("--out must name a file")
+    system = load_system(system_spec)
+    budget = float(system.hbm_capacity) if budget_text is None else parse_size(budget_text)
+    registry = get_registry()
+    options = options_from_cli(values)
+    gen.validate_options(options, registry)
+    console = err_console()
+    with progress_bar(console) as progress:
+        result = search_precision(
+            options, registry, system, budget=budget, dtypes=dtypes, progress=progress
+        )
+    text = dump_plan(result.best.plan)
+    path = write_file_atomically(out, lambda stream: stream.write(text.encode()))
+    if as_json:
+        data = result.as_dict()
+        data["system"] = system.name
+        data["out"] = str(out)
+        typer.echo(json.dumps(data, indent=2, sort_keys=True))
+    else:
+        print_result(result, system.name)
+    console.print(f"plan written to {path}")
+
+
+precision.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+    _own_parameters() + _generation_parameters(), return_annotation=None
+)
+precision.__annotations__ = {
+    p.name: p.annotation for p in _own_parameters() + _generation_parameters()
+} | {"return": None}
+app.command("precision")(precision)
+
+
+def print_result(result: Any, system: str) -> None:
+    """Rich tables on stdout: before / after, and the changes in the order applied."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from stg.plansearch import format_bytes
+
+    def seconds(value: float) -> str:
+        return f"{value:.4g} s" if value >= 1 else f"{value * 1e3:.4g} ms"
+
+    console = Console(highlight=False)
+    table = Table(
+        title=f"precision plan on {system} (budget {format_bytes(result.budget)} per GPU)",
+        title_justify="left",
+    )
+    for column in ("plan", "iteration time", "peak memory", "fits"):
+        table.add_column(column, justify="right")
+    for label, ev in (("default", result.baseline), ("found", result.best)):
+        fits = "yes" if ev.peak_bytes <= result.budget else "NO"
+        table.add_row(label, seconds(ev.time_s), format_bytes(ev.peak_bytes), fits)
+    console.print(table)
+    console.print(
+        f"predicted speedup {result.speedup:.3f}x; "
+        f"{len(result.steps)} change(s), {result.evaluations} plans evaluated"
+    )
+    if result.steps:
+        steps = Table(title="changes, in the order applied", title_justify="left")
+        for column in ("op", "precision", "iteration time", "peak memory"):
+            steps.add_column(column, justify="right")
+        for step in result.steps:
+            steps.add_row(
+                step.op,
+                f"{step.previous} -> {step.dtype}",
+                seconds(step.time_s),
+                format_bytes(step.peak_bytes),
+            )
+        console.print(steps)
+    elif not result.candidates:
+        console.print("no candidate changes: no registered kernel runs these ops in --dtypes")
