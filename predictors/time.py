@@ -35,6 +35,7 @@ from __future__ import annotations
 import gc
 import heapq
 import json
+import math
 import os
 import tempfile
 from collections import deque
@@ -118,12 +119,12 @@ def group_shape(ranks: Iterable[int], system: System) -> tuple[int, ...]:
     return tuple(shape)
 
 
-def collective_time(
-    kind: CollectiveType, size: int, shape: Sequence[int], system: System
-) -> float:
+def collective_time(kind: CollectiveType, size: int, shape: Sequence[int], system: System) -> float:
     """Alpha-beta time of one collective; ``size`` follows the Chakra convention (all-gather:
     this rank's input shard; reduce-scatter, all-reduce: the full buffer; all-to-all: this
-    rank's buffer)."""
+    rank's buffer). A group spanning several network dimensions runs hierarchically: the
+    innermost dimension on the whole buffer, each outer one on the shard left by the inner
+    ones. An all-reduce uses a ring or a tree per dimension, whichever is faster."""
     members = 1
     for n in shape:
         members *= n
@@ -148,9 +149,20 @@ def collective_time(
             total += buffer / bandwidth + (n - 1) * dim.latency
             continue
         step = (n - 1) / n * buffer / bandwidth + (n - 1) * dim.latency
-        total += 2 * step if kind is CollectiveType.ALL_REDUCE else step
+        if kind is CollectiveType.ALL_REDUCE:
+            total += min(2 * step, tree_all_reduce_time(buffer, n, bandwidth, dim.latency))
+        else:
+            total += step
         buffer /= n
     return total
+
+
+def tree_all_reduce_time(size: float, n: int, bandwidth: float, latency: float) -> float:
+    """All-reduce over a pipelined binary tree (reduce up, broadcast down), as NCCL's tree
+    algorithm: every rank moves the whole buffer twice, over 2·ceil(log2 n) latency hops. It
+    beats the ring (2(n-1)/n·S/B + 2(n-1)·alpha) for small buffers on many ranks; each
+    dimension takes the faster of the two, as NCCL chooses per message size."""
+    return 2 * size / bandwidth + 2 * math.ceil(math.log2(n)) * latency
 
 
 def link_dimension(src: int, dst: int, system: System) -> int:
@@ -625,9 +637,7 @@ class _Sim:
                     if res.start[i] >= 0 and res.kind[i] == RECV:
                         state = f"waits for a send from rank {node.comm_src} (tag {node.comm_tag})"
                     elif res.start[i] >= 0 and res.kind[i] == COLL:
-                        state = (
-                            f"waits for the other members of communicator {node.comm_group}"
-                        )
+                        state = f"waits for the other members of communicator {node.comm_group}"
                     elif self.pending[res.unit.index][i] == 0:
                         state = "is ready but its stream is blocked"
                     raise TraceError(
@@ -883,8 +893,7 @@ def predict_problem(
     table = kernel_table(kernels, system.name)
     if system.capacity and problem.world_size > system.capacity:
         raise UserError(
-            f"{problem.world_size} ranks do not fit system {system.name!r} "
-            f"({system.capacity} GPUs)"
+            f"{problem.world_size} ranks do not fit system {system.name!r} ({system.capacity} GPUs)"
         )
     result = replay(problem, system, dtype, table)
     report = summarize(result, system, dtype=dtype, tokens=tokens, world_size=problem.world_size)

@@ -95,6 +95,18 @@ def test_hierarchical_all_reduce_over_two_nodes() -> None:
     assert group_shape([6, 7, 8, 9], s) == (2, 2)
 
 
+def test_all_reduce_takes_a_tree_for_small_buffers_on_many_ranks() -> None:
+    s = system(node_size=1, bandwidth=80e9, latency=1e-6)
+    b, a, n = 8e9, 10e-6, 64  # the inter-node dimension of this test system
+    small, large = 4096, 2**30
+    ring = 2 * ((n - 1) / n * small / b + (n - 1) * a)
+    tree = 2 * small / b + 2 * 6 * a  # ceil(log2 64) = 6 hops up and down
+    assert tree < ring
+    assert collective_time(CollectiveType.ALL_REDUCE, small, (1, n), s) == pytest.approx(tree)
+    ring_large = 2 * ((n - 1) / n * large / b + (n - 1) * a)
+    assert collective_time(CollectiveType.ALL_REDUCE, large, (1, n), s) == pytest.approx(ring_large)
+
+
 # --- replay --------------------------------------------------------------------------------------
 
 
