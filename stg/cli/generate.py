@@ -146,7 +146,7 @@ SPECS: dict[str, tuple[str, _Spec]] = {
     "precision": (
         _TRAINING,
         _Spec(
-            "Per-op precision plan: a JSON file {\"ops\": {\"fc1\": \"int8\", ...}} "
+            'Per-op precision plan: a JSON file {"ops": {"fc1": "int8", ...}} '
             "(as stg plan precision writes; default: every op in --dtype).",
             parser=parse_precision_plan,
             metavar="FILE",
@@ -175,6 +175,16 @@ OPTION_SPELLINGS = {"precision": "precision_plan"}
 
 COMMAND_OPTIONS = frozenset({"predict", "print_gpu_vram", "system"})
 """Options of ``stg generate`` that are not GenerateOptions fields."""
+
+
+def system_parameter(help: str, **extra: Any) -> inspect.Parameter:
+    """The ``--system/-s NAME|FILE`` option shared by generate, predict and plan."""
+    return inspect.Parameter(
+        "system",
+        inspect.Parameter.KEYWORD_ONLY,
+        default=typer.Option("a100-80g", "--system", "-s", help=help, metavar="NAME|FILE", **extra),
+        annotation=str,
+    )
 
 
 def option_names(field_name: str) -> list[str]:
@@ -243,9 +253,6 @@ def option_parameters() -> list[inspect.Parameter]:
     return params
 
 
-_parameters = option_parameters  # the name stg.cli.predict imports
-
-
 def _show(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -312,19 +319,10 @@ def _command_parameters() -> list[inspect.Parameter]:
             ),
             annotation=Optional[str],  # noqa: UP045 (parsed by parse_bool)
         ),
-        inspect.Parameter(
-            "system",
-            kw,
-            default=typer.Option(
-                "a100-80g",
-                "--system",
-                "-s",
-                help="System for --predict and --print_gpu_vram: a preset (a100-80g, "
-                "h100-80g) or a system JSON file.",
-                metavar="NAME|FILE",
-                rich_help_panel=_PREDICT,
-            ),
-            annotation=str,
+        system_parameter(
+            "System for --predict and --print_gpu_vram: a preset (a100-80g, h100-80g) or a "
+            "system JSON file.",
+            rich_help_panel=_PREDICT,
         ),
     ]
 
@@ -400,9 +398,6 @@ def progress_bar(console: Any) -> Iterator[Callable[[str, int, int], None] | Non
             bar.update(tasks[stage], completed=done, total=total or None)
 
         yield update
-
-
-_progress = progress_bar  # the name stg.cli.predict imports
 
 
 def workload_summary(workload: Workload) -> dict[str, Any]:

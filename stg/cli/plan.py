@@ -34,6 +34,8 @@ def _generation_parameters() -> list[inspect.Parameter]:
 
 
 def _own_parameters() -> list[inspect.Parameter]:
+    from stg.cli.generate import system_parameter
+
     kw = inspect.Parameter.KEYWORD_ONLY
     text = Optional[str]  # noqa: UP045 (typer needs a runtime type object)
     return [
@@ -51,18 +53,7 @@ def _own_parameters() -> list[inspect.Parameter]:
             ),
             annotation=text,
         ),
-        inspect.Parameter(
-            "system",
-            kw,
-            default=typer.Option(
-                "a100-80g",
-                "--system",
-                "-s",
-                help="System preset (a100-80g, h100-80g) or a system JSON file.",
-                metavar="NAME|FILE",
-            ),
-            annotation=str,
-        ),
+        system_parameter("System preset (a100-80g, h100-80g) or a system JSON file."),
         inspect.Parameter(
             "dtypes",
             kw,

@@ -25,12 +25,14 @@ BUILTIN_ALL = ("time", "memory")
 
 
 def _generation_parameters() -> list[inspect.Parameter]:
-    from stg.cli.generate import _parameters
+    from stg.cli.generate import option_parameters
 
-    return [p for p in _parameters() if p.name not in OUTPUT_FIELDS]
+    return [p for p in option_parameters() if p.name not in OUTPUT_FIELDS]
 
 
 def _own_parameters() -> list[inspect.Parameter]:
+    from stg.cli.generate import system_parameter
+
     kw = inspect.Parameter.KEYWORD_ONLY
     return [
         inspect.Parameter(
@@ -45,18 +47,7 @@ def _own_parameters() -> list[inspect.Parameter]:
             ),
             annotation=Optional[str],  # noqa: UP045 (typer needs a runtime type object)
         ),
-        inspect.Parameter(
-            "system",
-            kw,
-            default=typer.Option(
-                "a100-80g",
-                "--system",
-                "-s",
-                help="System preset (a100-80g, h100-80g) or a system JSON file.",
-                metavar="NAME|FILE",
-            ),
-            annotation=str,
-        ),
+        system_parameter("System preset (a100-80g, h100-80g) or a system JSON file."),
         inspect.Parameter(
             "predictor",
             kw,
@@ -204,7 +195,7 @@ def run_predictors(
 
 def predict(**values: Any) -> None:
     """Predict iteration time (and MFU, exposed communication, bubble) and peak memory."""
-    from stg.cli.generate import _progress, options_from_cli
+    from stg.cli.generate import options_from_cli, progress_bar
     from stg.system import load_system
 
     path = values.pop("path")
@@ -236,7 +227,7 @@ def predict(**values: Any) -> None:
 
         options = options_from_cli(values)
         gen.validate_options(options, registry)
-        with _progress(console) as progress:
+        with progress_bar(console) as progress:
             workload = gen.build_workload(options, registry, progress=progress)
         reports = run_predictors(names, registry, system, workload=workload, timeline=timeline)
         source = f"{options.model} (generated)"
