@@ -25,16 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from stg.output import varint
+
 BLOCK = 8
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def write_trace(path: Path, nodes: int) -> None:
@@ -45,7 +38,7 @@ def write_trace(path: Path, nodes: int) -> None:
         meta = pb4.GlobalMetadata(version="0.0.4")
         meta.attr.add(name="generator", string_val="bench_feeder")
         data = meta.SerializeToString()
-        out.write(_varint(len(data)) + data)
+        out.write(varint(len(data)) + data)
         for i in range(nodes):
             head = i - i % BLOCK
             pos = i % BLOCK
@@ -68,7 +61,7 @@ def write_trace(path: Path, nodes: int) -> None:
                 msg.attr.add(name="tensor_size", uint64_val=3 * 2 * 4096**2)
             msg.duration_micros = 10
             data = msg.SerializeToString()
-            out.write(_varint(len(data)) + data)
+            out.write(varint(len(data)) + data)
 
 
 def _peak_rss_mib() -> float:

@@ -37,17 +37,10 @@ import stg
 from stg.errors import UserError
 from stg.kernels import KernelTable, kernel_table
 from stg.options import GenerateOptions
+from stg.precision import DTYPE_BYTES
 from stg.records import Predictor
 from stg.system import System, load_system, normalize_dtype
 
-DTYPE_BYTES: Mapping[str, int] = {
-    "fp32": 4,
-    "tf32": 4,
-    "bf16": 2,
-    "fp16": 2,
-    "fp8": 1,
-    "int8": 1,
-}
 MASK_BYTES = 1
 ADAM_MIXED_K = 12
 
@@ -79,9 +72,7 @@ def micro_batch_size(o: GenerateOptions) -> int:
     """b: samples per data-parallel replica per micro-batch."""
     global_micro = o.micro_batch or o.batch
     if global_micro % replicas(o):
-        raise UserError(
-            f"micro_batch={global_micro} must be divisible by dp*ep={replicas(o)}"
-        )
+        raise UserError(f"micro_batch={global_micro} must be divisible by dp*ep={replicas(o)}")
     return global_micro // replicas(o)
 
 
@@ -185,9 +176,7 @@ def activation_bytes_per_layer(
     o = as_options(options)
     recompute = recompute or o.activation_recompute
     if recompute not in ("none", "selective", "full"):
-        raise UserError(
-            f"activation_recompute={recompute!r}; allowed: none, selective, full"
-        )
+        raise UserError(f"activation_recompute={recompute!r}; allowed: none, selective, full")
     b = micro_batch_size(o)
     s_local = o.seq / o.sp
     h, f, a, t = o.dmodel, o.dff, o.head, o.tp
@@ -582,4 +571,3 @@ __all__ = [
     "stage_memory",
     "total_parameters",
 ]
-

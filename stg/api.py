@@ -10,9 +10,10 @@ from stg import __version__, hookimpl
 from stg.errors import TraceError, UnknownNameError, UserError
 from stg.layout import Layout
 from stg.options import GenerateOptions, OptionError
+from stg.precision import DTYPE_BYTES
 from stg.records import Emitter, Kernel, Model, PipelineSchedule, Predictor, RecordError
 from stg.sharding import Sharding
-from stg.symbolic import DTYPE_BYTES, Dim, GraphBuilder, Tensor
+from stg.symbolic import Dim, GraphBuilder, Tensor
 from stg.workload import (
     CollectiveType,
     Node,

@@ -11,10 +11,9 @@ from stg.layout import Layout, parse_rank_order
 from stg.lowering import Binder, BoundPart, ModelParts, bind_part, lower_stage
 from stg.options import GenerateOptions, OptionError
 from stg.plan import ParallelPlan, make_plan
-from stg.precision import normalize_plan
+from stg.precision import DTYPE_BYTES, normalize_plan
 from stg.records import Model, PipelineSchedule
 from stg.symbolic import (
-    DTYPE_BYTES,
     Capacity,
     Dff,
     Dmodel,

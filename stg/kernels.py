@@ -31,6 +31,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from stg.precision import DTYPE_BYTES
 from stg.records import Kernel
 
 QUANTIZED_DTYPES = frozenset({"fp8", "int8"})
@@ -42,15 +43,6 @@ OP_CLASS_OF_KERNEL: Mapping[str, str] = {
     "attention": "attention",
     "elementwise": "other",
     "other": "other",
-}
-
-DTYPE_WIDTH: Mapping[str, float] = {
-    "fp32": 4,
-    "tf32": 4,
-    "bf16": 2,
-    "fp16": 2,
-    "fp8": 1,
-    "int8": 1,
 }
 
 
@@ -106,7 +98,7 @@ class KernelTable:
         kernel = self.kernels.get((op_class, dtype))
         if kernel is not None and kernel.bytes_per_element is not None:
             return float(kernel.bytes_per_element)
-        return float(DTYPE_WIDTH[dtype])
+        return float(DTYPE_BYTES[dtype])
 
     def names(self) -> list[str]:
         """Names of the kernels in the table, sorted."""

@@ -18,7 +18,8 @@ import sympy
 
 from stg.options import OptionError
 from stg.plan import ParallelPlan
-from stg.symbolic import DTYPE_BYTES, Dim, Op, Part, Tensor
+from stg.precision import DTYPE_BYTES
+from stg.symbolic import Dim, Op, Part, Tensor
 from stg.workload import CollectiveType, NodeTemplate, NodeType, RankClass
 
 DIM_OPTION = {"batch": "micro_batch", "qgroup": "head/kvhead", "dhead": "dmodel/head"}

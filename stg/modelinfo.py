@@ -14,8 +14,9 @@ import sympy
 
 from stg.autodiff import build_backward
 from stg.options import GenerateOptions
+from stg.precision import DTYPE_BYTES
 from stg.records import Model
-from stg.symbolic import DTYPE_BYTES, GraphBuilder, Op, Part, Tensor
+from stg.symbolic import GraphBuilder, Op, Part, Tensor
 
 PARTS = ("embedding", "block", "head")
 

@@ -13,7 +13,7 @@ from math import prod
 
 from stg.layout import AXES, parse_rank_order
 from stg.options import GenerateOptions, OptionError
-from stg.symbolic import DTYPE_BYTES
+from stg.precision import DTYPE_BYTES
 
 MAX_TAG = 500_000_000
 RECOMPUTE = {

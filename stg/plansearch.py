@@ -165,9 +165,7 @@ def search_precision(
 
     if options.precision:
         raise UserError("stg plan precision starts from --dtype; do not give --precision_plan")
-    table = kernel_table(
-        kernels if kernels is not None else list(registry.kernels), system.name
-    )
+    table = kernel_table(kernels if kernels is not None else list(registry.kernels), system.name)
     allowed = [normalize_dtype(d) for d in dtypes]
     base_dtype = normalize_dtype(options.dtype)
     cache: dict[PrecisionPlan, Evaluation] = {}
@@ -223,9 +221,7 @@ def search_precision(
             break
         score, group, dtype, trial = choice
         previous = "/".join(sorted({current.get(op, base_dtype) for op in group}))
-        steps.append(
-            Step("+".join(group), dtype, previous, trial.time_s, trial.peak_bytes, score)
-        )
+        steps.append(Step("+".join(group), dtype, previous, trial.time_s, trial.peak_bytes, score))
         current.update(dict.fromkeys(group, dtype))
         best = trial
     if best.peak_bytes > budget:

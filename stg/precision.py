@@ -21,7 +21,19 @@ from pathlib import Path
 from stg.errors import UserError
 
 PrecisionPlan = tuple[tuple[str, str], ...]
-DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8")
+
+DTYPE_BYTES: dict[str, int] = {
+    "fp64": 8,
+    "fp32": 4,
+    "tf32": 4,
+    "bf16": 2,
+    "fp16": 2,
+    "fp8": 1,
+    "int8": 1,
+}
+"""Bytes per element of every dtype stg knows (tf32 is stored as fp32)."""
+
+DTYPES = tuple(DTYPE_BYTES)
 
 
 def normalize_plan(ops: Mapping[str, str] | PrecisionPlan) -> PrecisionPlan:

@@ -21,16 +21,6 @@ from stg.precision import precision_of
 from stg.sharding import NO_AXES, Axes, Sharding, plan_reshard
 from stg.workload import CollectiveType
 
-DTYPE_BYTES: dict[str, float] = {
-    "fp64": 8,
-    "fp32": 4,
-    "tf32": 4,
-    "bf16": 2,
-    "fp16": 2,
-    "fp8": 1,
-    "int8": 1,
-}
-
 # Global sizes of the standard dimensions, as symbols named after their options.
 MicroBatch, Seq, Dmodel, Dff, Head, KVHead, Dvocal, Experts, KExperts, Capacity = sympy.symbols(
     "micro_batch seq dmodel dff head kvhead dvocal experts kexperts capacity",

@@ -327,9 +327,8 @@ def check_kernel(
     system = load_system(system)
     table = KernelTable.build(list(registry.kernels), system.name)
     applied = table.get(OP_CLASS_OF_KERNEL[record.op_class], record.dtype)
-    assert applied is record, (
-        f"kernel {name!r} does not apply on system {system.name!r}"
-        + (f" ({applied.name!r} is chosen instead)" if applied else f" (systems={record.systems})")
+    assert applied is record, f"kernel {name!r} does not apply on system {system.name!r}" + (
+        f" ({applied.name!r} is chosen instead)" if applied else f" (systems={record.systems})"
     )
     reports: dict[str, dict[str, Any]] = {}
     for label, plan in (("default", ()), ("planned", tuple((op, record.dtype) for op in ops))):

@@ -468,7 +468,7 @@ def _prediction_rows(table: Any, reports: Mapping[str, Mapping[str, Any]]) -> No
     if time_report:
         system = time_report["system"]
         table.add_row(
-            f"predicted iteration time ({system})", _seconds(time_report["iteration_time_s"])
+            f"predicted iteration time ({system})", format_seconds(time_report["iteration_time_s"])
         )
         table.add_row("predicted MFU", f"{100 * time_report['mfu']:.1f} %")
         if "tokens_per_s" in time_report:
@@ -480,7 +480,8 @@ def _prediction_rows(table: Any, reports: Mapping[str, Mapping[str, Any]]) -> No
         table.add_row(f"fits in {_bytes(int(memory['capacity_bytes']))}", fits)
 
 
-def _seconds(value: float) -> str:
+def format_seconds(value: float) -> str:
+    """A duration with a unit that keeps three significant decimals."""
     if value >= 1:
         return f"{value:.3f} s"
     if value >= 1e-3:

@@ -254,14 +254,6 @@ def register(target: typer.Typer) -> None:
 # -- rich report --------------------------------------------------------------------------------
 
 
-def _seconds(value: float) -> str:
-    if value >= 1:
-        return f"{value:.3f} s"
-    if value >= 1e-3:
-        return f"{value * 1e3:.3f} ms"
-    return f"{value * 1e6:.1f} µs"
-
-
 def _gib(value: float) -> str:
     return f"{value / 2**30:.2f}"
 
@@ -270,6 +262,8 @@ def print_reports(reports: Mapping[str, Mapping[str, Any]], source: str) -> None
     """Rich tables of the time and memory reports (others as JSON) on stdout."""
     from rich.console import Console
     from rich.table import Table
+
+    from stg.cli.generate import format_seconds as _seconds
 
     console = Console(highlight=False)
     for name, report in reports.items():
