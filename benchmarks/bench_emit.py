@@ -15,9 +15,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from stg.layout import Layout
-from stg.output import write_workload
-from stg.workload import CollectiveType, NodeTemplate, NodeType, RankClass, RankGraph, Workload
+from stg.core.layout import Layout
+from stg.core.workload import CollectiveType, NodeTemplate, NodeType, RankClass, RankGraph, Workload
+from stg.trace.writer import write_workload
 
 
 def build(ranks: int, classes: int, nodes: int) -> Workload:

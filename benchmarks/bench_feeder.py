@@ -6,8 +6,8 @@ Writes a trace of ``--nodes`` nodes (blocks of 8: a head that depends on the pre
 sink, six nodes fanning out of the head, a sink joining them; every 64th node a collective),
 then, each in a fresh process so peak RSS is its own:
 
-* ``read``:  stream the file with :func:`stg.reader.iter_nodes` (the reader alone);
-* ``feed``:  drain it through :class:`stg.feeder.ETFeeder` with a bounded window (reader
+* ``read``:  stream the file with :func:`stg.trace.reader.iter_nodes` (the reader alone);
+* ``feed``:  drain it through :class:`stg.trace.feeder.ETFeeder` with a bounded window (reader
   included), issuing every ready node, then freeing and removing them;
 * ``feed-memory``: drain an in-memory list of a tenth of the nodes (the feeder alone).
 
@@ -25,14 +25,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from stg.output import varint
+from stg.trace.writer import varint
 
 BLOCK = 8
 
 
 def write_trace(path: Path, nodes: int) -> None:
     """Write the synthetic trace with varint framing, streaming (constant memory)."""
-    from stg.proto import chakra_v004_pb2 as pb4
+    from stg.trace.proto import chakra_v004_pb2 as pb4
 
     with open(path, "wb") as out:
         meta = pb4.GlobalMetadata(version="0.0.4")
@@ -89,8 +89,8 @@ def _drain(feeder: object) -> int:
 
 def phase(name: str, path: Path, window: int, total: int) -> dict[str, float]:
     """Run one phase in this process and return its figures."""
-    from stg.feeder import ETFeeder
-    from stg.reader import iter_nodes
+    from stg.trace.feeder import ETFeeder
+    from stg.trace.reader import iter_nodes
 
     if name == "read":
         start = time.perf_counter()

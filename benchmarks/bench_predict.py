@@ -10,9 +10,9 @@ from __future__ import annotations
 import sys
 import time
 
-from stg.generate import build_workload
-from stg.options import GenerateOptions
-from stg.plugins import load_registry
+from stg.core.options import GenerateOptions
+from stg.core.pipeline import build_workload
+from stg.host.registry import load_registry
 from stg.predictors.memory import predict_memory
 from stg.predictors.time import predict_time
 

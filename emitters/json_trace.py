@@ -1,166 +1,17 @@
 """The ``json`` emitter: Chakra's feeder JSON, one file per rank.
 
 Each rank file is ``{"global_metadata": {...}, "workload_graph": [node, ...]}`` with one node
-object per line. A node carries the keys Chakra's JSON feeder reads — ``Id``, ``Name``,
-``NodeType`` (v0.0.4 numbers), ``is_cpu_op``, ``runtime`` (µs), ``data_deps``, and for comm
-nodes ``tensor_size``, ``comm_type``, ``comm_priority``, ``comm_size``, ``comm_src``,
-``comm_dst``, ``comm_tag`` — plus what makes a round trip lossless: ``ctrl_deps``,
-``num_ops``, ``tensor_size`` (COMP), ``pg_name`` (decimal comm-group id), ``dtype``,
-``start_time_micros``, ``inputs``/``outputs`` and ``attr`` (further attributes as
-``{"name": ..., "<kind>": value}``, bytes in base64). Chakra's feeder needs every comm key to
-be an integer, so a comm node's key without a value is written as 0 and listed in
-``stg_unset``, which stg's reader honours. Keys come in a fixed order; same input, same bytes.
+object per line; the keys are those of :mod:`stg.trace.json_trace`.
 """
 
 from __future__ import annotations
 
-import base64
-import json
-from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
-import stg
-from stg.emitters.chakra_v004 import generator_metadata
-from stg.output import write_rank_files
-from stg.reader import attr_kind
-from stg.records import Emitter
-from stg.workload import COMM_TYPES, Node, NodeType, Workload
+from stg.api import Emitter, Workload, generator_metadata, hookimpl, json_trace, write_rank_files
 
 EXTENSION = ".json"
-SCHEMA_VERSION = "0.0.4"
-_COMM_KEYS = ("comm_type", "comm_priority", "comm_size", "comm_src", "comm_dst", "comm_tag")
-
-
-def _json_value(kind: str, value: Any) -> Any:
-    if kind == "bytes_val":
-        return base64.b64encode(value).decode("ascii")
-    if kind == "bytes_list":
-        return [base64.b64encode(v).decode("ascii") for v in value]
-    if kind.endswith("_list"):
-        return list(value)
-    return value
-
-
-def attr_list(attrs: Mapping[str, Any], skip: Iterable[str] = ()) -> list[dict[str, Any]]:
-    """Attributes as ``[{"name": n, "<kind>": v, "doc_string"?: d}, ...]``."""
-    skipped = set(skip)
-    docs = getattr(attrs, "docs", None) or {}
-    out = []
-    for name in attrs:
-        if name in skipped:
-            continue
-        kind = attr_kind(attrs, name)
-        entry: dict[str, Any] = {"name": name, kind: _json_value(kind, attrs[name])}
-        if docs.get(name):
-            entry["doc_string"] = docs[name]
-        out.append(entry)
-    return out
-
-
-def node_object(node: Node) -> dict[str, Any]:
-    """The JSON object of one node (keys in their fixed order)."""
-    is_comm = node.type in COMM_TYPES
-    attrs = node.attrs
-    obj: dict[str, Any] = {
-        "Id": node.id,
-        "Name": node.name,
-        "NodeType": int(node.type),
-        "is_cpu_op": bool(node.is_cpu_op),
-        "runtime": node.runtime,
-        "data_deps": list(node.data_deps),
-        "ctrl_deps": list(node.ctrl_deps),
-    }
-    if node.type is NodeType.COMP or node.num_ops:
-        obj["num_ops"] = node.num_ops
-    if node.type is NodeType.COMP or is_comm or node.tensor_size:
-        obj["tensor_size"] = node.tensor_size
-    priority = attrs.get("comm_priority")
-    hoist_priority = (
-        priority is not None
-        and attr_kind(attrs, "comm_priority") == "int32_val"
-        and not isinstance(priority, bool)
-    )
-    values: dict[str, Any] = {
-        "comm_type": None if node.comm_type is None else int(node.comm_type),
-        "comm_priority": priority if hoist_priority else None,
-        "comm_size": node.comm_size if (is_comm or node.comm_size) else None,
-        "comm_src": node.comm_src,
-        "comm_dst": node.comm_dst,
-        "comm_tag": node.comm_tag,
-    }
-    unset = []
-    for key in _COMM_KEYS:
-        if values[key] is not None:
-            obj[key] = values[key]
-        elif is_comm:
-            obj[key] = 0
-            unset.append(key)
-    if node.comm_group is not None:
-        obj["pg_name"] = str(node.comm_group)
-    if node.dtype is not None:
-        obj["dtype"] = node.dtype
-    extras = getattr(attrs, "extras", None) or {}
-    if extras.get("start_time_micros"):
-        obj["start_time_micros"] = extras["start_time_micros"]
-    for io_name in ("inputs", "outputs"):
-        if io_name in extras:
-            obj[io_name] = dict(zip(("values", "shapes", "types"), extras[io_name], strict=True))
-    attr = attr_list(attrs, ("comm_priority",) if hoist_priority else ())
-    if attr:
-        obj["attr"] = attr
-    if unset:
-        obj["stg_unset"] = unset
-    return obj
-
-
-def encode_node(node: Node) -> bytes:
-    """One node as a line of JSON (no trailing separator)."""
-    return json.dumps(node_object(node), ensure_ascii=False).encode("utf-8")
-
-
-def _head(metadata: Mapping[str, Any] | None, version: str) -> bytes:
-    meta = {"version": version, "attr": attr_list(metadata or {})}
-    text = '{\n  "global_metadata": ' + json.dumps(meta, ensure_ascii=False) + ","
-    return text.encode("utf-8") + b'\n  "workload_graph": ['
-
-
-_SEPARATOR = b",\n    "
-_TAIL = b"\n  ]\n}\n"
-
-
-def _document(metadata: Mapping[str, Any] | None, version: str, records: list[bytes]) -> bytes:
-    if not records:
-        return _head(metadata, version) + b"]\n}\n"
-    return _head(metadata, version) + b"\n    " + _SEPARATOR.join(records) + _TAIL
-
-
-def write_stream(
-    out: BinaryIO,
-    nodes: Iterable[Node],
-    metadata: Mapping[str, Any] | None = None,
-    *,
-    version: str = SCHEMA_VERSION,
-) -> int:
-    """Write a whole JSON rank file to a binary stream node by node; return the node count.
-    The bytes equal those of :func:`encode_nodes`."""
-    out.write(_head(metadata, version))
-    count = 0
-    for node in nodes:
-        out.write((b"\n    " if count == 0 else _SEPARATOR) + encode_node(node))
-        count += 1
-    out.write(_TAIL if count else b"]\n}\n")
-    return count
-
-
-def encode_nodes(
-    nodes: Iterable[Node],
-    metadata: Mapping[str, Any] | None = None,
-    *,
-    version: str = SCHEMA_VERSION,
-) -> bytes:
-    """A whole JSON rank file for ``nodes`` in the order given."""
-    return _document(metadata, version, [encode_node(node) for node in nodes])
 
 
 def write(workload: Workload, directory: Path, output_name: str) -> list[Path]:
@@ -170,9 +21,9 @@ def write(workload: Workload, directory: Path, output_name: str) -> list[Path]:
         directory,
         output_name,
         EXTENSION,
-        encode_node,
-        lambda rank, records: _document(
-            generator_metadata(workload, rank), SCHEMA_VERSION, records
+        json_trace.encode_node,
+        lambda rank, records: json_trace.encode_document(
+            generator_metadata(workload, rank), json_trace.SCHEMA_VERSION, records
         ),
     )
 
@@ -186,7 +37,7 @@ EMITTER = Emitter(
 )
 
 
-@stg.hookimpl
+@hookimpl
 def stg_register_emitters(register: Any) -> None:
     """Register the json emitter."""
     register(EMITTER)

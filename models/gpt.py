@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import sympy
 
-from stg import hookimpl
-from stg.records import Model
-from stg.symbolic import GraphBuilder, Tensor
+from stg.api import GraphBuilder, Model, Tensor, hookimpl
 
 GELU_FLOPS = 8  # tanh approximation, per element
 SOFTMAX_FLOPS = 5  # scale, max, subtract+exp, sum, divide

@@ -6,10 +6,8 @@ group of ``head / kvhead`` query heads, and tensor parallelism splits the kvhead
 
 from __future__ import annotations
 
-from stg import hookimpl
+from stg.api import GraphBuilder, Model, Tensor, hookimpl
 from stg.models.gpt import SOFTMAX_FLOPS, causal_scale, lm_head
-from stg.records import Model
-from stg.symbolic import GraphBuilder, Tensor
 
 ROPE_FLOPS = 3  # two multiplies and an add per element
 SWIGLU_FLOPS = 5  # silu (4) and the gate product (1)

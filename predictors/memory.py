@@ -34,12 +34,17 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import stg
+from stg.api import (
+    DTYPE_BYTES,
+    GenerateOptions,
+    KernelTable,
+    Predictor,
+    System,
+    kernel_table,
+    load_system,
+    normalize_dtype,
+)
 from stg.errors import UserError
-from stg.kernels import KernelTable, kernel_table
-from stg.options import GenerateOptions
-from stg.precision import DTYPE_BYTES
-from stg.records import Predictor
-from stg.system import System, load_system, normalize_dtype
 
 MASK_BYTES = 1
 ADAM_MIXED_K = 12
@@ -257,7 +262,7 @@ def planned_activation_delta(
     """Bytes per layer and micro-batch that a precision plan adds (negative: saves).
 
     A saved matmul input is stored once per distinct precision its consumers run in: an
-    op that runs natively in a planned precision (see :mod:`stg.kernels`) saves its cast
+    op that runs natively in a planned precision (see :mod:`stg.perf.kernels`) saves its cast
     input (``bytes_per_element`` of its kernel); other consumers, and a non-matmul backward
     that needs the original, keep the tensor in the activation dtype. So ``fc1`` in int8
     halves the MLP input, while ``q`` alone in int8 stores the QKV input twice. With full
@@ -267,7 +272,7 @@ def planned_activation_delta(
     recompute = recompute or o.activation_recompute
     if not o.precision or recompute == "full":
         return 0.0
-    from stg.precision import precision_of
+    from stg.api import precision_of
 
     table = kernels if kernels is not None else KernelTable()
     e = dtype_bytes(o.dtype)

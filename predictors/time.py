@@ -1,11 +1,11 @@
 """The ``time`` predictor: roofline compute and alpha-beta collectives replayed over the DAG.
 
-Cost of one node on a :class:`stg.system.System`:
+Cost of one node on a :class:`stg.perf.system.System`:
 
 - COMP (and MEM_LOAD/STORE): ``max(num_ops / (peak(dtype)·eff(op class)),
   tensor_size / (hbm·memory_efficiency)) + kernel_overhead``; a node with neither FLOPs nor
   bytes but a recorded ``runtime`` (a trace of a real run) takes that runtime. Registered
-  kernels (:mod:`stg.kernels`) divide the FLOP term by their ``speedup``, price casts
+  kernels (:mod:`stg.perf.kernels`) divide the FLOP term by their ``speedup``, price casts
   (``.cast_`` nodes) as ``cast_alpha·elements + cast_beta``, and decide whether an fp8/int8
   op runs natively or, without a kernel, in the workload's dtype.
 - Collectives over a group of n ranks, per network dimension i that the group spans with n_i
@@ -46,11 +46,21 @@ from pathlib import Path
 from typing import Any
 
 import stg
+from stg.api import (
+    COMM_TYPES,
+    CollectiveType,
+    KernelTable,
+    Node,
+    NodeType,
+    Predictor,
+    System,
+    Workload,
+    is_cast,
+    kernel_table,
+    load_system,
+    op_class,
+)
 from stg.errors import TraceError, UserError
-from stg.kernels import KernelTable, is_cast, kernel_table
-from stg.records import Predictor
-from stg.system import System, load_system, op_class
-from stg.workload import COMM_TYPES, CollectiveType, Node, NodeType, Workload
 
 COMPUTE, COLL, SEND, RECV, INSTANT = 0, 1, 2, 3, 4
 _KIND_NAMES = {COMPUTE: "compute", COLL: "collective", SEND: "send", RECV: "recv", INSTANT: "other"}
@@ -75,7 +85,7 @@ def compute_time(
     A node's dtype is that of its output. A matmul (gemm or attention class) whose output is
     fp32 in a workload that computes in a narrower dtype is a narrow matmul accumulating into
     fp32 (e.g. Megatron's weight gradients into fp32 main gradients): it runs at the peak of
-    the workload's compute dtype. Kernels (see :mod:`stg.kernels`) price casts, scale the FLOP
+    the workload's compute dtype. Kernels (see :mod:`stg.perf.kernels`) price casts, scale the FLOP
     term by their speedup, and decide whether an fp8/int8 op runs natively or is priced in the
     workload's dtype.
     """
@@ -916,8 +926,9 @@ def predict_time(
 ) -> dict[str, Any]:
     """Iteration time, per-rank breakdown, MFU and critical path of a workload.
 
-    A pure function of (workload, system, kernels): ``kernels`` are Kernel records (or registry
-    entries, or a :class:`stg.kernels.KernelTable`); without them ops get the plain roofline."""
+    A pure function of (workload, system, kernels): ``kernels`` are Kernel records (or
+    registry entries, or a :class:`stg.perf.kernels.KernelTable`); without them ops get the
+    plain roofline."""
     system = load_system(system)
     options = dict(workload.metadata.get("options") or {}) if workload.metadata else {}
     dtype = str(options.get("dtype") or "bf16")

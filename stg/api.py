@@ -1,20 +1,38 @@
 """The public API for plugin authors: everything a model, emitter or predictor plugin needs.
 
-Plugins import from here (or from the modules named here) and nothing else of stg's
-internals, so that the core can change behind it::
+Plugins import from here (and ``stg.errors``; ``stg.testing`` in their tests) and nothing
+else of stg's internals, so that the packages behind it can change::
 
     from stg.api import GraphBuilder, Model, Tensor, hookimpl
+
+What is here, by the stage of the pipeline it belongs to:
+
+- models: :class:`GraphBuilder`, :class:`Tensor`, :class:`Dim`, :class:`Sharding`, and the
+  options a model is built from (:class:`GenerateOptions`); :func:`build_workload` runs the
+  whole pipeline (what a plugin's tests call);
+- workloads: :class:`Workload`, :class:`RankGraph`, :class:`RankClass`, :class:`Node`,
+  :class:`NodeTemplate`, :class:`NodeType`, :class:`CollectiveType`, :class:`Layout`;
+- emitters: the shared per-rank write loop :func:`write_rank_files`, file naming
+  (:func:`output_paths`, :func:`write_comm_groups`), record framing (:func:`frame`), the
+  GlobalMetadata of a generated rank file (:func:`generator_metadata`), and the encoders of
+  the built-in formats (modules :mod:`chakra_v004`, :mod:`chakra_v001`, :mod:`json_trace`);
+- predictors: systems (:class:`System`, :func:`load_system`, :func:`op_class`,
+  :func:`normalize_dtype`), kernels (:class:`KernelTable`, :func:`kernel_table`,
+  :func:`is_cast`), dtype sizes and precision plans (:data:`DTYPE_BYTES`,
+  :func:`precision_of`);
+- records that hooks register: :class:`Model`, :class:`PipelineSchedule`, :class:`Kernel`,
+  :class:`Emitter`, :class:`Predictor`.
 """
 
 from stg import __version__, hookimpl
-from stg.errors import TraceError, UnknownNameError, UserError
-from stg.layout import Layout
-from stg.options import GenerateOptions, OptionError
-from stg.precision import DTYPE_BYTES
-from stg.records import Emitter, Kernel, Model, PipelineSchedule, Predictor, RecordError
-from stg.sharding import Sharding
-from stg.symbolic import Dim, GraphBuilder, Tensor
-from stg.workload import (
+from stg.core.layout import Layout
+from stg.core.options import GenerateOptions, OptionError
+from stg.core.pipeline import build_workload
+from stg.core.precision import DTYPE_BYTES, precision_of
+from stg.core.sharding import Sharding
+from stg.core.symbolic import Dim, GraphBuilder, Tensor
+from stg.core.workload import (
+    COMM_TYPES,
     CollectiveType,
     Node,
     NodeTemplate,
@@ -23,8 +41,21 @@ from stg.workload import (
     RankGraph,
     Workload,
 )
+from stg.errors import TraceError, UnknownNameError, UserError
+from stg.host.records import Emitter, Kernel, Model, PipelineSchedule, Predictor, RecordError
+from stg.perf.kernels import KernelTable, is_cast, kernel_table
+from stg.perf.system import System, load_system, normalize_dtype, op_class
+from stg.trace import chakra_v001, chakra_v004, json_trace
+from stg.trace.writer import (
+    frame,
+    generator_metadata,
+    output_paths,
+    write_comm_groups,
+    write_rank_files,
+)
 
 __all__ = [
+    "COMM_TYPES",
     "DTYPE_BYTES",
     "CollectiveType",
     "Dim",
@@ -32,6 +63,7 @@ __all__ = [
     "GenerateOptions",
     "GraphBuilder",
     "Kernel",
+    "KernelTable",
     "Layout",
     "Model",
     "Node",
@@ -44,11 +76,27 @@ __all__ = [
     "RankGraph",
     "RecordError",
     "Sharding",
+    "System",
     "Tensor",
     "TraceError",
     "UnknownNameError",
     "UserError",
     "Workload",
     "__version__",
+    "build_workload",
+    "chakra_v001",
+    "chakra_v004",
+    "frame",
+    "generator_metadata",
     "hookimpl",
+    "is_cast",
+    "json_trace",
+    "kernel_table",
+    "load_system",
+    "normalize_dtype",
+    "op_class",
+    "output_paths",
+    "precision_of",
+    "write_comm_groups",
+    "write_rank_files",
 ]

@@ -22,12 +22,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stg.options import GenerateOptions
-from stg.plugins import Registry, load_registry
-from stg.records import Emitter, Kernel, Model, Predictor
+from stg.core.options import GenerateOptions
+from stg.host.records import Emitter, Kernel, Model, Predictor
+from stg.host.registry import Registry, load_registry
 
 if TYPE_CHECKING:
-    from stg.workload import Node, Workload
+    from stg.core.workload import Node, Workload
 
 TINY_DIMS: Mapping[str, Any] = {
     "dvocal": 64,
@@ -122,7 +122,7 @@ def tiny_options(**overrides: Any) -> GenerateOptions:
 
 def build_tiny_workload(registry: Registry, **overrides: Any) -> Workload:
     """Validate options and build a workload on the tiny configuration."""
-    from stg import generate
+    from stg.core import pipeline as generate
 
     options = tiny_options(**overrides)
     generate.validate_options(options, registry)
@@ -131,7 +131,7 @@ def build_tiny_workload(registry: Registry, **overrides: Any) -> Workload:
 
 def total_flops(workload: Workload) -> int:
     """Sum of num_ops over the COMP nodes of all ranks."""
-    from stg.workload import NodeType
+    from stg.core.workload import NodeType
 
     return sum(
         template.num_ops
@@ -143,7 +143,7 @@ def total_flops(workload: Workload) -> int:
 
 def _validate(workload: Workload) -> None:
     try:
-        from stg import validate
+        from stg.trace import validate
     except ImportError:
         return
     check = getattr(validate, "validate_workload", None)
@@ -160,7 +160,7 @@ def check_model(model: str | Model, registry: Registry | None = None, **dims: An
     """Build and lower ``model`` (a name or a record) on a tiny configuration.
 
     ``dims`` override :data:`TINY_DIMS` and any other option (e.g. ``tp=2, pp=2``). Checks
-    that every rank has nodes, that the FLOPs are positive, and (when :mod:`stg.validate`
+    that every rank has nodes, that the FLOPs are positive, and (when :mod:`stg.trace.validate`
     is present) that the workload is a valid trace. Returns the workload.
     """
     name, registry = _resolve("model", model, registry)
@@ -195,21 +195,21 @@ def check_emitter(
 ) -> list[str]:
     """Write a tiny multi-rank workload with ``emitter`` and read every rank file back.
 
-    ``read(path)`` returns the nodes of one rank file (default :func:`stg.reader.read_nodes`;
+    ``read(path)`` returns the nodes of one rank file (default :func:`stg.trace.reader.read_nodes`;
     pass your own for a format stg cannot read). The nodes must equal the workload's in
     ``fields`` (``merge_deps`` compares data and ctrl deps as one set, for formats with a
     single parent list such as Chakra v0.0.1); writing twice must give the same bytes.
     Files go to a temporary directory
     (or ``directory``, to keep them). Returns the names of the written files.
     """
-    from stg.output import write_workload
+    from stg.trace.writer import write_workload
 
     name, registry = _resolve("emitter", emitter, registry)
     record = registry.emitters.get(name)
     dims = {"dp": 2, "tp": 2, "pp": 2, **dims}
     workload = build_tiny_workload(registry, model=model, **dims)
     if read is None:
-        from stg.reader import read_nodes
+        from stg.trace.reader import read_nodes
 
         read = read_nodes
     with tempfile.TemporaryDirectory() as scratch:
@@ -260,13 +260,13 @@ def check_predictor(
 
     The report must be a JSON-serialisable dict whose numbers are finite and non-negative,
     the same on a second run, and positive where it gives an iteration time or peak memory.
-    ``system`` defaults to the first preset of :mod:`stg.system`. Returns the report.
+    ``system`` defaults to the first preset of :mod:`stg.perf.system`. Returns the report.
     """
     name, registry = _resolve("predictor", predictor, registry)
     record = registry.predictors.get(name)
     workload = build_tiny_workload(registry, model=model, **dims)
     if system is None:
-        from stg.system import load_system, preset_names
+        from stg.perf.system import load_system, preset_names
 
         system = load_system(preset_names()[0])
     report = record.predict(workload, system)
@@ -314,11 +314,11 @@ def check_kernel(
     are sane and deterministic, and that the planned report names the kernel. Returns
     ``{"default": {"time": ..., "memory": ...}, "planned": {...}}`` so a test can compare.
     """
-    from stg import generate
-    from stg.kernels import OP_CLASS_OF_KERNEL, KernelTable
+    from stg.core import pipeline as generate
+    from stg.perf.kernels import OP_CLASS_OF_KERNEL, KernelTable
+    from stg.perf.system import load_system, preset_names
     from stg.predictors.memory import predict_memory
     from stg.predictors.time import predict_time
-    from stg.system import load_system, preset_names
 
     name, registry = _resolve("kernel", kernel, registry)
     record = registry.kernels.get(name)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from stg.layout import Layout
-from stg.workload import (
+from stg.core.layout import Layout
+from stg.core.workload import (
     CollectiveType,
     NodeTemplate,
     NodeType,

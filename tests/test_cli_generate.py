@@ -11,10 +11,11 @@ import typer.main
 from typer.testing import CliRunner
 
 from stg.cli import app
+from stg.cli._shared import options_from_cli
 from stg.cli.generate import app as generate_app
-from stg.cli.generate import options_from_cli, workload_summary
+from stg.cli.generate import workload_summary
+from stg.core.options import GenerateOptions
 from stg.errors import UserError
-from stg.options import GenerateOptions
 
 runner = CliRunner()
 
@@ -174,9 +175,9 @@ def test_bad_values_exit_2_and_write_nothing(tmp_path: Path) -> None:
 
 
 def test_summary_counts_match_the_rank_graphs() -> None:
-    from stg.generate import build_workload
-    from stg.plugins import load_registry
-    from stg.workload import NodeType
+    from stg.core.pipeline import build_workload
+    from stg.core.workload import NodeType
+    from stg.host.registry import load_registry
 
     registry = load_registry(autoload=False)
     options = _parse(*TINY, "--dp", "2", "--tp", "2", "--pp", "2")

@@ -15,9 +15,9 @@ from workload_checks import (
     total_flops,
 )
 
-from stg.generate import build_workload
-from stg.options import GenerateOptions
-from stg.plugins import load_registry
+from stg.core.options import GenerateOptions
+from stg.core.pipeline import build_workload
+from stg.host.registry import load_registry
 
 SMALL = dict(dvocal=512, dmodel=64, dff=256, seq=32, head=8, kvhead=4, num_stacks=4)
 

@@ -1,4 +1,4 @@
-"""stg.convert and `stg convert`: lossless v0.0.4 <-> json, lossy v0.0.1, bad input."""
+"""stg.trace.convert and `stg convert`: lossless v0.0.4 <-> json, lossy v0.0.1, bad input."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import pytest
 from formats_samples import pipeline_workload
 
 from stg.cli import main
-from stg.convert import convert_file, convert_trace
-from stg.emitters import chakra_v004
+from stg.emitters import chakra_v004 as chakra_v004_emitter
 from stg.errors import UserError
-from stg.output import write_workload
-from stg.reader import detect_format, read_metadata, read_nodes
-from stg.validate import validate_trace
+from stg.trace.convert import convert_file, convert_trace
+from stg.trace.reader import detect_format, read_metadata, read_nodes
+from stg.trace.validate import validate_trace
+from stg.trace.writer import write_workload
 
 DATA = Path(__file__).parent / "data"
 SHARED = Path(__file__).parent.parent.parent / "shared" / "data" / "chakra"
@@ -21,8 +21,10 @@ SHARED = Path(__file__).parent.parent.parent / "shared" / "data" / "chakra"
 
 @pytest.fixture
 def trace(tmp_path: Path) -> Path:
-    write_workload(pipeline_workload(tp=2, pp=2, dp=2), chakra_v004.EMITTER, tmp_path / "src",
-                   "workload")
+    write_workload(
+        pipeline_workload(tp=2, pp=2, dp=2), chakra_v004_emitter.EMITTER, tmp_path / "src",
+        "workload",
+    )
     return tmp_path / "src"
 
 

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from formats_samples import pipeline_workload
 
-from stg.emitters import chakra_v004, json_trace
+from stg.core.workload import COMM_TYPES, CollectiveType, Node, NodeType
 from stg.emitters.json_trace import EMITTER
-from stg.output import write_workload
-from stg.reader import read_metadata, read_nodes
-from stg.workload import COMM_TYPES, CollectiveType, Node, NodeType
+from stg.trace import chakra_v004, json_trace
+from stg.trace.reader import read_metadata, read_nodes
+from stg.trace.writer import write_workload
 
 DATA = Path(__file__).parent / "data"
 SHARED = Path(__file__).parent.parent.parent / "shared" / "data" / "chakra"

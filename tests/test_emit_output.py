@@ -1,4 +1,4 @@
-"""Output naming and atomic writing (stg.output)."""
+"""Output naming and atomic writing (stg.trace.writer)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 from formats_samples import pipeline_workload
 
-from stg import output
 from stg.emitters.chakra_v004 import EMITTER
 from stg.errors import UserError
-from stg.output import comm_group_path, format_comm_groups, output_paths, write_workload
-from stg.records import Emitter
+from stg.host.records import Emitter
+from stg.trace import writer as output
+from stg.trace.writer import comm_group_path, format_comm_groups, output_paths, write_workload
 
 
 def test_naming() -> None:

@@ -9,10 +9,11 @@ import pytest
 from formats_samples import pipeline_workload
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-from stg.emitters.chakra_v001 import EMITTER, V001Error, encode_nodes
-from stg.output import write_workload
-from stg.reader import detect_format, iter_records, read_nodes
-from stg.workload import CollectiveType, Node, NodeType
+from stg.core.workload import CollectiveType, Node, NodeType
+from stg.emitters.chakra_v001 import EMITTER
+from stg.trace.chakra_v001 import V001Error, encode_nodes
+from stg.trace.reader import detect_format, iter_records, read_nodes
+from stg.trace.writer import write_workload
 
 F = descriptor_pb2.FieldDescriptorProto
 
@@ -136,7 +137,7 @@ def test_inexpressible_nodes_are_rejected(node: Node, message: str) -> None:
 def test_all_three_schemas_import_together() -> None:
     from chakra.schema.protobuf import et_def_pb2  # mlc-chakra
 
-    from stg.proto import chakra_v001_pb2, chakra_v004_pb2
+    from stg.trace.proto import chakra_v001_pb2, chakra_v004_pb2
 
     names = {
         et_def_pb2.Node.DESCRIPTOR.full_name,

@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 from formats_samples import pipeline_workload
 
-from stg.emitters.chakra_v004 import EMITTER, encode_nodes, generator_metadata
-from stg.output import frame, varint, write_workload
-from stg.reader import iter_records, read_metadata, read_nodes
-from stg.workload import NodeType
+from stg.core.workload import NodeType
+from stg.emitters.chakra_v004 import EMITTER
+from stg.trace.chakra_v004 import encode_nodes
+from stg.trace.reader import iter_records, read_metadata, read_nodes
+from stg.trace.writer import frame, generator_metadata, varint, write_workload
 
 SHARED = Path(__file__).parent.parent.parent / "shared" / "data" / "chakra"
 DATA = Path(__file__).parent / "data"

@@ -11,8 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from stg.core.workload import CollectiveType, Node, NodeType
 from stg.errors import TraceError, UserError
-from stg.feeder import (
+from stg.trace.feeder import (
     CycleError,
     DependencyError,
     DuplicateNodeError,
@@ -21,9 +22,8 @@ from stg.feeder import (
     FeederUsageError,
     replay,
 )
-from stg.proto import chakra_v004_pb2 as pb4
-from stg.reader import iter_records
-from stg.workload import CollectiveType, Node, NodeType
+from stg.trace.proto import chakra_v004_pb2 as pb4
+from stg.trace.reader import iter_records
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "chakra"
 LOCAL = Path(__file__).resolve().parent / "data" / "chakra"
@@ -394,7 +394,7 @@ def test_empty_source_has_nothing_to_issue() -> None:
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.integers(-5, 60), unique=True))
 def test_seen_ids_set_agrees_with_a_python_set(values: list[int]) -> None:
-    from stg.feeder import _IdRanges
+    from stg.trace.feeder import _IdRanges
 
     seen = _IdRanges()
     model: set[int] = set()
@@ -551,7 +551,7 @@ def test_emitted_workload_feeds_in_dependency_order(tmp_path: Path, emitter: str
 
     from formats_samples import pipeline_workload
 
-    from stg.output import write_workload
+    from stg.trace.writer import write_workload
 
     workload = pipeline_workload(tp=2, pp=2)
     module = importlib.import_module(f"stg.emitters.{emitter}")

@@ -11,13 +11,13 @@ from chakra.schema.protobuf import et_def_pb2
 from chakra.src.third_party.utils import protolib
 from workload_checks import check_runs_to_completion, flops_by_root
 
+from stg.core.options import GenerateOptions
+from stg.core.pipeline import build_workload
 from stg.errors import UserError
-from stg.feeder import ETFeeder
-from stg.generate import build_workload
-from stg.options import GenerateOptions
-from stg.output import write_workload
-from stg.plugins import load_registry
-from stg.validate import validate_trace, validate_workload
+from stg.host.registry import load_registry
+from stg.trace.feeder import ETFeeder
+from stg.trace.validate import validate_trace, validate_workload
+from stg.trace.writer import write_workload
 
 SMALL = dict(
     dvocal=256, dmodel=64, dff=128, seq=32, head=8, kvhead=4, num_stacks=4, batch=8, experts=4

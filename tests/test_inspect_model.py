@@ -8,11 +8,11 @@ import sympy
 from typer.testing import CliRunner
 
 from stg.cli import app
-from stg.generate import symbol_values
-from stg.modelinfo import describe_model
-from stg.options import GenerateOptions
-from stg.plugins import load_registry
-from stg.symbolic import Dff, Dmodel, Dvocal, Seq
+from stg.core.modelinfo import describe_model
+from stg.core.options import GenerateOptions
+from stg.core.pipeline import symbol_values
+from stg.core.symbolic import Dff, Dmodel, Dvocal, Seq
+from stg.host.registry import load_registry
 
 runner = CliRunner()
 

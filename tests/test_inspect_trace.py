@@ -1,4 +1,4 @@
-"""``stg inspect trace`` and stg.tracestats: counts, bytes, critical path, DOT output."""
+"""``stg inspect trace`` and stg.trace.stats: counts, bytes, critical path, DOT output."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_feed_cli import run, write_json_trace
 
-from stg.tracestats import TraceFile, analyze, find_trace_files
+from stg.trace.stats import TraceFile, analyze, find_trace_files
 
 LOCAL = Path(__file__).resolve().parent / "data" / "chakra"
 

@@ -1,4 +1,4 @@
-"""Kernel-aware prediction (stg.kernels), the precision plan search, and the int8 plugin."""
+"""Kernel-aware prediction (stg.perf.kernels), the precision plan search, and the int8 plugin."""
 
 from __future__ import annotations
 
@@ -10,18 +10,18 @@ from pathlib import Path
 import pytest
 
 from stg.cli import main
+from stg.core.options import GenerateOptions
+from stg.core.pipeline import build_workload
+from stg.core.precision import load_plan
+from stg.core.workload import Node, NodeType
 from stg.errors import UserError
-from stg.generate import build_workload
-from stg.kernels import KernelTable
-from stg.options import GenerateOptions
-from stg.plansearch import RISK, parse_size, plan_ops, search_precision
-from stg.plugins import load_registry
-from stg.precision import load_plan
+from stg.explore.precision_search import RISK, parse_size, plan_ops, search_precision
+from stg.host.records import Kernel, RecordError
+from stg.host.registry import load_registry
+from stg.perf.kernels import KernelTable
+from stg.perf.system import System, load_system
 from stg.predictors.memory import activation_bytes_per_layer, planned_activation_delta
 from stg.predictors.time import compute_time, predict_time
-from stg.records import Kernel, RecordError
-from stg.system import System, load_system
-from stg.workload import Node, NodeType
 
 TF = 1e12
 INT8 = Kernel(name="toy-int8", op_class="einsum", dtype="int8", speedup=2.0, cast_alpha=1e-9,

@@ -9,14 +9,14 @@ import pytest
 
 import stg
 from stg.errors import UnknownNameError, UserError
-from stg.plugins import (
+from stg.host.records import Emitter, Kernel, Model, PipelineSchedule, Predictor
+from stg.host.registry import (
     BUILTIN_DIST,
     AmbiguousNameError,
     Registry,
     builtin_module_names,
     load_registry,
 )
-from stg.records import Emitter, Kernel, Model, PipelineSchedule, Predictor
 
 
 def _write_nothing(workload: object, directory: Path, output_name: str) -> list[Path]:
@@ -99,7 +99,7 @@ def test_a_wrong_record_type_is_a_load_error_attributed_to_its_plugin(fake_dists
     assert (failure.dist, failure.version) == ("stg-fake-wrongtype", "0.3")
     assert failure.error == (
         "stg_register_models registered a Kernel named 'not-a-model'; "
-        "expected a stg.records.Model"
+        "expected a stg.host.records.Model"
     )
     assert "not-a-model" not in registry.models.names()
     assert "not-a-model" not in registry.kernels.names()

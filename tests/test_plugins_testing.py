@@ -9,7 +9,7 @@ import pytest
 
 import stg
 from stg.errors import UnknownNameError
-from stg.records import Emitter, Model, Predictor
+from stg.host.records import Emitter, Model, Predictor
 from stg.testing import check_emitter, check_model, check_predictor, make_registry
 
 
@@ -47,7 +47,7 @@ def test_check_emitter_catches_a_lossy_emitter(tmp_path: Path) -> None:
     def drop_last_dep(workload, directory, output_name):
         from dataclasses import replace
 
-        from stg.workload import RankClass, RankGraph, Workload
+        from stg.core.workload import RankClass, RankGraph, Workload
 
         ranks = []
         for graph in workload.ranks:

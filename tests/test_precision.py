@@ -7,12 +7,12 @@ import json
 import pytest
 from workload_checks import GPT_GEMMS, check_runs_to_completion, flops_by_root
 
+from stg.core.options import GenerateOptions
+from stg.core.pipeline import build_workload
+from stg.core.precision import dump_plan, load_plan, normalize_plan, precision_of
 from stg.errors import UserError
-from stg.generate import build_workload
-from stg.options import GenerateOptions
-from stg.plugins import load_registry
-from stg.precision import dump_plan, load_plan, normalize_plan, precision_of
-from stg.validate import validate_workload
+from stg.host.registry import load_registry
+from stg.trace.validate import validate_workload
 
 SMALL = dict(dvocal=512, dmodel=64, dff=256, seq=32, head=8, kvhead=4, num_stacks=2, batch=8)
 

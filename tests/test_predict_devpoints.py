@@ -1,7 +1,7 @@
 """Predicted iteration times against Korthikanti et al. Table 5 (full recompute, A100).
 
 Each published point must be predicted within 10 % with the a100-80g preset, whose
-efficiency factors are physical (see stg/system.py), not fitted to these points. GPT-530B
+efficiency factors are physical (see stg/perf/system.py), not fitted to these points. GPT-530B
 and GPT-1T take about a minute each (millions of nodes).
 """
 
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from stg.generate import build_workload
-from stg.options import GenerateOptions
-from stg.plugins import load_registry
+from stg.core.options import GenerateOptions
+from stg.core.pipeline import build_workload
+from stg.host.registry import load_registry
 from stg.predictors.time import predict_time
 
 GROUNDTRUTH = Path(__file__).resolve().parents[1].parent / "shared/data/groundtruth-dev.json"

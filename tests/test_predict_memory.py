@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from stg.core.layout import Layout
+from stg.core.workload import RankClass, RankGraph, Workload
 from stg.errors import UserError
-from stg.layout import Layout
 from stg.predictors.memory import (
     activation_bytes_per_layer,
     analytic_memory,
@@ -19,7 +20,6 @@ from stg.predictors.memory import (
     stage_memory,
     total_parameters,
 )
-from stg.workload import RankClass, RankGraph, Workload
 
 GROUNDTRUTH = Path(__file__).resolve().parents[1].parent / "shared/data/groundtruth-dev.json"
 
@@ -291,9 +291,9 @@ def test_bad_recompute_is_a_user_error() -> None:
     ("model", "pp", "tp"), [("gpt", 2, 2), ("gpt", 3, 1), ("llama", 1, 2), ("llama", 3, 2)]
 )
 def test_analytic_parameters_match_generated_facts(model: str, pp: int, tp: int) -> None:
-    from stg.generate import build_workload
-    from stg.options import GenerateOptions
-    from stg.plugins import load_registry
+    from stg.core.options import GenerateOptions
+    from stg.core.pipeline import build_workload
+    from stg.host.registry import load_registry
 
     o = GenerateOptions(
         model=model, dmodel=256, dff=1024 if model == "gpt" else 704, head=8,

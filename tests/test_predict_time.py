@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from stg.core.layout import Layout
+from stg.core.workload import CollectiveType, NodeTemplate, NodeType, RankClass, RankGraph, Workload
 from stg.errors import TraceError
-from stg.layout import Layout
+from stg.perf.system import NetworkDim, System
 from stg.predictors.time import (
     collective_time,
     group_shape,
@@ -18,8 +20,6 @@ from stg.predictors.time import (
     problem_from_workload,
     send_time,
 )
-from stg.system import NetworkDim, System
-from stg.workload import CollectiveType, NodeTemplate, NodeType, RankClass, RankGraph, Workload
 
 TF = 1e12  # 1 TFLOP/s: 1e9 FLOPs take 1 ms
 MS = 1e-3
@@ -274,8 +274,8 @@ def test_receive_without_send_is_reported() -> None:
 
 
 def test_roofline_memory_bound_and_runtime_fallback() -> None:
+    from stg.core.workload import Node
     from stg.predictors.time import compute_time
-    from stg.workload import Node
 
     s = System(
         name="s",

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from stg import reader
+from stg.core.workload import CollectiveType, NodeType
 from stg.errors import TraceError
-from stg.proto import chakra_v004_pb2 as pb4
-from stg.reader import TraceAttrs, detect_format, iter_nodes, read_metadata, read_nodes
-from stg.workload import CollectiveType, NodeType
+from stg.trace import reader
+from stg.trace.proto import chakra_v004_pb2 as pb4
+from stg.trace.reader import TraceAttrs, detect_format, iter_nodes, read_metadata, read_nodes
 
 HERE = Path(__file__).parent
 DATA = HERE / "data"
@@ -154,7 +154,7 @@ def test_gzip_by_magic(tmp_path: Path) -> None:
 
 
 def _records(*payloads: bytes) -> bytes:
-    from stg.output import frame
+    from stg.trace.writer import frame
 
     return b"".join(frame(p) for p in payloads)
 
@@ -267,7 +267,7 @@ def test_detection_without_extension(tmp_path: Path) -> None:
 
 
 def test_v001_detection_reads_past_ambiguous_records(tmp_path: Path) -> None:
-    from stg.proto import chakra_v001_pb2 as pb1
+    from stg.trace.proto import chakra_v001_pb2 as pb1
 
     plain = pb1.Node(id=1, name="a", node_type=pb1.COMP_NODE).SerializeToString()
     typed = pb1.Node(id=2, name="b", node_type=pb1.COMP_NODE, parent=[1], num_ops=7)

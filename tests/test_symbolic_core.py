@@ -6,16 +6,16 @@ import pytest
 from workload_checks import check_runs_to_completion, flops_by_root
 
 import stg
-from stg.autodiff import build_backward
-from stg.generate import build_workload
+from stg.core.autodiff import build_backward
+from stg.core.options import GenerateOptions
+from stg.core.pipeline import build_workload
+from stg.core.sharding import Sharding, plan_reshard
+from stg.core.symbolic import Dim, Dmodel, GraphBuilder, Head
+from stg.core.workload import CollectiveType
+from stg.host.records import Model
+from stg.host.registry import load_registry
 from stg.models import gpt
-from stg.options import GenerateOptions
-from stg.plugins import load_registry
-from stg.records import Model
-from stg.sharding import Sharding, plan_reshard
-from stg.symbolic import Dim, Dmodel, GraphBuilder, Head
-from stg.validate import validate_workload
-from stg.workload import CollectiveType
+from stg.trace.validate import validate_workload
 
 F = frozenset
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from stg.errors import UnknownNameError, UserError
-from stg.system import (
+from stg.perf.system import (
     DTYPES,
     PRESETS,
     load_system,

@@ -1,4 +1,4 @@
-"""stg.validate and `stg validate`: valid traces pass, each kind of corruption is named."""
+"""stg.trace.validate and `stg validate`: valid traces pass, each kind of corruption is named."""
 
 from __future__ import annotations
 
@@ -9,13 +9,16 @@ import pytest
 from formats_samples import pipeline_workload, workload_from_classes
 
 from stg.cli import main
-from stg.emitters import chakra_v001, chakra_v004, json_trace
+from stg.core.layout import Layout
+from stg.core.workload import CollectiveType, Node, NodeTemplate, NodeType, RankClass
+from stg.emitters import chakra_v001 as chakra_v001_emitter
+from stg.emitters import chakra_v004 as chakra_v004_emitter
+from stg.emitters import json_trace as json_trace_emitter
 from stg.errors import UserError
-from stg.layout import Layout
-from stg.output import format_comm_groups, frame, write_workload
-from stg.proto import chakra_v004_pb2 as pb4
-from stg.validate import validate_trace, validate_workload
-from stg.workload import CollectiveType, Node, NodeTemplate, NodeType, RankClass
+from stg.trace import chakra_v004
+from stg.trace.proto import chakra_v004_pb2 as pb4
+from stg.trace.validate import validate_trace, validate_workload
+from stg.trace.writer import format_comm_groups, frame, write_workload
 
 AR = CollectiveType.ALL_REDUCE
 AG = CollectiveType.ALL_GATHER
@@ -61,7 +64,10 @@ def checks(path: Path) -> set[str]:
     return {v.check for v in validate_trace(path).errors}
 
 
-@pytest.mark.parametrize("emitter", [chakra_v004.EMITTER, chakra_v001.EMITTER, json_trace.EMITTER])
+@pytest.mark.parametrize(
+    "emitter",
+    [chakra_v004_emitter.EMITTER, chakra_v001_emitter.EMITTER, json_trace_emitter.EMITTER],
+)
 def test_generated_workloads_are_valid(tmp_path: Path, emitter: object) -> None:
     workload = pipeline_workload(tp=2, pp=2, dp=2)
     assert validate_workload(workload).ok

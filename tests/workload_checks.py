@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict, deque
 
-from stg.workload import NodeType, Workload
+from stg.core.workload import NodeType, Workload
 
 GPT_GEMMS = {"q", "k", "v", "attn_out", "fc1", "fc2"}
 LLAMA_GEMMS = {"q", "k", "v", "attn_out", "gate", "up", "down"}

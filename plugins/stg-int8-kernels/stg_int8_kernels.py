@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import stg
-from stg.records import Kernel
+from stg.api import Kernel
 
 __version__ = "0.1.0"
 

@@ -29,7 +29,7 @@ from stg.errors import UserError
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from stg.plugins import Registry
+    from stg.host.registry import Registry
 
 PLUGINS_KEY = "stg.plugins"
 REGISTRY_KEY = "stg.registry"
@@ -103,7 +103,7 @@ def get_registry(ctx: _click.Context | None = None) -> Registry:
 
     Loaded once per invocation; a ``-p`` module that fails to load is reported on stderr.
     """
-    from stg.plugins import SOURCE_COMMAND_LINE, load_registry
+    from stg.host.registry import SOURCE_COMMAND_LINE, load_registry
 
     root = (ctx or get_current_context()).find_root()
     registry = root.meta.get(REGISTRY_KEY)
@@ -121,7 +121,7 @@ def get_registry(ctx: _click.Context | None = None) -> Registry:
 
 def _command_registry(ctx: _click.Context) -> Registry:
     """Plugins that may add commands (built-ins never do): skips importing the built-ins."""
-    from stg.plugins import load_registry
+    from stg.host.registry import load_registry
 
     root = ctx.find_root()
     registry: Registry | None = root.meta.get(REGISTRY_KEY) or root.meta.get(COMMAND_REGISTRY_KEY)

@@ -28,9 +28,9 @@ def convert(
 ) -> None:
     """Convert a trace (every rank file, plus the comm-group file) to another format.
     v0.0.4 <-> json is lossless; v0.0.1 drops what that schema cannot hold."""
-    from stg.convert import convert_trace, target_format
     from stg.errors import UserError
-    from stg.reader import FORMATS
+    from stg.trace.convert import convert_trace, target_format
+    from stg.trace.reader import FORMATS
 
     target_format(to)
     if source_format is not None and source_format not in FORMATS:

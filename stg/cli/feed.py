@@ -7,68 +7,11 @@ from pathlib import Path
 
 import typer
 
-from stg.feeder import DEFAULT_WINDOW, DEPS_MODES
-from stg.tracestats import (
-    TraceStats,
-    analyze,
-    feed_report,
-    find_trace_files,
-    render_feed,
-    select_rank,
-)
+from stg.cli._shared import DEPS_HELP, FORMAT_HELP, WINDOW_HELP, run_analysis
+from stg.trace.feeder import DEFAULT_WINDOW
+from stg.trace.stats import feed_report, render_feed
 
 app = typer.Typer(add_completion=False)
-
-DEPS_HELP = (
-    "Dependencies that order the nodes: data+ctrl (what ASTRA-sim honours) or data "
-    "(Chakra's feeder; for traces with unusable ctrl deps)."
-)
-WINDOW_HELP = "Most nodes the feeder holds in memory (it reads on past forward references)."
-FORMAT_HELP = "Trace format: v0.0.4, v0.0.1 or json (default: detected)."
-
-
-def check_common(deps: str, window: int, format: str | None) -> None:
-    """Reject bad --deps/--window/--format values with one line (exit 2)."""
-    from stg.errors import UserError
-    from stg.reader import FORMATS
-
-    if deps not in DEPS_MODES:
-        raise UserError(f"--deps {deps}: not known; allowed: {', '.join(DEPS_MODES)}")
-    if window < 1:
-        raise UserError(f"--window {window}: must be a positive integer")
-    if format is not None and format not in FORMATS:
-        raise UserError(f"--format {format}: not known; allowed: {', '.join(FORMATS)}")
-
-
-def run_analysis(
-    path: Path,
-    rank: int | None,
-    deps: str,
-    window: int,
-    format: str | None,
-) -> list[TraceStats]:
-    """Analyze the selected rank files, with a progress bar on a terminal."""
-    from stg.cli import err_console
-
-    check_common(deps, window, format)
-    files = select_rank(find_trace_files(path), rank)
-    console = err_console()
-    results: list[TraceStats] = []
-    if console.is_terminal and len(files) > 1:
-        from rich.progress import Progress
-
-        with Progress(console=console, transient=True) as progress:
-            task = progress.add_task("reading traces", total=len(files))
-            for trace in files:
-                results.append(analyze(trace, deps=deps, window=window, format=format))  # type: ignore[arg-type]
-                progress.advance(task)
-    else:
-        for trace in files:
-            results.append(analyze(trace, deps=deps, window=window, format=format))  # type: ignore[arg-type]
-    for stats in results:
-        if stats.error is not None:
-            typer.echo(f"error: {stats.error}", err=True)
-    return results
 
 
 FEED_HELP = (

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import typer
 
-from stg.cli.feed import DEPS_HELP, FORMAT_HELP, WINDOW_HELP, check_common, run_analysis
-from stg.feeder import DEFAULT_WINDOW
+from stg.cli._shared import DEPS_HELP, FORMAT_HELP, WINDOW_HELP, check_common, run_analysis
+from stg.trace.feeder import DEFAULT_WINDOW
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Inspect traces and models.")
 
@@ -36,7 +36,7 @@ def trace(
 ) -> None:
     """Statistics of trace files (see TRACE_HELP)."""
     from stg.errors import UserError
-    from stg.tracestats import (
+    from stg.trace.stats import (
         find_trace_files,
         inspect_report,
         render_inspect,
@@ -99,11 +99,11 @@ def model(
     from rich.table import Table
 
     from stg.cli import get_registry
-    from stg.generate import symbol_values
-    from stg.modelinfo import build_unsharded, describe_model, part_dot
-    from stg.options import GenerateOptions
-    from stg.output import write_file_atomically
-    from stg.plan import make_plan
+    from stg.core.modelinfo import build_unsharded, describe_model, part_dot
+    from stg.core.options import GenerateOptions
+    from stg.core.pipeline import symbol_values
+    from stg.core.plan import make_plan
+    from stg.trace.writer import write_file_atomically
 
     options = GenerateOptions(
         model=name, dvocal=dvocal, dmodel=dmodel, dff=dff, seq=seq, head=head, kvhead=kvhead,

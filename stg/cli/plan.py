@@ -1,9 +1,9 @@
 """``stg plan precision``: search the fastest per-op precision plan that fits a memory budget.
 
 Takes the generation options of ``stg generate`` (same names and defaults), predicts the
-workload with each candidate plan (see :mod:`stg.plansearch` for the greedy rule), prints the
-predicted iteration time and peak memory per GPU before and after, and writes the plan as the
-JSON file that ``--precision_plan`` reads.
+workload with each candidate plan (see :mod:`stg.explore.precision_search` for the greedy
+rule), prints the predicted iteration time and peak memory per GPU before and after, and writes
+the plan as the JSON file that ``--precision_plan`` reads.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any, Optional
 import typer
 
 from stg.cli import err_console, get_registry
+from stg.cli._shared import option_parameters, options_from_cli, progress_bar, system_parameter
 from stg.errors import UserError
 
 app = typer.Typer(
@@ -28,14 +29,10 @@ DEFAULT_OUT = "precision_plan.json"
 
 
 def _generation_parameters() -> list[inspect.Parameter]:
-    from stg.cli.generate import option_parameters
-
     return [p for p in option_parameters() if p.name not in EXCLUDED]
 
 
 def _own_parameters() -> list[inspect.Parameter]:
-    from stg.cli.generate import system_parameter
-
     kw = inspect.Parameter.KEYWORD_ONLY
     text = Optional[str]  # noqa: UP045 (typer needs a runtime type object)
     return [
@@ -84,7 +81,7 @@ def _own_parameters() -> list[inspect.Parameter]:
 
 
 def _parse_dtypes(text: str) -> tuple[str, ...]:
-    from stg.system import DTYPES, normalize_dtype
+    from stg.perf.system import DTYPES, normalize_dtype
 
     names = [d.strip() for d in text.split(",") if d.strip()]
     if not names:
@@ -97,12 +94,11 @@ def _parse_dtypes(text: str) -> tuple[str, ...]:
 
 def precision(**values: Any) -> None:
     """Find the fastest per-op precision plan whose predicted peak memory fits the budget."""
-    from stg import generate as gen
-    from stg.cli.generate import options_from_cli, progress_bar
-    from stg.output import write_file_atomically
-    from stg.plansearch import parse_size, search_precision
-    from stg.precision import dump_plan
-    from stg.system import load_system
+    from stg.core import pipeline as gen
+    from stg.core.precision import dump_plan
+    from stg.explore.precision_search import parse_size, search_precision
+    from stg.perf.system import load_system
+    from stg.trace.writer import write_file_atomically
 
     budget_text = values.pop("memory_budget")
     system_spec = values.pop("system")
@@ -147,7 +143,7 @@ def print_result(result: Any, system: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from stg.plansearch import format_bytes
+    from stg.explore.precision_search import format_bytes
 
     def seconds(value: float) -> str:
         return f"{value:.4g} s" if value >= 1 else f"{value * 1e3:.4g} ms"

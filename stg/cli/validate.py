@@ -1,4 +1,4 @@
-"""``stg validate``: check a trace on disk against what simulators need (see stg.validate)."""
+"""``stg validate``: check a trace on disk against what simulators need (see stg.trace.validate)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def validate(
     collective sequences and the comm-group file. Exit 1 on any violation, 2 on unusable
     input."""
     from stg.cli import err_console
-    from stg.validate import validate_trace
+    from stg.trace.validate import validate_trace
 
     console = err_console()
     if console.is_terminal:
@@ -51,7 +51,7 @@ def _render(report: object) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from stg.validate import ValidationReport
+    from stg.trace.validate import ValidationReport
 
     assert isinstance(report, ValidationReport)
     console = Console(highlight=False)

@@ -13,13 +13,12 @@ from typing import Any
 import typer
 
 import stg
+from stg.api import Emitter, NodeType, Predictor, Workload
 from stg.errors import UserError
-from stg.records import Emitter, Predictor
-from stg.workload import NodeType, Workload
 
 
 def write_names(workload: Workload, directory: Path, output_name: str) -> list[Path]:
-    from stg.output import output_paths
+    from stg.api import output_paths
 
     paths = []
     names = output_paths(output_name, workload.world_size, ".names.json")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from stg_fake_good import write_lines
 
 import stg
-from stg.records import Emitter
+from stg.api import Emitter
 
 
 @stg.hookimpl

@@ -12,13 +12,12 @@ from pathlib import Path
 import typer
 
 import stg
-from stg.records import Emitter, Kernel
-from stg.workload import Workload
+from stg.api import Emitter, Kernel, Workload
 
 
 def write_lines(workload: Workload, directory: Path, output_name: str) -> list[Path]:
     """One line of JSON per node: id, name, type and deps."""
-    from stg.output import output_paths, write_comm_groups
+    from stg.api import output_paths, write_comm_groups
 
     paths = []
     for graph, name in zip(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import stg
-from stg.records import Kernel
+from stg.api import Kernel
 
 
 @stg.hookimpl

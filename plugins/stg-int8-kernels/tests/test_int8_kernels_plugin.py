@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 import stg_int8_kernels
 
-from stg.kernels import KernelTable
-from stg.records import Kernel
-from stg.testing import check_kernel
+from stg.api import Kernel, KernelTable, build_workload
+from stg.testing import KERNEL_DIMS, check_kernel, tiny_options
 
 
 def test_registers_documented_kernels(stg_registry):
@@ -40,11 +39,7 @@ def test_planned_matmuls_are_faster_and_smaller(stg_registry, kernel, system):
 
 def test_kernels_do_not_touch_unplanned_workloads(stg_registry):
     with_plugin = check_kernel("int8-gemm-a100", stg_registry(stg_int8_kernels))["default"]
-    from stg.generate import build_workload
-    from stg.predictors.time import predict_time
-    from stg.testing import KERNEL_DIMS, tiny_options
-
     registry = stg_registry()
     workload = build_workload(tiny_options(**KERNEL_DIMS), registry)
-    plain = predict_time(workload, "a100-80g")
+    plain = registry.predictors.get("time").predict(workload, "a100-80g")
     assert plain["iteration_time_s"] == with_plugin["time"]["iteration_time_s"]

@@ -42,8 +42,8 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Literal
 
+from stg.core.workload import CollectiveType, Node, NodeType
 from stg.errors import TraceError, UserError
-from stg.workload import CollectiveType, Node, NodeType
 
 DepsMode = Literal["data", "data+ctrl"]
 DEPS_MODES: tuple[str, ...] = ("data", "data+ctrl")
@@ -79,7 +79,7 @@ class FeederUsageError(RuntimeError):
 
 
 class ETFeederNode:
-    """One node as the feeder hands it out: the trace's :class:`~stg.workload.Node` plus links.
+    """One node as the feeder hands it out: the trace's :class:`~stg.core.workload.Node` plus links.
 
     Accessors mirror Chakra's C++ ``ETFeederNode``. ``children`` are the loaded nodes that
     depend on this one (under the feeder's ``deps`` mode), in file order.
@@ -216,8 +216,8 @@ class _IdRanges:
 class ETFeeder:
     """Feed the nodes of one rank's trace in dependency order (see the module docstring).
 
-    ``source`` is a trace file (any format :func:`stg.reader.iter_nodes` reads; ``format``
-    forces one) or an iterable of :class:`~stg.workload.Node` in file order.
+    ``source`` is a trace file (any format :func:`stg.trace.reader.iter_nodes` reads; ``format``
+    forces one) or an iterable of :class:`~stg.core.workload.Node` in file order.
     """
 
     def __init__(
@@ -237,7 +237,7 @@ class ETFeeder:
         # remove_node reads ahead in batches of about window/8 nodes, not node by node
         self._refill_below = window - window // 8
         if isinstance(source, (str, os.PathLike)):
-            from stg.reader import iter_nodes
+            from stg.trace.reader import iter_nodes
 
             self.source_name = os.fspath(source)
             try:

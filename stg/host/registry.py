@@ -1,7 +1,7 @@
 """The plugin host: finds plugins, checks what they register, and remembers who registered what.
 
 Load order: the built-in plugin modules (every module of ``stg.models``, ``stg.emitters``,
-``stg.predictors``, then ``stg.schedules``), then the entry points of group ``stg`` sorted by
+``stg.predictors``, then ``stg.core.schedules``), then the entry points of group ``stg`` sorted by
 name, then modules named with ``-p``, then plugin objects passed in by a caller. Built-ins go
 through exactly the same path as third-party plugins.
 
@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import pluggy
 
 import stg
-from stg import hookspecs
 from stg.errors import UnknownNameError, UserError
-from stg.records import Emitter, Kernel, Model, PipelineSchedule, Predictor
+from stg.host import hookspecs
+from stg.host.records import Emitter, Kernel, Model, PipelineSchedule, Predictor
 
 if TYPE_CHECKING:
     import typer
@@ -40,7 +40,7 @@ DISABLE_AUTOLOAD_ENV = "STG_DISABLE_PLUGIN_AUTOLOAD"
 ENTRY_POINT_GROUP = "stg"
 BUILTIN_DIST = "symbolic-tensor-graph"
 BUILTIN_PACKAGES = ("stg.models", "stg.emitters", "stg.predictors")
-BUILTIN_MODULES = ("stg.schedules",)
+BUILTIN_MODULES = ("stg.core.schedules",)
 
 SOURCE_BUILTIN = "builtin"
 SOURCE_ENTRY_POINT = "entry point"
@@ -476,13 +476,13 @@ def _registrar(kind: _Kind, items: list[tuple[Any, str, tuple[str, ...]]]) -> Ca
         if not isinstance(record, kind.record):
             raise PluginError(
                 f"{kind.hook} registered {_short_repr(record)}; expected a "
-                f"stg.records.{kind.record.__name__}"
+                f"stg.host.records.{kind.record.__name__}"
             )
         if any(existing[1] == record.name for existing in items):
             raise PluginError(f"{kind.hook} registered {kind.label} {record.name!r} twice")
         items.append((record, record.name, tuple(getattr(record, "aliases", ()))))
 
-    register.__doc__ = f"Register one stg.records.{kind.record.__name__}."
+    register.__doc__ = f"Register one stg.host.records.{kind.record.__name__}."
     return register
 
 

@@ -35,13 +35,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from stg.core.workload import CollectiveType, Node, NodeType
 from stg.errors import TraceError, UserError
-from stg.output import comm_group_path
-from stg.reader import detect_format, iter_nodes
-from stg.workload import CollectiveType, Node, NodeType
+from stg.trace.reader import detect_format, iter_nodes
+from stg.trace.writer import comm_group_path
 
 if TYPE_CHECKING:
-    from stg.workload import Workload
+    from stg.core.workload import Workload
 
 MAX_TAG = 500_000_000
 SIMULATED = frozenset(

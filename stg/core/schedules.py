@@ -8,7 +8,7 @@ order into ctrl deps so that a simulator follows it. Chunks are the model pieces
 from __future__ import annotations
 
 from stg import hookimpl
-from stg.records import PipelineSchedule
+from stg.host.records import PipelineSchedule
 
 Step = tuple[str, int, int]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from stg.workload import CollectiveType
+from stg.core.workload import CollectiveType
 
 Axes = frozenset[str]
 NO_AXES: Axes = frozenset()

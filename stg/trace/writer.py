@@ -33,12 +33,13 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from stg import __version__
+from stg.core.workload import COMM_TYPES
 from stg.errors import UserError
-from stg.workload import COMM_TYPES
 
 if TYPE_CHECKING:
-    from stg.records import Emitter
-    from stg.workload import Node, Workload
+    from stg.core.workload import Node, Workload
+    from stg.host.records import Emitter
 
 _DIRECTIVE = re.compile(r"%.")
 
@@ -130,6 +131,31 @@ def write_comm_groups(workload: Workload, directory: Path, output_name: str) -> 
         )
     path.write_text(format_comm_groups(used_comm_groups(workload)), encoding="utf-8")
     return path
+
+
+def _metadata_value(value: Any) -> Any:
+    if isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, Mapping):
+        return json.dumps(value, sort_keys=True, default=str)
+    if isinstance(value, (list, tuple)):
+        return json.dumps(list(value), default=str)
+    return str(value)
+
+
+def generator_metadata(workload: Workload, rank: int) -> dict[str, Any]:
+    """The GlobalMetadata attributes of one rank file of a generated workload."""
+    attrs: dict[str, Any] = {
+        "generator": "stg",
+        "generator_version": __version__,
+        "rank": rank,
+        "world_size": workload.world_size,
+    }
+    for key in sorted(workload.metadata):
+        if key not in attrs:
+            attrs[key] = _metadata_value(workload.metadata[key])
+    return attrs
+
 
 
 def varint(value: int) -> bytes:

@@ -1,9 +1,9 @@
 """Kernels as the predictors use them: which (op class, precision) pairs run natively, how fast,
 what a cast into a precision costs, and how many bytes a saved tensor takes.
 
-Plugins register :class:`stg.records.Kernel` records (``stg_register_kernels``). For one system
+Plugins register :class:`stg.host.records.Kernel` records (``stg_register_kernels``). For one system
 they form a :class:`KernelTable` keyed by (op class, dtype), with op classes as
-:func:`stg.system.op_class` names them (``gemm``, ``attention``, ``other``; a kernel's
+:func:`stg.perf.system.op_class` names them (``gemm``, ``attention``, ``other``; a kernel's
 ``einsum`` means ``gemm`` and ``elementwise`` means ``other``). Rules (documented in README):
 
 - **Native precisions.** fp32, tf32, bf16 and fp16 matmuls always run natively, at the system's
@@ -31,8 +31,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from stg.precision import DTYPE_BYTES
-from stg.records import Kernel
+from stg.core.precision import DTYPE_BYTES
+from stg.host.records import Kernel
 
 QUANTIZED_DTYPES = frozenset({"fp8", "int8"})
 """Precisions that run natively only where a kernel is registered."""

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from stg.workload import Workload
+    from stg.core.workload import Workload
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.\-]*$")
 KERNEL_OP_CLASSES = ("einsum", "gemm", "attention", "elementwise", "other")
@@ -45,7 +45,7 @@ class Model:
     ``embedding`` builds what runs on the first pipeline stage before the layer stack,
     ``block`` one layer of the stack, ``head`` what runs on the last stage after it (final
     norm, LM head, loss). Each is called as ``fn(builder, x)`` with a
-    :class:`stg.symbolic.GraphBuilder` and the incoming activation (``None`` for the embedding)
+    :class:`stg.core.symbolic.GraphBuilder` and the incoming activation (``None`` for the embedding)
     and returns the outgoing activation (``None`` for the head).
     """
 
@@ -126,7 +126,7 @@ class Kernel:
     element) and ``cast_beta`` (s) price a cast into this precision (both 0: the roofline
     prices it); ``bytes_per_element`` is what a tensor saved in this precision occupies
     (``None``: the dtype's width). ``systems`` names the system descriptions the kernel runs
-    on (empty: every system). See :mod:`stg.kernels` for how predictors use kernels.
+    on (empty: every system). See :mod:`stg.perf.kernels` for how predictors use kernels.
     """
 
     name: str

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import prod
 
-from stg.layout import AXES, parse_rank_order
-from stg.options import GenerateOptions, OptionError
-from stg.precision import DTYPE_BYTES
+from stg.core.layout import AXES, parse_rank_order
+from stg.core.options import GenerateOptions, OptionError
+from stg.core.precision import DTYPE_BYTES
 
 MAX_TAG = 500_000_000
 RECOMPUTE = {

@@ -1,4 +1,4 @@
-"""Streaming readers of Chakra execution traces into :class:`stg.workload.Node`.
+"""Streaming readers of Chakra execution traces into :class:`stg.core.workload.Node`.
 
 Three formats are read, one rank file at a time:
 
@@ -53,10 +53,10 @@ from typing import IO, Any
 
 from google.protobuf.message import DecodeError
 
+from stg.core.workload import CollectiveType, Node, NodeType
 from stg.errors import TraceError
-from stg.proto import chakra_v001_pb2 as pb1
-from stg.proto import chakra_v004_pb2 as pb4
-from stg.workload import CollectiveType, Node, NodeType
+from stg.trace.proto import chakra_v001_pb2 as pb1
+from stg.trace.proto import chakra_v004_pb2 as pb4
 
 FORMATS: tuple[str, ...] = ("v0.0.4", "v0.0.1", "json")
 _CHUNK = 1 << 20

@@ -3,7 +3,7 @@
 :func:`bind_part` turns the symbolic ops of a part into :class:`BoundOp` records with integer
 FLOPs and bytes for one rank (sympy is evaluated here, once per run, never per rank or per
 micro-batch). :func:`lower_stage` instantiates the bound parts for every step of the stage's
-pipeline schedule and returns a :class:`~stg.workload.RankClass`: node ids in execution
+pipeline schedule and returns a :class:`~stg.core.workload.RankClass`: node ids in execution
 order, data deps for data flow, ctrl deps for the schedule and collective issue order.
 """
 
@@ -16,11 +16,11 @@ from math import prod
 
 import sympy
 
-from stg.options import OptionError
-from stg.plan import ParallelPlan
-from stg.precision import DTYPE_BYTES
-from stg.symbolic import Dim, Op, Part, Tensor
-from stg.workload import CollectiveType, NodeTemplate, NodeType, RankClass
+from stg.core.options import OptionError
+from stg.core.plan import ParallelPlan
+from stg.core.precision import DTYPE_BYTES
+from stg.core.symbolic import Dim, Op, Part, Tensor
+from stg.core.workload import CollectiveType, NodeTemplate, NodeType, RankClass
 
 DIM_OPTION = {"batch": "micro_batch", "qgroup": "head/kvhead", "dhead": "dmodel/head"}
 OPTIMIZER_FLOPS_PER_PARAM = 12  # Adam: two moment updates, bias correction, update

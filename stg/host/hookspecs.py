@@ -3,7 +3,7 @@
 A plugin is a module (or any object) with functions marked ``@stg.hookimpl``; it is found
 through the entry-point group ``stg``, or named on the command line with ``stg -p module``.
 Registration hooks receive one argument, ``register``: call it once per record. The record
-types live in :mod:`stg.records` and are checked when registered, so a mistake is reported at
+types live in :mod:`stg.host.records` and are checked when registered, so a mistake is reported at
 load time with the plugin's name (``stg plugins list`` shows it) instead of failing later.
 """
 
@@ -17,7 +17,7 @@ import pluggy
 if TYPE_CHECKING:
     import typer
 
-    from stg.records import Emitter, Kernel, Model, PipelineSchedule, Predictor
+    from stg.host.records import Emitter, Kernel, Model, PipelineSchedule, Predictor
 
 hookspec = pluggy.HookspecMarker("stg")
 """Marker for hook specifications of the ``stg`` project."""
@@ -25,7 +25,7 @@ hookspec = pluggy.HookspecMarker("stg")
 
 @hookspec
 def stg_register_models(register: Callable[[Model], None]) -> None:
-    """Register model templates (:class:`stg.records.Model`).
+    """Register model templates (:class:`stg.host.records.Model`).
 
     Example::
 
@@ -38,7 +38,7 @@ def stg_register_models(register: Callable[[Model], None]) -> None:
 
 @hookspec
 def stg_register_parallelisms(register: Callable[[PipelineSchedule], None]) -> None:
-    """Register pipeline schedules (:class:`stg.records.PipelineSchedule`).
+    """Register pipeline schedules (:class:`stg.host.records.PipelineSchedule`).
 
     Example::
 
@@ -50,7 +50,7 @@ def stg_register_parallelisms(register: Callable[[PipelineSchedule], None]) -> N
 
 @hookspec
 def stg_register_kernels(register: Callable[[Kernel], None]) -> None:
-    """Register kernels: per-op precision and cost overrides (:class:`stg.records.Kernel`).
+    """Register kernels: per-op precision and cost overrides (:class:`stg.host.records.Kernel`).
 
     Example::
 
@@ -62,7 +62,7 @@ def stg_register_kernels(register: Callable[[Kernel], None]) -> None:
 
 @hookspec
 def stg_register_emitters(register: Callable[[Emitter], None]) -> None:
-    """Register output formats (:class:`stg.records.Emitter`).
+    """Register output formats (:class:`stg.host.records.Emitter`).
 
     Example::
 
@@ -74,7 +74,7 @@ def stg_register_emitters(register: Callable[[Emitter], None]) -> None:
 
 @hookspec
 def stg_register_predictors(register: Callable[[Predictor], None]) -> None:
-    """Register predictors of time and memory (:class:`stg.records.Predictor`).
+    """Register predictors of time and memory (:class:`stg.host.records.Predictor`).
 
     Example::
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from stg.sharding import Sharding
-from stg.symbolic import GraphBuilder, Op, Tensor, shard_further
+from stg.core.sharding import Sharding
+from stg.core.symbolic import GraphBuilder, Op, Tensor, shard_further
 
 
 def _key(t: Tensor) -> int:

@@ -1,4 +1,5 @@
-"""Statistics of trace files, computed by draining them through the :class:`~stg.feeder.ETFeeder`.
+"""Statistics of trace files, computed by draining them through the
+:class:`~stg.trace.feeder.ETFeeder`.
 
 Used by ``stg feed`` and ``stg inspect trace``. One pass per rank file with bounded memory
 (the feeder's window plus one small integer per node id for the critical path).
@@ -19,9 +20,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from stg.core.workload import CollectiveType, NodeType
 from stg.errors import TraceError, UserError
-from stg.feeder import DEFAULT_WINDOW, DepsMode, ETFeeder, ETFeederNode
-from stg.workload import CollectiveType, NodeType
+from stg.trace.feeder import DEFAULT_WINDOW, DepsMode, ETFeeder, ETFeederNode
 
 _RANK_FILE = re.compile(r"^(?P<prefix>.+)\.(?P<rank>\d+)(?P<ext>\.[A-Za-z0-9]+)?(?:\.gz)?$")
 

@@ -12,11 +12,11 @@ from typing import Any
 
 import sympy
 
-from stg.autodiff import build_backward
-from stg.options import GenerateOptions
-from stg.precision import DTYPE_BYTES
-from stg.records import Model
-from stg.symbolic import GraphBuilder, Op, Part, Tensor
+from stg.core.autodiff import build_backward
+from stg.core.options import GenerateOptions
+from stg.core.precision import DTYPE_BYTES
+from stg.core.symbolic import GraphBuilder, Op, Part, Tensor
+from stg.host.records import Model
 
 PARTS = ("embedding", "block", "head")
 

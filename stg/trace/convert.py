@@ -5,7 +5,7 @@ kind and doc string, start times, inputs/outputs) and the GlobalMetadata survive
 v0.0.4 -> json -> v0.0.4 unchanged. Well-known attributes (``num_ops``, ``pg_name``, ...)
 are written with the value kinds of TRACES.md, which repairs foreign files that used others.
 Converting to v0.0.1 loses what that schema cannot hold (see
-:mod:`stg.emitters.chakra_v001`) and fails on what it cannot express. Non-scalar top-level
+:mod:`stg.trace.chakra_v001`) and fails on what it cannot express. Non-scalar top-level
 keys of a JSON source (besides ``workload_graph``) become JSON strings in GlobalMetadata.
 
 Nodes stream through: memory stays bounded for protobuf sources. Output is atomic: files are
@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from stg.errors import UserError
-from stg.output import comm_group_path, output_paths, write_atomically, write_file_atomically
-from stg.reader import TraceAttrs, detect_format, infer_kind, iter_nodes, read_metadata
+from stg.trace.reader import TraceAttrs, detect_format, infer_kind, iter_nodes, read_metadata
+from stg.trace.writer import comm_group_path, output_paths, write_atomically, write_file_atomically
 
 TARGETS: dict[str, str] = {
     "v0.0.4": "v0.0.4",
@@ -66,7 +66,7 @@ def _metadata_attrs(meta: Mapping[str, Any]) -> TraceAttrs:
 def _writer(target: str, source: Path, fmt: str) -> Callable[[BinaryIO], int]:
     nodes = iter_nodes(source, format=fmt)
     if target == "v0.0.1":
-        from stg.emitters.chakra_v001 import write_stream as write_v001
+        from stg.trace.chakra_v001 import write_stream as write_v001
 
         return lambda out: write_v001(out, nodes)
     meta = read_metadata(source, format=fmt)
@@ -75,10 +75,10 @@ def _writer(target: str, source: Path, fmt: str) -> Callable[[BinaryIO], int]:
     if not version and not attrs:
         version = "0.0.4"
     if target == "json":
-        from stg.emitters.json_trace import write_stream as write_json
+        from stg.trace.json_trace import write_stream as write_json
 
         return lambda out: write_json(out, nodes, attrs, version=version)
-    from stg.emitters.chakra_v004 import write_stream as write_v004
+    from stg.trace.chakra_v004 import write_stream as write_v004
 
     return lambda out: write_v004(out, nodes, attrs, version=version)
 
@@ -108,10 +108,10 @@ def convert_trace(
 
     For a single source file ``destination`` is the output file. Otherwise it is an output
     directory (the source's name is kept, with the target's extension) or ``dir/name`` where
-    ``name`` follows the ``output_name`` rules of :mod:`stg.output`. Returns the written
+    ``name`` follows the ``output_name`` rules of :mod:`stg.trace.writer`. Returns the written
     paths.
     """
-    from stg.validate import find_rank_files
+    from stg.trace.validate import find_rank_files
 
     target = target_format(to)
     source = Path(source)

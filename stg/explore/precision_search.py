@@ -7,7 +7,7 @@ both predictors run on it) and applies the best one:
 
 - a candidate dtype must be in ``dtypes``, carry more accuracy risk than the op's current
   dtype (so each op only ever moves down, and the search ends), and run natively for the op's
-  class: fp8 and int8 need a registered kernel (:mod:`stg.kernels`); a move changes one op,
+  class: fp8 and int8 need a registered kernel (:mod:`stg.perf.kernels`); a move changes one op,
   or together the ops that read one saved input (:data:`SHARED_INPUT_GROUPS`, e.g. q, k, v),
   with the sum of their risks;
 - while the plan does not fit the budget, the best change is the one that saves the most
@@ -30,12 +30,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from stg.core.options import GenerateOptions
+from stg.core.precision import PrecisionPlan
 from stg.errors import UserError
-from stg.kernels import KernelTable, is_cast, kernel_table
-from stg.options import GenerateOptions
-from stg.plugins import Registry
-from stg.precision import PrecisionPlan
-from stg.system import System, normalize_dtype, op_class
+from stg.host.registry import Registry
+from stg.perf.kernels import KernelTable, is_cast, kernel_table
+from stg.perf.system import System, normalize_dtype, op_class
 
 RISK: Mapping[str, float] = {
     "fp32": 2.0**-24,
@@ -159,10 +159,10 @@ def search_precision(
     ``kernels`` default to the registry's; ``options.precision`` must be empty (the search
     starts from the workload's dtype).
     """
-    from stg.generate import build_workload
-    from stg.predictors.memory import predict_memory
-    from stg.predictors.time import predict_time
+    from stg.core.pipeline import build_workload
 
+    predict_time = registry.predictors.get("time").predict
+    predict_memory = registry.predictors.get("memory").predict
     if options.precision:
         raise UserError("stg plan precision starts from --dtype; do not give --precision_plan")
     table = kernel_table(kernels if kernels is not None else list(registry.kernels), system.name)

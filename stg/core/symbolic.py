@@ -2,10 +2,10 @@
 
 A model template calls a :class:`GraphBuilder` with plain forward einsums and elementwise ops.
 The builder resolves shardings eagerly: when an op needs its inputs sharded differently from
-how they are, it inserts the collectives that :func:`stg.sharding.plan_reshard` prescribes.
+how they are, it inserts the collectives that :func:`stg.core.sharding.plan_reshard` prescribes.
 Model templates therefore never write a collective.
 
-Sizes stay symbolic (sympy) here; :mod:`stg.lowering` binds them to integers once per run.
+Sizes stay symbolic (sympy) here; :mod:`stg.core.lowering` binds them to integers once per run.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 
 import sympy
 
+from stg.core.precision import precision_of
+from stg.core.sharding import NO_AXES, Axes, Sharding, plan_reshard
+from stg.core.workload import CollectiveType
 from stg.errors import UserError
-from stg.precision import precision_of
-from stg.sharding import NO_AXES, Axes, Sharding, plan_reshard
-from stg.workload import CollectiveType
 
 # Global sizes of the standard dimensions, as symbols named after their options.
 MicroBatch, Seq, Dmodel, Dff, Head, KVHead, Dvocal, Experts, KExperts, Capacity = sympy.symbols(

@@ -5,15 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from stg.autodiff import build_backward, build_grad_reduction
-from stg.errors import UserError
-from stg.layout import Layout, parse_rank_order
-from stg.lowering import Binder, BoundPart, ModelParts, bind_part, lower_stage
-from stg.options import GenerateOptions, OptionError
-from stg.plan import ParallelPlan, make_plan
-from stg.precision import DTYPE_BYTES, normalize_plan
-from stg.records import Model, PipelineSchedule
-from stg.symbolic import (
+from stg.core.autodiff import build_backward, build_grad_reduction
+from stg.core.layout import Layout, parse_rank_order
+from stg.core.lowering import Binder, BoundPart, ModelParts, bind_part, lower_stage
+from stg.core.options import GenerateOptions, OptionError
+from stg.core.plan import ParallelPlan, make_plan
+from stg.core.precision import DTYPE_BYTES, normalize_plan
+from stg.core.symbolic import (
     Capacity,
     Dff,
     Dmodel,
@@ -27,17 +25,19 @@ from stg.symbolic import (
     Seq,
     Tensor,
 )
-from stg.workload import RankGraph, Workload
+from stg.core.workload import RankGraph, Workload
+from stg.errors import UserError
+from stg.host.records import Model, PipelineSchedule
 
 if TYPE_CHECKING:
-    from stg.plugins import Registry
+    from stg.host.registry import Registry
 
 Progress = Callable[[str, int, int], None]
 
 
 def validate_options(options: GenerateOptions, registry: Registry) -> ParallelPlan:
     """Check every option (names against the registry, degrees against the model) and return
-    the plan. Raises :class:`~stg.options.OptionError` (or UnknownNameError) on bad input."""
+    the plan. Raises :class:`~stg.core.options.OptionError` (or UnknownNameError) on bad input."""
     registry.models.get(options.model)
     schedule = registry.schedules.get(options.pipeline_schedule)
     plan = make_plan(options)

@@ -13,7 +13,7 @@ from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from stg.layout import Layout
+    from stg.core.layout import Layout
 
 
 class NodeType(IntEnum):

@@ -16,7 +16,7 @@ class GenerateOptions:
     """Everything ``stg generate`` needs to build a workload.
 
     Field names are the original STG's command-line options (underscored). ``precision`` is
-    a per-op precision plan, ``((op name pattern, dtype), ...)`` (see :mod:`stg.precision`;
+    a per-op precision plan, ``((op name pattern, dtype), ...)`` (see :mod:`stg.core.precision`;
     ``--precision_plan FILE`` on the command line). Sizes are global:
     ``batch`` samples per iteration, ``micro_batch`` samples per micro-batch over all replicas
     (``None`` means one micro-batch: the whole batch).

@@ -1,0 +1,578 @@
+"""What several commands share, so that no command module imports another.
+
+- the generation options as CLI parameters and their parsing: every field of
+  :class:`stg.core.options.GenerateOptions` as a typer option (:func:`option_parameters`,
+  used by ``stg generate``, ``stg predict`` and ``stg plan precision``), the ``--system``
+  option (:func:`system_parameter`) and :func:`options_from_cli`;
+- the progress bar of a long build (:func:`progress_bar`);
+- running predictors on a workload or a trace and printing their reports
+  (:func:`run_predictors`, :func:`print_reports`);
+- trace-analysis helpers of ``stg feed`` and ``stg inspect trace`` (:func:`check_common`,
+  :func:`run_analysis` and their help texts);
+- formatting (:func:`format_seconds`, :func:`format_bytes`).
+
+Not a command: modules of ``stg.cli`` whose name starts with ``_`` are skipped. Heavy imports
+stay inside the functions, so a command pays only for what it uses.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import MISSING, dataclass, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
+
+import typer
+
+from stg.errors import UserError
+
+if TYPE_CHECKING:
+    from stg.core.options import GenerateOptions
+    from stg.trace.stats import TraceStats
+
+# -- the generation options as CLI parameters -------------------------------------------------
+
+TRUE_WORDS = ("true", "t", "yes", "y", "1")
+FALSE_WORDS = ("false", "f", "no", "n", "0")
+RECOMPUTE_VALUES = ("none", "selective", "full")
+SCHEMA_FORMATS = {"v0.0.4": "chakra-v0.0.4", "v0.0.1": "chakra-v0.0.1", "json": "json"}
+
+
+def parse_bool(value: str) -> bool:
+    """``true/t/yes/y/1`` or ``false/f/no/n/0`` (any case), as the original STG's flags."""
+    word = value.strip().lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    raise typer.BadParameter(f"{value!r} is not a boolean; allowed: true, false, 1, 0")
+
+
+def parse_recompute(value: str) -> str:
+    """``none|selective|full``; ``true`` means full and ``false`` none (the original flag)."""
+    word = value.strip().lower()
+    if word in RECOMPUTE_VALUES:
+        return word
+    if word in TRUE_WORDS:
+        return "full"
+    if word in FALSE_WORDS:
+        return "none"
+    raise typer.BadParameter(
+        f"{value!r} is not allowed; allowed: {', '.join(RECOMPUTE_VALUES)} (or true/false)"
+    )
+
+
+def parse_precision_plan(value: str) -> tuple[tuple[str, str], ...]:
+    """A precision plan file (see :mod:`stg.core.precision`) as ``GenerateOptions.precision``."""
+    from stg.core.precision import load_plan
+
+    try:
+        return load_plan(value)
+    except UserError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+@dataclass(frozen=True)
+class _Spec:
+    help: str
+    aliases: tuple[str, ...] = ()
+    parser: Callable[[str], Any] | None = None
+    metavar: str | None = None
+
+
+_MODEL = "Model"
+_PARALLEL = "Parallelism"
+_TRAINING = "Training"
+_OUTPUT = "Output"
+
+# help text and extra spellings per GenerateOptions field (panel, spec)
+SPECS: dict[str, tuple[str, _Spec]] = {
+    "model": (
+        _MODEL,
+        _Spec(
+            "Model template (a registered model name or alias, or dist:name).",
+            ("--model_type", "--model-type"),
+            metavar="NAME",
+        ),
+    ),
+    "dvocal": (_MODEL, _Spec("Vocabulary size V.")),
+    "dmodel": (_MODEL, _Spec("Hidden size h.")),
+    "dff": (_MODEL, _Spec("FFN hidden size F.")),
+    "batch": (_MODEL, _Spec("Global batch: samples per iteration.")),
+    "micro_batch": (_MODEL, _Spec("Global micro-batch; unset means the whole batch.")),
+    "seq": (_MODEL, _Spec("Sequence length s.")),
+    "head": (_MODEL, _Spec("Attention heads a.")),
+    "kvhead": (_MODEL, _Spec("Key/value heads (GQA).")),
+    "num_stacks": (_MODEL, _Spec("Transformer layers L.")),
+    "experts": (_MODEL, _Spec("Experts per MoE layer.")),
+    "kexperts": (_MODEL, _Spec("Experts each token is routed to (top-k).")),
+    "capacity_factor": (_MODEL, _Spec("MoE capacity factor.")),
+    "dp": (_PARALLEL, _Spec("Data-parallel degree.")),
+    "tp": (_PARALLEL, _Spec("Tensor-parallel degree.")),
+    "sp": (_PARALLEL, _Spec("Sequence/context-parallel degree.", ("--cp",))),
+    "pp": (_PARALLEL, _Spec("Pipeline-parallel degree.")),
+    "ep": (_PARALLEL, _Spec("Expert-parallel degree.")),
+    "tpsp": (
+        _PARALLEL,
+        _Spec("Megatron sequence parallelism inside TP.", parser=parse_bool, metavar="BOOL"),
+    ),
+    "weight_sharded": (
+        _PARALLEL,
+        _Spec("Shard weights over dp (FSDP / ZeRO-3).", parser=parse_bool, metavar="BOOL"),
+    ),
+    "zero": (_PARALLEL, _Spec("ZeRO stage 0-3.")),
+    "rank_order": (_PARALLEL, _Spec("Mesh axes, fastest-varying first.", metavar="AXES")),
+    "pipeline_schedule": (
+        _PARALLEL,
+        _Spec("Pipeline schedule (a registered name).", metavar="NAME"),
+    ),
+    "virtual_stages": (_PARALLEL, _Spec("Model chunks per pipeline stage (interleaving).")),
+    "activation_recompute": (
+        _TRAINING,
+        _Spec(
+            "Activation recomputation: none, selective, full (true = full, false = none).",
+            parser=parse_recompute,
+            metavar="MODE",
+        ),
+    ),
+    "mixed_precision": (
+        _TRAINING,
+        _Spec("fp32 master weights and optimizer states.", parser=parse_bool, metavar="BOOL"),
+    ),
+    "dtype": (_TRAINING, _Spec("Compute and activation dtype.", metavar="DTYPE")),
+    "grad_reduce_dtype": (
+        _TRAINING,
+        _Spec("Dtype of gradient reduction; unset means --dtype.", metavar="DTYPE"),
+    ),
+    "causal": (
+        _TRAINING,
+        _Spec("Count only the causal half of attention scores.", parser=parse_bool, metavar="BOOL"),
+    ),
+    "precision": (
+        _TRAINING,
+        _Spec(
+            'Per-op precision plan: a JSON file {"ops": {"fc1": "int8", ...}} '
+            "(as stg plan precision writes; default: every op in --dtype).",
+            parser=parse_precision_plan,
+            metavar="FILE",
+        ),
+    ),
+    "format": (
+        _OUTPUT,
+        _Spec("Output format (a registered emitter name or alias).", metavar="NAME"),
+    ),
+    "output_dir": (_OUTPUT, _Spec("Directory to write into.", metavar="DIR")),
+    "output_name": (
+        _OUTPUT,
+        _Spec(
+            "Rank file name; %d is the rank (default: workload.%d plus the format's extension).",
+            metavar="NAME",
+        ),
+    ),
+}
+
+SCHEMA_OPTION = "chakra_schema_version"
+
+
+OPTION_SPELLINGS = {"precision": "precision_plan"}
+"""Fields whose option is spelled otherwise first (``--precision_plan FILE``; the field name
+``--precision`` works too)."""
+
+COMMAND_OPTIONS = frozenset({"predict", "print_gpu_vram", "system"})
+"""Options of ``stg generate`` that are not GenerateOptions fields."""
+
+
+def system_parameter(help: str, **extra: Any) -> inspect.Parameter:
+    """The ``--system/-s NAME|FILE`` option shared by generate, predict and plan."""
+    return inspect.Parameter(
+        "system",
+        inspect.Parameter.KEYWORD_ONLY,
+        default=typer.Option("a100-80g", "--system", "-s", help=help, metavar="NAME|FILE", **extra),
+        annotation=str,
+    )
+
+
+def option_names(field_name: str) -> list[str]:
+    """All spellings of a field's option: underscored, dashed, then aliases."""
+    names: list[str] = []
+    for spelled in dict.fromkeys((OPTION_SPELLINGS.get(field_name, field_name), field_name)):
+        names.append(f"--{spelled}")
+        if "_" in spelled:
+            names.append(f"--{spelled.replace('_', '-')}")
+    names.extend(SPECS[field_name][1].aliases)
+    return names
+
+
+_TYPES: dict[str, Any] = {
+    "int": Optional[int],  # noqa: UP045 (typer needs a runtime type object)
+    "int | None": Optional[int],  # noqa: UP045
+    "float": Optional[float],  # noqa: UP045
+    "str": Optional[str],  # noqa: UP045
+    "str | None": Optional[str],  # noqa: UP045
+    "bool": Optional[str],  # noqa: UP045 (parsed by parse_bool)
+}
+
+
+def option_parameters() -> list[inspect.Parameter]:
+    """The typer parameters of every GenerateOptions field (other commands reuse them)."""
+    from stg.core.options import GenerateOptions
+
+    params = []
+    for f in fields(GenerateOptions):
+        if f.name not in SPECS:
+            raise RuntimeError(f"stg generate has no option for GenerateOptions.{f.name}")
+        panel, spec = SPECS[f.name]
+        type_name = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
+        annotation = _TYPES.get(type_name, Optional[str])  # noqa: UP045
+        default = f.default if f.default is not MISSING else None
+        text = spec.help if "default" in spec.help else f"{spec.help} (default: {_show(default)})"
+        option = typer.Option(
+            None,
+            *option_names(f.name),
+            help=text,
+            show_default=False,
+            parser=spec.parser,
+            metavar=spec.metavar,
+            rich_help_panel=panel,
+        )
+        params.append(
+            inspect.Parameter(
+                f.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation
+            )
+        )
+    schema = typer.Option(
+        None,
+        f"--{SCHEMA_OPTION}",
+        f"--{SCHEMA_OPTION.replace('_', '-')}",
+        help="Original STG spelling of --format: v0.0.4, v0.0.1 or json.",
+        show_default=False,
+        metavar="VERSION",
+        rich_help_panel=_OUTPUT,
+    )
+    params.append(
+        inspect.Parameter(
+            SCHEMA_OPTION,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=schema,
+            annotation=Optional[str],  # noqa: UP045
+        )
+    )
+    return params
+
+
+def _show(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "unset" if value is None else str(value)
+
+
+def options_from_cli(values: Mapping[str, Any]) -> GenerateOptions:
+    """GenerateOptions from parsed option values (``None`` = not given, keep the default)."""
+    from stg.core.options import GenerateOptions, OptionError
+
+    given = {
+        k: v
+        for k, v in values.items()
+        if v is not None and k != SCHEMA_OPTION and k not in COMMAND_OPTIONS
+    }
+    schema = values.get(SCHEMA_OPTION)
+    if schema is not None:
+        if schema not in SCHEMA_FORMATS:
+            raise OptionError(
+                f"chakra_schema_version={schema!r} is not allowed; allowed: "
+                f"{', '.join(SCHEMA_FORMATS)}"
+            )
+        fmt = SCHEMA_FORMATS[schema]
+        if "format" in given and given["format"] != fmt:
+            raise OptionError(
+                f"chakra_schema_version={schema} means format={fmt}, "
+                f"but format={given['format']} was given; give one of them"
+            )
+        given["format"] = fmt
+    return GenerateOptions(**given)
+
+
+# -- progress -----------------------------------------------------------------------------------
+
+
+@contextmanager
+def progress_bar(console: Any) -> Iterator[Callable[[str, int, int], None] | None]:
+    """A rich progress bar on a terminal; no callback (quiet) otherwise."""
+    if not console.is_terminal:
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    tasks: dict[str, Any] = {}
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        console=console,
+        transient=True,
+    ) as bar:
+
+        def update(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = bar.add_task(stage, total=total or None)
+            bar.update(tasks[stage], completed=done, total=total or None)
+
+        yield update
+
+
+# -- predictors -----------------------------------------------------------------------------
+
+
+def _accepts(fn: Any, keyword: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return keyword in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def _accepts_explicitly(fn: Any, keyword: str) -> bool:
+    """Whether ``fn`` names the keyword parameter ``keyword`` (not just ``**kwargs``)."""
+    try:
+        return keyword in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def run_predictors(
+    names: list[str],
+    registry: Any,
+    system: Any,
+    *,
+    workload: Any = None,
+    trace: tuple[dict[int, list[Any]], dict[int, tuple[int, ...]], dict] | None = None,
+    timeline: str | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Run each named predictor on a generated workload or a trace; reports by name."""
+    from stg.predictors import memory as memory_predictor
+    from stg.predictors import time as time_predictor
+
+    reports: dict[str, dict[str, Any]] = {}
+    for name in names:
+        predictor = registry.predictors.get(name)
+        if workload is not None:
+            kwargs: dict[str, Any] = {}
+            if timeline is not None and _accepts(predictor.predict, "timeline"):
+                kwargs["timeline"] = timeline
+            if _accepts_explicitly(predictor.predict, "kernels"):
+                kwargs["kernels"] = list(registry.kernels)
+            reports[name] = predictor.predict(workload, system, **kwargs)
+            continue
+        assert trace is not None
+        nodes, groups, options = trace
+        if predictor.predict is time_predictor.predict_time:
+            tokens = None
+            if options.get("batch") and options.get("seq"):
+                tokens = int(options["batch"]) * int(options["seq"])
+            problem = time_predictor.problem_from_nodes(nodes, groups)
+            reports[name] = time_predictor.predict_problem(
+                problem,
+                system,
+                dtype=str(options.get("dtype") or "bf16"),
+                tokens=tokens,
+                timeline=timeline,
+                kernels=list(registry.kernels),
+            )
+            reports[name]["simulated_ranks"] = len(problem.units)
+        elif predictor.predict is memory_predictor.predict_memory:
+            if not options:
+                raise UserError(
+                    "the memory predictor needs generation options; this trace does not record "
+                    "them (give the options of stg generate instead of a trace)"
+                )
+            reports[name] = memory_predictor.predict_analytic(
+                options, system, kernels=list(registry.kernels)
+            )
+        else:
+            raise UserError(
+                f"predictor {name!r} needs a generated workload; give the options of "
+                "stg generate instead of a trace"
+            )
+    return reports
+
+
+def _gib(value: float) -> str:
+    return f"{value / 2**30:.2f}"
+
+
+def print_reports(reports: Mapping[str, Mapping[str, Any]], source: str) -> None:
+    """Rich tables of the time and memory reports (others as JSON) on stdout."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False)
+    for name, report in reports.items():
+        kind = report.get("predictor")
+        if kind == "time":
+            summary = Table(
+                title=f"time: {source} on {report['system']}",
+                title_justify="left",
+                show_header=False,
+            )
+            summary.add_column("what")
+            summary.add_column("value", justify="right")
+            summary.add_row("iteration time", format_seconds(report["iteration_time_s"]))
+            summary.add_row("MFU (model FLOPs)", f"{100 * report['mfu']:.1f} %")
+            summary.add_row("HFU (with recompute)", f"{100 * report['hfu']:.1f} %")
+            if "tokens_per_s" in report:
+                summary.add_row("tokens per second", f"{report['tokens_per_s']:,.0f}")
+            summary.add_row(
+                "ranks (simulated)",
+                f"{report['world_size']:,} ({report.get('simulated_ranks', '?')})",
+            )
+            console.print(summary)
+            ranks = Table(
+                title="per rank (each row stands for identical ranks)", title_justify="left"
+            )
+            for column in (
+                "rank",
+                "ranks",
+                "stage",
+                "compute",
+                "exposed comm",
+                "comm wait",
+                "bubble",
+            ):
+                ranks.add_column(column, justify="right")
+            for row in report["ranks"]:
+                ranks.add_row(
+                    str(row["rank"]),
+                    str(row["ranks"]),
+                    "-" if row["stage"] is None else str(row["stage"]),
+                    format_seconds(row["compute_s"]),
+                    format_seconds(row["exposed_communication_s"]),
+                    format_seconds(row["collective_wait_s"]),
+                    format_seconds(row["bubble_s"]),
+                )
+            console.print(ranks)
+            path = report["critical_path"]
+            totals: dict[str, float] = {}
+            for run in path:
+                totals[run["kind"]] = totals.get(run["kind"], 0.0) + run["end_s"] - run["start_s"]
+            parts = ", ".join(f"{k} {format_seconds(v)}" for k, v in sorted(totals.items()))
+            console.print(f"critical path: {len(path)} runs of nodes; {parts}")
+            if "timeline" in report:
+                console.print(f"timeline written to {report['timeline']}")
+        elif kind == "memory":
+            table = Table(
+                title=f"memory per rank in GiB on {report['system']} "
+                f"(capacity {_gib(report['capacity_bytes'])} GiB)",
+                title_justify="left",
+            )
+            for column in (
+                "stage",
+                "ranks",
+                "weights",
+                "gradients",
+                "optimizer",
+                "activations",
+                "buffers",
+                "peak",
+                "fits",
+            ):
+                table.add_column(column, justify="right")
+            for row in report["classes"]:
+                table.add_row(
+                    str(row["stage"]),
+                    str(row["ranks"]),
+                    _gib(row["weights"]),
+                    _gib(row["gradients"]),
+                    _gib(row["optimizer"]),
+                    _gib(row["activations"]),
+                    _gib(row["buffers"]),
+                    _gib(row["peak"]),
+                    "yes" if row["fits"] else "NO",
+                )
+            console.print(table)
+        else:
+            console.print(f"[bold]{name}[/bold]")
+            console.print_json(json.dumps(report, sort_keys=True, default=str))
+
+
+# -- trace analysis (stg feed, stg inspect trace) -----------------------------------------------
+
+DEPS_HELP = (
+    "Dependencies that order the nodes: data+ctrl (what ASTRA-sim honours) or data "
+    "(Chakra's feeder; for traces with unusable ctrl deps)."
+)
+WINDOW_HELP = "Most nodes the feeder holds in memory (it reads on past forward references)."
+FORMAT_HELP = "Trace format: v0.0.4, v0.0.1 or json (default: detected)."
+
+
+def check_common(deps: str, window: int, format: str | None) -> None:
+    """Reject bad --deps/--window/--format values with one line (exit 2)."""
+    from stg.trace.feeder import DEPS_MODES
+    from stg.trace.reader import FORMATS
+
+    if deps not in DEPS_MODES:
+        raise UserError(f"--deps {deps}: not known; allowed: {', '.join(DEPS_MODES)}")
+    if window < 1:
+        raise UserError(f"--window {window}: must be a positive integer")
+    if format is not None and format not in FORMATS:
+        raise UserError(f"--format {format}: not known; allowed: {', '.join(FORMATS)}")
+
+
+def run_analysis(
+    path: Path,
+    rank: int | None,
+    deps: str,
+    window: int,
+    format: str | None,
+) -> list[TraceStats]:
+    """Analyze the selected rank files, with a progress bar on a terminal."""
+    from stg.cli import err_console
+    from stg.trace.stats import analyze, find_trace_files, select_rank
+
+    check_common(deps, window, format)
+    files = select_rank(find_trace_files(path), rank)
+    console = err_console()
+    results: list[TraceStats] = []
+    if console.is_terminal and len(files) > 1:
+        from rich.progress import Progress
+
+        with Progress(console=console, transient=True) as progress:
+            task = progress.add_task("reading traces", total=len(files))
+            for trace in files:
+                results.append(analyze(trace, deps=deps, window=window, format=format))  # type: ignore[arg-type]
+                progress.advance(task)
+    else:
+        for trace in files:
+            results.append(analyze(trace, deps=deps, window=window, format=format))  # type: ignore[arg-type]
+    for stats in results:
+        if stats.error is not None:
+            typer.echo(f"error: {stats.error}", err=True)
+    return results
+
+
+# -- formatting ---------------------------------------------------------------------------------
+
+
+def format_seconds(value: float) -> str:
+    """A duration with a unit that keeps three significant decimals."""
+    if value >= 1:
+        return f"{value:.3f} s"
+    if value >= 1e-3:
+        return f"{value * 1e3:.3f} ms"
+    return f"{value * 1e6:.1f} µs"
+
+
+def format_bytes(size: int) -> str:
+    """``1,234 B`` or ``1.21 KiB (1,234 B)``: exact bytes, and binary units when large."""
+    if size < 1024:
+        return f"{size:,} B"
+    value = float(size)
+    units = ("KiB", "MiB", "GiB", "TiB", "PiB")
+    index = 0
+    value /= 1024
+    while value >= 1024 and index < len(units) - 1:
+        value /= 1024
+        index += 1
+    return f"{value:.2f} {units[index]} ({size:,} B)"

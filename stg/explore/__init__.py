@@ -1,0 +1,1 @@
+"""Searching the design space on top of generation and prediction: the precision-plan search."""

@@ -1,0 +1,1 @@
+"""What the predictors share: system descriptions (presets and files) and kernel tables."""

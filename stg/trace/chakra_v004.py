@@ -1,0 +1,148 @@
+"""Chakra protobuf schema v0.0.4: encoding nodes into one rank file (the ``chakra-v0.0.4``
+emitter's format).
+
+Each rank file is a ``GlobalMetadata`` record (version ``"0.0.4"``, attrs ``generator`` =
+``"stg"``, ``generator_version``, ``rank``, ``world_size`` and the workload's metadata) followed
+by the rank's nodes in id order, each record preceded by its length as a varint. Attributes
+carry the value kinds of TRACES.md: ``is_cpu_op`` bool_val on every node; ``num_ops``
+int64_val and ``tensor_size`` uint64_val on COMP nodes (elsewhere when non-zero);
+``comm_type`` and ``comm_size`` int64_val; ``pg_name`` string_val (decimal comm-group id);
+``comm_src``, ``comm_dst``, ``comm_tag`` int32_val; ``dtype`` string_val when known; then any
+further attributes of ``Node.attrs`` with their remembered (or inferred) kinds.
+
+Speed: ranks of one class share their node templates and only comm nodes differ, so every
+non-comm node is serialized once per class and every comm node once per distinct resolved
+(group, source, destination); a rank file is then one ``b"".join``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, BinaryIO
+
+from stg.core.workload import COMM_TYPES, Node, NodeType
+from stg.trace.proto import chakra_v004_pb2 as pb4
+from stg.trace.reader import attr_kind
+from stg.trace.writer import frame
+
+SCHEMA_VERSION = "0.0.4"
+
+
+def set_attr(attr: Any, name: str, kind: str, value: Any, doc: str = "") -> None:
+    """Fill one AttributeProto."""
+    attr.name = name
+    if doc:
+        attr.doc_string = doc
+    if kind.endswith("_list"):
+        getattr(attr, kind).values.extend(value)
+    else:
+        setattr(attr, kind, value)
+
+
+def _add(msg: Any, name: str, kind: str, value: Any) -> None:
+    set_attr(msg.attr.add(), name, kind, value)
+
+
+def node_message(node: Node) -> Any:
+    """The v0.0.4 protobuf ``Node`` of a node."""
+    msg = pb4.Node()
+    if node.id:
+        msg.id = node.id
+    msg.name = node.name
+    msg.type = int(node.type)
+    msg.ctrl_deps.extend(node.ctrl_deps)
+    msg.data_deps.extend(node.data_deps)
+    if node.runtime:
+        msg.duration_micros = node.runtime
+    attrs = node.attrs
+    extras = getattr(attrs, "extras", None) or {}
+    if extras.get("start_time_micros"):
+        msg.start_time_micros = extras["start_time_micros"]
+    for io_name in ("inputs", "outputs"):
+        if io_name in extras:
+            io_info = getattr(msg, io_name)
+            io_info.SetInParent()
+            io_info.values, io_info.shapes, io_info.types = extras[io_name]
+    written = {"is_cpu_op"}
+    _add(msg, "is_cpu_op", "bool_val", bool(node.is_cpu_op))
+    is_comp = node.type is NodeType.COMP
+    is_comm = node.type in COMM_TYPES
+    if is_comp or node.num_ops:
+        _add(msg, "num_ops", "int64_val", node.num_ops)
+        written.add("num_ops")
+    if is_comp or node.tensor_size:
+        _add(msg, "tensor_size", "uint64_val", node.tensor_size)
+        written.add("tensor_size")
+    if node.comm_type is not None:
+        _add(msg, "comm_type", "int64_val", int(node.comm_type))
+        written.add("comm_type")
+    if is_comm or node.comm_size:
+        _add(msg, "comm_size", "int64_val", node.comm_size)
+        written.add("comm_size")
+    if node.comm_group is not None:
+        _add(msg, "pg_name", "string_val", str(node.comm_group))
+        written.add("pg_name")
+    for name in ("comm_src", "comm_dst", "comm_tag"):
+        value = getattr(node, name)
+        if value is not None:
+            _add(msg, name, "int32_val", value)
+            written.add(name)
+    if node.dtype is not None:
+        _add(msg, "dtype", "string_val", node.dtype)
+        written.add("dtype")
+    docs = getattr(attrs, "docs", None) or {}
+    for name in attrs:
+        if name in written:
+            raise ValueError(f"node {node.id}: attribute {name!r} duplicates a node field")
+        set_attr(msg.attr.add(), name, attr_kind(attrs, name), attrs[name], docs.get(name, ""))
+    return msg
+
+
+def encode_node(node: Node) -> bytes:
+    """One framed Node record."""
+    return frame(node_message(node).SerializeToString())
+
+
+def metadata_message(attrs: Mapping[str, Any] | None = None, version: str = SCHEMA_VERSION) -> Any:
+    """A ``GlobalMetadata`` with ``version`` and ``attrs`` (kinds remembered or inferred)."""
+    meta = pb4.GlobalMetadata()
+    meta.version = version or (SCHEMA_VERSION if not attrs else "")
+    attrs = attrs or {}
+    docs = getattr(attrs, "docs", None) or {}
+    for name in attrs:
+        set_attr(meta.attr.add(), name, attr_kind(attrs, name), attrs[name], docs.get(name, ""))
+    return meta
+
+
+def encode_metadata(attrs: Mapping[str, Any] | None = None, version: str = SCHEMA_VERSION) -> bytes:
+    """The framed ``GlobalMetadata`` record."""
+    return frame(metadata_message(attrs, version).SerializeToString())
+
+
+def encode_nodes(
+    nodes: Iterable[Node],
+    metadata: Mapping[str, Any] | None = None,
+    *,
+    version: str = SCHEMA_VERSION,
+) -> bytes:
+    """A whole rank file: ``GlobalMetadata`` (``version``, ``metadata`` as attrs), then the
+    nodes in the order given."""
+    parts = [encode_metadata(metadata, version)]
+    parts.extend(encode_node(node) for node in nodes)
+    return b"".join(parts)
+
+
+def write_stream(
+    out: BinaryIO,
+    nodes: Iterable[Node],
+    metadata: Mapping[str, Any] | None = None,
+    *,
+    version: str = SCHEMA_VERSION,
+) -> int:
+    """Write a whole rank file to a binary stream node by node; return the node count."""
+    out.write(encode_metadata(metadata, version))
+    count = 0
+    for node in nodes:
+        out.write(encode_node(node))
+        count += 1
+    return count
