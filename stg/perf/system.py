@@ -12,6 +12,7 @@ A system is a JSON object (stdlib ``json``; no YAML dependency). Units are in th
       "compute_efficiency": {"gemm": 0.8, "attention": 0.6, "other": 0.8},
       "memory_efficiency": 0.8,
       "kernel_overhead_us": 2.0,
+      "sm_count": 108, "peak_clock_ghz": 1.41, "sustained_clock_ghz": 1.41, "arch": "ampere",
       "network": [
         {"name": "nvlink", "size": 8, "bandwidth_gbps": 300, "latency_us": 1.0,
          "efficiency": 0.75},
@@ -26,6 +27,10 @@ A system is a JSON object (stdlib ``json``; no YAML dependency). Units are in th
 - ``compute_efficiency``: the fraction of peak a compute-bound op of that class sustains;
   ``memory_efficiency`` the fraction of ``hbm_gbps`` a memory-bound op sustains;
   ``kernel_overhead_us``: fixed cost per compute op (launch and tail).
+- ``sm_count``, ``peak_clock_ghz`` (the clock the tensor-core peaks are computed at),
+  ``sustained_clock_ghz`` (the SM clock under sustained tensor-core load) and ``arch``
+  (``hopper`` or ``ampere``: whose measured attention kernels apply) describe the GPU for the
+  kernel models of :mod:`stg.perf.kernel_time`; an H100 SXM's values where omitted.
 - ``network``: dimensions innermost first. ``size`` is the number of ranks along the
   dimension (0 = as many as needed: only the outermost dimension may say so);
   ``bandwidth_gbps`` is per GPU per direction (10^9 B/s); ``latency_us`` the per-step latency
@@ -33,8 +38,8 @@ A system is a JSON object (stdlib ``json``; no YAML dependency). Units are in th
   sits at coordinate ``r % size0`` of the first dimension, ``(r // size0) % size1`` of the
   second, and so on.
 
-Built-in presets: ``a100-80g``, ``h100-80g``. :func:`load_system` accepts a preset name or
-the path of a JSON file.
+Built-in presets: ``a100-80g``, ``h100-80g``, ``h200-141g``. :func:`load_system` accepts a
+preset name or the path of a JSON file.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from stg.errors import UnknownNameError, UserError
+from stg.perf.kernel_time import FUSED_ATTENTION, Gpu
 
 DTYPES: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8")
 """Dtypes a system must give a peak rate for."""
@@ -104,6 +110,22 @@ class System:
     memory_efficiency: float = 1.0
     kernel_overhead: float = 0.0
     description: str = ""
+    sm_count: int = 132
+    peak_clock_ghz: float = 1.83
+    sustained_clock_ghz: float = 1.38
+    arch: str = "hopper"
+
+    @property
+    def gpu(self) -> Gpu:
+        """The GPU as the kernel models of :mod:`stg.perf.kernel_time` see it."""
+        return Gpu(
+            sm_count=self.sm_count,
+            peak_clock_ghz=self.peak_clock_ghz,
+            sustained_clock_ghz=self.sustained_clock_ghz,
+            peak_flops=dict(self.peak_flops),
+            hbm_bandwidth=self.hbm_bandwidth,
+            arch=self.arch,
+        )
 
     def peak(self, dtype: str | None) -> float:
         """Dense peak operations per second for ``dtype`` (``None`` means bf16)."""
@@ -139,6 +161,10 @@ class System:
             "compute_efficiency": {c: self.compute_efficiency[c] for c in OP_CLASSES},
             "memory_efficiency": self.memory_efficiency,
             "kernel_overhead_us": _num(self.kernel_overhead * 1e6),
+            "sm_count": self.sm_count,
+            "peak_clock_ghz": self.peak_clock_ghz,
+            "sustained_clock_ghz": self.sustained_clock_ghz,
+            "arch": self.arch,
             "network": [
                 {
                     "name": d.name,
@@ -212,6 +238,12 @@ PRESETS: dict[str, dict[str, Any]] = {
         },
         "hbm_gbps": 2039,
         "hbm_gib": 80,
+        # NVIDIA A100 Tensor Core GPU Architecture whitepaper: 108 SMs, peaks at the 1410 MHz
+        # boost clock; no sustained-clock measurement at hand, so the boost clock
+        "sm_count": 108,
+        "peak_clock_ghz": 1.41,
+        "sustained_clock_ghz": 1.41,
+        "arch": "ampere",
         "compute_efficiency": {"gemm": 0.8, "attention": 0.6, "other": 0.8},
         "memory_efficiency": 0.8,
         "kernel_overhead_us": 2,
@@ -246,6 +278,13 @@ PRESETS: dict[str, dict[str, Any]] = {
         },
         "hbm_gbps": 3350,
         "hbm_gib": 80,
+        # NVIDIA H100 Tensor Core GPU data sheet and Hopper whitepaper: 132 SMs, 4096 dense
+        # bf16 FLOP per SM per clock, so the 989.4 TFLOP/s peak is at 1.83 GHz; sustained
+        # clock under GEMM load at the 700 W cap: 1.38 GHz (data/kernels/h100-data-effect.jsonl)
+        "sm_count": 132,
+        "peak_clock_ghz": 1.83,
+        "sustained_clock_ghz": 1.38,
+        "arch": "hopper",
         "compute_efficiency": {"gemm": 0.75, "attention": 0.55, "other": 0.8},
         "memory_efficiency": 0.8,
         "kernel_overhead_us": 2,
@@ -267,6 +306,19 @@ PRESETS: dict[str, dict[str, Any]] = {
         ],
     },
 }
+
+# NVIDIA H200 Tensor Core GPU data sheet: the H100's GH100 die and 700 W (so the same SMs,
+# peaks and sustained clock), 141 GB of HBM3e (140 GiB usable as the driver reports it) at
+# 4.8 TB/s; HGX H200 keeps NVLink 4 and one 400 Gb/s NIC per GPU.
+PRESETS["h200-141g"] = {
+    **PRESETS["h100-80g"],
+    "name": "h200-141g",
+    "description": "NVIDIA HGX H200 141GB: 8 GPUs per node (NVLink 4, 450 GB/s per "
+    "direction), one 400 Gb/s NIC per GPU",
+    "hbm_gbps": 4800,
+    "hbm_gib": 140,
+}
+
 
 
 def preset_names() -> tuple[str, ...]:
@@ -306,6 +358,10 @@ KNOWN_KEYS = frozenset(
         "memory_efficiency",
         "kernel_overhead_us",
         "network",
+        "sm_count",
+        "peak_clock_ghz",
+        "sustained_clock_ghz",
+        "arch",
     }
 )
 NETWORK_KEYS = frozenset({"name", "size", "bandwidth_gbps", "latency_us", "efficiency"})
@@ -388,7 +444,30 @@ def system_from_dict(data: object, source: str = "system") -> System:
             f"{source}: kernel_overhead_us", data.get("kernel_overhead_us", 0), allow_zero=True
         )
         * 1e-6,
+        **_gpu_fields(data, source),
     )
+
+
+def _gpu_fields(data: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """The optional GPU keys; an H100 SXM's (see the h100-80g preset) where not given."""
+    sm_count = data.get("sm_count", 132)
+    if isinstance(sm_count, bool) or not isinstance(sm_count, int) or sm_count <= 0:
+        raise SystemDescriptionError(f"{source}: sm_count must be a positive integer")
+    peak_clock = _positive(f"{source}: peak_clock_ghz", data.get("peak_clock_ghz", 1.83))
+    sustained = _positive(
+        f"{source}: sustained_clock_ghz", data.get("sustained_clock_ghz", min(1.38, peak_clock))
+    )
+    arch = data.get("arch", "hopper")
+    if arch not in FUSED_ATTENTION:
+        raise SystemDescriptionError(
+            f"{source}: arch {arch!r} is not known; allowed: {', '.join(sorted(FUSED_ATTENTION))}"
+        )
+    return {
+        "sm_count": sm_count,
+        "peak_clock_ghz": peak_clock,
+        "sustained_clock_ghz": sustained,
+        "arch": arch,
+    }
 
 
 def load_system(spec: str | Path | System) -> System:

@@ -1,0 +1,294 @@
+"""How long one GPU kernel takes, from its shape: GEMMs, attention, memory-bound ops.
+
+These are the sub-models of the time predictor. Each is a small physical model whose
+constants come from a data sheet (peaks, SM counts, clocks, bandwidths: the system presets in
+:mod:`stg.perf.system`) or from kernel-level measurements (the H100 measurements in PARAM's
+result format that ship with this project's shared data, ``data/kernels/``; ``stg bench``
+measures the same on a user's GPU). Nothing here is fitted to a training run.
+
+**Clock.** Tensor-core kernels run at the power-capped clock of a GPU under sustained load,
+not at the clock the data sheet's peak assumes: an H100 SXM at its 700 W cap runs dense
+GEMMs at 1.32-1.49 GHz (mean 1.38 GHz, ``h100-data-effect.jsonl``, "hot" randn rows), while
+its 989.4 TFLOP/s bf16 peak is 132 SMs x 4096 FLOP per clock x 1.83 GHz. Tensor-core rates
+are therefore ``peak(dtype) · sustained_clock / peak_clock`` times a kernel's pipeline
+efficiency at that clock. Plain fp32 (CUDA cores) does not reach the power cap and runs at
+its data-sheet rate times its own efficiency.
+
+**GEMM** ``C[m, n] = A[m, k] · B[k, n]`` (``batch`` of them): cuBLAS tiles C into CTA tiles
+(128x256, 256x128, 128x128 or 64x128; it picks the fastest) and, when there are too few tiles
+to fill the SMs and ``k`` is long, splits ``k`` (split-K, partial sums in fp32 reduced in a
+second pass). Time = waves · (tile work / per-SM rate + per-tile overhead), where
+waves = ceil(tiles / SMs) (wave quantisation), tile work = 2·tile_m·tile_n·k (tile
+quantisation: a partial tile costs a whole one); bounded below by the memory roofline
+(A, B and C read or written once at the streaming bandwidth).
+
+**Attention.** Fused kernels (FlashAttention-2, cuDNN / FlashAttention-3 class) process the
+query in blocks of 128 rows per CTA; a block's work is 4·128·kv·head_dim FLOPs forward
+(kv = the keys it attends to: under causal masking the blocks up to the diagonal) and 2.5x
+that backward (the backward recomputes the scores). Time = waves · (block work / per-SM rate
++ per-block overhead). Unfused attention (PyTorch's math path: scores, softmax and dropout
+as separate kernels through HBM) is two batched GEMMs plus the bytes its kernels move per
+score element.
+
+**Memory-bound kernels** move their bytes at a measured fraction of the HBM bandwidth per
+kernel class: streaming (add, mul, copy, GELU, SiLU), normalisation (LayerNorm, RMSNorm,
+dropout) and softmax.
+
+Launch costs are not part of a kernel's time here: an execution profile adds them (see the
+time predictor).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+# ---------------------------------------------------------------------------------------------
+# Kernel-level constants, each with its source. "H100 data" = the kernel measurements in
+# data/kernels/ (PyTorch 2.11, CUDA 13.0, H100 SXM 80GB at its 700 W cap, sustained state).
+
+GEMM_PIPE_EFFICIENCY = 0.88
+"""Fraction of the clock-scaled tensor-core peak that cuBLAS reaches on large GEMMs: H100 data,
+bf16 grid cases with m, n, k >= 4096, median 654 TFLOP/s, over 989.4 · 1.38/1.83 = 746."""
+
+FP32_SIMT_EFFICIENCY = 0.76
+"""Fraction of the fp32 (CUDA-core) peak a large strict-fp32 GEMM reaches: H100 data, fp32
+grid cases with all dimensions >= 4096, median 50.8 of 66.9 TFLOP/s."""
+
+GEMM_TILE_OVERHEAD_S = 1.0e-6
+"""Fixed cost of one wave of GEMM tiles (prologue filling the pipeline, epilogue writing C):
+H100 data, bf16 grid cases with k <= 512, where it dominates."""
+
+GEMM_TILES: tuple[tuple[int, int], ...] = ((128, 256), (256, 128), (128, 128), (64, 128))
+"""CTA tile shapes cuBLAS chooses among on Hopper and Ampere (CUTLASS's default tiles)."""
+
+SPLIT_K_MIN = 512
+"""Smallest k slice of a split-K GEMM (cuBLAS does not split below a few pipeline stages)."""
+
+STREAM_EFFICIENCY = 0.89
+"""Fraction of HBM bandwidth reached by streaming kernels: H100 data, add/mul/copy/GELU on
+>= 0.5 GB tensors, 2.95-3.0 of 3.35 TB/s."""
+
+MEMORY_KERNEL_EFFICIENCY: dict[str, float] = {
+    "stream": STREAM_EFFICIENCY,
+    "norm": 0.58,  # H100 data: layer_norm, rms_norm, dropout forward, 1.9-2.0 of 3.35 TB/s
+    "softmax": 0.56,  # H100 data: softmax over 8192 columns, fp32, 1.88 of 3.35 TB/s
+}
+"""Fraction of HBM bandwidth by memory-bound kernel class (forward; large tensors)."""
+
+SOFTMAX_16BIT_EFFICIENCY = 0.31
+"""Softmax over 16-bit inputs runs at about half the fp32 rate: H100 data, bf16 softmax over
+8192 columns, 1.02 TB/s."""
+
+ATTENTION_BLOCK_ROWS = 128
+"""Query rows per CTA of FlashAttention-2 and cuDNN's fused attention (block size Br)."""
+
+ATTENTION_BACKWARD_WORK = 2.5
+"""Backward over forward FLOPs of a fused attention kernel (it recomputes QK^T): FA2 paper,
+and the flops_bwd field of the H100 data."""
+
+
+@dataclass(frozen=True)
+class AttentionKernel:
+    """A fused attention kernel: pipeline efficiency at the sustained clock per head size
+    (forward, backward) and the fixed cost of one wave of query blocks."""
+
+    name: str
+    efficiency: dict[int, tuple[float, float]]
+    block_overhead_s: tuple[float, float]
+
+    def efficiency_for(self, head_dim: int, backward: bool) -> float:
+        sizes = sorted(self.efficiency)
+        nearest = min(sizes, key=lambda d: (abs(d - head_dim), -d))
+        return self.efficiency[nearest][1 if backward else 0]
+
+
+# Hopper: H100 data, sequence >= 8192 (the saturated regime), medians over heads and masking,
+# divided by the clock-scaled bf16 peak (746 TFLOP/s); backward rates count 2.5x the forward
+# FLOPs. Overheads: the per-wave fixed cost that the short-sequence cases (512-2048) show.
+# Ampere: FlashAttention-2 on A100 (Dao, 2023, arXiv:2307.08691: 50-73 % of the A100's peak;
+# the forward at the top of that range, the backward at the bottom); cuDNN's fused attention
+# is not faster there, so it gets the same figures. Overheads as measured on Hopper.
+FUSED_ATTENTION: dict[str, dict[str, AttentionKernel]] = {
+    "hopper": {
+        "flash2": AttentionKernel(
+            "flash2",
+            # measured 293/273 (d 64) and 328/299 (d 128) TFLOP/s forward/backward
+            {64: (0.393, 0.366), 128: (0.440, 0.401)},
+            (1e-6, 16e-6),
+        ),
+        "cudnn": AttentionKernel(
+            "cudnn",
+            # measured 452/413 (d 64) and 613/491 (d 128) TFLOP/s forward/backward
+            {64: (0.606, 0.554), 128: (0.822, 0.658)},
+            (1e-6, 8e-6),
+        ),
+    },
+    "ampere": {
+        "flash2": AttentionKernel("flash2", {64: (0.65, 0.50), 128: (0.73, 0.50)}, (1e-6, 16e-6)),
+        "cudnn": AttentionKernel("cudnn", {64: (0.65, 0.50), 128: (0.73, 0.50)}, (1e-6, 16e-6)),
+    },
+}
+
+UNFUSED_SCORE_BYTES: dict[str, tuple[float, float]] = {
+    "forward": (39.0, 0.22),
+    "backward": (33.0, 0.44),
+}
+"""Bytes PyTorch's unfused (math) attention moves per score element beyond its two GEMMs,
+as ``a + b·head_dim`` (scores, mask, softmax in fp32, dropout and their gradients through
+HBM): H100 data, math backend, sequence 2048-4096, non-causal: 52-54 B (d 64) and 66-67 B
+(d 128) forward, 60-64 and 87-92 backward. Causal masking adds ``UNFUSED_CAUSAL_BYTES``."""
+
+UNFUSED_CAUSAL_BYTES = 13.0
+"""Extra bytes per score element forward for the causal mask (H100 data: causal minus
+non-causal math-backend cases, 12-14 B)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# The GPU
+
+
+TENSOR_DTYPES = frozenset({"tf32", "bf16", "fp16", "fp8", "int8"})
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One GPU as the kernel models see it. Peaks are dense (not 2:4 sparse), at the boost
+    clock, in operations per second; bandwidth in bytes per second."""
+
+    sm_count: int
+    peak_clock_ghz: float
+    """the clock at which the data sheet's tensor-core peaks are computed"""
+    sustained_clock_ghz: float
+    """the SM clock under sustained tensor-core load (power-capped)"""
+    peak_flops: dict[str, float]
+    hbm_bandwidth: float
+    arch: str = "hopper"
+    """the GPU generation whose measured attention kernels apply (``hopper``, ``ampere``)"""
+
+    def rate(self, dtype: str) -> float:
+        """Operations per second that the best kernel sustains on large problems."""
+        peak = self.peak_flops[dtype]
+        if dtype in TENSOR_DTYPES:
+            return peak * self.clock_scale * GEMM_PIPE_EFFICIENCY
+        return peak * FP32_SIMT_EFFICIENCY
+
+    @property
+    def clock_scale(self) -> float:
+        return self.sustained_clock_ghz / self.peak_clock_ghz
+
+    @property
+    def attention_kernels(self) -> dict[str, AttentionKernel]:
+        return FUSED_ATTENTION.get(self.arch, FUSED_ATTENTION["hopper"])
+
+    def stream_time(self, nbytes: float, kind: str = "stream", dtype: str = "bf16") -> float:
+        efficiency = MEMORY_KERNEL_EFFICIENCY[kind]
+        if kind == "softmax" and DTYPE_BYTES.get(dtype, 2) < 4:
+            efficiency = SOFTMAX_16BIT_EFFICIENCY
+        return nbytes / (self.hbm_bandwidth * efficiency)
+
+
+DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
+
+
+def gemm_time(gpu: Gpu, m: int, n: int, k: int, dtype: str = "bf16", batch: int = 1) -> float:
+    """Seconds of ``batch`` GEMMs ``[m, k] x [k, n]`` in ``dtype`` (output in the same width,
+    fp8/int8 with a 16-bit output)."""
+    if min(m, n, k, batch) <= 0:
+        return 0.0
+    per_sm = gpu.rate(dtype) / gpu.sm_count
+    width = DTYPE_BYTES[dtype]
+    out_width = max(width, 2)
+    best = math.inf
+    for tile_m, tile_n in GEMM_TILES:
+        tiles = math.ceil(m / tile_m) * math.ceil(n / tile_n) * batch
+        split = 1
+        while True:
+            waves = math.ceil(tiles * split / gpu.sm_count)
+            t = waves * (2 * tile_m * tile_n * math.ceil(k / split) / per_sm + GEMM_TILE_OVERHEAD_S)
+            if split > 1:  # fp32 partial sums written, then read by the reduction
+                t += 2 * 4 * m * n * batch * split / (gpu.hbm_bandwidth * STREAM_EFFICIENCY)
+            best = min(best, t)
+            split *= 2
+            if tiles * split > 2 * gpu.sm_count or k // split < SPLIT_K_MIN:
+                break
+    memory = (m * k + k * n) * width * batch + m * n * out_width * batch
+    return max(best, gpu.stream_time(memory))
+
+
+AttentionImpl = Literal["flash2", "cudnn", "unfused"]
+
+
+def attention_flops(
+    batch: int, heads: int, s_q: int, s_kv: int, head_dim: int, causal: bool
+) -> float:
+    """Textbook FLOPs of the attention core forward (QK^T and AV): 4·b·h·s_q·s_kv·d, halved
+    under causal masking."""
+    flops = 4.0 * batch * heads * s_q * s_kv * head_dim
+    return flops / 2 if causal else flops
+
+
+def attention_time(
+    gpu: Gpu,
+    impl: str,
+    batch: int,
+    heads: int,
+    s_q: int,
+    s_kv: int,
+    head_dim: int,
+    *,
+    causal: bool = True,
+    backward: bool = False,
+    dtype: str = "bf16",
+) -> float:
+    """Seconds of the attention core (scores, softmax, context) forward or backward."""
+    if min(batch, heads, s_q, s_kv, head_dim) <= 0:
+        return 0.0
+    if impl == "unfused":
+        return _unfused_attention_time(
+            gpu, batch, heads, s_q, s_kv, head_dim, causal=causal, backward=backward, dtype=dtype
+        )
+    kernel = gpu.attention_kernels[impl]
+    rows = ATTENTION_BLOCK_ROWS
+    q_blocks = math.ceil(s_q / rows)
+    kv_blocks = math.ceil(s_kv / rows)
+    if causal:  # block i attends to the kv blocks up to the diagonal: on average (n + 1) / 2
+        kv_per_block = rows * (kv_blocks + 1) / 2 if s_q == s_kv else rows * kv_blocks
+    else:
+        kv_per_block = rows * kv_blocks
+    work = 4.0 * rows * kv_per_block * head_dim
+    if backward:
+        work *= ATTENTION_BACKWARD_WORK
+    peak = gpu.peak_flops[dtype] * gpu.clock_scale
+    per_sm = peak * kernel.efficiency_for(head_dim, backward) / gpu.sm_count
+    waves = math.ceil(batch * heads * q_blocks / gpu.sm_count)
+    return waves * (work / per_sm + kernel.block_overhead_s[1 if backward else 0])
+
+
+def _unfused_attention_time(
+    gpu: Gpu,
+    batch: int,
+    heads: int,
+    s_q: int,
+    s_kv: int,
+    head_dim: int,
+    *,
+    causal: bool,
+    backward: bool,
+    dtype: str,
+) -> float:
+    bh = batch * heads
+    gemms = gemm_time(gpu, s_q, s_kv, head_dim, dtype, bh) + gemm_time(
+        gpu, s_q, head_dim, s_kv, dtype, bh
+    )
+    a, b = UNFUSED_SCORE_BYTES["backward" if backward else "forward"]
+    per_element = a + b * head_dim + (UNFUSED_CAUSAL_BYTES if causal and not backward else 0)
+    scores = gpu.stream_time(per_element * bh * s_q * s_kv)
+    return (2 * gemms if backward else gemms) + scores
+
+
+def memory_bound_time(gpu: Gpu, nbytes: float, kind: str = "stream", dtype: str = "bf16") -> float:
+    """Seconds of a memory-bound kernel of class ``kind`` (``stream``, ``norm``, ``softmax``)
+    moving ``nbytes`` (reads plus writes) of ``dtype`` elements."""
+    return gpu.stream_time(nbytes, kind, dtype)
