@@ -1,6 +1,7 @@
 """Wall time and peak RSS of `stg generate` for the reference cases of the issues.
 
 Run: python benchmarks/bench_generate.py [--only NAME] [--repeat N]
+(`--only dp100k` measures generation cost at 100,000 ranks, which must stay under 60 s.)
 Each case runs `stg generate` in a fresh process (so imports count, as for a user) writing
 into a temporary directory; peak RSS is the child's ru_maxrss from os.wait4.
 """
@@ -15,6 +16,23 @@ import sys
 import tempfile
 import time
 
+SMALL_MODEL = [
+    "--num_stacks",
+    "1",
+    "--dmodel",
+    "64",
+    "--dff",
+    "256",
+    "--head",
+    "4",
+    "--kvhead",
+    "4",
+    "--seq",
+    "32",
+    "--dvocal",
+    "128",
+]
+
 CASES: dict[str, list[str]] = {
     "a: dp2 tp2 pp2 (default sizes, 80 layers)": ["--dp", "2", "--tp", "2", "--pp", "2"],
     "b: dp8 tp4 pp4 (128 ranks, 1 micro-batch)": ["--dp", "8", "--tp", "4", "--pp", "4"],
@@ -25,8 +43,19 @@ CASES: dict[str, list[str]] = {
         "4",
         "--pp",
         "4",
+        "--batch",
+        "64",
         "--micro_batch",
         "8",
+    ],
+    # generation and writing must stay linear in the number of ranks (issue 8): 100,000 ranks
+    # of a one-layer model in the default format (chakra-v0.0.4), one file per rank
+    "dp100k: dp 100000, one small layer (100,000 rank files)": [
+        "--dp",
+        "100000",
+        "--batch",
+        "100000",
+        *SMALL_MODEL,
     ],
     # dp·ep = 16 replicas need micro-batches of 16 samples: batch 128 gives 8 micro-batches
     "moe: dp4 tp2 pp4 ep4, batch 128, 8 micro-batches, 16 experts": [

@@ -7,7 +7,11 @@ Model state (mixed-precision Adam, Rajbhandari et al. 2020; Megatron-LM):
   gradients: 16 bytes), optimizer ``K`` bytes: fp32 master weights and two fp32 moments
   (K = 12) with mixed precision, two moments in the weight dtype (K = 2·e_w) without;
 - ZeRO-1 shards the optimizer, ZeRO-2 also the gradients, ZeRO-3 / FSDP (``weight_sharded``)
-  also the weights, over N_d = dp·sp ranks (the ranks that hold the same weights).
+  also the weights, over N_d = dp·sp ranks (the ranks that hold the same weights). As in
+  FSDP, DeepSpeed and Megatron's distributed optimizer (and as ``stg generate`` does), each
+  unit (the embedding, every layer, the head) is one flat buffer padded to a multiple of N_d,
+  so a rank holds ``ceil(Ψ_unit / N_d)`` elements of each unit: the closed forms above up to
+  fewer than N_d padding elements per unit, for any N_d.
 
 Activations (Korthikanti et al. 2022, section 4), per layer and micro-batch, derived per stored
 tensor so that the published closed forms come out exactly for GPT (F = 4h, 16-bit activations,
@@ -328,25 +332,29 @@ def model_state_bytes(
     optimizer_bytes: int = ADAM_MIXED_K,
     zero: int = 0,
     shard: int = 1,
+    sharded: float | None = None,
 ) -> ModelState:
     """Weights, gradients and optimizer states of ``parameters`` elements under ZeRO ``zero``.
 
     Defaults are Megatron's mixed precision (2 + 4 + 12 = 18 bytes per parameter); with
     ``grad_bytes=2`` and ZeRO over N_d = ``shard`` ranks this is Rajbhandari et al.'s
-    (2 + 2 + K)Ψ, 4Ψ + KΨ/N_d, 2Ψ + (2 + K)Ψ/N_d and (2 + 2 + K)Ψ/N_d.
+    (2 + 2 + K)Ψ, 4Ψ + KΨ/N_d, 2Ψ + (2 + K)Ψ/N_d and (2 + 2 + K)Ψ/N_d. ``sharded`` is the
+    number of elements of one rank's ZeRO shard when it is not Ψ/N_d exactly: the padded flat
+    shard ``Σ ceil(Ψ_unit / N_d)`` over the units (:func:`padded_shard`).
     """
     if zero not in (0, 1, 2, 3):
         raise UserError(f"zero={zero}; allowed: 0, 1, 2, 3")
-    weights = weight_bytes * parameters
-    gradients = grad_bytes * parameters
-    optimizer = optimizer_bytes * parameters
-    if zero >= 1:
-        optimizer /= shard
-    if zero >= 2:
-        gradients /= shard
-    if zero >= 3:
-        weights /= shard
+    part = parameters / shard if sharded is None else sharded
+    weights = weight_bytes * (part if zero >= 3 else parameters)
+    gradients = grad_bytes * (part if zero >= 2 else parameters)
+    optimizer = optimizer_bytes * (part if zero >= 1 else parameters)
     return ModelState(weights, gradients, optimizer)
+
+
+def padded_shard(units: Iterable[int], shard: int) -> int:
+    """Elements one rank holds of the flat buffers of ``units`` (parameters per unit), each
+    padded to a multiple of ``shard`` ranks and split evenly: ``Σ ceil(unit / shard)``."""
+    return sum(-(-int(u) // shard) for u in units)
 
 
 def precision_bytes(
@@ -397,14 +405,23 @@ def stage_memory(
     weight_dtype: str | None = None,
     grad_dtype: str | None = None,
     kernels: KernelTable | None = None,
+    sharded_parameters: float | None = None,
 ) -> RankMemory:
-    """The memory of one rank of pipeline stage ``stage`` holding ``parameters`` weights."""
+    """The memory of one rank of pipeline stage ``stage`` whose model replica holds
+    ``parameters`` weights; ``sharded_parameters`` is its padded ZeRO / FSDP shard of them
+    (default ``parameters / N_d``)."""
     o = as_options(options)
     e_w, e_g, k = precision_bytes(o, weight_dtype, grad_dtype)
     zero = zero_stage(o)
     shard = o.dp * o.sp
     state = model_state_bytes(
-        parameters, weight_bytes=e_w, grad_bytes=e_g, optimizer_bytes=k, zero=zero, shard=shard
+        parameters,
+        weight_bytes=e_w,
+        grad_bytes=e_g,
+        optimizer_bytes=k,
+        zero=zero,
+        shard=shard,
+        sharded=sharded_parameters,
     )
     m = o.micro_batches
     per_layer = activation_bytes_per_layer(o, kernels=kernels)
@@ -444,8 +461,11 @@ def stage_memory(
 def analytic_memory(
     options: Mapping[str, Any] | GenerateOptions, kernels: KernelTable | None = None
 ) -> list[RankMemory]:
-    """Memory per stage from options alone (parameters from :func:`count_parameters`)."""
+    """Memory per stage from options alone (parameters from :func:`count_parameters`; with
+    ZeRO / FSDP the embedding, every layer and the head are padded flat buffers)."""
     o = as_options(options)
+    shard = o.dp * o.sp
+    per_layer = layer_parameters_per_rank(o)
     return [
         stage_memory(
             o,
@@ -455,6 +475,11 @@ def analytic_memory(
             has_embedding=p.stage == 0,
             has_head=p.stage == o.pp - 1,
             kernels=kernels,
+            sharded_parameters=padded_shard(
+                [p.embedding_parameters, *[per_layer] * p.layers, p.head_parameters], shard
+            )
+            if zero_stage(o)
+            else None,
         )
         for p in count_parameters(o)
     ]
@@ -494,16 +519,20 @@ def predict_memory(
         for key in ("parameters", "layers", "has_embedding", "has_head"):
             if key not in facts:
                 raise UserError(f"rank class {rank_class.index} lacks the fact {key!r}")
+        # a generated workload records the replica's parameters and this rank's padded flat
+        # shard of them (ZeRO / FSDP); "parameters" alone is the replica (no ZeRO / FSDP)
+        sharded = facts.get("shard_parameters")
         memory = stage_memory(
             o,
             stage=rank_class.stage,
-            parameters=int(facts["parameters"]),
+            parameters=int(facts.get("replica_parameters", facts["parameters"])),
             layers=int(facts["layers"]),
             has_embedding=bool(facts["has_embedding"]),
             has_head=bool(facts["has_head"]),
             weight_dtype=facts.get("weight_dtype"),
             grad_dtype=facts.get("grad_dtype"),
             kernels=table,
+            sharded_parameters=int(sharded) if sharded is not None else None,
         )
         ranks = [g.rank for g in workload.ranks if g.rank_class.index == rank_class.index]
         entry = {"class": rank_class.index, "ranks": len(ranks), "first_rank": min(ranks)}
@@ -570,6 +599,7 @@ __all__ = [
     "count_parameters",
     "in_flight_layers",
     "model_state_bytes",
+    "padded_shard",
     "planned_activation_delta",
     "predict_analytic",
     "predict_memory",

@@ -816,11 +816,17 @@ def write_json_atomic(path: str | Path, data: Any) -> None:
     path = Path(path)
     if path.parent and not path.parent.is_dir():
         raise UserError(f"cannot write {str(path)!r}: directory {str(path.parent)!r} is missing")
+    if path.is_dir():
+        raise UserError(f"cannot write {str(path)!r}: it is a directory")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             json.dump(data, handle, separators=(",", ":"))
             handle.write("\n")
+        # mkstemp creates 0600; a written file gets the mode of any new file (0666 - umask)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -29,7 +29,7 @@ def trace(tmp_path: Path) -> Path:
 
 
 def test_v004_json_v004_round_trip_is_byte_identical(tmp_path: Path, trace: Path) -> None:
-    js = convert_trace(trace, tmp_path / "js" / "workload", "json")
+    js = convert_trace(trace, tmp_path / "js", "json")  # a directory source: DEST is a dir
     assert [p.name for p in js] == [f"workload.{r}.json" for r in range(8)] + ["workload.json"]
     assert all(detect_format(p) == "json" for p in js[:-1])
     assert validate_trace(tmp_path / "js").ok

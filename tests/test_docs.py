@@ -1,9 +1,11 @@
-"""The code in the docs runs: the plugin guide's modules, commands and tests, and the README."""
+"""The code in the docs runs: the plugin guide's and the model API's modules, commands and
+tests, the system files of docs/systems.md, and the README."""
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import json
 import re
 import shlex
 import sys
@@ -13,12 +15,18 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from stg.api import GraphBuilder
 from stg.cli import app, builtin_command_names
+from stg.perf.system import KNOWN_KEYS, NETWORK_KEYS, system_from_dict
 from stg.testing import make_registry
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDE = ROOT / "docs" / "plugins.md"
+MODEL_API = ROOT / "docs" / "model-api.md"
+SYSTEMS = ROOT / "docs" / "systems.md"
 FENCE = re.compile(r"^```(\w+)\n(.*?)^```", re.S | re.M)
+FILE_FENCE = re.compile(r"^```(\w+) ([\w.-]+)\n(.*?)^```", re.S | re.M)
+"""A block with a file name after the language (```json my-cluster.json): a file to write."""
 
 
 def blocks(path: Path, language: str) -> list[str]:
@@ -26,32 +34,69 @@ def blocks(path: Path, language: str) -> list[str]:
     return [body for lang, body in FENCE.findall(text) if lang == language]
 
 
-@pytest.fixture
-def guide_modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
-    """Every python block of the guide that starts with ``# name.py``, written to tmp_path."""
+def named_files(path: Path) -> dict[str, str]:
+    """The blocks of ``path`` that name a file after their language, by file name."""
+    text = path.read_text(encoding="utf-8")
+    return {name: body for _, name, body in FILE_FENCE.findall(text)}
+
+
+def console_commands(path: Path) -> list[str]:
+    return [
+        line[2:]
+        for body in blocks(path, "console")
+        for line in body.splitlines()
+        if line.startswith("$ stg ")
+    ]
+
+
+def write_modules(doc: Path, directory: Path) -> dict[str, Path]:
+    """Every python block of ``doc`` (each starts with ``# name.py``), written to directory."""
     written = {}
-    for body in blocks(GUIDE, "python"):
+    for body in blocks(doc, "python"):
         first = body.splitlines()[0]
         assert first.startswith("# ") and first.endswith(".py"), first
         name = first[2:]
-        (tmp_path / name).write_text(body, encoding="utf-8")
-        written[name[:-3]] = tmp_path / name
+        (directory / name).write_text(body, encoding="utf-8")
+        written[name[:-3]] = directory / name
+    return written
+
+
+def run_module_tests(modules: dict[str, Path]) -> int:
+    """Run the ``test_*`` functions of the ``test_*`` modules, as pytest would; how many ran."""
+    ran = 0
+    for name in [name for name in modules if name.startswith("test_")]:
+        module = importlib.import_module(name)
+        for attr, fn in sorted(vars(module).items()):
+            if attr.startswith("test_") and callable(fn):
+                kwargs = {}
+                if "stg_registry" in inspect.signature(fn).parameters:
+                    kwargs["stg_registry"] = make_registry
+                fn(**kwargs)
+                ran += 1
+    return ran
+
+
+@pytest.fixture
+def doc_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """tmp_path as the working directory, importable, with installed plugins switched off;
+    the modules written there are forgotten afterwards."""
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("STG_DISABLE_PLUGIN_AUTOLOAD", "1")
-    yield written
-    for module in written:
-        sys.modules.pop(module, None)
+    yield tmp_path
+    for path in tmp_path.glob("*.py"):
+        sys.modules.pop(path.stem, None)
+
+
+@pytest.fixture
+def guide_modules(doc_dir: Path) -> dict[str, Path]:
+    """Every python block of the guide that starts with ``# name.py``, written to tmp_path."""
+    return write_modules(GUIDE, doc_dir)
 
 
 def test_guide_console_commands_run(guide_modules: dict[str, Path], tmp_path: Path) -> None:
     runner = CliRunner()
-    commands = [
-        line[2:]
-        for body in blocks(GUIDE, "console")
-        for line in body.splitlines()
-        if line.startswith("$ stg ")
-    ]
+    commands = console_commands(GUIDE)
     assert len(commands) >= 2
     for command in commands:
         args = shlex.split(command)[1:]
@@ -65,19 +110,7 @@ def test_guide_console_commands_run(guide_modules: dict[str, Path], tmp_path: Pa
 
 
 def test_guide_tests_pass(guide_modules: dict[str, Path]) -> None:
-    tests = [name for name in guide_modules if name.startswith("test_")]
-    assert tests
-    ran = 0
-    for name in tests:
-        module = importlib.import_module(name)
-        for attr, fn in sorted(vars(module).items()):
-            if attr.startswith("test_") and callable(fn):
-                kwargs = {}
-                if "stg_registry" in inspect.signature(fn).parameters:
-                    kwargs["stg_registry"] = make_registry
-                fn(**kwargs)
-                ran += 1
-    assert ran >= 2
+    assert run_module_tests(guide_modules) >= 2
 
 
 def test_guide_command_plugin(guide_modules: dict[str, Path]) -> None:
@@ -95,7 +128,97 @@ def test_guide_packaging_names_the_module() -> None:
     entry_points = data["project"]["entry-points"]["stg"]
     modules = {body.splitlines()[0][2:-3] for body in blocks(GUIDE, "python")}
     assert set(entry_points.values()) <= modules
+    assert set(data["tool"]["setuptools"]["py-modules"]) == set(entry_points.values())
+    assert data["build-system"]["build-backend"] == "setuptools.build_meta"
     assert "symbolic-tensor-graph" in data["project"]["dependencies"]
+    # building, installing and loading it: tests/test_plugin_packaging.py
+
+
+# -- docs/model-api.md ----------------------------------------------------------------------
+
+
+def test_model_api_tests_pass(doc_dir: Path) -> None:
+    modules = write_modules(MODEL_API, doc_dir)
+    assert set(modules) == {"stg_parallel", "test_stg_parallel"}
+    assert run_module_tests(modules) >= 2
+
+
+def test_model_api_console_commands_run(doc_dir: Path) -> None:
+    write_modules(MODEL_API, doc_dir)
+    commands = console_commands(MODEL_API)
+    assert len(commands) >= 3
+    for command in commands:
+        result = CliRunner().invoke(app, shlex.split(command)[1:], env={"COLUMNS": "200"})
+        assert result.exit_code == 0, (command, result.output)
+        assert "failed" not in result.stdout, (command, result.stdout)
+    written = sorted(p.name for p in (doc_dir / "out").iterdir())
+    assert written == ["workload.0.et", "workload.1.et", "workload.json"]
+
+
+def test_model_api_documents_every_builder_method() -> None:
+    text = MODEL_API.read_text(encoding="utf-8")
+    public = [name for name in vars(GraphBuilder) if not name.startswith("_")]
+    assert "einsum" in public and "custom" in public
+    missing = [name for name in public if f"`b.{name}(" not in text]
+    assert not missing, missing
+
+
+def test_model_api_covers_what_the_builtin_models_use() -> None:
+    text = MODEL_API.read_text(encoding="utf-8")
+    used = set()
+    for path in sorted((ROOT / "models").glob("*.py")):
+        used |= set(re.findall(r"\bb\.(\w+)", path.read_text(encoding="utf-8")))
+    assert used >= {"einsum", "weight", "elementwise", "custom", "residual", "tag", "add"}
+    missing = sorted(name for name in used if f"`b.{name}" not in text)
+    assert not missing, missing
+
+
+# -- docs/systems.md ------------------------------------------------------------------------
+
+
+def test_systems_documents_every_key() -> None:
+    text = SYSTEMS.read_text(encoding="utf-8")
+    missing = [key for key in sorted(KNOWN_KEYS | NETWORK_KEYS) if f"| `{key}` |" not in text]
+    assert not missing, missing
+
+
+def test_systems_example_files_are_accepted(doc_dir: Path) -> None:
+    files = named_files(SYSTEMS)
+    assert set(files) == {"my-cluster.json", "minimal.json"}
+    example = json.loads(files["my-cluster.json"])
+    assert set(example) == KNOWN_KEYS  # the full example shows every key
+    assert all(set(dim) == NETWORK_KEYS for dim in example["network"])
+    assert system_from_dict(example).name == "my-cluster"
+    for name, body in files.items():
+        system_from_dict(json.loads(body), name)
+        (doc_dir / name).write_text(body, encoding="utf-8")
+    commands = console_commands(SYSTEMS)
+    assert any("--system my-cluster.json" in command for command in commands)
+    for command in commands:
+        result = CliRunner().invoke(app, shlex.split(command)[1:], env={"COLUMNS": "200"})
+        assert result.exit_code == 0, (command, result.output)
+        if "--json" in command:
+            assert json.loads(result.stdout)["memory"]["system"] == "my-cluster"
+
+
+def test_systems_error_example(doc_dir: Path) -> None:
+    example = json.loads(named_files(SYSTEMS)["my-cluster.json"])
+    del example["network"][1]["latency_us"]
+    (doc_dir / "my-cluster.json").write_text(json.dumps(example), encoding="utf-8")
+    result = CliRunner().invoke(
+        app, ["predict", "--system", "my-cluster.json", "--num_stacks", "1"]
+    )
+    assert result.exit_code == 2
+    line = result.stderr.strip()
+    assert line == "error: my-cluster.json: network[1]: missing key 'latency_us'"
+    assert f"`{line}`" in " ".join(SYSTEMS.read_text(encoding="utf-8").split())
+
+
+def test_readme_links_every_doc() -> None:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    more = text[text.index("## More") :]
+    for doc in sorted((ROOT / "docs").glob("*.md")):
+        assert f"(docs/{doc.name})" in more, doc.name
 
 
 def test_readme_opens_with_the_two_commands() -> None:

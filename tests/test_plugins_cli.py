@@ -119,8 +119,8 @@ def test_plugin_command_from_dash_p_and_user_error_is_one_line(fake_dists: Path)
         (["plugins", "list", "--x"], "error: No such option: --x (see 'stg plugins list --help')"),
         (
             ["generate", "--tpsp", "maybe"],
-            "error: Invalid value for '--tpsp': 'maybe' is not a boolean; allowed: true, false, "
-            "1, 0 (see 'stg generate --help')",
+            "error: Invalid value for '--tpsp': 'maybe' is not a boolean; allowed: true, t, "
+            "yes, y, 1, false, f, no, n, 0 (any case) (see 'stg generate --help')",
         ),
         (["generate", "--dp"], None),
         (["generate", "--dp", "two"], None),

@@ -99,4 +99,4 @@ def test_timeline_directory_must_exist(capsys: pytest.CaptureFixture[str],
                                        tmp_path: Path) -> None:
     code, _, err = run(capsys, "predict", *SMALL, "--timeline", str(tmp_path / "no" / "t.json"))
     assert code == 2
-    assert "is missing" in err
+    assert "does not exist" in err

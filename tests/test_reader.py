@@ -263,7 +263,9 @@ def test_detection_without_extension(tmp_path: Path) -> None:
     assert [n.id for n in read_nodes(path)] == [1]
     js = tmp_path / "trace2"
     js.write_text('  {"workload_graph": []}')
-    assert detect_format(js) == "json" and read_nodes(js) == []
+    assert detect_format(js) == "json"
+    with pytest.raises(TraceError, match="no nodes"):
+        read_nodes(js)  # a rank file without nodes is not a trace
 
 
 def test_v001_detection_reads_past_ambiguous_records(tmp_path: Path) -> None:

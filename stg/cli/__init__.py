@@ -250,6 +250,11 @@ def _root(
     """Generate Chakra execution traces of distributed transformer training."""
 
 
+from stg.cli._shared import plain_flags_in_help  # noqa: E402 (needs this package)
+
+plain_flags_in_help()
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the ``stg`` script."""
     command = typer.main.get_command(app)

@@ -4,9 +4,10 @@
   :class:`stg.core.options.GenerateOptions` as a typer option (:func:`option_parameters`,
   used by ``stg generate``, ``stg predict`` and ``stg plan precision``), the ``--system``
   option (:func:`system_parameter`) and :func:`options_from_cli`;
-- the progress bar of a long build (:func:`progress_bar`);
+- plain flags in ``--help`` (:func:`plain_flags_in_help`);
+- the progress bar of a long build, and its warnings (:func:`progress_bar`);
 - running predictors on a workload or a trace and printing their reports
-  (:func:`run_predictors`, :func:`print_reports`);
+  (:func:`run_predictors`, :func:`print_reports`, :func:`print_table`);
 - trace-analysis helpers of ``stg feed`` and ``stg inspect trace`` (:func:`check_common`,
   :func:`run_analysis` and their help texts);
 - formatting (:func:`format_seconds`, :func:`format_bytes`).
@@ -19,6 +20,8 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
+import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import MISSING, dataclass, fields
@@ -38,6 +41,8 @@ if TYPE_CHECKING:
 TRUE_WORDS = ("true", "t", "yes", "y", "1")
 FALSE_WORDS = ("false", "f", "no", "n", "0")
 RECOMPUTE_VALUES = ("none", "selective", "full")
+BOOL = "true|false"
+"""Metavar of the original STG's booleans, which take a value (``--tpsp false``)."""
 SCHEMA_FORMATS = {"v0.0.4": "chakra-v0.0.4", "v0.0.1": "chakra-v0.0.1", "json": "json"}
 
 
@@ -48,7 +53,9 @@ def parse_bool(value: str) -> bool:
         return True
     if word in FALSE_WORDS:
         return False
-    raise typer.BadParameter(f"{value!r} is not a boolean; allowed: true, false, 1, 0")
+    raise typer.BadParameter(
+        f"{value!r} is not a boolean; allowed: {', '.join(TRUE_WORDS + FALSE_WORDS)} (any case)"
+    )
 
 
 def parse_recompute(value: str) -> str:
@@ -93,7 +100,9 @@ SPECS: dict[str, tuple[str, _Spec]] = {
     "model": (
         _MODEL,
         _Spec(
-            "Model template (a registered model name or alias, or dist:name).",
+            "Model template (a registered model name or alias, or dist:name); the original "
+            "STG's names work too: dense = gpt, debug = a tiny gpt (4 layers, dmodel 256, dff "
+            "1024, 8 heads, seq 256, dvocal 1024; sizes given win).",
             ("--model_type", "--model-type"),
             metavar="NAME",
         ),
@@ -102,7 +111,13 @@ SPECS: dict[str, tuple[str, _Spec]] = {
     "dmodel": (_MODEL, _Spec("Hidden size h.")),
     "dff": (_MODEL, _Spec("FFN hidden size F.")),
     "batch": (_MODEL, _Spec("Global batch: samples per iteration.")),
-    "micro_batch": (_MODEL, _Spec("Global micro-batch; unset means the whole batch.")),
+    "micro_batch": (
+        _MODEL,
+        _Spec(
+            "Global micro-batch: a positive divisor of --batch, or -1 for the whole batch "
+            "(default: -1)."
+        ),
+    ),
     "seq": (_MODEL, _Spec("Sequence length s.")),
     "head": (_MODEL, _Spec("Attention heads a.")),
     "kvhead": (_MODEL, _Spec("Key/value heads (GQA).")),
@@ -111,19 +126,27 @@ SPECS: dict[str, tuple[str, _Spec]] = {
     "kexperts": (_MODEL, _Spec("Experts each token is routed to (top-k).")),
     "capacity_factor": (_MODEL, _Spec("MoE capacity factor.")),
     "dp": (_PARALLEL, _Spec("Data-parallel degree.")),
-    "tp": (_PARALLEL, _Spec("Tensor-parallel degree.")),
+    "tp": (_PARALLEL, _Spec("Tensor-parallel degree (--mp: the original STG's name).", ("--mp",))),
     "sp": (_PARALLEL, _Spec("Sequence/context-parallel degree.", ("--cp",))),
     "pp": (_PARALLEL, _Spec("Pipeline-parallel degree.")),
     "ep": (_PARALLEL, _Spec("Expert-parallel degree.")),
     "tpsp": (
         _PARALLEL,
-        _Spec("Megatron sequence parallelism inside TP.", parser=parse_bool, metavar="BOOL"),
+        _Spec("Megatron sequence parallelism inside TP.", parser=parse_bool, metavar=BOOL),
     ),
     "weight_sharded": (
         _PARALLEL,
-        _Spec("Shard weights over dp (FSDP / ZeRO-3).", parser=parse_bool, metavar="BOOL"),
+        _Spec(
+            "Shard weights, gradients and optimizer states over dp·sp as one flat, padded "
+            "buffer per layer (FSDP / ZeRO-3).",
+            parser=parse_bool,
+            metavar=BOOL,
+        ),
     ),
-    "zero": (_PARALLEL, _Spec("ZeRO stage 0-3.")),
+    "zero": (
+        _PARALLEL,
+        _Spec("ZeRO stage: 0, 1, 2 or 3 (3 is --weight_sharded true).", metavar="0|1|2|3"),
+    ),
     "rank_order": (_PARALLEL, _Spec("Mesh axes, fastest-varying first.", metavar="AXES")),
     "pipeline_schedule": (
         _PARALLEL,
@@ -140,7 +163,7 @@ SPECS: dict[str, tuple[str, _Spec]] = {
     ),
     "mixed_precision": (
         _TRAINING,
-        _Spec("fp32 master weights and optimizer states.", parser=parse_bool, metavar="BOOL"),
+        _Spec("fp32 master weights and optimizer states.", parser=parse_bool, metavar=BOOL),
     ),
     "dtype": (_TRAINING, _Spec("Compute and activation dtype.", metavar="DTYPE")),
     "grad_reduce_dtype": (
@@ -149,7 +172,7 @@ SPECS: dict[str, tuple[str, _Spec]] = {
     ),
     "causal": (
         _TRAINING,
-        _Spec("Count only the causal half of attention scores.", parser=parse_bool, metavar="BOOL"),
+        _Spec("Count only the causal half of attention scores.", parser=parse_bool, metavar=BOOL),
     ),
     "precision": (
         _TRAINING,
@@ -181,7 +204,7 @@ OPTION_SPELLINGS = {"precision": "precision_plan"}
 """Fields whose option is spelled otherwise first (``--precision_plan FILE``; the field name
 ``--precision`` works too)."""
 
-COMMAND_OPTIONS = frozenset({"predict", "print_gpu_vram", "system"})
+COMMAND_OPTIONS = frozenset({"predict", "print_gpu_vram", "system", "comm_group_file", "as_json"})
 """Options of ``stg generate`` that are not GenerateOptions fields."""
 
 
@@ -270,8 +293,13 @@ def _show(value: object) -> str:
 
 
 def options_from_cli(values: Mapping[str, Any]) -> GenerateOptions:
-    """GenerateOptions from parsed option values (``None`` = not given, keep the default)."""
-    from stg.core.options import GenerateOptions, OptionError
+    """GenerateOptions from parsed option values (``None`` = not given, keep the default).
+
+    The original STG's spellings are resolved here: ``--chakra_schema_version``, the model
+    names ``dense`` and ``debug`` (:data:`stg.core.options.MODEL_PRESETS`), ``--micro_batch
+    -1`` and ``--zero 3`` (both resolved by GenerateOptions itself).
+    """
+    from stg.core.options import GenerateOptions, OptionError, apply_model_preset
 
     given = {
         k: v
@@ -292,15 +320,89 @@ def options_from_cli(values: Mapping[str, Any]) -> GenerateOptions:
                 f"but format={given['format']} was given; give one of them"
             )
         given["format"] = fmt
-    return GenerateOptions(**given)
+    if given.get("zero") == 3 and given.get("weight_sharded") is False:
+        raise OptionError(
+            "zero=3 means weight_sharded=true, but weight_sharded=false was given; "
+            "give one of them"
+        )
+    return GenerateOptions(**apply_model_preset(given))
+
+
+def plain_flags_in_help() -> None:
+    """Show flags (``--json``, ``--predict``, ``--help``) without a value in ``--help``.
+
+    Typer's rich help prints the type of every option, so a flag reads ``--json <bool>`` as
+    if it took a value. Options with a metavar (the original STG's value-taking booleans,
+    ``--tpsp true|false``) keep it. Idempotent; the stg command line applies it once.
+    """
+    from typer.core import TyperOption
+
+    original = TyperOption.display_type_rich
+    if getattr(original, "_stg_plain_flags", False):
+        return
+
+    def display_type_rich(self: Any, ctx: Any) -> str | None:
+        if getattr(self, "is_flag", False) and self.metavar is None:
+            return None
+        return original(self, ctx)
+
+    display_type_rich._stg_plain_flags = True  # type: ignore[attr-defined]
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+def check_writable_file(option: str, target: Path) -> None:
+    """One ``error:`` line (exit 2) when ``target`` cannot be written as a file; a probe file
+    beside it is created and removed, so nothing is left behind."""
+    if target.is_dir():
+        raise UserError(f"{option} {target}: it is a directory; give a file name")
+    folder = target.parent
+    if not folder.is_dir():
+        if folder.exists():
+            raise UserError(f"{option} {target}: {str(folder)!r} is not a directory")
+        raise UserError(f"{option} {target}: directory {str(folder)!r} does not exist")
+    try:
+        handle, probe = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+    except OSError as exc:
+        raise UserError(f"{option} {target}: cannot write: {exc.strerror or exc}") from None
+    os.close(handle)
+    os.unlink(probe)
 
 
 # -- progress -----------------------------------------------------------------------------------
 
 
+PHASES: dict[str, str] = {
+    "lowering": "building",
+    "plans evaluated": "evaluating precision plans",
+}
+"""What the progress bar says for the phases that the library reports under internal names
+(``build_workload`` reports ``lowering``; the writer reports ``writing rank files`` itself)."""
+
+
 @contextmanager
 def progress_bar(console: Any) -> Iterator[Callable[[str, int, int], None] | None]:
-    """A rich progress bar on a terminal; no callback (quiet) otherwise."""
+    """A rich progress bar on a terminal (one line per phase: ``building 12/12``, ``writing
+    rank files 37/128``); no callback (quiet) otherwise.
+
+    The warnings of the work inside (a precision plan naming an unknown op) are printed as
+    ``warning: ...`` lines on stderr when it ends, bar or not.
+    """
+    import warnings
+
+    from stg.core.precision import PrecisionPlanWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", PrecisionPlanWarning)
+        try:
+            with _bar(console) as update:
+                yield update
+        finally:
+            for message in dict.fromkeys(str(w.message) for w in caught):
+                typer.echo(f"warning: {message}", err=True)
+
+
+@contextmanager
+def _bar(console: Any) -> Iterator[Callable[[str, int, int], None] | None]:
     if not console.is_terminal:
         yield None
         return
@@ -317,7 +419,7 @@ def progress_bar(console: Any) -> Iterator[Callable[[str, int, int], None] | Non
 
         def update(stage: str, done: int, total: int) -> None:
             if stage not in tasks:
-                tasks[stage] = bar.add_task(stage, total=total or None)
+                tasks[stage] = bar.add_task(PHASES.get(stage, stage), total=total or None)
             bar.update(tasks[stage], completed=done, total=total or None)
 
         yield update
@@ -403,6 +505,25 @@ def _gib(value: float) -> str:
     return f"{value / 2**30:.2f}"
 
 
+def print_table(console: Any, table: Any) -> None:
+    """Print a rich table at its natural width even where that is wider than the console:
+    numbers are never cut (``1234.…``) nor wrapped on a narrow terminal or in a pipe
+    (where rich assumes 80 columns)."""
+    for column in table.columns:
+        column.no_wrap = True
+    wide = console.options.update_width(1 << 16)
+    needed = console.measure(table, options=wide).maximum
+    width = console.width
+    if needed <= width:
+        console.print(table)
+        return
+    console.width = needed
+    try:
+        console.print(table)
+    finally:
+        console.width = width
+
+
 def print_reports(reports: Mapping[str, Mapping[str, Any]], source: str) -> None:
     """Rich tables of the time and memory reports (others as JSON) on stdout."""
     from rich.console import Console
@@ -428,7 +549,7 @@ def print_reports(reports: Mapping[str, Mapping[str, Any]], source: str) -> None
                 "ranks (simulated)",
                 f"{report['world_size']:,} ({report.get('simulated_ranks', '?')})",
             )
-            console.print(summary)
+            print_table(console, summary)
             ranks = Table(
                 title="per rank (each row stands for identical ranks)", title_justify="left"
             )
@@ -452,7 +573,7 @@ def print_reports(reports: Mapping[str, Mapping[str, Any]], source: str) -> None
                     format_seconds(row["collective_wait_s"]),
                     format_seconds(row["bubble_s"]),
                 )
-            console.print(ranks)
+            print_table(console, ranks)
             path = report["critical_path"]
             totals: dict[str, float] = {}
             for run in path:
@@ -491,7 +612,7 @@ def print_reports(reports: Mapping[str, Mapping[str, Any]], source: str) -> None
                     _gib(row["peak"]),
                     "yes" if row["fits"] else "NO",
                 )
-            console.print(table)
+            print_table(console, table)
         else:
             console.print(f"[bold]{name}[/bold]")
             console.print_json(json.dumps(report, sort_keys=True, default=str))

@@ -18,16 +18,24 @@ def convert(
     ),
     destination: str = typer.Argument(
         ...,
-        help="For one file: the output file. Otherwise an output directory (existing, or "
-        "ending in '/'), or dir/name (name as --output_name: workload, workload.%d.json).",
+        help="For one file: the output file. For a directory: the output directory (created "
+        "if missing). For a prefix or pattern: an output directory (existing, or ending in "
+        "'/'), or dir/name (name as --output_name: workload, workload.%d.json).",
     ),
     to: str = typer.Option(..., "--to", help="Target format: v0.0.4, v0.0.1 or json."),
     source_format: str | None = typer.Option(
         None, "--from", help="Source format: v0.0.4, v0.0.1 or json (default: detected)."
     ),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="Replace files that differ (a different trace of the same name, extra ranks); "
+        "without it such a conversion is refused and nothing is written.",
+    ),
 ) -> None:
     """Convert a trace (every rank file, plus the comm-group file) to another format.
-    v0.0.4 <-> json is lossless; v0.0.1 drops what that schema cannot hold."""
+    v0.0.4 <-> json is lossless; v0.0.1 drops what that schema cannot hold. Never overwrites
+    a different trace without --force (re-running the same conversion is fine)."""
     from stg.errors import UserError
     from stg.trace.convert import convert_trace, target_format
     from stg.trace.reader import FORMATS
@@ -37,7 +45,7 @@ def convert(
         raise UserError(f"--from {source_format}: not known; allowed: {', '.join(FORMATS)}")
     if not source.exists() and "%d" not in source.name and not source.parent.is_dir():
         raise UserError(f"{source} does not exist")
-    paths = convert_trace(source, destination, to, source_format=source_format)
+    paths = convert_trace(source, destination, to, source_format=source_format, force=force)
     typer.echo(f"wrote {len(paths)} file(s) to {paths[0].parent}", err=True)
     for path in paths:
         typer.echo(str(path))

@@ -1,13 +1,20 @@
 """``stg generate``: build a workload from the original STG options and write it as traces.
 
 Every field of :class:`stg.core.options.GenerateOptions` is an option, spelled with underscores as
-in the original STG (``--micro_batch``) and with dashes (``--micro-batch``). Booleans take a
-value (``--tpsp false``). Options left out keep the defaults of GenerateOptions.
+in the original STG (``--micro_batch``) and with dashes (``--micro-batch``). The original STG's
+booleans take a value (``--tpsp false``); stg's own flags do not (``--json``, ``--predict``).
+Options left out keep the defaults of GenerateOptions. The original STG's command lines run
+unchanged, ``--comm_group_file NAME`` (the comm-group file's name in ``--output_dir``) included.
+
+The summary (stderr) ends with the ASTRA-sim arguments that run the trace; ``--json`` prints
+the summary as one JSON object on stdout instead.
 """
 
 from __future__ import annotations
 
 import inspect
+import json
+import shlex
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import replace
@@ -18,12 +25,14 @@ import typer
 
 from stg.cli import err_console, get_registry
 from stg.cli._shared import (
+    BOOL,
     format_bytes,
     format_seconds,
     option_parameters,
     options_from_cli,
     parse_bool,
     print_reports,
+    print_table,
     progress_bar,
     run_predictors,
     system_parameter,
@@ -31,10 +40,14 @@ from stg.cli._shared import (
 
 if TYPE_CHECKING:
     from stg.core.workload import Workload
+    from stg.host.records import Emitter
 
 app = typer.Typer(add_completion=False)
 
 _PREDICT = "Prediction"
+_OUTPUT = "Output"
+ASTRA_SIM_FORMAT = "chakra-v0.0.4"
+"""The format ASTRA-sim reads; it opens ``<--workload-configuration>.<rank>.et``."""
 
 
 def default_output_name(extension: str) -> str:
@@ -46,6 +59,32 @@ def _command_parameters() -> list[inspect.Parameter]:
     """Options of ``stg generate`` itself (not GenerateOptions): predictions after writing."""
     kw = inspect.Parameter.KEYWORD_ONLY
     return [
+        inspect.Parameter(
+            "comm_group_file",
+            kw,
+            default=typer.Option(
+                None,
+                "--comm_group_file",
+                "--comm-group-file",
+                help="Name of the comm-group JSON file in --output_dir, as the original STG's "
+                "option (default: the output name without its rank part, plus .json).",
+                metavar="NAME",
+                show_default=False,
+                rich_help_panel=_OUTPUT,
+            ),
+            annotation=Optional[str],  # noqa: UP045 (typer needs a runtime type object)
+        ),
+        inspect.Parameter(
+            "as_json",
+            kw,
+            default=typer.Option(
+                False,
+                "--json",
+                help="Print the summary as JSON on stdout (and nothing else there).",
+                rich_help_panel=_OUTPUT,
+            ),
+            annotation=bool,
+        ),
         inspect.Parameter(
             "predict",
             kw,
@@ -67,7 +106,7 @@ def _command_parameters() -> list[inspect.Parameter]:
                 help="Print the memory predictor's peak memory per rank on stdout, as the "
                 "original STG (default: false).",
                 parser=parse_bool,
-                metavar="BOOL",
+                metavar=BOOL,
                 show_default=False,
                 rich_help_panel=_PREDICT,
             ),
@@ -84,11 +123,13 @@ def _command_parameters() -> list[inspect.Parameter]:
 def generate(**values: Any) -> None:
     """Generate the workload of one training iteration and write it as trace files."""
     from stg.core import pipeline as gen
-    from stg.trace.writer import write_workload
+    from stg.trace.writer import comm_group_path, write_workload
 
     predict = values.pop("predict", False)
     print_vram = bool(values.pop("print_gpu_vram", None))
     system_spec = values.pop("system", "a100-80g")
+    comm_group_file = values.pop("comm_group_file", None)
+    as_json = bool(values.pop("as_json", False))
     system = None
     if predict or print_vram:
         from stg.perf.system import load_system
@@ -100,17 +141,123 @@ def generate(**values: Any) -> None:
     if values.get("output_name") is None:
         options = replace(options, output_name=default_output_name(emitter.extension))
     gen.validate_options(options, registry)
+    if comm_group_file is not None:
+        check_comm_group_file(comm_group_file, options.output_name, options.world_size, emitter)
+        emitter = _with_comm_group_file(emitter, options.output_name, comm_group_file)
     console = err_console()
     with progress_bar(console) as progress:
         workload = gen.build_workload(options, registry, progress=progress)
-    files = write_workload(workload, emitter, Path(options.output_dir), options.output_name)
+        files = write_workload(
+            workload, emitter, Path(options.output_dir), options.output_name, progress=progress
+        )
     reports: dict[str, dict[str, Any]] = {}
     if system is not None:
         names = (["time"] if predict else []) + ["memory"]
         reports = run_predictors(names, registry, system, workload=workload)
-    _print_summary(console, workload_summary(workload), files, reports if predict else None)
+    summary = workload_summary(workload)
+    directory = Path(options.output_dir).absolute()
+    groups = directory / (comm_group_file or comm_group_path(options.output_name))
+    astra = astra_sim_arguments(directory, options.output_name, emitter, groups)
+    if as_json:
+        data = json_summary(summary, files, groups, astra)
+        if reports:
+            data["predictions"] = reports if predict else {"memory": reports["memory"]}
+        typer.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
+        return
+    _print_summary(console, summary, files, reports if predict else None)
+    _print_astra_sim(console, astra, options.output_name, emitter)
     if print_vram:
         print_reports({"memory": reports["memory"]}, f"{options.model} (generated)")
+
+
+# -- comm-group file name and ASTRA-sim arguments -----------------------------------------------
+
+
+def check_comm_group_file(name: str, output_name: str, world_size: int, emitter: Emitter) -> None:
+    """Refuse a ``--comm_group_file`` that is not a plain file name or names a rank file."""
+    from stg.core.options import OptionError
+    from stg.trace.writer import output_paths
+
+    if not name or name in (".", "..") or any(c in name for c in "/\\\0"):
+        raise OptionError(
+            f"comm_group_file={name!r} is not allowed; allowed: a file name without "
+            "directories (it is written into output_dir)"
+        )
+    if name in output_paths(output_name, world_size, emitter.extension):
+        raise OptionError(
+            f"comm_group_file={name!r} is the name of a rank file; allowed: any other file name"
+        )
+
+
+def _with_comm_group_file(emitter: Emitter, output_name: str, name: str) -> Emitter:
+    """``emitter`` writing its comm-group file under ``name``."""
+    from dataclasses import replace as replace_record
+
+    from stg.trace.writer import comm_group_path
+
+    default = comm_group_path(output_name)
+    write = emitter.write
+
+    def write_renamed(workload: Any, directory: Path, output_name: str) -> list[Path]:
+        paths = [Path(p) for p in write(workload, directory, output_name)]
+        source, target = Path(directory) / default, Path(directory) / name
+        if source == target or source not in paths:
+            return paths
+        source.rename(target)
+        return [target if p == source else p for p in paths]
+
+    return replace_record(emitter, write=write_renamed)
+
+
+def astra_sim_arguments(
+    directory: Path, output_name: str, emitter: Emitter, comm_groups: Path
+) -> dict[str, Any] | None:
+    """ASTRA-sim's ``--workload-configuration`` and ``--comm-group-configuration`` for the
+    written files, or None where ASTRA-sim cannot read them.
+
+    ASTRA-sim opens ``<workload-configuration>.<rank>.et`` (Workload.cc appends
+    ``"." + rank + ".et"``), so the prefix is the rank-file pattern without ``.%d.et``; it
+    reads Chakra v0.0.4 only.
+    """
+    from stg.trace.writer import rank_pattern
+
+    if emitter.name != ASTRA_SIM_FORMAT:
+        return None
+    pattern = rank_pattern(output_name, emitter.extension).replace("%%", "\0")
+    suffix = ".%d.et"
+    if not pattern.endswith(suffix) or "%d" in pattern[: -len(suffix)]:
+        return None
+    prefix = str(directory / pattern[: -len(suffix)].replace("\0", "%"))
+    return {
+        "workload_configuration": prefix,
+        "comm_group_configuration": str(comm_groups),
+        "arguments": [
+            f"--workload-configuration={prefix}",
+            f"--comm-group-configuration={comm_groups}",
+        ],
+    }
+
+
+def _print_astra_sim(
+    console: Any, astra: Mapping[str, Any] | None, output_name: str, emitter: Emitter
+) -> None:
+    """The last lines of the summary: ASTRA-sim's arguments, ready to paste (or why not)."""
+    if astra is not None:
+        console.print("ASTRA-sim arguments:", markup=False)
+        line = " ".join(shlex.quote(arg) for arg in astra["arguments"])
+        console.print(line, markup=False, soft_wrap=True)
+    elif emitter.name != ASTRA_SIM_FORMAT:
+        console.print(
+            f"ASTRA-sim reads {ASTRA_SIM_FORMAT} traces, not {emitter.name}: write them with "
+            "--format chakra-v0.0.4 (or convert them with stg convert) to simulate them",
+            markup=False,
+        )
+    else:
+        console.print(
+            f"ASTRA-sim opens <prefix>.<rank>.et; output_name={output_name!r} does not end "
+            "in .%d.et, so give one that does to simulate these files",
+            markup=False,
+        )
 
 
 def _signature() -> list[inspect.Parameter]:
@@ -157,6 +304,25 @@ def workload_summary(workload: Workload) -> dict[str, Any]:
     }
 
 
+def json_summary(
+    summary: Mapping[str, Any],
+    files: list[Path],
+    comm_groups: Path,
+    astra: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """The summary of ``stg generate --json``: :func:`workload_summary` plus the files
+    written and ASTRA-sim's arguments (None where ASTRA-sim cannot read the files)."""
+    return {
+        **summary,
+        "output_dir": str(comm_groups.parent),
+        "files": [str(path) for path in files],
+        "rank_files": [str(path) for path in files if path != comm_groups],
+        "comm_group_file": str(comm_groups),
+        "bytes_written": sum(path.stat().st_size for path in files),
+        "astra_sim": None if astra is None else dict(astra),
+    }
+
+
 def _print_summary(
     console: Any,
     summary: Mapping[str, Any],
@@ -184,7 +350,7 @@ def _print_summary(
         table.add_row("output", str(files[0].parent))
     if reports:
         _prediction_rows(table, reports)
-    console.print(table)
+    print_table(console, table)
 
 
 def _prediction_rows(table: Any, reports: Mapping[str, Mapping[str, Any]]) -> None:

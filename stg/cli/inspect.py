@@ -7,7 +7,14 @@ from pathlib import Path
 
 import typer
 
-from stg.cli._shared import DEPS_HELP, FORMAT_HELP, WINDOW_HELP, check_common, run_analysis
+from stg.cli._shared import (
+    DEPS_HELP,
+    FORMAT_HELP,
+    WINDOW_HELP,
+    check_common,
+    check_writable_file,
+    run_analysis,
+)
 from stg.trace.feeder import DEFAULT_WINDOW
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Inspect traces and models.")
@@ -55,16 +62,28 @@ def trace(
             raise UserError(
                 f"--dot writes one rank's graph; choose one with --rank ({names}{more})"
             )
-        stats = write_dot(files[0], dot, deps=deps, window=window, format=format)  # type: ignore[arg-type]
+        check_writable_file("--dot", dot)
+        try:
+            stats = write_dot(files[0], dot, deps=deps, window=window, format=format)  # type: ignore[arg-type]
+        except OSError as exc:
+            raise UserError(f"--dot {dot}: cannot write: {exc.strerror or exc}") from None
         if stats.error is not None:
             typer.echo(f"error: {stats.error}", err=True)
         results = [stats]
     if as_json:
         typer.echo(json.dumps(inspect_report(results), indent=2, ensure_ascii=False))
     else:
-        typer.echo(render_inspect(results), nl=False)
+        typer.echo(_no_zero_runtime(render_inspect(results)), nl=False)
     if any(s.error is not None for s in results):
         raise typer.Exit(1)
+
+
+NO_RUNTIME = " nodes, 0 us of runtime\n"
+
+
+def _no_zero_runtime(text: str) -> str:
+    """A critical path of 0 us means that the trace records no durations: say so."""
+    return text.replace(NO_RUNTIME, " nodes (the trace records no durations)\n")
 
 
 MODEL_HELP = (

@@ -15,7 +15,13 @@ from typing import Any, Optional
 import typer
 
 from stg.cli import err_console, get_registry
-from stg.cli._shared import option_parameters, options_from_cli, progress_bar, system_parameter
+from stg.cli._shared import (
+    option_parameters,
+    options_from_cli,
+    print_table,
+    progress_bar,
+    system_parameter,
+)
 from stg.errors import UserError
 
 app = typer.Typer(
@@ -26,6 +32,9 @@ app = typer.Typer(
 
 EXCLUDED = frozenset({"format", "output_dir", "output_name", "chakra_schema_version", "precision"})
 DEFAULT_OUT = "precision_plan.json"
+KERNEL_PLUGIN = "plugins/stg-int8-kernels"
+"""The example kernel distribution in this repository (int8 on a100-80g and h100-80g, fp8 on
+h100-80g)."""
 
 
 def _generation_parameters() -> list[inspect.Parameter]:
@@ -113,10 +122,16 @@ def precision(**values: Any) -> None:
     options = options_from_cli(values)
     gen.validate_options(options, registry)
     console = err_console()
-    with progress_bar(console) as progress:
-        result = search_precision(
-            options, registry, system, budget=budget, dtypes=dtypes, progress=progress
-        )
+    hint = kernel_hint(registry, system.name, dtypes)
+    try:
+        with progress_bar(console) as progress:
+            result = search_precision(
+                options, registry, system, budget=budget, dtypes=dtypes, progress=progress
+            )
+    except UserError as exc:
+        if hint is None:
+            raise
+        raise UserError(f"{exc}; {hint}") from None
     text = dump_plan(result.best.plan)
     path = write_file_atomically(out, lambda stream: stream.write(text.encode()))
     if as_json:
@@ -126,7 +141,28 @@ def precision(**values: Any) -> None:
         typer.echo(json.dumps(data, indent=2, sort_keys=True))
     else:
         print_result(result, system.name)
+    if hint is not None:
+        typer.echo(f"hint: {hint}", err=True)
     console.print(f"plan written to {path}")
+
+
+def kernel_hint(registry: Any, system: str, dtypes: tuple[str, ...]) -> str | None:
+    """Which plugin would help, when no registered kernel runs any of the requested fp8/int8
+    dtypes on ``system`` (without one an op is never lowered to them); else None."""
+    from stg.perf.kernels import QUANTIZED_DTYPES, kernel_table
+
+    table = kernel_table(list(registry.kernels), system)
+    native = {dtype for _, dtype in table.kernels}
+    missing = [d for d in dtypes if d in QUANTIZED_DTYPES]
+    if not missing or native & set(missing):
+        return None
+    wanted = "/".join(missing)
+    return (
+        f"no kernel plugin runs {wanted} on {system}, so no op is lowered to {wanted}; install "
+        f"one: the example distribution {KERNEL_PLUGIN} (pip install -e {KERNEL_PLUGIN}; "
+        f"int8 on a100-80g and h100-80g, fp8 on h100-80g), or any plugin registering "
+        f"stg_register_kernels for {wanted}"
+    )
 
 
 precision.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
@@ -158,7 +194,7 @@ def print_result(result: Any, system: str) -> None:
     for label, ev in (("default", result.baseline), ("found", result.best)):
         fits = "yes" if ev.peak_bytes <= result.budget else "NO"
         table.add_row(label, seconds(ev.time_s), format_bytes(ev.peak_bytes), fits)
-    console.print(table)
+    print_table(console, table)
     console.print(
         f"predicted speedup {result.speedup:.3f}x; "
         f"{len(result.steps)} change(s), {result.evaluations} plans evaluated"
@@ -174,6 +210,6 @@ def print_result(result: Any, system: str) -> None:
                 seconds(step.time_s),
                 format_bytes(step.peak_bytes),
             )
-        console.print(steps)
+        print_table(console, steps)
     elif not result.candidates:
         console.print("no candidate changes: no registered kernel runs these ops in --dtypes")

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
 
@@ -17,6 +18,7 @@ import typer
 
 from stg.cli import err_console, get_registry
 from stg.cli._shared import (
+    check_writable_file,
     option_parameters,
     options_from_cli,
     print_reports,
@@ -121,6 +123,16 @@ def _check_predictor_name(name: str, registry: Any) -> list[str]:
     return [name]
 
 
+@contextmanager
+def _os_errors() -> Iterator[None]:
+    """A file that cannot be read or written is one ``error:`` line, not a traceback."""
+    try:
+        yield
+    except OSError as exc:
+        where = exc.filename if exc.filename is not None else "a file"
+        raise UserError(f"cannot access {where}: {exc.strerror or exc}") from None
+
+
 # -- the command ------------------------------------------------------------------------------
 
 
@@ -138,9 +150,7 @@ def predict(**values: Any) -> None:
     system = load_system(system_spec)
     names = _check_predictor_name(predictor, registry)
     if timeline is not None:
-        target = Path(timeline)
-        if not target.parent.is_dir():
-            raise UserError(f"--timeline {timeline}: directory {str(target.parent)!r} is missing")
+        check_writable_file("--timeline", Path(timeline))
     console = err_console()
     if path is not None:
         if given:
@@ -148,9 +158,10 @@ def predict(**values: Any) -> None:
                 "give either a trace PATH or generation options "
                 f"(got both: {', '.join('--' + k for k in sorted(given))})"
             )
-        reports = run_predictors(
-            names, registry, system, trace=_trace_input(path), timeline=timeline
-        )
+        with _os_errors():
+            reports = run_predictors(
+                names, registry, system, trace=_trace_input(path), timeline=timeline
+            )
         source = path
     else:
         from stg.core import pipeline as gen
@@ -159,7 +170,8 @@ def predict(**values: Any) -> None:
         gen.validate_options(options, registry)
         with progress_bar(console) as progress:
             workload = gen.build_workload(options, registry, progress=progress)
-        reports = run_predictors(names, registry, system, workload=workload, timeline=timeline)
+        with _os_errors():
+            reports = run_predictors(names, registry, system, workload=workload, timeline=timeline)
         source = f"{options.model} (generated)"
     if as_json:
         typer.echo(json.dumps(reports, indent=2, sort_keys=True))

@@ -20,10 +20,19 @@ def validate(
         "(out/workload.%d.et) or one rank file.",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the full report as JSON."),
+    consumer: str = typer.Option(
+        "astra-sim",
+        "--consumer",
+        help="Whose consumption rules to enforce. astra-sim (default): ASTRA-sim's rules are "
+        "errors: num_ops > 0 on every COMP node with tensor_size > 0 (roofline), attribute "
+        "value types of TRACES.md, pg_name a decimal string, is_cpu_op false on comm nodes, "
+        "only ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER and ALL_TO_ALL collectives. chakra: any "
+        "other reader of the Chakra schema; those rules become warnings.",
+    ),
 ) -> int:
     """Check every rank file of a trace: ids, deps, cycles, attribute types, send/recv pairs,
-    collective sequences and the comm-group file. Exit 1 on any violation, 2 on unusable
-    input."""
+    collective sequences, the comm-group file and, by default, ASTRA-sim's consumption rules
+    (--consumer). Exit 1 on any violation, 2 on unusable input."""
     from stg.cli import err_console
     from stg.trace.validate import validate_trace
 
@@ -37,9 +46,9 @@ def validate(
             def progress(label: str, done: int, total: int) -> None:
                 bar.update(task, description=label, completed=done, total=total)
 
-            report = validate_trace(path, progress)
+            report = validate_trace(path, progress, consumer=consumer)
     else:
-        report = validate_trace(path)
+        report = validate_trace(path, consumer=consumer)
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2))
     else:

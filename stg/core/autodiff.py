@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from stg.core.sharding import Sharding
-from stg.core.symbolic import GraphBuilder, Op, Tensor, shard_further
+from stg.core.symbolic import GraphBuilder, Op, Tensor
 
 
 def _key(t: Tensor) -> int:
@@ -190,12 +190,13 @@ def _needs_grad(t: Tensor) -> bool:
 def build_grad_reduction(b: GraphBuilder, shard_optimizer_over: tuple[str, ...] = ()) -> None:
     """Append the once-per-iteration collectives: in the reduce phase, those that turn each
     weight gradient (partial over the data axes) into the sharding of its weight; with ZeRO-1/2
-    (``shard_optimizer_over``) a reduce-scatter instead, and in the update phase the all-gather
-    of the updated weight shards."""
+    (``shard_optimizer_over``) a reduce-scatter into a flat split (``Sharding.flat``: the
+    padded flat buffer, as DeepSpeed and Megatron's distributed optimizer shard it) instead,
+    and in the update phase the all-gather of the updated weight shards."""
     part = b.part
     axes = b._axes(shard_optimizer_over)
     for w, g in part.weight_grads.items():
-        want = shard_further(w.sharding, axes) if axes else w.sharding
+        want = w.sharding.with_flat(axes) if axes else w.sharding
         with b.phase("reduce"):
             b.reshard(g, want)
         if axes:

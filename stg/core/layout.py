@@ -15,6 +15,9 @@ from stg.errors import UserError
 
 AXES: tuple[str, ...] = ("dp", "tp", "sp", "pp", "ep")
 DEFAULT_RANK_ORDER: tuple[str, ...] = ("tp", "sp", "ep", "dp", "pp")
+MAX_WORLD_SIZE = 2**24
+"""The most ranks a layout numbers (16,777,216): every rank gets a file and per-rank tables,
+so a larger world is refused with one error line instead of running out of memory."""
 
 
 class LayoutError(UserError):
@@ -54,6 +57,12 @@ class Layout:
         unknown = set(self.degrees) - set(AXES)
         if unknown:
             raise LayoutError(f"unknown mesh axes {sorted(unknown)}; allowed: {', '.join(AXES)}")
+        if self.world_size > MAX_WORLD_SIZE:
+            product = "·".join(f"{a}={self.degree(a)}" for a in AXES if self.degree(a) > 1)
+            raise LayoutError(
+                f"{product} makes {self.world_size:,} ranks; at most {MAX_WORLD_SIZE:,} are "
+                "supported"
+            )
         strides: dict[str, int] = {}
         stride = 1
         for axis in self.rank_order:

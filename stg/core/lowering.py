@@ -10,7 +10,7 @@ order, data deps for data flow, ctrl deps for the schedule and collective issue 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from math import prod
 
@@ -60,8 +60,18 @@ class Binder:
             raise OptionError(f"{who}={split} must divide {DIM_OPTION.get(d.name, d.name)}={size}")
         return size // split
 
-    def numel(self, t: Tensor) -> int:
+    def flat_degree(self, t: Tensor) -> int:
+        """How many pieces a flat split (``Sharding.flat``) cuts ``t`` into (1: none)."""
+        return prod(self.degrees[a] for a in t.sharding.flat)
+
+    def unflat_numel(self, t: Tensor) -> int:
+        """Elements of ``t`` on one rank before its flat split (if any)."""
         return prod(self.local_dim(d, a) for d, a in zip(t.dims, t.sharding.dims, strict=True))
+
+    def numel(self, t: Tensor) -> int:
+        """Elements of ``t`` on one rank; a flat split keeps ``ceil(n / degree)`` of the ``n``
+        elements (the flat buffer is padded to a multiple of the degree)."""
+        return -(-self.unflat_numel(t) // self.flat_degree(t))
 
     def nbytes(self, t: Tensor) -> int:
         return int(self.numel(t) * DTYPE_BYTES[t.dtype])
@@ -82,6 +92,20 @@ class BoundOp:
     group_axes: tuple[str, ...] = ()
     tags: frozenset[str] = frozenset()
     dtype: str | None = None
+    flat: int = 1
+    """a collective of a flat (padded) buffer: the flat degree (see :func:`flat_comm_size`)"""
+    flat_elements: int = 0
+    """... and the unpadded elements of this rank's tensor(s) before the flat split"""
+
+
+def flat_comm_size(kind: CollectiveType | None, elements: int, degree: int, dtype: str) -> int:
+    """``comm_size`` (TRACES.md) of a collective of a flat buffer of ``elements`` elements
+    padded to a multiple of ``degree``: an all-gather sends this rank's shard
+    ``ceil(elements / degree)``, a reduce-scatter reduces the whole padded buffer
+    ``degree · ceil(elements / degree)``, an all-reduce reduces a shard."""
+    shard = -(-elements // degree)
+    size = degree * shard if kind is CollectiveType.REDUCE_SCATTER else shard
+    return int(size * DTYPE_BYTES[dtype])
 
 
 def _flops(op: Op, binder: Binder) -> int:
@@ -96,7 +120,8 @@ def _flops(op: Op, binder: Binder) -> int:
         return int(Fraction(str(op.flops_per_element)) * binder.numel(op.inputs[0]))
     if op.kind == "add":
         return int(Fraction(str(op.flops_per_element)) * binder.numel(op.output))
-    return 0  # gather, concat: data movement only
+    # gather (an embedding lookup), concat: data movement, one op per element moved (written)
+    return binder.numel(op.output)
 
 
 def bind_ops(ops: Iterable[Op], binder: Binder) -> list[BoundOp]:
@@ -126,13 +151,20 @@ def bind_ops(ops: Iterable[Op], binder: Binder) -> list[BoundOp]:
                 op.output
             )
             moved += sum(binder.numel(t) * 4 for t in op.inputs if t.kind == "index")
+            num_ops = _flops(op, binder)
+            if num_ops <= 0 < moved:
+                # ASTRA-sim's roofline times a node as num_ops / min(peak, bw·num_ops/bytes):
+                # zero ops with bytes > 0 is 0/0 and the rank never finishes. A node declared
+                # free (a plugin's zero-cost op, a fraction rounded down) still moves its
+                # output: one op per element written (TRACES.md, docs/generation.md).
+                num_ops = max(1, binder.numel(op.output))
             bound.append(
                 BoundOp(
                     op.name,
                     NodeType.COMP,
                     inputs,
                     (key(op.output),),
-                    num_ops=_flops(op, binder),
+                    num_ops=num_ops,
                     tensor_size=moved,
                     tags=op.tags,
                     dtype=op.inputs[0].dtype if op.kind == "einsum" else op.output.dtype,
@@ -181,10 +213,12 @@ def fuse(ops: list[BoundOp], group_of: Callable[[BoundOp], object | None]) -> li
                     num_ops=sum(m.num_ops for m in members),
                     tensor_size=sum(m.tensor_size for m in members),
                     comm_type=first.comm_type,
-                    comm_size=sum(m.comm_size for m in members),
+                    comm_size=_fused_comm_size(members),
                     group_axes=first.group_axes,
                     tags=first.tags,
                     dtype=first.dtype,
+                    flat=first.flat,
+                    flat_elements=sum(m.flat_elements for m in members),
                 )
             )
         elif id(op) not in grouped:
@@ -192,9 +226,56 @@ def fuse(ops: list[BoundOp], group_of: Callable[[BoundOp], object | None]) -> li
     return out
 
 
+def _fused_comm_size(members: list[BoundOp]) -> int:
+    """``comm_size`` of fused collectives. Flat ones form one flat buffer per (degree, dtype),
+    padded once as a whole to a multiple of the degree (FSDP's and ZeRO's per-unit flat
+    buffer), not tensor by tensor."""
+    size = sum(m.comm_size for m in members if m.flat == 1)
+    buffers: dict[tuple[int, str | None], int] = {}
+    for m in members:
+        if m.flat > 1:
+            buffers[(m.flat, m.dtype)] = buffers.get((m.flat, m.dtype), 0) + m.flat_elements
+    for (degree, dtype), elements in sorted(buffers.items(), key=str):
+        size += flat_comm_size(members[0].comm_type, elements, degree, dtype or "fp32")
+    return size
+
+
+def _mark_flat(bound: list[BoundOp], ops: Iterable[Op], binder: Binder) -> list[BoundOp]:
+    """Mark the collectives of ``bound`` (bound from ``ops``) that gather, reduce-scatter or
+    reduce a flat split (``Sharding.flat``) with their flat degree and unpadded element count,
+    and give them the ``comm_size`` of their padded flat buffer (:func:`flat_comm_size`)."""
+    collectives = {key(op.output): op for op in ops if op.kind == "collective"}
+    out = []
+    for b in bound:
+        op = collectives.get(b.outputs[0]) if b.type is NodeType.COMM_COLL else None
+        if op is None:
+            out.append(b)
+            continue
+        src = op.inputs[0]
+        degree = max(binder.flat_degree(src), binder.flat_degree(op.output))
+        if degree == 1:
+            out.append(b)
+            continue
+        elements = binder.unflat_numel(src)
+        out.append(
+            replace(
+                b,
+                flat=degree,
+                flat_elements=elements,
+                comm_size=flat_comm_size(b.comm_type, elements, degree, src.dtype),
+            )
+        )
+    return out
+
+
+WEIGHT_COLLECTIVE_TAGS = frozenset({"weight_gather", "weight_grad_reduce"})
+
+
 def _weight_collective(op: BoundOp) -> object | None:
-    if op.type is NodeType.COMM_COLL and op.tags & {"weight_gather", "weight_grad_reduce"}:
-        return (op.comm_type, op.group_axes, tuple(sorted(op.tags)))
+    """One group per kind of FSDP collective of a part: its weights form one flat buffer."""
+    tags = op.tags & WEIGHT_COLLECTIVE_TAGS
+    if op.type is NodeType.COMM_COLL and tags:
+        return (op.comm_type, op.group_axes, tuple(sorted(tags)))
     return None
 
 
@@ -217,8 +298,12 @@ class BoundPart:
     grad_input_key: int | None
     grad_keys: tuple[int, ...]
     parameters: int
+    """weight elements this rank stores (FSDP: its padded shard of the part's flat buffer)"""
     boundary_bytes: int
     optimizer_parameters: int
+    """parameters this rank updates (ZeRO / FSDP: its padded shard of the flat buffer)"""
+    replica_parameters: int = 0
+    """weight elements of this rank's model replica (before any ZeRO / FSDP split)"""
 
     def repeated_before_backward(self, recompute: str) -> list[BoundOp]:
         """Forward ops run again before this part's backward: FSDP weight gathers, plus the
@@ -231,26 +316,43 @@ class BoundPart:
         return [op for op in self.forward if op.tags & tags]
 
 
-def bind_part(
-    part: Part, binder: Binder, seed: Tensor | None, optimizer_split: int = 1
-) -> BoundPart:
+def _flat_shard(weights: Iterable[Tensor], binder: Binder, degree: int) -> int:
+    """Elements of one rank's shard of the flat buffer of ``weights`` split ``degree`` ways:
+    one buffer per part (FSDP's unit, ZeRO's bucket), padded as a whole."""
+    return -(-sum(binder.unflat_numel(w) for w in weights) // degree)
+
+
+def bind_part(part: Part, binder: Binder, seed: Tensor | None, shard_degree: int = 1) -> BoundPart:
+    """Bind ``part``; ``shard_degree`` is the degree over which ZeRO or FSDP shards its
+    gradients and optimizer states (1: not sharded)."""
     grads = tuple(key(g) for g in part.weight_grads.values())
     input_tensor = next((t for t in part.inputs if t.kind == "input"), None)
     boundary = part.output if part.output is not None else input_tensor
+    flat_stored = [w for w in part.weights if w.sharding.flat]
+    stored = sum(binder.numel(w) for w in part.weights if not w.sharding.flat)
+    for degree in sorted({binder.flat_degree(w) for w in flat_stored}):
+        stored += _flat_shard(
+            (w for w in flat_stored if binder.flat_degree(w) == degree), binder, degree
+        )
+
+    def bound(ops: list[Op], group_of: Callable[[BoundOp], object | None]) -> list[BoundOp]:
+        return fuse(_mark_flat(bind_ops(ops, binder), ops, binder), group_of)
+
     return BoundPart(
         part,
-        fuse(bind_ops(part.forward, binder), _weight_collective),
-        fuse(bind_ops(part.backward, binder), _weight_collective),
-        fuse(bind_ops(part.reduce, binder), _any_collective),
-        fuse(bind_ops(part.update, binder), _any_collective),
+        bound(part.forward, _weight_collective),
+        bound(part.backward, _weight_collective),
+        bound(part.reduce, _any_collective),
+        bound(part.update, _any_collective),
         key(input_tensor) if input_tensor is not None else None,
         key(part.output) if part.output is not None else None,
         key(seed) if seed is not None else None,
         key(part.grad_input) if part.grad_input is not None else None,
         grads,
-        sum(binder.numel(w) for w in part.weights),
+        stored,
         binder.nbytes(boundary) if boundary is not None else 0,
-        sum(binder.numel(w) for w in part.weights) // optimizer_split,
+        _flat_shard(part.weights, binder, shard_degree) if shard_degree > 1 else stored,
+        sum(binder.unflat_numel(w) for w in part.weights),
     )
 
 
@@ -459,6 +561,8 @@ def lower_stage(
 
     held = stage_parts(stage, plan, parts)
     updated = sum(bp.optimizer_parameters for _, bp in held)
+    # num_ops and tensor_size are both proportional to ``updated``: a stage with nothing to
+    # update gets a free node (tensor_size 0), never 0 ops over > 0 bytes (ASTRA-sim's roofline)
     out.start_step()
     step = out.add(
         {
@@ -479,6 +583,10 @@ def lower_stage(
         nodes=tuple(out.nodes),
         facts={
             "parameters": sum(bp.parameters for _, bp in held),
+            # ZeRO / FSDP: the replica's parameters and this rank's padded flat shard of them
+            # (its optimizer states; also its gradients with ZeRO-2 and weights with ZeRO-3)
+            "replica_parameters": sum(bp.replica_parameters for _, bp in held),
+            "shard_parameters": updated,
             "layers": sum(1 for _, bp in held if bp is block),
             "has_embedding": any(bp is emb for _, bp in held),
             "has_head": any(bp is head for _, bp in held),

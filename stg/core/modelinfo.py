@@ -34,6 +34,8 @@ def op_flops(op: Op) -> sympy.Expr:
         return op.flops_per_element * op.inputs[0].numel
     if op.kind == "add":
         return op.flops_per_element * op.output.numel
+    if op.kind in {"gather", "concat"}:  # data movement: one op per element written, as lowered
+        return op.output.numel
     return sympy.Integer(0)
 
 

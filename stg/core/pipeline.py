@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -10,7 +11,12 @@ from stg.core.layout import Layout, parse_rank_order
 from stg.core.lowering import Binder, BoundPart, ModelParts, bind_part, lower_stage
 from stg.core.options import GenerateOptions, OptionError
 from stg.core.plan import ParallelPlan, make_plan
-from stg.core.precision import DTYPE_BYTES, normalize_plan
+from stg.core.precision import (
+    DTYPE_BYTES,
+    PrecisionPlanWarning,
+    normalize_plan,
+    unmatched_patterns,
+)
 from stg.core.symbolic import (
     Capacity,
     Dff,
@@ -73,7 +79,7 @@ def build_parts(model: Model, plan: ParallelPlan) -> ModelParts:
     binder = Binder(symbol_values(o), plan.degrees)
     bound: dict[str, BoundPart] = {}
     precision = plan.precision
-    zero_axes = ("dp",) if o.zero in (1, 2) else ()
+    zero_axes = plan.zero_axes if o.zero in (1, 2) else ()
     for name in ("embedding", "block", "head"):
         b = GraphBuilder(
             name,
@@ -82,7 +88,7 @@ def build_parts(model: Model, plan: ParallelPlan) -> ModelParts:
             seq_axes=plan.seq_axes,
             dtype=o.dtype,
             grad_dtype=precision["grad"],
-            shard_weights_over=("dp",) if o.weight_sharded else (),
+            shard_weights_over=plan.zero_axes if o.weight_sharded else (),
             precision=normalize_plan(o.precision),
             options=o.as_dict(),
         )
@@ -104,9 +110,7 @@ def build_parts(model: Model, plan: ParallelPlan) -> ModelParts:
             seed.kind = "grad"
             build_backward(b, seed=seed)
         build_grad_reduction(b, zero_axes)
-        bound[name] = bind_part(
-            b.part, binder, seed, optimizer_split=plan.degrees["dp"] if zero_axes else 1
-        )
+        bound[name] = bind_part(b.part, binder, seed, shard_degree=plan.zero_degree)
     master, state, grad = (DTYPE_BYTES[precision[k]] for k in ("master", "optimizer", "grad"))
     # Adam reads and writes the master weights and both moments and reads the gradient; with
     # mixed precision it also writes the 16-bit working copy of the weights.
@@ -132,6 +136,26 @@ def _shard_of(t: Any) -> dict[str, Any]:
     return {d.name: axes for d, axes in zip(t.dims, t.sharding.dims, strict=True)}
 
 
+def _warn_unknown_plan_ops(options: GenerateOptions, parts: ModelParts) -> None:
+    """Warn (:class:`PrecisionPlanWarning`) about plan entries that match no matmul."""
+    known = sorted(
+        {
+            op.name
+            for bound in (parts.embedding, parts.block, parts.head)
+            for op in bound.part.forward
+            if op.kind == "einsum"
+        }
+    )
+    for pattern in unmatched_patterns(normalize_plan(options.precision), known):
+        warnings.warn(
+            PrecisionPlanWarning(
+                f"precision plan: op {pattern!r} matches no op of model {options.model!r} "
+                f"and is ignored; known ops: {', '.join(known)}"
+            ),
+            stacklevel=3,
+        )
+
+
 def build_workload(
     options: GenerateOptions, registry: Registry, progress: Progress | None = None
 ) -> Workload:
@@ -140,6 +164,8 @@ def build_workload(
     model = registry.models.get(options.model)
     schedule: PipelineSchedule = registry.schedules.get(options.pipeline_schedule)
     parts = build_parts(model, plan)
+    if options.precision:
+        _warn_unknown_plan_ops(options, parts)
     stages = plan.stages
     orders = [
         schedule.order(s, stages, plan.micro_batches, plan.chunks_per_stage) for s in range(stages)
@@ -166,11 +192,13 @@ def build_workload(
                 used_axes.append(axes)
     layout = Layout(plan.degrees, parse_rank_order(options.rank_order), tuple(used_axes))
     ranks = tuple(RankGraph(r, classes[layout.stage(r)], layout) for r in range(layout.world_size))
+    # each group's members once (not once per member rank): linear in the number of ranks
     groups: dict[int, tuple[int, ...]] = {}
     for graph in ranks:
         for axes in stage_axes[graph.rank_class.stage]:
             gid = layout.group_id(graph.rank, axes)
-            groups.setdefault(gid, layout.members(graph.rank, axes))
+            if gid not in groups:
+                groups[gid] = layout.members(graph.rank, axes)
     metadata = {
         "generator": "stg",
         # where the files go is not part of the workload: same options, same bytes anywhere

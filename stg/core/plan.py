@@ -70,6 +70,24 @@ class ParallelPlan:
         return ("sp", "tp") if self.options.tpsp else ("sp",)
 
     @property
+    def zero_axes(self) -> tuple[str, ...]:
+        """Axes over which ZeRO-1/2 shard gradients and optimizer states and FSDP (ZeRO-3) also
+        the weights, as one flat padded buffer per part: the data-parallel ranks that hold
+        the same weights, dp and sp (context-parallel ranks hold the same weights too, as
+        Megatron's distributed optimizer and FSDP shard over its dp-cp group). The ep ranks
+        keep their own copies of the non-expert shards (their gradients are all-reduced over
+        ep), as in hybrid sharding."""
+        return ("dp", "sp")
+
+    @property
+    def zero_degree(self) -> int:
+        """How many ways ZeRO / FSDP split a part's flat buffer (1 without ZeRO or FSDP)."""
+        o = self.options
+        if not (o.zero or o.weight_sharded):
+            return 1
+        return prod(self.degrees[a] for a in self.zero_axes)
+
+    @property
     def chunks(self) -> int:
         return self.stages * self.chunks_per_stage
 
@@ -111,9 +129,16 @@ def make_plan(o: GenerateOptions) -> ParallelPlan:
         _require(
             isinstance(value, int) and value >= 1, f"{name}={value} must be a positive integer"
         )
-    micro_batch = o.micro_batch or o.batch
-    _require(micro_batch >= 1, f"micro_batch={micro_batch} must be a positive integer")
-    _require(o.batch % micro_batch == 0, f"micro_batch={micro_batch} must divide batch={o.batch}")
+    allowed_micro = f"allowed: a positive divisor of batch={o.batch}, or -1 (the whole batch)"
+    _require(
+        o.micro_batch is None or (isinstance(o.micro_batch, int) and o.micro_batch >= 1),
+        f"micro_batch={o.micro_batch} is not allowed; {allowed_micro}",
+    )
+    micro_batch = o.batch if o.micro_batch is None else o.micro_batch
+    _require(
+        o.batch % micro_batch == 0,
+        f"micro_batch={micro_batch} must divide batch={o.batch}; {allowed_micro}",
+    )
     replicas = o.dp * o.ep
     _require(
         micro_batch % replicas == 0,
@@ -147,7 +172,8 @@ def make_plan(o: GenerateOptions) -> ParallelPlan:
         f"grad_reduce_dtype={o.grad_reduce_dtype!r} must be one of {', '.join(DTYPE_BYTES)}",
     )
     _require(
-        o.zero in (0, 1, 2), f"zero={o.zero} must be one of 0, 1, 2 (use weight_sharded for ZeRO-3)"
+        o.zero in (0, 1, 2, 3),
+        f"zero={o.zero} is not allowed; allowed: 0, 1, 2, 3 (3 = weight_sharded=true)",
     )
     _require(
         not (o.zero and o.weight_sharded),

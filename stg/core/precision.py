@@ -14,7 +14,7 @@ output in the activation dtype. The file format is JSON::
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from fnmatch import fnmatchcase
 from pathlib import Path
 
@@ -67,6 +67,21 @@ def load_plan(path: str | Path) -> PrecisionPlan:
 def dump_plan(plan: PrecisionPlan) -> str:
     """The JSON text of a plan, as :func:`load_plan` reads it."""
     return json.dumps({"ops": dict(plan)}, indent=2, sort_keys=True) + "\n"
+
+
+class PrecisionPlanWarning(UserWarning):
+    """A precision plan names an op that the model does not have (the plan entry does
+    nothing)."""
+
+
+def unmatched_patterns(plan: PrecisionPlan, op_names: Iterable[str]) -> list[str]:
+    """The plan's op patterns that match none of ``op_names``, in plan order."""
+    names = sorted(set(op_names))
+    return [
+        pattern
+        for pattern in dict.fromkeys(p for p, _ in plan)
+        if not any(fnmatchcase(name, pattern) for name in names)
+    ]
 
 
 def precision_of(plan: PrecisionPlan, op_name: str) -> str | None:

@@ -4,6 +4,12 @@ A :class:`Sharding` says, per tensor dimension, which mesh axes split it, and wh
 partial sums (the "hidden" factor of the original STG: after a row-parallel matmul every TP
 rank holds a partial sum, written ``partial={"tp"}``). :func:`plan_reshard` turns a change of
 sharding into the collectives that perform it; nothing else in stg decides on collectives.
+
+A sharding may also split a tensor *flat*: ``flat={"dp"}`` means the local tensor (after its
+per-dimension splits) is flattened, padded to a multiple of the flat degree and cut into equal
+pieces, one per rank. This is how FSDP / ZeRO-3 store weights and how ZeRO shards gradients and
+optimizer states (DeepSpeed, Megatron's distributed optimizer, PyTorch FSDP): it works for any
+data-parallel size, where a split of a dimension would need the size to divide it.
 """
 
 from __future__ import annotations
@@ -19,18 +25,21 @@ NO_AXES: Axes = frozenset()
 
 @dataclass(frozen=True, slots=True)
 class Sharding:
-    """Per-dimension mesh axes plus the axes over which the values are partial sums."""
+    """Per-dimension mesh axes plus the axes over which the values are partial sums, and the
+    axes that split the flattened, padded local tensor (``flat``; storage only: ops read
+    tensors without a flat split, so a flat split is always gathered first)."""
 
     dims: tuple[Axes, ...]
     partial: Axes = NO_AXES
+    flat: Axes = NO_AXES
 
     @classmethod
     def replicated(cls, rank: int) -> Sharding:
         return cls(tuple(NO_AXES for _ in range(rank)))
 
     def axes(self) -> Axes:
-        """Every axis that splits some dimension."""
-        out: set[str] = set()
+        """Every axis that splits some dimension, or the flattened tensor."""
+        out: set[str] = set(self.flat)
         for axes in self.dims:
             out |= axes
         return frozenset(out)
@@ -45,16 +54,23 @@ class Sharding:
     def with_dim(self, index: int, axes: Iterable[str]) -> Sharding:
         dims = list(self.dims)
         dims[index] = frozenset(axes)
-        return Sharding(tuple(dims), self.partial)
+        return Sharding(tuple(dims), self.partial, self.flat)
 
     def with_partial(self, partial: Iterable[str]) -> Sharding:
-        return Sharding(self.dims, frozenset(partial))
+        return Sharding(self.dims, frozenset(partial), self.flat)
+
+    def with_flat(self, axes: Iterable[str]) -> Sharding:
+        """This sharding with ``axes`` (also) splitting the flattened, padded local tensor:
+        how FSDP and ZeRO store a weight, its gradient or its optimizer state."""
+        return Sharding(self.dims, self.partial, self.flat | frozenset(axes))
 
     def describe(self, names: Iterable[str]) -> str:
         parts = []
         for name, axes in zip(names, self.dims, strict=True):
             parts.append(f"{name}/{'·'.join(sorted(axes))}" if axes else name)
         text = "[" + ", ".join(parts) + "]"
+        if self.flat:
+            text += " flat(" + ",".join(sorted(self.flat)) + ")"
         if self.partial:
             text += " partial(" + ",".join(sorted(self.partial)) + ")"
         return text
@@ -82,13 +98,23 @@ def plan_reshard(src: Sharding, dst: Sharding) -> list[ReshardStep]:
     by all-to-all when ``dst`` splits another dimension by it, and is all-gathered otherwise.
     Axes that ``dst`` adds (a split of a replicated dimension, or a partial mark) cost
     nothing: each rank keeps its slice.
+
+    Flat splits (``Sharding.flat``): the partial axes that ``dst`` adds as a flat split become
+    one reduce-scatter of the flattened, padded buffer over all of them (``dim`` None), before
+    the rules above; a flat split that ``dst`` does not keep is all-gathered (``dim`` None)
+    after the reductions and before any dimension changes, so that dimensions are only ever
+    resharded on unflattened tensors. A flat split that ``dst`` adds costs nothing.
     """
     steps: list[ReshardStep] = []
     cur = src
+    flat_reduce = (cur.partial - dst.partial) & (dst.flat - cur.flat)
+    if flat_reduce and not cur.flat and cur.dims == dst.dims:
+        cur = Sharding(cur.dims, cur.partial - flat_reduce, flat_reduce)
+        steps.append(ReshardStep(CollectiveType.REDUCE_SCATTER, flat_reduce, None, None, cur))
     reduce_all: set[str] = set()
     for axis in sorted(cur.partial - dst.partial):
         target = dst.dim_of(axis)
-        if target is not None and cur.dim_of(axis) is None:
+        if target is not None and cur.dim_of(axis) is None and not cur.flat:
             cur = Sharding(
                 tuple(a | {axis} if i == target else a for i, a in enumerate(cur.dims)),
                 cur.partial - {axis},
@@ -101,6 +127,10 @@ def plan_reshard(src: Sharding, dst: Sharding) -> list[ReshardStep]:
     if reduce_all:
         cur = cur.with_partial(cur.partial - reduce_all)
         steps.append(ReshardStep(CollectiveType.ALL_REDUCE, frozenset(reduce_all), None, None, cur))
+    if cur.flat and (not cur.flat <= dst.flat or cur.dims != dst.dims):
+        gathered = cur.flat
+        cur = Sharding(cur.dims, cur.partial)
+        steps.append(ReshardStep(CollectiveType.ALL_GATHER, gathered, None, None, cur))
     for index in range(len(cur.dims)):
         extra = cur.dims[index] - dst.dims[index]
         gather: set[str] = set()

@@ -162,25 +162,16 @@ def _view_groups(
     return groups if i == len(src) and j == len(dst) else None
 
 
-def shard_further(sharding: Sharding, axes: Iterable[str]) -> Sharding:
-    """``sharding`` with ``axes`` also splitting its first dimension not split yet (the first
-    dimension if all are): how FSDP and ZeRO store a weight, its gradient or its optimizer
-    state."""
-    dims = list(sharding.dims)
-    index = next((i for i, a in enumerate(dims) if not a), 0)
-    dims[index] = dims[index] | frozenset(axes)
-    return Sharding(tuple(dims), sharding.partial)
-
-
 class GraphBuilder:
     """Builds one part of a model. Handed to model templates as ``b``.
 
     ``active_axes`` are the mesh axes with degree > 1; sharding requests on other axes are
     dropped, so no collective is ever planned on a one-rank group. ``data_axes`` split the
     batch, ``seq_axes`` the sequence of the residual stream between layers.
-    ``shard_weights_over`` (FSDP / ZeRO-3) stores every weight split over these axes as well
-    and all-gathers it where it is used; the gathers are tagged ``weight_gather`` so that
-    lowering repeats them before the backward.
+    ``shard_weights_over`` (FSDP / ZeRO-3) stores every weight split *flat* over these axes
+    as well (``Sharding.flat``: the flattened local weight, padded, so any degree works) and
+    all-gathers it where it is used; the gathers are tagged ``weight_gather`` so that lowering
+    repeats them before the backward.
     """
 
     def __init__(
@@ -320,7 +311,7 @@ class GraphBuilder:
         stored = Tensor(
             self._unique(name),
             dim_tuple,
-            shard_further(sharding, self.fsdp_axes),
+            sharding.with_flat(self.fsdp_axes),
             self.weight_dtype,
             kind="weight",
         )
@@ -669,8 +660,8 @@ class GraphBuilder:
         return self.reinterpret(x_r, tuple(dims), x_r.sharding, name)
 
     def concat(self, *parts: Tensor, dim: str, to: Dim | str, name: str = "concat") -> Tensor:
-        """``parts`` joined along dimension ``dim`` into a new one ``to`` (a copy: no FLOPs,
-        every byte read and written). Parts are resharded like the first."""
+        """``parts`` joined along dimension ``dim`` into a new one ``to`` (a copy: one op per
+        element written, every byte read and written). Parts are resharded like the first."""
         first = self.unpartial(parts[0])
         index = next((i for i, d in enumerate(first.dims) if d.name == dim), None)
         if index is None:

@@ -105,8 +105,11 @@ class RankClass:
     """The node templates shared by all ranks that do the same work (e.g. one pipeline stage).
 
     ``facts`` records what lowering knows beyond the nodes, for predictors: ``parameters``
-    (weight elements held by one rank of the class), ``layers`` (blocks on this stage),
-    ``has_embedding``, ``has_head``, ``micro_batches``, ``weight_dtype``, ``grad_dtype``.
+    (weight elements held by one rank of the class; under FSDP its padded shard),
+    ``replica_parameters`` (the elements of one unsharded replica of its stage),
+    ``shard_parameters`` (the sum over units of the padded flat shard under FSDP/ZeRO),
+    ``layers`` (blocks on this stage), ``has_embedding``, ``has_head``, ``micro_batches``,
+    ``weight_dtype``, ``grad_dtype``.
     """
 
     index: int

@@ -100,9 +100,17 @@ class Registered(Generic[T]):
 class Catalog(Generic[T]):
     """The items of one kind (models, emitters, ...) in registration order."""
 
-    def __init__(self, label: str, entries: Sequence[Registered[T]] = ()) -> None:
+    def __init__(
+        self,
+        label: str,
+        entries: Sequence[Registered[T]] = (),
+        failures: Sequence[PluginFailure] = (),
+    ) -> None:
         self.label = label
         self._entries: list[Registered[T]] = list(entries)
+        # The registry's own list (shared, not copied): plugins that failed to load, named in
+        # the error for an unknown name since one of them may have registered it.
+        self._failures = failures
 
     def entries(self) -> list[Registered[T]]:
         """Every registration, in load order (built-ins first)."""
@@ -152,6 +160,7 @@ class Catalog(Generic[T]):
         if not matches:
             raise UnknownNameError(
                 f"unknown {self.label} {name!r}; allowed: {', '.join(self.names()) or '(none)'}"
+                + _failed_plugins_note(self._failures)
             )
         choices = ", ".join(e.qualified for e in matches)
         raise AmbiguousNameError(
@@ -193,14 +202,15 @@ class Registry:
     """Everything the loaded plugins registered, with provenance and load failures."""
 
     def __init__(self) -> None:
-        self.models: Catalog[Model] = Catalog("model")
-        self.schedules: Catalog[PipelineSchedule] = Catalog("pipeline schedule")
-        self.kernels: Catalog[Kernel] = Catalog("kernel")
-        self.emitters: Catalog[Emitter] = Catalog("emitter")
-        self.predictors: Catalog[Predictor] = Catalog("predictor")
-        self.commands: Catalog[CommandSet] = Catalog("command set")
         self.plugins: list[PluginInfo] = []
         self.failures: list[PluginFailure] = []
+        failures = self.failures
+        self.models: Catalog[Model] = Catalog("model", failures=failures)
+        self.schedules: Catalog[PipelineSchedule] = Catalog("pipeline schedule", failures=failures)
+        self.kernels: Catalog[Kernel] = Catalog("kernel", failures=failures)
+        self.emitters: Catalog[Emitter] = Catalog("emitter", failures=failures)
+        self.predictors: Catalog[Predictor] = Catalog("predictor", failures=failures)
+        self.commands: Catalog[CommandSet] = Catalog("command set", failures=failures)
         self._loaded_objects: set[int] = set()
         self._pm = pluggy.PluginManager("stg")
         self._pm.add_hookspecs(hookspecs)
@@ -416,6 +426,17 @@ def load_registry(
 
 
 # -- helpers ------------------------------------------------------------------------------
+
+
+def _failed_plugins_note(failures: Sequence[PluginFailure]) -> str:
+    """`` (plugin P failed to load: why)`` for each failed plugin, on the same line; ''."""
+    notes = []
+    for failure in failures:
+        origin = " ".join(part for part in (failure.dist, failure.version) if part)
+        origin = f" ({origin})" if origin else ""
+        why = (failure.error.strip().splitlines() or [""])[0]
+        notes.append(f"plugin {failure.name}{origin} failed to load: {why}")
+    return f" ({'; '.join(notes)})" if notes else ""
 
 
 def _one_line(exc: BaseException) -> str:

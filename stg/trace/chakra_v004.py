@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, BinaryIO
 
 from stg.core.workload import COMM_TYPES, Node, NodeType
+from stg.errors import UserError
 from stg.trace.proto import chakra_v004_pb2 as pb4
 from stg.trace.reader import attr_kind
 from stg.trace.writer import frame
@@ -29,14 +30,21 @@ SCHEMA_VERSION = "0.0.4"
 
 
 def set_attr(attr: Any, name: str, kind: str, value: Any, doc: str = "") -> None:
-    """Fill one AttributeProto."""
+    """Fill one AttributeProto; a value its kind cannot hold (an int64 overflow of a huge
+    model) is a :class:`UserError` naming the attribute."""
     attr.name = name
     if doc:
         attr.doc_string = doc
-    if kind.endswith("_list"):
-        getattr(attr, kind).values.extend(value)
-    else:
-        setattr(attr, kind, value)
+    try:
+        if kind.endswith("_list"):
+            getattr(attr, kind).values.extend(value)
+        else:
+            setattr(attr, kind, value)
+    except (ValueError, TypeError) as exc:
+        raise UserError(
+            f"attribute {name}={value!r} does not fit Chakra's {kind} ({exc}); "
+            "the model or batch sizes are too large for a trace"
+        ) from None
 
 
 def _add(msg: Any, name: str, kind: str, value: Any) -> None:

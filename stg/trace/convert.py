@@ -10,19 +10,42 @@ keys of a JSON source (besides ``workload_graph``) become JSON strings in Global
 
 Nodes stream through: memory stays bounded for protobuf sources. Output is atomic: files are
 written to a temporary directory and moved into place only when every rank converted.
+
+Destinations. A single rank file converts into a file (or into an existing directory, keeping
+its name). A directory source converts into a directory (created if missing), keeping the
+trace's name; a prefix or pattern source converts into a directory (existing, or ending in
+``/``) or into ``dir/name``.
+
+No silent overwrite: a conversion is refused (:class:`~stg.errors.UserError`, nothing
+written) when it would replace or remove a file that differs from what it writes: a file of
+the same name with other bytes, or a rank file of the same output name beyond the new rank
+count; a directory destination must moreover not hold rank files of another trace. Re-running
+the same conversion is allowed (same bytes). ``force=True`` (``--force``) replaces files of
+the same name and removes the extra ranks of the same output name; other files are left
+alone.
 """
 
 from __future__ import annotations
 
+import filecmp
 import json
+import os
+import re
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from stg.errors import UserError
 from stg.trace.reader import TraceAttrs, detect_format, infer_kind, iter_nodes, read_metadata
-from stg.trace.writer import comm_group_path, output_paths, write_atomically, write_file_atomically
+from stg.trace.writer import (
+    TRACE_EXTENSIONS,
+    comm_group_path,
+    output_paths,
+    rank_pattern,
+    write_atomically,
+    write_file_atomically,
+)
 
 TARGETS: dict[str, str] = {
     "v0.0.4": "v0.0.4",
@@ -84,9 +107,15 @@ def _writer(target: str, source: Path, fmt: str) -> Callable[[BinaryIO], int]:
 
 
 def convert_file(
-    source: str | Path, destination: str | Path, to: str, *, source_format: str | None = None
+    source: str | Path,
+    destination: str | Path,
+    to: str,
+    *,
+    source_format: str | None = None,
+    force: bool = False,
 ) -> int:
-    """Convert one rank file; return its node count. ``destination`` is replaced atomically."""
+    """Convert one rank file; return its node count. ``destination`` is replaced atomically,
+    and only when it holds the same bytes or ``force`` is set (see module doc)."""
     source = Path(source)
     destination = Path(destination)
     target = target_format(to)
@@ -96,20 +125,34 @@ def convert_file(
     if destination.absolute() == source.absolute():
         raise UserError(f"destination {destination} is the source file")
     counts: list[int] = []
-    write_file_atomically(destination, lambda out: counts.append(_writer(target, source, fmt)(out)))
+
+    def check(tmp: Path) -> None:
+        if not force:
+            _refuse_overwrite(destination.parent, _differing([(tmp, destination)]))
+
+    write_file_atomically(
+        destination, lambda out: counts.append(_writer(target, source, fmt)(out)), check
+    )
     return counts[0]
 
 
 def convert_trace(
-    source: str | Path, destination: str | Path, to: str, *, source_format: str | None = None
+    source: str | Path,
+    destination: str | Path,
+    to: str,
+    *,
+    source_format: str | None = None,
+    force: bool = False,
 ) -> list[Path]:
     """Convert a trace: one rank file, or every rank file of a directory / prefix / pattern
     (with its comm-group file copied beside the output).
 
-    For a single source file ``destination`` is the output file. Otherwise it is an output
-    directory (the source's name is kept, with the target's extension) or ``dir/name`` where
-    ``name`` follows the ``output_name`` rules of :mod:`stg.trace.writer`. Returns the written
-    paths.
+    For a single source file ``destination`` is the output file. For a directory source it is
+    the output directory, created if missing. For a prefix or pattern it is an output
+    directory (existing, or ending in ``/``) or ``dir/name`` where ``name`` follows the
+    ``output_name`` rules of :mod:`stg.trace.writer`. In a directory the source's name is
+    kept, with the target's extension. Without ``force`` nothing different is overwritten
+    (see module doc). Returns the written paths.
     """
     from stg.trace.validate import find_rank_files
 
@@ -119,19 +162,25 @@ def convert_trace(
         destination = Path(destination)
         if destination.is_dir():
             destination = destination / _renamed(source.name, EXTENSIONS[target])
-        convert_file(source, destination, target, source_format=source_format)
+        convert_file(source, destination, target, source_format=source_format, force=force)
         return [destination]
+    extension = EXTENSIONS[target]
+    into_dir = source.is_dir() or str(destination).endswith(("/", "\\"))
+    destination = Path(destination)
+    if source.is_dir() and destination.exists() and not destination.is_dir():
+        raise UserError(
+            f"destination {destination} is not a directory; a directory source converts into "
+            "a directory (created if missing)"
+        )
     files, group_file = find_rank_files(source)
     missing = [rank for rank, f in enumerate(files) if f is None]
     if missing:
         raise UserError(f"{source}: rank files missing for ranks {missing}")
-    as_dir = str(destination).endswith(("/", "\\"))
-    destination = Path(destination)
-    if as_dir or destination.is_dir():
-        output_dir, output_name = destination, _base_name(files[0])
+    into_dir = into_dir or destination.is_dir()
+    if into_dir:
+        output_dir, output_name = destination, _output_name(source, files[0], extension)
     else:
         output_dir, output_name = destination.parent, destination.name
-    extension = EXTENSIONS[target]
     names = output_paths(output_name, len(files), extension)
     group_name = comm_group_path(output_name)
 
@@ -151,17 +200,79 @@ def convert_trace(
                 )
             shutil.copyfile(group_file, tmp / group_name)
             written.append(tmp / group_name)
+        if not force:
+            pattern = rank_pattern(output_name, extension)
+            differing = _differing((p, output_dir.absolute() / p.name) for p in written)
+            stale = _other_rank_files(output_dir, {p.name for p in written}, pattern, into_dir)
+            _refuse_overwrite(output_dir, differing + stale)
         return written
 
     return write_atomically(output_dir, output_name, extension, write, "convert")
 
 
-def _base_name(first: Path | None) -> str:
-    """``workload`` for ``workload.0.et`` (so the output is ``workload.%d<ext>``)."""
+_ANY_RANK_FILE = re.compile(r"^(.+)\.(0|[1-9][0-9]*)\.(et|json)(\.gz)?\Z", re.IGNORECASE)
+
+
+def _differing(pairs: Iterable[tuple[Path, Path]]) -> list[Path]:
+    """The existing destinations of ``(new, destination)`` pairs whose bytes differ."""
+    out = []
+    for new, old in pairs:
+        if os.path.lexists(old) and (not old.is_file() or not filecmp.cmp(new, old, shallow=False)):
+            out.append(old)
+    return out
+
+
+def _other_rank_files(directory: Path, keep: set[str], pattern: str, any_trace: bool) -> list[Path]:
+    """Rank files in ``directory`` that the conversion does not write: those of ``pattern``
+    (which the writer would remove) and, with ``any_trace``, those of any other trace."""
+    head, _, tail = pattern.replace("%%", "\0").partition("%d")
+    own = re.compile(
+        re.escape(head.replace("\0", "%"))
+        + r"(0|[1-9][0-9]*)"
+        + re.escape(tail.replace("\0", "%"))
+        + r"\Z"
+    )
+    try:
+        entries = sorted(os.listdir(directory))
+    except OSError:
+        return []
+    matches = {e: _ANY_RANK_FILE.match(e) for e in entries}
+    group_files = {m[1] + ".json" for m in matches.values() if m}
+    found = []
+    for entry in entries:
+        if entry in keep or entry.startswith("."):
+            continue
+        mine = own.match(entry) is not None
+        other = any_trace and matches[entry] is not None and entry not in group_files
+        if (mine or other) and (directory / entry).is_file():
+            found.append(directory / entry)
+    return found
+
+
+def _refuse_overwrite(directory: Path, paths: list[Path]) -> None:
+    if not paths:
+        return
+    shown = ", ".join(p.name for p in paths[:3]) + (", ..." if len(paths) > 3 else "")
+    raise UserError(
+        f"{directory} already holds a different trace ({shown}); this conversion would "
+        "overwrite it: choose another destination, remove it, or pass --force to replace it"
+    )
+
+
+def _output_name(source: Path, first: Path | None, extension: str) -> str:
+    """The output name in a destination directory: the source's name with the target's
+    extension (``workload.0.et`` -> ``workload``, i.e. ``workload.%d<ext>``;
+    ``out/rank%d.et`` -> ``rank%d<ext>``)."""
+    if "%d" in source.name:
+        head, _, tail = source.name.partition("%d")
+        tail = tail.removesuffix(".gz")
+        stem, dot, ext = tail.rpartition(".")
+        if dot and "." + ext.lower() in TRACE_EXTENSIONS:
+            tail = stem
+        return f"{head}%d{tail}{extension}"
     assert first is not None
     name = first.name.removesuffix(".gz")
-    stem = name.rsplit(".", 2)[0]
-    return stem
+    return name.rsplit(".", 2)[0]
 
 
 def _renamed(name: str, extension: str) -> str:

@@ -30,7 +30,10 @@ Format detection (``format=None``)
 Strictness: a truncated varint or record, an empty (zero-length) record, a record that does
 not parse, an unknown node or collective type, a well-known attribute of the wrong kind, or a
 v0.0.4 file without ``GlobalMetadata`` raises :class:`stg.errors.TraceError` naming the file,
-the byte offset and the record index (0 = the first record of the file).
+the byte offset and the record index (0 = the first record of the file). So does a file
+without nodes: an empty (0-byte) file in any format, a v0.0.4 file holding only its
+``GlobalMetadata``, a JSON file with an empty ``workload_graph`` (a rank file always holds at
+least one node; an empty one is a foreign or broken file, never "0 nodes").
 
 Attribute mapping (v0.0.4): ``is_cpu_op``, ``num_ops``, ``tensor_size``, ``comm_type``,
 ``comm_size``, ``comm_src``, ``comm_dst``, ``comm_tag`` and ``dtype`` become Node fields;
@@ -44,6 +47,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import itertools
 import json
 import re
 import zlib
@@ -316,13 +320,25 @@ def _sniff_json(path: Path) -> bool:
     return bool(_JSON_HEAD.match(head))
 
 
+def _empty(path: Path) -> TraceError:
+    return TraceError(f"{path}: empty file (no records); not a trace: a rank file holds nodes")
+
+
+def _no_nodes(path: Path, what: str) -> TraceError:
+    return TraceError(f"{path}: {what} but no nodes; not a trace: a rank file holds nodes")
+
+
 def detect_format(path: str | Path) -> str:
-    """The format of one rank file: ``"v0.0.4"``, ``"v0.0.1"`` or ``"json"`` (see module doc)."""
+    """The format of one rank file: ``"v0.0.4"``, ``"v0.0.1"`` or ``"json"`` (see module doc).
+    An empty file raises :class:`TraceError`."""
     path = Path(path)
     if _sniff_json(path):
         return "json"
     with _open_binary(path) as stream:
-        for index, offset, data in iter_records(stream, path):
+        records = iter_records(stream, path)
+        if (first := next(records, None)) is None:
+            raise _empty(path)
+        for index, offset, data in itertools.chain([first], records):
             if index == 0 and _is_global_metadata(data):
                 return "v0.0.4"
             version = _node_version(data)
@@ -436,10 +452,13 @@ def _iter_v004(path: Path) -> Iterator[Node]:
                 f"{path}: record 0 at byte {offset} is not a GlobalMetadata; a v0.0.4 trace "
                 "must start with one"
             )
+        index = 0
         for index, offset, data in records:
             msg = pb4.Node()  # a fresh message: Clear() on a reused one keeps growing memory
             _parse(msg, data, path, index, offset, "a v0.0.4 Node")
             yield _node_from_v004(msg, path, index, offset)
+        if index == 0:
+            raise _no_nodes(path, "GlobalMetadata")
 
 
 def _metadata_v004(path: Path) -> dict[str, Any]:
@@ -528,10 +547,14 @@ def _node_from_v001(msg: Any, path: Path, index: int, offset: int) -> Node:
 
 def _iter_v001(path: Path) -> Iterator[Node]:
     with _open_binary(path) as stream:
+        empty = True
         for index, offset, data in iter_records(stream, path):
             msg = pb1.Node()
             _parse(msg, data, path, index, offset, "a v0.0.1 Node")
+            empty = False
             yield _node_from_v001(msg, path, index, offset)
+        if empty:
+            raise _empty(path)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -549,7 +572,11 @@ def _load_json(path: Path) -> dict[str, Any]:
     try:
         with _open_binary(path) as stream:
             data = json.load(io.TextIOWrapper(stream, encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except json.JSONDecodeError as exc:
+        if not exc.doc.strip():
+            raise _empty(path) from None
+        raise TraceError(f"{path}: not valid JSON: {exc}") from None
+    except UnicodeDecodeError as exc:
         raise TraceError(f"{path}: not valid JSON: {exc}") from None
     except (EOFError, OSError) as exc:
         raise TraceError(f"{path}: cannot read: {exc}") from None
@@ -722,6 +749,8 @@ def _metadata_json(path: Path, data: Mapping[str, Any]) -> dict[str, Any]:
 
 def _iter_json(path: Path) -> Iterator[Node]:
     data = _load_json(path)
+    if not data["workload_graph"]:
+        raise _no_nodes(path, 'an empty "workload_graph"')
     for position, entry in enumerate(data["workload_graph"]):
         yield _node_from_json(path, position, entry)
 

@@ -40,7 +40,9 @@ def find_trace_files(path: str | os.PathLike[str]) -> list[TraceFile]:
     """The rank files that ``path`` names, sorted by trace name then rank.
 
     ``path`` is a file, a directory (all ``<name>.<rank>.<ext>`` files in it), or a prefix
-    (``out/workload`` or ``out/workload.%d.et``: the files ``out/workload.<rank>.*``).
+    (``out/workload`` or ``out/workload.%d.et``: the files ``out/workload.<rank>.*``). The
+    comm-group file ``<name>.json`` of a trace is never taken for a rank file of another
+    (``llama3.1.json`` beside ``llama3.1.0.et`` is not rank 1 of ``llama3``).
     Raises :class:`~stg.errors.UserError` when nothing matches.
     """
     given = Path(path)
@@ -50,6 +52,7 @@ def find_trace_files(path: str | os.PathLike[str]) -> list[TraceFile]:
             return [TraceFile(match["prefix"], int(match["rank"]), given)]
         return [TraceFile(given.name, 0, given)]
     found: list[TraceFile] = []
+    pattern: re.Pattern[str] | None = None
     if given.is_dir():
         for child in given.iterdir():
             match = _RANK_FILE.match(child.name)
@@ -58,7 +61,6 @@ def find_trace_files(path: str | os.PathLike[str]) -> list[TraceFile]:
     else:
         folder = given.parent
         name = given.name
-        pattern = None
         if "%d" in name:
             head, _, tail = name.partition("%d")
             pattern = re.compile(re.escape(head) + r"(\d+)" + re.escape(tail) + r"$")
@@ -74,6 +76,8 @@ def find_trace_files(path: str | os.PathLike[str]) -> list[TraceFile]:
                 match = _RANK_FILE.match(child.name)
                 if match and match["prefix"] == name:
                     found.append(TraceFile(name, int(match["rank"]), child))
+    if found and pattern is None:
+        found = _without_group_files(found, given if given.is_dir() else given.parent)
     if not found:
         raise UserError(
             f"{given}: no trace files (expected a file, a directory of <name>.<rank>.et "
@@ -81,6 +85,20 @@ def find_trace_files(path: str | os.PathLike[str]) -> list[TraceFile]:
         )
     found.sort(key=lambda t: (t.name, t.rank, t.path.name))
     return found
+
+
+def _without_group_files(found: list[TraceFile], folder: Path) -> list[TraceFile]:
+    """``found`` less the files named like the comm-group file of a trace in ``folder``."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return found
+    group_files = set()
+    for name in names:
+        match = _RANK_FILE.match(name)
+        if match:
+            group_files.add(match["prefix"] + ".json")
+    return [t for t in found if t.path.name not in group_files]
 
 
 def select_rank(files: list[TraceFile], rank: int | None) -> list[TraceFile]:

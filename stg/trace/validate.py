@@ -8,7 +8,10 @@ per rank
     across data and ctrl deps), ``cycle`` (iterative Kahn; one cycle is shown),
     ``attr-type`` (a TRACES.md attribute stored under another value kind: Chakra's C++ feeder
     would read 0), ``comm-field`` (a comm node without its type, size, group or peer and tag;
-    a tag at or above 500,000,000; a peer out of range; ``is_cpu_op`` true on a comm node).
+    a tag at or above 500,000,000; a peer out of range; ``is_cpu_op`` true on a comm node; a
+    ``pg_name`` that is not a decimal comm-group id), ``roofline`` (a COMP node with
+    ``num_ops`` 0 and ``tensor_size`` > 0: ASTRA-sim's roofline times it as 0/0 and the rank
+    never finishes), ``collective-type`` (a collective ASTRA-sim does not simulate).
 across ranks
     ``rank-files`` (missing rank files), ``comm-group`` (the comm-group file: decimal keys
     >= 1, sorted in-range members, no one-rank groups, every used group present, the user is a
@@ -18,8 +21,14 @@ across ranks
     valid, the ranks are run together: a receive waits for its matched send, a collective
     completes when all members reached it; nodes that can never run are a deadlock).
 
-Warnings (reported, not failures): collective types ASTRA-sim does not simulate, a comp or
-comm node without ``is_cpu_op``.
+Warnings (reported, not failures): a comp or comm node without ``is_cpu_op``.
+
+``consumer`` says whose consumption rules apply. ``"astra-sim"`` (the default): the rules of
+ASTRA-sim and Chakra's C++ feeder are errors: ``roofline``, ``attr-type``, ``collective-type``,
+``is_cpu_op`` false on comm nodes and ``pg_name`` a decimal string. ``"chakra"`` (any reader
+of the Chakra schema, e.g. Chakra's Python tools): those become warnings, and a ``pg_name``
+stored as an integer names its comm group. Their messages name the rank file, the node and
+the rule.
 
 Collectives are taken in id order, the order in which ASTRA-sim issues ready nodes. A
 collective without ``pg_name`` belongs to the group of all ranks.
@@ -62,6 +71,7 @@ EXPECTED_KINDS: dict[str, str] = {
     "involved_dim": "bool_list",
 }
 WORLD = 0  # group key of collectives without pg_name
+CONSUMERS = ("astra-sim", "chakra")  # whose consumption rules validate enforces (see above)
 
 
 @dataclass(frozen=True)
@@ -130,9 +140,41 @@ class _RankComm:
 
 
 class _Checker:
-    def __init__(self, report: ValidationReport, world_size: int | None) -> None:
+    def __init__(
+        self, report: ValidationReport, world_size: int | None, consumer: str = "astra-sim"
+    ) -> None:
+        if consumer not in CONSUMERS:
+            raise UserError(f"--consumer={consumer}: must be one of {', '.join(CONSUMERS)}")
         self.report = report
         self.world = world_size
+        self.astra = consumer == "astra-sim"
+
+    def consumer_rule(
+        self, check: str, where: str, node: int, message: str, rule: str, rank: int | None
+    ) -> None:
+        """A violation of a consumption rule of ASTRA-sim (see module doc): an error for
+        ``consumer="astra-sim"``, a warning otherwise. ``where`` names the rank file."""
+        self.add(
+            check,
+            f"{where}: node {node}: {message} (ASTRA-sim rule: {rule})",
+            rank,
+            node,
+            "error" if self.astra else "warning",
+        )
+
+    def roofline(self, where: str, rank: int | None, nid: int, num_ops: int, size: int) -> None:
+        """ASTRA-sim's roofline: a COMP node with bytes to move needs ops to do."""
+        if num_ops <= 0 < size:
+            self.consumer_rule(
+                "roofline",
+                where,
+                nid,
+                f"COMP node has num_ops {num_ops} and tensor_size {size}",
+                "a COMP node with tensor_size > 0 needs num_ops > 0, or its roofline time is "
+                "0/0 and the rank never finishes; count one op per element moved, or set "
+                "tensor_size 0 for a free node",
+                rank,
+            )
 
     def add(
         self,
@@ -232,33 +274,47 @@ class _Checker:
         )
 
     def comm_node(
-        self, rank: int | None, n: Node, comm: _RankComm, kinds: Mapping[str, str] | None
+        self,
+        rank: int | None,
+        n: Node,
+        comm: _RankComm,
+        kinds: Mapping[str, str] | None,
+        where: str | None = None,
     ) -> None:
         """Field and value-kind checks of one node; collect its communication.
 
-        ``kinds`` are the value kinds a v0.0.4 file used (None when there is no such file).
+        ``kinds`` are the value kinds a v0.0.4 file used (None when there is no such file);
+        ``where`` names the rank file in messages.
         """
+        where = where or f"rank {rank}"
+        typed = "the value kind TRACES.md gives; Chakra's C++ feeder reads another kind as 0"
         for name, kind in (kinds or {}).items():
             expected = EXPECTED_KINDS.get(name)
             if expected and kind != expected:
-                self.add(
+                self.consumer_rule(
                     "attr-type",
-                    f"node {n.id}: attribute {name} is {kind}, must be {expected}",
-                    rank,
+                    where,
                     n.id,
+                    f"attribute {name} is {kind}, must be {expected}",
+                    typed,
+                    rank,
                 )
         attrs = n.attrs
         for name in ("comm_priority", "involved_dim", "pg_name"):
             if name in attrs:
                 kind = getattr(attrs, "kinds", {}).get(name)
                 if kind and kind != EXPECTED_KINDS[name]:
-                    self.add(
+                    self.consumer_rule(
                         "attr-type",
-                        f"node {n.id}: attribute {name} is {kind}, must be {EXPECTED_KINDS[name]}",
-                        rank,
+                        where,
                         n.id,
+                        f"attribute {name} is {kind}, must be {EXPECTED_KINDS[name]}",
+                        typed,
+                        rank,
                     )
         t = n.type
+        if t is NodeType.COMP:
+            self.roofline(where, rank, n.id, n.num_ops, n.tensor_size)
         if (
             kinds is not None
             and "is_cpu_op" not in kinds
@@ -267,28 +323,43 @@ class _Checker:
             self.add("comm-field", f"node {n.id} has no is_cpu_op attribute", rank, n.id, "warning")
         if t is NodeType.COMM_COLL:
             if n.is_cpu_op:
-                self.add("comm-field", f"collective {n.id} has is_cpu_op true", rank, n.id)
+                self.consumer_rule(
+                    "comm-field",
+                    where,
+                    n.id,
+                    "collective has is_cpu_op true",
+                    "is_cpu_op must be false on comm nodes",
+                    rank,
+                )
             if n.comm_type is None:
                 self.add("comm-field", f"collective {n.id} has no comm_type", rank, n.id)
                 return
             if n.comm_type not in SIMULATED:
-                self.add(
-                    "comm-field",
-                    f"collective {n.id} is {n.comm_type.name}, which ASTRA-sim does not simulate",
-                    rank,
+                self.consumer_rule(
+                    "collective-type",
+                    where,
                     n.id,
-                    "warning",
+                    f"collective is {n.comm_type.name}",
+                    "only ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER and ALL_TO_ALL are simulated",
+                    rank,
                 )
+            group = n.comm_group
             if "pg_name" in attrs:
-                self.add(
+                value = attrs["pg_name"]
+                as_int = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+                self.consumer_rule(
                     "comm-field",
-                    f"collective {n.id} has pg_name {attrs['pg_name']!r}, "
-                    "not a decimal comm-group id",
-                    rank,
+                    where,
                     n.id,
+                    f"collective has pg_name {value!r}, not a decimal comm-group id",
+                    "pg_name is the comm-group id as a decimal string; an integer crashes "
+                    "ASTRA-sim",
+                    rank,
                 )
-                return
-            group = WORLD if n.comm_group is None else n.comm_group
+                if self.astra or not as_int:
+                    return  # no comm group to match it in
+                group = int(value)
+            group = WORLD if group is None else group
             comm.colls[group].append((n.id, int(n.comm_type), n.comm_size))
         elif t in (NodeType.COMM_SEND, NodeType.COMM_RECV):
             verb, peer_name = (
@@ -296,7 +367,14 @@ class _Checker:
             )
             peer = getattr(n, peer_name)
             if n.is_cpu_op:
-                self.add("comm-field", f"{verb} {n.id} has is_cpu_op true", rank, n.id)
+                self.consumer_rule(
+                    "comm-field",
+                    where,
+                    n.id,
+                    f"{verb} has is_cpu_op true",
+                    "is_cpu_op must be false on comm nodes",
+                    rank,
+                )
             missing = [name for name in (peer_name, "comm_tag") if getattr(n, name) is None]
             if missing:
                 self.add("comm-field", f"{verb} {n.id} has no {' or '.join(missing)}", rank, n.id)
@@ -606,12 +684,20 @@ def _match_pattern(parent: Path, pattern: str) -> dict[int, Path]:
 
 
 def _rank_file_sets(directory: Path) -> dict[str, dict[int, Path]]:
+    """``{pattern: {rank: path}}`` of the rank files in ``directory``. The comm-group file of
+    one trace is never taken for a rank file of another (``llama3.1.json`` beside
+    ``llama3.1.0.et`` is not rank 1 of ``llama3``)."""
     sets: dict[str, dict[int, Path]] = defaultdict(dict)
     for entry in directory.iterdir():
         m = re.match(r"^(.+)\.(0|[1-9][0-9]*)\.(et|json|et\.gz|json\.gz)$", entry.name)
         if m and entry.is_file():
             sets[f"{m.group(1)}.%d.{m.group(3)}"][int(m.group(2))] = entry
-    return dict(sets)
+    group_files = {pattern.rpartition(".%d.")[0] + ".json" for pattern in sets}
+    pruned = {
+        pattern: {r: f for r, f in found.items() if f.name not in group_files}
+        for pattern, found in sets.items()
+    }
+    return {pattern: found for pattern, found in pruned.items() if found}
 
 
 def _by_rank(found: Mapping[int, Path]) -> list[Path | None]:
@@ -643,18 +729,21 @@ def read_comm_groups(path: Path) -> dict[int, tuple[int, ...]]:
 
 
 def validate_trace(
-    path_or_prefix: str | Path, progress: Callable[[str, int, int], None] | None = None
+    path_or_prefix: str | Path,
+    progress: Callable[[str, int, int], None] | None = None,
+    *,
+    consumer: str = "astra-sim",
 ) -> ValidationReport:
     """Validate every rank file of a trace on disk (see module doc).
 
-    Raises :class:`UserError` when no rank file is found; everything wrong inside the files
-    is reported as violations. ``progress(label, done, total)`` is called after each rank
-    file.
+    Raises :class:`UserError` when no rank file is found or ``consumer`` is not one of
+    :data:`CONSUMERS`; everything wrong inside the files is reported as violations.
+    ``progress(label, done, total)`` is called after each rank file.
     """
     files, group_path = find_rank_files(path_or_prefix)
     report = ValidationReport(ranks=len(files), files=[str(f) for f in files if f])
     cross_rank = group_path is not None
-    checker = _Checker(report, len(files) if cross_rank else None)
+    checker = _Checker(report, len(files) if cross_rank else None, consumer)
     missing = [r for r, f in enumerate(files) if f is None]
     if missing:
         checker.add(
@@ -673,7 +762,7 @@ def validate_trace(
             nodes = []
             for n in iter_nodes(path, format=fmt):
                 kinds = getattr(n.attrs, "field_kinds", {}) if fmt == "v0.0.4" else None
-                checker.comm_node(rank, n, comm, kinds)
+                checker.comm_node(rank, n, comm, kinds, path.name)
                 nodes.append((n.id, n.data_deps, n.ctrl_deps))
         except TraceError as exc:
             checker.add("file", str(exc), rank)
@@ -727,14 +816,14 @@ def _used_groups(comms: Mapping[int, _RankComm]) -> dict[int, set[int]]:
     return used
 
 
-def validate_workload(workload: Workload) -> ValidationReport:
+def validate_workload(workload: Workload, *, consumer: str = "astra-sim") -> ValidationReport:
     """Validate an in-memory workload: the checks of :func:`validate_trace` without files.
 
-    The graph structure is checked once per rank class (ranks of a class share it); the
-    communication of every rank is resolved and matched across ranks.
+    The graph structure and the roofline rule are checked once per rank class (ranks of a
+    class share them); the communication of every rank is resolved and matched across ranks.
     """
     report = ValidationReport(ranks=workload.world_size)
-    checker = _Checker(report, workload.world_size)
+    checker = _Checker(report, workload.world_size, consumer)
     for index, graph in enumerate(workload.ranks):
         if graph.rank != index:
             checker.add("rank-files", f"workload.ranks[{index}] is rank {graph.rank}", index)
@@ -750,11 +839,17 @@ def validate_workload(workload: Workload) -> ValidationReport:
                 [(t.id, t.data_deps, t.ctrl_deps) for t in rank_class.nodes],
                 f" (rank class {rank_class.index})",
             )
+            for t in rank_class.nodes:
+                if t.type is NodeType.COMP:
+                    where = f"rank {graph.rank} (rank class {rank_class.index})"
+                    checker.roofline(where, graph.rank, t.id, t.num_ops, t.tensor_size)
         graphs[graph.rank] = class_graphs[rank_class.index]
         comm = _RankComm()
         for template in rank_class.nodes:
             if template.type in (NodeType.COMM_COLL, NodeType.COMM_SEND, NodeType.COMM_RECV):
-                checker.comm_node(graph.rank, graph.resolve(template), comm, None)
+                checker.comm_node(
+                    graph.rank, graph.resolve(template), comm, None, f"rank {graph.rank}"
+                )
         comms[graph.rank] = comm
     groups = {int(g): tuple(m) for g, m in workload.comm_groups.items()}
     checker.groups(groups, _used_groups(comms))

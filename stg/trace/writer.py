@@ -20,15 +20,26 @@ directory created beside ``output_dir`` (inside its parent, so on the same file 
 
 An unwritable destination is reported as a one-line :class:`stg.errors.UserError` before
 anything is written.
+
+Leftovers of killed runs: a run holds an exclusive ``flock`` on its temporary directory (or,
+for :func:`write_file_atomically`, its temporary file) ``.NAME.stg-tmp-*`` from creation until
+it is moved into place or removed. A run into the same place first removes such entries that
+are older than its own start and whose lock is free (their run was killed); entries of runs
+still in progress keep their lock and are left alone. Files that a killed run had already
+moved out of ``output_dir`` into its backup (``.old``) and not yet replaced are first moved
+back.
 """
 
 from __future__ import annotations
 
+import contextvars
 import json
 import os
 import re
 import shutil
+import stat
 import tempfile
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -37,11 +48,17 @@ from stg import __version__
 from stg.core.workload import COMM_TYPES
 from stg.errors import UserError
 
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX: no locks, so no cleanup of leftovers
+    fcntl = None  # type: ignore[assignment]
+
 if TYPE_CHECKING:
     from stg.core.workload import Node, Workload
     from stg.host.records import Emitter
 
 _DIRECTIVE = re.compile(r"%.")
+TRACE_EXTENSIONS: tuple[str, ...] = (".et", ".json")  # what readers tell formats apart by
 
 
 def check_output_name(output_name: str) -> None:
@@ -70,8 +87,28 @@ def rank_pattern(output_name: str, extension: str) -> str:
     when it has no ``%d``."""
     check_output_name(output_name)
     if "%d" in output_name.replace("%%", ""):
+        _check_extension(output_name, extension)
         return output_name
     return f"{output_name}.%d{extension}"
+
+
+def _check_extension(output_name: str, extension: str) -> None:
+    """Refuse a rank-file extension that readers take for the other format: a protobuf trace
+    named ``.json`` is read as JSON, a JSON trace named ``.et`` as protobuf."""
+    if extension.lower() not in TRACE_EXTENSIONS:
+        return
+    tail = output_name.replace("%%", "\0").partition("%d")[2].lower().removesuffix(".gz")
+    for other in TRACE_EXTENSIONS:
+        if other != extension.lower() and tail.endswith(other):
+            base = output_name[:-3] if output_name.lower().endswith(".gz") else output_name
+            example = base[: len(base) - len(other)] + extension
+            kind = "JSON" if other == ".json" else "protobuf"
+            raise UserError(
+                f"output_name={output_name!r} ends in {other!r}, the extension of {kind} "
+                f"traces, but this format writes {extension!r} files; allowed: a name ending "
+                f"in {extension!r} (e.g. {example!r}) or one without '%d' "
+                f"('.%d{extension}' is appended)"
+            )
 
 
 def output_paths(output_name: str, world_size: int, extension: str) -> list[str]:
@@ -81,19 +118,28 @@ def output_paths(output_name: str, world_size: int, extension: str) -> list[str]
 
 
 def comm_group_path(output_name: str) -> str:
-    """The comm-group file name for ``output_name`` (``workload.%d.et`` -> ``workload.json``)."""
+    """The comm-group file name for ``output_name``: the name without its rank part, plus
+    ``.json``, as the original STG does.
+
+    The rank part is ``%d`` with the ``.`` before it and the extension after it
+    (``workload.%d.et`` -> ``workload.json``, ``rank%d.et`` -> ``rank.json``, ``w.%d`` ->
+    ``w.json``, ``w.%d.v1.et`` -> ``w.v1.json``). A name without ``%d`` gets the rank part
+    ``.%d<extension>`` appended, so its comm-group file is the name plus ``.json``, dots and
+    all (``llama3.1-70b`` -> ``llama3.1-70b.json``).
+    """
     check_output_name(output_name)
-    name = output_name
-    if ".%d" in name:
-        name = name.replace(".%d", "", 1)
-    else:
-        name = name.replace("%d", "", 1)
-    name = name.replace("%%", "%")
-    stem, dot, _ = name.rpartition(".")
-    base = stem if dot and stem else name
-    if not base:
+    escaped = output_name.replace("%%", "\0")
+    head, rank, tail = escaped.partition("%d")
+    if rank:
+        head = head.removesuffix(".")
+        tail = tail.removesuffix(".gz")
+        stem, dot, _ = tail.rpartition(".")
+        if dot:
+            tail = stem
+    name = (head + tail).replace("\0", "%")
+    if not name or name in (".", ".."):
         raise UserError(f"output_name={output_name!r} leaves no name for the comm-group file")
-    return base + ".json"
+    return name + ".json"
 
 
 def format_comm_groups(groups: Mapping[int, Sequence[int]]) -> str:
@@ -211,6 +257,16 @@ def rank_files(
         yield graph.rank, records
 
 
+WRITING = "writing rank files"
+"""The phase :func:`write_rank_files` reports to a progress callback."""
+
+_progress: contextvars.ContextVar[Callable[[str, int, int], None] | None] = (
+    contextvars.ContextVar("stg_write_progress", default=None)
+)
+"""The progress callback of the :func:`write_workload` call in progress, for the emitters'
+:func:`write_rank_files` calls (the emitter interface does not pass one)."""
+
+
 def write_rank_files(
     workload: Workload,
     directory: Path,
@@ -218,16 +274,23 @@ def write_rank_files(
     extension: str,
     node_record: Callable[[Node], bytes],
     file_bytes: Callable[[int, list[bytes]], bytes],
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> list[Path]:
     """Write every rank's file into ``directory`` (``file_bytes(rank, records)`` assembles it
-    from the rank's encoded node records), then the comm-group file; return the paths."""
+    from the rank's encoded node records), then the comm-group file; return the paths.
+
+    ``progress(WRITING, files written, rank count)`` is called after each rank file (default:
+    the callback given to the enclosing :func:`write_workload`)."""
     directory = Path(directory)
     names = output_paths(output_name, workload.world_size, extension)
+    report = progress if progress is not None else _progress.get()
     written: list[Path] = []
     for rank, records in rank_files(workload, node_record):
         path = directory / names[rank]
         path.write_bytes(file_bytes(rank, records))
         written.append(path)
+        if report is not None:
+            report(WRITING, len(written), workload.world_size)
     written.append(write_comm_groups(workload, directory, output_name))
     return written
 
@@ -311,16 +374,156 @@ def _remove_dirs(created: list[Path]) -> None:
             pass
 
 
+_TMP_MARK = ".stg-tmp-"
+_LOCK_TRIES = 20
+
+
+def _try_lock(fd: int, path: Path) -> bool | None:
+    """Take an exclusive lock on ``fd`` without waiting. True: taken and ``path`` still names
+    that file; False: another process holds it, or ``path`` now names something else; None:
+    this system or file system has no locks."""
+    if fcntl is None:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError:
+        return None
+    try:
+        here, held = os.lstat(path), os.fstat(fd)
+    except OSError:
+        return False
+    return (here.st_ino, here.st_dev) == (held.st_ino, held.st_dev)
+
+
+def _close(fd: int | None) -> None:
+    if fd is not None:
+        os.close(fd)
+
+
+def _locked_tmp_dir(prefix: str, parent: Path) -> tuple[Path, int | None]:
+    """A fresh temporary directory ``parent/prefix*`` and the open descriptor that holds its
+    lock (None without locks). Retries when a cleaner of leftovers got to it first."""
+    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+    for _ in range(_LOCK_TRIES):
+        tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+        try:
+            fd = os.open(tmp, flags)
+        except FileNotFoundError:
+            continue
+        locked = _try_lock(fd, tmp)
+        if locked is None:
+            os.close(fd)
+            return tmp, None
+        if locked:
+            return tmp, fd
+        os.close(fd)  # a cleaner holds it and removes it
+    raise OSError(f"could not lock a temporary directory in {parent}")
+
+
+def _locked_tmp_file(prefix: str, parent: Path) -> tuple[int, Path, int | None]:
+    """``(write fd, path, lock fd)`` of a fresh temporary file ``parent/prefix*``; the lock fd
+    (None without locks) shares the lock, so it outlives closing the write fd."""
+    for _ in range(_LOCK_TRIES):
+        handle, name = tempfile.mkstemp(prefix=prefix, dir=parent)
+        tmp = Path(name)
+        locked = _try_lock(handle, tmp)
+        if locked is None:
+            return handle, tmp, None
+        if locked:
+            return handle, tmp, os.dup(handle)
+        os.close(handle)
+    raise OSError(f"could not lock a temporary file in {parent}")
+
+
+def remove_stale_tmp(
+    places: Sequence[Path], prefix: str, started: float, output_dir: Path | None = None
+) -> list[Path]:
+    """Remove ``prefix*`` entries (``.NAME.stg-tmp-*``) of killed runs from ``places``: those
+    older than ``started`` whose lock is free. Backups in a stale directory's ``.old`` that
+    are missing from ``output_dir`` are moved back first. Returns what was removed; never
+    raises (a leftover that cannot be removed stays)."""
+    removed: list[Path] = []
+    if fcntl is None:
+        return removed
+    seen: set[Path] = set()
+    for place in places:
+        if place in seen:
+            continue
+        seen.add(place)
+        try:
+            entries = sorted(e for e in os.listdir(place) if e.startswith(prefix))
+        except OSError:
+            continue
+        for entry in entries:
+            path = place / entry
+            try:
+                info = os.lstat(path)
+                if info.st_mtime >= started or not (
+                    stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode)
+                ):
+                    continue
+                fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+            except OSError:
+                continue
+            try:
+                if not _try_lock(fd, path):
+                    continue
+                if stat.S_ISDIR(info.st_mode):
+                    if output_dir is not None:
+                        _restore_backups(path / ".old", output_dir)
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+                if not os.path.lexists(path):
+                    removed.append(path)
+            except OSError:
+                continue
+            finally:
+                os.close(fd)
+    return removed
+
+
+def _restore_backups(backup: Path, output_dir: Path) -> None:
+    """Move files that a killed switch had moved out of ``output_dir`` back where nothing has
+    replaced them."""
+    if not backup.is_dir() or not output_dir.is_dir():
+        return
+    for saved in sorted(backup.iterdir()):
+        final = output_dir / saved.name
+        if saved.is_file() and not os.path.lexists(final):
+            try:
+                os.rename(saved, final)
+            except OSError:
+                pass
+
+
 def write_workload(
-    workload: Workload, emitter: Emitter, output_dir: str | Path, output_name: str
+    workload: Workload,
+    emitter: Emitter,
+    output_dir: str | Path,
+    output_name: str,
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> list[Path]:
     """Write ``workload`` with ``emitter`` into ``output_dir`` atomically (see module doc).
 
     Returns the final paths of the written files, rank files first in rank order.
+    ``progress(WRITING, done, rank count)`` reports the rank files written: after each one
+    where the emitter uses :func:`write_rank_files`, else at the start and the end.
     """
 
     def write(tmp: Path) -> list[Path]:
-        return [Path(p) for p in emitter.write(workload, tmp, output_name)]
+        if progress is None:
+            return [Path(p) for p in emitter.write(workload, tmp, output_name)]
+        progress(WRITING, 0, workload.world_size)
+        token = _progress.set(progress)
+        try:
+            paths = [Path(p) for p in emitter.write(workload, tmp, output_name)]
+        finally:
+            _progress.reset(token)
+        progress(WRITING, workload.world_size, workload.world_size)
+        return paths
 
     return write_atomically(output_dir, output_name, emitter.extension, write, emitter.name)
 
@@ -334,12 +537,15 @@ def write_atomically(
 ) -> list[Path]:
     """Run ``write(tmp)``, which writes files into a fresh temporary directory and returns
     their paths, then move them into ``output_dir`` atomically (see module doc)."""
+    started = time.time()
     output_dir = Path(output_dir).absolute()
     rank_pattern(output_name, extension)  # reject a bad name before touching disk
     comm_group_path(output_name)
     staging_parent, created = _prepare_parent(output_dir)
+    prefix = f".{output_dir.name}{_TMP_MARK}"
+    remove_stale_tmp([staging_parent, output_dir], prefix, started, output_dir)
     try:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.stg-tmp-", dir=staging_parent))
+        tmp, lock = _locked_tmp_dir(prefix, staging_parent)
     except OSError as exc:
         _remove_dirs(created)
         raise _denied(output_dir, exc.strerror or str(exc)) from None
@@ -364,11 +570,18 @@ def write_atomically(
     finally:
         if tmp.exists() and tmp != output_dir:
             shutil.rmtree(tmp, ignore_errors=True)
+        _close(lock)
 
 
-def write_file_atomically(path: str | Path, write: Callable[[BinaryIO], object]) -> Path:
+def write_file_atomically(
+    path: str | Path,
+    write: Callable[[BinaryIO], object],
+    check: Callable[[Path], object] | None = None,
+) -> Path:
     """Write one file through ``write(stream)`` into a temporary file beside it, then rename
-    it into place; on any failure the old file (if any) is untouched."""
+    it into place; on any failure the old file (if any) is untouched. ``check(tmp)``, called
+    with the complete temporary file before the rename, may raise to keep the old file."""
+    started = time.time()
     path = Path(path).absolute()
     if path.is_dir():
         raise UserError(f"cannot write {path}: it is a directory")
@@ -379,15 +592,18 @@ def write_file_atomically(path: str | Path, write: Callable[[BinaryIO], object])
         raise UserError(str(exc).replace("output_dir=", "", 1)) from None
     if not _writable(parent):
         raise UserError(f"cannot write {path}: permission denied")
+    prefix = f".{path.name}{_TMP_MARK}"
+    remove_stale_tmp([parent], prefix, started)
     try:
-        handle, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.stg-tmp-", dir=parent)
+        handle, tmp, lock = _locked_tmp_file(prefix, parent)
     except OSError as exc:
         _remove_dirs(created)
         raise UserError(f"cannot write {path}: {exc.strerror or exc}") from None
-    tmp = Path(tmp_name)
     try:
         with os.fdopen(handle, "wb") as out:
             write(out)
+        if check is not None:
+            check(tmp)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)
@@ -396,6 +612,8 @@ def write_file_atomically(path: str | Path, write: Callable[[BinaryIO], object])
         tmp.unlink(missing_ok=True)
         _remove_dirs(created)
         raise
+    finally:
+        _close(lock)
     return path
 
 
