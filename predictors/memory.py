@@ -15,16 +15,28 @@ Model state (mixed-precision Adam, Rajbhandari et al. 2020; Megatron-LM):
 
 Activations (Korthikanti et al. 2022, section 4), per layer and micro-batch, derived per stored
 tensor so that the published closed forms come out exactly for GPT (F = 4h, 16-bit activations,
-1-byte dropout masks): ``s·b·h·(10 + 24/t + 5·a·s/(h·t))`` with TP, ``/t`` for the first term
+1-byte dropout masks) with unfused attention (``attention="unfused"``, as in 2022):
+``s·b·h·(10 + 24/t + 5·a·s/(h·t))`` with TP, ``/t`` for the first term
 with sequence parallelism, no ``5·a·s/h`` term with selective recompute, ``2·s·b·h`` (``/t``
 with SP) with full recompute. Llama-style models (SwiGLU, RMSNorm, GQA, no dropout) store the
 gate, up and product tensors of the MLP and K/V of ``kv`` heads, and no dropout masks.
-Context parallelism (``sp``) divides the sequence of every stored tensor; the attention
+With fused attention (the default: FlashAttention-class kernels) no score, probability or
+dropout-mask matrix is kept, only 4 bytes (fp32 log-sum-exp) per query row and head: the
+``5·a·s/h`` term becomes ``4·a/h``. Context parallelism (``sp``) divides the sequence of
+every stored tensor; the attention
 scores of a rank are its ``s/sp`` queries against all ``s`` keys.
 
 In-flight micro-batches on stage i of p with m micro-batches: GPipe m, 1F1B min(p - i, m),
 interleaved 1F1B with v chunks ``min(2(p - i - 1) + (v - 1)·p + 1, m·v)`` chunks of L/(p·v)
-layers (Korthikanti's first-stage factor 1 + (p - 1)/(p·v)).
+layers (Korthikanti's first-stage factor 1 + (p - 1)/(p·v); all m·v when m = p, as Megatron
+then runs every forward first). The embedding's tensors (GPT's dropout mask) count the
+micro-batches its chunk, the first, holds: up to about 2p with interleaving, not p.
+
+These are the figures of the whole stage. Published per-layer figures (Korthikanti's Figure 7
+ratios, his Figure 1 model state "embeddings excluded") compare with
+:func:`activation_bytes_per_layer` and the layer parameters of :func:`count_parameters`, or
+with a stage that holds neither the embedding nor the head (docs/generation.md,
+"Reproducing published points").
 
 Buffers: the working set that exists only transiently at the peak: with full recompute the
 full activations of the one layer being recomputed; with selective recompute that layer's
@@ -51,6 +63,9 @@ from stg.api import (
 from stg.errors import UserError
 
 MASK_BYTES = 1
+FUSED_STATS_BYTES = 4
+"""What a fused attention kernel (FlashAttention, cuDNN) keeps for its backward besides Q, K, V
+and the output: one fp32 log-sum-exp per query row and head (FlashAttention-2, Dao 2023)."""
 ADAM_MIXED_K = 12
 
 
@@ -211,7 +226,10 @@ def activation_bytes_per_layer(
         scores = (2 * e + MASK_BYTES) * a * s_local * o.seq * b
     total = replicated / sp_divisor + sharded / t
     if recompute == "none":
-        total += scores / t
+        if o.attention == "unfused":
+            total += scores / t
+        else:  # a fused kernel keeps only the fp32 log-sum-exp of each query row and head
+            total += FUSED_STATS_BYTES * a * s_local * b / t
     if o.precision:
         total += planned_activation_delta(o, recompute, kernels)
     return total
@@ -246,14 +264,16 @@ def _saved_matmul_inputs(
             (sbh / sp_divisor, (f"{prefix}gate", f"{prefix}up"), False),
             (sbf, (f"{prefix}down",), False),
         ]
-        if recompute == "none":  # the softmax output feeds the context matmul and its backward
+        if recompute == "none" and o.attention == "unfused":
+            # the softmax output feeds the context matmul and its backward
             saved.append((scores, ("context",), True))
     else:
         saved += [
             (sbh / sp_divisor, ("fc1",), False),
             (sbf, ("fc2",), False),
         ]
-        if recompute == "none":  # the dropout output feeds only the context matmul
+        if recompute == "none" and o.attention == "unfused":
+            # the dropout output feeds only the context matmul
             saved.append((scores, ("context",), False))
     return saved
 
@@ -302,14 +322,39 @@ def in_flight_layers(
     if schedule == "gpipe":
         return float(layers * micro_batches)
     if chunks > 1:
-        held_chunks = min(2 * (pp - stage - 1) + (chunks - 1) * pp + 1, micro_batches * chunks)
+        warmup = _interleaved_warmup(stage, pp, micro_batches, chunks)
+        held_chunks = min(warmup + 1, micro_batches * chunks)
         return layers / chunks * held_chunks
     return float(layers * min(pp - stage, micro_batches))
 
 
-def in_flight_micro_batches(stage: int, pp: int, micro_batches: int, schedule: str) -> int:
+def _interleaved_warmup(stage: int, pp: int, micro_batches: int, chunks: int) -> int:
+    """Warm-up forwards (chunk-micro-batches) of interleaved 1F1B on ``stage``, as Megatron-LM
+    (and :mod:`stg.core.schedules`) run it: all of them when m = p, else
+    ``min(2(p - i - 1) + (v - 1)·p, m·v)``."""
+    total = micro_batches * chunks
+    if micro_batches == pp:
+        return total
+    return min(2 * (pp - stage - 1) + (chunks - 1) * pp, total)
+
+
+def in_flight_micro_batches(
+    stage: int, pp: int, micro_batches: int, schedule: str, chunks: int = 1
+) -> int:
+    """Micro-batches whose first-chunk tensors (the embedding's, on stage 0) stage ``stage``
+    holds at its peak. With interleaved 1F1B forwards run in groups of p micro-batches per
+    chunk and the first chunk's backwards come last, so its count keeps growing until its
+    first backward, after ``(v - 1)·p`` backwards: the chunk-0 forwards among the first
+    ``warm-up + (v - 1)·p + 1`` forwards (70, not p = 35, for GPT-530B's v = 3, m = 280)."""
     if schedule.lower() == "gpipe":
         return micro_batches
+    if chunks > 1:
+        forwards = min(
+            _interleaved_warmup(stage, pp, micro_batches, chunks) + (chunks - 1) * pp + 1,
+            micro_batches * chunks,
+        )
+        groups, rest = divmod(forwards, pp * chunks)
+        return groups * pp + min(rest, pp)
     return min(pp - stage, micro_batches)
 
 
@@ -433,7 +478,7 @@ def stage_memory(
     t = o.tp
     sp_divisor = t if (o.tpsp and t > 1) else 1
     sbh = o.seq / o.sp * b * o.dmodel
-    held = in_flight_micro_batches(stage, o.pp, m, o.pipeline_schedule)
+    held = in_flight_micro_batches(stage, o.pp, m, o.pipeline_schedule, o.virtual_stages)
     if has_embedding and model_family(o.model) == "gpt":
         activations += held * MASK_BYTES * sbh / sp_divisor  # embedding dropout mask
     if has_head:
@@ -598,6 +643,7 @@ __all__ = [
     "analytic_memory",
     "count_parameters",
     "in_flight_layers",
+    "in_flight_micro_batches",
     "model_state_bytes",
     "padded_shard",
     "planned_activation_delta",

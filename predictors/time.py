@@ -17,9 +17,12 @@ Cost of one node on a :class:`stg.perf.system.System`:
   from its member ranks: rank r sits at ``r % size_0`` of the first dimension, and so on.
 - Send: ``S/B + alpha`` on the outermost dimension where the two ranks differ.
 
-Replay (as ASTRA-sim): each rank has one compute stream and one communication stream; a
-ready node is issued smallest id first when its stream is free. A collective occupies the
-communication stream of every member from when the member issues it; its transfer starts
+Replay: each rank has a compute stream, a stream for pipeline sends, and one stream per
+communicator (NCCL process groups run on their own CUDA streams, so a tensor-parallel
+collective never waits behind a data-parallel gradient reduction, nor a send behind either;
+their sharing of link bandwidth is not modelled); a ready node is issued smallest id first
+when its stream is free. A collective occupies its communicator's stream on every member
+from when the member issues it; its transfer starts
 when the last member has issued it (matched per group in issue order). A receive occupies no
 stream and completes when its matching send (same source, destination, tag and size, first in
 first out) has completed.
@@ -48,6 +51,7 @@ from typing import Any
 import stg
 from stg.api import (
     COMM_TYPES,
+    Calibration,
     CollectiveType,
     KernelTable,
     Node,
@@ -55,9 +59,13 @@ from stg.api import (
     Predictor,
     System,
     Workload,
+    attention_time,
+    gemm_time,
     is_cast,
     kernel_table,
     load_system,
+    memory_bound_time,
+    normalize_dtype,
     op_class,
 )
 from stg.errors import TraceError, UserError
@@ -73,44 +81,127 @@ _KIND_NAMES = {COMPUTE: "compute", COLL: "collective", SEND: "send", RECV: "recv
 WIDE_DTYPES = frozenset({"fp32", "tf32"})
 NO_KERNELS = KernelTable()
 
+EAGER_OP_HOST_S = 27.7e-6
+"""Host time of one eager PyTorch op with autograd (dispatch, autograd bookkeeping, launch):
+median forward time of the small (<= 1 MiB) elementwise cases with requires_grad inputs in
+the H100 kernel measurements (data/kernels/h100-elementwise.jsonl), where the GPU is idle
+most of the time. An eager step cannot issue kernels faster than this."""
+
+NORM_NAMES = ("norm", "ln_", "ln1", "ln2", "dropout")
+"""Op names of normalisation-class memory-bound kernels (LayerNorm, RMSNorm, dropout)."""
+
+
+def attention_impl(profile: str, system: System) -> str:
+    """The fused attention kernel a training stack runs: Megatron with Transformer Engine uses
+    cuDNN's fused attention on Hopper and FlashAttention-2 on Ampere; eager PyTorch's SDPA
+    runs FlashAttention-2."""
+    if profile == "megatron" and system.arch == "hopper":
+        return "cudnn"
+    return "flash2"
+
+
+def _memory_kind(name: str) -> str:
+    base = name.rsplit("/", 1)[-1].split(".", 1)[0].lower()
+    if "softmax" in base:
+        return "softmax"
+    if any(n in base for n in NORM_NAMES):
+        return "norm"
+    return "stream"
+
 
 def compute_time(
     node: Any,
     system: System,
     default_dtype: str = "bf16",
     kernels: KernelTable | None = None,
+    profile: str = "megatron",
+    calibration: Calibration | None = None,
 ) -> float:
-    """Roofline time of one compute node in seconds, with the kernels of ``kernels``.
+    """Time of one compute node in seconds on ``system`` under execution ``profile``.
 
-    A node's dtype is that of its output. A matmul (gemm or attention class) whose output is
-    fp32 in a workload that computes in a narrower dtype is a narrow matmul accumulating into
-    fp32 (e.g. Megatron's weight gradients into fp32 main gradients): it runs at the peak of
-    the workload's compute dtype. Kernels (see :mod:`stg.perf.kernels`) price casts, scale the FLOP
-    term by their speedup, and decide whether an fp8/int8 op runs natively or is priced in the
-    workload's dtype.
+    A node that carries its kernel shape (generated traces) is priced by the kernel models of
+    :mod:`stg.perf.kernel_time`: ``gemm`` = (batch, m, n, k) as a cuBLAS GEMM, ``attention``
+    = (batch, heads, s_q, s_kv, head_dim, causal, backward) as the profile's fused attention
+    kernel; other compute nodes are memory-bound kernels (streaming, normalisation, softmax)
+    unless their FLOPs take longer at the sustained SIMT rate. A node without a shape (a
+    foreign trace) gets the roofline with the system's ``compute_efficiency`` per op class.
+    Each kernel then pays its launch: ``kernel_overhead`` of the system (Megatron), or at
+    least the eager host time per op (eager).
+
+    A matmul whose output is fp32 in a workload that computes in a narrower dtype is a
+    narrow matmul accumulating into fp32 (Megatron's weight gradients into fp32 main
+    gradients): it runs at the rate of the workload's compute dtype. Kernels (see
+    :mod:`stg.perf.kernels`) price casts, divide a matmul's time by their speedup, and decide
+    whether an fp8/int8 op runs natively or is priced in the workload's dtype.
     """
     if node.num_ops <= 0 and node.tensor_size <= 0:
         return getattr(node, "runtime", 0) * 1e-6
+    if calibration is not None:  # measured kernel times first (stg bench calibrate)
+        measured = calibration.node_time(node, default_dtype)
+        if measured is not None:
+            return measured
     table = kernels if kernels is not None else NO_KERNELS
     if table and node.dtype and is_cast(node.name):
         cast = table.cast_kernel(node.dtype)
         if cast is not None:
             return cast.cast_alpha * node.num_ops + cast.cast_beta
-    flops = 0.0
-    if node.num_ops > 0:
-        kind = op_class(node.name, node.num_ops, node.tensor_size)
-        dtype = node.dtype or default_dtype
-        if kind != "other" and dtype in WIDE_DTYPES and default_dtype not in WIDE_DTYPES:
+    attrs = getattr(node, "attrs", None) or {}
+    gemm = attrs.get("gemm")
+    attention = attrs.get("attention")
+    kind = (
+        "attention"
+        if attention is not None
+        else "gemm"
+        if gemm is not None
+        else op_class(node.name, node.num_ops, node.tensor_size)
+    )
+    dtype = node.dtype or default_dtype
+    speedup = 1.0
+    if kind != "other":
+        if dtype in WIDE_DTYPES and default_dtype not in WIDE_DTYPES:
             dtype = default_dtype
-        speedup = 1.0
         kernel = table.get(kind, dtype)
         if kernel is not None:
             speedup = kernel.speedup
         elif dtype != default_dtype and not table.native(kind, dtype):
             dtype = default_dtype  # no native kernel: dequantize, compute in the workload dtype
+    dtype = normalize_dtype(dtype)
+    gpu = system.gpu
+    if attention is not None and len(attention) >= 7:
+        batch, heads, s_q, s_kv, head_dim, causal, backward = attention[:7]
+        impl = attention_impl(profile, system)
+        if dtype not in ("bf16", "fp16", "fp8"):
+            dtype = "bf16"
+        seconds = (
+            attention_time(
+                gpu,
+                impl,
+                batch,
+                heads,
+                s_q,
+                s_kv,
+                head_dim,
+                causal=bool(causal),
+                backward=bool(backward),
+                dtype=dtype,
+            )
+            / speedup
+        )
+    elif gemm is not None and len(gemm) == 4:
+        batch, m, n, k = gemm
+        seconds = gemm_time(gpu, m, n, k, dtype, batch) / speedup
+    elif kind == "other":
+        simt = node.num_ops / gpu.rate("fp32") if node.num_ops > 0 else 0.0
+        memory = memory_bound_time(gpu, node.tensor_size, _memory_kind(node.name), dtype)
+        seconds = max(simt, memory)
+    else:
         flops = node.num_ops / (system.peak(dtype) * system.compute_efficiency[kind] * speedup)
-    memory = node.tensor_size / (system.hbm_bandwidth * system.memory_efficiency)
-    return max(flops, memory) + system.kernel_overhead
+        memory = node.tensor_size / (system.hbm_bandwidth * system.memory_efficiency)
+        seconds = max(flops, memory)
+    seconds += system.kernel_overhead
+    if profile == "eager":
+        seconds = max(seconds, EAGER_OP_HOST_S)
+    return seconds
 
 
 def group_shape(ranks: Iterable[int], system: System) -> tuple[int, ...]:
@@ -351,6 +442,119 @@ def problem_from_nodes(
     return Problem(units, unit_of_rank, groups, len(units))
 
 
+def problem_from_trace(
+    trace: Any, comm_groups: Mapping[int, Sequence[int]], system: System
+) -> Problem | None:
+    """Units of identical ranks of a trace read from files, as generation has them.
+
+    ``trace`` summarises the rank files (:class:`stg.trace.ranks.TraceRanks`): per rank its
+    class (ranks whose node sequences are equal up to peer and communicator ids), the
+    communicator of each collective and the peer of each send and receive, in file order; it
+    decodes a rank's nodes on demand. The *role* of a communicator is the set of (class,
+    positions of its collectives) over its members, the same for, e.g., every TP group of one
+    pipeline stage. Ranks start out alike when they have the same class, the same role at each
+    collective, the same placement shapes and the same link to each peer; colour refinement
+    (as :func:`problem_from_workload`) then keeps together only ranks whose partners are
+    alike. Each unit replays its smallest rank, the only one decoded; collectives are matched
+    across units by role. None where that does not apply (no summaries, a communicator
+    without member list or used by a non-member, a peer outside the world, a rank with two
+    communicators of one role): every rank is then replayed.
+    """
+    if not getattr(trace, "fast", False):
+        return None
+    world = trace.world_size
+    groups = {int(g): tuple(m) for g, m in comm_groups.items()}
+    member_sets = {g: frozenset(m) for g, m in groups.items()}
+    classes = trace.classes
+    uses: dict[int, dict[int, list[int]]] = {}
+    for r in range(world):
+        for k, g in enumerate(trace.colls(r)):
+            if g not in member_sets or r not in member_sets[g]:
+                return None
+            uses.setdefault(g, {}).setdefault(r, []).append(k)
+        if any(not 0 <= p < world for p in (*trace.sends(r), *trace.recvs(r))):
+            return None
+    role_of: dict[int, int] = {}
+    roles: dict[frozenset[tuple[int, tuple[int, ...]]], int] = {}
+    for g, per_rank in uses.items():
+        if any(not 0 <= m < world for m in groups[g]):
+            return None
+        signature = frozenset((classes[m], tuple(per_rank.get(m, ()))) for m in groups[g])
+        role_of[g] = roles.setdefault(signature, len(roles))
+    shapes: dict[int, tuple[int, ...]] = {}
+    initial: dict[int, Any] = {}
+    neighbours: dict[int, list[Sequence[int]]] = {}
+    peers: dict[int, list[int]] = {}
+    for r in range(world):
+        colls = trace.colls(r)
+        distinct = list(dict.fromkeys(colls))
+        if len({role_of[g] for g in distinct}) != len(distinct):
+            return None
+        for g in distinct:
+            if g not in shapes:
+                shapes[g] = group_shape(groups[g], system)
+        sends, recvs = trace.sends(r), trace.recvs(r)
+        initial[r] = (
+            classes[r],
+            tuple(role_of[g] for g in colls),
+            tuple(shapes[g] for g in distinct),
+            tuple(link_dimension(r, p, system) for p in sends),
+            tuple(link_dimension(r, p, system) for p in recvs),
+        )
+        neighbours[r] = [groups[g] for g in distinct]
+        peers[r] = [*sends, *recvs]
+    ranks = list(range(world))
+    colour = _refine(ranks, initial, neighbours, peers)
+    by_colour: dict[int, list[int]] = {}
+    for r in ranks:
+        by_colour.setdefault(colour[r], []).append(r)
+    units: list[Unit] = []
+    unit_of_rank: dict[int, int] = {}
+    for index, members in enumerate(sorted(by_colour.values(), key=min)):
+        rep = min(members)
+        file_nodes = trace.nodes(rep)
+        role_by_id = {
+            n.id: ("role", role_of.get(n.comm_group))
+            for n in file_nodes
+            if n.type is NodeType.COMM_COLL
+        }
+        nodes = sorted(file_nodes, key=lambda n: n.id)
+        keys = {i: role_by_id[n.id] for i, n in enumerate(nodes) if n.type is NodeType.COMM_COLL}
+        units.append(
+            Unit(index, rep, tuple(members), nodes, rank_class=classes[rep], group_keys=keys)
+        )
+        for r in members:
+            unit_of_rank[r] = index
+    return Problem(units, unit_of_rank, groups, world)
+
+
+def predict_trace(
+    trace: Any,
+    comm_groups: Mapping[int, Sequence[int]],
+    system: System | str = "a100-80g",
+    **kwargs: Any,
+) -> dict[str, Any]:
+    """:func:`predict_problem` for a trace read from files: ``trace`` maps each rank to its
+    nodes, or summarises the rank files (see :func:`problem_from_trace`), in which case one
+    rank per unit of identical ranks is replayed. Where that does not apply, or the replay of
+    the units fails, every rank is replayed (so errors name the rank as before). ``kwargs`` go
+    to :func:`predict_problem`; the report adds ``simulated_ranks``."""
+    system = load_system(system)
+    problem = problem_from_trace(trace, comm_groups, system)
+    if problem is not None:
+        try:
+            report = predict_problem(problem, system, **kwargs)
+        except TraceError:
+            problem = None
+        else:
+            report["simulated_ranks"] = len(problem.units)
+            return report
+    problem = problem_from_nodes(trace, comm_groups)
+    report = predict_problem(problem, system, **kwargs)
+    report["simulated_ranks"] = len(problem.units)
+    return report
+
+
 # ---------------------------------------------------------------------------------------------
 # Replay
 
@@ -383,17 +587,23 @@ class _Sim:
         system: System,
         default_dtype: str,
         kernels: KernelTable | None = None,
+        profile: str = "megatron",
+        calibration: Calibration | None = None,
     ) -> None:
         self.problem = problem
         self.system = system
         self.default_dtype = default_dtype
         self.kernels = kernels
+        self.profile = profile
+        self.calibration = calibration
         self.results: list[UnitResult] = []
         self.children: list[list[list[int]]] = []
         self.pending: list[list[int]] = []
         self.ready_time: list[list[float]] = []
         self.ready_cause: list[list[tuple[int, int] | None]] = []
         self.coll_key: list[dict[int, Any]] = []
+        self.stream: list[list[int]] = []
+        """per unit and node: 0 compute, 1 pipeline sends, 2 + k the k-th communicator's"""
         self.coll_needed: list[dict[int, int]] = []
         self.p2p_key: list[dict[int, tuple[int, int, int, int]]] = []
         self.shape_cache: dict[int, tuple[int, ...]] = {}
@@ -425,6 +635,8 @@ class _Sim:
         coll_key: dict[int, Any] = {}
         coll_needed: dict[int, int] = {}
         p2p_key: dict[int, tuple[int, int, int, int]] = {}
+        stream = [0] * n
+        group_streams: dict[int, int] = {}
         system = self.system
         unit_of = self.problem.unit_of_rank
         cost_cache: dict[tuple[Any, ...], float] = {}
@@ -449,7 +661,12 @@ class _Sim:
                 cost = cost_cache.get(ckey)
                 if cost is None:
                     cost = cost_cache[ckey] = compute_time(
-                        node, system, self.default_dtype, self.kernels
+                        node,
+                        system,
+                        self.default_dtype,
+                        self.kernels,
+                        self.profile,
+                        self.calibration,
                     )
                 duration[i] = cost
             elif t is NodeType.COMM_COLL:
@@ -466,10 +683,12 @@ class _Sim:
                 duration[i] = cost_cache[key]
                 coll_key[i] = (unit.group_keys.get(i, ("group", node.comm_group)), participants)
                 coll_needed[i] = len(participants)
+                stream[i] = group_streams.setdefault(node.comm_group, 2 + len(group_streams))
             elif t is NodeType.COMM_SEND:
                 if node.comm_dst is None or node.comm_dst not in unit_of:
                     raise TraceError(f"rank {unit.rank}: send {node.id} has no valid destination")
                 kind[i] = SEND
+                stream[i] = 1
                 duration[i] = send_time(
                     node.comm_size, link_dimension(unit.rank, node.comm_dst, system), system
                 )
@@ -495,6 +714,7 @@ class _Sim:
         self.ready_cause.append([None] * n)
         self.coll_key.append(coll_key)
         self.coll_needed.append(coll_needed)
+        self.stream.append(stream)
         self.p2p_key.append(p2p_key)
         self.results.append(
             UnitResult(
@@ -513,9 +733,13 @@ class _Sim:
         results = self.results
         heap: list[tuple[float, int, int, int]] = []
         counter = 0
-        ready: list[list[list[int]]] = [[[], []] for _ in units]
-        busy = [[False, False] for _ in units]
-        last_on_stream: list[list[tuple[int, int] | None]] = [[None, None] for _ in units]
+        # streams (self.stream): compute, pipeline sends, and one per communicator, as NCCL
+        # process groups run on their own CUDA streams: a tensor-parallel collective never
+        # queues behind a data-parallel gradient reduction, nor a send behind either
+        ready: list[dict[int, list[int]]] = [{} for _ in units]
+        busy: list[dict[int, bool]] = [{} for _ in units]
+        last_on_stream: list[dict[int, tuple[int, int]]] = [{} for _ in units]
+        streams = self.stream
         mailbox: dict[tuple[int, int, int, int], deque[tuple[float, int, int]]] = {}
         waiting: dict[tuple[int, int, int, int], deque[tuple[int, int]]] = {}
         coll_seq: dict[tuple[int, Any], int] = {}
@@ -532,12 +756,10 @@ class _Sim:
             k = res.kind[i]
             self.ready_time[u][i] = t
             self.ready_cause[u][i] = cause
-            if k == COMPUTE:
-                heapq.heappush(ready[u][0], i)
-                touched.add((u, 0))
-            elif k == COLL or k == SEND:
-                heapq.heappush(ready[u][1], i)
-                touched.add((u, 1))
+            if k == COMPUTE or k == COLL or k == SEND:
+                s = streams[u][i]
+                heapq.heappush(ready[u].setdefault(s, []), i)
+                touched.add((u, s))
             elif k == RECV:
                 res.start[i] = t
                 key = self.p2p_key[u][i]
@@ -563,13 +785,13 @@ class _Sim:
                     make_ready(u, i, 0.0, None)
 
         def dispatch(u: int, stream: int, t: float) -> None:
-            if busy[u][stream] or not ready[u][stream]:
+            if busy[u].get(stream) or not ready[u].get(stream):
                 return
             i = heapq.heappop(ready[u][stream])
             res = results[u]
             busy[u][stream] = True
             res.start[i] = t
-            if t > self.ready_time[u][i] and last_on_stream[u][stream] is not None:
+            if t > self.ready_time[u][i] and stream in last_on_stream[u]:
                 res.cause[i] = last_on_stream[u][stream]
             else:
                 res.cause[i] = self.ready_cause[u][i]
@@ -610,12 +832,10 @@ class _Sim:
                 res = results[u]
                 res.end[i] = t
                 k = res.kind[i]
-                if k == COMPUTE:
-                    busy[u][0] = False
-                    touched.add((u, 0))
-                elif k == COLL or k == SEND:
-                    busy[u][1] = False
-                    touched.add((u, 1))
+                if k == COMPUTE or k == COLL or k == SEND:
+                    s = streams[u][i]
+                    busy[u][s] = False
+                    touched.add((u, s))
                     if k == SEND:
                         key = self.p2p_key[u][i]
                         queue = waiting.get(key)
@@ -661,13 +881,16 @@ def replay(
     system: System,
     default_dtype: str = "bf16",
     kernels: KernelTable | None = None,
+    profile: str = "megatron",
+    calibration: Calibration | None = None,
 ) -> Replay:
-    """Simulate every unit of ``problem`` on ``system`` (ops priced with ``kernels``)."""
+    """Simulate every unit of ``problem`` on ``system`` (ops priced with ``kernels`` under
+    execution ``profile``)."""
     # millions of small lists and tuples, none cyclic: the cyclic collector only costs time
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _Sim(problem, system, default_dtype, kernels).run()
+        return _Sim(problem, system, default_dtype, kernels, profile, calibration).run()
     finally:
         if enabled:
             gc.enable()
@@ -758,6 +981,77 @@ def critical_path(replay_: Replay) -> list[dict[str, Any]]:
                 }
             )
     return runs
+
+
+def _critical_chain(replay_: Replay) -> list[tuple[int, int]]:
+    """(unit, node) pairs of the chain that ends last, earliest first."""
+    best: tuple[float, int, int] | None = None
+    for u, res in enumerate(replay_.units):
+        for i, end in enumerate(res.end):
+            if best is None or end > best[0]:
+                best = (end, u, i)
+    chain: list[tuple[int, int]] = []
+    seen: set[tuple[int, int]] = set()
+    current = (best[1], best[2]) if best is not None else None
+    while current is not None and current not in seen:
+        seen.add(current)
+        chain.append(current)
+        current = replay_.units[current[0]].cause[current[1]]
+    chain.reverse()
+    return chain
+
+
+def explain(replay_: Replay, comm_groups: Mapping[int, Sequence[int]]) -> dict[str, Any]:
+    """The iteration time split along its critical path: compute by kernel class
+    (``gemm``, ``attention``, ``memory-bound``, ``recompute``, ``optimizer``), exposed
+    communication by collective type and group size (sends and receives: ``p2p``), and
+    ``wait`` (time the chain waits on other ranks: pipeline bubble, stragglers). The parts add
+    up to the iteration time."""
+    parts: dict[str, float] = {}
+    comm: dict[str, float] = {}
+    clock = 0.0
+    for u, i in _critical_chain(replay_):
+        res = replay_.units[u]
+        node = res.unit.nodes[i]
+        start, end = res.start[i], res.end[i]
+        if start > clock:
+            parts["wait"] = parts.get("wait", 0.0) + start - clock
+        spent = max(0.0, end - max(start, clock))
+        clock = max(clock, end)
+        if not spent:
+            continue
+        if res.kind[i] == COMPUTE:
+            name = node.name.rsplit("/", 1)[-1]
+            attrs = getattr(node, "attrs", None) or {}
+            if _is_recompute(node.name):
+                key = "recompute"
+            elif name.startswith("optimizer"):
+                key = "optimizer"
+            elif "attention" in attrs or op_class(name, node.num_ops, node.tensor_size) == (
+                "attention"
+            ):
+                key = "attention"
+            elif "gemm" in attrs:
+                key = "gemm"
+            else:
+                key = "memory-bound"
+            parts[f"compute: {key}"] = parts.get(f"compute: {key}", 0.0) + spent
+        elif res.kind[i] == COLL:
+            size = len(comm_groups.get(node.comm_group, ())) if node.comm_group else 0
+            ctype = node.comm_type.name.lower() if node.comm_type is not None else "collective"
+            key = f"{ctype} ({size} ranks)"
+            comm[key] = comm.get(key, 0.0) + spent
+        elif res.kind[i] in (SEND, RECV):
+            comm["p2p"] = comm.get("p2p", 0.0) + spent
+    total = replay_.iteration_time
+    if total > clock:
+        parts["wait"] = parts.get("wait", 0.0) + total - clock
+    for key, seconds in comm.items():
+        parts[f"communication: {key}"] = seconds
+    return {
+        "iteration_time_s": total,
+        "breakdown_s": dict(sorted(parts.items(), key=lambda kv: -kv[1])),
+    }
 
 
 def timeline_events(replay_: Replay) -> dict[str, Any]:
@@ -900,8 +1194,12 @@ def predict_problem(
     tokens: int | None = None,
     timeline: str | Path | None = None,
     kernels: KernelTable | Iterable[Any] | None = None,
+    profile: str = "megatron",
+    explain_path: bool = False,
+    calibration: Calibration | None = None,
 ) -> dict[str, Any]:
-    """Replay ``problem`` and report; ``timeline`` writes a Chrome trace JSON there.
+    """Replay ``problem`` and report; ``timeline`` writes a Chrome trace JSON there;
+    ``explain_path`` adds the critical path's breakdown (:func:`explain`) as ``explain``.
 
     ``kernels``: Kernel records (or registry entries, or a :class:`KernelTable`) that price
     ops by precision; none (the default) means the plain roofline."""
@@ -911,10 +1209,12 @@ def predict_problem(
         raise UserError(
             f"{problem.world_size} ranks do not fit system {system.name!r} ({system.capacity} GPUs)"
         )
-    result = replay(problem, system, dtype, table)
+    result = replay(problem, system, dtype, table, profile, calibration)
     report = summarize(result, system, dtype=dtype, tokens=tokens, world_size=problem.world_size)
     if table:
         report["kernels"] = table.names()
+    if explain_path:
+        report["explain"] = explain(result, problem.comm_groups)
     if timeline is not None:
         write_json_atomic(timeline, timeline_events(result))
         report["timeline"] = str(timeline)
@@ -928,9 +1228,12 @@ def predict_time(
     timeline: str | Path | None = None,
     progress: Callable[[str, int, int], None] | None = None,
     kernels: KernelTable | Iterable[Any] | None = None,
+    explain: bool = False,
+    calibration: Calibration | None = None,
     **_: Any,
 ) -> dict[str, Any]:
-    """Iteration time, per-rank breakdown, MFU and critical path of a workload.
+    """Iteration time, per-rank breakdown, MFU and critical path of a workload (``explain``:
+    and the critical path split into compute by class, communication and waits).
 
     A pure function of (workload, system, kernels): ``kernels`` are Kernel records (or
     registry entries, or a :class:`stg.perf.kernels.KernelTable`); without them ops get the
@@ -938,6 +1241,7 @@ def predict_time(
     system = load_system(system)
     options = dict(workload.metadata.get("options") or {}) if workload.metadata else {}
     dtype = str(options.get("dtype") or "bf16")
+    profile = str(options.get("profile") or "megatron")
     tokens = None
     if options.get("batch") and options.get("seq"):
         tokens = int(options["batch"]) * int(options["seq"])
@@ -947,7 +1251,15 @@ def predict_time(
     if progress:
         progress("symmetry", 1, 1)
     report = predict_problem(
-        problem, system, dtype=dtype, tokens=tokens, timeline=timeline, kernels=kernels
+        problem,
+        system,
+        dtype=dtype,
+        tokens=tokens,
+        timeline=timeline,
+        kernels=kernels,
+        profile=profile,
+        explain_path=explain,
+        calibration=calibration,
     )
     report["simulated_ranks"] = len(problem.units)
     return report
@@ -973,7 +1285,9 @@ __all__ = [
     "group_shape",
     "predict_problem",
     "predict_time",
+    "predict_trace",
     "problem_from_nodes",
+    "problem_from_trace",
     "problem_from_workload",
     "replay",
     "send_time",

@@ -17,11 +17,15 @@ What is here, by the stage of the pipeline it belongs to:
   GlobalMetadata of a generated rank file (:func:`generator_metadata`), and the encoders of
   the built-in formats (modules :mod:`chakra_v004`, :mod:`chakra_v001`, :mod:`json_trace`);
 - predictors: systems (:class:`System`, :func:`load_system`, :func:`op_class`,
-  :func:`normalize_dtype`), kernels (:class:`KernelTable`, :func:`kernel_table`,
-  :func:`is_cast`), dtype sizes and precision plans (:data:`DTYPE_BYTES`,
+  :func:`normalize_dtype`), the kernel time models (:func:`gemm_time`,
+  :func:`attention_time`, :func:`memory_bound_time`), kernels (:class:`KernelTable`,
+  :func:`kernel_table`, :func:`is_cast`), dtype sizes and precision plans (:data:`DTYPE_BYTES`,
   :func:`precision_of`);
+- calibration tables of measured kernel times (:class:`Calibration`,
+  :func:`load_calibration`, :func:`calibrated_time`; ``stg bench calibrate`` writes them);
 - records that hooks register: :class:`Model`, :class:`PipelineSchedule`, :class:`Kernel`,
-  :class:`Emitter`, :class:`Predictor`.
+  :class:`Emitter`, :class:`Predictor`, :class:`BenchOp`, :class:`Preset` (named
+  configurations of a model: ``--model llama3-8b``).
 """
 
 from stg import __version__, hookimpl
@@ -42,7 +46,18 @@ from stg.core.workload import (
     Workload,
 )
 from stg.errors import TraceError, UnknownNameError, UserError
-from stg.host.records import Emitter, Kernel, Model, PipelineSchedule, Predictor, RecordError
+from stg.host.records import (
+    BenchOp,
+    Emitter,
+    Kernel,
+    Model,
+    PipelineSchedule,
+    Predictor,
+    Preset,
+    RecordError,
+)
+from stg.perf.calibration import Calibration, calibrated_time, load_calibration
+from stg.perf.kernel_time import attention_time, gemm_time, memory_bound_time
 from stg.perf.kernels import KernelTable, is_cast, kernel_table
 from stg.perf.system import System, load_system, normalize_dtype, op_class
 from stg.trace import chakra_v001, chakra_v004, json_trace
@@ -57,6 +72,8 @@ from stg.trace.writer import (
 __all__ = [
     "COMM_TYPES",
     "DTYPE_BYTES",
+    "BenchOp",
+    "Calibration",
     "CollectiveType",
     "Dim",
     "Emitter",
@@ -72,6 +89,7 @@ __all__ = [
     "OptionError",
     "PipelineSchedule",
     "Predictor",
+    "Preset",
     "RankClass",
     "RankGraph",
     "RecordError",
@@ -83,16 +101,21 @@ __all__ = [
     "UserError",
     "Workload",
     "__version__",
+    "attention_time",
     "build_workload",
+    "calibrated_time",
     "chakra_v001",
     "chakra_v004",
     "frame",
+    "gemm_time",
     "generator_metadata",
     "hookimpl",
     "is_cast",
     "json_trace",
     "kernel_table",
+    "load_calibration",
     "load_system",
+    "memory_bound_time",
     "normalize_dtype",
     "op_class",
     "output_paths",

@@ -2,7 +2,8 @@
 
 ``check_model`` builds and lowers a model on a tiny configuration; ``check_emitter`` writes a
 tiny workload and reads it back; ``check_predictor`` runs a predictor and checks its report;
-``check_kernel`` predicts a small workload with and without a precision plan in a kernel's dtype.
+``check_kernel`` predicts a small workload with and without a precision plan in a kernel's dtype;
+``check_preset`` compares a preset's parameter counts with its published ones and builds it.
 Each raises ``AssertionError`` naming what is wrong, and returns what it built so a test can
 check more. The ``stg_registry`` fixture (installed as a pytest plugin, no conftest needed)
 loads a registry with extra plugin objects::
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stg.core.options import GenerateOptions
-from stg.host.records import Emitter, Kernel, Model, Predictor
+from stg.host.records import Emitter, Kernel, Model, Predictor, Preset
 from stg.host.registry import Registry, load_registry
 
 if TYPE_CHECKING:
@@ -74,6 +75,7 @@ class _RecordPlugin:
             ("stg_register_emitters", Emitter),
             ("stg_register_predictors", Predictor),
             ("stg_register_kernels", Kernel),
+            ("stg_register_presets", Preset),
         ):
             mine = [r for r in self._records if isinstance(r, kind)]
             if mine:
@@ -171,6 +173,67 @@ def check_model(model: str | Model, registry: Registry | None = None, **dims: An
     assert total_flops(workload) > 0, f"model {name!r} has no FLOPs"
     _validate(workload)
     return workload
+
+
+def check_preset(
+    preset: str | Preset,
+    registry: Registry | None = None,
+    *,
+    tolerance: float = 0.01,
+    active_tolerance: float | None = None,
+    **options: Any,
+) -> dict[str, Any]:
+    """Check a preset (a name or a record) against its source, then build it.
+
+    The model's parameters as the template builds them (:func:`stg.core.modelinfo.
+    model_parameters`; less dvocal·dmodel where the published model ties its LM head to the
+    embedding) must be within ``tolerance`` (relative) of ``published_parameters``, and its
+    active parameters within ``active_tolerance`` (default ``tolerance``) of
+    ``published_active_parameters``, where the preset states them. Then the preset is built
+    and lowered with ``num_stacks`` 2 (or its own, if fewer), one micro-batch of one sample
+    per replica and ``options`` (e.g. ``ep=2``), and checked as ``check_model`` checks a
+    model. Returns ``parameters``, ``active_parameters`` (the template's), ``compared`` (what
+    was compared with ``published_parameters``) and the ``workload``.
+    """
+    from stg.core import pipeline as generate
+    from stg.core.modelinfo import model_parameters
+    from stg.core.options import resolve_model
+
+    name, registry = _resolve("preset", preset, registry)
+    values, _ = resolve_model({"model": name}, registry)
+    record = registry.presets.get(name)
+    full = GenerateOptions(**values)
+    counts = model_parameters(
+        registry.models.get(full.model), full, generate.symbol_values(full)
+    )
+    compared = counts["parameters"] - (full.dvocal * full.dmodel if record.tied_embeddings else 0)
+    checks = (
+        ("parameters", compared, record.published_parameters, tolerance),
+        (
+            "active parameters",
+            counts["active_parameters"],
+            record.published_active_parameters,
+            tolerance if active_tolerance is None else active_tolerance,
+        ),
+    )
+    for what, measured, published, allowed in checks:
+        if published is None:
+            continue
+        error = measured / published - 1
+        assert abs(error) <= allowed, (
+            f"preset {name!r}: {what} {measured:,} are {100 * error:+.2f}% off the published "
+            f"{published:,.0f} (allowed: {100 * allowed:.2f}%)"
+        )
+    replicas = options.get("dp", 1) * options.get("ep", 1)
+    small = {"num_stacks": min(2, full.num_stacks), "batch": replicas, "micro_batch": replicas}
+    run = replace(full, **{**small, **options})
+    generate.validate_options(run, registry)
+    workload = generate.build_workload(run, registry)
+    for graph in workload.ranks:
+        assert len(graph) > 0, f"rank {graph.rank} has no nodes"
+    assert total_flops(workload) > 0, f"preset {name!r} has no FLOPs"
+    _validate(workload)
+    return {**counts, "compared": compared, "workload": workload}
 
 
 def _node_fields(node: Node, fields: Iterable[str], merge_deps: bool = False) -> dict[str, Any]:
@@ -374,6 +437,7 @@ __all__ = [
     "check_kernel",
     "check_model",
     "check_predictor",
+    "check_preset",
     "make_registry",
     "tiny_options",
     "total_flops",

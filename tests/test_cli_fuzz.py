@@ -43,6 +43,9 @@ COMMANDS: tuple[tuple[str, ...], ...] = (
     ("convert",),
     ("plugins", "list"),
     ("plan", "precision"),
+    ("bench", "compute"),
+    ("bench", "model"),
+    ("bench", "calibrate"),
 )
 
 SMALL_MODEL: dict[str, str] = {
@@ -74,7 +77,7 @@ PATHS = ("trace", "trace/workload.0.et", "trace/workload", "trace/workload.json"
          "/proc/stg-fuzz/x.json")  # fmt: skip
 
 PATH_OPTIONS = frozenset({"output_dir", "output_name", "precision", "system", "timeline", "dot",
-                          "out", "consumer"})  # fmt: skip
+                          "out", "consumer", "comm_group_file"})  # fmt: skip
 
 
 def _command(root: Any, path: tuple[str, ...]) -> Any:
@@ -276,3 +279,13 @@ def test_no_durations_is_not_a_zero_critical_path(inputs: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "0 us" not in result.output
     assert "no durations" in result.output
+
+
+def test_fuzzing_reads_through_the_fast_decoder() -> None:
+    """The examples above read traces through the compiled decoder (stg.trace.decode), when
+    it is built (tests/test_decode.py::test_fast_decoder_is_built fails when it should be)."""
+    from stg.trace import decode
+
+    if not decode.enabled():
+        pytest.skip(decode.status())
+    assert decode.status() == "compiled"

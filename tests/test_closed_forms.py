@@ -19,7 +19,12 @@ from stg.core.options import GenerateOptions
 from stg.core.pipeline import build_workload
 from stg.host.registry import load_registry
 
-SMALL = dict(dvocal=512, dmodel=64, dff=256, seq=32, head=8, kvhead=4, num_stacks=4)
+# The closed forms split the attention core into its score and context einsums, which the
+# unfused attention keeps as separate nodes (the fused kernel has the same FLOPs in one node:
+# test_fused_attention_keeps_the_flops_and_drops_the_scores).
+SMALL = dict(
+    dvocal=512, dmodel=64, dff=256, seq=32, head=8, kvhead=4, num_stacks=4, attention="unfused"
+)
 
 
 @pytest.fixture(scope="module")
@@ -233,3 +238,24 @@ def test_model_flops_do_not_depend_on_layout(registry):
 def test_comm_bytes_helper_counts_sends(registry):
     w = build(registry, pp=2, micro_batch=4)
     assert comm_bytes(w, 0)[("SEND", ())] == 2 * 4 * 32 * 64 * 2
+
+
+@pytest.mark.parametrize("model", ["gpt", "llama"])
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_fused_attention_keeps_the_flops_and_drops_the_scores(registry, model, recompute):
+    kw = dict(model=model, tp=2, sp=2, activation_recompute=recompute, causal=True)
+    unfused = build(registry, **kw)
+    fused = build(registry, **kw, attention="fused")
+    assert total_flops(fused) == total_flops(unfused)
+    s = SMALL["seq"]
+    nodes = [n for g in fused.ranks for n in g.nodes()]
+    core = [n for n in nodes if n.name.rsplit("/", 1)[-1].startswith("core_attention")]
+    assert core and not any(n.name.rsplit("/", 1)[-1] in ATTENTION for n in nodes)
+    forward = [n for n in core if n.name.endswith("/core_attention")]
+    for n in forward:
+        batch, heads, s_q, s_kv, d, causal, backward = n.attrs["attention"]
+        assert (causal, backward) == (1, 0) and s_kv == s
+        # bf16 Q and the output (s_q rows), K and V (s_kv rows; kv heads under GQA, whose query
+        # groups are folded into s_q), fp32 softmax statistics; no score matrix
+        tokens = 2 * batch * heads * d * (2 * s_q + 2 * s_kv)
+        assert n.tensor_size == tokens + 4 * batch * heads * s_q

@@ -228,7 +228,8 @@ def test_readme_opens_with_the_two_commands() -> None:
     lines = [line for line in first.group(2).splitlines() if line and not line.startswith("#")]
     assert lines == [
         "pip install -e . && stg generate",
-        "pip install -e '.[test]' -e plugins/stg-int8-kernels && python -m pytest",
+        "pip install 'torch==2.13.0' -e '.[test,bench]' -e plugins/stg-int8-kernels "
+        "&& python -m pytest",
     ]
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     assert lines[1] in ci.splitlines()
@@ -242,3 +243,126 @@ def test_readme_cli_reference_covers_every_command() -> None:
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     for command in builtin_command_names():
         assert f"stg {command}" in text, command
+
+
+# -- docs/bench.md ----------------------------------------------------------------------------
+
+BENCH = ROOT / "docs" / "bench.md"
+
+
+def test_bench_console_commands_run(doc_dir: Path) -> None:
+    """The files and commands of docs/bench.md, in order: compute, model, calibrate, predict
+    with the table, comms, and a plugin's operator."""
+    files = named_files(BENCH)
+    assert set(files) == {"ops.json", "myops.json"}
+    for name, body in files.items():
+        (doc_dir / name).write_text(body, encoding="utf-8")
+    assert set(write_modules(BENCH, doc_dir)) == {"stg_myops"}
+    commands = console_commands(BENCH)
+    assert len(commands) >= 8
+    for command in commands:
+        result = CliRunner().invoke(app, shlex.split(command)[1:], env={"COLUMNS": "200"})
+        assert result.exit_code == 0, (command, result.output)
+    cases = [json.loads(x) for x in (doc_dir / "results.jsonl").read_text().splitlines()]
+    ids = [(c["op_name"], c["id"]) for c in cases if "op_name" in c]
+    assert ids == [("torch.mm", "0|0|0"), ("torch.bmm", "0|0|0_0"), ("torch.bmm", "0|0|0_1"),
+                   ("aten::add", "0|0|0"), ("torch.nn.Linear", "0|0|0")]  # fmt: skip
+    shapes = [c["config"]["input"]["args"][0]["shape"] for c in cases[2:4]]
+    assert shapes == [[4, 32, 16], [4, 64, 16]]  # the doc's reading of its __copy__
+    assert (doc_dir / "roofline.png").is_file() and (doc_dir / "busbw.png").is_file()
+    network = json.loads((doc_dir / "network.json").read_text())["network"]
+    system_from_dict({**json.loads(named_files(SYSTEMS)["minimal.json"]), "network": network})
+    (plugin_case,) = [json.loads(x) for x in (doc_dir / "myops.jsonl").read_text().splitlines()
+                      if '"op_name"' in x]  # fmt: skip
+    assert plugin_case["extra"]["bytes"] == 3 * 4 * 4096
+
+
+def test_bench_error_examples_are_what_stg_prints(doc_dir: Path) -> None:
+    """The error lines shown in docs/bench.md come from this config."""
+    f32 = {"type": "tensor", "dtype": "float"}
+    gen = {"input_data_generator": "PyTorch:DefaultDataGenerator"}
+    config = {
+        "torch.mm": {**gen, "config": [{"input": [
+            {"args": [{**f32, "shape": [64, 32]}, {**f32, "shape": [32, 16]}]},
+            {"args": [{**f32, "shape": [64, 32]}, {**f32, "shape": [31, 16]}]}]}]},
+        "torch.foo": {**gen, "config": [{"input": [{"args": []}]}]},
+        "torch.bmm": {**gen, "input_iterator": "RangeConfigIterator", "config": [{"input": [
+            {"args": [{**f32, "shape": [4, [64, 32, 32], 8], "__range__": ["shape"]}]}]}]},
+    }  # fmt: skip
+    (doc_dir / "bad.json").write_text(json.dumps(config))
+    result = CliRunner().invoke(app, ["bench", "compute", "bad.json", "-i", "1", "-o", "r.jsonl"])
+    assert result.exit_code == 1
+    shown = [line for body in blocks(BENCH, "text") for line in body.splitlines()]
+    for line in (x for x in result.stderr.splitlines() if x.startswith("error: ")):
+        if "unknown operator" in line:
+            head, tail = line.split("; allowed: ")
+            assert f"{head}; allowed: torch.Tensor.copy_, ..., {tail.rsplit(', ', 1)[1]}" in shown
+        else:
+            assert line in shown, line
+
+
+# -- docs/presets.md ----------------------------------------------------------------------------
+
+PRESETS = ROOT / "docs" / "presets.md"
+PRESET_ROW = re.compile(
+    r"^\| `([\w.-]+)` \| (\w+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \| [^|]+ \|$", re.M
+)
+"""A row of the table of presets: name, model, dimensions, published, template, (source)."""
+
+
+def test_presets_table_is_what_the_registry_and_templates_say() -> None:
+    """Every built-in preset has a row: its model, dimensions, published figures and the
+    template's counts as stg computes them (tied presets without their own LM head)."""
+    from stg.core.modelinfo import model_parameters
+    from stg.core.options import GenerateOptions, resolve_model
+    from stg.core.pipeline import symbol_values
+
+    registry = make_registry()
+    rows = {m[0]: m[1:] for m in PRESET_ROW.findall(PRESETS.read_text(encoding="utf-8"))}
+    assert set(rows) == {entry.name for entry in registry.presets}
+    billions = lambda v: f"{v / 1e9:.2f}B"  # noqa: E731
+    for entry in registry.presets:
+        preset = entry.item
+        model, dims, published, template = (cell.strip() for cell in rows[entry.name])
+        assert model == preset.model, entry.name
+        assert dims == " ".join(f"{k} {v}" for k, v in preset.dims.items()), entry.name
+        stated = [x for x in (preset.published_parameters, preset.published_active_parameters)
+                  if x is not None]  # fmt: skip
+        assert published == (" / ".join(f"{x / 1e9:g}B" for x in stated) or "-"), entry.name
+        values, _ = resolve_model({"model": entry.name}, registry)
+        o = GenerateOptions(**values)
+        counts = model_parameters(registry.models.get(o.model), o, symbol_values(o))
+        total = counts["parameters"] - (o.dvocal * o.dmodel if preset.tied_embeddings else 0)
+        shown = [billions(total)]
+        if preset.published_active_parameters is not None:
+            shown.append(billions(counts["active_parameters"]))
+        expected = " / ".join(shown) + (" (tied)" if preset.tied_embeddings else "")
+        assert template == expected, entry.name
+
+
+def test_presets_doc_plugin_tests_and_commands_run(doc_dir: Path) -> None:
+    modules = write_modules(PRESETS, doc_dir)
+    assert set(modules) == {"stg_mistral", "test_stg_mistral"}
+    assert run_module_tests(modules) == 1
+    commands = console_commands(PRESETS)
+    assert len(commands) >= 5
+    for command in commands:
+        result = CliRunner().invoke(app, shlex.split(command)[1:], env={"COLUMNS": "200"})
+        assert result.exit_code == 0, (command, result.output)
+    for out in ("out", "out-mistral"):
+        written = sorted(p.name for p in (doc_dir / out).iterdir())
+        assert written == ["workload.0.et", "workload.1.et", "workload.json"], out
+    line = " ".join(result.stderr.split())  # the last command: the plugin's preset
+    assert "preset │ mistral-7b" in line and "num_stacks 2 (preset: 32)" in line
+
+
+def test_readme_quick_start_runs_a_preset(doc_dir: Path) -> None:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    quick = text[text.index("## Quick start") : text.index("**Drop-in")]
+    (line,) = [x for x in quick.splitlines() if x.startswith("stg generate --model ")]
+    args = shlex.split(line.split("#")[0])[1:]
+    assert args[:3] == ["generate", "--model", "llama3-8b"] and "--tp" in args
+    result = CliRunner().invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["preset"]["name"] == "llama3-8b" and summary["ranks"] >= 8

@@ -15,6 +15,7 @@ from stg.predictors.memory import (
     analytic_memory,
     count_parameters,
     in_flight_layers,
+    in_flight_micro_batches,
     model_state_bytes,
     predict_memory,
     stage_memory,
@@ -32,7 +33,8 @@ def entries(metric: str) -> list[dict]:
 
 
 def gpt(**kw: object) -> dict:
-    """GPT option dict (F = 4h, a = kv) with the given overrides."""
+    """GPT option dict (F = 4h, a = kv) with the given overrides; unfused attention, as
+    Korthikanti et al. (2022) assume."""
     h = kw.pop("dmodel", 6144)
     options = {
         "model": "gpt",
@@ -47,6 +49,7 @@ def gpt(**kw: object) -> dict:
         "micro_batch": 4,
         "dtype": "bf16",
         "tpsp": False,
+        "attention": "unfused",
     }
     options.update(kw)
     if "head" in kw and "kvhead" not in kw:
@@ -117,6 +120,20 @@ def test_llama_activations_count_gqa_and_swiglu() -> None:
     assert activation_bytes_per_layer(o) == pytest.approx(expected)
 
 
+@pytest.mark.parametrize("seq", [1024, 8192])
+def test_fused_attention_keeps_no_s_squared_terms(seq: int) -> None:
+    # one GPU, Llama 3 8B shapes: fused attention (the default) keeps Q, K, V, the output and
+    # 4 bytes of softmax statistics per query row and head; unfused adds the score matrix
+    o = gpt(model="llama", dmodel=4096, dff=14336, head=32, kvhead=8, seq=seq, batch=1,
+            micro_batch=1, attention="fused")
+    s, b, h, f, a, kv = seq, 1, 4096, 14336, 32, 8
+    linear = 2 * s * b * (4 * h + 2 * h + 2 * h * kv / a + 3 * f)
+    fused = activation_bytes_per_layer(o)
+    assert fused == pytest.approx(linear + 4 * a * s * b)
+    unfused = activation_bytes_per_layer({**o, "attention": "unfused"})
+    assert unfused - fused == pytest.approx(2 * a * s * s * b - 4 * a * s * b)
+
+
 # --- pipeline: in-flight micro-batches ----------------------------------------------------------
 
 
@@ -128,6 +145,44 @@ def test_in_flight_layers_per_schedule() -> None:
     v = 3
     first = in_flight_layers(0, 6, p, m, "1f1b", chunks=v)
     assert first == pytest.approx(6 * p * (1 + (p - 1) / (p * v)))
+
+
+def _held_at_peak(order: list[tuple[str, int, int]], chunks: int) -> tuple[int, int]:
+    """(most chunk-micro-batches held, most of them in the first chunk while that many are
+    held), replaying one stage's schedule order."""
+    held = [0] * chunks
+    best = (0, 0)
+    for direction, _, chunk in order:
+        held[chunk] += 1 if direction == "F" else -1
+        best = max(best, (sum(held), held[0]))
+    return best
+
+
+@pytest.mark.parametrize("p", [1, 2, 4, 7])
+@pytest.mark.parametrize("v", [2, 3])
+@pytest.mark.parametrize("groups", [1, 2, 5])
+def test_interleaved_in_flight_counts_replay_the_schedule(p: int, v: int, groups: int) -> None:
+    from stg.core.schedules import interleaved
+
+    m = p * groups
+    for stage in range(p):
+        chunks_held, first_chunk = _held_at_peak(interleaved(stage, p, m, v), v)
+        assert in_flight_layers(stage, v, p, m, "interleaved", chunks=v) == chunks_held
+        assert in_flight_micro_batches(stage, p, m, "interleaved", chunks=v) == first_chunk
+
+
+def test_interleaved_embedding_mask_counts_the_first_chunk() -> None:
+    # GPT-530B of Korthikanti: p = 35, v = 3, m = 280: chunk 0 of stage 0 holds 70
+    # micro-batches at the peak (the 1F1B count p = 35 would halve the embedding's mask)
+    assert in_flight_micro_batches(0, 35, 280, "interleaved", chunks=3) == 70
+    o = gpt(pp=4, num_stacks=8, batch=16, micro_batch=1, tp=2, tpsp=False,
+            pipeline_schedule="interleaved", virtual_stages=2)
+    first = analytic_memory(o)[0]
+    per_layer = activation_bytes_per_layer(o)
+    sbh = 2048 * 1 * 6144
+    held_chunks = in_flight_layers(0, 2, 4, 16, "interleaved", chunks=2)
+    mask = in_flight_micro_batches(0, 4, 16, "interleaved", chunks=2) * sbh
+    assert first.activations == pytest.approx(per_layer * held_chunks + mask)
 
 
 def test_first_stage_holds_per_layer_times_total_layers() -> None:

@@ -280,3 +280,15 @@ def test_v001_detection_reads_past_ambiguous_records(tmp_path: Path) -> None:
     assert [(n.id, n.type, n.data_deps, n.num_ops) for n in nodes] == [
         (1, NodeType.COMP, (), 0), (2, NodeType.COMP, (1,), 7)
     ]
+
+
+def test_reads_through_the_fast_decoder() -> None:
+    """These tests exercise the compiled decoder (stg.trace.decode) when it is built; the
+    reference decoder is compared with it in tests/test_decode.py."""
+    from stg.trace import decode
+
+    if not decode.enabled():
+        pytest.skip(decode.status())
+    assert reader.iter_nodes(DATA / "one_comm_send_node.0.et").__qualname__.startswith(
+        "_iter_protobuf"
+    )

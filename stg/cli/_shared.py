@@ -33,7 +33,8 @@ import typer
 from stg.errors import UserError
 
 if TYPE_CHECKING:
-    from stg.core.options import GenerateOptions
+    from stg.core.options import GenerateOptions, PresetUse
+    from stg.host.registry import Registry
     from stg.trace.stats import TraceStats
 
 # -- the generation options as CLI parameters -------------------------------------------------
@@ -100,9 +101,10 @@ SPECS: dict[str, tuple[str, _Spec]] = {
     "model": (
         _MODEL,
         _Spec(
-            "Model template (a registered model name or alias, or dist:name); the original "
-            "STG's names work too: dense = gpt, debug = a tiny gpt (4 layers, dmodel 256, dff "
-            "1024, 8 heads, seq 256, dvocal 1024; sizes given win).",
+            "Model template (a registered model name or alias, or dist:name) or a named "
+            "preset that fills its sizes (llama3-8b, mixtral-8x7b, gpt3-175b, ...; sizes "
+            "given win; stg inspect model lists them); the original STG's names work too: "
+            "dense = gpt, debug = a tiny gpt (4 layers, dmodel 256).",
             ("--model_type", "--model-type"),
             metavar="NAME",
         ),
@@ -121,6 +123,7 @@ SPECS: dict[str, tuple[str, _Spec]] = {
     "seq": (_MODEL, _Spec("Sequence length s.")),
     "head": (_MODEL, _Spec("Attention heads a.")),
     "kvhead": (_MODEL, _Spec("Key/value heads (GQA).")),
+    "dhead": (_MODEL, _Spec("Size of one attention head (default: dmodel/head).")),
     "num_stacks": (_MODEL, _Spec("Transformer layers L.")),
     "experts": (_MODEL, _Spec("Experts per MoE layer.")),
     "kexperts": (_MODEL, _Spec("Experts each token is routed to (top-k).")),
@@ -173,6 +176,22 @@ SPECS: dict[str, tuple[str, _Spec]] = {
     "causal": (
         _TRAINING,
         _Spec("Count only the causal half of attention scores.", parser=parse_bool, metavar=BOOL),
+    ),
+    "attention": (
+        _TRAINING,
+        _Spec(
+            "Attention core: fused (one FlashAttention-class kernel, no score matrix in "
+            "memory) or unfused (scores, softmax, context as separate kernels).",
+            metavar="fused|unfused",
+        ),
+    ),
+    "profile": (
+        _TRAINING,
+        _Spec(
+            "How the training stack executes, for predictions: megatron (fused kernels, "
+            "asynchronous launches) or eager (eager PyTorch, one launch per op).",
+            metavar="megatron|eager",
+        ),
     ),
     "precision": (
         _TRAINING,
@@ -296,10 +315,19 @@ def options_from_cli(values: Mapping[str, Any]) -> GenerateOptions:
     """GenerateOptions from parsed option values (``None`` = not given, keep the default).
 
     The original STG's spellings are resolved here: ``--chakra_schema_version``, the model
-    names ``dense`` and ``debug`` (:data:`stg.core.options.MODEL_PRESETS`), ``--micro_batch
-    -1`` and ``--zero 3`` (both resolved by GenerateOptions itself).
+    names ``dense`` and ``debug``, ``--micro_batch -1`` and ``--zero 3`` (both resolved by
+    GenerateOptions itself); so are named presets (``--model llama3-8b``: see
+    :func:`options_and_preset_from_cli`).
     """
-    from stg.core.options import GenerateOptions, OptionError, apply_model_preset
+    return options_and_preset_from_cli(values)[0]
+
+
+def options_and_preset_from_cli(
+    values: Mapping[str, Any],
+) -> tuple[GenerateOptions, PresetUse | None]:
+    """:func:`options_from_cli`, and what a named preset given as ``--model`` contributed
+    (:func:`stg.core.options.resolve_model`; None without one), for summaries."""
+    from stg.core.options import GenerateOptions, OptionError, resolve_model
 
     given = {
         k: v
@@ -325,7 +353,24 @@ def options_from_cli(values: Mapping[str, Any]) -> GenerateOptions:
             "zero=3 means weight_sharded=true, but weight_sharded=false was given; "
             "give one of them"
         )
-    return GenerateOptions(**apply_model_preset(given))
+    preset = None
+    if "model" in given:
+        given, preset = resolve_model(given, _registry())
+    return GenerateOptions(**given), preset
+
+
+def _registry() -> Registry:
+    """The registry of this invocation; outside a command (a test parsing options), the
+    built-ins, installed plugins and nothing else."""
+    from typer._click.globals import get_current_context
+
+    if get_current_context(silent=True) is not None:
+        from stg.cli import get_registry
+
+        return get_registry()
+    from stg.host.registry import load_registry
+
+    return load_registry()
 
 
 def plain_flags_in_help() -> None:
@@ -450,10 +495,13 @@ def run_predictors(
     system: Any,
     *,
     workload: Any = None,
-    trace: tuple[dict[int, list[Any]], dict[int, tuple[int, ...]], dict] | None = None,
+    trace: tuple[Mapping[int, list[Any]], dict[int, tuple[int, ...]], dict] | None = None,
     timeline: str | None = None,
+    calibration: Any = None,
 ) -> dict[str, dict[str, Any]]:
-    """Run each named predictor on a generated workload or a trace; reports by name."""
+    """Run each named predictor on a generated workload or a trace; reports by name.
+    ``calibration`` (a :class:`stg.perf.calibration.Calibration`) goes to predictors that
+    take it (the time predictor: measured kernel times before its models)."""
     from stg.predictors import memory as memory_predictor
     from stg.predictors import time as time_predictor
 
@@ -466,6 +514,8 @@ def run_predictors(
                 kwargs["timeline"] = timeline
             if _accepts_explicitly(predictor.predict, "kernels"):
                 kwargs["kernels"] = list(registry.kernels)
+            if calibration is not None and _accepts_explicitly(predictor.predict, "calibration"):
+                kwargs["calibration"] = calibration
             reports[name] = predictor.predict(workload, system, **kwargs)
             continue
         assert trace is not None
@@ -474,16 +524,18 @@ def run_predictors(
             tokens = None
             if options.get("batch") and options.get("seq"):
                 tokens = int(options["batch"]) * int(options["seq"])
-            problem = time_predictor.problem_from_nodes(nodes, groups)
-            reports[name] = time_predictor.predict_problem(
-                problem,
+            extra = {"calibration": calibration} if calibration is not None else {}
+            # one replay per class of identical ranks (problem_from_trace), else every rank
+            reports[name] = time_predictor.predict_trace(
+                nodes,
+                groups,
                 system,
                 dtype=str(options.get("dtype") or "bf16"),
                 tokens=tokens,
                 timeline=timeline,
                 kernels=list(registry.kernels),
+                **extra,
             )
-            reports[name]["simulated_ranks"] = len(problem.units)
         elif predictor.predict is memory_predictor.predict_memory:
             if not options:
                 raise UserError(
@@ -641,36 +693,80 @@ def check_common(deps: str, window: int, format: str | None) -> None:
         raise UserError(f"--format {format}: not known; allowed: {', '.join(FORMATS)}")
 
 
+JOBS_HELP = "Worker processes reading rank files (default 0: every core); output is the same."
+COMM_GROUP_FILE_HELP = (
+    "The trace's comm-group file (default: <name>.json beside the rank files or, when that is "
+    "absent, the only other comm-group JSON file there)."
+)
+
+
+def check_jobs(jobs: int) -> None:
+    """Reject a negative --jobs with one line (exit 2)."""
+    from stg.trace.parallel import resolve_jobs
+
+    resolve_jobs(jobs)
+
+
+def check_comm_group_file(path: Path | None) -> None:
+    """A --comm_group_file that is missing or not a comm-group map is one line (exit 2)."""
+    if path is None:
+        return
+    from stg.errors import TraceError
+    from stg.trace.validate import read_comm_groups
+
+    if not path.is_file():
+        raise UserError(f"--comm_group_file {path}: no such file")
+    try:
+        read_comm_groups(path)
+    except TraceError as exc:
+        raise UserError(f"--comm_group_file {exc}") from None
+
+
 def run_analysis(
     path: Path,
     rank: int | None,
     deps: str,
     window: int,
     format: str | None,
+    jobs: int = 0,
+    comm_group_file: Path | None = None,
 ) -> list[TraceStats]:
-    """Analyze the selected rank files, with a progress bar on a terminal."""
+    """Analyze the selected rank files (with ``jobs`` worker processes; 0: every core), with
+    a progress bar on a terminal. ``comm_group_file`` is checked and never read as a rank
+    file."""
     from stg.cli import err_console
-    from stg.trace.stats import analyze, find_trace_files, select_rank
+    from stg.trace.stats import find_trace_files, iter_stats, select_rank
 
     check_common(deps, window, format)
+    check_jobs(jobs)
+    check_comm_group_file(comm_group_file)
     files = select_rank(find_trace_files(path), rank)
+    if comm_group_file is not None:
+        files = [f for f in files if not _same_file(f.path, comm_group_file)] or files
     console = err_console()
     results: list[TraceStats] = []
+    stats_of = iter_stats(files, deps=deps, window=window, format=format, jobs=jobs)  # type: ignore[arg-type]
     if console.is_terminal and len(files) > 1:
         from rich.progress import Progress
 
         with Progress(console=console, transient=True) as progress:
             task = progress.add_task("reading traces", total=len(files))
-            for trace in files:
-                results.append(analyze(trace, deps=deps, window=window, format=format))  # type: ignore[arg-type]
+            for stats in stats_of:
+                results.append(stats)
                 progress.advance(task)
     else:
-        for trace in files:
-            results.append(analyze(trace, deps=deps, window=window, format=format))  # type: ignore[arg-type]
+        results.extend(stats_of)
     for stats in results:
         if stats.error is not None:
             typer.echo(f"error: {stats.error}", err=True)
     return results
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.samefile(b)
+    except OSError:
+        return False
 
 
 # -- formatting ---------------------------------------------------------------------------------

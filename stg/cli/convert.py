@@ -32,6 +32,15 @@ def convert(
         help="Replace files that differ (a different trace of the same name, extra ranks); "
         "without it such a conversion is refused and nothing is written.",
     ),
+    comm_group_file: Path | None = typer.Option(  # noqa: B008
+        None,
+        "--comm_group_file",
+        "--comm-group-file",
+        help="The source's comm-group file (default: <name>.json beside the rank files or, "
+        "when that is absent, the only other comm-group JSON file there); it is written beside "
+        "the output under the output's default name.",
+        metavar="PATH",
+    ),
 ) -> None:
     """Convert a trace (every rank file, plus the comm-group file) to another format.
     v0.0.4 <-> json is lossless; v0.0.1 drops what that schema cannot hold. Never overwrites
@@ -45,7 +54,18 @@ def convert(
         raise UserError(f"--from {source_format}: not known; allowed: {', '.join(FORMATS)}")
     if not source.exists() and "%d" not in source.name and not source.parent.is_dir():
         raise UserError(f"{source} does not exist")
-    paths = convert_trace(source, destination, to, source_format=source_format, force=force)
+    notes: list[str] = []
+    paths = convert_trace(
+        source,
+        destination,
+        to,
+        source_format=source_format,
+        force=force,
+        comm_group_file=comm_group_file,
+        notes=notes,
+    )
+    for note in notes:
+        typer.echo(note, err=True)
     typer.echo(f"wrote {len(paths)} file(s) to {paths[0].parent}", err=True)
     for path in paths:
         typer.echo(str(path))

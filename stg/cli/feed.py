@@ -7,7 +7,14 @@ from pathlib import Path
 
 import typer
 
-from stg.cli._shared import DEPS_HELP, FORMAT_HELP, WINDOW_HELP, run_analysis
+from stg.cli._shared import (
+    COMM_GROUP_FILE_HELP,
+    DEPS_HELP,
+    FORMAT_HELP,
+    JOBS_HELP,
+    WINDOW_HELP,
+    run_analysis,
+)
 from stg.trace.feeder import DEFAULT_WINDOW
 from stg.trace.stats import feed_report, render_feed
 
@@ -31,9 +38,17 @@ def feed(
     window: int = typer.Option(DEFAULT_WINDOW, "--window", help=WINDOW_HELP),
     format: str | None = typer.Option(None, "--format", help=FORMAT_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON report."),
+    jobs: int = typer.Option(0, "--jobs", "-j", help=JOBS_HELP),
+    comm_group_file: Path | None = typer.Option(  # noqa: B008
+        None,
+        "--comm_group_file",
+        "--comm-group-file",
+        help=COMM_GROUP_FILE_HELP + " Checked, never fed as a rank file.",
+        metavar="PATH",
+    ),
 ) -> None:
     """Feed traces in dependency order and report issue statistics per rank."""
-    results = run_analysis(path, rank, deps, window, format)
+    results = run_analysis(path, rank, deps, window, format, jobs, comm_group_file)
     if as_json:
         typer.echo(json.dumps(feed_report(results, window), indent=2, ensure_ascii=False))
     else:

@@ -29,7 +29,7 @@ from stg.cli._shared import (
     format_bytes,
     format_seconds,
     option_parameters,
-    options_from_cli,
+    options_and_preset_from_cli,
     parse_bool,
     print_reports,
     print_table,
@@ -39,6 +39,7 @@ from stg.cli._shared import (
 )
 
 if TYPE_CHECKING:
+    from stg.core.options import PresetUse
     from stg.core.workload import Workload
     from stg.host.records import Emitter
 
@@ -113,8 +114,8 @@ def _command_parameters() -> list[inspect.Parameter]:
             annotation=Optional[str],  # noqa: UP045 (parsed by parse_bool)
         ),
         system_parameter(
-            "System for --predict and --print_gpu_vram: a preset (a100-80g, h100-80g) or a "
-            "system JSON file.",
+            "System for --predict and --print_gpu_vram: a preset (a100-80g, h100-80g, "
+            "h200-141g) or a system JSON file.",
             rich_help_panel=_PREDICT,
         ),
     ]
@@ -135,7 +136,7 @@ def generate(**values: Any) -> None:
         from stg.perf.system import load_system
 
         system = load_system(system_spec)
-    options = options_from_cli(values)
+    options, preset = options_and_preset_from_cli(values)
     registry = get_registry()
     emitter = registry.emitters.get(options.format)
     if values.get("output_name") is None:
@@ -160,11 +161,12 @@ def generate(**values: Any) -> None:
     astra = astra_sim_arguments(directory, options.output_name, emitter, groups)
     if as_json:
         data = json_summary(summary, files, groups, astra)
+        data["preset"] = None if preset is None else preset.as_dict()
         if reports:
             data["predictions"] = reports if predict else {"memory": reports["memory"]}
         typer.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
         return
-    _print_summary(console, summary, files, reports if predict else None)
+    _print_summary(console, summary, files, reports if predict else None, preset)
     _print_astra_sim(console, astra, options.output_name, emitter)
     if print_vram:
         print_reports({"memory": reports["memory"]}, f"{options.model} (generated)")
@@ -328,12 +330,15 @@ def _print_summary(
     summary: Mapping[str, Any],
     files: list[Path],
     reports: Mapping[str, Mapping[str, Any]] | None = None,
+    preset: PresetUse | None = None,
 ) -> None:
     from rich.table import Table
 
     table = Table(title="stg generate", title_justify="left", show_header=False)
     table.add_column("what")
     table.add_column("value", justify="right")
+    if preset is not None:
+        _preset_rows(table, preset)
     table.add_row("ranks", f"{summary['ranks']:,}")
     table.add_row("rank classes", f"{summary['rank_classes']:,}")
     for node_type, count in summary["nodes"].items():
@@ -351,6 +356,18 @@ def _print_summary(
     if reports:
         _prediction_rows(table, reports)
     print_table(console, table)
+
+
+def _preset_rows(table: Any, preset: PresetUse) -> None:
+    """Rows naming the preset, the values taken from it and those given instead."""
+    table.add_row("preset", preset.name)
+    taken = ", ".join(f"{key} {value}" for key, value in preset.values.items())
+    table.add_row("from the preset", taken)
+    if preset.overridden:
+        given = ", ".join(
+            f"{key} {now} (preset: {was})" for key, (was, now) in preset.overridden.items()
+        )
+        table.add_row("given instead", given)
 
 
 def _prediction_rows(table: Any, reports: Mapping[str, Mapping[str, Any]]) -> None:

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from stg.cli._shared import (
+    COMM_GROUP_FILE_HELP,
     DEPS_HELP,
     FORMAT_HELP,
+    JOBS_HELP,
     WINDOW_HELP,
+    check_comm_group_file,
     check_common,
+    check_jobs,
     check_writable_file,
     run_analysis,
 )
@@ -40,6 +45,14 @@ def trace(
     window: int = typer.Option(DEFAULT_WINDOW, "--window", help=WINDOW_HELP),
     format: str | None = typer.Option(None, "--format", help=FORMAT_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON report."),
+    jobs: int = typer.Option(0, "--jobs", "-j", help=JOBS_HELP),
+    comm_group_file: Path | None = typer.Option(  # noqa: B008
+        None,
+        "--comm_group_file",
+        "--comm-group-file",
+        help=COMM_GROUP_FILE_HELP + " Checked, never read as a rank file.",
+        metavar="PATH",
+    ),
 ) -> None:
     """Statistics of trace files (see TRACE_HELP)."""
     from stg.errors import UserError
@@ -52,9 +65,11 @@ def trace(
     )
 
     if dot is None:
-        results = run_analysis(path, rank, deps, window, format)
+        results = run_analysis(path, rank, deps, window, format, jobs, comm_group_file)
     else:
         check_common(deps, window, format)
+        check_jobs(jobs)
+        check_comm_group_file(comm_group_file)
         files = select_rank(find_trace_files(path), rank)
         if len(files) != 1:
             names = ", ".join(f"{f.name}.{f.rank}" for f in files[:6])
@@ -87,26 +102,44 @@ def _no_zero_runtime(text: str) -> str:
 
 
 MODEL_HELP = (
-    "Parameters, forward and backward FLOPs and activation bytes saved for the backward, per "
-    "part (embedding, one block, head), as symbolic expressions and as numbers for the given "
-    "dimensions (one device, no parallelism); totals for --num_stacks blocks. With --dot, the "
-    "block's forward and backward graph as Graphviz DOT."
+    "Parameters (all, and active: what one token uses, kexperts of the experts), forward and "
+    "backward FLOPs and activation bytes saved for the backward, per part (embedding, one "
+    "block, head), as symbolic expressions and as numbers for the given dimensions (one "
+    "device, no parallelism); totals for --num_stacks blocks. NAME is a model or a named "
+    "preset (its dimensions; options given win); without NAME, the models and presets. With "
+    "--dot, the block's forward and backward graph as Graphviz DOT."
 )
+
+
+def _dim(option: str, what: str) -> Any:
+    """A dimension option: unset means the preset's value, else GenerateOptions' default."""
+    from stg.core.options import GenerateOptions
+
+    field = option.lstrip("-").replace("-", "_")
+    default = GenerateOptions.__dataclass_fields__[field].default
+    shown = "dmodel/head" if default is None else default
+    names = [option] + ([option.replace("_", "-")] if "_" in option else [])
+    return typer.Option(
+        None, *names, help=f"{what} (default: the preset's, else {shown}).", show_default=False
+    )
 
 
 @app.command("model", help=MODEL_HELP)
 def model(
-    name: str = typer.Argument(..., help="A registered model (see `stg plugins list`)."),
-    dvocal: int = typer.Option(32000, "--dvocal"),
-    dmodel: int = typer.Option(8192, "--dmodel"),
-    dff: int = typer.Option(28672, "--dff"),
-    seq: int = typer.Option(1024, "--seq"),
-    head: int = typer.Option(64, "--head"),
-    kvhead: int = typer.Option(8, "--kvhead"),
-    num_stacks: int = typer.Option(80, "--num_stacks", "--num-stacks"),
+    name: str | None = typer.Argument(
+        None, help="A registered model or preset (none: list the models and presets)."
+    ),
+    dvocal: int | None = _dim("--dvocal", "Vocabulary size"),
+    dmodel: int | None = _dim("--dmodel", "Hidden size"),
+    dff: int | None = _dim("--dff", "FFN hidden size"),
+    seq: int | None = _dim("--seq", "Sequence length"),
+    head: int | None = _dim("--head", "Attention heads"),
+    kvhead: int | None = _dim("--kvhead", "Key/value heads"),
+    dhead: int | None = _dim("--dhead", "Size of one attention head"),
+    num_stacks: int | None = _dim("--num_stacks", "Layers"),
     micro_batch: int = typer.Option(1, "--micro_batch", "--micro-batch", help="Samples."),
-    experts: int = typer.Option(8, "--experts"),
-    kexperts: int = typer.Option(2, "--kexperts"),
+    experts: int | None = _dim("--experts", "Experts per MoE layer"),
+    kexperts: int | None = _dim("--kexperts", "Experts per token"),
     dtype: str = typer.Option("bf16", "--dtype"),
     dot: Path | None = typer.Option(  # noqa: B008
         None, "--dot", metavar="FILE", help="Write the block's graph as Graphviz DOT."
@@ -119,31 +152,147 @@ def model(
 
     from stg.cli import get_registry
     from stg.core.modelinfo import build_unsharded, describe_model, part_dot
-    from stg.core.options import GenerateOptions
+    from stg.core.options import GenerateOptions, resolve_model
     from stg.core.pipeline import symbol_values
     from stg.core.plan import make_plan
+    from stg.errors import UserError
     from stg.trace.writer import write_file_atomically
 
+    registry = get_registry()
+    if name is None:
+        if dot is not None:
+            raise UserError("--dot writes the graph of one model; name it (stg inspect model NAME)")
+        _list_models(registry, as_json)
+        return
+    sizes = dict(dvocal=dvocal, dmodel=dmodel, dff=dff, seq=seq, head=head, kvhead=kvhead,
+                 dhead=dhead, num_stacks=num_stacks, experts=experts,
+                 kexperts=kexperts)  # fmt: skip
+    given = {key: value for key, value in sizes.items() if value is not None}
+    values, preset = resolve_model({"model": name, **given}, registry)
     options = GenerateOptions(
-        model=name, dvocal=dvocal, dmodel=dmodel, dff=dff, seq=seq, head=head, kvhead=kvhead,
-        num_stacks=num_stacks, batch=micro_batch, micro_batch=micro_batch, experts=experts,
-        kexperts=kexperts, dtype=dtype,
-    )  # fmt: skip
+        **values, batch=micro_batch, micro_batch=micro_batch, dtype=dtype
+    )
     make_plan(options)
-    record = get_registry().models.get(name)
+    record = registry.models.get(options.model)
     report = describe_model(record, options, symbol_values(options))
+    if preset is not None:
+        item = registry.presets.get(preset.qualified)
+        report["preset"] = {**preset.as_dict(), **_published(item)}
     if dot is not None:
         text = part_dot(build_unsharded(record, "block", options))
         write_file_atomically(dot, lambda f: f.write(text.encode()))
     if as_json:
         typer.echo(json.dumps(report, indent=2))
         return
-    table = Table(title=f"{name}: per part (micro_batch={micro_batch}, one device)")
+    console = Console(width=160)
+    if preset is not None:
+        console.print(_preset_line(report), markup=False, soft_wrap=True)
+    title = f"{options.model}: per part (micro_batch={micro_batch}, one device)"
+    table = Table(title=title)
     for column in ("part", "figure", "expression", "value"):
         table.add_column(column, justify="right" if column == "value" else "left")
     for part, figures in report["parts"].items():
         for figure, entry in figures.items():
             table.add_row(part, figure, entry["expression"], f"{entry['value']:,}")
     for figure, value in report["totals"].items():
-        table.add_row("total", figure, f"embedding + {num_stacks}·block + head", f"{value:,}")
-    Console(width=160).print(table)
+        layers = options.num_stacks
+        table.add_row("total", figure, f"embedding + {layers}·block + head", f"{value:,}")
+    console.print(table)
+
+
+def _published(preset: Any) -> dict[str, Any]:
+    """A preset record's published figures, JSON-ready."""
+    return {
+        "model": preset.model,
+        "dims": dict(preset.dims),
+        "description": preset.description,
+        "published_parameters": preset.published_parameters,
+        "published_active_parameters": preset.published_active_parameters,
+        "tied_embeddings": preset.tied_embeddings,
+    }
+
+
+def _billions(value: float) -> str:
+    return f"{value / 1e9:,.2f}B"
+
+
+def _published_billions(value: float) -> str:
+    """A published figure as its source writes it: 46.7B, 175B."""
+    return f"{value / 1e9:g}B"
+
+
+def _preset_line(report: dict[str, Any]) -> str:
+    """One paragraph: the preset, its values, and its published counts beside the template's."""
+    preset = report["preset"]
+    values = ", ".join(f"{k} {v}" for k, v in preset["values"].items())
+    text = f"preset {preset['name']}: {values}"
+    if preset["overridden"]:
+        given = ", ".join(
+            f"{k} {v['given']} (preset: {v['preset']})" for k, v in preset["overridden"].items()
+        )
+        text += f"; given instead: {given}"
+    totals = report["totals"]
+    counts = []
+    if preset["published_parameters"]:
+        tied = " (its LM head has its own weight; the published model's is the embedding)"
+        counts.append(
+            f"published {_published_billions(preset['published_parameters'])} parameters, "
+            f"this template "
+            f"{_billions(totals['parameters'])}" + (tied if preset["tied_embeddings"] else "")
+        )
+    if preset["published_active_parameters"]:
+        counts.append(
+            f"published {_published_billions(preset['published_active_parameters'])} active, "
+            f"this template {_billions(totals['active_parameters'])}"
+        )
+    if counts:
+        text += "; " + "; ".join(counts)
+    return f"{text}. Source: {preset['source']}"
+
+
+def _list_models(registry: Any, as_json: bool) -> None:
+    """The registered models and presets (``stg inspect model`` without NAME)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    models = [
+        {
+            "name": entry.name,
+            "qualified": entry.qualified,
+            "aliases": list(entry.aliases),
+            "description": entry.item.description,
+        }
+        for entry in registry.models
+    ]
+    presets = [
+        {
+            "name": entry.name,
+            "qualified": entry.qualified,
+            "aliases": list(entry.aliases),
+            "source": entry.item.source,
+            **_published(entry.item),
+        }
+        for entry in registry.presets
+    ]
+    if as_json:
+        typer.echo(json.dumps({"models": models, "presets": presets}, indent=2))
+        return
+    console = Console(width=200)
+    table = Table(title="models", title_justify="left")
+    for column in ("model", "aliases", "description"):
+        table.add_column(column, overflow="fold")
+    for m in models:
+        table.add_row(m["name"], ", ".join(m["aliases"]), m["description"])
+    console.print(table)
+    table = Table(title="presets (--model NAME)", title_justify="left")
+    for column in ("preset", "model", "dimensions", "published", "source"):
+        table.add_column(column, overflow="fold")
+    for p in presets:
+        total, active = p["published_parameters"], p["published_active_parameters"]
+        published = [_published_billions(total)] if total else []
+        if active:
+            published.append(f"{_published_billions(active)} active")
+        dims = " ".join(f"{k}={v}" for k, v in p["dims"].items())
+        name = p["name"] + "".join(f"\n({alias})" for alias in p["aliases"])
+        table.add_row(name, p["model"], dims, "\n".join(published) or "-", p["source"])
+    console.print(table)

@@ -59,7 +59,7 @@ def _own_parameters() -> list[inspect.Parameter]:
             ),
             annotation=text,
         ),
-        system_parameter("System preset (a100-80g, h100-80g) or a system JSON file."),
+        system_parameter("System preset (a100-80g, h100-80g, h200-141g) or a system JSON file."),
         inspect.Parameter(
             "dtypes",
             kw,

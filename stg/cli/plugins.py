@@ -18,6 +18,8 @@ _KIND_LABELS = {
     "emitters": "emitters",
     "predictors": "predictors",
     "commands": "commands",
+    "bench_ops": "bench operators",
+    "presets": "presets",
 }
 
 

@@ -2,7 +2,8 @@
 
 The workload is either generated in memory from the options of ``stg generate`` (same names,
 same defaults) or read from a trace on disk (``stg predict out/``). ``--system`` names a
-preset (``a100-80g``, ``h100-80g``) or a JSON system file (see :mod:`stg.perf.system`).
+preset (``a100-80g``, ``h100-80g``, ``h200-141g``) or a JSON system file (see
+:mod:`stg.perf.system`).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def _own_parameters() -> list[inspect.Parameter]:
             ),
             annotation=Optional[str],  # noqa: UP045 (typer needs a runtime type object)
         ),
-        system_parameter("System preset (a100-80g, h100-80g) or a system JSON file."),
+        system_parameter("System preset (a100-80g, h100-80g, h200-141g) or a system JSON file."),
         inspect.Parameter(
             "predictor",
             kw,
@@ -82,25 +83,70 @@ def _own_parameters() -> list[inspect.Parameter]:
             ),
             annotation=Optional[str],  # noqa: UP045
         ),
+        inspect.Parameter(
+            "jobs",
+            kw,
+            default=typer.Option(
+                0,
+                "--jobs",
+                "-j",
+                help="With a trace PATH: worker processes reading its rank files (default 0: "
+                "every core); the prediction is the same.",
+            ),
+            annotation=int,
+        ),
+        inspect.Parameter(
+            "comm_group_file",
+            kw,
+            default=typer.Option(
+                None,
+                "--comm_group_file",
+                "--comm-group-file",
+                help="With a trace PATH: its comm-group file (default: <name>.json beside the "
+                "rank files or, when that is absent, the only other comm-group JSON file there).",
+                metavar="PATH",
+            ),
+            annotation=Optional[str],  # noqa: UP045
+        ),
+        inspect.Parameter(
+            "calibration",
+            kw,
+            default=typer.Option(
+                None,
+                "--calibration",
+                help="A calibration table (stg bench calibrate): measured kernel times, then "
+                "its fitted models, before the analytical model.",
+                metavar="FILE",
+            ),
+            annotation=Optional[str],  # noqa: UP045
+        ),
     ]
 
 
 # -- inputs -----------------------------------------------------------------------------------
 
 
-def _trace_input(path: str) -> tuple[dict[int, list[Any]], dict[int, tuple[int, ...]], dict]:
-    """Nodes per rank, comm groups and (if recorded) the generation options of a trace."""
-    from stg.trace.reader import iter_nodes, read_metadata
-    from stg.trace.validate import find_rank_files, read_comm_groups
+def _trace_input(
+    path: str, jobs: int = 0, comm_group_file: str | None = None
+) -> tuple[Mapping[int, list[Any]], dict[int, tuple[int, ...]], dict]:
+    """The ranks of a trace (a :class:`stg.trace.ranks.TraceRanks`: rank -> nodes, decoded on
+    demand, with per-rank summaries read by ``jobs`` processes), its comm groups and (if
+    recorded) its generation options."""
+    from stg.trace.ranks import read_ranks
+    from stg.trace.reader import read_metadata
+    from stg.trace.validate import find_rank_files, locate_comm_groups, read_comm_groups
 
-    files, group_path = find_rank_files(path)
+    files, default_group = find_rank_files(path)
     missing = [r for r, f in enumerate(files) if f is None]
     if missing:
         raise UserError(f"trace {path!r} lacks the rank files of ranks {missing[:8]}")
+    group_path, note = locate_comm_groups(files, default_group, comm_group_file)
+    if note:
+        typer.echo(note, err=True)
     groups: dict[int, tuple[int, ...]] = {}
     if group_path is not None and group_path.is_file():
         groups = read_comm_groups(group_path)
-    nodes = {rank: list(iter_nodes(file)) for rank, file in enumerate(files) if file}
+    nodes = read_ranks([f for f in files if f is not None], jobs)
     options: dict[str, Any] = {}
     attrs = read_metadata(files[0]).get("attrs") or {}  # type: ignore[arg-type]
     raw = attrs.get("options")
@@ -145,9 +191,20 @@ def predict(**values: Any) -> None:
     predictor = values.pop("predictor")
     as_json = values.pop("as_json")
     timeline = values.pop("timeline")
+    calibration_file = values.pop("calibration")
+    jobs = values.pop("jobs")
+    comm_group_file = values.pop("comm_group_file")
+    from stg.trace.parallel import resolve_jobs
+
+    resolve_jobs(jobs)
     given = {k: v for k, v in values.items() if v is not None}
     registry = get_registry()
     system = load_system(system_spec)
+    calibration = None
+    if calibration_file is not None:
+        from stg.perf.calibration import load_calibration
+
+        calibration = load_calibration(calibration_file)
     names = _check_predictor_name(predictor, registry)
     if timeline is not None:
         check_writable_file("--timeline", Path(timeline))
@@ -159,11 +216,16 @@ def predict(**values: Any) -> None:
                 f"(got both: {', '.join('--' + k for k in sorted(given))})"
             )
         with _os_errors():
+            trace = _trace_input(path, jobs, comm_group_file)
             reports = run_predictors(
-                names, registry, system, trace=_trace_input(path), timeline=timeline
+                names, registry, system, trace=trace, timeline=timeline, calibration=calibration
             )
         source = path
+        nodes = [] if calibration is None else [n for ns in trace[0].values() for n in ns]
+        dtype = str(trace[2].get("dtype") or "bf16")
     else:
+        if comm_group_file is not None:
+            raise UserError("--comm_group_file names the comm-group file of a trace PATH")
         from stg.core import pipeline as gen
 
         options = options_from_cli(values)
@@ -171,12 +233,41 @@ def predict(**values: Any) -> None:
         with progress_bar(console) as progress:
             workload = gen.build_workload(options, registry, progress=progress)
         with _os_errors():
-            reports = run_predictors(names, registry, system, workload=workload, timeline=timeline)
+            reports = run_predictors(
+                names,
+                registry,
+                system,
+                workload=workload,
+                timeline=timeline,
+                calibration=calibration,
+            )
         source = f"{options.model} (generated)"
+        nodes = [n for rc in workload.rank_classes for n in rc.nodes]
+        dtype = options.dtype
+    if calibration is not None and "time" in reports:
+        reports["time"]["calibration"] = _coverage(calibration, nodes, dtype)
     if as_json:
         typer.echo(json.dumps(reports, indent=2, sort_keys=True))
         return
     print_reports(reports, source)
+    if calibration is not None and "time" in reports:
+        c = reports["time"]["calibration"]
+        share = c["flops_share"]
+        typer.echo(
+            f"calibration {calibration_file} ({c['device']}): of {c['nodes']} compute nodes, "
+            f"{c['measured']} measured ({share['measured']:.0%} of FLOPs), {c['fitted']} "
+            f"fitted ({share['fitted']:.0%}), {c['analytical']} analytical "
+            f"({share['analytical']:.0%})"
+        )
+
+
+def _coverage(calibration: Any, nodes: list[Any], dtype: str) -> dict[str, Any]:
+    """Which compute nodes the calibration table priced (see stg.perf.calibration.coverage)."""
+    from stg.core.workload import NodeType
+    from stg.perf.calibration import coverage
+
+    compute = [n for n in nodes if n.type is NodeType.COMP]
+    return coverage(calibration, compute, dtype)
 
 
 predict.__signature__ = inspect.Signature(  # type: ignore[attr-defined]

@@ -29,14 +29,32 @@ def validate(
         "only ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER and ALL_TO_ALL collectives. chakra: any "
         "other reader of the Chakra schema; those rules become warnings.",
     ),
+    jobs: int = typer.Option(
+        0,
+        "--jobs",
+        "-j",
+        help="Worker processes checking rank files (default 0: every core); the report is "
+        "the same.",
+    ),
+    comm_group_file: Path | None = typer.Option(  # noqa: B008
+        None,
+        "--comm_group_file",
+        "--comm-group-file",
+        help="The trace's comm-group file (default: <name>.json beside the rank files or, "
+        "when that is absent, the only other comm-group JSON file there).",
+        metavar="PATH",
+    ),
 ) -> int:
     """Check every rank file of a trace: ids, deps, cycles, attribute types, send/recv pairs,
     collective sequences, the comm-group file and, by default, ASTRA-sim's consumption rules
     (--consumer). Exit 1 on any violation, 2 on unusable input."""
     from stg.cli import err_console
+    from stg.trace.parallel import resolve_jobs
     from stg.trace.validate import validate_trace
 
+    resolve_jobs(jobs)
     console = err_console()
+    options = {"consumer": consumer, "jobs": jobs, "comm_group_file": comm_group_file}
     if console.is_terminal:
         from rich.progress import Progress
 
@@ -46,9 +64,11 @@ def validate(
             def progress(label: str, done: int, total: int) -> None:
                 bar.update(task, description=label, completed=done, total=total)
 
-            report = validate_trace(path, progress, consumer=consumer)
+            report = validate_trace(path, progress, **options)  # type: ignore[arg-type]
     else:
-        report = validate_trace(path, consumer=consumer)
+        report = validate_trace(path, **options)  # type: ignore[arg-type]
+    for note in report.notes:
+        typer.echo(note, err=True)
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2))
     else:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from math import prod
+from typing import Any
 
 import sympy
 
@@ -96,6 +97,8 @@ class BoundOp:
     """a collective of a flat (padded) buffer: the flat degree (see :func:`flat_comm_size`)"""
     flat_elements: int = 0
     """... and the unpadded elements of this rank's tensor(s) before the flat split"""
+    attrs: tuple[tuple[str, Any], ...] = ()
+    """further node attributes: the kernel shape (``gemm``, ``attention``) for predictors"""
 
 
 def flat_comm_size(kind: CollectiveType | None, elements: int, degree: int, dtype: str) -> int:
@@ -124,10 +127,13 @@ def _flops(op: Op, binder: Binder) -> int:
     return binder.numel(op.output)
 
 
-def bind_ops(ops: Iterable[Op], binder: Binder) -> list[BoundOp]:
+def bind_ops(ops: Iterable[Op | BoundOp], binder: Binder) -> list[BoundOp]:
     """Integer costs for every op of one phase of a part."""
     bound = []
     for op in ops:
+        if isinstance(op, BoundOp):  # already bound (a fused attention kernel)
+            bound.append(op)
+            continue
         if op.kind == "view":
             continue
         inputs = tuple(key(t) for t in op.inputs)
@@ -152,6 +158,7 @@ def bind_ops(ops: Iterable[Op], binder: Binder) -> list[BoundOp]:
             )
             moved += sum(binder.numel(t) * 4 for t in op.inputs if t.kind == "index")
             num_ops = _flops(op, binder)
+            attrs = (("gemm", gemm_shape(op, binder)),) if op.kind == "einsum" else ()
             if num_ops <= 0 < moved:
                 # ASTRA-sim's roofline times a node as num_ops / min(peak, bw·num_ops/bytes):
                 # zero ops with bytes > 0 is 0/0 and the rank never finishes. A node declared
@@ -168,9 +175,147 @@ def bind_ops(ops: Iterable[Op], binder: Binder) -> list[BoundOp]:
                     tensor_size=moved,
                     tags=op.tags,
                     dtype=op.inputs[0].dtype if op.kind == "einsum" else op.output.dtype,
+                    attrs=attrs,
                 )
             )
     return bound
+
+
+def _einsum_letters(op: Op, binder: Binder) -> tuple[str, str, str, dict[str, int]]:
+    lhs, out = op.spec.split("->")
+    a, b = lhs.split(",")
+    sizes: dict[str, int] = {}
+    for letters, t in zip((a, b), op.inputs, strict=True):
+        for letter, d, axes in zip(letters, t.dims, t.sharding.dims, strict=True):
+            sizes.setdefault(letter, binder.local_dim(d, axes))
+    return a, b, out, sizes
+
+
+def gemm_shape(op: Op, binder: Binder) -> tuple[int, int, int, int]:
+    """``(batch, m, n, k)`` of a two-operand einsum on one rank, as a batched GEMM
+    ``[m, k] x [k, n]``: batch letters are in both operands and the output, m letters in the
+    first operand and the output, n letters in the second and the output, k letters in both
+    operands only. A letter of one operand alone (summed over) counts into k."""
+    if len(op.inputs) != 2:
+        return (1, binder.numel(op.output), 1, 1)
+    a, b, out, sizes = _einsum_letters(op, binder)
+    batch = m = n = k = 1
+    for letter, size in sizes.items():
+        if letter in a and letter in b:
+            if letter in out:
+                batch *= size
+            else:
+                k *= size
+        elif letter in out:
+            if letter in a:
+                m *= size
+            else:
+                n *= size
+        else:
+            k *= size
+    return (batch, m, n, k)
+
+
+def attention_shape(scores: Op, binder: Binder) -> tuple[int, int, int, int, int, int]:
+    """``(batch, heads, s_q, s_kv, head_dim, causal)`` of the attention core whose score einsum
+    (``q · k``) is ``scores``: heads are the batch letters not named ``batch`` (query heads,
+    kv heads x query groups for GQA); causal when the einsum computes half the scores."""
+    a, b, out, sizes = _einsum_letters(scores, binder)
+    batch = heads = 1
+    names = {
+        letter: d.name
+        for letters, t in zip((a, b), scores.inputs, strict=True)
+        for letter, d in zip(letters, t.dims, strict=True)
+    }
+    _, s_q, s_kv, head_dim = gemm_shape(scores, binder)
+    for letter in sizes:
+        if letter in a and letter in b and letter in out:
+            if names[letter] == "batch":
+                batch *= sizes[letter]
+            else:
+                heads *= sizes[letter]
+    return (batch, heads, s_q, s_kv, head_dim, int(Fraction(str(scores.scale)) != 1))
+
+
+def fuse_attention(
+    ops: list[Op], binder: Binder, shapes: dict[str, tuple[int, ...]]
+) -> list[Op | BoundOp]:
+    """``ops`` with each run of attention-core compute ops replaced by one fused kernel, as
+    FlashAttention computes it: the same FLOPs, but only Q, K, V, the output and the softmax
+    statistics (4 bytes per query row and head) cross memory; the backward also reads the
+    output gradient and writes dQ, dK and dV. Forward core ops are those tagged
+    ``core_attention``; ``shapes`` maps their names to the attention shape (filled when the
+    forward is fused), and backward ops ``<forward op>.grad_*`` of those are fused too.
+    Collectives met inside a run go before the fused node when they need nothing it produces,
+    after it otherwise."""
+    out: list[Op | BoundOp] = []
+    run: list[Op] = []
+    after: list[Op] = []
+
+    def is_core(op: Op) -> bool:
+        if op.kind in ("collective", "view"):
+            return False
+        return "core_attention" in op.tags or op.name.split(".grad_", 1)[0] in shapes
+
+    def flush() -> None:
+        if run:
+            out.append(_fused_attention(run, binder, shapes))
+            out.extend(after)
+        run.clear()
+        after.clear()
+
+    for op in ops:
+        if is_core(op):
+            run.append(op)
+        elif run and op.kind in ("collective", "view"):
+            produced = {id(o.output) for o in run}
+            (after if any(id(t) in produced for t in op.inputs) else out).append(op)
+        else:
+            flush()
+            out.append(op)
+    flush()
+    return out
+
+
+def _fused_attention(run: list[Op], binder: Binder, shapes: dict[str, tuple[int, ...]]) -> BoundOp:
+    backward = any(".grad_" in op.name for op in run)
+    produced = {id(op.output) for op in run}
+    external = list(dict.fromkeys(t for op in run for t in op.inputs if id(t) not in produced))
+    tokens = [t for t in external if _is_token_tensor(t)]  # Q, K, V (and dO backward)
+    moved = sum(binder.nbytes(t) for t in tokens)
+    if backward:
+        # O is read again (rowsum(dO * O)); dQ, dK, dV are written
+        moved += binder.nbytes(run[0].inputs[0])
+        moved += sum(binder.nbytes(op.output) for op in run if _is_token_tensor(op.output))
+        forward = (op.name.split(".grad_", 1)[0] for op in run)
+        shape = next((shapes[name] for name in forward if name in shapes), ())
+    else:
+        moved += binder.nbytes(run[-1].output)
+        scores = next((op for op in run if op.kind == "einsum"), None)
+        shape = attention_shape(scores, binder) if scores is not None else ()
+        for op in run:
+            shapes[op.name] = shape
+    if shape:
+        batch, heads, s_q = shape[:3]
+        moved += 4 * batch * heads * s_q  # the softmax statistics (fp32 log-sum-exp per row)
+    einsums = [op for op in run if op.kind == "einsum"]
+    return BoundOp(
+        "core_attention.grad" if backward else "core_attention",
+        NodeType.COMP,
+        tuple(key(t) for t in external),
+        tuple(key(op.output) for op in run),
+        num_ops=sum(_flops(op, binder) for op in run),
+        tensor_size=moved,
+        tags=frozenset().union(*(op.tags for op in run)) | {"core_attention"},
+        dtype=einsums[0].inputs[0].dtype if einsums else run[0].output.dtype,
+        attrs=(("attention", (*shape, int(backward))),) if shape else (),
+    )
+
+
+def _is_token_tensor(t: Tensor) -> bool:
+    """A tensor with one row per token (Q, K, V, O and their gradients), not a score matrix
+    (which has two sequence dimensions)."""
+    return sum(1 for d in t.dims if d.name.startswith("seq")) <= 1
 
 
 def fuse(ops: list[BoundOp], group_of: Callable[[BoundOp], object | None]) -> list[BoundOp]:
@@ -322,9 +467,17 @@ def _flat_shard(weights: Iterable[Tensor], binder: Binder, degree: int) -> int:
     return -(-sum(binder.unflat_numel(w) for w in weights) // degree)
 
 
-def bind_part(part: Part, binder: Binder, seed: Tensor | None, shard_degree: int = 1) -> BoundPart:
+def bind_part(
+    part: Part,
+    binder: Binder,
+    seed: Tensor | None,
+    shard_degree: int = 1,
+    fused_attention: bool = False,
+) -> BoundPart:
     """Bind ``part``; ``shard_degree`` is the degree over which ZeRO or FSDP shards its
-    gradients and optimizer states (1: not sharded)."""
+    gradients and optimizer states (1: not sharded); ``fused_attention`` runs the attention
+    core as one fused kernel forward and one backward (:func:`fuse_attention`)."""
+    shapes: dict[str, tuple[int, ...]] = {}
     grads = tuple(key(g) for g in part.weight_grads.values())
     input_tensor = next((t for t in part.inputs if t.kind == "input"), None)
     boundary = part.output if part.output is not None else input_tensor
@@ -336,7 +489,8 @@ def bind_part(part: Part, binder: Binder, seed: Tensor | None, shard_degree: int
         )
 
     def bound(ops: list[Op], group_of: Callable[[BoundOp], object | None]) -> list[BoundOp]:
-        return fuse(_mark_flat(bind_ops(ops, binder), ops, binder), group_of)
+        fused = fuse_attention(ops, binder, shapes) if fused_attention else ops
+        return fuse(_mark_flat(bind_ops(fused, binder), ops, binder), group_of)
 
     return BoundPart(
         part,
@@ -429,6 +583,7 @@ def _fields(op: BoundOp, prefix: str) -> dict:
         "comm_size": op.comm_size,
         "group_axes": op.group_axes,
         "dtype": op.dtype,
+        "attrs": dict(op.attrs),
     }
 
 

@@ -15,7 +15,7 @@ import sympy
 from stg.core.autodiff import build_backward
 from stg.core.options import GenerateOptions
 from stg.core.precision import DTYPE_BYTES
-from stg.core.symbolic import GraphBuilder, Op, Part, Tensor
+from stg.core.symbolic import Experts, GraphBuilder, KExperts, Op, Part, Tensor
 from stg.host.records import Model
 
 PARTS = ("embedding", "block", "head")
@@ -74,9 +74,43 @@ def saved_activations(part: Part) -> list[Tensor]:
     return list(seen.values())
 
 
+def routed_weights(part: Part) -> list[Tensor]:
+    """The weights of routed experts: each has an ``experts`` dimension that an einsum runs
+    over as a batch dimension (an activation operand has it too: tokens dispatched to
+    experts), so a token reaches only ``kexperts`` of its ``experts`` slices. A router's
+    ``dmodel experts`` weight is not one: every token uses all of it."""
+    routed: dict[int, Tensor] = {}
+    for op in part.forward:
+        if op.kind != "einsum":
+            continue
+        operands = [t.base or t for t in op.inputs]
+        batched = any(
+            t.kind != "weight" and any(d.name == "experts" for d in t.dims) for t in operands
+        )
+        if not batched:
+            continue
+        for t in operands:
+            if t.kind == "weight" and any(d.name == "experts" for d in t.dims):
+                routed.setdefault(id(t), t)
+    return list(routed.values())
+
+
+def active_parameters(part: Part) -> sympy.Expr:
+    """Parameters one token uses: every weight, routed experts' weights (:func:`routed_weights`)
+    counted for ``kexperts`` of their ``experts`` slices (the "active" count of mixtures of
+    experts)."""
+    routed = {id(t) for t in routed_weights(part)}
+    share = KExperts / Experts
+    total = sympy.Integer(0)
+    for w in part.weights:
+        total += w.numel * share if id(w) in routed else w.numel
+    return total
+
+
 def describe_part(part: Part) -> dict[str, sympy.Expr]:
     return {
         "parameters": sympy.simplify(sum((w.numel for w in part.weights), sympy.Integer(0))),
+        "active_parameters": sympy.simplify(active_parameters(part)),
         "forward_flops": sympy.simplify(
             sum((op_flops(op) for op in part.forward), sympy.Integer(0))
         ),
@@ -109,6 +143,21 @@ def describe_model(
     result["totals"] = totals
     result["dims"] = {str(k): v for k, v in values.items()}
     return result
+
+
+def model_parameters(
+    model: Model, options: GenerateOptions, values: Mapping[Any, int]
+) -> dict[str, int]:
+    """``parameters`` and ``active_parameters`` (:func:`active_parameters`) of the whole
+    model: embedding, ``options.num_stacks`` blocks and head, for the dimension ``values``."""
+    counts = {"parameters": 0, "active_parameters": 0}
+    for name in PARTS:
+        part = build_unsharded(model, name, options)
+        layers = options.num_stacks if name == "block" else 1
+        total = sum((w.numel for w in part.weights), sympy.Integer(0))
+        for key, expr in (("parameters", total), ("active_parameters", active_parameters(part))):
+            counts[key] += int(sympy.sympify(expr).xreplace(dict(values))) * layers
+    return counts
 
 
 def part_dot(part: Part) -> str:

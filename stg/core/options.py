@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from stg.errors import UserError
+from stg.errors import UnknownNameError, UserError
+
+if TYPE_CHECKING:
+    from stg.host.registry import Registry
 
 
 class OptionError(UserError):
@@ -15,36 +18,85 @@ class OptionError(UserError):
 
 MODEL_ALIASES: dict[str, str] = {"dense": "gpt"}
 """Model names of the original STG that name a registered model: ``dense``, its default,
-is the default GPT model."""
+is the default GPT model. (Its ``debug`` is a preset: ``stg.models.presets``.)"""
 
-MODEL_PRESETS: dict[str, dict[str, Any]] = {
-    "debug": {
-        "model": "gpt",
-        "dvocal": 1024,
-        "dmodel": 256,
-        "dff": 1024,
-        "head": 8,
-        "kvhead": 8,
-        "seq": 256,
-        "num_stacks": 4,
-    },
-}
-"""Model names that stand for a registered model with other default sizes. ``debug`` (the
-original STG's model for debugging) is a tiny GPT: 4 layers, dmodel 256, dff 1024, 8 heads,
-seq 256, vocabulary 1024; sizes given explicitly win over the preset's."""
+@dataclass(frozen=True)
+class PresetUse:
+    """What a named preset (:class:`stg.host.records.Preset`) contributed to a run's options.
+
+    ``values`` are the options taken from the preset (``model`` first, then its dimensions
+    that were not given); ``overridden`` maps each dimension of the preset that an explicit
+    option replaced to ``(preset value, given value)``.
+    """
+
+    name: str
+    qualified: str
+    source: str
+    values: Mapping[str, Any]
+    overridden: Mapping[str, tuple[Any, Any]]
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready: name, qualified (``dist:name``), source, values, overridden."""
+        return {
+            "name": self.name,
+            "qualified": self.qualified,
+            "source": self.source,
+            "values": dict(self.values),
+            "overridden": {
+                key: {"preset": preset, "given": given}
+                for key, (preset, given) in self.overridden.items()
+            },
+        }
 
 
-def apply_model_preset(values: Mapping[str, Any]) -> dict[str, Any]:
-    """``values`` (GenerateOptions fields that were given) with a model alias or preset
-    resolved: ``model="dense"`` becomes ``gpt``; ``model="debug"`` becomes ``gpt`` with the
-    preset's sizes for the fields not given."""
+def resolve_model(
+    values: Mapping[str, Any], registry: Registry
+) -> tuple[dict[str, Any], PresetUse | None]:
+    """``values`` (the GenerateOptions fields that were given) with ``model`` resolved.
+
+    A registered model (name, alias or ``dist:name``) stays as it is, ``dense`` becomes
+    ``gpt`` (:data:`MODEL_ALIASES`), and a preset's name (``llama3-8b``, ``debug``) becomes
+    its model, its dimensions filling the fields that were not given. Returns the values and
+    what a preset contributed (None without one). An unknown name is an
+    :class:`~stg.errors.UnknownNameError` listing the models and the presets.
+    """
     given = dict(values)
-    model = given.get("model")
-    if model in MODEL_ALIASES:
-        given["model"] = MODEL_ALIASES[model]
-    elif model in MODEL_PRESETS:
-        given = {**MODEL_PRESETS[model], **{k: v for k, v in given.items() if k != "model"}}
-    return given
+    name = given.get("model")
+    if not isinstance(name, str):
+        return given, None
+    if name in MODEL_ALIASES:
+        given["model"] = MODEL_ALIASES[name]
+        return given, None
+    try:
+        registry.models.lookup(name)
+        return given, None  # a model template: the name stays
+    except UnknownNameError:
+        pass
+    try:
+        entry = registry.presets.lookup(name)
+    except UnknownNameError:
+        raise UnknownNameError(
+            f"unknown model {name!r}; allowed: models {', '.join(registry.models.names())}; "
+            f"presets {', '.join(registry.presets.names()) or '(none)'}"
+            + registry.failures_note()
+        ) from None
+    preset = entry.item
+    try:
+        registry.models.lookup(preset.model)
+    except UnknownNameError:
+        raise UnknownNameError(
+            f"preset {name!r} ({entry.qualified}) builds model {preset.model!r}, which is not "
+            f"registered; allowed: {', '.join(registry.models.names())}"
+            + registry.failures_note()
+        ) from None
+    taken = {"model": preset.model}
+    taken.update((k, v) for k, v in preset.dims.items() if k not in given)
+    overridden = {
+        k: (v, given[k]) for k, v in preset.dims.items() if k in given and given[k] != v
+    }
+    given.update(taken)
+    use = PresetUse(entry.name, entry.qualified, preset.source, taken, overridden)
+    return given, use
 
 
 @dataclass(frozen=True)
@@ -57,6 +109,14 @@ class GenerateOptions:
     ``batch`` samples per iteration, ``micro_batch`` samples per micro-batch over all replicas
     (``None``, or ``-1`` as in the original STG, means one micro-batch: the whole batch).
     ``zero=3`` means ``weight_sharded=True`` (it is stored as that, with ``zero=0``).
+    ``attention`` is how the attention core runs: ``fused`` (one FlashAttention-class kernel
+    forward and one backward, no score matrix in memory; every current stack) or ``unfused``
+    (scores, softmax and context as separate kernels through memory). ``profile`` names how
+    the training stack executes, for predictors: ``megatron`` (Megatron-LM / Transformer
+    Engine: fused kernels, asynchronous launches) or ``eager`` (eager PyTorch: one kernel per
+    op, each paying the host's launch cost). ``dhead`` is the size of one attention head;
+    ``None`` means ``dmodel / head`` (Qwen3 sets it apart: 128 with dmodel 2048 and 32 heads).
+    ``model`` is a registered model; a preset's name is resolved before (:func:`resolve_model`).
     """
 
     model: str = "gpt"
@@ -68,6 +128,7 @@ class GenerateOptions:
     seq: int = 1024
     head: int = 64
     kvhead: int = 8
+    dhead: int | None = None
     num_stacks: int = 80
     experts: int = 8
     kexperts: int = 2
@@ -87,11 +148,16 @@ class GenerateOptions:
     dtype: str = "bf16"
     grad_reduce_dtype: str | None = None
     causal: bool = False
+    attention: str = "fused"
+    profile: str = "megatron"
     precision: tuple[tuple[str, str], ...] = ()
     rank_order: str = "tp,sp,ep,dp,pp"
     format: str = "chakra-v0.0.4"
     output_dir: str = "generated"
     output_name: str = "workload.%d.et"
+
+    ATTENTION = ("fused", "unfused")
+    PROFILES = ("megatron", "eager")
 
     def __post_init__(self) -> None:
         # the original STG's spelling of "the whole batch"; same options, same workload

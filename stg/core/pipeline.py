@@ -20,6 +20,7 @@ from stg.core.precision import (
 from stg.core.symbolic import (
     Capacity,
     Dff,
+    DHead,
     Dmodel,
     Dvocal,
     Experts,
@@ -59,7 +60,7 @@ def symbol_values(options: GenerateOptions) -> dict[Any, int]:
     micro_batch = options.micro_batch or options.batch
     tokens = micro_batch * options.seq
     capacity = -(-int(tokens * options.kexperts * options.capacity_factor) // options.experts)
-    return {
+    values = {
         MicroBatch: micro_batch,
         Seq: options.seq,
         Dmodel: options.dmodel,
@@ -71,6 +72,9 @@ def symbol_values(options: GenerateOptions) -> dict[Any, int]:
         KExperts: options.kexperts,
         Capacity: capacity,
     }
+    if options.dhead is not None:
+        values[DHead] = options.dhead
+    return values
 
 
 def build_parts(model: Model, plan: ParallelPlan) -> ModelParts:
@@ -110,7 +114,13 @@ def build_parts(model: Model, plan: ParallelPlan) -> ModelParts:
             seed.kind = "grad"
             build_backward(b, seed=seed)
         build_grad_reduction(b, zero_axes)
-        bound[name] = bind_part(b.part, binder, seed, shard_degree=plan.zero_degree)
+        bound[name] = bind_part(
+            b.part,
+            binder,
+            seed,
+            shard_degree=plan.zero_degree,
+            fused_attention=o.attention == "fused",
+        )
     master, state, grad = (DTYPE_BYTES[precision[k]] for k in ("master", "optimizer", "grad"))
     # Adam reads and writes the master weights and both moments and reads the gradient; with
     # mixed precision it also writes the 16-bit working copy of the weights.
@@ -202,8 +212,11 @@ def build_workload(
     metadata = {
         "generator": "stg",
         # where the files go is not part of the workload: same options, same bytes anywhere
+        # dhead unset (dmodel / head) is left out: traces without it keep their bytes
         "options": {
-            k: v for k, v in options.as_dict().items() if k not in {"output_dir", "output_name"}
+            k: v
+            for k, v in options.as_dict().items()
+            if k not in {"output_dir", "output_name"} and not (k == "dhead" and v is None)
         },
         "micro_batches": plan.micro_batches,
         "layers_per_chunk": list(plan.layers_per_chunk),

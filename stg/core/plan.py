@@ -145,7 +145,13 @@ def make_plan(o: GenerateOptions) -> ParallelPlan:
         f"dp·ep={replicas} must divide micro_batch={micro_batch} "
         "(each data-parallel replica needs whole samples)",
     )
-    _require(o.dmodel % o.head == 0, f"head={o.head} must divide dmodel={o.dmodel}")
+    if o.dhead is None:  # the head size is dmodel / head
+        _require(o.dmodel % o.head == 0, f"head={o.head} must divide dmodel={o.dmodel}")
+    else:
+        _require(
+            isinstance(o.dhead, int) and not isinstance(o.dhead, bool) and o.dhead >= 1,
+            f"dhead={o.dhead} must be a positive integer (or unset: dmodel/head)",
+        )
     _require(o.head % o.kvhead == 0, f"kvhead={o.kvhead} must divide head={o.head}")
     _require(o.head % o.tp == 0, f"tp={o.tp} must divide head={o.head}")
     _require(o.dff % o.tp == 0, f"tp={o.tp} must divide dff={o.dff}")
@@ -160,6 +166,14 @@ def make_plan(o: GenerateOptions) -> ParallelPlan:
         f"pp={o.pp}"
         + (f"·virtual_stages={o.virtual_stages}" if o.virtual_stages > 1 else "")
         + f" must not exceed num_stacks={o.num_stacks}",
+    )
+    _require(
+        o.attention in GenerateOptions.ATTENTION,
+        f"attention={o.attention!r} must be one of {', '.join(GenerateOptions.ATTENTION)}",
+    )
+    _require(
+        o.profile in GenerateOptions.PROFILES,
+        f"profile={o.profile!r} must be one of {', '.join(GenerateOptions.PROFILES)}",
     )
     recompute = RECOMPUTE.get(str(o.activation_recompute).lower())
     _require(

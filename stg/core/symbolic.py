@@ -27,6 +27,8 @@ MicroBatch, Seq, Dmodel, Dff, Head, KVHead, Dvocal, Experts, KExperts, Capacity 
     integer=True,
     positive=True,
 )
+DHead = sympy.Symbol("dhead", integer=True, positive=True)
+"""The size of one attention head where ``--dhead`` sets it apart from ``dmodel / head``."""
 
 
 ONE = sympy.Integer(1)
@@ -199,6 +201,8 @@ class GraphBuilder:
         self.precision = precision
         self.options: Mapping[str, object] = options or {}
         self.dims: Mapping[str, Dim] = dict(STANDARD_DIMS)
+        if self.options.get("dhead") is not None:  # --dhead: a size of its own (Qwen3)
+            self.dims = {**self.dims, "dhead": Dim("dhead", DHead)}
         self._phase = "forward"
         self._tags: frozenset[str] = frozenset()
         self._reshard_cache: dict[tuple[int, Sharding], Tensor] = {}

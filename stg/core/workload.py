@@ -98,6 +98,8 @@ class NodeTemplate:
     peer_stage: int | None = None
     comm_tag: int | None = None
     dtype: str | None = None
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+    """further attributes, the same on every rank (the kernel shape of a compute node)"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +157,7 @@ class RankGraph:
             comm_dst=dst,
             comm_tag=template.comm_tag,
             dtype=template.dtype,
+            attrs=template.attrs,
         )
 
     def nodes(self) -> Iterator[Node]:

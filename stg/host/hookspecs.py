@@ -17,7 +17,15 @@ import pluggy
 if TYPE_CHECKING:
     import typer
 
-    from stg.host.records import Emitter, Kernel, Model, PipelineSchedule, Predictor
+    from stg.host.records import (
+        BenchOp,
+        Emitter,
+        Kernel,
+        Model,
+        PipelineSchedule,
+        Predictor,
+        Preset,
+    )
 
 hookspec = pluggy.HookspecMarker("stg")
 """Marker for hook specifications of the ``stg`` project."""
@@ -33,6 +41,21 @@ def stg_register_models(register: Callable[[Model], None]) -> None:
         def stg_register_models(register):
             register(Model(name="tiny", embedding=embed, block=block, head=head,
                            aliases=("tiny-lm",)))
+    """
+
+
+@hookspec
+def stg_register_presets(register: Callable[[Preset], None]) -> None:
+    """Register named configurations of models (:class:`stg.host.records.Preset`): ``--model
+    NAME`` then fills the preset's dimensions, and options given explicitly override them.
+
+    Example::
+
+        @stg.hookimpl
+        def stg_register_presets(register):
+            register(Preset(name="tiny-7m", model="tiny",
+                            dims={"dmodel": 256, "num_stacks": 8, "head": 8, "kvhead": 8},
+                            source="Doe et al. 2025, Table 2", published_parameters=7.1e6))
     """
 
 
@@ -81,6 +104,20 @@ def stg_register_predictors(register: Callable[[Predictor], None]) -> None:
         @stg.hookimpl
         def stg_register_predictors(register):
             register(Predictor(name="flops-only", predict=predict_flops))
+    """
+
+
+@hookspec
+def stg_register_bench_ops(register: Callable[[BenchOp], None]) -> None:
+    """Register operators for ``stg bench compute`` (:class:`stg.host.records.BenchOp`), as
+    PARAM's operator registry does: a config names them like the built-in ``torch.mm``.
+
+    Example::
+
+        @stg.hookimpl
+        def stg_register_bench_ops(register):
+            register(BenchOp(name="mylib.scaled_add", function="mylib.ops.scaled_add",
+                             op_class="stream", nbytes=lambda config: 3 * 4 * 1024))
     """
 
 

@@ -8,8 +8,9 @@ The plugin host fills in ``plugin`` and ``dist`` (provenance) when it accepts a 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -19,6 +20,27 @@ if TYPE_CHECKING:
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.\-]*$")
 KERNEL_OP_CLASSES = ("einsum", "gemm", "attention", "elementwise", "other")
+BENCH_OP_CLASSES = ("gemm", "attention", "stream", "norm", "softmax", "other")
+"""Op classes of :class:`BenchOp`: what a measurement of the op calibrates (GEMMs, fused
+attention, and the memory-bound kernel classes of :mod:`stg.perf.kernel_time`)."""
+BENCH_OP_NAME_RE = re.compile(r"^[A-Za-z_]\w*(?:(?:\.|::)[A-Za-z_]\w*)*$")
+"""Operator names as PARAM's configs spell them: ``torch.mm``, ``torch.nn.Linear``,
+``aten::add``, ``mylib.fused_rope``."""
+PRESET_DIMS = (
+    "dvocal",
+    "dmodel",
+    "dff",
+    "seq",
+    "head",
+    "kvhead",
+    "dhead",
+    "num_stacks",
+    "experts",
+    "kexperts",
+    "capacity_factor",
+)
+"""The options a :class:`Preset` may set: the model's dimensions (fields of
+:class:`stg.core.options.GenerateOptions`), never parallelism, batch or output."""
 
 
 class RecordError(ValueError):
@@ -167,3 +189,122 @@ class Kernel:
             or not 0 < self.speedup < float("inf")
         ):
             raise RecordError(f"kernel {self.name!r}: speedup must be a finite number > 0")
+
+
+@dataclass(frozen=True)
+class BenchOp:
+    """An operator that ``stg bench compute`` runs, as PARAM's operator registry holds them.
+
+    ``name`` is the operator's key in a PARAM compute config (``torch.mm``,
+    ``mylib.fused_rope``). ``function`` is what runs: a callable, or the dotted import path of
+    one (``"torch.mm"``), resolved only when a benchmark runs, so registering needs no torch.
+    With ``buildable`` the function is a constructor (``torch.nn.Linear``): it is called with
+    the config's build arg-set, and what it returns, moved to the device, with each input
+    arg-set. An ``inplace`` op modifies its first input: its tensors are made with
+    ``requires_grad`` false (PARAM's in-place trap) and it has no backward pass.
+
+    What a measurement means, from the case's materialized config (the ``config`` of a result
+    line: ``{"build": ..., "input": {"args": [...], "kwargs": {...}}}``): ``flops`` and
+    ``nbytes`` (forward FLOPs and bytes moved), ``backward_flops``, and ``shape``, the kernel
+    shape that calibrates the predictors (``gemm``: [batch, m, n, k]; ``attention``:
+    [batch, heads, s_q, s_kv, head_dim, causal]); ``op_class`` is one of
+    ``BENCH_OP_CLASSES``. Each of the four is optional and may raise on a config it cannot
+    read (the case then has no such figure).
+    """
+
+    name: str
+    function: Callable[..., Any] | str
+    buildable: bool = False
+    inplace: bool = False
+    op_class: str = "other"
+    flops: Callable[[Mapping[str, Any]], float] | None = None
+    nbytes: Callable[[Mapping[str, Any]], float] | None = None
+    backward_flops: Callable[[Mapping[str, Any]], float] | None = None
+    shape: Callable[[Mapping[str, Any]], Sequence[int] | None] | None = None
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not BENCH_OP_NAME_RE.match(self.name):
+            raise RecordError(
+                f"bench operator name {self.name!r} must be dotted identifiers "
+                "(torch.mm, mylib.my_op, aten::add)"
+            )
+        if isinstance(self.function, str):
+            if not BENCH_OP_NAME_RE.match(self.function) or "::" in self.function:
+                raise RecordError(
+                    f"bench operator {self.name!r}: function {self.function!r} must be a "
+                    "callable or a dotted import path (torch.mm)"
+                )
+        else:
+            _check_callable("bench operator", self.name, "function", self.function)
+        if self.op_class not in BENCH_OP_CLASSES:
+            raise RecordError(
+                f"bench operator {self.name!r}: op_class {self.op_class!r} must be one of "
+                f"{', '.join(BENCH_OP_CLASSES)}"
+            )
+        for field_name in ("flops", "nbytes", "backward_flops", "shape"):
+            value = getattr(self, field_name)
+            if value is not None:
+                _check_callable("bench operator", self.name, field_name, value)
+        if self.buildable and self.inplace:
+            raise RecordError(f"bench operator {self.name!r}: buildable ops cannot be inplace")
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named, published configuration of a model template (``--model NAME``).
+
+    ``model`` is the registered model the preset builds (a name, an alias or ``dist:name``);
+    ``dims`` the dimensions it fills (keys from ``PRESET_DIMS``: ``dmodel``, ``num_stacks``,
+    ...; every value a positive integer, ``capacity_factor`` a positive number). Options given
+    explicitly override them. ``source`` cites where the numbers come from (the paper, its
+    table, the released config). ``published_parameters`` and
+    ``published_active_parameters`` are the parameter counts the source states (total, and
+    per token for mixtures of experts), as plain numbers (46.7e9), for comparison with what
+    the template builds; ``tied_embeddings`` says that the published model shares one matrix
+    between the word embedding and the LM head and counts it once (stg's built-in templates
+    give the LM head its own weight, dvocal·dmodel more).
+    """
+
+    name: str
+    model: str
+    dims: Mapping[str, int | float]
+    source: str
+    description: str = ""
+    aliases: tuple[str, ...] = ()
+    published_parameters: float | None = None
+    published_active_parameters: float | None = None
+    tied_embeddings: bool = False
+
+    def __post_init__(self) -> None:
+        _check_name("preset", self.name)
+        for alias in self.aliases:
+            _check_name("preset alias", alias)
+        if not isinstance(self.model, str) or not self.model:
+            raise RecordError(f"preset {self.name!r}: model must name a registered model")
+        if not isinstance(self.source, str) or not self.source.strip():
+            raise RecordError(
+                f"preset {self.name!r}: source must cite the paper or released config"
+            )
+        if not isinstance(self.dims, Mapping):
+            raise RecordError(f"preset {self.name!r}: dims must be a mapping of option -> value")
+        for key, value in self.dims.items():
+            if key not in PRESET_DIMS:
+                raise RecordError(
+                    f"preset {self.name!r}: dims key {key!r} is not allowed; allowed: "
+                    f"{', '.join(PRESET_DIMS)}"
+                )
+            number = int | float if key == "capacity_factor" else int
+            if isinstance(value, bool) or not isinstance(value, number) or not value > 0:
+                kind = "number" if key == "capacity_factor" else "integer"
+                raise RecordError(
+                    f"preset {self.name!r}: {key}={value!r} must be a positive {kind}"
+                )
+        for field_name in ("published_parameters", "published_active_parameters"):
+            value = getattr(self, field_name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int | float) or not value > 0
+            ):
+                raise RecordError(f"preset {self.name!r}: {field_name} must be > 0 or None")
+        # a read-only copy, in the order given: the record stays immutable
+        object.__setattr__(self, "dims", MappingProxyType(dict(self.dims)))

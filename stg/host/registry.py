@@ -29,7 +29,15 @@ import pluggy
 import stg
 from stg.errors import UnknownNameError, UserError
 from stg.host import hookspecs
-from stg.host.records import Emitter, Kernel, Model, PipelineSchedule, Predictor
+from stg.host.records import (
+    BenchOp,
+    Emitter,
+    Kernel,
+    Model,
+    PipelineSchedule,
+    Predictor,
+    Preset,
+)
 
 if TYPE_CHECKING:
     import typer
@@ -40,7 +48,7 @@ DISABLE_AUTOLOAD_ENV = "STG_DISABLE_PLUGIN_AUTOLOAD"
 ENTRY_POINT_GROUP = "stg"
 BUILTIN_DIST = "symbolic-tensor-graph"
 BUILTIN_PACKAGES = ("stg.models", "stg.emitters", "stg.predictors")
-BUILTIN_MODULES = ("stg.core.schedules",)
+BUILTIN_MODULES = ("stg.core.schedules", "stg.bench.ops")
 
 SOURCE_BUILTIN = "builtin"
 SOURCE_ENTRY_POINT = "entry point"
@@ -62,6 +70,8 @@ KINDS: tuple[_Kind, ...] = (
     _Kind("stg_register_kernels", "kernels", "kernel", Kernel),
     _Kind("stg_register_emitters", "emitters", "emitter", Emitter),
     _Kind("stg_register_predictors", "predictors", "predictor", Predictor),
+    _Kind("stg_register_bench_ops", "bench_ops", "bench operator", BenchOp),
+    _Kind("stg_register_presets", "presets", "preset", Preset),
 )
 COMMANDS_HOOK = "stg_register_commands"
 
@@ -211,19 +221,27 @@ class Registry:
         self.emitters: Catalog[Emitter] = Catalog("emitter", failures=failures)
         self.predictors: Catalog[Predictor] = Catalog("predictor", failures=failures)
         self.commands: Catalog[CommandSet] = Catalog("command set", failures=failures)
+        self.bench_ops: Catalog[BenchOp] = Catalog("bench operator", failures=failures)
+        self.presets: Catalog[Preset] = Catalog("preset", failures=failures)
         self._loaded_objects: set[int] = set()
         self._pm = pluggy.PluginManager("stg")
         self._pm.add_hookspecs(hookspecs)
 
     def catalog(self, name: str) -> Catalog[Any]:
         """A catalog by attribute name (``"models"``, ``"emitters"``, ...)."""
-        if name not in ("models", "schedules", "kernels", "emitters", "predictors", "commands"):
+        catalogs = ("models", "schedules", "kernels", "emitters", "predictors", "commands")
+        if name not in (*catalogs, "bench_ops", "presets"):
             raise KeyError(name)
         return getattr(self, name)
 
     def command_names(self) -> list[str]:
         """Names of all commands that plugins added, sorted."""
         return sorted({n for entry in self.commands for n in entry.item.names})
+
+    def failures_note(self) -> str:
+        """`` (plugin P failed to load: why)`` for the plugins that failed, or '': what an
+        error about an unknown name adds, since one of them may have registered it."""
+        return _failed_plugins_note(self.failures)
 
     # -- loading --------------------------------------------------------------------------
 

@@ -70,14 +70,15 @@ STREAM_EFFICIENCY = 0.89
 """Fraction of HBM bandwidth reached by streaming kernels: H100 data, add/mul/copy/GELU on
 >= 0.5 GB tensors, 2.95-3.0 of 3.35 TB/s."""
 
-MEMORY_KERNEL_EFFICIENCY: dict[str, float] = {
-    "stream": STREAM_EFFICIENCY,
-    "norm": 0.58,  # H100 data: layer_norm, rms_norm, dropout forward, 1.9-2.0 of 3.35 TB/s
-    "softmax": 0.56,  # H100 data: softmax over 8192 columns, fp32, 1.88 of 3.35 TB/s
+MEMORY_KERNEL_SPEED: dict[str, float] = {
+    "stream": 1.0,
+    "norm": 0.58 / 0.89,  # H100 data: layer_norm, rms_norm, dropout forward, 1.9-2.0 TB/s
+    "softmax": 0.56 / 0.89,  # H100 data: softmax over 8192 columns, fp32, 1.88 TB/s
 }
-"""Fraction of HBM bandwidth by memory-bound kernel class (forward; large tensors)."""
+"""Bandwidth of a memory-bound kernel class relative to a streaming kernel (forward; large
+tensors). A system's streaming efficiency is its ``memory_efficiency``."""
 
-SOFTMAX_16BIT_EFFICIENCY = 0.31
+SOFTMAX_16BIT_SPEED = 0.31 / 0.89
 """Softmax over 16-bit inputs runs at about half the fp32 rate: H100 data, bf16 softmax over
 8192 columns, 1.02 TB/s."""
 
@@ -166,6 +167,8 @@ class Gpu:
     hbm_bandwidth: float
     arch: str = "hopper"
     """the GPU generation whose measured attention kernels apply (``hopper``, ``ampere``)"""
+    stream_efficiency: float = STREAM_EFFICIENCY
+    """fraction of ``hbm_bandwidth`` that streaming kernels reach"""
 
     def rate(self, dtype: str) -> float:
         """Operations per second that the best kernel sustains on large problems."""
@@ -183,10 +186,10 @@ class Gpu:
         return FUSED_ATTENTION.get(self.arch, FUSED_ATTENTION["hopper"])
 
     def stream_time(self, nbytes: float, kind: str = "stream", dtype: str = "bf16") -> float:
-        efficiency = MEMORY_KERNEL_EFFICIENCY[kind]
+        speed = MEMORY_KERNEL_SPEED[kind]
         if kind == "softmax" and DTYPE_BYTES.get(dtype, 2) < 4:
-            efficiency = SOFTMAX_16BIT_EFFICIENCY
-        return nbytes / (self.hbm_bandwidth * efficiency)
+            speed = SOFTMAX_16BIT_SPEED
+        return nbytes / (self.hbm_bandwidth * self.stream_efficiency * speed)
 
 
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
@@ -208,7 +211,7 @@ def gemm_time(gpu: Gpu, m: int, n: int, k: int, dtype: str = "bf16", batch: int 
             waves = math.ceil(tiles * split / gpu.sm_count)
             t = waves * (2 * tile_m * tile_n * math.ceil(k / split) / per_sm + GEMM_TILE_OVERHEAD_S)
             if split > 1:  # fp32 partial sums written, then read by the reduction
-                t += 2 * 4 * m * n * batch * split / (gpu.hbm_bandwidth * STREAM_EFFICIENCY)
+                t += gpu.stream_time(2 * 4 * m * n * batch * split)
             best = min(best, t)
             split *= 2
             if tiles * split > 2 * gpu.sm_count or k // split < SPLIT_K_MIN:

@@ -125,6 +125,7 @@ class System:
             peak_flops=dict(self.peak_flops),
             hbm_bandwidth=self.hbm_bandwidth,
             arch=self.arch,
+            stream_efficiency=self.memory_efficiency,
         )
 
     def peak(self, dtype: str | None) -> float:
@@ -286,7 +287,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "sustained_clock_ghz": 1.38,
         "arch": "hopper",
         "compute_efficiency": {"gemm": 0.75, "attention": 0.55, "other": 0.8},
-        "memory_efficiency": 0.8,
+        "memory_efficiency": 0.89,  # measured: streaming kernels 2.95-3.0 of 3.35 TB/s
         "kernel_overhead_us": 2,
         "network": [
             {

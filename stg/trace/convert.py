@@ -143,9 +143,13 @@ def convert_trace(
     *,
     source_format: str | None = None,
     force: bool = False,
+    comm_group_file: str | Path | None = None,
+    notes: list[str] | None = None,
 ) -> list[Path]:
     """Convert a trace: one rank file, or every rank file of a directory / prefix / pattern
-    (with its comm-group file copied beside the output).
+    (with its comm-group file copied beside the output, under the output's default name;
+    ``comm_group_file`` names it, else it is found as :func:`stg.trace.validate.locate_comm_groups`
+    does, which appends to ``notes`` what it chose).
 
     For a single source file ``destination`` is the output file. For a directory source it is
     the output directory, created if missing. For a prefix or pattern it is an output
@@ -154,10 +158,15 @@ def convert_trace(
     kept, with the target's extension. Without ``force`` nothing different is overwritten
     (see module doc). Returns the written paths.
     """
-    from stg.trace.validate import find_rank_files
+    from stg.trace.validate import find_rank_files, locate_comm_groups
 
     target = target_format(to)
     source = Path(source)
+    if source.is_file() and comm_group_file is not None:
+        raise UserError(
+            "--comm_group_file: one rank file converts alone; give the trace's directory or "
+            "prefix to convert its comm-group file too"
+        )
     if source.is_file():
         destination = Path(destination)
         if destination.is_dir():
@@ -172,7 +181,10 @@ def convert_trace(
             f"destination {destination} is not a directory; a directory source converts into "
             "a directory (created if missing)"
         )
-    files, group_file = find_rank_files(source)
+    files, default_group = find_rank_files(source)
+    group_file, note = locate_comm_groups(files, default_group, comm_group_file)
+    if note and notes is not None:
+        notes.append(note)
     missing = [rank for rank, f in enumerate(files) if f is None]
     if missing:
         raise UserError(f"{source}: rank files missing for ranks {missing}")

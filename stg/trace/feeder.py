@@ -35,6 +35,7 @@ these differences, all of which turn a hang or a crash of the C++ feeder into an
 from __future__ import annotations
 
 import bisect
+import gc
 import heapq
 import os
 import zlib
@@ -368,7 +369,22 @@ class ETFeeder:
             raise FeederUsageError(f"{what}({node_id!r}): node ids are integers") from None
 
     def _fill(self) -> None:
-        """Read nodes until ``window`` are loaded and none waits for an unread parent."""
+        """Read nodes until ``window`` are loaded and none waits for an unread parent.
+
+        The cyclic garbage collector is paused while nodes are read: reading creates many
+        objects (none in a cycle) next to a window of live ones, and a collection in the middle
+        would walk the whole window again and again (half the drain time for a 65,536-node
+        window)."""
+        enabled = gc.isenabled()
+        if enabled:
+            gc.disable()
+        try:
+            self._read_nodes()
+        finally:
+            if enabled:
+                gc.enable()
+
+    def _read_nodes(self) -> None:
         live = self._live
         waiting = self._waiting
         seen = self._seen

@@ -154,11 +154,16 @@ def _open_binary(path: Path) -> IO[bytes]:
     return raw
 
 
-def iter_records(stream: IO[bytes], name: str | Path) -> Iterator[tuple[int, int, bytes]]:
+def iter_records(
+    stream: IO[bytes], name: str | Path, state: dict[str, Any] | None = None
+) -> Iterator[tuple[int, int, bytes]]:
     """Yield ``(index, offset, payload)`` for each varint-length-prefixed record of a stream.
 
     ``offset`` is the byte offset of the record's length prefix in the (decompressed) stream.
     Raises :class:`TraceError` on a truncated varint or record and on an empty record.
+    With ``state``, each yield first stores there what a reader taking over the stream after
+    this record needs: ``rest`` (the bytes read but not consumed), ``base`` (their stream
+    offset) and ``index`` (the next record's index).
     """
     buf = b""
     pos = 0
@@ -224,6 +229,8 @@ def iter_records(stream: IO[bytes], name: str | Path) -> Iterator[tuple[int, int
                 f"{length} bytes announced, {have} present"
             )
         start = pos + header
+        if state is not None:
+            state.update(rest=buf[start + length :], base=base + start + length, index=index + 1)
         yield index, offset, buf[start : start + length]
         pos = start + length
         index += 1
@@ -774,6 +781,17 @@ def iter_nodes(path: str | Path, *, format: str | None = None) -> Iterator[Node]
     """
     path = Path(path)
     fmt = _resolve_format(path, format)
+    from stg.trace import decode
+
+    if decode.enabled():
+        return decode.iter_nodes(path, fmt)
+    return iter_nodes_reference(path, fmt)
+
+
+def iter_nodes_reference(path: str | Path, fmt: str) -> Iterator[Node]:
+    """:func:`iter_nodes` through the pure-Python protobuf decoder only (the reference that the
+    compiled fast path of :mod:`stg.trace.decode` reproduces)."""
+    path = Path(path)
     if fmt == "json":
         return _iter_json(path)
     if fmt == "v0.0.1":

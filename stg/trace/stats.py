@@ -2,7 +2,11 @@
 :class:`~stg.trace.feeder.ETFeeder`.
 
 Used by ``stg feed`` and ``stg inspect trace``. One pass per rank file with bounded memory
-(the feeder's window plus one small integer per node id for the critical path).
+(the feeder's window plus one small integer per node id for the critical path). A valid file
+is drained by the compiled copy of the feeder protocol in :mod:`stg.trace.decode` (same
+windowing, same rounds: tests/test_decode.py compares the two on fuzzed graphs); a file with
+any feeder error, or a ``--dot`` request, goes through the ETFeeder itself, which reports the
+error and the counts up to it.
 
 The drain is level-synchronous: each *round* issues every ready node, then completes them
 all. With a window that holds the whole trace, the number of rounds is the critical path
@@ -14,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+import zlib
 from array import array
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -209,12 +214,54 @@ def analyze(
     A malformed trace does not raise: its :attr:`TraceStats.error` holds the one-line message
     (the counts then cover the nodes completed before the error).
     """
+    if dot is None:
+        fast = _fast_analyze(trace, deps, window, format)
+        if fast is not None:
+            return fast
     stats = TraceStats(path=str(trace.path), name=trace.name, rank=trace.rank, deps=deps)
     try:
         with ETFeeder(trace.path, deps=deps, window=window, format=format) as feeder:
             _drain(feeder, stats, dot)
     except TraceError as exc:
         stats.error = str(exc)
+    return stats
+
+
+_DRAIN_FIELDS = (
+    "nodes", "rounds", "max_width", "critical_path", "critical_path_us", "flops", "tensor_bytes",
+    "send_count", "send_bytes", "recv_count", "recv_bytes",
+)  # fmt: skip
+
+
+def _fast_analyze(
+    trace: TraceFile, deps: str, window: int, format: str | None
+) -> TraceStats | None:
+    """:func:`analyze` through the compiled drain of :mod:`stg.trace.decode` (the same
+    protocol, step by step), or None: then the ETFeeder drains the file (errors, options the
+    feeder refuses, no compiled decoder)."""
+    from stg.trace import decode
+    from stg.trace.feeder import DEPS_MODES
+    from stg.trace.reader import FORMATS, detect_format
+
+    if not decode.enabled() or deps not in DEPS_MODES or format not in (None, *FORMATS):
+        return None
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        return None
+    try:
+        fmt = format or detect_format(trace.path)
+    except (TraceError, OSError, EOFError, zlib.error):
+        return None
+    out = decode.drain(trace.path, fmt, window, deps == "data+ctrl")
+    if out is None:
+        return None
+    stats = TraceStats(path=str(trace.path), name=trace.name, rank=trace.rank, deps=deps)
+    for key in _DRAIN_FIELDS:
+        setattr(stats, key, out[key])
+    stats.by_type = {NodeType(t).name: count for t, count in out["by_type"]}
+    for ctype, count, size in out["collectives"]:
+        name = "UNSET" if ctype is None else CollectiveType(ctype).name
+        stats.collective_counts[name] = count
+        stats.collective_bytes[name] = size
     return stats
 
 
@@ -360,10 +407,20 @@ def iter_stats(
     deps: DepsMode = "data+ctrl",
     window: int = DEFAULT_WINDOW,
     format: str | None = None,
+    jobs: int | None = 1,
 ) -> Iterator[TraceStats]:
-    """:func:`analyze` each file in turn."""
-    for trace in files:
-        yield analyze(trace, deps=deps, window=window, format=format)
+    """:func:`analyze` each file, in the order of ``files``, with up to ``jobs`` worker
+    processes (None or 0: every core)."""
+    from stg.trace.parallel import file_sizes, map_ranks
+
+    tasks = [(trace, deps, window, format) for trace in files]
+    sizes = file_sizes([t.path for t in files])
+    yield from map_ranks(_analyze_task, tasks, jobs, sizes=sizes)
+
+
+def _analyze_task(task: tuple[TraceFile, Any, int, str | None]) -> TraceStats:
+    trace, deps, window, format = task
+    return analyze(trace, deps=deps, window=window, format=format)
 
 
 # -- rendering (for the CLI) ------------------------------------------------------------------

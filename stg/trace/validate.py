@@ -46,6 +46,8 @@ from typing import TYPE_CHECKING, Any
 
 from stg.core.workload import CollectiveType, Node, NodeType
 from stg.errors import TraceError, UserError
+from stg.trace.decode import Skeleton
+from stg.trace.parallel import file_sizes, map_ranks
 from stg.trace.reader import detect_format, iter_nodes
 from stg.trace.writer import comm_group_path
 
@@ -94,6 +96,8 @@ class ValidationReport:
     files: list[str] = field(default_factory=list)
     comm_group_file: str | None = None
     violations: list[Violation] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    """What the reader chose on its own (e.g. which comm-group file it found)."""
 
     @property
     def errors(self) -> list[Violation]:
@@ -125,7 +129,7 @@ class ValidationReport:
             "comm_group_file": self.comm_group_file,
             "errors": self.counts(),
             "violations": [asdict(v) for v in self.violations],
-        }
+        } | ({"notes": list(self.notes)} if self.notes else {})
 
 
 @dataclass
@@ -728,22 +732,101 @@ def read_comm_groups(path: Path) -> dict[int, tuple[int, ...]]:
     return groups
 
 
+COMM_GROUP_SCAN_LIMIT = 64 << 20
+"""JSON files larger than this are not read when looking for a comm-group file."""
+
+
+def locate_comm_groups(
+    files: Sequence[Path | None], default: Path | None, explicit: str | Path | None = None
+) -> tuple[Path | None, str | None]:
+    """The comm-group file of a trace (``default`` from :func:`find_rank_files`) and a note
+    for the user when the reader chose it on its own.
+
+    ``explicit`` (``--comm_group_file``) wins and must be a file. Otherwise ``default``
+    (``<name>.json`` beside the rank files) when it exists. When it does not, and the trace's
+    directory holds exactly one other JSON file that parses as a comm-group map and is not a
+    rank file (``stg generate --comm_group_file comm_group.json`` writes such a trace), that
+    file is used and the note names it; with several such files the default is kept (and
+    reported missing where groups are used) and the note lists them."""
+    if explicit is not None:
+        path = Path(explicit)
+        if not path.is_file():
+            raise UserError(f"--comm_group_file {explicit}: no such file")
+        return path, None
+    if default is None or default.exists():
+        return default, None
+    candidates = find_comm_group_files(default.parent, files)
+    if len(candidates) == 1:
+        (found,) = candidates
+        return found, (
+            f"comm groups: {default.name} is absent; using {found.name}, the only comm-group "
+            f"file in {default.parent} (--comm_group_file chooses another)"
+        )
+    if candidates:
+        names = ", ".join(c.name for c in candidates)
+        return default, (
+            f"comm groups: {default.name} is absent and several files could be the comm-group "
+            f"file ({names}); choose one with --comm_group_file"
+        )
+    return default, None
+
+
+def find_comm_group_files(directory: Path, rank_files: Sequence[Path | None] = ()) -> list[Path]:
+    """The JSON files in ``directory`` that parse as a comm-group map (``{"1": [0, 1], ...}``)
+    and are not rank files, by name."""
+    own = {p.name for p in rank_files if p is not None}
+    found = []
+    try:
+        entries = sorted(directory.iterdir())
+    except OSError:
+        return []
+    for entry in entries:
+        name = entry.name
+        if name in own or not name.lower().endswith(".json") or name.startswith("."):
+            continue
+        if re.match(r"^(.+)\.(0|[1-9][0-9]*)\.json$", name, re.IGNORECASE):
+            continue  # a rank file of a JSON trace
+        try:
+            if not entry.is_file() or entry.stat().st_size > COMM_GROUP_SCAN_LIMIT:
+                continue
+            read_comm_groups(entry)
+        except (OSError, TraceError):
+            continue
+        found.append(entry)
+    return found
+
+
 def validate_trace(
     path_or_prefix: str | Path,
     progress: Callable[[str, int, int], None] | None = None,
     *,
     consumer: str = "astra-sim",
+    jobs: int | None = None,
+    comm_group_file: str | Path | None = None,
 ) -> ValidationReport:
     """Validate every rank file of a trace on disk (see module doc).
 
     Raises :class:`UserError` when no rank file is found or ``consumer`` is not one of
     :data:`CONSUMERS`; everything wrong inside the files is reported as violations.
-    ``progress(label, done, total)`` is called after each rank file.
+    ``progress(label, done, total)`` is called after each rank file. ``jobs`` worker processes
+    check the rank files (None or 0: every core); the report does not depend on it.
+    ``comm_group_file`` names the comm-group file (else the trace's default name, or the one
+    comm-group file found beside the trace: see :func:`locate_comm_groups`).
+
+    Each rank file is checked on its own and reduced to a summary: its collectives per group,
+    its sends and receives, and its communication skeleton (each comm node's nearest comm
+    ancestors). The cross-rank checks run on those summaries. A rank file with any violation
+    or warning, or one the fast decoder hands back, is checked by the reference code instead
+    (same messages); a deadlock found on skeletons is re-checked on the whole graphs.
     """
-    files, group_path = find_rank_files(path_or_prefix)
+    files, default_group = find_rank_files(path_or_prefix)
+    group_path, note = locate_comm_groups(files, default_group, comm_group_file)
     report = ValidationReport(ranks=len(files), files=[str(f) for f in files if f])
+    if note:
+        report.notes.append(note)
     cross_rank = group_path is not None
-    checker = _Checker(report, len(files) if cross_rank else None, consumer)
+    world = len(files) if cross_rank else None
+    checker = _Checker(report, world, consumer)
     missing = [r for r, f in enumerate(files) if f is None]
     if missing:
         checker.add(
@@ -751,27 +834,25 @@ def validate_trace(
             f"rank files missing for ranks {missing} (found ranks up to {len(files) - 1})",
         )
     comms: dict[int, _RankComm] = {}
-    graphs: dict[int, dict[int, list[int]]] = {}
-    for index, path in enumerate(files):
-        if path is None:
+    graphs: dict[int, Mapping[int, list[int]] | Skeleton] = {}
+    skeletons: set[int] = set()
+    tasks = [
+        _RankTask(index, path, index if cross_rank else _rank_in_name(path.name), world, consumer)
+        for index, path in enumerate(files)
+        if path is not None
+    ]
+    sizes = file_sizes([t.path for t in tasks])
+    for task, result in zip(tasks, map_ranks(check_rank, tasks, jobs, sizes=sizes), strict=True):
+        report.violations.extend(result.violations)
+        if result.nodes is None:
             continue
-        rank = index if cross_rank else _rank_in_name(path.name)
-        comm = _RankComm()
-        try:
-            fmt = detect_format(path)
-            nodes = []
-            for n in iter_nodes(path, format=fmt):
-                kinds = getattr(n.attrs, "field_kinds", {}) if fmt == "v0.0.4" else None
-                checker.comm_node(rank, n, comm, kinds, path.name)
-                nodes.append((n.id, n.data_deps, n.ctrl_deps))
-        except TraceError as exc:
-            checker.add("file", str(exc), rank)
-            continue
-        report.nodes += len(nodes)
-        graphs[index] = checker.structure(rank, nodes)
-        comms[index] = comm
+        report.nodes += result.nodes
+        graphs[task.index] = result.graph
+        if result.skeleton:
+            skeletons.add(task.index)
+        comms[task.index] = result.comm
         if progress is not None:
-            progress("validating rank files", index + 1, len(files))
+            progress("validating rank files", task.index + 1, len(files))
     groups: dict[int, tuple[int, ...]] = {}
     used = _used_groups(comms)
     if group_path is not None:
@@ -799,8 +880,97 @@ def validate_trace(
         instances = checker.collectives(groups, comms, range(len(files)))
         pairs = checker.point_to_point(comms)
         if not report.errors:
-            checker.deadlock(graphs, pairs, instances)
+            _deadlock(checker, graphs, skeletons, tasks, pairs, instances)
     return report
+
+
+def _deadlock(
+    checker: _Checker,
+    graphs: dict[int, Mapping[int, list[int]] | Skeleton],
+    skeletons: set[int],
+    tasks: Sequence[_RankTask],
+    pairs: Sequence[tuple[tuple[int, int], tuple[int, int]]],
+    instances: Sequence[Sequence[tuple[int, int]]],
+) -> None:
+    """The deadlock check: on the compact skeletons when they show no deadlock (the same
+    verdict as on the whole graphs), else on the whole graphs, for the reference's messages."""
+    from stg.trace.decode import deadlock_free
+
+    compact = {
+        index: g if isinstance(g, Skeleton) else Skeleton.from_parents(dict(g))
+        for index, g in graphs.items()
+    }
+    if deadlock_free(compact, list(pairs), [list(i) for i in instances]):
+        return
+    whole: dict[int, Mapping[int, list[int]]] = {}
+    for task in tasks:
+        graph = graphs.get(task.index)
+        if graph is None:
+            continue
+        if task.index in skeletons:
+            graph = _reference_rank(task).graph
+        whole[task.index] = graph.parents() if isinstance(graph, Skeleton) else graph
+    checker.deadlock(whole, pairs, instances)
+
+
+@dataclass(frozen=True)
+class _RankTask:
+    index: int
+    path: Path
+    rank: int | None
+    world: int | None
+    consumer: str
+
+
+@dataclass
+class _RankResult:
+    violations: list[Violation]
+    nodes: int | None  # None: the file is unreadable
+    comm: _RankComm | None = None
+    graph: Mapping[int, list[int]] | Skeleton = field(default_factory=dict)
+    skeleton: bool = False  # graph holds only the comm nodes (nearest comm ancestors)
+
+
+def check_rank(task: _RankTask) -> _RankResult:
+    """The per-rank part of :func:`validate_trace` (run in a worker process)."""
+    from stg.trace import decode
+
+    try:
+        fmt = detect_format(task.path)
+    except TraceError:
+        return _reference_rank(task)
+    summary = decode.rank_summary(
+        task.path, fmt, task.world, task.rank, task.consumer == "astra-sim"
+    )
+    if summary is None:
+        return _reference_rank(task)
+    comm = _RankComm()
+    comm.colls.update(summary["colls"])
+    comm.sends.extend(summary["sends"])
+    comm.recvs.extend(summary["recvs"])
+    return _RankResult(
+        [], summary["nodes"], comm, summary["skeleton"], skeleton=not summary["whole"]
+    )
+
+
+def _reference_rank(task: _RankTask) -> _RankResult:
+    """Check one rank file node by node (the reference: every message, in file order)."""
+    report = ValidationReport()
+    checker = _Checker(report, task.world, task.consumer)
+    rank, path = task.rank, task.path
+    comm = _RankComm()
+    try:
+        fmt = detect_format(path)
+        nodes = []
+        for n in iter_nodes(path, format=fmt):
+            kinds = getattr(n.attrs, "field_kinds", {}) if fmt == "v0.0.4" else None
+            checker.comm_node(rank, n, comm, kinds, path.name)
+            nodes.append((n.id, n.data_deps, n.ctrl_deps))
+    except TraceError as exc:
+        checker.add("file", str(exc), rank)
+        return _RankResult(report.violations, None)
+    graph = checker.structure(rank, nodes)
+    return _RankResult(report.violations, len(nodes), comm, graph)
 
 
 def _rank_in_name(name: str) -> int | None:
