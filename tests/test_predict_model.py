@@ -93,3 +93,27 @@ def test_gradient_reductions_do_not_block_tensor_parallel_collectives(registry):
     parts = report["explain"]["breakdown_s"]
     reductions = sum(v for k, v in parts.items() if "(2 ranks)" in k and "all_reduce" in k)
     assert reductions < 0.2 * report["iteration_time_s"]
+
+
+def test_cli_explain_for_options_and_for_a_trace(tmp_path, capsys):
+    import json
+
+    from stg.cli import main
+
+    def run(*args):
+        with pytest.raises(SystemExit) as info:
+            main([str(a) for a in args])
+        out, err = capsys.readouterr()
+        assert info.value.code == 0, err
+        return out
+
+    small = ["--num_stacks", 2, "--dmodel", 256, "--dff", 1024, "--head", 4, "--kvhead", 4,
+             "--seq", 128, "--dvocal", 1000, "--tp", 2, "--batch", 4]
+    report = json.loads(run("predict", *small, "--explain", "--json"))["time"]
+    parts = report["explain"]["breakdown_s"]
+    assert sum(parts.values()) == pytest.approx(report["iteration_time_s"], rel=1e-9)
+    run("generate", *small, "--output_dir", tmp_path / "trace")
+    from_trace = json.loads(run("predict", tmp_path / "trace", "--explain", "--json"))["time"]
+    assert from_trace["explain"]["breakdown_s"].keys() == parts.keys()
+    text = run("predict", *small, "--explain")
+    assert "where the iteration time goes" in text and "compute: gemm" in text

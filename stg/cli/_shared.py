@@ -498,10 +498,12 @@ def run_predictors(
     trace: tuple[Mapping[int, list[Any]], dict[int, tuple[int, ...]], dict] | None = None,
     timeline: str | None = None,
     calibration: Any = None,
+    explain: bool = False,
 ) -> dict[str, dict[str, Any]]:
     """Run each named predictor on a generated workload or a trace; reports by name.
     ``calibration`` (a :class:`stg.perf.calibration.Calibration`) goes to predictors that
-    take it (the time predictor: measured kernel times before its models)."""
+    take it (the time predictor: measured kernel times before its models); ``explain`` asks
+    those that can for the breakdown of their critical path."""
     from stg.predictors import memory as memory_predictor
     from stg.predictors import time as time_predictor
 
@@ -516,6 +518,8 @@ def run_predictors(
                 kwargs["kernels"] = list(registry.kernels)
             if calibration is not None and _accepts_explicitly(predictor.predict, "calibration"):
                 kwargs["calibration"] = calibration
+            if explain and _accepts_explicitly(predictor.predict, "explain"):
+                kwargs["explain"] = True
             reports[name] = predictor.predict(workload, system, **kwargs)
             continue
         assert trace is not None
@@ -524,7 +528,11 @@ def run_predictors(
             tokens = None
             if options.get("batch") and options.get("seq"):
                 tokens = int(options["batch"]) * int(options["seq"])
-            extra = {"calibration": calibration} if calibration is not None else {}
+            extra: dict[str, Any] = {"calibration": calibration} if calibration is not None else {}
+            if explain:
+                extra["explain_path"] = True
+            if options.get("profile"):
+                extra["profile"] = str(options["profile"])
             # one replay per class of identical ranks (problem_from_trace), else every rank
             reports[name] = time_predictor.predict_trace(
                 nodes,
@@ -632,6 +640,20 @@ def print_reports(reports: Mapping[str, Mapping[str, Any]], source: str) -> None
                 totals[run["kind"]] = totals.get(run["kind"], 0.0) + run["end_s"] - run["start_s"]
             parts = ", ".join(f"{k} {format_seconds(v)}" for k, v in sorted(totals.items()))
             console.print(f"critical path: {len(path)} runs of nodes; {parts}")
+            if "explain" in report:
+                explained = Table(
+                    title="where the iteration time goes (along the critical path)",
+                    title_justify="left",
+                )
+                explained.add_column("part")
+                explained.add_column("time", justify="right")
+                explained.add_column("share", justify="right")
+                total = report["explain"]["iteration_time_s"] or 1.0
+                for part, seconds in report["explain"]["breakdown_s"].items():
+                    explained.add_row(
+                        part, format_seconds(seconds), f"{100 * seconds / total:.1f} %"
+                    )
+                print_table(console, explained)
             if "timeline" in report:
                 console.print(f"timeline written to {report['timeline']}")
         elif kind == "memory":

@@ -84,6 +84,17 @@ def _own_parameters() -> list[inspect.Parameter]:
             annotation=Optional[str],  # noqa: UP045
         ),
         inspect.Parameter(
+            "explain",
+            kw,
+            default=typer.Option(
+                False,
+                "--explain",
+                help="Split the iteration time along its critical path: compute by kernel "
+                "class, communication by collective and group size, waits.",
+            ),
+            annotation=bool,
+        ),
+        inspect.Parameter(
             "jobs",
             kw,
             default=typer.Option(
@@ -192,6 +203,7 @@ def predict(**values: Any) -> None:
     as_json = values.pop("as_json")
     timeline = values.pop("timeline")
     calibration_file = values.pop("calibration")
+    explain = values.pop("explain")
     jobs = values.pop("jobs")
     comm_group_file = values.pop("comm_group_file")
     from stg.trace.parallel import resolve_jobs
@@ -218,7 +230,13 @@ def predict(**values: Any) -> None:
         with _os_errors():
             trace = _trace_input(path, jobs, comm_group_file)
             reports = run_predictors(
-                names, registry, system, trace=trace, timeline=timeline, calibration=calibration
+                names,
+                registry,
+                system,
+                trace=trace,
+                timeline=timeline,
+                calibration=calibration,
+                explain=explain,
             )
         source = path
         nodes = [] if calibration is None else [n for ns in trace[0].values() for n in ns]
@@ -240,6 +258,7 @@ def predict(**values: Any) -> None:
                 workload=workload,
                 timeline=timeline,
                 calibration=calibration,
+                explain=explain,
             )
         source = f"{options.model} (generated)"
         nodes = [n for rc in workload.rank_classes for n in rc.nodes]
