@@ -30,10 +30,10 @@ Format detection (``format=None``)
 Strictness: a truncated varint or record, an empty (zero-length) record, a record that does
 not parse, an unknown node or collective type, a well-known attribute of the wrong kind, or a
 v0.0.4 file without ``GlobalMetadata`` raises :class:`stg.errors.TraceError` naming the file,
-the byte offset and the record index (0 = the first record of the file). So does a file
-without nodes: an empty (0-byte) file in any format, a v0.0.4 file holding only its
-``GlobalMetadata``, a JSON file with an empty ``workload_graph`` (a rank file always holds at
-least one node; an empty one is a foreign or broken file, never "0 nodes").
+the byte offset and the record index (0 = the first record of the file). So does a file that
+holds something but no nodes: a v0.0.4 file holding only its ``GlobalMetadata``, a JSON file
+with an empty ``workload_graph``. A 0-byte file is a rank with no work: it reads as no nodes
+and no metadata, in the format its name says (``.json``: JSON, else v0.0.4).
 
 Attribute mapping (v0.0.4): ``is_cpu_op``, ``num_ops``, ``tensor_size``, ``comm_type``,
 ``comm_size``, ``comm_src``, ``comm_dst``, ``comm_tag`` and ``dtype`` become Node fields;
@@ -335,10 +335,20 @@ def _no_nodes(path: Path, what: str) -> TraceError:
     return TraceError(f"{path}: {what} but no nodes; not a trace: a rank file holds nodes")
 
 
+def is_empty_file(path: Path) -> bool:
+    """A 0-byte rank file: a rank with no work (see module doc)."""
+    try:
+        return path.is_file() and path.stat().st_size == 0
+    except OSError:
+        return False
+
+
 def detect_format(path: str | Path) -> str:
-    """The format of one rank file: ``"v0.0.4"``, ``"v0.0.1"`` or ``"json"`` (see module doc).
-    An empty file raises :class:`TraceError`."""
+    """The format of one rank file: ``"v0.0.4"``, ``"v0.0.1"`` or ``"json"`` (see module doc);
+    a 0-byte file's by its name (``.json``: JSON, else v0.0.4)."""
     path = Path(path)
+    if is_empty_file(path):
+        return "json" if path.name.lower().endswith((".json", ".json.gz")) else "v0.0.4"
     if _sniff_json(path):
         return "json"
     with _open_binary(path) as stream:
@@ -781,6 +791,8 @@ def iter_nodes(path: str | Path, *, format: str | None = None) -> Iterator[Node]
     """
     path = Path(path)
     fmt = _resolve_format(path, format)
+    if is_empty_file(path):
+        return iter(())
     from stg.trace import decode
 
     if decode.enabled():
@@ -792,6 +804,8 @@ def iter_nodes_reference(path: str | Path, fmt: str) -> Iterator[Node]:
     """:func:`iter_nodes` through the pure-Python protobuf decoder only (the reference that the
     compiled fast path of :mod:`stg.trace.decode` reproduces)."""
     path = Path(path)
+    if is_empty_file(path):
+        return iter(())
     if fmt == "json":
         return _iter_json(path)
     if fmt == "v0.0.1":
@@ -814,6 +828,8 @@ def read_metadata(path: str | Path, *, format: str | None = None) -> dict[str, A
     """
     path = Path(path)
     fmt = _resolve_format(path, format)
+    if is_empty_file(path):
+        return {"format": fmt, "version": "", "attrs": TraceAttrs()}
     if fmt == "v0.0.4":
         return _metadata_v004(path)
     if fmt == "json":
