@@ -65,6 +65,7 @@ from stg.api import (
     kernel_table,
     load_system,
     memory_bound_time,
+    memory_kind,
     normalize_dtype,
     op_class,
 )
@@ -87,10 +88,6 @@ median forward time of the small (<= 1 MiB) elementwise cases with requires_grad
 the H100 kernel measurements (data/kernels/h100-elementwise.jsonl), where the GPU is idle
 most of the time. An eager step cannot issue kernels faster than this."""
 
-NORM_NAMES = ("norm", "ln_", "ln1", "ln2", "dropout")
-"""Op names of normalisation-class memory-bound kernels (LayerNorm, RMSNorm, dropout)."""
-
-
 def attention_impl(profile: str, system: System) -> str:
     """The fused attention kernel a training stack runs: Megatron with Transformer Engine uses
     cuDNN's fused attention on Hopper and FlashAttention-2 on Ampere; eager PyTorch's SDPA
@@ -98,15 +95,6 @@ def attention_impl(profile: str, system: System) -> str:
     if profile == "megatron" and system.arch == "hopper":
         return "cudnn"
     return "flash2"
-
-
-def _memory_kind(name: str) -> str:
-    base = name.rsplit("/", 1)[-1].split(".", 1)[0].lower()
-    if "softmax" in base:
-        return "softmax"
-    if any(n in base for n in NORM_NAMES):
-        return "norm"
-    return "stream"
 
 
 def compute_time(
@@ -192,7 +180,7 @@ def compute_time(
         seconds = gemm_time(gpu, m, n, k, dtype, batch) / speedup
     elif kind == "other":
         simt = node.num_ops / gpu.rate("fp32") if node.num_ops > 0 else 0.0
-        memory = memory_bound_time(gpu, node.tensor_size, _memory_kind(node.name), dtype)
+        memory = memory_bound_time(gpu, node.tensor_size, memory_kind(node.name), dtype)
         seconds = max(simt, memory)
     else:
         flops = node.num_ops / (system.peak(dtype) * system.compute_efficiency[kind] * speedup)

@@ -57,7 +57,7 @@ from stg.host.records import (
     RecordError,
 )
 from stg.perf.calibration import Calibration, calibrated_time, load_calibration
-from stg.perf.kernel_time import attention_time, gemm_time, memory_bound_time
+from stg.perf.kernel_time import attention_time, gemm_time, memory_bound_time, memory_kind
 from stg.perf.kernels import KernelTable, is_cast, kernel_table
 from stg.perf.system import System, load_system, normalize_dtype, op_class
 from stg.trace import chakra_v001, chakra_v004, json_trace
@@ -116,6 +116,7 @@ __all__ = [
     "load_calibration",
     "load_system",
     "memory_bound_time",
+    "memory_kind",
     "normalize_dtype",
     "op_class",
     "output_paths",

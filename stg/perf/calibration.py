@@ -46,7 +46,12 @@ from pathlib import Path
 from typing import Any
 
 from stg.errors import UserError
-from stg.perf.kernel_time import ATTENTION_BACKWARD_WORK, DTYPE_BYTES, attention_flops
+from stg.perf.kernel_time import (
+    ATTENTION_BACKWARD_WORK,
+    DTYPE_BYTES,
+    attention_flops,
+    memory_kind,
+)
 from stg.perf.system import normalize_dtype, op_class
 
 FORMAT = "stg-calibration"
@@ -62,24 +67,8 @@ MIN_FIT_SAMPLES = 3
 """Fewest distinct measurements for a fitted model: one more than the two terms (latency and
 one rate) that a class's model needs at least, so a fit is never just two points joined."""
 
-NORM_NAMES = ("norm", "ln_", "ln1", "ln2", "dropout")
-"""Op names of normalisation-class kernels, as the time predictor classifies them
-(predictors/time.py NORM_NAMES)."""
-
-
 class CalibrationError(UserError):
     """A calibration file that cannot be read."""
-
-
-def memory_kind(name: str) -> str:
-    """The memory-bound kernel class of a compute node by its name: ``softmax``, ``norm``
-    (LayerNorm, RMSNorm, dropout) or ``stream`` (the time predictor's classification)."""
-    base = name.rsplit("/", 1)[-1].split(".", 1)[0].lower()
-    if "softmax" in base:
-        return "softmax"
-    if any(n in base for n in NORM_NAMES):
-        return "norm"
-    return "stream"
 
 
 @dataclass(frozen=True)
@@ -573,7 +562,6 @@ __all__ = [
     "gemm_kernel",
     "load_calibration",
     "memory_kernel",
-    "memory_kind",
     "node_kernel",
     "write_calibration",
 ]

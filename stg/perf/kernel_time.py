@@ -291,6 +291,21 @@ def _unfused_attention_time(
     return (2 * gemms if backward else gemms) + scores
 
 
+NORM_NAMES = ("norm", "ln_", "ln1", "ln2", "dropout")
+"""Op names of normalisation-class memory-bound kernels (LayerNorm, RMSNorm, dropout)."""
+
+
+def memory_kind(name: str) -> str:
+    """The memory-bound kernel class of a compute node by its name (the last path component,
+    up to its first dot): ``softmax``, ``norm`` (LayerNorm, RMSNorm, dropout) or ``stream``."""
+    base = name.rsplit("/", 1)[-1].split(".", 1)[0].lower()
+    if "softmax" in base:
+        return "softmax"
+    if any(n in base for n in NORM_NAMES):
+        return "norm"
+    return "stream"
+
+
 def memory_bound_time(gpu: Gpu, nbytes: float, kind: str = "stream", dtype: str = "bf16") -> float:
     """Seconds of a memory-bound kernel of class ``kind`` (``stream``, ``norm``, ``softmax``)
     moving ``nbytes`` (reads plus writes) of ``dtype`` elements."""
