@@ -630,6 +630,7 @@ def stg_register_predictors(register: Any) -> None:
         Predictor(
             name="memory",
             predict=predict_memory,
+            predict_options=predict_analytic,
             description="analytical peak memory per rank: weights, gradients, optimizer "
             "states (ZeRO), activations (Korthikanti) and buffers",
         )

@@ -520,6 +520,8 @@ def run_predictors(
                 kwargs["calibration"] = calibration
             if explain and _accepts_explicitly(predictor.predict, "explain"):
                 kwargs["explain"] = True
+            if _accepts_explicitly(predictor.predict, "registry"):
+                kwargs["registry"] = registry
             reports[name] = predictor.predict(workload, system, **kwargs)
             continue
         assert trace is not None

@@ -126,15 +126,23 @@ class Emitter:
 
 @dataclass(frozen=True)
 class Predictor:
-    """A predictor. ``predict(workload, system)`` returns a JSON-serialisable report dict."""
+    """A predictor. ``predict(workload, system)`` returns a JSON-serialisable report dict.
+
+    ``predict_options(options, system, **kwargs)``, where given, makes the same report from
+    the GenerateOptions alone, without building the workload: ``stg sweep`` and ``stg
+    search`` call it when it exists (keywords it may take: ``registry``, ``kernels``,
+    ``explain``)."""
 
     name: str
     predict: Callable[..., dict[str, Any]]
     description: str = ""
+    predict_options: Callable[..., dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         _check_name("predictor", self.name)
         _check_callable("predictor", self.name, "predict", self.predict)
+        if self.predict_options is not None:
+            _check_callable("predictor", self.name, "predict_options", self.predict_options)
 
 
 @dataclass(frozen=True)
