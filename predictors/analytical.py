@@ -211,6 +211,8 @@ class Parts:
     head_bwd: PartCost
     p2p_bytes: int
     layer_reductions: dict[tuple[str, ...], float]
+    serial_reductions: bool
+    """whether the layers' reductions are chained into the backward's collectives"""
     """per layer, seconds of its gradient reductions on each communicator's stream"""
     embedding_reductions: dict[tuple[str, ...], float]
     head_reductions: dict[tuple[str, ...], float]
@@ -384,6 +386,11 @@ def analyse(
         optimizer_head = opt_cost(stem_last, 1.0) if stem_last is not None else PartCost()
         # one stage (pp = 1): embedding and head share one stem, counted once
     layer_red = reductions(first, layer, after=False)
+    # a reduction followed by a collective on a communicator the layers' backward uses (ZeRO's
+    # reduce-scatter, then the tensor-parallel all-reduce of replicated weights) joins that
+    # communicator's stream in order: the next layer's backward collectives wait for it
+    bwd_streams = {n.group_axes for n in pick(first, layer, "bwd") if n.type is NodeType.COMM_COLL}
+    serial = len(layer_red) > 1 and any(axes in bwd_streams for axes in layer_red)
     return Parts(
         layer_fwd=_part_cost(pick(first, layer, "fwd"), pricer),
         layer_bwd=_part_cost(pick(first, layer, "bwd"), pricer),
@@ -393,6 +400,7 @@ def analyse(
         head_bwd=_part_cost(pick(last, "head", "bwd"), pricer),
         p2p_bytes=p2p,
         layer_reductions=layer_red,
+        serial_reductions=serial,
         embedding_reductions=reductions(first, "embedding", after=False),
         head_reductions=reductions(last, "head", after=False),
         after_optimizer=sum(reductions(first, layer, after=True).values()),
@@ -503,6 +511,16 @@ def predict_options(
             for axes, c in parts.embedding_reductions.items():
                 ready.setdefault(axes, []).append((clock, c))
         finish = end_backward
+        if parts.serial_reductions:
+            # in the last micro-batch each layer's backward waits for the previous layer's
+            # reductions: they add up on the critical path
+            end_backward += layers[s] * sum(parts.layer_reductions.values())
+            finish = end_backward
+            ready = {
+                axes: [(end_backward, sum(c for _, c in queue[:1]))]
+                for axes, queue in ready.items()
+                if axes not in parts.layer_reductions
+            }
         for queue in ready.values():
             finish = max(finish, _tail([r for r, _ in queue], [c for _, c in queue]))
         optimizer = parts.optimizer_layer.scaled(layers[s])
@@ -566,7 +584,7 @@ def predict_options(
         breakdown["communication: zero all-gather"] = after
         accounted = sum(breakdown.values())
         breakdown["wait"] = max(0.0, iteration - accounted)
-        breakdown = {k: s for k, s in breakdown.items() if s > 0}
+        breakdown = {k: s for k, s in breakdown.items() if s > 1e-9 * iteration}
         report["explain"] = {
             "iteration_time_s": iteration,
             "breakdown_s": dict(sorted(breakdown.items(), key=lambda kv: -kv[1])),

@@ -228,7 +228,7 @@ def test_readme_opens_with_the_two_commands() -> None:
     lines = [line for line in first.group(2).splitlines() if line and not line.startswith("#")]
     assert lines == [
         "pip install -e . && stg generate",
-        "pip install 'torch==2.13.0' -e '.[test,bench]' -e plugins/stg-int8-kernels "
+        "pip install 'torch==2.13.0' -e '.[test,bench,explore]' -e plugins/stg-int8-kernels "
         "&& python -m pytest",
     ]
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
