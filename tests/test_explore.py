@@ -162,7 +162,7 @@ def test_sweep_simulate_records_exit_codes_metrics_and_timeouts(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     script = _simulator(tmp_path)
-    code, out, err = run(
+    code, _out, err = run(
         capsys, "sweep", "--model", "debug", "--batch", "8", "--dp", "1,2,4",
         "-o", tmp_path / "s", "--simulate", f"{script} {{prefix}} {{ranks}} {{comm_group}}",
         "--metric", r"cycles=(\d+) cycles", "--metric", r"files=ranks=(\d+)",
@@ -235,7 +235,7 @@ def test_sweep_bad_input_is_one_line(capsys: pytest.CaptureFixture[str], tmp_pat
         (["--metric", "x=("], "--metric"),
         (["--simulate", "sim {nope}"], "unknown placeholder"),
     ]:
-        code, out, err = run(capsys, "sweep", "--model", "debug", "-o", tmp_path / "x", *args)
+        code, _out, err = run(capsys, "sweep", "--model", "debug", "-o", tmp_path / "x", *args)
         assert code == 2, (args, err)
         assert expected in err and "Traceback" not in err
     spec = tmp_path / "bad.toml"
