@@ -225,13 +225,19 @@ class Parts:
     optimizer_head: PartCost
 
 
-def reduced_options(o: GenerateOptions, layers_per_stage: int) -> GenerateOptions:
-    """The options of the small workload that holds the parts of ``o``'s layers."""
+def reduced_options(
+    o: GenerateOptions, layers_per_stage: int, parameters_only: bool = False
+) -> GenerateOptions:
+    """The options of the small workload that holds the parts of ``o``'s layers
+    (``parameters_only``: one sample per micro-batch and no recomputation, which change no
+    parameter and so no optimizer step: more configurations share that workload)."""
     pp = min(o.pp, 2)
     dp = min(o.dp, 2)
-    per_replica = (o.micro_batch or o.batch) // (o.dp * o.ep)
+    per_replica = 1 if parameters_only else (o.micro_batch or o.batch) // (o.dp * o.ep)
     micro = per_replica * dp * o.ep
     values = o.as_dict()
+    if parameters_only:
+        values.update(activation_recompute="none", precision=())
     values.update(
         dp=dp,
         pp=pp,
@@ -312,7 +318,8 @@ def analyse(
 ) -> Parts:
     """Build the reduced workloads (one and two layers per stage) and price their parts."""
     one = _build(reduced_options(o, 1), registry)
-    two = _build(reduced_options(o, 2), registry)
+    one_p = _build(reduced_options(o, 1, parameters_only=True), registry)
+    two = _build(reduced_options(o, 2, parameters_only=True), registry)
     dp_r = min(o.dp, 2)
     sharded = bool(o.zero or o.weight_sharded)
     pricer = _Pricer(o, system, kernels, dp_r / o.dp if sharded else 1.0)
@@ -361,8 +368,8 @@ def analyse(
 
     # the optimizer step of a stage is linear in its parameters: two layers minus one layer
     # is one layer's share; the rest of stage 0's is the embedding's, of the last the head's
-    opt1_first, opt2_first = optimizer(first), optimizer(first2)
-    opt1_last, opt2_last = optimizer(last), optimizer(last2)
+    opt1_first, opt2_first = optimizer(one_p.rank_classes[0]), optimizer(first2)
+    opt1_last, opt2_last = optimizer(one_p.rank_classes[-1]), optimizer(last2)
     optimizer_layer = PartCost()
     optimizer_embedding = optimizer_head = PartCost()
     if opt1_first is not None and opt2_first is not None:
@@ -376,7 +383,7 @@ def analyse(
             tensor_size=opt1_first.tensor_size - delta_size,
         )
         stem_last = None
-        if opt1_last is not None and opt2_last is not None and last is not first:
+        if opt1_last is not None and opt2_last is not None and len(one_p.rank_classes) > 1:
             stem_last = dataclasses.replace(
                 opt1_last,
                 num_ops=opt1_last.num_ops - delta_ops,
