@@ -366,3 +366,22 @@ def test_readme_quick_start_runs_a_preset(doc_dir: Path) -> None:
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
     assert summary["preset"]["name"] == "llama3-8b" and summary["ranks"] >= 8
+
+
+# -- docs/exploration.md ----------------------------------------------------------------------
+
+EXPLORATION = ROOT / "docs" / "exploration.md"
+
+
+def test_exploration_console_commands_run(doc_dir: Path) -> None:
+    for name, body in named_files(EXPLORATION).items():
+        (doc_dir / name).write_text(body, encoding="utf-8")
+    commands = console_commands(EXPLORATION)
+    assert any(c.startswith("stg sweep") for c in commands)
+    assert any(c.startswith("stg search") for c in commands)
+    runner = CliRunner()
+    for command in commands:
+        result = runner.invoke(app, shlex.split(command)[1:], env={"COLUMNS": "200"})
+        assert result.exit_code == 0, (command, result.output)
+    assert (doc_dir / "sweep1" / "results.csv").is_file()
+    assert (doc_dir / "sweep2" / "sweep.png").is_file()

@@ -365,7 +365,8 @@ def _report(
             table.add_row(f"{count:,}", reason)
         print_table(out, table)
     if best is not None:
-        chosen = ", ".join(f"{k}={best.get(k)}" for k in ("system", *spec.swept) if k in best)
+        keys = ("system", *(k for k in spec.swept if k != "system"))
+        chosen = ", ".join(f"{k}={best.get(k)}" for k in keys if k in best)
         out.print(
             f"fastest{' that fits' if fits else ''}: {chosen}: "
             f"{best['iteration_time_s']:.4g} s, MFU {100 * (best.get('mfu') or 0):.1f} %"
