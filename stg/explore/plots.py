@@ -75,14 +75,15 @@ def plot_sweep(rows: Sequence[Mapping[str, Any]], swept: Sequence[str], out: Pat
         row=1,
         col=1,
     )
-    fig.update_xaxes(title_text="peak memory per GPU (GiB)", row=1, col=1)
-    fig.update_yaxes(title_text="iteration time (s)", row=1, col=1)
+    fig.update_xaxes(title_text="peak memory per GPU (GiB)", type="log", row=1, col=1)
+    fig.update_yaxes(title_text="iteration time (s)", type="log", row=1, col=1)
     for p, key in enumerate(options, start=2):
         fig.add_trace(
             go.Scatter(
                 x=[str(r.get(key)) for r in ok],
                 y=[100 * (r.get("mfu") or 0) for r in ok],
                 mode="markers",
+                marker={"color": ["#1f77b4" if f else "#bbbbbb" for f in fits]},
                 name=f"MFU vs {key}",
                 text=[_label(r, swept) for r in ok],
                 showlegend=False,
@@ -115,6 +116,8 @@ def plot_sweep(rows: Sequence[Mapping[str, Any]], swept: Sequence[str], out: Pat
         label="Pareto front",
         markersize=4,
     )
+    ax.set_xscale("log")
+    ax.set_yscale("log")
     ax.set_xlabel("peak memory per GPU (GiB)")
     ax.set_ylabel("iteration time (s)")
     ax.set_title("time vs memory")
@@ -124,7 +127,8 @@ def plot_sweep(rows: Sequence[Mapping[str, Any]], swept: Sequence[str], out: Pat
         labels = sorted({str(r.get(key)) for r in ok}, key=_sort_key)
         position = {v: i for i, v in enumerate(labels)}
         ax.scatter(
-            [position[str(r.get(key))] for r in ok], [100 * (r.get("mfu") or 0) for r in ok], s=12
+            [position[str(r.get(key))] for r in ok], [100 * (r.get("mfu") or 0) for r in ok], s=12,
+            c=["#1f77b4" if f else "#bbbbbb" for f in fits],
         )
         ax.set_xticks(range(len(labels)), labels)
         ax.set_xlabel(key)
