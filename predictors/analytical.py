@@ -223,6 +223,9 @@ class Parts:
     optimizer_layer: PartCost
     optimizer_embedding: PartCost
     optimizer_head: PartCost
+    stage_optimizer: list[PartCost] | None = None
+    """from a whole workload: each stage's optimizer step as it is (instead of the above)"""
+    stage_after: list[float] | None = None
 
 
 def reduced_options(
@@ -314,13 +317,22 @@ class _Pricer:
 
 
 def analyse(
-    o: GenerateOptions, system: System, kernels: KernelTable | None, registry: Any
+    o: GenerateOptions,
+    system: System,
+    kernels: KernelTable | None,
+    registry: Any,
+    workload: Any = None,
 ) -> Parts:
-    """Build the reduced workloads (one and two layers per stage) and price their parts."""
-    one = _build(reduced_options(o, 1), registry)
-    one_p = _build(reduced_options(o, 1, parameters_only=True), registry)
-    two = _build(reduced_options(o, 2, parameters_only=True), registry)
-    dp_r = min(o.dp, 2)
+    """Build the reduced workloads (one and two layers per stage) and price their parts; or,
+    given the whole ``workload`` of ``o``, price the parts of its own rank classes."""
+    if workload is not None:
+        one = one_p = two = workload
+        dp_r = o.dp
+    else:
+        one = _build(reduced_options(o, 1), registry)
+        one_p = _build(reduced_options(o, 1, parameters_only=True), registry)
+        two = _build(reduced_options(o, 2, parameters_only=True), registry)
+        dp_r = min(o.dp, 2)
     sharded = bool(o.zero or o.weight_sharded)
     pricer = _Pricer(o, system, kernels, dp_r / o.dp if sharded else 1.0)
     first, last = one.rank_classes[0], one.rank_classes[-1]
@@ -330,7 +342,9 @@ def analyse(
         out = []
         for n in rank_class.nodes:
             seg, ph, per_mb = _segment(n.name)
-            if per_mb and seg == part and ph == phase and n.type is not NodeType.COMM_SEND:
+            if not (per_mb and n.name.startswith("mb0/")):
+                continue  # the first micro-batch's parts stand for every micro-batch's
+            if seg == part and ph == phase and n.type is not NodeType.COMM_SEND:
                 if n.type is not NodeType.COMM_RECV:
                     out.append(n)
         return out
@@ -398,7 +412,26 @@ def analyse(
     # communicator's stream in order: the next layer's backward collectives wait for it
     bwd_streams = {n.group_axes for n in pick(first, layer, "bwd") if n.type is NodeType.COMM_COLL}
     serial = len(layer_red) > 1 and any(axes in bwd_streams for axes in layer_red)
+    stage_optimizer = stage_after = None
+    if workload is not None:
+        by_stage: dict[int, Any] = {}
+        for rank_class in workload.rank_classes:
+            by_stage.setdefault(rank_class.stage, rank_class)
+        stages = [by_stage[s] for s in sorted(by_stage)]
+        stage_optimizer = [opt_cost(optimizer(c), 1.0) for c in stages]
+        stage_after = [
+            sum(
+                pricer(n)
+                for n in c.nodes
+                if n.type is NodeType.COMM_COLL
+                and n.comm_type in GATHERS
+                and not _segment(n.name)[2]
+            )
+            for c in stages
+        ]
     return Parts(
+        stage_optimizer=stage_optimizer,
+        stage_after=stage_after,
         layer_fwd=_part_cost(pick(first, layer, "fwd"), pricer),
         layer_bwd=_part_cost(pick(first, layer, "bwd"), pricer),
         embedding_fwd=_part_cost(pick(first, "embedding", "fwd"), pricer),
@@ -444,6 +477,21 @@ def _tail(ready: Sequence[float], costs: Sequence[float]) -> float:
     return finish
 
 
+def _optimizer_of(parts: Parts, s: int, p: int, layers: int) -> tuple[PartCost, float]:
+    """Stage ``s``'s optimizer step and the ZeRO all-gathers after it."""
+    if parts.stage_optimizer is not None and parts.stage_after is not None:
+        return parts.stage_optimizer[s], parts.stage_after[s]
+    optimizer = parts.optimizer_layer.scaled(layers)
+    after = parts.after_optimizer * layers
+    if s == 0:
+        optimizer = optimizer + parts.optimizer_embedding
+        after += parts.after_optimizer_embedding
+    if s == p - 1 and p > 1:
+        optimizer = optimizer + parts.optimizer_head
+        after += parts.after_optimizer_head
+    return optimizer, after
+
+
 def predict_options(
     options: Mapping[str, Any] | GenerateOptions,
     system: System | str = "a100-80g",
@@ -451,10 +499,12 @@ def predict_options(
     registry: Any = None,
     kernels: KernelTable | Iterable[Any] | None = None,
     explain: bool = False,
+    workload: Any = None,
     **_: Any,
 ) -> dict[str, Any]:
-    """The report of the analytical predictor from generation options (see the module)."""
-    if registry is None:
+    """The report of the analytical predictor from generation options (see the module); with
+    ``workload`` (built from these options) its own rank classes are priced."""
+    if registry is None and workload is None:
         raise UserError("the analytical predictor needs the registry (the model to build)")
     system = load_system(system)
     o = options if isinstance(options, GenerateOptions) else GenerateOptions(**dict(options))
@@ -462,7 +512,7 @@ def predict_options(
     if system.capacity and world > system.capacity:
         raise UserError(f"{world} ranks do not fit system {system.name!r} ({system.capacity} GPUs)")
     table = kernel_table(kernels, system.name)
-    parts = analyse(o, system, table, registry)
+    parts = analyse(o, system, table, registry, workload)
     p, v = o.pp, o.virtual_stages
     m = o.micro_batches
     base, extra = divmod(o.num_stacks, p * v)
@@ -530,14 +580,7 @@ def predict_options(
             }
         for queue in ready.values():
             finish = max(finish, _tail([r for r, _ in queue], [c for _, c in queue]))
-        optimizer = parts.optimizer_layer.scaled(layers[s])
-        after = parts.after_optimizer * layers[s]
-        if s == 0:
-            optimizer = optimizer + parts.optimizer_embedding
-            after += parts.after_optimizer_embedding
-        if s == p - 1 and p > 1:
-            optimizer = optimizer + parts.optimizer_head
-            after += parts.after_optimizer_head
+        optimizer, after = _optimizer_of(parts, s, p, layers[s])
         end = finish + optimizer.time + after
         ends.append(end)
         details.append((end_backward, finish - end_backward, optimizer, after))
@@ -547,11 +590,7 @@ def predict_options(
     ranks_per_stage = world // p
     model_flops = hardware_flops = 0
     for s in range(p):
-        opt = parts.optimizer_layer.scaled(layers[s])
-        if s == 0:
-            opt = opt + parts.optimizer_embedding
-        if s == p - 1 and p > 1:
-            opt = opt + parts.optimizer_head
+        opt = _optimizer_of(parts, s, p, layers[s])[0]
         hardware_flops += ranks_per_stage * (m * (fwd[s].flops + bwd[s].flops) + opt.flops)
         model_flops += ranks_per_stage * (
             m * (fwd[s].model_flops + bwd[s].model_flops) + opt.model_flops
@@ -608,14 +647,17 @@ def predict_analytical(
     registry: Any = None,
     **_: Any,
 ) -> dict[str, Any]:
-    """The analytical report of a generated workload, from the options it records."""
+    """The analytical report of a generated workload: its rank classes' parts composed with
+    the options it records."""
     options = workload.metadata.get("options") if workload.metadata else None
     if not options:
         raise UserError("the analytical predictor needs the generation options of the workload")
     names = {f.name for f in dataclasses.fields(GenerateOptions)}
     values = {k: (tuple(map(tuple, v)) if k == "precision" else v) for k, v in options.items()}
     o = GenerateOptions(**{k: v for k, v in values.items() if k in names})
-    return predict_options(o, system, registry=registry, kernels=kernels, explain=explain)
+    return predict_options(
+        o, system, registry=registry, kernels=kernels, explain=explain, workload=workload
+    )
 
 
 @stg.hookimpl

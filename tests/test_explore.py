@@ -315,3 +315,40 @@ def test_search_finds_the_plan_the_closed_forms_prove_optimal(
     assert result["pruned"]["memory: peak above the GPU's capacity"] >= 1
     times = [b["time"]["iteration_time_s"] for b in result["best"]]
     assert times == sorted(times)
+
+
+def test_yaml_spec_and_ranges(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    pytest.importorskip("yaml")
+    from stg.explore.space import expand
+
+    assert expand("pow2:3..40") == ["4", "8", "16", "32"]
+    assert expand("1..3,8") == ["1", "2", "3", "8"]
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        "fixed:\n  model: debug\n  batch: 16\nsweep:\n  dp: pow2:1..4\n"
+        "  activation_recompute: [none, full]\n"
+    )
+    code, out, err = run(capsys, "sweep", spec, "-o", tmp_path / "y", "--pp", "1,2", "--json")
+    assert code == 0, err
+    assert json.loads(out)["configurations"] == 3 * 2 * 2
+
+
+def test_workers_with_other_versions_are_refused() -> None:
+    from stg.errors import UserError
+    from stg.explore.sweep import check_workers, fingerprint
+
+    mine = fingerprint()
+
+    class Client:
+        def __init__(self, answer: dict) -> None:
+            self.answer = answer
+
+        def run(self, fn, *args):  # type: ignore[no-untyped-def]
+            return self.answer
+
+    assert check_workers(Client({"tcp://a": mine, "tcp://b": mine}), ()) == 2
+    other = {**mine, "stg": "0.0.0"}
+    with pytest.raises(UserError, match=r"worker tcp://b differs"):
+        check_workers(Client({"tcp://a": mine, "tcp://b": other}), ())
+    with pytest.raises(UserError, match="no workers"):
+        check_workers(Client({}), ())

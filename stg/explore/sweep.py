@@ -104,10 +104,12 @@ _WORKER: dict[str, Any] = {}
 
 
 def _registry(plugins: Sequence[str]) -> Any:
-    key = ("registry", tuple(plugins))
-    if key not in _WORKER:
-        from stg.host.registry import load_registry
+    """This process's registry of ``plugins`` (loaded once per plugin list and autoload
+    setting: STG_DISABLE_PLUGIN_AUTOLOAD may differ between runs of one process)."""
+    from stg.host.registry import autoload_enabled, load_registry
 
+    key = ("registry", tuple(plugins), autoload_enabled())
+    if key not in _WORKER:
         _WORKER[key] = load_registry(list(plugins))
     return _WORKER[key]
 
@@ -363,9 +365,9 @@ def check_workers(client: Any, plugins: Sequence[str]) -> int:
     for worker, found in sorted(theirs.items()):
         if found != mine:
             raise UserError(
-                f"worker {worker} differs from this machine: stg {found['stg']} with plugins "
-                f"{found['plugins']} here stg {mine['stg']} with {mine['plugins']}; install "
-                "the same versions"
+                f"worker {worker} differs from this machine: it has stg {found['stg']} with "
+                f"plugins {found['plugins']}, this machine stg {mine['stg']} with "
+                f"{mine['plugins']}; install the same versions on every worker"
             )
     return len(theirs)
 
