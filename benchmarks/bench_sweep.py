@@ -30,7 +30,7 @@ batch = 1536
 dp = "pow2:1..64"
 tp = [1, 2, 4, 8]
 pp = [1, 2, 4, 8, 16]
-micro_batch = [64, 128, 192, 384, 768, 1536]
+micro_batch = [48, 64, 96, 128, 192, 384, 768, 1536]
 activation_recompute = ["none", "selective", "full"]
 zero = [0, 1, 2]
 """

@@ -282,6 +282,46 @@ def _part_cost(nodes: list[Any], price: Any) -> PartCost:
     return PartCost(schedule_part(nodes, cost), compute, flops, model)
 
 
+@dataclasses.dataclass
+class _Index:
+    """A rank class's nodes by part: the first micro-batch's ``(part, phase)`` (without
+    sends and receives), per-iteration collectives by part, the optimizer step."""
+
+    parts: dict[tuple[str, str], list[Any]]
+    iteration: dict[str, list[Any]]
+    optimizer: Any
+
+
+_INDEXES: dict[int, tuple[Any, _Index]] = {}
+
+
+def _index(rank_class: Any) -> _Index:
+    cached = _INDEXES.get(id(rank_class))
+    if cached is not None and cached[0] is rank_class:
+        return cached[1]
+    parts: dict[tuple[str, str], list[Any]] = {}
+    iteration: dict[str, list[Any]] = {}
+    optimizer = None
+    for n in rank_class.nodes:
+        if n.name == "optimizer_step":
+            optimizer = n
+        seg, phase, per_mb = _segment(n.name)
+        if per_mb:
+            # the first micro-batch's parts stand for every micro-batch's
+            if n.name.startswith("mb0/") and n.type not in (
+                NodeType.COMM_SEND,
+                NodeType.COMM_RECV,
+            ):
+                parts.setdefault((seg, phase), []).append(n)
+        elif n.type is NodeType.COMM_COLL:
+            iteration.setdefault(seg, []).append(n)
+    index = _Index(parts, iteration, optimizer)
+    if len(_INDEXES) > 4096:
+        _INDEXES.clear()
+    _INDEXES[id(rank_class)] = (rank_class, index)
+    return index
+
+
 class _Pricer:
     def __init__(
         self,
@@ -312,7 +352,28 @@ class _Pricer:
                     num_ops=round(node.num_ops * scale),
                     tensor_size=round(node.tensor_size * scale),
                 )
-            return compute_time(node, self.system, self.o.dtype, self.kernels, self.o.profile, None)
+            attrs = node.attrs or {}
+            key = (
+                tuple(self.kernels.names()) if self.kernels else (),
+                self.o.dtype,
+                self.o.profile,
+                node.name.rsplit("/", 1)[-1],
+                node.num_ops,
+                node.tensor_size,
+                node.dtype,
+                attrs.get("gemm"),
+                attrs.get("attention"),
+            )
+            # prices memoised on the system object (frozen: its prices never change)
+            prices = self.system.__dict__.setdefault("_analytical_prices", {})
+            seconds = prices.get(key)
+            if seconds is None:
+                if len(prices) > 200_000:
+                    prices.clear()
+                seconds = prices[key] = compute_time(
+                    node, self.system, self.o.dtype, self.kernels, self.o.profile, None
+                )
+            return seconds
         return 0.0
 
 
@@ -339,15 +400,7 @@ def analyse(
     first2, last2 = two.rank_classes[0], two.rank_classes[-1]
 
     def pick(rank_class: Any, part: str, phase: str) -> list[Any]:
-        out = []
-        for n in rank_class.nodes:
-            seg, ph, per_mb = _segment(n.name)
-            if not (per_mb and n.name.startswith("mb0/")):
-                continue  # the first micro-batch's parts stand for every micro-batch's
-            if seg == part and ph == phase and n.type is not NodeType.COMM_SEND:
-                if n.type is not NodeType.COMM_RECV:
-                    out.append(n)
-        return out
+        return _index(rank_class).parts.get((part, phase), [])
 
     layer = "layer0"
     p2p = next((n.comm_size for n in first.nodes if n.type is NodeType.COMM_SEND), 0) or next(
@@ -358,10 +411,7 @@ def analyse(
         """Per-iteration collectives of ``part``: gradient reductions (before the optimizer
         step) or all-gathers of updated shards (``after``)."""
         out: dict[tuple[str, ...], float] = {}
-        for n in rank_class.nodes:
-            seg, _, per_mb = _segment(n.name)
-            if per_mb or seg != part or n.type is not NodeType.COMM_COLL:
-                continue
+        for n in _index(rank_class).iteration.get(part, []):
             is_after = n.comm_type in GATHERS
             if is_after != after:
                 continue
@@ -369,7 +419,7 @@ def analyse(
         return out
 
     def optimizer(rank_class: Any) -> Any:
-        return next((n for n in rank_class.nodes if n.name == "optimizer_step"), None)
+        return _index(rank_class).optimizer
 
     shard_scale = dp_r / o.dp if sharded else 1.0
 
