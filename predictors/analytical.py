@@ -510,7 +510,7 @@ def _build(options: GenerateOptions, registry: Any) -> Any:
     return _cached_build(options, id(registry))
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=2048)
 def _cached_build(options: GenerateOptions, registry_id: int) -> Any:
     return build_workload(options, _REGISTRIES[registry_id])
 
