@@ -385,3 +385,13 @@ def test_exploration_console_commands_run(doc_dir: Path) -> None:
         assert result.exit_code == 0, (command, result.output)
     assert (doc_dir / "sweep1" / "results.csv").is_file()
     assert (doc_dir / "sweep2" / "sweep.png").is_file()
+
+
+def test_readme_quick_start_sweep_runs(doc_dir: Path) -> None:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    quick = text[text.index("## Quick start") : text.index("**Drop-in")]
+    (line,) = [x for x in quick.splitlines() if x.startswith("stg sweep ")]
+    result = CliRunner().invoke(app, shlex.split(line.split("#")[0])[1:])
+    assert result.exit_code == 0, result.output
+    assert (doc_dir / "sweep" / "results.parquet").is_file()
+    assert (doc_dir / "sweep" / "sweep.html").is_file()
