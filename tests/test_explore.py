@@ -352,3 +352,30 @@ def test_workers_with_other_versions_are_refused() -> None:
         check_workers(Client({"tcp://a": mine, "tcp://b": other}), ())
     with pytest.raises(UserError, match="no workers"):
         check_workers(Client({}), ())
+
+
+def test_sweep_with_the_dag_predictor_and_a_system_file(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    system = load_system("h100-80g").as_dict()
+    system["name"] = "my-h100"
+    (tmp_path / "my.json").write_text(json.dumps(system))
+    args = ["--model", "debug", "--batch", "16", "--dp", "1,2", "--pp", "1,2",
+            "-s", f"a100-80g,{tmp_path / 'my.json'}"]
+    tables = {}
+    for predictor in ("time", "analytical"):
+        code, _out, err = run(
+            capsys, "sweep", *args, "--predictor", predictor, "-o", tmp_path / predictor
+        )
+        assert code == 0, err
+        import csv
+
+        tables[predictor] = list(csv.DictReader((tmp_path / predictor / "results.csv").open()))
+    assert len(tables["time"]) == 8
+    assert {r["system"] for r in tables["time"]} == {"a100-80g", str(tmp_path / "my.json")}
+    for dag, fast in zip(tables["time"], tables["analytical"], strict=True):
+        assert (dag["dp"], dag["pp"], dag["system"]) == (fast["dp"], fast["pp"], fast["system"])
+        assert float(fast["iteration_time_s"]) == pytest.approx(
+            float(dag["iteration_time_s"]), rel=TOLERANCE
+        )
+        assert float(dag["explain: compute: gemm"]) > 0
