@@ -95,6 +95,7 @@ _MODEL = "Model"
 _PARALLEL = "Parallelism"
 _TRAINING = "Training"
 _OUTPUT = "Output"
+_SERVING = "Serving (inference phases)"
 
 # help text and extra spellings per GenerateOptions field (panel, spec)
 SPECS: dict[str, tuple[str, _Spec]] = {
@@ -200,6 +201,49 @@ SPECS: dict[str, tuple[str, _Spec]] = {
             "(as stg plan precision writes; default: every op in --dtype).",
             parser=parse_precision_plan,
             metavar="FILE",
+        ),
+    ),
+    "phase": (
+        _SERVING,
+        _Spec(
+            "What one run is: training (an iteration: forward, backward, optimizer), "
+            "prefill (--batch prompts of --seq tokens, writing the KV cache), decode "
+            "(--steps steps of one new token per sequence against --context cached tokens) "
+            "or mixed (one continuously batched iteration: --prefill_batch requests prefill "
+            "--chunk tokens beside --batch decoding requests).",
+            metavar="training|prefill|decode|mixed",
+        ),
+    ),
+    "context": (
+        _SERVING,
+        _Spec(
+            "decode, mixed: tokens in the KV cache of each decoding sequence before the "
+            "step (default: --seq).",
+            metavar="N",
+        ),
+    ),
+    "steps": (
+        _SERVING,
+        _Spec("decode: steps in one trace, the cache growing by one token each.", metavar="N"),
+    ),
+    "kv_dtype": (
+        _SERVING,
+        _Spec("Dtype of the KV cache, e.g. fp8 or int8 (default: --dtype).", metavar="DTYPE"),
+    ),
+    "prefill_batch": (
+        _SERVING,
+        _Spec("mixed: requests prefilling a chunk of their prompt in the iteration.", metavar="N"),
+    ),
+    "chunk": (
+        _SERVING,
+        _Spec("mixed: prompt tokens each prefilling request adds (default: --seq).", metavar="N"),
+    ),
+    "prefill_context": (
+        _SERVING,
+        _Spec(
+            "mixed: prompt tokens of each prefilling request already in the cache (earlier "
+            "chunks).",
+            metavar="N",
         ),
     ),
     "format": (

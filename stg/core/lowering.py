@@ -61,6 +61,11 @@ class Binder:
             raise OptionError(f"{who}={split} must divide {DIM_OPTION.get(d.name, d.name)}={size}")
         return size // split
 
+    def fraction(self, expr: sympy.Expr | int) -> Fraction:
+        """A scale (an einsum's computed fraction) as an exact number for this run."""
+        value = sympy.sympify(expr).xreplace(self.values)
+        return Fraction(str(sympy.nsimplify(value)))
+
     def flat_degree(self, t: Tensor) -> int:
         """How many pieces a flat split (``Sharding.flat``) cuts ``t`` into (1: none)."""
         return prod(self.degrees[a] for a in t.sharding.flat)
@@ -118,7 +123,9 @@ def _flops(op: Op, binder: Binder) -> int:
         for letters, t in zip(lhs.split(","), op.inputs, strict=True):
             for letter, d, axes in zip(letters, t.dims, t.sharding.dims, strict=True):
                 sizes.setdefault(letter, binder.local_dim(d, axes))
-        return int(2 * prod(sizes.values()) * Fraction(str(op.scale)))
+        return int(2 * prod(sizes.values()) * binder.fraction(op.scale))
+    if op.kind == "kv_append":  # one op per element written into the cache
+        return binder.numel(op.inputs[0])
     if op.kind in {"elementwise", "custom"}:
         return int(Fraction(str(op.flops_per_element)) * binder.numel(op.inputs[0]))
     if op.kind == "add":
@@ -157,6 +164,8 @@ def bind_ops(ops: Iterable[Op | BoundOp], binder: Binder) -> list[BoundOp]:
                 op.output
             )
             moved += sum(binder.numel(t) * 4 for t in op.inputs if t.kind == "index")
+            if op.kind == "kv_append":  # the new keys/values read, then written into the cache
+                moved = kv_append_bytes(op, binder)
             num_ops = _flops(op, binder)
             attrs = (("gemm", gemm_shape(op, binder)),) if op.kind == "einsum" else ()
             if num_ops <= 0 < moved:
@@ -234,7 +243,14 @@ def attention_shape(scores: Op, binder: Binder) -> tuple[int, int, int, int, int
                 batch *= sizes[letter]
             else:
                 heads *= sizes[letter]
-    return (batch, heads, s_q, s_kv, head_dim, int(Fraction(str(scores.scale)) != 1))
+    return (batch, heads, s_q, s_kv, head_dim, int(binder.fraction(scores.scale) != 1))
+
+
+def kv_append_bytes(op: Op, binder: Binder) -> int:
+    """Bytes of writing new keys or values into the KV cache (``kv_append``, serving phases):
+    the new elements read in their dtype and written in the cache's."""
+    new = op.inputs[0]
+    return binder.nbytes(new) + int(binder.numel(new) * DTYPE_BYTES[op.output.dtype])
 
 
 def fuse_attention(
@@ -291,6 +307,11 @@ def _fused_attention(run: list[Op], binder: Binder, shapes: dict[str, tuple[int,
         shape = next((shapes[name] for name in forward if name in shapes), ())
     else:
         moved += binder.nbytes(run[-1].output)
+        # serving: the whole KV cache is read, and the new keys and values written into it
+        for op in run:
+            if op.kind == "kv_append":
+                moved += binder.nbytes(op.output) + kv_append_bytes(op, binder)
+                moved -= binder.nbytes(op.inputs[0])  # already counted as read above
         scores = next((op for op in run if op.kind == "einsum"), None)
         shape = attention_shape(scores, binder) if scores is not None else ()
         for op in run:
