@@ -317,7 +317,9 @@ def build_steps(model: Model, plan: ParallelPlan) -> list[StepParts]:
             result, first_binder = per_group[0]
             weights = {key(w): w for w in part.weights}
 
-            def weight_bytes(op: BoundOp, binder: Binder = first_binder) -> int:
+            def weight_bytes(
+                op: BoundOp, binder: Binder = first_binder, weights: dict = weights
+            ) -> int:
                 return sum(binder.nbytes(weights[k]) for k in op.inputs if k in weights)
 
             for other, _ in per_group[1:]:
@@ -347,6 +349,38 @@ def token_tag(
     return 1 + ((step * micro_batches + micro_batch) * 2 + back) * chunks + boundary
 
 
+def _p2p(
+    out: _Nodes,
+    kind: NodeType,
+    what: str,
+    *,
+    prefix: str,
+    step: int,
+    mb: int,
+    micro_batches: int,
+    chunks: int,
+    peer: int,
+    boundary: int,
+    back: bool,
+    size: int,
+    deps: tuple[int, ...] = (),
+) -> int:
+    """A pipeline transfer of one step; the tokens received come from the step before."""
+    verb = "send" if kind is NodeType.COMM_SEND else "recv"
+    sent_in = step - 1 if back and kind is NodeType.COMM_RECV else step
+    return out.add(
+        {
+            "name": f"{prefix}{verb}_{what}_c{boundary}",
+            "type": kind,
+            "comm_size": size,
+            "peer_stage": peer,
+            "comm_tag": token_tag(sent_in, mb, micro_batches, boundary, chunks, back),
+            "dtype": None,
+        },
+        deps,
+    )
+
+
 def lower_inference_stage(
     stage: int,
     plan: ParallelPlan,
@@ -368,47 +402,40 @@ def lower_inference_stage(
             prefix = f"mb{mb}/" if len(steps) == 1 else f"step{step}/mb{mb}/"
             out.start_step()
 
-            def p2p(
-                kind: NodeType,
-                what: str,
-                peer: int,
-                boundary: int,
-                back: bool,
-                size: int,
-                deps: tuple[int, ...],
-            ) -> int:
-                """A transfer of this step; the tokens received come from the step before."""
-                verb = "send" if kind is NodeType.COMM_SEND else "recv"
-                sent_in = step - 1 if back and kind is NodeType.COMM_RECV else step
-                return out.add(
-                    {
-                        "name": f"{prefix}{verb}_{what}_c{boundary}",
-                        "type": kind,
-                        "comm_size": size,
-                        "peer_stage": peer,
-                        "comm_tag": token_tag(sent_in, mb, m, boundary, chunks, back),
-                        "dtype": None,
-                    },
-                    deps,
-                )
-
             tokens_bytes = sequences * TOKEN_ID_BYTES
+            where: dict[str, Any] = {
+                "prefix": prefix,
+                "step": step,
+                "mb": mb,
+                "micro_batches": m,
+                "chunks": chunks,
+            }
             if first:
                 after = None
                 if step > 0 and chunks > 1:
-                    after = p2p(NodeType.COMM_RECV, "tokens", chunks - 1, 0, True, tokens_bytes, ())
+                    after = _p2p(
+                        out,
+                        NodeType.COMM_RECV,
+                        "tokens",
+                        **where,
+                        peer=chunks - 1,
+                        boundary=0,
+                        back=True,
+                        size=tokens_bytes,
+                    )
                 env: dict[int, tuple[int, ...]] = {}
                 out.run(emb.forward, env, f"{prefix}embedding/", after=after)
                 x = env[emb.output_key][0]  # type: ignore[index]
             else:
-                x = p2p(
+                x = _p2p(
+                    out,
                     NodeType.COMM_RECV,
                     "activation",
-                    stage - 1,
-                    stage - 1,
-                    False,
-                    block.boundary_bytes,
-                    (),
+                    **where,
+                    peer=stage - 1,
+                    boundary=stage - 1,
+                    back=False,
+                    size=block.boundary_bytes,
                 )
             for layer in plan.chunk_layers(stage):
                 env = {block.input_key: (x,)}  # type: ignore[dict-item]
@@ -419,24 +446,28 @@ def lower_inference_stage(
                 out.run(head.forward, env, f"{prefix}head/fwd/")
                 if step + 1 < len(steps) and chunks > 1:
                     sampled = out.last_comp
-                    p2p(
+                    _p2p(
+                        out,
                         NodeType.COMM_SEND,
                         "tokens",
-                        0,
-                        0,
-                        True,
-                        tokens_bytes,
-                        (sampled,) if sampled is not None else (),
+                        **where,
+                        peer=0,
+                        boundary=0,
+                        back=True,
+                        size=tokens_bytes,
+                        deps=(sampled,) if sampled is not None else (),
                     )
             else:
-                p2p(
+                _p2p(
+                    out,
                     NodeType.COMM_SEND,
                     "activation",
-                    stage + 1,
-                    stage,
-                    False,
-                    block.boundary_bytes,
-                    (x,),
+                    **where,
+                    peer=stage + 1,
+                    boundary=stage,
+                    back=False,
+                    size=block.boundary_bytes,
+                    deps=(x,),
                 )
             if progress is not None:
                 progress()
