@@ -154,6 +154,8 @@ def generate(**values: Any) -> None:
     reports: dict[str, dict[str, Any]] = {}
     if system is not None:
         names = (["time"] if predict else []) + ["memory"]
+        if predict and options.inference:
+            names.append("serving")
         reports = run_predictors(names, registry, system, workload=workload)
     summary = workload_summary(workload)
     directory = Path(options.output_dir).absolute()

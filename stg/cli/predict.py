@@ -248,6 +248,8 @@ def predict(**values: Any) -> None:
 
         options = options_from_cli(values)
         gen.validate_options(options, registry)
+        if options.inference and predictor == "all" and "serving" in registry.predictors:
+            names = [*names, "serving"]  # TTFT, time per output token, tokens/s
         with progress_bar(console) as progress:
             workload = gen.build_workload(options, registry, progress=progress)
         with _os_errors():
