@@ -304,3 +304,18 @@ def test_bad_serving_options_are_one_line_errors(tmp_path, args, message):
 def test_training_traces_do_not_record_the_serving_options(registry):
     w = build(registry, model="gpt")
     assert "phase" not in w.metadata["options"] and "tokens" not in w.metadata
+
+
+def test_decode_attention_splits_the_cache_over_the_sms():
+    from stg.perf.kernel_time import attention_time
+    from stg.perf.system import load_system
+
+    gpu = load_system("h100-80g").gpu
+    # one sequence, one kv head with 8 query rows, 4097 keys: Flash-Decoding splits the keys
+    one = attention_time(gpu, "cudnn", 1, 1, 8, 4097, 128, causal=False)
+    whole_sm = 4 * 128 * 4224 * 128 / (989.4e12 * 1.38 / 1.83 * 0.822 / 132)  # one CTA, all keys
+    assert one < whole_sm / 10
+    # training shapes (as many query rows as keys) keep the unsplit model
+    assert attention_time(gpu, "cudnn", 1, 8, 4096, 4096, 128, causal=True) == pytest.approx(
+        6.158076170530441e-05
+    )
