@@ -319,3 +319,22 @@ def test_decode_attention_splits_the_cache_over_the_sms():
     assert attention_time(gpu, "cudnn", 1, 8, 4096, 4096, 128, causal=True) == pytest.approx(
         6.158076170530441e-05
     )
+
+
+def test_a_written_decode_trace_predicts_as_the_generated_workload(tmp_path):
+    import json
+
+    out = tmp_path / "out"
+    args = ["--model", "debug", "--phase", "decode", "--tp", "2", "--batch", "8", "--steps", "2"]
+    made = CliRunner().invoke(
+        app, ["generate", *args, "--output_dir", str(out), "--predict", "--json"]
+    )
+    assert made.exit_code == 0, made.output
+    predictions = json.loads(made.stdout)["predictions"]
+    serving = predictions["serving"]
+    assert serving["time_per_output_token_s"] == pytest.approx(serving["time_s"] / 2)
+    read = CliRunner().invoke(app, ["predict", str(out), "--json"])
+    assert read.exit_code == 0, read.output
+    time = json.loads(read.stdout)["time"]
+    assert time["tokens_per_s"] == pytest.approx(predictions["time"]["tokens_per_s"])
+    assert time["tokens_per_s"] == pytest.approx(8 * 2 / serving["time_s"])

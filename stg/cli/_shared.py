@@ -572,6 +572,8 @@ def run_predictors(
             tokens = None
             if options.get("batch") and options.get("seq"):
                 tokens = int(options["batch"]) * int(options["seq"])
+            if options.get("phase", "training") != "training":
+                tokens = _serving_tokens(options)
             extra: dict[str, Any] = {"calibration": calibration} if calibration is not None else {}
             if explain:
                 extra["explain_path"] = True
@@ -603,6 +605,19 @@ def run_predictors(
                 "stg generate instead of a trace"
             )
     return reports
+
+
+def _serving_tokens(options: Mapping[str, Any]) -> int | None:
+    """New tokens of a serving trace (prompt tokens, or one per sequence and decode step),
+    from its recorded options; None where they do not describe a run."""
+    from stg.core.inference import new_tokens
+    from stg.core.options import GenerateOptions
+
+    known = {f.name for f in fields(GenerateOptions)}
+    try:
+        return new_tokens(GenerateOptions(**{k: v for k, v in options.items() if k in known}))
+    except (TypeError, ValueError):
+        return None
 
 
 def _gib(value: float) -> str:

@@ -229,6 +229,15 @@ def predict(**values: Any) -> None:
             )
         with _os_errors():
             trace = _trace_input(path, jobs, comm_group_file)
+            phase = trace[2].get("phase", "training")
+            if phase != "training" and predictor == "all":
+                # memory and serving figures need the per-rank facts of a generated workload
+                typer.echo(
+                    f"note: a phase={phase} trace gets the time report; give its generation "
+                    "options instead of PATH for the serving and memory reports",
+                    err=True,
+                )
+                names = ["time"]
             reports = run_predictors(
                 names,
                 registry,
