@@ -220,8 +220,12 @@ def serving_memory(workload: Workload, system: System | str = "a100-80g") -> dic
         free = capacity - weights
         per_sequence = (kv + activations) / sequences
         batch_fit = int(free // per_sequence) * replicas if per_sequence > 0 else 0
-        per_token = kv / (sequences * longest) if kv else 0.0
-        context_fit = int((free - activations) // (sequences * per_token)) if per_token else 0
+        if phase == "prefill":  # a longer prompt holds more cache and more activations
+            per_token = (kv + activations) / longest
+            context_fit = int(free // per_token) if per_token else 0
+        else:  # a decode step's activations do not grow with the context
+            per_token = sequences * kv / (sequences * longest) if kv else 0.0
+            context_fit = int((free - activations) // per_token) if per_token else 0
         max_batch = batch_fit if max_batch is None else min(max_batch, batch_fit)
         max_context = context_fit if max_context is None else min(max_context, context_fit)
         classes.append(

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 from chakra.schema.protobuf import et_def_pb2
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 from test_astra_rules import official_nodes
 from test_symbolic_core import FusedPlugin
 from typer.testing import CliRunner
@@ -22,6 +24,7 @@ from stg.cli import app
 from stg.core.options import GenerateOptions
 from stg.core.pipeline import build_workload
 from stg.core.workload import CollectiveType, NodeType
+from stg.errors import UserError
 from stg.host.registry import load_registry
 from stg.predictors.memory import predict_memory
 from stg.predictors.serving import predict_serving
@@ -338,3 +341,43 @@ def test_a_written_decode_trace_predicts_as_the_generated_workload(tmp_path):
     time = json.loads(read.stdout)["time"]
     assert time["tokens_per_s"] == pytest.approx(predictions["time"]["tokens_per_s"])
     assert time["tokens_per_s"] == pytest.approx(8 * 2 / serving["time_s"])
+
+
+@st.composite
+def serving_options(draw) -> dict:
+    model = draw(st.sampled_from(["gpt", "llama", "moe"]))
+    phase = draw(st.sampled_from(["prefill", "decode", "mixed"]))
+    kw: dict = dict(model=model, phase=phase, batch=16)
+    kw.update({a: draw(st.sampled_from([1, 2])) for a in ("dp", "tp", "pp")})
+    kw["ep"] = draw(st.sampled_from([1, 2])) if model == "moe" else 1
+    kw["kv_dtype"] = draw(st.sampled_from([None, "fp8"]))
+    kw["causal"] = draw(st.booleans())
+    kw["attention"] = draw(st.sampled_from(["fused", "unfused"]))
+    if phase == "prefill":
+        kw["sp"] = draw(st.sampled_from([1, 2]))
+    if phase == "decode":
+        kw["steps"] = draw(st.sampled_from([1, 2]))
+        kw["context"] = draw(st.sampled_from([7, 64]))
+    if phase == "mixed":
+        kw.update(prefill_batch=4, chunk=draw(st.sampled_from([8, 16])), context=40)
+    else:
+        kw["micro_batch"] = draw(st.sampled_from([8, 16]))
+    return kw
+
+
+@settings(
+    max_examples=20,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much],
+)
+@given(serving_options())
+def test_random_serving_runs_validate_and_complete(registry, kw):
+    try:
+        w = build(registry, **kw)
+    except UserError:
+        assume(False)  # an invalid combination (degrees that do not divide, ...)
+    report = validate_workload(w)
+    assert report.ok, [v.message for v in report.errors[:3]]
+    assert check_runs_to_completion(w) == sum(len(g) for g in w.ranks)
+    assert predict_serving(w, "h100-80g")["time_s"] > 0
