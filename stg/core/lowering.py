@@ -263,7 +263,8 @@ def fuse_attention(
     ``core_attention``; ``shapes`` maps their names to the attention shape (filled when the
     forward is fused), and backward ops ``<forward op>.grad_*`` of those are fused too.
     Collectives met inside a run go before the fused node when they need nothing it produces,
-    after it otherwise."""
+    after it otherwise; one that gathers what a ``kv_append`` of the run wrote into the KV cache
+    (serving under context parallelism) goes before it, after that append on its own."""
     out: list[Op | BoundOp] = []
     run: list[Op] = []
     after: list[Op] = []
@@ -285,7 +286,16 @@ def fuse_attention(
             run.append(op)
         elif run and op.kind in ("collective", "view"):
             produced = {id(o.output) for o in run}
-            (after if any(id(t) in produced for t in op.inputs) else out).append(op)
+            needed = {id(t) for t in op.inputs}
+            appends = [o for o in run if o.kind == "kv_append" and id(o.output) in needed]
+            if appends and not needed & produced - {id(o.output) for o in appends}:
+                # a cache split over sp is gathered before attention reads it (serving):
+                # its append runs first, on its own, then the gather, then the kernel
+                for append in appends:
+                    run.remove(append)
+                out.extend([*appends, op])
+            else:
+                (after if needed & produced else out).append(op)
         else:
             flush()
             out.append(op)
