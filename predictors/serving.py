@@ -38,7 +38,7 @@ from stg.api import (
     normalize_dtype,
 )
 from stg.errors import UserError
-from stg.predictors.time import attention_impl, compute_time, predict_time
+from stg.predictors.time import compute_time, predict_time
 
 PHASES = ("prefill", "decode", "mixed")
 
@@ -106,7 +106,6 @@ def breakdown(
     options = dict(workload.metadata.get("options") or {})
     dtype = str(options.get("dtype") or "bf16")
     profile = str(options.get("profile") or "megatron")
-    attention_impl(profile, system)  # the same attention kernel the time predictor prices
     best: dict[str, float] | None = None
     for rc in workload.rank_classes:
         split = {"weights_read_s": 0.0, "kv_read_s": 0.0, "compute_s": 0.0, "elementwise_s": 0.0}

@@ -381,3 +381,19 @@ def test_random_serving_runs_validate_and_complete(registry, kw):
     assert report.ok, [v.message for v in report.errors[:3]]
     assert check_runs_to_completion(w) == sum(len(g) for g in w.ranks)
     assert predict_serving(w, "h100-80g")["time_s"] > 0
+
+
+def test_context_parallel_prefill_gathers_the_cache_before_attention(registry):
+    w = build(registry, model="llama", phase="prefill", sp=2, tp=2)
+    nodes = w.rank_classes[0].nodes
+    attention = next(n for n in nodes if "layer0/" in n.name and "attention" in n.attrs)
+    gathers = [
+        n.id
+        for n in nodes
+        if "layer0/" in n.name
+        and n.comm_type is CollectiveType.ALL_GATHER
+        and n.group_axes == ("sp",)
+    ]
+    assert len(gathers) == 2 and set(gathers) <= set(attention.data_deps)  # keys and values
+    # each context-parallel rank keeps its half of the prompt's cache
+    assert w.rank_classes[0].facts["kv_cache_bytes"] == 2 * L * (KVH // 2) * DH * (S // 2) * B * 2

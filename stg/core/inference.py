@@ -219,16 +219,12 @@ def build_forward(model: Model, name: str, plan: ParallelPlan) -> tuple[GraphBui
     )
     x = None if name == "embedding" else b.residual_input()
     with b.tag(name):
-        result = model_part(model, name)(b, x)
+        result = getattr(model, name)(b, x)
     if not isinstance(result, Tensor):
         raise UserError(f"model {model.name!r}: {name}() must return a Tensor, got {result!r}")
     if name != "head" and b.part.output is None:
         b.output(result)
     return b, result
-
-
-def model_part(model: Model, name: str) -> Callable[[GraphBuilder, Tensor | None], Tensor]:
-    return getattr(model, name)
 
 
 @dataclass
