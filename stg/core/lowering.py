@@ -302,6 +302,8 @@ def _fused_attention(run: list[Op], binder: Binder, shapes: dict[str, tuple[int,
         moved += binder.nbytes(run[-1].output)
         scores = next((op for op in run if op.kind == "einsum"), None)
         shape = attention_shape(scores, binder) if scores is not None else ()
+        if shape:
+            shape = _mean_head_dim(shape, run, binder, scores)  # type: ignore[arg-type]
         for op in run:
             shapes[op.name] = shape
     if shape:
@@ -319,6 +321,22 @@ def _fused_attention(run: list[Op], binder: Binder, shapes: dict[str, tuple[int,
         dtype=einsums[0].inputs[0].dtype if einsums else run[0].output.dtype,
         attrs=(("attention", (*shape, int(backward))),) if shape else (),
     )
+
+
+def _mean_head_dim(
+    shape: tuple[int, int, int, int, int, int], run: list[Op], binder: Binder, scores: Op
+) -> tuple[int, int, int, int, int, int]:
+    """``shape`` with the head size that the run's matmul FLOPs give, ``flops / (4·batch·
+    heads·s_q·s_kv·scale)``: the head size itself when q·k and p·v contract the same size,
+    their mean otherwise (multi-head latent attention: (128 + 64 + 128) / 2 = 160), so that a
+    kernel model pricing ``4·…·head_dim`` prices the FLOPs the trace counts."""
+    batch, heads, s_q, s_kv, head_dim, causal = shape
+    flops = sum(_flops(op, binder) for op in run if op.kind == "einsum")
+    per_dim = 4 * batch * heads * s_q * s_kv * Fraction(str(scores.scale))
+    mean = Fraction(flops) / per_dim if per_dim else Fraction(head_dim)
+    if mean.denominator != 1 or mean == head_dim:
+        return shape
+    return (batch, heads, s_q, s_kv, int(mean), causal)
 
 
 def _is_token_tensor(t: Tensor) -> bool:
