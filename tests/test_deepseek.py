@@ -62,7 +62,7 @@ def test_mla_flops_in_the_trace_are_the_closed_form(causal: bool) -> None:
     fused = build_workload(GenerateOptions(**TINY, causal=causal), REGISTRY)
     (core,) = [n for n in fused.ranks[0].nodes() if n.name == "mb0/layer0/fwd/core_attention"]
     B, s, a, d, r = o.batch, o.seq, o.head, o.dhead, o.drope
-    # the kernel's head size is the mean of q·k's (d + r) and p·v's (d): 4·B·a·s²·σ·that
+    # the kernel's head size is the mean of q·k's (d + r) and p·v's (d): 4·B·a·s²·(1 or 1/2)·that
     assert core.attrs["attention"] == (B, a, s, s, (2 * d + r) // 2, int(causal), 0)
     assert sum(n.num_ops for n in fused.ranks[0].nodes() if "/fwd/" in n.name) == sum(
         n.num_ops for n in workload.ranks[0].nodes() if "/fwd/" in n.name

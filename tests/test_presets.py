@@ -5,6 +5,8 @@ yields to explicit ones, the ``stg_register_presets`` hook, the CLI's reports, a
 from __future__ import annotations
 
 import json
+import re
+import shlex
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -487,3 +489,28 @@ def test_dhead_scales_the_attention_flops() -> None:
     assert double == {op: 2 * value for op, value in single.items()}
     b, s, h, a = 1, 16, 32, 4
     assert double["q"] == 2 * b * s * h * a * 16 and double["scores"] == 2 * b * s * s * a * 16
+
+
+# -- the README's table of presets --------------------------------------------------------------
+
+README_ROW = re.compile(r"^\| `([\w.-]+)` \| (\w+) \| ([^|]+) \| `(stg generate [^`]+)` \|$", re.M)
+
+
+def test_readme_has_a_one_line_command_per_preset(tmp_path: Path) -> None:
+    """Every preset has a row in the README whose command generates it (2 layers, ep 2 for
+    the mixtures of experts, tp 2 and pp 2 otherwise) and writes files that validate."""
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    rows = {m[0]: m[1:] for m in README_ROW.findall(text)}
+    assert list(rows) == BUILTIN
+    for name, (model, published, command) in rows.items():
+        preset = REGISTRY.presets.get(name)
+        assert model == preset.model, name
+        stated = [preset.published_parameters, preset.published_active_parameters]
+        assert published.strip() == (" / ".join(f"{x / 1e9:g}B" for x in stated if x) or "-")
+        args = shlex.split(command)[2:]
+        assert args[args.index("--output_dir") + 1] == f"out-{name}"
+        out = tmp_path / name
+        args[args.index("--output_dir") + 1] = str(out)
+        result = runner.invoke(app, ["generate", *args])
+        assert result.exit_code == 0, (name, result.output)
+        assert runner.invoke(app, ["validate", str(out)]).exit_code == 0, name
