@@ -179,3 +179,37 @@ def test_mla_and_moe_activations_closed_form() -> None:
     moe = 2 * (slots * (2 * h + 3 * f / t) + 2 * sb * o.experts / t + 3 * sb * f / t)
     assert activation_bytes_per_layer(o, kind="dense") == pytest.approx(attention + dense)
     assert activation_bytes_per_layer(o, kind="moe") == pytest.approx(attention + moe)
+
+
+# -- the time predictor -------------------------------------------------------------------------
+
+
+def test_time_predictor_prices_balanced_experts_router_and_latent_attention() -> None:
+    """Routed experts run as one batched GEMM of E/ep experts of ``capacity`` tokens each (a
+    balanced load), the router as a GEMM over the experts plus a memory-bound top-k, and the
+    fused MLA core at head size (2d + r)/2; model FLOPs are the trace's compute FLOPs."""
+    from stg.api import attention_time, gemm_time, load_system
+    from stg.predictors.time import compute_time, predict_time
+
+    o = GenerateOptions(**{**TINY, "experts": 8, "batch": 4, "ep": 2, "tp": 2})
+    workload = build_workload(o, REGISTRY)
+    system = load_system("h800-80g")
+    nodes = {n.name: n for n in workload.ranks[0].nodes() if n.name.startswith("mb0/layer1/fwd/")}
+    capacity = -(-(o.batch * o.seq * o.kexperts) // o.experts)  # tokens per expert
+    gate = nodes["mb0/layer1/fwd/expert_gate"]
+    assert gate.attrs["gemm"] == (o.experts // 2, capacity, o.dff // 2, o.dmodel)
+    expected = gemm_time(system.gpu, capacity, o.dff // 2, o.dmodel, "bf16", o.experts // 2)
+    assert compute_time(gate, system) == pytest.approx(expected + system.kernel_overhead)
+    router = nodes["mb0/layer1/fwd/router"]
+    local_tokens = o.batch // 2 * o.seq // 2  # ep splits the batch, tp (with SP) the sequence
+    assert router.attrs["gemm"] == (1, local_tokens, o.experts, o.dmodel)
+    assert nodes["mb0/layer1/fwd/router_topk"].num_ops == 6 * local_tokens * o.experts
+    core = nodes["mb0/layer1/fwd/core_attention"]
+    heads, mean = o.head // 2, (2 * o.dhead + o.drope) // 2
+    assert core.attrs["attention"] == (o.batch // 2, heads, o.seq, o.seq, mean, 0, 0)
+    kernel = attention_time(system.gpu, "cudnn", o.batch // 2, heads, o.seq, o.seq, mean,
+                            causal=False)  # fmt: skip
+    assert compute_time(core, system) == pytest.approx(kernel + system.kernel_overhead)
+    report = predict_time(workload, system)
+    trace_flops = sum(n.num_ops for g in workload.ranks for n in g.nodes() if n.type.name == "COMP")
+    assert report["model_flops"] == report["hardware_flops"] == trace_flops

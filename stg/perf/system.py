@@ -38,8 +38,8 @@ A system is a JSON object (stdlib ``json``; no YAML dependency). Units are in th
   sits at coordinate ``r % size0`` of the first dimension, ``(r // size0) % size1`` of the
   second, and so on.
 
-Built-in presets: ``a100-80g``, ``h100-80g``, ``h200-141g``, ``h800-80g``. :func:`load_system` accepts a
-preset name or the path of a JSON file.
+Built-in presets: ``a100-80g``, ``h100-80g``, ``h200-141g``, ``h800-80g``.
+:func:`load_system` accepts a preset name or the path of a JSON file.
 """
 
 from __future__ import annotations
