@@ -199,7 +199,8 @@ def mla_parameters_per_rank(o: GenerateOptions) -> int:
 def layer_parameters_per_rank(o: GenerateOptions, kind: str | None = None) -> int:
     """Parameters of one transformer layer (of block ``kind``) held by one TP rank.
 
-    GPT: QKV (3h² + 3h), projection (h² + h), MLP (2hF + F + h), two LayerNorms (4h);
+    GPT: QKV (3h² + 3h), projection (h² + h), MLP (2hF + F + h), two LayerNorms (4h), with
+    a·d in place of h for the heads' width under ``--dhead``;
     column-parallel weights and biases are split by t, row-parallel biases and norms are
     replicated: 12h² + 13h over all TP ranks for F = 4h. Llama: Q and O h·a·d, K and V
     h·kv·d (d = dhead: h/a unless ``--dhead``), SwiGLU 3hF, two RMSNorms (2h), no biases.
@@ -225,7 +226,8 @@ def layer_parameters_per_rank(o: GenerateOptions, kind: str | None = None) -> in
             mlp = 3 * h * f // t
         return attention + mlp + 2 * h
     experts_per_rank = o.experts // o.ep if is_moe(o) else 1
-    attention = (3 * h * h + 3 * h) // t + h * h // t + h
+    width = o.head * head_size(o)  # a·d: h unless --dhead
+    attention = (3 * h * width + 3 * width) // t + width * h // t + h
     mlp = experts_per_rank * ((2 * h * f + f) // t + h)
     return attention + mlp + 4 * h
 
@@ -339,7 +341,8 @@ def activation_bytes_per_layer(
         # two LayerNorm inputs, QKV input, MLP input (16-bit), two dropout masks (1 byte)
         replicated = e * 4 * sbh + MASK_BYTES * 2 * sbh
         # Q, K, V, projection input; GELU input and output
-        sharded = e * sbh * (2 + 2 * kv_fraction) + k * e * 2 * s_local * b * f
+        width = a * head_size(o)  # a·d: h unless --dhead
+        sharded = e * s_local * b * width * 4 + k * e * 2 * s_local * b * f
         # softmax output, dropout mask, dropout output
         scores = (2 * e + MASK_BYTES) * a * s_local * o.seq * b
     total = replicated / sp_divisor + sharded / t

@@ -137,6 +137,7 @@ def test_bad_mla_option_is_one_clear_error() -> None:
         ("qwen3-moe-30b-a3b", dict(tp=2, ep=2, pp=2)),
         ("mixtral-8x7b", dict(tp=2, ep=2)),
         ("llama3-8b", dict(tp=2, pp=2, dhead=256)),
+        ("gpt-7.5b", dict(tp=2, pp=2, dhead=64)),
     ],
 )
 def test_memory_parameters_are_what_the_generator_builds(name: str, plan: dict) -> None:
