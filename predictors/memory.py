@@ -309,7 +309,6 @@ def activation_bytes_per_layer(
         return e * sbh / sp_divisor
     llama = model_family(o.model) == "llama"
     k = o.kexperts if is_moe(o) else 1
-    kv_fraction = o.kvhead / a if llama else 1.0
     kind = kind or ("moe" if is_mla(o) else "block")
     if llama:
         sb = s_local * b
