@@ -214,3 +214,30 @@ def test_time_predictor_prices_balanced_experts_router_and_latent_attention() ->
     report = predict_time(workload, system)
     trace_flops = sum(n.num_ops for g in workload.ranks for n in g.nodes() if n.type.name == "COMP")
     assert report["model_flops"] == report["hardware_flops"] == trace_flops
+
+
+def test_mla_bytes_in_the_trace_are_the_closed_form() -> None:
+    """Bytes each MLA node moves (its tensor_size, bf16): a GEMM reads both operands and
+    writes its output; the fused core reads Q, K, V, the RoPE query and the one shared RoPE
+    key, writes the output and 4 bytes of softmax statistics per query row and head; tp 2
+    splits the heads, ep 2 the batch."""
+    o = GenerateOptions(**{**TINY, "tp": 2, "ep": 2, "batch": 4, "tpsp": False})
+    workload = build_workload(o, REGISTRY)
+    nodes = {n.name.rsplit("/", 1)[1]: n for n in workload.ranks[0].nodes()
+             if n.name.startswith("mb0/layer1/fwd/")}  # fmt: skip
+    B, s, h, a = 2, o.seq, o.dmodel, o.head // 2  # this rank's samples and heads
+    d, r, c, q = o.dhead, o.drope, o.kv_lora_rank, o.q_lora_rank
+    tokens = B * s
+    gemms = {  # (m, k, n) of each projection on this rank
+        "q_down": (tokens, h, q),
+        "q": (tokens, q, a * d),
+        "q_rope": (tokens, q, a * r),
+        "kv_latent": (tokens, h, c + r),
+        "k": (tokens, c, a * d),
+        "v": (tokens, c, a * d),
+        "attn_out": (tokens, a * d, h),
+    }
+    for name, (m, k, n) in gemms.items():
+        assert nodes[name].tensor_size == 2 * (m * k + k * n + m * n), name
+    core = 2 * tokens * (4 * a * d + a * r + r) + 4 * B * a * s
+    assert nodes["core_attention"].tensor_size == core
