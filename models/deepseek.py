@@ -18,7 +18,15 @@ down-projections and their norms are replicated, and the builder gathers the lat
 top-k, dispatch and combine over ``ep``) plus ``shared_experts`` SwiGLU experts of ``dff``
 that every token uses. The first ``dense_layers`` layers (at most ``num_stacks - 1``, so
 that ``--num_stacks 2`` keeps one dense and one MoE layer) have a dense SwiGLU MLP of
-``dense_dff``. Multi-token prediction (V3's MTP module) is not built.
+``dense_dff``.
+
+Multi-token prediction (V3's section 2.2), with ``--mtp_depth D`` (unset: none): after the
+head's loss, module k = 1..D joins ``RMSNorm(h^(k-1))`` (the last layer's output for k = 1)
+and ``RMSNorm(Emb(tokens shifted by k))`` into ``[.., 2·dmodel]``, projects it back to
+dmodel (``mtp<k>_proj``), runs one MoE layer, and adds the cross-entropy of its own norm and
+the shared LM head to the loss (the loss weight λ is a scale: not modelled). Its ops run in
+the head on the last pipeline stage; the embedding it shares with the model is a copy there
+(``mtp_wte``), as Megatron keeps one of a tied embedding, and the LM head is the head's.
 """
 
 from __future__ import annotations
@@ -26,9 +34,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from stg.api import GraphBuilder, Model, Tensor, hookimpl
+from stg.api import Dim, GraphBuilder, Model, Tensor, hookimpl
 from stg.models import llama, moe
-from stg.models.gpt import SOFTMAX_FLOPS, causal_scale
+from stg.models.gpt import (
+    CROSS_ENTROPY_BACKWARD_FLOPS,
+    CROSS_ENTROPY_FLOPS,
+    SOFTMAX_FLOPS,
+    causal_scale,
+)
 
 RMSNORM_FLOPS = 4
 
@@ -121,6 +134,53 @@ def moe_block(b: GraphBuilder, x: Tensor) -> Tensor:
     return b.add(x, ffn, name="residual2")
 
 
+def cross_entropy(b: GraphBuilder, x: Tensor, lm_head: Tensor, prefix: str = "") -> Tensor:
+    """The final norm, the logits of the LM head ``lm_head`` and the loss."""
+    h = b.rmsnorm(x, f"{prefix}norm" if prefix else "ln_f")
+    logits = b.einsum("bsh,vh->bsv", h, lm_head, name=f"{prefix}logits")
+    return b.custom(
+        f"{prefix}cross_entropy",
+        [logits],
+        "batch seq",
+        flops=CROSS_ENTROPY_FLOPS,
+        backward_flops=CROSS_ENTROPY_BACKWARD_FLOPS,
+        out_dtype="fp32",
+    )
+
+
+def head(b: GraphBuilder, x: Tensor) -> Tensor:
+    """Llama's head; with ``--mtp_depth`` the multi-token prediction modules after it."""
+    depth = int(b.options.get("mtp_depth") or 0)
+    if not depth:
+        return llama.head(b, x)
+    vocab = {"dvocal": "tp"}
+    lm_head = b.weight("lm_head", "dvocal dmodel", shard=vocab)
+    loss = cross_entropy(b, x, lm_head)
+    wte = b.weight("mtp_wte", "dvocal dmodel", shard=vocab)
+    joined_dim = Dim("mtp_concat", 2 * b.dim("dmodel").size)
+    hidden = x
+    for k in range(1, depth + 1):
+        with b.tag("mtp"):
+            ids = b.tokens(name=f"mtp{k}_tokens")  # the tokens k positions ahead
+            embedded = b.residual(b.gather(wte, ids, name=f"mtp{k}_embedding"))
+            joined = b.concat(
+                b.rmsnorm(hidden, f"mtp{k}_hnorm"),
+                b.rmsnorm(embedded, f"mtp{k}_enorm"),
+                dim="dmodel",
+                to=joined_dim,
+                name=f"mtp{k}_concat",
+            )
+            projection = b.weight(f"mtp{k}_proj", [joined_dim, b.dim("dmodel")])
+            hidden = moe_block(b, b.einsum("bsc,ch->bsh", joined, projection, name=f"mtp{k}_proj"))
+            extra = cross_entropy(b, hidden, lm_head, f"mtp{k}_")
+            # the weighted sum of the losses (a custom op: the backward starts from the loss)
+            loss = b.custom(
+                f"mtp{k}_loss", [loss, extra], "batch seq", flops=1, backward_flops=1,
+                grad_inputs=(0, 1), out_dtype="fp32",
+            )  # fmt: skip
+    return loss
+
+
 def dense_layer_count(options: Mapping[str, Any]) -> int:
     """The dense layers of a stack of ``num_stacks``: ``dense_layers``, at most
     ``num_stacks - 1`` (one MoE layer at least)."""
@@ -139,7 +199,7 @@ def stg_register_models(register):  # type: ignore[no-untyped-def]
             "deepseek",
             embedding=llama.embedding,
             block=moe_block,
-            head=llama.head,
+            head=head,
             stack=stack,
             description="DeepSeek-V3: latent attention, shared + routed experts, dense first",
         )

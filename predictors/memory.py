@@ -196,6 +196,23 @@ def mla_parameters_per_rank(o: GenerateOptions) -> int:
     return replicated + split // t
 
 
+def mtp_depth(o: GenerateOptions) -> int:
+    """DeepSeek's multi-token prediction modules (``--mtp_depth``; 0 for other models)."""
+    return (o.mtp_depth or 0) if is_mla(o) else 0
+
+
+def mtp_parameters_per_rank(o: GenerateOptions) -> int:
+    """Multi-token prediction's parameters on one rank of the last stage: the copy of the
+    embedding (V·h/t) and, per module, its two input norms and output norm (3h), the
+    projection from 2h to h (replicated) and one MoE layer."""
+    depth = mtp_depth(o)
+    if not depth:
+        return 0
+    h = o.dmodel
+    per_module = 3 * h + 2 * h * h + layer_parameters_per_rank(o, "moe")
+    return o.dvocal * h // o.tp + depth * per_module
+
+
 def layer_parameters_per_rank(o: GenerateOptions, kind: str | None = None) -> int:
     """Parameters of one transformer layer (of block ``kind``) held by one TP rank.
 
@@ -256,6 +273,7 @@ def count_parameters(options: Mapping[str, Any] | GenerateOptions) -> list[Stage
             head = h if llama else 2 * h
             if llama or o.pp > 1:
                 head += v * h // t
+            head += mtp_parameters_per_rank(o)
         held = sum(layer_parameters_per_rank(o, kind) * n for kind, n in counts.items())
         stages.append(StageParameters(stage, layers, held, embedding, head, tuple(counts.items())))
     return stages
@@ -609,6 +627,11 @@ def stage_memory(
     if has_head:
         # final norm input and LM-head input, fp32 logits for the cross entropy
         head = 2 * e * sbh / sp_divisor + 4 * o.seq / o.sp * b * o.dvocal / t
+        # each multi-token prediction module: its MoE layer, the inputs of its three norms
+        # and of its projection (2h), and its own final norm, LM-head input and logits
+        modules = mtp_depth(o)
+        head += modules * (activation_bytes_per_layer(o, kernels=kernels, kind="moe") + head)
+        head += modules * e * 4 * sbh / sp_divisor
         activations += (m if o.pipeline_schedule.lower() == "gpipe" else 1) * head
     buffers = 0.0
     if kinds and o.activation_recompute in ("full", "selective"):

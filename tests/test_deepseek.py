@@ -133,6 +133,7 @@ def test_bad_mla_option_is_one_clear_error() -> None:
     ("name", "plan"),
     [
         ("deepseek-v3", dict(tp=2, ep=2, pp=3)),
+        ("deepseek-v3", dict(ep=2, pp=2, mtp_depth=1)),
         ("deepseek-v3", dict(ep=4, pp=2, virtual_stages=2, pipeline_schedule="interleaved")),
         ("qwen3-moe-30b-a3b", dict(tp=2, ep=2, pp=2)),
         ("mixtral-8x7b", dict(tp=2, ep=2)),
@@ -241,3 +242,44 @@ def test_mla_bytes_in_the_trace_are_the_closed_form() -> None:
         assert nodes[name].tensor_size == 2 * (m * k + k * n + m * n), name
     core = 2 * tokens * (4 * a * d + a * r + r) + 4 * B * a * s
     assert nodes["core_attention"].tensor_size == core
+
+
+# -- multi-token prediction ---------------------------------------------------------------------
+
+
+def test_multi_token_prediction_flops_and_parameters_apart() -> None:
+    """--mtp_depth 1 adds to the head, and only there: the embedding's copy, 3 norms, the
+    2h-to-h projection and one MoE layer (parameters); that MoE layer's FLOPs, the
+    projection, the embedding lookup and concat, the norms, the second LM head and loss."""
+    plain = GenerateOptions(**TINY)
+    mtp = GenerateOptions(**{**TINY, "mtp_depth": 1})
+    model = REGISTRY.models.get("deepseek")
+    base = model_parameters(model, plain, symbol_values(plain))
+    more = model_parameters(model, mtp, symbol_values(mtp))
+    h, V, T = plain.dmodel, plain.dvocal, plain.batch * plain.seq
+    moe_layer = model_parameters(model, GenerateOptions(**{**TINY, "num_stacks": 1}),
+                                 symbol_values(plain))["parameters"] - 2 * V * h - h  # fmt: skip
+    assert more["parameters"] - base["parameters"] == V * h + 3 * h + 2 * h * h + moe_layer
+    with_mtp, without = build_workload(mtp, REGISTRY), build_workload(plain, REGISTRY)
+
+    def forward(workload, prefix):
+        return sum(n.num_ops for n in workload.ranks[0].nodes() if n.name.startswith(prefix))
+
+    layer = forward(without, "mb0/layer2/fwd/")  # a MoE layer
+    extra = forward(with_mtp, "mb0/head/fwd/") - forward(without, "mb0/head/fwd/")
+    # projection 2T·2h·h, LM head 2T·h·V, loss 5T·V, 3 norms 12T·h, lookup and concat 3T·h,
+    # the sum of the losses T
+    projection, lm_head = 2 * T * 2 * h * h, 2 * T * h * V
+    assert extra == layer + projection + lm_head + 5 * T * V + 12 * T * h + 3 * T * h + T
+    assert forward(with_mtp, "mb0/layer") == forward(without, "mb0/layer")
+
+
+def test_deepseek_v3_multi_token_prediction_module_size() -> None:
+    """V3's MTP module (depth 1): 12.54e9 parameters in stg (the released checkpoint's 14B,
+    685B - 671B, also stores a copy of the LM head, which stg's module shares)."""
+    o = GenerateOptions(**resolve_model({"model": "deepseek-v3", "mtp_depth": 1}, REGISTRY)[0])
+    counts = model_parameters(REGISTRY.models.get("deepseek"), o, symbol_values(o))
+    module = counts["parameters"] - 671_026_404_352
+    assert module == 129280 * 7168 + 3 * 7168 + 2 * 7168**2 + 11_507_286_016
+    assert abs(module + 129280 * 7168 - 14e9) / 14e9 < 0.04
+    assert total_parameters(o) == counts["parameters"]

@@ -145,6 +145,10 @@ SPECS: dict[str, tuple[str, _Spec]] = {
         _MODEL,
         _Spec("Latent attention: rank of the key/value latent (default: 4·dhead)."),
     ),
+    "mtp_depth": (
+        _MODEL,
+        _Spec("Multi-token prediction modules after the head (DeepSeek-V3: 1; default: none)."),
+    ),
     "drope": (
         _MODEL,
         _Spec("Latent attention: decoupled RoPE dimension per head (default: dhead/2)."),

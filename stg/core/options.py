@@ -28,6 +28,7 @@ UNSET_OPTIONS: tuple[str, ...] = (
     "q_lora_rank",
     "kv_lora_rank",
     "drope",
+    "mtp_depth",
 )
 """Options whose default ``None`` means "unset" (each model says what that means): a
 workload's metadata leaves them out when unset, so traces that do not use them keep their
@@ -151,7 +152,8 @@ class GenerateOptions:
     ``dense_layers`` and ``dense_dff`` (the first layers of a stack of MoE layers are dense,
     with this FFN size), and multi-head latent attention's ``q_lora_rank`` and
     ``kv_lora_rank`` (the ranks of the query and key/value compressions) and ``drope`` (the
-    decoupled RoPE dimension of a query head and of the key shared by the heads).
+    decoupled RoPE dimension of a query head and of the key shared by the heads);
+    ``mtp_depth``: multi-token prediction modules after the head (DeepSeek-V3: 1; unset: none).
     """
 
     model: str = "gpt"
@@ -174,6 +176,7 @@ class GenerateOptions:
     q_lora_rank: int | None = None
     kv_lora_rank: int | None = None
     drope: int | None = None
+    mtp_depth: int | None = None
     dp: int = 1
     tp: int = 1
     sp: int = 1

@@ -153,9 +153,9 @@ def make_plan(o: GenerateOptions) -> ParallelPlan:
             f"dhead={o.dhead} must be a positive integer (or unset: dmodel/head)",
         )
     for name in ("shared_experts", "dense_layers", "dense_dff", "q_lora_rank", "kv_lora_rank",
-                 "drope"):  # fmt: skip
+                 "drope", "mtp_depth"):  # fmt: skip
         value = getattr(o, name)
-        least = 0 if name in ("shared_experts", "dense_layers") else 1
+        least = 0 if name in ("shared_experts", "dense_layers", "mtp_depth") else 1
         _require(
             value is None
             or (isinstance(value, int) and not isinstance(value, bool) and value >= least),
