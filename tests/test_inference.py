@@ -213,6 +213,8 @@ PHASES = [
     dict(model="moe", phase="decode", ep=2, tp=2, batch=16),
     dict(model="llama", phase="mixed", tp=2, pp=2, prefill_batch=2, chunk=8, context=40),
     dict(model="moe", phase="mixed", ep=2, batch=16, prefill_batch=4, kv_dtype="int8"),
+    dict(model="deepseek", phase="decode", tp=2, ep=2, batch=16, steps=2),
+    dict(model="deepseek", phase="mixed", tp=2, ep=2, batch=16, prefill_batch=2, chunk=8),
 ]
 
 

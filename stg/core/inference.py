@@ -45,11 +45,11 @@ from stg.core.lowering import (
     key,
     stage_parts,
 )
-from stg.core.options import GenerateOptions, OptionError
+from stg.core.options import UNSET_OPTIONS, GenerateOptions, OptionError
 from stg.core.plan import MAX_TAG, ParallelPlan
 from stg.core.precision import DTYPE_BYTES, normalize_plan
 from stg.core.sharding import Sharding
-from stg.core.symbolic import Dim, GraphBuilder, Op, Part, Seq, Tensor
+from stg.core.symbolic import Capacity, Dim, GraphBuilder, Op, Part, Seq, Tensor
 from stg.core.workload import NodeType, RankClass, RankGraph, Workload
 from stg.errors import UserError
 from stg.host.records import Model
@@ -194,6 +194,10 @@ def group_values(o: GenerateOptions, group: Group, head: bool = False) -> dict[A
     query = o.sp if head else group.query
     sized = replace(o, batch=group.batch, micro_batch=None, seq=query)
     values = symbol_values(sized)
+    # a few decoding tokens give an expert fewer slots than ranks that hold tokens: each of
+    # them dispatches at least one slot per expert (capacity rounded up to a multiple)
+    token_ranks = o.dp * o.ep * o.sp
+    values[Capacity] = -(-values[Capacity] // token_ranks) * token_ranks
     values[KVSeq] = group.kv
     values[Positions] = max_positions(o)
     return values
@@ -539,7 +543,7 @@ def build_inference_workload(
         "options": {
             k: v
             for k, v in options.as_dict().items()
-            if k not in {"output_dir", "output_name"} and not (k == "dhead" and v is None)
+            if k not in {"output_dir", "output_name"} and not (k in UNSET_OPTIONS and v is None)
         },
         "micro_batches": plan.micro_batches,
         "layers_per_chunk": list(plan.layers_per_chunk),
