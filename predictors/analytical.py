@@ -558,6 +558,12 @@ def predict_options(
         raise UserError("the analytical predictor needs the registry (the model to build)")
     system = load_system(system)
     o = options if isinstance(options, GenerateOptions) else GenerateOptions(**dict(options))
+    phase = getattr(o, "phase", "training")
+    if phase != "training":
+        raise UserError(
+            f"the analytical predictor models training iterations; phase={phase} needs the "
+            "serving or time predictor (--predictor serving|time)"
+        )
     world = o.world_size
     if system.capacity and world > system.capacity:
         raise UserError(f"{world} ranks do not fit system {system.name!r} ({system.capacity} GPUs)")

@@ -1038,6 +1038,8 @@ def predict_time(
     tokens = None
     if options.get("batch") and options.get("seq"):
         tokens = int(options["batch"]) * int(options["seq"])
+    if workload.metadata.get("tokens"):  # a serving run: the new tokens it processes
+        tokens = int(workload.metadata["tokens"])
     if progress:
         progress("symmetry", 0, 1)
     problem = problem_from_workload(workload, system)

@@ -165,9 +165,13 @@ def evaluate(context: Context, task: tuple[str, int, Any, str]) -> dict[str, Any
                 explain=context.explain,
             )
         memory = registry.predictors.get("memory")
+        mem = None
         if memory.predict_options is not None:
-            mem = _call(memory.predict_options, options, system, kernels=kernels)
-        else:
+            try:
+                mem = _call(memory.predict_options, options, system, kernels=kernels)
+            except UserError:
+                mem = None  # not from options alone (a serving phase): from the workload
+        if mem is None:
             workload = workload or build_workload(options, registry)
             mem = _call(memory.predict, workload, system, kernels=kernels)
         row.update(
@@ -183,6 +187,9 @@ def evaluate(context: Context, task: tuple[str, int, Any, str]) -> dict[str, Any
         )
         for part, seconds in ((report.get("explain") or {}).get("breakdown_s") or {}).items():
             row[f"explain: {part}"] = seconds
+        for key, value in sorted(report.items()):  # a predictor's own figures
+            if key not in row and isinstance(value, int | float | str) and key != "predictor":
+                row[f"{context.predictor}: {key}"] = value
     except UserError as exc:
         row.update(status="error", error=str(exc), world_size=options.world_size)
     except Exception as exc:  # a plugin's bug must not end the sweep

@@ -115,6 +115,8 @@ def compute_time(
             )
             / speedup
         )
+        # a kernel cannot read its Q, K, V (a decode step's whole KV cache) faster than HBM
+        seconds = max(seconds, memory_bound_time(gpu, node.tensor_size, "stream", dtype))
     elif gemm is not None and len(gemm) == 4:
         batch, m, n, k = gemm
         seconds = gemm_time(gpu, m, n, k, dtype, batch) / speedup
