@@ -379,3 +379,27 @@ def test_sweep_with_the_dag_predictor_and_a_system_file(
             float(dag["iteration_time_s"]), rel=TOLERANCE
         )
         assert float(dag["explain: compute: gemm"]) > 0
+
+
+def test_a_new_option_is_swept_generically(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """--phase (serving) came after the sweep: it is swept like any option, the analytical
+    predictor says it models training, the serving predictor's own figures become columns."""
+    args = ["--model", "debug", "--batch", "8", "--tp", "1,2", "--phase", "decode,prefill"]
+    code, out, err = run(capsys, "sweep", *args, "-o", tmp_path / "a", "--json")
+    assert code == 0, err
+    assert json.loads(out)["errors"] == 4
+    import csv
+
+    rows = list(csv.DictReader((tmp_path / "a" / "results.csv").open()))
+    assert all("models training iterations" in r["error"] for r in rows)
+    code, out, err = run(
+        capsys, "sweep", *args, "-o", tmp_path / "s", "--predictor", "serving", "--json"
+    )
+    assert code == 0, err
+    assert json.loads(out)["errors"] == 0
+    rows = list(csv.DictReader((tmp_path / "s" / "results.csv").open()))
+    decode = [r for r in rows if r["phase"] == "decode"]
+    assert decode and all(float(r["serving: time_per_output_token_s"]) > 0 for r in decode)
+    assert all(r["fits"] == "true" and int(r["peak_memory_bytes"]) > 0 for r in rows)
