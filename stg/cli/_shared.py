@@ -73,6 +73,19 @@ def parse_recompute(value: str) -> str:
     )
 
 
+def parse_placement(value: str) -> tuple[tuple[str, int], ...]:
+    """``v100:4,t4:4`` as ``GenerateOptions.placement``."""
+    runs = []
+    for part in value.split(","):
+        name, _, count = part.strip().partition(":")
+        if not name or not count.strip().isdigit() or int(count) <= 0:
+            raise typer.BadParameter(
+                f"{value!r}: give runs GROUP:RANKS in rank order, e.g. v100:4,t4:4"
+            )
+        runs.append((name, int(count)))
+    return tuple(runs)
+
+
 def parse_precision_plan(value: str) -> tuple[tuple[str, str], ...]:
     """A precision plan file (see :mod:`stg.core.precision`) as ``GenerateOptions.precision``."""
     from stg.core.precision import load_plan
@@ -200,6 +213,16 @@ SPECS: dict[str, tuple[str, _Spec]] = {
             "(as stg plan precision writes; default: every op in --dtype).",
             parser=parse_precision_plan,
             metavar="FILE",
+        ),
+    ),
+    "placement": (
+        _TRAINING,
+        _Spec(
+            "Device groups of a hybrid cluster per rank, as runs in rank order, e.g. "
+            "v100:4,t4:4 (default: from a hybrid --system, else one device kind); each "
+            "group's ranks run the precision plan's entries for that group.",
+            parser=parse_placement,
+            metavar="GROUP:N,...",
         ),
     ),
     "format": (

@@ -117,6 +117,9 @@ class GenerateOptions:
     op, each paying the host's launch cost). ``dhead`` is the size of one attention head;
     ``None`` means ``dmodel / head`` (Qwen3 sets it apart: 128 with dmodel 2048 and 32 heads).
     ``model`` is a registered model; a preset's name is resolved before (:func:`resolve_model`).
+    ``placement`` maps ranks to the device groups of a hybrid cluster, as runs
+    ``((group, ranks), ...)`` in rank order (empty: one device kind); each group's ranks run
+    the precision plan's entries for that group (:func:`stg.core.precision.plan_for_group`).
     """
 
     model: str = "gpt"
@@ -151,6 +154,7 @@ class GenerateOptions:
     attention: str = "fused"
     profile: str = "megatron"
     precision: tuple[tuple[str, str], ...] = ()
+    placement: tuple[tuple[str, int], ...] = ()
     rank_order: str = "tp,sp,ep,dp,pp"
     format: str = "chakra-v0.0.4"
     output_dir: str = "generated"
