@@ -86,6 +86,24 @@ def parse_placement(value: str) -> tuple[tuple[str, int], ...]:
     return tuple(runs)
 
 
+def with_placement(options: Any, system: Any) -> Any:
+    """``options`` with the placement of a hybrid ``system`` (rank order; unless
+    ``--placement`` was given); unchanged for a plain system."""
+    from dataclasses import replace
+
+    from stg.perf.hybrid import is_hybrid
+
+    if not is_hybrid(system) or options.placement:
+        return options
+    if options.world_size > system.capacity:
+        raise UserError(
+            f"{options.world_size} ranks (dp x tp x sp x pp x ep) do not fit system "
+            f"{system.name!r} ({system.capacity} GPUs in groups "
+            f"{', '.join(f'{g.name}: {g.size}' for g in system.groups)})"
+        )
+    return replace(options, placement=system.placement_runs(options.world_size))
+
+
 def parse_precision_plan(value: str) -> tuple[tuple[str, str], ...]:
     """A precision plan file (see :mod:`stg.core.precision`) as ``GenerateOptions.precision``."""
     from stg.core.precision import load_plan
@@ -373,8 +391,7 @@ def options_and_preset_from_cli(
         given["format"] = fmt
     if given.get("zero") == 3 and given.get("weight_sharded") is False:
         raise OptionError(
-            "zero=3 means weight_sharded=true, but weight_sharded=false was given; "
-            "give one of them"
+            "zero=3 means weight_sharded=true, but weight_sharded=false was given; give one of them"
         )
     preset = None
     if "model" in given:
@@ -584,6 +601,42 @@ def run_predictors(
     return reports
 
 
+def print_group_times(console: Any, report: Mapping[str, Any]) -> None:
+    """The per-device-group table of a time report on a hybrid cluster."""
+    from rich.table import Table
+
+    table = Table(
+        title=f"per device group (straggler: {report['straggler']})", title_justify="left"
+    )
+    for column in ("group", "device", "ranks", "compute", "casts", "sync wait", "sync points"):
+        table.add_column(column, justify="right")
+    for name, g in report["groups"].items():
+        table.add_row(
+            name,
+            g["device"],
+            str(g["ranks"]),
+            format_seconds(g["compute_s"]),
+            format_seconds(g["casts_s"]),
+            format_seconds(g["sync_wait_s"]),
+            str(len(g["sync_points"])),
+        )
+    print_table(console, table)
+    if "explain" in report:
+        points = Table(title="wait at each synchronisation point", title_justify="left")
+        points.add_column("sync point")
+        for name in report["groups"]:
+            points.add_column(name, justify="right")
+        rows: dict[str, list[str]] = {}
+        names = list(report["groups"])
+        for k, name in enumerate(names):
+            for point in report["groups"][name]["sync_points"]:
+                label = f"{point['name']} ({point['type']}, {point['ranks']} ranks)"
+                rows.setdefault(label, ["-"] * len(names))[k] = format_seconds(point["wait_s"])
+        for label, cells in rows.items():
+            points.add_row(label, *cells)
+        print_table(console, points)
+
+
 def _gib(value: float) -> str:
     return f"{value / 2**30:.2f}"
 
@@ -657,6 +710,8 @@ def print_reports(reports: Mapping[str, Mapping[str, Any]], source: str) -> None
                     format_seconds(row["bubble_s"]),
                 )
             print_table(console, ranks)
+            if "groups" in report:
+                print_group_times(console, report)
             path = report["critical_path"]
             totals: dict[str, float] = {}
             for run in path:
@@ -685,7 +740,9 @@ def print_reports(reports: Mapping[str, Mapping[str, Any]], source: str) -> None
                 f"(capacity {_gib(report['capacity_bytes'])} GiB)",
                 title_justify="left",
             )
+            hybrid = any("group" in row for row in report["classes"])
             for column in (
+                *(("group", "capacity") if hybrid else ()),
                 "stage",
                 "ranks",
                 "weights",
@@ -699,6 +756,7 @@ def print_reports(reports: Mapping[str, Mapping[str, Any]], source: str) -> None
                 table.add_column(column, justify="right")
             for row in report["classes"]:
                 table.add_row(
+                    *((row["group"], _gib(row["capacity_bytes"])) if hybrid else ()),
                     str(row["stage"]),
                     str(row["ranks"]),
                     _gib(row["weights"]),

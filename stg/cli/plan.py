@@ -33,8 +33,8 @@ app = typer.Typer(
 EXCLUDED = frozenset({"format", "output_dir", "output_name", "chakra_schema_version", "precision"})
 DEFAULT_OUT = "precision_plan.json"
 KERNEL_PLUGIN = "plugins/stg-int8-kernels"
-"""The example kernel distribution in this repository (int8 on a100-80g and h100-80g, fp8 on
-h100-80g)."""
+"""The example kernel distribution in this repository (int8 on the a100, h100, t4, a10 and l4
+presets, fp8 on h100-80g and l4-24g)."""
 
 
 def _generation_parameters() -> list[inspect.Parameter]:
@@ -160,7 +160,7 @@ def kernel_hint(registry: Any, system: str, dtypes: tuple[str, ...]) -> str | No
     return (
         f"no kernel plugin runs {wanted} on {system}, so no op is lowered to {wanted}; install "
         f"one: the example distribution {KERNEL_PLUGIN} (pip install -e {KERNEL_PLUGIN}; "
-        f"int8 on a100-80g and h100-80g, fp8 on h100-80g), or any plugin registering "
+        f"int8 on a100, h100, t4, a10 and l4 presets, fp8 on h100-80g and l4-24g), or any plugin registering "
         f"stg_register_kernels for {wanted}"
     )
 

@@ -26,6 +26,7 @@ from stg.cli._shared import (
     progress_bar,
     run_predictors,
     system_parameter,
+    with_placement,
 )
 from stg.errors import UserError
 
@@ -246,7 +247,7 @@ def predict(**values: Any) -> None:
             raise UserError("--comm_group_file names the comm-group file of a trace PATH")
         from stg.core import pipeline as gen
 
-        options = options_from_cli(values)
+        options = with_placement(options_from_cli(values), system)
         gen.validate_options(options, registry)
         with progress_bar(console) as progress:
             workload = gen.build_workload(options, registry, progress=progress)

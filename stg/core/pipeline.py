@@ -81,8 +81,10 @@ def symbol_values(options: GenerateOptions) -> dict[Any, int]:
     return values
 
 
-def build_parts(model: Model, plan: ParallelPlan) -> ModelParts:
-    """Build, differentiate and bind the embedding, block and head of ``model``."""
+def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> ModelParts:
+    """Build, differentiate and bind the embedding, block and head of ``model``; ``hybrid``:
+    for device groups that run different precision plans (their gradient collectives must be
+    the same: a cast weight's gradient is reduced with the weight's, in its bucket)."""
     o = plan.options
     binder = Binder(symbol_values(o), plan.degrees)
     bound: dict[str, BoundPart] = {}
@@ -100,6 +102,7 @@ def build_parts(model: Model, plan: ParallelPlan) -> ModelParts:
             precision=normalize_plan(o.precision),
             options=o.as_dict(),
         )
+        b.weight_grads_through_casts = hybrid
         x = None if name == "embedding" else b.residual_input()
         with b.tag(name):
             result = getattr(model, name)(b, x)
@@ -231,7 +234,7 @@ def build_workload(
     variant_parts = []
     for precision in variants:
         o = replace(options, precision=precision, placement=())
-        parts = build_parts(model, plan if o == options else make_plan(o))
+        parts = build_parts(model, plan if o == options else make_plan(o), bool(rank_groups))
         if precision:
             _warn_unknown_plan_ops(o, parts)
         variant_parts.append(parts)
