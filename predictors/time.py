@@ -60,6 +60,7 @@ from stg.api import (
     System,
     Workload,
     attention_time,
+    default_cast_model,
     device_of,
     gemm_time,
     group_of_rank,
@@ -1378,6 +1379,7 @@ def hybrid_report(replay_: Replay, system: System, problem: Problem, dtype: str)
                 "exposed_communication_s": breakdown["exposed_communication_s"],
                 "bubble_s": breakdown["bubble_s"],
                 "capacity_bytes": group.device.hbm_capacity,
+                "cast_model": default_cast_model(group.device).as_dict(),
             }
         )
     ordered = {g.name: per_group[g.name] for g in groups if g.name in per_group}

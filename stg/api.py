@@ -58,6 +58,7 @@ from stg.host.records import (
     RecordError,
 )
 from stg.perf.calibration import Calibration, calibrated_time, load_calibration
+from stg.perf.casts import CastModel, default_cast_model
 from stg.perf.hybrid import HybridSystem, device_of, group_of_rank, is_hybrid
 from stg.perf.kernel_time import attention_time, gemm_time, memory_bound_time, memory_kind
 from stg.perf.kernels import KernelTable, is_cast, kernel_table
@@ -76,6 +77,7 @@ __all__ = [
     "DTYPE_BYTES",
     "BenchOp",
     "Calibration",
+    "CastModel",
     "CollectiveType",
     "Dim",
     "Emitter",
@@ -109,6 +111,7 @@ __all__ = [
     "calibrated_time",
     "chakra_v001",
     "chakra_v004",
+    "default_cast_model",
     "device_of",
     "frame",
     "gemm_time",

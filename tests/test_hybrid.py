@@ -453,3 +453,38 @@ def test_plan_precision_cli_on_a_hybrid_system(capsys, tmp_path) -> None:
         capsys, "plan", "precision", *SMALL_ARGS, "--target-time", "1s", "--out", plan
     )
     assert code == 2 and "--target-time applies to a hybrid --system" in err
+
+
+def test_casts_cost_alpha_plus_beta_bytes_per_device(registry) -> None:
+    """Without a kernel plugin a cast costs the device's default alpha + beta·bytes (launch,
+    streaming rate); a calibration table's measured streaming model replaces it."""
+    from stg.perf.calibration import calibration_from_dict
+    from stg.perf.casts import default_cast_model
+
+    options = GenerateOptions(
+        **SMALL, precision=(("t4:fc1", "fp32"), ("v100:fc1", "fp32")),
+        placement=(("v100", 1), ("t4", 1)),
+    )  # fmt: skip
+    workload = build_workload(options, registry)
+    casts = [n for n in workload.rank_classes[0].nodes if is_cast(n.name)]
+    forward = [n for n in casts if "/fwd/" in n.name]
+    assert forward and all(n.tensor_size == n.num_ops * (2 + 4) for n in forward)  # fp16->fp32
+    for name in ("t4-16g", "v100-32g"):
+        device = load_system(name)
+        model = default_cast_model(device)
+        assert model.alpha == 2e-6 and model.beta == 1 / (device.hbm_bandwidth * 0.8)
+        for node in casts:
+            assert compute_time(node, device, "fp16") == pytest.approx(
+                model.alpha + model.beta * node.tensor_size, rel=1e-9
+            )
+        assert model.time(1000, "fp16", "fp32") == pytest.approx(2e-6 + 6000 * model.beta)
+    measured = calibration_from_dict(
+        {"format": "stg-calibration", "version": 1, "device": "Tesla T4", "entries": [],
+         "models": [{"op_class": "stream", "dtype": "fp32", "latency_us": 7.0, "gbps": 200.0,
+                     "bytes_range": [1, 1e12]}]}
+    )  # fmt: skip
+    node = forward[0]
+    t4 = load_system("t4-16g")
+    assert compute_time(node, t4, "fp16", calibration=measured) == pytest.approx(
+        7e-6 + node.tensor_size / 200e9
+    )
