@@ -488,3 +488,43 @@ def test_casts_cost_alpha_plus_beta_bytes_per_device(registry) -> None:
     assert compute_time(node, t4, "fp16", calibration=measured) == pytest.approx(
         7e-6 + node.tensor_size / 200e9
     )
+
+
+# -- docs/hybrid.md -----------------------------------------------------------------------------
+
+HYBRID_DOC = Path(__file__).resolve().parents[1] / "docs" / "hybrid.md"
+
+
+def test_hybrid_doc_commands_run(tmp_path, monkeypatch) -> None:
+    import re
+    import shlex
+
+    from typer.testing import CliRunner
+
+    from stg.cli import app
+
+    text = HYBRID_DOC.read_text(encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("STG_DISABLE_PLUGIN_AUTOLOAD", "1")
+    files = dict(re.findall(r"^```json ([\w.-]+)\n(.*?)^```", text, re.S | re.M))
+    assert set(files) == {"v100-t4.json", "t4-int8.json", "sensitivity.json"}
+    for name, body in files.items():
+        (tmp_path / name).write_text(body, encoding="utf-8")
+    commands = [
+        line[2:]
+        for body in re.findall(r"^```console\n(.*?)^```", text, re.S | re.M)
+        for line in body.splitlines()
+        if line.startswith("$ stg ")
+    ]
+    assert len(commands) >= 8
+    for command in commands:
+        result = CliRunner().invoke(app, shlex.split(command)[1:], env={"COLUMNS": "200"})
+        assert result.exit_code == 0, (command, result.output)
+    assert "groups" in json.loads((tmp_path / "plan.json").read_text())
+    bad = json.loads(files["v100-t4.json"])
+    bad["placement"] = ["v100"] * 8
+    (tmp_path / "v100-t4.json").write_text(json.dumps(bad), encoding="utf-8")
+    result = CliRunner().invoke(app, ["inspect", "system", "v100-t4.json"])
+    line = result.stderr.strip()
+    assert result.exit_code == 2 and line.startswith("error: v100-t4.json: placement puts 8")
+    assert f"`{line}`" in " ".join(text.split())
