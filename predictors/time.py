@@ -1386,6 +1386,10 @@ def hybrid_report(replay_: Replay, system: System, problem: Problem, dtype: str)
     straggler = max(ordered, key=lambda n: ordered[n]["compute_s"] + ordered[n]["casts_s"])
     iteration = replay_.iteration_time
     out: dict[str, Any] = {"groups": ordered, "straggler": straggler}
+    out["placement"] = [
+        list(run)
+        for run in system.placement_runs(problem.world_size)  # type: ignore[attr-defined]
+    ]
     out["peak_flops_per_gpu"] = system.peak(dtype)
     if iteration > 0 and peak_sum > 0:
         out["peak_flops_per_gpu"] = peak_sum / max(1, problem.world_size)

@@ -281,6 +281,7 @@ def test_one_fast_one_slow_gpu_take_the_slow_ones_time(capsys, tmp_path) -> None
     alone = json.loads(out)["time"]
     fast, slow = hybrid["groups"]["fast"], hybrid["groups"]["slow"]
     assert hybrid["straggler"] == "slow" and slow["device"] == "t4-16g"
+    assert hybrid["placement"] == [["fast", 1], ["slow", 1]]
     assert hybrid["iteration_time_s"] == pytest.approx(alone["iteration_time_s"], rel=1e-12)
     assert hybrid["iteration_time_s"] == pytest.approx(
         slow["compute_s"] + slow["exposed_communication_s"], rel=1e-9
@@ -362,7 +363,7 @@ def test_predict_table_names_the_straggler(capsys, tmp_path) -> None:
     args = [*SMALL_ARGS[:-2], "--dp", "8"]
     code, out, err = run(capsys, "predict", "--system", system, *args, "--explain")
     assert code == 0, err
-    assert "per device group (straggler: t4)" in out
+    assert "per device group (ranks in order: v100 x 4, t4 x 4; straggler: t4)" in out
     assert "wait at each synchronisation point" in out
     code, out, err = run(capsys, "predict", "--system", system, *SMALL_ARGS[:-2], "--dp", "16")
     assert code == 2 and err.count("\n") == 1 and "16 ranks" in err and "8 GPUs" in err

@@ -605,8 +605,10 @@ def print_group_times(console: Any, report: Mapping[str, Any]) -> None:
     """The per-device-group table of a time report on a hybrid cluster."""
     from rich.table import Table
 
+    placement = ", ".join(f"{name} x {count}" for name, count in report.get("placement", []))
     table = Table(
-        title=f"per device group (straggler: {report['straggler']})", title_justify="left"
+        title=f"per device group (ranks in order: {placement}; straggler: {report['straggler']})",
+        title_justify="left",
     )
     for column in ("group", "device", "ranks", "compute", "casts", "sync wait", "sync points"):
         table.add_column(column, justify="right")
