@@ -4,6 +4,7 @@ per-group time and memory prediction, and the per-group planner."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from stg.core.pipeline import build_workload
 from stg.core.precision import dump_plan, load_plan, plan_for_group
 from stg.core.workload import NodeType
 from stg.errors import UserError
-from stg.explore.hybrid_search import search_hybrid_precision
+from stg.explore.hybrid_search import exact_hybrid_precision, search_hybrid_precision
 from stg.host.registry import load_registry
 from stg.perf.hybrid import HybridSystem, hybrid_from_dict
 from stg.perf.kernels import KernelTable, is_cast
@@ -454,6 +455,16 @@ def test_plan_precision_cli_on_a_hybrid_system(capsys, tmp_path) -> None:
         capsys, "plan", "precision", *SMALL_ARGS, "--target-time", "1s", "--out", plan
     )
     assert code == 2 and "--target-time applies to a hybrid --system" in err
+    code, out, err = run(capsys, "plan", "precision", *SMALL_ARGS, "--exact", "--out", plan)
+    assert code == 2 and "--exact applies to a hybrid --system" in err
+    scores = write(tmp_path / "s.json", {"ops": {"fc1": 1, "fc2": 1}})
+    code, out, err = run(
+        capsys, "-p", "stg_int8_kernels", "plan", "precision", "--system", system, *WIDE_ARGS,
+        "--dtypes", "fp16,int8", "--sensitivity", scores, "--exact", "--out", plan, "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    exact = json.loads(out)
+    assert exact["evaluations"] == 4 and exact["lost_precision_measure"] == "sensitivity file"
 
 
 def test_casts_cost_alpha_plus_beta_bytes_per_device(registry) -> None:
@@ -529,3 +540,47 @@ def test_hybrid_doc_commands_run(tmp_path, monkeypatch) -> None:
     line = result.stderr.strip()
     assert result.exit_code == 2 and line.startswith("error: v100-t4.json: placement puts 8")
     assert f"`{line}`" in " ".join(text.split())
+
+
+def test_greedy_is_not_optimal_and_the_exact_search_is(int8_registry) -> None:
+    """Three T4 ops may go to int8: logits saves the most time, fc1 and fc2 less each but more
+    together. Target: the time with fc1 and fc2 in int8, which logits alone misses. With
+    sensitivities fc1 = fc2 = 1 and logits = L, 1 < L < gain(logits)/gain(fc1), greedy takes
+    logits first (best gain per lost precision) and then needs fc1 too: lost 0.5·(L + 1);
+    the optimum, by hand over the 8 subsets, is {fc1, fc2}: lost 0.5·2 = 1 < 0.5·(L + 1)."""
+    system = hybrid_from_dict(V100_T4, "h.json")
+    options = GenerateOptions(**WIDE, placement=(("v100", 4), ("t4", 4)))
+    registry = int8_registry
+
+    def time_of(*ops: str) -> float:
+        workload = build_workload(
+            replace(options, precision=tuple((f"t4:{op}", "int8") for op in ops)), registry
+        )
+        return registry.predictors.get("time").predict(
+            workload, system, kernels=list(registry.kernels)
+        )["iteration_time_s"]
+
+    base = time_of()
+    gain = {op: base - time_of(op) for op in ("logits", "fc1", "fc2")}
+    target = time_of("fc1", "fc2")
+    # the instance's premises, from the predictions
+    assert gain["logits"] > gain["fc1"] > gain["fc2"] > 0
+    assert base - gain["logits"] > target >= time_of("logits", "fc1")
+    scale = (1 + gain["logits"] / gain["fc1"]) / 2  # strictly between 1 and the gain ratio
+    scores = {"logits": {"int8": scale}, "fc1": {"int8": 1}, "fc2": {"int8": 1}}
+    kwargs = dict(dtypes=("fp16", "int8"), sensitivity=scores, target_s=target)
+    greedy = search_hybrid_precision(options, registry, system, **kwargs)
+    exact = exact_hybrid_precision(options, registry, system, **kwargs)
+    assert [(s.op, s.dtype) for s in greedy.steps] == [("logits", "int8"), ("fc1", "int8")]
+    assert greedy.met and greedy.lost == pytest.approx(0.5 * (scale + 1))
+    assert exact.met and exact.lost == pytest.approx(1.0) and exact.lost < greedy.lost
+    assert dict(exact.best.plan) == {"t4:fc1": "int8", "t4:fc2": "int8"}
+    assert exact.evaluations == 8  # every subset of the three ops on the T4s
+
+
+def test_exact_search_refuses_too_many_plans(int8_registry) -> None:
+    system = hybrid_from_dict(V100_T4, "h.json")
+    with pytest.raises(UserError, match=r"--exact would predict 128 plans \(more than 100\)"):
+        exact_hybrid_precision(
+            GenerateOptions(**WIDE), int8_registry, system, dtypes=("fp16", "int8"), limit=100
+        )

@@ -103,6 +103,17 @@ def _own_parameters() -> list[inspect.Parameter]:
             annotation=text,
         ),
         inspect.Parameter(
+            "exact",
+            kw,
+            default=typer.Option(
+                False,
+                "--exact",
+                help="Hybrid --system: predict every per-group plan (small op counts; at most "
+                "4096 plans) instead of the greedy search.",
+            ),
+            annotation=bool,
+        ),
+        inspect.Parameter(
             "out",
             kw,
             default=typer.Option(
@@ -142,6 +153,7 @@ def precision(**values: Any) -> None:
     budget_text = values.pop("memory_budget")
     target_text = values.pop("target_time")
     sensitivity_file = values.pop("sensitivity")
+    exact = values.pop("exact")
     system_spec = values.pop("system")
     dtypes = _parse_dtypes(values.pop("dtypes"))
     out = values.pop("out")
@@ -154,12 +166,18 @@ def precision(**values: Any) -> None:
 
     if is_hybrid(system):
         result = _hybrid(
-            system, registry, values, budget_text, target_text, sensitivity_file, dtypes
+            system, registry, values, budget_text, target_text, sensitivity_file, dtypes, exact
         )
         _write_and_report(result, system.name, out, as_json)
         return
-    if target_text is not None or sensitivity_file is not None:
-        option = "--target-time" if target_text is not None else "--sensitivity"
+    if target_text is not None or sensitivity_file is not None or exact:
+        option = (
+            "--target-time"
+            if target_text is not None
+            else "--sensitivity"
+            if sensitivity_file is not None
+            else "--exact"
+        )
         raise UserError(
             f"{option} applies to a hybrid --system (a system file with device groups); "
             f"{system.name!r} has one device kind"
@@ -200,10 +218,15 @@ def _hybrid(
     target_text: str | None,
     sensitivity_file: str | None,
     dtypes: tuple[str, ...],
+    exact: bool,
 ) -> Any:
     """The hybrid search (:mod:`stg.explore.hybrid_search`) for these command-line values."""
     from stg.core import pipeline as gen
-    from stg.explore.hybrid_search import load_sensitivity, search_hybrid_precision
+    from stg.explore.hybrid_search import (
+        exact_hybrid_precision,
+        load_sensitivity,
+        search_hybrid_precision,
+    )
     from stg.explore.precision_search import parse_size
 
     budget = None if budget_text is None else parse_size(budget_text)
@@ -213,7 +236,8 @@ def _hybrid(
     gen.validate_options(options, registry)
     console = err_console()
     with progress_bar(console) as progress:
-        result = search_hybrid_precision(
+        search = exact_hybrid_precision if exact else search_hybrid_precision
+        result = search(
             options,
             registry,
             system,

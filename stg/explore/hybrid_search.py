@@ -31,6 +31,16 @@ applies the one with the largest predicted iteration-time saving per unit of add
 precision, and stops when the target is met or no change saves time. While some group does
 not fit its memory, the best change is the one that saves the most memory on such a group per
 unit of lost precision. Ties break by group, op and dtype, so the search is deterministic.
+
+**Exact** (``exact=True``, for small op counts): every assignment of a dtype (the workload's or
+a lower native one the sensitivities allow) to every op of every group but the fastest (the
+group with the shortest local time under the all-high plan; lowering it cannot shorten the
+iteration while another group is slower) is predicted; the answer is the plan of least lost
+precision among those that fit every group's memory and meet the target (ties: the faster),
+or, when none meets it, the fastest plan that fits (ties: the least lost precision). Greedy
+is not optimal: a change with the best gain per lost precision can leave the target just out
+of reach, so that a second change is needed where two others would have cost less
+(tests/test_hybrid.py shows such a case).
 """
 
 from __future__ import annotations
@@ -207,79 +217,32 @@ def search_hybrid_precision(
     """The greedy search of the module docstring. ``options`` must carry no precision plan;
     their placement is the system's (rank order) unless given. ``budget`` caps every group's
     memory below its capacity."""
-    from stg.core.pipeline import build_workload
-
-    if options.precision:
-        raise UserError("stg plan precision starts from --dtype; do not give --precision_plan")
-    if options.world_size > system.capacity:
-        raise UserError(
-            f"{options.world_size} ranks do not fit system {system.name!r} ({system.capacity} GPUs)"
-        )
-    if not options.placement:
-        options = replace(options, placement=system.placement_runs(options.world_size))
-    predict_time = registry.predictors.get("time").predict
-    predict_memory = registry.predictors.get("memory").predict
-    records = list(kernels if kernels is not None else registry.kernels)
-    base = normalize_dtype(options.dtype)
-    allowed = [normalize_dtype(d) for d in dtypes]
-    ranks: dict[str, int] = {}
-    for name, count in options.placement:
-        ranks[name] = ranks.get(name, 0) + count
-    groups = [g for g in system.groups if g.name in ranks]
-    shares = {g.name: ranks[g.name] / options.world_size for g in groups}
-    capacity = {
-        g.name: float(
-            g.device.hbm_capacity if budget is None else min(budget, g.device.hbm_capacity)
-        )
-        for g in groups
-    }
-    cache: dict[PrecisionPlan, HybridEvaluation] = {}
-
-    def evaluate(plan: PrecisionPlan) -> HybridEvaluation:
-        if plan not in cache:
-            workload = build_workload(replace(options, precision=plan), registry)
-            time = predict_time(workload, system, kernels=records)
-            memory = predict_memory(workload, system, kernels=records)
-            local = {g: e["compute_s"] + e["casts_s"] for g, e in time["groups"].items()}
-            peaks = {g: float(e["peak_bytes"]) for g, e in memory["groups"].items()}
-            cache[plan] = HybridEvaluation(
-                plan, float(time["iteration_time_s"]), local, peaks, time["straggler"]
-            )
-            if progress:
-                progress("plans evaluated", len(cache), 0)
-        return cache[plan]
-
-    baseline = evaluate(())
-    source = "given"
-    if target_s is None:
-        fastest = min(groups, key=lambda g: (baseline.local_s[g.name], g.name))
-        alone = build_workload(replace(options, placement=()), registry)
-        target_s = float(predict_time(alone, fastest.device, kernels=records)["iteration_time_s"])
-        source = (
-            f"all-{base} plan on {len(alone.ranks)} x {fastest.device.name} ({fastest.name} alone)"
-        )
-        del alone
-    ops = plan_ops(build_workload(replace(options, placement=()), registry))
-    scores = sensitivity_table(ops, allowed, base, sensitivity)
-    native: dict[str, set[tuple[str, str]]] = {}
-    for g in groups:
-        table = kernel_table(records, g.device.name)
-        native[g.name] = {
-            (op, d) for op, kind in ops.items() for d in scores[op] if table.native(kind, d)
-        }
+    search = _setup(
+        options,
+        registry,
+        system,
+        target_s=target_s,
+        dtypes=dtypes,
+        sensitivity=sensitivity,
+        budget=budget,
+        kernels=kernels,
+        progress=progress,
+    )
+    base, scores, capacity, shares = search.base, search.scores, search.capacity, search.shares
     moves: list[tuple[str, tuple[str, ...], str]] = []
-    for g in groups:
-        for op, dtype in sorted(native[g.name]):
+    for g in search.groups:
+        native = search.native[g.name]
+        for op, dtype in sorted(native):
             moves.append((g.name, (op,), dtype))
         for shared in SHARED_INPUT_GROUPS:
-            for dtype in allowed:
-                if all((op, dtype) in native[g.name] for op in shared):
+            for dtype in search.allowed:
+                if all((op, dtype) in native for op in shared):
                     moves.append((g.name, shared, dtype))
-    plans: dict[str, dict[str, str]] = {g.name: {} for g in groups}
-    best = baseline
+    plans: dict[str, dict[str, str]] = {g.name: {} for g in search.groups}
+    best = search.baseline
     lost = 0.0
     steps: list[HybridStep] = []
-    while best.time_s > target_s or not best.fits(capacity):
+    while best.time_s > search.target_s or not best.fits(capacity):
         fits = best.fits(capacity)
         over = [g for g in capacity if best.peak_bytes[g] > capacity[g]]
         choice: tuple[float, str, tuple[str, ...], str, HybridEvaluation, float] | None = None
@@ -294,9 +257,8 @@ def search_hybrid_precision(
             added = shares[group] * sum(
                 scores[op][dtype] - scores[op].get(current.get(op, base), 0.0) for op in members
             )
-            trial = evaluate(
-                _qualified({**plans, group: {**current, **dict.fromkeys(members, dtype)}})
-            )
+            changed = {**current, **dict.fromkeys(members, dtype)}
+            trial = search.evaluate(_qualified({**plans, group: changed}))
             if fits:
                 gain = best.time_s - trial.time_s
                 if gain <= 0 or not trial.fits(capacity):
@@ -323,24 +285,225 @@ def search_hybrid_precision(
             f"{best.peak_bytes[over[0]] / 2**30:.2f} GiB per GPU, capacity "
             f"{capacity[over[0]] / 2**30:.2f} GiB"
         )
-    return HybridResult(
-        baseline,
-        best,
-        target_s,
-        source,
-        capacity,
-        tuple(steps),
-        lost,
-        len(cache),
-        shares,
-        sensitivity is None,
+    return search.result(best, steps, lost, sensitivity is None)
+
+
+def _setup(
+    options: GenerateOptions,
+    registry: Registry,
+    system: HybridSystem,
+    *,
+    target_s: float | None,
+    dtypes: Sequence[str],
+    sensitivity: Mapping[str, Any] | None,
+    budget: float | None,
+    kernels: Iterable[Any] | None,
+    progress: Callable[[str, int, int], None] | None,
+) -> _Search:
+    from stg.core.pipeline import build_workload
+
+    if options.precision:
+        raise UserError("stg plan precision starts from --dtype; do not give --precision_plan")
+    if options.world_size > system.capacity:
+        raise UserError(
+            f"{options.world_size} ranks do not fit system {system.name!r} ({system.capacity} GPUs)"
+        )
+    if not options.placement:
+        options = replace(options, placement=system.placement_runs(options.world_size))
+    search = _Search(options, registry, system, budget, kernels, progress)
+    base = normalize_dtype(options.dtype)
+    allowed = [normalize_dtype(d) for d in dtypes]
+    search.baseline = search.evaluate(())
+    search.target_source = "given"
+    if target_s is None:
+        fastest = search.fastest()
+        alone = build_workload(replace(options, placement=()), registry)
+        predict_time = registry.predictors.get("time").predict
+        target_s = float(
+            predict_time(alone, fastest.device, kernels=search.records)["iteration_time_s"]
+        )
+        search.target_source = (
+            f"all-{base} plan on {len(alone.ranks)} x {fastest.device.name} ({fastest.name} alone)"
+        )
+        del alone
+    search.target_s = target_s
+    ops = plan_ops(build_workload(replace(options, placement=()), registry))
+    search.ops = ops
+    search.scores = sensitivity_table(ops, allowed, base, sensitivity)
+    for g in search.groups:
+        table = kernel_table(search.records, g.device.name)
+        search.native[g.name] = {
+            (op, d) for op, kind in ops.items() for d in search.scores[op] if table.native(kind, d)
+        }
+    search.allowed = allowed
+    search.base = base
+    return search
+
+
+class _Search:
+    """What both searches share: the evaluations (cached), groups, shares and capacities."""
+
+    def __init__(
+        self,
+        options: GenerateOptions,
+        registry: Registry,
+        system: HybridSystem,
+        budget: float | None,
+        kernels: Iterable[Any] | None,
+        progress: Callable[[str, int, int], None] | None,
+    ) -> None:
+        self.options = options
+        self.registry = registry
+        self.system = system
+        self.progress = progress
+        self.records = list(kernels if kernels is not None else registry.kernels)
+        ranks: dict[str, int] = {}
+        for name, count in options.placement:
+            ranks[name] = ranks.get(name, 0) + count
+        self.groups = [g for g in system.groups if g.name in ranks]
+        self.shares = {g.name: ranks[g.name] / options.world_size for g in self.groups}
+        self.capacity = {
+            g.name: float(
+                g.device.hbm_capacity if budget is None else min(budget, g.device.hbm_capacity)
+            )
+            for g in self.groups
+        }
+        self.cache: dict[PrecisionPlan, HybridEvaluation] = {}
+        self.native: dict[str, set[tuple[str, str]]] = {}
+        self.baseline: HybridEvaluation
+        self.target_s = 0.0
+        self.target_source = ""
+        self.ops: dict[str, str] = {}
+        self.scores: dict[str, dict[str, float]] = {}
+        self.allowed: list[str] = []
+        self.base = ""
+
+    def evaluate(self, plan: PrecisionPlan) -> HybridEvaluation:
+        from stg.core.pipeline import build_workload
+
+        if plan not in self.cache:
+            registry = self.registry
+            workload = build_workload(replace(self.options, precision=plan), registry)
+            time = registry.predictors.get("time").predict(
+                workload, self.system, kernels=self.records
+            )
+            memory = registry.predictors.get("memory").predict(
+                workload, self.system, kernels=self.records
+            )
+            local = {g: e["compute_s"] + e["casts_s"] for g, e in time["groups"].items()}
+            peaks = {g: float(e["peak_bytes"]) for g, e in memory["groups"].items()}
+            self.cache[plan] = HybridEvaluation(
+                plan, float(time["iteration_time_s"]), local, peaks, time["straggler"]
+            )
+            if self.progress:
+                self.progress("plans evaluated", len(self.cache), 0)
+        return self.cache[plan]
+
+    def fastest(self) -> Any:
+        return min(self.groups, key=lambda g: (self.baseline.local_s[g.name], g.name))
+
+    def lost(self, plans: Mapping[str, Mapping[str, str]]) -> float:
+        return sum(
+            self.shares[g] * self.scores[op][dtype]
+            for g, ops in plans.items()
+            for op, dtype in ops.items()
+        )
+
+    def result(
+        self, best: HybridEvaluation, steps: Sequence[HybridStep], lost: float, proxy: bool
+    ) -> HybridResult:
+        return HybridResult(
+            self.baseline,
+            best,
+            self.target_s,
+            self.target_source,
+            self.capacity,
+            tuple(steps),
+            lost,
+            len(self.cache),
+            self.shares,
+            proxy,
+        )
+
+
+EXACT_LIMIT = 4096
+"""Most plans the exact search predicts; beyond it the command asks for the greedy one."""
+
+
+def exact_hybrid_precision(
+    options: GenerateOptions,
+    registry: Registry,
+    system: HybridSystem,
+    *,
+    target_s: float | None = None,
+    dtypes: Sequence[str] = ("fp16", "bf16", "fp8", "int8"),
+    sensitivity: Mapping[str, Any] | None = None,
+    budget: float | None = None,
+    kernels: Iterable[Any] | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+    limit: int = EXACT_LIMIT,
+) -> HybridResult:
+    """The exact search of the module docstring (raises :class:`UserError` beyond ``limit``
+    plans or when no plan fits every group's memory)."""
+    import itertools
+
+    search = _setup(
+        options,
+        registry,
+        system,
+        target_s=target_s,
+        dtypes=dtypes,
+        sensitivity=sensitivity,
+        budget=budget,
+        kernels=kernels,
+        progress=progress,
     )
+    fastest = search.fastest().name
+    slots = [
+        (g.name, op, [None, *sorted(d for o, d in search.native[g.name] if o == op)])
+        for g in search.groups
+        if g.name != fastest
+        for op in sorted(search.ops)
+    ]
+    slots = [slot for slot in slots if len(slot[2]) > 1]
+    count = math.prod(len(choices) for _, _, choices in slots)
+    if count > limit:
+        raise UserError(
+            f"--exact would predict {count} plans (more than {limit}); narrow --dtypes or the "
+            "sensitivity file's ops, or use the greedy search (without --exact)"
+        )
+    best_key: tuple[Any, ...] | None = None
+    best: tuple[HybridEvaluation, dict[str, dict[str, str]], float] | None = None
+    for choice in itertools.product(*(choices for _, _, choices in slots)):
+        plans: dict[str, dict[str, str]] = {}
+        for (group, op, _), dtype in zip(slots, choice, strict=True):
+            if dtype is not None:
+                plans.setdefault(group, {})[op] = dtype
+        trial = search.evaluate(_qualified(plans))
+        if not trial.fits(search.capacity):
+            continue
+        lost = search.lost(plans)
+        met = trial.time_s <= search.target_s
+        key = (0, lost, trial.time_s) if met else (1, trial.time_s, lost)
+        if best_key is None or key < best_key:
+            best_key, best = key, (trial, plans, lost)
+    if best is None:
+        raise UserError("no plan fits every group's memory")
+    trial, plans, lost = best
+    steps = [
+        HybridStep(group, op, dtype, search.base, trial.time_s, lost)
+        for group, ops in sorted(plans.items())
+        for op, dtype in sorted(ops.items())
+    ]
+    return search.result(trial, steps, lost, sensitivity is None)
 
 
 __all__ = [
+    "EXACT_LIMIT",
     "HybridEvaluation",
     "HybridResult",
     "HybridStep",
+    "exact_hybrid_precision",
     "load_sensitivity",
     "search_hybrid_precision",
     "sensitivity_table",
