@@ -55,7 +55,10 @@ def _own_parameters() -> list[inspect.Parameter]:
             ),
             annotation=Optional[str],  # noqa: UP045 (typer needs a runtime type object)
         ),
-        system_parameter("System preset (a100-80g, h100-80g, h200-141g) or a system JSON file."),
+        system_parameter(
+            "System preset (a100-80g, h100-80g, h200-141g, v100-32g, t4-16g, ...) or a system "
+            "JSON file; a hybrid one (device groups) places the ranks on its groups."
+        ),
         inspect.Parameter(
             "predictor",
             kw,
