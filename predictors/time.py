@@ -1318,7 +1318,8 @@ def hybrid_kernel_tables(
 def hybrid_report(replay_: Replay, system: System, problem: Problem, dtype: str) -> dict[str, Any]:
     """Per device group: its device and ranks, compute (without casts), casts, the wait at
     each synchronisation point that joins it to other groups (collectives spanning several
-    groups, sends to another group), bubble; the straggler is the group with the longest
+    groups: from its issue to the last member's; receives from another group: from ready to
+    the data's arrival), bubble; the straggler is the group with the longest
     local time (compute + casts), the one the others wait for. Figures are the group's
     slowest simulated rank's. MFU is recomputed against the sum of every rank's own peak."""
     groups = system.groups  # type: ignore[attr-defined]
@@ -1351,13 +1352,14 @@ def hybrid_report(replay_: Replay, system: System, problem: Problem, dtype: str)
                         "wait_s": res.transfer_start[i] - res.start[i],
                     }
                 )
-            elif k == SEND and group_of(node.comm_dst).name != group.name:
+            elif k == RECV and group_of(node.comm_src).name != group.name:
+                # a send never waits for its receiver here: the receiver waits for the data
                 points.append(
                     {
                         "name": node.name,
-                        "type": "send",
+                        "type": "recv",
                         "ranks": 2,
-                        "wait_s": res.transfer_start[i] - res.start[i],
+                        "wait_s": res.end[i] - res.start[i],
                     }
                 )
         breakdown = unit_breakdown(res, replay_.iteration_time)

@@ -584,3 +584,21 @@ def test_exact_search_refuses_too_many_plans(int8_registry) -> None:
         exact_hybrid_precision(
             GenerateOptions(**WIDE), int8_registry, system, dtypes=("fp16", "int8"), limit=100
         )
+
+
+def test_pipeline_boundaries_between_groups_are_sync_points(registry) -> None:
+    """pp 2 with stage 0 on the V100s and stage 1 on the T4s: the V100s wait at the
+    receives of the gradients from the slower T4 stage."""
+    system = hybrid_from_dict(V100_T4, "h.json")
+    options = GenerateOptions(
+        **{**SMALL, "dp": 4, "batch": 16, "num_stacks": 4}, pp=2, micro_batch=4,
+        placement=(("v100", 4), ("t4", 4)),
+    )  # fmt: skip
+    report = registry.predictors.get("time").predict(build_workload(options, registry), system)
+    v100, t4 = report["groups"]["v100"], report["groups"]["t4"]
+    assert report["straggler"] == "t4"
+    assert {p["type"] for p in v100["sync_points"]} == {"recv"}
+    assert {p["name"].split("/")[-1].rsplit("_", 1)[0] for p in v100["sync_points"]} == {
+        "recv_gradient"
+    }
+    assert v100["sync_wait_s"] > t4["sync_wait_s"] >= 0
