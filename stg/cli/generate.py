@@ -390,4 +390,14 @@ def _prediction_rows(table: Any, reports: Mapping[str, Mapping[str, Any]]) -> No
     if memory:
         table.add_row("predicted peak memory per GPU", format_bytes(int(memory["peak_bytes"])))
         fits = "yes" if memory["fits"] else "NO"
-        table.add_row(f"fits in {format_bytes(int(memory['capacity_bytes']))}", fits)
+        if "groups" in memory:  # a hybrid cluster: each group against its own memory
+            for name, group in memory["groups"].items():
+                table.add_row(
+                    f"group {name}: peak, fits in {format_bytes(int(group['capacity_bytes']))}",
+                    f"{format_bytes(int(group['peak_bytes']))}, "
+                    + ("yes" if group["fits"] else "NO"),
+                )
+        else:
+            table.add_row(f"fits in {format_bytes(int(memory['capacity_bytes']))}", fits)
+        if "groups" in (time_report or {}):
+            table.add_row("straggler (device group)", time_report["straggler"])
