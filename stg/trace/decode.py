@@ -70,6 +70,9 @@ BATCH = 64
 batches keep few fresh nodes alive when the cyclic collector runs (1,024 costs a third of the
 speed of 64 on a stg rank file)."""
 
+CHUNK = 1 << 18
+"""Bytes the compiled reader asks its stream for at a time (read in place with readinto)."""
+
 # Reader.status
 MORE, END, UNUSUAL, ERROR = 0, 1, 2, 3
 
@@ -230,10 +233,9 @@ def iter_nodes(path: Path, fmt: str) -> Iterator[Node]:
 
 def _iter_protobuf(path: Path, fmt: str) -> Iterator[Node]:
     with _ref._open_binary(path) as stream:
+        reader = _ext.Reader(stream, FORMAT_CODES[fmt], str(path), b"", 0, 0, CHUNK)
         if fmt == "v0.0.4":
-            state: dict[str, Any] = {}
-            records = _ref.iter_records(stream, path, state)
-            first = next(records, None)
+            first = reader.record()
             if first is None:
                 raise TraceError(f"{path}: empty file; expected GlobalMetadata and nodes")
             _, offset, data = first
@@ -242,11 +244,6 @@ def _iter_protobuf(path: Path, fmt: str) -> Iterator[Node]:
                     f"{path}: record 0 at byte {offset} is not a GlobalMetadata; a v0.0.4 "
                     "trace must start with one"
                 )
-            reader = _ext.Reader(
-                stream, 4, str(path), state["rest"], state["base"], state["index"], _ref._CHUNK
-            )
-        else:
-            reader = _ext.Reader(stream, 1, str(path), b"", 0, 0, _ref._CHUNK)
         count = 0
         while True:
             batch = reader.nodes(BATCH)
@@ -281,7 +278,7 @@ def _reference_record(path: Path, fmt: str, index: int, offset: int, data: bytes
 
 def _iter_json(path: Path) -> Iterator[Node]:
     with _ref._open_binary(path) as stream:
-        reader = _ext.Reader(stream, 2, str(path), b"", 0, 0, _ref._CHUNK)
+        reader = _ext.Reader(stream, 2, str(path), b"", 0, 0, CHUNK)
         first = reader.nodes(BATCH)
         if not first and reader.status == UNUSUAL and reader.unusual()[0] < 0:
             # the document as a whole is for the reference (its errors, its values)
@@ -321,19 +318,13 @@ def _reader(path: Path, fmt: str, hashing: bool = False) -> Iterator[Any]:
         return
     with stream:
         try:
+            code = FORMAT_CODES[fmt]
+            reader = _ext.Reader(stream, code, str(path), b"", 0, 0, CHUNK, hashing)
             if fmt == "v0.0.4":
-                state: dict[str, Any] = {}
-                first = next(_ref.iter_records(stream, path, state), None)
+                first = reader.record()
                 if first is None or not _ref._is_global_metadata(first[2]):
                     yield None
                     return
-                reader = _ext.Reader(
-                    stream, 4, str(path), state["rest"], state["base"], state["index"],
-                    _ref._CHUNK, hashing,
-                )  # fmt: skip
-            else:
-                code = FORMAT_CODES[fmt]
-                reader = _ext.Reader(stream, code, str(path), b"", 0, 0, _ref._CHUNK, hashing)
         except (TraceError, OSError, EOFError, zlib.error):
             yield None
             return
