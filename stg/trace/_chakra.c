@@ -983,6 +983,16 @@ static int js_string(const uint8_t **pp, const uint8_t *end, const uint8_t **s, 
     const uint8_t *start = p;
     int e = 0, ascii = 1;
     while (1) {
+        /* 8 bytes at a time past plain ASCII (no quote, backslash, control or high byte) */
+        while (end - p >= 8) {
+            uint64_t w;
+            memcpy(&w, p, 8);
+            const uint64_t ones = 0x0101010101010101ULL, high = 0x8080808080808080ULL;
+            uint64_t q = w ^ (ones * '"'), b = w ^ (ones * '\\');
+            uint64_t hit = ((q - ones) & ~q) | ((b - ones) & ~b) | (w - ones * 0x20) | w;
+            if (hit & high) break;
+            p += 8;
+        }
         if (p >= end) return UNUSUAL;
         uint8_t c = *p;
         if (c == '"') break;
@@ -1356,9 +1366,12 @@ static const char *const jk_names[JK_N] = {
     "comm_tag", "pg_name", "dtype", "attr", "start_time_micros", "inputs", "outputs",
     "stg_unset"};
 
+static Py_ssize_t jk_len[JK_N];  /* strlen of jk_names, filled at import */
+
 static int js_key(const uint8_t *s, Py_ssize_t n) {
     for (int k = 0; k < JK_N; k++)
-        if ((Py_ssize_t)strlen(jk_names[k]) == n && !memcmp(jk_names[k], s, (size_t)n)) return k;
+        if (jk_len[k] == n && jk_names[k][0] == s[0] && !memcmp(jk_names[k], s, (size_t)n))
+            return k;
     return -1;
 }
 
@@ -3235,6 +3248,7 @@ PyMODINIT_FUNC PyInit__chakra(void) {
     INTERN(s_v001_invalid, "v001_comm_type_invalid"); INTERN(s_read, "read"); INTERN(s_readinto, "readinto");
     INTERN(s_string_val, "string_val"); INTERN(s_int32_val, "int32_val");
     INTERN(s_uint64_val, "uint64_val"); INTERN(s_bool_list, "bool_list");
+    for (int k = 0; k < JK_N; k++) jk_len[k] = (Py_ssize_t)strlen(jk_names[k]);
     g_empty_tuple = PyTuple_New(0);
     if (!g_empty_tuple) return NULL;
     return m;
