@@ -2481,9 +2481,51 @@ static int slot_alloc(Drain *d) {
     return (int)d->nslots++;
 }
 
-static int cmp_i64(const void *a, const void *b) {
-    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-    return x < y ? -1 : x > y;
+/* A scratch hash set of int64 for one node's deps (the GIL guards it): entries of an older
+ * generation count as empty, so starting a set costs nothing. */
+static int64_t *g_set_keys = NULL;
+static uint32_t *g_set_gen = NULL;
+static size_t g_set_cap = 0;
+static uint32_t g_set_now = 0;
+
+/* Start an empty set for up to n values: 0, -1 out of memory. */
+static int set_begin(Py_ssize_t n) {
+    size_t cap = 64;
+    while (cap < (size_t)n * 2) cap <<= 1;
+    if (cap > g_set_cap) {
+        int64_t *k = PyMem_Realloc(g_set_keys, cap * 8);
+        if (!k) { PyErr_NoMemory(); return -1; }
+        g_set_keys = k;
+        uint32_t *g = PyMem_Realloc(g_set_gen, cap * 4);
+        if (!g) { PyErr_NoMemory(); return -1; }
+        g_set_gen = g;
+        memset(g_set_gen, 0, cap * 4);
+        g_set_cap = cap;
+        g_set_now = 0;
+    }
+    if (++g_set_now == 0) { memset(g_set_gen, 0, g_set_cap * 4); g_set_now = 1; }
+    return 0;
+}
+
+/* Add x: 1 if it was there already, else 0. */
+static inline int set_add(int64_t x) {
+    size_t mask = g_set_cap - 1, h = (size_t)mix64((uint64_t)x) & mask;
+    while (g_set_gen[h] == g_set_now) {
+        if (g_set_keys[h] == x) return 1;
+        h = (h + 1) & mask;
+    }
+    g_set_gen[h] = g_set_now;
+    g_set_keys[h] = x;
+    return 0;
+}
+
+static inline int set_has(int64_t x) {
+    size_t mask = g_set_cap - 1, h = (size_t)mix64((uint64_t)x) & mask;
+    while (g_set_gen[h] == g_set_now) {
+        if (g_set_keys[h] == x) return 1;
+        h = (h + 1) & mask;
+    }
+    return 0;
 }
 
 /* Whether v holds a value twice (-1: out of memory). */
@@ -2494,28 +2536,15 @@ static int has_dup(const int64_t *v, Py_ssize_t n) {
                 if (v[i] == v[j]) return 1;
         return 0;
     }
-    int64_t *t = PyMem_Malloc((size_t)n * 8);
-    if (!t) { PyErr_NoMemory(); return -1; }
-    memcpy(t, v, (size_t)n * 8);
-    qsort(t, (size_t)n, 8, cmp_i64);
-    int dup = 0;
-    for (Py_ssize_t i = 1; i < n && !dup; i++) dup = t[i] == t[i - 1];
-    PyMem_Free(t);
-    return dup;
+    if (set_begin(n) < 0) return -1;
+    for (Py_ssize_t i = 0; i < n; i++) if (set_add(v[i])) return 1;
+    return 0;
 }
 
-/* Whether x is among v[0..n) (sorted: a sorted copy, or NULL for a linear search). */
-static int contains(const int64_t *v, const int64_t *sorted, Py_ssize_t n, int64_t x) {
-    if (!sorted) {
-        for (Py_ssize_t i = 0; i < n; i++) if (v[i] == x) return 1;
-        return 0;
-    }
-    Py_ssize_t lo = 0, hi = n;
-    while (lo < hi) {
-        Py_ssize_t mid = (lo + hi) / 2;
-        if (sorted[mid] < x) lo = mid + 1; else hi = mid;
-    }
-    return lo < n && sorted[lo] == x;
+/* Whether x is among v[0..n). */
+static int contains(const int64_t *v, Py_ssize_t n, int64_t x) {
+    for (Py_ssize_t i = 0; i < n; i++) if (v[i] == x) return 1;
+    return 0;
 }
 
 static int dr_stuck(Drain *d) {
@@ -2540,21 +2569,16 @@ static int dr_fill(Drain *d, Reader *r) {
         for (Py_ssize_t i = 0; i < rec->data.n; i++) if (VEC_PUSH(d->merged, rec->data.v[i]) < 0) return -1;
         if (d->use_ctrl && rec->ctrl.n) {
             if (rec->ctrl.n > 1 && (rc = has_dup(rec->ctrl.v, rec->ctrl.n))) return rc < 0 ? -1 : FALLBACK;
-            int64_t *sorted = NULL;
-            if (rec->data.n > 16 && rec->ctrl.n > 4) {
-                sorted = PyMem_Malloc((size_t)rec->data.n * 8);
-                if (!sorted) { PyErr_NoMemory(); return -1; }
-                memcpy(sorted, rec->data.v, (size_t)rec->data.n * 8);
-                qsort(sorted, (size_t)rec->data.n, 8, cmp_i64);
+            int hashed = rec->data.n > 16 && rec->ctrl.n > 4;
+            if (hashed) {
+                if (set_begin(rec->data.n) < 0) return -1;
+                for (Py_ssize_t i = 0; i < rec->data.n; i++) set_add(rec->data.v[i]);
             }
             for (Py_ssize_t i = 0; i < rec->ctrl.n; i++) {
                 int64_t p = rec->ctrl.v[i];
-                if (!contains(rec->data.v, sorted, rec->data.n, p) && VEC_PUSH(d->merged, p) < 0) {
-                    PyMem_Free(sorted);
-                    return -1;
-                }
+                int in_data = hashed ? set_has(p) : contains(rec->data.v, rec->data.n, p);
+                if (!in_data && VEC_PUSH(d->merged, p) < 0) return -1;
             }
-            PyMem_Free(sorted);
         }
         int si = slot_alloc(d);
         if (si < 0) return -1;

@@ -7,8 +7,9 @@ Three formats are read, one rank file at a time:
 ``v0.0.1``
     Legacy proto2 protobuf: ``Node`` records only, with typed fields.
 ``json``
-    Chakra's feeder JSON ``{"workload_graph": [...]}`` (loaded whole: JSON cannot be streamed
-    record by record).
+    Chakra's feeder JSON ``{"workload_graph": [...]}``. The compiled decoder
+    (:mod:`stg.trace.decode`) streams it one entry at a time through its bounded buffer; this
+    module's reference decoder loads the document whole (``json.load``).
 
 Protobuf files are a sequence of records, each preceded by its length as a varint. They are
 read through a bounded buffer, so memory stays constant whatever the file size; gzip files
