@@ -14,6 +14,10 @@ synthetic blocks of bench_feeder.py). Then prints:
   5: whole ``Node`` objects
   (``stg.trace.reader.iter_nodes``), the columns that ``stg validate`` decodes, and the
   pure-Python reference decoder;
+* ``per-rank work``: the same files through the compiled per-rank entry points of ``stg feed``
+  (the drain, with data+ctrl and with data deps only), ``stg validate`` (rank summary) and
+  ``stg predict`` (communication summary), or ``reference`` where the file goes to the
+  reference decoder (it breaks a rule that the command reports);
 * ``validate``, ``feed``, ``inspect``, ``predict`` (the time predictor): each command in a
   fresh process on each trace (``--jobs`` worker processes, default all cores): wall time,
   nodes/s, and peak RSS (the largest process, and the sum over the command's processes
@@ -157,9 +161,8 @@ def decode_rates(files: dict[str, Path], skip_reference: bool) -> None:
         decode = None  # type: ignore[assignment]
     fields = ("id", "flags", "num_ops", "comm_type", "data")
 
-    def best(fn: object) -> str:
-        """``wall rate / CPU rate`` in nodes per second."""
-        n = fn()  # type: ignore[operator]
+    def best(fn: object, n: int) -> str:
+        """``wall rate / CPU rate`` of ``n`` nodes in nodes per second."""
         walls, cpus = [], []
         for _ in range(5):
             reps = 0
@@ -179,13 +182,32 @@ def decode_rates(files: dict[str, Path], skip_reference: bool) -> None:
     for label, path in files.items():
         fmt = reader.detect_format(path)
         n = sum(1 for _ in reader.iter_nodes(path, format=fmt))
-        nodes = best(lambda: sum(1 for _ in reader.iter_nodes(path, format=fmt)))  # noqa: B023
+        nodes = best(lambda: sum(1 for _ in reader.iter_nodes(path, format=fmt)), n)  # noqa: B023
         cols = ref = "-"
         if decode is not None and decode.enabled():
-            cols = best(lambda: len(decode.columns(path, fmt, fields)["type"]))  # noqa: B023
+            cols = best(lambda: len(decode.columns(path, fmt, fields)["type"]), n)  # noqa: B023
             if not skip_reference:
-                ref = best(lambda: sum(1 for _ in reader.iter_nodes_reference(path, fmt)))  # noqa: B023
+                ref = best(
+                    lambda: sum(1 for _ in reader.iter_nodes_reference(path, fmt)),  # noqa: B023
+                    n,
+                )
         print(f"{label:<34} {n:>9,}  {nodes:>16}  {cols:>16}  {ref:>16}", flush=True)
+    if decode is None or not decode.enabled() or not hasattr(decode, "drain"):
+        return
+    print(f"\n{'per-rank work (1 core)':<34} {'feed: drain':>16}  {'--deps data':>16}  "
+          f"{'validate':>16}  {'predict':>16}")  # fmt: skip
+    for label, path in files.items():
+        fmt = reader.detect_format(path)
+        n = sum(1 for _ in reader.iter_nodes(path, format=fmt))
+        work = {
+            "drain": lambda: decode.drain(path, fmt, 65536, True),  # noqa: B023
+            "data": lambda: decode.drain(path, fmt, 65536, False),  # noqa: B023
+            "validate": lambda: decode.rank_summary(path, fmt, None, None, False),  # noqa: B023
+            "predict": lambda: decode.comm_summary(path, fmt),  # noqa: B023
+        }
+        # None: the file goes to the reference decoder (it breaks a rule the command reports)
+        cells = [best(fn, n) if fn() is not None else "reference" for fn in work.values()]
+        print(f"{label:<34} " + "  ".join(f"{c:>16}" for c in cells), flush=True)
 
 
 def write_feeder_file(path: Path, nodes: int) -> None:
