@@ -223,7 +223,7 @@ FEEDER_PHASE = """
 import json, resource, sys, time
 from stg.trace.feeder import ETFeeder
 f = ETFeeder(sys.argv[1], window=65536)
-start = time.perf_counter()
+start, cpu = time.perf_counter(), time.process_time()
 count = 0
 while f.has_nodes_to_issue():
     wave = []
@@ -237,7 +237,8 @@ while f.has_nodes_to_issue():
         f.remove_node(i)
     count += len(wave)
 seconds = time.perf_counter() - start
-print(json.dumps({"nodes": count, "seconds": seconds,
+cpu = time.process_time() - cpu
+print(json.dumps({"nodes": count, "seconds": seconds, "cpu": cpu,
                   "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
 
@@ -295,12 +296,16 @@ def main() -> None:
         r = run([sys.executable, "-c", FEEDER_PHASE, str(path)])
         out = json.loads(r["stdout"])  # type: ignore[arg-type]
         print(f"\nfeeder (ETFeeder, window 65,536) {out['nodes']:,} nodes: {out['seconds']:.1f} s, "
-              f"{out['nodes'] / out['seconds']:,.0f} nodes/s, peak RSS {out['rss']:,.0f} MiB",
+              f"{out['nodes'] / out['seconds']:,.0f} nodes/s, CPU {out['cpu']:.1f} s, "
+              f"{out['nodes'] / out['cpu']:,.0f} nodes/CPU-s, peak RSS {out['rss']:,.0f} MiB",
               flush=True)  # fmt: skip
         r = run(stg_cmd("feed", str(path), *jobs))
+        n = args.feeder_nodes
         print(
-            f"stg feed (compiled drain)  {args.feeder_nodes:,} nodes: {r['seconds']:.1f} s, "
-            f"{args.feeder_nodes / r['seconds']:,.0f} nodes/s, peak RSS {r['tree_mib']:,.0f} MiB"
+            f"stg feed (compiled drain)  {n:,} nodes: {r['seconds']:.1f} s, "
+            f"{n / r['seconds']:,.0f} nodes/s, CPU {r['cpu_seconds']:.1f} s, "
+            f"{n / r['cpu_seconds']:,.0f} nodes/CPU-s, peak RSS {r['largest_mib']:,.0f} MiB "
+            f"(all processes {r['tree_mib']:,.0f} MiB)"
         )
 
 
