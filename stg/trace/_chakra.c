@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define ABI_VERSION 3
+#define ABI_VERSION 4
 
 /* ------------------------------------------------------------------------------------------ */
 /* Module state (set once by setup()).                                                         */
