@@ -2079,12 +2079,17 @@ static int js_load(Reader *r) {
     int rc = js_scan(r, &arr);
     if (rc == FAIL) { PyErr_Clear(); return UNUSUAL; }
     if (rc != OK) return UNUSUAL;
-    PyObject *res = PyObject_CallMethod(r->stream, "seek", "L", arr);
-    if (!res) { PyErr_Clear(); return UNUSUAL; }
-    Py_DECREF(res);
-    r->len = r->pos = 0;
-    r->base = arr;
-    r->eof = 0;
+    if (arr >= r->base) {
+        /* the array is still in the buffer (a document smaller than a read): no rewind */
+        r->pos = (Py_ssize_t)(arr - r->base);
+    } else {
+        PyObject *res = PyObject_CallMethod(r->stream, "seek", "L", arr);
+        if (!res) { PyErr_Clear(); return UNUSUAL; }
+        Py_DECREF(res);
+        r->len = r->pos = 0;
+        r->base = arr;
+        r->eof = 0;
+    }
     r->js_pos = 0;
     r->js_state = 1;
     return OK;
