@@ -83,6 +83,17 @@ def tiny_reads(size: int = 5) -> Iterator[None]:
         decode.CHUNK = saved
 
 
+def metadata_outcome(path: Path) -> Any:
+    """read_metadata's result (attribute kinds and docs included) or its error."""
+    try:
+        meta = reader.read_metadata(path)
+    except TraceError as exc:
+        return f"TraceError: {exc}"
+    attrs = meta["attrs"]
+    kinds = [list(getattr(attrs, slot).items()) for slot in ("kinds", "docs", "extras")]
+    return meta["format"], meta["version"], list(attrs.items()), kinds
+
+
 def assert_same_reading(path: Path, fmt: str | None = None) -> tuple[list[Node], str | None]:
     fast = outcome(path, fmt)
     with tiny_reads():
@@ -94,6 +105,13 @@ def assert_same_reading(path: Path, fmt: str | None = None) -> tuple[list[Node],
         assert len(got[0]) == len(slow[0])
         for a, b in zip(got[0], slow[0], strict=True):
             assert decode.same_node(a, b), (a, b)
+    if ".json" in path.name:
+        # the compiled JSON metadata reader (streaming) against json.load
+        with decode.reference_only():
+            expected = metadata_outcome(path)
+        assert metadata_outcome(path) == expected
+        with tiny_reads():
+            assert metadata_outcome(path) == expected
     return fast
 
 
@@ -447,7 +465,7 @@ def json_entries(draw: st.DrawFn) -> dict[str, Any]:
 @given(entries=st.lists(json_entries(), min_size=1, max_size=4), indent=st.booleans())
 def test_fuzzed_json(tmp_path: Path, entries: list[dict[str, Any]], indent: bool) -> None:
     path = tmp_path / "f.0.json"
-    doc = {"global_metadata": {"version": "0.0.4"}, "workload_graph": entries}
+    doc = {"global_metadata": {"version": "0.0.4"}, "workload_graph": entries, "x": [1.5]}
     path.write_text(json.dumps(doc, indent=1 if indent else None, ensure_ascii=False))
     assert_same_reading(path)
     fast, slow = both(lambda: stats_of(path))

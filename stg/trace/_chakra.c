@@ -2016,7 +2016,7 @@ static int js_unit(Reader *r, int depth, int key, int *esc, const uint8_t **ks, 
 
 /* Check the document and leave r->js_arr at the stream offset just after the '[' of its
  * workload_graph: OK, UNUSUAL (the reference reads the document), FAIL. */
-static int js_scan(Reader *r, long long *arr) {
+static int js_scan(Reader *r, long long *arr, U8Vec *meta) {
     int c = js_peek(r), found = 0;
     if (c == -2) return FAIL;
     if (c != '{') return UNUSUAL;
@@ -2034,6 +2034,12 @@ static int js_scan(Reader *r, long long *arr) {
         /* an escaped spelling of workload_graph would count: do not guess */
         if (esc) return UNUSUAL;
         int is_graph = NAME_IS(ks, kn, "workload_graph");
+        if (meta && !is_graph) { /* "key": (no escapes in keys here; ks dies with a refill) */
+            if (meta->n > 1 && VEC_PUSH(*meta, ',') < 0) return FAIL;
+            if (VEC_PUSH(*meta, '"') < 0) return FAIL;
+            for (Py_ssize_t i = 0; i < kn; i++) if (VEC_PUSH(*meta, ks[i]) < 0) return FAIL;
+            if (VEC_PUSH(*meta, '"') < 0 || VEC_PUSH(*meta, ':') < 0) return FAIL;
+        }
         c = js_peek(r);
         if (c == -2) return FAIL;
         if (c != ':') return UNUSUAL;
@@ -2058,8 +2064,14 @@ static int js_scan(Reader *r, long long *arr) {
                 return UNUSUAL;
             }
         } else {
+            long long vstart = r->base + (long long)r->pos;
             rc = js_unit(r, 1, 0, NULL, NULL, NULL);
             if (rc != OK) return rc;
+            if (meta) { /* the value's bytes: js_unit kept them from vstart on */
+                const uint8_t *v = r->buf + (vstart - r->base);
+                Py_ssize_t vn = (Py_ssize_t)(r->base + (long long)r->pos - vstart);
+                for (Py_ssize_t i = 0; i < vn; i++) if (VEC_PUSH(*meta, v[i]) < 0) return FAIL;
+            }
         }
         c = js_peek(r);
         if (c == -2) return FAIL;
@@ -2076,7 +2088,7 @@ static int js_scan(Reader *r, long long *arr) {
  * errors too: the reference reports unreadable JSON its own way). */
 static int js_load(Reader *r) {
     long long arr = 0;
-    int rc = js_scan(r, &arr);
+    int rc = js_scan(r, &arr, NULL);
     if (rc == FAIL) { PyErr_Clear(); return UNUSUAL; }
     if (rc != OK) return UNUSUAL;
     if (arr >= r->base) {
@@ -2217,6 +2229,33 @@ static PyObject *Reader_record(Reader *r, PyObject *unused) {
     if (rc < 0) return NULL;
     if (rc == 0) Py_RETURN_NONE;
     return Py_BuildValue("(LLy#)", index, offset, PTR(data), n);
+}
+
+/* A JSON document without its workload_graph: the text of an object holding its other
+ * top-level members in order, read through the bounded buffer; None where the reference must
+ * read the document. */
+static PyObject *Reader_json_metadata(Reader *r, PyObject *unused) {
+    if (r->fmt != 2 || r->js_state != 0) {
+        PyErr_SetString(PyExc_ValueError, "json_metadata() needs a fresh JSON reader");
+        return NULL;
+    }
+    U8Vec meta = {NULL, 0, 0};
+    long long arr = 0;
+    if (VEC_PUSH(meta, '{') < 0) return NULL;
+    int rc = js_scan(r, &arr, &meta);
+    r->js_state = 2;
+    if (rc == OK && VEC_PUSH(meta, '}') < 0) rc = FAIL;
+    if (rc != OK) {
+        VEC_FREE(meta);
+        if (rc == FAIL && !PyErr_ExceptionMatches(g_trace_error) &&
+            !PyErr_ExceptionMatches(g_read_errors))
+            return NULL; /* out of memory */
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    PyObject *out = PyBytes_FromStringAndSize((const char *)meta.v, meta.n);
+    VEC_FREE(meta);
+    return out;
 }
 
 static PyObject *Reader_raise_error(Reader *r, PyObject *unused) {
@@ -3149,6 +3188,8 @@ static PyMethodDef Reader_methods[] = {
      "drain(window, use_ctrl) -> statistics dict, or None to defer to the reference"},
     {"record", (PyCFunction)Reader_record, METH_NOARGS,
      "record() -> (index, offset, payload) of the next raw record, or None at the end"},
+    {"json_metadata", (PyCFunction)Reader_json_metadata, METH_NOARGS,
+     "json_metadata() -> bytes of the document less workload_graph, or None"},
     {"raise_error", (PyCFunction)Reader_raise_error, METH_NOARGS, "raise the stored error"},
     {"unusual", (PyCFunction)Reader_unusual, METH_NOARGS,
      "(index, offset, data) of the record handed back to the reference"},

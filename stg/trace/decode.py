@@ -487,6 +487,21 @@ def columns(path: Path, fmt: str, names: tuple[str, ...]) -> dict[str, memoryvie
     return {k: memoryview(v).cast(casts.get(k, "q")) for k, v in out.items()}
 
 
+def json_metadata(path: Path) -> dict[str, Any] | None:
+    """The top-level members of a JSON rank file other than ``workload_graph`` (as
+    ``json.load`` gives them), read through the bounded buffer; None where the reference must
+    load the document (it also reports the errors)."""
+    with _reader(path, "json") as reader:
+        if reader is None:
+            return None
+        text = reader.json_metadata()
+    if text is None:
+        return None
+    data = json.loads(text.decode("utf-8"))
+    data["workload_graph"] = []  # checked to be a list; its entries are not needed here
+    return data
+
+
 def _ints(data: bytes) -> list[int]:
     return memoryview(data).cast("q").tolist()
 

@@ -834,5 +834,8 @@ def read_metadata(path: str | Path, *, format: str | None = None) -> dict[str, A
     if fmt == "v0.0.4":
         return _metadata_v004(path)
     if fmt == "json":
-        return _metadata_json(path, _load_json(path))
+        from stg.trace import decode
+
+        data = decode.json_metadata(path) if decode.enabled() else None
+        return _metadata_json(path, data if data is not None else _load_json(path))
     return {"format": "v0.0.1", "version": "", "attrs": TraceAttrs()}
