@@ -139,8 +139,10 @@ def test_guide_packaging_names_the_module() -> None:
 
 def test_model_api_tests_pass(doc_dir: Path) -> None:
     modules = write_modules(MODEL_API, doc_dir)
-    assert set(modules) == {"stg_parallel", "test_stg_parallel"}
-    assert run_module_tests(modules) >= 2
+    assert set(modules) == {
+        "stg_parallel", "test_stg_parallel", "stg_interleaved", "test_stg_interleaved"
+    }
+    assert run_module_tests(modules) >= 3
 
 
 def test_model_api_console_commands_run(doc_dir: Path) -> None:
