@@ -50,6 +50,7 @@ from stg.api import (
     collective_time,
     compute_time,
     group_shape,
+    is_hybrid,
     kernel_table,
     link_dimension,
     load_system,
@@ -558,6 +559,11 @@ def predict_options(
         raise UserError("the analytical predictor needs the registry (the model to build)")
     system = load_system(system)
     o = options if isinstance(options, GenerateOptions) else GenerateOptions(**dict(options))
+    if is_hybrid(system):
+        raise UserError(
+            f"the analytical predictor prices one kind of GPU; hybrid system {system.name!r} "
+            "(device groups) needs the time predictor (--predictor time)"
+        )
     phase = getattr(o, "phase", "training")
     if phase != "training":
         raise UserError(

@@ -17,7 +17,8 @@ What is here, by the stage of the pipeline it belongs to:
   GlobalMetadata of a generated rank file (:func:`generator_metadata`), and the encoders of
   the built-in formats (modules :mod:`chakra_v004`, :mod:`chakra_v001`, :mod:`json_trace`);
 - predictors: systems (:class:`System`, :func:`load_system`, :func:`op_class`,
-  :func:`normalize_dtype`), the kernel time models (:func:`gemm_time`,
+  :func:`normalize_dtype`; hybrid clusters: :class:`HybridSystem`, :func:`is_hybrid`,
+  :func:`device_of`, :func:`group_of_rank`), the kernel time models (:func:`gemm_time`,
   :func:`attention_time`, :func:`memory_bound_time`), the cost of one node shared by the
   time predictors (:func:`compute_time`, :func:`collective_time`, :func:`send_time`,
   :func:`group_shape`, :func:`link_dimension`), kernels (:class:`KernelTable`,
@@ -59,6 +60,7 @@ from stg.host.records import (
     RecordError,
 )
 from stg.perf.calibration import Calibration, calibrated_time, load_calibration
+from stg.perf.casts import CastModel, default_cast_model
 from stg.perf.costs import (
     EAGER_OP_HOST_S,
     attention_impl,
@@ -69,6 +71,7 @@ from stg.perf.costs import (
     send_time,
     tree_all_reduce_time,
 )
+from stg.perf.hybrid import HybridSystem, device_of, group_of_rank, is_hybrid
 from stg.perf.kernel_time import attention_time, gemm_time, memory_bound_time, memory_kind
 from stg.perf.kernels import KernelTable, is_cast, kernel_table
 from stg.perf.system import System, load_system, normalize_dtype, op_class
@@ -87,11 +90,13 @@ __all__ = [
     "EAGER_OP_HOST_S",
     "BenchOp",
     "Calibration",
+    "CastModel",
     "CollectiveType",
     "Dim",
     "Emitter",
     "GenerateOptions",
     "GraphBuilder",
+    "HybridSystem",
     "Kernel",
     "KernelTable",
     "Layout",
@@ -122,12 +127,16 @@ __all__ = [
     "chakra_v004",
     "collective_time",
     "compute_time",
+    "default_cast_model",
+    "device_of",
     "frame",
     "gemm_time",
     "generator_metadata",
+    "group_of_rank",
     "group_shape",
     "hookimpl",
     "is_cast",
+    "is_hybrid",
     "json_trace",
     "kernel_table",
     "link_dimension",

@@ -119,7 +119,12 @@ def _system(name: str, data: Mapping[str, Any]) -> Any:
     if key not in _WORKER:
         from stg.perf.system import system_from_dict
 
-        _WORKER[key] = system_from_dict(dict(data), name)
+        if "groups" in data:  # a hybrid cluster (device groups)
+            from stg.perf.hybrid import hybrid_from_dict
+
+            _WORKER[key] = hybrid_from_dict(dict(data), name)
+        else:
+            _WORKER[key] = system_from_dict(dict(data), name)
     return _WORKER[key]
 
 
