@@ -71,6 +71,8 @@ class KVCache:
     def __init__(self, dtype: str) -> None:
         self.dtype = dtype
         self._cache: dict[int, Tensor] = {}
+        self.declared = False
+        """the part declared its cached state (:meth:`GraphBuilder.cached`): no generic rule"""
 
     def attend(
         self,
@@ -96,25 +98,40 @@ class KVCache:
             }
         if not kv_letters:
             return operands, scale
-        resolved = tuple(
-            self._from_cache(b, t)
-            if any(m.get(ltr, KV_DIM).name == "seq" for ltr in kv_letters)
-            else t
-            for m, t in zip(bound, operands, strict=True)
-        )
+        if self.declared:  # the model wrote its attention on the cache it declared
+            resolved = operands
+        else:
+            resolved = tuple(
+                self._from_cache(b, t)
+                if any(m.get(ltr, KV_DIM).name == "seq" for ltr in kv_letters)
+                else t
+                for m, t in zip(bound, operands, strict=True)
+            )
         if sympy.sympify(scale) != 1:  # causal: the pairs a chunk of new tokens sees
             scale = (KVSeq - (Seq - 1) / sympy.Integer(2)) / KVSeq
         return resolved, scale
 
-    def _from_cache(self, b: GraphBuilder, t: Tensor) -> Tensor:
+    def state(self, b: GraphBuilder, t: Tensor, name: str) -> Tensor:
+        """``t`` declared the cached state of attention (:meth:`GraphBuilder.cached`): its new
+        rows appended to the cache; the cache, ``seq_kv`` long."""
+        if sum(d.name == "seq" for d in t.dims) != 1:
+            raise UserError(
+                f"cached({name}): a cached tensor has one row per token (one 'seq' "
+                f"dimension); {t!r} has dimensions {', '.join(d.name for d in t.dims)}"
+            )
+        self.declared = True
+        return self._from_cache(b, t, name)
+
+    def _from_cache(self, b: GraphBuilder, t: Tensor, name: str | None = None) -> Tensor:
         """``t`` (new keys or values) appended to the cache: the cache, ``seq_kv`` long."""
         cached = self._cache.get(id(t.base or t))
         if cached is not None:
             return cached
+        name = name or t.name
         new = b.unpartial(t)
         dims = tuple(KV_DIM if d.name == "seq" else d for d in new.dims)
-        cache = Tensor(f"{t.name}_cache", dims, new.sharding, self.dtype, kind="cache")
-        b._emit(Op("kv_append", f"{t.name}.cache_append", (new,), cache))
+        cache = Tensor(f"{name}_cache", dims, new.sharding, self.dtype, kind="cache")
+        b._emit(Op("kv_append", f"{name}.cache_append", (new,), cache))
         self._cache[id(t.base or t)] = cache
         return cache
 
