@@ -12,6 +12,13 @@ Multi-head latent attention (MLA), as trained (no matrix absorption), per token 
   ``qk_nope_head_dim`` and ``v_head_dim``, both 128), scores ``q·k + q_rope·k_rope``, softmax,
   context ``P·v``, output ``context·W_O``.
 
+Serving (``--phase``): the KV cache holds the normalised ``c_kv`` and the rotated ``k_rope``
+(``b.cached``: ``kv_lora_rank + drope`` per token and layer, whole on every tp rank). Prefill
+keeps the form above, up-projecting keys and values from the cached latent; decode and mixed
+iterations absorb the up-projections (DeepSeek-V2's section 2.1.2, vLLM's MLA decode):
+``q_latent = q·W_UK`` per head, scores ``q_latent·c_kv + q_rope·k_rope`` and context
+``P·c_kv`` against the one latent head, then ``context·W_UV`` and ``W_O``.
+
 Tensor parallelism splits the heads (``W_UQ``, ``W_QR``, ``W_UK``, ``W_UV``, ``W_O``); the
 down-projections and their norms are replicated, and the builder gathers the latent (not
 ``x``) where the heads need it. MoE layers are ``stg.models.moe``'s routed experts (router,
