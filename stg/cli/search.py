@@ -42,21 +42,42 @@ SEARCHED = frozenset(
         "output_dir",
         "output_name",
         "chakra_schema_version",
+        "kv_dtype",
     }
 )
+
+TRAINING_AXES = {
+    "micro_batch_values": "--micro-batch",
+    "recompute_values": "--recompute",
+    "zero_values": "--zero",
+    "schedule_values": "--schedule",
+    "virtual_values": "--virtual-stages",
+    "cp_values": "--cp",
+}
+SERVING_AXES = {
+    "replica_batch_values": "--replica-batch",
+    "kv_dtype_values": "--kv_dtype",
+    "max_tpot": "--max-tpot",
+    "max_ttft": "--max-ttft",
+}
 
 
 def _model_parameters() -> list[inspect.Parameter]:
     return [p for p in option_parameters() if p.name not in SEARCHED]
 
 
-def _axis(name: str, flag: str, help: str) -> inspect.Parameter:
+def _axis(
+    name: str,
+    flag: str,
+    help: str,
+    *more: str,
+    metavar: str = "VALUES",
+    panel: str = "Search space",
+) -> inspect.Parameter:
     return inspect.Parameter(
         name,
         inspect.Parameter.KEYWORD_ONLY,
-        default=typer.Option(
-            None, flag, help=help, metavar="VALUES", rich_help_panel="Search space"
-        ),
+        default=typer.Option(None, flag, *more, help=help, metavar=metavar, rich_help_panel=panel),
         annotation=Optional[str],  # noqa: UP045 (typer needs a runtime type object)
     )
 
@@ -110,6 +131,34 @@ def _own_parameters() -> list[inspect.Parameter]:
             "--virtual-stages",
             "Chunks per stage for interleaved (default: 2,3,4).",
         ),
+        _axis(
+            "replica_batch_values",
+            "--replica-batch",
+            "Serving: sequences one replica (tp·pp·ep GPUs) serves at once (default: powers "
+            "of two up to 1024; --batch fixes the total instead).",
+            panel="Serving search",
+        ),
+        _axis(
+            "kv_dtype_values",
+            "--kv_dtype",
+            "Serving: KV-cache dtypes to try, e.g. bf16,fp8 (default: --dtype).",
+            "--kv-dtype",
+            panel="Serving search",
+        ),
+        _axis(
+            "max_tpot",
+            "--max-tpot",
+            "Serving (decode, mixed): limit on the time per output token, e.g. 50ms.",
+            metavar="TIME",
+            panel="Serving search",
+        ),
+        _axis(
+            "max_ttft",
+            "--max-ttft",
+            "Serving (prefill): limit on the time to first token, e.g. 500ms or 2s.",
+            metavar="TIME",
+            panel="Serving search",
+        ),
     ]
 
 
@@ -134,8 +183,23 @@ def _words(text: str | None, allowed: tuple[str, ...], option: str) -> list[str]
     return words
 
 
+_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6}
+
+
+def _seconds(text: str, option: str) -> float:
+    import re
+
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)\s*(s|ms|us|µs)\s*", text)
+    if match is None or float(match.group(1)) <= 0:
+        raise UserError(
+            f"{option} {text!r}: expected a positive time with its unit (s, ms, us), e.g. 50ms"
+        )
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
 def search(**values: Any) -> None:
-    """Find the fastest parallel plans that fit in memory."""
+    """Find the fastest parallel plans that fit in memory (serving: the plans of most
+    tokens per second within a latency limit)."""
     from stg.explore.search import SearchSpace
     from stg.explore.search import search as run_search
     from stg.perf.system import load_system
@@ -149,6 +213,15 @@ def search(**values: Any) -> None:
         raise UserError(f"--top {top}: must be a positive integer")
     if refine < 0:
         raise UserError(f"--refine {refine}: must be 0 or more")
+    phase = (values.get("phase") or "training").strip().lower()
+    if phase != "training":
+        _serving(values, gpus, system, top, as_json)
+        return
+    for name, flag in SERVING_AXES.items():
+        if values.pop(name) is not None:
+            raise UserError(
+                f"{flag} is a serving option; give --phase prefill, decode or mixed with it"
+            )
     default = SearchSpace()
     space = SearchSpace(
         tp=_ints(values.pop("tp_values")),
@@ -255,6 +328,165 @@ def _print(base: Any, gpus: int, system: Any, result: Any) -> None:
         total = report.get("iteration_time_s") or 1.0
         text = ", ".join(
             f"{k} {100 * v / total:.0f} %"
+            for k, v in sorted(parts.items(), key=lambda kv: -kv[1])
+            if v / total >= 0.005
+        )
+        out.print(f"#{i}: {text}")
+
+
+def _serving(values: dict[str, Any], gpus: int, system: Any, top: int, as_json: bool) -> None:
+    """``stg search --phase prefill|decode|mixed`` (:mod:`stg.explore.serving_search`)."""
+    from stg.explore.serving_search import ServingSpace, serving_search
+
+    for name, flag in TRAINING_AXES.items():
+        if values.pop(name) is not None:
+            raise UserError(
+                f"{flag} is a training axis; a serving search has no "
+                f"{flag.lstrip('-')} (phase={values['phase']})"
+            )
+    max_tpot, max_ttft = values.pop("max_tpot"), values.pop("max_ttft")
+    phase = values["phase"].strip().lower()
+    if max_tpot is not None and phase == "prefill":
+        raise UserError(
+            "--max-tpot limits the time per output token of decode and mixed; "
+            "prefill has none, limit its time to first token with --max-ttft"
+        )
+    if max_ttft is not None and phase != "prefill":
+        raise UserError(
+            f"--max-ttft limits a prefill's time to first token; phase={phase} "
+            "is limited by its time per output token, --max-tpot"
+        )
+    kv_dtypes = values.pop("kv_dtype_values")
+    batch = values.get("batch")
+    replica = _ints(values.pop("replica_batch_values"))
+    if batch is not None and replica is not None:
+        raise UserError("give --batch (the total, fixed) or --replica-batch (searched), not both")
+    if replica is not None and min(replica) < 1:
+        raise UserError(f"--replica-batch {replica}: batches must be positive integers")
+    base = options_from_cli(values)
+    kv = [None] if kv_dtypes is None else [w.strip() for w in kv_dtypes.split(",") if w.strip()]
+    from stg.core.precision import DTYPE_BYTES
+
+    bad = [d for d in kv if d is not None and d not in DTYPE_BYTES]
+    if bad or not kv:
+        raise UserError(
+            f"--kv_dtype {kv_dtypes!r} is not allowed; allowed: {', '.join(DTYPE_BYTES)}"
+        )
+    registry = get_registry()
+    space = ServingSpace(
+        tp=_ints(values.pop("tp_values")),
+        pp=_ints(values.pop("pp_values")),
+        ep=_ints(values.pop("ep_values")),
+        replica_batch=replica,
+        batch=batch,
+        kv_dtype=tuple(kv),
+    )
+    limit = max_ttft if phase == "prefill" else max_tpot
+    flag = "--max-ttft" if phase == "prefill" else "--max-tpot"
+    seconds = _seconds(limit, flag) if limit else None
+    with _bar(err_console()) as progress:
+        result = serving_search(
+            base,
+            gpus,
+            system,
+            registry,
+            space=space,
+            max_tpot=seconds if phase != "prefill" else None,
+            max_ttft=seconds if phase == "prefill" else None,
+            top=top,
+            progress=progress,
+        )
+    if as_json:
+        data = {
+            "model": base.model,
+            "phase": phase,
+            "gpus": gpus,
+            "system": system.name,
+            "limit_s": seconds,
+            "objective": "tokens_per_s (all replicas)",
+            "enumerated": result.enumerated,
+            "pruned": dict(sorted(result.pruned.items())),
+            "priced": result.priced,
+            "fastest_bound_s": result.fastest_bound_s,
+            "best": [c.as_dict(gpus) for c in result.best],
+        }
+        typer.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
+        return
+    _print_serving(base, gpus, system, result, seconds)
+
+
+def _print_serving(base: Any, gpus: int, system: Any, result: Any, limit: float | None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    out = Console(highlight=False)
+    prefill = base.phase == "prefill"
+    latency = "TTFT" if prefill else "TPOT"
+    within = f", {latency} within {format_seconds(limit)}" if limit else ""
+    lengths = f"prompt {base.seq}" if prefill else f"context {base.context or base.seq}"
+    pruned = sum(result.pruned.values())
+    out.print(
+        f"{base.model} {base.phase} on {gpus} GPUs of {system.name}, {lengths}{within}: "
+        f"{result.enumerated:,} plans, {pruned:,} pruned, "
+        f"{result.priced:,} priced by the serving predictor"
+    )
+    for reason, count in sorted(result.pruned.items(), key=lambda kv: -kv[1]):
+        out.print(f"  pruned {count:,}: {reason}")
+    if not result.best:
+        if limit and result.fastest_bound_s is not None:
+            out.print(
+                f"no plan meets {latency} {format_seconds(limit)}: the fastest plan that fits "
+                f"is bounded below by {format_seconds(result.fastest_bound_s)} (memory "
+                "bandwidth); raise the limit or add GPUs"
+            )
+        else:
+            out.print("no plan fits; try more GPUs, a shorter context or --kv_dtype fp8")
+        raise typer.Exit(1)
+    table = Table(title="best plans (most tokens/s)", title_justify="left")
+    for column in (
+        "#",
+        "dp",
+        "tp",
+        "pp",
+        "ep",
+        "m",
+        "kv",
+        "batch",
+        "per replica",
+        "TTFT" if prefill else "TPOT",
+        "bound",
+        "tokens/s",
+        "per GPU",
+        "memory GiB",
+        "KV GiB",
+    ):
+        table.add_column(column, justify="right")
+    for i, c in enumerate(result.best, start=1):
+        p = c.plan()
+        d = c.as_dict(gpus)
+        table.add_row(
+            str(i),
+            str(p["dp"]),
+            str(p["tp"]),
+            str(p["pp"]),
+            str(p["ep"]),
+            str(p["micro_batches"]),
+            str(p["kv_dtype"]),
+            str(p["batch"]),
+            str(p["replica_batch"]),
+            format_seconds(c.latency_s),
+            format_seconds(c.bound_s),
+            f"{c.tokens_per_s:,.0f}",
+            f"{d['tokens_per_s_per_gpu']:,.0f}",
+            f"{(d['peak_memory_bytes'] or 0) / 2**30:.1f}",
+            f"{d['kv_cache_bytes'] / 2**30:.1f}",
+        )
+    print_table(out, table)
+    for i, c in enumerate(result.best, start=1):
+        parts = (c.report.get("explain") or {}).get("per_step_s") or {}
+        total = sum(parts.values()) or 1.0
+        text = ", ".join(
+            f"{k.removesuffix('_s').replace('_', ' ')} {100 * v / total:.0f} %"
             for k, v in sorted(parts.items(), key=lambda kv: -kv[1])
             if v / total >= 0.005
         )
