@@ -363,6 +363,7 @@ def _serving(values: dict[str, Any], gpus: int, system: Any, top: int, as_json: 
         raise UserError("give --batch (the total, fixed) or --replica-batch (searched), not both")
     if replica is not None and min(replica) < 1:
         raise UserError(f"--replica-batch {replica}: batches must be positive integers")
+    tps, pps, eps = (_ints(values.pop(k)) for k in ("tp_values", "pp_values", "ep_values"))
     base = options_from_cli(values)
     kv = [None] if kv_dtypes is None else [w.strip() for w in kv_dtypes.split(",") if w.strip()]
     from stg.core.precision import DTYPE_BYTES
@@ -374,9 +375,9 @@ def _serving(values: dict[str, Any], gpus: int, system: Any, top: int, as_json: 
         )
     registry = get_registry()
     space = ServingSpace(
-        tp=_ints(values.pop("tp_values")),
-        pp=_ints(values.pop("pp_values")),
-        ep=_ints(values.pop("ep_values")),
+        tp=tps,
+        pp=pps,
+        ep=eps,
         replica_batch=replica,
         batch=batch,
         kv_dtype=tuple(kv),

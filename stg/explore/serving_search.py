@@ -155,7 +155,15 @@ def uses_experts(base: GenerateOptions, registry: Any) -> bool:
         return False
     mixed = base.phase == "mixed"
     probe = replace(
-        base, dp=1, tp=1, pp=1, sp=1, ep=1, batch=2, micro_batch=2, prefill_batch=2 if mixed else 0
+        base,
+        dp=1,
+        tp=1,
+        pp=1,
+        sp=1,
+        ep=1,
+        batch=2,
+        micro_batch=None,
+        prefill_batch=2 if mixed else 0,
     )
     try:
         one, two = (
@@ -207,6 +215,11 @@ def _bound(
     return max(stage, one_pass)
 
 
+def _micro(batch: int, m: int) -> int | None:
+    """The global micro-batch of m micro-batches (None: the whole batch)."""
+    return None if m == 1 else batch // m
+
+
 def _keep(best: list[ServingCandidate], candidate: ServingCandidate, top: int) -> None:
     best.append(candidate)
     best.sort(key=lambda c: (-c.tokens_per_s, c.latency_s))
@@ -241,7 +254,7 @@ class _Shape:
 
     def at(self, batch: int, hbm: float) -> ServingCandidate:
         m = self.probe.micro_batches
-        options = replace(self.probe, batch=batch, micro_batch=batch // m)
+        options = replace(self.probe, batch=batch, micro_batch=_micro(batch, m))
         return ServingCandidate(options, self.bound(batch, hbm))
 
 
@@ -310,7 +323,8 @@ def serving_search(
     for i, (dp, tp, pp, ep, kv) in enumerate(layouts):
         if progress is not None:
             progress("closed forms", i, len(layouts))
-        for m in sorted({1, pp}):
+        # a mixed iteration runs all its requests at once: no micro-batches
+        for m in [1] if base.phase == "mixed" else sorted({1, pp}):
             unit = dp * ep * m
             first = _batches(dp, ep, m, space)[:1] if explicit else [unit]
             if not first:
@@ -323,7 +337,7 @@ def serving_search(
                 ep=ep,
                 kv_dtype=kv,
                 batch=first[0],
-                micro_batch=first[0] // m,
+                micro_batch=_micro(first[0], m),
             )
             try:
                 validate_options(probe, registry)
@@ -346,7 +360,7 @@ def serving_search(
                 near = fit // unit * unit  # them: read the largest batch again near it
                 if near <= probe.batch:
                     break
-                wider = replace(probe, batch=near, micro_batch=near // m)
+                wider = replace(probe, batch=near, micro_batch=_micro(near, m))
                 try:
                     validate_options(wider, registry)
                     again = _call(
@@ -429,7 +443,11 @@ def serving_search(
         tile = TILE_TOKENS * shape.unit
         for batch in range(most * shape.unit // tile * tile, 0, -tile):
             trial = shape.at(batch, hbm)
-            if batch == most * shape.unit or trial.ceiling() <= choice.tokens_per_s:
+            if trial.ceiling() <= choice.tokens_per_s:
+                if shape.probe.phase != "mixed":
+                    break  # the ceiling falls with the batch: no smaller batch does better
+                continue
+            if batch == most * shape.unit:
                 continue
             if price(trial, count=False) and trial.tokens_per_s > choice.tokens_per_s:
                 choice = trial
