@@ -164,3 +164,27 @@ def test_bad_combinations_are_one_line_exit_2(
     assert code == 2 and out == ""
     lines = err.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], err
+
+
+def test_moe_plans_split_experts_and_dense_plans_do_not(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """ep is an axis only where it splits weights (a MoE model); for a dense one it would be
+    dp under another name."""
+    from stg.explore.serving_search import uses_experts
+
+    registry = load_registry()
+    moe = dict(
+        model="moe", dvocal=1024, dmodel=512, dff=2048, head=8, kvhead=8, experts=4,
+        num_stacks=2, phase="decode", context=256,
+    )  # fmt: skip
+    assert uses_experts(GenerateOptions(**moe, batch=2), registry)
+    assert not uses_experts(GenerateOptions(**DECODE, batch=2), registry)
+    code, out, err = run(
+        capsys, "search", *flags(moe), "--gpus", 4, "-s", "h100-80g", "--max-tpot", "1ms",
+        "--tp", "1", "--pp", "1", "--top", "10", "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    plans = [b["plan"] for b in json.loads(out)["best"]]
+    assert {p["ep"] for p in plans} == {1, 2, 4}
+    assert all(p["dp"] * p["ep"] == 4 and p["batch"] % (p["dp"] * p["ep"]) == 0 for p in plans)

@@ -10,18 +10,27 @@ GPUs, so per GPU it ranks the same), subject to a limit on the time per output t
 (``max_tpot``: decode and mixed) or the time to first token (``max_ttft``: prefill), and to
 memory (weights, KV cache and activations within the GPU). The search:
 
-1. drops the structures (tp, pp, ep) the divisibility rules reject
+1. drops the structures (tp, pp, ep, micro-batches) the divisibility rules reject
    (:func:`stg.core.pipeline.validate_options`), building each once at its smallest batch
    (the probe);
-2. drops the batches above the probe's largest batch that fits (the memory predictor:
-   weights plus KV cache and activations per sequence);
-3. bounds each remaining plan's step from below in closed form, the memory-bandwidth bound
-   of the serving predictor: every weight once per micro-batch and the KV cache once, at HBM
-   bandwidth, ``max(max_stage(m·W_s + KV_s), Σ_s (W_s + KV_s / m)) / HBM``, with the KV bytes
-   per sequence read off the probe (exact: the cache is linear in the sequences). A plan
-   whose bound breaks the latency limit is dropped unpriced; the rest are priced by the
-   ``serving`` predictor in decreasing order of their tokens/s ceiling (``tokens / bound``)
-   and the search stops once the ceiling falls below the k-th best tokens/s found.
+2. caps each structure's batch at the largest that fits (the memory predictor: weights plus
+   KV cache and activations per sequence, read again near that batch);
+3. bounds a step from below in closed form, the memory-bandwidth bound of the serving
+   predictor: every weight once per micro-batch and the KV cache once, at HBM bandwidth,
+   ``max(max_stage(m·W_s + KV_s), Σ_s (W_s + KV_s / m)) / HBM``, with the KV bytes per
+   sequence read off the probe (exact: the cache is linear in the sequences). A structure
+   whose bound breaks the latency limit at its smallest batch is dropped unpriced, and the
+   bound caps its batch further;
+4. prices the structures with the ``serving`` predictor in decreasing order of their tokens/s
+   ceiling (``tokens / bound`` at the capped batch; it grows with the batch) and stops once
+   the ceiling falls below the k-th best tokens/s found. A structure's batch is the largest
+   within the limit (bisected when the capped batch is over it once priced: a step's time
+   grows with the batch, up to small dips at kernel boundaries), or a smaller one on a
+   64-sequence tile where that gives more tokens/s: the kernel model tiles a GEMM's rows by
+   64 to 256, so a step just past a boundary costs a whole tile more.
+
+With explicit batches (``ServingSpace.batch`` or ``replica_batch``) every such plan is a
+candidate of its own, pruned by memory and the bound and priced in the same order.
 """
 
 from __future__ import annotations
@@ -389,8 +398,7 @@ def serving_search(
                     continue
                 entries.append((shape, candidate))
     else:
-        # tokens/s grows with the batch (a step's time grows slower than its tokens), so a
-        # structure's best plan is its largest batch that fits and meets the limit
+        # one candidate per structure: its batch capped by memory and the bound (step 2-3)
         for shape in shapes:
             enumerated += 1
             k = shape.fit // shape.unit
@@ -418,7 +426,7 @@ def serving_search(
             if price(candidate, count=True):
                 _keep(best, candidate, top)
             continue
-        # the largest batch of this structure that fits and meets the limit: the bound's
+        # the largest batch of this structure that fits and meets the limit: the capped
         # batch if it does, else bisected (a step's time grows with the batch)
         found: dict[int, ServingCandidate] = {}
 
@@ -435,7 +443,7 @@ def serving_search(
         else:
             most = _largest(1, most - 1, within)
         if most not in found:
-            pruned["latency: predicted above the limit"] += 1
+            pruned["latency: predicted above the limit at every batch"] += 1
             continue
         # tokens/s is not monotone in the batch: kernels tile the tokens, and a step just
         # past a tile boundary costs a tile more; try the batches on 64-token tiles below
