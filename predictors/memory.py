@@ -451,10 +451,13 @@ def stage_memory(
     grad_dtype: str | None = None,
     kernels: KernelTable | None = None,
     sharded_parameters: float | None = None,
+    saved_bytes: float | None = None,
 ) -> RankMemory:
     """The memory of one rank of pipeline stage ``stage`` whose model replica holds
     ``parameters`` weights; ``sharded_parameters`` is its padded ZeRO / FSDP shard of them
-    (default ``parameters / N_d``)."""
+    (default ``parameters / N_d``). ``saved_bytes``: what a model without a layer stack (a
+    convolutional network) keeps per micro-batch between forward and backward, as its
+    generated graph says (the closed forms here are a transformer's)."""
     o = as_options(options)
     e_w, e_g, k = precision_bytes(o, weight_dtype, grad_dtype)
     zero = zero_stage(o)
@@ -469,6 +472,17 @@ def stage_memory(
         sharded=sharded_parameters,
     )
     m = o.micro_batches
+    if saved_bytes is not None:
+        held = in_flight_micro_batches(stage, o.pp, m, o.pipeline_schedule, o.virtual_stages)
+        return RankMemory(
+            stage=stage,
+            parameters=parameters,
+            weights=state.weights,
+            gradients=state.gradients,
+            optimizer=state.optimizer,
+            activations=held * saved_bytes,
+            buffers=0.0,
+        )
     per_layer = activation_bytes_per_layer(o, kernels=kernels)
     activations = per_layer * in_flight_layers(
         stage, layers, o.pp, m, o.pipeline_schedule, o.virtual_stages
@@ -578,6 +592,7 @@ def predict_memory(
             grad_dtype=facts.get("grad_dtype"),
             kernels=table,
             sharded_parameters=int(sharded) if sharded is not None else None,
+            saved_bytes=facts.get("activation_bytes") if facts.get("stackless") else None,
         )
         ranks = [g.rank for g in workload.ranks if g.rank_class.index == rank_class.index]
         entry = {"class": rank_class.index, "ranks": len(ranks), "first_rank": min(ranks)}

@@ -177,7 +177,9 @@ def compute_time(
         )
     elif gemm is not None and len(gemm) == 4:
         batch, m, n, k = gemm
-        seconds = gemm_time(gpu, m, n, k, dtype, batch) / speedup
+        # a convolution (implicit GEMM) moves its tensor_size, not its window matrix
+        nbytes = node.tensor_size if attrs.get("implicit_gemm") else None
+        seconds = gemm_time(gpu, m, n, k, dtype, batch, nbytes) / speedup
     elif kind == "other":
         simt = node.num_ops / gpu.rate("fp32") if node.num_ops > 0 else 0.0
         memory = memory_bound_time(gpu, node.tensor_size, memory_kind(node.name), dtype)
@@ -1231,7 +1233,8 @@ def predict_time(
     dtype = str(options.get("dtype") or "bf16")
     profile = str(options.get("profile") or "megatron")
     tokens = None
-    if options.get("batch") and options.get("seq"):
+    stackless = any(c.facts.get("stackless") for c in workload.rank_classes)
+    if options.get("batch") and options.get("seq") and not stackless:
         tokens = int(options["batch"]) * int(options["seq"])
     if progress:
         progress("symmetry", 0, 1)
@@ -1250,6 +1253,9 @@ def predict_time(
         calibration=calibration,
     )
     report["simulated_ranks"] = len(problem.units)
+    if stackless and options.get("batch") and report["iteration_time_s"] > 0:
+        # a model without a sequence (images): samples, not tokens
+        report["samples_per_s"] = int(options["batch"]) / report["iteration_time_s"]
     return report
 
 

@@ -153,12 +153,17 @@ def bind_ops(ops: Iterable[Op | BoundOp], binder: Binder) -> list[BoundOp]:
                 )
             )
         else:
-            moved = sum(binder.nbytes(t) for t in op.inputs if t.kind != "index") + binder.nbytes(
-                op.output
-            )
+            moved = sum(_moved(t, binder) for t in op.inputs if t.kind != "index")
+            moved += _moved(op.output, binder)
             moved += sum(binder.numel(t) * 4 for t in op.inputs if t.kind == "index")
             num_ops = _flops(op, binder)
-            attrs = (("gemm", gemm_shape(op, binder)),) if op.kind == "einsum" else ()
+            attrs: tuple[tuple[str, Any], ...] = ()
+            if op.kind == "einsum":
+                attrs = (("gemm", gemm_shape(op, binder)),)
+                if any(t.footprint is not None for t in (*op.inputs, op.output)):
+                    # a convolution as implicit GEMM: its bytes are tensor_size, not the
+                    # m·k of the window matrix that its GEMM shape implies
+                    attrs += (("implicit_gemm", 1),)
             if num_ops <= 0 < moved:
                 # ASTRA-sim's roofline times a node as num_ops / min(peak, bw·num_ops/bytes):
                 # zero ops with bytes > 0 is 0/0 and the rank never finishes. A node declared
@@ -179,6 +184,14 @@ def bind_ops(ops: Iterable[Op | BoundOp], binder: Binder) -> list[BoundOp]:
                 )
             )
     return bound
+
+
+def _moved(t: Tensor, binder: Binder) -> int:
+    """Bytes an op moves reading or writing ``t``: a window view (or its gradient) moves its
+    smaller footprint's (:meth:`~stg.core.symbolic.GraphBuilder.windows`)."""
+    if t.footprint is not None:
+        return min(binder.nbytes(t), binder.nbytes(t.footprint))
+    return binder.nbytes(t)
 
 
 def _einsum_letters(op: Op, binder: Binder) -> tuple[str, str, str, dict[str, int]]:

@@ -43,10 +43,23 @@ def _bytes(t: Tensor) -> sympy.Expr:
     return t.numel * DTYPE_BYTES[t.dtype]
 
 
+def model_parts(model: Model) -> tuple[str, ...]:
+    """The parts ``model`` has: embedding, block (unless it has no layer stack) and head."""
+    return tuple(p for p in PARTS if p != "block" or model.block is not None)
+
+
 def build_unsharded(model: Model, part_name: str, options: GenerateOptions) -> Part:
-    """Build one part of ``model`` on a single device, forward and backward."""
+    """Build one part of ``model`` on a single device, forward and backward. The head of a
+    model without a layer stack receives the embedding's output."""
     b = GraphBuilder(part_name, dtype=options.dtype, options=options.as_dict())
-    x = None if part_name == "embedding" else b.residual_input()
+    if part_name == "embedding":
+        x = None
+    elif model.block is None:
+        out = build_unsharded(model, "embedding", options).output
+        assert out is not None
+        x = b.input("x", out.dims)
+    else:
+        x = b.residual_input()
     result = getattr(model, part_name)(b, x)
     if part_name == "head":
         build_backward(b, seed=None, loss=result)
@@ -64,11 +77,13 @@ def build_unsharded(model: Model, part_name: str, options: GenerateOptions) -> P
 def saved_activations(part: Part) -> list[Tensor]:
     """Forward tensors that the backward reads: what stays in memory between the two."""
     forward = {id(op.output): op.output for op in part.forward}
-    forward.update({id(t): t for t in part.inputs if t.kind in {"input", "index"}})
+    forward.update({id(t): t for t in part.inputs if t.kind in {"input", "index", "data"}})
     seen: dict[int, Tensor] = {}
     for op in part.backward:
         for t in op.inputs:
             base = t.base or t
+            if base.footprint is not None and id(base.footprint) in forward:
+                base = base.footprint  # a window view keeps its input, not the windows
             if id(base) in forward and base.kind != "weight":
                 seen.setdefault(id(base), base)
     return list(seen.values())
@@ -130,7 +145,7 @@ def describe_model(
     ``options.num_stacks`` layers."""
     result: dict[str, Any] = {"model": model.name, "parts": {}}
     totals: dict[str, int] = {}
-    for name in PARTS:
+    for name in model_parts(model):
         figures = describe_part(build_unsharded(model, name, options))
         entry = {}
         for key, expr in figures.items():
@@ -151,7 +166,7 @@ def model_parameters(
     """``parameters`` and ``active_parameters`` (:func:`active_parameters`) of the whole
     model: embedding, ``options.num_stacks`` blocks and head, for the dimension ``values``."""
     counts = {"parameters": 0, "active_parameters": 0}
-    for name in PARTS:
+    for name in model_parts(model):
         part = build_unsharded(model, name, options)
         layers = options.num_stacks if name == "block" else 1
         total = sum((w.numel for w in part.weights), sympy.Integer(0))

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from stg.core.autodiff import build_backward, build_grad_reduction
 from stg.core.layout import Layout, parse_rank_order
 from stg.core.lowering import Binder, BoundPart, ModelParts, bind_part, lower_stage
+from stg.core.modelinfo import saved_activations
 from stg.core.options import GenerateOptions, OptionError
 from stg.core.plan import ParallelPlan, make_plan
 from stg.core.precision import (
@@ -29,6 +31,7 @@ from stg.core.symbolic import (
     KExperts,
     KVHead,
     MicroBatch,
+    Part,
     Seq,
     Tensor,
 )
@@ -45,9 +48,17 @@ Progress = Callable[[str, int, int], None]
 def validate_options(options: GenerateOptions, registry: Registry) -> ParallelPlan:
     """Check every option (names against the registry, degrees against the model) and return
     the plan. Raises :class:`~stg.core.options.OptionError` (or UnknownNameError) on bad input."""
-    registry.models.get(options.model)
+    model = registry.models.get(options.model)
     schedule = registry.schedules.get(options.pipeline_schedule)
     plan = make_plan(options)
+    if model.block is None:  # no layer stack: nothing to split into stages, no layers
+        if options.pp > 1 or options.virtual_stages > 1:
+            raise OptionError(
+                f"model {model.name!r} has no layer stack to split into pipeline stages: "
+                f"pp={options.pp}, virtual_stages={options.virtual_stages} are not allowed; "
+                "allowed: pp=1, virtual_stages=1"
+            )
+        plan = replace(plan, layers_per_chunk=(0,))
     if options.virtual_stages > 1 and not schedule.supports_chunks:
         raise OptionError(
             f"pipeline_schedule={options.pipeline_schedule} does not support virtual_stages > 1"
@@ -84,7 +95,11 @@ def build_parts(model: Model, plan: ParallelPlan) -> ModelParts:
     bound: dict[str, BoundPart] = {}
     precision = plan.precision
     zero_axes = plan.zero_axes if o.zero in (1, 2) else ()
+    previous: Tensor | None = None  # the output of the part before
     for name in ("embedding", "block", "head"):
+        if name == "block" and model.block is None:
+            bound[name] = bind_part(Part(name), binder, None)
+            continue
         b = GraphBuilder(
             name,
             active_axes=plan.active_axes,
@@ -96,7 +111,7 @@ def build_parts(model: Model, plan: ParallelPlan) -> ModelParts:
             precision=normalize_plan(o.precision),
             options=o.as_dict(),
         )
-        x = None if name == "embedding" else b.residual_input()
+        x = None if previous is None else b.input("x", previous.dims, _shard_of(previous))
         with b.tag(name):
             result = getattr(model, name)(b, x)
         if not isinstance(result, Tensor):
@@ -110,6 +125,7 @@ def build_parts(model: Model, plan: ParallelPlan) -> ModelParts:
         else:
             if b.part.output is None:
                 b.output(result)
+            previous = b.part.output
             seed = b.input("grad_output", b.part.output.dims, _shard_of(b.part.output))  # type: ignore[union-attr]
             seed.kind = "grad"
             build_backward(b, seed=seed)
@@ -120,6 +136,14 @@ def build_parts(model: Model, plan: ParallelPlan) -> ModelParts:
             seed,
             shard_degree=plan.zero_degree,
             fused_attention=o.attention == "fused",
+        )
+    facts: dict[str, object] = {}
+    if model.block is None:
+        # no layer stack, so no closed form of a layer's activations: the predictors read
+        # what this model saves between forward and backward, per micro-batch and rank
+        facts["stackless"] = True
+        facts["activation_bytes"] = sum(
+            saved_bytes(bound[name].part, binder) for name in ("embedding", "head")
         )
     master, state, grad = (DTYPE_BYTES[precision[k]] for k in ("master", "optimizer", "grad"))
     # Adam reads and writes the master weights and both moments and reads the gradient; with
@@ -138,8 +162,14 @@ def build_parts(model: Model, plan: ParallelPlan) -> ModelParts:
             "optimizer_dtype": precision["optimizer"],
             "zero": 3 if o.weight_sharded else o.zero,
             "recompute": plan.recompute,
+            **facts,
         },
     )
+
+
+def saved_bytes(part: Part, binder: Binder) -> int:
+    """Bytes of the tensors one rank keeps from a part's forward for its backward."""
+    return sum(binder.nbytes(t) for t in saved_activations(part))
 
 
 def _shard_of(t: Any) -> dict[str, Any]:

@@ -69,11 +69,16 @@ class Model:
     norm, LM head, loss). Each is called as ``fn(builder, x)`` with a
     :class:`stg.core.symbolic.GraphBuilder` and the incoming activation (``None`` for the embedding)
     and returns the outgoing activation (``None`` for the head).
+
+    ``block`` is ``None`` for a model without a repeated layer stack (a convolutional network,
+    whose stages differ in shape): its embedding builds the body and its head receives the
+    embedding's output as it is (any dimensions); ``--num_stacks`` does not apply and there
+    is nothing to split into pipeline stages.
     """
 
     name: str
     embedding: Callable[..., Any]
-    block: Callable[..., Any]
+    block: Callable[..., Any] | None
     head: Callable[..., Any]
     description: str = ""
     aliases: tuple[str, ...] = ()
@@ -83,6 +88,8 @@ class Model:
         for alias in self.aliases:
             _check_name("model alias", alias)
         for field_name in ("embedding", "block", "head"):
+            if field_name == "block" and self.block is None:
+                continue
             _check_callable("model", self.name, field_name, getattr(self, field_name))
 
 

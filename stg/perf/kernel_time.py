@@ -195,9 +195,19 @@ class Gpu:
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
 
 
-def gemm_time(gpu: Gpu, m: int, n: int, k: int, dtype: str = "bf16", batch: int = 1) -> float:
+def gemm_time(
+    gpu: Gpu,
+    m: int,
+    n: int,
+    k: int,
+    dtype: str = "bf16",
+    batch: int = 1,
+    nbytes: float | None = None,
+) -> float:
     """Seconds of ``batch`` GEMMs ``[m, k] x [k, n]`` in ``dtype`` (output in the same width,
-    fp8/int8 with a 16-bit output)."""
+    fp8/int8 with a 16-bit output). ``nbytes``: what the kernel moves where it is not A, B
+    and C once (an implicit-GEMM convolution reads its input, not the ``[m, k]`` window
+    matrix)."""
     if min(m, n, k, batch) <= 0:
         return 0.0
     per_sm = gpu.rate(dtype) / gpu.sm_count
@@ -217,6 +227,8 @@ def gemm_time(gpu: Gpu, m: int, n: int, k: int, dtype: str = "bf16", batch: int 
             if tiles * split > 2 * gpu.sm_count or k // split < SPLIT_K_MIN:
                 break
     memory = (m * k + k * n) * width * batch + m * n * out_width * batch
+    if nbytes is not None:
+        memory = nbytes
     return max(best, gpu.stream_time(memory))
 
 
