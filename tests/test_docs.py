@@ -139,8 +139,9 @@ def test_guide_packaging_names_the_module() -> None:
 
 def test_model_api_tests_pass(doc_dir: Path) -> None:
     modules = write_modules(MODEL_API, doc_dir)
-    assert set(modules) == {"stg_parallel", "test_stg_parallel"}
-    assert run_module_tests(modules) >= 2
+    assert set(modules) == {"stg_parallel", "test_stg_parallel", "stg_tiny_cnn",
+                            "test_stg_tiny_cnn"}  # fmt: skip
+    assert run_module_tests(modules) >= 3
 
 
 def test_model_api_console_commands_run(doc_dir: Path) -> None:
@@ -229,7 +230,7 @@ def test_readme_opens_with_the_two_commands() -> None:
     assert lines == [
         "pip install -e . && stg generate",
         "pip install 'torch==2.13.0' -e '.[test,bench]' -e plugins/stg-int8-kernels "
-        "&& python -m pytest",
+        "-e plugins/stg-vision-models && python -m pytest",
     ]
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     assert lines[1] in ci.splitlines()
@@ -237,6 +238,7 @@ def test_readme_opens_with_the_two_commands() -> None:
         "ini_options"
     ]["testpaths"]
     assert "plugins/stg-int8-kernels/tests" in testpaths
+    assert "plugins/stg-vision-models/tests" in testpaths
 
 
 def test_readme_cli_reference_covers_every_command() -> None:
