@@ -136,6 +136,8 @@ def build_parts(model: Model, plan: ParallelPlan) -> ModelParts:
             seed,
             shard_degree=plan.zero_degree,
             fused_attention=o.attention == "fused",
+            # a whole network in one part: its gradients reduced in DDP's buckets
+            gradient_buckets=model.block is None and plan.zero_degree == 1,
         )
     facts: dict[str, object] = {}
     if model.block is None:

@@ -188,3 +188,20 @@ def test_precision_planner_names_the_convolutions(tmp_path: Path) -> None:
     w = build_workload(o, make_registry(vision))
     casts = {n.name: n.num_ops for n in w.ranks[0].nodes() if ".cast_" in n.name}
     assert casts["mb0/embedding/layer1_0_conv2.cast_layer1_0_conv2_windows"] == 8 * 56 * 56 * 64
+
+
+def test_gradients_are_reduced_in_ddp_buckets(stg_registry) -> None:
+    """The body's gradients are all-reduced in PyTorch DDP's buckets (1 MiB first, then
+    25 MiB, in the reverse order of the weights), each waiting only for its own gradients, so
+    that all but the last overlap the backward; the classifier's in one."""
+    w = build(stg_registry(vision), "resnet50", batch=8, dp=2)
+    nodes = list(w.ranks[0].nodes())
+    reduce = [n for n in nodes if n.type is NodeType.COMM_COLL]
+    # first bucket: layer4_2's bn3 bias and scale and its conv3 filters, in bf16
+    assert [n.comm_size for n in reduce] == [
+        2 * 2049000, 2 * (2048 * 2 + 512 * 2048), 26_773_504, 18_137_216
+    ]  # fmt: skip
+    assert sum(n.comm_size for n in reduce) == 2 * 25_557_032
+    last_backward = max(n.id for n in nodes if "/bwd/" in n.name)
+    first_body_bucket = reduce[1]
+    assert max(first_body_bucket.data_deps) < last_backward - 300  # overlaps the backward
