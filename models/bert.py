@@ -77,7 +77,7 @@ def head(b: GraphBuilder, x: Tensor) -> Tensor:
     """Masked-LM head: dense + GELU + LayerNorm, decoder over the vocabulary, loss."""
     h = b.einsum("bsh,hk->bsk", x, b.weight("mlm_dense", "dmodel dmodel"), name="mlm_dense")
     h = b.elementwise("mlm_dense_bias", h, b.weight("mlm_dense.bias", "dmodel"))
-    h = b.layernorm(b.elementwise("mlm_gelu", h, flops=GELU_FLOPS), "mlm_ln")
+    h = b.layernorm(b.elementwise("mlm_gelu", h, flops=GELU_FLOPS), "mlm_layernorm")
     decoder = b.weight("mlm_decoder", "dvocal dmodel", shard={"dvocal": "tp"})
     logits = b.einsum("bsh,vh->bsv", h, decoder, name="logits")
     bias = b.weight("mlm_decoder.bias", "dvocal", shard={"dvocal": "tp"})

@@ -81,3 +81,8 @@ def test_the_head_receives_the_bodys_output_and_there_are_no_layers() -> None:
 def test_no_layer_stack_means_no_pipeline_stages() -> None:
     with pytest.raises(OptionError, match=r"has no layer stack to split into pipeline stages"):
         check_model(TINY_CNN, batch=4, pp=2)
+
+
+def test_no_layer_stack_means_nothing_to_recompute() -> None:
+    with pytest.raises(OptionError, match=r"no layer stack to recompute: activation_recompute"):
+        check_model(TINY_CNN, batch=4, activation_recompute="full")

@@ -58,6 +58,12 @@ def validate_options(options: GenerateOptions, registry: Registry) -> ParallelPl
                 f"pp={options.pp}, virtual_stages={options.virtual_stages} are not allowed; "
                 "allowed: pp=1, virtual_stages=1"
             )
+        if plan.recompute != "none":
+            raise OptionError(
+                f"model {model.name!r} has no layer stack to recompute: "
+                f"activation_recompute={options.activation_recompute} is not allowed; "
+                "allowed: none"
+            )
         plan = replace(plan, layers_per_chunk=(0,))
     if options.virtual_stages > 1 and not schedule.supports_chunks:
         raise OptionError(

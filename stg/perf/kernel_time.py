@@ -303,13 +303,15 @@ def _unfused_attention_time(
     return (2 * gemms if backward else gemms) + scores
 
 
-NORM_NAMES = ("norm", "ln_", "ln1", "ln2", "dropout")
-"""Op names of normalisation-class memory-bound kernels (LayerNorm, RMSNorm, dropout)."""
+NORM_NAMES = ("norm", "ln_", "ln1", "ln2", "dropout", "bn")
+"""Op names of normalisation-class memory-bound kernels (LayerNorm, RMSNorm, batch norm as
+torchvision names it, ``bn1``, dropout)."""
 
 
 def memory_kind(name: str) -> str:
     """The memory-bound kernel class of a compute node by its name (the last path component,
-    up to its first dot): ``softmax``, ``norm`` (LayerNorm, RMSNorm, dropout) or ``stream``."""
+    up to its first dot): ``softmax``, ``norm`` (LayerNorm, RMSNorm, batch norm, dropout) or
+    ``stream``."""
     base = name.rsplit("/", 1)[-1].split(".", 1)[0].lower()
     if "softmax" in base:
         return "softmax"
