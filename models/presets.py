@@ -352,6 +352,19 @@ PRESETS: tuple[Preset, ...] = (
         tied_embeddings=True,
     ),
     Preset(
+        name="bert-base-squad",
+        model="bert-qa",
+        dims={**_encoder(hidden=768, heads=12, layers=12, vocab=30522), "seq": 384},
+        source=(
+            DEVLIN + "; fine-tuning on SQuAD v1.1: section 4.2 (a start and an end vector, "
+            "the only new parameters) and google-research/bert's README (run_squad.py "
+            "--max_seq_length=384), as QSync (Zhao et al. 2024) trains it: bytedance/QSync "
+            "benchmark_transformers/benchmark_bert/profile_bert.sh"
+        ),
+        description="BERT-base fine-tuned on SQuAD (span head, 384 tokens)",
+        published_parameters=110e6,
+    ),
+    Preset(
         name="bert-large",
         model="bert",
         dims=_encoder(hidden=1024, heads=16, layers=24, vocab=30522),

@@ -307,7 +307,7 @@ def test_bench_error_examples_are_what_stg_prints(doc_dir: Path) -> None:
 
 PRESETS = ROOT / "docs" / "presets.md"
 PRESET_ROW = re.compile(
-    r"^\| `([\w.-]+)` \| (\w+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \| [^|]+ \|$", re.M
+    r"^\| `([\w.-]+)` \| ([\w-]+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \| [^|]+ \|$", re.M
 )
 """A row of the table of presets: name, model, dimensions, published, template, (source)."""
 

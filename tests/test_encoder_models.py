@@ -173,3 +173,17 @@ def test_bert_base_counts_as_the_released_checkpoint() -> None:
     h, vocab = 768, 30522
     released = 109_482_240 - (h * h + h) + (h * h + 3 * h) + vocab
     assert counts["parameters"] - vocab * h == released == 109_514_298
+
+
+def test_bert_base_squad_counts_as_hugging_faces_question_answering_model() -> None:
+    """BertForQuestionAnswering on bert-base-uncased: 108,893,186 parameters (the encoder
+    without pooler, and the span head's 768·2 + 2)."""
+    from stg.core.modelinfo import model_parameters
+    from stg.core.options import resolve_model
+    from stg.core.pipeline import symbol_values
+
+    values, _ = resolve_model({"model": "bert-base-squad"}, REGISTRY)
+    o = GenerateOptions(**values)
+    # the position table holds seq rows: 384 here, 512 in the checkpoint
+    counts = model_parameters(REGISTRY.models.get(o.model), o, symbol_values(o))
+    assert counts["parameters"] + (512 - 384) * 768 == 108_893_186
