@@ -452,12 +452,15 @@ def stage_memory(
     kernels: KernelTable | None = None,
     sharded_parameters: float | None = None,
     saved_bytes: float | None = None,
+    head_bytes: float | None = None,
 ) -> RankMemory:
     """The memory of one rank of pipeline stage ``stage`` whose model replica holds
     ``parameters`` weights; ``sharded_parameters`` is its padded ZeRO / FSDP shard of them
     (default ``parameters / N_d``). ``saved_bytes``: what a model without a layer stack (a
     convolutional network) keeps per micro-batch between forward and backward, as its
-    generated graph says (the closed forms here are a transformer's)."""
+    generated graph says (the closed forms here are a transformer's); ``head_bytes``: what
+    a head without vocabulary logits (a classifier, a span head) keeps, from the graph too
+    (the closed form here is an LM head's)."""
     o = as_options(options)
     e_w, e_g, k = precision_bytes(o, weight_dtype, grad_dtype)
     zero = zero_stage(o)
@@ -498,6 +501,8 @@ def stage_memory(
     if has_head:
         # final norm input and LM-head input, fp32 logits for the cross entropy
         head = 2 * e * sbh / sp_divisor + 4 * o.seq / o.sp * b * o.dvocal / t
+        if head_bytes is not None:
+            head = head_bytes
         activations += (m if o.pipeline_schedule.lower() == "gpipe" else 1) * head
     buffers = 0.0
     if layers and o.activation_recompute == "full":
@@ -593,6 +598,7 @@ def predict_memory(
             kernels=table,
             sharded_parameters=int(sharded) if sharded is not None else None,
             saved_bytes=facts.get("activation_bytes") if facts.get("stackless") else None,
+            head_bytes=facts.get("head_activation_bytes"),
         )
         ranks = [g.rank for g in workload.ranks if g.rank_class.index == rank_class.index]
         entry = {"class": rank_class.index, "ranks": len(ranks), "first_rank": min(ranks)}

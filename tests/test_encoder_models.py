@@ -187,3 +187,26 @@ def test_bert_base_squad_counts_as_hugging_faces_question_answering_model() -> N
     # the position table holds seq rows: 384 here, 512 in the checkpoint
     counts = model_parameters(REGISTRY.models.get(o.model), o, symbol_values(o))
     assert counts["parameters"] + (512 - 384) * 768 == 108_893_186
+
+
+def test_span_head_memory_comes_from_the_graph() -> None:
+    """The memory predictor's LM-head closed form (norm and LM-head inputs, fp32 logits over
+    the vocabulary) is for heads with vocabulary logits; a span head's saved tensors are the
+    graph's: the encoder's output and the two logits per token."""
+    from stg.predictors.memory import predict_memory
+
+    def build(model: str):
+        o = GenerateOptions(model=model, dvocal=V, dmodel=H, dff=F, head=A, kvhead=A, seq=S,
+                            num_stacks=L, batch=B)  # fmt: skip
+        return build_workload(o, REGISTRY)
+
+    mlm, qa = build("bert"), build("bert-qa")
+    assert "head_activation_bytes" not in mlm.rank_classes[0].facts
+    head = qa.rank_classes[0].facts["head_activation_bytes"]
+    # bf16: the head's input (read by the weight gradient), the logits before and after
+    # their bias (read by the bias's gradient and by the loss)
+    assert head == 2 * B * S * H + 2 * (2 * B * S * 2)
+    lm_head = 2 * 2 * B * S * H + 4 * S * B * V
+    (m,) = predict_memory(mlm)["classes"]
+    (q,) = predict_memory(qa)["classes"]
+    assert m["activations"] - q["activations"] == lm_head - head

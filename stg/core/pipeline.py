@@ -146,6 +146,11 @@ def build_parts(model: Model, plan: ParallelPlan) -> ModelParts:
             gradient_buckets=model.block is None and plan.zero_degree == 1,
         )
     facts: dict[str, object] = {}
+    head = bound["head"].part
+    if not any(d.name == "dvocal" for op in head.forward for d in op.output.dims):
+        # a head without logits over the vocabulary (a classifier, a span head): the memory
+        # predictor's closed form of an LM head does not apply, the graph says what it keeps
+        facts["head_activation_bytes"] = saved_bytes(head, binder)
     if model.block is None:
         # no layer stack, so no closed form of a layer's activations: the predictors read
         # what this model saves between forward and backward, per micro-batch and rank
