@@ -383,6 +383,19 @@ PRESETS: tuple[Preset, ...] = (
         tied_embeddings=True,
     ),
     Preset(
+        name="roberta-base-swag",
+        model="roberta-mc",
+        dims={**_encoder(hidden=768, heads=12, layers=12, vocab=50265), "seq": 128},
+        source=(
+            LIU + "; fine-tuning on SWAG (4 choices per example) as QSync (Zhao et al. 2024) "
+            "trains it: bytedance/QSync benchmark_transformers/benchmark_roberta "
+            "(profile_roberta.sh, acc_swag.py: Hugging Face's run_swag_no_trainer, "
+            "RobertaForMultipleChoice, max_length 128, 16 examples per device)"
+        ),
+        description="RoBERTa-base fine-tuned on SWAG (multiple choice, up to 128 tokens)",
+        published_parameters=125e6,
+    ),
+    Preset(
         name="roberta-large",
         model="roberta",
         dims=_encoder(hidden=1024, heads=16, layers=24, vocab=50265),

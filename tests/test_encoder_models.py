@@ -118,7 +118,7 @@ def test_causal_encoder_is_refused_in_one_line(tmp_path: Path) -> None:
     assert not out.exists()
 
 
-@pytest.mark.parametrize("model", ["bert", "bert-qa", "roberta"])
+@pytest.mark.parametrize("model", ["bert", "bert-qa", "roberta", "roberta-mc"])
 def test_encoders_build_on_every_kind_of_parallelism(model: str) -> None:
     for kw in ({"dp": 2, "tp": 2}, {"pp": 2, "micro_batch": 4}, {"sp": 2, "zero": 1}):
         o = GenerateOptions(model=model, dvocal=V, dmodel=H, dff=F, head=A, kvhead=A, seq=S,
@@ -210,3 +210,17 @@ def test_span_head_memory_comes_from_the_graph() -> None:
     (m,) = predict_memory(mlm)["classes"]
     (q,) = predict_memory(qa)["classes"]
     assert m["activations"] - q["activations"] == lm_head - head
+
+
+def test_roberta_mc_head_scores_each_choice_from_the_first_token() -> None:
+    """The pooler (h x h) and the score (h x 1) run on one token per sequence: 6·B·h² and
+    6·B·h FLOPs over the three passes, whatever the sequence length."""
+    o = GenerateOptions(model="roberta-mc", dvocal=V, dmodel=H, dff=F, head=A, kvhead=A, seq=S,
+                        num_stacks=L, batch=B)  # fmt: skip
+    flops: Counter[str] = Counter()
+    for n in build_workload(o, REGISTRY).ranks[0].nodes():
+        if n.type is NodeType.COMP:
+            flops[op_root(n.name)] += n.num_ops
+    assert flops["pooler"] == 6 * B * H * H
+    assert flops["classifier"] == 6 * B * H
+    assert "logits" not in flops and "segment_embedding" not in flops

@@ -29,7 +29,10 @@ ISSUE_PRESETS = {
     "gpt3-175b", "llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b", "llama3-70b",
     "llama3-405b", "mixtral-8x7b", "mixtral-8x22b", "qwen3-moe-30b-a3b", "qwen3-moe-235b-a22b",
 }  # fmt: skip
-ENCODERS = {"bert-base", "bert-base-squad", "bert-large", "roberta-base", "roberta-large"}
+ENCODERS = {
+    "bert-base", "bert-base-squad", "bert-large", "roberta-base", "roberta-base-swag",
+    "roberta-large",
+}  # fmt: skip
 NARAYANAN_TABLE_1 = {
     "gpt-1.7b", "gpt-3.6b", "gpt-7.5b", "gpt-18.4b", "gpt-39.1b", "gpt-76.1b", "gpt-145.6b",
     "gpt-310.1b", "gpt-529.6b", "gpt-1008b",
@@ -126,14 +129,15 @@ def _by_hand(o: GenerateOptions) -> tuple[int, int]:
     h, f, v, s, layers = o.dmodel, o.dff, o.dvocal, o.seq, o.num_stacks
     a, kv = o.head, o.kvhead
     dh = o.dhead or h // a
-    if o.model in ("bert", "bert-qa", "roberta"):  # post-LN encoder, biases
+    if o.model in ("bert", "bert-qa", "roberta", "roberta-mc"):  # post-LN encoder, biases
         layer = 4 * (h * h + h) + 2 * h * f + f + h + 4 * h
-        segments = 2 * h if o.model != "roberta" else 0
-        embedding = v * h + s * h + segments + 2 * h
-        if o.model == "bert-qa":  # the span head: start and end logits
-            return embedding + layers * layer + 2 * h + 2, embedding + layers * layer + 2 * h + 2
-        total = embedding + layers * layer + (h * h + h + 2 * h) + v * h + v  # masked-LM head
-        return total, total
+        segments = 2 * h if o.model.startswith("bert") else 0
+        encoder = v * h + s * h + segments + 2 * h + layers * layer
+        head = {
+            "bert-qa": 2 * h + 2,  # the span head: start and end logits
+            "roberta-mc": h * h + h + h + 1,  # pooler, one score per choice
+        }.get(o.model, (h * h + h + 2 * h) + v * h + v)  # masked-LM head
+        return encoder + head, encoder + head
     if o.model == "gpt":
         layer = 3 * h * a * dh + 3 * a * dh + a * dh * h + h + 2 * h * f + f + h + 4 * h
         total = v * h + s * h + layers * layer + 2 * h + v * h
@@ -209,7 +213,7 @@ def test_unknown_name_lists_models_and_presets() -> None:
     with pytest.raises(UnknownNameError) as info:
         resolve_model({"model": "llama9-7b"}, REGISTRY)
     message = str(info.value)
-    models = "models bert, bert-qa, gpt, llama, moe, roberta"
+    models = "models bert, bert-qa, gpt, llama, moe, roberta, roberta-mc"
     assert message.startswith(f"unknown model 'llama9-7b'; allowed: {models}; ")
     assert "presets bert-base, bert-base-squad, bert-large, debug, " in message
     assert "mixtral-8x7b" in message and "\n" not in message
@@ -386,7 +390,7 @@ def test_inspect_model_lists_models_and_presets() -> None:
     assert result.exit_code == 0, result.output
     listing = json.loads(result.stdout)
     builtin = [m["name"] for m in listing["models"] if m["qualified"].startswith("symbolic-")]
-    assert builtin == ["bert", "bert-qa", "gpt", "llama", "moe", "roberta"]
+    assert builtin == ["bert", "bert-qa", "gpt", "llama", "moe", "roberta", "roberta-mc"]
     presets = {p["name"]: p for p in listing["presets"]}
     assert list(presets) == BUILTIN
     qwen = presets["qwen3-moe-235b-a22b"]
