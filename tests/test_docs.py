@@ -139,8 +139,10 @@ def test_guide_packaging_names_the_module() -> None:
 
 def test_model_api_tests_pass(doc_dir: Path) -> None:
     modules = write_modules(MODEL_API, doc_dir)
-    assert set(modules) == {"stg_parallel", "test_stg_parallel", "stg_tiny_cnn",
-                            "test_stg_tiny_cnn"}  # fmt: skip
+    assert set(modules) == {
+        "stg_parallel", "test_stg_parallel", "stg_interleaved", "test_stg_interleaved",
+        "stg_tiny_cnn", "test_stg_tiny_cnn",
+    }  # fmt: skip
     assert run_module_tests(modules) >= 3
 
 

@@ -128,6 +128,31 @@ SPECS: dict[str, tuple[str, _Spec]] = {
     "experts": (_MODEL, _Spec("Experts per MoE layer.")),
     "kexperts": (_MODEL, _Spec("Experts each token is routed to (top-k).")),
     "capacity_factor": (_MODEL, _Spec("MoE capacity factor.")),
+    "shared_experts": (
+        _MODEL,
+        _Spec("Shared experts beside the routed ones, used by every token (DeepSeek)."),
+    ),
+    "dense_layers": (
+        _MODEL,
+        _Spec("Dense layers before the MoE layers (DeepSeek-V3: 3; at most num_stacks-1)."),
+    ),
+    "dense_dff": (_MODEL, _Spec("FFN hidden size of the dense layers (default: dff).")),
+    "q_lora_rank": (
+        _MODEL,
+        _Spec("Latent attention: rank of the query compression (unset: no compression)."),
+    ),
+    "kv_lora_rank": (
+        _MODEL,
+        _Spec("Latent attention: rank of the key/value latent (default: 4·dhead)."),
+    ),
+    "mtp_depth": (
+        _MODEL,
+        _Spec("Multi-token prediction modules after the head (DeepSeek-V3: 1; default: none)."),
+    ),
+    "drope": (
+        _MODEL,
+        _Spec("Latent attention: decoupled RoPE dimension per head (default: dhead/2)."),
+    ),
     "dp": (_PARALLEL, _Spec("Data-parallel degree.")),
     "tp": (_PARALLEL, _Spec("Tensor-parallel degree (--mp: the original STG's name).", ("--mp",))),
     "sp": (_PARALLEL, _Spec("Sequence/context-parallel degree.", ("--cp",))),

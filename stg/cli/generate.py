@@ -368,6 +368,12 @@ def _preset_rows(table: Any, preset: PresetUse) -> None:
             f"{key} {now} (preset: {was})" for key, (was, now) in preset.overridden.items()
         )
         table.add_row("given instead", given)
+    for key, (published, padded, multiple) in preset.padded.items():
+        table.add_row(
+            "padded",
+            f"{key} {published} -> {padded} (a multiple of {multiple}: Megatron-LM's "
+            "make-vocab-size-divisible-by times tp)",
+        )
 
 
 def _prediction_rows(table: Any, reports: Mapping[str, Mapping[str, Any]]) -> None:

@@ -195,9 +195,9 @@ def model(
     for part, figures in report["parts"].items():
         for figure, entry in figures.items():
             table.add_row(part, figure, entry["expression"], f"{entry['value']:,}")
+    stack = " + ".join(f"{n}·{kind}" for kind, n in report["layers"].items())
     for figure, value in report["totals"].items():
-        layers = options.num_stacks
-        parts = f"embedding + {layers}·block + head" if record.block else "embedding + head"
+        parts = f"embedding + {stack} + head" if stack else "embedding + head"
         table.add_row("total", figure, parts, f"{value:,}")
     console.print(table)
 

@@ -11,7 +11,7 @@ from stg.core.autodiff import build_backward, build_grad_reduction
 from stg.core.layout import Layout, parse_rank_order
 from stg.core.lowering import Binder, BoundPart, ModelParts, bind_part, lower_stage
 from stg.core.modelinfo import saved_activations
-from stg.core.options import GenerateOptions, OptionError
+from stg.core.options import UNSET_OPTIONS, GenerateOptions, OptionError
 from stg.core.plan import ParallelPlan, make_plan
 from stg.core.precision import (
     DTYPE_BYTES,
@@ -22,17 +22,22 @@ from stg.core.precision import (
 from stg.core.symbolic import (
     Capacity,
     Dff,
+    DffDense,
     DHead,
     Dmodel,
+    DRope,
     Dvocal,
     Experts,
     GraphBuilder,
     Head,
     KExperts,
     KVHead,
+    KVLora,
     MicroBatch,
     Part,
+    QLora,
     Seq,
+    SharedExperts,
     Tensor,
 )
 from stg.core.workload import RankGraph, Workload
@@ -51,7 +56,7 @@ def validate_options(options: GenerateOptions, registry: Registry) -> ParallelPl
     model = registry.models.get(options.model)
     schedule = registry.schedules.get(options.pipeline_schedule)
     plan = make_plan(options)
-    if model.block is None:  # no layer stack: nothing to split into stages, no layers
+    if model.block is None and model.stack is None:  # no layer stack: no stages, no layers
         if options.pp > 1 or options.virtual_stages > 1:
             raise OptionError(
                 f"model {model.name!r} has no layer stack to split into pipeline stages: "
@@ -91,6 +96,15 @@ def symbol_values(options: GenerateOptions) -> dict[Any, int]:
     }
     if options.dhead is not None:
         values[DHead] = options.dhead
+    for symbol, value in (
+        (QLora, options.q_lora_rank),
+        (KVLora, options.kv_lora_rank),
+        (DRope, options.drope),
+        (DffDense, options.dense_dff),
+        (SharedExperts, options.shared_experts),
+    ):
+        if value is not None:
+            values[symbol] = value
     return values
 
 
@@ -101,11 +115,11 @@ def build_parts(model: Model, plan: ParallelPlan) -> ModelParts:
     bound: dict[str, BoundPart] = {}
     precision = plan.precision
     zero_axes = plan.zero_axes if o.zero in (1, 2) else ()
-    previous: Tensor | None = None  # the output of the part before
-    for name in ("embedding", "block", "head"):
-        if name == "block" and model.block is None:
-            bound[name] = bind_part(Part(name), binder, None)
-            continue
+    runs = model.layer_runs(o.as_dict())
+    stackless = not runs  # no layer stack: the head receives the embedding's output
+    functions = {"embedding": model.embedding, "head": model.head}
+    functions.update((kind, function) for kind, function, _ in runs)
+    for name, function in functions.items():
         b = GraphBuilder(
             name,
             active_axes=plan.active_axes,
@@ -117,13 +131,23 @@ def build_parts(model: Model, plan: ParallelPlan) -> ModelParts:
             precision=normalize_plan(o.precision),
             options=o.as_dict(),
         )
-        x = None if previous is None else b.input("x", previous.dims, _shard_of(previous))
-        with b.tag(name):
-            result = getattr(model, name)(b, x)
+        if name == "embedding":
+            x = None
+        elif stackless:
+            body = bound["embedding"].part.output
+            assert body is not None
+            x = b.input("x", body.dims, _shard_of(body))
+        else:
+            x = b.residual_input()
+        # every layer's ops carry the tag "block", and their kind's name where it differs
+        tags = (name,) if name in ("embedding", "head", "block") else ("block", name)
+        with b.tag(*tags):
+            result = function(b, x)
         if not isinstance(result, Tensor):
             what = "the loss" if name == "head" else "its output activation"
+            part = name if name in ("embedding", "head", "block") else f"the {name!r} block"
             raise UserError(
-                f"model {model.name!r}: {name}() must return {what} (a Tensor), got {result!r}"
+                f"model {model.name!r}: {part}() must return {what} (a Tensor), got {result!r}"
             )
         if name == "head":
             build_backward(b, seed=None, loss=result)
@@ -131,7 +155,6 @@ def build_parts(model: Model, plan: ParallelPlan) -> ModelParts:
         else:
             if b.part.output is None:
                 b.output(result)
-            previous = b.part.output
             seed = b.input("grad_output", b.part.output.dims, _shard_of(b.part.output))  # type: ignore[union-attr]
             seed.kind = "grad"
             build_backward(b, seed=seed)
@@ -143,15 +166,17 @@ def build_parts(model: Model, plan: ParallelPlan) -> ModelParts:
             shard_degree=plan.zero_degree,
             fused_attention=o.attention == "fused",
             # a whole network in one part: its gradients reduced in DDP's buckets
-            gradient_buckets=model.block is None and plan.zero_degree == 1,
+            gradient_buckets=stackless and plan.zero_degree == 1,
         )
+    if stackless:
+        bound["block"] = bind_part(Part("block"), binder, None)
     facts: dict[str, object] = {}
     head = bound["head"].part
     if not any(d.name == "dvocal" for op in head.forward for d in op.output.dims):
         # a head without logits over the vocabulary (a classifier, a span head): the memory
         # predictor's closed form of an LM head does not apply, the graph says what it keeps
         facts["head_activation_bytes"] = saved_bytes(head, binder)
-    if model.block is None:
+    if stackless:
         # no layer stack, so no closed form of a layer's activations: the predictors read
         # what this model saves between forward and backward, per micro-batch and rank
         facts["stackless"] = True
@@ -162,10 +187,13 @@ def build_parts(model: Model, plan: ParallelPlan) -> ModelParts:
     # Adam reads and writes the master weights and both moments and reads the gradient; with
     # mixed precision it also writes the 16-bit working copy of the weights.
     per_param = 2 * master + 4 * state + grad + (DTYPE_BYTES[o.dtype] if o.mixed_precision else 0)
+    layer_kinds = tuple(kind for kind, _, count in runs for _ in range(count))
     return ModelParts(
         bound["embedding"],
-        bound["block"],
+        bound[layer_kinds[0]] if layer_kinds else bound["block"],
         bound["head"],
+        blocks={kind: bound[kind] for kind, _, _ in runs},
+        layer_kinds=layer_kinds,
         optimizer_bytes_per_param=int(per_param),
         optimizer_dtype=precision["optimizer"],
         facts={
@@ -194,7 +222,7 @@ def _warn_unknown_plan_ops(options: GenerateOptions, parts: ModelParts) -> None:
     known = sorted(
         {
             op.name
-            for bound in (parts.embedding, parts.block, parts.head)
+            for bound in (parts.embedding, *parts.blocks.values(), parts.head)
             for op in bound.part.forward
             if op.kind == "einsum"
         }
@@ -259,7 +287,7 @@ def build_workload(
         "options": {
             k: v
             for k, v in options.as_dict().items()
-            if k not in {"output_dir", "output_name"} and not (k == "dhead" and v is None)
+            if k not in {"output_dir", "output_name"} and not (k in UNSET_OPTIONS and v is None)
         },
         "micro_batches": plan.micro_batches,
         "layers_per_chunk": list(plan.layers_per_chunk),

@@ -152,6 +152,15 @@ def make_plan(o: GenerateOptions) -> ParallelPlan:
             isinstance(o.dhead, int) and not isinstance(o.dhead, bool) and o.dhead >= 1,
             f"dhead={o.dhead} must be a positive integer (or unset: dmodel/head)",
         )
+    for name in ("shared_experts", "dense_layers", "dense_dff", "q_lora_rank", "kv_lora_rank",
+                 "drope", "mtp_depth"):  # fmt: skip
+        value = getattr(o, name)
+        least = 0 if name in ("shared_experts", "dense_layers", "mtp_depth") else 1
+        _require(
+            value is None
+            or (isinstance(value, int) and not isinstance(value, bool) and value >= least),
+            f"{name}={value} must be an integer >= {least} (or unset)",
+        )
     _require(o.head % o.kvhead == 0, f"kvhead={o.kvhead} must divide head={o.head}")
     _require(o.head % o.tp == 0, f"tp={o.tp} must divide head={o.head}")
     _require(o.dff % o.tp == 0, f"tp={o.tp} must divide dff={o.dff}")

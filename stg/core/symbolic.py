@@ -29,6 +29,12 @@ MicroBatch, Seq, Dmodel, Dff, Head, KVHead, Dvocal, Experts, KExperts, Capacity 
 )
 DHead = sympy.Symbol("dhead", integer=True, positive=True)
 """The size of one attention head where ``--dhead`` sets it apart from ``dmodel / head``."""
+QLora, KVLora, DRope, DffDense, SharedExperts = sympy.symbols(
+    "q_lora_rank kv_lora_rank drope dense_dff shared_experts", integer=True, positive=True
+)
+"""Multi-head latent attention (DeepSeek-V2/V3): the ranks of the query and the key/value
+compressions and the decoupled RoPE dimension of a head; the FFN size of dense layers in a
+model of dense and MoE layers; the shared experts of an MoE layer."""
 
 
 ONE = sympy.Integer(1)
@@ -170,6 +176,27 @@ def _view_groups(
     return groups if i == len(src) and j == len(dst) else None
 
 
+def _optional_dims(options: Mapping[str, object], head_size: sympy.Expr) -> dict[str, Dim]:
+    """Dimensions of options that are unset unless a model needs them, with the fallback of
+    each when unset: ``kvlora`` 4·dhead and ``drope`` dhead/2 (DeepSeek-V2 and V3's ratios,
+    512 and 64 for heads of 128), ``kvcache`` their sum (the latent a token caches),
+    ``dff_dense`` dff, ``qlora`` and ``shared`` none (a model checks the option first)."""
+
+    def chosen(option: str, symbol: sympy.Symbol, fallback: sympy.Expr) -> sympy.Expr:
+        return symbol if options.get(option) is not None else fallback
+
+    kvlora = chosen("kv_lora_rank", KVLora, 4 * head_size)
+    drope = chosen("drope", DRope, head_size / 2)
+    return {
+        "qlora": Dim("qlora", QLora),
+        "kvlora": Dim("kvlora", kvlora),
+        "drope": Dim("drope", drope),
+        "kvcache": Dim("kvcache", kvlora + drope),
+        "dff_dense": Dim("dff_dense", chosen("dense_dff", DffDense, Dff)),
+        "shared": Dim("shared", SharedExperts),
+    }
+
+
 class GraphBuilder:
     """Builds one part of a model. Handed to model templates as ``b``.
 
@@ -209,6 +236,7 @@ class GraphBuilder:
         self.dims: Mapping[str, Dim] = dict(STANDARD_DIMS)
         if self.options.get("dhead") is not None:  # --dhead: a size of its own (Qwen3)
             self.dims = {**self.dims, "dhead": Dim("dhead", DHead)}
+        self.dims = {**self.dims, **_optional_dims(self.options, self.dims["dhead"].size)}
         self._phase = "forward"
         self._tags: frozenset[str] = frozenset()
         self._reshard_cache: dict[tuple[int, Sharding], Tensor] = {}
@@ -229,7 +257,8 @@ class GraphBuilder:
 
     def dim(self, name: str) -> Dim:
         """A standard dimension by name (batch, seq, dmodel, dff, head, kvhead, qgroup, dhead,
-        dvocal, experts, kexperts, capacity)."""
+        dvocal, experts, kexperts, capacity; for latent attention and mixed stacks qlora,
+        kvlora, drope, kvcache, dff_dense, shared)."""
         try:
             return self.dims[name]
         except KeyError:
