@@ -732,6 +732,10 @@ def predict_memory(
             "the memory predictor needs the generation options (a workload built by "
             "stg generate options, not a bare trace)"
         )
+    if options.get("phase", "training") != "training":  # prefill, decode, mixed
+        from stg.predictors.serving import serving_memory
+
+        return serving_memory(workload, system)
     o = as_options(options)
     classes = []
     for rank_class in workload.rank_classes:
@@ -775,6 +779,11 @@ def predict_analytic(
     for traces that record their options but not the per-stage facts."""
     system = load_system(system)
     o = as_options(options)
+    if o.inference:
+        raise UserError(
+            f"the memory of a phase={o.phase} trace needs its per-rank facts: give the options "
+            "of stg generate instead of a trace"
+        )
     table = kernel_table(kernels, system.name)
     classes = []
     ranks_per_stage = o.world_size // o.pp

@@ -175,6 +175,8 @@ def compute_time(
             )
             / speedup
         )
+        # a kernel cannot read its Q, K, V (a decode step's whole KV cache) faster than HBM
+        seconds = max(seconds, memory_bound_time(gpu, node.tensor_size, "stream", dtype))
     elif gemm is not None and len(gemm) == 4:
         batch, m, n, k = gemm
         # a convolution (implicit GEMM) moves its tensor_size, not its window matrix
@@ -1236,6 +1238,8 @@ def predict_time(
     stackless = any(c.facts.get("stackless") for c in workload.rank_classes)
     if options.get("batch") and options.get("seq") and not stackless:
         tokens = int(options["batch"]) * int(options["seq"])
+    if workload.metadata.get("tokens"):  # a serving run: the new tokens it processes
+        tokens = int(workload.metadata["tokens"])
     if progress:
         progress("symmetry", 0, 1)
     problem = problem_from_workload(workload, system)

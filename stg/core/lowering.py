@@ -70,6 +70,11 @@ class Binder:
             raise OptionError(f"{who}={split} must divide {DIM_OPTION.get(d.name, d.name)}={size}")
         return size // split
 
+    def fraction(self, expr: sympy.Expr | int) -> Fraction:
+        """A scale (an einsum's computed fraction) as an exact number for this run."""
+        value = sympy.sympify(expr).xreplace(self.values)
+        return Fraction(str(sympy.nsimplify(value)))
+
     def flat_degree(self, t: Tensor) -> int:
         """How many pieces a flat split (``Sharding.flat``) cuts ``t`` into (1: none)."""
         return prod(self.degrees[a] for a in t.sharding.flat)
@@ -127,7 +132,9 @@ def _flops(op: Op, binder: Binder) -> int:
         for letters, t in zip(lhs.split(","), op.inputs, strict=True):
             for letter, d, axes in zip(letters, t.dims, t.sharding.dims, strict=True):
                 sizes.setdefault(letter, binder.local_dim(d, axes))
-        return int(2 * prod(sizes.values()) * Fraction(str(op.scale)))
+        return int(2 * prod(sizes.values()) * binder.fraction(op.scale))
+    if op.kind == "kv_append":  # one op per element written into the cache
+        return binder.numel(op.inputs[0])
     if op.kind in {"elementwise", "custom"}:
         return int(Fraction(str(op.flops_per_element)) * binder.numel(op.inputs[0]))
     if op.kind == "add":
@@ -165,6 +172,8 @@ def bind_ops(ops: Iterable[Op | BoundOp], binder: Binder) -> list[BoundOp]:
             moved = sum(_moved(t, binder) for t in op.inputs if t.kind != "index")
             moved += _moved(op.output, binder)
             moved += sum(binder.numel(t) * 4 for t in op.inputs if t.kind == "index")
+            if op.kind == "kv_append":  # the new keys/values read, then written into the cache
+                moved = kv_append_bytes(op, binder)
             num_ops = _flops(op, binder)
             attrs: tuple[tuple[str, Any], ...] = ()
             if op.kind == "einsum":
@@ -256,7 +265,14 @@ def attention_shape(scores: Op, binder: Binder) -> tuple[int, int, int, int, int
                 batch *= sizes[letter]
             else:
                 heads *= sizes[letter]
-    return (batch, heads, s_q, s_kv, head_dim, int(Fraction(str(scores.scale)) != 1))
+    return (batch, heads, s_q, s_kv, head_dim, int(binder.fraction(scores.scale) != 1))
+
+
+def kv_append_bytes(op: Op, binder: Binder) -> int:
+    """Bytes of writing new keys or values into the KV cache (``kv_append``, serving phases):
+    the new elements read in their dtype and written in the cache's."""
+    new = op.inputs[0]
+    return binder.nbytes(new) + int(binder.numel(new) * DTYPE_BYTES[op.output.dtype])
 
 
 def fuse_attention(
@@ -269,7 +285,8 @@ def fuse_attention(
     ``core_attention``; ``shapes`` maps their names to the attention shape (filled when the
     forward is fused), and backward ops ``<forward op>.grad_*`` of those are fused too.
     Collectives met inside a run go before the fused node when they need nothing it produces,
-    after it otherwise."""
+    after it otherwise; one that gathers what a ``kv_append`` of the run wrote into the KV cache
+    (serving under context parallelism) goes before it, after that append on its own."""
     out: list[Op | BoundOp] = []
     run: list[Op] = []
     after: list[Op] = []
@@ -291,7 +308,16 @@ def fuse_attention(
             run.append(op)
         elif run and op.kind in ("collective", "view"):
             produced = {id(o.output) for o in run}
-            (after if any(id(t) in produced for t in op.inputs) else out).append(op)
+            needed = {id(t) for t in op.inputs}
+            appends = [o for o in run if o.kind == "kv_append" and id(o.output) in needed]
+            if appends and not needed & produced - {id(o.output) for o in appends}:
+                # a cache split over sp is gathered before attention reads it (serving):
+                # its append runs first, on its own, then the gather, then the kernel
+                for append in appends:
+                    run.remove(append)
+                out.extend([*appends, op])
+            else:
+                (after if needed & produced else out).append(op)
         else:
             flush()
             out.append(op)
@@ -313,6 +339,11 @@ def _fused_attention(run: list[Op], binder: Binder, shapes: dict[str, tuple[int,
         shape = next((shapes[name] for name in forward if name in shapes), ())
     else:
         moved += binder.nbytes(run[-1].output)
+        # serving: the whole KV cache is read, and the new keys and values written into it
+        for op in run:
+            if op.kind == "kv_append":
+                moved += binder.nbytes(op.output) + kv_append_bytes(op, binder)
+                moved -= binder.nbytes(op.inputs[0])  # already counted as read above
         scores = next((op for op in run if op.kind == "einsum"), None)
         shape = attention_shape(scores, binder) if scores is not None else ()
         if shape:
@@ -345,7 +376,7 @@ def _mean_head_dim(
     kernel model pricing ``4·…·head_dim`` prices the FLOPs the trace counts."""
     batch, heads, s_q, s_kv, head_dim, causal = shape
     flops = sum(_flops(op, binder) for op in run if op.kind == "einsum")
-    per_dim = 4 * batch * heads * s_q * s_kv * Fraction(str(scores.scale))
+    per_dim = 4 * batch * heads * s_q * s_kv * binder.fraction(scores.scale)
     mean = Fraction(flops) / per_dim if per_dim else Fraction(head_dim)
     if mean.denominator != 1 or mean == head_dim:
         return shape

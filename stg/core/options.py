@@ -147,6 +147,16 @@ class GenerateOptions:
     op, each paying the host's launch cost). ``dhead`` is the size of one attention head;
     ``None`` means ``dmodel / head`` (Qwen3 sets it apart: 128 with dmodel 2048 and 32 heads).
     ``model`` is a registered model; a preset's name is resolved before (:func:`resolve_model`).
+
+    ``phase`` is ``training`` (one training iteration, the default) or a serving phase
+    (:mod:`stg.core.inference`): ``prefill`` (``batch`` prompts of ``seq`` tokens, forward
+    only, writing the KV cache), ``decode`` (``steps`` steps of one new token for each of
+    ``batch`` sequences against a KV cache of ``context`` tokens, default ``seq``, growing by
+    one per step) or ``mixed`` (one continuously batched iteration: ``prefill_batch``
+    requests prefill a chunk of ``chunk`` tokens, default ``seq``, after ``prefill_context``
+    tokens already cached, beside ``batch`` requests decoding against ``context`` tokens).
+    ``kv_dtype`` is the KV cache's dtype (default ``dtype``; fp8 or int8 quantise it).
+
     The options of :data:`UNSET_OPTIONS` (``None``: unset) are read by the models that have
     such parts: ``shared_experts`` (experts every token uses, beside the routed ones),
     ``dense_layers`` and ``dense_dff`` (the first layers of a stack of MoE layers are dense,
@@ -196,12 +206,31 @@ class GenerateOptions:
     profile: str = "megatron"
     precision: tuple[tuple[str, str], ...] = ()
     rank_order: str = "tp,sp,ep,dp,pp"
+    phase: str = "training"
+    context: int | None = None
+    steps: int = 1
+    kv_dtype: str | None = None
+    prefill_batch: int = 0
+    chunk: int | None = None
+    prefill_context: int = 0
     format: str = "chakra-v0.0.4"
     output_dir: str = "generated"
     output_name: str = "workload.%d.et"
 
     ATTENTION = ("fused", "unfused")
     PROFILES = ("megatron", "eager")
+    PHASES = ("training", "prefill", "decode", "mixed")
+    INFERENCE_FIELDS = (
+        "phase",
+        "context",
+        "steps",
+        "kv_dtype",
+        "prefill_batch",
+        "chunk",
+        "prefill_context",
+    )
+    """Fields of the inference phases (:mod:`stg.core.inference`); a training run leaves
+    them out of its trace metadata, so training traces keep their bytes."""
 
     def __post_init__(self) -> None:
         # the original STG's spelling of "the whole batch"; same options, same workload
@@ -211,6 +240,16 @@ class GenerateOptions:
         if self.zero == 3:
             object.__setattr__(self, "zero", 0)
             object.__setattr__(self, "weight_sharded", True)
+        # serving runs tensor parallelism with all-reduces (vLLM, TensorRT-LLM): Megatron's
+        # sequence parallelism inside tp is a training memory saving, and a decode step's one
+        # token per sequence cannot be split anyway
+        if self.phase in self.PHASES[1:]:
+            object.__setattr__(self, "tpsp", False)
+
+    @property
+    def inference(self) -> bool:
+        """Whether this run is a serving phase (prefill, decode, mixed), not training."""
+        return self.phase != "training"
 
     @property
     def micro_batches(self) -> int:

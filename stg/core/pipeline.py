@@ -240,9 +240,14 @@ def _warn_unknown_plan_ops(options: GenerateOptions, parts: ModelParts) -> None:
 def build_workload(
     options: GenerateOptions, registry: Registry, progress: Progress | None = None
 ) -> Workload:
-    """Build the workload of one training iteration for every rank."""
+    """Build the workload of one training iteration (or, with ``options.phase``, of a serving
+    run: :mod:`stg.core.inference`) for every rank."""
     plan = validate_options(options, registry)
     model = registry.models.get(options.model)
+    if options.inference:  # prefill, decode, mixed: forward only, with a KV cache
+        from stg.core.inference import build_inference_workload
+
+        return build_inference_workload(options, plan, model, progress)
     schedule: PipelineSchedule = registry.schedules.get(options.pipeline_schedule)
     parts = build_parts(model, plan)
     if options.precision:
@@ -287,7 +292,9 @@ def build_workload(
         "options": {
             k: v
             for k, v in options.as_dict().items()
-            if k not in {"output_dir", "output_name"} and not (k in UNSET_OPTIONS and v is None)
+            if k not in {"output_dir", "output_name"}
+            and not (k in UNSET_OPTIONS and v is None)
+            and k not in GenerateOptions.INFERENCE_FIELDS  # training traces keep their bytes
         },
         "micro_batches": plan.micro_batches,
         "layers_per_chunk": list(plan.layers_per_chunk),

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import sympy
 
@@ -176,6 +177,28 @@ def _view_groups(
     return groups if i == len(src) and j == len(dst) else None
 
 
+class KVCacheHook(Protocol):
+    """What a builder of a serving phase consults (:class:`stg.core.inference.KVCache`):
+    attention einsums read their keys and values from the KV cache, and weights indexed by
+    position are stored for every position the cache holds."""
+
+    def attend(
+        self,
+        b: GraphBuilder,
+        in_letters: Sequence[str],
+        operands: tuple[Tensor, ...],
+        scale: sympy.Expr | int,
+    ) -> tuple[tuple[Tensor, ...], sympy.Expr | int]: ...
+
+    def position_weight(
+        self,
+        b: GraphBuilder,
+        name: str,
+        dims: tuple[Dim, ...],
+        shard: Mapping[str, Iterable[str] | str],
+    ) -> Tensor: ...
+
+
 def _optional_dims(options: Mapping[str, object], head_size: sympy.Expr) -> dict[str, Dim]:
     """Dimensions of options that are unset unless a model needs them, with the fallback of
     each when unset: ``kvlora`` 4·dhead and ``drope`` dhead/2 (DeepSeek-V2 and V3's ratios,
@@ -222,8 +245,10 @@ class GraphBuilder:
         shard_weights_over: Sequence[str] = (),
         precision: tuple[tuple[str, str], ...] = (),
         options: Mapping[str, object] | None = None,
+        kv_cache: KVCacheHook | None = None,
     ) -> None:
         self.part = Part(name)
+        self.kv_cache = kv_cache
         self.active = frozenset(active_axes)
         self.data_axes = self._axes(data_axes)
         self.seq_axes = self._axes(seq_axes)
@@ -349,6 +374,8 @@ class GraphBuilder:
         """A parameter. ``shard`` maps dimension names to the mesh axes that split them,
         e.g. ``{"dff": "tp"}`` for a column-parallel weight."""
         dim_tuple = self._dims(dims)
+        if self.kv_cache is not None and any(d.name == "seq" for d in dim_tuple):
+            return self.kv_cache.position_weight(self, name, dim_tuple, shard or {})
         sharding = Sharding(tuple(self._axes((shard or {}).get(d.name)) for d in dim_tuple))
         if not self.fsdp_axes:
             tensor = Tensor(
@@ -438,6 +465,8 @@ class GraphBuilder:
             raise ValueError(
                 f"einsum {spec!r} expects {len(in_letters)} operands, got {len(operands)}"
             )
+        if self.kv_cache is not None:  # serving: keys and values come from the KV cache
+            operands, scale = self.kv_cache.attend(self, in_letters, operands, scale)
         letter_dim: dict[str, Dim] = {}
         for letters, t in zip(in_letters, operands, strict=True):
             if len(letters) != len(t.dims) or len(set(letters)) != len(letters):
