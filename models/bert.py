@@ -32,10 +32,17 @@ SPAN_ENDS = Dim("span_ends", sympy.Integer(2))
 
 
 def bidirectional(b: GraphBuilder, model: str) -> None:
-    """Refuse ``--causal true``: an encoder's attention is not masked."""
+    """Refuse ``--causal true`` (an encoder's attention is not masked) and the serving
+    phases (an encoder does not generate token by token from a KV cache)."""
     if b.options.get("causal"):
         raise UserError(
             f"{model} is a bidirectional encoder: causal=true is not allowed; allowed: causal=false"
+        )
+    phase = b.options.get("phase", "training")
+    if phase != "training":
+        raise UserError(
+            f"{model} is a bidirectional encoder, not served token by token: phase={phase} "
+            "is not allowed; allowed: phase=training"
         )
 
 

@@ -224,3 +224,13 @@ def test_roberta_mc_head_scores_each_choice_from_the_first_token() -> None:
     assert flops["pooler"] == 6 * B * H * H
     assert flops["classifier"] == 6 * B * H
     assert "logits" not in flops and "segment_embedding" not in flops
+
+
+def test_serving_phases_are_refused_for_encoders(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    for phase in ("prefill", "decode"):
+        args = ["generate", "--model", "bert", *SMALL, "--phase", phase]
+        result = runner.invoke(app, [*args, "--output_dir", str(out)])
+        assert result.exit_code == 2, result.output
+        assert f"not served token by token: phase={phase} is not allowed" in result.output
+        assert not out.exists()

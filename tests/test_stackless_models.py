@@ -86,3 +86,8 @@ def test_no_layer_stack_means_no_pipeline_stages() -> None:
 def test_no_layer_stack_means_nothing_to_recompute() -> None:
     with pytest.raises(OptionError, match=r"no layer stack to recompute: activation_recompute"):
         check_model(TINY_CNN, batch=4, activation_recompute="full")
+
+
+def test_no_layer_stack_means_no_serving_phases() -> None:
+    with pytest.raises(OptionError, match=r"no layer stack to serve token by token: phase="):
+        check_model(TINY_CNN, batch=4, phase="prefill")

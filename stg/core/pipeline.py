@@ -57,6 +57,11 @@ def validate_options(options: GenerateOptions, registry: Registry) -> ParallelPl
     schedule = registry.schedules.get(options.pipeline_schedule)
     plan = make_plan(options)
     if model.block is None and model.stack is None:  # no layer stack: no stages, no layers
+        if options.inference:
+            raise OptionError(
+                f"model {model.name!r} has no layer stack to serve token by token: "
+                f"phase={options.phase} is not allowed; allowed: phase=training"
+            )
         if options.pp > 1 or options.virtual_stages > 1:
             raise OptionError(
                 f"model {model.name!r} has no layer stack to split into pipeline stages: "
