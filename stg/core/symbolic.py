@@ -179,8 +179,9 @@ def _view_groups(
 
 class KVCacheHook(Protocol):
     """What a builder of a serving phase consults (:class:`stg.core.inference.KVCache`):
-    attention einsums read their keys and values from the KV cache, and weights indexed by
-    position are stored for every position the cache holds."""
+    attention einsums read their keys and values from the KV cache (or a model declares what
+    the cache holds: :meth:`GraphBuilder.cached`), and weights indexed by position are stored
+    for every position the cache holds."""
 
     def attend(
         self,
@@ -189,6 +190,8 @@ class KVCacheHook(Protocol):
         operands: tuple[Tensor, ...],
         scale: sympy.Expr | int,
     ) -> tuple[tuple[Tensor, ...], sympy.Expr | int]: ...
+
+    def state(self, b: GraphBuilder, t: Tensor, name: str) -> Tensor: ...
 
     def position_weight(
         self,
@@ -396,6 +399,22 @@ class GraphBuilder:
         with self.tag("weight_gather"):
             gathered = self.reshard(stored, sharding)
         return gathered
+
+    def cached(self, t: Tensor, name: str | None = None) -> Tensor:
+        """Declare ``t`` (one row per token: a ``seq`` dimension) the attention state that
+        serving keeps per token in the KV cache, e.g. latent attention's compressed latent.
+
+        In training this is ``t`` itself. In a serving phase the new rows of ``t`` are
+        appended to the layer's cache (a ``kv_append`` node) and the result is the cache,
+        with ``seq_kv`` (cached plus new tokens) in place of ``seq``: the ops written on it
+        read the whole cache. A part that declares a cached tensor takes charge of its
+        cache: the generic rule (keys and values of any einsum pairing two sequence letters
+        are cached) is off for it. ``t`` may be called several times (each tensor cached
+        once); the cache keeps ``t``'s split (a tensor replicated over tp is cached whole on
+        every tp rank)."""
+        if self.kv_cache is None:
+            return t
+        return self.kv_cache.state(self, t, name or t.name)
 
     # ----------------------------------------------------------------- resharding
     def reshard(self, tensor: Tensor, target: Sharding) -> Tensor:
