@@ -212,9 +212,9 @@ class Parts:
     head_bwd: PartCost
     p2p_bytes: int
     layer_reductions: dict[tuple[str, ...], float]
+    """per layer, seconds of its gradient reductions on each communicator's stream"""
     serial_reductions: bool
     """whether the layers' reductions are chained into the backward's collectives"""
-    """per layer, seconds of its gradient reductions on each communicator's stream"""
     embedding_reductions: dict[tuple[str, ...], float]
     head_reductions: dict[tuple[str, ...], float]
     after_optimizer: float
@@ -227,6 +227,8 @@ class Parts:
     stage_optimizer: list[PartCost] | None = None
     """from a whole workload: each stage's optimizer step as it is (instead of the above)"""
     stage_after: list[float] | None = None
+    samples: bool = False
+    """a model without a sequence (images): throughput in samples, not tokens"""
 
 
 def reduced_options(
@@ -500,6 +502,7 @@ def analyse(
         optimizer_layer=optimizer_layer,
         optimizer_embedding=optimizer_embedding,
         optimizer_head=optimizer_head,
+        samples=bool(first.facts.get("stackless")),
     )
 
 
@@ -676,7 +679,11 @@ def predict_options(
         "mfu": model_flops / (iteration * world * peak) if iteration > 0 else 0.0,
         "hfu": hardware_flops / (iteration * world * peak) if iteration > 0 else 0.0,
         "peak_flops_per_gpu": peak,
-        "tokens_per_s": o.batch * o.seq / iteration if iteration > 0 else 0.0,
+        **(
+            {"samples_per_s": o.batch / iteration if iteration > 0 else 0.0}
+            if parts.samples
+            else {"tokens_per_s": o.batch * o.seq / iteration if iteration > 0 else 0.0}
+        ),
         "bubble_s": bubble,
         "exposed_communication_s": exposed_tp + p2p_total + dp_tail + after,
         "stage_times_s": [

@@ -1082,7 +1082,8 @@ def predict_time(
     dtype = str(options.get("dtype") or "bf16")
     profile = str(options.get("profile") or "megatron")
     tokens = None
-    if options.get("batch") and options.get("seq"):
+    stackless = any(c.facts.get("stackless") for c in workload.rank_classes)
+    if options.get("batch") and options.get("seq") and not stackless:
         tokens = int(options["batch"]) * int(options["seq"])
     if workload.metadata.get("tokens"):  # a serving run: the new tokens it processes
         tokens = int(workload.metadata["tokens"])
@@ -1103,6 +1104,9 @@ def predict_time(
         calibration=calibration,
     )
     report["simulated_ranks"] = len(problem.units)
+    if stackless and options.get("batch") and report["iteration_time_s"] > 0:
+        # a model without a sequence (images): samples, not tokens
+        report["samples_per_s"] = int(options["batch"]) / report["iteration_time_s"]
     return report
 
 

@@ -140,8 +140,9 @@ def test_guide_packaging_names_the_module() -> None:
 def test_model_api_tests_pass(doc_dir: Path) -> None:
     modules = write_modules(MODEL_API, doc_dir)
     assert set(modules) == {
-        "stg_parallel", "test_stg_parallel", "stg_interleaved", "test_stg_interleaved"
-    }
+        "stg_parallel", "test_stg_parallel", "stg_interleaved", "test_stg_interleaved",
+        "stg_tiny_cnn", "test_stg_tiny_cnn",
+    }  # fmt: skip
     assert run_module_tests(modules) >= 3
 
 
@@ -231,7 +232,7 @@ def test_readme_opens_with_the_two_commands() -> None:
     assert lines == [
         "pip install -e . && stg generate",
         "pip install 'torch==2.13.0' -e '.[test,bench,explore]' -e plugins/stg-int8-kernels "
-        "&& python -m pytest",
+        "-e plugins/stg-vision-models && python -m pytest",
     ]
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     assert lines[1] in ci.splitlines()
@@ -239,6 +240,7 @@ def test_readme_opens_with_the_two_commands() -> None:
         "ini_options"
     ]["testpaths"]
     assert "plugins/stg-int8-kernels/tests" in testpaths
+    assert "plugins/stg-vision-models/tests" in testpaths
 
 
 def test_readme_cli_reference_covers_every_command() -> None:
@@ -307,7 +309,7 @@ def test_bench_error_examples_are_what_stg_prints(doc_dir: Path) -> None:
 
 PRESETS = ROOT / "docs" / "presets.md"
 PRESET_ROW = re.compile(
-    r"^\| `([\w.-]+)` \| (\w+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \| [^|]+ \|$", re.M
+    r"^\| `([\w.-]+)` \| ([\w-]+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \| [^|]+ \|$", re.M
 )
 """A row of the table of presets: name, model, dimensions, published, template, (source)."""
 

@@ -119,7 +119,9 @@ def compute_time(
         seconds = max(seconds, memory_bound_time(gpu, node.tensor_size, "stream", dtype))
     elif gemm is not None and len(gemm) == 4:
         batch, m, n, k = gemm
-        seconds = gemm_time(gpu, m, n, k, dtype, batch) / speedup
+        # a convolution (implicit GEMM) moves its tensor_size, not its window matrix
+        nbytes = node.tensor_size if attrs.get("implicit_gemm") else None
+        seconds = gemm_time(gpu, m, n, k, dtype, batch, nbytes) / speedup
     elif kind == "other":
         simt = node.num_ops / gpu.rate("fp32") if node.num_ops > 0 else 0.0
         memory = memory_bound_time(gpu, node.tensor_size, memory_kind(node.name), dtype)
