@@ -22,29 +22,14 @@ from stg.cli._shared import (
     system_parameter,
 )
 from stg.errors import UserError
+from stg.explore.search import PLAN_FIELDS
 
 app = typer.Typer(add_completion=False)
 
 SEARCHED = frozenset(
-    {
-        "dp",
-        "tp",
-        "pp",
-        "ep",
-        "sp",
-        "micro_batch",
-        "activation_recompute",
-        "zero",
-        "weight_sharded",
-        "pipeline_schedule",
-        "virtual_stages",
-        "format",
-        "output_dir",
-        "output_name",
-        "chakra_schema_version",
-        "kv_dtype",
-    }
+    {*PLAN_FIELDS, "format", "output_dir", "output_name", "chakra_schema_version", "kv_dtype"}
 )
+"""Options the search chooses (or that do not apply to it): not options of the model."""
 
 TRAINING_AXES = {
     "micro_batch_values": "--micro-batch",
