@@ -15,10 +15,10 @@ from stg.bench.comms import (
     Row,
     bus_factor,
     fit_network,
-    parse_size,
     size_sweep,
 )
 from stg.cli import app
+from stg.core.quantities import parse_size
 from stg.errors import UserError
 from stg.perf.system import PRESETS, load_system, system_from_dict
 
@@ -97,16 +97,16 @@ def test_fit_recovers_latency_and_bandwidth() -> None:
 
 def test_sizes_and_factors() -> None:
     assert size_sweep(1024, 65536, 4) == [1024, 4096, 16384, 65536]
-    assert parse_size("1KiB", "--begin-size") == 1024
-    assert parse_size("1e6", "-b") == 1_000_000
-    assert parse_size("4 MB", "-b") == 4_000_000
+    assert parse_size("1KiB", "--begin-size", whole=True) == 1024
+    assert parse_size("1e6", "-b", whole=True) == 1_000_000
+    assert parse_size("4 MB", "-b", whole=True) == 4_000_000
     assert [bus_factor(c, 8) for c in ("all_reduce", "all_gather", "send_recv")] == [
         1.75,
         0.875,
         1.0,
     ]
     with pytest.raises(UserError, match=r"^-b 'lots' is not a size; give e\.g\. 1KiB"):
-        parse_size("lots", "-b")
+        parse_size("lots", "-b", whole=True)
 
 
 @pytest.mark.parametrize(

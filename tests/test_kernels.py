@@ -13,9 +13,10 @@ from stg.cli import main
 from stg.core.options import GenerateOptions
 from stg.core.pipeline import build_workload
 from stg.core.precision import load_plan
+from stg.core.quantities import parse_size
 from stg.core.workload import Node, NodeType
 from stg.errors import UserError
-from stg.explore.precision_search import RISK, parse_size, plan_ops, search_precision
+from stg.explore.precision_search import RISK, plan_ops, search_precision
 from stg.host.records import Kernel, RecordError
 from stg.host.registry import load_registry
 from stg.perf.kernels import KernelTable
@@ -194,13 +195,13 @@ def test_search_lowers_precision_to_fit_a_budget() -> None:
 
 def test_risk_order_and_sizes() -> None:
     assert RISK["fp32"] < RISK["bf16"] < RISK["fp8"] < RISK["int8"]
-    assert parse_size("40GiB") == 40 * 2**30
-    assert parse_size("40GB") == 40e9
-    assert parse_size("4e10") == 4e10
-    assert parse_size(" 512 mib ") == 512 * 2**20
+    assert parse_size("40GiB", "--memory-budget") == 40 * 2**30
+    assert parse_size("40GB", "--memory-budget") == 40e9
+    assert parse_size("4e10", "--memory-budget") == 4e10
+    assert parse_size(" 512 mib ", "--memory-budget") == 512 * 2**20
     for bad in ("40XB", "", "GiB", "-1GB", "0"):
         with pytest.raises(UserError, match="--memory-budget"):
-            parse_size(bad)
+            parse_size(bad, "--memory-budget")
 
 
 # -- command line -----------------------------------------------------------------------------

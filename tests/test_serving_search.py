@@ -151,7 +151,7 @@ def test_an_infeasible_limit_is_an_empty_result_with_its_reason(
         (["--batch", "8", "--kv_dtype", "fp8"], "--kv_dtype is a serving option"),
         (["--phase", "prefill", "--max-tpot", "50ms"], "prefill has none"),
         (["--phase", "decode", "--max-ttft", "1s"], "--max-ttft limits a prefill"),
-        (["--phase", "decode", "--max-tpot", "50"], "expected a positive time with its unit"),
+        (["--phase", "decode", "--max-tpot", "50"], "is not a positive duration; give e.g. 50ms"),
         (["--phase", "decode", "--recompute", "full"], "--recompute is a training axis"),
         (["--phase", "decode", "--kv_dtype", "fp9"], "--kv_dtype 'fp9' is not allowed"),
         (["--phase", "decode", "--batch", "8", "--replica-batch", "4"], "not both"),

@@ -28,7 +28,6 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import queue as _queue
-import re
 import socket
 import time
 import traceback
@@ -62,31 +61,6 @@ def latency_steps(collective: str, n: int) -> int:
     if collective in ("all_gather", "reduce_scatter", "all_to_all"):
         return n - 1
     return 1
-
-
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([KMGT]i?B|B)?\s*$", re.I)
-_UNITS = {
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-}
-
-
-def parse_size(text: str, option: str) -> int:
-    """Bytes from ``1KiB``, ``4MB``, ``65536`` or ``1e6``."""
-    match = _SIZE.match(text)
-    if not match:
-        raise UserError(f"{option} {text!r} is not a size; give e.g. 1KiB, 4MiB, 1MB or 65536")
-    value = float(match.group(1)) * _UNITS[(match.group(2) or "B").lower()]
-    if value < 1 or value != int(value):
-        raise UserError(f"{option} {text!r} must be a whole number of bytes >= 1")
-    return int(value)
 
 
 def size_sweep(begin: int, end: int, factor: float) -> list[int]:
@@ -427,7 +401,6 @@ __all__ = [
     "bus_factor",
     "fit_network",
     "latency_steps",
-    "parse_size",
     "run_comms",
     "size_sweep",
 ]

@@ -436,10 +436,13 @@ def comms(
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
     """Time collectives over local processes; print size/time/algBW/busBW, fit the network."""
-    from stg.bench.comms import CommsOptions, parse_size, run_comms, size_sweep
+    from stg.bench.comms import CommsOptions, run_comms, size_sweep
+    from stg.core.quantities import parse_size
 
     sizes = size_sweep(
-        parse_size(begin_size, "--begin-size"), parse_size(end_size, "--end-size"), factor
+        parse_size(begin_size, "--begin-size", whole=True),
+        parse_size(end_size, "--end-size", whole=True),
+        factor
     )
     chosen = tuple(c.strip() for c in collectives.split(",") if c.strip())
     options = CommsOptions(

@@ -149,7 +149,8 @@ def precision(**values: Any) -> None:
     """Find the fastest per-op precision plan whose predicted peak memory fits the budget."""
     from stg.core import pipeline as gen
     from stg.core.precision import dump_plan
-    from stg.explore.precision_search import parse_size, search_precision
+    from stg.core.quantities import parse_size
+    from stg.explore.precision_search import search_precision
     from stg.perf.system import load_system
     from stg.trace.writer import write_file_atomically
 
@@ -185,7 +186,11 @@ def precision(**values: Any) -> None:
             f"{option} applies to a hybrid --system (a system file with device groups); "
             f"{system.name!r} has one device kind"
         )
-    budget = float(system.hbm_capacity) if budget_text is None else parse_size(budget_text)
+    budget = (
+        float(system.hbm_capacity)
+        if budget_text is None
+        else parse_size(budget_text, "--memory-budget")
+    )
     options = options_from_cli(values)
     gen.validate_options(options, registry)
     console = err_console()
@@ -225,15 +230,15 @@ def _hybrid(
 ) -> Any:
     """The hybrid search (:mod:`stg.explore.hybrid_search`) for these command-line values."""
     from stg.core import pipeline as gen
+    from stg.core.quantities import parse_duration, parse_size
     from stg.explore.hybrid_search import (
         exact_hybrid_precision,
         load_sensitivity,
         search_hybrid_precision,
     )
-    from stg.explore.precision_search import parse_size
 
-    budget = None if budget_text is None else parse_size(budget_text)
-    target = None if target_text is None else parse_duration(target_text)
+    budget = None if budget_text is None else parse_size(budget_text, "--memory-budget")
+    target = None if target_text is None else parse_duration(target_text, "--target-time")
     sensitivity = None if sensitivity_file is None else load_sensitivity(sensitivity_file)
     options = with_placement(options_from_cli(values), system)
     gen.validate_options(options, registry)
@@ -268,19 +273,6 @@ def _write_and_report(result: Any, system: str, out: str, as_json: bool) -> None
     else:
         print_hybrid_result(result, system)
     err_console().print(f"plan written to {path}")
-
-
-def parse_duration(text: str) -> float:
-    """Seconds from ``150ms``, ``0.15s``, ``150 us`` or ``0.15``."""
-    import re
-
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*(s|ms|us|µs)?\s*", text)
-    if match is None or not float(match.group(1)) > 0:
-        raise UserError(
-            f"--target-time {text!r} is not a positive duration; give e.g. 150ms, 0.15s or 0.15"
-        )
-    scale = {"s": 1.0, None: 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6}[match.group(2)]
-    return float(match.group(1)) * scale
 
 
 def print_hybrid_result(result: Any, system: str) -> None:

@@ -21,6 +21,7 @@ from stg.cli._shared import (
     print_table,
     system_parameter,
 )
+from stg.core.quantities import parse_duration
 from stg.errors import UserError
 from stg.explore.search import PLAN_FIELDS
 
@@ -166,20 +167,6 @@ def _words(text: str | None, allowed: tuple[str, ...], option: str) -> list[str]
     if bad or not words:
         raise UserError(f"{option} {text!r} is not allowed; allowed: {', '.join(allowed)}")
     return words
-
-
-_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6}
-
-
-def _seconds(text: str, option: str) -> float:
-    import re
-
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)\s*(s|ms|us|µs)\s*", text)
-    if match is None or float(match.group(1)) <= 0:
-        raise UserError(
-            f"{option} {text!r}: expected a positive time with its unit (s, ms, us), e.g. 50ms"
-        )
-    return float(match.group(1)) * _UNITS[match.group(2)]
 
 
 def search(**values: Any) -> None:
@@ -369,7 +356,7 @@ def _serving(values: dict[str, Any], gpus: int, system: Any, top: int, as_json: 
     )
     limit = max_ttft if phase == "prefill" else max_tpot
     flag = "--max-ttft" if phase == "prefill" else "--max-tpot"
-    seconds = _seconds(limit, flag) if limit else None
+    seconds = parse_duration(limit, flag, unit_required=True) if limit else None
     with _bar(err_console()) as progress:
         result = serving_search(
             base,

@@ -237,36 +237,6 @@ def search_precision(
     return SearchResult(baseline, best, budget, tuple(steps), candidates, len(cache))
 
 
-_UNITS: Mapping[str, int] = {
-    "": 1,
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-}
-
-
-def parse_size(text: str, option: str = "--memory-budget") -> float:
-    """Bytes from ``40GiB``, ``40GB``, ``512 MiB``, ``4e10`` or ``40000000000``."""
-    import re
-
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", text)
-    unit = match.group(2).lower() if match else ""
-    if match is None or unit not in _UNITS:
-        raise UserError(
-            f"{option} {text!r} is not a size; give e.g. 40GiB, 40GB, 512MiB or 4e10 (bytes)"
-        )
-    value = float(match.group(1)) * _UNITS[unit]
-    if not value > 0:
-        raise UserError(f"{option} {text!r} must be positive")
-    return value
-
-
 def format_bytes(value: float) -> str:
     """``38.21 GiB``."""
     return f"{value / 2**30:.2f} GiB"
@@ -278,7 +248,6 @@ __all__ = [
     "SearchResult",
     "Step",
     "format_bytes",
-    "parse_size",
     "plan_ops",
     "search_precision",
 ]
