@@ -38,7 +38,6 @@ from __future__ import annotations
 import gc
 import heapq
 import json
-import math
 import os
 import tempfile
 from collections import deque
@@ -60,6 +59,7 @@ from stg.api import (
     System,
     Workload,
     attention_time,
+    comm_time,
     gemm_time,
     is_cast,
     kernel_table,
@@ -208,50 +208,31 @@ def group_shape(ranks: Iterable[int], system: System) -> tuple[int, ...]:
     return tuple(shape)
 
 
+_COMM_KINDS = {
+    CollectiveType.ALL_REDUCE: comm_time.Kind.ALL_REDUCE,
+    CollectiveType.REDUCE_SCATTER: comm_time.Kind.REDUCE_SCATTER,
+    CollectiveType.ALL_GATHER: comm_time.Kind.ALL_GATHER,
+    CollectiveType.GATHER: comm_time.Kind.ALL_GATHER,
+    CollectiveType.ALL_TO_ALL: comm_time.Kind.ALL_TO_ALL,
+    CollectiveType.BROADCAST: comm_time.Kind.BROADCAST,
+    CollectiveType.REDUCE: comm_time.Kind.REDUCE,
+    CollectiveType.BARRIER: comm_time.Kind.BARRIER,
+}
+
+
+def _levels(system: System) -> tuple[comm_time.Level, ...]:
+    return tuple(comm_time.Level.of(d) for d in system.network)
+
+
 def collective_time(kind: CollectiveType, size: int, shape: Sequence[int], system: System) -> float:
-    """Alpha-beta time of one collective; ``size`` follows the Chakra convention (all-gather:
-    this rank's input shard; reduce-scatter, all-reduce: the full buffer; all-to-all: this
-    rank's buffer). A group spanning several network dimensions runs hierarchically: the
-    innermost dimension on the whole buffer, each outer one on the shard left by the inner
-    ones. An all-reduce uses a ring or a tree per dimension, whichever is faster."""
-    members = 1
-    for n in shape:
-        members *= n
-    if members <= 1:
-        return 0.0
-    dims = system.network
-    if kind in (CollectiveType.ALL_GATHER, CollectiveType.GATHER):
-        buffer = float(size) * members
-    else:
-        buffer = float(size)
-    total = 0.0
-    if kind is CollectiveType.BARRIER:
-        return sum(2 * (n - 1) * d.latency for n, d in zip(shape, dims, strict=False))
-    for n, dim in zip(shape, dims, strict=False):
-        if n <= 1:
-            continue
-        bandwidth = dim.effective_bandwidth
-        if kind is CollectiveType.ALL_TO_ALL:
-            total += (n - 1) / n * size / bandwidth + (n - 1) * dim.latency
-            continue
-        if kind in (CollectiveType.BROADCAST, CollectiveType.REDUCE):
-            total += buffer / bandwidth + (n - 1) * dim.latency
-            continue
-        step = (n - 1) / n * buffer / bandwidth + (n - 1) * dim.latency
-        if kind is CollectiveType.ALL_REDUCE:
-            total += min(2 * step, tree_all_reduce_time(buffer, n, bandwidth, dim.latency))
-        else:
-            total += step
-        buffer /= n
-    return total
-
-
-def tree_all_reduce_time(size: float, n: int, bandwidth: float, latency: float) -> float:
-    """All-reduce over a pipelined binary tree (reduce up, broadcast down), as NCCL's tree
-    algorithm: every rank moves the whole buffer twice, over 2·ceil(log2 n) latency hops. It
-    beats the ring (2(n-1)/n·S/B + 2(n-1)·alpha) for small buffers on many ranks; each
-    dimension takes the faster of the two, as NCCL chooses per message size."""
-    return 2 * size / bandwidth + 2 * math.ceil(math.log2(n)) * latency
+    """Time of one collective (:func:`stg.perf.comm_time.collective_time`); ``size`` follows
+    the Chakra convention (all-gather: this rank's input shard; reduce-scatter, all-reduce:
+    the full buffer; all-to-all: this rank's buffer). A group spanning several network
+    dimensions runs hierarchically; each dimension takes the fastest of NCCL's ring, tree and
+    (where declared) in-network reduction, and of its protocols."""
+    return comm_time.collective_time(
+        _COMM_KINDS.get(kind, comm_time.Kind.ALL_REDUCE), size, shape, _levels(system)
+    )
 
 
 def link_dimension(src: int, dst: int, system: System) -> int:
@@ -264,10 +245,10 @@ def link_dimension(src: int, dst: int, system: System) -> int:
 
 
 def send_time(size: int, dimension: int, system: System) -> float:
+    """A point-to-point transfer over the outermost dimension on which the ranks differ."""
     if dimension < 0:
         return 0.0
-    dim = system.network[dimension]
-    return size / dim.effective_bandwidth + dim.latency
+    return comm_time.send_time(size, comm_time.Level.of(system.network[dimension]))
 
 
 # ---------------------------------------------------------------------------------------------

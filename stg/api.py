@@ -56,6 +56,7 @@ from stg.host.records import (
     Preset,
     RecordError,
 )
+from stg.perf import comm_time
 from stg.perf.calibration import Calibration, calibrated_time, load_calibration
 from stg.perf.kernel_time import attention_time, gemm_time, memory_bound_time, memory_kind
 from stg.perf.kernels import KernelTable, is_cast, kernel_table
@@ -106,6 +107,7 @@ __all__ = [
     "calibrated_time",
     "chakra_v001",
     "chakra_v004",
+    "comm_time",
     "frame",
     "gemm_time",
     "generator_metadata",
