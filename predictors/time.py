@@ -35,6 +35,7 @@ representatives of the units involved. A trace read from files is simulated rank
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import heapq
 import json
@@ -97,6 +98,46 @@ def attention_impl(profile: str, system: System) -> str:
     return "flash2"
 
 
+def native_fp8(system: System, kind: str, dtype: str) -> bool:
+    """Whether ``dtype`` is fp8 and the GPU has fp8 tensor cores (its fp8 peak exceeds its
+    bf16 peak: Hopper and later), so that an fp8 GEMM runs natively, as cuBLAS and Transformer
+    Engine run it, at the fp8 rate of the GEMM model; no kernel plugin is needed. Attention
+    stays in 16 bits (Transformer Engine's default)."""
+    return dtype == "fp8" and kind == "gemm" and system.peak("fp8") > system.peak("bf16")
+
+
+def megatron_fused_time(node: Any, system: System) -> float | None:
+    """The time of a node that Megatron-LM / Transformer Engine fuse into a neighbour, or
+    None for a node that runs as its own kernel. The eager profile fuses nothing.
+
+    - A forward bias add (``*_bias``: Megatron's ``bias_gelu`` and ``bias_dropout_add``
+      fusions, and the GEMM epilogue of Transformer Engine's Linear for the QKV biases) costs
+      nothing: the consumer kernel reads the bias vector along with its input.
+    - Transformer Engine's fp8 casts (``<op>.cast_<operand>``): an activation is cast in the
+      kernel that produces it (fused LayerNorm/GELU + cast, computing its amax on the way),
+      which then writes 1 byte per element more; a weight is cast once per iteration (the
+      first micro-batch) and cached; the gradient of a cast is the GEMM's own output in high
+      precision (no kernel).
+    """
+    name = node.name.rsplit("/", 1)[-1]
+    if ".grad" not in name and name.split(".", 1)[0].endswith("_bias"):
+        return 0.0
+    if not is_cast(name):
+        return None
+    if ".grad" in name.split(".cast_", 1)[1] or ".grad" in name.split(".cast_", 1)[0]:
+        return 0.0
+    operand = name.split(".cast_", 1)[1].split(".", 1)[0]
+    if operand.startswith("w"):  # a weight: cast in the first micro-batch only
+        if "/" in node.name and not node.name.startswith("mb0/"):
+            return 0.0
+        return None
+    written = node.num_ops * DTYPE_WIDTH.get(normalize_dtype(node.dtype or "fp8"), 1)
+    return memory_bound_time(system.gpu, written, "stream", node.dtype or "fp8")
+
+
+DTYPE_WIDTH = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
+
+
 def compute_time(
     node: Any,
     system: System,
@@ -124,6 +165,10 @@ def compute_time(
     """
     if node.num_ops <= 0 and node.tensor_size <= 0:
         return getattr(node, "runtime", 0) * 1e-6
+    if profile == "megatron":
+        fused = megatron_fused_time(node, system)
+        if fused is not None:
+            return fused
     if calibration is not None:  # measured kernel times first (stg bench calibrate)
         measured = calibration.node_time(node, default_dtype)
         if measured is not None:
@@ -151,7 +196,11 @@ def compute_time(
         kernel = table.get(kind, dtype)
         if kernel is not None:
             speedup = kernel.speedup
-        elif dtype != default_dtype and not table.native(kind, dtype):
+        elif (
+            dtype != default_dtype
+            and not table.native(kind, dtype)
+            and not native_fp8(system, kind, dtype)
+        ):
             dtype = default_dtype  # no native kernel: dequantize, compute in the workload dtype
     dtype = normalize_dtype(dtype)
     gpu = system.gpu
@@ -233,6 +282,53 @@ def collective_time(kind: CollectiveType, size: int, shape: Sequence[int], syste
     return comm_time.collective_time(
         _COMM_KINDS.get(kind, comm_time.Kind.ALL_REDUCE), size, shape, _levels(system)
     )
+
+
+NCCL_CHANNELS: Mapping[str, int] = {"nvlink": 24, "pcie": 2, "network": 8}
+"""SMs that NCCL's kernels hold while a collective runs over a link of each kind: one CTA per
+channel. NVLink/NVSwitch: 24 channels on 8 A100s (NCCL's own log, "Channel 23/24", in
+nccl-tests issue #100 and Megatron-LM issue #516); network: 8 ring channels across two
+8-GPU nodes (NCCL's log in NVIDIA/nccl issue #1412); PCIe: 2 (NCCL's default minimum)."""
+
+HBM_BYTES_PER_WIRE_BYTE = 3
+"""HBM traffic of a reduction collective per byte it sends: the chunk it sends is read, the
+chunk it receives is reduced with the local one (a read) and written."""
+
+
+def contended_systems(system: System) -> dict[str, System]:
+    """Per link kind of the system's network: the system as a compute kernel sees it while a
+    NCCL collective runs over that kind of link concurrently (the contention model). NCCL's
+    CTAs take ``NCCL_CHANNELS`` SMs away from the kernel (the GEMM and attention models see
+    fewer SMs: more waves), and its traffic takes ``HBM_BYTES_PER_WIRE_BYTE`` bytes of HBM
+    bandwidth per byte on the wire (memory-bound kernels slow down). Plain alpha-beta links
+    (no ``link``) contend with nothing."""
+    out: dict[str, System] = {}
+    for dim in system.network:
+        if dim.link is None or dim.link in out:
+            continue
+        wire = max(
+            d.effective_bandwidth / d.oversubscription
+            for d in system.network
+            if d.link == dim.link
+        )
+        out[dim.link] = dataclasses.replace(
+            system,
+            sm_count=max(1, system.sm_count - NCCL_CHANNELS[dim.link]),
+            hbm_bandwidth=max(
+                0.1 * system.hbm_bandwidth,
+                system.hbm_bandwidth - HBM_BYTES_PER_WIRE_BYTE * wire,
+            ),
+        )
+    return out
+
+
+def outermost_link(shape: Sequence[int], system: System) -> str | None:
+    """The link kind of the outermost network dimension a group spans (whose channels NCCL
+    runs the collective with)."""
+    for n, dim in reversed(list(zip(shape, system.network, strict=False))):
+        if n > 1:
+            return dim.link
+    return None
 
 
 def link_dimension(src: int, dst: int, system: System) -> int:
@@ -577,6 +673,11 @@ class _Sim:
         self.p2p_key: list[dict[int, tuple[int, int, int, int]]] = []
         self.shape_cache: dict[int, tuple[int, ...]] = {}
         self.participants_cache: dict[int, tuple[int, ...]] = {}
+        self.contended = contended_systems(system)
+        """per link kind: the GPU as a compute kernel sees it while NCCL runs over that link"""
+        self.contended_cost: dict[tuple[Any, str], float] = {}
+        self.cost_key: list[list[Any]] = []
+        self.comm_link: list[list[str | None]] = []
         for unit in problem.units:
             self._prepare(unit)
 
@@ -605,6 +706,8 @@ class _Sim:
         coll_needed: dict[int, int] = {}
         p2p_key: dict[int, tuple[int, int, int, int]] = {}
         stream = [0] * n
+        cost_key: list[Any] = [None] * n
+        comm_link: list[str | None] = [None] * n
         group_streams: dict[int, int] = {}
         system = self.system
         unit_of = self.problem.unit_of_rank
@@ -622,6 +725,7 @@ class _Sim:
                 kind[i] = COMPUTE
                 ckey = (
                     node.name.rsplit("/", 1)[-1],
+                    node.name.startswith("mb0/"),
                     node.num_ops,
                     node.tensor_size,
                     node.dtype,
@@ -638,6 +742,7 @@ class _Sim:
                         self.calibration,
                     )
                 duration[i] = cost
+                cost_key[i] = ckey
             elif t is NodeType.COMM_COLL:
                 if node.comm_group is None or node.comm_type is None:
                     raise TraceError(
@@ -650,6 +755,7 @@ class _Sim:
                     cost_cache[key] = collective_time(node.comm_type, node.comm_size, shape, system)
                 kind[i] = COLL
                 duration[i] = cost_cache[key]
+                comm_link[i] = outermost_link(shape, system)
                 coll_key[i] = (unit.group_keys.get(i, ("group", node.comm_group)), participants)
                 coll_needed[i] = len(participants)
                 stream[i] = group_streams.setdefault(node.comm_group, 2 + len(group_streams))
@@ -658,9 +764,9 @@ class _Sim:
                     raise TraceError(f"rank {unit.rank}: send {node.id} has no valid destination")
                 kind[i] = SEND
                 stream[i] = 1
-                duration[i] = send_time(
-                    node.comm_size, link_dimension(unit.rank, node.comm_dst, system), system
-                )
+                dimension = link_dimension(unit.rank, node.comm_dst, system)
+                duration[i] = send_time(node.comm_size, dimension, system)
+                comm_link[i] = system.network[dimension].link if dimension >= 0 else None
                 p2p_key[i] = (
                     unit.index,
                     unit_of[node.comm_dst],
@@ -685,6 +791,8 @@ class _Sim:
         self.coll_needed.append(coll_needed)
         self.stream.append(stream)
         self.p2p_key.append(p2p_key)
+        self.cost_key.append(cost_key)
+        self.comm_link.append(comm_link)
         self.results.append(
             UnitResult(
                 unit=unit,
@@ -753,6 +861,30 @@ class _Sim:
                 if count == 0:
                     make_ready(u, i, 0.0, None)
 
+        # per unit and link kind: when the NCCL kernels now running over that link finish
+        comm_until: list[dict[str, float]] = [{} for _ in units]
+        contended = self.contended
+
+        def transfer(u: int, i: int, begin: float, end: float) -> None:
+            link = self.comm_link[u][i]
+            if link is not None and link in contended and comm_until[u].get(link, -1.0) < end:
+                comm_until[u][link] = end
+
+        def compute_duration(u: int, i: int, t: float) -> float:
+            free = results[u].duration[i]
+            worst = free
+            for link, until in comm_until[u].items():
+                if until <= t:
+                    continue
+                slow = self._contended(u, i, link)
+                if slow <= free:
+                    continue
+                window = until - t
+                # slowed while the collective runs, at full speed after it
+                done = window * free / slow
+                worst = max(worst, slow if done >= free else window + free - done)
+            return worst
+
         def dispatch(u: int, stream: int, t: float) -> None:
             if busy[u].get(stream) or not ready[u].get(stream):
                 return
@@ -786,9 +918,17 @@ class _Sim:
                         pres = results[pu]
                         pres.transfer_start[pi] = begin
                         pres.cause[pi] = inst[2]
+                        transfer(pu, pi, begin, begin + pres.duration[pi])
                         push(begin + pres.duration[pi], pu, pi)
+            elif k == COMPUTE:
+                res.transfer_start[i] = t
+                if comm_until[u]:
+                    res.duration[i] = compute_duration(u, i, t)
+                push(t + res.duration[i], u, i)
             else:
                 res.transfer_start[i] = t
+                if k == SEND:
+                    transfer(u, i, t, t + res.duration[i])
                 push(t + res.duration[i], u, i)
 
         for u, stream in sorted(touched):
@@ -826,6 +966,22 @@ class _Sim:
         self._check_finished()
         end = max((max(r.end, default=0.0) for r in results), default=0.0)
         return Replay(results, end)
+
+    def _contended(self, u: int, i: int, link: str) -> float:
+        """Duration of compute node ``i`` of unit ``u`` while NCCL runs over ``link``."""
+        key = (self.cost_key[u][i], link)
+        cost = self.contended_cost.get(key)
+        if cost is None:
+            node = self.results[u].unit.nodes[i]
+            cost = self.contended_cost[key] = compute_time(
+                node,
+                self.contended[link],
+                self.default_dtype,
+                self.kernels,
+                self.profile,
+                self.calibration,
+            )
+        return cost
 
     def _check_finished(self) -> None:
         for res in self.results:
