@@ -295,6 +295,13 @@ HBM_BYTES_PER_WIRE_BYTE = 3
 chunk it receives is reduced with the local one (a read) and written."""
 
 
+def _comm_first(unit_stream: tuple[int, int]) -> tuple[bool, int, int]:
+    """Dispatch order at one instant: communication streams before the compute stream, so
+    that a kernel starting together with a collective sees it running."""
+    u, stream = unit_stream
+    return (stream == 0, u, stream)
+
+
 def contended_systems(system: System) -> dict[str, System]:
     """Per link kind of the system's network: the system as a compute kernel sees it while a
     NCCL collective runs over that kind of link concurrently (the contention model). NCCL's
@@ -311,9 +318,12 @@ def contended_systems(system: System) -> dict[str, System]:
             for d in system.network
             if d.link == dim.link
         )
+        sms = max(1, system.sm_count - NCCL_CHANNELS[dim.link])
+        share = sms / system.sm_count  # the peaks are the whole GPU's: per SM they stay
         out[dim.link] = dataclasses.replace(
             system,
-            sm_count=max(1, system.sm_count - NCCL_CHANNELS[dim.link]),
+            sm_count=sms,
+            peak_flops={d: rate * share for d, rate in system.peak_flops.items()},
             hbm_bandwidth=max(
                 0.1 * system.hbm_bandwidth,
                 system.hbm_bandwidth - HBM_BYTES_PER_WIRE_BYTE * wire,
@@ -931,7 +941,7 @@ class _Sim:
                     transfer(u, i, t, t + res.duration[i])
                 push(t + res.duration[i], u, i)
 
-        for u, stream in sorted(touched):
+        for u, stream in sorted(touched, key=_comm_first):
             dispatch(u, stream, 0.0)
         touched.clear()
         while heap:
@@ -960,7 +970,7 @@ class _Sim:
                     if pend[c] == 0:
                         make_ready(u, c, t, (u, i))
             if touched:
-                for u, stream in sorted(touched):
+                for u, stream in sorted(touched, key=_comm_first):
                     dispatch(u, stream, t)
                 touched.clear()
         self._check_finished()
