@@ -188,6 +188,8 @@ def compute_time(
         if gemm is not None
         else op_class(node.name, node.num_ops, node.tensor_size)
     )
+    if kind == "attention" and attention is None and memory_kind(node.name) == "softmax":
+        kind = "other"  # unfused attention's softmax: a memory-bound kernel at its measured rate
     dtype = node.dtype or default_dtype
     speedup = 1.0
     if kind != "other":
