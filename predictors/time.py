@@ -113,11 +113,11 @@ def megatron_fused_time(node: Any, system: System) -> float | None:
     - A forward bias add (``*_bias``: Megatron's ``bias_gelu`` and ``bias_dropout_add``
       fusions, and the GEMM epilogue of Transformer Engine's Linear for the QKV biases) costs
       nothing: the consumer kernel reads the bias vector along with its input.
-    - Transformer Engine's fp8 casts (``<op>.cast_<operand>``): an activation is cast in the
-      kernel that produces it (fused LayerNorm/GELU + cast, computing its amax on the way),
+    - Transformer Engine's fp8 casts (``<op>.cast_<operand>`` into fp8): an activation is
+      cast in the kernel that produces it (fused LayerNorm/GELU + cast, computing its amax on the way),
       which then writes 1 byte per element more; a weight is cast once per iteration (the
-      first micro-batch) and cached; the gradient of a cast is the GEMM's own output in high
-      precision (no kernel).
+      first micro-batch) and cached; the gradient of any cast is the GEMM's own output in
+      high precision (no kernel).
     """
     name = node.name.rsplit("/", 1)[-1]
     if ".grad" not in name and name.split(".", 1)[0].endswith("_bias"):
@@ -125,7 +125,9 @@ def megatron_fused_time(node: Any, system: System) -> float | None:
     if not is_cast(name):
         return None
     if ".grad" in name.split(".cast_", 1)[1] or ".grad" in name.split(".cast_", 1)[0]:
-        return 0.0
+        return 0.0  # the GEMM writes the gradient in high precision itself
+    if normalize_dtype(node.dtype or "bf16") != "fp8":
+        return None  # Transformer Engine's casts are fp8 ones; other casts are kernels
     operand = name.split(".cast_", 1)[1].split(".", 1)[0]
     if operand.startswith("w"):  # a weight: cast in the first micro-batch only
         if "/" in node.name and not node.name.startswith("mb0/"):
@@ -165,10 +167,6 @@ def compute_time(
     """
     if node.num_ops <= 0 and node.tensor_size <= 0:
         return getattr(node, "runtime", 0) * 1e-6
-    if profile == "megatron":
-        fused = megatron_fused_time(node, system)
-        if fused is not None:
-            return fused
     if calibration is not None:  # measured kernel times first (stg bench calibrate)
         measured = calibration.node_time(node, default_dtype)
         if measured is not None:
@@ -178,6 +176,10 @@ def compute_time(
         cast = table.cast_kernel(node.dtype)
         if cast is not None:
             return cast.cast_alpha * node.num_ops + cast.cast_beta
+    if profile == "megatron":
+        fused = megatron_fused_time(node, system)
+        if fused is not None:
+            return fused
     attrs = getattr(node, "attrs", None) or {}
     gemm = attrs.get("gemm")
     attention = attrs.get("attention")

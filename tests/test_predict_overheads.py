@@ -81,7 +81,12 @@ def test_megatron_fuses_biases_and_transformer_engine_casts() -> None:
     assert compute_time(activation, H100, "bf16", profile="megatron") == pytest.approx(
         memory_bound_time(H100.gpu, elements, "stream", "fp8")
     )
-    grad = dataclasses.replace(weight_cast, name="mb1/layer0/bwd/fc1.cast_w1.grad_w1")
+    grad = dataclasses.replace(
+        weight_cast,
+        name="mb1/layer0/bwd/fc1.cast_w1.grad_w1",
+        dtype="fp32",
+        tensor_size=6 * elements,
+    )
     assert compute_time(grad, H100, "bf16", profile="megatron") == 0.0
     assert compute_time(grad, H100, "bf16", profile="eager") > 0.0
 
