@@ -115,9 +115,9 @@ def megatron_fused_time(node: Any, system: System) -> float | None:
       nothing: the consumer kernel reads the bias vector along with its input.
     - Transformer Engine's fp8 casts (``<op>.cast_<operand>`` into fp8): an activation is
       cast in the kernel that produces it (fused LayerNorm/GELU + cast, computing its amax
-      on the way), which then writes 1 byte per element more; a weight is cast once per iteration (the
-      first micro-batch) and cached; the gradient of any cast is the GEMM's own output in
-      high precision (no kernel).
+      on the way), which then writes 1 byte per element more; a weight is cast once per
+      iteration (the first micro-batch) and cached; the gradient of any cast is the GEMM's
+      own output in high precision (no kernel).
     """
     name = node.name.rsplit("/", 1)[-1]
     if ".grad" not in name and name.split(".", 1)[0].endswith("_bias"):
