@@ -75,6 +75,7 @@ PRESETS: tuple[Preset, ...] = (
         aliases=("gpt3",),
         published_parameters=175.0e9,
         tied_embeddings=True,
+        vocab_divisible_by=128,  # Megatron-LM's default: 50,257 -> 50,304 (tp 1), 51,200 (tp 8)
     ),
     *(
         Preset(
@@ -312,6 +313,41 @@ PRESETS: tuple[Preset, ...] = (
         aliases=("qwen3-235b-a22b",),
         published_parameters=235e9,
         published_active_parameters=22e9,
+    ),
+    Preset(
+        name="deepseek-v3",
+        model="deepseek",
+        dims={
+            "dvocal": 129280,
+            "dmodel": 7168,
+            "dff": 2048,
+            "head": 128,
+            "kvhead": 128,
+            "dhead": 128,
+            "seq": 4096,
+            "num_stacks": 61,
+            "experts": 256,
+            "kexperts": 8,
+            "shared_experts": 1,
+            "dense_layers": 3,
+            "dense_dff": 18432,
+            "q_lora_rank": 1536,
+            "kv_lora_rank": 512,
+            "drope": 64,
+        },
+        source=(
+            "DeepSeek-AI 2024, DeepSeek-V3 Technical Report (arXiv:2412.19437), section 4.2 "
+            "(61 layers, hidden 7168, 128 heads of 128, KV compression 512, query compression "
+            "1536, decoupled RoPE 64 per head; all FFNs but the first three are MoE of 1 shared "
+            "and 256 routed experts of 2048, 8 activated; 671B total, 37B activated per token; "
+            "pre-training sequence 4K, section 4.3) and deepseek-ai/DeepSeek-V3 config.json "
+            "(intermediate_size 18432 of the dense layers, vocab_size 129280, untied LM head); "
+            "the multi-token prediction module (14B) is not part of the 671B and not built"
+        ),
+        description="DeepSeek-V3: MLA, 1 shared + 256 routed experts (top-8), 3 dense layers",
+        aliases=("deepseek-v3-671b",),
+        published_parameters=671e9,
+        published_active_parameters=37e9,
     ),
 )
 

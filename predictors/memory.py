@@ -83,9 +83,57 @@ def as_options(options: Mapping[str, Any] | GenerateOptions) -> GenerateOptions:
 
 
 def model_family(model: str) -> str:
-    """``llama`` (SwiGLU, RMSNorm, no dropout) or ``gpt`` (GELU MLP, LayerNorm, dropout)."""
+    """``llama`` (SwiGLU, RMSNorm, no dropout: also the built-in ``moe`` and ``deepseek``) or
+    ``gpt`` (GELU MLP, LayerNorm, dropout)."""
     name = model.lower().split(":")[-1]
-    return "llama" if "llama" in name or "mistral" in name or "qwen" in name else "gpt"
+    llama = ("llama", "mistral", "qwen", "moe", "deepseek")
+    return "llama" if any(word in name for word in llama) else "gpt"
+
+
+def is_moe(o: GenerateOptions) -> bool:
+    """Routed experts in the MoE layers (the built-in ``moe`` and ``deepseek``)."""
+    name = o.model.lower().split(":")[-1]
+    return name.startswith("moe") or name == "deepseek"
+
+
+def is_mla(o: GenerateOptions) -> bool:
+    """Multi-head latent attention (the built-in ``deepseek``)."""
+    return o.model.lower().split(":")[-1] == "deepseek"
+
+
+def head_size(o: GenerateOptions) -> int:
+    """dhead: ``--dhead``, else dmodel / head."""
+    return o.dhead or o.dmodel // o.head
+
+
+def layer_kinds(o: GenerateOptions) -> list[str]:
+    """The block kind of every layer, as the built-in models stack them: ``deepseek``'s first
+    ``min(dense_layers, num_stacks - 1)`` layers are ``dense``, the others ``moe``
+    (models/deepseek.py); every layer of other models is ``block``."""
+    if is_mla(o):
+        dense = max(0, min(o.dense_layers or 0, o.num_stacks - 1))
+        return ["dense"] * dense + ["moe"] * (o.num_stacks - dense)
+    return ["block"] * o.num_stacks
+
+
+def stage_layer_kinds(o: GenerateOptions) -> list[dict[str, int]]:
+    """Layers of each kind on every pipeline stage: ``pp · virtual_stages`` chunks of the
+    stack in order (the first ``num_stacks mod chunks`` one layer longer), chunk c on stage
+    c mod pp, as stg generate places them."""
+    kinds = layer_kinds(o)
+    chunks = o.pp * max(1, o.virtual_stages)
+    if len(kinds) < chunks:
+        raise UserError(f"pp={o.pp} must not exceed num_stacks={len(kinds)}")
+    base, extra = divmod(len(kinds), chunks)
+    stages: list[dict[str, int]] = [{} for _ in range(o.pp)]
+    start = 0
+    for chunk in range(chunks):
+        size = base + (1 if chunk < extra else 0)
+        counts = stages[chunk % o.pp]
+        for kind in kinds[start : start + size]:
+            counts[kind] = counts.get(kind, 0) + 1
+        start += size
+    return stages
 
 
 def replicas(o: GenerateOptions) -> int:
@@ -114,6 +162,8 @@ class StageParameters:
     """parameters of all this stage's layers held by one rank"""
     embedding_parameters: int
     head_parameters: int
+    kinds: tuple[tuple[str, int], ...] = ()
+    """(block kind, layers) on this stage"""
 
     @property
     def total(self) -> int:
@@ -128,22 +178,73 @@ def layers_per_stage(layers: int, pp: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(pp)]
 
 
-def layer_parameters_per_rank(o: GenerateOptions) -> int:
-    """Parameters of one transformer layer held by one TP rank.
+def mla_parameters_per_rank(o: GenerateOptions) -> int:
+    """Multi-head latent attention's parameters held by one TP rank (d = dhead, r = drope,
+    c = kv_lora_rank, q = q_lora_rank, a heads): replicated W_DQ (h·q) and its norm (q),
+    W_DKV (h·(c + r)) and its norm (c); split over t by heads W_UQ and W_QR (q·a·(d + r);
+    h·a·(d + r) without query compression), W_UK and W_UV (2·c·a·d), W_O (a·d·h)."""
+    h, a, t = o.dmodel, o.head, o.tp
+    d = head_size(o)
+    r = o.drope if o.drope is not None else d // 2
+    c = o.kv_lora_rank if o.kv_lora_rank is not None else 4 * d
+    replicated = h * (c + r) + c
+    source = h
+    if o.q_lora_rank is not None:
+        replicated += h * o.q_lora_rank + o.q_lora_rank
+        source = o.q_lora_rank
+    split = source * a * (d + r) + 2 * c * a * d + a * d * h
+    return replicated + split // t
 
-    GPT: QKV (3h² + 3h), projection (h² + h), MLP (2hF + F + h), two LayerNorms (4h);
+
+def mtp_depth(o: GenerateOptions) -> int:
+    """DeepSeek's multi-token prediction modules (``--mtp_depth``; 0 for other models)."""
+    return (o.mtp_depth or 0) if is_mla(o) else 0
+
+
+def mtp_parameters_per_rank(o: GenerateOptions) -> int:
+    """Multi-token prediction's parameters on one rank of the last stage: the copy of the
+    embedding (V·h/t) and, per module, its two input norms and output norm (3h), the
+    projection from 2h to h (replicated) and one MoE layer."""
+    depth = mtp_depth(o)
+    if not depth:
+        return 0
+    h = o.dmodel
+    per_module = 3 * h + 2 * h * h + layer_parameters_per_rank(o, "moe")
+    return o.dvocal * h // o.tp + depth * per_module
+
+
+def layer_parameters_per_rank(o: GenerateOptions, kind: str | None = None) -> int:
+    """Parameters of one transformer layer (of block ``kind``) held by one TP rank.
+
+    GPT: QKV (3h² + 3h), projection (h² + h), MLP (2hF + F + h), two LayerNorms (4h), with
+    a·d in place of h for the heads' width under ``--dhead``;
     column-parallel weights and biases are split by t, row-parallel biases and norms are
-    replicated: 12h² + 13h over all TP ranks for F = 4h. Llama: Q and O h², K and V h²·kv/a,
-    SwiGLU 3hF, two RMSNorms (2h), no biases. MoE models hold E/ep experts' MLPs per rank.
+    replicated: 12h² + 13h over all TP ranks for F = 4h. Llama: Q and O h·a·d, K and V
+    h·kv·d (d = dhead: h/a unless ``--dhead``), SwiGLU 3hF, two RMSNorms (2h), no biases.
+    MoE layers (``moe``, ``deepseek``) hold E/ep routed experts' SwiGLUs (3hF each, split
+    by t), the router h·E (replicated) and ``shared_experts`` shared SwiGLUs of F (split by
+    t); DeepSeek's ``dense`` layers a SwiGLU of ``dense_dff``; its attention is
+    :func:`mla_parameters_per_rank`. ``kind`` None: the model's MoE (or only) layer.
     """
     h, f, t = o.dmodel, o.dff, o.tp
-    experts_per_rank = o.experts // o.ep if o.model.lower().startswith("moe") else 1
+    kind = kind or ("moe" if is_mla(o) else "block")
     if model_family(o.model) == "llama":
-        kv_width = h * o.kvhead // o.head
-        attention = (2 * h * h + 2 * h * kv_width) // t
-        mlp = experts_per_rank * 3 * h * f // t
+        d = head_size(o)
+        if is_mla(o):
+            attention = mla_parameters_per_rank(o)
+        else:
+            attention = (2 * h * o.head * d + 2 * h * o.kvhead * d) // t
+        if kind == "dense":
+            mlp = 3 * h * (o.dense_dff or f) // t
+        elif is_moe(o):
+            shared = (o.shared_experts or 0) if is_mla(o) else 0
+            mlp = (o.experts // o.ep) * 3 * h * f // t + h * o.experts + shared * 3 * h * f // t
+        else:
+            mlp = 3 * h * f // t
         return attention + mlp + 2 * h
-    attention = (3 * h * h + 3 * h) // t + h * h // t + h
+    experts_per_rank = o.experts // o.ep if is_moe(o) else 1
+    width = o.head * head_size(o)  # a·d: h unless --dhead
+    attention = (3 * h * width + 3 * width) // t + width * h // t + h
     mlp = experts_per_rank * ((2 * h * f + f) // t + h)
     return attention + mlp + 4 * h
 
@@ -159,10 +260,10 @@ def count_parameters(options: Mapping[str, Any] | GenerateOptions) -> list[Stage
     o = as_options(options)
     h, v, t = o.dmodel, o.dvocal, o.tp
     llama = model_family(o.model) == "llama"
-    per_layer = layer_parameters_per_rank(o)
     stages = []
-    split = layers_per_stage(o.num_stacks, o.pp)
-    for stage, layers in enumerate(split):
+    kinds = stage_layer_kinds(o)
+    for stage, counts in enumerate(kinds):
+        layers = sum(counts.values())
         first, last = stage == 0, stage == o.pp - 1
         embedding = 0
         head = 0
@@ -172,7 +273,9 @@ def count_parameters(options: Mapping[str, Any] | GenerateOptions) -> list[Stage
             head = h if llama else 2 * h
             if llama or o.pp > 1:
                 head += v * h // t
-        stages.append(StageParameters(stage, layers, per_layer * layers, embedding, head))
+            head += mtp_parameters_per_rank(o)
+        held = sum(layer_parameters_per_rank(o, kind) * n for kind, n in counts.items())
+        stages.append(StageParameters(stage, layers, held, embedding, head, tuple(counts.items())))
     return stages
 
 
@@ -192,11 +295,24 @@ def activation_bytes_per_layer(
     *,
     recompute: str | None = None,
     kernels: KernelTable | None = None,
+    kind: str | None = None,
 ) -> float:
-    """Bytes one rank stores for one layer and one micro-batch between forward and backward.
+    """Bytes one rank stores for one layer (of block ``kind``, see
+    :func:`layer_parameters_per_rank`) and one micro-batch between forward and backward.
 
     With a precision plan (``options.precision``) the matmul inputs saved for the backward
-    pass are stored as :func:`planned_activation_delta` says."""
+    pass are stored as :func:`planned_activation_delta` says. Llama-family layers store, in
+    the activation dtype: the inputs of both norms, of the attention and of the MLP (4sbh,
+    split by t under sequence parallelism), Q, K, V and the projection input (s·b·d·(2a +
+    2kv), split by t) and the MLP's gate, up and product (3sbF/t). Multi-head latent
+    attention stores instead Q, its RoPE part, K, V and the projection input
+    (s·b·a·(4d + r)/t) and, replicated over tp, its latents: the query compression before
+    and after its norm (2sbq), the KV latent with the RoPE key before and after its norm
+    and RoPE (2sb(c + r)). An MoE layer stores, per routed token slot (E·C/(dp·ep) of them,
+    C = ceil(k·tokens·capacity_factor/E): k·sb·capacity_factor when balanced), the
+    dispatched token and the expert's output (2h, replicated over tp) and gate, up and
+    product (3F/t); the router's logits and gates (2sbE); and the shared experts' gate, up
+    and product (3·shared·sbF/t)."""
     o = as_options(options)
     recompute = recompute or o.activation_recompute
     if recompute not in ("none", "selective", "full"):
@@ -210,18 +326,40 @@ def activation_bytes_per_layer(
     if recompute == "full":
         return e * sbh / sp_divisor
     llama = model_family(o.model) == "llama"
-    k = o.kexperts if o.model.lower().startswith("moe") else 1
-    kv_fraction = o.kvhead / a if llama else 1.0
+    k = o.kexperts if is_moe(o) else 1
+    kind = kind or ("moe" if is_mla(o) else "block")
     if llama:
+        sb = s_local * b
+        d = head_size(o)
         # two RMSNorm inputs, QKV input, MLP input
         replicated = e * 4 * sbh
-        sharded = e * sbh * (2 + 2 * kv_fraction) + k * e * 3 * s_local * b * f
+        if is_mla(o):
+            r = o.drope if o.drope is not None else d // 2
+            c = o.kv_lora_rank if o.kv_lora_rank is not None else 4 * d
+            sharded = e * sb * a * (4 * d + r)
+            latents = 2 * (o.q_lora_rank or 0) + 2 * (c + r)
+            replicated += e * sb * latents * sp_divisor  # whole sequence on every tp rank
+        else:
+            sharded = e * sb * d * (2 * a + 2 * o.kvhead)
+        if kind == "dense":
+            sharded += e * 3 * sb * (o.dense_dff or f)
+        elif is_moe(o):
+            tokens = (o.micro_batch or o.batch) * o.seq
+            capacity = -(-int(tokens * o.kexperts * o.capacity_factor) // o.experts)
+            slots = o.experts * capacity / (o.dp * o.ep * o.sp)  # this rank's routed slots
+            sharded += e * slots * 3 * f
+            replicated += e * slots * 2 * h * sp_divisor + e * 2 * sb * o.experts
+            shared = (o.shared_experts or 0) if is_mla(o) else 0
+            sharded += e * 3 * shared * sb * f
+        else:
+            sharded += e * 3 * sb * f
         scores = e * a * s_local * o.seq * b
     else:
         # two LayerNorm inputs, QKV input, MLP input (16-bit), two dropout masks (1 byte)
         replicated = e * 4 * sbh + MASK_BYTES * 2 * sbh
         # Q, K, V, projection input; GELU input and output
-        sharded = e * sbh * (2 + 2 * kv_fraction) + k * e * 2 * s_local * b * f
+        width = a * head_size(o)  # a·d: h unless --dhead
+        sharded = e * s_local * b * width * 4 + k * e * 2 * s_local * b * f
         # softmax output, dropout mask, dropout output
         scores = (2 * e + MASK_BYTES) * a * s_local * o.seq * b
     total = replicated / sp_divisor + sharded / t
@@ -451,11 +589,15 @@ def stage_memory(
     grad_dtype: str | None = None,
     kernels: KernelTable | None = None,
     sharded_parameters: float | None = None,
+    kinds: Mapping[str, int] | None = None,
 ) -> RankMemory:
     """The memory of one rank of pipeline stage ``stage`` whose model replica holds
     ``parameters`` weights; ``sharded_parameters`` is its padded ZeRO / FSDP shard of them
-    (default ``parameters / N_d``)."""
+    (default ``parameters / N_d``); ``kinds`` its ``layers`` by block kind (default: all of
+    the model's MoE or only kind)."""
     o = as_options(options)
+    if not kinds:
+        kinds = {"moe" if is_mla(o) else "block": layers} if layers else {}
     e_w, e_g, k = precision_bytes(o, weight_dtype, grad_dtype)
     zero = zero_stage(o)
     shard = o.dp * o.sp
@@ -469,9 +611,10 @@ def stage_memory(
         sharded=sharded_parameters,
     )
     m = o.micro_batches
-    per_layer = activation_bytes_per_layer(o, kernels=kernels)
-    activations = per_layer * in_flight_layers(
-        stage, layers, o.pp, m, o.pipeline_schedule, o.virtual_stages
+    per_kind = {kind: activation_bytes_per_layer(o, kernels=kernels, kind=kind) for kind in kinds}
+    activations = sum(
+        per_kind[kind] * in_flight_layers(stage, n, o.pp, m, o.pipeline_schedule, o.virtual_stages)
+        for kind, n in kinds.items()
     )
     b = micro_batch_size(o)
     e = dtype_bytes(o.dtype)
@@ -484,14 +627,22 @@ def stage_memory(
     if has_head:
         # final norm input and LM-head input, fp32 logits for the cross entropy
         head = 2 * e * sbh / sp_divisor + 4 * o.seq / o.sp * b * o.dvocal / t
+        # each multi-token prediction module: its MoE layer, the inputs of its three norms
+        # and of its projection (2h), and its own final norm, LM-head input and logits
+        modules = mtp_depth(o)
+        head += modules * (activation_bytes_per_layer(o, kernels=kernels, kind="moe") + head)
+        head += modules * e * 4 * sbh / sp_divisor
         activations += (m if o.pipeline_schedule.lower() == "gpipe" else 1) * head
     buffers = 0.0
-    if layers and o.activation_recompute == "full":
-        buffers += activation_bytes_per_layer(o, recompute="none", kernels=kernels)
-    elif layers and o.activation_recompute == "selective":
-        buffers += activation_bytes_per_layer(o, recompute="none", kernels=kernels) - per_layer
-    if zero == 3 and layers:
-        buffers += 2 * e_w * layer_parameters_per_rank(o)
+    if kinds and o.activation_recompute in ("full", "selective"):
+        # the largest layer recomputed: all its activations (full) or its attention scores
+        buffers += max(
+            activation_bytes_per_layer(o, recompute="none", kernels=kernels, kind=kind)
+            - (per_kind[kind] if o.activation_recompute == "selective" else 0)
+            for kind in kinds
+        )
+    if zero == 3 and kinds:
+        buffers += 2 * e_w * max(layer_parameters_per_rank(o, kind) for kind in kinds)
     return RankMemory(
         stage=stage,
         parameters=parameters,
@@ -510,7 +661,6 @@ def analytic_memory(
     ZeRO / FSDP the embedding, every layer and the head are padded flat buffers)."""
     o = as_options(options)
     shard = o.dp * o.sp
-    per_layer = layer_parameters_per_rank(o)
     return [
         stage_memory(
             o,
@@ -521,10 +671,16 @@ def analytic_memory(
             has_head=p.stage == o.pp - 1,
             kernels=kernels,
             sharded_parameters=padded_shard(
-                [p.embedding_parameters, *[per_layer] * p.layers, p.head_parameters], shard
+                [
+                    p.embedding_parameters,
+                    *(layer_parameters_per_rank(o, kind) for kind, n in p.kinds for _ in range(n)),
+                    p.head_parameters,
+                ],
+                shard,
             )
             if zero_stage(o)
             else None,
+            kinds=dict(p.kinds),
         )
         for p in count_parameters(o)
     ]
@@ -557,6 +713,10 @@ def predict_memory(
             "the memory predictor needs the generation options (a workload built by "
             "stg generate options, not a bare trace)"
         )
+    if options.get("phase", "training") != "training":  # prefill, decode, mixed
+        from stg.predictors.serving import serving_memory
+
+        return serving_memory(workload, system)
     o = as_options(options)
     classes = []
     for rank_class in workload.rank_classes:
@@ -578,6 +738,7 @@ def predict_memory(
             grad_dtype=facts.get("grad_dtype"),
             kernels=table,
             sharded_parameters=int(sharded) if sharded is not None else None,
+            kinds=facts.get("layer_kinds"),
         )
         ranks = [g.rank for g in workload.ranks if g.rank_class.index == rank_class.index]
         entry = {"class": rank_class.index, "ranks": len(ranks), "first_rank": min(ranks)}
@@ -597,6 +758,11 @@ def predict_analytic(
     for traces that record their options but not the per-stage facts."""
     system = load_system(system)
     o = as_options(options)
+    if o.inference:
+        raise UserError(
+            f"the memory of a phase={o.phase} trace needs its per-rank facts: give the options "
+            "of stg generate instead of a trace"
+        )
     table = kernel_table(kernels, system.name)
     classes = []
     ranks_per_stage = o.world_size // o.pp

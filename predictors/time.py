@@ -228,6 +228,8 @@ def compute_time(
             )
             / speedup
         )
+        # a kernel cannot read its Q, K, V (a decode step's whole KV cache) faster than HBM
+        seconds = max(seconds, memory_bound_time(gpu, node.tensor_size, "stream", dtype))
     elif gemm is not None and len(gemm) == 4:
         batch, m, n, k = gemm
         seconds = gemm_time(gpu, m, n, k, dtype, batch) / speedup
@@ -1384,6 +1386,8 @@ def predict_time(
     tokens = None
     if options.get("batch") and options.get("seq"):
         tokens = int(options["batch"]) * int(options["seq"])
+    if workload.metadata.get("tokens"):  # a serving run: the new tokens it processes
+        tokens = int(workload.metadata["tokens"])
     if progress:
         progress("symmetry", 0, 1)
     problem = problem_from_workload(workload, system)

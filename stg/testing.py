@@ -203,9 +203,7 @@ def check_preset(
     values, _ = resolve_model({"model": name}, registry)
     record = registry.presets.get(name)
     full = GenerateOptions(**values)
-    counts = model_parameters(
-        registry.models.get(full.model), full, generate.symbol_values(full)
-    )
+    counts = model_parameters(registry.models.get(full.model), full, generate.symbol_values(full))
     compared = counts["parameters"] - (full.dvocal * full.dmodel if record.tied_embeddings else 0)
     checks = (
         ("parameters", compared, record.published_parameters, tolerance),
@@ -226,6 +224,8 @@ def check_preset(
         )
     replicas = options.get("dp", 1) * options.get("ep", 1)
     small = {"num_stacks": min(2, full.num_stacks), "batch": replicas, "micro_batch": replicas}
+    if "tp" in options:  # what the preset fills may depend on tp (a padded vocabulary)
+        full = GenerateOptions(**resolve_model({"model": name, "tp": options["tp"]}, registry)[0])
     run = replace(full, **{**small, **options})
     generate.validate_options(run, registry)
     workload = generate.build_workload(run, registry)

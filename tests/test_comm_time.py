@@ -110,6 +110,7 @@ PUBLISHED = [
     ("a100-80g", Kind.ALL_REDUCE, 2**30, 235.0, 0.10, "NCCL tuning model cap for sm80"),
     ("h100-80g", Kind.ALL_GATHER, 8 * 2**30, 370.0, 0.05, "nccl-tests #212 (ring, NCCL maint.)"),
     ("h100-80g", Kind.ALL_REDUCE, 8 * 2**30, 480.0, 0.05, "nccl-tests #212 (NVLS, NCCL maint.)"),
+    ("h800-80g", Kind.ALL_REDUCE, 8 * 2**30, 215.0, 0.05, "nccl #1374 (8x H800, NVLS)"),
 ]
 
 

@@ -139,8 +139,10 @@ def test_guide_packaging_names_the_module() -> None:
 
 def test_model_api_tests_pass(doc_dir: Path) -> None:
     modules = write_modules(MODEL_API, doc_dir)
-    assert set(modules) == {"stg_parallel", "test_stg_parallel"}
-    assert run_module_tests(modules) >= 2
+    assert set(modules) == {
+        "stg_parallel", "test_stg_parallel", "stg_interleaved", "test_stg_interleaved"
+    }
+    assert run_module_tests(modules) >= 3
 
 
 def test_model_api_console_commands_run(doc_dir: Path) -> None:
@@ -366,3 +368,40 @@ def test_readme_quick_start_runs_a_preset(doc_dir: Path) -> None:
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
     assert summary["preset"]["name"] == "llama3-8b" and summary["ranks"] >= 8
+
+
+# -- docs/inference.md --------------------------------------------------------------------------
+
+INFERENCE = ROOT / "docs" / "inference.md"
+
+
+def test_inference_doc_commands_run(doc_dir: Path) -> None:
+    commands = console_commands(INFERENCE)
+    assert len(commands) >= 6
+    for command in commands:
+        result = CliRunner().invoke(app, shlex.split(command)[1:], env={"COLUMNS": "200"})
+        assert result.exit_code == 0, (command, result.output)
+    for out in ("prefill", "decode", "mixed"):
+        written = sorted(p.name for p in (doc_dir / out).iterdir())
+        assert written == ["workload.0.et", "workload.1.et", "workload.json"], out
+
+
+def test_inference_doc_error_line_is_what_stg_prints(doc_dir: Path) -> None:
+    result = CliRunner().invoke(
+        app, ["generate", "--model", "debug", "--phase", "decode", "--sp", "2"]
+    )
+    assert result.exit_code == 2
+    line = result.stderr.strip()
+    shown = [x for body in blocks(INFERENCE, "text") for x in body.splitlines()]
+    assert line in shown
+
+
+def test_readme_quick_start_runs_a_serving_prediction() -> None:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    quick = text[text.index("## Quick start") : text.index("**Drop-in")]
+    (line,) = [x for x in quick.splitlines() if "--phase" in x]
+    args = shlex.split(line.split("#")[0])[1:]
+    result = CliRunner().invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)["serving"]
+    assert report["time_per_output_token_s"] >= report["memory_bandwidth_bound_s"] > 0

@@ -193,7 +193,7 @@ def test_unknown_name_without_failures_is_unchanged() -> None:
     assert not registry.failures
     with pytest.raises(UnknownNameError) as info:
         registry.models.get("no-such-model")
-    assert str(info.value) == "unknown model 'no-such-model'; allowed: gpt, llama, moe"
+    assert str(info.value) == "unknown model 'no-such-model'; allowed: deepseek, gpt, llama, moe"
 
 
 @pytest.mark.parametrize(

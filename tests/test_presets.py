@@ -5,6 +5,8 @@ yields to explicit ones, the ``stg_register_presets`` hook, the CLI's reports, a
 from __future__ import annotations
 
 import json
+import re
+import shlex
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -28,6 +30,7 @@ BUILTIN = [entry.name for entry in REGISTRY.presets]
 ISSUE_PRESETS = {
     "gpt3-175b", "llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b", "llama3-70b",
     "llama3-405b", "mixtral-8x7b", "mixtral-8x22b", "qwen3-moe-30b-a3b", "qwen3-moe-235b-a22b",
+    "deepseek-v3",
 }  # fmt: skip
 NARAYANAN_TABLE_1 = {
     "gpt-1.7b", "gpt-3.6b", "gpt-7.5b", "gpt-18.4b", "gpt-39.1b", "gpt-76.1b", "gpt-145.6b",
@@ -43,6 +46,12 @@ KNOWN_DEVIATIONS = {
     # 48 layers with 8 of 128 experts, 0.622e9 in the untied embedding and LM head): the card
     # truncates (235B-A22B's 22.19e9 is "22B")
     "qwen3-moe-30b-a3b": {"active_tolerance": 0.017},
+    # DeepSeek-V3's report says 37B activated; its config gives 37.552e9 counting every weight
+    # a token's forward pass reads: embedding and untied LM head (0.927e9 each), 3 dense and
+    # 58 MoE layers (MLA, router, 1 shared and 8 of 256 routed experts), norms; the
+    # multi-token prediction module and the 58·256 routing-bias constants left out. Without
+    # the embedding (a lookup, no matmul) it is 36.626e9 (-1.01%): "37B" is rounded
+    "deepseek-v3": {"active_tolerance": 0.015},
 }
 """Presets whose published figure is further than 1% from the count of the released
 configuration, and why; test_known_deviations_exceed_one_percent keeps this list honest."""
@@ -65,8 +74,8 @@ def test_the_issue_presets_and_narayanans_table_are_registered() -> None:
     assert ISSUE_PRESETS | NARAYANAN_TABLE_1 | {"debug"} == set(BUILTIN)
     unpublished = {e.name for e in REGISTRY.presets if e.item.published_parameters is None}
     assert unpublished == {"debug"}  # every other preset states its published size
-    moe = {e.name for e in REGISTRY.presets if e.item.model == "moe"}
-    assert moe == {n for n in BUILTIN if n.startswith(("mixtral", "qwen3"))}
+    moe = {e.name for e in REGISTRY.presets if e.item.model in ("moe", "deepseek")}
+    assert moe == {n for n in BUILTIN if n.startswith(("mixtral", "qwen3", "deepseek"))}
     assert all(REGISTRY.presets.get(n).published_active_parameters for n in moe)
     for entry in REGISTRY.presets:
         assert entry.item.source.strip() and set(entry.item.dims) <= set(PRESET_DIMS)
@@ -76,12 +85,10 @@ def test_the_issue_presets_and_narayanans_table_are_registered() -> None:
 def test_preset_matches_its_source_and_generates(name: str) -> None:
     """Within 1% of the published total (and active) parameters, then built and validated
     with 2 layers: ep 2 for the mixtures of experts, tp 2 and pp 2 for the dense models
-    (pp 2 alone for GPT-3, whose 50,257-token vocabulary tp 2 does not divide)."""
+    (GPT-3's 50,257-token vocabulary padded to 50,432 for tp 2, as Megatron-LM pads it)."""
     preset = REGISTRY.presets.get(name)
-    if preset.model == "moe":
+    if preset.model in ("moe", "deepseek"):
         parallel = {"ep": 2}
-    elif preset.dims["dvocal"] % 2:
-        parallel = {"pp": 2}
     else:
         parallel = {"tp": 2, "pp": 2}
     result = check_preset(name, REGISTRY, **KNOWN_DEVIATIONS.get(name, {}), **parallel)
@@ -90,6 +97,9 @@ def test_preset_matches_its_source_and_generates(name: str) -> None:
     recorded = workload.metadata["options"]
     for key, value in preset.dims.items():
         expected = min(value, 2) if key == "num_stacks" else value
+        if key == "dvocal" and preset.vocab_divisible_by:
+            multiple = preset.vocab_divisible_by * parallel.get("tp", 1)
+            expected = -(-value // multiple) * multiple
         assert recorded[key] == expected, key
     assert recorded["model"] == preset.model
 
@@ -107,6 +117,9 @@ PUBLISHED = {
     "mixtral-8x22b": (140_620_634_112, 39_152_031_744),
     "qwen3-moe-30b-a3b": (30_532_110_336, 3_353_020_416),
     "qwen3-moe-235b-a22b": (235_093_610_496, 22_190_739_456),
+    # 2·129280·7168 + 7168 + 61·MLA + 3·(3·7168·18432 + 2·7168)
+    # + 58·((256 + 1)·3·7168·2048 + 7168·256 + 2·7168), MLA as in _by_hand
+    "deepseek-v3": (671_026_404_352, 37_552_282_624),
 }
 
 
@@ -126,6 +139,19 @@ def _by_hand(o: GenerateOptions) -> tuple[int, int]:
         total = v * h + layers * (attention + 3 * h * f + 2 * h) + h + v * h
         return total, total
     per_expert = 3 * h * f
+    if o.model == "deepseek":
+        ql, kl, r = o.q_lora_rank, o.kv_lora_rank, o.drope
+        # W_DQ, its norm, W_UQ and W_QR; W_DKV (latent and RoPE key), its norm, W_UK, W_UV; W_O
+        mla = h * ql + ql + ql * a * (dh + r) + h * (kl + r) + kl + 2 * kl * a * dh + a * dh * h
+        dense = min(o.dense_layers, layers - 1)
+        dense_layer = mla + 3 * h * o.dense_dff + 2 * h
+        moe_base = mla + h * o.experts + o.shared_experts * per_expert + 2 * h
+        ends = 2 * v * h + h
+        total = ends + dense * dense_layer + (layers - dense) * (moe_base + o.experts * per_expert)
+        active = (
+            ends + dense * dense_layer + (layers - dense) * (moe_base + o.kexperts * per_expert)
+        )
+        return total, active
     shared = attention + h * o.experts + 2 * h
     total = v * h + layers * (shared + o.experts * per_expert) + h + v * h
     active = v * h + layers * (shared + o.kexperts * per_expert) + h + v * h
@@ -192,7 +218,9 @@ def test_unknown_name_lists_models_and_presets() -> None:
     with pytest.raises(UnknownNameError) as info:
         resolve_model({"model": "llama9-7b"}, REGISTRY)
     message = str(info.value)
-    assert message.startswith("unknown model 'llama9-7b'; allowed: models gpt, llama, moe; ")
+    assert message.startswith(
+        "unknown model 'llama9-7b'; allowed: models deepseek, gpt, llama, moe; "
+    )
     assert "presets debug, " in message and "mixtral-8x7b" in message and "\n" not in message
 
 
@@ -339,8 +367,10 @@ def test_unknown_preset_is_one_line_exit_2_and_writes_nothing(tmp_path: Path) ->
         result = runner.invoke(app, [*command, "--model", "llama3-9b"])
         assert result.exit_code == 2, (command, result.output)
         (line,) = result.stderr.strip().splitlines()
-        assert line.startswith("error: unknown model 'llama3-9b'; allowed: models gpt, llama")
-        assert "; presets debug, gpt-1.7b, " in line and "qwen3-moe-235b-a22b" in line
+        assert line.startswith(
+            "error: unknown model 'llama3-9b'; allowed: models deepseek, gpt, llama"
+        )
+        assert "; presets debug, deepseek-v3, gpt-1.7b, " in line and "qwen3-moe-235b-a22b" in line
     assert not out.exists()
 
 
@@ -365,7 +395,7 @@ def test_inspect_model_lists_models_and_presets() -> None:
     result = runner.invoke(app, ["inspect", "model", "--json"])
     assert result.exit_code == 0, result.output
     listing = json.loads(result.stdout)
-    assert [m["name"] for m in listing["models"]] == ["gpt", "llama", "moe"]
+    assert [m["name"] for m in listing["models"]] == ["deepseek", "gpt", "llama", "moe"]
     presets = {p["name"]: p for p in listing["presets"]}
     assert list(presets) == BUILTIN
     qwen = presets["qwen3-moe-235b-a22b"]
@@ -459,3 +489,28 @@ def test_dhead_scales_the_attention_flops() -> None:
     assert double == {op: 2 * value for op, value in single.items()}
     b, s, h, a = 1, 16, 32, 4
     assert double["q"] == 2 * b * s * h * a * 16 and double["scores"] == 2 * b * s * s * a * 16
+
+
+# -- the README's table of presets --------------------------------------------------------------
+
+README_ROW = re.compile(r"^\| `([\w.-]+)` \| (\w+) \| ([^|]+) \| `(stg generate [^`]+)` \|$", re.M)
+
+
+def test_readme_has_a_one_line_command_per_preset(tmp_path: Path) -> None:
+    """Every preset has a row in the README whose command generates it (2 layers, ep 2 for
+    the mixtures of experts, tp 2 and pp 2 otherwise) and writes files that validate."""
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    rows = {m[0]: m[1:] for m in README_ROW.findall(text)}
+    assert list(rows) == BUILTIN
+    for name, (model, published, command) in rows.items():
+        preset = REGISTRY.presets.get(name)
+        assert model == preset.model, name
+        stated = [preset.published_parameters, preset.published_active_parameters]
+        assert published.strip() == (" / ".join(f"{x / 1e9:g}B" for x in stated if x) or "-")
+        args = shlex.split(command)[2:]
+        assert args[args.index("--output_dir") + 1] == f"out-{name}"
+        out = tmp_path / name
+        args[args.index("--output_dir") + 1] = str(out)
+        result = runner.invoke(app, ["generate", *args])
+        assert result.exit_code == 0, (name, result.output)
+        assert runner.invoke(app, ["validate", str(out)]).exit_code == 0, name

@@ -39,6 +39,11 @@ def test_presets_follow_the_hardware_profiles() -> None:
     assert h100.network[0].bandwidth == 450e9
     assert h100.network[0].sharp_efficiency > 0  # NVLink SHARP (NVLS)
     assert h100.network[1].bandwidth == h100.network[2].bandwidth == 50e9  # NDR 400 Gb/s
+    # H800 SXM: the H100's compute and memory, NVLink 400 GB/s bidirectional (data sheet)
+    h800 = load_system("h800-80g")
+    assert h800.gpu == h100.gpu and h800.peak("bf16") == h100.peak("bf16")
+    assert (h800.hbm_bandwidth, h800.hbm_capacity) == (h100.hbm_bandwidth, h100.hbm_capacity)
+    assert [d.bandwidth for d in h800.network] == [200e9, 50e9, 50e9]
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

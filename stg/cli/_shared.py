@@ -95,6 +95,7 @@ _MODEL = "Model"
 _PARALLEL = "Parallelism"
 _TRAINING = "Training"
 _OUTPUT = "Output"
+_SERVING = "Serving (inference phases)"
 
 # help text and extra spellings per GenerateOptions field (panel, spec)
 SPECS: dict[str, tuple[str, _Spec]] = {
@@ -128,6 +129,31 @@ SPECS: dict[str, tuple[str, _Spec]] = {
     "experts": (_MODEL, _Spec("Experts per MoE layer.")),
     "kexperts": (_MODEL, _Spec("Experts each token is routed to (top-k).")),
     "capacity_factor": (_MODEL, _Spec("MoE capacity factor.")),
+    "shared_experts": (
+        _MODEL,
+        _Spec("Shared experts beside the routed ones, used by every token (DeepSeek)."),
+    ),
+    "dense_layers": (
+        _MODEL,
+        _Spec("Dense layers before the MoE layers (DeepSeek-V3: 3; at most num_stacks-1)."),
+    ),
+    "dense_dff": (_MODEL, _Spec("FFN hidden size of the dense layers (default: dff).")),
+    "q_lora_rank": (
+        _MODEL,
+        _Spec("Latent attention: rank of the query compression (unset: no compression)."),
+    ),
+    "kv_lora_rank": (
+        _MODEL,
+        _Spec("Latent attention: rank of the key/value latent (default: 4·dhead)."),
+    ),
+    "mtp_depth": (
+        _MODEL,
+        _Spec("Multi-token prediction modules after the head (DeepSeek-V3: 1; default: none)."),
+    ),
+    "drope": (
+        _MODEL,
+        _Spec("Latent attention: decoupled RoPE dimension per head (default: dhead/2)."),
+    ),
     "dp": (_PARALLEL, _Spec("Data-parallel degree.")),
     "tp": (_PARALLEL, _Spec("Tensor-parallel degree (--mp: the original STG's name).", ("--mp",))),
     "sp": (_PARALLEL, _Spec("Sequence/context-parallel degree.", ("--cp",))),
@@ -200,6 +226,49 @@ SPECS: dict[str, tuple[str, _Spec]] = {
             "(as stg plan precision writes; default: every op in --dtype).",
             parser=parse_precision_plan,
             metavar="FILE",
+        ),
+    ),
+    "phase": (
+        _SERVING,
+        _Spec(
+            "What one run is: training (an iteration: forward, backward, optimizer), "
+            "prefill (--batch prompts of --seq tokens, writing the KV cache), decode "
+            "(--steps steps of one new token per sequence against --context cached tokens) "
+            "or mixed (one continuously batched iteration: --prefill_batch requests prefill "
+            "--chunk tokens beside --batch decoding requests).",
+            metavar="training|prefill|decode|mixed",
+        ),
+    ),
+    "context": (
+        _SERVING,
+        _Spec(
+            "decode, mixed: tokens in the KV cache of each decoding sequence before the "
+            "step (default: --seq).",
+            metavar="N",
+        ),
+    ),
+    "steps": (
+        _SERVING,
+        _Spec("decode: steps in one trace, the cache growing by one token each.", metavar="N"),
+    ),
+    "kv_dtype": (
+        _SERVING,
+        _Spec("Dtype of the KV cache, e.g. fp8 or int8 (default: --dtype).", metavar="DTYPE"),
+    ),
+    "prefill_batch": (
+        _SERVING,
+        _Spec("mixed: requests prefilling a chunk of their prompt in the iteration.", metavar="N"),
+    ),
+    "chunk": (
+        _SERVING,
+        _Spec("mixed: prompt tokens each prefilling request adds (default: --seq).", metavar="N"),
+    ),
+    "prefill_context": (
+        _SERVING,
+        _Spec(
+            "mixed: prompt tokens of each prefilling request already in the cache (earlier "
+            "chunks).",
+            metavar="N",
         ),
     ),
     "format": (
@@ -528,6 +597,8 @@ def run_predictors(
             tokens = None
             if options.get("batch") and options.get("seq"):
                 tokens = int(options["batch"]) * int(options["seq"])
+            if options.get("phase", "training") != "training":
+                tokens = _serving_tokens(options)
             extra: dict[str, Any] = {"calibration": calibration} if calibration is not None else {}
             if explain:
                 extra["explain_path"] = True
@@ -559,6 +630,19 @@ def run_predictors(
                 "stg generate instead of a trace"
             )
     return reports
+
+
+def _serving_tokens(options: Mapping[str, Any]) -> int | None:
+    """New tokens of a serving trace (prompt tokens, or one per sequence and decode step),
+    from its recorded options; None where they do not describe a run."""
+    from stg.core.inference import new_tokens
+    from stg.core.options import GenerateOptions
+
+    known = {f.name for f in fields(GenerateOptions)}
+    try:
+        return new_tokens(GenerateOptions(**{k: v for k, v in options.items() if k in known}))
+    except (TypeError, ValueError):
+        return None
 
 
 def _gib(value: float) -> str:
@@ -656,40 +740,79 @@ def print_reports(reports: Mapping[str, Mapping[str, Any]], source: str) -> None
                 print_table(console, explained)
             if "timeline" in report:
                 console.print(f"timeline written to {report['timeline']}")
+        elif kind == "serving":
+            _print_serving(console, report, source)
         elif kind == "memory":
+            serving = "kv_cache" in report["classes"][0]
             table = Table(
                 title=f"memory per rank in GiB on {report['system']} "
                 f"(capacity {_gib(report['capacity_bytes'])} GiB)",
                 title_justify="left",
             )
-            for column in (
-                "stage",
-                "ranks",
-                "weights",
-                "gradients",
-                "optimizer",
-                "activations",
-                "buffers",
-                "peak",
-                "fits",
-            ):
+            middle = ("KV cache",) if serving else ("gradients", "optimizer")
+            for column in ("stage", "ranks", "weights", *middle, "activations", "buffers"):
                 table.add_column(column, justify="right")
+            table.add_column("peak", justify="right")
+            table.add_column("fits", justify="right")
             for row in report["classes"]:
+                values = (row["kv_cache"],) if serving else (row["gradients"], row["optimizer"])
                 table.add_row(
                     str(row["stage"]),
                     str(row["ranks"]),
                     _gib(row["weights"]),
-                    _gib(row["gradients"]),
-                    _gib(row["optimizer"]),
+                    *(_gib(v) for v in values),
                     _gib(row["activations"]),
                     _gib(row["buffers"]),
                     _gib(row["peak"]),
                     "yes" if row["fits"] else "NO",
                 )
             print_table(console, table)
+            if serving:
+                console.print(
+                    f"largest batch that fits: {report['max_batch']:,}; longest sequence "
+                    f"(context) at this batch: {report['max_context']:,} tokens"
+                )
         else:
             console.print(f"[bold]{name}[/bold]")
             console.print_json(json.dumps(report, sort_keys=True, default=str))
+
+
+def _print_serving(console: Any, report: Mapping[str, Any], source: str) -> None:
+    """The serving report: TTFT or time per output token, tokens/s, the memory-bandwidth
+    bound, and (``--explain``) where a step's time goes."""
+    from rich.table import Table
+
+    table = Table(
+        title=f"serving ({report['phase']}): {source} on {report['system']}",
+        title_justify="left",
+        show_header=False,
+    )
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    if "ttft_s" in report:
+        table.add_row("time to first token (prefill)", format_seconds(report["ttft_s"]))
+    if "iteration_s" in report:
+        table.add_row("iteration time", format_seconds(report["iteration_s"]))
+    if "time_per_output_token_s" in report:
+        table.add_row("time per output token", format_seconds(report["time_per_output_token_s"]))
+    table.add_row(
+        "memory-bandwidth bound per step (weights + KV / HBM)",
+        format_seconds(report["memory_bandwidth_bound_s"]),
+    )
+    table.add_row("tokens per second (all replicas)", f"{report['tokens_per_s']:,.0f}")
+    table.add_row("MFU", f"{100 * report['mfu']:.1f} %")
+    print_table(console, table)
+    if "explain" in report:
+        split = Table(title="where one step's time goes (one rank)", title_justify="left")
+        split.add_column("part")
+        split.add_column("time", justify="right")
+        split.add_column("share", justify="right")
+        parts = report["explain"]["per_step_s"]
+        total = sum(parts.values()) or 1.0
+        for part, seconds in parts.items():
+            label = part.removesuffix("_s").replace("_", " ")
+            split.add_row(label, format_seconds(seconds), f"{100 * seconds / total:.1f} %")
+        print_table(console, split)
 
 
 # -- trace analysis (stg feed, stg inspect trace) -----------------------------------------------

@@ -122,7 +122,8 @@ def _command_parameters() -> list[inspect.Parameter]:
 
 
 def generate(**values: Any) -> None:
-    """Generate the workload of one training iteration and write it as trace files."""
+    """Generate the workload of one training iteration (or, with --phase, of serving:
+    prefill, decode or a mixed batch) and write it as trace files."""
     from stg.core import pipeline as gen
     from stg.trace.writer import comm_group_path, write_workload
 
@@ -154,6 +155,8 @@ def generate(**values: Any) -> None:
     reports: dict[str, dict[str, Any]] = {}
     if system is not None:
         names = (["time"] if predict else []) + ["memory"]
+        if predict and options.inference:
+            names.append("serving")
         reports = run_predictors(names, registry, system, workload=workload)
     summary = workload_summary(workload)
     directory = Path(options.output_dir).absolute()
@@ -368,6 +371,12 @@ def _preset_rows(table: Any, preset: PresetUse) -> None:
             f"{key} {now} (preset: {was})" for key, (was, now) in preset.overridden.items()
         )
         table.add_row("given instead", given)
+    for key, (published, padded, multiple) in preset.padded.items():
+        table.add_row(
+            "padded",
+            f"{key} {published} -> {padded} (a multiple of {multiple}: Megatron-LM's "
+            "make-vocab-size-divisible-by times tp)",
+        )
 
 
 def _prediction_rows(table: Any, reports: Mapping[str, Mapping[str, Any]]) -> None:
@@ -381,6 +390,18 @@ def _prediction_rows(table: Any, reports: Mapping[str, Mapping[str, Any]]) -> No
         table.add_row("predicted MFU", f"{100 * time_report['mfu']:.1f} %")
         if "tokens_per_s" in time_report:
             table.add_row("predicted tokens per second", f"{time_report['tokens_per_s']:,.0f}")
+    serving = reports.get("serving")
+    if serving:
+        if "ttft_s" in serving:
+            table.add_row("predicted time to first token", format_seconds(serving["ttft_s"]))
+        if "time_per_output_token_s" in serving:
+            table.add_row(
+                "predicted time per output token",
+                format_seconds(serving["time_per_output_token_s"]),
+            )
+        table.add_row(
+            "memory-bandwidth bound per step", format_seconds(serving["memory_bandwidth_bound_s"])
+        )
     memory = reports.get("memory")
     if memory:
         table.add_row("predicted peak memory per GPU", format_bytes(int(memory["peak_bytes"])))

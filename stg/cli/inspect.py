@@ -194,9 +194,9 @@ def model(
     for part, figures in report["parts"].items():
         for figure, entry in figures.items():
             table.add_row(part, figure, entry["expression"], f"{entry['value']:,}")
+    stack = " + ".join(f"{n}·{kind}" for kind, n in report["layers"].items())
     for figure, value in report["totals"].items():
-        layers = options.num_stacks
-        table.add_row("total", figure, f"embedding + {layers}·block + head", f"{value:,}")
+        table.add_row("total", figure, f"embedding + {stack} + head", f"{value:,}")
     console.print(table)
 
 

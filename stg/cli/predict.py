@@ -229,6 +229,15 @@ def predict(**values: Any) -> None:
             )
         with _os_errors():
             trace = _trace_input(path, jobs, comm_group_file)
+            phase = trace[2].get("phase", "training")
+            if phase != "training" and predictor == "all":
+                # memory and serving figures need the per-rank facts of a generated workload
+                typer.echo(
+                    f"note: a phase={phase} trace gets the time report; give its generation "
+                    "options instead of PATH for the serving and memory reports",
+                    err=True,
+                )
+                names = ["time"]
             reports = run_predictors(
                 names,
                 registry,
@@ -248,6 +257,8 @@ def predict(**values: Any) -> None:
 
         options = options_from_cli(values)
         gen.validate_options(options, registry)
+        if options.inference and predictor == "all" and "serving" in registry.predictors:
+            names = [*names, "serving"]  # TTFT, time per output token, tokens/s
         with progress_bar(console) as progress:
             workload = gen.build_workload(options, registry, progress=progress)
         with _os_errors():

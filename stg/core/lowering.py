@@ -23,7 +23,16 @@ from stg.core.precision import DTYPE_BYTES
 from stg.core.symbolic import Dim, Op, Part, Tensor
 from stg.core.workload import CollectiveType, NodeTemplate, NodeType, RankClass
 
-DIM_OPTION = {"batch": "micro_batch", "qgroup": "head/kvhead", "dhead": "dmodel/head"}
+DIM_OPTION = {
+    "batch": "micro_batch",
+    "qgroup": "head/kvhead",
+    "dhead": "dmodel/head",
+    "qlora": "q_lora_rank",
+    "kvlora": "kv_lora_rank",
+    "kvcache": "kv_lora_rank+drope",
+    "dff_dense": "dense_dff",
+    "shared": "shared_experts",
+}
 OPTIMIZER_FLOPS_PER_PARAM = 12  # Adam: two moment updates, bias correction, update
 
 
@@ -60,6 +69,11 @@ class Binder:
             who = "·".join(axes)
             raise OptionError(f"{who}={split} must divide {DIM_OPTION.get(d.name, d.name)}={size}")
         return size // split
+
+    def fraction(self, expr: sympy.Expr | int) -> Fraction:
+        """A scale (an einsum's computed fraction) as an exact number for this run."""
+        value = sympy.sympify(expr).xreplace(self.values)
+        return Fraction(str(sympy.nsimplify(value)))
 
     def flat_degree(self, t: Tensor) -> int:
         """How many pieces a flat split (``Sharding.flat``) cuts ``t`` into (1: none)."""
@@ -118,7 +132,9 @@ def _flops(op: Op, binder: Binder) -> int:
         for letters, t in zip(lhs.split(","), op.inputs, strict=True):
             for letter, d, axes in zip(letters, t.dims, t.sharding.dims, strict=True):
                 sizes.setdefault(letter, binder.local_dim(d, axes))
-        return int(2 * prod(sizes.values()) * Fraction(str(op.scale)))
+        return int(2 * prod(sizes.values()) * binder.fraction(op.scale))
+    if op.kind == "kv_append":  # one op per element written into the cache
+        return binder.numel(op.inputs[0])
     if op.kind in {"elementwise", "custom"}:
         return int(Fraction(str(op.flops_per_element)) * binder.numel(op.inputs[0]))
     if op.kind == "add":
@@ -157,6 +173,8 @@ def bind_ops(ops: Iterable[Op | BoundOp], binder: Binder) -> list[BoundOp]:
                 op.output
             )
             moved += sum(binder.numel(t) * 4 for t in op.inputs if t.kind == "index")
+            if op.kind == "kv_append":  # the new keys/values read, then written into the cache
+                moved = kv_append_bytes(op, binder)
             num_ops = _flops(op, binder)
             attrs = (("gemm", gemm_shape(op, binder)),) if op.kind == "einsum" else ()
             if num_ops <= 0 < moved:
@@ -234,7 +252,14 @@ def attention_shape(scores: Op, binder: Binder) -> tuple[int, int, int, int, int
                 batch *= sizes[letter]
             else:
                 heads *= sizes[letter]
-    return (batch, heads, s_q, s_kv, head_dim, int(Fraction(str(scores.scale)) != 1))
+    return (batch, heads, s_q, s_kv, head_dim, int(binder.fraction(scores.scale) != 1))
+
+
+def kv_append_bytes(op: Op, binder: Binder) -> int:
+    """Bytes of writing new keys or values into the KV cache (``kv_append``, serving phases):
+    the new elements read in their dtype and written in the cache's."""
+    new = op.inputs[0]
+    return binder.nbytes(new) + int(binder.numel(new) * DTYPE_BYTES[op.output.dtype])
 
 
 def fuse_attention(
@@ -247,7 +272,8 @@ def fuse_attention(
     ``core_attention``; ``shapes`` maps their names to the attention shape (filled when the
     forward is fused), and backward ops ``<forward op>.grad_*`` of those are fused too.
     Collectives met inside a run go before the fused node when they need nothing it produces,
-    after it otherwise."""
+    after it otherwise; one that gathers what a ``kv_append`` of the run wrote into the KV cache
+    (serving under context parallelism) goes before it, after that append on its own."""
     out: list[Op | BoundOp] = []
     run: list[Op] = []
     after: list[Op] = []
@@ -269,7 +295,16 @@ def fuse_attention(
             run.append(op)
         elif run and op.kind in ("collective", "view"):
             produced = {id(o.output) for o in run}
-            (after if any(id(t) in produced for t in op.inputs) else out).append(op)
+            needed = {id(t) for t in op.inputs}
+            appends = [o for o in run if o.kind == "kv_append" and id(o.output) in needed]
+            if appends and not needed & produced - {id(o.output) for o in appends}:
+                # a cache split over sp is gathered before attention reads it (serving):
+                # its append runs first, on its own, then the gather, then the kernel
+                for append in appends:
+                    run.remove(append)
+                out.extend([*appends, op])
+            else:
+                (after if needed & produced else out).append(op)
         else:
             flush()
             out.append(op)
@@ -291,8 +326,15 @@ def _fused_attention(run: list[Op], binder: Binder, shapes: dict[str, tuple[int,
         shape = next((shapes[name] for name in forward if name in shapes), ())
     else:
         moved += binder.nbytes(run[-1].output)
+        # serving: the whole KV cache is read, and the new keys and values written into it
+        for op in run:
+            if op.kind == "kv_append":
+                moved += binder.nbytes(op.output) + kv_append_bytes(op, binder)
+                moved -= binder.nbytes(op.inputs[0])  # already counted as read above
         scores = next((op for op in run if op.kind == "einsum"), None)
         shape = attention_shape(scores, binder) if scores is not None else ()
+        if shape:
+            shape = _mean_head_dim(shape, run, binder, scores)  # type: ignore[arg-type]
         for op in run:
             shapes[op.name] = shape
     if shape:
@@ -310,6 +352,22 @@ def _fused_attention(run: list[Op], binder: Binder, shapes: dict[str, tuple[int,
         dtype=einsums[0].inputs[0].dtype if einsums else run[0].output.dtype,
         attrs=(("attention", (*shape, int(backward))),) if shape else (),
     )
+
+
+def _mean_head_dim(
+    shape: tuple[int, int, int, int, int, int], run: list[Op], binder: Binder, scores: Op
+) -> tuple[int, int, int, int, int, int]:
+    """``shape`` with the head size that the run's matmul FLOPs give, ``flops / (4·batch·
+    heads·s_q·s_kv·scale)``: the head size itself when q·k and p·v contract the same size,
+    their mean otherwise (multi-head latent attention: (128 + 64 + 128) / 2 = 160), so that a
+    kernel model pricing ``4·…·head_dim`` prices the FLOPs the trace counts."""
+    batch, heads, s_q, s_kv, head_dim, causal = shape
+    flops = sum(_flops(op, binder) for op in run if op.kind == "einsum")
+    per_dim = 4 * batch * heads * s_q * s_kv * binder.fraction(scores.scale)
+    mean = Fraction(flops) / per_dim if per_dim else Fraction(head_dim)
+    if mean.denominator != 1 or mean == head_dim:
+        return shape
+    return (batch, heads, s_q, s_kv, int(mean), causal)
 
 
 def _is_token_tensor(t: Tensor) -> bool:
@@ -512,7 +570,9 @@ def bind_part(
 
 @dataclass
 class ModelParts:
-    """The three bound parts of a model for one run."""
+    """The bound parts of a model for one run: embedding, head, and one block per kind of
+    layer (``blocks``; ``layer_kinds`` names the kind of every layer). ``block`` is the
+    first layer's (every layer's, for a model of one block kind)."""
 
     embedding: BoundPart
     block: BoundPart
@@ -520,6 +580,12 @@ class ModelParts:
     optimizer_bytes_per_param: int = 16
     optimizer_dtype: str = "fp32"
     facts: dict[str, object] = field(default_factory=dict)
+    blocks: dict[str, BoundPart] = field(default_factory=dict)
+    layer_kinds: tuple[str, ...] = ()
+
+    def layer(self, index: int) -> BoundPart:
+        """The bound block of layer ``index``."""
+        return self.blocks[self.layer_kinds[index]] if self.layer_kinds else self.block
 
 
 Env = dict[int, tuple[int, ...]]
@@ -603,7 +669,7 @@ def lower_stage(
     out = _Nodes()
     chunks = plan.chunks
     block, emb, head = parts.block, parts.embedding, parts.head
-    repeat = block.repeated_before_backward(plan.recompute)
+    repeats: dict[int, list[BoundOp]] = {}  # per block kind: ops re-run before its backward
     saved: dict[tuple[str | int, int], Env] = {}  # (layer or part name, micro-batch) -> env
     grads: dict[str | int, dict[int, list[int]]] = {}  # layer or part name -> grad nodes
     final_nodes: list[int] = []
@@ -671,10 +737,11 @@ def lower_stage(
             else:
                 x = p2p(NodeType.COMM_RECV, "activation", mb, gchunk - 1, gchunk - 1, ())
             for layer in plan.chunk_layers(gchunk):
-                env = {block.input_key: (x,)}  # type: ignore[dict-item]
-                out.run(block.forward, env, f"mb{mb}/layer{layer}/fwd/")
+                bp = parts.layer(layer)
+                env = {bp.input_key: (x,)}  # type: ignore[dict-item]
+                out.run(bp.forward, env, f"mb{mb}/layer{layer}/fwd/")
                 saved[(layer, mb)] = env
-                x = env[block.output_key][0]  # type: ignore[index]
+                x = env[bp.output_key][0]  # type: ignore[index]
             if last:
                 env = {head.input_key: (x,)}  # type: ignore[dict-item]
                 out.run(head.forward, env, f"mb{mb}/head/fwd/")
@@ -697,7 +764,11 @@ def lower_stage(
             else:
                 dy = p2p(NodeType.COMM_RECV, "gradient", mb, gchunk, gchunk + 1, ())
             for layer in reversed(plan.chunk_layers(gchunk)):
-                dy = backward(layer, block, mb, f"mb{mb}/layer{layer}/", dy, repeat, reduce_now)
+                bp = parts.layer(layer)
+                if id(bp) not in repeats:
+                    repeats[id(bp)] = bp.repeated_before_backward(plan.recompute)
+                repeat = repeats[id(bp)]
+                dy = backward(layer, bp, mb, f"mb{mb}/layer{layer}/", dy, repeat, reduce_now)
             if first:
                 backward(
                     "embedding",
@@ -742,7 +813,9 @@ def lower_stage(
             # (its optimizer states; also its gradients with ZeRO-2 and weights with ZeRO-3)
             "replica_parameters": sum(bp.replica_parameters for _, bp in held),
             "shard_parameters": updated,
-            "layers": sum(1 for _, bp in held if bp is block),
+            "layers": sum(1 for prefix, _ in held if prefix.startswith("layer")),
+            # layers of each block kind on this stage (one kind, "block", for most models)
+            "layer_kinds": _count_kinds(stage, plan, parts),
             "has_embedding": any(bp is emb for _, bp in held),
             "has_head": any(bp is head for _, bp in held),
             "micro_batches": plan.micro_batches,
@@ -758,9 +831,18 @@ def stage_parts(stage: int, plan: ParallelPlan, parts: ModelParts) -> list[tuple
         out.append(("embedding/", parts.embedding))
     for chunk in range(plan.chunks_per_stage):
         out.extend(
-            (f"layer{layer}/", parts.block)
+            (f"layer{layer}/", parts.layer(layer))
             for layer in plan.chunk_layers(chunk * plan.stages + stage)
         )
     if plan.chunk_stage(plan.chunks - 1) == stage:
         out.append(("head/", parts.head))
     return out
+
+
+def _count_kinds(stage: int, plan: ParallelPlan, parts: ModelParts) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for chunk in range(plan.chunks_per_stage):
+        for layer in plan.chunk_layers(chunk * plan.stages + stage):
+            kind = parts.layer_kinds[layer] if parts.layer_kinds else "block"
+            counts[kind] = counts.get(kind, 0) + 1
+    return counts

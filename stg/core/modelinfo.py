@@ -43,11 +43,27 @@ def _bytes(t: Tensor) -> sympy.Expr:
     return t.numel * DTYPE_BYTES[t.dtype]
 
 
+def model_units(model: Model, options: GenerateOptions) -> list[tuple[str, int]]:
+    """(part name, instances) of ``model`` for ``options``: the embedding, each block kind of
+    its stack (:meth:`stg.host.records.Model.layer_runs`; ``block`` for most models) with its
+    number of layers, and the head."""
+    layers: dict[str, int] = {}
+    for kind, _, count in model.layer_runs(options.as_dict()):
+        layers[kind] = layers.get(kind, 0) + count
+    return [("embedding", 1), *layers.items(), ("head", 1)]
+
+
 def build_unsharded(model: Model, part_name: str, options: GenerateOptions) -> Part:
-    """Build one part of ``model`` on a single device, forward and backward."""
+    """Build one part of ``model`` on a single device, forward and backward: ``embedding``,
+    ``head``, ``block`` or a block kind of the model's stack."""
+    if part_name in PARTS:
+        function = getattr(model, part_name)
+    else:
+        kinds = {kind: fn for kind, fn, _ in model.layer_runs(options.as_dict())}
+        function = kinds[part_name]
     b = GraphBuilder(part_name, dtype=options.dtype, options=options.as_dict())
     x = None if part_name == "embedding" else b.residual_input()
-    result = getattr(model, part_name)(b, x)
+    result = function(b, x)
     if part_name == "head":
         build_backward(b, seed=None, loss=result)
     else:
@@ -126,21 +142,22 @@ def describe_part(part: Part) -> dict[str, sympy.Expr]:
 def describe_model(
     model: Model, options: GenerateOptions, values: Mapping[Any, int]
 ) -> dict[str, Any]:
-    """Per part: each figure as an expression and as a number for ``values``; plus totals for
-    ``options.num_stacks`` layers."""
+    """Per part (:func:`model_units`): each figure as an expression and as a number for
+    ``values``; plus totals for ``options.num_stacks`` layers (``layers``: how many of each
+    block kind)."""
     result: dict[str, Any] = {"model": model.name, "parts": {}}
     totals: dict[str, int] = {}
-    for name in PARTS:
+    units = model_units(model, options)
+    for name, instances in units:
         figures = describe_part(build_unsharded(model, name, options))
         entry = {}
         for key, expr in figures.items():
             number = int(sympy.sympify(expr).xreplace(dict(values)))
             entry[key] = {"expression": str(expr), "value": number}
-            totals[key] = totals.get(key, 0) + number * (
-                options.num_stacks if name == "block" else 1
-            )
+            totals[key] = totals.get(key, 0) + number * instances
         result["parts"][name] = entry
     result["totals"] = totals
+    result["layers"] = {name: n for name, n in units[1:-1]}
     result["dims"] = {str(k): v for k, v in values.items()}
     return result
 
@@ -151,9 +168,8 @@ def model_parameters(
     """``parameters`` and ``active_parameters`` (:func:`active_parameters`) of the whole
     model: embedding, ``options.num_stacks`` blocks and head, for the dimension ``values``."""
     counts = {"parameters": 0, "active_parameters": 0}
-    for name in PARTS:
+    for name, layers in model_units(model, options):
         part = build_unsharded(model, name, options)
-        layers = options.num_stacks if name == "block" else 1
         total = sum((w.numel for w in part.weights), sympy.Integer(0))
         for key, expr in (("parameters", total), ("active_parameters", active_parameters(part))):
             counts[key] += int(sympy.sympify(expr).xreplace(dict(values))) * layers

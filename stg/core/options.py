@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from stg.errors import UnknownNameError, UserError
@@ -20,13 +20,30 @@ MODEL_ALIASES: dict[str, str] = {"dense": "gpt"}
 """Model names of the original STG that name a registered model: ``dense``, its default,
 is the default GPT model. (Its ``debug`` is a preset: ``stg.models.presets``.)"""
 
+UNSET_OPTIONS: tuple[str, ...] = (
+    "dhead",
+    "shared_experts",
+    "dense_layers",
+    "dense_dff",
+    "q_lora_rank",
+    "kv_lora_rank",
+    "drope",
+    "mtp_depth",
+)
+"""Options whose default ``None`` means "unset" (each model says what that means): a
+workload's metadata leaves them out when unset, so traces that do not use them keep their
+bytes."""
+
+
 @dataclass(frozen=True)
 class PresetUse:
     """What a named preset (:class:`stg.host.records.Preset`) contributed to a run's options.
 
     ``values`` are the options taken from the preset (``model`` first, then its dimensions
     that were not given); ``overridden`` maps each dimension of the preset that an explicit
-    option replaced to ``(preset value, given value)``.
+    option replaced to ``(preset value, given value)``; ``padded`` maps ``dvocal`` to
+    ``(published, padded, multiple)`` where the preset pads its vocabulary as Megatron-LM
+    does (``Preset.vocab_divisible_by``).
     """
 
     name: str
@@ -34,9 +51,10 @@ class PresetUse:
     source: str
     values: Mapping[str, Any]
     overridden: Mapping[str, tuple[Any, Any]]
+    padded: Mapping[str, tuple[int, int, int]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-ready: name, qualified (``dist:name``), source, values, overridden."""
+        """JSON-ready: name, qualified (``dist:name``), source, values, overridden, padded."""
         return {
             "name": self.name,
             "qualified": self.qualified,
@@ -45,6 +63,10 @@ class PresetUse:
             "overridden": {
                 key: {"preset": preset, "given": given}
                 for key, (preset, given) in self.overridden.items()
+            },
+            "padded": {
+                key: {"published": published, "padded": padded, "multiple": multiple}
+                for key, (published, padded, multiple) in self.padded.items()
             },
         }
 
@@ -94,8 +116,16 @@ def resolve_model(
     overridden = {
         k: (v, given[k]) for k, v in preset.dims.items() if k in given and given[k] != v
     }
+    padded: dict[str, tuple[int, int, int]] = {}
+    tp = given.get("tp", 1)
+    if preset.vocab_divisible_by and "dvocal" in taken and isinstance(tp, int) and tp >= 1:
+        # Megatron-LM's _vocab_size_with_padding: a multiple of make-vocab-size-divisible-by·tp
+        multiple = preset.vocab_divisible_by * tp
+        published = int(taken["dvocal"])
+        taken["dvocal"] = -(-published // multiple) * multiple
+        padded["dvocal"] = (published, taken["dvocal"], multiple)
     given.update(taken)
-    use = PresetUse(entry.name, entry.qualified, preset.source, taken, overridden)
+    use = PresetUse(entry.name, entry.qualified, preset.source, taken, overridden, padded)
     return given, use
 
 
@@ -117,6 +147,23 @@ class GenerateOptions:
     op, each paying the host's launch cost). ``dhead`` is the size of one attention head;
     ``None`` means ``dmodel / head`` (Qwen3 sets it apart: 128 with dmodel 2048 and 32 heads).
     ``model`` is a registered model; a preset's name is resolved before (:func:`resolve_model`).
+
+    ``phase`` is ``training`` (one training iteration, the default) or a serving phase
+    (:mod:`stg.core.inference`): ``prefill`` (``batch`` prompts of ``seq`` tokens, forward
+    only, writing the KV cache), ``decode`` (``steps`` steps of one new token for each of
+    ``batch`` sequences against a KV cache of ``context`` tokens, default ``seq``, growing by
+    one per step) or ``mixed`` (one continuously batched iteration: ``prefill_batch``
+    requests prefill a chunk of ``chunk`` tokens, default ``seq``, after ``prefill_context``
+    tokens already cached, beside ``batch`` requests decoding against ``context`` tokens).
+    ``kv_dtype`` is the KV cache's dtype (default ``dtype``; fp8 or int8 quantise it).
+
+    The options of :data:`UNSET_OPTIONS` (``None``: unset) are read by the models that have
+    such parts: ``shared_experts`` (experts every token uses, beside the routed ones),
+    ``dense_layers`` and ``dense_dff`` (the first layers of a stack of MoE layers are dense,
+    with this FFN size), and multi-head latent attention's ``q_lora_rank`` and
+    ``kv_lora_rank`` (the ranks of the query and key/value compressions) and ``drope`` (the
+    decoupled RoPE dimension of a query head and of the key shared by the heads);
+    ``mtp_depth``: multi-token prediction modules after the head (DeepSeek-V3: 1; unset: none).
     """
 
     model: str = "gpt"
@@ -133,6 +180,13 @@ class GenerateOptions:
     experts: int = 8
     kexperts: int = 2
     capacity_factor: float = 1.0
+    shared_experts: int | None = None
+    dense_layers: int | None = None
+    dense_dff: int | None = None
+    q_lora_rank: int | None = None
+    kv_lora_rank: int | None = None
+    drope: int | None = None
+    mtp_depth: int | None = None
     dp: int = 1
     tp: int = 1
     sp: int = 1
@@ -152,12 +206,31 @@ class GenerateOptions:
     profile: str = "megatron"
     precision: tuple[tuple[str, str], ...] = ()
     rank_order: str = "tp,sp,ep,dp,pp"
+    phase: str = "training"
+    context: int | None = None
+    steps: int = 1
+    kv_dtype: str | None = None
+    prefill_batch: int = 0
+    chunk: int | None = None
+    prefill_context: int = 0
     format: str = "chakra-v0.0.4"
     output_dir: str = "generated"
     output_name: str = "workload.%d.et"
 
     ATTENTION = ("fused", "unfused")
     PROFILES = ("megatron", "eager")
+    PHASES = ("training", "prefill", "decode", "mixed")
+    INFERENCE_FIELDS = (
+        "phase",
+        "context",
+        "steps",
+        "kv_dtype",
+        "prefill_batch",
+        "chunk",
+        "prefill_context",
+    )
+    """Fields of the inference phases (:mod:`stg.core.inference`); a training run leaves
+    them out of its trace metadata, so training traces keep their bytes."""
 
     def __post_init__(self) -> None:
         # the original STG's spelling of "the whole batch"; same options, same workload
@@ -167,6 +240,16 @@ class GenerateOptions:
         if self.zero == 3:
             object.__setattr__(self, "zero", 0)
             object.__setattr__(self, "weight_sharded", True)
+        # serving runs tensor parallelism with all-reduces (vLLM, TensorRT-LLM): Megatron's
+        # sequence parallelism inside tp is a training memory saving, and a decode step's one
+        # token per sequence cannot be split anyway
+        if self.phase in self.PHASES[1:]:
+            object.__setattr__(self, "tpsp", False)
+
+    @property
+    def inference(self) -> bool:
+        """Whether this run is a serving phase (prefill, decode, mixed), not training."""
+        return self.phase != "training"
 
     @property
     def micro_batches(self) -> int:

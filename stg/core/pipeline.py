@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from stg.core.autodiff import build_backward, build_grad_reduction
 from stg.core.layout import Layout, parse_rank_order
 from stg.core.lowering import Binder, BoundPart, ModelParts, bind_part, lower_stage
-from stg.core.options import GenerateOptions, OptionError
+from stg.core.options import UNSET_OPTIONS, GenerateOptions, OptionError
 from stg.core.plan import ParallelPlan, make_plan
 from stg.core.precision import (
     DTYPE_BYTES,
@@ -20,16 +20,21 @@ from stg.core.precision import (
 from stg.core.symbolic import (
     Capacity,
     Dff,
+    DffDense,
     DHead,
     Dmodel,
+    DRope,
     Dvocal,
     Experts,
     GraphBuilder,
     Head,
     KExperts,
     KVHead,
+    KVLora,
     MicroBatch,
+    QLora,
     Seq,
+    SharedExperts,
     Tensor,
 )
 from stg.core.workload import RankGraph, Workload
@@ -74,6 +79,15 @@ def symbol_values(options: GenerateOptions) -> dict[Any, int]:
     }
     if options.dhead is not None:
         values[DHead] = options.dhead
+    for symbol, value in (
+        (QLora, options.q_lora_rank),
+        (KVLora, options.kv_lora_rank),
+        (DRope, options.drope),
+        (DffDense, options.dense_dff),
+        (SharedExperts, options.shared_experts),
+    ):
+        if value is not None:
+            values[symbol] = value
     return values
 
 
@@ -84,7 +98,10 @@ def build_parts(model: Model, plan: ParallelPlan) -> ModelParts:
     bound: dict[str, BoundPart] = {}
     precision = plan.precision
     zero_axes = plan.zero_axes if o.zero in (1, 2) else ()
-    for name in ("embedding", "block", "head"):
+    runs = model.layer_runs(o.as_dict())
+    functions = {"embedding": model.embedding, "head": model.head}
+    functions.update((kind, function) for kind, function, _ in runs)
+    for name, function in functions.items():
         b = GraphBuilder(
             name,
             active_axes=plan.active_axes,
@@ -97,12 +114,15 @@ def build_parts(model: Model, plan: ParallelPlan) -> ModelParts:
             options=o.as_dict(),
         )
         x = None if name == "embedding" else b.residual_input()
-        with b.tag(name):
-            result = getattr(model, name)(b, x)
+        # every layer's ops carry the tag "block", and their kind's name where it differs
+        tags = (name,) if name in ("embedding", "head", "block") else ("block", name)
+        with b.tag(*tags):
+            result = function(b, x)
         if not isinstance(result, Tensor):
             what = "the loss" if name == "head" else "its output activation"
+            part = name if name in ("embedding", "head", "block") else f"the {name!r} block"
             raise UserError(
-                f"model {model.name!r}: {name}() must return {what} (a Tensor), got {result!r}"
+                f"model {model.name!r}: {part}() must return {what} (a Tensor), got {result!r}"
             )
         if name == "head":
             build_backward(b, seed=None, loss=result)
@@ -125,10 +145,13 @@ def build_parts(model: Model, plan: ParallelPlan) -> ModelParts:
     # Adam reads and writes the master weights and both moments and reads the gradient; with
     # mixed precision it also writes the 16-bit working copy of the weights.
     per_param = 2 * master + 4 * state + grad + (DTYPE_BYTES[o.dtype] if o.mixed_precision else 0)
+    layer_kinds = tuple(kind for kind, _, count in runs for _ in range(count))
     return ModelParts(
         bound["embedding"],
-        bound["block"],
+        bound[layer_kinds[0]],
         bound["head"],
+        blocks={kind: bound[kind] for kind, _, _ in runs},
+        layer_kinds=layer_kinds,
         optimizer_bytes_per_param=int(per_param),
         optimizer_dtype=precision["optimizer"],
         facts={
@@ -151,7 +174,7 @@ def _warn_unknown_plan_ops(options: GenerateOptions, parts: ModelParts) -> None:
     known = sorted(
         {
             op.name
-            for bound in (parts.embedding, parts.block, parts.head)
+            for bound in (parts.embedding, *parts.blocks.values(), parts.head)
             for op in bound.part.forward
             if op.kind == "einsum"
         }
@@ -169,9 +192,14 @@ def _warn_unknown_plan_ops(options: GenerateOptions, parts: ModelParts) -> None:
 def build_workload(
     options: GenerateOptions, registry: Registry, progress: Progress | None = None
 ) -> Workload:
-    """Build the workload of one training iteration for every rank."""
+    """Build the workload of one training iteration (or, with ``options.phase``, of a serving
+    run: :mod:`stg.core.inference`) for every rank."""
     plan = validate_options(options, registry)
     model = registry.models.get(options.model)
+    if options.inference:  # prefill, decode, mixed: forward only, with a KV cache
+        from stg.core.inference import build_inference_workload
+
+        return build_inference_workload(options, plan, model, progress)
     schedule: PipelineSchedule = registry.schedules.get(options.pipeline_schedule)
     parts = build_parts(model, plan)
     if options.precision:
@@ -216,7 +244,9 @@ def build_workload(
         "options": {
             k: v
             for k, v in options.as_dict().items()
-            if k not in {"output_dir", "output_name"} and not (k == "dhead" and v is None)
+            if k not in {"output_dir", "output_name"}
+            and not (k in UNSET_OPTIONS and v is None)
+            and k not in GenerateOptions.INFERENCE_FIELDS  # training traces keep their bytes
         },
         "micro_batches": plan.micro_batches,
         "layers_per_chunk": list(plan.layers_per_chunk),

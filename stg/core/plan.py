@@ -105,8 +105,98 @@ def _require(condition: bool, message: str) -> None:
         raise OptionError(message)
 
 
+def _check_phase(o: GenerateOptions) -> None:
+    """The options of the serving phases (prefill, decode, mixed) against each other."""
+    phases = GenerateOptions.PHASES
+    _require(o.phase in phases, f"phase={o.phase!r} must be one of {', '.join(phases)}")
+
+    def positive(name: str, value: object) -> None:
+        _require(
+            isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+            f"{name}={value} must be a positive integer",
+        )
+
+    if o.phase == "training":
+        for name, default in (
+            ("context", None),
+            ("steps", 1),
+            ("kv_dtype", None),
+            ("prefill_batch", 0),
+            ("chunk", None),
+            ("prefill_context", 0),
+        ):
+            value = getattr(o, name)
+            _require(
+                value == default,
+                f"{name}={value} applies to the serving phases; allowed with it: "
+                "--phase prefill, decode or mixed",
+            )
+        return
+    training_only = (
+        ("zero", o.zero != 0),
+        ("weight_sharded", o.weight_sharded),
+        ("mixed_precision", o.mixed_precision),
+        ("activation_recompute", RECOMPUTE.get(str(o.activation_recompute).lower()) != "none"),
+        ("grad_reduce_dtype", o.grad_reduce_dtype is not None),
+        ("virtual_stages", o.virtual_stages != 1),
+    )
+    for name, given in training_only:
+        _require(
+            not given,
+            f"{name}={getattr(o, name)} is a training option; phase={o.phase} has no "
+            "backward, gradients or optimizer (leave it unset)",
+        )
+    _require(
+        o.kv_dtype is None or o.kv_dtype in DTYPE_BYTES,
+        f"kv_dtype={o.kv_dtype!r} must be one of {', '.join(DTYPE_BYTES)}",
+    )
+    positive("steps", o.steps)
+    _require(
+        o.steps == 1 or o.phase == "decode",
+        f"steps={o.steps} applies to phase=decode only (one iteration of {o.phase})",
+    )
+    if o.phase != "prefill":
+        positive("context", o.context if o.context is not None else o.seq)
+        _require(
+            o.sp == 1,
+            f"sp={o.sp} is not allowed with phase={o.phase}: context parallelism splits a "
+            "prompt (phase=prefill); a decoding sequence has one new token",
+        )
+    else:
+        _require(
+            o.context is None,
+            f"context={o.context} applies to phase=decode or mixed; a prefill writes the "
+            "cache of its --seq prompt tokens",
+        )
+    if o.phase == "mixed":
+        positive("prefill_batch", o.prefill_batch)
+        positive("chunk", o.chunk if o.chunk is not None else o.seq)
+        _require(
+            isinstance(o.prefill_context, int) and o.prefill_context >= 0,
+            f"prefill_context={o.prefill_context} must be a non-negative integer",
+        )
+        _require(
+            o.micro_batch is None,
+            f"micro_batch={o.micro_batch} is not allowed with phase=mixed: one continuously "
+            "batched iteration runs all its requests at once (leave it unset)",
+        )
+        replicas = o.dp * o.ep
+        _require(
+            o.prefill_batch % replicas == 0,
+            f"dp·ep={replicas} must divide prefill_batch={o.prefill_batch} "
+            "(each replica serves whole requests)",
+        )
+    else:
+        for name, default in (("prefill_batch", 0), ("chunk", None), ("prefill_context", 0)):
+            value = getattr(o, name)
+            _require(
+                value == default, f"{name}={value} applies to phase=mixed only (not {o.phase})"
+            )
+
+
 def make_plan(o: GenerateOptions) -> ParallelPlan:
     """Check the options against each other and derive the plan; raise OptionError otherwise."""
+    _check_phase(o)
     degrees = {"dp": o.dp, "tp": o.tp, "sp": o.sp, "pp": o.pp, "ep": o.ep}
     for axis in AXES:
         _require(
@@ -151,6 +241,15 @@ def make_plan(o: GenerateOptions) -> ParallelPlan:
         _require(
             isinstance(o.dhead, int) and not isinstance(o.dhead, bool) and o.dhead >= 1,
             f"dhead={o.dhead} must be a positive integer (or unset: dmodel/head)",
+        )
+    for name in ("shared_experts", "dense_layers", "dense_dff", "q_lora_rank", "kv_lora_rank",
+                 "drope", "mtp_depth"):  # fmt: skip
+        value = getattr(o, name)
+        least = 0 if name in ("shared_experts", "dense_layers", "mtp_depth") else 1
+        _require(
+            value is None
+            or (isinstance(value, int) and not isinstance(value, bool) and value >= least),
+            f"{name}={value} must be an integer >= {least} (or unset)",
         )
     _require(o.head % o.kvhead == 0, f"kvhead={o.kvhead} must divide head={o.head}")
     _require(o.head % o.tp == 0, f"tp={o.tp} must divide head={o.head}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import sympy
 
@@ -29,6 +30,12 @@ MicroBatch, Seq, Dmodel, Dff, Head, KVHead, Dvocal, Experts, KExperts, Capacity 
 )
 DHead = sympy.Symbol("dhead", integer=True, positive=True)
 """The size of one attention head where ``--dhead`` sets it apart from ``dmodel / head``."""
+QLora, KVLora, DRope, DffDense, SharedExperts = sympy.symbols(
+    "q_lora_rank kv_lora_rank drope dense_dff shared_experts", integer=True, positive=True
+)
+"""Multi-head latent attention (DeepSeek-V2/V3): the ranks of the query and the key/value
+compressions and the decoupled RoPE dimension of a head; the FFN size of dense layers in a
+model of dense and MoE layers; the shared experts of an MoE layer."""
 
 
 ONE = sympy.Integer(1)
@@ -164,6 +171,49 @@ def _view_groups(
     return groups if i == len(src) and j == len(dst) else None
 
 
+class KVCacheHook(Protocol):
+    """What a builder of a serving phase consults (:class:`stg.core.inference.KVCache`):
+    attention einsums read their keys and values from the KV cache, and weights indexed by
+    position are stored for every position the cache holds."""
+
+    def attend(
+        self,
+        b: GraphBuilder,
+        in_letters: Sequence[str],
+        operands: tuple[Tensor, ...],
+        scale: sympy.Expr | int,
+    ) -> tuple[tuple[Tensor, ...], sympy.Expr | int]: ...
+
+    def position_weight(
+        self,
+        b: GraphBuilder,
+        name: str,
+        dims: tuple[Dim, ...],
+        shard: Mapping[str, Iterable[str] | str],
+    ) -> Tensor: ...
+
+
+def _optional_dims(options: Mapping[str, object], head_size: sympy.Expr) -> dict[str, Dim]:
+    """Dimensions of options that are unset unless a model needs them, with the fallback of
+    each when unset: ``kvlora`` 4·dhead and ``drope`` dhead/2 (DeepSeek-V2 and V3's ratios,
+    512 and 64 for heads of 128), ``kvcache`` their sum (the latent a token caches),
+    ``dff_dense`` dff, ``qlora`` and ``shared`` none (a model checks the option first)."""
+
+    def chosen(option: str, symbol: sympy.Symbol, fallback: sympy.Expr) -> sympy.Expr:
+        return symbol if options.get(option) is not None else fallback
+
+    kvlora = chosen("kv_lora_rank", KVLora, 4 * head_size)
+    drope = chosen("drope", DRope, head_size / 2)
+    return {
+        "qlora": Dim("qlora", QLora),
+        "kvlora": Dim("kvlora", kvlora),
+        "drope": Dim("drope", drope),
+        "kvcache": Dim("kvcache", kvlora + drope),
+        "dff_dense": Dim("dff_dense", chosen("dense_dff", DffDense, Dff)),
+        "shared": Dim("shared", SharedExperts),
+    }
+
+
 class GraphBuilder:
     """Builds one part of a model. Handed to model templates as ``b``.
 
@@ -189,8 +239,10 @@ class GraphBuilder:
         shard_weights_over: Sequence[str] = (),
         precision: tuple[tuple[str, str], ...] = (),
         options: Mapping[str, object] | None = None,
+        kv_cache: KVCacheHook | None = None,
     ) -> None:
         self.part = Part(name)
+        self.kv_cache = kv_cache
         self.active = frozenset(active_axes)
         self.data_axes = self._axes(data_axes)
         self.seq_axes = self._axes(seq_axes)
@@ -203,6 +255,7 @@ class GraphBuilder:
         self.dims: Mapping[str, Dim] = dict(STANDARD_DIMS)
         if self.options.get("dhead") is not None:  # --dhead: a size of its own (Qwen3)
             self.dims = {**self.dims, "dhead": Dim("dhead", DHead)}
+        self.dims = {**self.dims, **_optional_dims(self.options, self.dims["dhead"].size)}
         self._phase = "forward"
         self._tags: frozenset[str] = frozenset()
         self._reshard_cache: dict[tuple[int, Sharding], Tensor] = {}
@@ -223,7 +276,8 @@ class GraphBuilder:
 
     def dim(self, name: str) -> Dim:
         """A standard dimension by name (batch, seq, dmodel, dff, head, kvhead, qgroup, dhead,
-        dvocal, experts, kexperts, capacity)."""
+        dvocal, experts, kexperts, capacity; for latent attention and mixed stacks qlora,
+        kvlora, drope, kvcache, dff_dense, shared)."""
         try:
             return self.dims[name]
         except KeyError:
@@ -305,6 +359,8 @@ class GraphBuilder:
         """A parameter. ``shard`` maps dimension names to the mesh axes that split them,
         e.g. ``{"dff": "tp"}`` for a column-parallel weight."""
         dim_tuple = self._dims(dims)
+        if self.kv_cache is not None and any(d.name == "seq" for d in dim_tuple):
+            return self.kv_cache.position_weight(self, name, dim_tuple, shard or {})
         sharding = Sharding(tuple(self._axes((shard or {}).get(d.name)) for d in dim_tuple))
         if not self.fsdp_axes:
             tensor = Tensor(
@@ -394,6 +450,8 @@ class GraphBuilder:
             raise ValueError(
                 f"einsum {spec!r} expects {len(in_letters)} operands, got {len(operands)}"
             )
+        if self.kv_cache is not None:  # serving: keys and values come from the KV cache
+            operands, scale = self.kv_cache.attend(self, in_letters, operands, scale)
         letter_dim: dict[str, Dim] = {}
         for letters, t in zip(in_letters, operands, strict=True):
             if len(letters) != len(t.dims) or len(set(letters)) != len(letters):

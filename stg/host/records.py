@@ -38,6 +38,12 @@ PRESET_DIMS = (
     "experts",
     "kexperts",
     "capacity_factor",
+    "shared_experts",
+    "dense_layers",
+    "dense_dff",
+    "q_lora_rank",
+    "kv_lora_rank",
+    "drope",
 )
 """The options a :class:`Preset` may set: the model's dimensions (fields of
 :class:`stg.core.options.GenerateOptions`), never parallelism, batch or output."""
@@ -69,6 +75,11 @@ class Model:
     norm, LM head, loss). Each is called as ``fn(builder, x)`` with a
     :class:`stg.core.symbolic.GraphBuilder` and the incoming activation (``None`` for the embedding)
     and returns the outgoing activation (``None`` for the head).
+
+    ``stack`` (optional) makes the layer stack of several block kinds (DeepSeek-V3: dense
+    layers, then MoE layers): ``stack(options)`` gets the run's options as a mapping and
+    returns runs ``(kind, block_function, count)`` in layer order, whose counts sum to
+    ``options["num_stacks"]``. Without it every layer is ``block`` (kind ``"block"``).
     """
 
     name: str
@@ -77,6 +88,9 @@ class Model:
     head: Callable[..., Any]
     description: str = ""
     aliases: tuple[str, ...] = ()
+    stack: Callable[[Mapping[str, Any]], Sequence[tuple[str, Callable[..., Any], int]]] | None = (
+        None
+    )
 
     def __post_init__(self) -> None:
         _check_name("model", self.name)
@@ -84,6 +98,52 @@ class Model:
             _check_name("model alias", alias)
         for field_name in ("embedding", "block", "head"):
             _check_callable("model", self.name, field_name, getattr(self, field_name))
+        if self.stack is not None:
+            _check_callable("model", self.name, "stack", self.stack)
+
+    def layer_runs(
+        self, options: Mapping[str, Any]
+    ) -> tuple[tuple[str, Callable[..., Any], int], ...]:
+        """The layer stack for ``options`` as runs ``(kind, block function, count)``, checked:
+        kinds are names (``block``, ``dense``, ...; ``embedding`` and ``head`` are taken), one
+        function per kind, counts are integers >= 0 summing to ``options["num_stacks"]``.
+        A malformed stack is a :class:`stg.errors.UserError` naming the model."""
+        from stg.errors import UserError
+
+        layers = int(options["num_stacks"])
+        if self.stack is None:
+            return (("block", self.block, layers),)
+        runs = tuple(tuple(run) for run in self.stack(options))
+        functions: dict[str, Callable[..., Any]] = {}
+        for run in runs:
+            if len(run) != 3:
+                raise UserError(
+                    f"model {self.name!r}: stack() must return (kind, block function, count) "
+                    f"runs, got {run!r}"
+                )
+            kind, function, count = run
+            if (
+                not isinstance(kind, str)
+                or not NAME_RE.match(kind)
+                or kind in ("embedding", "head")
+            ):
+                raise UserError(
+                    f"model {self.name!r}: stack() kind {kind!r} must be a lower-case name "
+                    "other than embedding and head"
+                )
+            if not callable(function) or functions.setdefault(kind, function) is not function:
+                raise UserError(
+                    f"model {self.name!r}: stack() kind {kind!r} must name one block function"
+                )
+            if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+                raise UserError(
+                    f"model {self.name!r}: stack() count of {kind!r} must be an integer >= 0, "
+                    f"got {count!r}"
+                )
+        total = sum(run[2] for run in runs)
+        if total != layers:
+            raise UserError(f"model {self.name!r}: stack() has {total} layers; num_stacks={layers}")
+        return tuple((kind, function, count) for kind, function, count in runs if count)  # type: ignore[misc]
 
 
 @dataclass(frozen=True)
@@ -263,7 +323,10 @@ class Preset:
     per token for mixtures of experts), as plain numbers (46.7e9), for comparison with what
     the template builds; ``tied_embeddings`` says that the published model shares one matrix
     between the word embedding and the LM head and counts it once (stg's built-in templates
-    give the LM head its own weight, dvocal·dmodel more).
+    give the LM head its own weight, dvocal·dmodel more). ``vocab_divisible_by`` pads the
+    preset's vocabulary, as Megatron-LM's ``--make-vocab-size-divisible-by`` does, to a
+    multiple of ``vocab_divisible_by · tp`` (GPT-3's 50,257 tokens: 50,304 at tp 1, 51,200 at
+    tp 8), so that every tensor-parallel degree divides it; an explicit ``--dvocal`` is kept.
     """
 
     name: str
@@ -275,9 +338,18 @@ class Preset:
     published_parameters: float | None = None
     published_active_parameters: float | None = None
     tied_embeddings: bool = False
+    vocab_divisible_by: int | None = None
 
     def __post_init__(self) -> None:
         _check_name("preset", self.name)
+        if self.vocab_divisible_by is not None and (
+            isinstance(self.vocab_divisible_by, bool)
+            or not isinstance(self.vocab_divisible_by, int)
+            or self.vocab_divisible_by < 1
+        ):
+            raise RecordError(
+                f"preset {self.name!r}: vocab_divisible_by must be a positive integer or None"
+            )
         for alias in self.aliases:
             _check_name("preset alias", alias)
         if not isinstance(self.model, str) or not self.model:

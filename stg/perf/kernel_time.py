@@ -26,9 +26,11 @@ quantisation: a partial tile costs a whole one); bounded below by the memory roo
 query in blocks of 128 rows per CTA; a block's work is 4·128·kv·head_dim FLOPs forward
 (kv = the keys it attends to: under causal masking the blocks up to the diagonal) and 2.5x
 that backward (the backward recomputes the scores). Time = waves · (block work / per-SM rate
-+ per-block overhead). Unfused attention (PyTorch's math path: scores, softmax and dropout
-as separate kernels through HBM) is two batched GEMMs plus the bytes its kernels move per
-score element.
++ per-block overhead). A forward of fewer query blocks than SMs against a longer key/value
+cache (a decode step) splits the keys over CTAs (split-KV, Flash-Decoding) and combines
+their partial outputs in a second, memory-bound pass. Unfused attention (PyTorch's math
+path: scores, softmax and dropout as separate kernels through HBM) is two batched GEMMs plus
+the bytes its kernels move per score element.
 
 **Memory-bound kernels** move their bytes at a measured fraction of the HBM bandwidth per
 kernel class: streaming (add, mul, copy, GELU, SiLU), normalisation (LayerNorm, RMSNorm,
@@ -260,13 +262,24 @@ def attention_time(
         kv_per_block = rows * (kv_blocks + 1) / 2 if s_q == s_kv else rows * kv_blocks
     else:
         kv_per_block = rows * kv_blocks
+    blocks = batch * heads * q_blocks
+    splits = 1
+    if not backward and s_q < s_kv and blocks < gpu.sm_count:
+        # split-KV (Flash-Decoding; FlashAttention's num_splits): a few query rows against a
+        # long cache leave SMs idle, so the keys are split over CTAs that each attend to a
+        # part, and a second pass combines their fp32 partial outputs
+        splits = min(kv_blocks, math.ceil(gpu.sm_count / blocks))
+        kv_per_block = rows * math.ceil(kv_blocks / splits)
     work = 4.0 * rows * kv_per_block * head_dim
     if backward:
         work *= ATTENTION_BACKWARD_WORK
     peak = gpu.peak_flops[dtype] * gpu.clock_scale
     per_sm = peak * kernel.efficiency_for(head_dim, backward) / gpu.sm_count
-    waves = math.ceil(batch * heads * q_blocks / gpu.sm_count)
-    return waves * (work / per_sm + kernel.block_overhead_s[1 if backward else 0])
+    waves = math.ceil(blocks * splits / gpu.sm_count)
+    seconds = waves * (work / per_sm + kernel.block_overhead_s[1 if backward else 0])
+    if splits > 1:  # partial outputs and their log-sum-exp written, then read and reduced
+        seconds += gpu.stream_time(2 * 4 * splits * batch * heads * s_q * (head_dim + 1))
+    return seconds
 
 
 def _unfused_attention_time(

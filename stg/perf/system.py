@@ -38,8 +38,8 @@ A system is a JSON object (stdlib ``json``; no YAML dependency). Units are in th
   sits at coordinate ``r % size0`` of the first dimension, ``(r // size0) % size1`` of the
   second, and so on.
 
-Built-in presets: ``a100-80g``, ``h100-80g``, ``h200-141g``. :func:`load_system` accepts a
-preset name or the path of a JSON file.
+Built-in presets: ``a100-80g``, ``h100-80g``, ``h200-141g``, ``h800-80g``.
+:func:`load_system` accepts a preset name or the path of a JSON file.
 """
 
 from __future__ import annotations
@@ -379,6 +379,23 @@ PRESETS["h200-141g"] = {
     "direction), one 400 Gb/s NIC per GPU",
     "hbm_gbps": 4800,
     "hbm_gib": 140,
+}
+
+# NVIDIA H800 SXM5 data sheet: the H100 SXM's GH100 (same SMs, peaks, HBM3 80 GB at 3.35 TB/s)
+# with NVLink cut to 400 GB/s (bidirectional: 200 GB/s per direction, against the H100's 900);
+# DeepSeek-V3's cluster (arXiv:2412.19437, section 3.1) adds one 400 Gb/s (50 GB/s) InfiniBand
+# NIC per GPU, as the h100-80g preset has.
+PRESETS["h800-80g"] = {
+    **PRESETS["h100-80g"],
+    "name": "h800-80g",
+    "description": "NVIDIA H800 SXM 80GB: 8 GPUs per node (NVLink, 200 GB/s per direction), "
+    "one 400 Gb/s NIC per GPU",
+    # the HGX H100 baseboard with fewer NVLinks: NVSwitch 3 keeps NVLink SHARP (nccl issue
+    # #1374 measured 215 GB/s all-reduce bus bandwidth on 8 H800s)
+    "network": [
+        {**PRESETS["h100-80g"]["network"][0], "bandwidth_gbps": 200},
+        *PRESETS["h100-80g"]["network"][1:],
+    ],
 }
 
 

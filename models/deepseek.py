@@ -1,0 +1,206 @@
+"""DeepSeek-V3 (and V2): multi-head latent attention, MoE layers of many small routed experts
+beside shared experts, and dense first layers (DeepSeek-AI, arXiv:2412.19437, section 2.1).
+
+Multi-head latent attention (MLA), as trained (no matrix absorption), per token ``x``:
+
+- queries: ``c_q = RMSNorm(x·W_DQ)`` (rank ``q_lora_rank``; without it ``x`` itself), then
+  ``q = c_q·W_UQ`` (``head·dhead``) and ``q_rope = RoPE(c_q·W_QR)`` (``head·drope``);
+- the latent ``x·W_DKV`` (``kv_lora_rank + drope`` per token: what inference caches) splits
+  into ``c_kv = RMSNorm(latent[:kv_lora_rank])`` and the decoupled key
+  ``k_rope = RoPE(latent[kv_lora_rank:])``, one for all heads;
+- ``k = c_kv·W_UK`` and ``v = c_kv·W_UV`` (``head·dhead`` each: DeepSeek's
+  ``qk_nope_head_dim`` and ``v_head_dim``, both 128), scores ``q·k + q_rope·k_rope``, softmax,
+  context ``P·v``, output ``context·W_O``.
+
+Tensor parallelism splits the heads (``W_UQ``, ``W_QR``, ``W_UK``, ``W_UV``, ``W_O``); the
+down-projections and their norms are replicated, and the builder gathers the latent (not
+``x``) where the heads need it. MoE layers are ``stg.models.moe``'s routed experts (router,
+top-k, dispatch and combine over ``ep``) plus ``shared_experts`` SwiGLU experts of ``dff``
+that every token uses. The first ``dense_layers`` layers (at most ``num_stacks - 1``, so
+that ``--num_stacks 2`` keeps one dense and one MoE layer) have a dense SwiGLU MLP of
+``dense_dff``.
+
+Multi-token prediction (V3's section 2.2), with ``--mtp_depth D`` (unset: none): after the
+head's loss, module k = 1..D joins ``RMSNorm(h^(k-1))`` (the last layer's output for k = 1)
+and ``RMSNorm(Emb(tokens shifted by k))`` into ``[.., 2·dmodel]``, projects it back to
+dmodel (``mtp<k>_proj``), runs one MoE layer, and adds the cross-entropy of its own norm and
+the shared LM head to the loss (the loss weight λ is a scale: not modelled). Its ops run in
+the head on the last pipeline stage; the embedding it shares with the model is a copy there
+(``mtp_wte``), as Megatron keeps one of a tied embedding, and the LM head is the head's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from stg.api import Dim, GraphBuilder, Model, Tensor, hookimpl
+from stg.models import llama, moe
+from stg.models.gpt import (
+    CROSS_ENTROPY_BACKWARD_FLOPS,
+    CROSS_ENTROPY_FLOPS,
+    SOFTMAX_FLOPS,
+    causal_scale,
+)
+
+RMSNORM_FLOPS = 4
+
+
+def latent_norm(b: GraphBuilder, x: Tensor, dim: str, name: str) -> Tensor:
+    """RMSNorm over a compressed dimension (``qlora``, ``kvlora``) with its weight."""
+    weight = b.weight(f"{name}.weight", dim)
+    return b.elementwise(name, x, weight, flops=RMSNORM_FLOPS, reduce=(dim,))
+
+
+def kv_latent(b: GraphBuilder, x: Tensor) -> Tensor:
+    """The joint key/value compression of each token together with its decoupled RoPE key:
+    ``[batch, seq, kvcache]``, kvcache = kv_lora_rank + drope. The KV cache holds this."""
+    return b.einsum("bsh,hc->bsc", x, b.weight("w_dkv", "dmodel kvcache"), name="kv_latent")
+
+
+def attention(b: GraphBuilder, x: Tensor) -> Tensor:
+    """Multi-head latent attention (module docstring)."""
+    tp = {"head": "tp"}
+    if b.options.get("q_lora_rank") is not None:
+        c_q = b.einsum("bsh,hl->bsl", x, b.weight("w_dq", "dmodel qlora"), name="q_down")
+        c_q = latent_norm(b, c_q, "qlora", "q_norm")
+        source = "qlora"
+    else:
+        c_q, source = x, "dmodel"
+    q = b.einsum("bsl,lak->bsak", c_q, b.weight("w_uq", f"{source} head dhead", shard=tp), name="q")
+    q_rope = b.einsum(
+        "bsl,lar->bsar", c_q, b.weight("w_qr", f"{source} head drope", shard=tp), name="q_rope"
+    )
+    q_rope = b.elementwise("rope_q", q_rope, flops=llama.ROPE_FLOPS)
+    latent = kv_latent(b, x)
+    c_kv = latent_norm(b, b.slice(latent, "kvcache", "kvlora", name="c_kv"), "kvlora", "kv_norm")
+    k_rope = b.elementwise(
+        "rope_k", b.slice(latent, "kvcache", "drope", name="k_rope"), flops=llama.ROPE_FLOPS
+    )
+    k = b.einsum("bsc,cak->bsak", c_kv, b.weight("w_uk", "kvlora head dhead", shard=tp), name="k")
+    v = b.einsum("bsc,cak->bsak", c_kv, b.weight("w_uv", "kvlora head dhead", shard=tp), name="v")
+    with b.tag("core_attention"):
+        scale = causal_scale(b)
+        scores = b.add(
+            b.einsum("bsak,btak->bast", q, k, name="scores", scale=scale),
+            b.einsum("bsar,btr->bast", q_rope, k_rope, name="scores_rope", scale=scale),
+            name="scores_sum",
+        )
+        probs = b.elementwise("softmax", scores, flops=SOFTMAX_FLOPS, reduce=(-1,))
+        ctx = b.einsum("bast,btak->bsak", probs, v, name="context", scale=scale)
+    wo = b.weight("wo", "head dhead dmodel", shard=tp)
+    return b.residual(b.einsum("bsak,akh->bsh", ctx, wo, name="attn_out"))
+
+
+def swiglu(b: GraphBuilder, x: Tensor, ffn: str, prefix: str = "") -> Tensor:
+    """A SwiGLU MLP of FFN size ``ffn`` (a dimension name), column/row parallel over tp."""
+    tp = {ffn: "tp"}
+    gate = b.einsum(
+        "bsh,hf->bsf", x, b.weight(f"{prefix}w1", f"dmodel {ffn}", shard=tp), name=f"{prefix}gate"
+    )
+    up = b.einsum(
+        "bsh,hf->bsf", x, b.weight(f"{prefix}w3", f"dmodel {ffn}", shard=tp), name=f"{prefix}up"
+    )
+    act = b.elementwise(f"{prefix}swiglu", gate, up, flops=llama.SWIGLU_FLOPS)
+    down = b.einsum(
+        "bsf,fh->bsh", act, b.weight(f"{prefix}w2", f"{ffn} dmodel", shard=tp), name=f"{prefix}down"
+    )
+    return b.residual(down)
+
+
+def shared_experts(b: GraphBuilder, x: Tensor) -> Tensor:
+    """``shared_experts`` SwiGLU experts of ``dff`` that every token goes through."""
+    tp = {"dff": "tp"}
+    w1 = b.weight("shared_w1", "shared dmodel dff", shard=tp)
+    w3 = b.weight("shared_w3", "shared dmodel dff", shard=tp)
+    w2 = b.weight("shared_w2", "shared dff dmodel", shard=tp)
+    gate = b.einsum("bsh,nhf->bsnf", x, w1, name="shared_gate")
+    up = b.einsum("bsh,nhf->bsnf", x, w3, name="shared_up")
+    act = b.elementwise("shared_swiglu", gate, up, flops=llama.SWIGLU_FLOPS)
+    return b.residual(b.einsum("bsnf,nfh->bsh", act, w2, name="shared_down"))
+
+
+def dense_block(b: GraphBuilder, x: Tensor) -> Tensor:
+    x = b.add(x, attention(b, b.rmsnorm(x, "attention_norm")), name="residual1")
+    return b.add(x, swiglu(b, b.rmsnorm(x, "ffn_norm"), "dff_dense"), name="residual2")
+
+
+def moe_block(b: GraphBuilder, x: Tensor) -> Tensor:
+    x = b.add(x, attention(b, b.rmsnorm(x, "attention_norm")), name="residual1")
+    h = b.rmsnorm(x, "ffn_norm")
+    ffn = moe.moe_mlp(b, h)
+    if b.options.get("shared_experts"):
+        ffn = b.add(ffn, shared_experts(b, h), name="shared_sum")
+    return b.add(x, ffn, name="residual2")
+
+
+def cross_entropy(b: GraphBuilder, x: Tensor, lm_head: Tensor, prefix: str = "") -> Tensor:
+    """The final norm, the logits of the LM head ``lm_head`` and the loss."""
+    h = b.rmsnorm(x, f"{prefix}norm" if prefix else "ln_f")
+    logits = b.einsum("bsh,vh->bsv", h, lm_head, name=f"{prefix}logits")
+    return b.custom(
+        f"{prefix}cross_entropy",
+        [logits],
+        "batch seq",
+        flops=CROSS_ENTROPY_FLOPS,
+        backward_flops=CROSS_ENTROPY_BACKWARD_FLOPS,
+        out_dtype="fp32",
+    )
+
+
+def head(b: GraphBuilder, x: Tensor) -> Tensor:
+    """Llama's head; with ``--mtp_depth`` the multi-token prediction modules after it."""
+    depth = int(b.options.get("mtp_depth") or 0)
+    if not depth:
+        return llama.head(b, x)
+    vocab = {"dvocal": "tp"}
+    lm_head = b.weight("lm_head", "dvocal dmodel", shard=vocab)
+    loss = cross_entropy(b, x, lm_head)
+    wte = b.weight("mtp_wte", "dvocal dmodel", shard=vocab)
+    joined_dim = Dim("mtp_concat", 2 * b.dim("dmodel").size)
+    hidden = x
+    for k in range(1, depth + 1):
+        with b.tag("mtp"):
+            ids = b.tokens(name=f"mtp{k}_tokens")  # the tokens k positions ahead
+            embedded = b.residual(b.gather(wte, ids, name=f"mtp{k}_embedding"))
+            joined = b.concat(
+                b.rmsnorm(hidden, f"mtp{k}_hnorm"),
+                b.rmsnorm(embedded, f"mtp{k}_enorm"),
+                dim="dmodel",
+                to=joined_dim,
+                name=f"mtp{k}_concat",
+            )
+            projection = b.weight(f"mtp{k}_proj", [joined_dim, b.dim("dmodel")])
+            hidden = moe_block(b, b.einsum("bsc,ch->bsh", joined, projection, name=f"mtp{k}_proj"))
+            extra = cross_entropy(b, hidden, lm_head, f"mtp{k}_")
+            # the weighted sum of the losses (a custom op: the backward starts from the loss)
+            loss = b.custom(
+                f"mtp{k}_loss", [loss, extra], "batch seq", flops=1, backward_flops=1,
+                grad_inputs=(0, 1), out_dtype="fp32",
+            )  # fmt: skip
+    return loss
+
+
+def dense_layer_count(options: Mapping[str, Any]) -> int:
+    """The dense layers of a stack of ``num_stacks``: ``dense_layers``, at most
+    ``num_stacks - 1`` (one MoE layer at least)."""
+    return max(0, min(int(options.get("dense_layers") or 0), int(options["num_stacks"]) - 1))
+
+
+def stack(options: Mapping[str, Any]) -> list[tuple[str, Any, int]]:
+    dense = dense_layer_count(options)
+    return [("dense", dense_block, dense), ("moe", moe_block, int(options["num_stacks"]) - dense)]
+
+
+@hookimpl
+def stg_register_models(register):  # type: ignore[no-untyped-def]
+    register(
+        Model(
+            "deepseek",
+            embedding=llama.embedding,
+            block=moe_block,
+            head=head,
+            stack=stack,
+            description="DeepSeek-V3: latent attention, shared + routed experts, dense first",
+        )
+    )
