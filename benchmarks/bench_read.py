@@ -1,7 +1,7 @@
 """Reading traces back: decoder throughput, and nodes/s and peak memory of the reading commands.
 
     python benchmarks/bench_read.py [--dir DIR] [--jobs N] [--big] [--feeder-nodes 5000000]
-        [--skip-reference]
+        [--skip-reference] [--shared ../shared/data/chakra]
 
 Writes (once, into ``--dir``, default ``/tmp/stg-bench-read``) the 128-rank trace of
 ``stg generate --dp 8 --tp 4 --pp 4 --batch 64 --micro_batch 8`` (1.39 M nodes) and its
@@ -10,9 +10,14 @@ micro-batches (5.07 M nodes); with ``--feeder-nodes`` a one-rank file of that ma
 synthetic blocks of bench_feeder.py). Then prints:
 
 * ``decode``: one core decoding one rank file (rank 0 of each format, and
-  ../shared/data/chakra/chakra.0.et when present), best of 3: whole ``Node`` objects
+  ../shared/data/chakra/chakra.0.et when present), nodes/s of wall and of CPU time, best of
+  5: whole ``Node`` objects
   (``stg.trace.reader.iter_nodes``), the columns that ``stg validate`` decodes, and the
   pure-Python reference decoder;
+* ``per-rank work``: the same files through the compiled per-rank entry points of ``stg feed``
+  (the drain, with data+ctrl and with data deps only), ``stg validate`` (rank summary) and
+  ``stg predict`` (communication summary), or ``reference`` where the file goes to the
+  reference decoder (it breaks a rule that the command reports);
 * ``validate``, ``feed``, ``inspect``, ``predict`` (the time predictor): each command in a
   fresh process on each trace (``--jobs`` worker processes, default all cores): wall time,
   nodes/s, and peak RSS (the largest process, and the sum over the command's processes
@@ -29,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import threading
@@ -36,7 +42,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SHARED = HERE.parent.parent / "shared" / "data" / "chakra"
+# ../shared/data/chakra of the project root (of the main checkout, for a git worktree beside it)
+SHARED_CANDIDATES = [HERE.parent.parent / "shared" / "data" / "chakra",
+                     HERE.parent.parent.parent / "shared" / "data" / "chakra"]  # fmt: skip
 TRACE_128 = ["--dp", "8", "--tp", "4", "--pp", "4", "--batch", "64", "--micro_batch", "8"]
 TRACE_1024 = ["--dp", "16", "--tp", "8", "--pp", "8", "--batch", "128", "--micro_batch", "16"]
 
@@ -71,8 +79,9 @@ def _tree_rss(pid: int) -> tuple[int, int]:
 
 
 def run(cmd: list[str]) -> dict[str, float]:
-    """Run ``cmd``; wall seconds, peak RSS of its largest process and of its process tree
-    (sampled every 20 ms)."""
+    """Run ``cmd``; wall seconds, CPU seconds (the command and the worker processes it waited
+    for), peak RSS of its largest process and of its process tree (sampled every 20 ms)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     peak = [0, 0]
@@ -89,12 +98,14 @@ def run(cmd: list[str]) -> dict[str, float]:
     sampler.start()
     out, err = proc.communicate()
     seconds = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     done.set()
     sampler.join()
     if proc.returncode not in (0, 1):
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{err[-2000:]}")
     return {
         "seconds": seconds,
+        "cpu_seconds": after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime,
         "largest_mib": peak[1] / 2**20,
         "tree_mib": peak[0] / 2**20,
         "stdout": out,  # type: ignore[dict-item]
@@ -139,7 +150,9 @@ def count_nodes(trace: Path) -> int:
 
 
 def decode_rates(files: dict[str, Path], skip_reference: bool) -> None:
-    """One core, one rank file per format: best of 3."""
+    """One core, one rank file per format: nodes per second of wall time and of CPU time
+    (``time.process_time``: what the core gave this process), each the best of 5 runs of at
+    least 0.2 s (small files are read repeatedly)."""
     from stg.trace import reader
 
     try:
@@ -148,27 +161,53 @@ def decode_rates(files: dict[str, Path], skip_reference: bool) -> None:
         decode = None  # type: ignore[assignment]
     fields = ("id", "flags", "num_ops", "comm_type", "data")
 
-    def best(fn: object) -> tuple[int, float]:
-        times = []
-        for _ in range(3):
-            start = time.perf_counter()
-            n = fn()  # type: ignore[operator]
-            times.append(time.perf_counter() - start)
-        return n, min(times)
+    def best(fn: object, n: int) -> str:
+        """``wall rate / CPU rate`` of ``n`` nodes in nodes per second."""
+        walls, cpus = [], []
+        for _ in range(5):
+            reps = 0
+            start, cpu = time.perf_counter(), time.process_time()
+            while True:
+                fn()  # type: ignore[operator]
+                reps += 1
+                if time.perf_counter() - start >= 0.2:
+                    break
+            walls.append((time.perf_counter() - start) / reps)
+            cpus.append((time.process_time() - cpu) / reps)
+        return f"{n / min(walls) / 1e3:,.0f}k / {n / min(cpus) / 1e3:,.0f}k"
 
-    print(f"{'decode (1 core)':<34} {'nodes':>9}  {'Node objects':>14}  {'columns':>14}  "
-          f"{'reference':>14}")  # fmt: skip
+    print("nodes/s of one core: wall / CPU (thousands)")
+    print(f"{'decode (1 core)':<34} {'nodes':>9}  {'Node objects':>16}  {'columns':>16}  "
+          f"{'reference':>16}")  # fmt: skip
     for label, path in files.items():
         fmt = reader.detect_format(path)
-        n, t_nodes = best(lambda: sum(1 for _ in reader.iter_nodes(path, format=fmt)))  # noqa: B023
+        n = sum(1 for _ in reader.iter_nodes(path, format=fmt))
+        nodes = best(lambda: sum(1 for _ in reader.iter_nodes(path, format=fmt)), n)  # noqa: B023
         cols = ref = "-"
         if decode is not None and decode.enabled():
-            _, t = best(lambda: len(decode.columns(path, fmt, fields)["type"]))  # noqa: B023
-            cols = f"{n / t:,.0f}/s"
+            cols = best(lambda: len(decode.columns(path, fmt, fields)["type"]), n)  # noqa: B023
             if not skip_reference:
-                _, t = best(lambda: sum(1 for _ in reader.iter_nodes_reference(path, fmt)))  # noqa: B023
-                ref = f"{n / t:,.0f}/s"
-        print(f"{label:<34} {n:>9,}  {n / t_nodes:>12,.0f}/s  {cols:>14}  {ref:>14}", flush=True)
+                ref = best(
+                    lambda: sum(1 for _ in reader.iter_nodes_reference(path, fmt)),  # noqa: B023
+                    n,
+                )
+        print(f"{label:<34} {n:>9,}  {nodes:>16}  {cols:>16}  {ref:>16}", flush=True)
+    if decode is None or not decode.enabled() or not hasattr(decode, "drain"):
+        return
+    print(f"\n{'per-rank work (1 core)':<34} {'feed: drain':>16}  {'--deps data':>16}  "
+          f"{'validate':>16}  {'predict':>16}")  # fmt: skip
+    for label, path in files.items():
+        fmt = reader.detect_format(path)
+        n = sum(1 for _ in reader.iter_nodes(path, format=fmt))
+        work = {
+            "drain": lambda: decode.drain(path, fmt, 65536, True),  # noqa: B023
+            "data": lambda: decode.drain(path, fmt, 65536, False),  # noqa: B023
+            "validate": lambda: decode.rank_summary(path, fmt, None, None, False),  # noqa: B023
+            "predict": lambda: decode.comm_summary(path, fmt),  # noqa: B023
+        }
+        # None: the file goes to the reference decoder (it breaks a rule the command reports)
+        cells = [best(fn, n) if fn() is not None else "reference" for fn in work.values()]
+        print(f"{label:<34} " + "  ".join(f"{c:>16}" for c in cells), flush=True)
 
 
 def write_feeder_file(path: Path, nodes: int) -> None:
@@ -184,7 +223,7 @@ FEEDER_PHASE = """
 import json, resource, sys, time
 from stg.trace.feeder import ETFeeder
 f = ETFeeder(sys.argv[1], window=65536)
-start = time.perf_counter()
+start, cpu = time.perf_counter(), time.process_time()
 count = 0
 while f.has_nodes_to_issue():
     wave = []
@@ -198,7 +237,8 @@ while f.has_nodes_to_issue():
         f.remove_node(i)
     count += len(wave)
 seconds = time.perf_counter() - start
-print(json.dumps({"nodes": count, "seconds": seconds,
+cpu = time.process_time() - cpu
+print(json.dumps({"nodes": count, "seconds": seconds, "cpu": cpu,
                   "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
 
@@ -210,6 +250,7 @@ def main() -> None:
     parser.add_argument("--big", action="store_true", help="also the 1,024-rank trace")
     parser.add_argument("--feeder-nodes", type=int, default=0, help="nodes of the feeder file")
     parser.add_argument("--skip-reference", action="store_true")
+    parser.add_argument("--shared", type=Path, help="the shared Chakra traces (default: found)")
     parser.add_argument("--commands", default="validate,feed,inspect,predict")
     parser.add_argument("--traces", help="only these traces (e.g. 'json,v0.0.4 1024 ranks')")
     parser.add_argument("--no-decode", action="store_true", help="skip the decode table")
@@ -220,9 +261,10 @@ def main() -> None:
     traces = ensure_traces(args.dir, args.big)
     files = {f"stg rank 0 {fmt}": next(p for p in sorted(t.iterdir()) if ".0." in p.name)
              for fmt, t in traces.items() if "1024" not in fmt}  # fmt: skip
-    if SHARED.is_dir():
-        files["chakra.0.et (PyTorch, shared)"] = SHARED / "chakra.0.et"
-        files["small_chakra.0.json (shared)"] = SHARED / "small_chakra.0.json"
+    shared = args.shared or next((p for p in SHARED_CANDIDATES if p.is_dir()), None)
+    if shared is not None:
+        files["chakra.0.et (PyTorch, shared)"] = shared / "chakra.0.et"
+        files["small_chakra.0.json (shared)"] = shared / "small_chakra.0.json"
     if not args.no_decode:
         decode_rates(files, args.skip_reference)
     if args.traces:
@@ -237,14 +279,16 @@ def main() -> None:
         "predict": lambda t: stg_cmd("predict", str(t), *jobs, "--predictor", "time", "--json"),
     }
     wanted = args.commands.split(",")
-    print(f"\n{'command':<10} {'trace':<20} {'nodes':>10} {'seconds':>8} {'nodes/s':>12} "
-          f"{'peak RSS: largest':>18} {'all processes':>14}")  # fmt: skip
+    print(f"\n{'command':<10} {'trace':<20} {'nodes':>10} {'wall s':>7} {'nodes/s':>11} "
+          f"{'CPU s':>6} {'nodes/CPU-s':>12} {'peak RSS: largest':>18} "
+          f"{'all processes':>14}")  # fmt: skip
     for fmt, trace in traces.items():
         nodes = count_nodes(trace)
         for name in wanted:
             r = run(commands[name](trace))
-            print(f"{name:<10} {fmt:<20} {nodes:>10,} {r['seconds']:>8.2f} "
-                  f"{nodes / r['seconds']:>10,.0f}/s {r['largest_mib']:>14,.0f} MiB "
+            print(f"{name:<10} {fmt:<20} {nodes:>10,} {r['seconds']:>7.2f} "
+                  f"{nodes / r['seconds']:>9,.0f}/s {r['cpu_seconds']:>6.2f} "
+                  f"{nodes / r['cpu_seconds']:>10,.0f}/s {r['largest_mib']:>14,.0f} MiB "
                   f"{r['tree_mib']:>10,.0f} MiB", flush=True)  # fmt: skip
     if args.feeder_nodes:
         path = args.dir / f"feeder.{args.feeder_nodes}.0.et"
@@ -252,12 +296,16 @@ def main() -> None:
         r = run([sys.executable, "-c", FEEDER_PHASE, str(path)])
         out = json.loads(r["stdout"])  # type: ignore[arg-type]
         print(f"\nfeeder (ETFeeder, window 65,536) {out['nodes']:,} nodes: {out['seconds']:.1f} s, "
-              f"{out['nodes'] / out['seconds']:,.0f} nodes/s, peak RSS {out['rss']:,.0f} MiB",
+              f"{out['nodes'] / out['seconds']:,.0f} nodes/s, CPU {out['cpu']:.1f} s, "
+              f"{out['nodes'] / out['cpu']:,.0f} nodes/CPU-s, peak RSS {out['rss']:,.0f} MiB",
               flush=True)  # fmt: skip
         r = run(stg_cmd("feed", str(path), *jobs))
+        n = args.feeder_nodes
         print(
-            f"stg feed (compiled drain)  {args.feeder_nodes:,} nodes: {r['seconds']:.1f} s, "
-            f"{args.feeder_nodes / r['seconds']:,.0f} nodes/s, peak RSS {r['tree_mib']:,.0f} MiB"
+            f"stg feed (compiled drain)  {n:,} nodes: {r['seconds']:.1f} s, "
+            f"{n / r['seconds']:,.0f} nodes/s, CPU {r['cpu_seconds']:.1f} s, "
+            f"{n / r['cpu_seconds']:,.0f} nodes/CPU-s, peak RSS {r['largest_mib']:,.0f} MiB "
+            f"(all processes {r['tree_mib']:,.0f} MiB)"
         )
 
 

@@ -46,7 +46,7 @@ attention scores; with ZeRO-3 the gathered weights of two layers (current and pr
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 import stg
@@ -56,6 +56,9 @@ from stg.api import (
     KernelTable,
     Predictor,
     System,
+    device_of,
+    group_of_rank,
+    is_hybrid,
     kernel_table,
     load_system,
     normalize_dtype,
@@ -718,34 +721,80 @@ def predict_memory(
 
         return serving_memory(workload, system)
     o = as_options(options)
+    if is_hybrid(system):
+        return _hybrid_memory(workload, system, o, kernels)
     classes = []
     for rank_class in workload.rank_classes:
-        facts = rank_class.facts
-        for key in ("parameters", "layers", "has_embedding", "has_head"):
-            if key not in facts:
-                raise UserError(f"rank class {rank_class.index} lacks the fact {key!r}")
-        # a generated workload records the replica's parameters and this rank's padded flat
-        # shard of them (ZeRO / FSDP); "parameters" alone is the replica (no ZeRO / FSDP)
-        sharded = facts.get("shard_parameters")
-        memory = stage_memory(
-            o,
-            stage=rank_class.stage,
-            parameters=int(facts.get("replica_parameters", facts["parameters"])),
-            layers=int(facts["layers"]),
-            has_embedding=bool(facts["has_embedding"]),
-            has_head=bool(facts["has_head"]),
-            weight_dtype=facts.get("weight_dtype"),
-            grad_dtype=facts.get("grad_dtype"),
-            kernels=table,
-            sharded_parameters=int(sharded) if sharded is not None else None,
-            kinds=facts.get("layer_kinds"),
-        )
+        memory = _class_memory(o, rank_class, table)
         ranks = [g.rank for g in workload.ranks if g.rank_class.index == rank_class.index]
         entry = {"class": rank_class.index, "ranks": len(ranks), "first_rank": min(ranks)}
         entry.update(_rank_memory_dict(memory))
         entry["fits"] = memory.peak <= system.hbm_capacity
         classes.append(entry)
     return _memory_report(classes, system)
+
+
+def _class_memory(o: GenerateOptions, rank_class: Any, table: KernelTable) -> RankMemory:
+    facts = rank_class.facts
+    for key in ("parameters", "layers", "has_embedding", "has_head"):
+        if key not in facts:
+            raise UserError(f"rank class {rank_class.index} lacks the fact {key!r}")
+    if "precision" in facts:  # a device group's own precision plan (hybrid clusters)
+        o = replace(o, precision=tuple(tuple(e) for e in facts["precision"]))
+    sharded = facts.get("shard_parameters")
+    return stage_memory(
+        o,
+        stage=rank_class.stage,
+        parameters=int(facts.get("replica_parameters", facts["parameters"])),
+        layers=int(facts["layers"]),
+        has_embedding=bool(facts["has_embedding"]),
+        has_head=bool(facts["has_head"]),
+        weight_dtype=facts.get("weight_dtype"),
+        grad_dtype=facts.get("grad_dtype"),
+        kernels=table,
+        sharded_parameters=int(sharded) if sharded is not None else None,
+        kinds=facts.get("layer_kinds"),
+    )
+
+
+def _hybrid_memory(
+    workload: Any, system: System, o: GenerateOptions, kernels: Any
+) -> dict[str, Any]:
+    """Peak memory per (rank class, device group), each against its group's capacity (kernels
+    apply by device name)."""
+    items = kernels if isinstance(kernels, KernelTable) else list(kernels or ())
+    classes = []
+    for rank_class in workload.rank_classes:
+        by_group: dict[str, list[int]] = {}
+        for g in workload.ranks:
+            if g.rank_class.index == rank_class.index:
+                by_group.setdefault(str(group_of_rank(system, g.rank)), []).append(g.rank)
+        for group, ranks in by_group.items():
+            device = device_of(system, ranks[0])
+            memory = _class_memory(o, rank_class, kernel_table(items, device.name))
+            entry = {
+                "class": rank_class.index,
+                "ranks": len(ranks),
+                "first_rank": min(ranks),
+                "group": group,
+                "device": device.name,
+                "capacity_bytes": device.hbm_capacity,
+            }
+            entry.update(_rank_memory_dict(memory))
+            entry["fits"] = memory.peak <= device.hbm_capacity
+            classes.append(entry)
+    report = _memory_report(classes, system)
+    report["fits"] = all(c["fits"] for c in classes)
+    groups: dict[str, dict[str, Any]] = {}
+    for c in classes:
+        g = groups.setdefault(
+            c["group"],
+            {"device": c["device"], "capacity_bytes": c["capacity_bytes"], "peak_bytes": 0},
+        )
+        g["peak_bytes"] = max(g["peak_bytes"], c["peak"])
+        g["fits"] = g["peak_bytes"] <= g["capacity_bytes"]
+    report["groups"] = groups
+    return report
 
 
 def predict_analytic(

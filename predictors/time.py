@@ -61,8 +61,12 @@ from stg.api import (
     Workload,
     attention_time,
     comm_time,
+    default_cast_model,
+    device_of,
     gemm_time,
+    group_of_rank,
     is_cast,
+    is_hybrid,
     kernel_table,
     load_system,
     memory_bound_time,
@@ -88,6 +92,7 @@ EAGER_OP_HOST_S = 27.7e-6
 median forward time of the small (<= 1 MiB) elementwise cases with requires_grad inputs in
 the H100 kernel measurements (data/kernels/h100-elementwise.jsonl), where the GPU is idle
 most of the time. An eager step cannot issue kernels faster than this."""
+
 
 def attention_impl(profile: str, system: System) -> str:
     """The fused attention kernel a training stack runs: Megatron with Transformer Engine uses
@@ -467,7 +472,7 @@ def problem_from_workload(workload: Workload, system: System) -> Problem:
             peer = layout.peer(r, stage)
             links.append(link_dimension(r, peer, system))
             prs.append(peer)
-        initial[r] = (rc, tuple(parts), tuple(links))
+        initial[r] = (rc, tuple(parts), tuple(links), group_of_rank(system, r))
         neighbours[r] = nbrs
         peers[r] = prs
     colour = _refine(ranks, initial, neighbours, peers)
@@ -581,6 +586,7 @@ def problem_from_trace(
             tuple(shapes[g] for g in distinct),
             tuple(link_dimension(r, p, system) for p in sends),
             tuple(link_dimension(r, p, system) for p in recvs),
+            group_of_rank(system, r),
         )
         neighbours[r] = [groups[g] for g in distinct]
         peers[r] = [*sends, *recvs]
@@ -726,6 +732,10 @@ class _Sim:
         comm_link: list[str | None] = [None] * n
         group_streams: dict[int, int] = {}
         system = self.system
+        device = device_of(system, unit.rank)  # hybrid clusters: this rank's group's GPU
+        kernels = self.kernels
+        if isinstance(kernels, Mapping):
+            kernels = kernels.get(device.name)
         unit_of = self.problem.unit_of_rank
         cost_cache: dict[tuple[Any, ...], float] = {}
         for i, node in enumerate(nodes):
@@ -751,9 +761,9 @@ class _Sim:
                 if cost is None:
                     cost = cost_cache[ckey] = compute_time(
                         node,
-                        system,
+                        device,
                         self.default_dtype,
-                        self.kernels,
+                        kernels,
                         self.profile,
                         self.calibration,
                     )
@@ -767,8 +777,18 @@ class _Sim:
                 participants = self._participants(node.comm_group)
                 shape = self.shape_cache[node.comm_group]
                 key = (node.comm_type, node.comm_size, shape)
+                if is_hybrid(system):
+                    key = (node.comm_type, node.comm_size, node.comm_group)
                 if key not in cost_cache:
-                    cost_cache[key] = collective_time(node.comm_type, node.comm_size, shape, system)
+                    cost_cache[key] = (
+                        system.collective_time(  # type: ignore[attr-defined]
+                            node.comm_type,
+                            node.comm_size,
+                            self.problem.comm_groups[node.comm_group],
+                        )
+                        if is_hybrid(system)
+                        else collective_time(node.comm_type, node.comm_size, shape, system)
+                    )
                 kind[i] = COLL
                 duration[i] = cost_cache[key]
                 comm_link[i] = outermost_link(shape, system)
@@ -780,9 +800,14 @@ class _Sim:
                     raise TraceError(f"rank {unit.rank}: send {node.id} has no valid destination")
                 kind[i] = SEND
                 stream[i] = 1
-                dimension = link_dimension(unit.rank, node.comm_dst, system)
-                duration[i] = send_time(node.comm_size, dimension, system)
-                comm_link[i] = system.network[dimension].link if dimension >= 0 else None
+                if is_hybrid(system):
+                    duration[i] = system.send_time(  # type: ignore[attr-defined]
+                        node.comm_size, unit.rank, node.comm_dst
+                    )
+                else:
+                    dimension = link_dimension(unit.rank, node.comm_dst, system)
+                    duration[i] = send_time(node.comm_size, dimension, system)
+                    comm_link[i] = system.network[dimension].link if dimension >= 0 else None
                 p2p_key[i] = (
                     unit.index,
                     unit_of[node.comm_dst],
@@ -989,11 +1014,14 @@ class _Sim:
         cost = self.contended_cost.get(key)
         if cost is None:
             node = self.results[u].unit.nodes[i]
+            kernels = self.kernels
+            if isinstance(kernels, Mapping):
+                kernels = kernels.get(self.system.name)
             cost = self.contended_cost[key] = compute_time(
                 node,
                 self.contended[link],
                 self.default_dtype,
-                self.kernels,
+                kernels,
                 self.profile,
                 self.calibration,
             )
@@ -1350,12 +1378,32 @@ def predict_problem(
         raise UserError(
             f"{problem.world_size} ranks do not fit system {system.name!r} ({system.capacity} GPUs)"
         )
-    result = replay(problem, system, dtype, table, profile, calibration)
+    tables: KernelTable | dict[str, KernelTable] = table
+    if is_hybrid(system):
+        tables = hybrid_kernel_tables(kernels, system)
+        if calibration is not None:
+            raise UserError(
+                "--calibration holds one device's measured kernels; on a hybrid system give "
+                "it with one group's device preset (--system t4-16g) instead"
+            )
+    result = replay(problem, system, dtype, tables, profile, calibration)
     report = summarize(result, system, dtype=dtype, tokens=tokens, world_size=problem.world_size)
-    if table:
+    if isinstance(tables, dict):
+        names = sorted({n for t in tables.values() for n in t.names()})
+        if names:
+            report["kernels"] = names
+    elif table:
         report["kernels"] = table.names()
+    if is_hybrid(system):
+        report.update(hybrid_report(result, system, problem, dtype))
+        scale = system.peak(dtype) / report["peak_flops_per_gpu"]  # MFU against each GPU's peak
+        report["mfu"] *= scale
+        report["hfu"] *= scale
     if explain_path:
         report["explain"] = explain(result, problem.comm_groups)
+        if "groups" in report:
+            report["explain"]["groups"] = report["groups"]
+            report["explain"]["straggler"] = report["straggler"]
     if timeline is not None:
         write_json_atomic(timeline, timeline_events(result))
         report["timeline"] = str(timeline)
@@ -1406,6 +1454,105 @@ def predict_time(
     )
     report["simulated_ranks"] = len(problem.units)
     return report
+
+
+# ---------------------------------------------------------------------------------------------
+# Hybrid clusters (device groups, stg.perf.hybrid): per-group report
+
+
+def hybrid_kernel_tables(
+    kernels: KernelTable | Iterable[Any] | None, system: System
+) -> dict[str, KernelTable]:
+    """One kernel table per device of a hybrid system (kernels apply by device name, e.g.
+    ``t4-16g``); a ready-made table applies to every device."""
+    items = kernels if isinstance(kernels, KernelTable) else list(kernels or ())
+    return {
+        g.device.name: kernel_table(items, g.device.name)
+        for g in system.groups  # type: ignore[attr-defined]
+    }
+
+
+def hybrid_report(replay_: Replay, system: System, problem: Problem, dtype: str) -> dict[str, Any]:
+    """Per device group: its device and ranks, compute (without casts), casts, the wait at
+    each synchronisation point that joins it to other groups (collectives spanning several
+    groups: from its issue to the last member's; receives from another group: from ready to
+    the data's arrival), bubble; the straggler is the group with the longest
+    local time (compute + casts), the one the others wait for. Figures are the group's
+    slowest simulated rank's. MFU is recomputed against the sum of every rank's own peak."""
+    groups = system.groups  # type: ignore[attr-defined]
+    group_of = system.group_of  # type: ignore[attr-defined]
+    spans: dict[int, int] = {}
+    for gid, members in problem.comm_groups.items():
+        spans[gid] = len({group_of(m).name for m in members})
+    per_group: dict[str, dict[str, Any]] = {}
+    peak_sum = 0.0
+    for res in replay_.units:
+        unit = res.unit
+        group = group_of(unit.rank)
+        weight = len(unit.ranks)
+        peak_sum += weight * group.device.peak(dtype)
+        compute = casts = 0.0
+        points: list[dict[str, Any]] = []
+        for i, k in enumerate(res.kind):
+            node = unit.nodes[i]
+            if k == COMPUTE:
+                if is_cast(node.name):
+                    casts += res.duration[i]
+                else:
+                    compute += res.duration[i]
+            elif k == COLL and spans.get(node.comm_group, 1) > 1:
+                points.append(
+                    {
+                        "name": node.name,
+                        "type": node.comm_type.name.lower(),
+                        "ranks": len(problem.comm_groups[node.comm_group]),
+                        "wait_s": res.transfer_start[i] - res.start[i],
+                    }
+                )
+            elif k == RECV and group_of(node.comm_src).name != group.name:
+                # a send never waits for its receiver here: the receiver waits for the data
+                points.append(
+                    {
+                        "name": node.name,
+                        "type": "recv",
+                        "ranks": 2,
+                        "wait_s": res.end[i] - res.start[i],
+                    }
+                )
+        breakdown = unit_breakdown(res, replay_.iteration_time)
+        entry = per_group.get(group.name)
+        if entry is not None:
+            entry["ranks"] += weight
+            if compute + casts <= entry["compute_s"] + entry["casts_s"]:
+                continue
+        else:
+            entry = per_group[group.name] = {"ranks": weight}
+        entry.update(
+            {
+                "device": group.device.name,
+                "rank": unit.rank,
+                "compute_s": compute,
+                "casts_s": casts,
+                "sync_wait_s": sum(p["wait_s"] for p in points),
+                "sync_points": points,
+                "exposed_communication_s": breakdown["exposed_communication_s"],
+                "bubble_s": breakdown["bubble_s"],
+                "capacity_bytes": group.device.hbm_capacity,
+                "cast_model": default_cast_model(group.device).as_dict(),
+            }
+        )
+    ordered = {g.name: per_group[g.name] for g in groups if g.name in per_group}
+    straggler = max(ordered, key=lambda n: ordered[n]["compute_s"] + ordered[n]["casts_s"])
+    iteration = replay_.iteration_time
+    out: dict[str, Any] = {"groups": ordered, "straggler": straggler}
+    out["placement"] = [
+        list(run)
+        for run in system.placement_runs(problem.world_size)  # type: ignore[attr-defined]
+    ]
+    out["peak_flops_per_gpu"] = system.peak(dtype)
+    if iteration > 0 and peak_sum > 0:
+        out["peak_flops_per_gpu"] = peak_sum / max(1, problem.world_size)
+    return out
 
 
 @stg.hookimpl

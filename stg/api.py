@@ -17,7 +17,8 @@ What is here, by the stage of the pipeline it belongs to:
   GlobalMetadata of a generated rank file (:func:`generator_metadata`), and the encoders of
   the built-in formats (modules :mod:`chakra_v004`, :mod:`chakra_v001`, :mod:`json_trace`);
 - predictors: systems (:class:`System`, :func:`load_system`, :func:`op_class`,
-  :func:`normalize_dtype`), the kernel time models (:func:`gemm_time`,
+  :func:`normalize_dtype`; hybrid clusters: :class:`HybridSystem`, :func:`is_hybrid`,
+  :func:`device_of`, :func:`group_of_rank`), the kernel time models (:func:`gemm_time`,
   :func:`attention_time`, :func:`memory_bound_time`), kernels (:class:`KernelTable`,
   :func:`kernel_table`, :func:`is_cast`), dtype sizes and precision plans (:data:`DTYPE_BYTES`,
   :func:`precision_of`);
@@ -58,6 +59,8 @@ from stg.host.records import (
 )
 from stg.perf import comm_time
 from stg.perf.calibration import Calibration, calibrated_time, load_calibration
+from stg.perf.casts import CastModel, default_cast_model
+from stg.perf.hybrid import HybridSystem, device_of, group_of_rank, is_hybrid
 from stg.perf.kernel_time import attention_time, gemm_time, memory_bound_time, memory_kind
 from stg.perf.kernels import KernelTable, is_cast, kernel_table
 from stg.perf.system import System, load_system, normalize_dtype, op_class
@@ -75,11 +78,13 @@ __all__ = [
     "DTYPE_BYTES",
     "BenchOp",
     "Calibration",
+    "CastModel",
     "CollectiveType",
     "Dim",
     "Emitter",
     "GenerateOptions",
     "GraphBuilder",
+    "HybridSystem",
     "Kernel",
     "KernelTable",
     "Layout",
@@ -108,11 +113,15 @@ __all__ = [
     "chakra_v001",
     "chakra_v004",
     "comm_time",
+    "default_cast_model",
+    "device_of",
     "frame",
     "gemm_time",
     "generator_metadata",
+    "group_of_rank",
     "hookimpl",
     "is_cast",
+    "is_hybrid",
     "json_trace",
     "kernel_table",
     "load_calibration",

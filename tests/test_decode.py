@@ -12,7 +12,8 @@ import gzip
 import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -70,14 +71,47 @@ def outcome(path: Path, fmt: str | None = None) -> tuple[list[Node], str | None]
     return nodes, None
 
 
+@contextmanager
+def tiny_reads(size: int = 5) -> Iterator[None]:
+    """The compiled reader asks its stream for ``size`` bytes at a time: every record, JSON
+    entry and value spans reads, so the refills of the bounded buffer are exercised."""
+    saved = decode.CHUNK
+    decode.CHUNK = size
+    try:
+        yield
+    finally:
+        decode.CHUNK = saved
+
+
+def metadata_outcome(path: Path) -> Any:
+    """read_metadata's result (attribute kinds and docs included) or its error."""
+    try:
+        meta = reader.read_metadata(path)
+    except TraceError as exc:
+        return f"TraceError: {exc}"
+    attrs = meta["attrs"]
+    kinds = [list(getattr(attrs, slot).items()) for slot in ("kinds", "docs", "extras")]
+    return meta["format"], meta["version"], list(attrs.items()), kinds
+
+
 def assert_same_reading(path: Path, fmt: str | None = None) -> tuple[list[Node], str | None]:
     fast = outcome(path, fmt)
+    with tiny_reads():
+        fast_tiny = outcome(path, fmt)
     with decode.reference_only():
         slow = outcome(path, fmt)
-    assert fast[1] == slow[1]
-    assert len(fast[0]) == len(slow[0])
-    for a, b in zip(fast[0], slow[0], strict=True):
-        assert decode.same_node(a, b), (a, b)
+    for got in (fast, fast_tiny):
+        assert got[1] == slow[1]
+        assert len(got[0]) == len(slow[0])
+        for a, b in zip(got[0], slow[0], strict=True):
+            assert decode.same_node(a, b), (a, b)
+    if ".json" in path.name:
+        # the compiled JSON metadata reader (streaming) against json.load
+        with decode.reference_only():
+            expected = metadata_outcome(path)
+        assert metadata_outcome(path) == expected
+        with tiny_reads():
+            assert metadata_outcome(path) == expected
     return fast
 
 
@@ -150,15 +184,42 @@ def test_same_nodes_on_generated_traces(small_traces: dict[str, Path]) -> None:
 
 
 @needs_fast
-def test_streaming_reads_in_small_chunks(
-    monkeypatch: pytest.MonkeyPatch, small_traces: dict[str, Path]
-) -> None:
-    path = small_traces["v0.0.4"] / "workload.0.et"
+@pytest.mark.parametrize("fmt", ["v0.0.4", "json", "json-gz"])
+def test_streaming_reads_in_small_chunks(small_traces: dict[str, Path], fmt: str) -> None:
+    path = next(p for p in sorted(small_traces[fmt].iterdir()) if ".0." in p.name)
     expected = outcome(path)
-    monkeypatch.setattr(reader, "_CHUNK", 3)
-    got = outcome(path)
-    assert [n.id for n in got[0]] == [n.id for n in expected[0]]
-    assert all(decode.same_node(a, b) for a, b in zip(got[0], expected[0], strict=True))
+    for size in (1, 3, 64):
+        with tiny_reads(size):
+            got = outcome(path)
+            fast, slow = both(lambda: stats_of(path, window=3))
+        assert fast == slow
+        assert [n.id for n in got[0]] == [n.id for n in expected[0]]
+        assert all(decode.same_node(a, b) for a, b in zip(got[0], expected[0], strict=True))
+
+
+@needs_fast
+def test_json_is_read_in_bounded_memory(tmp_path: Path) -> None:
+    """A JSON rank file streams: the compiled reader's buffer holds a read and an entry, never
+    the document (tracemalloc counts the extension's PyMem allocations)."""
+    import tracemalloc
+
+    name = "aten::mm " + "x" * 250
+    entries = [{"Id": i, "Name": name, "NodeType": 4, "data_deps": [i - 1] if i else [],
+                "num_ops": 10, "tensor_size": 4} for i in range(40_000)]  # fmt: skip
+    path = tmp_path / "big.0.json"
+    path.write_text(json.dumps({"workload_graph": entries, "global_metadata": {}}))
+    size = path.stat().st_size
+    assert size > 12e6
+    tracemalloc.start()
+    try:
+        cols = decode.columns(path, "json", ("id", "data"))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert cols is not None and cols["id"].tolist() == list(range(40_000))
+    # the columns (1.3 MB, growing by doubling, then copied out) and a few reads of
+    # decode.CHUNK; reading the document whole would take its 12 MB
+    assert peak < 4.5e6 + 4 * decode.CHUNK < size / 2, (peak, size)
 
 
 @needs_fast
@@ -404,7 +465,7 @@ def json_entries(draw: st.DrawFn) -> dict[str, Any]:
 @given(entries=st.lists(json_entries(), min_size=1, max_size=4), indent=st.booleans())
 def test_fuzzed_json(tmp_path: Path, entries: list[dict[str, Any]], indent: bool) -> None:
     path = tmp_path / "f.0.json"
-    doc = {"global_metadata": {"version": "0.0.4"}, "workload_graph": entries}
+    doc = {"global_metadata": {"version": "0.0.4"}, "workload_graph": entries, "x": [1.5]}
     path.write_text(json.dumps(doc, indent=1 if indent else None, ensure_ascii=False))
     assert_same_reading(path)
     fast, slow = both(lambda: stats_of(path))

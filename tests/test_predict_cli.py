@@ -73,7 +73,10 @@ def test_memory_only(capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--system", "z80"], "unknown system 'z80'; allowed: a100-80g, h100-80g"),
+        (
+            ["--system", "z80"],
+            "unknown system 'z80'; allowed: a10-24g, a100-40g, a100-80g, h100-80g",
+        ),
         (["--predictor", "oracle"], "unknown predictor 'oracle'; allowed:"),
         (["somewhere", "--dp", "2"], "give either a trace PATH or generation options"),
     ],

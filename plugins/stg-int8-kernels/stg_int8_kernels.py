@@ -1,4 +1,5 @@
-"""An stg plugin: quantized matmul kernels (int8 on A100 and H100, fp8 on H100).
+"""An stg plugin: quantized matmul kernels (int8 on A100, H100, T4, A10 and L4; fp8 on H100
+and L4).
 
 Each kernel prices the matmuls (op class ``einsum``) that a precision plan puts in its dtype
 on one system preset; see README.md for where every number comes from. The physics:
@@ -38,11 +39,27 @@ MEMORY_EFFICIENCY = 0.8
 LAUNCHES_US = 2 * 2.0
 """Two kernels (absmax, convert) of 2 us launch and tail each."""
 
-HBM_GBPS = {"a100-80g": 2039, "h100-80g": 3350}
-"""HBM bandwidth, 10^9 B/s (A100 SXM4 80GB, H100 SXM 80GB data sheets)."""
+HBM_GBPS = {
+    "a100-80g": 2039,
+    "h100-80g": 3350,
+    "a100-40g": 1555,
+    "t4-16g": 320,
+    "a10-24g": 600,
+    "l4-24g": 300,
+}
+"""Memory bandwidth, 10^9 B/s (A100 SXM4 80GB and 40GB, H100 SXM 80GB, T4, A10, L4 data
+sheets)."""
 
-DTYPES_PER_SYSTEM = {"a100-80g": ("int8",), "h100-80g": ("int8", "fp8")}
-"""Native tensor-core formats: A100 has no fp8."""
+DTYPES_PER_SYSTEM = {
+    "a100-80g": ("int8",),
+    "h100-80g": ("int8", "fp8"),
+    "a100-40g": ("int8",),
+    "t4-16g": ("int8",),
+    "a10-24g": ("int8",),
+    "l4-24g": ("int8", "fp8"),
+}
+"""Native tensor-core formats: Ampere and Turing have int8 but no fp8; Ada (L4) and Hopper
+both. V100 has no int8 tensor cores (no kernel: an int8 op there runs in the workload dtype)."""
 
 
 def cast_alpha(system: str) -> float:
@@ -54,7 +71,8 @@ def kernels() -> list[Kernel]:
     """The Kernel records this plugin registers."""
     records = []
     for system, dtypes in sorted(DTYPES_PER_SYSTEM.items()):
-        gpu = system.split("-")[0]
+        # int8-gemm-a100 is the 80GB's (the first preset); the 40GB's keeps its memory size
+        gpu = system if system == "a100-40g" else system.split("-")[0]
         for dtype in dtypes:
             records.append(
                 Kernel(

@@ -73,6 +73,37 @@ def parse_recompute(value: str) -> str:
     )
 
 
+def parse_placement(value: str) -> tuple[tuple[str, int], ...]:
+    """``v100:4,t4:4`` as ``GenerateOptions.placement``."""
+    runs = []
+    for part in value.split(","):
+        name, _, count = part.strip().partition(":")
+        if not name or not count.strip().isdigit() or int(count) <= 0:
+            raise typer.BadParameter(
+                f"{value!r}: give runs GROUP:RANKS in rank order, e.g. v100:4,t4:4"
+            )
+        runs.append((name, int(count)))
+    return tuple(runs)
+
+
+def with_placement(options: Any, system: Any) -> Any:
+    """``options`` with the placement of a hybrid ``system`` (rank order; unless
+    ``--placement`` was given); unchanged for a plain system."""
+    from dataclasses import replace
+
+    from stg.perf.hybrid import is_hybrid
+
+    if not is_hybrid(system) or options.placement:
+        return options
+    if options.world_size > system.capacity:
+        raise UserError(
+            f"{options.world_size} ranks (dp x tp x sp x pp x ep) do not fit system "
+            f"{system.name!r} ({system.capacity} GPUs in groups "
+            f"{', '.join(f'{g.name}: {g.size}' for g in system.groups)})"
+        )
+    return replace(options, placement=system.placement_runs(options.world_size))
+
+
 def parse_precision_plan(value: str) -> tuple[tuple[str, str], ...]:
     """A precision plan file (see :mod:`stg.core.precision`) as ``GenerateOptions.precision``."""
     from stg.core.precision import load_plan
@@ -271,6 +302,16 @@ SPECS: dict[str, tuple[str, _Spec]] = {
             metavar="N",
         ),
     ),
+    "placement": (
+        _TRAINING,
+        _Spec(
+            "Device groups of a hybrid cluster per rank, as runs in rank order, e.g. "
+            "v100:4,t4:4 (default: from a hybrid --system, else one device kind); each "
+            "group's ranks run the precision plan's entries for that group.",
+            parser=parse_placement,
+            metavar="GROUP:N,...",
+        ),
+    ),
     "format": (
         _OUTPUT,
         _Spec("Output format (a registered emitter name or alias).", metavar="NAME"),
@@ -419,8 +460,7 @@ def options_and_preset_from_cli(
         given["format"] = fmt
     if given.get("zero") == 3 and given.get("weight_sharded") is False:
         raise OptionError(
-            "zero=3 means weight_sharded=true, but weight_sharded=false was given; "
-            "give one of them"
+            "zero=3 means weight_sharded=true, but weight_sharded=false was given; give one of them"
         )
     preset = None
     if "model" in given:
@@ -645,6 +685,44 @@ def _serving_tokens(options: Mapping[str, Any]) -> int | None:
         return None
 
 
+def print_group_times(console: Any, report: Mapping[str, Any]) -> None:
+    """The per-device-group table of a time report on a hybrid cluster."""
+    from rich.table import Table
+
+    placement = ", ".join(f"{name} x {count}" for name, count in report.get("placement", []))
+    table = Table(
+        title=f"per device group (ranks in order: {placement}; straggler: {report['straggler']})",
+        title_justify="left",
+    )
+    for column in ("group", "device", "ranks", "compute", "casts", "sync wait", "sync points"):
+        table.add_column(column, justify="right")
+    for name, g in report["groups"].items():
+        table.add_row(
+            name,
+            g["device"],
+            str(g["ranks"]),
+            format_seconds(g["compute_s"]),
+            format_seconds(g["casts_s"]),
+            format_seconds(g["sync_wait_s"]),
+            str(len(g["sync_points"])),
+        )
+    print_table(console, table)
+    if "explain" in report:
+        points = Table(title="wait at each synchronisation point", title_justify="left")
+        points.add_column("sync point")
+        for name in report["groups"]:
+            points.add_column(name, justify="right")
+        rows: dict[str, list[str]] = {}
+        names = list(report["groups"])
+        for k, name in enumerate(names):
+            for point in report["groups"][name]["sync_points"]:
+                label = f"{point['name']} ({point['type']}, {point['ranks']} ranks)"
+                rows.setdefault(label, ["-"] * len(names))[k] = format_seconds(point["wait_s"])
+        for label, cells in rows.items():
+            points.add_row(label, *cells)
+        print_table(console, points)
+
+
 def _gib(value: float) -> str:
     return f"{value / 2**30:.2f}"
 
@@ -718,6 +796,8 @@ def print_reports(reports: Mapping[str, Mapping[str, Any]], source: str) -> None
                     format_seconds(row["bubble_s"]),
                 )
             print_table(console, ranks)
+            if "groups" in report:
+                print_group_times(console, report)
             path = report["critical_path"]
             totals: dict[str, float] = {}
             for run in path:
@@ -750,13 +830,23 @@ def print_reports(reports: Mapping[str, Mapping[str, Any]], source: str) -> None
                 title_justify="left",
             )
             middle = ("KV cache",) if serving else ("gradients", "optimizer")
-            for column in ("stage", "ranks", "weights", *middle, "activations", "buffers"):
+            hybrid = any("group" in row for row in report["classes"])
+            for column in (
+                *(("group", "capacity") if hybrid else ()),
+                "stage",
+                "ranks",
+                "weights",
+                *middle,
+                "activations",
+                "buffers",
+            ):
                 table.add_column(column, justify="right")
             table.add_column("peak", justify="right")
             table.add_column("fits", justify="right")
             for row in report["classes"]:
                 values = (row["kv_cache"],) if serving else (row["gradients"], row["optimizer"])
                 table.add_row(
+                    *((row["group"], _gib(row["capacity_bytes"])) if hybrid else ()),
                     str(row["stage"]),
                     str(row["ranks"]),
                     _gib(row["weights"]),

@@ -36,6 +36,7 @@ from stg.cli._shared import (
     progress_bar,
     run_predictors,
     system_parameter,
+    with_placement,
 )
 
 if TYPE_CHECKING:
@@ -115,7 +116,8 @@ def _command_parameters() -> list[inspect.Parameter]:
         ),
         system_parameter(
             "System for --predict and --print_gpu_vram: a preset (a100-80g, h100-80g, "
-            "h200-141g) or a system JSON file.",
+            "h200-141g, t4-16g, ...) or a system JSON file; a hybrid one (with device groups) "
+            "also places the ranks on its groups, which run their precision plan entries.",
             rich_help_panel=_PREDICT,
         ),
     ]
@@ -132,12 +134,15 @@ def generate(**values: Any) -> None:
     system_spec = values.pop("system", "a100-80g")
     comm_group_file = values.pop("comm_group_file", None)
     as_json = bool(values.pop("as_json", False))
-    system = None
-    if predict or print_vram:
-        from stg.perf.system import load_system
+    from stg.perf.system import load_system
 
-        system = load_system(system_spec)
+    # a hybrid --system places ranks on its device groups (their precision plans) even
+    # without --predict; a preset is loaded only where predictions need it
+    system = load_system(system_spec)
     options, preset = options_and_preset_from_cli(values)
+    options = with_placement(options, system)
+    if not (predict or print_vram):
+        system = None
     registry = get_registry()
     emitter = registry.emitters.get(options.format)
     if values.get("output_name") is None:
@@ -406,4 +411,14 @@ def _prediction_rows(table: Any, reports: Mapping[str, Mapping[str, Any]]) -> No
     if memory:
         table.add_row("predicted peak memory per GPU", format_bytes(int(memory["peak_bytes"])))
         fits = "yes" if memory["fits"] else "NO"
-        table.add_row(f"fits in {format_bytes(int(memory['capacity_bytes']))}", fits)
+        if "groups" in memory:  # a hybrid cluster: each group against its own memory
+            for name, group in memory["groups"].items():
+                table.add_row(
+                    f"group {name}: peak, fits in {format_bytes(int(group['capacity_bytes']))}",
+                    f"{format_bytes(int(group['peak_bytes']))}, "
+                    + ("yes" if group["fits"] else "NO"),
+                )
+        else:
+            table.add_row(f"fits in {format_bytes(int(memory['capacity_bytes']))}", fits)
+        if "groups" in (time_report or {}):
+            table.add_row("straggler (device group)", time_report["straggler"])

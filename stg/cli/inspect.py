@@ -1,4 +1,5 @@
-"""``stg inspect``: look inside things stg makes (``stg inspect trace``, ``stg inspect model``)."""
+"""``stg inspect``: look inside things stg makes (``stg inspect trace``, ``stg inspect model``,
+``stg inspect system``)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,9 @@ from stg.cli._shared import (
 )
 from stg.trace.feeder import DEFAULT_WINDOW
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Inspect traces and models.")
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, help="Inspect traces, models and systems."
+)
 
 
 TRACE_HELP = (
@@ -169,9 +172,7 @@ def model(
                  kexperts=kexperts)  # fmt: skip
     given = {key: value for key, value in sizes.items() if value is not None}
     values, preset = resolve_model({"model": name, **given}, registry)
-    options = GenerateOptions(
-        **values, batch=micro_batch, micro_batch=micro_batch, dtype=dtype
-    )
+    options = GenerateOptions(**values, batch=micro_batch, micro_batch=micro_batch, dtype=dtype)
     make_plan(options)
     record = registry.models.get(options.model)
     report = describe_model(record, options, symbol_values(options))
@@ -296,3 +297,69 @@ def _list_models(registry: Any, as_json: bool) -> None:
         name = p["name"] + "".join(f"\n({alias})" for alias in p["aliases"])
         table.add_row(name, p["model"], dims, "\n".join(published) or "-", p["source"])
     console.print(table)
+
+
+@app.command("system")
+def system(
+    spec: str = typer.Argument(..., help="A system preset (a100-80g, t4-16g, ...) or JSON file."),
+    world_size: int | None = typer.Option(
+        None, "--world-size", "--world_size", min=1, help="Show the placement of this many ranks."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the system as JSON."),
+) -> None:
+    """A system's GPUs and network; for a hybrid cluster its device groups and which ranks
+    each group holds (the placement, in rank order)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from stg.cli._shared import print_table
+    from stg.errors import UserError
+    from stg.perf.hybrid import is_hybrid
+    from stg.perf.system import load_system
+
+    loaded = load_system(spec)
+    world = world_size or loaded.capacity or None
+    if world is not None and loaded.capacity and world > loaded.capacity:
+        raise UserError(
+            f"--world-size {world}: system {loaded.name!r} holds {loaded.capacity} GPUs"
+        )
+    data: dict[str, Any] = loaded.as_dict()
+    if is_hybrid(loaded) and world is not None:
+        data["placement_runs"] = [list(r) for r in loaded.placement_runs(world)]  # type: ignore[attr-defined]
+    if as_json:
+        typer.echo(json.dumps(data, indent=2, sort_keys=True))
+        return
+    console = Console(highlight=False)
+    if not is_hybrid(loaded):
+        console.print(f"{loaded.name}: {loaded.description}")
+        console.print(
+            f"fp32 {data['peak_tflops']['fp32']} / fp16 {data['peak_tflops']['fp16']} / "
+            f"bf16 {data['peak_tflops']['bf16']} / int8 {data['peak_tflops']['int8']} TFLOP/s, "
+            f"{data['hbm_gbps']} GB/s, {data['hbm_gib']} GiB, {loaded.sm_count} SMs, "
+            f"{loaded.arch}"
+        )
+        return
+    groups = Table(title=f"device groups of {loaded.name}", title_justify="left")
+    for column in ("group", "device", "nodes x GPUs", "node link", "fp16 TFLOP/s", "memory"):
+        groups.add_column(column, justify="right")
+    for g in loaded.groups:  # type: ignore[attr-defined]
+        groups.add_row(
+            g.name,
+            g.device.name,
+            f"{g.nodes} x {g.gpus_per_node}",
+            f"{g.link.name} {g.link.bandwidth / 1e9:g} GB/s",
+            f"{g.device.peak('fp16') / 1e12:g}",
+            f"{g.device.hbm_capacity / 2**30:g} GiB",
+        )
+    print_table(console, groups)
+    between = loaded.between_nodes  # type: ignore[attr-defined]
+    console.print(
+        f"between nodes: {between.name} {between.bandwidth / 1e9:g} GB/s per GPU, "
+        f"{between.latency * 1e6:g} us"
+    )
+    start = 0
+    parts = []
+    for name, count in loaded.placement_runs(world):  # type: ignore[attr-defined]
+        parts.append(f"ranks {start}-{start + count - 1}: {name}")
+        start += count
+    console.print("placement: " + "; ".join(parts))

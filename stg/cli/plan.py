@@ -21,6 +21,7 @@ from stg.cli._shared import (
     print_table,
     progress_bar,
     system_parameter,
+    with_placement,
 )
 from stg.errors import UserError
 
@@ -33,8 +34,8 @@ app = typer.Typer(
 EXCLUDED = frozenset({"format", "output_dir", "output_name", "chakra_schema_version", "precision"})
 DEFAULT_OUT = "precision_plan.json"
 KERNEL_PLUGIN = "plugins/stg-int8-kernels"
-"""The example kernel distribution in this repository (int8 on a100-80g and h100-80g, fp8 on
-h100-80g)."""
+"""The example kernel distribution in this repository (int8 on the a100, h100, t4, a10 and l4
+presets, fp8 on h100-80g and l4-24g)."""
 
 
 def _generation_parameters() -> list[inspect.Parameter]:
@@ -59,7 +60,10 @@ def _own_parameters() -> list[inspect.Parameter]:
             ),
             annotation=text,
         ),
-        system_parameter("System preset (a100-80g, h100-80g, h200-141g) or a system JSON file."),
+        system_parameter(
+            "System preset (a100-80g, h100-80g, h200-141g, v100-32g, t4-16g, ...) or a system "
+            "JSON file; a hybrid one (device groups) places the ranks on its groups."
+        ),
         inspect.Parameter(
             "dtypes",
             kw,
@@ -71,6 +75,46 @@ def _own_parameters() -> list[inspect.Parameter]:
                 metavar="LIST",
             ),
             annotation=str,
+        ),
+        inspect.Parameter(
+            "target_time",
+            kw,
+            default=typer.Option(
+                None,
+                "--target-time",
+                "--target_time",
+                help="Hybrid --system: the iteration time the plan should reach, e.g. 150ms or "
+                "0.15 (seconds) (default: the all---dtype plan's time on the fastest device group "
+                "alone).",
+                metavar="TIME",
+                show_default=False,
+            ),
+            annotation=text,
+        ),
+        inspect.Parameter(
+            "sensitivity",
+            kw,
+            default=typer.Option(
+                None,
+                "--sensitivity",
+                help='Hybrid --system: per-op sensitivity scores, JSON {"ops": {"fc1": '
+                '{"int8": 0.02}, "fc2": 0.5}} (e.g. QSync\'s variance indicator measured in '
+                "your training; default: the dtype's rounding error, the same for every op).",
+                metavar="FILE",
+                show_default=False,
+            ),
+            annotation=text,
+        ),
+        inspect.Parameter(
+            "exact",
+            kw,
+            default=typer.Option(
+                False,
+                "--exact",
+                help="Hybrid --system: predict every per-group plan (small op counts; at most "
+                "4096 plans) instead of the greedy search.",
+            ),
+            annotation=bool,
         ),
         inspect.Parameter(
             "out",
@@ -110,6 +154,9 @@ def precision(**values: Any) -> None:
     from stg.trace.writer import write_file_atomically
 
     budget_text = values.pop("memory_budget")
+    target_text = values.pop("target_time")
+    sensitivity_file = values.pop("sensitivity")
+    exact = values.pop("exact")
     system_spec = values.pop("system")
     dtypes = _parse_dtypes(values.pop("dtypes"))
     out = values.pop("out")
@@ -117,8 +164,28 @@ def precision(**values: Any) -> None:
     if not out:
         raise UserError("--out must name a file")
     system = load_system(system_spec)
-    budget = float(system.hbm_capacity) if budget_text is None else parse_size(budget_text)
     registry = get_registry()
+    from stg.perf.hybrid import is_hybrid
+
+    if is_hybrid(system):
+        result = _hybrid(
+            system, registry, values, budget_text, target_text, sensitivity_file, dtypes, exact
+        )
+        _write_and_report(result, system.name, out, as_json)
+        return
+    if target_text is not None or sensitivity_file is not None or exact:
+        option = (
+            "--target-time"
+            if target_text is not None
+            else "--sensitivity"
+            if sensitivity_file is not None
+            else "--exact"
+        )
+        raise UserError(
+            f"{option} applies to a hybrid --system (a system file with device groups); "
+            f"{system.name!r} has one device kind"
+        )
+    budget = float(system.hbm_capacity) if budget_text is None else parse_size(budget_text)
     options = options_from_cli(values)
     gen.validate_options(options, registry)
     console = err_console()
@@ -146,6 +213,125 @@ def precision(**values: Any) -> None:
     console.print(f"plan written to {path}")
 
 
+def _hybrid(
+    system: Any,
+    registry: Any,
+    values: dict[str, Any],
+    budget_text: str | None,
+    target_text: str | None,
+    sensitivity_file: str | None,
+    dtypes: tuple[str, ...],
+    exact: bool,
+) -> Any:
+    """The hybrid search (:mod:`stg.explore.hybrid_search`) for these command-line values."""
+    from stg.core import pipeline as gen
+    from stg.explore.hybrid_search import (
+        exact_hybrid_precision,
+        load_sensitivity,
+        search_hybrid_precision,
+    )
+    from stg.explore.precision_search import parse_size
+
+    budget = None if budget_text is None else parse_size(budget_text)
+    target = None if target_text is None else parse_duration(target_text)
+    sensitivity = None if sensitivity_file is None else load_sensitivity(sensitivity_file)
+    options = with_placement(options_from_cli(values), system)
+    gen.validate_options(options, registry)
+    console = err_console()
+    with progress_bar(console) as progress:
+        search = exact_hybrid_precision if exact else search_hybrid_precision
+        result = search(
+            options,
+            registry,
+            system,
+            target_s=target,
+            dtypes=dtypes,
+            sensitivity=sensitivity,
+            budget=budget,
+            progress=progress,
+        )
+    return result
+
+
+def _write_and_report(result: Any, system: str, out: str, as_json: bool) -> None:
+    from stg.core.precision import dump_plan
+    from stg.trace.writer import write_file_atomically
+
+    text = dump_plan(result.best.plan)
+    path = write_file_atomically(out, lambda stream: stream.write(text.encode()))
+    if as_json:
+        data = result.as_dict()
+        data["plan"] = json.loads(text)
+        data["system"] = system
+        data["out"] = str(out)
+        typer.echo(json.dumps(data, indent=2, sort_keys=True))
+    else:
+        print_hybrid_result(result, system)
+    err_console().print(f"plan written to {path}")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from ``150ms``, ``0.15s``, ``150 us`` or ``0.15``."""
+    import re
+
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*(s|ms|us|µs)?\s*", text)
+    if match is None or not float(match.group(1)) > 0:
+        raise UserError(
+            f"--target-time {text!r} is not a positive duration; give e.g. 150ms, 0.15s or 0.15"
+        )
+    scale = {"s": 1.0, None: 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6}[match.group(2)]
+    return float(match.group(1)) * scale
+
+
+def print_hybrid_result(result: Any, system: str) -> None:
+    """Rich tables: per group before / after, and the changes in the order applied."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from stg.explore.precision_search import format_bytes
+
+    def seconds(value: float) -> str:
+        return f"{value:.4g} s" if value >= 1 else f"{value * 1e3:.4g} ms"
+
+    console = Console(highlight=False)
+    table = Table(title=f"per-group precision plan on {system}", title_justify="left")
+    for column in ("plan", "iteration time", "straggler", "group", "local time", "peak", "fits"):
+        table.add_column(column, justify="right")
+    for label, ev in (("default", result.baseline), ("found", result.best)):
+        for k, group in enumerate(result.capacity):
+            fits = "yes" if ev.peak_bytes[group] <= result.capacity[group] else "NO"
+            table.add_row(
+                label if k == 0 else "",
+                seconds(ev.time_s) if k == 0 else "",
+                ev.straggler if k == 0 else "",
+                group,
+                seconds(ev.local_s[group]),
+                f"{format_bytes(ev.peak_bytes[group])} of {format_bytes(result.capacity[group])}",
+                fits,
+            )
+    print_table(console, table)
+    met = "met" if result.met else "NOT met (no further change saves time)"
+    measure = "proxy: dtype rounding error" if result.proxy else "sensitivity file"
+    console.print(
+        f"target {seconds(result.target_s)} ({result.target_source}): {met}; lost precision "
+        f"{result.lost:.4g} ({measure}); "
+        f"{len(result.steps)} change(s), {result.evaluations} plans evaluated"
+    )
+    if result.steps:
+        steps = Table(title="changes, in the order applied", title_justify="left")
+        for column in ("group", "op", "precision", "iteration time", "lost precision"):
+            steps.add_column(column, justify="right")
+        for step in result.steps:
+            steps.add_row(
+                step.group,
+                step.op,
+                f"{step.previous} -> {step.dtype}",
+                seconds(step.time_s),
+                f"{step.lost:.4g}",
+            )
+        print_table(console, steps)
+
+
 def kernel_hint(registry: Any, system: str, dtypes: tuple[str, ...]) -> str | None:
     """Which plugin would help, when no registered kernel runs any of the requested fp8/int8
     dtypes on ``system`` (without one an op is never lowered to them); else None."""
@@ -160,8 +346,8 @@ def kernel_hint(registry: Any, system: str, dtypes: tuple[str, ...]) -> str | No
     return (
         f"no kernel plugin runs {wanted} on {system}, so no op is lowered to {wanted}; install "
         f"one: the example distribution {KERNEL_PLUGIN} (pip install -e {KERNEL_PLUGIN}; "
-        f"int8 on a100-80g and h100-80g, fp8 on h100-80g), or any plugin registering "
-        f"stg_register_kernels for {wanted}"
+        f"int8 on the a100, h100, t4, a10 and l4 presets, fp8 on h100-80g and l4-24g), or any "
+        f"plugin registering stg_register_kernels for {wanted}"
     )
 
 

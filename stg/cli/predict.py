@@ -26,6 +26,7 @@ from stg.cli._shared import (
     progress_bar,
     run_predictors,
     system_parameter,
+    with_placement,
 )
 from stg.errors import UserError
 
@@ -54,7 +55,10 @@ def _own_parameters() -> list[inspect.Parameter]:
             ),
             annotation=Optional[str],  # noqa: UP045 (typer needs a runtime type object)
         ),
-        system_parameter("System preset (a100-80g, h100-80g, h200-141g) or a system JSON file."),
+        system_parameter(
+            "System preset (a100-80g, h100-80g, h200-141g, v100-32g, t4-16g, ...) or a system "
+            "JSON file; a hybrid one (device groups) places the ranks on its groups."
+        ),
         inspect.Parameter(
             "predictor",
             kw,
@@ -255,7 +259,7 @@ def predict(**values: Any) -> None:
             raise UserError("--comm_group_file names the comm-group file of a trace PATH")
         from stg.core import pipeline as gen
 
-        options = options_from_cli(values)
+        options = with_placement(options_from_cli(values), system)
         gen.validate_options(options, registry)
         if options.inference and predictor == "all" and "serving" in registry.predictors:
             names = [*names, "serving"]  # TTFT, time per output token, tokens/s

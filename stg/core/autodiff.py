@@ -67,7 +67,15 @@ def build_backward(b: GraphBuilder, seed: Tensor | None, loss: Tensor | None = N
             if is_loss:
                 dy = None
             else:
-                dy = grads.total(op.output, conform=op.kind != "collective")
+                # on a hybrid cluster (device groups running different precision plans) the
+                # gradient of a cast weight stays partial through the cast, so that every
+                # group reduces its weights' gradients in the same buckets and dtype
+                keep_partial = (
+                    b.weight_grads_through_casts
+                    and op.kind == "elementwise"
+                    and op.output.kind == "weight"
+                )
+                dy = grads.total(op.output, conform=op.kind != "collective" and not keep_partial)
                 if dy is None:
                     continue
             _backward_op(b, op, dy, grads)
@@ -124,6 +132,7 @@ def _backward_op(b: GraphBuilder, op: Op, dy: Tensor | None, grads: _Grads) -> N
         full = [t for t in op.inputs if t.dims == x.dims and _needs_grad(t)]
         reduce_names = list(op.reduce_dims)
         share = op.backward_flops_per_element / max(len(full), 1)
+        through_cast = b.weight_grads_through_casts and op.output.kind == "weight"
         for t in full:
             g = b.elementwise(
                 f"{name}.grad_{t.name}",
@@ -133,8 +142,9 @@ def _backward_op(b: GraphBuilder, op: Op, dy: Tensor | None, grads: _Grads) -> N
                 backward_flops=0,
                 reduce=reduce_names,
                 out_dtype=b.grad_dtype if t.kind == "weight" else None,
+                keep_partial=through_cast,
             )
-            grads.add(t, b.reshard(g, grad_sharding(t)))
+            grads.add(t, g if through_cast else b.reshard(g, grad_sharding(t)))
         for t in op.inputs:
             if t.dims != x.dims and _needs_grad(t):
                 dtype = b.grad_dtype if t.kind == "weight" else None

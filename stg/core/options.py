@@ -164,6 +164,9 @@ class GenerateOptions:
     ``kv_lora_rank`` (the ranks of the query and key/value compressions) and ``drope`` (the
     decoupled RoPE dimension of a query head and of the key shared by the heads);
     ``mtp_depth``: multi-token prediction modules after the head (DeepSeek-V3: 1; unset: none).
+    ``placement`` maps ranks to the device groups of a hybrid cluster, as runs
+    ``((group, ranks), ...)`` in rank order (empty: one device kind); each group's ranks run
+    the precision plan's entries for that group (:func:`stg.core.precision.plan_for_group`).
     """
 
     model: str = "gpt"
@@ -205,6 +208,7 @@ class GenerateOptions:
     attention: str = "fused"
     profile: str = "megatron"
     precision: tuple[tuple[str, str], ...] = ()
+    placement: tuple[tuple[str, int], ...] = ()
     rank_order: str = "tp,sp,ep,dp,pp"
     phase: str = "training"
     context: int | None = None

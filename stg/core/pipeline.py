@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from stg.core.autodiff import build_backward, build_grad_reduction
@@ -13,8 +14,11 @@ from stg.core.options import UNSET_OPTIONS, GenerateOptions, OptionError
 from stg.core.plan import ParallelPlan, make_plan
 from stg.core.precision import (
     DTYPE_BYTES,
+    PrecisionPlan,
     PrecisionPlanWarning,
     normalize_plan,
+    plan_for_group,
+    plan_groups,
     unmatched_patterns,
 )
 from stg.core.symbolic import (
@@ -91,8 +95,10 @@ def symbol_values(options: GenerateOptions) -> dict[Any, int]:
     return values
 
 
-def build_parts(model: Model, plan: ParallelPlan) -> ModelParts:
-    """Build, differentiate and bind the embedding, block and head of ``model``."""
+def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> ModelParts:
+    """Build, differentiate and bind the embedding, block and head of ``model``; ``hybrid``:
+    for device groups that run different precision plans (their gradient collectives must be
+    the same: a cast weight's gradient is reduced with the weight's, in its bucket)."""
     o = plan.options
     binder = Binder(symbol_values(o), plan.degrees)
     bound: dict[str, BoundPart] = {}
@@ -113,6 +119,7 @@ def build_parts(model: Model, plan: ParallelPlan) -> ModelParts:
             precision=normalize_plan(o.precision),
             options=o.as_dict(),
         )
+        b.weight_grads_through_casts = hybrid
         x = None if name == "embedding" else b.residual_input()
         # every layer's ops carry the tag "block", and their kind's name where it differs
         tags = (name,) if name in ("embedding", "head", "block") else ("block", name)
@@ -189,6 +196,55 @@ def _warn_unknown_plan_ops(options: GenerateOptions, parts: ModelParts) -> None:
         )
 
 
+SPLIT_AXES = frozenset({"tp", "sp", "ep"})
+"""Mesh axes whose collectives sit inside every layer: their groups must not mix devices."""
+
+
+def _device_group_plans(options: GenerateOptions) -> tuple[list[str], dict[str, PrecisionPlan]]:
+    """The device group of every rank (empty without a placement) and the one-group precision
+    plan each group runs (see :func:`stg.core.precision.plan_for_group`)."""
+    precision = normalize_plan(options.precision)
+    named = plan_groups(precision)
+    if not options.placement:
+        if named:
+            raise OptionError(
+                f"the precision plan names device groups ({', '.join(named)}) but the run has "
+                "none: give a hybrid --system file with those groups (or --placement)"
+            )
+        return [], {}
+    rank_groups = [name for name, count in options.placement for _ in range(count)]
+    if len(rank_groups) != options.world_size:
+        raise OptionError(
+            f"placement={','.join(f'{n}:{c}' for n, c in options.placement)} places "
+            f"{len(rank_groups)} ranks, but the run has {options.world_size} "
+            "(dp x tp x sp x pp x ep)"
+        )
+    known = list(dict.fromkeys(rank_groups))
+    unknown = [g for g in named if g not in known]
+    if unknown:
+        raise OptionError(
+            f"the precision plan names device group {unknown[0]!r}, which holds no rank; "
+            f"groups of this run: {', '.join(known)}"
+        )
+    return rank_groups, {g: plan_for_group(precision, g) for g in known}
+
+
+def _check_within_device_group(
+    axes: tuple[str, ...], members: tuple[int, ...], rank_groups: list[str]
+) -> None:
+    split = sorted(SPLIT_AXES & set(axes))
+    if not split:
+        return
+    kinds = sorted({rank_groups[m] for m in members})
+    if len(kinds) > 1:
+        raise OptionError(
+            f"the {'/'.join(split)} group of ranks {members[0]}..{members[-1]} spans device "
+            f"groups {' and '.join(kinds)}; tensor, sequence and expert parallelism run "
+            "within one device group: choose degrees (and --rank_order) so that each group "
+            "holds whole tp x sp x ep groups"
+        )
+
+
 def build_workload(
     options: GenerateOptions, registry: Registry, progress: Progress | None = None
 ) -> Workload:
@@ -201,14 +257,20 @@ def build_workload(
 
         return build_inference_workload(options, plan, model, progress)
     schedule: PipelineSchedule = registry.schedules.get(options.pipeline_schedule)
-    parts = build_parts(model, plan)
-    if options.precision:
-        _warn_unknown_plan_ops(options, parts)
+    rank_groups, group_plans = _device_group_plans(options)
+    variants = list(dict.fromkeys(group_plans.values())) or [normalize_plan(options.precision)]
+    variant_parts = []
+    for precision in variants:
+        o = replace(options, precision=precision, placement=())
+        parts = build_parts(model, plan if o == options else make_plan(o), bool(rank_groups))
+        if precision:
+            _warn_unknown_plan_ops(o, parts)
+        variant_parts.append(parts)
     stages = plan.stages
     orders = [
         schedule.order(s, stages, plan.micro_batches, plan.chunks_per_stage) for s in range(stages)
     ]
-    total_steps = sum(len(o) for o in orders)
+    total_steps = sum(len(o) for o in orders) * len(variant_parts)
     done = 0
     classes = []
     for stage in range(stages):
@@ -219,7 +281,18 @@ def build_workload(
             if progress is not None:
                 progress("lowering", done, total_steps)
 
-        classes.append(lower_stage(stage, plan, parts, orders[stage], tick))
+        for k, parts in enumerate(variant_parts):
+            cls = lower_stage(stage, plan, parts, orders[stage], tick)
+            if rank_groups:  # one class per (precision variant, stage)
+                names = [g for g, p in group_plans.items() if p == variants[k]]
+                cls = replace(
+                    cls,
+                    index=k * stages + stage,
+                    facts={**cls.facts, "precision": variants[k], "device_groups": names},
+                )
+            classes.append(cls)
+    if len(variant_parts) > 1:
+        classes.sort(key=lambda c: c.index)
     used_axes: list[tuple[str, ...]] = []
     stage_axes: list[set[tuple[str, ...]]] = []
     for cls in classes:
@@ -229,7 +302,13 @@ def build_workload(
             if axes not in used_axes:
                 used_axes.append(axes)
     layout = Layout(plan.degrees, parse_rank_order(options.rank_order), tuple(used_axes))
-    ranks = tuple(RankGraph(r, classes[layout.stage(r)], layout) for r in range(layout.world_size))
+    variant_of = [0] * layout.world_size
+    if len(variant_parts) > 1:
+        variant_of = [variants.index(group_plans[g]) for g in rank_groups]
+    ranks = tuple(
+        RankGraph(r, classes[variant_of[r] * stages + layout.stage(r)], layout)
+        for r in range(layout.world_size)
+    )
     # each group's members once (not once per member rank): linear in the number of ranks
     groups: dict[int, tuple[int, ...]] = {}
     for graph in ranks:
@@ -237,6 +316,8 @@ def build_workload(
             gid = layout.group_id(graph.rank, axes)
             if gid not in groups:
                 groups[gid] = layout.members(graph.rank, axes)
+                if rank_groups:
+                    _check_within_device_group(axes, groups[gid], rank_groups)
     metadata = {
         "generator": "stg",
         # where the files go is not part of the workload: same options, same bytes anywhere
@@ -247,6 +328,7 @@ def build_workload(
             if k not in {"output_dir", "output_name"}
             and not (k in UNSET_OPTIONS and v is None)
             and k not in GenerateOptions.INFERENCE_FIELDS  # training traces keep their bytes
+            and not (k == "placement" and not v)
         },
         "micro_batches": plan.micro_batches,
         "layers_per_chunk": list(plan.layers_per_chunk),

@@ -9,6 +9,14 @@ element) in front of it; it runs in that precision (its node's ``dtype``) and wr
 output in the activation dtype. The file format is JSON::
 
     {"ops": {"fc1": "int8", "fc2": "int8", "logits": "bf16"}}
+
+On a hybrid cluster (:mod:`stg.perf.hybrid`) a plan may also give each device group its
+own entries, which apply after (and so override) the common ``ops``::
+
+    {"ops": {"logits": "fp16"}, "groups": {"t4": {"fc1": "int8", "fc2": "int8"}}}
+
+In the canonical plan a group's entry is the pattern ``<group>:<op pattern>``; a plan without
+groups is the one-group case. The ranks of each group run :func:`plan_for_group` of the plan.
 """
 
 from __future__ import annotations
@@ -52,21 +60,63 @@ def normalize_plan(ops: Mapping[str, str] | PrecisionPlan) -> PrecisionPlan:
 
 
 def load_plan(path: str | Path) -> PrecisionPlan:
-    """Read a plan file ``{"ops": {pattern: dtype}}``."""
+    """Read a plan file ``{"ops": {pattern: dtype}, "groups": {group: {pattern: dtype}}}``
+    (``groups`` optional; ``ops`` optional where ``groups`` is given)."""
     try:
         data = json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise UserError(f"precision plan {path}: no such file") from None
     except (OSError, ValueError) as exc:
         raise UserError(f"precision plan {path}: not readable JSON ({exc})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("ops"), dict):
-        raise UserError(f'precision plan {path}: expected {{"ops": {{"<op>": "<dtype>"}}}}')
-    return normalize_plan(data["ops"])
+    expected = (
+        f'precision plan {path}: expected {{"ops": {{"<op>": "<dtype>"}}}} or '
+        f'{{"groups": {{"<device group>": {{"<op>": "<dtype>"}}}}}}'
+    )
+    if not isinstance(data, dict) or not ({"ops", "groups"} & set(data)):
+        raise UserError(expected)
+    extra = sorted(set(data) - {"ops", "groups"})
+    if extra:
+        raise UserError(f"precision plan {path}: unknown key {extra[0]!r}; allowed: groups, ops")
+    ops = data.get("ops", {})
+    groups = data.get("groups", {})
+    if not isinstance(ops, dict) or not isinstance(groups, dict):
+        raise UserError(expected)
+    entries = list(ops.items())
+    for group, group_ops in groups.items():
+        if not group or ":" in group or not isinstance(group_ops, dict):
+            raise UserError(f"precision plan {path}: groups.{group}: {expected.split(': ', 1)[1]}")
+        entries.extend((f"{group}:{pattern}", dtype) for pattern, dtype in group_ops.items())
+    return normalize_plan(entries)
 
 
 def dump_plan(plan: PrecisionPlan) -> str:
     """The JSON text of a plan, as :func:`load_plan` reads it."""
-    return json.dumps({"ops": dict(plan)}, indent=2, sort_keys=True) + "\n"
+    common = {p: d for p, d in plan if ":" not in p}
+    groups: dict[str, dict[str, str]] = {}
+    for pattern, dtype in plan:
+        if ":" in pattern:
+            group, op = pattern.split(":", 1)
+            groups.setdefault(group, {})[op] = dtype
+    data: dict[str, object] = {"ops": common}
+    if groups:
+        data["groups"] = groups
+    return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
+
+def plan_groups(plan: PrecisionPlan) -> list[str]:
+    """The device groups a plan names (``<group>:<op>`` entries), in order of appearance."""
+    return list(dict.fromkeys(p.split(":", 1)[0] for p, _ in plan if ":" in p))
+
+
+def plan_for_group(plan: PrecisionPlan, group: str | None) -> PrecisionPlan:
+    """The one-group plan that ranks of device group ``group`` run: the common entries, then
+    the group's own (so they win)."""
+    common = tuple((p, d) for p, d in plan if ":" not in p)
+    if group is None:
+        return common
+    prefix = f"{group}:"
+    own = tuple((p[len(prefix) :], d) for p, d in plan if p.startswith(prefix))
+    return common + own
 
 
 class PrecisionPlanWarning(UserWarning):

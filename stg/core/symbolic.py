@@ -251,6 +251,8 @@ class GraphBuilder:
         self.grad_dtype = grad_dtype or self.weight_dtype
         self.fsdp_axes = self._axes(shard_weights_over)
         self.precision = precision
+        self.weight_grads_through_casts = False
+        """reduce a cast weight's gradient with the weight's (hybrid clusters), not at the cast"""
         self.options: Mapping[str, object] = options or {}
         self.dims: Mapping[str, Dim] = dict(STANDARD_DIMS)
         if self.options.get("dhead") is not None:  # --dhead: a size of its own (Qwen3)
@@ -520,12 +522,14 @@ class GraphBuilder:
         backward_flops: sympy.Expr | float | None = None,
         reduce: Sequence[str | int] = (),
         out_dtype: str | None = None,
+        keep_partial: bool = False,
     ) -> Tensor:
         """An elementwise op on ``x`` (others broadcast from the right, e.g. a norm's weight).
 
         ``flops`` per element of ``x``; ``backward_flops`` defaults to twice that.
         ``reduce`` lists dimensions the op reduces over (softmax, norms), by name or position
         (negative counts from the end): they must not be split, so they are gathered first.
+        ``keep_partial``: the op is linear (a cast), so a partial sum stays partial through it.
         """
         n = len(x.dims)
         reduce_idx = tuple(
@@ -539,7 +543,8 @@ class GraphBuilder:
             )
         )
         target = Sharding(
-            tuple(NO_AXES if i in reduce_idx else a for i, a in enumerate(x.sharding.dims))
+            tuple(NO_AXES if i in reduce_idx else a for i, a in enumerate(x.sharding.dims)),
+            x.sharding.partial if keep_partial and not reduce_idx else frozenset(),
         )
         x_r = self.reshard(x, target)
         rest = tuple(

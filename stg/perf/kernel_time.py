@@ -133,6 +133,15 @@ FUSED_ATTENTION: dict[str, dict[str, AttentionKernel]] = {
         "cudnn": AttentionKernel("cudnn", {64: (0.65, 0.50), 128: (0.73, 0.50)}, (1e-6, 16e-6)),
     },
 }
+# Ada (L4, sm_89) runs FlashAttention-2 and cuDNN's fused attention like Ampere; no
+# measurement of either on Ada at hand, so the Ampere fractions of peak apply.
+FUSED_ATTENTION["ada"] = FUSED_ATTENTION["ampere"]
+# Volta (V100, sm_70) and Turing (T4, sm_75) have no FlashAttention-2 or cuDNN fused attention
+# kernel (FA2 needs sm_80; cuDNN's fused attention sm_80 as well): Megatron-LM runs attention
+# unfused there (two batched GEMMs with the score matrix through memory). An empty table makes
+# :func:`attention_time` price every fused request on them as unfused.
+FUSED_ATTENTION["volta"] = {}
+FUSED_ATTENTION["turing"] = {}
 
 UNFUSED_SCORE_BYTES: dict[str, tuple[float, float]] = {
     "forward": (39.0, 0.22),
@@ -254,7 +263,11 @@ def attention_time(
         return _unfused_attention_time(
             gpu, batch, heads, s_q, s_kv, head_dim, causal=causal, backward=backward, dtype=dtype
         )
-    kernel = gpu.attention_kernels[impl]
+    kernel = gpu.attention_kernels.get(impl)
+    if kernel is None:  # no fused kernel on this GPU (Volta, Turing): the unfused path
+        return _unfused_attention_time(
+            gpu, batch, heads, s_q, s_kv, head_dim, causal=causal, backward=backward, dtype=dtype
+        )
     rows = ATTENTION_BLOCK_ROWS
     q_blocks = math.ceil(s_q / rows)
     kv_blocks = math.ceil(s_kv / rows)

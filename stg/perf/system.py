@@ -29,8 +29,9 @@ A system is a JSON object (stdlib ``json``; no YAML dependency). Units are in th
   ``kernel_overhead_us``: fixed cost per compute op (launch and tail).
 - ``sm_count``, ``peak_clock_ghz`` (the clock the tensor-core peaks are computed at),
   ``sustained_clock_ghz`` (the SM clock under sustained tensor-core load) and ``arch``
-  (``hopper`` or ``ampere``: whose measured attention kernels apply) describe the GPU for the
-  kernel models of :mod:`stg.perf.kernel_time`; an H100 SXM's values where omitted.
+  (``hopper``, ``ampere``, ``ada``, ``turing`` or ``volta``: whose attention kernels apply)
+  describe the GPU for the kernel models of :mod:`stg.perf.kernel_time`; an H100 SXM's
+  values where omitted.
 - ``network``: dimensions innermost first. ``size`` is the number of ranks along the
   dimension (0 = as many as needed: only the outermost dimension may say so);
   ``bandwidth_gbps`` is per GPU per direction (10^9 B/s); ``latency_us`` the per-step latency
@@ -38,8 +39,10 @@ A system is a JSON object (stdlib ``json``; no YAML dependency). Units are in th
   sits at coordinate ``r % size0`` of the first dimension, ``(r // size0) % size1`` of the
   second, and so on.
 
-Built-in presets: ``a100-80g``, ``h100-80g``, ``h200-141g``, ``h800-80g``.
-:func:`load_system` accepts a preset name or the path of a JSON file.
+Built-in presets: ``a100-80g``, ``h100-80g``, ``h200-141g``, ``h800-80g``, and the GPUs of
+hybrid clusters ``v100-32g``, ``t4-16g``, ``a10-24g``, ``l4-24g``, ``a100-40g``
+(:mod:`stg.perf.devices`). A file with ``groups`` describes a hybrid cluster
+(:mod:`stg.perf.hybrid`). :func:`load_system` accepts a preset name or the path of a JSON file.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from typing import Any
 
 from stg.errors import UnknownNameError, UserError
 from stg.perf.comm_time import LINKS
+from stg.perf.devices import DEVICE_PRESETS
 from stg.perf.kernel_time import FUSED_ATTENTION, Gpu
 
 DTYPES: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8")
@@ -398,6 +402,9 @@ PRESETS["h800-80g"] = {
     ],
 }
 
+# The GPUs of hybrid clusters (v100-32g, t4-16g, a10-24g, l4-24g, a100-40g): data sheets cited
+# in stg.perf.devices.
+PRESETS.update(DEVICE_PRESETS)
 
 def preset_names() -> tuple[str, ...]:
     return tuple(sorted(PRESETS))
@@ -597,6 +604,10 @@ def load_system(spec: str | Path | System) -> System:
             raise SystemDescriptionError(
                 f"system file {text!r} is not valid JSON: {exc.msg} at line {exc.lineno}"
             ) from None
+        if isinstance(data, dict) and "groups" in data:  # a hybrid cluster: stg.perf.hybrid
+            from stg.perf.hybrid import hybrid_from_dict
+
+            return hybrid_from_dict(data, text)
         return system_from_dict(data, text)
     raise UnknownNameError(
         f"unknown system {text!r}; allowed: {', '.join(preset_names())} or a path to a JSON file"

@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define ABI_VERSION 3
+#define ABI_VERSION 4
 
 /* ------------------------------------------------------------------------------------------ */
 /* Module state (set once by setup()).                                                         */
@@ -49,7 +49,7 @@ static int g_ready = 0;
 static PyObject *s_is_cpu_op, *s_num_ops, *s_tensor_size, *s_comm_type, *s_comm_size, *s_comm_src,
     *s_comm_dst, *s_comm_tag, *s_dtype, *s_pg_name, *s_start, *s_inputs, *s_outputs,
     *s_tensor_loc, *s_input_tensor_loc, *s_input_tensor_size, *s_output_tensor_loc,
-    *s_output_tensor_size, *s_comm_priority, *s_involved_dim, *s_v001_invalid, *s_read,
+    *s_output_tensor_size, *s_comm_priority, *s_involved_dim, *s_v001_invalid, *s_read, *s_readinto,
     *s_string_val, *s_int32_val, *s_uint64_val, *s_bool_list;
 
 /* ------------------------------------------------------------------------------------------ */
@@ -96,6 +96,14 @@ static inline int get_varint(const uint8_t **pp, const uint8_t *end, uint64_t *o
 static int utf8_ok(const uint8_t *s, Py_ssize_t n) {
     Py_ssize_t i = 0;
     while (i < n) {
+        /* ASCII, 8 bytes at a time: most names and shapes are */
+        while (i + 8 <= n) {
+            uint64_t w;
+            memcpy(&w, s + i, 8);
+            if (w & 0x8080808080808080ULL) break;
+            i += 8;
+        }
+        if (i >= n) break;
         uint8_t c = s[i];
         if (c < 0x80) { i++; continue; }
         if (c >= 0xC2 && c <= 0xDF) {
@@ -975,6 +983,16 @@ static int js_string(const uint8_t **pp, const uint8_t *end, const uint8_t **s, 
     const uint8_t *start = p;
     int e = 0, ascii = 1;
     while (1) {
+        /* 8 bytes at a time past plain ASCII (no quote, backslash, control or high byte) */
+        while (end - p >= 8) {
+            uint64_t w;
+            memcpy(&w, p, 8);
+            const uint64_t ones = 0x0101010101010101ULL, high = 0x8080808080808080ULL;
+            uint64_t q = w ^ (ones * '"'), b = w ^ (ones * '\\');
+            uint64_t hit = ((q - ones) & ~q) | ((b - ones) & ~b) | (w - ones * 0x20) | w;
+            if (hit & high) break;
+            p += 8;
+        }
         if (p >= end) return UNUSUAL;
         uint8_t c = *p;
         if (c == '"') break;
@@ -1148,50 +1166,6 @@ static int js_skip(const uint8_t **pp, const uint8_t *end, int depth) {
         if (js_number(&p, end, &is_int, &iv, &fits, &dv)) return UNUSUAL;
     }
     *pp = p;
-    return OK;
-}
-
-/* Validate the whole document and find the workload_graph array: *arr at its '[', *arr_end
- * after its ']'. UNUSUAL for anything the reference rejects or that we do not handle. */
-static int js_document(const uint8_t *p, const uint8_t *end, const uint8_t **arr,
-                       const uint8_t **arr_end) {
-    *arr = NULL;
-    js_ws(&p, end);
-    if (p >= end || *p != '{') return UNUSUAL;
-    p++;
-    js_ws(&p, end);
-    if (p < end && *p == '}') return UNUSUAL; /* no workload_graph */
-    while (1) {
-        const uint8_t *s; Py_ssize_t n; int esc;
-        js_ws(&p, end);
-        if (js_string(&p, end, &s, &n, &esc)) return UNUSUAL;
-        js_ws(&p, end);
-        if (p >= end || *p != ':') return UNUSUAL;
-        p++;
-        js_ws(&p, end);
-        int is_graph = !esc && NAME_IS(s, n, "workload_graph");
-        if (!is_graph && esc) {
-            /* an escaped spelling of workload_graph would count: do not guess */
-            return UNUSUAL;
-        }
-        const uint8_t *vstart = p;
-        if (js_skip(&p, end, 1)) return UNUSUAL;
-        if (is_graph) {
-            if (*arr || *vstart != '[') return UNUSUAL;
-            *arr = vstart;
-            *arr_end = p;
-        }
-        js_ws(&p, end);
-        if (p >= end) return UNUSUAL;
-        if (*p == ',') { p++; continue; }
-        if (*p == '}') { p++; break; }
-        return UNUSUAL;
-    }
-    js_ws(&p, end);
-    if (p != end || !*arr) return UNUSUAL;
-    const uint8_t *q = *arr + 1;
-    js_ws(&q, end);
-    if (*q == ']') return UNUSUAL; /* an empty workload_graph */
     return OK;
 }
 
@@ -1392,9 +1366,12 @@ static const char *const jk_names[JK_N] = {
     "comm_tag", "pg_name", "dtype", "attr", "start_time_micros", "inputs", "outputs",
     "stg_unset"};
 
+static Py_ssize_t jk_len[JK_N];  /* strlen of jk_names, filled at import */
+
 static int js_key(const uint8_t *s, Py_ssize_t n) {
     for (int k = 0; k < JK_N; k++)
-        if ((Py_ssize_t)strlen(jk_names[k]) == n && !memcmp(jk_names[k], s, (size_t)n)) return k;
+        if (jk_len[k] == n && jk_names[k][0] == s[0] && !memcmp(jk_names[k], s, (size_t)n))
+            return k;
     return -1;
 }
 
@@ -1835,7 +1812,7 @@ typedef struct {
     int fmt;
     uint8_t *buf; Py_ssize_t cap, len, pos;
     long long base, index;
-    int eof;
+    int eof, readinto;
     Py_ssize_t chunk;
     Rec rec;
     JsExtra jx;
@@ -1846,39 +1823,65 @@ typedef struct {
     int hashing;
     H128 hash;
     long long count;
-    int js_state;
-    const uint8_t *js_p, *js_end;
-    long long js_pos;
+    int js_state;                          /* 0 not scanned, 1 in the array, 2 done */
+    long long js_pos;                      /* index of the next workload_graph entry */
     Cols cols;
 } Reader;
 
+/* One spare read buffer, handed from a finished Reader to the next (the GIL guards it): a
+ * process reading many rank files does not fault in fresh pages for each. */
+static uint8_t *g_spare_buf = NULL;
+static Py_ssize_t g_spare_cap = 0;
+#define SPARE_MAX (Py_ssize_t)(16 << 20)
+
+static void rd_read_error(Reader *r) {
+    if (PyErr_ExceptionMatches(g_read_errors)) {
+        PyObject *t, *v, *tb;
+        PyErr_Fetch(&t, &v, &tb);
+        PyErr_NormalizeException(&t, &v, &tb);
+        PyErr_Format(g_trace_error, "%U: unreadable compressed data near byte %lld: %S",
+                     r->name, r->base + (long long)r->len, v ? v : Py_None);
+        Py_XDECREF(t); Py_XDECREF(v); Py_XDECREF(tb);
+    }
+}
+
+/* Read into the buffer until need bytes are unconsumed: 1, 0 at the end of the stream, -1
+ * error. Streams with readinto fill the buffer in place (no bytes object, no copy). */
 static int rd_fill(Reader *r, Py_ssize_t need) {
     while (r->len - r->pos < need && !r->eof) {
         Py_ssize_t want = r->chunk, missing = need - (r->len - r->pos);
         if (missing > want) want = missing;
-        PyObject *chunk = PyObject_CallMethod(r->stream, "read", "n", want);
-        if (!chunk) {
-            if (PyErr_ExceptionMatches(g_read_errors)) {
-                PyObject *t, *v, *tb;
-                PyErr_Fetch(&t, &v, &tb);
-                PyErr_NormalizeException(&t, &v, &tb);
-                PyErr_Format(g_trace_error, "%U: unreadable compressed data near byte %lld: %S",
-                             r->name, r->base + (long long)r->len, v ? v : Py_None);
-                Py_XDECREF(t); Py_XDECREF(v); Py_XDECREF(tb);
-            }
-            return -1;
+        if (r->pos) {
+            memmove(r->buf, r->buf + r->pos, (size_t)(r->len - r->pos));
+            r->len -= r->pos;
+            r->base += r->pos;
+            r->pos = 0;
         }
+        if (grow((void **)&r->buf, &r->cap, r->len + want, 1) < 0) return -1;
+        if (r->readinto) {
+            PyObject *view = PyMemoryView_FromMemory((char *)r->buf + r->len, want, PyBUF_WRITE);
+            if (!view) return -1;
+            PyObject *res = PyObject_CallMethodOneArg(r->stream, s_readinto, view);
+            Py_DECREF(view);
+            if (!res) { rd_read_error(r); return -1; }
+            Py_ssize_t got = res == Py_None ? 0 : PyLong_AsSsize_t(res);
+            Py_DECREF(res);
+            if (got < 0 || got > want) {
+                if (!PyErr_Occurred())
+                    PyErr_Format(PyExc_OSError, "%U: readinto returned %zd", r->name, got);
+                return -1;
+            }
+            if (got == 0) r->eof = 1;
+            r->len += got;
+            continue;
+        }
+        PyObject *chunk = PyObject_CallMethod(r->stream, "read", "n", want);
+        if (!chunk) { rd_read_error(r); return -1; }
         Py_buffer view;
         if (PyObject_GetBuffer(chunk, &view, PyBUF_SIMPLE) < 0) { Py_DECREF(chunk); return -1; }
         if (view.len == 0) {
             r->eof = 1;
         } else {
-            if (r->pos) {
-                memmove(r->buf, r->buf + r->pos, (size_t)(r->len - r->pos));
-                r->len -= r->pos;
-                r->base += r->pos;
-                r->pos = 0;
-            }
             if (grow((void **)&r->buf, &r->cap, r->len + view.len, 1) < 0) {
                 PyBuffer_Release(&view); Py_DECREF(chunk); return -1;
             }
@@ -1959,20 +1962,146 @@ static void rd_set_unusual(Reader *r, long long index, long long offset, const u
     r->status = ST_UNUSUAL;
 }
 
-static int js_load(Reader *r) {
-    /* read the whole (possibly compressed) document */
-    while (!r->eof) {
-        int f = rd_fill(r, r->len - r->pos + 1);
-        if (f < 0) {
-            /* the reference reports unreadable JSON its own way */
-            PyErr_Clear();
+/* Streaming JSON. The document is read twice through the bounded buffer, one value at a time
+ * (a workload_graph entry, or another top-level value): js_scan checks the whole document as
+ * the reference's json.load would accept it and finds the workload_graph array; the stream is
+ * then rewound there and rd_next decodes the entries. So memory stays that of the largest
+ * entry (or other top-level value), and a document the reference rejects yields no node. */
+
+/* Read more of the stream (at least a chunk, at least doubling what is buffered): 1, 0 at
+ * the end of the stream, -1 error. */
+static int js_more(Reader *r) {
+    Py_ssize_t have = r->len - r->pos;
+    Py_ssize_t extra = have > r->chunk ? have : r->chunk;
+    if (rd_fill(r, have + extra) < 0) return -1;
+    return r->len - r->pos > have;
+}
+
+/* The next non-blank byte at r->pos (blanks consumed), -1 at the end, -2 error. */
+static int js_peek(Reader *r) {
+    while (1) {
+        while (r->pos < r->len) {
+            uint8_t c = r->buf[r->pos];
+            if (c != ' ' && c != '\n' && c != '\r' && c != '\t') return c;
+            r->pos++;
+        }
+        int m = js_more(r);
+        if (m < 0) return -2;
+        if (m == 0) return -1;
+    }
+}
+
+/* Consume one whole value at r->pos (key: a string only) with its own buffer refills: OK,
+ * UNUSUAL (the reference must judge the document), FAIL. *esc: the key holds escapes. */
+static int js_unit(Reader *r, int depth, int key, int *esc, const uint8_t **ks, Py_ssize_t *kn) {
+    while (1) {
+        const uint8_t *p = r->buf + r->pos, *q = p, *end = r->buf + r->len;
+        int rc = key ? js_string(&q, end, ks, kn, esc) : js_skip(&q, end, depth);
+        if (rc == OK) {
+            const uint8_t *t = q;
+            js_ws(&t, end);
+            /* a number may go on in the next chunk: the byte after the value must be here */
+            if (t < end || r->eof) {
+                r->pos += q - p;
+                return OK;
+            }
+        } else if (r->eof) {
             return UNUSUAL;
         }
+        int m = js_more(r);
+        if (m < 0) return FAIL;
+        if (m == 0 && rc != OK) return UNUSUAL;
     }
-    const uint8_t *arr = NULL, *arr_end = NULL;
-    if (js_document(r->buf + r->pos, r->buf + r->len, &arr, &arr_end) != OK) return UNUSUAL;
-    r->js_p = arr + 1;
-    r->js_end = arr_end - 1;
+}
+
+/* Check the document and leave r->js_arr at the stream offset just after the '[' of its
+ * workload_graph: OK, UNUSUAL (the reference reads the document), FAIL. */
+static int js_scan(Reader *r, long long *arr, U8Vec *meta) {
+    int c = js_peek(r), found = 0;
+    if (c == -2) return FAIL;
+    if (c != '{') return UNUSUAL;
+    r->pos++;
+    c = js_peek(r);
+    if (c == -2) return FAIL;
+    if (c == '}') return UNUSUAL; /* no workload_graph */
+    while (1) {
+        const uint8_t *ks; Py_ssize_t kn; int esc = 0, rc;
+        c = js_peek(r);
+        if (c == -2) return FAIL;
+        if (c != '"') return UNUSUAL;
+        rc = js_unit(r, 0, 1, &esc, &ks, &kn);
+        if (rc != OK) return rc;
+        /* an escaped spelling of workload_graph would count: do not guess */
+        if (esc) return UNUSUAL;
+        int is_graph = NAME_IS(ks, kn, "workload_graph");
+        if (meta && !is_graph) { /* "key": (no escapes in keys here; ks dies with a refill) */
+            if (meta->n > 1 && VEC_PUSH(*meta, ',') < 0) return FAIL;
+            if (VEC_PUSH(*meta, '"') < 0) return FAIL;
+            for (Py_ssize_t i = 0; i < kn; i++) if (VEC_PUSH(*meta, ks[i]) < 0) return FAIL;
+            if (VEC_PUSH(*meta, '"') < 0 || VEC_PUSH(*meta, ':') < 0) return FAIL;
+        }
+        c = js_peek(r);
+        if (c == -2) return FAIL;
+        if (c != ':') return UNUSUAL;
+        r->pos++;
+        c = js_peek(r);
+        if (c == -2) return FAIL;
+        if (is_graph) {
+            if (found || c != '[') return UNUSUAL;
+            found = 1;
+            r->pos++;
+            *arr = r->base + (long long)r->pos;
+            c = js_peek(r);
+            if (c == -2) return FAIL;
+            if (c == ']') return UNUSUAL; /* an empty workload_graph */
+            while (1) {
+                rc = js_unit(r, 2, 0, NULL, NULL, NULL);
+                if (rc != OK) return rc;
+                c = js_peek(r);
+                if (c == -2) return FAIL;
+                if (c == ',') { r->pos++; continue; }
+                if (c == ']') { r->pos++; break; }
+                return UNUSUAL;
+            }
+        } else {
+            long long vstart = r->base + (long long)r->pos;
+            rc = js_unit(r, 1, 0, NULL, NULL, NULL);
+            if (rc != OK) return rc;
+            if (meta) { /* the value's bytes: js_unit kept them from vstart on */
+                const uint8_t *v = r->buf + (vstart - r->base);
+                Py_ssize_t vn = (Py_ssize_t)(r->base + (long long)r->pos - vstart);
+                for (Py_ssize_t i = 0; i < vn; i++) if (VEC_PUSH(*meta, v[i]) < 0) return FAIL;
+            }
+        }
+        c = js_peek(r);
+        if (c == -2) return FAIL;
+        if (c == ',') { r->pos++; continue; }
+        if (c == '}') { r->pos++; break; }
+        return UNUSUAL;
+    }
+    c = js_peek(r);
+    if (c == -2) return FAIL;
+    return c == -1 && found ? OK : UNUSUAL;
+}
+
+/* Scan the document, then rewind the stream to its workload_graph: OK or UNUSUAL (read
+ * errors too: the reference reports unreadable JSON its own way). */
+static int js_load(Reader *r) {
+    long long arr = 0;
+    int rc = js_scan(r, &arr, NULL);
+    if (rc == FAIL) { PyErr_Clear(); return UNUSUAL; }
+    if (rc != OK) return UNUSUAL;
+    if (arr >= r->base) {
+        /* the array is still in the buffer (a document smaller than a read): no rewind */
+        r->pos = (Py_ssize_t)(arr - r->base);
+    } else {
+        PyObject *res = PyObject_CallMethod(r->stream, "seek", "L", arr);
+        if (!res) { PyErr_Clear(); return UNUSUAL; }
+        Py_DECREF(res);
+        r->len = r->pos = 0;
+        r->base = arr;
+        r->eof = 0;
+    }
     r->js_pos = 0;
     r->js_state = 1;
     return OK;
@@ -1988,27 +2117,40 @@ static int rd_next(Reader *r) {
             if (rc == UNUSUAL) { r->u_index = -1; r->status = ST_UNUSUAL; return 2; }
         }
         if (r->js_state == 2) return 0;
-        const uint8_t *p = r->js_p, *end = r->js_end;
-        js_ws(&p, end);
-        if (r->js_pos > 0) {
-            if (p < end && *p == ',') p++;
-            js_ws(&p, end);
+        int c = js_peek(r);
+        if (c == -2) return -1;
+        if (r->js_pos > 0 && c == ',') {
+            r->pos++;
+            c = js_peek(r);
+            if (c == -2) return -1;
         }
-        if (p >= end) { r->js_state = 2; return 0; }
-        const uint8_t *start = p;
-        int rc = js_entry(rec, &r->jx, &p, end, h);
-        if (rc == FAIL) return -1;
-        if (rc != OK) {
+        if (c == ']' || c == -1) { r->js_state = 2; return 0; }
+        while (1) {
+            const uint8_t *start = r->buf + r->pos, *end = r->buf + r->len, *p = start;
+            H128 saved = r->hash;
+            int rc = js_entry(rec, &r->jx, &p, end, h);
+            if (rc == FAIL) return -1;
+            if (rc == OK) {
+                r->pos += p - start;
+                r->js_pos++;
+                return 1;
+            }
+            r->hash = saved;
             const uint8_t *q = start;
-            js_skip(&q, end, 1);
-            rd_set_unusual(r, r->js_pos, -1, start, q - start);
-            r->js_p = q;
-            r->js_pos++;
-            return 2;
+            if (js_skip(&q, end, 2) == OK) { /* whole, but for the reference */
+                rd_set_unusual(r, r->js_pos, -1, start, q - start);
+                r->pos += q - start;
+                r->js_pos++;
+                return 2;
+            }
+            int m = js_more(r); /* the entry goes on in the next chunk */
+            if (m < 0) return -1;
+            if (m == 0) {
+                PyErr_Format(g_trace_error, "%U: the file changed while it was being read",
+                             r->name);
+                return -1;
+            }
         }
-        r->js_p = p;
-        r->js_pos++;
-        return 1;
     }
     const uint8_t *data;
     Py_ssize_t n;
@@ -2079,6 +2221,43 @@ static PyObject *Reader_columns(Reader *r, PyObject *args) {
     return cols_take(&r->cols, mask);
 }
 
+static PyObject *Reader_record(Reader *r, PyObject *unused) {
+    const uint8_t *data;
+    Py_ssize_t n;
+    long long offset, index = r->index;
+    int rc = rd_record(r, &data, &n, &offset);
+    if (rc < 0) return NULL;
+    if (rc == 0) Py_RETURN_NONE;
+    return Py_BuildValue("(LLy#)", index, offset, PTR(data), n);
+}
+
+/* A JSON document without its workload_graph: the text of an object holding its other
+ * top-level members in order, read through the bounded buffer; None where the reference must
+ * read the document. */
+static PyObject *Reader_json_metadata(Reader *r, PyObject *unused) {
+    if (r->fmt != 2 || r->js_state != 0) {
+        PyErr_SetString(PyExc_ValueError, "json_metadata() needs a fresh JSON reader");
+        return NULL;
+    }
+    U8Vec meta = {NULL, 0, 0};
+    long long arr = 0;
+    if (VEC_PUSH(meta, '{') < 0) return NULL;
+    int rc = js_scan(r, &arr, &meta);
+    r->js_state = 2;
+    if (rc == OK && VEC_PUSH(meta, '}') < 0) rc = FAIL;
+    if (rc != OK) {
+        VEC_FREE(meta);
+        if (rc == FAIL && !PyErr_ExceptionMatches(g_trace_error) &&
+            !PyErr_ExceptionMatches(g_read_errors))
+            return NULL; /* out of memory */
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    PyObject *out = PyBytes_FromStringAndSize((const char *)meta.v, meta.n);
+    VEC_FREE(meta);
+    return out;
+}
+
 static PyObject *Reader_raise_error(Reader *r, PyObject *unused) {
     if (!r->etype) Py_RETURN_NONE;
     PyErr_Restore(r->etype, r->evalue, r->etb);
@@ -2106,7 +2285,9 @@ static void Reader_dealloc(Reader *r) {
     Py_XDECREF(r->name);
     Py_XDECREF(r->etype); Py_XDECREF(r->evalue); Py_XDECREF(r->etb);
     Py_XDECREF(r->u_data);
-    PyMem_Free(r->buf);
+    if (!g_spare_buf && r->buf && r->cap <= SPARE_MAX) { g_spare_buf = r->buf; g_spare_cap = r->cap; }
+    else PyMem_Free(r->buf);
+    r->buf = NULL;
     rec_free(&r->rec);
     VEC_FREE(r->jx.ctrl2);
     cols_free(&r->cols);
@@ -2137,6 +2318,11 @@ static int Reader_init(Reader *r, PyObject *args, PyObject *kw) {
     Py_INCREF(name); Py_XSETREF(r->name, name);
     r->fmt = fmt;
     r->len = r->pos = 0;
+    if (!r->buf && g_spare_buf) {
+        r->buf = g_spare_buf; r->cap = g_spare_cap;
+        g_spare_buf = NULL; g_spare_cap = 0;
+    }
+    r->readinto = PyObject_HasAttr(stream, s_readinto);
     if (initial.len) {
         if (grow((void **)&r->buf, &r->cap, initial.len, 1) < 0) { PyBuffer_Release(&initial); return -1; }
         memcpy(r->buf, initial.buf, (size_t)initial.len);
@@ -2339,9 +2525,51 @@ static int slot_alloc(Drain *d) {
     return (int)d->nslots++;
 }
 
-static int cmp_i64(const void *a, const void *b) {
-    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-    return x < y ? -1 : x > y;
+/* A scratch hash set of int64 for one node's deps (the GIL guards it): entries of an older
+ * generation count as empty, so starting a set costs nothing. */
+static int64_t *g_set_keys = NULL;
+static uint32_t *g_set_gen = NULL;
+static size_t g_set_cap = 0;
+static uint32_t g_set_now = 0;
+
+/* Start an empty set for up to n values: 0, -1 out of memory. */
+static int set_begin(Py_ssize_t n) {
+    size_t cap = 64;
+    while (cap < (size_t)n * 2) cap <<= 1;
+    if (cap > g_set_cap) {
+        int64_t *k = PyMem_Realloc(g_set_keys, cap * 8);
+        if (!k) { PyErr_NoMemory(); return -1; }
+        g_set_keys = k;
+        uint32_t *g = PyMem_Realloc(g_set_gen, cap * 4);
+        if (!g) { PyErr_NoMemory(); return -1; }
+        g_set_gen = g;
+        memset(g_set_gen, 0, cap * 4);
+        g_set_cap = cap;
+        g_set_now = 0;
+    }
+    if (++g_set_now == 0) { memset(g_set_gen, 0, g_set_cap * 4); g_set_now = 1; }
+    return 0;
+}
+
+/* Add x: 1 if it was there already, else 0. */
+static inline int set_add(int64_t x) {
+    size_t mask = g_set_cap - 1, h = (size_t)mix64((uint64_t)x) & mask;
+    while (g_set_gen[h] == g_set_now) {
+        if (g_set_keys[h] == x) return 1;
+        h = (h + 1) & mask;
+    }
+    g_set_gen[h] = g_set_now;
+    g_set_keys[h] = x;
+    return 0;
+}
+
+static inline int set_has(int64_t x) {
+    size_t mask = g_set_cap - 1, h = (size_t)mix64((uint64_t)x) & mask;
+    while (g_set_gen[h] == g_set_now) {
+        if (g_set_keys[h] == x) return 1;
+        h = (h + 1) & mask;
+    }
+    return 0;
 }
 
 /* Whether v holds a value twice (-1: out of memory). */
@@ -2352,28 +2580,15 @@ static int has_dup(const int64_t *v, Py_ssize_t n) {
                 if (v[i] == v[j]) return 1;
         return 0;
     }
-    int64_t *t = PyMem_Malloc((size_t)n * 8);
-    if (!t) { PyErr_NoMemory(); return -1; }
-    memcpy(t, v, (size_t)n * 8);
-    qsort(t, (size_t)n, 8, cmp_i64);
-    int dup = 0;
-    for (Py_ssize_t i = 1; i < n && !dup; i++) dup = t[i] == t[i - 1];
-    PyMem_Free(t);
-    return dup;
+    if (set_begin(n) < 0) return -1;
+    for (Py_ssize_t i = 0; i < n; i++) if (set_add(v[i])) return 1;
+    return 0;
 }
 
-/* Whether x is among v[0..n) (sorted: a sorted copy, or NULL for a linear search). */
-static int contains(const int64_t *v, const int64_t *sorted, Py_ssize_t n, int64_t x) {
-    if (!sorted) {
-        for (Py_ssize_t i = 0; i < n; i++) if (v[i] == x) return 1;
-        return 0;
-    }
-    Py_ssize_t lo = 0, hi = n;
-    while (lo < hi) {
-        Py_ssize_t mid = (lo + hi) / 2;
-        if (sorted[mid] < x) lo = mid + 1; else hi = mid;
-    }
-    return lo < n && sorted[lo] == x;
+/* Whether x is among v[0..n). */
+static int contains(const int64_t *v, Py_ssize_t n, int64_t x) {
+    for (Py_ssize_t i = 0; i < n; i++) if (v[i] == x) return 1;
+    return 0;
 }
 
 static int dr_stuck(Drain *d) {
@@ -2398,21 +2613,16 @@ static int dr_fill(Drain *d, Reader *r) {
         for (Py_ssize_t i = 0; i < rec->data.n; i++) if (VEC_PUSH(d->merged, rec->data.v[i]) < 0) return -1;
         if (d->use_ctrl && rec->ctrl.n) {
             if (rec->ctrl.n > 1 && (rc = has_dup(rec->ctrl.v, rec->ctrl.n))) return rc < 0 ? -1 : FALLBACK;
-            int64_t *sorted = NULL;
-            if (rec->data.n > 16 && rec->ctrl.n > 4) {
-                sorted = PyMem_Malloc((size_t)rec->data.n * 8);
-                if (!sorted) { PyErr_NoMemory(); return -1; }
-                memcpy(sorted, rec->data.v, (size_t)rec->data.n * 8);
-                qsort(sorted, (size_t)rec->data.n, 8, cmp_i64);
+            int hashed = rec->data.n > 16 && rec->ctrl.n > 4;
+            if (hashed) {
+                if (set_begin(rec->data.n) < 0) return -1;
+                for (Py_ssize_t i = 0; i < rec->data.n; i++) set_add(rec->data.v[i]);
             }
             for (Py_ssize_t i = 0; i < rec->ctrl.n; i++) {
                 int64_t p = rec->ctrl.v[i];
-                if (!contains(rec->data.v, sorted, rec->data.n, p) && VEC_PUSH(d->merged, p) < 0) {
-                    PyMem_Free(sorted);
-                    return -1;
-                }
+                int in_data = hashed ? set_has(p) : contains(rec->data.v, rec->data.n, p);
+                if (!in_data && VEC_PUSH(d->merged, p) < 0) return -1;
             }
-            PyMem_Free(sorted);
         }
         int si = slot_alloc(d);
         if (si < 0) return -1;
@@ -2976,6 +3186,10 @@ static PyMethodDef Reader_methods[] = {
      "columns(mask, limit) -> dict of column bytes for up to limit nodes (-1: all)"},
     {"drain", (PyCFunction)Reader_drain, METH_VARARGS,
      "drain(window, use_ctrl) -> statistics dict, or None to defer to the reference"},
+    {"record", (PyCFunction)Reader_record, METH_NOARGS,
+     "record() -> (index, offset, payload) of the next raw record, or None at the end"},
+    {"json_metadata", (PyCFunction)Reader_json_metadata, METH_NOARGS,
+     "json_metadata() -> bytes of the document less workload_graph, or None"},
     {"raise_error", (PyCFunction)Reader_raise_error, METH_NOARGS, "raise the stored error"},
     {"unusual", (PyCFunction)Reader_unusual, METH_NOARGS,
      "(index, offset, data) of the record handed back to the reference"},
@@ -3101,9 +3315,10 @@ PyMODINIT_FUNC PyInit__chakra(void) {
     INTERN(s_input_tensor_loc, "input_tensor_loc"); INTERN(s_input_tensor_size, "input_tensor_size");
     INTERN(s_output_tensor_loc, "output_tensor_loc"); INTERN(s_output_tensor_size, "output_tensor_size");
     INTERN(s_comm_priority, "comm_priority"); INTERN(s_involved_dim, "involved_dim");
-    INTERN(s_v001_invalid, "v001_comm_type_invalid"); INTERN(s_read, "read");
+    INTERN(s_v001_invalid, "v001_comm_type_invalid"); INTERN(s_read, "read"); INTERN(s_readinto, "readinto");
     INTERN(s_string_val, "string_val"); INTERN(s_int32_val, "int32_val");
     INTERN(s_uint64_val, "uint64_val"); INTERN(s_bool_list, "bool_list");
+    for (int k = 0; k < JK_N; k++) jk_len[k] = (Py_ssize_t)strlen(jk_names[k]);
     g_empty_tuple = PyTuple_New(0);
     if (!g_empty_tuple) return NULL;
     return m;

@@ -7,8 +7,9 @@ Three formats are read, one rank file at a time:
 ``v0.0.1``
     Legacy proto2 protobuf: ``Node`` records only, with typed fields.
 ``json``
-    Chakra's feeder JSON ``{"workload_graph": [...]}`` (loaded whole: JSON cannot be streamed
-    record by record).
+    Chakra's feeder JSON ``{"workload_graph": [...]}``. The compiled decoder
+    (:mod:`stg.trace.decode`) streams it one entry at a time through its bounded buffer; this
+    module's reference decoder loads the document whole (``json.load``).
 
 Protobuf files are a sequence of records, each preceded by its length as a varint. They are
 read through a bounded buffer, so memory stays constant whatever the file size; gzip files
@@ -833,5 +834,8 @@ def read_metadata(path: str | Path, *, format: str | None = None) -> dict[str, A
     if fmt == "v0.0.4":
         return _metadata_v004(path)
     if fmt == "json":
-        return _metadata_json(path, _load_json(path))
+        from stg.trace import decode
+
+        data = decode.json_metadata(path) if decode.enabled() else None
+        return _metadata_json(path, data if data is not None else _load_json(path))
     return {"format": "v0.0.1", "version": "", "attrs": TraceAttrs()}

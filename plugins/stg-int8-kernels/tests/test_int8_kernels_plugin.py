@@ -11,7 +11,16 @@ from stg.testing import KERNEL_DIMS, check_kernel, tiny_options
 
 def test_registers_documented_kernels(stg_registry):
     registry = stg_registry(stg_int8_kernels)
-    assert registry.kernels.names() == ["fp8-gemm-h100", "int8-gemm-a100", "int8-gemm-h100"]
+    assert registry.kernels.names() == [
+        "fp8-gemm-h100",
+        "fp8-gemm-l4",
+        "int8-gemm-a10",
+        "int8-gemm-a100",
+        "int8-gemm-a100-40g",
+        "int8-gemm-h100",
+        "int8-gemm-l4",
+        "int8-gemm-t4",
+    ]
     a100 = registry.kernels.get("int8-gemm-a100")
     assert isinstance(a100, Kernel) and a100.systems == ("a100-80g",)
     # a cast reads 2 B twice and writes 1 B per element at 80 % of 2039 GB/s, plus 2 launches
