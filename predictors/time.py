@@ -121,16 +121,13 @@ def megatron_fused_time(node: Any, system: System) -> float | None:
     - Transformer Engine's fp8 casts (``<op>.cast_<operand>`` into fp8): an activation is
       cast in the kernel that produces it (fused LayerNorm/GELU + cast, computing its amax
       on the way), which then writes 1 byte per element more; a weight is cast once per
-      iteration (the first micro-batch) and cached; the gradient of any cast is the GEMM's
-      own output in high precision (no kernel).
+      iteration (the first micro-batch) and cached. Gradient casts stay kernels.
     """
     name = node.name.rsplit("/", 1)[-1]
     if ".grad" not in name and name.split(".", 1)[0].endswith("_bias"):
         return 0.0
-    if not is_cast(name):
-        return None
-    if ".grad" in name.split(".cast_", 1)[1] or ".grad" in name.split(".cast_", 1)[0]:
-        return 0.0  # the GEMM writes the gradient in high precision itself
+    if not is_cast(name) or ".grad" in name:
+        return None  # gradient casts: kernels (their forward dtype is not on the node)
     if normalize_dtype(node.dtype or "bf16") != "fp8":
         return None  # Transformer Engine's casts are fp8 ones; other casts are kernels
     operand = name.split(".cast_", 1)[1].split(".", 1)[0]

@@ -87,8 +87,10 @@ def test_megatron_fuses_biases_and_transformer_engine_casts() -> None:
         dtype="fp32",
         tensor_size=6 * elements,
     )
-    assert compute_time(grad, H100, "bf16", profile="megatron") == 0.0
-    assert compute_time(grad, H100, "bf16", profile="eager") > 0.0
+    # a gradient cast stays a kernel in both profiles
+    assert compute_time(grad, H100, "bf16", profile="megatron") == pytest.approx(
+        compute_time(grad, H100, "bf16", profile="eager")
+    )
 
 
 def test_fp8_precision_plan_speeds_up_an_h100_step() -> None:
