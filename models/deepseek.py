@@ -12,6 +12,13 @@ Multi-head latent attention (MLA), as trained (no matrix absorption), per token 
   ``qk_nope_head_dim`` and ``v_head_dim``, both 128), scores ``q·k + q_rope·k_rope``, softmax,
   context ``P·v``, output ``context·W_O``.
 
+Serving (``--phase``): the KV cache holds the normalised ``c_kv`` and the rotated ``k_rope``
+(``b.cached``: ``kv_lora_rank + drope`` per token and layer, whole on every tp rank). Prefill
+keeps the form above, up-projecting keys and values from the cached latent; decode and mixed
+iterations absorb the up-projections (DeepSeek-V2's section 2.1.2, vLLM's MLA decode):
+``q_latent = q·W_UK`` per head, scores ``q_latent·c_kv + q_rope·k_rope`` and context
+``P·c_kv`` against the one latent head, then ``context·W_UV`` and ``W_O``.
+
 Tensor parallelism splits the heads (``W_UQ``, ``W_QR``, ``W_UK``, ``W_UV``, ``W_O``); the
 down-projections and their norms are replicated, and the builder gathers the latent (not
 ``x``) where the heads need it. MoE layers are ``stg.models.moe``'s routed experts (router,
@@ -44,6 +51,7 @@ from stg.models.gpt import (
 )
 
 RMSNORM_FLOPS = 4
+ABSORBED_PHASES = ("decode", "mixed")
 
 
 def latent_norm(b: GraphBuilder, x: Tensor, dim: str, name: str) -> Tensor:
@@ -56,6 +64,12 @@ def kv_latent(b: GraphBuilder, x: Tensor) -> Tensor:
     """The joint key/value compression of each token together with its decoupled RoPE key:
     ``[batch, seq, kvcache]``, kvcache = kv_lora_rank + drope. The KV cache holds this."""
     return b.einsum("bsh,hc->bsc", x, b.weight("w_dkv", "dmodel kvcache"), name="kv_latent")
+
+
+def absorbed(b: GraphBuilder) -> bool:
+    """Whether attention runs in the latent space with W_UK and W_UV absorbed (decode and
+    mixed serving iterations), rather than up-projecting keys and values (training, prefill)."""
+    return b.options.get("phase") in ABSORBED_PHASES
 
 
 def attention(b: GraphBuilder, x: Tensor) -> Tensor:
@@ -77,17 +91,38 @@ def attention(b: GraphBuilder, x: Tensor) -> Tensor:
     k_rope = b.elementwise(
         "rope_k", b.slice(latent, "kvcache", "drope", name="k_rope"), flops=llama.ROPE_FLOPS
     )
-    k = b.einsum("bsc,cak->bsak", c_kv, b.weight("w_uk", "kvlora head dhead", shard=tp), name="k")
-    v = b.einsum("bsc,cak->bsak", c_kv, b.weight("w_uv", "kvlora head dhead", shard=tp), name="v")
-    with b.tag("core_attention"):
-        scale = causal_scale(b)
-        scores = b.add(
-            b.einsum("bsak,btak->bast", q, k, name="scores", scale=scale),
-            b.einsum("bsar,btr->bast", q_rope, k_rope, name="scores_rope", scale=scale),
-            name="scores_sum",
-        )
-        probs = b.elementwise("softmax", scores, flops=SOFTMAX_FLOPS, reduce=(-1,))
-        ctx = b.einsum("bast,btak->bsak", probs, v, name="context", scale=scale)
+    # serving caches the normalised latent and the rotated shared key: kv_lora_rank + drope
+    # values per token and layer, for all heads (training: the tensors themselves)
+    c_kv = b.cached(c_kv, "c_kv")
+    k_rope = b.cached(k_rope, "k_rope")
+    w_uk = b.weight("w_uk", "kvlora head dhead", shard=tp)
+    scale = causal_scale(b)
+    if absorbed(b):
+        # W_UK absorbed into the query, W_UV applied to the latent context: one latent key and
+        # value (c_kv) for all heads, as DeepSeek's and vLLM's MLA decode kernels run it
+        q_latent = b.einsum("bsak,cak->bsac", q, w_uk, name="q_absorb")
+        w_uv = b.weight("w_uv", "kvlora head dhead", shard=tp)
+        with b.tag("core_attention"):
+            scores = b.add(
+                b.einsum("bsac,btc->bast", q_latent, c_kv, name="scores", scale=scale),
+                b.einsum("bsar,btr->bast", q_rope, k_rope, name="scores_rope", scale=scale),
+                name="scores_sum",
+            )
+            probs = b.elementwise("softmax", scores, flops=SOFTMAX_FLOPS, reduce=(-1,))
+            latent_ctx = b.einsum("bast,btc->bsac", probs, c_kv, name="context", scale=scale)
+        ctx = b.einsum("bsac,cak->bsak", latent_ctx, w_uv, name="v_absorb")
+    else:
+        k = b.einsum("bsc,cak->bsak", c_kv, w_uk, name="k")
+        w_uv = b.weight("w_uv", "kvlora head dhead", shard=tp)
+        v = b.einsum("bsc,cak->bsak", c_kv, w_uv, name="v")
+        with b.tag("core_attention"):
+            scores = b.add(
+                b.einsum("bsak,btak->bast", q, k, name="scores", scale=scale),
+                b.einsum("bsar,btr->bast", q_rope, k_rope, name="scores_rope", scale=scale),
+                name="scores_sum",
+            )
+            probs = b.elementwise("softmax", scores, flops=SOFTMAX_FLOPS, reduce=(-1,))
+            ctx = b.einsum("bast,btak->bsak", probs, v, name="context", scale=scale)
     wo = b.weight("wo", "head dhead dmodel", shard=tp)
     return b.residual(b.einsum("bsak,akh->bsh", ctx, wo, name="attn_out"))
 

@@ -17,9 +17,12 @@ CROSS_ENTROPY_FLOPS = 5
 CROSS_ENTROPY_BACKWARD_FLOPS = 3
 
 
-def causal_scale(b: GraphBuilder) -> sympy.Expr:
-    """Half of the s-by-s score matrix is computed under causal masking (``--causal true``)."""
-    return sympy.Rational(1, 2) if b.options.get("causal") else sympy.Integer(1)
+def causal_scale(b: GraphBuilder, causal: bool | None = None) -> sympy.Expr:
+    """Half of the s-by-s score matrix is computed under causal masking: ``causal``, or
+    ``--causal true`` where the model leaves it to the option (``None``)."""
+    if causal is None:
+        causal = bool(b.options.get("causal"))
+    return sympy.Rational(1, 2) if causal else sympy.Integer(1)
 
 
 def embedding(b: GraphBuilder, x: None) -> Tensor:
@@ -30,7 +33,8 @@ def embedding(b: GraphBuilder, x: None) -> Tensor:
     return b.elementwise("position_embedding", h, b.weight("wpe", "seq dmodel"), flops=1)
 
 
-def attention(b: GraphBuilder, x: Tensor) -> Tensor:
+def attention(b: GraphBuilder, x: Tensor, causal: bool | None = None) -> Tensor:
+    """Multi-head attention with biases; ``causal``: masked (None: as ``--causal`` says)."""
     q = b.einsum(
         "bsh,hak->bsak", x, b.weight("wq", "dmodel head dhead", shard={"head": "tp"}), name="q"
     )
@@ -44,9 +48,9 @@ def attention(b: GraphBuilder, x: Tensor) -> Tensor:
     k = b.elementwise("k_bias", k, b.weight("bk", "head dhead", shard={"head": "tp"}))
     v = b.elementwise("v_bias", v, b.weight("bv", "head dhead", shard={"head": "tp"}))
     with b.tag("core_attention"):
-        scores = b.einsum("bsak,btak->bast", q, k, name="scores", scale=causal_scale(b))
+        scores = b.einsum("bsak,btak->bast", q, k, name="scores", scale=causal_scale(b, causal))
         probs = b.elementwise("softmax", scores, flops=SOFTMAX_FLOPS, reduce=(-1,))
-        ctx = b.einsum("bast,btak->bsak", probs, v, name="context", scale=causal_scale(b))
+        ctx = b.einsum("bast,btak->bsak", probs, v, name="context", scale=causal_scale(b, causal))
     o = b.einsum(
         "bsak,akh->bsh",
         ctx,

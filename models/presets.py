@@ -45,6 +45,35 @@ def _gpt(hidden: int, heads: int, layers: int, vocab: int, seq: int) -> dict[str
     }
 
 
+DEVLIN = (
+    "Devlin et al. 2019, BERT: Pre-training of Deep Bidirectional Transformers for Language "
+    "Understanding (NAACL, arXiv:1810.04805), section 3 (layers L, hidden size H, heads A, "
+    "total parameters; FFN 4H) and appendix A.2 (sequences of 512 tokens); WordPiece "
+    "vocabulary 30,522, 512 positions, 2 token types: google-research/bert's "
+    "bert_config.json (uncased models)"
+)
+LIU = (
+    "Liu et al. 2019, RoBERTa: A Robustly Optimized BERT Pretraining Approach "
+    "(arXiv:1907.11692), sections 4.1 and 5 (BERT's architecture: base L=12 H=768 A=12, "
+    "large L=24 H=1024 A=16, 355M parameters; sequences of 512 tokens) and section 4.4 "
+    "(byte-level BPE, 50K units); vocabulary 50,265 and 125M / 355M parameters: "
+    "facebookresearch/fairseq examples/roberta README and the released dict"
+)
+
+
+def _encoder(hidden: int, heads: int, layers: int, vocab: int) -> dict[str, int]:
+    """BERT's dimensions: multi-head attention, FFN 4H, 512-token sequences."""
+    return {
+        "dvocal": vocab,
+        "dmodel": hidden,
+        "dff": 4 * hidden,
+        "head": heads,
+        "kvhead": heads,
+        "seq": 512,
+        "num_stacks": layers,
+    }
+
+
 PRESETS: tuple[Preset, ...] = (
     Preset(
         name="debug",
@@ -348,6 +377,71 @@ PRESETS: tuple[Preset, ...] = (
         aliases=("deepseek-v3-671b",),
         published_parameters=671e9,
         published_active_parameters=37e9,
+    ),
+    Preset(
+        name="bert-base",
+        model="bert",
+        dims=_encoder(hidden=768, heads=12, layers=12, vocab=30522),
+        source=DEVLIN,
+        description="BERT-base (uncased), masked-LM head",
+        published_parameters=110e6,
+        tied_embeddings=True,
+    ),
+    Preset(
+        name="bert-base-squad",
+        model="bert-qa",
+        dims={**_encoder(hidden=768, heads=12, layers=12, vocab=30522), "seq": 384},
+        source=(
+            DEVLIN + "; fine-tuning on SQuAD v1.1: section 4.2 (a start and an end vector, "
+            "the only new parameters) and google-research/bert's README (run_squad.py "
+            "--max_seq_length=384), as QSync (Zhao et al. 2024) trains it: bytedance/QSync "
+            "benchmark_transformers/benchmark_bert/profile_bert.sh"
+        ),
+        description="BERT-base fine-tuned on SQuAD (span head, 384 tokens)",
+        published_parameters=110e6,
+    ),
+    Preset(
+        name="bert-large",
+        model="bert",
+        dims=_encoder(hidden=1024, heads=16, layers=24, vocab=30522),
+        source=DEVLIN,
+        description="BERT-large (uncased), masked-LM head",
+        published_parameters=340e6,
+        tied_embeddings=True,
+    ),
+    Preset(
+        name="roberta-base",
+        model="roberta",
+        dims=_encoder(hidden=768, heads=12, layers=12, vocab=50265),
+        source=LIU,
+        description="RoBERTa-base, masked-LM head",
+        published_parameters=125e6,
+        tied_embeddings=True,
+        vocab_divisible_by=1,  # 50,265 rows, padded only for tp to divide them
+    ),
+    Preset(
+        name="roberta-base-swag",
+        model="roberta-mc",
+        dims={**_encoder(hidden=768, heads=12, layers=12, vocab=50265), "seq": 128},
+        source=(
+            LIU + "; fine-tuning on SWAG (4 choices per example) as QSync (Zhao et al. 2024) "
+            "trains it: bytedance/QSync benchmark_transformers/benchmark_roberta "
+            "(profile_roberta.sh, acc_swag.py: Hugging Face's run_swag_no_trainer, "
+            "RobertaForMultipleChoice, max_length 128, 16 examples per device)"
+        ),
+        description="RoBERTa-base fine-tuned on SWAG (multiple choice, up to 128 tokens)",
+        published_parameters=125e6,
+        vocab_divisible_by=1,  # 50,265 rows, padded only for tp to divide them
+    ),
+    Preset(
+        name="roberta-large",
+        model="roberta",
+        dims=_encoder(hidden=1024, heads=16, layers=24, vocab=50265),
+        source=LIU,
+        description="RoBERTa-large, masked-LM head",
+        published_parameters=355e6,
+        tied_embeddings=True,
+        vocab_divisible_by=1,  # 50,265 rows, padded only for tp to divide them
     ),
 )
 

@@ -593,11 +593,17 @@ def stage_memory(
     kernels: KernelTable | None = None,
     sharded_parameters: float | None = None,
     kinds: Mapping[str, int] | None = None,
+    saved_bytes: float | None = None,
+    head_bytes: float | None = None,
 ) -> RankMemory:
     """The memory of one rank of pipeline stage ``stage`` whose model replica holds
     ``parameters`` weights; ``sharded_parameters`` is its padded ZeRO / FSDP shard of them
     (default ``parameters / N_d``); ``kinds`` its ``layers`` by block kind (default: all of
-    the model's MoE or only kind)."""
+    the model's MoE or only kind). ``saved_bytes``: what a model without a layer stack (a
+    convolutional network) keeps per micro-batch between forward and backward, as its
+    generated graph says (the closed forms here are a transformer's); ``head_bytes``: what
+    a head without vocabulary logits (a classifier, a span head) keeps, from the graph too
+    (the closed form here is an LM head's)."""
     o = as_options(options)
     if not kinds:
         kinds = {"moe" if is_mla(o) else "block": layers} if layers else {}
@@ -614,6 +620,17 @@ def stage_memory(
         sharded=sharded_parameters,
     )
     m = o.micro_batches
+    if saved_bytes is not None:
+        held = in_flight_micro_batches(stage, o.pp, m, o.pipeline_schedule, o.virtual_stages)
+        return RankMemory(
+            stage=stage,
+            parameters=parameters,
+            weights=state.weights,
+            gradients=state.gradients,
+            optimizer=state.optimizer,
+            activations=held * saved_bytes,
+            buffers=0.0,
+        )
     per_kind = {kind: activation_bytes_per_layer(o, kernels=kernels, kind=kind) for kind in kinds}
     activations = sum(
         per_kind[kind] * in_flight_layers(stage, n, o.pp, m, o.pipeline_schedule, o.virtual_stages)
@@ -630,6 +647,8 @@ def stage_memory(
     if has_head:
         # final norm input and LM-head input, fp32 logits for the cross entropy
         head = 2 * e * sbh / sp_divisor + 4 * o.seq / o.sp * b * o.dvocal / t
+        if head_bytes is not None:
+            head = head_bytes
         # each multi-token prediction module: its MoE layer, the inputs of its three norms
         # and of its projection (2h), and its own final norm, LM-head input and logits
         modules = mtp_depth(o)
@@ -754,6 +773,8 @@ def _class_memory(o: GenerateOptions, rank_class: Any, table: KernelTable) -> Ra
         kernels=table,
         sharded_parameters=int(sharded) if sharded is not None else None,
         kinds=facts.get("layer_kinds"),
+        saved_bytes=facts.get("activation_bytes") if facts.get("stackless") else None,
+        head_bytes=facts.get("head_activation_bytes"),
     )
 
 
@@ -845,6 +866,7 @@ def stg_register_predictors(register: Any) -> None:
         Predictor(
             name="memory",
             predict=predict_memory,
+            predict_options=predict_analytic,
             description="analytical peak memory per rank: weights, gradients, optimizer "
             "states (ZeRO), activations (Korthikanti) and buffers",
         )

@@ -51,28 +51,29 @@ from typing import Any
 import stg
 from stg.api import (
     COMM_TYPES,
+    EAGER_OP_HOST_S,
     Calibration,
-    CollectiveType,
     KernelTable,
     Node,
     NodeType,
     Predictor,
     System,
     Workload,
-    attention_time,
-    comm_time,
+    attention_impl,
+    collective_time,
+    compute_time,
     default_cast_model,
     device_of,
-    gemm_time,
     group_of_rank,
+    group_shape,
     is_cast,
     is_hybrid,
     kernel_table,
+    link_dimension,
     load_system,
-    memory_bound_time,
-    memory_kind,
-    normalize_dtype,
     op_class,
+    send_time,
+    tree_all_reduce_time,
 )
 from stg.errors import TraceError, UserError
 
@@ -81,215 +82,7 @@ _KIND_NAMES = {COMPUTE: "compute", COLL: "collective", SEND: "send", RECV: "recv
 
 
 # ---------------------------------------------------------------------------------------------
-# Costs
-
-
-WIDE_DTYPES = frozenset({"fp32", "tf32"})
-NO_KERNELS = KernelTable()
-
-EAGER_OP_HOST_S = 27.7e-6
-"""Host time of one eager PyTorch op with autograd (dispatch, autograd bookkeeping, launch):
-median forward time of the small (<= 1 MiB) elementwise cases with requires_grad inputs in
-the H100 kernel measurements (data/kernels/h100-elementwise.jsonl), where the GPU is idle
-most of the time. An eager step cannot issue kernels faster than this."""
-
-
-def attention_impl(profile: str, system: System) -> str:
-    """The fused attention kernel a training stack runs: Megatron with Transformer Engine uses
-    cuDNN's fused attention on Hopper and FlashAttention-2 on Ampere; eager PyTorch's SDPA
-    runs FlashAttention-2."""
-    if profile == "megatron" and system.arch == "hopper":
-        return "cudnn"
-    return "flash2"
-
-
-def native_fp8(system: System, kind: str, dtype: str) -> bool:
-    """Whether ``dtype`` is fp8 and the GPU has fp8 tensor cores (its fp8 peak exceeds its
-    bf16 peak: Hopper and later), so that an fp8 GEMM runs natively, as cuBLAS and Transformer
-    Engine run it, at the fp8 rate of the GEMM model; no kernel plugin is needed. Attention
-    stays in 16 bits (Transformer Engine's default)."""
-    return dtype == "fp8" and kind == "gemm" and system.peak("fp8") > system.peak("bf16")
-
-
-def megatron_fused_time(node: Any, system: System) -> float | None:
-    """The time of a node that Megatron-LM / Transformer Engine fuse into a neighbour, or
-    None for a node that runs as its own kernel. The eager profile fuses nothing.
-
-    - A forward bias add (``*_bias``: Megatron's ``bias_gelu`` and ``bias_dropout_add``
-      fusions, and the GEMM epilogue of Transformer Engine's Linear for the QKV biases) costs
-      nothing: the consumer kernel reads the bias vector along with its input.
-    - Transformer Engine's fp8 casts (``<op>.cast_<operand>`` into fp8): an activation is
-      cast in the kernel that produces it (fused LayerNorm/GELU + cast, computing its amax
-      on the way), which then writes 1 byte per element more; a weight is cast once per
-      iteration (the first micro-batch) and cached. Gradient casts stay kernels.
-    """
-    name = node.name.rsplit("/", 1)[-1]
-    if ".grad" not in name and name.split(".", 1)[0].endswith("_bias"):
-        return 0.0
-    if not is_cast(name) or ".grad" in name:
-        return None  # gradient casts: kernels (their forward dtype is not on the node)
-    if normalize_dtype(node.dtype or "bf16") != "fp8":
-        return None  # Transformer Engine's casts are fp8 ones; other casts are kernels
-    operand = name.split(".cast_", 1)[1].split(".", 1)[0]
-    if operand.startswith("w"):  # a weight: cast in the first micro-batch only
-        if "/" in node.name and not node.name.startswith("mb0/"):
-            return 0.0
-        return None
-    written = node.num_ops * DTYPE_WIDTH.get(normalize_dtype(node.dtype or "fp8"), 1)
-    return memory_bound_time(system.gpu, written, "stream", node.dtype or "fp8")
-
-
-DTYPE_WIDTH = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
-
-
-def compute_time(
-    node: Any,
-    system: System,
-    default_dtype: str = "bf16",
-    kernels: KernelTable | None = None,
-    profile: str = "megatron",
-    calibration: Calibration | None = None,
-) -> float:
-    """Time of one compute node in seconds on ``system`` under execution ``profile``.
-
-    A node that carries its kernel shape (generated traces) is priced by the kernel models of
-    :mod:`stg.perf.kernel_time`: ``gemm`` = (batch, m, n, k) as a cuBLAS GEMM, ``attention``
-    = (batch, heads, s_q, s_kv, head_dim, causal, backward) as the profile's fused attention
-    kernel; other compute nodes are memory-bound kernels (streaming, normalisation, softmax)
-    unless their FLOPs take longer at the sustained SIMT rate. A node without a shape (a
-    foreign trace) gets the roofline with the system's ``compute_efficiency`` per op class.
-    Each kernel then pays its launch: ``kernel_overhead`` of the system (Megatron), or at
-    least the eager host time per op (eager).
-
-    A matmul whose output is fp32 in a workload that computes in a narrower dtype is a
-    narrow matmul accumulating into fp32 (Megatron's weight gradients into fp32 main
-    gradients): it runs at the rate of the workload's compute dtype. Kernels (see
-    :mod:`stg.perf.kernels`) price casts, divide a matmul's time by their speedup, and decide
-    whether an fp8/int8 op runs natively or is priced in the workload's dtype.
-    """
-    if node.num_ops <= 0 and node.tensor_size <= 0:
-        return getattr(node, "runtime", 0) * 1e-6
-    if calibration is not None:  # measured kernel times first (stg bench calibrate)
-        measured = calibration.node_time(node, default_dtype)
-        if measured is not None:
-            return measured
-    table = kernels if kernels is not None else NO_KERNELS
-    if table and node.dtype and is_cast(node.name):
-        cast = table.cast_kernel(node.dtype)
-        if cast is not None:
-            return cast.cast_alpha * node.num_ops + cast.cast_beta
-    if profile == "megatron":
-        fused = megatron_fused_time(node, system)
-        if fused is not None:
-            return fused
-    attrs = getattr(node, "attrs", None) or {}
-    gemm = attrs.get("gemm")
-    attention = attrs.get("attention")
-    kind = (
-        "attention"
-        if attention is not None
-        else "gemm"
-        if gemm is not None
-        else op_class(node.name, node.num_ops, node.tensor_size)
-    )
-    if kind == "attention" and attention is None and memory_kind(node.name) == "softmax":
-        kind = "other"  # unfused attention's softmax: a memory-bound kernel at its measured rate
-    dtype = node.dtype or default_dtype
-    speedup = 1.0
-    if kind != "other":
-        if dtype in WIDE_DTYPES and default_dtype not in WIDE_DTYPES:
-            dtype = default_dtype
-        kernel = table.get(kind, dtype)
-        if kernel is not None:
-            speedup = kernel.speedup
-        elif (
-            dtype != default_dtype
-            and not table.native(kind, dtype)
-            and not native_fp8(system, kind, dtype)
-        ):
-            dtype = default_dtype  # no native kernel: dequantize, compute in the workload dtype
-    dtype = normalize_dtype(dtype)
-    gpu = system.gpu
-    if attention is not None and len(attention) >= 7:
-        batch, heads, s_q, s_kv, head_dim, causal, backward = attention[:7]
-        impl = attention_impl(profile, system)
-        if dtype not in ("bf16", "fp16", "fp8"):
-            dtype = "bf16"
-        seconds = (
-            attention_time(
-                gpu,
-                impl,
-                batch,
-                heads,
-                s_q,
-                s_kv,
-                head_dim,
-                causal=bool(causal),
-                backward=bool(backward),
-                dtype=dtype,
-            )
-            / speedup
-        )
-        # a kernel cannot read its Q, K, V (a decode step's whole KV cache) faster than HBM
-        seconds = max(seconds, memory_bound_time(gpu, node.tensor_size, "stream", dtype))
-    elif gemm is not None and len(gemm) == 4:
-        batch, m, n, k = gemm
-        seconds = gemm_time(gpu, m, n, k, dtype, batch) / speedup
-    elif kind == "other":
-        simt = node.num_ops / gpu.rate("fp32") if node.num_ops > 0 else 0.0
-        memory = memory_bound_time(gpu, node.tensor_size, memory_kind(node.name), dtype)
-        seconds = max(simt, memory)
-    else:
-        flops = node.num_ops / (system.peak(dtype) * system.compute_efficiency[kind] * speedup)
-        memory = node.tensor_size / (system.hbm_bandwidth * system.memory_efficiency)
-        seconds = max(flops, memory)
-    seconds += system.kernel_overhead
-    if profile == "eager":
-        seconds = max(seconds, EAGER_OP_HOST_S)
-    return seconds
-
-
-def group_shape(ranks: Iterable[int], system: System) -> tuple[int, ...]:
-    """Ranks a group spans along each network dimension (inner first).
-
-    For dimension i: the largest number of distinct coordinates along i among members that
-    share all outer coordinates (so an irregular group of 4 ranks over two nodes is 2 x 2).
-    """
-    coords = [system.coordinates(r) for r in ranks]
-    shape = []
-    for i in range(len(system.network)):
-        buckets: dict[tuple[int, ...], set[int]] = {}
-        for c in coords:
-            buckets.setdefault(c[i + 1 :], set()).add(c[i])
-        shape.append(max((len(v) for v in buckets.values()), default=1))
-    return tuple(shape)
-
-
-_COMM_KINDS = {
-    CollectiveType.ALL_REDUCE: comm_time.Kind.ALL_REDUCE,
-    CollectiveType.REDUCE_SCATTER: comm_time.Kind.REDUCE_SCATTER,
-    CollectiveType.ALL_GATHER: comm_time.Kind.ALL_GATHER,
-    CollectiveType.GATHER: comm_time.Kind.ALL_GATHER,
-    CollectiveType.ALL_TO_ALL: comm_time.Kind.ALL_TO_ALL,
-    CollectiveType.BROADCAST: comm_time.Kind.BROADCAST,
-    CollectiveType.REDUCE: comm_time.Kind.REDUCE,
-    CollectiveType.BARRIER: comm_time.Kind.BARRIER,
-}
-
-
-def _levels(system: System) -> tuple[comm_time.Level, ...]:
-    return tuple(comm_time.Level.of(d) for d in system.network)
-
-
-def collective_time(kind: CollectiveType, size: int, shape: Sequence[int], system: System) -> float:
-    """Time of one collective (:func:`stg.perf.comm_time.collective_time`); ``size`` follows
-    the Chakra convention (all-gather: this rank's input shard; reduce-scatter, all-reduce:
-    the full buffer; all-to-all: this rank's buffer). A group spanning several network
-    dimensions runs hierarchically; each dimension takes the fastest of NCCL's ring, tree and
-    (where declared) in-network reduction, and of its protocols."""
-    return comm_time.collective_time(
-        _COMM_KINDS.get(kind, comm_time.Kind.ALL_REDUCE), size, shape, _levels(system)
-    )
+# Contention: compute slowed by concurrent communication
 
 
 NCCL_CHANNELS: Mapping[str, int] = {"nvlink": 24, "pcie": 2, "network": 8}
@@ -314,10 +107,13 @@ def contended_systems(system: System) -> dict[str, System]:
     """Per link kind of the system's network: the system as a compute kernel sees it while a
     NCCL collective runs over that kind of link concurrently (the contention model). NCCL's
     CTAs take ``NCCL_CHANNELS`` SMs away from the kernel (the GEMM and attention models see
-    fewer SMs: more waves), and its traffic takes ``HBM_BYTES_PER_WIRE_BYTE`` bytes of HBM
-    bandwidth per byte on the wire (memory-bound kernels slow down). Plain alpha-beta links
-    (no ``link``) contend with nothing."""
+    fewer SMs, each at its own rate: more waves), and its traffic takes
+    ``HBM_BYTES_PER_WIRE_BYTE`` bytes of HBM bandwidth per byte on the wire (memory-bound
+    kernels slow down). Plain alpha-beta links (no ``link``) and hybrid systems contend with
+    nothing."""
     out: dict[str, System] = {}
+    if is_hybrid(system):
+        return out
     for dim in system.network:
         if dim.link is None or dim.link in out:
             continue
@@ -347,22 +143,6 @@ def outermost_link(shape: Sequence[int], system: System) -> str | None:
         if n > 1:
             return dim.link
     return None
-
-
-def link_dimension(src: int, dst: int, system: System) -> int:
-    """The outermost network dimension on which two ranks differ (-1 for the same rank)."""
-    a, b = system.coordinates(src), system.coordinates(dst)
-    for i in range(len(a) - 1, -1, -1):
-        if a[i] != b[i]:
-            return i
-    return -1
-
-
-def send_time(size: int, dimension: int, system: System) -> float:
-    """A point-to-point transfer over the outermost dimension on which the ranks differ."""
-    if dimension < 0:
-        return 0.0
-    return comm_time.send_time(size, comm_time.Level.of(system.network[dimension]))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -788,7 +568,8 @@ class _Sim:
                     )
                 kind[i] = COLL
                 duration[i] = cost_cache[key]
-                comm_link[i] = outermost_link(shape, system)
+                if not is_hybrid(system):
+                    comm_link[i] = outermost_link(shape, system)
                 coll_key[i] = (unit.group_keys.get(i, ("group", node.comm_group)), participants)
                 coll_needed[i] = len(participants)
                 stream[i] = group_streams.setdefault(node.comm_group, 2 + len(group_streams))
@@ -1429,7 +1210,8 @@ def predict_time(
     dtype = str(options.get("dtype") or "bf16")
     profile = str(options.get("profile") or "megatron")
     tokens = None
-    if options.get("batch") and options.get("seq"):
+    stackless = any(c.facts.get("stackless") for c in workload.rank_classes)
+    if options.get("batch") and options.get("seq") and not stackless:
         tokens = int(options["batch"]) * int(options["seq"])
     if workload.metadata.get("tokens"):  # a serving run: the new tokens it processes
         tokens = int(workload.metadata["tokens"])
@@ -1450,6 +1232,9 @@ def predict_time(
         calibration=calibration,
     )
     report["simulated_ranks"] = len(problem.units)
+    if stackless and options.get("batch") and report["iteration_time_s"] > 0:
+        # a model without a sequence (images): samples, not tokens
+        report["samples_per_s"] = int(options["batch"]) / report["iteration_time_s"]
     return report
 
 
@@ -1564,9 +1349,13 @@ def stg_register_predictors(register: Any) -> None:
     )
 
 
+# the cost models live in stg.perf.costs (shared with the analytical predictor); their names
+# stay importable from here
 __all__ = [
+    "EAGER_OP_HOST_S",
     "Problem",
     "Unit",
+    "attention_impl",
     "collective_time",
     "compute_time",
     "group_shape",
@@ -1580,4 +1369,5 @@ __all__ = [
     "send_time",
     "summarize",
     "timeline_events",
+    "tree_all_reduce_time",
 ]

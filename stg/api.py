@@ -19,7 +19,9 @@ What is here, by the stage of the pipeline it belongs to:
 - predictors: systems (:class:`System`, :func:`load_system`, :func:`op_class`,
   :func:`normalize_dtype`; hybrid clusters: :class:`HybridSystem`, :func:`is_hybrid`,
   :func:`device_of`, :func:`group_of_rank`), the kernel time models (:func:`gemm_time`,
-  :func:`attention_time`, :func:`memory_bound_time`), kernels (:class:`KernelTable`,
+  :func:`attention_time`, :func:`memory_bound_time`), the cost of one node shared by the
+  time predictors (:func:`compute_time`, :func:`collective_time`, :func:`send_time`,
+  :func:`group_shape`, :func:`link_dimension`), kernels (:class:`KernelTable`,
   :func:`kernel_table`, :func:`is_cast`), dtype sizes and precision plans (:data:`DTYPE_BYTES`,
   :func:`precision_of`);
 - calibration tables of measured kernel times (:class:`Calibration`,
@@ -60,6 +62,16 @@ from stg.host.records import (
 from stg.perf import comm_time
 from stg.perf.calibration import Calibration, calibrated_time, load_calibration
 from stg.perf.casts import CastModel, default_cast_model
+from stg.perf.costs import (
+    EAGER_OP_HOST_S,
+    attention_impl,
+    collective_time,
+    compute_time,
+    group_shape,
+    link_dimension,
+    send_time,
+    tree_all_reduce_time,
+)
 from stg.perf.hybrid import HybridSystem, device_of, group_of_rank, is_hybrid
 from stg.perf.kernel_time import attention_time, gemm_time, memory_bound_time, memory_kind
 from stg.perf.kernels import KernelTable, is_cast, kernel_table
@@ -76,6 +88,7 @@ from stg.trace.writer import (
 __all__ = [
     "COMM_TYPES",
     "DTYPE_BYTES",
+    "EAGER_OP_HOST_S",
     "BenchOp",
     "Calibration",
     "CastModel",
@@ -107,23 +120,28 @@ __all__ = [
     "UserError",
     "Workload",
     "__version__",
+    "attention_impl",
     "attention_time",
     "build_workload",
     "calibrated_time",
     "chakra_v001",
     "chakra_v004",
+    "collective_time",
     "comm_time",
+    "compute_time",
     "default_cast_model",
     "device_of",
     "frame",
     "gemm_time",
     "generator_metadata",
     "group_of_rank",
+    "group_shape",
     "hookimpl",
     "is_cast",
     "is_hybrid",
     "json_trace",
     "kernel_table",
+    "link_dimension",
     "load_calibration",
     "load_system",
     "memory_bound_time",
@@ -132,6 +150,8 @@ __all__ = [
     "op_class",
     "output_paths",
     "precision_of",
+    "send_time",
+    "tree_all_reduce_time",
     "write_comm_groups",
     "write_rank_files",
 ]

@@ -4,6 +4,8 @@ activations for latent attention, shared and routed experts and --dhead."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from stg.core.modelinfo import model_parameters
@@ -283,3 +285,109 @@ def test_deepseek_v3_multi_token_prediction_module_size() -> None:
     assert module == 129280 * 7168 + 3 * 7168 + 2 * 7168**2 + 11_507_286_016
     assert abs(module + 129280 * 7168 - 14e9) / 14e9 < 0.04
     assert total_parameters(o) == counts["parameters"]
+
+
+# -- serving: the cached latent and absorbed decode -------------------------------------------
+
+MLA_DECODE_OPS = {
+    "q_down", "q_norm", "q", "q_rope", "rope_q", "kv_latent", "kv_norm", "rope_k",
+    "c_kv.cache_append", "k_rope.cache_append", "q_absorb", "scores", "scores_rope",
+    "scores_sum", "softmax", "context", "v_absorb", "attn_out",
+}  # fmt: skip
+
+
+def mla_decode_flops(o: GenerateOptions, sequences: int, length: int, tp: int = 1) -> int:
+    """docs/presets.md, "FLOPs of an MLA decode step": one new token for each of B sequences
+    against L = context + 1 cached latents, W_UK and W_UV absorbed (a heads per tp rank)."""
+    B, L, h, a = sequences, length, o.dmodel, o.head // tp
+    d, r, c, q = o.dhead, o.drope, o.kv_lora_rank, o.q_lora_rank
+    projections = 2 * B * (h * q + q * a * (d + r) + h * (c + r) + 2 * a * c * d + a * d * h)
+    core = 2 * B * a * L * (2 * c + r)
+    elementwise = 4 * B * (q + c) + 3 * B * r * (a + 1) + 6 * B * a * L + B * (c + r)
+    return projections + core + elementwise
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_mla_decode_flops_are_the_absorbed_closed_form(tp: int) -> None:
+    ctx, B = 40, 8
+    o = GenerateOptions(**{**TINY, "batch": B, "phase": "decode", "context": ctx, "tp": tp})
+    unfused = build_workload(replace(o, attention="unfused"), REGISTRY)
+    expected = mla_decode_flops(o, B, ctx + 1, tp)
+    for layer in range(o.num_stacks):  # the dense layer and the MoE layers
+        assert layer_forward_flops(unfused, layer, MLA_DECODE_OPS) == expected
+    fused = build_workload(o, REGISTRY)
+    assert layer_forward_flops(fused, 1) == layer_forward_flops(unfused, 1)
+    (core,) = [n for n in fused.ranks[0].nodes() if n.name == "mb0/layer1/fwd/core_attention"]
+    # the MQA-like kernel: every head of a sequence is a query row against one latent head of
+    # kv_lora_rank + drope (q·k) and kv_lora_rank (p·v): mean head size (2c + r) / 2
+    a, c, r = o.head // tp, o.kv_lora_rank, o.drope
+    assert core.attrs["attention"] == (B, 1, a, ctx + 1, (2 * c + r) // 2, 0, 0)
+    names = {n.name.rsplit("/", 1)[1] for n in fused.ranks[0].nodes() if "/layer1/" in n.name}
+    assert {"q_absorb", "v_absorb"} <= names and not {"k", "v"} & names  # no up-projection
+
+
+@pytest.mark.parametrize("kv_dtype,width", [(None, 2), ("fp8", 1)])
+def test_mla_kv_cache_bytes_closed_form(kv_dtype: str | None, width: int) -> None:
+    """KV cache = layers·(kv_lora_rank + drope)·context·sequences·bytes: the latent, the same
+    on every tp rank (not divided by tp), the sequences split over the dp·ep replicas."""
+    ctx, steps, B = 100, 3, 8
+    o = GenerateOptions(**{**TINY, "batch": B, "phase": "decode", "context": ctx, "steps": steps,
+                           "tp": 2, "ep": 2, "kv_dtype": kv_dtype})  # fmt: skip
+    w = build_workload(o, REGISTRY)
+    facts = w.rank_classes[0].facts
+    per_token = o.num_stacks * (o.kv_lora_rank + o.drope) * (B // 2) * width
+    assert facts["kv_cache_bytes_per_step"] == [per_token * (ctx + i) for i in (1, 2, 3)]
+    (cls,) = predict_memory(w, "h100-80g")["classes"]
+    assert cls["kv_cache"] == per_token * (ctx + steps)
+    per_stage = build_workload(replace(o, pp=3, micro_batch=B), REGISTRY).rank_classes
+    assert [c.facts["kv_cache_bytes"] for c in per_stage] == [per_token // 3 * (ctx + steps)] * 3
+
+
+def test_one_mla_decode_step_reads_every_weight_once_and_the_latent_cache_once() -> None:
+    ctx, B, tp, ep = 60, 8, 2, 2
+    o = GenerateOptions(**{**TINY, "batch": B, "phase": "decode", "context": ctx, "tp": tp,
+                           "ep": ep})  # fmt: skip
+    rank = build_workload(o, REGISTRY).rank_classes[0]
+    h, a, d, r, c, q = o.dmodel, o.head // tp, o.dhead, o.drope, o.kv_lora_rank, o.q_lora_rank
+    E, f, V = o.experts, o.dff, o.dvocal
+    attention = h * q + q * a * (d + r) + h * (c + r) + 2 * c * a * d + a * d * h
+    dense = 3 * h * o.dense_dff // tp
+    moe = h * E + E // ep * 3 * h * f // tp + 3 * h * f // tp  # router, routed, shared
+    weights = 3 * attention + dense + 2 * moe + V * h // tp  # the LM head
+    gemm_weights = cache_read = appended = 0
+    seqs = B // ep
+    for n in rank.nodes:
+        if "gemm" in n.attrs:
+            batch, m, nn, k = n.attrs["gemm"]
+            gemm_weights += n.tensor_size - 2 * batch * (m * k + m * nn)  # minus activations
+        if "attention" in n.attrs:
+            q_and_out = 2 * seqs * a * (c + r + c)  # latent query, RoPE query, latent output
+            cache_read += n.tensor_size - q_and_out - 4 * seqs * a
+        if n.name.endswith(".cache_append"):
+            appended += n.tensor_size
+    assert gemm_weights == 2 * weights
+    latent = o.num_stacks * (c + r) * seqs * 2
+    assert cache_read == latent * (ctx + 1) == rank.facts["kv_cache_bytes"]
+    assert appended == 2 * latent  # the new token's latent read, then written into the cache
+
+
+def test_mla_prefill_up_projects_the_cached_latent() -> None:
+    """Prefill keeps the trained form (keys and values up-projected from the latent it caches):
+    the FLOPs of training's forward closed form plus one op per cached element."""
+    o = GenerateOptions(**{**TINY, "batch": 4, "phase": "prefill", "attention": "unfused"})
+    w = build_workload(o, REGISTRY)
+    appends = o.batch * o.seq * (o.kv_lora_rank + o.drope)
+    ops = MLA_OPS | {"c_kv.cache_append", "k_rope.cache_append"}
+    assert layer_forward_flops(w, 0, ops) == mla_forward_flops(o, causal=False) + appends
+    assert w.rank_classes[0].facts["kv_cache_bytes"] == o.num_stacks * appends * 2
+
+
+def test_serving_builds_the_stack_with_the_generator_parameters() -> None:
+    o = GenerateOptions(**{**TINY, "batch": 4, "phase": "decode", "tp": 2, "pp": 3})
+    w = build_workload(o, REGISTRY)
+    analytic = count_parameters(replace(o, phase="training"))
+    for cls in w.rank_classes:
+        assert cls.facts["parameters"] == analytic[cls.stage].total
+        assert cls.facts["layer_kinds"] == dict(analytic[cls.stage].kinds)
+    names = {n.name for n in w.ranks[0].nodes()}
+    assert "mb0/layer0/fwd/gate" in names and "mb0/layer0/fwd/router" not in names

@@ -140,8 +140,9 @@ def test_guide_packaging_names_the_module() -> None:
 def test_model_api_tests_pass(doc_dir: Path) -> None:
     modules = write_modules(MODEL_API, doc_dir)
     assert set(modules) == {
-        "stg_parallel", "test_stg_parallel", "stg_interleaved", "test_stg_interleaved"
-    }
+        "stg_parallel", "test_stg_parallel", "stg_interleaved", "test_stg_interleaved",
+        "stg_tiny_cnn", "test_stg_tiny_cnn",
+    }  # fmt: skip
     assert run_module_tests(modules) >= 3
 
 
@@ -230,8 +231,8 @@ def test_readme_opens_with_the_two_commands() -> None:
     lines = [line for line in first.group(2).splitlines() if line and not line.startswith("#")]
     assert lines == [
         "pip install -e . && stg generate",
-        "pip install 'torch==2.13.0' -e '.[test,bench]' -e plugins/stg-int8-kernels "
-        "&& python -m pytest",
+        "pip install 'torch==2.13.0' -e '.[test,bench,explore]' -e plugins/stg-int8-kernels "
+        "-e plugins/stg-vision-models && python -m pytest",
     ]
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     assert lines[1] in ci.splitlines()
@@ -239,6 +240,7 @@ def test_readme_opens_with_the_two_commands() -> None:
         "ini_options"
     ]["testpaths"]
     assert "plugins/stg-int8-kernels/tests" in testpaths
+    assert "plugins/stg-vision-models/tests" in testpaths
 
 
 def test_readme_cli_reference_covers_every_command() -> None:
@@ -307,7 +309,7 @@ def test_bench_error_examples_are_what_stg_prints(doc_dir: Path) -> None:
 
 PRESETS = ROOT / "docs" / "presets.md"
 PRESET_ROW = re.compile(
-    r"^\| `([\w.-]+)` \| (\w+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \| [^|]+ \|$", re.M
+    r"^\| `([\w.-]+)` \| ([\w-]+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \| [^|]+ \|$", re.M
 )
 """A row of the table of presets: name, model, dimensions, published, template, (source)."""
 
@@ -368,6 +370,35 @@ def test_readme_quick_start_runs_a_preset(doc_dir: Path) -> None:
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
     assert summary["preset"]["name"] == "llama3-8b" and summary["ranks"] >= 8
+
+
+# -- docs/exploration.md ----------------------------------------------------------------------
+
+EXPLORATION = ROOT / "docs" / "exploration.md"
+
+
+def test_exploration_console_commands_run(doc_dir: Path) -> None:
+    for name, body in named_files(EXPLORATION).items():
+        (doc_dir / name).write_text(body, encoding="utf-8")
+    commands = console_commands(EXPLORATION)
+    assert any(c.startswith("stg sweep") for c in commands)
+    assert any(c.startswith("stg search") for c in commands)
+    runner = CliRunner()
+    for command in commands:
+        result = runner.invoke(app, shlex.split(command)[1:], env={"COLUMNS": "200"})
+        assert result.exit_code == 0, (command, result.output)
+    assert (doc_dir / "sweep1" / "results.csv").is_file()
+    assert (doc_dir / "sweep2" / "sweep.png").is_file()
+
+
+def test_readme_quick_start_sweep_runs(doc_dir: Path) -> None:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    quick = text[text.index("## Quick start") : text.index("**Drop-in")]
+    (line,) = [x for x in quick.splitlines() if x.startswith("stg sweep ")]
+    result = CliRunner().invoke(app, shlex.split(line.split("#")[0])[1:])
+    assert result.exit_code == 0, result.output
+    assert (doc_dir / "sweep" / "results.parquet").is_file()
+    assert (doc_dir / "sweep" / "sweep.html").is_file()
 
 
 # -- docs/inference.md --------------------------------------------------------------------------

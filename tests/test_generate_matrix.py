@@ -257,7 +257,7 @@ BAD = [
         dict(activation_recompute="some"),
         "activation_recompute='some' must be one of none, selective, full",
     ),
-    (dict(model="bert"), "unknown model 'bert'"),
+    (dict(model="bart"), "unknown model 'bart'"),
     (dict(pipeline_schedule="zb"), "unknown pipeline schedule 'zb'"),
     (dict(rank_order="tp,dp"), "rank_order='tp,dp' must list each of"),
 ]

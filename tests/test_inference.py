@@ -20,6 +20,7 @@ from workload_checks import (
     flops_by_root,
 )
 
+import stg
 from stg.cli import app
 from stg.core.options import GenerateOptions
 from stg.core.pipeline import build_workload
@@ -215,6 +216,8 @@ PHASES = [
     dict(model="moe", phase="mixed", ep=2, batch=16, prefill_batch=4, kv_dtype="int8"),
     dict(model="deepseek", phase="decode", tp=2, ep=2, batch=16, steps=2),
     dict(model="deepseek", phase="mixed", tp=2, ep=2, batch=16, prefill_batch=2, chunk=8),
+    dict(model="deepseek", phase="prefill", tp=2, sp=2, causal=True, dense_layers=1),
+    dict(model="deepseek", phase="decode", pp=2, micro_batch=4, steps=2, dense_layers=1),
 ]
 
 
@@ -399,3 +402,82 @@ def test_context_parallel_prefill_gathers_the_cache_before_attention(registry):
     assert len(gathers) == 2 and set(gathers) <= set(attention.data_deps)  # keys and values
     # each context-parallel rank keeps its half of the prompt's cache
     assert w.rank_classes[0].facts["kv_cache_bytes"] == 2 * L * (KVH // 2) * DH * (S // 2) * B * 2
+
+
+class CachedLlama:
+    """A plugin model that declares its cached state: Llama's keys (after RoPE) and values."""
+
+    @staticmethod
+    def attention(b, x):
+        from stg.models.gpt import SOFTMAX_FLOPS
+
+        tp = {"kvhead": "tp"}
+        wq = b.weight("wq", "dmodel kvhead qgroup dhead", shard=tp)
+        q = b.elementwise("rope_q", b.einsum("bsh,hgrk->bsgrk", x, wq, name="q"), flops=3)
+        wk = b.weight("wk", "dmodel kvhead dhead", shard=tp)
+        k = b.elementwise("rope_k", b.einsum("bsh,hgk->bsgk", x, wk, name="k"), flops=3)
+        wv = b.weight("wv", "dmodel kvhead dhead", shard=tp)
+        v = b.einsum("bsh,hgk->bsgk", x, wv, name="v")
+        k, v = b.cached(k, "k"), b.cached(v)
+        with b.tag("core_attention"):
+            scores = b.einsum("bsgrk,btgk->bgrst", q, k, name="scores")
+            probs = b.elementwise("softmax", scores, flops=SOFTMAX_FLOPS, reduce=(-1,))
+            ctx = b.einsum("bgrst,btgk->bsgrk", probs, v, name="context")
+        wo = b.weight("wo", "kvhead qgroup dhead dmodel", shard=tp)
+        return b.residual(b.einsum("bsgrk,grkh->bsh", ctx, wo, name="attn_out"))
+
+    @staticmethod
+    def block(b, x):
+        from stg.models import llama
+
+        x = b.add(x, CachedLlama.attention(b, b.rmsnorm(x, "attention_norm")), name="residual1")
+        return b.add(x, llama.mlp(b, b.rmsnorm(x, "ffn_norm")), name="residual2")
+
+    @stg.hookimpl
+    def stg_register_models(self, register):
+        from stg.api import Model
+        from stg.models import llama
+
+        register(Model("cached-llama", llama.embedding, CachedLlama.block, llama.head))
+
+
+def test_a_plugin_model_declares_its_cached_state(registry):
+    """b.cached: training unchanged (the tensor itself); serving caches what it declares, with
+    the generic rule's bytes and FLOPs (the appends are nodes of their own)."""
+    plugin = load_registry(autoload=False, plugins=[CachedLlama()])
+    train = build_workload(GenerateOptions(**SMALL, batch=B, model="cached-llama", tp=2), plugin)
+    llama_train = build(registry, model="llama", tp=2)
+    assert flops_by_root(train) == flops_by_root(llama_train)
+    w = build_workload(
+        GenerateOptions(**SMALL, batch=B, model="cached-llama", tp=2, phase="decode", context=50),
+        plugin,
+    )
+    generic = build(registry, model="llama", tp=2, phase="decode", context=50)
+    facts = w.rank_classes[0].facts
+    assert facts["kv_cache_bytes"] == generic.rank_classes[0].facts["kv_cache_bytes"]
+    assert facts["kv_cache_bytes"] == 2 * L * (KVH // 2) * DH * 51 * B * 2
+    flops = flops_by_root(w)
+    assert sum(flops.values()) == sum(flops_by_root(generic).values())
+    assert flops["k.cache_append"] == flops["v.cache_append"] == B * KVH * DH * L
+    assert validate_workload(w).ok
+    assert check_runs_to_completion(w) == sum(len(g) for g in w.ranks)
+
+
+def test_a_cached_tensor_needs_one_row_per_token(registry):
+    class Bad(CachedLlama):
+        @staticmethod
+        def block(b, x):
+            b.cached(b.weight("w", "dmodel dff"))
+            return x
+
+        @stg.hookimpl
+        def stg_register_models(self, register):
+            from stg.api import Model
+            from stg.models import llama
+
+            register(Model("bad-cache", llama.embedding, Bad.block, llama.head))
+
+    plugin = load_registry(autoload=False, plugins=[Bad()])
+    options = GenerateOptions(**SMALL, batch=B, model="bad-cache", phase="decode")
+    with pytest.raises(UserError, match=r"cached\(w\): a cached tensor has one row per token"):
+        build_workload(options, plugin)

@@ -32,6 +32,10 @@ ISSUE_PRESETS = {
     "llama3-405b", "mixtral-8x7b", "mixtral-8x22b", "qwen3-moe-30b-a3b", "qwen3-moe-235b-a22b",
     "deepseek-v3",
 }  # fmt: skip
+ENCODERS = {
+    "bert-base", "bert-base-squad", "bert-large", "roberta-base", "roberta-base-swag",
+    "roberta-large",
+}  # fmt: skip
 NARAYANAN_TABLE_1 = {
     "gpt-1.7b", "gpt-3.6b", "gpt-7.5b", "gpt-18.4b", "gpt-39.1b", "gpt-76.1b", "gpt-145.6b",
     "gpt-310.1b", "gpt-529.6b", "gpt-1008b",
@@ -46,6 +50,14 @@ KNOWN_DEVIATIONS = {
     # 48 layers with 8 of 128 experts, 0.622e9 in the untied embedding and LM head): the card
     # truncates (235B-A22B's 22.19e9 is "22B")
     "qwen3-moe-30b-a3b": {"active_tolerance": 0.017},
+    # Devlin et al. round BERT-large to 340M; its configuration holds 335.17e9 with the
+    # masked-LM head's dense layer and bias (335.14e6 in the released checkpoint's encoder
+    # and pooler): -1.4%
+    "bert-large": {"tolerance": 0.015},
+    # the 110M of BERT-base count its pooler (h² + h), which the question-answering model
+    # does not have, and 512 position rows (the preset's 384-token sequences hold 384):
+    # 108.79M, -1.1%
+    "bert-base-squad": {"tolerance": 0.012},
     # DeepSeek-V3's report says 37B activated; its config gives 37.552e9 counting every weight
     # a token's forward pass reads: embedding and untied LM head (0.927e9 each), 3 dense and
     # 58 MoE layers (MLA, router, 1 shared and 8 of 256 routed experts), norms; the
@@ -71,7 +83,7 @@ def _counts(name: str) -> dict[str, int]:
 
 
 def test_the_issue_presets_and_narayanans_table_are_registered() -> None:
-    assert ISSUE_PRESETS | NARAYANAN_TABLE_1 | {"debug"} == set(BUILTIN)
+    assert ISSUE_PRESETS | NARAYANAN_TABLE_1 | ENCODERS | {"debug"} == set(BUILTIN)
     unpublished = {e.name for e in REGISTRY.presets if e.item.published_parameters is None}
     assert unpublished == {"debug"}  # every other preset states its published size
     moe = {e.name for e in REGISTRY.presets if e.item.model in ("moe", "deepseek")}
@@ -130,6 +142,15 @@ def _by_hand(o: GenerateOptions) -> tuple[int, int]:
     h, f, v, s, layers = o.dmodel, o.dff, o.dvocal, o.seq, o.num_stacks
     a, kv = o.head, o.kvhead
     dh = o.dhead or h // a
+    if o.model in ("bert", "bert-qa", "roberta", "roberta-mc"):  # post-LN encoder, biases
+        layer = 4 * (h * h + h) + 2 * h * f + f + h + 4 * h
+        segments = 2 * h if o.model.startswith("bert") else 0
+        encoder = v * h + s * h + segments + 2 * h + layers * layer
+        head = {
+            "bert-qa": 2 * h + 2,  # the span head: start and end logits
+            "roberta-mc": h * h + h + h + 1,  # pooler, one score per choice
+        }.get(o.model, (h * h + h + 2 * h) + v * h + v)  # masked-LM head
+        return encoder + head, encoder + head
     if o.model == "gpt":
         layer = 3 * h * a * dh + 3 * a * dh + a * dh * h + h + 2 * h * f + f + h + 4 * h
         total = v * h + s * h + layers * layer + 2 * h + v * h
@@ -218,10 +239,10 @@ def test_unknown_name_lists_models_and_presets() -> None:
     with pytest.raises(UnknownNameError) as info:
         resolve_model({"model": "llama9-7b"}, REGISTRY)
     message = str(info.value)
-    assert message.startswith(
-        "unknown model 'llama9-7b'; allowed: models deepseek, gpt, llama, moe; "
-    )
-    assert "presets debug, " in message and "mixtral-8x7b" in message and "\n" not in message
+    models = "models bert, bert-qa, deepseek, gpt, llama, moe, roberta, roberta-mc"
+    assert message.startswith(f"unknown model 'llama9-7b'; allowed: {models}; ")
+    assert "presets bert-base, bert-base-squad, bert-large, debug, deepseek-v3, " in message
+    assert "mixtral-8x7b" in message and "\n" not in message
 
 
 class _Plugin(SimpleNamespace):
@@ -367,10 +388,9 @@ def test_unknown_preset_is_one_line_exit_2_and_writes_nothing(tmp_path: Path) ->
         result = runner.invoke(app, [*command, "--model", "llama3-9b"])
         assert result.exit_code == 2, (command, result.output)
         (line,) = result.stderr.strip().splitlines()
-        assert line.startswith(
-            "error: unknown model 'llama3-9b'; allowed: models deepseek, gpt, llama"
-        )
-        assert "; presets debug, deepseek-v3, gpt-1.7b, " in line and "qwen3-moe-235b-a22b" in line
+        assert line.startswith("error: unknown model 'llama3-9b'; allowed: models bert, ")
+        assert "; presets bert-base, bert-base-squad, bert-large, debug, deepseek-v3, " in line
+        assert "gpt-1.7b, " in line and "qwen3-moe-235b-a22b" in line
     assert not out.exists()
 
 
@@ -395,7 +415,10 @@ def test_inspect_model_lists_models_and_presets() -> None:
     result = runner.invoke(app, ["inspect", "model", "--json"])
     assert result.exit_code == 0, result.output
     listing = json.loads(result.stdout)
-    assert [m["name"] for m in listing["models"]] == ["deepseek", "gpt", "llama", "moe"]
+    builtin = [m["name"] for m in listing["models"] if m["qualified"].startswith("symbolic-")]
+    assert builtin == [
+        "bert", "bert-qa", "deepseek", "gpt", "llama", "moe", "roberta", "roberta-mc"
+    ]  # fmt: skip
     presets = {p["name"]: p for p in listing["presets"]}
     assert list(presets) == BUILTIN
     qwen = presets["qwen3-moe-235b-a22b"]
@@ -493,7 +516,9 @@ def test_dhead_scales_the_attention_flops() -> None:
 
 # -- the README's table of presets --------------------------------------------------------------
 
-README_ROW = re.compile(r"^\| `([\w.-]+)` \| (\w+) \| ([^|]+) \| `(stg generate [^`]+)` \|$", re.M)
+README_ROW = re.compile(
+    r"^\| `([\w.-]+)` \| ([\w-]+) \| ([^|]+) \| `(stg generate [^`]+)` \|$", re.M
+)
 
 
 def test_readme_has_a_one_line_command_per_preset(tmp_path: Path) -> None:

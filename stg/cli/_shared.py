@@ -629,6 +629,8 @@ def run_predictors(
                 kwargs["calibration"] = calibration
             if explain and _accepts_explicitly(predictor.predict, "explain"):
                 kwargs["explain"] = True
+            if _accepts_explicitly(predictor.predict, "registry"):
+                kwargs["registry"] = registry
             reports[name] = predictor.predict(workload, system, **kwargs)
             continue
         assert trace is not None
@@ -767,6 +769,8 @@ def print_reports(reports: Mapping[str, Mapping[str, Any]], source: str) -> None
             summary.add_row("HFU (with recompute)", f"{100 * report['hfu']:.1f} %")
             if "tokens_per_s" in report:
                 summary.add_row("tokens per second", f"{report['tokens_per_s']:,.0f}")
+            if "samples_per_s" in report:
+                summary.add_row("samples per second", f"{report['samples_per_s']:,.0f}")
             summary.add_row(
                 "ranks (simulated)",
                 f"{report['world_size']:,} ({report.get('simulated_ranks', '?')})",

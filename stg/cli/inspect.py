@@ -180,7 +180,8 @@ def model(
         item = registry.presets.get(preset.qualified)
         report["preset"] = {**preset.as_dict(), **_published(item)}
     if dot is not None:
-        text = part_dot(build_unsharded(record, "block", options))
+        part = "block" if record.block is not None else "embedding"  # no layer stack: the body
+        text = part_dot(build_unsharded(record, part, options))
         write_file_atomically(dot, lambda f: f.write(text.encode()))
     if as_json:
         typer.echo(json.dumps(report, indent=2))
@@ -197,7 +198,8 @@ def model(
             table.add_row(part, figure, entry["expression"], f"{entry['value']:,}")
     stack = " + ".join(f"{n}·{kind}" for kind, n in report["layers"].items())
     for figure, value in report["totals"].items():
-        table.add_row("total", figure, f"embedding + {stack} + head", f"{value:,}")
+        parts = f"embedding + {stack} + head" if stack else "embedding + head"
+        table.add_row("total", figure, parts, f"{value:,}")
     console.print(table)
 
 

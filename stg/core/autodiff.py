@@ -155,6 +155,8 @@ def _backward_op(b: GraphBuilder, op: Op, dy: Tensor | None, grads: _Grads) -> N
         assert dy is not None
         x = op.inputs[0]
         if _needs_grad(x):
+            if op.spec == "windows":  # the data gradient writes x's bytes (implicit GEMM)
+                dy.footprint = x
             grads.add(x, b.reinterpret(dy, x.dims, grad_sharding(x), name=f"{name}.grad"))
     elif op.kind == "concat":
         assert dy is not None

@@ -40,6 +40,7 @@ from stg.core.lowering import (
     BoundOp,
     BoundPart,
     ModelParts,
+    _count_kinds,
     _Nodes,
     bind_part,
     key,
@@ -71,6 +72,8 @@ class KVCache:
     def __init__(self, dtype: str) -> None:
         self.dtype = dtype
         self._cache: dict[int, Tensor] = {}
+        self.declared = False
+        """the part declared its cached state (:meth:`GraphBuilder.cached`): no generic rule"""
 
     def attend(
         self,
@@ -96,25 +99,40 @@ class KVCache:
             }
         if not kv_letters:
             return operands, scale
-        resolved = tuple(
-            self._from_cache(b, t)
-            if any(m.get(ltr, KV_DIM).name == "seq" for ltr in kv_letters)
-            else t
-            for m, t in zip(bound, operands, strict=True)
-        )
+        if self.declared:  # the model wrote its attention on the cache it declared
+            resolved = operands
+        else:
+            resolved = tuple(
+                self._from_cache(b, t)
+                if any(m.get(ltr, KV_DIM).name == "seq" for ltr in kv_letters)
+                else t
+                for m, t in zip(bound, operands, strict=True)
+            )
         if sympy.sympify(scale) != 1:  # causal: the pairs a chunk of new tokens sees
             scale = (KVSeq - (Seq - 1) / sympy.Integer(2)) / KVSeq
         return resolved, scale
 
-    def _from_cache(self, b: GraphBuilder, t: Tensor) -> Tensor:
+    def state(self, b: GraphBuilder, t: Tensor, name: str) -> Tensor:
+        """``t`` declared the cached state of attention (:meth:`GraphBuilder.cached`): its new
+        rows appended to the cache; the cache, ``seq_kv`` long."""
+        if sum(d.name == "seq" for d in t.dims) != 1:
+            raise UserError(
+                f"cached({name}): a cached tensor has one row per token (one 'seq' "
+                f"dimension); {t!r} has dimensions {', '.join(d.name for d in t.dims)}"
+            )
+        self.declared = True
+        return self._from_cache(b, t, name)
+
+    def _from_cache(self, b: GraphBuilder, t: Tensor, name: str | None = None) -> Tensor:
         """``t`` (new keys or values) appended to the cache: the cache, ``seq_kv`` long."""
         cached = self._cache.get(id(t.base or t))
         if cached is not None:
             return cached
+        name = name or t.name
         new = b.unpartial(t)
         dims = tuple(KV_DIM if d.name == "seq" else d for d in new.dims)
-        cache = Tensor(f"{t.name}_cache", dims, new.sharding, self.dtype, kind="cache")
-        b._emit(Op("kv_append", f"{t.name}.cache_append", (new,), cache))
+        cache = Tensor(f"{name}_cache", dims, new.sharding, self.dtype, kind="cache")
+        b._emit(Op("kv_append", f"{name}.cache_append", (new,), cache))
         self._cache[id(t.base or t)] = cache
         return cache
 
@@ -207,9 +225,12 @@ def group_values(o: GenerateOptions, group: Group, head: bool = False) -> dict[A
 # Build and bind
 
 
-def build_forward(model: Model, name: str, plan: ParallelPlan) -> tuple[GraphBuilder, Tensor]:
+def build_forward(
+    model: Model, name: str, plan: ParallelPlan, function: Callable[..., Any] | None = None
+) -> tuple[GraphBuilder, Tensor]:
     """One part of ``model`` built forward only with a KV cache; returns the builder and the
-    part's result (the head's: the model's last op, standing for sampling)."""
+    part's result (the head's: the model's last op, standing for sampling). ``function``
+    builds a kind of layer of the model's stack named ``name`` (default: the part ``name``)."""
     o = plan.options
     b = GraphBuilder(
         name,
@@ -222,10 +243,13 @@ def build_forward(model: Model, name: str, plan: ParallelPlan) -> tuple[GraphBui
         kv_cache=KVCache(o.kv_dtype or o.dtype),
     )
     x = None if name == "embedding" else b.residual_input()
-    with b.tag(name):
-        result = getattr(model, name)(b, x)
+    # every layer's ops carry the tag "block", and their kind's name where it differs
+    tags = (name,) if name in ("embedding", "head", "block") else ("block", name)
+    with b.tag(*tags):
+        result = (function or getattr(model, name))(b, x)
     if not isinstance(result, Tensor):
-        raise UserError(f"model {model.name!r}: {name}() must return a Tensor, got {result!r}")
+        part = name if name in ("embedding", "head", "block") else f"the {name!r} block"
+        raise UserError(f"model {model.name!r}: {part}() must return a Tensor, got {result!r}")
     if name != "head" and b.part.output is None:
         b.output(result)
     return b, result
@@ -237,8 +261,9 @@ class StepParts:
 
     parts: ModelParts
     groups: list[Group]
-    cache_bytes: int
-    """KV cache bytes of one layer on one rank for one micro-batch after this step"""
+    cache_bytes: dict[str, int]
+    """KV cache bytes of one layer of each kind on one rank for one micro-batch after this
+    step"""
     activation_bytes: int
     """the largest working set of one op of one micro-batch on one rank (bytes)"""
 
@@ -292,20 +317,24 @@ def build_steps(model: Model, plan: ParallelPlan) -> list[StepParts]:
     """Build the model once and bind it for every step of the run."""
     o = plan.options
     fused = o.attention == "fused"
-    built = {
-        name: build_forward(model, name, plan)[0].part for name in ("embedding", "block", "head")
-    }
+    runs = model.layer_runs(o.as_dict())
+    functions: dict[str, Callable[..., Any] | None] = {"embedding": None}
+    functions.update((kind, function) for kind, function, _ in runs)
+    functions["head"] = None
+    built = {name: build_forward(model, name, plan, f)[0].part for name, f in functions.items()}
+    layer_kinds = tuple(kind for kind, _, count in runs for _ in range(count))
     steps: list[StepParts] = []
     for groups in step_groups(o):
         bound: dict[str, BoundPart] = {}
-        cache = activations = 0
+        cache: dict[str, int] = {}
+        activations = 0
         for name, part in built.items():
             per_group: list[tuple[BoundPart, Binder]] = []
             for group in groups:
                 binder = Binder(group_values(o, group, head=name == "head"), plan.degrees)
                 per_group.append((_bind(part, binder, fused), binder))
-                if name == "block":
-                    cache += sum(
+                if name not in ("embedding", "head"):
+                    cache[name] = cache.get(name, 0) + sum(
                         binder.nbytes(op.output) for op in part.forward if op.kind == "kv_append"
                     )
                 live = binder.nbytes(part.inputs[0]) if part.inputs else 0
@@ -327,8 +356,10 @@ def build_steps(model: Model, plan: ParallelPlan) -> list[StepParts]:
             bound[name] = result
         parts = ModelParts(
             bound["embedding"],
-            bound["block"],
+            bound[layer_kinds[0]],
             bound["head"],
+            blocks={kind: bound[kind] for kind, _, _ in runs},
+            layer_kinds=layer_kinds,
             optimizer_bytes_per_param=0,
             optimizer_dtype=o.dtype,
             facts={"weight_dtype": o.dtype, "kv_dtype": o.kv_dtype or o.dtype, "phase": o.phase},
@@ -396,7 +427,7 @@ def lower_inference_stage(
     replicas = o.dp * o.ep
     for step, sp in enumerate(steps):
         parts = sp.parts
-        emb, block, head = parts.embedding, parts.block, parts.head
+        emb, head = parts.embedding, parts.head
         sequences = sum(g.batch for g in sp.groups) // replicas
         for mb in range(m):
             prefix = f"mb{mb}/" if len(steps) == 1 else f"step{step}/mb{mb}/"
@@ -435,9 +466,10 @@ def lower_inference_stage(
                     peer=stage - 1,
                     boundary=stage - 1,
                     back=False,
-                    size=block.boundary_bytes,
+                    size=parts.block.boundary_bytes,
                 )
             for layer in plan.chunk_layers(stage):
+                block = parts.layer(layer)
                 env = {block.input_key: (x,)}  # type: ignore[dict-item]
                 out.run(block.forward, env, f"{prefix}layer{layer}/fwd/")
                 x = env[block.output_key][0]  # type: ignore[index]
@@ -466,15 +498,17 @@ def lower_inference_stage(
                     peer=stage + 1,
                     boundary=stage,
                     back=False,
-                    size=block.boundary_bytes,
+                    size=parts.block.boundary_bytes,
                     deps=(x,),
                 )
             if progress is not None:
                 progress()
     held = stage_parts(stage, plan, steps[0].parts)
-    layers = sum(1 for _, bp in held if bp is steps[0].parts.block)
+    kinds = _count_kinds(stage, plan, steps[0].parts)
     weight_bytes = sum(bp.parameters for _, bp in held) * DTYPE_BYTES[o.dtype]
-    kv_per_step = [sp.cache_bytes * layers * m for sp in steps]
+    kv_per_step = [
+        sum(sp.cache_bytes[kind] * count for kind, count in kinds.items()) * m for sp in steps
+    ]
     return RankClass(
         index=stage,
         stage=stage,
@@ -482,7 +516,8 @@ def lower_inference_stage(
         facts={
             "parameters": sum(bp.parameters for _, bp in held),
             "replica_parameters": sum(bp.replica_parameters for _, bp in held),
-            "layers": layers,
+            "layers": sum(kinds.values()),
+            "layer_kinds": kinds,
             "has_embedding": first,
             "has_head": last,
             "micro_batches": m,

@@ -169,14 +169,19 @@ def bind_ops(ops: Iterable[Op | BoundOp], binder: Binder) -> list[BoundOp]:
                 )
             )
         else:
-            moved = sum(binder.nbytes(t) for t in op.inputs if t.kind != "index") + binder.nbytes(
-                op.output
-            )
+            moved = sum(_moved(t, binder) for t in op.inputs if t.kind != "index")
+            moved += _moved(op.output, binder)
             moved += sum(binder.numel(t) * 4 for t in op.inputs if t.kind == "index")
             if op.kind == "kv_append":  # the new keys/values read, then written into the cache
                 moved = kv_append_bytes(op, binder)
             num_ops = _flops(op, binder)
-            attrs = (("gemm", gemm_shape(op, binder)),) if op.kind == "einsum" else ()
+            attrs: tuple[tuple[str, Any], ...] = ()
+            if op.kind == "einsum":
+                attrs = (("gemm", gemm_shape(op, binder)),)
+                if any(t.footprint is not None for t in (*op.inputs, op.output)):
+                    # a convolution as implicit GEMM: its bytes are tensor_size, not the
+                    # m·k of the window matrix that its GEMM shape implies
+                    attrs += (("implicit_gemm", 1),)
             if num_ops <= 0 < moved:
                 # ASTRA-sim's roofline times a node as num_ops / min(peak, bw·num_ops/bytes):
                 # zero ops with bytes > 0 is 0/0 and the rank never finishes. A node declared
@@ -197,6 +202,14 @@ def bind_ops(ops: Iterable[Op | BoundOp], binder: Binder) -> list[BoundOp]:
                 )
             )
     return bound
+
+
+def _moved(t: Tensor, binder: Binder) -> int:
+    """Bytes an op moves reading or writing ``t``: a window view (or its gradient) moves its
+    smaller footprint's (:meth:`~stg.core.symbolic.GraphBuilder.windows`)."""
+    if t.footprint is not None:
+        return min(binder.nbytes(t), binder.nbytes(t.footprint))
+    return binder.nbytes(t)
 
 
 def _einsum_letters(op: Op, binder: Binder) -> tuple[str, str, str, dict[str, int]]:
@@ -531,10 +544,13 @@ def bind_part(
     seed: Tensor | None,
     shard_degree: int = 1,
     fused_attention: bool = False,
+    gradient_buckets: bool = False,
 ) -> BoundPart:
     """Bind ``part``; ``shard_degree`` is the degree over which ZeRO or FSDP shards its
     gradients and optimizer states (1: not sharded); ``fused_attention`` runs the attention
-    core as one fused kernel forward and one backward (:func:`fuse_attention`)."""
+    core as one fused kernel forward and one backward (:func:`fuse_attention`);
+    ``gradient_buckets`` reduces the part's gradients in buckets as PyTorch DDP does
+    (:func:`ddp_buckets`) instead of one collective per kind."""
     shapes: dict[str, tuple[int, ...]] = {}
     grads = tuple(key(g) for g in part.weight_grads.values())
     input_tensor = next((t for t in part.inputs if t.kind == "input"), None)
@@ -550,11 +566,15 @@ def bind_part(
         fused = fuse_attention(ops, binder, shapes) if fused_attention else ops
         return fuse(_mark_flat(bind_ops(fused, binder), ops, binder), group_of)
 
+    if gradient_buckets:
+        reduce = ddp_buckets(_mark_flat(bind_ops(part.reduce, binder), part.reduce, binder))
+    else:
+        reduce = bound(part.reduce, _any_collective)
     return BoundPart(
         part,
         bound(part.forward, _weight_collective),
         bound(part.backward, _weight_collective),
-        bound(part.reduce, _any_collective),
+        reduce,
         bound(part.update, _any_collective),
         key(input_tensor) if input_tensor is not None else None,
         key(part.output) if part.output is not None else None,
@@ -566,6 +586,33 @@ def bind_part(
         _flat_shard(part.weights, binder, shard_degree) if shard_degree > 1 else stored,
         sum(binder.unflat_numel(w) for w in part.weights),
     )
+
+
+DDP_BUCKET_BYTES = 25 * 2**20
+"""PyTorch DDP's ``bucket_cap_mb`` default, 25 MiB (torch/nn/parallel/distributed.py)."""
+DDP_FIRST_BUCKET_BYTES = 2**20
+"""... and its first bucket, 1 MiB (``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``), so
+that the first reduction starts early."""
+
+
+def ddp_buckets(reduce: list[BoundOp]) -> list[BoundOp]:
+    """The gradient reductions of a part in PyTorch DDP's buckets: in the reverse order of
+    the weights (the order their gradients become ready in the backward), a bucket closing
+    once it holds ``DDP_FIRST_BUCKET_BYTES`` (the first) or ``DDP_BUCKET_BYTES``; each bucket
+    is one collective that waits only for its own gradients, so it overlaps the rest of the
+    backward. For a part that is a whole network (a model without a layer stack), where one
+    collective per part would start only after the whole backward."""
+    bucket, filled, cap = 0, 0, DDP_FIRST_BUCKET_BYTES
+    index: dict[int, object] = {}
+    ordered = list(reversed(reduce))
+    for op in ordered:
+        if op.type is not NodeType.COMM_COLL:
+            continue
+        index[id(op)] = (op.comm_type, op.group_axes, bucket)
+        filled += op.comm_size
+        if filled >= cap:
+            bucket, filled, cap = bucket + 1, 0, DDP_BUCKET_BYTES
+    return fuse(ordered, lambda op: index.get(id(op)))
 
 
 @dataclass

@@ -45,8 +45,8 @@ def _bytes(t: Tensor) -> sympy.Expr:
 
 def model_units(model: Model, options: GenerateOptions) -> list[tuple[str, int]]:
     """(part name, instances) of ``model`` for ``options``: the embedding, each block kind of
-    its stack (:meth:`stg.host.records.Model.layer_runs`; ``block`` for most models) with its
-    number of layers, and the head."""
+    its stack (:meth:`stg.host.records.Model.layer_runs`; ``block`` for most models; none
+    for a model without a layer stack) with its number of layers, and the head."""
     layers: dict[str, int] = {}
     for kind, _, count in model.layer_runs(options.as_dict()):
         layers[kind] = layers.get(kind, 0) + count
@@ -55,14 +55,22 @@ def model_units(model: Model, options: GenerateOptions) -> list[tuple[str, int]]
 
 def build_unsharded(model: Model, part_name: str, options: GenerateOptions) -> Part:
     """Build one part of ``model`` on a single device, forward and backward: ``embedding``,
-    ``head``, ``block`` or a block kind of the model's stack."""
+    ``head``, ``block`` or a block kind of the model's stack. The head of a model without a
+    layer stack receives the embedding's output."""
     if part_name in PARTS:
         function = getattr(model, part_name)
     else:
         kinds = {kind: fn for kind, fn, _ in model.layer_runs(options.as_dict())}
         function = kinds[part_name]
     b = GraphBuilder(part_name, dtype=options.dtype, options=options.as_dict())
-    x = None if part_name == "embedding" else b.residual_input()
+    if part_name == "embedding":
+        x = None
+    elif model.block is None and model.stack is None:
+        out = build_unsharded(model, "embedding", options).output
+        assert out is not None
+        x = b.input("x", out.dims)
+    else:
+        x = b.residual_input()
     result = function(b, x)
     if part_name == "head":
         build_backward(b, seed=None, loss=result)
@@ -80,11 +88,13 @@ def build_unsharded(model: Model, part_name: str, options: GenerateOptions) -> P
 def saved_activations(part: Part) -> list[Tensor]:
     """Forward tensors that the backward reads: what stays in memory between the two."""
     forward = {id(op.output): op.output for op in part.forward}
-    forward.update({id(t): t for t in part.inputs if t.kind in {"input", "index"}})
+    forward.update({id(t): t for t in part.inputs if t.kind in {"input", "index", "data"}})
     seen: dict[int, Tensor] = {}
     for op in part.backward:
         for t in op.inputs:
             base = t.base or t
+            if base.footprint is not None and id(base.footprint) in forward:
+                base = base.footprint  # a window view keeps its input, not the windows
             if id(base) in forward and base.kind != "weight":
                 seen.setdefault(id(base), base)
     return list(seen.values())

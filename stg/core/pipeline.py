@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from stg.core.autodiff import build_backward, build_grad_reduction
 from stg.core.layout import Layout, parse_rank_order
 from stg.core.lowering import Binder, BoundPart, ModelParts, bind_part, lower_stage
+from stg.core.modelinfo import saved_activations
 from stg.core.options import UNSET_OPTIONS, GenerateOptions, OptionError
 from stg.core.plan import ParallelPlan, make_plan
 from stg.core.precision import (
@@ -36,6 +37,7 @@ from stg.core.symbolic import (
     KVHead,
     KVLora,
     MicroBatch,
+    Part,
     QLora,
     Seq,
     SharedExperts,
@@ -54,9 +56,28 @@ Progress = Callable[[str, int, int], None]
 def validate_options(options: GenerateOptions, registry: Registry) -> ParallelPlan:
     """Check every option (names against the registry, degrees against the model) and return
     the plan. Raises :class:`~stg.core.options.OptionError` (or UnknownNameError) on bad input."""
-    registry.models.get(options.model)
+    model = registry.models.get(options.model)
     schedule = registry.schedules.get(options.pipeline_schedule)
     plan = make_plan(options)
+    if model.block is None and model.stack is None:  # no layer stack: no stages, no layers
+        if options.inference:
+            raise OptionError(
+                f"model {model.name!r} has no layer stack to serve token by token: "
+                f"phase={options.phase} is not allowed; allowed: phase=training"
+            )
+        if options.pp > 1 or options.virtual_stages > 1:
+            raise OptionError(
+                f"model {model.name!r} has no layer stack to split into pipeline stages: "
+                f"pp={options.pp}, virtual_stages={options.virtual_stages} are not allowed; "
+                "allowed: pp=1, virtual_stages=1"
+            )
+        if plan.recompute != "none":
+            raise OptionError(
+                f"model {model.name!r} has no layer stack to recompute: "
+                f"activation_recompute={options.activation_recompute} is not allowed; "
+                "allowed: none"
+            )
+        plan = replace(plan, layers_per_chunk=(0,))
     if options.virtual_stages > 1 and not schedule.supports_chunks:
         raise OptionError(
             f"pipeline_schedule={options.pipeline_schedule} does not support virtual_stages > 1"
@@ -105,6 +126,7 @@ def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> Model
     precision = plan.precision
     zero_axes = plan.zero_axes if o.zero in (1, 2) else ()
     runs = model.layer_runs(o.as_dict())
+    stackless = not runs  # no layer stack: the head receives the embedding's output
     functions = {"embedding": model.embedding, "head": model.head}
     functions.update((kind, function) for kind, function, _ in runs)
     for name, function in functions.items():
@@ -120,7 +142,14 @@ def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> Model
             options=o.as_dict(),
         )
         b.weight_grads_through_casts = hybrid
-        x = None if name == "embedding" else b.residual_input()
+        if name == "embedding":
+            x = None
+        elif stackless:
+            body = bound["embedding"].part.output
+            assert body is not None
+            x = b.input("x", body.dims, _shard_of(body))
+        else:
+            x = b.residual_input()
         # every layer's ops carry the tag "block", and their kind's name where it differs
         tags = (name,) if name in ("embedding", "head", "block") else ("block", name)
         with b.tag(*tags):
@@ -147,6 +176,23 @@ def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> Model
             seed,
             shard_degree=plan.zero_degree,
             fused_attention=o.attention == "fused",
+            # a whole network in one part: its gradients reduced in DDP's buckets
+            gradient_buckets=stackless and plan.zero_degree == 1,
+        )
+    if stackless:
+        bound["block"] = bind_part(Part("block"), binder, None)
+    facts: dict[str, object] = {}
+    head = bound["head"].part
+    if not any(d.name == "dvocal" for op in head.forward for d in op.output.dims):
+        # a head without logits over the vocabulary (a classifier, a span head): the memory
+        # predictor's closed form of an LM head does not apply, the graph says what it keeps
+        facts["head_activation_bytes"] = saved_bytes(head, binder)
+    if stackless:
+        # no layer stack, so no closed form of a layer's activations: the predictors read
+        # what this model saves between forward and backward, per micro-batch and rank
+        facts["stackless"] = True
+        facts["activation_bytes"] = sum(
+            saved_bytes(bound[name].part, binder) for name in ("embedding", "head")
         )
     master, state, grad = (DTYPE_BYTES[precision[k]] for k in ("master", "optimizer", "grad"))
     # Adam reads and writes the master weights and both moments and reads the gradient; with
@@ -155,7 +201,7 @@ def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> Model
     layer_kinds = tuple(kind for kind, _, count in runs for _ in range(count))
     return ModelParts(
         bound["embedding"],
-        bound[layer_kinds[0]],
+        bound[layer_kinds[0]] if layer_kinds else bound["block"],
         bound["head"],
         blocks={kind: bound[kind] for kind, _, _ in runs},
         layer_kinds=layer_kinds,
@@ -168,8 +214,14 @@ def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> Model
             "optimizer_dtype": precision["optimizer"],
             "zero": 3 if o.weight_sharded else o.zero,
             "recompute": plan.recompute,
+            **facts,
         },
     )
+
+
+def saved_bytes(part: Part, binder: Binder) -> int:
+    """Bytes of the tensors one rank keeps from a part's forward for its backward."""
+    return sum(binder.nbytes(t) for t in saved_activations(part))
 
 
 def _shard_of(t: Any) -> dict[str, Any]:

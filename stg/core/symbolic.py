@@ -75,9 +75,11 @@ STANDARD_DIMS: dict[str, Dim] = {
 @dataclass(eq=False)
 class Tensor:
     """A tensor of the graph. ``kind`` is ``activation``, ``weight``, ``input`` (a part's
-    input that needs a gradient), ``grad`` (an incoming gradient) or ``index`` (integer ids).
+    input that needs a gradient), ``grad`` (an incoming gradient), ``index`` (integer ids)
+    or ``data`` (a model input without a gradient: images).
     ``base`` is the same tensor under another sharding mark (a free slice); ``storage`` the
-    tensor whose memory a view (reshape, slice) reads."""
+    tensor whose memory a view (reshape, slice) reads; ``footprint`` the smaller tensor
+    whose bytes a window view (im2col) or its gradient moves."""
 
     name: str
     dims: tuple[Dim, ...]
@@ -87,6 +89,10 @@ class Tensor:
     producer: Op | None = None
     base: Tensor | None = None
     storage: Tensor | None = None
+    footprint: Tensor | None = None
+    """the smaller tensor whose bytes this one moves where an op reads or writes it: the
+    input of a :meth:`GraphBuilder.windows` view, or its gradient for the data gradient that
+    flows back through one"""
 
     def __repr__(self) -> str:
         return f"{self.name}{self.sharding.describe(d.name for d in self.dims)}"
@@ -173,8 +179,9 @@ def _view_groups(
 
 class KVCacheHook(Protocol):
     """What a builder of a serving phase consults (:class:`stg.core.inference.KVCache`):
-    attention einsums read their keys and values from the KV cache, and weights indexed by
-    position are stored for every position the cache holds."""
+    attention einsums read their keys and values from the KV cache (or a model declares what
+    the cache holds: :meth:`GraphBuilder.cached`), and weights indexed by position are stored
+    for every position the cache holds."""
 
     def attend(
         self,
@@ -183,6 +190,8 @@ class KVCacheHook(Protocol):
         operands: tuple[Tensor, ...],
         scale: sympy.Expr | int,
     ) -> tuple[tuple[Tensor, ...], sympy.Expr | int]: ...
+
+    def state(self, b: GraphBuilder, t: Tensor, name: str) -> Tensor: ...
 
     def position_weight(
         self,
@@ -352,6 +361,15 @@ class GraphBuilder:
         tokens.kind = "index"
         return tokens
 
+    def data(self, name: str, dims: str | Sequence[Dim | str]) -> Tensor:
+        """A model input without a gradient that is not token ids (images): in the
+        activation dtype, its batch split over the data axes and its sequence (if any) over
+        the sequence axes that split token ids."""
+        shard = {"batch": self.data_axes, "seq": self.seq_axes - {"tp"}}
+        tensor = self.input(name, dims, shard)
+        tensor.kind = "data"
+        return tensor
+
     def weight(
         self,
         name: str,
@@ -381,6 +399,22 @@ class GraphBuilder:
         with self.tag("weight_gather"):
             gathered = self.reshard(stored, sharding)
         return gathered
+
+    def cached(self, t: Tensor, name: str | None = None) -> Tensor:
+        """Declare ``t`` (one row per token: a ``seq`` dimension) the attention state that
+        serving keeps per token in the KV cache, e.g. latent attention's compressed latent.
+
+        In training this is ``t`` itself. In a serving phase the new rows of ``t`` are
+        appended to the layer's cache (a ``kv_append`` node) and the result is the cache,
+        with ``seq_kv`` (cached plus new tokens) in place of ``seq``: the ops written on it
+        read the whole cache. A part that declares a cached tensor takes charge of its
+        cache: the generic rule (keys and values of any einsum pairing two sequence letters
+        are cached) is off for it. ``t`` may be called several times (each tensor cached
+        once); the cache keeps ``t``'s split (a tensor replicated over tp is cached whole on
+        every tp rank)."""
+        if self.kv_cache is None:
+            return t
+        return self.kv_cache.state(self, t, name or t.name)
 
     # ----------------------------------------------------------------- resharding
     def reshard(self, tensor: Tensor, target: Sharding) -> Tensor:
@@ -495,12 +529,15 @@ class GraphBuilder:
         A cast weight is still a weight: it keeps its sharding authority in einsums."""
         if t.dtype == dtype:
             return t
+        if t.footprint is not None and t.producer is not None and t.producer.spec == "windows":
+            # cast the input of a window view once, not each of its overlapping windows
+            return self.windows(self.cast(t.footprint, dtype, name), t.dims, name=t.name)
         out = self.elementwise(
             name or f"cast_{t.name}", t, flops=1, backward_flops=1, out_dtype=dtype
         )
         out.name = f"{t.name}_{dtype}"
-        if t.kind == "weight":
-            out.kind = "weight"
+        if t.kind in ("weight", "data"):
+            out.kind = t.kind
         return out
 
     def _broadcast_target(
@@ -711,9 +748,36 @@ class GraphBuilder:
     ) -> Tensor:
         """The memory of ``x`` seen with other dimensions and sharding (no node, no cost)."""
         out = self._new(name, dims, sharding, x.dtype)
-        out.kind = "weight" if x.kind == "weight" else "activation"
+        out.kind = x.kind if x.kind in ("weight", "data") else "activation"
         out.storage = x.storage or x.base or x
         return self._emit(Op("view", name, (x,), out, grad_inputs=(0,)))
+
+    def windows(self, x: Tensor, dims: str | Sequence[Dim | str], name: str = "windows") -> Tensor:
+        """``x`` seen as the overlapping windows that a convolution reads (im2col): e.g.
+        ``[batch, h, w, c]`` as ``[batch, h_out, w_out, c, k_h, k_w]``, more elements than
+        ``x`` holds. A view: no node, no copy. An einsum that reads it moves ``x``'s bytes
+        (an implicit-GEMM convolution reads its input once); its gradient is a view back,
+        whose data-gradient einsum writes ``x``'s bytes (the overlapping windows are summed
+        inside that kernel). Dimensions of ``x`` that the windows keep (same name) keep
+        their split; the others are gathered first."""
+        out_dims = self._dims(dims)
+        kept = {d.name for d in out_dims}
+        x_r = self.reshard(
+            self.unpartial(x),
+            Sharding(
+                tuple(
+                    a if d.name in kept else NO_AXES
+                    for d, a in zip(x.dims, x.sharding.dims, strict=True)
+                )
+            ),
+        )
+        axes = {d.name: a for d, a in zip(x_r.dims, x_r.sharding.dims, strict=True)}
+        sharding = Sharding(tuple(axes.get(d.name, NO_AXES) for d in out_dims))
+        out = self.reinterpret(x_r, out_dims, sharding, name)
+        assert out.producer is not None
+        out.producer.spec = "windows"
+        out.footprint = x_r
+        return out
 
     def slice(self, x: Tensor, dim: str, to: Dim | str, name: str = "slice") -> Tensor:
         """Part of ``x`` along dimension ``dim`` (e.g. Q out of a fused QKV), a view that keeps

@@ -126,11 +126,15 @@ class SearchResult:
 
 def plan_ops(workload: Any) -> dict[str, str]:
     """Op names of the matmuls in a workload with their op class (``gemm``/``attention``):
-    forward compute nodes that are neither casts nor elementwise."""
+    forward compute nodes (``mb<i>/layer<j>/fwd/<op>``, ``mb<i>/head/fwd/<op>`` and the
+    embedding's ``mb<i>/embedding/<op>``, where a convolutional network has its body) that
+    are neither casts nor elementwise."""
     ops: dict[str, str] = {}
     for rank_class in workload.rank_classes:
         for node in rank_class.nodes:
-            if node.type.name != "COMP" or node.num_ops <= 0 or "/fwd/" not in node.name:
+            path = node.name.split("/")
+            forward = "/fwd/" in node.name or (len(path) == 3 and path[1] == "embedding")
+            if node.type.name != "COMP" or node.num_ops <= 0 or not forward:
                 continue
             if is_cast(node.name):
                 continue

@@ -76,6 +76,11 @@ class Model:
     :class:`stg.core.symbolic.GraphBuilder` and the incoming activation (``None`` for the embedding)
     and returns the outgoing activation (``None`` for the head).
 
+    ``block`` is ``None`` for a model without a repeated layer stack (a convolutional network,
+    whose stages differ in shape): its embedding builds the body and its head receives the
+    embedding's output as it is (any dimensions); ``--num_stacks`` does not apply and there
+    is nothing to split into pipeline stages.
+
     ``stack`` (optional) makes the layer stack of several block kinds (DeepSeek-V3: dense
     layers, then MoE layers): ``stack(options)`` gets the run's options as a mapping and
     returns runs ``(kind, block_function, count)`` in layer order, whose counts sum to
@@ -84,7 +89,7 @@ class Model:
 
     name: str
     embedding: Callable[..., Any]
-    block: Callable[..., Any]
+    block: Callable[..., Any] | None
     head: Callable[..., Any]
     description: str = ""
     aliases: tuple[str, ...] = ()
@@ -97,6 +102,8 @@ class Model:
         for alias in self.aliases:
             _check_name("model alias", alias)
         for field_name in ("embedding", "block", "head"):
+            if field_name == "block" and self.block is None:
+                continue
             _check_callable("model", self.name, field_name, getattr(self, field_name))
         if self.stack is not None:
             _check_callable("model", self.name, "stack", self.stack)
@@ -112,6 +119,8 @@ class Model:
 
         layers = int(options["num_stacks"])
         if self.stack is None:
+            if self.block is None:  # no layer stack
+                return ()
             return (("block", self.block, layers),)
         runs = tuple(tuple(run) for run in self.stack(options))
         functions: dict[str, Callable[..., Any]] = {}
@@ -186,15 +195,23 @@ class Emitter:
 
 @dataclass(frozen=True)
 class Predictor:
-    """A predictor. ``predict(workload, system)`` returns a JSON-serialisable report dict."""
+    """A predictor. ``predict(workload, system)`` returns a JSON-serialisable report dict.
+
+    ``predict_options(options, system, **kwargs)``, where given, makes the same report from
+    the GenerateOptions alone, without building the workload: ``stg sweep`` and ``stg
+    search`` call it when it exists (keywords it may take: ``registry``, ``kernels``,
+    ``explain``)."""
 
     name: str
     predict: Callable[..., dict[str, Any]]
     description: str = ""
+    predict_options: Callable[..., dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         _check_name("predictor", self.name)
         _check_callable("predictor", self.name, "predict", self.predict)
+        if self.predict_options is not None:
+            _check_callable("predictor", self.name, "predict_options", self.predict_options)
 
 
 @dataclass(frozen=True)

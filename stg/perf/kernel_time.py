@@ -206,9 +206,19 @@ class Gpu:
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
 
 
-def gemm_time(gpu: Gpu, m: int, n: int, k: int, dtype: str = "bf16", batch: int = 1) -> float:
+def gemm_time(
+    gpu: Gpu,
+    m: int,
+    n: int,
+    k: int,
+    dtype: str = "bf16",
+    batch: int = 1,
+    nbytes: float | None = None,
+) -> float:
     """Seconds of ``batch`` GEMMs ``[m, k] x [k, n]`` in ``dtype`` (output in the same width,
-    fp8/int8 with a 16-bit output)."""
+    fp8/int8 with a 16-bit output). ``nbytes``: what the kernel moves where it is not A, B
+    and C once (an implicit-GEMM convolution reads its input, not the ``[m, k]`` window
+    matrix)."""
     if min(m, n, k, batch) <= 0:
         return 0.0
     per_sm = gpu.rate(dtype) / gpu.sm_count
@@ -228,6 +238,8 @@ def gemm_time(gpu: Gpu, m: int, n: int, k: int, dtype: str = "bf16", batch: int 
             if tiles * split > 2 * gpu.sm_count or k // split < SPLIT_K_MIN:
                 break
     memory = (m * k + k * n) * width * batch + m * n * out_width * batch
+    if nbytes is not None:
+        memory = nbytes
     return max(best, gpu.stream_time(memory))
 
 
@@ -317,13 +329,15 @@ def _unfused_attention_time(
     return (2 * gemms if backward else gemms) + scores
 
 
-NORM_NAMES = ("norm", "ln_", "ln1", "ln2", "dropout")
-"""Op names of normalisation-class memory-bound kernels (LayerNorm, RMSNorm, dropout)."""
+NORM_NAMES = ("norm", "ln_", "ln1", "ln2", "dropout", "bn")
+"""Op names of normalisation-class memory-bound kernels (LayerNorm, RMSNorm, batch norm as
+torchvision names it, ``bn1``, dropout)."""
 
 
 def memory_kind(name: str) -> str:
     """The memory-bound kernel class of a compute node by its name (the last path component,
-    up to its first dot): ``softmax``, ``norm`` (LayerNorm, RMSNorm, dropout) or ``stream``."""
+    up to its first dot): ``softmax``, ``norm`` (LayerNorm, RMSNorm, batch norm, dropout) or
+    ``stream``."""
     base = name.rsplit("/", 1)[-1].split(".", 1)[0].lower()
     if "softmax" in base:
         return "softmax"

@@ -1,0 +1,745 @@
+"""The ``analytical`` predictor: the iteration time in closed form, for sweeps and searches.
+
+It prices the same kernels and collectives as the DAG ``time`` predictor, with the same
+sub-models (:func:`stg.api.compute_time`: the GEMM, fused-attention and memory-bound kernel
+models of :mod:`stg.perf.kernel_time`; :func:`stg.api.collective_time` and
+:func:`stg.api.send_time`: alpha-beta per network dimension), but instead of replaying every
+node of every micro-batch it composes per-layer costs in closed form:
+
+- **One layer.** A small workload (one or two layers per stage, at most two pipeline stages
+  and two data-parallel replicas, same tp, sp, ep, micro-batch per replica, dtype, recompute
+  and kernels) is built once per distinct layer shape and cached. Its forward and backward
+  of one layer, the embedding and the head are list-scheduled as the DAG predictor does
+  (compute stream, one stream per communicator, smallest id first), which gives each part's
+  time with its exposed tensor-parallel (and FSDP) communication: ``f`` and ``b``.
+- **Pipeline.** Stage i of p holds L_i layers: ``F_i = L_i·f (+ embedding, + head)``, likewise
+  ``B_i``. With m micro-batches the 1F1B and GPipe pipelines take
+  ``T_pipe = Σ_i (F_i + B_i) + (m - 1)·max_i (F_i + B_i) + 2(p - 1)·t_p2p``: the first
+  micro-batch crosses every stage forward and backward, the others follow at the pace of the
+  slowest stage; the bubble is ``(p - 1)·(F + B)`` for equal stages. Interleaving with v
+  chunks per stage divides the fill and drain by v:
+  ``T_pipe = Σ_i (F_i + B_i)/v + (m - 1/v)·max_i (F_i + B_i) + 2(p·v - 1)·t_p2p``.
+- **Data parallelism.** A layer's gradient reduction is issued when the layer's last
+  backward ends; on its communicator's stream the k-th reduction finishes at
+  ``max_j (r_j + Σ_{j..k} c)`` (r_j: when layer j's backward ends), so its exposed tail after
+  the stage's last backward is ``max(0, max_j (r_j + Σ_{l ≥ j} c_l) - r_last)``. Stage i
+  ends its last backward ``Σ_{j<i} (B_j + t_p2p)`` before stage 0 does (the drain of 1F1B).
+  The optimizer step follows, then ZeRO-1/2's all-gather of the updated shards.
+
+Ranks of a communicator are placed by ``rank_order`` (fastest axis first), so a collective
+spans the network dimensions that rank 0's group spans, as in the DAG predictor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+from collections.abc import Iterable, Mapping, Sequence
+from functools import lru_cache
+from typing import Any
+
+import stg
+from stg.api import (
+    CollectiveType,
+    GenerateOptions,
+    KernelTable,
+    NodeType,
+    Predictor,
+    System,
+    build_workload,
+    collective_time,
+    compute_time,
+    group_shape,
+    is_hybrid,
+    kernel_table,
+    link_dimension,
+    load_system,
+    op_class,
+    send_time,
+)
+from stg.errors import UserError
+
+AXES_ORDER_DEFAULT = "tp,sp,ep,dp,pp"
+GATHERS = (CollectiveType.ALL_GATHER, CollectiveType.GATHER)
+
+
+# ---------------------------------------------------------------------------------------------
+# Placement
+
+
+def strides(options: GenerateOptions) -> dict[str, int]:
+    """Rank stride of each mesh axis (``rank_order`` lists the fastest-varying axis first)."""
+    degrees = degrees_of(options)
+    stride = 1
+    out = {}
+    for axis in (a.strip() for a in options.rank_order.split(",") if a.strip()):
+        out[axis] = stride
+        stride *= degrees[axis]
+    return out
+
+
+def degrees_of(options: GenerateOptions) -> dict[str, int]:
+    return {
+        "dp": options.dp,
+        "tp": options.tp,
+        "sp": options.sp,
+        "pp": options.pp,
+        "ep": options.ep,
+    }
+
+
+def group_members(axes: Iterable[str], options: GenerateOptions) -> list[int]:
+    """The ranks of rank 0's communicator over ``axes``."""
+    degrees, stride = degrees_of(options), strides(options)
+    members = [0]
+    for axis in axes:
+        members = [r + k * stride[axis] for r in members for k in range(degrees[axis])]
+    return members
+
+
+# ---------------------------------------------------------------------------------------------
+# One part (a layer's forward, its backward, the embedding, the head) list-scheduled
+
+
+@dataclasses.dataclass
+class PartCost:
+    """Time of one part of one micro-batch on one rank, and where it goes."""
+
+    time: float = 0.0
+    compute: dict[str, float] = dataclasses.field(default_factory=dict)
+    flops: int = 0
+    model_flops: int = 0
+
+    @property
+    def exposed(self) -> float:
+        return max(0.0, self.time - sum(self.compute.values()))
+
+    def __add__(self, other: PartCost) -> PartCost:
+        compute = dict(self.compute)
+        for k, v in other.compute.items():
+            compute[k] = compute.get(k, 0.0) + v
+        return PartCost(
+            self.time + other.time,
+            compute,
+            self.flops + other.flops,
+            self.model_flops + other.model_flops,
+        )
+
+    def scaled(self, factor: float) -> PartCost:
+        return PartCost(
+            self.time * factor,
+            {k: v * factor for k, v in self.compute.items()},
+            round(self.flops * factor),
+            round(self.model_flops * factor),
+        )
+
+
+def category(node: Any) -> str:
+    """The --explain class of a compute node (as the DAG predictor's explain)."""
+    name = node.name.rsplit("/", 1)[-1]
+    if "recompute" in node.name.lower():
+        return "recompute"
+    if name.startswith("optimizer"):
+        return "optimizer"
+    attrs = node.attrs or {}
+    if "attention" in attrs or op_class(name, node.num_ops, node.tensor_size) == "attention":
+        return "attention"
+    if "gemm" in attrs:
+        return "gemm"
+    return "memory-bound"
+
+
+def schedule_part(nodes: Sequence[Any], cost: Mapping[int, float]) -> float:
+    """When the compute stream of a part ends: nodes issue smallest id first on their stream
+    (compute, or their communicator's) once their dependencies inside the part are done, as
+    in the DAG replay; dependencies outside the part are done at 0."""
+    ids = {n.id for n in nodes}
+    children: dict[int, list[Any]] = {n.id: [] for n in nodes}
+    pending: dict[int, int] = {}
+    for n in nodes:
+        deps = [d for d in (*n.data_deps, *n.ctrl_deps) if d in ids]
+        pending[n.id] = len(deps)
+        for d in deps:
+            children[d].append(n)
+    stream_of = {n.id: (n.group_axes if n.type is NodeType.COMM_COLL else ()) for n in nodes}
+    free: dict[tuple[str, ...], float] = {}
+    ready: dict[tuple[str, ...], list[tuple[int, float]]] = {}
+    ready_at: dict[int, float] = {}
+    end_compute = 0.0
+    events: list[tuple[float, int]] = []
+    for n in nodes:
+        if pending[n.id] == 0:
+            ready.setdefault(stream_of[n.id], []).append((n.id, 0.0))
+            ready_at[n.id] = 0.0
+    by_id = {n.id: n for n in nodes}
+
+    def issue() -> None:
+        for stream, queue in ready.items():
+            while queue:
+                queue.sort()
+                nid, at = queue.pop(0)
+                start = max(at, free.get(stream, 0.0))
+                end = start + cost.get(nid, 0.0)
+                free[stream] = end
+                heapq.heappush(events, (end, nid))
+
+    issue()
+    while events:
+        end, nid = heapq.heappop(events)
+        if stream_of[nid] == () and by_id[nid].type is not NodeType.COMM_COLL:
+            end_compute = max(end_compute, end)
+        for child in children[nid]:
+            pending[child.id] -= 1
+            if pending[child.id] == 0:
+                ready.setdefault(stream_of[child.id], []).append((child.id, end))
+        issue()
+    return end_compute
+
+
+# ---------------------------------------------------------------------------------------------
+# The costs of one configuration's parts, from a reduced workload
+
+
+@dataclasses.dataclass
+class Parts:
+    """Per-micro-batch parts and per-iteration collectives of the reduced workload."""
+
+    layer_fwd: PartCost
+    layer_bwd: PartCost
+    embedding_fwd: PartCost
+    embedding_bwd: PartCost
+    head_fwd: PartCost
+    head_bwd: PartCost
+    p2p_bytes: int
+    layer_reductions: dict[tuple[str, ...], float]
+    """per layer, seconds of its gradient reductions on each communicator's stream"""
+    serial_reductions: bool
+    """whether the layers' reductions are chained into the backward's collectives"""
+    embedding_reductions: dict[tuple[str, ...], float]
+    head_reductions: dict[tuple[str, ...], float]
+    after_optimizer: float
+    """ZeRO-1/2: all-gathers of updated shards per layer (plus embedding and head below)"""
+    after_optimizer_embedding: float
+    after_optimizer_head: float
+    optimizer_layer: PartCost
+    optimizer_embedding: PartCost
+    optimizer_head: PartCost
+    stage_optimizer: list[PartCost] | None = None
+    """from a whole workload: each stage's optimizer step as it is (instead of the above)"""
+    stage_after: list[float] | None = None
+    samples: bool = False
+    """a model without a sequence (images): throughput in samples, not tokens"""
+
+
+def reduced_options(
+    o: GenerateOptions, layers_per_stage: int, parameters_only: bool = False
+) -> GenerateOptions:
+    """The options of the small workload that holds the parts of ``o``'s layers
+    (``parameters_only``: one sample per micro-batch and no recomputation, which change no
+    parameter and so no optimizer step: more configurations share that workload)."""
+    pp = min(o.pp, 2)
+    dp = min(o.dp, 2)
+    per_replica = 1 if parameters_only else (o.micro_batch or o.batch) // (o.dp * o.ep)
+    micro = per_replica * dp * o.ep
+    values = o.as_dict()
+    if parameters_only:
+        values.update(activation_recompute="none", precision=())
+    values.update(
+        dp=dp,
+        pp=pp,
+        num_stacks=pp * layers_per_stage,
+        virtual_stages=1,
+        pipeline_schedule="1f1b",
+        batch=micro,
+        micro_batch=micro,
+    )
+    return GenerateOptions(**values)
+
+
+def _segment(name: str) -> tuple[str, str, bool]:
+    """(part, phase, per micro-batch) of a node name: ``mb3/layer7/bwd/fc1`` is
+    ``("layer7", "bwd", True)``; ``layer7/grad_all_reduce_dp`` ``("layer7", "", False)``."""
+    parts = name.split("/")
+    if parts[0].startswith("mb") and parts[0][2:].isdigit():
+        part = parts[1] if len(parts) > 1 else ""
+        phase = parts[2] if len(parts) > 3 and parts[2] in ("fwd", "bwd", "recompute") else "fwd"
+        if part.startswith(("send_", "recv_")):
+            return part, "p2p", True
+        return part, "bwd" if phase == "recompute" else phase, True
+    return parts[0], "", False
+
+
+def _part_cost(nodes: list[Any], price: Any) -> PartCost:
+    cost: dict[int, float] = {}
+    compute: dict[str, float] = {}
+    flops = model = 0
+    for n in nodes:
+        seconds = price(n)
+        cost[n.id] = seconds
+        if n.type is not NodeType.COMM_COLL:
+            key = category(n)
+            compute[key] = compute.get(key, 0.0) + seconds
+            flops += n.num_ops
+            if key != "recompute":
+                model += n.num_ops
+    return PartCost(schedule_part(nodes, cost), compute, flops, model)
+
+
+@dataclasses.dataclass
+class _Index:
+    """A rank class's nodes by part: the first micro-batch's ``(part, phase)`` (without
+    sends and receives), per-iteration collectives by part, the optimizer step."""
+
+    parts: dict[tuple[str, str], list[Any]]
+    iteration: dict[str, list[Any]]
+    optimizer: Any
+
+
+_INDEXES: dict[int, tuple[Any, _Index]] = {}
+
+
+def _index(rank_class: Any) -> _Index:
+    cached = _INDEXES.get(id(rank_class))
+    if cached is not None and cached[0] is rank_class:
+        return cached[1]
+    parts: dict[tuple[str, str], list[Any]] = {}
+    iteration: dict[str, list[Any]] = {}
+    optimizer = None
+    for n in rank_class.nodes:
+        if n.name == "optimizer_step":
+            optimizer = n
+        seg, phase, per_mb = _segment(n.name)
+        if per_mb:
+            # the first micro-batch's parts stand for every micro-batch's
+            if n.name.startswith("mb0/") and n.type not in (
+                NodeType.COMM_SEND,
+                NodeType.COMM_RECV,
+            ):
+                parts.setdefault((seg, phase), []).append(n)
+        elif n.type is NodeType.COMM_COLL:
+            iteration.setdefault(seg, []).append(n)
+    index = _Index(parts, iteration, optimizer)
+    if len(_INDEXES) > 4096:
+        _INDEXES.clear()
+    _INDEXES[id(rank_class)] = (rank_class, index)
+    return index
+
+
+class _Pricer:
+    def __init__(
+        self,
+        o: GenerateOptions,
+        system: System,
+        kernels: KernelTable | None,
+        gather_scale: float,
+    ) -> None:
+        self.o, self.system, self.kernels = o, system, kernels
+        self.gather_scale = gather_scale
+        self.shapes: dict[tuple[str, ...], tuple[int, ...]] = {}
+
+    def shape(self, axes: tuple[str, ...]) -> tuple[int, ...]:
+        if axes not in self.shapes:
+            self.shapes[axes] = group_shape(group_members(axes, self.o), self.system)
+        return self.shapes[axes]
+
+    def __call__(self, node: Any, scale: float = 1.0) -> float:
+        if node.type is NodeType.COMM_COLL:
+            size = node.comm_size
+            if node.comm_type in GATHERS and "dp" in node.group_axes:
+                size = size * self.gather_scale  # a shard of dp_r ways priced at dp ways
+            return collective_time(node.comm_type, size, self.shape(node.group_axes), self.system)
+        if node.type in (NodeType.COMP, NodeType.MEM_LOAD, NodeType.MEM_STORE):
+            if scale != 1.0:
+                node = dataclasses.replace(
+                    node,
+                    num_ops=round(node.num_ops * scale),
+                    tensor_size=round(node.tensor_size * scale),
+                )
+            attrs = node.attrs or {}
+            key = (
+                tuple(self.kernels.names()) if self.kernels else (),
+                self.o.dtype,
+                self.o.profile,
+                node.name.rsplit("/", 1)[-1],
+                node.num_ops,
+                node.tensor_size,
+                node.dtype,
+                attrs.get("gemm"),
+                attrs.get("attention"),
+            )
+            # prices memoised on the system object (frozen: its prices never change)
+            prices = self.system.__dict__.setdefault("_analytical_prices", {})
+            seconds = prices.get(key)
+            if seconds is None:
+                if len(prices) > 200_000:
+                    prices.clear()
+                seconds = prices[key] = compute_time(
+                    node, self.system, self.o.dtype, self.kernels, self.o.profile, None
+                )
+            return seconds
+        return 0.0
+
+
+def analyse(
+    o: GenerateOptions,
+    system: System,
+    kernels: KernelTable | None,
+    registry: Any,
+    workload: Any = None,
+) -> Parts:
+    """Build the reduced workloads (one and two layers per stage) and price their parts; or,
+    given the whole ``workload`` of ``o``, price the parts of its own rank classes."""
+    if workload is not None:
+        one = one_p = two = workload
+        dp_r = o.dp
+    else:
+        one = _build(reduced_options(o, 1), registry)
+        one_p = _build(reduced_options(o, 1, parameters_only=True), registry)
+        two = _build(reduced_options(o, 2, parameters_only=True), registry)
+        dp_r = min(o.dp, 2)
+    sharded = bool(o.zero or o.weight_sharded)
+    pricer = _Pricer(o, system, kernels, dp_r / o.dp if sharded else 1.0)
+    first, last = one.rank_classes[0], one.rank_classes[-1]
+    first2, last2 = two.rank_classes[0], two.rank_classes[-1]
+
+    def pick(rank_class: Any, part: str, phase: str) -> list[Any]:
+        return _index(rank_class).parts.get((part, phase), [])
+
+    layer = "layer0"
+    p2p = next((n.comm_size for n in first.nodes if n.type is NodeType.COMM_SEND), 0) or next(
+        (n.comm_size for n in last.nodes if n.type is NodeType.COMM_SEND), 0
+    )
+
+    def reductions(rank_class: Any, part: str, after: bool) -> dict[tuple[str, ...], float]:
+        """Per-iteration collectives of ``part``: gradient reductions (before the optimizer
+        step) or all-gathers of updated shards (``after``)."""
+        out: dict[tuple[str, ...], float] = {}
+        for n in _index(rank_class).iteration.get(part, []):
+            is_after = n.comm_type in GATHERS
+            if is_after != after:
+                continue
+            out[n.group_axes] = out.get(n.group_axes, 0.0) + pricer(n)
+        return out
+
+    def optimizer(rank_class: Any) -> Any:
+        return _index(rank_class).optimizer
+
+    shard_scale = dp_r / o.dp if sharded else 1.0
+
+    def opt_cost(node: Any, scale: float) -> PartCost:
+        if node is None or scale <= 0:
+            return PartCost()
+        seconds = pricer(node, scale * shard_scale)
+        flops = round(node.num_ops * scale * shard_scale)
+        return PartCost(seconds, {"optimizer": seconds}, flops, flops)
+
+    # the optimizer step of a stage is linear in its parameters: two layers minus one layer
+    # is one layer's share; the rest of stage 0's is the embedding's, of the last the head's
+    opt1_first, opt2_first = optimizer(one_p.rank_classes[0]), optimizer(first2)
+    opt1_last, opt2_last = optimizer(one_p.rank_classes[-1]), optimizer(last2)
+    optimizer_layer = PartCost()
+    optimizer_embedding = optimizer_head = PartCost()
+    if opt1_first is not None and opt2_first is not None:
+        delta_ops = opt2_first.num_ops - opt1_first.num_ops
+        delta_size = opt2_first.tensor_size - opt1_first.tensor_size
+        per_layer = dataclasses.replace(opt1_first, num_ops=delta_ops, tensor_size=delta_size)
+        optimizer_layer = opt_cost(per_layer, 1.0)
+        stem = dataclasses.replace(
+            opt1_first,
+            num_ops=opt1_first.num_ops - delta_ops,
+            tensor_size=opt1_first.tensor_size - delta_size,
+        )
+        stem_last = None
+        if opt1_last is not None and opt2_last is not None and len(one_p.rank_classes) > 1:
+            stem_last = dataclasses.replace(
+                opt1_last,
+                num_ops=opt1_last.num_ops - delta_ops,
+                tensor_size=opt1_last.tensor_size - delta_size,
+            )
+        optimizer_embedding = opt_cost(stem, 1.0)
+        optimizer_head = opt_cost(stem_last, 1.0) if stem_last is not None else PartCost()
+        # one stage (pp = 1): embedding and head share one stem, counted once
+    layer_red = reductions(first, layer, after=False)
+    # a reduction followed by a collective on a communicator the layers' backward uses (ZeRO's
+    # reduce-scatter, then the tensor-parallel all-reduce of replicated weights) joins that
+    # communicator's stream in order: the next layer's backward collectives wait for it
+    bwd_streams = {n.group_axes for n in pick(first, layer, "bwd") if n.type is NodeType.COMM_COLL}
+    serial = len(layer_red) > 1 and any(axes in bwd_streams for axes in layer_red)
+    stage_optimizer = stage_after = None
+    if workload is not None:
+        by_stage: dict[int, Any] = {}
+        for rank_class in workload.rank_classes:
+            by_stage.setdefault(rank_class.stage, rank_class)
+        stages = [by_stage[s] for s in sorted(by_stage)]
+        stage_optimizer = [opt_cost(optimizer(c), 1.0) for c in stages]
+        stage_after = [
+            sum(
+                pricer(n)
+                for n in c.nodes
+                if n.type is NodeType.COMM_COLL
+                and n.comm_type in GATHERS
+                and not _segment(n.name)[2]
+            )
+            for c in stages
+        ]
+    return Parts(
+        stage_optimizer=stage_optimizer,
+        stage_after=stage_after,
+        layer_fwd=_part_cost(pick(first, layer, "fwd"), pricer),
+        layer_bwd=_part_cost(pick(first, layer, "bwd"), pricer),
+        embedding_fwd=_part_cost(pick(first, "embedding", "fwd"), pricer),
+        embedding_bwd=_part_cost(pick(first, "embedding", "bwd"), pricer),
+        head_fwd=_part_cost(pick(last, "head", "fwd"), pricer),
+        head_bwd=_part_cost(pick(last, "head", "bwd"), pricer),
+        p2p_bytes=p2p,
+        layer_reductions=layer_red,
+        serial_reductions=serial,
+        embedding_reductions=reductions(first, "embedding", after=False),
+        head_reductions=reductions(last, "head", after=False),
+        after_optimizer=sum(reductions(first, layer, after=True).values()),
+        after_optimizer_embedding=sum(reductions(first, "embedding", after=True).values()),
+        after_optimizer_head=sum(reductions(last, "head", after=True).values()),
+        optimizer_layer=optimizer_layer,
+        optimizer_embedding=optimizer_embedding,
+        optimizer_head=optimizer_head,
+        samples=bool(first.facts.get("stackless")),
+    )
+
+
+_REGISTRIES: dict[int, Any] = {}
+
+
+def _build(options: GenerateOptions, registry: Any) -> Any:
+    _REGISTRIES[id(registry)] = registry
+    return _cached_build(options, id(registry))
+
+
+@lru_cache(maxsize=2048)
+def _cached_build(options: GenerateOptions, registry_id: int) -> Any:
+    return build_workload(options, _REGISTRIES[registry_id])
+
+
+# ---------------------------------------------------------------------------------------------
+# Composition
+
+
+def _tail(ready: Sequence[float], costs: Sequence[float]) -> float:
+    """When a stream that runs ``costs[k]`` once ``ready[k]`` has passed finishes (k in order)."""
+    finish = 0.0
+    for r, c in zip(ready, costs, strict=True):
+        finish = max(finish, r) + c
+    return finish
+
+
+def _optimizer_of(parts: Parts, s: int, p: int, layers: int) -> tuple[PartCost, float]:
+    """Stage ``s``'s optimizer step and the ZeRO all-gathers after it."""
+    if parts.stage_optimizer is not None and parts.stage_after is not None:
+        return parts.stage_optimizer[s], parts.stage_after[s]
+    optimizer = parts.optimizer_layer.scaled(layers)
+    after = parts.after_optimizer * layers
+    if s == 0:
+        optimizer = optimizer + parts.optimizer_embedding
+        after += parts.after_optimizer_embedding
+    if s == p - 1 and p > 1:
+        optimizer = optimizer + parts.optimizer_head
+        after += parts.after_optimizer_head
+    return optimizer, after
+
+
+def predict_options(
+    options: Mapping[str, Any] | GenerateOptions,
+    system: System | str = "a100-80g",
+    *,
+    registry: Any = None,
+    kernels: KernelTable | Iterable[Any] | None = None,
+    explain: bool = False,
+    workload: Any = None,
+    **_: Any,
+) -> dict[str, Any]:
+    """The report of the analytical predictor from generation options (see the module); with
+    ``workload`` (built from these options) its own rank classes are priced."""
+    if registry is None and workload is None:
+        raise UserError("the analytical predictor needs the registry (the model to build)")
+    system = load_system(system)
+    o = options if isinstance(options, GenerateOptions) else GenerateOptions(**dict(options))
+    if is_hybrid(system):
+        raise UserError(
+            f"the analytical predictor prices one kind of GPU; hybrid system {system.name!r} "
+            "(device groups) needs the time predictor (--predictor time)"
+        )
+    phase = getattr(o, "phase", "training")
+    if phase != "training":
+        raise UserError(
+            f"the analytical predictor models training iterations; phase={phase} needs the "
+            "serving or time predictor (--predictor serving|time)"
+        )
+    world = o.world_size
+    if system.capacity and world > system.capacity:
+        raise UserError(f"{world} ranks do not fit system {system.name!r} ({system.capacity} GPUs)")
+    table = kernel_table(kernels, system.name)
+    parts = analyse(o, system, table, registry, workload)
+    p, v = o.pp, o.virtual_stages
+    m = o.micro_batches
+    base, extra = divmod(o.num_stacks, p * v)
+    chunk_layers = [base + (1 if c < extra else 0) for c in range(p * v)]
+    layers = [sum(chunk_layers[c] for c in range(s, p * v, p)) for s in range(p)]
+    fwd: list[PartCost] = []
+    bwd: list[PartCost] = []
+    for s in range(p):
+        f = parts.layer_fwd.scaled(layers[s])
+        b = parts.layer_bwd.scaled(layers[s])
+        if s == 0:
+            f, b = f + parts.embedding_fwd, b + parts.embedding_bwd
+        if s == p - 1:
+            f, b = f + parts.head_fwd, b + parts.head_bwd
+        fwd.append(f)
+        bwd.append(b)
+    stride_pp = strides(o)["pp"]
+    t_p2p = 0.0
+    if p > 1 and parts.p2p_bytes:
+        t_p2p = max(
+            send_time(
+                parts.p2p_bytes, link_dimension(s * stride_pp, (s + 1) * stride_pp, system), system
+            )
+            for s in range(p - 1)
+        )
+    per_stage = [fwd[s].time + bwd[s].time for s in range(p)]
+    slowest = max(per_stage)
+    if v > 1:
+        pipe = sum(per_stage) / v + (m - 1 / v) * slowest + 2 * (p * v - 1) * t_p2p
+    else:
+        pipe = sum(per_stage) + (m - 1) * slowest + 2 * (p - 1) * t_p2p
+    # each stage: gradient reductions after its last backward, optimizer, ZeRO all-gathers
+    ends = []
+    drain = 0.0
+    details = []
+    for s in range(p):
+        end_backward = pipe - drain
+        drain += bwd[s].time + t_p2p
+        # ready times of the reductions during the last micro-batch's backward, head first
+        start = end_backward - bwd[s].time
+        clock = start
+        ready: dict[tuple[str, ...], list[tuple[float, float]]] = {}
+        if s == p - 1:
+            clock += parts.head_bwd.time
+            for axes, c in parts.head_reductions.items():
+                ready.setdefault(axes, []).append((clock, c))
+        for _ in range(layers[s]):
+            clock += parts.layer_bwd.time
+            for axes, c in parts.layer_reductions.items():
+                ready.setdefault(axes, []).append((clock, c))
+        if s == 0:
+            clock += parts.embedding_bwd.time
+            for axes, c in parts.embedding_reductions.items():
+                ready.setdefault(axes, []).append((clock, c))
+        finish = end_backward
+        if parts.serial_reductions:
+            # in the last micro-batch each layer's backward waits for the previous layer's
+            # reductions: they add up on the critical path
+            end_backward += layers[s] * sum(parts.layer_reductions.values())
+            finish = end_backward
+            ready = {
+                axes: [(end_backward, sum(c for _, c in queue[:1]))]
+                for axes, queue in ready.items()
+                if axes not in parts.layer_reductions
+            }
+        for queue in ready.values():
+            finish = max(finish, _tail([r for r, _ in queue], [c for _, c in queue]))
+        optimizer, after = _optimizer_of(parts, s, p, layers[s])
+        end = finish + optimizer.time + after
+        ends.append(end)
+        details.append((end_backward, finish - end_backward, optimizer, after))
+    iteration = max(ends)
+    critical = ends.index(iteration)
+    end_backward, dp_tail, optimizer, after = details[critical]
+    ranks_per_stage = world // p
+    model_flops = hardware_flops = 0
+    for s in range(p):
+        opt = _optimizer_of(parts, s, p, layers[s])[0]
+        hardware_flops += ranks_per_stage * (m * (fwd[s].flops + bwd[s].flops) + opt.flops)
+        model_flops += ranks_per_stage * (
+            m * (fwd[s].model_flops + bwd[s].model_flops) + opt.model_flops
+        )
+    peak = system.peak(o.dtype)
+    compute: dict[str, float] = {}
+    busiest = max(range(p), key=lambda s: per_stage[s])
+    for part in (fwd[busiest], bwd[busiest]):
+        for k, seconds in part.compute.items():
+            compute[k] = compute.get(k, 0.0) + m * seconds
+    exposed_tp = m * (fwd[busiest].exposed + bwd[busiest].exposed)
+    p2p_total = 2 * ((p * v - 1) if v > 1 else (p - 1)) * t_p2p
+    bubble = max(0.0, end_backward - m * per_stage[busiest] - p2p_total)
+    report: dict[str, Any] = {
+        "predictor": "analytical",
+        "system": system.name,
+        "world_size": world,
+        "iteration_time_s": iteration,
+        "model_flops": model_flops,
+        "hardware_flops": hardware_flops,
+        "mfu": model_flops / (iteration * world * peak) if iteration > 0 else 0.0,
+        "hfu": hardware_flops / (iteration * world * peak) if iteration > 0 else 0.0,
+        "peak_flops_per_gpu": peak,
+        **(
+            {"samples_per_s": o.batch / iteration if iteration > 0 else 0.0}
+            if parts.samples
+            else {"tokens_per_s": o.batch * o.seq / iteration if iteration > 0 else 0.0}
+        ),
+        "bubble_s": bubble,
+        "exposed_communication_s": exposed_tp + p2p_total + dp_tail + after,
+        "stage_times_s": [
+            {"forward": f.time, "backward": b.time} for f, b in zip(fwd, bwd, strict=True)
+        ],
+    }
+    if explain:
+        breakdown = {f"compute: {k}": v_ for k, v_ in compute.items()}
+        breakdown["compute: optimizer"] = breakdown.get("compute: optimizer", 0.0) + optimizer.time
+        breakdown["communication: exposed in layers (tp, fsdp)"] = exposed_tp
+        breakdown["communication: p2p"] = p2p_total
+        breakdown["communication: gradient reduction tail"] = dp_tail
+        breakdown["communication: zero all-gather"] = after
+        accounted = sum(breakdown.values())
+        breakdown["wait"] = max(0.0, iteration - accounted)
+        breakdown = {k: s for k, s in breakdown.items() if s > 1e-9 * iteration}
+        report["explain"] = {
+            "iteration_time_s": iteration,
+            "breakdown_s": dict(sorted(breakdown.items(), key=lambda kv: -kv[1])),
+        }
+    return report
+
+
+def predict_analytical(
+    workload: Any,
+    system: System | str = "a100-80g",
+    *,
+    kernels: KernelTable | Iterable[Any] | None = None,
+    explain: bool = False,
+    registry: Any = None,
+    **_: Any,
+) -> dict[str, Any]:
+    """The analytical report of a generated workload: its rank classes' parts composed with
+    the options it records."""
+    options = workload.metadata.get("options") if workload.metadata else None
+    if not options:
+        raise UserError("the analytical predictor needs the generation options of the workload")
+    names = {f.name for f in dataclasses.fields(GenerateOptions)}
+    values = {k: (tuple(map(tuple, v)) if k == "precision" else v) for k, v in options.items()}
+    o = GenerateOptions(**{k: v for k, v in values.items() if k in names})
+    return predict_options(
+        o, system, registry=registry, kernels=kernels, explain=explain, workload=workload
+    )
+
+
+@stg.hookimpl
+def stg_register_predictors(register: Any) -> None:
+    register(
+        Predictor(
+            name="analytical",
+            predict=predict_analytical,
+            predict_options=predict_options,
+            description="closed form over per-layer costs (same kernel and collective models "
+            "as time): pipeline bubble, exposed communication, MFU; for sweeps and search",
+        )
+    )
+
+
+__all__ = ["predict_analytical", "predict_options", "schedule_part"]

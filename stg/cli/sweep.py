@@ -1,0 +1,384 @@
+"""``stg sweep [SPEC]``: predict every configuration of a design space and tabulate them.
+
+SPEC is a TOML or YAML file of options (a scalar is fixed, a list or a range is swept); the
+same ranges can be given inline (``--dp 1,2,4,8 --tp 1..8 --pp pow2:1..16``), and win over
+the file. See docs/exploration.md.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from stg.cli import err_console, get_registry
+from stg.cli._shared import option_names, print_table
+from stg.errors import UserError
+
+app = typer.Typer(add_completion=False)
+
+
+def _option_parameters() -> list[inspect.Parameter]:
+    from stg.explore.space import option_fields
+
+    params = []
+    for name in option_fields():
+        params.append(
+            inspect.Parameter(
+                name,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=typer.Option(
+                    None,
+                    *option_names(name),
+                    help="Values: V, V1,V2,..., A..B or pow2:A..B.",
+                    show_default=False,
+                    metavar="VALUES",
+                    rich_help_panel="Swept options (any option of stg generate)",
+                ),
+                annotation=Optional[str],  # noqa: UP045 (typer needs a runtime type object)
+            )
+        )
+    return params
+
+
+def _own_parameters() -> list[inspect.Parameter]:
+    kw = inspect.Parameter.KEYWORD_ONLY
+
+    def opt(name: str, default: Any, *decls: str, help: str, annotation: Any, **extra: Any):
+        return inspect.Parameter(
+            name,
+            kw,
+            default=typer.Option(default, *decls, help=help, **extra),
+            annotation=annotation,
+        )
+
+    return [
+        inspect.Parameter(
+            "spec",
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            default=typer.Argument(
+                None, help="A TOML or YAML file of options.", show_default=False, metavar="[SPEC]"
+            ),
+            annotation=Optional[str],  # noqa: UP045
+        ),
+        opt(
+            "system",
+            None,
+            "--system",
+            "-s",
+            help="Systems: presets or system files, comma-separated (default: a100-80g).",
+            annotation=Optional[str],  # noqa: UP045
+            metavar="NAMES",
+        ),
+        opt(
+            "predictor",
+            "analytical",
+            "--predictor",
+            help="analytical (closed form, fast) or time (the DAG replay), or a plugin's.",
+            annotation=str,
+            metavar="NAME",
+        ),
+        opt(
+            "out",
+            "sweep",
+            "--out",
+            "-o",
+            help="Directory of the results (rows.jsonl, results.csv, results.parquet).",
+            annotation=str,
+            metavar="DIR",
+        ),
+        opt(
+            "engine",
+            "local",
+            "--engine",
+            help="local (a process pool of --jobs workers) or dask (--scheduler).",
+            annotation=str,
+            metavar="local|dask",
+        ),
+        opt(
+            "jobs",
+            0,
+            "--jobs",
+            "-j",
+            help="Local worker processes (0: every core).",
+            annotation=int,
+        ),
+        opt(
+            "scheduler",
+            None,
+            "--scheduler",
+            help="Dask scheduler: tcp://HOST:PORT, or local:N to start a LocalCluster of N "
+            "workers.",
+            annotation=Optional[str],  # noqa: UP045
+            metavar="ADDRESS",
+        ),
+        opt(
+            "simulate",
+            None,
+            "--simulate",
+            help="Also write each configuration's traces and run this command on them; "
+            "{prefix}, {ranks}, {comm_group} and {dir} are replaced.",
+            annotation=Optional[str],  # noqa: UP045
+            metavar="CMD",
+        ),
+        opt(
+            "metric",
+            None,
+            "--metric",
+            help="NAME=REGEX: a figure of the simulator's output (the first group, or the "
+            "match) as column metric_NAME; repeatable.",
+            annotation=Optional[list[str]],  # noqa: UP045
+            metavar="NAME=REGEX",
+        ),
+        opt(
+            "sim_timeout",
+            600.0,
+            "--sim-timeout",
+            help="Seconds a simulator run may take.",
+            annotation=float,
+        ),
+        opt(
+            "keep",
+            False,
+            "--keep",
+            help="Keep the traces of --simulate under DIR/traces/<id>.",
+            annotation=bool,
+        ),
+        opt(
+            "plot",
+            False,
+            "--plot",
+            help="Write DIR/sweep.html (plotly) and DIR/sweep.png (matplotlib): time against "
+            "memory with the Pareto front, MFU against each swept option.",
+            annotation=bool,
+        ),
+        opt("as_json", False, "--json", help="Print the summary as JSON.", annotation=bool),
+    ]
+
+
+def sweep(**values: Any) -> None:
+    """Predict every configuration of a design space; write a results table."""
+    from stg.explore.space import SYSTEM_KEY, config_id, enumerate_configs, load_spec, make_spec
+    from stg.explore.sweep import Context, Simulation, need, parse_metrics, run_sweep
+    from stg.perf.system import load_system
+    from stg.trace.parallel import resolve_jobs
+
+    spec_path = values.pop("spec")
+    system_values = values.pop("system")
+    predictor = values.pop("predictor")
+    out = Path(values.pop("out"))
+    engine = values.pop("engine")
+    jobs = values.pop("jobs")
+    scheduler = values.pop("scheduler")
+    simulate = values.pop("simulate")
+    metrics = parse_metrics(values.pop("metric") or [])
+    sim_timeout = values.pop("sim_timeout")
+    keep = values.pop("keep")
+    plot = values.pop("plot")
+    as_json = values.pop("as_json")
+    if engine not in ("local", "dask"):
+        raise UserError(f"--engine {engine!r} is not allowed; allowed: local, dask")
+    if engine == "dask":
+        need("distributed", "--engine dask")
+        if scheduler is None:
+            raise UserError("--engine dask needs --scheduler tcp://HOST:PORT or local:N")
+    elif scheduler is not None:
+        raise UserError("--scheduler needs --engine dask")
+    if metrics and simulate is None:
+        raise UserError("--metric needs --simulate")
+    if keep and simulate is None:
+        raise UserError("--keep needs --simulate")
+    if sim_timeout <= 0:
+        raise UserError(f"--sim-timeout {sim_timeout}: must be positive")
+    if simulate is not None:
+        _check_template(simulate)
+    if plot:
+        need("plotly", "--plot")
+        need("matplotlib", "--plot")
+    need("pyarrow", "the Parquet results table")
+    jobs = resolve_jobs(jobs)
+    registry = get_registry()
+    registry.predictors.get(predictor)
+    file_values = load_spec(spec_path) if spec_path is not None else {}
+    inline = {k: v for k, v in values.items() if v is not None}
+    if system_values is not None:
+        inline[SYSTEM_KEY] = system_values
+    spec = make_spec(file_values, inline)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out}: not a directory")
+    systems = {name: load_system(name) for name in spec.axes[SYSTEM_KEY]}
+    capacity = {name: s.capacity for name, s in systems.items()}
+    configs, invalid = enumerate_configs(spec, registry, capacity)
+    system_data = {name: s.as_dict() for name, s in systems.items()}
+    run = {"predictor": predictor, "simulate": simulate, "metrics": metrics}
+    tasks = []
+    option_rows = {}
+    for config in configs:
+        ident = config_id(config, system_data[config.system], run)
+        tasks.append((ident, config.index, config.options, config.system))
+        option_rows[ident] = config.option_values()
+    from typer._click.globals import get_current_context
+
+    from stg.cli import _plugins_of
+
+    context = Context(
+        predictor=predictor,
+        systems=system_data,
+        plugins=_plugins_of(get_current_context()),
+        simulation=None
+        if simulate is None
+        else Simulation(
+            simulate, metrics, sim_timeout, str((out / "traces").absolute()) if keep else None
+        ),
+    )
+    console = err_console()
+    first = (
+        [*spec.swept, *(k for k in option_rows[tasks[0][0]] if k not in spec.swept)]
+        if tasks
+        else []
+    )
+    first = [c for c in first if c != SYSTEM_KEY]
+    first.insert(0, SYSTEM_KEY)
+    with _progress(console) as progress:
+        try:
+            result = run_sweep(
+                tasks,
+                option_rows,
+                context,
+                out,
+                engine=engine,
+                jobs=jobs,
+                scheduler=scheduler,
+                first_columns=first,
+                progress=progress,
+            )
+        except OSError as exc:
+            raise UserError(f"cannot write {exc.filename or out}: {exc.strerror or exc}") from None
+    files = list(result.files)
+    if plot:
+        from stg.explore.plots import plot_sweep
+
+        files.extend(plot_sweep(result.rows, spec.swept, out))
+    _report(console, spec, configs, invalid, result, files, as_json)
+
+
+def _check_template(command: str) -> None:
+    try:
+        command.format(prefix="p", ranks=1, comm_group="g", dir="d")
+    except (KeyError, IndexError, ValueError) as exc:
+        raise UserError(
+            f"--simulate {command!r}: unknown placeholder {exc}; allowed: {{prefix}}, {{ranks}}, "
+            "{comm_group}, {dir} (write {{ and }} for braces)"
+        ) from None
+
+
+class _progress:
+    """A rich progress bar with ETA on a terminal; nothing otherwise."""
+
+    def __init__(self, console: Any) -> None:
+        self.console = console
+        self.bar: Any = None
+        self.task: Any = None
+
+    def __enter__(self) -> Any:
+        if not self.console.is_terminal:
+            return None
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self.bar = Progress(
+            TextColumn("configurations"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+            console=self.console,
+            transient=True,
+        )
+        self.bar.__enter__()
+
+        def update(done: int, total: int) -> None:
+            if self.task is None:
+                self.task = self.bar.add_task("sweep", total=total, completed=done)
+            self.bar.update(self.task, completed=done, total=total)
+
+        return update
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+
+
+def _report(
+    console: Any,
+    spec: Any,
+    configs: list[Any],
+    invalid: Any,
+    result: Any,
+    files: list[Path],
+    as_json: bool,
+) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    ok = [r for r in result.rows if r.get("status") == "ok" and r.get("iteration_time_s")]
+    fits = [r for r in ok if r.get("fits")]
+    best = min(fits or ok, key=lambda r: r["iteration_time_s"], default=None)
+    summary = {
+        "configurations": spec.size,
+        "valid": len(configs),
+        "invalid": sum(invalid.values()),
+        "invalid_by_reason": dict(sorted(invalid.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "evaluated": result.evaluated,
+        "resumed": result.resumed,
+        "errors": sum(1 for r in result.rows if r.get("status") != "ok"),
+        "fit_in_memory": len(fits),
+        "files": [str(f) for f in files],
+        "best": None
+        if best is None
+        else {k: best.get(k) for k in ("config", "system", *spec.swept, "iteration_time_s", "mfu")},
+    }
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2, sort_keys=True, default=str))
+        return
+    out = Console(highlight=False)
+    out.print(
+        f"{spec.size:,} configurations: {len(configs):,} valid ({result.evaluated:,} evaluated, "
+        f"{result.resumed:,} already done), {summary['invalid']:,} invalid, "
+        f"{summary['errors']:,} failed; {len(fits):,} fit in memory"
+    )
+    if invalid:
+        table = Table(title="invalid configurations by reason", title_justify="left")
+        table.add_column("configurations", justify="right")
+        table.add_column("reason")
+        for reason, count in summary["invalid_by_reason"].items():
+            table.add_row(f"{count:,}", reason)
+        print_table(out, table)
+    if best is not None:
+        keys = ("system", *(k for k in spec.swept if k != "system"))
+        chosen = ", ".join(f"{k}={best.get(k)}" for k in keys if k in best)
+        out.print(
+            f"fastest{' that fits' if fits else ''}: {chosen}: "
+            f"{best['iteration_time_s']:.4g} s, MFU {100 * (best.get('mfu') or 0):.1f} %"
+        )
+    for path in files:
+        out.print(f"wrote {path}")
+
+
+sweep.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+    _own_parameters() + _option_parameters(), return_annotation=None
+)
+sweep.__annotations__ = {p.name: p.annotation for p in _own_parameters() + _option_parameters()} | {
+    "return": None
+}
+app.command("sweep")(sweep)

@@ -1,0 +1,298 @@
+"""``stg search``: the best parallel plans for a model, a GPU count, a global batch and a system.
+
+Like Calculon's llm-optimal-execution, the search enumerates the plans (dp, tp, pp, ep, cp,
+micro-batch, recompute, ZeRO / FSDP, schedule and virtual stages) whose degrees multiply to
+the GPU count, then:
+
+1. drops those the divisibility rules reject (:func:`stg.core.pipeline.validate_options`);
+2. drops those whose peak memory (the memory predictor's closed forms) exceeds the GPU;
+3. bounds the time of the rest from below in closed form: no plan runs faster than its model
+   FLOPs at the GPU's peak, stretched by the pipeline's fill and drain,
+   ``T ≥ W / (N · peak) · (1 + (p - 1) / (m · v))`` (W: the FLOPs of one iteration without
+   recomputation, the same for every plan; N GPUs; p stages, m micro-batches, v chunks);
+   plans are priced by the analytical predictor in increasing order of that bound, and the
+   search stops when the bound exceeds the k-th best time found;
+4. prices the best candidates again with the full DAG predictor (``time``) and ranks them by
+   that.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from stg.core.options import GenerateOptions
+from stg.errors import UserError
+
+PLAN_FIELDS = (
+    "dp",
+    "tp",
+    "pp",
+    "ep",
+    "sp",
+    "micro_batch",
+    "activation_recompute",
+    "zero",
+    "weight_sharded",
+    "pipeline_schedule",
+    "virtual_stages",
+)
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """The values each plan axis may take (``None``: derived from the model and GPU count)."""
+
+    tp: Sequence[int] | None = None
+    pp: Sequence[int] | None = None
+    sp: Sequence[int] = (1,)
+    ep: Sequence[int] | None = None
+    micro_batch_per_replica: Sequence[int] | None = None
+    recompute: Sequence[str] = ("none", "selective", "full")
+    sharding: Sequence[str] = ("0", "1", "2", "fsdp")
+    schedules: Sequence[str] = ("1f1b", "interleaved")
+    virtual_stages: Sequence[int] = (2, 3, 4)
+
+
+@dataclass
+class Candidate:
+    options: GenerateOptions
+    bound_s: float
+    analytical: dict[str, Any] | None = None
+    dag: dict[str, Any] | None = None
+    memory: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def time_s(self) -> float:
+        report = self.dag or self.analytical or {}
+        return float(report.get("iteration_time_s", float("inf")))
+
+    def plan(self) -> dict[str, Any]:
+        o = self.options
+        return {
+            "dp": o.dp,
+            "tp": o.tp,
+            "pp": o.pp,
+            "ep": o.ep,
+            "cp": o.sp,
+            "micro_batch": o.micro_batch or o.batch,
+            "micro_batches": o.micro_batches,
+            "recompute": o.activation_recompute,
+            "zero": 3 if o.weight_sharded else o.zero,
+            "schedule": o.pipeline_schedule,
+            "virtual_stages": o.virtual_stages,
+        }
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"plan": self.plan(), "lower_bound_s": self.bound_s}
+        out["peak_memory_bytes"] = self.memory.get("peak_bytes")
+        if self.analytical is not None:
+            out["analytical"] = {
+                k: self.analytical.get(k)
+                for k in ("iteration_time_s", "mfu", "tokens_per_s", "explain")
+            }
+        if self.dag is not None:
+            out["time"] = {
+                k: self.dag.get(k) for k in ("iteration_time_s", "mfu", "tokens_per_s", "explain")
+            }
+        return out
+
+
+@dataclass
+class SearchResult:
+    best: list[Candidate]
+    enumerated: int
+    pruned: Counter[str]
+    priced: int
+    refined: int
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _pow2_upto(n: int) -> list[int]:
+    out, v = [], 1
+    while v <= n:
+        out.append(v)
+        v *= 2
+    return out
+
+
+def plans(base: GenerateOptions, gpus: int, space: SearchSpace) -> list[GenerateOptions]:
+    """Every combination of the space whose degrees multiply to ``gpus`` (unchecked)."""
+    tps = space.tp or [t for t in _pow2_upto(min(gpus, 8))]
+    pps = space.pp or [p for p in _divisors(gpus) if p <= base.num_stacks]
+    moe = base.model.lower().startswith("moe")
+    eps = space.ep or ([e for e in _divisors(gpus) if base.experts % e == 0] if moe else [1])
+    out = []
+    for tp, pp, sp, ep in itertools.product(tps, pps, space.sp, eps):
+        if gpus % (tp * pp * sp * ep):
+            continue
+        dp = gpus // (tp * pp * sp * ep)
+        replicas = dp * ep
+        if base.batch % replicas:
+            continue
+        per_replica = base.batch // replicas
+        sizes = space.micro_batch_per_replica or _pow2_upto(per_replica)
+        for b in sizes:
+            if per_replica % b:
+                continue
+            micro = b * replicas
+            m = base.batch // micro
+            schedules: list[tuple[str, int]] = []
+            for name in space.schedules:
+                if name == "interleaved":
+                    schedules.extend(("interleaved", v) for v in space.virtual_stages if pp > 1)
+                else:
+                    schedules.append((name, 1))
+            for (schedule, v), recompute, sharding in itertools.product(
+                schedules, space.recompute, space.sharding
+            ):
+                if schedule == "interleaved" and m % pp:
+                    continue
+                zero, sharded = (0, True) if sharding == "fsdp" else (int(sharding), False)
+                if (zero or sharded) and dp * sp == 1:
+                    continue  # nothing to shard over
+                out.append(
+                    replace(
+                        base,
+                        dp=dp,
+                        tp=tp,
+                        pp=pp,
+                        sp=sp,
+                        ep=ep,
+                        micro_batch=micro,
+                        activation_recompute=recompute,
+                        zero=zero,
+                        weight_sharded=sharded,
+                        pipeline_schedule=schedule,
+                        virtual_stages=v,
+                    )
+                )
+    return out
+
+
+def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    from stg.explore.sweep import _call as call
+
+    return call(fn, *args, **kwargs)
+
+
+def search(
+    base: GenerateOptions,
+    gpus: int,
+    system: Any,
+    registry: Any,
+    *,
+    space: SearchSpace | None = None,
+    top: int = 5,
+    refine: int = 5,
+    fast: str = "analytical",
+    full: str = "time",
+    progress: Callable[[str, int, int], None] | None = None,
+) -> SearchResult:
+    """The ``top`` best plans (see the module docstring)."""
+    from stg.core.pipeline import build_workload, validate_options
+    from stg.explore.space import normalize_reason
+
+    if gpus < 1:
+        raise UserError(f"--gpus {gpus}: must be a positive integer")
+    if system.capacity and gpus > system.capacity:
+        raise UserError(f"--gpus {gpus} exceeds the {system.capacity} GPUs of {system.name}")
+    space = space or SearchSpace()
+    kernels = list(registry.kernels)
+    fast_record = registry.predictors.get(fast)
+    if fast_record.predict_options is None:
+        raise UserError(f"predictor {fast!r} cannot predict from options; use analytical")
+    memory = registry.predictors.get("memory")
+    everything = plans(base, gpus, space)
+    pruned: Counter[str] = Counter()
+    feasible: list[tuple[GenerateOptions, dict[str, Any]]] = []
+    for i, o in enumerate(everything):
+        if progress is not None and i % 256 == 0:
+            progress("closed forms", i, len(everything))
+        try:
+            validate_options(o, registry)
+        except UserError as exc:
+            pruned[f"divisibility: {normalize_reason(str(exc))}"] += 1
+            continue
+        mem = _call(memory.predict_options, o, system, kernels=kernels)
+        if not mem.get("fits"):
+            pruned["memory: peak above the GPU's capacity"] += 1
+            continue
+        feasible.append((o, mem))
+    if not feasible:
+        return SearchResult([], len(everything), pruned, 0, 0)
+    # W: model FLOPs of one iteration, the same for every plan: tp = pp = 1, no recompute
+    reference = replace(
+        feasible[0][0],
+        dp=1,
+        tp=1,
+        pp=1,
+        sp=1,
+        ep=1,
+        micro_batch=feasible[0][0].batch,
+        activation_recompute="none",
+        zero=0,
+        weight_sharded=False,
+        pipeline_schedule="1f1b",
+        virtual_stages=1,
+    )
+    work = _call(
+        fast_record.predict_options, reference, system, registry=registry, kernels=kernels
+    )["model_flops"]
+    peak = system.peak(base.dtype)
+    candidates = []
+    for o, mem in feasible:
+        fill = 1 + (o.pp - 1) / (o.micro_batches * o.virtual_stages)
+        candidates.append(Candidate(o, work / (gpus * peak) * fill, memory=mem))
+    candidates.sort(key=lambda c: c.bound_s)
+    keep = max(top, refine)
+    best: list[Candidate] = []
+    priced = 0
+    for n, candidate in enumerate(candidates):
+        if progress is not None and n % 64 == 0:
+            progress("analytical", n, len(candidates))
+        if len(best) >= keep and candidate.bound_s > best[keep - 1].time_s:
+            pruned["lower bound above the best times"] += len(candidates) - n
+            break
+        try:
+            candidate.analytical = _call(
+                fast_record.predict_options,
+                candidate.options,
+                system,
+                registry=registry,
+                kernels=kernels,
+                explain=True,
+            )
+        except UserError as exc:
+            pruned[f"analytical: {normalize_reason(str(exc))}"] += 1
+            continue
+        priced += 1
+        best.append(candidate)
+        best.sort(key=lambda c: c.time_s)
+        del best[keep:]
+    refined = 0
+    if refine > 0 and full:
+        record = registry.predictors.get(full)
+        for i, candidate in enumerate(best[:refine]):
+            if progress is not None:
+                progress("DAG predictor", i, min(refine, len(best)))
+            workload = build_workload(candidate.options, registry)
+            candidate.dag = _call(
+                record.predict, workload, system, kernels=kernels, explain=True, registry=registry
+            )
+            refined += 1
+        best[:refine] = sorted(best[:refine], key=lambda c: c.time_s)
+    return SearchResult(best[:top], len(everything), pruned, priced, refined)
+
+
+def plan_label(plan: Mapping[str, Any]) -> str:
+    return f"dp {plan['dp']} tp {plan['tp']} pp {plan['pp']} ep {plan['ep']} cp {plan['cp']}"
+
+
+__all__ = ["Candidate", "SearchResult", "SearchSpace", "plans", "search"]

@@ -1,0 +1,252 @@
+"""What one node costs: the price of a compute node (kernel models of
+:mod:`stg.perf.kernel_time`, kernel tables, calibration) and of a collective or a send
+(:mod:`stg.perf.comm_time`: NCCL's algorithms and protocols per network dimension) on a
+:class:`~stg.perf.system.System`.
+
+Shared by the DAG ``time`` predictor, which replays these costs over the multi-rank graph,
+and the closed-form ``analytical`` predictor, which composes them per layer and stage; both
+reach them through :mod:`stg.api`. (Moved here unchanged from ``predictors/time.py``.)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from stg.core.workload import CollectiveType
+from stg.perf import comm_time
+from stg.perf.calibration import Calibration
+from stg.perf.kernel_time import attention_time, gemm_time, memory_bound_time, memory_kind
+from stg.perf.kernels import KernelTable, is_cast
+from stg.perf.system import System, normalize_dtype, op_class
+
+WIDE_DTYPES = frozenset({"fp32", "tf32"})
+NO_KERNELS = KernelTable()
+
+EAGER_OP_HOST_S = 27.7e-6
+"""Host time of one eager PyTorch op with autograd (dispatch, autograd bookkeeping, launch):
+median forward time of the small (<= 1 MiB) elementwise cases with requires_grad inputs in
+the H100 kernel measurements (data/kernels/h100-elementwise.jsonl), where the GPU is idle
+most of the time. An eager step cannot issue kernels faster than this."""
+
+def attention_impl(profile: str, system: System) -> str:
+    """The fused attention kernel a training stack runs: Megatron with Transformer Engine uses
+    cuDNN's fused attention on Hopper and FlashAttention-2 on Ampere; eager PyTorch's SDPA
+    runs FlashAttention-2."""
+    if profile == "megatron" and system.arch == "hopper":
+        return "cudnn"
+    return "flash2"
+
+
+def native_fp8(system: System, kind: str, dtype: str) -> bool:
+    """Whether ``dtype`` is fp8 and the GPU has fp8 tensor cores (its fp8 peak exceeds its
+    bf16 peak: Hopper and later), so that an fp8 GEMM runs natively, as cuBLAS and Transformer
+    Engine run it, at the fp8 rate of the GEMM model; no kernel plugin is needed. Attention
+    stays in 16 bits (Transformer Engine's default)."""
+    return dtype == "fp8" and kind == "gemm" and system.peak("fp8") > system.peak("bf16")
+
+
+DTYPE_WIDTH = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
+
+
+def megatron_fused_time(node: Any, system: System) -> float | None:
+    """The time of a node that Megatron-LM / Transformer Engine fuse into a neighbour, or
+    None for a node that runs as its own kernel. The eager profile fuses nothing.
+
+    - A forward bias add (``*_bias``: Megatron's ``bias_gelu`` and ``bias_dropout_add``
+      fusions, and the GEMM epilogue of Transformer Engine's Linear for the QKV biases) costs
+      nothing: the consumer kernel reads the bias vector along with its input.
+    - Transformer Engine's fp8 casts (``<op>.cast_<operand>`` into fp8): an activation is
+      cast in the kernel that produces it (fused LayerNorm/GELU + cast, computing its amax
+      on the way), which then writes 1 byte per element more; a weight is cast once per
+      iteration (the first micro-batch) and cached. Gradient casts stay kernels.
+    """
+    name = node.name.rsplit("/", 1)[-1]
+    if ".grad" not in name and name.split(".", 1)[0].endswith("_bias"):
+        return 0.0
+    if not is_cast(name) or ".grad" in name:
+        return None  # gradient casts: kernels (their forward dtype is not on the node)
+    if normalize_dtype(node.dtype or "bf16") != "fp8":
+        return None  # Transformer Engine's casts are fp8 ones; other casts are kernels
+    operand = name.split(".cast_", 1)[1].split(".", 1)[0]
+    if operand.startswith("w"):  # a weight: cast in the first micro-batch only
+        if "/" in node.name and not node.name.startswith("mb0/"):
+            return 0.0
+        return None
+    written = node.num_ops * DTYPE_WIDTH.get(normalize_dtype(node.dtype or "fp8"), 1)
+    return memory_bound_time(system.gpu, written, "stream", node.dtype or "fp8")
+
+
+def compute_time(
+    node: Any,
+    system: System,
+    default_dtype: str = "bf16",
+    kernels: KernelTable | None = None,
+    profile: str = "megatron",
+    calibration: Calibration | None = None,
+) -> float:
+    """Time of one compute node in seconds on ``system`` under execution ``profile``.
+
+    A node that carries its kernel shape (generated traces) is priced by the kernel models of
+    :mod:`stg.perf.kernel_time`: ``gemm`` = (batch, m, n, k) as a cuBLAS GEMM, ``attention``
+    = (batch, heads, s_q, s_kv, head_dim, causal, backward) as the profile's fused attention
+    kernel; other compute nodes are memory-bound kernels (streaming, normalisation, softmax)
+    unless their FLOPs take longer at the sustained SIMT rate. A node without a shape (a
+    foreign trace) gets the roofline with the system's ``compute_efficiency`` per op class.
+    Each kernel then pays its launch: ``kernel_overhead`` of the system (Megatron), or at
+    least the eager host time per op (eager).
+
+    A matmul whose output is fp32 in a workload that computes in a narrower dtype is a
+    narrow matmul accumulating into fp32 (Megatron's weight gradients into fp32 main
+    gradients): it runs at the rate of the workload's compute dtype. Kernels (see
+    :mod:`stg.perf.kernels`) price casts, divide a matmul's time by their speedup, and decide
+    whether an fp8/int8 op runs natively or is priced in the workload's dtype.
+    """
+    if node.num_ops <= 0 and node.tensor_size <= 0:
+        return getattr(node, "runtime", 0) * 1e-6
+    if calibration is not None:  # measured kernel times first (stg bench calibrate)
+        measured = calibration.node_time(node, default_dtype)
+        if measured is not None:
+            return measured
+    table = kernels if kernels is not None else NO_KERNELS
+    if table and node.dtype and is_cast(node.name):
+        cast = table.cast_kernel(node.dtype)
+        if cast is not None:
+            return cast.cast_alpha * node.num_ops + cast.cast_beta
+    if profile == "megatron":
+        fused = megatron_fused_time(node, system)
+        if fused is not None:
+            return fused
+    attrs = getattr(node, "attrs", None) or {}
+    gemm = attrs.get("gemm")
+    attention = attrs.get("attention")
+    kind = (
+        "attention"
+        if attention is not None
+        else "gemm"
+        if gemm is not None
+        else op_class(node.name, node.num_ops, node.tensor_size)
+    )
+    if kind == "attention" and attention is None and memory_kind(node.name) == "softmax":
+        kind = "other"  # unfused attention's softmax: a memory-bound kernel at its measured rate
+    dtype = node.dtype or default_dtype
+    speedup = 1.0
+    if kind != "other":
+        if dtype in WIDE_DTYPES and default_dtype not in WIDE_DTYPES:
+            dtype = default_dtype
+        kernel = table.get(kind, dtype)
+        if kernel is not None:
+            speedup = kernel.speedup
+        elif (
+            dtype != default_dtype
+            and not table.native(kind, dtype)
+            and not native_fp8(system, kind, dtype)
+        ):
+            dtype = default_dtype  # no native kernel: dequantize, compute in the workload dtype
+    dtype = normalize_dtype(dtype)
+    gpu = system.gpu
+    if attention is not None and len(attention) >= 7:
+        batch, heads, s_q, s_kv, head_dim, causal, backward = attention[:7]
+        impl = attention_impl(profile, system)
+        if dtype not in ("bf16", "fp16", "fp8"):
+            dtype = "bf16"
+        seconds = (
+            attention_time(
+                gpu,
+                impl,
+                batch,
+                heads,
+                s_q,
+                s_kv,
+                head_dim,
+                causal=bool(causal),
+                backward=bool(backward),
+                dtype=dtype,
+            )
+            / speedup
+        )
+        # a kernel cannot read its Q, K, V (a decode step's whole KV cache) faster than HBM
+        seconds = max(seconds, memory_bound_time(gpu, node.tensor_size, "stream", dtype))
+    elif gemm is not None and len(gemm) == 4:
+        batch, m, n, k = gemm
+        # a convolution (implicit GEMM) moves its tensor_size, not its window matrix
+        nbytes = node.tensor_size if attrs.get("implicit_gemm") else None
+        seconds = gemm_time(gpu, m, n, k, dtype, batch, nbytes) / speedup
+    elif kind == "other":
+        simt = node.num_ops / gpu.rate("fp32") if node.num_ops > 0 else 0.0
+        memory = memory_bound_time(gpu, node.tensor_size, memory_kind(node.name), dtype)
+        seconds = max(simt, memory)
+    else:
+        flops = node.num_ops / (system.peak(dtype) * system.compute_efficiency[kind] * speedup)
+        memory = node.tensor_size / (system.hbm_bandwidth * system.memory_efficiency)
+        seconds = max(flops, memory)
+    seconds += system.kernel_overhead
+    if profile == "eager":
+        seconds = max(seconds, EAGER_OP_HOST_S)
+    return seconds
+
+
+def group_shape(ranks: Iterable[int], system: System) -> tuple[int, ...]:
+    """Ranks a group spans along each network dimension (inner first).
+
+    For dimension i: the largest number of distinct coordinates along i among members that
+    share all outer coordinates (so an irregular group of 4 ranks over two nodes is 2 x 2).
+    """
+    coords = [system.coordinates(r) for r in ranks]
+    shape = []
+    for i in range(len(system.network)):
+        buckets: dict[tuple[int, ...], set[int]] = {}
+        for c in coords:
+            buckets.setdefault(c[i + 1 :], set()).add(c[i])
+        shape.append(max((len(v) for v in buckets.values()), default=1))
+    return tuple(shape)
+
+
+_COMM_KINDS = {
+    CollectiveType.ALL_REDUCE: comm_time.Kind.ALL_REDUCE,
+    CollectiveType.REDUCE_SCATTER: comm_time.Kind.REDUCE_SCATTER,
+    CollectiveType.ALL_GATHER: comm_time.Kind.ALL_GATHER,
+    CollectiveType.GATHER: comm_time.Kind.ALL_GATHER,
+    CollectiveType.ALL_TO_ALL: comm_time.Kind.ALL_TO_ALL,
+    CollectiveType.BROADCAST: comm_time.Kind.BROADCAST,
+    CollectiveType.REDUCE: comm_time.Kind.REDUCE,
+    CollectiveType.BARRIER: comm_time.Kind.BARRIER,
+}
+
+
+def collective_time(kind: CollectiveType, size: int, shape: Sequence[int], system: System) -> float:
+    """Time of one collective (:func:`stg.perf.comm_time.collective_time`); ``size`` follows
+    the Chakra convention (all-gather: this rank's input shard; reduce-scatter, all-reduce:
+    the full buffer; all-to-all: this rank's buffer). A group spanning several network
+    dimensions runs hierarchically; each dimension takes the fastest of NCCL's ring, tree and
+    (where declared) in-network reduction, and of its protocols (on a dimension with a
+    ``link``; a plain alpha-beta link has the ring and the tree only)."""
+    levels = tuple(comm_time.Level.of(d) for d in system.network)
+    return comm_time.collective_time(
+        _COMM_KINDS.get(kind, comm_time.Kind.ALL_REDUCE), size, shape, levels
+    )
+
+
+def tree_all_reduce_time(size: float, n: int, bandwidth: float, latency: float) -> float:
+    """All-reduce over a pipelined binary tree (reduce up, broadcast down), as NCCL's tree
+    algorithm: every rank moves the whole buffer twice, over 2·ceil(log2 n) latency hops. It
+    beats the ring (2(n-1)/n·S/B + 2(n-1)·alpha) for small buffers on many ranks; each
+    dimension takes the faster of the two, as NCCL chooses per message size."""
+    return 2 * size / bandwidth + 2 * math.ceil(math.log2(n)) * latency
+
+
+def link_dimension(src: int, dst: int, system: System) -> int:
+    """The outermost network dimension on which two ranks differ (-1 for the same rank)."""
+    a, b = system.coordinates(src), system.coordinates(dst)
+    for i in range(len(a) - 1, -1, -1):
+        if a[i] != b[i]:
+            return i
+    return -1
+
+
+def send_time(size: int, dimension: int, system: System) -> float:
+    """A point-to-point transfer over the outermost dimension on which the ranks differ."""
+    if dimension < 0:
+        return 0.0
+    return comm_time.send_time(size, comm_time.Level.of(system.network[dimension]))
