@@ -35,6 +35,7 @@ representatives of the units involved. A trace read from files is simulated rank
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import heapq
 import json
@@ -78,6 +79,70 @@ from stg.errors import TraceError, UserError
 
 COMPUTE, COLL, SEND, RECV, INSTANT = 0, 1, 2, 3, 4
 _KIND_NAMES = {COMPUTE: "compute", COLL: "collective", SEND: "send", RECV: "recv", INSTANT: "other"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Contention: compute slowed by concurrent communication
+
+
+NCCL_CHANNELS: Mapping[str, int] = {"nvlink": 24, "pcie": 2, "network": 8}
+"""SMs that NCCL's kernels hold while a collective runs over a link of each kind: one CTA per
+channel. NVLink/NVSwitch: 24 channels on 8 A100s (NCCL's own log, "Channel 23/24", in
+nccl-tests issue #100 and Megatron-LM issue #516); network: 8 ring channels across two
+8-GPU nodes (NCCL's log in NVIDIA/nccl issue #1412); PCIe: 2 (NCCL's default minimum)."""
+
+HBM_BYTES_PER_WIRE_BYTE = 3
+"""HBM traffic of a reduction collective per byte it sends: the chunk it sends is read, the
+chunk it receives is reduced with the local one (a read) and written."""
+
+
+def _comm_first(unit_stream: tuple[int, int]) -> tuple[bool, int, int]:
+    """Dispatch order at one instant: communication streams before the compute stream, so
+    that a kernel starting together with a collective sees it running."""
+    u, stream = unit_stream
+    return (stream == 0, u, stream)
+
+
+def contended_systems(system: System) -> dict[str, System]:
+    """Per link kind of the system's network: the system as a compute kernel sees it while a
+    NCCL collective runs over that kind of link concurrently (the contention model). NCCL's
+    CTAs take ``NCCL_CHANNELS`` SMs away from the kernel (the GEMM and attention models see
+    fewer SMs, each at its own rate: more waves), and its traffic takes
+    ``HBM_BYTES_PER_WIRE_BYTE`` bytes of HBM bandwidth per byte on the wire (memory-bound
+    kernels slow down). Plain alpha-beta links (no ``link``) and hybrid systems contend with
+    nothing."""
+    out: dict[str, System] = {}
+    if is_hybrid(system):
+        return out
+    for dim in system.network:
+        if dim.link is None or dim.link in out:
+            continue
+        wire = max(
+            d.effective_bandwidth / d.oversubscription
+            for d in system.network
+            if d.link == dim.link
+        )
+        sms = max(1, system.sm_count - NCCL_CHANNELS[dim.link])
+        share = sms / system.sm_count  # the peaks are the whole GPU's: per SM they stay
+        out[dim.link] = dataclasses.replace(
+            system,
+            sm_count=sms,
+            peak_flops={d: rate * share for d, rate in system.peak_flops.items()},
+            hbm_bandwidth=max(
+                0.1 * system.hbm_bandwidth,
+                system.hbm_bandwidth - HBM_BYTES_PER_WIRE_BYTE * wire,
+            ),
+        )
+    return out
+
+
+def outermost_link(shape: Sequence[int], system: System) -> str | None:
+    """The link kind of the outermost network dimension a group spans (whose channels NCCL
+    runs the collective with)."""
+    for n, dim in reversed(list(zip(shape, system.network, strict=False))):
+        if n > 1:
+            return dim.link
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -407,6 +472,11 @@ class _Sim:
         self.p2p_key: list[dict[int, tuple[int, int, int, int]]] = []
         self.shape_cache: dict[int, tuple[int, ...]] = {}
         self.participants_cache: dict[int, tuple[int, ...]] = {}
+        self.contended = contended_systems(system)
+        """per link kind: the GPU as a compute kernel sees it while NCCL runs over that link"""
+        self.contended_cost: dict[tuple[Any, str], float] = {}
+        self.cost_key: list[list[Any]] = []
+        self.comm_link: list[list[str | None]] = []
         for unit in problem.units:
             self._prepare(unit)
 
@@ -435,6 +505,8 @@ class _Sim:
         coll_needed: dict[int, int] = {}
         p2p_key: dict[int, tuple[int, int, int, int]] = {}
         stream = [0] * n
+        cost_key: list[Any] = [None] * n
+        comm_link: list[str | None] = [None] * n
         group_streams: dict[int, int] = {}
         system = self.system
         device = device_of(system, unit.rank)  # hybrid clusters: this rank's group's GPU
@@ -456,6 +528,7 @@ class _Sim:
                 kind[i] = COMPUTE
                 ckey = (
                     node.name.rsplit("/", 1)[-1],
+                    node.name.startswith("mb0/"),
                     node.num_ops,
                     node.tensor_size,
                     node.dtype,
@@ -472,6 +545,7 @@ class _Sim:
                         self.calibration,
                     )
                 duration[i] = cost
+                cost_key[i] = ckey
             elif t is NodeType.COMM_COLL:
                 if node.comm_group is None or node.comm_type is None:
                     raise TraceError(
@@ -494,6 +568,8 @@ class _Sim:
                     )
                 kind[i] = COLL
                 duration[i] = cost_cache[key]
+                if not is_hybrid(system):
+                    comm_link[i] = outermost_link(shape, system)
                 coll_key[i] = (unit.group_keys.get(i, ("group", node.comm_group)), participants)
                 coll_needed[i] = len(participants)
                 stream[i] = group_streams.setdefault(node.comm_group, 2 + len(group_streams))
@@ -502,15 +578,14 @@ class _Sim:
                     raise TraceError(f"rank {unit.rank}: send {node.id} has no valid destination")
                 kind[i] = SEND
                 stream[i] = 1
-                duration[i] = (
-                    system.send_time(  # type: ignore[attr-defined]
+                if is_hybrid(system):
+                    duration[i] = system.send_time(  # type: ignore[attr-defined]
                         node.comm_size, unit.rank, node.comm_dst
                     )
-                    if is_hybrid(system)
-                    else send_time(
-                        node.comm_size, link_dimension(unit.rank, node.comm_dst, system), system
-                    )
-                )
+                else:
+                    dimension = link_dimension(unit.rank, node.comm_dst, system)
+                    duration[i] = send_time(node.comm_size, dimension, system)
+                    comm_link[i] = system.network[dimension].link if dimension >= 0 else None
                 p2p_key[i] = (
                     unit.index,
                     unit_of[node.comm_dst],
@@ -535,6 +610,8 @@ class _Sim:
         self.coll_needed.append(coll_needed)
         self.stream.append(stream)
         self.p2p_key.append(p2p_key)
+        self.cost_key.append(cost_key)
+        self.comm_link.append(comm_link)
         self.results.append(
             UnitResult(
                 unit=unit,
@@ -603,6 +680,30 @@ class _Sim:
                 if count == 0:
                     make_ready(u, i, 0.0, None)
 
+        # per unit and link kind: when the NCCL kernels now running over that link finish
+        comm_until: list[dict[str, float]] = [{} for _ in units]
+        contended = self.contended
+
+        def transfer(u: int, i: int, begin: float, end: float) -> None:
+            link = self.comm_link[u][i]
+            if link is not None and link in contended and comm_until[u].get(link, -1.0) < end:
+                comm_until[u][link] = end
+
+        def compute_duration(u: int, i: int, t: float) -> float:
+            free = results[u].duration[i]
+            worst = free
+            for link, until in comm_until[u].items():
+                if until <= t:
+                    continue
+                slow = self._contended(u, i, link)
+                if slow <= free:
+                    continue
+                window = until - t
+                # slowed while the collective runs, at full speed after it
+                done = window * free / slow
+                worst = max(worst, slow if done >= free else window + free - done)
+            return worst
+
         def dispatch(u: int, stream: int, t: float) -> None:
             if busy[u].get(stream) or not ready[u].get(stream):
                 return
@@ -636,12 +737,20 @@ class _Sim:
                         pres = results[pu]
                         pres.transfer_start[pi] = begin
                         pres.cause[pi] = inst[2]
+                        transfer(pu, pi, begin, begin + pres.duration[pi])
                         push(begin + pres.duration[pi], pu, pi)
+            elif k == COMPUTE:
+                res.transfer_start[i] = t
+                if comm_until[u]:
+                    res.duration[i] = compute_duration(u, i, t)
+                push(t + res.duration[i], u, i)
             else:
                 res.transfer_start[i] = t
+                if k == SEND:
+                    transfer(u, i, t, t + res.duration[i])
                 push(t + res.duration[i], u, i)
 
-        for u, stream in sorted(touched):
+        for u, stream in sorted(touched, key=_comm_first):
             dispatch(u, stream, 0.0)
         touched.clear()
         while heap:
@@ -670,12 +779,31 @@ class _Sim:
                     if pend[c] == 0:
                         make_ready(u, c, t, (u, i))
             if touched:
-                for u, stream in sorted(touched):
+                for u, stream in sorted(touched, key=_comm_first):
                     dispatch(u, stream, t)
                 touched.clear()
         self._check_finished()
         end = max((max(r.end, default=0.0) for r in results), default=0.0)
         return Replay(results, end)
+
+    def _contended(self, u: int, i: int, link: str) -> float:
+        """Duration of compute node ``i`` of unit ``u`` while NCCL runs over ``link``."""
+        key = (self.cost_key[u][i], link)
+        cost = self.contended_cost.get(key)
+        if cost is None:
+            node = self.results[u].unit.nodes[i]
+            kernels = self.kernels
+            if isinstance(kernels, Mapping):
+                kernels = kernels.get(self.system.name)
+            cost = self.contended_cost[key] = compute_time(
+                node,
+                self.contended[link],
+                self.default_dtype,
+                kernels,
+                self.profile,
+                self.calibration,
+            )
+        return cost
 
     def _check_finished(self) -> None:
         for res in self.results:

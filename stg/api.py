@@ -59,6 +59,7 @@ from stg.host.records import (
     Preset,
     RecordError,
 )
+from stg.perf import comm_time
 from stg.perf.calibration import Calibration, calibrated_time, load_calibration
 from stg.perf.casts import CastModel, default_cast_model
 from stg.perf.costs import (
@@ -126,6 +127,7 @@ __all__ = [
     "chakra_v001",
     "chakra_v004",
     "collective_time",
+    "comm_time",
     "compute_time",
     "default_cast_model",
     "device_of",

@@ -25,20 +25,25 @@ def test_presets_follow_the_hardware_profiles() -> None:
     assert a100.peak("int8") == 624e12
     assert a100.hbm_bandwidth == 2039e9
     assert a100.hbm_capacity == 80 * 2**30
-    assert [d.size for d in a100.network] == [8, 0]
+    # DGX A100 SuperPOD: 8 GPUs per node, rail-optimised scalable units of 20 nodes, spine
+    assert [d.size for d in a100.network] == [8, 20, 0]
+    assert [d.link for d in a100.network] == ["nvlink", "network", "network"]
     assert a100.network[0].bandwidth == 300e9
-    assert a100.network[1].bandwidth == 25e9
+    assert a100.network[1].bandwidth == a100.network[2].bandwidth == 25e9  # HDR 200 Gb/s
+    assert a100.network[0].sharp_efficiency == 0  # no NVLink SHARP before NVSwitch 3
     h100 = load_system("h100-80g")
     assert h100.peak("bf16") == pytest.approx(989.4e12)
     assert h100.peak("fp8") == pytest.approx(1978.9e12)
     assert h100.hbm_bandwidth == 3350e9
+    assert [d.size for d in h100.network] == [8, 32, 0]
     assert h100.network[0].bandwidth == 450e9
-    assert h100.network[1].bandwidth == 50e9
+    assert h100.network[0].sharp_efficiency > 0  # NVLink SHARP (NVLS)
+    assert h100.network[1].bandwidth == h100.network[2].bandwidth == 50e9  # NDR 400 Gb/s
     # H800 SXM: the H100's compute and memory, NVLink 400 GB/s bidirectional (data sheet)
     h800 = load_system("h800-80g")
     assert h800.gpu == h100.gpu and h800.peak("bf16") == h100.peak("bf16")
     assert (h800.hbm_bandwidth, h800.hbm_capacity) == (h100.hbm_bandwidth, h100.hbm_capacity)
-    assert [d.bandwidth for d in h800.network] == [200e9, 50e9]
+    assert [d.bandwidth for d in h800.network] == [200e9, 50e9, 50e9]
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
@@ -51,8 +56,9 @@ def test_round_trip_through_json(name: str, tmp_path: Path) -> None:
 
 def test_coordinates_innermost_first() -> None:
     system = load_system("a100-80g")
-    assert system.coordinates(0) == (0, 0)
-    assert system.coordinates(13) == (5, 1)
+    assert system.coordinates(0) == (0, 0, 0)
+    assert system.coordinates(13) == (5, 1, 0)
+    assert system.coordinates(8 * 20 * 3 + 8 + 2) == (2, 1, 3)  # 3rd scalable unit of 20 nodes
     assert system.capacity == 0  # unbounded
 
 

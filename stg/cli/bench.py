@@ -471,6 +471,9 @@ def comms(
             raise UserError("the sizes were too small to fit a bandwidth; raise --end-size")
         whole = base.as_dict()
         first = dict(whole["network"][0])
+        # a measured alpha-beta link replaces NCCL's protocol model of the preset's link
+        for key in ("link", "sharp_efficiency"):
+            first.pop(key, None)
         first.update(
             bandwidth_gbps=result.network["bandwidth_gbps"],
             latency_us=result.network["latency_us"],

@@ -1,6 +1,7 @@
 """What one node costs: the price of a compute node (kernel models of
 :mod:`stg.perf.kernel_time`, kernel tables, calibration) and of a collective or a send
-(alpha-beta per network dimension) on a :class:`~stg.perf.system.System`.
+(:mod:`stg.perf.comm_time`: NCCL's algorithms and protocols per network dimension) on a
+:class:`~stg.perf.system.System`.
 
 Shared by the DAG ``time`` predictor, which replays these costs over the multi-rank graph,
 and the closed-form ``analytical`` predictor, which composes them per layer and stage; both
@@ -14,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from stg.core.workload import CollectiveType
+from stg.perf import comm_time
 from stg.perf.calibration import Calibration
 from stg.perf.kernel_time import attention_time, gemm_time, memory_bound_time, memory_kind
 from stg.perf.kernels import KernelTable, is_cast
@@ -35,6 +37,45 @@ def attention_impl(profile: str, system: System) -> str:
     if profile == "megatron" and system.arch == "hopper":
         return "cudnn"
     return "flash2"
+
+
+def native_fp8(system: System, kind: str, dtype: str) -> bool:
+    """Whether ``dtype`` is fp8 and the GPU has fp8 tensor cores (its fp8 peak exceeds its
+    bf16 peak: Hopper and later), so that an fp8 GEMM runs natively, as cuBLAS and Transformer
+    Engine run it, at the fp8 rate of the GEMM model; no kernel plugin is needed. Attention
+    stays in 16 bits (Transformer Engine's default)."""
+    return dtype == "fp8" and kind == "gemm" and system.peak("fp8") > system.peak("bf16")
+
+
+DTYPE_WIDTH = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
+
+
+def megatron_fused_time(node: Any, system: System) -> float | None:
+    """The time of a node that Megatron-LM / Transformer Engine fuse into a neighbour, or
+    None for a node that runs as its own kernel. The eager profile fuses nothing.
+
+    - A forward bias add (``*_bias``: Megatron's ``bias_gelu`` and ``bias_dropout_add``
+      fusions, and the GEMM epilogue of Transformer Engine's Linear for the QKV biases) costs
+      nothing: the consumer kernel reads the bias vector along with its input.
+    - Transformer Engine's fp8 casts (``<op>.cast_<operand>`` into fp8): an activation is
+      cast in the kernel that produces it (fused LayerNorm/GELU + cast, computing its amax
+      on the way), which then writes 1 byte per element more; a weight is cast once per
+      iteration (the first micro-batch) and cached. Gradient casts stay kernels.
+    """
+    name = node.name.rsplit("/", 1)[-1]
+    if ".grad" not in name and name.split(".", 1)[0].endswith("_bias"):
+        return 0.0
+    if not is_cast(name) or ".grad" in name:
+        return None  # gradient casts: kernels (their forward dtype is not on the node)
+    if normalize_dtype(node.dtype or "bf16") != "fp8":
+        return None  # Transformer Engine's casts are fp8 ones; other casts are kernels
+    operand = name.split(".cast_", 1)[1].split(".", 1)[0]
+    if operand.startswith("w"):  # a weight: cast in the first micro-batch only
+        if "/" in node.name and not node.name.startswith("mb0/"):
+            return 0.0
+        return None
+    written = node.num_ops * DTYPE_WIDTH.get(normalize_dtype(node.dtype or "fp8"), 1)
+    return memory_bound_time(system.gpu, written, "stream", node.dtype or "fp8")
 
 
 def compute_time(
@@ -73,6 +114,10 @@ def compute_time(
         cast = table.cast_kernel(node.dtype)
         if cast is not None:
             return cast.cast_alpha * node.num_ops + cast.cast_beta
+    if profile == "megatron":
+        fused = megatron_fused_time(node, system)
+        if fused is not None:
+            return fused
     attrs = getattr(node, "attrs", None) or {}
     gemm = attrs.get("gemm")
     attention = attrs.get("attention")
@@ -83,6 +128,8 @@ def compute_time(
         if gemm is not None
         else op_class(node.name, node.num_ops, node.tensor_size)
     )
+    if kind == "attention" and attention is None and memory_kind(node.name) == "softmax":
+        kind = "other"  # unfused attention's softmax: a memory-bound kernel at its measured rate
     dtype = node.dtype or default_dtype
     speedup = 1.0
     if kind != "other":
@@ -91,7 +138,11 @@ def compute_time(
         kernel = table.get(kind, dtype)
         if kernel is not None:
             speedup = kernel.speedup
-        elif dtype != default_dtype and not table.native(kind, dtype):
+        elif (
+            dtype != default_dtype
+            and not table.native(kind, dtype)
+            and not native_fp8(system, kind, dtype)
+        ):
             dtype = default_dtype  # no native kernel: dequantize, compute in the workload dtype
     dtype = normalize_dtype(dtype)
     gpu = system.gpu
@@ -152,42 +203,29 @@ def group_shape(ranks: Iterable[int], system: System) -> tuple[int, ...]:
     return tuple(shape)
 
 
+_COMM_KINDS = {
+    CollectiveType.ALL_REDUCE: comm_time.Kind.ALL_REDUCE,
+    CollectiveType.REDUCE_SCATTER: comm_time.Kind.REDUCE_SCATTER,
+    CollectiveType.ALL_GATHER: comm_time.Kind.ALL_GATHER,
+    CollectiveType.GATHER: comm_time.Kind.ALL_GATHER,
+    CollectiveType.ALL_TO_ALL: comm_time.Kind.ALL_TO_ALL,
+    CollectiveType.BROADCAST: comm_time.Kind.BROADCAST,
+    CollectiveType.REDUCE: comm_time.Kind.REDUCE,
+    CollectiveType.BARRIER: comm_time.Kind.BARRIER,
+}
+
+
 def collective_time(kind: CollectiveType, size: int, shape: Sequence[int], system: System) -> float:
-    """Alpha-beta time of one collective; ``size`` follows the Chakra convention (all-gather:
-    this rank's input shard; reduce-scatter, all-reduce: the full buffer; all-to-all: this
-    rank's buffer). A group spanning several network dimensions runs hierarchically: the
-    innermost dimension on the whole buffer, each outer one on the shard left by the inner
-    ones. An all-reduce uses a ring or a tree per dimension, whichever is faster."""
-    members = 1
-    for n in shape:
-        members *= n
-    if members <= 1:
-        return 0.0
-    dims = system.network
-    if kind in (CollectiveType.ALL_GATHER, CollectiveType.GATHER):
-        buffer = float(size) * members
-    else:
-        buffer = float(size)
-    total = 0.0
-    if kind is CollectiveType.BARRIER:
-        return sum(2 * (n - 1) * d.latency for n, d in zip(shape, dims, strict=False))
-    for n, dim in zip(shape, dims, strict=False):
-        if n <= 1:
-            continue
-        bandwidth = dim.effective_bandwidth
-        if kind is CollectiveType.ALL_TO_ALL:
-            total += (n - 1) / n * size / bandwidth + (n - 1) * dim.latency
-            continue
-        if kind in (CollectiveType.BROADCAST, CollectiveType.REDUCE):
-            total += buffer / bandwidth + (n - 1) * dim.latency
-            continue
-        step = (n - 1) / n * buffer / bandwidth + (n - 1) * dim.latency
-        if kind is CollectiveType.ALL_REDUCE:
-            total += min(2 * step, tree_all_reduce_time(buffer, n, bandwidth, dim.latency))
-        else:
-            total += step
-        buffer /= n
-    return total
+    """Time of one collective (:func:`stg.perf.comm_time.collective_time`); ``size`` follows
+    the Chakra convention (all-gather: this rank's input shard; reduce-scatter, all-reduce:
+    the full buffer; all-to-all: this rank's buffer). A group spanning several network
+    dimensions runs hierarchically; each dimension takes the fastest of NCCL's ring, tree and
+    (where declared) in-network reduction, and of its protocols (on a dimension with a
+    ``link``; a plain alpha-beta link has the ring and the tree only)."""
+    levels = tuple(comm_time.Level.of(d) for d in system.network)
+    return comm_time.collective_time(
+        _COMM_KINDS.get(kind, comm_time.Kind.ALL_REDUCE), size, shape, levels
+    )
 
 
 def tree_all_reduce_time(size: float, n: int, bandwidth: float, latency: float) -> float:
@@ -208,7 +246,7 @@ def link_dimension(src: int, dst: int, system: System) -> int:
 
 
 def send_time(size: int, dimension: int, system: System) -> float:
+    """A point-to-point transfer over the outermost dimension on which the ranks differ."""
     if dimension < 0:
         return 0.0
-    dim = system.network[dimension]
-    return size / dim.effective_bandwidth + dim.latency
+    return comm_time.send_time(size, comm_time.Level.of(system.network[dimension]))

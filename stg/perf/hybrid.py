@@ -216,7 +216,10 @@ def _link_dict(link: NetworkDim) -> dict[str, Any]:
 
 def _link(where: str, raw: object) -> NetworkDim:
     raw = _mapping(where, raw)
-    unknown = sorted(set(raw) - LINK_KEYS - {"size"})
+    # a device preset's NCCL topology keys (stg.perf.comm_time) describe its own fabric; the
+    # hybrid model prices its links as alpha-beta links
+    topology = {"size", "link", "oversubscription", "sharp_efficiency"}
+    unknown = sorted(set(raw) - LINK_KEYS - topology)
     if unknown:
         raise SystemDescriptionError(
             f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(LINK_KEYS))}"

@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from stg.errors import UnknownNameError, UserError
+from stg.perf.comm_time import LINKS
 from stg.perf.devices import DEVICE_PRESETS
 from stg.perf.kernel_time import FUSED_ATTENTION, Gpu
 
@@ -93,6 +94,14 @@ class NetworkDim:
     latency: float
     """seconds per step"""
     efficiency: float = 1.0
+    link: str | None = None
+    """``nvlink``, ``pcie`` or ``network``: NCCL's low-latency protocols apply (see
+    :mod:`stg.perf.comm_time`); None: a plain alpha-beta link"""
+    oversubscription: float = 1.0
+    """traffic through this dimension's switches gets ``bandwidth / oversubscription``"""
+    sharp_efficiency: float = 0.0
+    """> 0: the switches reduce in the network (NVLink SHARP, InfiniBand SHARP); an all-reduce
+    moves its buffer once each way at this fraction of ``bandwidth``"""
 
     @property
     def effective_bandwidth(self) -> float:
@@ -177,10 +186,23 @@ class System:
                     "bandwidth_gbps": _num(d.bandwidth / 1e9),
                     "latency_us": _num(d.latency * 1e6),
                     "efficiency": d.efficiency,
+                    **_network_extras(d),
                 }
                 for d in self.network
             ],
         }
+
+
+def _network_extras(dim: NetworkDim) -> dict[str, Any]:
+    """The optional keys of a network dimension that differ from their defaults."""
+    extras: dict[str, Any] = {}
+    if dim.link is not None:
+        extras["link"] = dim.link
+    if dim.oversubscription != 1.0:
+        extras["oversubscription"] = dim.oversubscription
+    if dim.sharp_efficiency:
+        extras["sharp_efficiency"] = dim.sharp_efficiency
+    return extras
 
 
 def _num(value: float) -> float | int:
@@ -224,10 +246,79 @@ def op_class(name: str, num_ops: int, tensor_size: int) -> str:
 # - attention 0.60: the attention-core matmuls have a head-sized (64-128) inner dimension and
 #   are interleaved with softmax, so they reach a lower fraction of peak.
 # - memory 0.80: STREAM-like kernels reach ~1.6 TB/s of the 2.04 TB/s A100 HBM2e peak.
-# - NVLink 0.75: NCCL all-reduce bus bandwidth on DGX A100 is ~230 GB/s of 300 GB/s per
-#   direction; InfiniBand 0.9: NCCL reaches ~23 of 25 GB/s per HDR NIC.
-# - latencies: ~1 us per NVLink ring step, ~3 us per IB hop; kernel overhead 2 us (launch and
-#   tail effect of one kernel).
+# - networks: A100_NETWORK and H100_NETWORK above; kernel overhead 2 us (launch and tail
+#   effect of one kernel).
+# Networks (stg.perf.comm_time). Per-step latencies are NCCL's own (NVIDIA/nccl
+# src/graph/tuning.cc, hwLat, Simple protocol ring: NVLink 3.4 us, network 9.6 us); the
+# low-latency protocols follow from the link kind.
+# - DGX A100: NVLink 3, 12 links x 25 GB/s = 300 GB/s per direction per GPU (A100 whitepaper);
+#   NCCL reaches 200-235 GB/s of all-reduce bus bandwidth on 8 GPUs (nccl-tests issues #149:
+#   ~200, #178: 208; NCCL's tuning model caps sm80 at 235): efficiency 0.75. One ConnectX-6
+#   HDR 200 Gb/s (25 GB/s) NIC per GPU; nccl-tests issue #119 measured 85-96 of 100 GB/s over
+#   4 HDR NICs: efficiency 0.9. DGX SuperPOD (A100) reference architecture: rail-optimised
+#   leaves per scalable unit of 20 nodes, a non-blocking (1:1) spine above.
+# - DGX H100: NVLink 4, 18 links = 450 GB/s per direction; NCCL's rings reach ~370 GB/s of bus
+#   bandwidth (protocol overhead ~20 %) and NVLink SHARP all-reduce ~480 GB/s bus bandwidth,
+#   i.e. ~275 GB/s algorithm bandwidth, on 8 GPUs (NCCL maintainer in nccl-tests issue #212):
+#   efficiency 0.82, sharp_efficiency 275/450 = 0.61. One ConnectX-7 NDR 400 Gb/s (50 GB/s)
+#   NIC per GPU, efficiency 0.9 as for HDR; DGX SuperPOD (H100) reference architecture:
+#   scalable units of 32 nodes on rail-optimised leaves, non-blocking spine.
+A100_NETWORK: list[dict[str, Any]] = [
+    {
+        "name": "nvlink",
+        "size": 8,
+        "bandwidth_gbps": 300,
+        "latency_us": 3.4,
+        "efficiency": 0.75,
+        "link": "nvlink",
+    },
+    {
+        "name": "rail",
+        "size": 20,
+        "bandwidth_gbps": 25,
+        "latency_us": 9.6,
+        "efficiency": 0.9,
+        "link": "network",
+    },
+    {
+        "name": "spine",
+        "size": 0,
+        "bandwidth_gbps": 25,
+        "latency_us": 9.6,
+        "efficiency": 0.9,
+        "link": "network",
+        "oversubscription": 1.0,
+    },
+]
+H100_NETWORK: list[dict[str, Any]] = [
+    {
+        "name": "nvlink",
+        "size": 8,
+        "bandwidth_gbps": 450,
+        "latency_us": 3.4,
+        "efficiency": 0.82,
+        "link": "nvlink",
+        "sharp_efficiency": 0.61,
+    },
+    {
+        "name": "rail",
+        "size": 32,
+        "bandwidth_gbps": 50,
+        "latency_us": 9.6,
+        "efficiency": 0.9,
+        "link": "network",
+    },
+    {
+        "name": "spine",
+        "size": 0,
+        "bandwidth_gbps": 50,
+        "latency_us": 9.6,
+        "efficiency": 0.9,
+        "link": "network",
+        "oversubscription": 1.0,
+    },
+]
+
 PRESETS: dict[str, dict[str, Any]] = {
     "a100-80g": {
         "name": "a100-80g",
@@ -252,22 +343,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "compute_efficiency": {"gemm": 0.8, "attention": 0.6, "other": 0.8},
         "memory_efficiency": 0.8,
         "kernel_overhead_us": 2,
-        "network": [
-            {
-                "name": "nvlink",
-                "size": 8,
-                "bandwidth_gbps": 300,
-                "latency_us": 1,
-                "efficiency": 0.75,
-            },
-            {
-                "name": "infiniband",
-                "size": 0,
-                "bandwidth_gbps": 25,
-                "latency_us": 3,
-                "efficiency": 0.9,
-            },
-        ],
+        "network": A100_NETWORK,
     },
     "h100-80g": {
         "name": "h100-80g",
@@ -293,22 +369,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "compute_efficiency": {"gemm": 0.75, "attention": 0.55, "other": 0.8},
         "memory_efficiency": 0.89,  # measured: streaming kernels 2.95-3.0 of 3.35 TB/s
         "kernel_overhead_us": 2,
-        "network": [
-            {
-                "name": "nvlink",
-                "size": 8,
-                "bandwidth_gbps": 450,
-                "latency_us": 1,
-                "efficiency": 0.75,
-            },
-            {
-                "name": "network",
-                "size": 0,
-                "bandwidth_gbps": 50,
-                "latency_us": 3,
-                "efficiency": 0.9,
-            },
-        ],
+        "network": H100_NETWORK,
     },
 }
 
@@ -333,16 +394,17 @@ PRESETS["h800-80g"] = {
     "name": "h800-80g",
     "description": "NVIDIA H800 SXM 80GB: 8 GPUs per node (NVLink, 200 GB/s per direction), "
     "one 400 Gb/s NIC per GPU",
+    # the HGX H100 baseboard with fewer NVLinks: NVSwitch 3 keeps NVLink SHARP (nccl issue
+    # #1374 measured 215 GB/s all-reduce bus bandwidth on 8 H800s)
     "network": [
         {**PRESETS["h100-80g"]["network"][0], "bandwidth_gbps": 200},
-        PRESETS["h100-80g"]["network"][1],
+        *PRESETS["h100-80g"]["network"][1:],
     ],
 }
 
 # The GPUs of hybrid clusters (v100-32g, t4-16g, a10-24g, l4-24g, a100-40g): data sheets cited
 # in stg.perf.devices.
 PRESETS.update(DEVICE_PRESETS)
-
 
 def preset_names() -> tuple[str, ...]:
     return tuple(sorted(PRESETS))
@@ -387,7 +449,18 @@ KNOWN_KEYS = frozenset(
         "arch",
     }
 )
-NETWORK_KEYS = frozenset({"name", "size", "bandwidth_gbps", "latency_us", "efficiency"})
+NETWORK_KEYS = frozenset(
+    {
+        "name",
+        "size",
+        "bandwidth_gbps",
+        "latency_us",
+        "efficiency",
+        "link",
+        "oversubscription",
+        "sharp_efficiency",
+    }
+)
 
 
 def system_from_dict(data: object, source: str = "system") -> System:
@@ -450,6 +523,7 @@ def system_from_dict(data: object, source: str = "system") -> System:
                 bandwidth=_positive(f"{where}.bandwidth_gbps", raw["bandwidth_gbps"]) * 1e9,
                 latency=_positive(f"{where}.latency_us", raw["latency_us"], allow_zero=True) * 1e-6,
                 efficiency=_fraction(f"{where}.efficiency", raw.get("efficiency", 1.0)),
+                **_network_fields(raw, where),
             )
         )
     return System(
@@ -469,6 +543,24 @@ def system_from_dict(data: object, source: str = "system") -> System:
         * 1e-6,
         **_gpu_fields(data, source),
     )
+
+
+def _network_fields(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """The optional topology keys of one network dimension (:mod:`stg.perf.comm_time`)."""
+    link = raw.get("link")
+    if link is not None and link not in LINKS:
+        raise SystemDescriptionError(
+            f"{where}.link {link!r} is not known; allowed: {', '.join(LINKS)}"
+        )
+    over = _positive(f"{where}.oversubscription", raw.get("oversubscription", 1.0))
+    if over < 1:
+        raise SystemDescriptionError(f"{where}.oversubscription must be >= 1, got {over!r}")
+    sharp = raw.get("sharp_efficiency")
+    return {
+        "link": link,
+        "oversubscription": over,
+        "sharp_efficiency": 0.0 if sharp is None else _fraction(f"{where}.sharp_efficiency", sharp),
+    }
 
 
 def _gpu_fields(data: Mapping[str, Any], source: str) -> dict[str, Any]:
