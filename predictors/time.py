@@ -117,23 +117,24 @@ def contended_systems(system: System) -> dict[str, System]:
     for dim in system.network:
         if dim.link is None or dim.link in out:
             continue
-        wire = max(
-            d.effective_bandwidth / d.oversubscription
-            for d in system.network
-            if d.link == dim.link
-        )
-        sms = max(1, system.sm_count - NCCL_CHANNELS[dim.link])
-        share = sms / system.sm_count  # the peaks are the whole GPU's: per SM they stay
-        out[dim.link] = dataclasses.replace(
-            system,
-            sm_count=sms,
-            peak_flops={d: rate * share for d, rate in system.peak_flops.items()},
-            hbm_bandwidth=max(
-                0.1 * system.hbm_bandwidth,
-                system.hbm_bandwidth - HBM_BYTES_PER_WIRE_BYTE * wire,
-            ),
+        out[dim.link] = contended_system(
+            system, dim.link, NCCL_CHANNELS[dim.link], HBM_BYTES_PER_WIRE_BYTE
         )
     return out
+
+
+def contended_system(system: System, link: str, sms_taken: int, hbm_per_wire: float) -> System:
+    """The system as a compute kernel sees it while communication over ``link`` holds
+    ``sms_taken`` SMs and moves ``hbm_per_wire`` bytes of HBM per byte on the wire."""
+    wire = max(d.effective_bandwidth / d.oversubscription for d in system.network if d.link == link)
+    sms = max(1, system.sm_count - sms_taken)
+    share = sms / system.sm_count  # the peaks are the whole GPU's: per SM they stay
+    return dataclasses.replace(
+        system,
+        sm_count=sms,
+        peak_flops={d: rate * share for d, rate in system.peak_flops.items()},
+        hbm_bandwidth=max(0.1 * system.hbm_bandwidth, system.hbm_bandwidth - hbm_per_wire * wire),
+    )
 
 
 def outermost_link(shape: Sequence[int], system: System) -> str | None:
@@ -143,6 +144,47 @@ def outermost_link(shape: Sequence[int], system: System) -> str | None:
         if n > 1:
             return dim.link
     return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Overlap options: the distributed optimizer's parameter gather, tensor-parallel userbuffers
+
+
+TP_OVERLAP_PIPELINE_SPLITS = 4
+"""Chunks of a reduce-scatter that Transformer Engine's userbuffers overlap with the GEMM that
+produces it (its "pipeline" method, ``num_splits`` 4 by default: ``initialize_ub`` in
+transformer_engine/pytorch/module/base.py). The all-gather before a GEMM uses the
+"ring_exchange" method: one chunk per tensor-parallel rank."""
+
+USERBUFFERS_SMS = {"ring_exchange": 1, "pipeline": 16}
+"""SMs that userbuffers' communication holds beside the GEMM (Transformer Engine's default
+``num_sm`` per method, ``initialize_ub``; the GEMM runs on the others, ``set_sm_margin``): the
+ring exchange of an all-gather moves chunks with copy engines and one SM, the pipelined
+reduce-scatter reduces with 16."""
+
+USERBUFFERS_HBM_BYTES_PER_WIRE_BYTE = {"ring_exchange": 2, "pipeline": HBM_BYTES_PER_WIRE_BYTE}
+"""HBM traffic per byte on the wire: a copied chunk is read and written (2); a reduced one is
+read, reduced with the local chunk and written (3, as a NCCL reduction)."""
+
+
+def chunked_overlap_time(gemm: float, comm: float, chunks: int) -> float:
+    """A GEMM and a collective split into ``chunks`` and pipelined against each other (chunk
+    k's communication beside chunk k-1's GEMM): ``max(gemm, comm) + min(gemm, comm) / chunks``,
+    the longer of the two plus one chunk of the shorter (the pipeline's fill or drain)."""
+    return max(gemm, comm) + min(gemm, comm) / max(1, chunks)
+
+
+def _step_name(name: str) -> str:
+    return name.rsplit("/", 1)[-1]
+
+
+def _forward_part(name: str) -> str | None:
+    """``layer3/`` for a forward node ``mb0/layer3/fwd/...`` (``embedding/`` for
+    ``mb0/embedding/...``), None for any other node (a backward, the optimizer)."""
+    parts = name.split("/")
+    if len(parts) < 3 or not parts[0].startswith("mb") or parts[2] == "bwd":
+        return None
+    return parts[1] + "/"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -453,6 +495,8 @@ class _Sim:
         kernels: KernelTable | None = None,
         profile: str = "megatron",
         calibration: Calibration | None = None,
+        overlap_param_gather: bool = False,
+        tp_comm_overlap: bool = False,
     ) -> None:
         self.problem = problem
         self.system = system
@@ -479,6 +523,11 @@ class _Sim:
         self.comm_link: list[list[str | None]] = []
         for unit in problem.units:
             self._prepare(unit)
+        for u in range(len(problem.units)):
+            if overlap_param_gather:
+                self._gather_before_forward(u)
+            if tp_comm_overlap and not is_hybrid(system):
+                self._overlap_tp_collectives(u)
 
     def _participants(self, gid: int) -> tuple[int, ...]:
         if gid not in self.participants_cache:
@@ -623,6 +672,124 @@ class _Sim:
                 cause=[None] * n,
             )
         )
+
+    def _gather_before_forward(self, u: int) -> None:
+        """Megatron's ``--overlap-param-gather``, in the steady state: the parameter
+        all-gathers that follow the optimizer step (the distributed optimizer's, one per part)
+        belong to the next iteration's forward. The replayed iteration runs from one optimizer
+        step to the next: each gather is issued at its start, in order on its communicator's
+        stream, and the forward nodes of its part (every micro-batch's) wait for it instead of
+        the gather waiting for the step."""
+        res = self.results[u]
+        nodes = res.unit.nodes
+        steps = {
+            nodes[i].id
+            for i, k in enumerate(res.kind)
+            if k == COMPUTE and _step_name(nodes[i].name).startswith("optimizer_step")
+        }
+        if not steps:
+            return
+        position = {node.id: i for i, node in enumerate(nodes)}
+        gathers: dict[str, list[int]] = {}
+        for i, node in enumerate(nodes):
+            if (
+                res.kind[i] == COLL
+                and node.comm_type is not None
+                and node.comm_type.name == "ALL_GATHER"
+                and steps.intersection(node.data_deps)
+            ):
+                gathers.setdefault(node.name.rsplit("/", 1)[0] + "/", []).append(i)
+        if not gathers:
+            return
+        children, pending = self.children[u], self.pending[u]
+        moved = {i for members in gathers.values() for i in members}
+        for i in moved:
+            for dep in set(nodes[i].data_deps) | set(nodes[i].ctrl_deps):
+                j = position[dep]
+                children[j].remove(i)
+            pending[i] = 0
+        for i, node in enumerate(nodes):
+            part = _forward_part(node.name)
+            if part is None or part not in gathers or i in moved:
+                continue
+            for g in gathers[part]:
+                children[g].append(i)
+                pending[i] += 1
+
+    def _overlap_tp_collectives(self, u: int) -> None:
+        """Transformer Engine's ``--tp-comm-overlap`` (userbuffers): sequence parallelism's
+        all-gather is split into one chunk per tensor-parallel rank and pipelined with the
+        GEMMs that consume it, a reduce-scatter into ``TP_OVERLAP_PIPELINE_SPLITS`` chunks
+        with the GEMMs that produce it. Together they take ``chunked_overlap_time`` of the
+        GEMMs slowed by the concurrent communication (the contention model) and the
+        collective; the collective node keeps what is left beyond the GEMMs' own time (the
+        GEMMs still run as separate nodes, at their own speed)."""
+        res = self.results[u]
+        nodes = res.unit.nodes
+        position: dict[int, int] | None = None
+        children = self.children[u]
+        claimed: set[int] = set()
+        for i, node in enumerate(nodes):
+            if res.kind[i] != COLL:
+                continue
+            name = _step_name(node.name)
+            if name.startswith("all_gather_tp:"):
+                gemms = [c for c in children[i] if self._is_gemm(u, c)]
+                chunks = len(self.problem.comm_groups.get(node.comm_group, ())) or 1
+                method = "ring_exchange"
+            elif name.startswith("reduce_scatter_tp:"):
+                if position is None:
+                    position = {n.id: k for k, n in enumerate(nodes)}
+                gemms = [position[d] for d in node.data_deps if self._is_gemm(u, position[d])]
+                chunks = TP_OVERLAP_PIPELINE_SPLITS
+                method = "pipeline"
+            else:
+                continue
+            gemms = [g for g in gemms if g not in claimed]
+            if not gemms:
+                continue
+            claimed.update(gemms)
+            free = sum(res.duration[g] for g in gemms)
+            link = self.comm_link[u][i]
+            slowed = free
+            if link in self.contended:
+                slowed = sum(
+                    max(res.duration[g], self._userbuffers_contended(u, g, link, method))
+                    for g in gemms
+                )
+            together = chunked_overlap_time(slowed, res.duration[i], chunks)
+            res.duration[i] = max(0.0, together - free)
+            self.comm_link[u][i] = None  # its contention is in ``slowed`` already
+
+    def _userbuffers_contended(self, u: int, i: int, link: str, method: str) -> float:
+        """Duration of GEMM ``i`` of unit ``u`` beside userbuffers' ``method`` over ``link``."""
+        key = (self.cost_key[u][i], link, method)
+        cost = self.contended_cost.get(key)
+        if cost is None:
+            gpu = contended_system(
+                self.system,
+                link,
+                USERBUFFERS_SMS[method],
+                USERBUFFERS_HBM_BYTES_PER_WIRE_BYTE[method],
+            )
+            kernels = self.kernels
+            if isinstance(kernels, Mapping):
+                kernels = kernels.get(self.system.name)
+            cost = self.contended_cost[key] = compute_time(
+                self.results[u].unit.nodes[i],
+                gpu,
+                self.default_dtype,
+                kernels,
+                self.profile,
+                self.calibration,
+            )
+        return cost
+
+    def _is_gemm(self, u: int, i: int) -> bool:
+        if self.results[u].kind[i] != COMPUTE:
+            return False
+        attrs = getattr(self.results[u].unit.nodes[i], "attrs", None) or {}
+        return "gemm" in attrs
 
     def run(self) -> Replay:
         units = self.problem.units
@@ -830,14 +997,27 @@ def replay(
     kernels: KernelTable | None = None,
     profile: str = "megatron",
     calibration: Calibration | None = None,
+    overlap_param_gather: bool = False,
+    tp_comm_overlap: bool = False,
 ) -> Replay:
     """Simulate every unit of ``problem`` on ``system`` (ops priced with ``kernels`` under
-    execution ``profile``)."""
+    execution ``profile``); ``overlap_param_gather`` and ``tp_comm_overlap``: Megatron's
+    options of those names (see :meth:`_Sim._gather_before_forward` and
+    :meth:`_Sim._overlap_tp_collectives`)."""
     # millions of small lists and tuples, none cyclic: the cyclic collector only costs time
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _Sim(problem, system, default_dtype, kernels, profile, calibration).run()
+        return _Sim(
+            problem,
+            system,
+            default_dtype,
+            kernels,
+            profile,
+            calibration,
+            overlap_param_gather,
+            tp_comm_overlap,
+        ).run()
     finally:
         if enabled:
             gc.enable()
@@ -1144,6 +1324,8 @@ def predict_problem(
     profile: str = "megatron",
     explain_path: bool = False,
     calibration: Calibration | None = None,
+    overlap_param_gather: bool = False,
+    tp_comm_overlap: bool = False,
 ) -> dict[str, Any]:
     """Replay ``problem`` and report; ``timeline`` writes a Chrome trace JSON there;
     ``explain_path`` adds the critical path's breakdown (:func:`explain`) as ``explain``.
@@ -1164,7 +1346,16 @@ def predict_problem(
                 "--calibration holds one device's measured kernels; on a hybrid system give "
                 "it with one group's device preset (--system t4-16g) instead"
             )
-    result = replay(problem, system, dtype, tables, profile, calibration)
+    result = replay(
+        problem,
+        system,
+        dtype,
+        tables,
+        profile,
+        calibration,
+        overlap_param_gather=overlap_param_gather,
+        tp_comm_overlap=tp_comm_overlap,
+    )
     report = summarize(result, system, dtype=dtype, tokens=tokens, world_size=problem.world_size)
     if isinstance(tables, dict):
         names = sorted({n for t in tables.values() for n in t.names()})
@@ -1230,12 +1421,22 @@ def predict_time(
         profile=profile,
         explain_path=explain,
         calibration=calibration,
+        **overlap_options(options),
     )
     report["simulated_ranks"] = len(problem.units)
     if stackless and options.get("batch") and report["iteration_time_s"] > 0:
         # a model without a sequence (images): samples, not tokens
         report["samples_per_s"] = int(options["batch"]) / report["iteration_time_s"]
     return report
+
+
+def overlap_options(options: Mapping[str, Any]) -> dict[str, bool]:
+    """The overlap options a workload was generated with (its metadata's ``options``; a trace
+    records them only when on)."""
+    return {
+        "overlap_param_gather": bool(options.get("overlap_param_gather")),
+        "tp_comm_overlap": bool(options.get("tp_comm_overlap")),
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1359,6 +1560,7 @@ __all__ = [
     "collective_time",
     "compute_time",
     "group_shape",
+    "overlap_options",
     "predict_problem",
     "predict_time",
     "predict_trace",

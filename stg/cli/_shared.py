@@ -207,6 +207,24 @@ SPECS: dict[str, tuple[str, _Spec]] = {
         _PARALLEL,
         _Spec("ZeRO stage: 0, 1, 2 or 3 (3 is --weight_sharded true).", metavar="0|1|2|3"),
     ),
+    "overlap_param_gather": (
+        _PARALLEL,
+        _Spec(
+            "ZeRO-1/2 (distributed optimizer): each layer's parameter all-gather overlaps the "
+            "next iteration's forward (Megatron's --overlap-param-gather; default off, as there).",
+            parser=parse_bool,
+            metavar=BOOL,
+        ),
+    ),
+    "tp_comm_overlap": (
+        _PARALLEL,
+        _Spec(
+            "Tensor-parallel all-gathers and reduce-scatters split into chunks and overlapped "
+            "with their GEMMs (Megatron/Transformer Engine --tp-comm-overlap; needs --tpsp).",
+            parser=parse_bool,
+            metavar=BOOL,
+        ),
+    ),
     "rank_order": (_PARALLEL, _Spec("Mesh axes, fastest-varying first.", metavar="AXES")),
     "pipeline_schedule": (
         _PARALLEL,
@@ -646,6 +664,7 @@ def run_predictors(
                 extra["explain_path"] = True
             if options.get("profile"):
                 extra["profile"] = str(options["profile"])
+            extra.update(time_predictor.overlap_options(options))
             # one replay per class of identical ranks (problem_from_trace), else every rank
             reports[name] = time_predictor.predict_trace(
                 nodes,

@@ -578,7 +578,9 @@ def build_inference_workload(
         "options": {
             k: v
             for k, v in options.as_dict().items()
-            if k not in {"output_dir", "output_name"} and not (k in UNSET_OPTIONS and v is None)
+            if k not in {"output_dir", "output_name"}
+            and not (k in UNSET_OPTIONS and v is None)
+            and k not in GenerateOptions.OVERLAP_FIELDS  # training-only options
         },
         "micro_batches": plan.micro_batches,
         "layers_per_chunk": list(plan.layers_per_chunk),

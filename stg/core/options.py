@@ -198,6 +198,8 @@ class GenerateOptions:
     tpsp: bool = True
     weight_sharded: bool = False
     zero: int = 0
+    overlap_param_gather: bool = False
+    tp_comm_overlap: bool = False
     activation_recompute: str = "none"
     pipeline_schedule: str = "1f1b"
     virtual_stages: int = 1
@@ -224,6 +226,9 @@ class GenerateOptions:
     ATTENTION = ("fused", "unfused")
     PROFILES = ("megatron", "eager")
     PHASES = ("training", "prefill", "decode", "mixed")
+    OVERLAP_FIELDS = ("overlap_param_gather", "tp_comm_overlap")
+    """Overlap options (read by the time predictor); left out of a trace's metadata while
+    off, so traces generated without them keep their bytes."""
     INFERENCE_FIELDS = (
         "phase",
         "context",

@@ -293,6 +293,28 @@ def make_plan(o: GenerateOptions) -> ParallelPlan:
         f"zero={o.zero} cannot be combined with weight_sharded "
         "(which already shards everything, ZeRO-3)",
     )
+    _require(
+        not o.overlap_param_gather or o.zero in (1, 2),
+        f"overlap_param_gather=true needs the distributed optimizer's parameter all-gather: "
+        f"zero={o.zero}{' (weight_sharded)' if o.weight_sharded else ''} is not allowed; "
+        "allowed: zero=1 or zero=2",
+    )
+    _require(
+        not o.overlap_param_gather or o.dp * o.sp > 1,
+        "overlap_param_gather=true needs dp·sp > 1 (with one replica there is no parameter "
+        "all-gather to overlap)",
+    )
+    _require(
+        not o.tp_comm_overlap or (o.tp > 1 and o.tpsp),
+        f"tp_comm_overlap=true overlaps sequence parallelism's all-gathers and reduce-scatters "
+        f"with their GEMMs: tp={o.tp}, tpsp={str(o.tpsp).lower()} is not allowed; "
+        "allowed: tp > 1 with tpsp=true",
+    )
+    _require(
+        not o.tp_comm_overlap or o.profile == "megatron",
+        f"tp_comm_overlap=true is Transformer Engine's userbuffers overlap: profile={o.profile} "
+        "is not allowed; allowed: profile=megatron",
+    )
     _require(o.kexperts <= o.experts, f"kexperts={o.kexperts} must not exceed experts={o.experts}")
     _require(o.capacity_factor > 0, f"capacity_factor={o.capacity_factor} must be positive")
     if o.virtual_stages > 1:
