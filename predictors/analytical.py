@@ -573,6 +573,12 @@ def predict_options(
             f"the analytical predictor models training iterations; phase={phase} needs the "
             "serving or time predictor (--predictor serving|time)"
         )
+    overlaps = [f"{n}=true" for n in GenerateOptions.OVERLAP_FIELDS if getattr(o, n, False)]
+    if overlaps:
+        raise UserError(
+            f"the analytical predictor does not model {', '.join(overlaps)}; the time "
+            "predictor's replay does (--predictor time)"
+        )
     world = o.world_size
     if system.capacity and world > system.capacity:
         raise UserError(f"{world} ranks do not fit system {system.name!r} ({system.capacity} GPUs)")

@@ -27,6 +27,13 @@ when the last member has issued it (matched per group in issue order). A receive
 stream and completes when its matching send (same source, destination, tag and size, first in
 first out) has completed.
 
+Overlap options (a workload's ``overlap_param_gather`` and ``tp_comm_overlap``, Megatron's
+``--overlap-param-gather`` and ``--tp-comm-overlap``): the distributed optimizer's parameter
+all-gathers open the replayed period and gate only their own part's forward (the steady
+state, gathers of one iteration beside the next one's forward); a tensor-parallel all-gather
+or reduce-scatter and the GEMMs that consume or produce it take the chunked pipeline's
+``max(gemm, comm) + min(gemm, comm) / chunks`` (docs/prediction.md).
+
 Symmetry: ranks of one rank class whose groups have the same placement shape (and, by
 refinement, whose group partners are alike) have identical timelines, so only one
 representative per such *unit* is simulated; collectives and sends synchronise the
