@@ -77,9 +77,7 @@ def test_param_gather_hides_behind_the_next_forward() -> None:
     for p, i in gathers.items():
         assert res_off.duration[i] == pytest.approx(d[p])
     # without the option the gathers follow the optimizer step, one after the other
-    assert off.iteration_time == pytest.approx(
-        max(res_off.end[i] for i in gathers.values())
-    )
+    assert off.iteration_time == pytest.approx(max(res_off.end[i] for i in gathers.values()))
     step = next(i for i, n in enumerate(res_off.unit.nodes) if n.name == "optimizer_step")
     assert off.iteration_time == pytest.approx(res_off.end[step] + sum(d.values()))
     # with it, each gather ends before the first forward use of its part
@@ -88,7 +86,8 @@ def test_param_gather_hides_behind_the_next_forward() -> None:
         first = min(
             res_on.start[k]
             for k, n in enumerate(nodes)
-            if n.name.startswith("mb") and n.name.split("/")[1] == part
+            if n.name.startswith("mb")
+            and n.name.split("/")[1] == part
             and n.name.split("/")[2] != "bwd"
         )
         assert res_on.end[i] <= first + 1e-12
