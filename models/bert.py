@@ -24,6 +24,7 @@ from stg.api import Dim, GraphBuilder, Model, Tensor, hookimpl
 from stg.errors import UserError
 from stg.models.gpt import CROSS_ENTROPY_BACKWARD_FLOPS, CROSS_ENTROPY_FLOPS, GELU_FLOPS, mlp
 from stg.models.gpt import attention as gpt_attention
+from stg.models.gpt import dropout
 
 TOKEN_TYPES = Dim("token_types", sympy.Integer(2))
 """Segments A and B (BERT's type_vocab_size)."""
@@ -55,7 +56,7 @@ def embeddings(b: GraphBuilder, segments: bool) -> Tensor:
         table = b.weight("token_type_embedding", [TOKEN_TYPES, "dmodel"])
         types = b.tokens("token_type_ids")
         h = b.add(h, b.gather(table, types, name="segment_embedding"), name="segment_add")
-    return b.layernorm(h, "ln_embedding")
+    return dropout(b, b.layernorm(h, "ln_embedding"), "embedding_dropout")
 
 
 def embedding(b: GraphBuilder, x: None) -> Tensor:

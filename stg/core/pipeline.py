@@ -381,6 +381,7 @@ def build_workload(
             and not (k in UNSET_OPTIONS and v is None)
             and k not in GenerateOptions.INFERENCE_FIELDS  # training traces keep their bytes
             and not (k == "placement" and not v)
+            and not (k == "dropout" and not v)  # no dropout: traces keep their bytes
         },
         "micro_batches": plan.micro_batches,
         "layers_per_chunk": list(plan.layers_per_chunk),
