@@ -22,9 +22,14 @@ import sympy
 
 from stg.api import Dim, GraphBuilder, Model, Tensor, hookimpl
 from stg.errors import UserError
-from stg.models.gpt import CROSS_ENTROPY_BACKWARD_FLOPS, CROSS_ENTROPY_FLOPS, GELU_FLOPS, mlp
+from stg.models.gpt import (
+    CROSS_ENTROPY_BACKWARD_FLOPS,
+    CROSS_ENTROPY_FLOPS,
+    GELU_FLOPS,
+    dropout,
+    mlp,
+)
 from stg.models.gpt import attention as gpt_attention
-from stg.models.gpt import dropout
 
 TOKEN_TYPES = Dim("token_types", sympy.Integer(2))
 """Segments A and B (BERT's type_vocab_size)."""

@@ -21,7 +21,8 @@ tensor so that the published closed forms come out exactly for GPT (F = 4h, 16-b
 with sequence parallelism, no ``5·a·s/h`` term with selective recompute, ``2·s·b·h`` (``/t``
 with SP) with full recompute. Without dropout (``dropout`` = 0, the default) the masks
 and the dropout output go: ``s·b·h·(8 + 24/t + 2·a·s/(h·t))``. Llama-style models (SwiGLU,
-RMSNorm, GQA, no dropout) store the gate, up and product tensors of the MLP and K/V of ``kv`` heads, and no dropout masks.
+RMSNorm, GQA, no dropout) store the gate, up and product tensors of the MLP and K/V of
+``kv`` heads, and no dropout masks.
 With fused attention (the default: FlashAttention-class kernels) no score, probability or
 dropout-mask matrix is kept, only 4 bytes (fp32 log-sum-exp) per query row and head: the
 ``5·a·s/h`` term becomes ``4·a/h``. Context parallelism (``sp``) divides the sequence of

@@ -14,8 +14,8 @@ Each point is spelled as a user spells it: the options of ``stg generate`` / ``s
 - ``activation_memory_relative_to_baseline`` (Korthikanti Figure 7): activations of one
   transformer layer with the technique over those of the TP-only baseline (no sequence
   parallelism, no recompute), with unfused attention and dropout 0.1 as in the paper; on a
-  middle stage the ratio of the stages' activations is the same number. The first stage adds the embedding's
-  dropout mask, the last the LM head's inputs and logits: not in the figure.
+  middle stage the ratio of the stages' activations is the same number. The first stage adds
+  the embedding's dropout mask, the last the LM head's inputs and logits: not in the figure.
 - ``model_state_memory_per_gpu`` (ZeRO's worked example): Ψ = 7.5e9 parameters, 16-bit
   weights and gradients, fp32 Adam (K = 12), ZeRO stage over N_d = dp = 64.
 - ``iteration_time`` (Korthikanti Table 5): the generated workload (unfused attention, as in
