@@ -175,3 +175,19 @@ def test_time_prices_dropout_as_memory_bound_kernels() -> None:
     assert compute_time(grad, system, profile="megatron") == pytest.approx(
         memory_bound_time(system.gpu, grad.tensor_size, "stream") + system.kernel_overhead
     )
+
+
+def test_the_backward_keeps_the_masks() -> None:
+    from stg.core.modelinfo import build_unsharded, saved_activations
+
+    registry = load_registry(autoload=False)
+    saved = {}
+    for rate in (0.0, 0.1):
+        o = GenerateOptions(**DIMS, attention="unfused", dropout=rate)
+        part = build_unsharded(registry.models.get("gpt"), "block", o)
+        saved[rate] = {t.name: t.dtype for t in saved_activations(part)}
+    masks = {name: dtype for name, dtype in saved[0.1].items() if name.endswith(".mask")}
+    assert masks == {
+        f"{op}.mask": "int8" for op in ("attn_dropout", "attn_out_bias_dropout", "fc2_bias_dropout")
+    }
+    assert not any(name.endswith(".mask") for name in saved[0.0])
