@@ -22,7 +22,13 @@ import sympy
 
 from stg.api import Dim, GraphBuilder, Model, Tensor, hookimpl
 from stg.errors import UserError
-from stg.models.gpt import CROSS_ENTROPY_BACKWARD_FLOPS, CROSS_ENTROPY_FLOPS, GELU_FLOPS, mlp
+from stg.models.gpt import (
+    CROSS_ENTROPY_BACKWARD_FLOPS,
+    CROSS_ENTROPY_FLOPS,
+    GELU_FLOPS,
+    dropout,
+    mlp,
+)
 from stg.models.gpt import attention as gpt_attention
 
 TOKEN_TYPES = Dim("token_types", sympy.Integer(2))
@@ -55,7 +61,7 @@ def embeddings(b: GraphBuilder, segments: bool) -> Tensor:
         table = b.weight("token_type_embedding", [TOKEN_TYPES, "dmodel"])
         types = b.tokens("token_type_ids")
         h = b.add(h, b.gather(table, types, name="segment_embedding"), name="segment_add")
-    return b.layernorm(h, "ln_embedding")
+    return dropout(b, b.layernorm(h, "ln_embedding"), "embedding_dropout")
 
 
 def embedding(b: GraphBuilder, x: None) -> Tensor:

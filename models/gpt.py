@@ -3,6 +3,12 @@
 Tensor parallelism follows Megatron: Q/K/V and the first MLP matmul are split by output
 (heads, dff), the attention output and the second MLP matmul by input, the vocabulary of the
 embedding and LM head by rows. Every collective follows from these splits.
+
+With ``--dropout P`` (P > 0) the layers have GPT's dropout, as Megatron-LM places it: on the
+embedding (after the split for sequence parallelism), on the attention probabilities, and
+after the attention projection and the second MLP matmul, between their bias and the residual
+add (``*_bias_dropout``: Megatron's fused bias-dropout-add). Each writes a 1-byte mask that
+its backward reads (:meth:`~stg.api.GraphBuilder.dropout`). Serving phases run without it.
 """
 
 from __future__ import annotations
@@ -15,6 +21,13 @@ GELU_FLOPS = 8  # tanh approximation, per element
 SOFTMAX_FLOPS = 5  # scale, max, subtract+exp, sum, divide
 CROSS_ENTROPY_FLOPS = 5
 CROSS_ENTROPY_BACKWARD_FLOPS = 3
+
+
+def dropout(b: GraphBuilder, x: Tensor, name: str) -> Tensor:
+    """``x`` through dropout when training with ``--dropout`` > 0, else ``x`` unchanged."""
+    if b.options.get("dropout") and b.options.get("phase", "training") == "training":
+        return b.dropout(x, name)
+    return x
 
 
 def causal_scale(b: GraphBuilder, causal: bool | None = None) -> sympy.Expr:
@@ -30,7 +43,10 @@ def embedding(b: GraphBuilder, x: None) -> Tensor:
     # added on the whole sequence, and the sum is then split for sequence parallelism.
     wte = b.weight("wte", "dvocal dmodel", shard={"dvocal": "tp"})
     h = b.unpartial(b.gather(wte, b.tokens(), name="token_embedding"))
-    return b.elementwise("position_embedding", h, b.weight("wpe", "seq dmodel"), flops=1)
+    h = b.elementwise("position_embedding", h, b.weight("wpe", "seq dmodel"), flops=1)
+    if b.options.get("dropout") and b.options.get("phase", "training") == "training":
+        h = dropout(b, b.residual(h), "embedding_dropout")  # on this rank's part of the sequence
+    return h
 
 
 def attention(b: GraphBuilder, x: Tensor, causal: bool | None = None) -> Tensor:
@@ -50,6 +66,7 @@ def attention(b: GraphBuilder, x: Tensor, causal: bool | None = None) -> Tensor:
     with b.tag("core_attention"):
         scores = b.einsum("bsak,btak->bast", q, k, name="scores", scale=causal_scale(b, causal))
         probs = b.elementwise("softmax", scores, flops=SOFTMAX_FLOPS, reduce=(-1,))
+        probs = dropout(b, probs, "attn_dropout")
         ctx = b.einsum("bast,btak->bsak", probs, v, name="context", scale=causal_scale(b, causal))
     o = b.einsum(
         "bsak,akh->bsh",
@@ -57,7 +74,8 @@ def attention(b: GraphBuilder, x: Tensor, causal: bool | None = None) -> Tensor:
         b.weight("wo", "head dhead dmodel", shard={"head": "tp"}),
         name="attn_out",
     )
-    return b.elementwise("attn_out_bias", b.residual(o), b.weight("bo", "dmodel"))
+    o = b.elementwise("attn_out_bias", b.residual(o), b.weight("bo", "dmodel"))
+    return dropout(b, o, "attn_out_bias_dropout")
 
 
 def mlp(b: GraphBuilder, x: Tensor) -> Tensor:
@@ -65,7 +83,8 @@ def mlp(b: GraphBuilder, x: Tensor) -> Tensor:
     u = b.elementwise("fc1_bias", u, b.weight("b1", "dff", shard={"dff": "tp"}))
     u = b.elementwise("gelu", u, flops=GELU_FLOPS)
     d = b.einsum("bsf,fh->bsh", u, b.weight("w2", "dff dmodel", shard={"dff": "tp"}), name="fc2")
-    return b.elementwise("fc2_bias", b.residual(d), b.weight("b2", "dmodel"))
+    d = b.elementwise("fc2_bias", b.residual(d), b.weight("b2", "dmodel"))
+    return dropout(b, d, "fc2_bias_dropout")
 
 
 def block(b: GraphBuilder, x: Tensor) -> Tensor:

@@ -7,13 +7,26 @@ group of ``head / kvhead`` query heads, and tensor parallelism splits the kvhead
 from __future__ import annotations
 
 from stg.api import GraphBuilder, Model, Tensor, hookimpl
+from stg.errors import UserError
 from stg.models.gpt import SOFTMAX_FLOPS, causal_scale, lm_head
 
 ROPE_FLOPS = 3  # two multiplies and an add per element
 SWIGLU_FLOPS = 5  # silu (4) and the gate product (1)
 
 
+def refuse_dropout(b: GraphBuilder) -> None:
+    """Llama-family models (and the MoE and DeepSeek models built on them) train without
+    dropout: ``--dropout`` > 0 is refused rather than silently ignored."""
+    rate = b.options.get("dropout")
+    if rate:
+        model = b.options.get("model", "llama")
+        raise UserError(
+            f"{model} trains without dropout: dropout={rate} is not allowed; allowed: 0"
+        )
+
+
 def embedding(b: GraphBuilder, x: None) -> Tensor:
+    refuse_dropout(b)
     wte = b.weight("wte", "dvocal dmodel", shard={"dvocal": "tp"})
     return b.residual(b.gather(wte, b.tokens(), name="token_embedding"))
 

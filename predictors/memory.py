@@ -15,11 +15,14 @@ Model state (mixed-precision Adam, Rajbhandari et al. 2020; Megatron-LM):
 
 Activations (Korthikanti et al. 2022, section 4), per layer and micro-batch, derived per stored
 tensor so that the published closed forms come out exactly for GPT (F = 4h, 16-bit activations,
-1-byte dropout masks) with unfused attention (``attention="unfused"``, as in 2022):
+1-byte dropout masks: ``dropout`` > 0, as those runs trained) with unfused attention
+(``attention="unfused"``, as in 2022):
 ``s·b·h·(10 + 24/t + 5·a·s/(h·t))`` with TP, ``/t`` for the first term
 with sequence parallelism, no ``5·a·s/h`` term with selective recompute, ``2·s·b·h`` (``/t``
-with SP) with full recompute. Llama-style models (SwiGLU, RMSNorm, GQA, no dropout) store the
-gate, up and product tensors of the MLP and K/V of ``kv`` heads, and no dropout masks.
+with SP) with full recompute. Without dropout (``dropout`` = 0, the default) the masks
+and the dropout output go: ``s·b·h·(8 + 24/t + 2·a·s/(h·t))``. Llama-style models (SwiGLU,
+RMSNorm, GQA, no dropout) store the gate, up and product tensors of the MLP and K/V of
+``kv`` heads, and no dropout masks.
 With fused attention (the default: FlashAttention-class kernels) no score, probability or
 dropout-mask matrix is kept, only 4 bytes (fp32 log-sum-exp) per query row and head: the
 ``5·a·s/h`` term becomes ``4·a/h``. Context parallelism (``sp``) divides the sequence of
@@ -29,8 +32,8 @@ scores of a rank are its ``s/sp`` queries against all ``s`` keys.
 In-flight micro-batches on stage i of p with m micro-batches: GPipe m, 1F1B min(p - i, m),
 interleaved 1F1B with v chunks ``min(2(p - i - 1) + (v - 1)·p + 1, m·v)`` chunks of L/(p·v)
 layers (Korthikanti's first-stage factor 1 + (p - 1)/(p·v); all m·v when m = p, as Megatron
-then runs every forward first). The embedding's tensors (GPT's dropout mask) count the
-micro-batches its chunk, the first, holds: up to about 2p with interleaving, not p.
+then runs every forward first). The embedding's tensors (GPT's dropout mask, with dropout)
+count the micro-batches its chunk, the first, holds: up to about 2p with interleaving, not p.
 
 These are the figures of the whole stage. Published per-layer figures (Korthikanti's Figure 7
 ratios, his Figure 1 model state "embeddings excluded") compare with
@@ -91,6 +94,12 @@ def model_family(model: str) -> str:
     name = model.lower().split(":")[-1]
     llama = ("llama", "mistral", "qwen", "moe", "deepseek")
     return "llama" if any(word in name for word in llama) else "gpt"
+
+
+def has_dropout(o: GenerateOptions) -> bool:
+    """Whether the layers keep dropout masks: a GPT-family model trained with ``--dropout``
+    > 0 (Llama-family models refuse it)."""
+    return bool(o.dropout) and model_family(o.model) == "gpt" and not o.inference
 
 
 def is_moe(o: GenerateOptions) -> bool:
@@ -358,13 +367,14 @@ def activation_bytes_per_layer(
             sharded += e * 3 * sb * f
         scores = e * a * s_local * o.seq * b
     else:
-        # two LayerNorm inputs, QKV input, MLP input (16-bit), two dropout masks (1 byte)
-        replicated = e * 4 * sbh + MASK_BYTES * 2 * sbh
+        masks = MASK_BYTES if has_dropout(o) else 0
+        # two LayerNorm inputs, QKV input, MLP input (16-bit), two hidden dropout masks
+        replicated = e * 4 * sbh + masks * 2 * sbh
         # Q, K, V, projection input; GELU input and output
         width = a * head_size(o)  # a·d: h unless --dhead
         sharded = e * s_local * b * width * 4 + k * e * 2 * s_local * b * f
-        # softmax output, dropout mask, dropout output
-        scores = (2 * e + MASK_BYTES) * a * s_local * o.seq * b
+        # softmax output; with dropout also its mask and output
+        scores = (2 * e + masks if masks else e) * a * s_local * o.seq * b
     total = replicated / sp_divisor + sharded / t
     if recompute == "none":
         if o.attention == "unfused":
@@ -414,8 +424,9 @@ def _saved_matmul_inputs(
             (sbf, ("fc2",), False),
         ]
         if recompute == "none" and o.attention == "unfused":
-            # the dropout output feeds only the context matmul
-            saved.append((scores, ("context",), False))
+            # the dropout output feeds only the context matmul; without dropout the softmax
+            # output feeds it and the softmax backward
+            saved.append((scores, ("context",), not has_dropout(o)))
     return saved
 
 
@@ -642,7 +653,7 @@ def stage_memory(
     sp_divisor = t if (o.tpsp and t > 1) else 1
     sbh = o.seq / o.sp * b * o.dmodel
     held = in_flight_micro_batches(stage, o.pp, m, o.pipeline_schedule, o.virtual_stages)
-    if has_embedding and model_family(o.model) == "gpt":
+    if has_embedding and has_dropout(o):
         activations += held * MASK_BYTES * sbh / sp_divisor  # embedding dropout mask
     if has_head:
         # final norm input and LM-head input, fp32 logits for the cross entropy

@@ -33,8 +33,8 @@ def entries(metric: str) -> list[dict]:
 
 
 def gpt(**kw: object) -> dict:
-    """GPT option dict (F = 4h, a = kv) with the given overrides; unfused attention, as
-    Korthikanti et al. (2022) assume."""
+    """GPT option dict (F = 4h, a = kv) with the given overrides; unfused attention and
+    dropout 0.1 (hidden and attention), as Korthikanti et al. (2022) assume."""
     h = kw.pop("dmodel", 6144)
     options = {
         "model": "gpt",
@@ -50,6 +50,7 @@ def gpt(**kw: object) -> dict:
         "dtype": "bf16",
         "tpsp": False,
         "attention": "unfused",
+        "dropout": 0.1,
     }
     options.update(kw)
     if "head" in kw and "kvhead" not in kw:

@@ -260,6 +260,15 @@ SPECS: dict[str, tuple[str, _Spec]] = {
             metavar="fused|unfused",
         ),
     ),
+    "dropout": (
+        _TRAINING,
+        _Spec(
+            "Dropout rate p of GPT, BERT and RoBERTa (hidden, embedding and attention "
+            "dropout, as Megatron's --hidden-dropout/--attention-dropout; 0: none). "
+            "Llama-family models train without dropout and refuse p > 0.",
+            metavar="P",
+        ),
+    ),
     "profile": (
         _TRAINING,
         _Spec(

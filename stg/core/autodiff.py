@@ -126,6 +126,18 @@ def _backward_op(b: GraphBuilder, op: Op, dy: Tensor | None, grads: _Grads) -> N
                     out_dtype=out_dtype,
                 ),
             )
+    elif op.kind == "elementwise" and op.mask is not None:  # dropout: dy times the mask
+        assert dy is not None
+        x = op.inputs[0]
+        if _needs_grad(x):
+            g = b.elementwise(
+                f"{name}.grad_{x.name}",
+                dy,
+                op.mask,
+                flops=op.backward_flops_per_element,
+                backward_flops=0,
+            )
+            grads.add(x, b.reshard(g, grad_sharding(x)))
     elif op.kind == "elementwise":
         assert dy is not None
         x = op.inputs[0]

@@ -171,6 +171,8 @@ def bind_ops(ops: Iterable[Op | BoundOp], binder: Binder) -> list[BoundOp]:
         else:
             moved = sum(_moved(t, binder) for t in op.inputs if t.kind != "index")
             moved += _moved(op.output, binder)
+            if op.mask is not None:  # a dropout also writes its 1-byte mask
+                moved += binder.nbytes(op.mask)
             moved += sum(binder.numel(t) * 4 for t in op.inputs if t.kind == "index")
             if op.kind == "kv_append":  # the new keys/values read, then written into the cache
                 moved = kv_append_bytes(op, binder)
@@ -193,7 +195,7 @@ def bind_ops(ops: Iterable[Op | BoundOp], binder: Binder) -> list[BoundOp]:
                     op.name,
                     NodeType.COMP,
                     inputs,
-                    (key(op.output),),
+                    (key(op.output),) + ((key(op.mask),) if op.mask is not None else ()),
                     num_ops=num_ops,
                     tensor_size=moved,
                     tags=op.tags,
@@ -358,7 +360,9 @@ def _fused_attention(run: list[Op], binder: Binder, shapes: dict[str, tuple[int,
         "core_attention.grad" if backward else "core_attention",
         NodeType.COMP,
         tuple(key(t) for t in external),
-        tuple(key(op.output) for op in run),
+        # a dropout of the probabilities runs inside the kernel (FlashAttention regenerates
+        # its mask from the RNG state backward): its mask is a key, never bytes
+        tuple(key(t) for op in run for t in (op.output, op.mask) if t is not None),
         num_ops=sum(_flops(op, binder) for op in run),
         tensor_size=moved,
         tags=frozenset().union(*(op.tags for op in run)) | {"core_attention"},

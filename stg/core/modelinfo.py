@@ -88,6 +88,7 @@ def build_unsharded(model: Model, part_name: str, options: GenerateOptions) -> P
 def saved_activations(part: Part) -> list[Tensor]:
     """Forward tensors that the backward reads: what stays in memory between the two."""
     forward = {id(op.output): op.output for op in part.forward}
+    forward.update({id(op.mask): op.mask for op in part.forward if op.mask is not None})
     forward.update({id(t): t for t in part.inputs if t.kind in {"input", "index", "data"}})
     seen: dict[int, Tensor] = {}
     for op in part.backward:

@@ -144,7 +144,13 @@ class GenerateOptions:
     (scores, softmax and context as separate kernels through memory). ``profile`` names how
     the training stack executes, for predictors: ``megatron`` (Megatron-LM / Transformer
     Engine: fused kernels, asynchronous launches) or ``eager`` (eager PyTorch: one kernel per
-    op, each paying the host's launch cost). ``dhead`` is the size of one attention head;
+    op, each paying the host's launch cost). ``dropout`` is the training dropout rate p of
+    the models whose architecture has dropout (GPT, BERT, RoBERTa): hidden dropout after the
+    attention projection and after the MLP (Megatron's fused bias-dropout-add), on the
+    embedding, and on the attention probabilities (Megatron's ``--hidden-dropout`` and
+    ``--attention-dropout``, both 0.1 in GPT-3-style runs); 0 (the default) builds no dropout
+    op. Models that train without dropout (Llama, MoE, DeepSeek) refuse p > 0. ``dhead`` is
+    the size of one attention head;
     ``None`` means ``dmodel / head`` (Qwen3 sets it apart: 128 with dmodel 2048 and 32 heads).
     ``model`` is a registered model; a preset's name is resolved before (:func:`resolve_model`).
 
@@ -208,6 +214,7 @@ class GenerateOptions:
     grad_reduce_dtype: str | None = None
     causal: bool = False
     attention: str = "fused"
+    dropout: float = 0.0
     profile: str = "megatron"
     precision: tuple[tuple[str, str], ...] = ()
     placement: tuple[tuple[str, int], ...] = ()

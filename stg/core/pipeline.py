@@ -381,6 +381,7 @@ def build_workload(
             and not (k in UNSET_OPTIONS and v is None)
             and k not in GenerateOptions.INFERENCE_FIELDS  # training traces keep their bytes
             and not (k == "placement" and not v)
+            and not (k == "dropout" and not v)  # no dropout: traces keep their bytes
             and not (k in GenerateOptions.OVERLAP_FIELDS and not v)  # off: same bytes as before
         },
         "micro_batches": plan.micro_batches,

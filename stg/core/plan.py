@@ -271,6 +271,12 @@ def make_plan(o: GenerateOptions) -> ParallelPlan:
         f"attention={o.attention!r} must be one of {', '.join(GenerateOptions.ATTENTION)}",
     )
     _require(
+        isinstance(o.dropout, int | float)
+        and not isinstance(o.dropout, bool)
+        and 0 <= o.dropout < 1,
+        f"dropout={o.dropout!r} must be a rate in [0, 1) (0: no dropout)",
+    )
+    _require(
         o.profile in GenerateOptions.PROFILES,
         f"profile={o.profile!r} must be one of {', '.join(GenerateOptions.PROFILES)}",
     )

@@ -40,6 +40,13 @@ model of dense and MoE layers; the shared experts of an MoE layer."""
 
 ONE = sympy.Integer(1)
 ZERO = sympy.Integer(0)
+MASK_DTYPE = "int8"
+"""A dropout mask's storage: 1 byte per element (torch.bool; Megatron-LM's fused
+bias-dropout-add keeps the same)."""
+DROPOUT_FLOPS = 3
+"""Per element forward: compare a random draw with p, apply the mask, scale by 1/(1 - p)."""
+DROPOUT_BACKWARD_FLOPS = 2
+"""Per element backward: the output gradient times the mask, times 1/(1 - p)."""
 
 
 @dataclass(frozen=True)
@@ -126,6 +133,10 @@ class Op:
     grad_inputs: tuple[int, ...] = ()
     collective: CollectiveType | None = None
     axes: Axes = NO_AXES
+    mask: Tensor | None = None
+    """a second tensor the op writes for its backward (a dropout's 1-byte mask,
+    :meth:`GraphBuilder.dropout`): its bytes count in the op's, and the backward reads it
+    instead of the op's input"""
 
 
 @dataclass
@@ -608,6 +619,29 @@ class GraphBuilder:
                 grad_inputs=tuple(range(1 + len(others))),
             )
         )
+
+    def dropout(self, x: Tensor, name: str = "dropout") -> Tensor:
+        """Dropout of ``x`` in training: keep each element with probability 1 - p and scale it
+        by 1/(1 - p). The op writes its output and a 1-byte mask (as Megatron-LM and PyTorch
+        keep it), :data:`DROPOUT_FLOPS` per element; the backward reads the output gradient
+        and the mask, :data:`DROPOUT_BACKWARD_FLOPS` per element. A model calls it where
+        ``b.options["dropout"]`` is positive; the rate does not change the cost."""
+        x_r = self.unpartial(x)
+        out = self._new(name, x.dims, x_r.sharding)
+        mask = self._new(f"{name}.mask", x.dims, x_r.sharding, MASK_DTYPE)
+        op = Op(
+            "elementwise",
+            name,
+            (x_r,),
+            out,
+            flops_per_element=sympy.Integer(DROPOUT_FLOPS),
+            backward_flops_per_element=sympy.Integer(DROPOUT_BACKWARD_FLOPS),
+            grad_inputs=(0,),
+            mask=mask,
+        )
+        result = self._emit(op)
+        mask.producer = op
+        return result
 
     def add(self, *terms: Tensor, name: str = "add") -> Tensor:
         """Sum of same-shaped tensors (a residual connection, a gradient accumulation).

@@ -14,6 +14,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from stg.core.symbolic import DROPOUT_FLOPS
 from stg.core.workload import CollectiveType
 from stg.perf import comm_time
 from stg.perf.calibration import Calibration
@@ -57,6 +58,11 @@ def megatron_fused_time(node: Any, system: System) -> float | None:
     - A forward bias add (``*_bias``: Megatron's ``bias_gelu`` and ``bias_dropout_add``
       fusions, and the GEMM epilogue of Transformer Engine's Linear for the QKV biases) costs
       nothing: the consumer kernel reads the bias vector along with its input.
+    - A forward dropout between a bias and the residual add (``*_bias_dropout``: Megatron's
+      ``bias_dropout_add_fused_train``) runs in the residual add's kernel, which then also
+      writes the 1-byte mask: those bytes at the streaming rate. Its backward (the output
+      gradient times the mask) is a kernel of its own, as are the attention-probability and
+      embedding dropouts (Megatron's ``attention_dropout``, ``embedding_dropout``).
     - Transformer Engine's fp8 casts (``<op>.cast_<operand>`` into fp8): an activation is
       cast in the kernel that produces it (fused LayerNorm/GELU + cast, computing its amax
       on the way), which then writes 1 byte per element more; a weight is cast once per
@@ -65,6 +71,9 @@ def megatron_fused_time(node: Any, system: System) -> float | None:
     name = node.name.rsplit("/", 1)[-1]
     if ".grad" not in name and name.split(".", 1)[0].endswith("_bias"):
         return 0.0
+    if ".grad" not in name and name.endswith("_bias_dropout"):
+        mask = node.num_ops // DROPOUT_FLOPS  # one 1-byte mask element per element
+        return memory_bound_time(system.gpu, mask, "stream", node.dtype or "bf16")
     if not is_cast(name) or ".grad" in name:
         return None  # gradient casts: kernels (their forward dtype is not on the node)
     if normalize_dtype(node.dtype or "bf16") != "fp8":

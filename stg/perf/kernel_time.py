@@ -74,7 +74,11 @@ STREAM_EFFICIENCY = 0.89
 
 MEMORY_KERNEL_SPEED: dict[str, float] = {
     "stream": 1.0,
-    "norm": 0.58 / 0.89,  # H100 data: layer_norm, rms_norm, dropout forward, 1.9-2.0 TB/s
+    "norm": 0.58 / 0.89,  # H100 data: layer_norm, rms_norm forward, 1.9-2.0 TB/s
+    # H100 data: dropout forward at 0.5-1 GiB, counting its 1-byte mask (which PARAM's
+    # bytes_fwd leaves out): 2.45 TB/s bf16, 2.53 fp32. Its backward (gradient times mask,
+    # 5 bytes per bf16 element) runs at 3.0 TB/s: a streaming kernel.
+    "dropout": 0.73 / 0.89,
     "softmax": 0.56 / 0.89,  # H100 data: softmax over 8192 columns, fp32, 1.88 TB/s
 }
 """Bandwidth of a memory-bound kernel class relative to a streaming kernel (forward; large
@@ -329,16 +333,20 @@ def _unfused_attention_time(
     return (2 * gemms if backward else gemms) + scores
 
 
-NORM_NAMES = ("norm", "ln_", "ln1", "ln2", "dropout", "bn")
+NORM_NAMES = ("norm", "ln_", "ln1", "ln2", "bn")
 """Op names of normalisation-class memory-bound kernels (LayerNorm, RMSNorm, batch norm as
-torchvision names it, ``bn1``, dropout)."""
+torchvision names it, ``bn1``)."""
 
 
 def memory_kind(name: str) -> str:
     """The memory-bound kernel class of a compute node by its name (the last path component,
-    up to its first dot): ``softmax``, ``norm`` (LayerNorm, RMSNorm, batch norm, dropout) or
-    ``stream``."""
-    base = name.rsplit("/", 1)[-1].split(".", 1)[0].lower()
+    up to its first dot): ``softmax``, ``norm`` (LayerNorm, RMSNorm, batch norm), ``dropout``
+    (a dropout forward, its bytes counting the mask; its gradient ``*dropout.grad_*`` is a
+    ``stream`` kernel) or ``stream``."""
+    last = name.rsplit("/", 1)[-1].lower()
+    base = last.split(".", 1)[0]
+    if "dropout" in base:
+        return "stream" if ".grad" in last else "dropout"
     if "softmax" in base:
         return "softmax"
     if any(n in base for n in NORM_NAMES):
