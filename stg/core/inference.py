@@ -46,7 +46,7 @@ from stg.core.lowering import (
     key,
     stage_parts,
 )
-from stg.core.options import UNSET_OPTIONS, GenerateOptions, OptionError
+from stg.core.options import GenerateOptions, OptionError
 from stg.core.plan import MAX_TAG, ParallelPlan
 from stg.core.precision import DTYPE_BYTES, normalize_plan
 from stg.core.sharding import Sharding
@@ -575,13 +575,7 @@ def build_inference_workload(
                 groups[gid] = layout.members(graph.rank, axes)
     metadata = {
         "generator": "stg",
-        "options": {
-            k: v
-            for k, v in options.as_dict().items()
-            if k not in {"output_dir", "output_name"}
-            and not (k in UNSET_OPTIONS and v is None)
-            and k not in GenerateOptions.OVERLAP_FIELDS  # training-only options
-        },
+        "options": options.recorded(),
         "micro_batches": plan.micro_batches,
         "layers_per_chunk": list(plan.layers_per_chunk),
         "tokens": new_tokens(options),

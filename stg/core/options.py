@@ -278,3 +278,21 @@ class GenerateOptions:
 
     def as_dict(self) -> dict[str, object]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    OFF_UNRECORDED = ("placement", "dropout", *OVERLAP_FIELDS)
+    """Options left out of a trace's metadata while off (unset, 0 or false), so that traces
+    generated without them keep the bytes they had before the option existed."""
+
+    def recorded(self) -> dict[str, object]:
+        """The options a trace's metadata records: where the files go is not part of the
+        workload (same options, same bytes anywhere); unset options, options that are off
+        (:attr:`OFF_UNRECORDED`) and the other kind of run's fields (inference fields in
+        training, overlap fields in serving) are left out."""
+        other = self.OVERLAP_FIELDS if self.inference else self.INFERENCE_FIELDS
+        return {
+            k: v
+            for k, v in self.as_dict().items()
+            if k not in {"output_dir", "output_name", *other}
+            and not (k in UNSET_OPTIONS and v is None)
+            and not (k in self.OFF_UNRECORDED and not v)
+        }

@@ -11,7 +11,7 @@ from stg.core.autodiff import build_backward, build_grad_reduction
 from stg.core.layout import Layout, parse_rank_order
 from stg.core.lowering import Binder, BoundPart, ModelParts, bind_part, lower_stage
 from stg.core.modelinfo import saved_activations
-from stg.core.options import UNSET_OPTIONS, GenerateOptions, OptionError
+from stg.core.options import GenerateOptions, OptionError
 from stg.core.plan import ParallelPlan, make_plan
 from stg.core.precision import (
     DTYPE_BYTES,
@@ -372,18 +372,7 @@ def build_workload(
                     _check_within_device_group(axes, groups[gid], rank_groups)
     metadata = {
         "generator": "stg",
-        # where the files go is not part of the workload: same options, same bytes anywhere
-        # dhead unset (dmodel / head) is left out: traces without it keep their bytes
-        "options": {
-            k: v
-            for k, v in options.as_dict().items()
-            if k not in {"output_dir", "output_name"}
-            and not (k in UNSET_OPTIONS and v is None)
-            and k not in GenerateOptions.INFERENCE_FIELDS  # training traces keep their bytes
-            and not (k == "placement" and not v)
-            and not (k == "dropout" and not v)  # no dropout: traces keep their bytes
-            and not (k in GenerateOptions.OVERLAP_FIELDS and not v)  # off: same bytes as before
-        },
+        "options": options.recorded(),
         "micro_batches": plan.micro_batches,
         "layers_per_chunk": list(plan.layers_per_chunk),
     }

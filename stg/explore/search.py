@@ -110,11 +110,13 @@ class SearchResult:
     refined: int
 
 
-def _divisors(n: int) -> list[int]:
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n``, ascending."""
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _pow2_upto(n: int) -> list[int]:
+def powers_of_two_upto(n: int) -> list[int]:
+    """1, 2, 4, ... up to ``n``."""
     out, v = [], 1
     while v <= n:
         out.append(v)
@@ -124,10 +126,10 @@ def _pow2_upto(n: int) -> list[int]:
 
 def plans(base: GenerateOptions, gpus: int, space: SearchSpace) -> list[GenerateOptions]:
     """Every combination of the space whose degrees multiply to ``gpus`` (unchecked)."""
-    tps = space.tp or [t for t in _pow2_upto(min(gpus, 8))]
-    pps = space.pp or [p for p in _divisors(gpus) if p <= base.num_stacks]
+    tps = space.tp or [t for t in powers_of_two_upto(min(gpus, 8))]
+    pps = space.pp or [p for p in divisors(gpus) if p <= base.num_stacks]
     moe = base.model.lower().startswith("moe")
-    eps = space.ep or ([e for e in _divisors(gpus) if base.experts % e == 0] if moe else [1])
+    eps = space.ep or ([e for e in divisors(gpus) if base.experts % e == 0] if moe else [1])
     out = []
     for tp, pp, sp, ep in itertools.product(tps, pps, space.sp, eps):
         if gpus % (tp * pp * sp * ep):
@@ -137,7 +139,7 @@ def plans(base: GenerateOptions, gpus: int, space: SearchSpace) -> list[Generate
         if base.batch % replicas:
             continue
         per_replica = base.batch // replicas
-        sizes = space.micro_batch_per_replica or _pow2_upto(per_replica)
+        sizes = space.micro_batch_per_replica or powers_of_two_upto(per_replica)
         for b in sizes:
             if per_replica % b:
                 continue

@@ -42,6 +42,7 @@ from typing import Any
 
 from stg.core.options import GenerateOptions
 from stg.errors import UserError
+from stg.explore.search import divisors, powers_of_two_upto
 
 SERVING_PHASES = ("prefill", "decode", "mixed")
 # Sequences per rank and micro-batch on whose multiples the batch is also tried: GEMM kernels
@@ -143,18 +144,6 @@ def _tokens(o: GenerateOptions) -> int:
     return o.batch
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def _pow2_upto(n: int) -> list[int]:
-    out, v = [], 1
-    while v <= n:
-        out.append(v)
-        v *= 2
-    return out
-
-
 def uses_experts(base: GenerateOptions, registry: Any) -> bool:
     """Whether ep splits the model's weights (a MoE model), asked of the model itself: the
     weights per rank of one replica with ep 2 against ep 1 (a dense model's are the same)."""
@@ -189,9 +178,9 @@ def structures(
 ) -> list[tuple[int, int, int, int, str | None]]:
     """(dp, tp, pp, ep, kv_dtype) whose degrees multiply to ``gpus`` (unchecked); ep only for
     a MoE model (for a dense one it would be dp under another name)."""
-    tps = space.tp or _pow2_upto(min(gpus, 8))
-    pps = space.pp or [p for p in _divisors(gpus) if p <= base.num_stacks]
-    eps = space.ep or ([e for e in _divisors(gpus) if base.experts % e == 0] if moe else [1])
+    tps = space.tp or powers_of_two_upto(min(gpus, 8))
+    pps = space.pp or [p for p in divisors(gpus) if p <= base.num_stacks]
+    eps = space.ep or ([e for e in divisors(gpus) if base.experts % e == 0] if moe else [1])
     out = []
     for kv in space.kv_dtype:
         for tp in tps:
