@@ -26,6 +26,7 @@ from stg.models.gpt import (
     CROSS_ENTROPY_BACKWARD_FLOPS,
     CROSS_ENTROPY_FLOPS,
     GELU_FLOPS,
+    cross_entropy,
     dropout,
     mlp,
 )
@@ -73,17 +74,6 @@ def block(b: GraphBuilder, x: Tensor) -> Tensor:
     """Post-LN encoder layer: x = LN(x + attention(x)); x = LN(x + MLP(x))."""
     x = b.layernorm(b.add(x, gpt_attention(b, x, causal=False), name="residual1"), "ln1")
     return b.layernorm(b.add(x, mlp(b, x), name="residual2"), "ln2")
-
-
-def cross_entropy(b: GraphBuilder, logits: Tensor) -> Tensor:
-    return b.custom(
-        "cross_entropy",
-        [logits],
-        "batch seq",
-        flops=CROSS_ENTROPY_FLOPS,
-        backward_flops=CROSS_ENTROPY_BACKWARD_FLOPS,
-        out_dtype="fp32",
-    )
 
 
 def head(b: GraphBuilder, x: Tensor) -> Tensor:

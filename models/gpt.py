@@ -101,6 +101,11 @@ def lm_head(b: GraphBuilder, x: Tensor, norm: str = "layernorm") -> Tensor:
         b.weight("lm_head", "dvocal dmodel", shard={"dvocal": "tp"}),
         name="logits",
     )
+    return cross_entropy(b, logits)
+
+
+def cross_entropy(b: GraphBuilder, logits: Tensor) -> Tensor:
+    """Softmax cross-entropy over the vocabulary, per token, in fp32."""
     return b.custom(
         "cross_entropy",
         [logits],

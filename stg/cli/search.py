@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import json
+from collections.abc import Mapping
 from typing import Any, Optional
 
 import typer
@@ -237,6 +238,12 @@ def search(**values: Any) -> None:
     _print(base, gpus, system, result)
 
 
+def _print_pruned(out: Any, pruned: Mapping[str, int]) -> None:
+    """One line per reason the search pruned plans for, the most frequent first."""
+    for reason, count in sorted(pruned.items(), key=lambda kv: -kv[1]):
+        out.print(f"  pruned {count:,}: {reason}")
+
+
 def _print(base: Any, gpus: int, system: Any, result: Any) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -248,8 +255,7 @@ def _print(base: Any, gpus: int, system: Any, result: Any) -> None:
         f"{result.enumerated:,} plans, {pruned:,} pruned by closed forms, "
         f"{result.priced:,} priced analytically, {result.refined} by the DAG predictor"
     )
-    for reason, count in sorted(result.pruned.items(), key=lambda kv: -kv[1]):
-        out.print(f"  pruned {count:,}: {reason}")
+    _print_pruned(out, result.pruned)
     if not result.best:
         out.print("no plan fits; try more GPUs, a smaller micro-batch, or recompute")
         raise typer.Exit(1)
@@ -403,8 +409,7 @@ def _print_serving(base: Any, gpus: int, system: Any, result: Any, limit: float 
         f"{result.enumerated:,} plans, {pruned:,} pruned, "
         f"{result.priced:,} priced by the serving predictor"
     )
-    for reason, count in sorted(result.pruned.items(), key=lambda kv: -kv[1]):
-        out.print(f"  pruned {count:,}: {reason}")
+    _print_pruned(out, result.pruned)
     if not result.best:
         if limit and result.fastest_bound_s is not None:
             out.print(
