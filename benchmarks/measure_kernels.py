@@ -1,0 +1,584 @@
+"""Measure a GPU's kernels the way the shared H100 kernel measurements were taken.
+
+    python benchmarks/measure_kernels.py --out DIR [--prefix h200] [--quick]
+
+Writes PARAM compute-benchmark result lines (PARAM.md section 1.4) with the same ``extra``
+fields as ``data/kernels/`` (its README), so that the kernel sub-models of
+``stg.perf.kernel_time`` can be tested on another GPU with the same code
+(``tests/test_kernel_time.py`` reads every ``*-gemm.jsonl`` set it is given):
+
+- ``PREFIX-gemm.jsonl``: ``torch.mm`` (bf16) and ``torch._scaled_mm`` (fp8 e4m3, bf16 out)
+  over a grid (m, k, n in 256, 1024, 4096, 16384) and over the forward, input-gradient and
+  weight-gradient GEMMs of GPT-3 175B and Llama 3 8B/70B layers at tp 1-8, 8k tokens;
+- ``PREFIX-attention.jsonl``: scaled-dot-product attention, bf16, forward and backward, per
+  backend (flash, cudnn, math), causal and not, head size 64 and 128;
+- ``PREFIX-elementwise.jsonl``: memory-bound kernels over [rows, 8192] bf16 tensors;
+- ``PREFIX-fusion.jsonl`` (plain JSON lines): what the shared set lacks: a fused
+  scale + causal-mask + softmax (one kernel, as Megatron's ``ScaledUpperTriangMaskedSoftmax``;
+  here compiled by ``torch.compile``) against eager ``torch.softmax``, and an fp8 cast with
+  its amax (Transformer Engine's cast) eager and fused;
+- ``PREFIX-clock.jsonl`` (plain JSON lines): the SM clock, power and temperature that
+  ``nvidia-smi`` reads while a bf16 GEMM runs for 20 s (the sustained clock of
+  ``stg.perf.system``'s ``sustained_clock_ghz``), with the GEMM's rate cold and hot.
+
+The sweeps run after the 20 s of sustained GEMMs, so, like the shared set, they describe a
+GPU in steady training. Timing: CUDA events around back-to-back calls (PARAM's
+``continuous_events``), 3 warm-up and 10 measured iterations, several calls per event pair
+for short kernels (``extra.reps_per_event``), randn inputs. Needs PyTorch and a CUDA GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+WARMUP = 3
+ITERATIONS = 10
+MIN_EVENT_MS = 0.2
+
+# Layer shapes (hidden, FFN, heads, key/value heads, head size, gated FFN) of the models whose
+# GEMMs the shared H100 set measured.
+MODELS = {
+    "gpt3-175b": (12288, 49152, 96, 96, 128, False),
+    "llama3-8b": (4096, 14336, 32, 8, 128, True),
+    "llama3-70b": (8192, 28672, 64, 8, 128, True),
+}
+
+
+def _smi() -> str:
+    try:
+        return subprocess.run(
+            [
+                "nvidia-smi",
+                "--query-gpu=clocks.sm,power.draw,temperature.gpu",
+                "--format=csv,noheader",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+class Bench:
+    def __init__(self, torch: Any, out: Path, prefix: str) -> None:
+        self.torch = torch
+        self.out = out
+        self.prefix = prefix
+        props = torch.cuda.get_device_properties(0)
+        self.sys_info = {
+            "python_version": sys.version.split()[0],
+            "cuda_available": True,
+            "cuda": torch.version.cuda,
+            "cuda_device_name": torch.cuda.get_device_name(0),
+            "cuda_device_property": str(props),
+            "cudnn": torch.backends.cudnn.version(),
+            "pytorch_version": torch.__version__,
+        }
+
+    def header(self, family: str, backward: bool) -> dict[str, Any]:
+        return {
+            "run_options": {
+                "family": family,
+                "warmup": WARMUP,
+                "iteration": ITERATIONS,
+                "device": "cuda",
+                "exec_mode": "continuous_events",
+                "cuda_l2_cache": "on",
+                "backward": backward,
+                "tf32_default": False,
+            },
+            "sys_info": self.sys_info,
+            "start_time": datetime.datetime.now().isoformat(timespec="seconds"),
+        }
+
+    def time_calls(self, fn: Callable[[], Any], reps: int | None = None) -> tuple[list, list, int]:
+        """Warm-up and measured per-call times (ms), and the calls per event pair."""
+        torch = self.torch
+        if reps is None:
+            fn()
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            once = max(start.elapsed_time(end), 1e-4)
+            reps = max(1, min(50, math.ceil(MIN_EVENT_MS / once)))
+        events = [
+            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            for _ in range(WARMUP + ITERATIONS)
+        ]
+        for start, end in events:
+            start.record()
+            for _ in range(reps):
+                fn()
+            end.record()
+        torch.cuda.synchronize()
+        times = [s.elapsed_time(e) / reps for s, e in events]
+        return times[:WARMUP], times[WARMUP:], reps
+
+    def write(self, name: str, lines: list[dict[str, Any]]) -> None:
+        path = self.out / f"{self.prefix}-{name}.jsonl"
+        lines = [*lines, {"finish_time": datetime.datetime.now().isoformat(timespec="seconds")}]
+        path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+        print(f"wrote {path} ({len(lines) - 2} cases)", flush=True)
+
+
+def _spec(dtype: str, shape: list[int], grad: bool = False) -> dict[str, Any]:
+    return {"type": "tensor", "dtype": dtype, "shape": shape, "requires_grad": grad}
+
+
+def _model_gemms(tokens: int) -> list[tuple[str, int, int, int]]:
+    shapes = []
+    for name, (hidden, ffn, heads, kv, dhead, gated) in MODELS.items():
+        for tp in (1, 2, 4, 8):
+            matrices = {
+                "qkv": (hidden, (heads + 2 * kv) * dhead // tp),
+                "proj": (heads * dhead // tp, hidden),
+                "fc1": (hidden, (2 if gated else 1) * ffn // tp),
+                "fc2": (ffn // tp, hidden),
+            }
+            for matrix, (k_in, n_out) in matrices.items():
+                role = f"{name}/tp{tp}/t{tokens}/{matrix}"
+                shapes.append((f"{role}/fwd", tokens, k_in, n_out))
+                shapes.append((f"{role}/dgrad", tokens, n_out, k_in))
+                shapes.append((f"{role}/wgrad", k_in, tokens, n_out))
+    return shapes
+
+
+def gemms(bench: Bench, quick: bool) -> None:
+    torch = bench.torch
+    sizes = (256, 1024, 4096) if quick else (256, 1024, 4096, 16384)
+    cases: list[tuple[str, str, int, int, int]] = [("reference", "", 8192, 8192, 8192)]
+    cases += [("grid", "", m, k, n) for m in sizes for k in sizes for n in sizes]
+    cases += [("model", role, m, k, n) for role, m, k, n in _model_gemms(4096 if quick else 8192)]
+    lines = [bench.header("gemm", False)]
+    one = torch.ones((), device="cuda")
+    for index, (family, role, m, k, n) in enumerate(cases):
+        for dtype in ("bfloat16", "float8_e4m3fn"):
+            if family == "reference" and dtype != "bfloat16":
+                continue
+            a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            b_nk = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+            if dtype == "bfloat16":
+                op = "torch.mm"
+                b = b_nk.t().contiguous()
+                fn = lambda a=a, b=b: torch.mm(a, b)  # noqa: E731
+            else:
+                op = "torch._scaled_mm"
+                a8 = a.to(torch.float8_e4m3fn)
+                b = b_nk.to(torch.float8_e4m3fn).t()  # column-major, as cuBLASLt's fp8 GEMM needs
+                b8 = b
+                fn = lambda a=a8, b=b8: torch._scaled_mm(  # noqa: E731
+                    a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16
+                )
+            warm, measured, reps = bench.time_calls(fn)
+            median = statistics.median(measured)
+            flops = 2.0 * m * n * k
+            width = 2 if dtype == "bfloat16" else 1
+            nbytes = (m * k + k * n) * width + m * n * 2
+            lines.append(
+                {
+                    "op_name": op,
+                    "id": f"0|0|{len(lines) - 1}",
+                    "config": {
+                        "build": None,
+                        "input": {
+                            "args": [_spec(dtype, [m, k]), _spec(dtype, [k, n])],
+                            "kwargs": {},
+                        },
+                    },
+                    "metric": {"forward": {"warmup.time": warm, "measure.time": measured}},
+                    "extra": {
+                        "family": family,
+                        "role": role,
+                        "m": m,
+                        "k": k,
+                        "n": n,
+                        "dtype": dtype,
+                        "tf32": False,
+                        "flops": flops,
+                        "bytes": nbytes,
+                        "median_ms": median,
+                        "tflops": flops / median / 1e9,
+                        "gbps": nbytes / median / 1e6,
+                        "reps_per_event": reps,
+                    },
+                }
+            )
+            del a, b, b_nk, fn
+        if index % 20 == 0:
+            print(f"gemm {index}/{len(cases)} {_smi()}", flush=True)
+    bench.write("gemm", lines)
+
+
+def attention(bench: Bench, quick: bool) -> None:
+    torch = bench.torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backends = {
+        "flash": SDPBackend.FLASH_ATTENTION,
+        "cudnn": SDPBackend.CUDNN_ATTENTION,
+        "math": SDPBackend.MATH,
+    }
+    seqs = (1024, 4096) if quick else (512, 1024, 2048, 4096, 8192, 16384)
+    tokens = 16384
+    lines = [bench.header("attention", True)]
+    for backend, kernel in backends.items():
+        for head_dim, heads in ((128, 32), (64, 32)):
+            for seq in seqs:
+                if backend == "math" and seq > 4096:
+                    continue  # the s x s scores of the math path: tens of GB
+                for causal in (True, False):
+                    b = max(1, tokens // seq)
+                    q, k, v = (
+                        torch.randn(
+                            b,
+                            heads,
+                            seq,
+                            head_dim,
+                            device="cuda",
+                            dtype=torch.bfloat16,
+                            requires_grad=True,
+                        )
+                        for _ in range(3)
+                    )
+                    grad = torch.randn(b, heads, seq, head_dim, device="cuda", dtype=torch.bfloat16)
+
+                    def forward(q=q, k=k, v=v, causal=causal, kernel=kernel):
+                        with sdpa_kernel([kernel]):
+                            return torch.nn.functional.scaled_dot_product_attention(
+                                q, k, v, is_causal=causal
+                            )
+
+                    def both(forward=forward, grad=grad, q=q, k=k, v=v):
+                        out = forward()
+                        q.grad = k.grad = v.grad = None
+                        out.backward(grad)
+
+                    try:
+                        warm_f, fwd, _ = bench.time_calls(forward, reps=1)
+                        warm_b, fb, _ = bench.time_calls(both, reps=1)
+                    except RuntimeError as error:  # a backend that does not take this shape
+                        print(f"skip {backend} d{head_dim} s{seq}: {str(error)[:80]}")
+                        torch.cuda.empty_cache()
+                        continue
+                    median_f = statistics.median(fwd)
+                    median_b = statistics.median(fb) - median_f
+                    flops = 4.0 * b * heads * seq * seq * head_dim * (0.5 if causal else 1.0)
+                    lines.append(
+                        {
+                            "op_name": "torch.nn.functional.scaled_dot_product_attention",
+                            "id": f"0|0|{len(lines) - 1}",
+                            "config": {
+                                "build": None,
+                                "input": {
+                                    "args": [_spec("bfloat16", [b, heads, seq, head_dim], True)]
+                                    * 3,
+                                    "kwargs": {"is_causal": {"type": "bool", "value": causal}},
+                                },
+                            },
+                            "metric": {
+                                "forward": {"warmup.time": warm_f, "measure.time": fwd},
+                                "backward": {
+                                    "warmup.time": [t - median_f for t in warm_b],
+                                    "measure.time": [t - median_f for t in fb],
+                                },
+                            },
+                            "extra": {
+                                "backend": backend,
+                                "b": b,
+                                "heads": heads,
+                                "seq": seq,
+                                "head_dim": head_dim,
+                                "causal": causal,
+                                "flops_fwd": flops,
+                                "flops_bwd": 2.5 * flops,
+                                "median_fwd_ms": median_f,
+                                "median_bwd_ms": median_b,
+                                "tflops_fwd": flops / median_f / 1e9,
+                                "tflops_bwd": 2.5 * flops / median_b / 1e9,
+                            },
+                        }
+                    )
+                    del q, k, v, grad
+                    torch.cuda.empty_cache()
+        print(f"attention {backend} done {_smi()}", flush=True)
+    bench.write("attention", lines)
+
+
+def elementwise(bench: Bench, quick: bool) -> None:
+    torch = bench.torch
+    F = torch.nn.functional
+    cols = 8192
+    ops: dict[str, tuple[int, Callable[..., Any]]] = {
+        "torch.add": (2, lambda x, y: torch.add(x, y)),
+        "torch.mul": (2, lambda x, y: torch.mul(x, y)),
+        "torch.nn.functional.gelu": (1, lambda x: F.gelu(x, approximate="tanh")),
+        "torch.nn.functional.silu": (1, F.silu),
+        "torch.nn.functional.dropout": (1, lambda x: F.dropout(x, 0.1, True)),
+        "torch.nn.functional.layer_norm": (1, lambda x: F.layer_norm(x, (cols,))),
+        "torch.nn.functional.rms_norm": (1, lambda x: F.rms_norm(x, (cols,))),
+        "torch.softmax": (1, lambda x: torch.softmax(x, -1)),
+        "torch.Tensor.copy_": (1, None),
+    }
+    rows_list = (1024, 65536) if quick else (64, 1024, 8192, 32768, 65536)
+    lines = [bench.header("elementwise", True)]
+    for op, (arity, fn) in ops.items():
+        for rows in rows_list:
+            dtype = torch.bfloat16
+            inputs = [
+                torch.randn(rows, cols, device="cuda", dtype=dtype, requires_grad=fn is not None)
+                for _ in range(arity)
+            ]
+            if fn is None:
+                target = torch.empty(rows, cols, device="cuda", dtype=dtype)
+                forward = lambda x=inputs[0], t=target: t.copy_(x)  # noqa: E731
+            else:
+                forward = lambda fn=fn, inputs=inputs: fn(*inputs)  # noqa: E731
+            warm_f, fwd, reps = bench.time_calls(forward)
+            median_f = statistics.median(fwd)
+            median_b = None
+            metric: dict[str, Any] = {"forward": {"warmup.time": warm_f, "measure.time": fwd}}
+            if fn is not None:
+                grad = torch.randn(rows, cols, device="cuda", dtype=dtype)
+
+                def both(forward=forward, grad=grad, inputs=inputs):
+                    for x in inputs:
+                        x.grad = None
+                    forward().backward(grad)
+
+                warm_b, fb, _ = bench.time_calls(both)
+                median_b = statistics.median(fb) - median_f
+                metric["backward"] = {
+                    "warmup.time": [t - median_f for t in warm_b],
+                    "measure.time": [t - median_f for t in fb],
+                }
+            nbytes = (arity + 1) * rows * cols * 2
+            lines.append(
+                {
+                    "op_name": op,
+                    "id": f"0|0|{len(lines) - 1}",
+                    "config": {
+                        "build": None,
+                        "input": {
+                            "args": [_spec("bfloat16", [rows, cols], fn is not None)] * arity,
+                            "kwargs": {},
+                        },
+                    },
+                    "metric": metric,
+                    "extra": {
+                        "rows": rows,
+                        "cols": cols,
+                        "dtype": "bfloat16",
+                        "bytes_fwd": nbytes,
+                        "median_fwd_ms": median_f,
+                        "median_bwd_ms": median_b,
+                        "gbps_fwd": nbytes / median_f / 1e6,
+                        "reps_per_event": reps,
+                    },
+                }
+            )
+            del inputs, forward
+            torch.cuda.empty_cache()
+    bench.write("elementwise", lines)
+
+
+def fusion(bench: Bench, quick: bool) -> None:
+    """Fused scale + causal mask + softmax (one kernel) and fp8 casts with their amax."""
+    torch = bench.torch
+    rows: list[dict[str, Any]] = []
+
+    def masked_softmax(x, scale):
+        s = x.shape[-1]
+        mask = torch.ones(s, s, device=x.device, dtype=torch.bool).triu(1)
+        return torch.softmax((x.float() * scale).masked_fill(mask, float("-inf")), -1).to(x.dtype)
+
+    compiled = torch.compile(masked_softmax, dynamic=False)
+    seqs = (1024, 2048) if quick else (1024, 2048, 4096)
+    for seq in seqs:
+        batch_heads = max(1, 2**30 // (seq * seq * 2))  # about 1 GiB of bf16 scores
+        x = torch.randn(
+            batch_heads, seq, seq, device="cuda", dtype=torch.bfloat16, requires_grad=True
+        )
+        grad = torch.randn_like(x)
+        elements = x.numel()
+        for name, fn in (("eager", masked_softmax), ("fused", compiled)):
+            forward = lambda fn=fn, x=x: fn(x, 0.125)  # noqa: E731
+
+            def both(forward=forward, x=x, grad=grad):
+                x.grad = None
+                forward().backward(grad)
+
+            _, fwd, _ = bench.time_calls(forward)
+            _, fb, _ = bench.time_calls(both)
+            median_f = statistics.median(fwd)
+            median_b = statistics.median(fb) - median_f
+            rows.append(
+                {
+                    "kernel": f"scale_mask_softmax/{name}",
+                    "shape": [batch_heads, seq, seq],
+                    "dtype": "bfloat16",
+                    # the least a fused kernel moves: read x, write y (fwd); read y, dy, write dx
+                    "bytes_fwd": 4 * elements,
+                    "bytes_bwd": 6 * elements,
+                    "median_fwd_ms": median_f,
+                    "median_bwd_ms": median_b,
+                    "gbps_fwd": 4 * elements / median_f / 1e6,
+                    "gbps_bwd": 6 * elements / median_b / 1e6,
+                }
+            )
+        del x, grad
+        torch.cuda.empty_cache()
+
+    def cast_amax(x, scale):
+        amax = x.abs().amax().float()
+        return (x.float() * scale).to(torch.float8_e4m3fn), amax
+
+    compiled_cast = torch.compile(cast_amax, dynamic=False)
+    scale = torch.ones((), device="cuda")
+    for rows_n in (8192,) if quick else (1024, 8192, 65536):
+        x = torch.randn(rows_n, 8192, device="cuda", dtype=torch.bfloat16)
+        for name, fn in (
+            ("eager", cast_amax),
+            ("fused", compiled_cast),
+            ("cast-only", lambda x, s: x.to(torch.float8_e4m3fn)),
+        ):
+            forward = lambda fn=fn, x=x: fn(x, scale)  # noqa: E731
+            _, fwd, reps = bench.time_calls(forward)
+            median = statistics.median(fwd)
+            rows.append(
+                {
+                    "kernel": f"fp8_cast_amax/{name}",
+                    "shape": [rows_n, 8192],
+                    "dtype": "bfloat16->float8_e4m3fn",
+                    "bytes_fwd": 3 * x.numel(),  # read 2 bytes, write 1 per element
+                    "median_fwd_ms": median,
+                    "gbps_fwd": 3 * x.numel() / median / 1e6,
+                    "reps_per_event": reps,
+                }
+            )
+        del x
+    path = bench.out / f"{bench.prefix}-fusion.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    print(f"wrote {path}", flush=True)
+    for row in rows:
+        print(
+            f"  {row['kernel']:<28}{row['shape']!s:<22}fwd {row['gbps_fwd']:8.0f} GB/s"
+            + (f"  bwd {row['gbps_bwd']:8.0f} GB/s" if "gbps_bwd" in row else "")
+        )
+
+
+def clock(bench: Bench, seconds: float) -> None:
+    """A bf16 GEMM cold, then for ``seconds`` with nvidia-smi sampled, then hot."""
+    torch = bench.torch
+    rows: list[dict[str, Any]] = []
+    m, k, n = 8192, 8192, 8192
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+
+    def rate(state: str) -> None:
+        _, measured, _ = bench.time_calls(lambda: torch.mm(a, b), reps=1)
+        median = statistics.median(measured)
+        rows.append(
+            {
+                "state": state,
+                "m": m,
+                "k": k,
+                "n": n,
+                "fill": "randn",
+                "ms": median,
+                "tflops": 2 * m * n * k / median / 1e9,
+                "smi_after": _smi(),
+            }
+        )
+
+    rate("cold")
+    samples: list[str] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            samples.append(_smi())
+            time.sleep(1.0)
+
+    thread = threading.Thread(target=sample)
+    thread.start()
+    end = time.time() + seconds
+    while time.time() < end:
+        for _ in range(50):
+            torch.mm(a, b)
+        torch.cuda.synchronize()
+    stop.set()
+    thread.join()
+    rate("hot")
+    clocks = [float(s.split(",")[0].split()[0]) for s in samples if s and "MHz" in s]
+    rows.append(
+        {
+            "state": "sustained",
+            "seconds": seconds,
+            "samples": samples,
+            "sm_clock_mhz_median_last_half": statistics.median(clocks[len(clocks) // 2 :])
+            if clocks
+            else None,
+        }
+    )
+    path = bench.out / f"{bench.prefix}-clock.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    print(
+        f"wrote {path}: cold {rows[0]['tflops']:.0f} TFLOP/s, hot {rows[1]['tflops']:.0f}, "
+        f"sustained SM clock {rows[2]['sm_clock_mhz_median_last_half']} MHz",
+        flush=True,
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--prefix", default="gpu")
+    parser.add_argument("--quick", action="store_true", help="fewer shapes (a smoke test)")
+    parser.add_argument("--only", default="clock,fusion,gemm,attention,elementwise")
+    parser.add_argument("--seconds", type=float, default=20.0)
+    args = parser.parse_args()
+    try:
+        import torch
+    except ImportError:
+        print(
+            "measure_kernels.py needs PyTorch: pip install 'symbolic-tensor-graph[bench]'",
+            file=sys.stderr,
+        )
+        return 2
+    if not torch.cuda.is_available():
+        print("measure_kernels.py needs a CUDA GPU; none is visible", file=sys.stderr)
+        return 2
+    torch.manual_seed(0)
+    args.out.mkdir(parents=True, exist_ok=True)
+    bench = Bench(torch, args.out, args.prefix)
+    steps = {
+        "clock": lambda: clock(bench, args.seconds),
+        "fusion": lambda: fusion(bench, args.quick),
+        "gemm": lambda: gemms(bench, args.quick),
+        "attention": lambda: attention(bench, args.quick),
+        "elementwise": lambda: elementwise(bench, args.quick),
+    }
+    for step in args.only.split(","):
+        started = time.time()
+        steps[step]()
+        print(f"{step}: {time.time() - started:.0f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
