@@ -41,9 +41,19 @@ ratios, his Figure 1 model state "embeddings excluded") compare with
 with a stage that holds neither the embedding nor the head (docs/generation.md,
 "Reproducing published points").
 
+Execution profiles (``--profile``): the figures above are what Megatron-LM's fused kernels
+keep; eager PyTorch (``eager``) keeps what each op's autograd formula saves, which adds the
+norms' fp32 per-row statistics and each SwiGLU's SiLU output (:func:`activation_bytes_per_layer`).
+A precision plan's fp8 GEMMs that run natively (a GPU with fp8 tensor cores,
+:func:`stg.api.native_fp8`, as Transformer Engine runs them) save their inputs in 1 byte
+(:func:`planned_activation_delta`) and keep fp8 weight copies, counted with the weights
+(:func:`fp8_weight_copy_bytes`).
+
 Buffers: the working set that exists only transiently at the peak: with full recompute the
 full activations of the one layer being recomputed; with selective recompute that layer's
-attention scores; with ZeRO-3 the gathered weights of two layers (current and prefetched).
+attention scores; under eager, on the last stage, the larger of that and the cross-entropy
+backward's fp32 gradients (:data:`EAGER_CROSS_ENTROPY_TRANSIENT`); with ZeRO-3 the gathered
+weights of two layers (current and prefetched). No allocator fragmentation is added.
 """
 
 from __future__ import annotations
