@@ -537,8 +537,8 @@ def planned_activation_delta(
     (``bytes_per_element`` of its kernel; 1 byte for fp8: Transformer Engine keeps the fp8
     transpose of the input for the weight-gradient GEMM on Hopper and Ada, the fp8 data on
     Blackwell, and not the 16-bit input: TE docs, performance_considerations, "Memory
-    usage"); other consumers, and a non-matmul backward that needs the original, keep the
-    tensor in the activation dtype. So ``fc1`` in int8 halves the MLP input, ``q`` alone
+    usage"; NVIDIA/TransformerEngine issue #1764); other consumers, and a non-matmul
+    backward that needs the original, keep the tensor in the activation dtype. So ``fc1`` in int8 halves the MLP input, ``q`` alone
     in int8 stores the QKV input twice, and ``attn_out`` in fp8 behind fused attention adds
     1 byte per element (the kernel's backward keeps its 16-bit output). With full recompute
     only the layer input is saved: no change.
@@ -615,13 +615,18 @@ def fp8_weight_copy_bytes(
     system: System | None,
     *,
     has_head: bool = False,
+    kernels: KernelTable | None = None,
 ) -> float:
     """Bytes of Transformer Engine's fp8 weight copies on one rank: every GEMM the plan puts
     in fp8 on a GPU with fp8 tensor cores keeps :data:`FP8_WEIGHT_COPY_BYTES` per weight
     element beside its 16-bit weight, for each of the ``kinds`` layers (and the LM head's
     ``logits`` GEMM, V·h/t, with ``has_head``). One copy per layer: Megatron caches it
-    across micro-batches; an eager loop with one micro-batch in flight holds one too."""
+    across micro-batches; an eager loop with one micro-batch in flight holds one too. A
+    kernel plugin's fp8 GEMM (in ``kernels``) replaces Transformer Engine's: its record
+    prices the saved inputs (``bytes_per_element``) and declares no weight copies."""
     if not o.precision or system is None or not native_fp8(system, "gemm", "fp8"):
+        return 0.0
+    if kernels is not None and kernels.get("gemm", "fp8") is not None:
         return 0.0
 
     def fp8(op: str) -> bool:
@@ -872,7 +877,7 @@ def stage_memory(
     buffers = max(buffers, head_transient)
     if zero == 3 and kinds:
         buffers += 2 * e_w * max(layer_parameters_per_rank(o, kind) for kind in kinds)
-    fp8_copies = fp8_weight_copy_bytes(o, kinds, system, has_head=has_head)
+    fp8_copies = fp8_weight_copy_bytes(o, kinds, system, has_head=has_head, kernels=kernels)
     return RankMemory(
         stage=stage,
         parameters=parameters,

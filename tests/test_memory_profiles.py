@@ -264,3 +264,18 @@ def test_fp8_plan_through_the_predictor_on_a_workload() -> None:
     assert h100["activations"] - a100["activations"] == 2 * delta
     copies = 2 * 2 * sum(gemm_weights_per_rank(o).values())
     assert h100["weights"] - a100["weights"] == copies
+
+
+def test_an_fp8_kernel_plugin_replaces_transformer_engine() -> None:
+    from stg.api import Kernel, KernelTable, load_system
+
+    # a plugin's fp8 GEMM on the H100: its record prices the saved input (here 1 byte) and
+    # declares no weight copies
+    kernel = Kernel(name="fp8-demo", op_class="einsum", dtype="fp8", bytes_per_element=1.0)
+    table = KernelTable.build([kernel], "h100-80g")
+    o = fp8_plan(LLAMA)
+    h100 = load_system("h100-80g")
+    with_plugin = analytic_memory(o, table, h100)[0]
+    built_in = analytic_memory(o, None, h100)[0]
+    assert with_plugin.activations == built_in.activations
+    assert built_in.weights - with_plugin.weights == 2 * 2 * sum(gemm_weights_per_rank(o).values())
