@@ -538,10 +538,11 @@ def planned_activation_delta(
     transpose of the input for the weight-gradient GEMM on Hopper and Ada, the fp8 data on
     Blackwell, and not the 16-bit input: TE docs, performance_considerations, "Memory
     usage"; NVIDIA/TransformerEngine issue #1764); other consumers, and a non-matmul
-    backward that needs the original, keep the tensor in the activation dtype. So ``fc1`` in int8 halves the MLP input, ``q`` alone
-    in int8 stores the QKV input twice, and ``attn_out`` in fp8 behind fused attention adds
-    1 byte per element (the kernel's backward keeps its 16-bit output). With full recompute
-    only the layer input is saved: no change.
+    backward that needs the original, keep the tensor in the activation dtype. So ``fc1``
+    in int8 halves the MLP input, ``q`` alone in int8 stores the QKV input twice, and
+    ``attn_out`` in fp8 behind fused attention adds 1 byte per element (the kernel's
+    backward keeps its 16-bit output). With full recompute only the layer input is saved:
+    no change.
     """
     o = as_options(options)
     recompute = recompute or o.activation_recompute
