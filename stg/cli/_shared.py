@@ -518,7 +518,9 @@ def plain_flags_in_help() -> None:
     """
     from typer.core import TyperOption
 
-    original = TyperOption.display_type_rich
+    original = getattr(TyperOption, "display_type_rich", None)
+    if original is None:  # typer < 0.29 prints no type beside a flag; nothing to change
+        return
     if getattr(original, "_stg_plain_flags", False):
         return
 

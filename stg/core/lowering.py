@@ -178,6 +178,12 @@ def bind_ops(ops: Iterable[Op | BoundOp], binder: Binder) -> list[BoundOp]:
                 moved = kv_append_bytes(op, binder)
             num_ops = _flops(op, binder)
             attrs: tuple[tuple[str, Any], ...] = ()
+            if op.kind == "elementwise" and op.reduce_dims and "softmax" in op.name:
+                # the row a softmax reduces (keys per query): it decides the kernel that runs
+                # it (Megatron's fused scale-mask-softmax takes rows of at most 4096)
+                x = op.inputs[0]
+                row = prod(binder.local_dim(x.dims[i], x.sharding.dims[i]) for i in op.reduce_dims)
+                attrs = (("row", row),)
             if op.kind == "einsum":
                 attrs = (("gemm", gemm_shape(op, binder)),)
                 if any(t.footprint is not None for t in (*op.inputs, op.output)):

@@ -51,6 +51,30 @@ def native_fp8(system: System, kind: str, dtype: str) -> bool:
 DTYPE_WIDTH = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
 
 
+FUSED_SOFTMAX_ROWS = (16, 4096)
+"""Rows Megatron's fused scale-mask-softmax kernel takes (exclusive, inclusive): megatron-core
+``FusedScaleMaskSoftmax.is_kernel_available`` requires fp16/bf16 input and ``16 < sk <= 4096``
+(its CUDA kernel keeps a row in registers, one warp per row); outside that range Megatron runs
+``torch.softmax`` after a separate scale and mask."""
+
+
+def megatron_softmax_kind(row: int | None, dtype: str) -> str:
+    """The memory-bound class of an attention softmax under the Megatron profile.
+
+    Megatron fuses scale, mask and softmax into one kernel that holds each row on chip: one
+    read of the scores and one write of the probabilities (forward), one read of the
+    probabilities and their gradient and one write (backward). Such a one-pass kernel moves
+    its bytes at the streaming rate: the fused scale + causal-mask + softmax that
+    ``benchmarks/measure_kernels.py`` measures (one kernel, by ``torch.compile``, rows of 1,024
+    bf16 scores) ran at 2.97 TB/s forward and 3.03 backward on an H100, 0.89 of its
+    3.35 TB/s like a copy (tests/data/kernels/h100-fusion.jsonl). Rows the kernel does not
+    take, and 32-bit scores, run PyTorch's softmax at its measured rate (``softmax``)."""
+    low, high = FUSED_SOFTMAX_ROWS
+    if row is not None and low < row <= high and DTYPE_WIDTH.get(dtype, 4) == 2:
+        return "stream"
+    return "softmax"
+
+
 def megatron_fused_time(node: Any, system: System) -> float | None:
     """The time of a node that Megatron-LM / Transformer Engine fuse into a neighbour, or
     None for a node that runs as its own kernel. The eager profile fuses nothing.
@@ -184,7 +208,10 @@ def compute_time(
         seconds = gemm_time(gpu, m, n, k, dtype, batch, nbytes) / speedup
     elif kind == "other":
         simt = node.num_ops / gpu.rate("fp32") if node.num_ops > 0 else 0.0
-        memory = memory_bound_time(gpu, node.tensor_size, memory_kind(node.name), dtype)
+        memory_class = memory_kind(node.name)
+        if memory_class == "softmax" and profile == "megatron":
+            memory_class = megatron_softmax_kind(attrs.get("row"), dtype)
+        memory = memory_bound_time(gpu, node.tensor_size, memory_class, dtype)
         seconds = max(simt, memory)
     else:
         flops = node.num_ops / (system.peak(dtype) * system.compute_efficiency[kind] * speedup)

@@ -335,10 +335,13 @@ PRESETS: dict[str, dict[str, Any]] = {
         "hbm_gbps": 2039,
         "hbm_gib": 80,
         # NVIDIA A100 Tensor Core GPU Architecture whitepaper: 108 SMs, peaks at the 1410 MHz
-        # boost clock; no sustained-clock measurement at hand, so the boost clock
+        # boost clock. Sustained: 1305 MHz, the clock an A100 SXM holds at its 400 W limit
+        # under dense tensor-core GEMMs (HPL), which NVIDIA's Top500 submissions use for
+        # Rpeak (glennklockwood.com/garden/peak-FLOPS); no bf16 measurement at hand. The
+        # H100 and H200 measured here throttle the same way (1.38 and 1.46 GHz against 1.98).
         "sm_count": 108,
         "peak_clock_ghz": 1.41,
-        "sustained_clock_ghz": 1.41,
+        "sustained_clock_ghz": 1.305,
         "arch": "ampere",
         "compute_efficiency": {"gemm": 0.8, "attention": 0.6, "other": 0.8},
         "memory_efficiency": 0.8,
