@@ -41,9 +41,19 @@ ratios, his Figure 1 model state "embeddings excluded") compare with
 with a stage that holds neither the embedding nor the head (docs/generation.md,
 "Reproducing published points").
 
+Execution profiles (``--profile``): the figures above are what Megatron-LM's fused kernels
+keep; eager PyTorch (``eager``) keeps what each op's autograd formula saves, which adds the
+norms' fp32 per-row statistics and each SwiGLU's SiLU output (:func:`activation_bytes_per_layer`).
+A precision plan's fp8 GEMMs that run natively (a GPU with fp8 tensor cores,
+:func:`stg.api.native_fp8`, as Transformer Engine runs them) save their inputs in 1 byte
+(:func:`planned_activation_delta`) and keep fp8 weight copies, counted with the weights
+(:func:`fp8_weight_copy_bytes`).
+
 Buffers: the working set that exists only transiently at the peak: with full recompute the
 full activations of the one layer being recomputed; with selective recompute that layer's
-attention scores; with ZeRO-3 the gathered weights of two layers (current and prefetched).
+attention scores; under eager, on the last stage, the larger of that and the cross-entropy
+backward's fp32 gradients (:data:`EAGER_CROSS_ENTROPY_TRANSIENT`); with ZeRO-3 the gathered
+weights of two layers (current and prefetched). No allocator fragmentation is added.
 """
 
 from __future__ import annotations
@@ -64,7 +74,9 @@ from stg.api import (
     is_hybrid,
     kernel_table,
     load_system,
+    native_fp8,
     normalize_dtype,
+    precision_of,
 )
 from stg.errors import UserError
 
@@ -73,6 +85,32 @@ FUSED_STATS_BYTES = 4
 """What a fused attention kernel (FlashAttention, cuDNN) keeps for its backward besides Q, K, V
 and the output: one fp32 log-sum-exp per query row and head (FlashAttention-2, Dao 2023)."""
 ADAM_MIXED_K = 12
+
+# Eager PyTorch (``--profile eager``): one kernel per op, each keeping what its autograd formula
+# saves (tools/autograd/derivatives.yaml; a tensor needed only for the gradient of an input
+# that does not require grad is not saved: ``guard_for`` in tools/autograd/gen_variable_type.py).
+LAYERNORM_STATS_BYTES = 8
+"""Per row, what ``native_layer_norm`` saves besides its input: ``result1`` (mean) and
+``result2`` (rstd), fp32 for 16-bit and fp32 inputs alike (the accumulate type)."""
+RMSNORM_STATS_BYTES = 4
+"""Per row, what ``_fused_rms_norm`` (``F.rms_norm``'s CUDA kernel) saves besides its input:
+``result1`` (rstd), fp32."""
+EAGER_CROSS_ENTROPY_TRANSIENT = 8
+"""Bytes per logit that eager PyTorch's cross-entropy backward allocates while the fp32
+log-probabilities (4 bytes per logit, saved by ``_log_softmax`` as ``result`` and by
+``nll_loss_forward`` as ``self``) are still held: ``nll_loss_backward``'s dense fp32 gradient
+of the log-probabilities (4) and ``_log_softmax_backward_data``'s fp32 gradient of the logits
+(4), live together while the latter runs. The loss runs in fp32 (autocast's fp32 list has
+``cross_entropy``, ``log_softmax`` and ``nll_loss``; Hugging Face upcasts the logits)."""
+
+# Transformer Engine's fp8 GEMMs on a GPU with fp8 tensor cores (stg.perf.costs.native_fp8).
+FP8_WEIGHT_COPY_BYTES = 2
+"""Bytes per weight element of a planned fp8 GEMM that Transformer Engine keeps besides the
+16-bit weight: its fp8 copy for the forward GEMM (rowwise usage) and the fp8 transpose for the
+input-gradient GEMM (columnwise usage), which Hopper and Ada hold as a second, physically
+transposed tensor (TE docs, features/low_precision_training/performance_considerations:
+"Handling transposes", Table 2, and "Memory usage"; NVIDIA/TransformerEngine issue #1261).
+Megatron passes ``is_first_microbatch``, so TE casts once per iteration and caches both."""
 
 
 def dtype_bytes(dtype: str) -> int:
@@ -111,6 +149,25 @@ def is_moe(o: GenerateOptions) -> bool:
 def is_mla(o: GenerateOptions) -> bool:
     """Multi-head latent attention (the built-in ``deepseek``)."""
     return o.model.lower().split(":")[-1] == "deepseek"
+
+
+def is_eager(o: GenerateOptions) -> bool:
+    """Whether the stack runs eager PyTorch (``--profile eager``), not Megatron-LM with
+    Transformer Engine (``megatron``, the default)."""
+    if o.profile not in GenerateOptions.PROFILES:
+        allowed = ", ".join(GenerateOptions.PROFILES)
+        raise UserError(f"profile={o.profile!r}; allowed: {allowed}")
+    return o.profile == "eager"
+
+
+def norm_stats_bytes(o: GenerateOptions) -> int:
+    """fp32 bytes per row that one norm keeps besides its input under the profile: eager
+    PyTorch's LayerNorm (GPT family) 8, RMSNorm (Llama family) 4. The megatron profile
+    leaves them out, as Korthikanti's accounting does (Apex's and TE's norms keep the same
+    mean and rstd: 8 bytes per row against 34h bytes)."""
+    if not is_eager(o):
+        return 0
+    return RMSNORM_STATS_BYTES if model_family(o.model) == "llama" else LAYERNORM_STATS_BYTES
 
 
 def head_size(o: GenerateOptions) -> int:
@@ -308,12 +365,14 @@ def activation_bytes_per_layer(
     recompute: str | None = None,
     kernels: KernelTable | None = None,
     kind: str | None = None,
+    system: System | None = None,
 ) -> float:
     """Bytes one rank stores for one layer (of block ``kind``, see
     :func:`layer_parameters_per_rank`) and one micro-batch between forward and backward.
 
     With a precision plan (``options.precision``) the matmul inputs saved for the backward
-    pass are stored as :func:`planned_activation_delta` says. Llama-family layers store, in
+    pass are stored as :func:`planned_activation_delta` says (``system``: the GPU, for fp8
+    GEMMs that run natively on it). Llama-family layers store, in
     the activation dtype: the inputs of both norms, of the attention and of the MLP (4sbh,
     split by t under sequence parallelism), Q, K, V and the projection input (s·b·d·(2a +
     2kv), split by t) and the MLP's gate, up and product (3sbF/t). Multi-head latent
@@ -324,7 +383,16 @@ def activation_bytes_per_layer(
     C = ceil(k·tokens·capacity_factor/E): k·sb·capacity_factor when balanced), the
     dispatched token and the expert's output (2h, replicated over tp) and gate, up and
     product (3F/t); the router's logits and gates (2sbE); and the shared experts' gate, up
-    and product (3·shared·sbF/t)."""
+    and product (3·shared·sbF/t).
+
+    That is what Megatron-LM's fused kernels keep (``profile`` megatron). Eager PyTorch
+    (``profile`` eager) keeps what each op's autograd formula saves: the same tensors (a bias
+    add, a residual add and RoPE's products with the cos/sin tables save none; GELU saves its
+    input, the bias-add output, where Megatron's fused bias-GELU saves the GEMM output;
+    dropout a bool mask), plus each norm's fp32 per-row statistics
+    (:func:`norm_stats_bytes`) and, for every SwiGLU, the SiLU output that the product
+    ``silu(gate) * up`` saves beside ``up`` (sbF/t more; Megatron's fused SwiGLU keeps only
+    gate and up)."""
     o = as_options(options)
     recompute = recompute or o.activation_recompute
     if recompute not in ("none", "selective", "full"):
@@ -335,41 +403,48 @@ def activation_bytes_per_layer(
     e = dtype_bytes(o.dtype)
     sp_divisor = t if (o.tpsp and t > 1) else 1
     sbh = s_local * b * h
-    if recompute == "full":
+    sb = s_local * b
+    stats = norm_stats_bytes(o)  # validates the profile
+    if recompute == "full":  # Megatron's and torch.utils.checkpoint's: the layer input
         return e * sbh / sp_divisor
     llama = model_family(o.model) == "llama"
     k = o.kexperts if is_moe(o) else 1
     kind = kind or ("moe" if is_mla(o) else "block")
+    # eager: silu(gate) * up, MulBackward0 saves both factors (both require grad): the SiLU
+    # output is kept beside up (and gate, which SiluBackward0 saves as its input)
+    silu_output = e if is_eager(o) else 0
     if llama:
-        sb = s_local * b
         d = head_size(o)
-        # two RMSNorm inputs, QKV input, MLP input
-        replicated = e * 4 * sbh
+        # two RMSNorm inputs, QKV input, MLP input; eager: the two norms' rstd rows
+        replicated = e * 4 * sbh + stats * 2 * sb
         if is_mla(o):
             r = o.drope if o.drope is not None else d // 2
             c = o.kv_lora_rank if o.kv_lora_rank is not None else 4 * d
             sharded = e * sb * a * (4 * d + r)
             latents = 2 * (o.q_lora_rank or 0) + 2 * (c + r)
             replicated += e * sb * latents * sp_divisor  # whole sequence on every tp rank
+            latent_norms = 1 + (1 if o.q_lora_rank else 0)  # kv_norm (and q_norm)
+            replicated += stats * sb * latent_norms * sp_divisor
         else:
             sharded = e * sb * d * (2 * a + 2 * o.kvhead)
         if kind == "dense":
-            sharded += e * 3 * sb * (o.dense_dff or f)
+            sharded += (3 * e + silu_output) * sb * (o.dense_dff or f)
         elif is_moe(o):
             tokens = (o.micro_batch or o.batch) * o.seq
             capacity = -(-int(tokens * o.kexperts * o.capacity_factor) // o.experts)
             slots = o.experts * capacity / (o.dp * o.ep * o.sp)  # this rank's routed slots
-            sharded += e * slots * 3 * f
+            sharded += (3 * e + silu_output) * slots * f
             replicated += e * slots * 2 * h * sp_divisor + e * 2 * sb * o.experts
             shared = (o.shared_experts or 0) if is_mla(o) else 0
-            sharded += e * 3 * shared * sb * f
+            sharded += (3 * e + silu_output) * shared * sb * f
         else:
-            sharded += e * 3 * sb * f
+            sharded += (3 * e + silu_output) * sb * f
         scores = e * a * s_local * o.seq * b
     else:
         masks = MASK_BYTES if has_dropout(o) else 0
-        # two LayerNorm inputs, QKV input, MLP input (16-bit), two hidden dropout masks
-        replicated = e * 4 * sbh + masks * 2 * sbh
+        # two LayerNorm inputs, QKV input, MLP input (16-bit), two hidden dropout masks;
+        # eager: the two norms' mean and rstd rows
+        replicated = e * 4 * sbh + masks * 2 * sbh + stats * 2 * sb
         # Q, K, V, projection input; GELU input and output
         width = a * head_size(o)  # a·d: h unless --dhead
         sharded = e * s_local * b * width * 4 + k * e * 2 * s_local * b * f
@@ -382,7 +457,7 @@ def activation_bytes_per_layer(
         else:  # a fused kernel keeps only the fp32 log-sum-exp of each query row and head
             total += FUSED_STATS_BYTES * a * s_local * b / t
     if o.precision:
-        total += planned_activation_delta(o, recompute, kernels)
+        total += planned_activation_delta(o, recompute, kernels, system=system)
     return total
 
 
@@ -396,17 +471,22 @@ def _saved_matmul_inputs(
     t = o.tp
     sp_divisor = t if (o.tpsp and t > 1) else 1
     sbh = s_local * b * o.dmodel
+    sbw = s_local * b * o.head * head_size(o)  # a·d per token: sbh unless --dhead
     llama = model_family(o.model) == "llama"
     moe = o.model.lower().startswith("moe")
     k = o.kexperts if moe else 1
     kv_fraction = o.kvhead / o.head if llama else 1.0
     prefix = "expert_" if moe else ""
+    # a fused attention kernel's backward reads its output O (FlashAttention-2 and cuDNN:
+    # rowsum(dO * O)), the projection's input: that keeps its 16-bit copy beside any cast
+    # one (TE's docs name this case: "the attention output which is saved anyway")
+    fused_output = recompute == "none" and o.attention != "unfused"
     saved = [
         (sbh / sp_divisor, ("q", "k", "v"), False),
-        (sbh / t, ("scores",), False),
-        (kv_fraction * sbh / t, ("scores",), False),
-        (kv_fraction * sbh / t, ("context",), False),
-        (sbh / t, ("attn_out",), False),
+        (sbw / t, ("scores",), False),
+        (kv_fraction * sbw / t, ("scores",), False),
+        (kv_fraction * sbw / t, ("context",), False),
+        (sbw / t, ("attn_out",), fused_output),
     ]
     sbf = k * s_local * b * o.dff / t
     scores = o.head * s_local * o.seq * b / t
@@ -430,26 +510,44 @@ def _saved_matmul_inputs(
     return saved
 
 
+def runs_natively(
+    op_class: str, dtype: str, kernels: KernelTable | None, system: System | None
+) -> bool:
+    """Whether an op planned in ``dtype`` runs in it (and so saves its input cast to it): a
+    registered kernel (:mod:`stg.perf.kernels`), or an fp8 GEMM on a GPU with fp8 tensor
+    cores, as Transformer Engine runs it (:func:`stg.api.native_fp8`)."""
+    table = kernels if kernels is not None else KernelTable()
+    if table.native(op_class, dtype):
+        return True
+    return system is not None and native_fp8(system, op_class, normalize_dtype(dtype))
+
+
 def planned_activation_delta(
     options: Mapping[str, Any] | GenerateOptions,
     recompute: str | None = None,
     kernels: KernelTable | None = None,
+    *,
+    system: System | None = None,
 ) -> float:
     """Bytes per layer and micro-batch that a precision plan adds (negative: saves).
 
     A saved matmul input is stored once per distinct precision its consumers run in: an
-    op that runs natively in a planned precision (see :mod:`stg.perf.kernels`) saves its cast
-    input (``bytes_per_element`` of its kernel); other consumers, and a non-matmul backward
-    that needs the original, keep the tensor in the activation dtype. So ``fc1`` in int8
-    halves the MLP input, while ``q`` alone in int8 stores the QKV input twice. With full
-    recompute only the layer input is saved: no change.
+    op that runs natively in a planned precision (:func:`runs_natively`: a kernel plugin, or
+    an fp8 GEMM on ``system`` when it has fp8 tensor cores) saves its cast input
+    (``bytes_per_element`` of its kernel; 1 byte for fp8: Transformer Engine keeps the fp8
+    transpose of the input for the weight-gradient GEMM on Hopper and Ada, the fp8 data on
+    Blackwell, and not the 16-bit input: TE docs, performance_considerations, "Memory
+    usage"; NVIDIA/TransformerEngine issue #1764); other consumers, and a non-matmul
+    backward that needs the original, keep the tensor in the activation dtype. So ``fc1``
+    in int8 halves the MLP input, ``q`` alone in int8 stores the QKV input twice, and
+    ``attn_out`` in fp8 behind fused attention adds 1 byte per element (the kernel's
+    backward keeps its 16-bit output). With full recompute only the layer input is saved:
+    no change.
     """
     o = as_options(options)
     recompute = recompute or o.activation_recompute
     if not o.precision or recompute == "full":
         return 0.0
-    from stg.api import precision_of
-
     table = kernels if kernels is not None else KernelTable()
     e = dtype_bytes(o.dtype)
     delta = 0.0
@@ -458,12 +556,91 @@ def planned_activation_delta(
         for op in consumers:
             dtype = precision_of(o.precision, op) or o.dtype
             kind = "attention" if op in ("scores", "context") else "gemm"
-            if dtype == o.dtype or not table.native(kind, dtype):
+            if dtype == o.dtype or not runs_natively(kind, dtype, table, system):
                 stored[o.dtype] = e
             else:
                 stored[dtype] = table.bytes_per_element(kind, dtype)
         delta += elements * (sum(stored.values()) - e)
     return delta
+
+
+def gemm_weights_per_rank(o: GenerateOptions, kind: str | None = None) -> dict[str, float]:
+    """Weight elements of each GEMM of one layer (of block ``kind``) on one TP rank, by op
+    name (the einsums of the built-in models); their sum is
+    :func:`layer_parameters_per_rank` less the norms and biases."""
+    h, f, a, t = o.dmodel, o.dff, o.head, o.tp
+    d = head_size(o)
+    kind = kind or ("moe" if is_mla(o) else "block")
+    if model_family(o.model) != "llama":
+        width = a * d
+        return {
+            "q": h * width / t, "k": h * width / t, "v": h * width / t,
+            "attn_out": width * h / t, "fc1": h * f / t, "fc2": f * h / t,
+        }  # fmt: skip
+    weights: dict[str, float]
+    if is_mla(o):
+        r = o.drope if o.drope is not None else d // 2
+        c = o.kv_lora_rank if o.kv_lora_rank is not None else 4 * d
+        source = o.q_lora_rank or h
+        weights = {
+            "kv_latent": h * (c + r),
+            "q": source * a * d / t,
+            "q_rope": source * a * r / t,
+            "k": c * a * d / t,
+            "v": c * a * d / t,
+        }
+        if o.q_lora_rank:
+            weights["q_down"] = h * o.q_lora_rank
+    else:
+        weights = {"q": h * a * d / t, "k": h * o.kvhead * d / t, "v": h * o.kvhead * d / t}
+    weights["attn_out"] = a * d * h / t
+    if kind == "dense":
+        ffn = o.dense_dff or f
+        weights.update(dict.fromkeys(("gate", "up", "down"), h * ffn / t))
+    elif is_moe(o):
+        weights["router"] = h * o.experts
+        experts = (o.experts // o.ep) * h * f / t
+        weights.update(dict.fromkeys(("expert_gate", "expert_up", "expert_down"), experts))
+        shared = (o.shared_experts or 0) if is_mla(o) else 0
+        if shared:
+            names = ("shared_gate", "shared_up", "shared_down")
+            weights.update(dict.fromkeys(names, shared * h * f / t))
+    else:
+        weights.update(dict.fromkeys(("gate", "up", "down"), h * f / t))
+    return weights
+
+
+def fp8_weight_copy_bytes(
+    o: GenerateOptions,
+    kinds: Mapping[str, int],
+    system: System | None,
+    *,
+    has_head: bool = False,
+    kernels: KernelTable | None = None,
+) -> float:
+    """Bytes of Transformer Engine's fp8 weight copies on one rank: every GEMM the plan puts
+    in fp8 on a GPU with fp8 tensor cores keeps :data:`FP8_WEIGHT_COPY_BYTES` per weight
+    element beside its 16-bit weight, for each of the ``kinds`` layers (and the LM head's
+    ``logits`` GEMM, V·h/t, with ``has_head``). One copy per layer: Megatron caches it
+    across micro-batches; an eager loop with one micro-batch in flight holds one too. A
+    kernel plugin's fp8 GEMM (in ``kernels``) replaces Transformer Engine's: its record
+    prices the saved inputs (``bytes_per_element``) and declares no weight copies."""
+    if not o.precision or system is None or not native_fp8(system, "gemm", "fp8"):
+        return 0.0
+    if kernels is not None and kernels.get("gemm", "fp8") is not None:
+        return 0.0
+
+    def fp8(op: str) -> bool:
+        dtype = precision_of(o.precision, op)
+        return dtype is not None and normalize_dtype(dtype) == "fp8"
+
+    elements = sum(
+        n * sum(w for op, w in gemm_weights_per_rank(o, kind).items() if fp8(op))
+        for kind, n in kinds.items()
+    )
+    if has_head and fp8("logits"):
+        elements += o.dvocal * o.dmodel / o.tp
+    return FP8_WEIGHT_COPY_BYTES * elements
 
 
 def in_flight_layers(
@@ -606,6 +783,7 @@ def stage_memory(
     kinds: Mapping[str, int] | None = None,
     saved_bytes: float | None = None,
     head_bytes: float | None = None,
+    system: System | None = None,
 ) -> RankMemory:
     """The memory of one rank of pipeline stage ``stage`` whose model replica holds
     ``parameters`` weights; ``sharded_parameters`` is its padded ZeRO / FSDP shard of them
@@ -614,7 +792,9 @@ def stage_memory(
     convolutional network) keeps per micro-batch between forward and backward, as its
     generated graph says (the closed forms here are a transformer's); ``head_bytes``: what
     a head without vocabulary logits (a classifier, a span head) keeps, from the graph too
-    (the closed form here is an LM head's)."""
+    (the closed form here is an LM head's). ``system``: the GPU, which decides whether a
+    planned fp8 GEMM runs natively (its saved input in 1 byte, and Transformer Engine's fp8
+    weight copies, :func:`fp8_weight_copy_bytes`, counted with the weights)."""
     o = as_options(options)
     if not kinds:
         kinds = {"moe" if is_mla(o) else "block": layers} if layers else {}
@@ -642,7 +822,10 @@ def stage_memory(
             activations=held * saved_bytes,
             buffers=0.0,
         )
-    per_kind = {kind: activation_bytes_per_layer(o, kernels=kernels, kind=kind) for kind in kinds}
+    per_kind = {
+        kind: activation_bytes_per_layer(o, kernels=kernels, kind=kind, system=system)
+        for kind in kinds
+    }
     activations = sum(
         per_kind[kind] * in_flight_layers(stage, n, o.pp, m, o.pipeline_schedule, o.virtual_stages)
         for kind, n in kinds.items()
@@ -651,35 +834,55 @@ def stage_memory(
     e = dtype_bytes(o.dtype)
     t = o.tp
     sp_divisor = t if (o.tpsp and t > 1) else 1
-    sbh = o.seq / o.sp * b * o.dmodel
+    sb = o.seq / o.sp * b
+    sbh = sb * o.dmodel
+    logits = sb * o.dvocal / t  # this rank's share of the vocabulary
     held = in_flight_micro_batches(stage, o.pp, m, o.pipeline_schedule, o.virtual_stages)
     if has_embedding and has_dropout(o):
         activations += held * MASK_BYTES * sbh / sp_divisor  # embedding dropout mask
+    head_transient = 0.0
     if has_head:
-        # final norm input and LM-head input, fp32 logits for the cross entropy
-        head = 2 * e * sbh / sp_divisor + 4 * o.seq / o.sp * b * o.dvocal / t
+        # final norm input (eager: and its per-row statistics) and LM-head input (1 byte
+        # when the plan runs the LM head in fp8 natively), fp32 logits for the cross entropy
+        head_input: float = e
+        if o.precision:
+            dtype = precision_of(o.precision, "logits")
+            if dtype and dtype != o.dtype and runs_natively("gemm", dtype, kernels, system):
+                head_input = (kernels or KernelTable()).bytes_per_element("gemm", dtype)
+        stats = norm_stats_bytes(o) * sb
+        head = (e + head_input) * sbh / sp_divisor + stats / sp_divisor + 4 * logits
         if head_bytes is not None:
             head = head_bytes
+        elif is_eager(o):
+            head_transient = EAGER_CROSS_ENTROPY_TRANSIENT * logits
         # each multi-token prediction module: its MoE layer, the inputs of its three norms
         # and of its projection (2h), and its own final norm, LM-head input and logits
         modules = mtp_depth(o)
-        head += modules * (activation_bytes_per_layer(o, kernels=kernels, kind="moe") + head)
-        head += modules * e * 4 * sbh / sp_divisor
+        if modules:
+            moe_layer = activation_bytes_per_layer(o, kernels=kernels, kind="moe", system=system)
+            head += modules * (moe_layer + head)
+            head += modules * (e * 4 * sbh + 3 * stats) / sp_divisor
         activations += (m if o.pipeline_schedule.lower() == "gpipe" else 1) * head
     buffers = 0.0
     if kinds and o.activation_recompute in ("full", "selective"):
         # the largest layer recomputed: all its activations (full) or its attention scores
         buffers += max(
-            activation_bytes_per_layer(o, recompute="none", kernels=kernels, kind=kind)
+            activation_bytes_per_layer(
+                o, recompute="none", kernels=kernels, kind=kind, system=system
+            )
             - (per_kind[kind] if o.activation_recompute == "selective" else 0)
             for kind in kinds
         )
+    # eager: the cross-entropy backward's gradients at the start of the backward, with every
+    # activation held; a layer's recompute comes later, after the head has freed its logits
+    buffers = max(buffers, head_transient)
     if zero == 3 and kinds:
         buffers += 2 * e_w * max(layer_parameters_per_rank(o, kind) for kind in kinds)
+    fp8_copies = fp8_weight_copy_bytes(o, kinds, system, has_head=has_head, kernels=kernels)
     return RankMemory(
         stage=stage,
         parameters=parameters,
-        weights=state.weights,
+        weights=state.weights + fp8_copies,
         gradients=state.gradients,
         optimizer=state.optimizer,
         activations=activations,
@@ -688,10 +891,13 @@ def stage_memory(
 
 
 def analytic_memory(
-    options: Mapping[str, Any] | GenerateOptions, kernels: KernelTable | None = None
+    options: Mapping[str, Any] | GenerateOptions,
+    kernels: KernelTable | None = None,
+    system: System | None = None,
 ) -> list[RankMemory]:
     """Memory per stage from options alone (parameters from :func:`count_parameters`; with
-    ZeRO / FSDP the embedding, every layer and the head are padded flat buffers)."""
+    ZeRO / FSDP the embedding, every layer and the head are padded flat buffers) on
+    ``system`` (None: no native fp8)."""
     o = as_options(options)
     shard = o.dp * o.sp
     return [
@@ -714,6 +920,7 @@ def analytic_memory(
             if zero_stage(o)
             else None,
             kinds=dict(p.kinds),
+            system=system,
         )
         for p in count_parameters(o)
     ]
@@ -755,7 +962,7 @@ def predict_memory(
         return _hybrid_memory(workload, system, o, kernels)
     classes = []
     for rank_class in workload.rank_classes:
-        memory = _class_memory(o, rank_class, table)
+        memory = _class_memory(o, rank_class, table, system)
         ranks = [g.rank for g in workload.ranks if g.rank_class.index == rank_class.index]
         entry = {"class": rank_class.index, "ranks": len(ranks), "first_rank": min(ranks)}
         entry.update(_rank_memory_dict(memory))
@@ -764,7 +971,9 @@ def predict_memory(
     return _memory_report(classes, system)
 
 
-def _class_memory(o: GenerateOptions, rank_class: Any, table: KernelTable) -> RankMemory:
+def _class_memory(
+    o: GenerateOptions, rank_class: Any, table: KernelTable, system: System
+) -> RankMemory:
     facts = rank_class.facts
     for key in ("parameters", "layers", "has_embedding", "has_head"):
         if key not in facts:
@@ -786,6 +995,7 @@ def _class_memory(o: GenerateOptions, rank_class: Any, table: KernelTable) -> Ra
         kinds=facts.get("layer_kinds"),
         saved_bytes=facts.get("activation_bytes") if facts.get("stackless") else None,
         head_bytes=facts.get("head_activation_bytes"),
+        system=system,
     )
 
 
@@ -803,7 +1013,7 @@ def _hybrid_memory(
                 by_group.setdefault(str(group_of_rank(system, g.rank)), []).append(g.rank)
         for group, ranks in by_group.items():
             device = device_of(system, ranks[0])
-            memory = _class_memory(o, rank_class, kernel_table(items, device.name))
+            memory = _class_memory(o, rank_class, kernel_table(items, device.name), device)
             entry = {
                 "class": rank_class.index,
                 "ranks": len(ranks),
@@ -847,7 +1057,7 @@ def predict_analytic(
     table = kernel_table(kernels, system.name)
     classes = []
     ranks_per_stage = o.world_size // o.pp
-    for memory in analytic_memory(o, table):
+    for memory in analytic_memory(o, table, system):
         entry: dict[str, Any] = {
             "class": memory.stage,
             "ranks": ranks_per_stage,
@@ -890,6 +1100,8 @@ __all__ = [
     "activation_bytes_per_layer",
     "analytic_memory",
     "count_parameters",
+    "fp8_weight_copy_bytes",
+    "gemm_weights_per_rank",
     "in_flight_layers",
     "in_flight_micro_batches",
     "model_state_bytes",
@@ -897,6 +1109,7 @@ __all__ = [
     "planned_activation_delta",
     "predict_analytic",
     "predict_memory",
+    "runs_natively",
     "stage_memory",
     "total_parameters",
 ]

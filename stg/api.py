@@ -22,7 +22,8 @@ What is here, by the stage of the pipeline it belongs to:
   :func:`attention_time`, :func:`memory_bound_time`), the cost of one node shared by the
   time predictors (:func:`compute_time`, :func:`collective_time`, :func:`send_time`,
   :func:`group_shape`, :func:`link_dimension`), kernels (:class:`KernelTable`,
-  :func:`kernel_table`, :func:`is_cast`), dtype sizes and precision plans (:data:`DTYPE_BYTES`,
+  :func:`kernel_table`, :func:`is_cast`; :func:`native_fp8`: whether a GPU runs fp8 GEMMs
+  natively), dtype sizes and precision plans (:data:`DTYPE_BYTES`,
   :func:`precision_of`);
 - calibration tables of measured kernel times (:class:`Calibration`,
   :func:`load_calibration`, :func:`calibrated_time`; ``stg bench calibrate`` writes them);
@@ -70,6 +71,7 @@ from stg.perf.costs import (
     compute_time,
     group_shape,
     link_dimension,
+    native_fp8,
     send_phases,
     send_time,
     tree_all_reduce_time,
@@ -149,6 +151,7 @@ __all__ = [
     "load_system",
     "memory_bound_time",
     "memory_kind",
+    "native_fp8",
     "normalize_dtype",
     "op_class",
     "output_paths",
