@@ -255,7 +255,10 @@ def test_fused_attention_keeps_the_flops_and_drops_the_scores(registry, model, r
     for n in forward:
         batch, heads, s_q, s_kv, d, causal, backward = n.attrs["attention"]
         assert (causal, backward) == (1, 0) and s_kv == s
-        # bf16 Q and the output (s_q rows), K and V (s_kv rows; kv heads under GQA, whose query
-        # groups are folded into s_q), fp32 softmax statistics; no score matrix
-        tokens = 2 * batch * heads * d * (2 * s_q + 2 * s_kv)
+        # bf16 Q and the output (s_q rows of every query head; a causal kernel masks each
+        # query head's own triangle), K and V (s_kv rows of the kv heads under GQA), fp32
+        # softmax statistics; no score matrix
+        assert heads == SMALL["head"] // 2  # tp 2
+        kv_heads = (SMALL["kvhead"] if model == "llama" else SMALL["head"]) // 2
+        tokens = 2 * batch * d * (2 * heads * s_q + 2 * kv_heads * s_kv)
         assert n.tensor_size == tokens + 4 * batch * heads * s_q

@@ -273,7 +273,16 @@ def attention_shape(scores: Op, binder: Binder) -> tuple[int, int, int, int, int
                 batch *= sizes[letter]
             else:
                 heads *= sizes[letter]
-    return (batch, heads, s_q, s_kv, head_dim, int(binder.fraction(scores.scale) != 1))
+    causal = binder.fraction(scores.scale) != 1
+    query_only = [x for x in sizes if x in a and x in out and x not in b]
+    if causal and any(names[x] == "seq" for x in query_only):
+        # grouped-query heads (Llama's qgroup) are heads of their own to a causal kernel: each
+        # masks its own s x s triangle, so they are not rows of one taller score matrix
+        for letter in query_only:
+            if names[letter] != "seq":
+                heads *= sizes[letter]
+                s_q //= sizes[letter]
+    return (batch, heads, s_q, s_kv, head_dim, int(causal))
 
 
 def kv_append_bytes(op: Op, binder: Binder) -> int:

@@ -7,7 +7,9 @@ both predictors run on it) and applies the best one:
 
 - a candidate dtype must be in ``dtypes``, carry more accuracy risk than the op's current
   dtype (so each op only ever moves down, and the search ends), and run natively for the op's
-  class: fp8 and int8 need a registered kernel (:mod:`stg.perf.kernels`); a move changes one op,
+  class: int8 needs a registered kernel (:mod:`stg.perf.kernels`), and so does fp8 except for
+  matmuls on a GPU with fp8 tensor cores (Hopper, as Transformer Engine runs them); a move
+  changes one op,
   or together the ops that read one saved input (:data:`SHARED_INPUT_GROUPS`, e.g. q, k, v),
   with the sum of their risks;
 - while the plan does not fit the budget, the best change is the one that saves the most
@@ -34,6 +36,7 @@ from stg.core.options import GenerateOptions
 from stg.core.precision import PrecisionPlan
 from stg.errors import UserError
 from stg.host.registry import Registry
+from stg.perf.costs import native_fp8
 from stg.perf.kernels import KernelTable, is_cast, kernel_table
 from stg.perf.system import System, normalize_dtype, op_class
 
@@ -191,7 +194,8 @@ def search_precision(
         (op, dtype)
         for op, kind in ops.items()
         for dtype in allowed
-        if RISK[dtype] > RISK[base_dtype] and table.native(kind, dtype)
+        if RISK[dtype] > RISK[base_dtype]
+        and (table.native(kind, dtype) or native_fp8(system, kind, dtype))
     )
     moves = [((op,), dtype) for op, dtype in candidates]
     for group in SHARED_INPUT_GROUPS:

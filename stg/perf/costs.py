@@ -31,6 +31,17 @@ median forward time of the small (<= 1 MiB) elementwise cases with requires_grad
 the H100 kernel measurements (data/kernels/h100-elementwise.jsonl), where the GPU is idle
 most of the time. An eager step cannot issue kernels faster than this."""
 
+EAGER_ADAMW_BYTES_FACTOR = 80 / 28
+"""Bytes PyTorch's default AdamW moves over a fused Adam's. ``torch.optim.AdamW`` (``foreach``,
+PyTorch's default on GPUs) updates fp32 state in eight multi-tensor passes
+(``torch/optim/adam.py``, ``_multi_tensor_adam``): weight decay ``mul_`` on the parameters
+(8 B per parameter), ``lerp_`` of the first moment (12), ``mul_`` and ``addcmul_`` of the
+second (8 + 12), ``sqrt`` into a temporary (8), its ``div_`` and ``add_`` (8 + 8), and the
+``addcdiv_`` update (16): 80 B per parameter, where a fused Adam (Megatron's, apex's) reads
+the parameter, gradient and both moments once and writes three of them: 28 B. The generated
+``optimizer_step`` node counts the fused bytes; the eager profile prices this factor of them."""
+
+
 def attention_impl(profile: str, system: System) -> str:
     """The fused attention kernel a training stack runs: Megatron with Transformer Engine uses
     cuDNN's fused attention on Hopper and FlashAttention-2 on Ampere; eager PyTorch's SDPA
@@ -138,6 +149,10 @@ def compute_time(
     """
     if node.num_ops <= 0 and node.tensor_size <= 0:
         return getattr(node, "runtime", 0) * 1e-6
+    if profile == "eager" and node.name.rsplit("/", 1)[-1].startswith("optimizer_step"):
+        nbytes = node.tensor_size * EAGER_ADAMW_BYTES_FACTOR
+        seconds = memory_bound_time(system.gpu, nbytes, "stream", node.dtype or "fp32")
+        return max(seconds + system.kernel_overhead, EAGER_OP_HOST_S)
     if calibration is not None:  # measured kernel times first (stg bench calibrate)
         measured = calibration.node_time(node, default_dtype)
         if measured is not None:
