@@ -284,7 +284,7 @@ def test_workloads_without_fp8_are_untouched(registry) -> None:
 
 @pytest.mark.parametrize("value", [0, -3, True])
 def test_bad_amax_history(registry, value: object) -> None:
-    with pytest.raises(OptionError, match="amax_history=.* must be a positive integer"):
+    with pytest.raises(OptionError, match=r"amax_history=.* must be a positive integer"):
         build_workload(GenerateOptions(**SMALL, batch=2, amax_history=value), registry)
 
 
