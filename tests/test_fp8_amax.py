@@ -275,6 +275,10 @@ def test_workloads_without_fp8_are_untouched(registry) -> None:
         w = build_workload(options, registry)
         assert not any(amax_nodes(c) for c in w.rank_classes)
         assert "amax_history" not in w.metadata["options"]
+    # eager PyTorch runs no Transformer Engine modules
+    eager = GenerateOptions(**SMALL, batch=2, precision=GPT_FP8, profile="eager")
+    w = build_workload(eager, registry)
+    assert not amax_nodes(w.rank_classes[0]) and "amax_history" not in w.metadata["options"]
     fp8 = GenerateOptions(**SMALL, batch=2, precision=GPT_FP8, amax_history=16)
     w = build_workload(fp8, registry)
     assert w.metadata["options"]["amax_history"] == 16

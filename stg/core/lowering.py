@@ -773,7 +773,8 @@ def lower_stage(
     held = stage_parts(stage, plan, parts)
     # Transformer Engine's delayed scaling: every amax of the rank's fp8 modules (all its
     # chunks) is reduced and every history rolled at each reduction
-    fp8_gemms = sum(bp.fp8_gemms for _, bp in held)
+    # (the Megatron / TE profile; eager PyTorch has no TE modules)
+    fp8_gemms = sum(bp.fp8_gemms for _, bp in held) if plan.options.te_delayed_scaling else 0
     amax_group = tuple(sorted(a for a in amax_axes if plan.degrees[a] > 1))
     recompute_full = plan.recompute == "full"
 
