@@ -19,13 +19,25 @@ Cost of one node on a :class:`stg.perf.system.System`:
 
 Replay: each rank has a compute stream, a stream for pipeline sends, and one stream per
 communicator (NCCL process groups run on their own CUDA streams, so a tensor-parallel
-collective never waits behind a data-parallel gradient reduction, nor a send behind either;
-their sharing of link bandwidth is not modelled); a ready node is issued smallest id first
-when its stream is free. A collective occupies its communicator's stream on every member
-from when the member issues it; its transfer starts
+collective never waits behind a data-parallel gradient reduction, nor a send behind either);
+a ready node is issued smallest id first when its stream is free. A collective occupies its
+communicator's stream on every member from when the member issues it; its transfer starts
 when the last member has issued it (matched per group in issue order). A receive occupies no
 stream and completes when its matching send (same source, destination, tag and size, first in
 first out) has completed.
+
+Bandwidth sharing: transfers in flight at once on one rank share the bandwidth of the port
+they cross (:data:`stg.perf.comm_time.PORTS`: the GPU's NVLink ports inside a node, its NIC
+across nodes, each direction on its own: links are full duplex). A collective or send runs as
+the phases of its cost model (:func:`stg.api.collective_phases`: per network dimension its
+latency, then its bytes); while its bytes move it is one *user* of the port on the sending and
+the receiving side of every rank it involves (a collective: both sides of every member; a
+send: its source's sending and its destination's receiving side), and it drains its remaining
+bytes at ``1 / users`` of its full bandwidth on the busiest of those ports, recomputed whenever
+a transfer starts or finishes moving bytes; latencies are never shared. Sources and limits
+of the model: :mod:`stg.perf.comm_time` ("Concurrent transfers"). Not shared: hybrid systems
+(their own cost model), and tensor-parallel collectives under ``tp_comm_overlap`` (their bytes
+move beside their GEMMs, where the replay has no transfer).
 
 Overlap options (a workload's ``overlap_param_gather`` and ``tp_comm_overlap``, Megatron's
 ``--overlap-param-gather`` and ``--tp-comm-overlap``): the distributed optimizer's parameter
@@ -67,6 +79,7 @@ from stg.api import (
     System,
     Workload,
     attention_impl,
+    collective_phases,
     collective_time,
     compute_time,
     default_cast_model,
@@ -79,6 +92,7 @@ from stg.api import (
     link_dimension,
     load_system,
     op_class,
+    send_phases,
     send_time,
     tree_all_reduce_time,
 )
@@ -192,6 +206,82 @@ def _forward_part(name: str) -> str | None:
     if len(parts) < 3 or not parts[0].startswith("mb") or parts[2] == "bwd":
         return None
     return parts[1] + "/"
+
+
+# ---------------------------------------------------------------------------------------------
+# Bandwidth sharing: concurrent transfers over the same port of a GPU
+
+
+Steps = tuple[tuple[str | None, float], ...]
+"""A transfer as the replay runs it: ``(port, seconds)`` steps in order. A step with a port
+(``nvlink``, ``nic``, ...: :func:`stg.perf.comm_time.port`) moves bytes that take ``seconds``
+at the port's full bandwidth and shares it; a step without one (latency, or a time fixed in
+advance) takes its seconds whatever else runs."""
+
+
+def transfer_steps(phases: Iterable[tuple[str, float, float]]) -> Steps:
+    """The steps of a transfer's ``(port, latency, transfer)`` phases: each phase's latency,
+    then its bytes (zero-length steps left out)."""
+    steps: list[tuple[str | None, float]] = []
+    for port, latency, transfer in phases:
+        if latency > 0:
+            steps.append((None, latency))
+        if transfer > 0:
+            steps.append((port, transfer))
+    return tuple(steps)
+
+
+def fixed_steps(seconds: float) -> Steps:
+    """A transfer that takes ``seconds`` whatever else runs."""
+    return ((None, seconds),) if seconds > 0 else ()
+
+
+class _Flow:
+    """One transfer in flight: a collective (all its members together, at the pace of its
+    most loaded member) or a send. ``ends``: (unit, direction) pairs whose ports it uses, 0
+    sending and 1 receiving (a collective both on every member, a send its source's sending
+    and its destination's receiving side)."""
+
+    __slots__ = (
+        "contends",
+        "ends",
+        "finish",
+        "index",
+        "link",
+        "members",
+        "rate",
+        "remaining",
+        "resources",
+        "since",
+        "step",
+        "steps",
+        "tail",
+        "version",
+    )
+
+    def __init__(
+        self,
+        index: int,
+        members: list[tuple[int, int]],
+        ends: list[tuple[int, int]],
+        steps: Steps,
+    ) -> None:
+        self.index = index
+        self.members = members
+        self.ends = ends
+        self.steps = steps
+        self.step = -1
+        self.finish = 0.0
+        """when the current step ends at the current rate"""
+        self.tail = 0.0
+        """the steps after the current one at full bandwidth"""
+        self.remaining = 0.0
+        self.since = 0.0
+        self.rate = 0.0
+        self.resources: tuple[tuple[int, str, int], ...] = ()
+        self.version = 0
+        self.link: str | None = None
+        self.contends: list[int] = []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -504,6 +594,7 @@ class _Sim:
         calibration: Calibration | None = None,
         overlap_param_gather: bool = False,
         tp_comm_overlap: bool = False,
+        share_links: bool = True,
     ) -> None:
         self.problem = problem
         self.system = system
@@ -522,12 +613,17 @@ class _Sim:
         self.coll_needed: list[dict[int, int]] = []
         self.p2p_key: list[dict[int, tuple[int, int, int, int]]] = []
         self.shape_cache: dict[int, tuple[int, ...]] = {}
+        self.steps_cache: dict[Any, Steps] = {}
         self.participants_cache: dict[int, tuple[int, ...]] = {}
         self.contended = contended_systems(system)
         """per link kind: the GPU as a compute kernel sees it while NCCL runs over that link"""
         self.contended_cost: dict[tuple[Any, str], float] = {}
         self.cost_key: list[list[Any]] = []
         self.comm_link: list[list[str | None]] = []
+        self.share_links = share_links and not is_hybrid(system)
+        """concurrent transfers share their ports' bandwidth (off: each at its full bandwidth)"""
+        self.steps: list[list[Steps | None]] = []
+        """per unit and node: the steps of a collective's or send's transfer (see ``Steps``)"""
         for unit in problem.units:
             self._prepare(unit)
         for u in range(len(problem.units)):
@@ -563,6 +659,8 @@ class _Sim:
         stream = [0] * n
         cost_key: list[Any] = [None] * n
         comm_link: list[str | None] = [None] * n
+        steps: list[Steps | None] = [None] * n
+        steps_cache = self.steps_cache
         group_streams: dict[int, int] = {}
         system = self.system
         device = device_of(system, unit.rank)  # hybrid clusters: this rank's group's GPU
@@ -624,6 +722,15 @@ class _Sim:
                     )
                 kind[i] = COLL
                 duration[i] = cost_cache[key]
+                if self.share_links:
+                    plan = steps_cache.get(key)
+                    if plan is None:
+                        plan = steps_cache[key] = transfer_steps(
+                            collective_phases(node.comm_type, node.comm_size, shape, system)
+                        )
+                    steps[i] = plan
+                else:
+                    steps[i] = fixed_steps(duration[i])
                 if not is_hybrid(system):
                     comm_link[i] = outermost_link(shape, system)
                 coll_key[i] = (unit.group_keys.get(i, ("group", node.comm_group)), participants)
@@ -642,6 +749,16 @@ class _Sim:
                     dimension = link_dimension(unit.rank, node.comm_dst, system)
                     duration[i] = send_time(node.comm_size, dimension, system)
                     comm_link[i] = system.network[dimension].link if dimension >= 0 else None
+                if self.share_links:
+                    skey = ("send", node.comm_size, dimension)
+                    plan = steps_cache.get(skey)
+                    if plan is None:
+                        plan = steps_cache[skey] = transfer_steps(
+                            send_phases(node.comm_size, dimension, system)
+                        )
+                    steps[i] = plan
+                else:
+                    steps[i] = fixed_steps(duration[i])
                 p2p_key[i] = (
                     unit.index,
                     unit_of[node.comm_dst],
@@ -668,6 +785,7 @@ class _Sim:
         self.p2p_key.append(p2p_key)
         self.cost_key.append(cost_key)
         self.comm_link.append(comm_link)
+        self.steps.append(steps)
         self.results.append(
             UnitResult(
                 unit=unit,
@@ -767,6 +885,8 @@ class _Sim:
             together = chunked_overlap_time(slowed, res.duration[i], chunks)
             res.duration[i] = max(0.0, together - free)
             self.comm_link[u][i] = None  # its contention is in ``slowed`` already
+            # its bytes cross the links beside the GEMMs: what is left is a fixed time
+            self.steps[u][i] = fixed_steps(res.duration[i])
 
     def _userbuffers_contended(self, u: int, i: int, link: str, method: str) -> float:
         """Duration of GEMM ``i`` of unit ``u`` beside userbuffers' ``method`` over ``link``."""
@@ -854,25 +974,102 @@ class _Sim:
                 if count == 0:
                     make_ready(u, i, 0.0, None)
 
-        # per unit and link kind: when the NCCL kernels now running over that link finish
-        comm_until: list[dict[str, float]] = [{} for _ in units]
         contended = self.contended
+        # bandwidth sharing: the transfers in flight, and per (unit, port, direction) the
+        # transfers whose bytes are moving through it now
+        flows: list[_Flow] = []
+        users: dict[tuple[int, str, int], list[_Flow]] = {}
+        # per unit: the transfers in flight whose NCCL kernels slow its compute (contention)
+        contending: list[list[_Flow]] = [[] for _ in units]
+        comm_link = self.comm_link
 
-        def transfer(u: int, i: int, begin: float, end: float) -> None:
-            link = self.comm_link[u][i]
-            if link is not None and link in contended and comm_until[u].get(link, -1.0) < end:
-                comm_until[u][link] = end
+        def start_flow(
+            members: list[tuple[int, int]], ends: list[tuple[int, int]], steps: Steps, t: float
+        ) -> None:
+            f = _Flow(len(flows), members, ends, steps)
+            flows.append(f)
+            for pu, pi in members:
+                link = comm_link[pu][pi]
+                if link is not None and link in contended:
+                    f.link = link
+                    f.contends.append(pu)
+                    contending[pu].append(f)
+            next_step(f, t)
+
+        def next_step(f: _Flow, t: float) -> None:
+            f.step += 1
+            steps = f.steps
+            if f.step == len(steps):
+                for pu in f.contends:
+                    contending[pu].remove(f)
+                for pu, pi in f.members:
+                    pres = results[pu]
+                    pres.duration[pi] = t - pres.transfer_start[pi]
+                    push(t, pu, pi)
+                return
+            port, seconds = steps[f.step]
+            f.tail = sum(s for _, s in steps[f.step + 1 :])
+            f.version += 1
+            if port is None:
+                f.finish = t + seconds
+                push(f.finish, -1 - f.index, f.version)
+                return
+            f.resources = tuple((x, port, d) for x, d in f.ends)
+            for key in f.resources:
+                users.setdefault(key, []).append(f)
+            f.remaining = seconds
+            f.since = t
+            f.rate = 0.0
+            reshare(f.resources, t)
+
+        def reshare(keys: tuple[tuple[int, str, int], ...], t: float) -> None:
+            """Each transfer on these ports drains at its fair share from ``t`` on: the
+            port's bandwidth over its users, the smallest over the ports it uses."""
+            seen: set[int] = set()
+            for key in keys:
+                for g in users.get(key, ()):
+                    if g.index in seen:
+                        continue
+                    seen.add(g.index)
+                    rate = 1.0 / max(len(users[k]) for k in g.resources)
+                    if rate == g.rate:
+                        continue
+                    g.remaining = max(0.0, g.remaining - (t - g.since) * g.rate)
+                    g.since = t
+                    g.rate = rate
+                    g.version += 1
+                    g.finish = t + g.remaining / rate
+                    push(g.finish, -1 - g.index, g.version)
+
+        def step_done(f: _Flow, t: float) -> None:
+            if f.resources:
+                keys = f.resources
+                f.resources = ()
+                for key in keys:
+                    sharing = users[key]
+                    sharing.remove(f)
+                    if not sharing:
+                        del users[key]
+                reshare(keys, t)
+            next_step(f, t)
 
         def compute_duration(u: int, i: int, t: float) -> float:
             free = results[u].duration[i]
+            # per link: when the NCCL kernels running over it finish, as projected now (the
+            # current step at its share, the rest at full bandwidth)
+            until: dict[str, float] = {}
+            for f in contending[u]:
+                link, end = f.link, f.finish + f.tail
+                if link is not None and end > until.get(link, -1.0):
+                    until[link] = end
             worst = free
-            for link, until in comm_until[u].items():
-                if until <= t:
+            for link, end in until.items():
+                if end <= t:
                     continue
                 slow = self._contended(u, i, link)
                 if slow <= free:
                     continue
-                window = until - t
+                window = end - t
                 # slowed while the collective runs, at full speed after it
                 done = window * free / slow
                 worst = max(worst, slow if done >= free else window + free - done)
@@ -907,21 +1104,29 @@ class _Sim:
                 if len(inst[0]) == self.coll_needed[u][i]:
                     del instances[instance_key]
                     begin = inst[1]
-                    for pu, pi in inst[0]:
+                    members = inst[0]
+                    for pu, pi in members:
                         pres = results[pu]
                         pres.transfer_start[pi] = begin
                         pres.cause[pi] = inst[2]
-                        transfer(pu, pi, begin, begin + pres.duration[pi])
-                        push(begin + pres.duration[pi], pu, pi)
+                    plans = [self.steps[pu][pi] or () for pu, pi in members]
+                    if all(plan == plans[0] for plan in plans):
+                        ends = [(pu, d) for pu, _ in members for d in (0, 1)]
+                        start_flow(members, ends, plans[0], begin)
+                    else:  # members that price it differently (tp overlap): each its own
+                        for (pu, pi), plan in zip(members, plans, strict=True):
+                            start_flow([(pu, pi)], [(pu, 0), (pu, 1)], plan, begin)
             elif k == COMPUTE:
                 res.transfer_start[i] = t
-                if comm_until[u]:
+                if contending[u]:
                     res.duration[i] = compute_duration(u, i, t)
                 push(t + res.duration[i], u, i)
+            elif k == SEND:
+                res.transfer_start[i] = t
+                dst = self.p2p_key[u][i][1]
+                start_flow([(u, i)], [(u, 0), (dst, 1)], self.steps[u][i] or (), t)
             else:
                 res.transfer_start[i] = t
-                if k == SEND:
-                    transfer(u, i, t, t + res.duration[i])
                 push(t + res.duration[i], u, i)
 
         for u, stream in sorted(touched, key=_comm_first):
@@ -931,6 +1136,11 @@ class _Sim:
             t = heap[0][0]
             while heap and heap[0][0] == t:
                 _, _, u, i = heapq.heappop(heap)
+                if u < 0:  # a transfer's step ends (unless superseded by a new rate)
+                    f = flows[-1 - u]
+                    if i == f.version:
+                        step_done(f, t)
+                    continue
                 res = results[u]
                 res.end[i] = t
                 k = res.kind[i]
@@ -1006,11 +1216,14 @@ def replay(
     calibration: Calibration | None = None,
     overlap_param_gather: bool = False,
     tp_comm_overlap: bool = False,
+    share_links: bool = True,
 ) -> Replay:
     """Simulate every unit of ``problem`` on ``system`` (ops priced with ``kernels`` under
     execution ``profile``); ``overlap_param_gather`` and ``tp_comm_overlap``: Megatron's
     options of those names (see :meth:`_Sim._gather_before_forward` and
-    :meth:`_Sim._overlap_tp_collectives`)."""
+    :meth:`_Sim._overlap_tp_collectives`). ``share_links`` False runs every transfer at its
+    ports' full bandwidth whatever else is in flight (the model without bandwidth sharing, for
+    comparison)."""
     # millions of small lists and tuples, none cyclic: the cyclic collector only costs time
     enabled = gc.isenabled()
     gc.disable()
@@ -1024,6 +1237,7 @@ def replay(
             calibration,
             overlap_param_gather,
             tp_comm_overlap,
+            share_links,
         ).run()
     finally:
         if enabled:

@@ -65,10 +65,12 @@ from stg.perf.casts import CastModel, default_cast_model
 from stg.perf.costs import (
     EAGER_OP_HOST_S,
     attention_impl,
+    collective_phases,
     collective_time,
     compute_time,
     group_shape,
     link_dimension,
+    send_phases,
     send_time,
     tree_all_reduce_time,
 )
@@ -126,6 +128,7 @@ __all__ = [
     "calibrated_time",
     "chakra_v001",
     "chakra_v004",
+    "collective_phases",
     "collective_time",
     "comm_time",
     "compute_time",
@@ -150,6 +153,7 @@ __all__ = [
     "op_class",
     "output_paths",
     "precision_of",
+    "send_phases",
     "send_time",
     "tree_all_reduce_time",
     "write_comm_groups",

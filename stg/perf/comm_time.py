@@ -36,6 +36,27 @@ minimum over them is a latency-plus-saturation curve: the bus bandwidth of a col
 rises with its size and saturates at ``B``, as nccl-tests shows. A dimension without ``link``
 (a hand-written or ``stg bench comms``-fitted alpha-beta link) has only the Simple ring and
 tree, with no base latency: the plain alpha-beta closed forms.
+
+**Concurrent transfers.** The times above are those of a transfer alone on its links. Each NCCL
+communicator (each process group) sets up its own channels, but they all run over the same
+NVLinks and the same NIC of the GPU, and nothing coordinates them: collectives of different
+communicators in flight at once split the bandwidth. Measured: two 256 MB all-reduces on the
+same four NVLink A100s take 1.8 ms alone and about 4.2 ms each together (NVIDIA/nccl issue
+#1094); Meta's competing-communicators benchmark (meta-pytorch/torchrec pull request #4251)
+states that collectives of different process groups compete for NVLink bandwidth, each getting
+a fraction; and a NIC's line rate is shared by whatever crosses it (``ib_write_bw`` reaches the
+same 392 Gb/s of a 400 Gb/s NIC with one queue pair as with eight: NVIDIA/nccl issue #2409). So
+the time replay (:mod:`stg.predictors.time`) runs each transfer as its phases
+(:func:`collective_phases`, :func:`send_parts`: per dimension its latency, then its bytes) and
+lets the transfers whose bytes cross the same :func:`port` of a GPU at the same time share its
+bandwidth equally (each direction on its own: NVLink and InfiniBand are full duplex, and the
+bandwidths here are per direction). The latencies are not shared (they are handshakes and
+pipeline fill, not bytes). A transfer held back on another port does not hand its unused share
+to the others (an equal split, not max-min fairness); NCCL's choice of algorithm and protocol
+is made for the transfer alone, as NCCL's tuner makes it (it knows nothing of other
+communicators). Not modelled: PCIe peer-to-peer paths that do not reach both directions at once
+(NVIDIA/nccl issue #204), and the switch fabric above the NIC (oversubscription is a
+per-dimension bandwidth, not a contended resource).
 """
 
 from __future__ import annotations
@@ -131,41 +152,50 @@ class Level:
         )
 
 
-def level_time(kind: Kind, buffer: float, n: int, level: Level) -> float:
-    """Seconds of one collective over ``n`` ranks of one dimension; ``buffer`` is the full
-    buffer (all-gather: the gathered result; all-to-all: this rank's send buffer)."""
+def level_parts(kind: Kind, buffer: float, n: int, level: Level) -> tuple[float, float]:
+    """The fastest algorithm and protocol of one collective over ``n`` ranks of one dimension,
+    as ``(latency, transfer)`` seconds: its fixed and per-step latencies, and its bytes at the
+    protocol's bandwidth (the part that concurrent traffic on the same links shares, see
+    :data:`PORTS`). ``buffer`` as in :func:`level_time`."""
     if n <= 1:
-        return 0.0
+        return 0.0, 0.0
     protocols = PROTOCOLS if level.link else (SIMPLE,)
     best = math.inf
+    parts = (0.0, 0.0)
+
+    def consider(latency: float, transfer: float) -> None:
+        nonlocal best, parts
+        total = latency + transfer
+        if total < best:
+            best, parts = total, (latency, transfer)
+
     for proto in protocols:
         base_ring = proto.ring_base_s if level.link else 0.0
         base_tree = proto.tree_base_s if level.link else 0.0
         step = level.latency * proto.step_ratio.get(level.link or "network", 1.0)
         bandwidth = level.bandwidth * proto.bandwidth
         if kind is Kind.BARRIER:
-            best = min(best, base_ring + 2 * (n - 1) * step)
+            consider(base_ring + 2 * (n - 1) * step, 0.0)
             continue
-        if kind is Kind.ALL_TO_ALL:
-            steps = n - 1
-        elif kind in (Kind.BROADCAST, Kind.REDUCE):
-            steps = n - 1
-        elif kind is Kind.ALL_REDUCE:
-            steps = 2 * (n - 1)
-        else:
-            steps = n - 1
-        best = min(best, base_ring + steps * step + bus_factor(kind, n) * buffer / bandwidth)
+        steps = 2 * (n - 1) if kind is Kind.ALL_REDUCE else n - 1
+        consider(base_ring + steps * step, bus_factor(kind, n) * buffer / bandwidth)
         if kind is Kind.ALL_REDUCE:
             # NCCL's tree is a chain inside a node and a double binary tree across nodes
             chain = level.link in ("nvlink", "pcie")
             hops = 2 * (n - 1) if chain else 2 * math.ceil(math.log2(n))
             tree_bw = bandwidth * (TREE_BANDWIDTH if level.link else 1.0)
-            best = min(best, base_tree + hops * step + 2 * buffer / tree_bw)
+            consider(base_tree + hops * step, 2 * buffer / tree_bw)
     if kind is Kind.ALL_REDUCE and level.sharp_efficiency > 0:
         base = SIMPLE.ring_base_s if level.link else 0.0
-        sharp = base + 2 * level.latency + buffer / (level.line_bandwidth * level.sharp_efficiency)
-        best = min(best, sharp)
-    return best
+        consider(base + 2 * level.latency, buffer / (level.line_bandwidth * level.sharp_efficiency))
+    return parts
+
+
+def level_time(kind: Kind, buffer: float, n: int, level: Level) -> float:
+    """Seconds of one collective over ``n`` ranks of one dimension; ``buffer`` is the full
+    buffer (all-gather: the gathered result; all-to-all: this rank's send buffer)."""
+    latency, transfer = level_parts(kind, buffer, n, level)
+    return latency + transfer
 
 
 def collective_time(
@@ -209,18 +239,95 @@ def bus_bandwidth(kind: Kind, size: float, n: int, level: Level) -> float:
 def send_time(size: float, level: Level) -> float:
     """One point-to-point transfer over a dimension: ``S / B`` plus one step (and, on a named
     link, NCCL's base latency of the Simple protocol)."""
+    latency, transfer = send_parts(size, level)
+    return latency + transfer
+
+
+def send_parts(size: float, level: Level) -> tuple[float, float]:
+    """:func:`send_time` as ``(latency, transfer)`` seconds."""
     base = SIMPLE.ring_base_s if level.link else 0.0
-    return base + level.latency + size / level.bandwidth
+    return base + level.latency, size / level.bandwidth
+
+
+# ---------------------------------------------------------------------------------------------
+# Concurrent transfers: which of a GPU's links a transfer uses, and its phases
+
+
+PORTS: dict[str, str] = {"nvlink": "nvlink", "pcie": "pcie", "network": "nic"}
+"""The physical resource of one GPU that a transfer over a dimension of each link kind uses.
+Every dimension of kind ``network`` (a rail-optimised fabric's rail and the spine above it)
+goes through the GPU's own NIC: one ConnectX per GPU on DGX A100/H100 (the system presets), so
+a rail and a spine transfer of one GPU share that NIC. NVLink (and PCIe) dimensions use the
+GPU's NVLink ports (its PCIe link). A dimension without a ``link`` kind is a resource of its
+own."""
+
+
+def port(level: Level, dimension: int) -> str:
+    """The resource a transfer over network dimension ``dimension`` (``level``) uses on each
+    GPU it involves: :data:`PORTS` by link kind, ``dim<i>`` for a plain alpha-beta link."""
+    if level.link is None:
+        return f"dim{dimension}"
+    return PORTS[level.link]
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One part of a transfer on one network dimension, in the order it runs: ``latency``
+    seconds (fixed and per-step latencies: not slowed by other traffic), then ``transfer``
+    seconds of bytes at the dimension's full bandwidth (shared with the transfers that use
+    the same port at the same time)."""
+
+    dimension: int
+    latency: float
+    transfer: float
+
+
+def collective_phases(
+    kind: Kind, size: float, shape: Sequence[int], levels: Sequence[Level]
+) -> tuple[Phase, ...]:
+    """The phases of :func:`collective_time` in the order they run (their latencies and
+    transfers add up to it): a reduce-scatter from the innermost dimension outwards, an
+    all-gather from the outermost inwards (the same shards), an all-reduce as the reduce
+    half of each inner dimension, the outermost dimension's whole all-reduce and the gather
+    half of each inner dimension on the way back (a ring all-reduce is a reduce-scatter and
+    an all-gather; a tree reduces up and broadcasts down; in-network reduction sends up and
+    receives down: each splits into two equal halves); all-to-all, broadcast and reduce inner
+    to outer."""
+    members = math.prod(shape) if shape else 1
+    if members <= 1:
+        return ()
+    buffer = float(size) * members if kind is Kind.ALL_GATHER else float(size)
+    phases: list[Phase] = []
+    for i, (n, level) in enumerate(zip(shape, levels, strict=False)):
+        if n <= 1:
+            continue
+        if kind in (Kind.ALL_TO_ALL, Kind.BROADCAST, Kind.REDUCE, Kind.BARRIER):
+            phases.append(Phase(i, *level_parts(kind, float(size), n, level)))
+            continue
+        phases.append(Phase(i, *level_parts(kind, buffer, n, level)))
+        buffer /= n
+    if kind is Kind.ALL_GATHER:
+        phases.reverse()
+    elif kind is Kind.ALL_REDUCE and len(phases) > 1:
+        halves = [Phase(p.dimension, p.latency / 2, p.transfer / 2) for p in phases[:-1]]
+        phases = [*halves, phases[-1], *reversed(halves)]
+    return tuple(phases)
 
 
 __all__ = [
     "LINKS",
+    "PORTS",
     "PROTOCOLS",
     "Kind",
     "Level",
+    "Phase",
     "bus_bandwidth",
     "bus_factor",
+    "collective_phases",
     "collective_time",
+    "level_parts",
     "level_time",
+    "port",
+    "send_parts",
     "send_time",
 ]

@@ -264,6 +264,32 @@ def collective_time(kind: CollectiveType, size: int, shape: Sequence[int], syste
     )
 
 
+def collective_phases(
+    kind: CollectiveType, size: int, shape: Sequence[int], system: System
+) -> tuple[tuple[str, float, float], ...]:
+    """:func:`collective_time` as the phases it runs, in order: ``(port, latency, transfer)``
+    per network dimension (:func:`stg.perf.comm_time.collective_phases`), ``port`` naming the
+    GPU's resource the phase's bytes cross (:func:`stg.perf.comm_time.port`: ``nvlink``,
+    ``nic``, ...). The replay shares a port's bandwidth between the transfers that use it at
+    the same time."""
+    levels = tuple(comm_time.Level.of(d) for d in system.network)
+    phases = comm_time.collective_phases(
+        _COMM_KINDS.get(kind, comm_time.Kind.ALL_REDUCE), size, shape, levels
+    )
+    return tuple(
+        (comm_time.port(levels[p.dimension], p.dimension), p.latency, p.transfer) for p in phases
+    )
+
+
+def send_phases(size: int, dimension: int, system: System) -> tuple[tuple[str, float, float], ...]:
+    """:func:`send_time` as one phase ``(port, latency, transfer)`` (none for a send to the
+    same rank)."""
+    if dimension < 0:
+        return ()
+    level = comm_time.Level.of(system.network[dimension])
+    return ((comm_time.port(level, dimension), *comm_time.send_parts(size, level)),)
+
+
 def tree_all_reduce_time(size: float, n: int, bandwidth: float, latency: float) -> float:
     """All-reduce over a pipelined binary tree (reduce up, broadcast down), as NCCL's tree
     algorithm: every rank moves the whole buffer twice, over 2·ceil(log2 n) latency hops. It

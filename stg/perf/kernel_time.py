@@ -84,9 +84,13 @@ MEMORY_KERNEL_SPEED: dict[str, float] = {
 """Bandwidth of a memory-bound kernel class relative to a streaming kernel (forward; large
 tensors). A system's streaming efficiency is its ``memory_efficiency``."""
 
-SOFTMAX_16BIT_SPEED = 0.31 / 0.89
-"""Softmax over 16-bit inputs runs at about half the fp32 rate: H100 data, bf16 softmax over
-8192 columns, 1.02 TB/s."""
+SOFTMAX_16BIT_ELEMENTS_PER_SM_CLOCK = 256e9 / (132 * 1.83e9)
+"""PyTorch's softmax over 16-bit inputs is bound by its SMs, not by HBM: H100 data, bf16
+softmax over 8192 columns, 1.02 TB/s forward = 256 G elements/s on 132 SMs at 1.83 GHz
+(1.06 elements per SM per clock), its backward at the same element rate; the H200 (the same
+132 SMs, 1.43x the bandwidth) ran it at 1.08 TB/s (tests/data/kernels/h200-elementwise.jsonl),
+where a bandwidth-bound kernel would have gained 43 %. Rows of 32-bit values run at the
+``softmax`` bandwidth share instead."""
 
 ATTENTION_BLOCK_ROWS = 128
 """Query rows per CTA of FlashAttention-2 and cuDNN's fused attention (block size Br)."""
@@ -201,10 +205,13 @@ class Gpu:
         return FUSED_ATTENTION.get(self.arch, FUSED_ATTENTION["hopper"])
 
     def stream_time(self, nbytes: float, kind: str = "stream", dtype: str = "bf16") -> float:
-        speed = MEMORY_KERNEL_SPEED[kind]
-        if kind == "softmax" and DTYPE_BYTES.get(dtype, 2) < 4:
-            speed = SOFTMAX_16BIT_SPEED
-        return nbytes / (self.hbm_bandwidth * self.stream_efficiency * speed)
+        seconds = nbytes / (self.hbm_bandwidth * self.stream_efficiency * MEMORY_KERNEL_SPEED[kind])
+        width = DTYPE_BYTES.get(dtype, 2)
+        if kind == "softmax" and width < 4:  # one read and one write per element
+            elements = nbytes / (2 * width)
+            rate = self.sm_count * self.peak_clock_ghz * 1e9 * SOFTMAX_16BIT_ELEMENTS_PER_SM_CLOCK
+            seconds = max(seconds, elements / rate)
+        return seconds
 
 
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}

@@ -376,11 +376,15 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
 }
 
-# NVIDIA H200 Tensor Core GPU data sheet: the H100's GH100 die and 700 W (so the same SMs,
-# peaks and sustained clock), 141 GB of HBM3e (140 GiB usable as the driver reports it) at
-# 4.8 TB/s; HGX H200 keeps NVLink 4 and one 400 Gb/s NIC per GPU.
+# NVIDIA H200 Tensor Core GPU data sheet: the H100's GH100 die and 700 W (so the same SMs
+# and peaks), 141 GB of HBM3e (140 GiB usable as the driver reports it) at 4.8 TB/s; HGX H200
+# keeps NVLink 4 and one 400 Gb/s NIC per GPU. Sustained clock under GEMM load at the 700 W
+# cap: 1.46 GHz, measured (median SM clock of the last 10 s of 20 s of 8192^3 bf16 GEMMs,
+# tests/data/kernels/h200-clock.jsonl, benchmarks/measure_kernels.py); the H100 measured
+# 1.38 GHz the same way.
 PRESETS["h200-141g"] = {
     **PRESETS["h100-80g"],
+    "sustained_clock_ghz": 1.46,
     "name": "h200-141g",
     "description": "NVIDIA HGX H200 141GB: 8 GPUs per node (NVLink 4, 450 GB/s per "
     "direction), one 400 Gb/s NIC per GPU",
