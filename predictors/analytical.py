@@ -234,6 +234,11 @@ class Parts:
     stage_after: list[float] | None = None
     samples: bool = False
     """a model without a sequence (images): throughput in samples, not tokens"""
+    chunk_fwd: PartCost = dataclasses.field(default_factory=PartCost)
+    chunk_bwd: PartCost = dataclasses.field(default_factory=PartCost)
+    """per model chunk and micro-batch: fp8 amax reductions (Transformer Engine's delayed
+    scaling, once per chunk forward and backward; their buffer sized on the reduced
+    workload's layers, a few bytes more or less on a latency-bound all-reduce)"""
 
 
 def reduced_options(
@@ -508,6 +513,8 @@ def analyse(
         optimizer_embedding=optimizer_embedding,
         optimizer_head=optimizer_head,
         samples=bool(first.facts.get("stackless")),
+        chunk_fwd=_part_cost(pick(first, "chunk0", "fwd"), pricer),
+        chunk_bwd=_part_cost(pick(first, "chunk0", "bwd"), pricer),
     )
 
 
@@ -597,8 +604,8 @@ def predict_options(
     fwd: list[PartCost] = []
     bwd: list[PartCost] = []
     for s in range(p):
-        f = parts.layer_fwd.scaled(layers[s])
-        b = parts.layer_bwd.scaled(layers[s])
+        f = parts.layer_fwd.scaled(layers[s]) + parts.chunk_fwd.scaled(v)
+        b = parts.layer_bwd.scaled(layers[s]) + parts.chunk_bwd.scaled(v)
         if s == 0:
             f, b = f + parts.embedding_fwd, b + parts.embedding_bwd
         if s == p - 1:

@@ -286,6 +286,16 @@ SPECS: dict[str, tuple[str, _Spec]] = {
             metavar="FILE",
         ),
     ),
+    "amax_history": (
+        _TRAINING,
+        _Spec(
+            "fp8 GEMMs (a precision plan or --dtype fp8): length of Transformer Engine's "
+            "amax history per fp8 tensor, which its delayed-scaling update reads and writes "
+            "after each amax reduction (DelayedScaling.amax_history_len, default 1024; "
+            "Megatron's --fp8-amax-history-len).",
+            metavar="N",
+        ),
+    ),
     "phase": (
         _SERVING,
         _Spec(

@@ -17,6 +17,19 @@ from typing import Any
 
 import sympy
 
+from stg.core.fp8 import (
+    ALL_REDUCE,
+    AMAX_AXES,
+    AMAX_BYTES,
+    CONCAT,
+    UPDATE,
+    Fp8Module,
+    amax_buffer_elements,
+    concat_bytes,
+    te_modules,
+    update_bytes,
+    update_ops,
+)
 from stg.core.options import OptionError
 from stg.core.plan import ParallelPlan
 from stg.core.precision import DTYPE_BYTES
@@ -539,6 +552,26 @@ class BoundPart:
     """parameters this rank updates (ZeRO / FSDP: its padded shard of the flat buffer)"""
     replica_parameters: int = 0
     """weight elements of this rank's model replica (before any ZeRO / FSDP split)"""
+    fp8_modules: tuple[Fp8Module, ...] = ()
+    """Transformer Engine modules with fp8 GEMMs, in forward order (:mod:`stg.core.fp8`)"""
+
+    @property
+    def fp8_gemms(self) -> int:
+        """fp8 GEMMs whose amaxes this part keeps (``num_gemms`` summed over its modules)."""
+        return sum(m.gemms for m in self.fp8_modules)
+
+    def fp8_module_ends(self) -> list[int]:
+        """Indices into :attr:`backward` of the last compute op of each fp8 module's backward
+        (sorted, distinct): where the module's backward ends."""
+        ends = set()
+        for module in self.fp8_modules:
+            last = None
+            for i, op in enumerate(self.backward):
+                if op.type is NodeType.COMP and op.name.split(".", 1)[0] in module.ops:
+                    last = i
+            if last is not None:
+                ends.add(last)
+        return sorted(ends)
 
     def repeated_before_backward(self, recompute: str) -> list[BoundOp]:
         """Forward ops run again before this part's backward: FSDP weight gathers, plus the
@@ -604,6 +637,7 @@ def bind_part(
         binder.nbytes(boundary) if boundary is not None else 0,
         _flat_shard(part.weights, binder, shard_degree) if shard_degree > 1 else stored,
         sum(binder.unflat_numel(w) for w in part.weights),
+        te_modules(part.forward, binder.local_dim),
     )
 
 
@@ -730,8 +764,10 @@ def lower_stage(
     parts: ModelParts,
     order: list[tuple[str, int, int]],
     progress: Callable[[], None] | None = None,
+    amax_axes: tuple[str, ...] = AMAX_AXES,
 ) -> RankClass:
-    """All node templates of one pipeline stage for one iteration."""
+    """All node templates of one pipeline stage for one iteration; ``amax_axes``: the mesh
+    axes of the fp8 amax reduction group (:mod:`stg.core.fp8`)."""
     out = _Nodes()
     chunks = plan.chunks
     block, emb, head = parts.block, parts.embedding, parts.head
@@ -743,6 +779,64 @@ def lower_stage(
     for direction, _mb, chunk in order:
         if direction == "B":
             backwards_left[chunk] = backwards_left.get(chunk, 0) + 1
+    held = stage_parts(stage, plan, parts)
+    # Transformer Engine's delayed scaling: every amax of the rank's fp8 modules (all its
+    # chunks) is reduced and every history rolled at each reduction
+    # (the Megatron / TE profile; eager PyTorch has no TE modules)
+    fp8_gemms = sum(bp.fp8_gemms for _, bp in held) if plan.options.te_delayed_scaling else 0
+    amax_group = tuple(sorted(a for a in amax_axes if plan.degrees[a] > 1))
+    recompute_full = plan.recompute == "full"
+
+    def amax_reduction(prefix: str, backward: bool) -> None:
+        """One reduction of the forward or backward amaxes after the kernels issued so far:
+        concatenation, MAX all-reduce (none on a one-rank group), fused history and scale
+        update; the compute stream waits for it (TE's all-reduce is synchronous)."""
+        elements = amax_buffer_elements(fp8_gemms, backward)
+        history = plan.options.amax_history
+        last = out.add(
+            {
+                "name": prefix + CONCAT,
+                "type": NodeType.COMP,
+                "num_ops": elements,
+                "tensor_size": concat_bytes(elements),
+                "dtype": "fp32",
+            },
+            () if out.last_comp is None else (out.last_comp,),
+        )
+        if amax_group:
+            last = out.add(
+                {
+                    "name": prefix + ALL_REDUCE,
+                    "type": NodeType.COMM_COLL,
+                    "comm_type": CollectiveType.ALL_REDUCE,
+                    "comm_size": AMAX_BYTES * elements,
+                    "group_axes": amax_group,
+                    "dtype": "fp32",
+                },
+                (last,),
+            )
+        out.add(
+            {
+                "name": prefix + UPDATE,
+                "type": NodeType.COMP,
+                "num_ops": update_ops(elements, history),
+                "tensor_size": update_bytes(elements, history),
+                "dtype": "fp32",
+            },
+            (last,),
+        )
+        out.start_step()
+
+    def fp8_owners(gchunk: int) -> list[str | int]:
+        """The part instances of a model chunk that hold fp8 GEMMs, in forward order."""
+        owners: list[tuple[str | int, BoundPart]] = [
+            (layer, parts.layer(layer)) for layer in plan.chunk_layers(gchunk)
+        ]
+        if gchunk == 0:
+            owners.insert(0, ("embedding", emb))
+        if gchunk == chunks - 1:
+            owners.append(("head", head))
+        return [owner for owner, bp in owners if bp.fp8_gemms]
 
     def p2p(
         kind: NodeType, what: str, mb: int, boundary: int, peer: int, deps: tuple[int, ...]
@@ -770,13 +864,28 @@ def lower_stage(
         dy: int | None,
         repeated: list[BoundOp],
         reduce_now: bool,
+        amax_after: str | None = None,
     ) -> int | None:
-        """Backward of one part instance; returns the node of the gradient it passes on."""
+        """Backward of one part instance; returns the node of the gradient it passes on.
+        ``amax_after``: the name prefix of the backward amax reduction that follows it."""
         env = saved.pop((owner, mb))
         out.run(repeated, env, f"{prefix}recompute/", after=dy if dy is not None else out.last_comp)
+        recomputed = fp8_gemms > 0 and recompute_full and isinstance(owner, int)
+        if recomputed:  # the recompute forward's own autocast exits: a forward reduction
+            amax_reduction(f"{prefix}recompute/", backward=False)
         if dy is not None:
             env[bp.seed_key] = (dy,)  # type: ignore[index]
-        out.run(bp.backward, env, f"{prefix}bwd/")
+        if recomputed:  # each recomputed fp8 module reduces after its backward
+            start = 0
+            for end in bp.fp8_module_ends():
+                out.run(bp.backward[start : end + 1], env, f"{prefix}bwd/")
+                amax_reduction(f"{prefix}bwd/", backward=True)
+                start = end + 1
+            out.run(bp.backward[start:], env, f"{prefix}bwd/")
+        else:
+            out.run(bp.backward, env, f"{prefix}bwd/")
+        if amax_after is not None:  # the first fp8 module of the chunk's autocast
+            amax_reduction(amax_after, backward=True)
         store = grads.setdefault(owner, {})
         for k in bp.grad_keys:
             store.setdefault(k, []).extend(env.get(k, ()))
@@ -794,12 +903,18 @@ def lower_stage(
         gchunk = chunk * plan.stages + stage
         first, last = gchunk == 0, gchunk == chunks - 1
         out.start_step()
+        owners = fp8_owners(gchunk) if fp8_gemms else []
+        region = f"mb{mb}/chunk{gchunk}/"
         if direction == "F":
+            # the chunk's autocast exits after its last fp8 module: the forward reduction
+            region_end = owners[-1] if owners else None
             if first:
                 env: Env = {}
                 out.run(emb.forward, env, f"mb{mb}/embedding/")
                 saved[("embedding", mb)] = env
                 x = env[emb.output_key][0]  # type: ignore[index]
+                if region_end == "embedding":
+                    amax_reduction(f"{region}fwd/", backward=False)
             else:
                 x = p2p(NodeType.COMM_RECV, "activation", mb, gchunk - 1, gchunk - 1, ())
             for layer in plan.chunk_layers(gchunk):
@@ -808,15 +923,26 @@ def lower_stage(
                 out.run(bp.forward, env, f"mb{mb}/layer{layer}/fwd/")
                 saved[(layer, mb)] = env
                 x = env[bp.output_key][0]  # type: ignore[index]
+                if region_end == layer:
+                    amax_reduction(f"{region}fwd/", backward=False)
             if last:
                 env = {head.input_key: (x,)}  # type: ignore[dict-item]
                 out.run(head.forward, env, f"mb{mb}/head/fwd/")
                 saved[("head", mb)] = env
+                if region_end == "head":
+                    amax_reduction(f"{region}fwd/", backward=False)
             else:
                 p2p(NodeType.COMM_SEND, "activation", mb, gchunk, gchunk + 1, (x,))
         else:
             backwards_left[chunk] -= 1
             reduce_now = backwards_left[chunk] == 0  # the last micro-batch of this chunk
+            # the backward of the chunk's first fp8 module ends with the backward reduction
+            # (under full recompute each recomputed module reduces itself instead)
+            first_fp8 = owners[0] if owners else None
+            if recompute_full and isinstance(first_fp8, int):
+                first_fp8 = None
+            bwd_region = f"{region}bwd/"
+
             if last:
                 dy = backward(
                     "head",
@@ -826,6 +952,7 @@ def lower_stage(
                     None,
                     head.repeated_before_backward("none"),
                     reduce_now,
+                    bwd_region if first_fp8 == "head" else None,
                 )
             else:
                 dy = p2p(NodeType.COMM_RECV, "gradient", mb, gchunk, gchunk + 1, ())
@@ -834,7 +961,16 @@ def lower_stage(
                 if id(bp) not in repeats:
                     repeats[id(bp)] = bp.repeated_before_backward(plan.recompute)
                 repeat = repeats[id(bp)]
-                dy = backward(layer, bp, mb, f"mb{mb}/layer{layer}/", dy, repeat, reduce_now)
+                dy = backward(
+                    layer,
+                    bp,
+                    mb,
+                    f"mb{mb}/layer{layer}/",
+                    dy,
+                    repeat,
+                    reduce_now,
+                    bwd_region if first_fp8 == layer else None,
+                )
             if first:
                 backward(
                     "embedding",
@@ -844,6 +980,7 @@ def lower_stage(
                     dy,
                     emb.repeated_before_backward("none"),
                     reduce_now,
+                    bwd_region if first_fp8 == "embedding" else None,
                 )
             else:
                 assert dy is not None
@@ -851,7 +988,6 @@ def lower_stage(
         if progress is not None:
             progress()
 
-    held = stage_parts(stage, plan, parts)
     updated = sum(bp.optimizer_parameters for _, bp in held)
     # num_ops and tensor_size are both proportional to ``updated``: a stage with nothing to
     # update gets a free node (tensor_size 0), never 0 ops over > 0 bytes (ASTRA-sim's roofline)

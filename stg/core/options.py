@@ -170,6 +170,10 @@ class GenerateOptions:
     ``kv_lora_rank`` (the ranks of the query and key/value compressions) and ``drope`` (the
     decoupled RoPE dimension of a query head and of the key shared by the heads);
     ``mtp_depth``: multi-token prediction modules after the head (DeepSeek-V3: 1; unset: none).
+    ``amax_history`` is the length of Transformer Engine's amax history of every fp8 tensor
+    (``DelayedScaling.amax_history_len``, default 1024): a training run with fp8 GEMMs under
+    the ``megatron`` profile carries TE's delayed-scaling bookkeeping (:mod:`stg.core.fp8`),
+    whose update kernel reads and writes those histories.
     ``placement`` maps ranks to the device groups of a hybrid cluster, as runs
     ``((group, ranks), ...)`` in rank order (empty: one device kind); each group's ranks run
     the precision plan's entries for that group (:func:`stg.core.precision.plan_for_group`).
@@ -217,6 +221,7 @@ class GenerateOptions:
     dropout: float = 0.0
     profile: str = "megatron"
     precision: tuple[tuple[str, str], ...] = ()
+    amax_history: int = 1024
     placement: tuple[tuple[str, int], ...] = ()
     rank_order: str = "tp,sp,ep,dp,pp"
     phase: str = "training"
@@ -283,10 +288,22 @@ class GenerateOptions:
     """Options left out of a trace's metadata while off (unset, 0 or false), so that traces
     generated without them keep the bytes they had before the option existed."""
 
+    @property
+    def te_delayed_scaling(self) -> bool:
+        """Whether Transformer Engine's delayed scaling runs: a training run under the
+        ``megatron`` profile whose matmuls may run in fp8 (``dtype`` fp8, or a precision plan
+        naming fp8). It turns the amax bookkeeping of :mod:`stg.core.fp8` on."""
+        return (
+            not self.inference
+            and self.profile == "megatron"
+            and (self.dtype == "fp8" or any(dtype == "fp8" for _, dtype in self.precision))
+        )
+
     def recorded(self) -> dict[str, object]:
         """The options a trace's metadata records: where the files go is not part of the
         workload (same options, same bytes anywhere); unset options, options that are off
-        (:attr:`OFF_UNRECORDED`) and the other kind of run's fields (inference fields in
+        (:attr:`OFF_UNRECORDED`), ``amax_history`` without TE's delayed scaling
+        (:attr:`te_delayed_scaling`) and the other kind of run's fields (inference fields in
         training, overlap fields in serving) are left out."""
         other = self.OVERLAP_FIELDS if self.inference else self.INFERENCE_FIELDS
         return {
@@ -295,4 +312,5 @@ class GenerateOptions:
             if k not in {"output_dir", "output_name", *other}
             and not (k in UNSET_OPTIONS and v is None)
             and not (k in self.OFF_UNRECORDED and not v)
+            and not (k == "amax_history" and not self.te_delayed_scaling)
         }

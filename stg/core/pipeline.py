@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from stg.core.autodiff import build_backward, build_grad_reduction
+from stg.core.fp8 import AMAX_AXES, MODEL_PARALLEL_AMAX_AXES
 from stg.core.layout import Layout, parse_rank_order
 from stg.core.lowering import Binder, BoundPart, ModelParts, bind_part, lower_stage
 from stg.core.modelinfo import saved_activations
@@ -219,6 +220,13 @@ def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> Model
     )
 
 
+def _fp8_signature(parts: ModelParts) -> tuple[object, ...]:
+    """The fp8 modules of every part of a precision variant (equal for variants whose amax
+    buffers match)."""
+    blocks = tuple(sorted((kind, bp.fp8_modules) for kind, bp in parts.blocks.items()))
+    return (parts.embedding.fp8_modules, parts.block.fp8_modules, blocks, parts.head.fp8_modules)
+
+
 def saved_bytes(part: Part, binder: Binder) -> int:
     """Bytes of the tensors one rank keeps from a part's forward for its backward."""
     return sum(binder.nbytes(t) for t in saved_activations(part))
@@ -318,6 +326,12 @@ def build_workload(
         if precision:
             _warn_unknown_plan_ops(o, parts)
         variant_parts.append(parts)
+    amax_axes = AMAX_AXES
+    if len({_fp8_signature(parts) for parts in variant_parts}) > 1:
+        # device groups whose fp8 GEMMs differ cannot share an amax buffer across data
+        # parallelism: each reduces within its tensor x context parallel group (Megatron's
+        # --tp-only-amax-red), which stays inside one device group
+        amax_axes = MODEL_PARALLEL_AMAX_AXES
     stages = plan.stages
     orders = [
         schedule.order(s, stages, plan.micro_batches, plan.chunks_per_stage) for s in range(stages)
@@ -334,7 +348,7 @@ def build_workload(
                 progress("lowering", done, total_steps)
 
         for k, parts in enumerate(variant_parts):
-            cls = lower_stage(stage, plan, parts, orders[stage], tick)
+            cls = lower_stage(stage, plan, parts, orders[stage], tick, amax_axes)
             if rank_groups:  # one class per (precision variant, stage)
                 names = [g for g, p in group_plans.items() if p == variants[k]]
                 cls = replace(

@@ -139,6 +139,7 @@ def _check_phase(o: GenerateOptions) -> None:
         ("activation_recompute", RECOMPUTE.get(str(o.activation_recompute).lower()) != "none"),
         ("grad_reduce_dtype", o.grad_reduce_dtype is not None),
         ("virtual_stages", o.virtual_stages != 1),
+        ("amax_history", o.amax_history != GenerateOptions.amax_history),
     )
     for name, given in training_only:
         _require(
@@ -275,6 +276,12 @@ def make_plan(o: GenerateOptions) -> ParallelPlan:
         and not isinstance(o.dropout, bool)
         and 0 <= o.dropout < 1,
         f"dropout={o.dropout!r} must be a rate in [0, 1) (0: no dropout)",
+    )
+    _require(
+        isinstance(o.amax_history, int) and not isinstance(o.amax_history, bool)
+        and o.amax_history >= 1,
+        f"amax_history={o.amax_history!r} must be a positive integer (Transformer Engine's "
+        "amax history length per fp8 tensor; default 1024)",
     )
     _require(
         o.profile in GenerateOptions.PROFILES,

@@ -1,0 +1,145 @@
+"""Transformer Engine's delayed-scaling bookkeeping of fp8 GEMMs: which modules keep amax
+histories, how big the buffers are, and what the reduction and the update move.
+
+Facts (read from NVIDIA/TransformerEngine 2.x, ``transformer_engine/pytorch``; the same
+logic is in 1.x ``fp8.py``):
+
+- Each TE module with fp8 GEMMs (``Linear``, ``LayerNormLinear``, ``GroupedLinear``,
+  ``DotProductAttention``) keeps a forward ``amax_history`` of shape ``(amax_history_len,
+  3·num_gemms)`` (input, weight, output of each GEMM) and a backward one of shape
+  ``(amax_history_len, 2·num_gemms)`` (grad_output, grad_input), fp32, and one fp32 scale per
+  column (``module/base.py``, ``num_fp8_tensors``; docs ``fp8_delayed_scaling.rst``).
+  ``num_gemms`` is 1 for a linear layer (Megatron fuses Q, K and V into one, and gate and up),
+  the local experts for a grouped linear, 3 for DotProductAttention.
+- Every module registers row 0 of its histories in one process-wide buffer per direction
+  (``FP8GlobalStateManager.add_fp8_tensors_to_global_buffer``). A reduction
+  (``reduce_and_update_fp8_tensors``) concatenates all of them (``torch.cat``), all-reduces
+  the fp32 buffer with MAX over the amax reduction group (skipped when the group has one
+  rank), then rolls every history and recomputes every scale in one fused multi-tensor kernel
+  (``tex.fused_amax_and_scale_update_after_reduction``;
+  ``common/recipe/delayed_scaling.cu``, ``kernel_bulk``).
+- When (``quantization.py``, ``module/linear.py``, ``distributed.py``): forward, at the exit
+  of the outermost ``autocast`` with gradients enabled (``autocast_exit``); Megatron-LM wraps a
+  model chunk's whole transformer block in one autocast under delayed scaling
+  (``transformer_block.py``, ``use_outer_quantization_context``): once per micro-batch and
+  chunk. Backward, at the end of the backward of the first fp8 module of that autocast
+  (``is_first_fp8_module``), i.e. when the chunk's backward is done: once per micro-batch and
+  chunk. Under full recomputation (``te_checkpoint``, TE >= 2.3) the recompute forward of each
+  checkpointed segment runs in its own autocast, so its exit reduces the forward buffer again,
+  and each fp8 module recomputed there is marked first (the flag is restored in the recompute
+  phase), so the backward of every such module reduces the backward buffer.
+- Group: Megatron's ``get_amax_reduction_group(with_context_parallel=True)``, the
+  tensor x data x context parallel ranks (``parallel_state.py``); with
+  ``--tp-only-amax-red`` the tensor x context parallel ranks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from stg.core.symbolic import Dim, Op, Tensor
+
+AMAX_HISTORY_DEFAULT = 1024
+"""``DelayedScaling.amax_history_len``'s default (TE 1.x and 2.x; Megatron-LM's own default
+is 1, its FP8 examples pass ``--fp8-amax-history-len 1024``)."""
+
+FORWARD_TENSORS_PER_GEMM = 3
+"""input, weight, output (TE ``module/base.py``)"""
+BACKWARD_TENSORS_PER_GEMM = 2
+"""grad_output, grad_input"""
+DOT_PRODUCT_ATTENTION_GEMMS = 3
+"""``DotProductAttention.init_fp8_metadata(num_gemms=3)``"""
+
+AMAX_BYTES = 4
+"""an amax, a history entry and a scale are fp32"""
+
+AMAX_AXES = ("dp", "ep", "sp", "tp")
+"""The amax reduction group: Megatron's tensor x data x context parallel group. stg's ``ep``
+ranks are data-parallel ranks of the dense part (Megatron carves expert parallelism out of
+data parallelism), ``sp`` is context parallelism."""
+MODEL_PARALLEL_AMAX_AXES = ("sp", "tp")
+"""Megatron's ``--tp-only-amax-red`` group: tensor x context parallel ranks."""
+
+CONCAT = "fp8_amax_concat"
+ALL_REDUCE = "fp8_amax_all_reduce"
+UPDATE = "fp8_scale_update"
+NODE_NAMES = (CONCAT, ALL_REDUCE, UPDATE)
+"""Node names (the last path component) of one reduction: concatenation of the amaxes, the
+all-reduce, the fused history and scale update."""
+
+
+@dataclass(frozen=True)
+class Fp8Module:
+    """A Transformer Engine module with fp8 GEMMs: the forward einsums it runs (``ops``, by
+    name) and its ``num_gemms``."""
+
+    ops: frozenset[str]
+    gemms: int
+
+
+def _source(t: Tensor) -> int:
+    """The tensor an operand was cast, gathered or viewed from (its identity)."""
+    while t.producer is not None and (
+        t.producer.kind in ("collective", "view") or ".cast_" in t.producer.name
+    ):
+        t = t.producer.inputs[0]
+    t = t.storage or t
+    return id(t.base or t)
+
+
+def te_modules(
+    forward: Iterable[Op], local_dim: Callable[[Dim, frozenset[str]], int], dtype: str = "fp8"
+) -> tuple[Fp8Module, ...]:
+    """The TE modules of a part's forward whose GEMMs run in ``dtype`` (fp8), in forward order.
+
+    Einsums that read the same activation are one module (Megatron's fused QKV and gate/up
+    linears); the attention core's einsums are one ``DotProductAttention`` (3 GEMMs); an
+    einsum over local experts is a grouped linear of one GEMM per local expert."""
+    groups: dict[object, list[Op]] = {}
+    for op in forward:
+        if op.kind != "einsum" or op.inputs[0].dtype != dtype:
+            continue
+        if "core_attention" in op.tags:
+            group: object = "core_attention"
+        else:
+            group = tuple(sorted(_source(t) for t in op.inputs if t.kind != "weight"))
+        groups.setdefault(group, []).append(op)
+    modules = []
+    for group, ops in groups.items():
+        if group == "core_attention":
+            names = frozenset(op.name for op in ops) | {"core_attention"}
+            modules.append(Fp8Module(names, DOT_PRODUCT_ATTENTION_GEMMS))
+            continue
+        gemms = 1
+        for op in ops:
+            for t in op.inputs:
+                if t.kind != "weight":
+                    continue
+                for d, axes in zip(t.dims, t.sharding.dims, strict=True):
+                    if d.name == "experts":
+                        gemms = max(gemms, local_dim(d, axes))
+        modules.append(Fp8Module(frozenset(op.name for op in ops), gemms))
+    return tuple(modules)
+
+
+def amax_buffer_elements(gemms: int, backward: bool) -> int:
+    """fp32 amaxes a reduction all-reduces for ``gemms`` fp8 GEMMs on a rank."""
+    return gemms * (BACKWARD_TENSORS_PER_GEMM if backward else FORWARD_TENSORS_PER_GEMM)
+
+
+def concat_bytes(elements: int) -> int:
+    """``torch.cat`` of the amaxes into one buffer: each read and written once."""
+    return 2 * AMAX_BYTES * elements
+
+
+def update_bytes(elements: int, history: int) -> int:
+    """What the fused update kernel moves per reduction: for each fp8 tensor it reads the
+    reduced amax and ``history - 1`` history entries, writes ``history`` entries (the rolled
+    history) and the new scale (``kernel_bulk``, ``delayed_scaling.cu``)."""
+    return AMAX_BYTES * elements * (2 * history + 1)
+
+
+def update_ops(elements: int, history: int) -> int:
+    """One max per history entry and one division per scale."""
+    return elements * (history + 1)
