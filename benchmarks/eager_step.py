@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from stg.bench import MissingDependencyError, require
+
 # name: (family, dmodel, layers, heads, kv heads, ffn, vocab)
 MODELS: dict[str, tuple[str, int, int, int, int, int, int]] = {
     "llama-1b": ("llama", 2048, 16, 32, 8, 8192, 128256),
@@ -190,20 +192,17 @@ def main() -> int:
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--tokens", default="1024,2048,4096,8192")
     args = parser.parse_args()
-    try:
-        import torch
-    except ImportError:
-        print(
-            "eager_step.py needs PyTorch: pip install 'symbolic-tensor-graph[bench]'",
-            file=sys.stderr,
-        )
-        return 2
-    if not torch.cuda.is_available():
-        print("eager_step.py needs a CUDA GPU; none is visible", file=sys.stderr)
-        return 2
     unknown = [m for m in args.models.split(",") if m not in MODELS]
     if unknown:
         print(f"unknown model {unknown[0]!r}; allowed: {', '.join(MODELS)}", file=sys.stderr)
+        return 2
+    try:
+        torch = require("torch", "eager_step.py")
+    except MissingDependencyError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print("eager_step.py needs a CUDA GPU; none is visible", file=sys.stderr)
         return 2
     with args.out.open("w") as out:
         for name in args.models.split(","):

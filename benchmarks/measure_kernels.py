@@ -42,6 +42,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from stg.bench import MissingDependencyError, require
+
 WARMUP = 3
 ITERATIONS = 10
 MIN_EVENT_MS = 0.2
@@ -639,12 +641,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=20.0)
     args = parser.parse_args()
     try:
-        import torch
-    except ImportError:
-        print(
-            "measure_kernels.py needs PyTorch: pip install 'symbolic-tensor-graph[bench]'",
-            file=sys.stderr,
-        )
+        torch = require("torch", "measure_kernels.py")
+    except MissingDependencyError as error:
+        print(f"error: {error}", file=sys.stderr)
         return 2
     if not torch.cuda.is_available():
         print("measure_kernels.py needs a CUDA GPU; none is visible", file=sys.stderr)
