@@ -231,6 +231,7 @@ def test_readme_opens_with_the_two_commands() -> None:
     lines = [line for line in first.group(2).splitlines() if line and not line.startswith("#")]
     assert lines == [
         "pip install -e . && stg generate",
+        "python -m venv .venv && . .venv/bin/activate && "
         "pip install 'torch==2.13.0' -e '.[test,bench,explore]' -e plugins/stg-int8-kernels "
         "-e plugins/stg-vision-models && python -m pytest",
     ]

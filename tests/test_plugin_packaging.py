@@ -3,9 +3,11 @@
 The packaging test takes the plugin module and ``pyproject.toml`` from docs/plugins.md exactly
 as written, builds them into a wheel in a temporary directory, installs the wheel into a fresh
 virtual environment and runs ``stg`` there; all of it offline (``--no-index``, no build
-isolation), so it needs nothing but the setuptools and pip installed here: the test extra
-asks for setuptools >= 70.1, which builds wheels by itself (``bdist_wheel``), and the venv
-has no pip or setuptools of its own (a venv's bundled setuptools 65 cannot).
+isolation), so it needs nothing but the setuptools and pip installed where the test runs: the
+test extra asks for setuptools >= 70.1, which builds wheels by itself (``bdist_wheel``), and
+the venv has no pip or setuptools of its own (a venv's bundled setuptools 65 cannot). It
+works the same whether the suite runs in a virtual environment (as the README's command
+does) or in the base interpreter.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import site
 import subprocess
 import sys
 import tomllib
@@ -88,6 +91,25 @@ def _offline_env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
+def _venv_over_this_environment(venv: Path, cwd: Path, env: dict[str, str]) -> Path:
+    """A fresh venv without pip that sees this test's own site-packages (its pip, the
+    setuptools >= 70.1 of the test extra, the editable stg) and returns its python.
+
+    ``--system-site-packages`` would not do: inside a virtual environment it shows the base
+    interpreter's packages (setuptools 65 there, without ``bdist_wheel``), not this one's.
+    A ``.pth`` line that calls ``site.addsitedir`` also runs the ``.pth`` files found there,
+    which editable installs need."""
+    _run([sys.executable, "-m", "venv", "--without-pip", venv], cwd=cwd, env=env)
+    python = venv / "bin" / "python"
+    where = "import sysconfig; print(sysconfig.get_path('purelib'))"
+    purelib = _run([python, "-c", where], cwd, env).strip()
+    outer = [*site.getsitepackages(), site.getusersitepackages()]
+    dirs = [d for d in dict.fromkeys(outer) if Path(d).is_dir()]
+    line = "import site; " + "; ".join(f"site.addsitedir({d!r})" for d in dirs)
+    (Path(purelib) / "_stg_test_outer_env.pth").write_text(line + "\n", encoding="utf-8")
+    return python
+
+
 def test_guide_pyproject_is_complete() -> None:
     data = tomllib.loads(guide_files()["pyproject.toml"])
     assert data["build-system"]["build-backend"] == "setuptools.build_meta"
@@ -101,10 +123,7 @@ def test_documented_plugin_builds_installs_and_loads(tmp_path: Path) -> None:
     project = write_documented_project(tmp_path / "stg-relu")
     env = _offline_env(tmp_path)
     venv = tmp_path / "venv"
-    # no pip of its own: the outer pip and setuptools (>= 70.1, the test extra) serve it
-    make_venv = [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", venv]
-    _run(make_venv, cwd=tmp_path, env=env)
-    python = venv / "bin" / "python"
+    python = _venv_over_this_environment(venv, tmp_path, env)
     dist = tmp_path / "dist"
     pip_wheel = ["-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", dist]
     _run([python, *pip_wheel, project], cwd=tmp_path, env=env)
