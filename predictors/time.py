@@ -318,12 +318,17 @@ def _refine(
     neighbours: Mapping[int, list[Sequence[int]]],
     peers: Mapping[int, list[int]],
 ) -> dict[int, int]:
-    """Colour refinement: ranks stay together only while their partners are alike."""
+    """Colour refinement: ranks stay together only while their partners are alike.
+
+    Runs until no class splits: a difference travels one partner per round (along a
+    pipeline, one stage), so a cap on the rounds would leave deep pipelines with units whose
+    ranks are not alike, and their sends and collectives unmatched. Each round either splits
+    a class or ends, so there are at most as many rounds as ranks."""
     colour: dict[int, int] = {}
     keys: dict[Any, int] = {}
     for r in ranks:
         colour[r] = keys.setdefault(initial[r], len(keys))
-    for _ in range(8):
+    while True:
         group_colours: dict[int, tuple[int, ...]] = {}
         new_keys: dict[Any, int] = {}
         new: dict[int, int] = {}
@@ -339,7 +344,6 @@ def _refine(
         if len(new_keys) == len(keys):
             return new
         colour, keys = new, new_keys
-    return colour
 
 
 def problem_from_workload(workload: Workload, system: System) -> Problem:
