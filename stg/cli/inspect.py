@@ -61,6 +61,7 @@ def trace(
     """Statistics of trace files (see TRACE_HELP)."""
     from stg.errors import UserError
     from stg.trace.stats import (
+        analyze,
         exit_code,
         find_trace_files,
         inspect_report,
@@ -82,11 +83,14 @@ def trace(
             raise UserError(
                 f"--dot writes one rank's graph; choose one with --rank ({names}{more})"
             )
-        check_writable_file("--dot", dot)
-        try:
-            stats = write_dot(files[0], dot, deps=deps, window=window, format=format)  # type: ignore[arg-type]
-        except OSError as exc:
-            raise UserError(f"--dot {dot}: cannot write: {exc.strerror or exc}") from None
+        # an unreadable rank exits 2 with nothing written: read it before touching --dot's folder
+        stats = analyze(files[0], deps=deps, window=window, format=format)  # type: ignore[arg-type]
+        if not stats.unreadable:
+            check_writable_file("--dot", dot)
+            try:
+                stats = write_dot(files[0], dot, deps=deps, window=window, format=format)  # type: ignore[arg-type]
+            except OSError as exc:
+                raise UserError(f"--dot {dot}: cannot write: {exc.strerror or exc}") from None
         if stats.error is not None:
             typer.echo(f"error: {stats.error}", err=True)
         results = [stats]

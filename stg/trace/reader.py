@@ -623,7 +623,7 @@ def _load_json(path: Path) -> dict[str, Any]:
     except (EOFError, OSError) as exc:
         raise TraceError(f"{path}: cannot read: {exc}") from None
     if not isinstance(data, dict) or not isinstance(data.get("workload_graph"), list):
-        raise TraceError(f'{path}: JSON trace must be an object with a "workload_graph" list')
+        raise _not_a_trace(path, 'a JSON trace is an object with a "workload_graph" list')
     return data
 
 

@@ -13,13 +13,14 @@ per rank
     ``num_ops`` 0 and ``tensor_size`` > 0: ASTRA-sim's roofline times it as 0/0 and the rank
     never finishes), ``collective-type`` (a collective ASTRA-sim does not simulate).
 across ranks
-    ``comm-group`` (the comm-group file: decimal keys
-    >= 1, sorted in-range members, no one-rank groups, every used group present, the user is a
-    member), ``collective-mismatch`` (members of a group issue different sequences of
-    (type, size)), ``unmatched-send`` / ``unmatched-recv`` (sends and receives matched by
-    (source, destination, tag, size), first in first out), ``deadlock`` (when all else is
-    valid, the ranks are run together: a receive waits for its matched send, a collective
-    completes when all members reached it; nodes that can never run are a deadlock).
+    ``rank-files`` (an in-memory workload whose ranks are out of order), ``comm-group`` (the
+    comm-group file: decimal keys >= 1, sorted in-range members, no one-rank groups, every used
+    group present, the user is a member), ``collective-mismatch`` (members of a group issue
+    different sequences of (type, size)), ``unmatched-send`` / ``unmatched-recv`` (sends and
+    receives matched by (source, destination, tag, size), first in first out), ``deadlock``
+    (when all else is valid, the ranks are run together: a receive waits for its matched send,
+    a collective completes when all members reached it; nodes that can never run are a
+    deadlock).
 
 Warnings (reported, not failures): a comp or comm node without ``is_cpu_op``.
 
