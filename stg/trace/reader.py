@@ -348,21 +348,26 @@ def _is_message(data: bytes) -> bool:
     return True
 
 
+def _first_record(path: Path, records: Iterator[tuple[int, int, bytes]]) -> tuple[int, int, bytes]:
+    """The first record of a protobuf file; a file that is empty or whose first record cannot
+    be framed or is not a protobuf message is not a Chakra trace (see module doc)."""
+    try:
+        first = next(records, None)
+    except TraceError as exc:
+        raise _not_a_trace(path, exc) from None
+    if first is None:
+        raise _empty(path)
+    if not _is_message(first[2]):
+        raise _not_a_trace(path, "record 0 at byte 0 is not a protobuf message")
+    return first
+
+
 def _check_head(path: Path, fmt: str) -> None:
-    """Refuse a file that is empty or whose first record is not a protobuf message (see
-    module doc); ``fmt`` is the format it is read as."""
+    """Refuse a file read as ``fmt`` that is not a Chakra trace (see :func:`_first_record`)."""
     if fmt == "json":
         return
     with _open_binary(path) as stream:
-        records = iter_records(stream, path)
-        try:
-            first = next(records, None)
-        except TraceError as exc:
-            raise _not_a_trace(path, exc) from None
-        if first is None:
-            raise _empty(path)
-        if not _is_message(first[2]):
-            raise _not_a_trace(path, "record 0 at byte 0 is not a protobuf message")
+        _first_record(path, iter_records(stream, path))
 
 
 def _no_nodes(path: Path, what: str) -> TraceError:
@@ -374,10 +379,9 @@ def detect_format(path: str | Path) -> str:
     path = Path(path)
     if _sniff_json(path):
         return "json"
-    _check_head(path, "v0.0.4")
     with _open_binary(path) as stream:
         records = iter_records(stream, path)
-        first = next(records)
+        first = _first_record(path, records)
         for index, offset, data in itertools.chain([first], records):
             if index == 0 and _is_global_metadata(data):
                 return "v0.0.4"

@@ -760,10 +760,10 @@ def _trace_attrs(files: Sequence[Path | None]) -> Mapping[str, Any]:
 
 
 def check_rank_set(files: Sequence[Path | None]) -> None:
-    """Refuse a partial rank set (as :func:`find_rank_files` finds for a directory, prefix or
-    pattern; not for one rank file named alone): a rank missing below the
-    highest one found, or fewer rank files than the world size the trace's metadata declares
-    (a run killed while moving its files into place). Raises :class:`UserError` with one line
+    """Refuse a partial rank set, as :func:`find_rank_files` finds it for a directory, prefix
+    or pattern (one rank file named alone is no set): a rank missing below the highest one
+    found, or fewer rank files than the world size the trace's metadata declares (what a run
+    killed while moving its files into place leaves). Raises :class:`UserError` with one line
     naming the missing ranks."""
     present = [f for f in files if f is not None]
     if not present:
