@@ -1,7 +1,8 @@
 """The ``chakra-v0.0.4`` emitter: current Chakra protobuf traces, one file per rank.
 
 Each rank file is a ``GlobalMetadata`` record (version ``"0.0.4"``, attrs ``generator`` =
-``"stg"``, ``generator_version``, ``rank``, ``world_size`` and the workload's metadata) followed
+``"stg"``, ``generator_version``, ``rank``, ``world_size``, ``comm_group_file`` (the name of the
+comm-group file beside it, which readers prefer) and the workload's metadata) followed
 by the rank's nodes in id order. The encoding is :mod:`stg.trace.chakra_v004`.
 """
 
@@ -24,7 +25,8 @@ def write(workload: Workload, directory: Path, output_name: str) -> list[Path]:
         EXTENSION,
         chakra_v004.encode_node,
         lambda rank, records: (
-            chakra_v004.encode_metadata(generator_metadata(workload, rank)) + b"".join(records)
+            chakra_v004.encode_metadata(generator_metadata(workload, rank, output_name))
+            + b"".join(records)
         ),
     )
 

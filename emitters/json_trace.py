@@ -1,7 +1,8 @@
 """The ``json`` emitter: Chakra's feeder JSON, one file per rank.
 
 Each rank file is ``{"global_metadata": {...}, "workload_graph": [node, ...]}`` with one node
-object per line; the keys are those of :mod:`stg.trace.json_trace`.
+object per line; the keys are those of :mod:`stg.trace.json_trace`. The metadata holds the
+attributes of the ``chakra-v0.0.4`` emitter's GlobalMetadata (``comm_group_file`` included).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def write(workload: Workload, directory: Path, output_name: str) -> list[Path]:
         EXTENSION,
         json_trace.encode_node,
         lambda rank, records: json_trace.encode_document(
-            generator_metadata(workload, rank), json_trace.SCHEMA_VERSION, records
+            generator_metadata(workload, rank, output_name), json_trace.SCHEMA_VERSION, records
         ),
     )
 

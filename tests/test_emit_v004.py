@@ -107,7 +107,7 @@ def test_reads_back_equal_and_no_empty_record(written: tuple[object, list[Path]]
 def test_cached_bytes_equal_direct_encoding(written: tuple[object, list[Path]]) -> None:
     workload, paths = written
     for graph, path in zip(workload.ranks, paths, strict=False):
-        direct = encode_nodes(graph.nodes(), generator_metadata(workload, graph.rank))
+        direct = encode_nodes(graph.nodes(), generator_metadata(workload, graph.rank, "workload"))
         assert path.read_bytes() == direct
 
 

@@ -228,7 +228,8 @@ def test_unknown_types_and_wrong_attribute_kind(tmp_path: Path) -> None:
 def test_empty_and_missing_files(tmp_path: Path) -> None:
     with pytest.raises(TraceError, match="no such file"):
         read_nodes(tmp_path / "nope.0.et")
-    assert read_nodes(_write(tmp_path, b""), format="v0.0.4") == []  # a rank without work
+    with pytest.raises(TraceError, match="empty file, not a Chakra trace"):
+        read_nodes(_write(tmp_path, b""), format="v0.0.4")  # a trace holds its metadata
     with pytest.raises(TraceError, match=r"format=.v9. is not known; allowed: v0\.0\.4, v0\.0\.1"):
         read_nodes(DATA / "one_comm_send_node.0.et", format="v9")
 

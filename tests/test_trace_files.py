@@ -154,7 +154,7 @@ def test_files_without_nodes_are_rejected_by_every_reader(
     assert not report.ok and message in report.errors[0].message
     for args in (("feed", path), ("inspect", "trace", path), ("validate", path, "--json")):
         code, out, err = run(capsys, *args)
-        assert code == 1, (args, out, err)
+        assert code == 2, (args, out, err)  # not a readable trace
         assert str(path) in out + err and message in out + err
         assert "Traceback" not in err
     with pytest.raises(UserError, match=message):
@@ -163,36 +163,33 @@ def test_files_without_nodes_are_rejected_by_every_reader(
 
 
 @pytest.mark.parametrize("name", ["w.0.et", "w.0.json", "w.0"])
-def test_a_zero_byte_rank_file_is_a_rank_without_work(
+def test_a_zero_byte_rank_file_is_not_a_trace(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
 ) -> None:
+    # a trace holds at least its metadata record: an empty file is bad input (exit 2)
     path = tmp_path / name
     path.write_bytes(b"")
-    assert read_nodes(path) == []
-    with ETFeeder(path) as feeder:
-        assert not feeder.has_nodes_to_issue()
-    assert validate_trace(path).ok
-    code, out, err = run(capsys, "feed", path)
-    assert code == 0 and " 0 " in out and "Traceback" not in err, (out, err)
-    code, out, err = run(capsys, "inspect", "trace", path)
-    assert code == 0 and "nodes          0" in out, out
-    code, out, err = run(capsys, "validate", path)
-    assert code == 0 and "0 nodes, 0 violation(s)" in out + err, (out, err)
+    message = f"{path}: empty file, not a Chakra trace"
+    with pytest.raises(TraceError, match=message):
+        read_nodes(path)
+    with pytest.raises(TraceError, match=message):
+        ETFeeder(path)
+    for args in (("feed", path), ("inspect", "trace", path), ("validate", path)):
+        code, out, err = run(capsys, *args)
+        assert (code, out) == (2, ""), (args, out, err)
+        one_line_error(err, message)
 
 
-def test_an_empty_rank_among_working_ranks_is_found(
+def test_an_empty_rank_among_working_ranks_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # a rank with no work whose peers wait for its collectives and sends: validate names the
-    # mismatch, predict the deadlock, in one line each
     out = tmp_path / "out"
     write_workload(pipeline_workload(), v004_emitter.EMITTER, out, "workload")
     (out / "workload.2.et").write_bytes(b"")
-    code, _, _ = run(capsys, "validate", out)
-    assert code == 1
-    code, _, err = run(capsys, "predict", out, "--predictor", "time")
-    assert code == 2
-    one_line_error(err, "deadlocked", "waits for the other members")
+    for command in ("validate", "predict"):
+        code, _, err = run(capsys, command, out)
+        assert code == 2
+        one_line_error(err, "workload.2.et: empty file, not a Chakra trace")
 
 
 @pytest.mark.parametrize(

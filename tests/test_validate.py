@@ -205,7 +205,8 @@ def test_attribute_kinds_and_comm_fields(tmp_path: Path) -> None:
 def test_missing_rank_file(tmp_path: Path) -> None:
     out = write_trace(tmp_path, [*good_ranks(), [comp(0)]])
     (out / "w.1.et").unlink()
-    assert "rank-files" in checks(out)
+    with pytest.raises(UserError, match=r"2 of 3 rank files present; missing rank 1$"):
+        validate_trace(out)
 
 
 def test_validate_workload_finds_problems() -> None:
@@ -232,7 +233,7 @@ def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     with pytest.raises(SystemExit) as exit_info:
         main(["validate", str(out)])
     assert exit_info.value.code == 0
-    assert "valid: 2 rank(s), 8 nodes" in capsys.readouterr().out
+    assert "valid: 2 ranks, 8 nodes" in capsys.readouterr().out
     ranks = good_ranks()
     ranks[1][2] = recv(2, 1, 0, tag=2)
     out = write_trace(tmp_path, ranks)

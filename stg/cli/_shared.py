@@ -974,8 +974,8 @@ def check_common(deps: str, window: int, format: str | None) -> None:
 
 JOBS_HELP = "Worker processes reading rank files (default 0: every core); output is the same."
 COMM_GROUP_FILE_HELP = (
-    "The trace's comm-group file (default: <name>.json beside the rank files or, when that is "
-    "absent, the only other comm-group JSON file there)."
+    "The trace's comm-group file (default: the one its metadata names, else <name>.json beside "
+    "the rank files or, when that is absent, the only other comm-group JSON file there)."
 )
 
 

@@ -36,9 +36,10 @@ def convert(
         None,
         "--comm_group_file",
         "--comm-group-file",
-        help="The source's comm-group file (default: <name>.json beside the rank files or, "
-        "when that is absent, the only other comm-group JSON file there); it is written beside "
-        "the output under the output's default name.",
+        help="The source's comm-group file (default: the one its metadata names, else "
+        "<name>.json beside the rank files or, when that is absent, the only other comm-group "
+        "JSON file there); it must parse as one, and is written beside the output under the "
+        "output's default name.",
         metavar="PATH",
     ),
 ) -> None:
@@ -66,7 +67,8 @@ def convert(
     )
     for note in notes:
         typer.echo(note, err=True)
-    typer.echo(f"wrote {len(paths)} file(s) to {paths[0].parent}", err=True)
+    files = "file" if len(paths) == 1 else "files"
+    typer.echo(f"wrote {len(paths)} {files} to {paths[0].parent}", err=True)
     for path in paths:
         typer.echo(str(path))
 

@@ -16,7 +16,7 @@ from stg.cli._shared import (
     run_analysis,
 )
 from stg.trace.feeder import DEFAULT_WINDOW
-from stg.trace.stats import feed_report, render_feed
+from stg.trace.stats import exit_code, feed_report, render_feed
 
 app = typer.Typer(add_completion=False)
 
@@ -24,7 +24,8 @@ app = typer.Typer(add_completion=False)
 FEED_HELP = (
     "Feed traces in dependency order and report issue statistics per rank.\n\n"
     "Each rank is drained in rounds: a round issues every ready node (smallest id first) "
-    "and completes them all. Exit 0 when every trace is valid, 1 when one is not."
+    "and completes them all. Exit 0 when every trace feeds, 1 when one reads but cannot be "
+    "fed (a cycle, a dangling or duplicate id), 2 when a file is not a readable trace."
 )
 
 
@@ -49,9 +50,12 @@ def feed(
 ) -> None:
     """Feed traces in dependency order and report issue statistics per rank."""
     results = run_analysis(path, rank, deps, window, format, jobs, comm_group_file)
+    code = exit_code(results)
+    if code == 2:  # each unreadable file has had its error line
+        raise typer.Exit(2)
     if as_json:
         typer.echo(json.dumps(feed_report(results, window), indent=2, ensure_ascii=False))
     else:
         typer.echo(render_feed(results), nl=False)
-    if any(s.error is not None for s in results):
-        raise typer.Exit(1)
+    if code:
+        raise typer.Exit(code)

@@ -209,7 +209,8 @@ def _with_comm_group_file(emitter: Emitter, output_name: str, name: str) -> Emit
     write = emitter.write
 
     def write_renamed(workload: Any, directory: Path, output_name: str) -> list[Path]:
-        paths = [Path(p) for p in write(workload, directory, output_name)]
+        named = replace_record(workload, metadata={**workload.metadata, "comm_group_file": name})
+        paths = [Path(p) for p in write(named, directory, output_name)]
         source, target = Path(directory) / default, Path(directory) / name
         if source == target or source not in paths:
             return paths

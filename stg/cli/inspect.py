@@ -31,7 +31,8 @@ app = typer.Typer(
 TRACE_HELP = (
     "Per-rank node counts, FLOPs, bytes per collective, send/recv bytes and critical path; "
     "with --dot, one rank's graph as Graphviz DOT.\n\n"
-    "Exit 0 when every trace is valid, 1 when one is not."
+    "Exit 0 when every trace feeds, 1 when one reads but cannot be fed, 2 when a file is not "
+    "a readable trace."
 )
 
 
@@ -60,6 +61,8 @@ def trace(
     """Statistics of trace files (see TRACE_HELP)."""
     from stg.errors import UserError
     from stg.trace.stats import (
+        analyze,
+        exit_code,
         find_trace_files,
         inspect_report,
         render_inspect,
@@ -80,20 +83,26 @@ def trace(
             raise UserError(
                 f"--dot writes one rank's graph; choose one with --rank ({names}{more})"
             )
-        check_writable_file("--dot", dot)
-        try:
-            stats = write_dot(files[0], dot, deps=deps, window=window, format=format)  # type: ignore[arg-type]
-        except OSError as exc:
-            raise UserError(f"--dot {dot}: cannot write: {exc.strerror or exc}") from None
+        # an unreadable rank exits 2 with nothing written: read it before touching --dot's folder
+        stats = analyze(files[0], deps=deps, window=window, format=format)  # type: ignore[arg-type]
+        if not stats.unreadable:
+            check_writable_file("--dot", dot)
+            try:
+                stats = write_dot(files[0], dot, deps=deps, window=window, format=format)  # type: ignore[arg-type]
+            except OSError as exc:
+                raise UserError(f"--dot {dot}: cannot write: {exc.strerror or exc}") from None
         if stats.error is not None:
             typer.echo(f"error: {stats.error}", err=True)
         results = [stats]
+    code = exit_code(results)
+    if code == 2:  # each unreadable file has had its error line
+        raise typer.Exit(2)
     if as_json:
         typer.echo(json.dumps(inspect_report(results), indent=2, ensure_ascii=False))
     else:
         typer.echo(_no_zero_runtime(render_inspect(results)), nl=False)
-    if any(s.error is not None for s in results):
-        raise typer.Exit(1)
+    if code:
+        raise typer.Exit(code)
 
 
 NO_RUNTIME = " nodes, 0 us of runtime\n"
@@ -323,7 +332,8 @@ def system(
     world = world_size or loaded.capacity or None
     if world is not None and loaded.capacity and world > loaded.capacity:
         raise UserError(
-            f"--world-size {world}: system {loaded.name!r} holds {loaded.capacity} GPUs"
+            f"--world-size {world}: system {loaded.name!r} holds {loaded.capacity} "
+            f"GPU{'' if loaded.capacity == 1 else 's'}"
         )
     data: dict[str, Any] = loaded.as_dict()
     if is_hybrid(loaded) and world is not None:
@@ -362,6 +372,7 @@ def system(
     start = 0
     parts = []
     for name, count in loaded.placement_runs(world):  # type: ignore[attr-defined]
-        parts.append(f"ranks {start}-{start + count - 1}: {name}")
+        ranks = f"rank {start}" if count == 1 else f"ranks {start}-{start + count - 1}"
+        parts.append(f"{ranks}: {name}")
         start += count
     console.print("placement: " + "; ".join(parts))

@@ -117,8 +117,9 @@ def _own_parameters() -> list[inspect.Parameter]:
                 None,
                 "--comm_group_file",
                 "--comm-group-file",
-                help="With a trace PATH: its comm-group file (default: <name>.json beside the "
-                "rank files or, when that is absent, the only other comm-group JSON file there).",
+                help="With a trace PATH: its comm-group file (default: the one its metadata "
+                "names, else <name>.json beside the rank files or, when that is absent, the only "
+                "other comm-group JSON file there).",
                 metavar="PATH",
             ),
             annotation=Optional[str],  # noqa: UP045
@@ -149,12 +150,16 @@ def _trace_input(
     recorded) its generation options."""
     from stg.trace.ranks import read_ranks
     from stg.trace.reader import read_metadata
-    from stg.trace.validate import find_rank_files, locate_comm_groups, read_comm_groups
+    from stg.trace.validate import (
+        check_rank_set,
+        find_rank_files,
+        locate_comm_groups,
+        read_comm_groups,
+    )
 
     files, default_group = find_rank_files(path)
-    missing = [r for r, f in enumerate(files) if f is None]
-    if missing:
-        raise UserError(f"trace {path!r} lacks the rank files of ranks {missing[:8]}")
+    if default_group is not None:
+        check_rank_set(files)
     group_path, note = locate_comm_groups(files, default_group, comm_group_file)
     if note:
         typer.echo(note, err=True)

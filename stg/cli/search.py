@@ -251,7 +251,8 @@ def _print(base: Any, gpus: int, system: Any, result: Any) -> None:
     out = Console(highlight=False)
     pruned = sum(result.pruned.values())
     out.print(
-        f"{base.model} on {gpus} GPUs of {system.name}, batch {base.batch}: "
+        f"{base.model} on {gpus} GPU{'' if gpus == 1 else 's'} of {system.name}, "
+        f"batch {base.batch}: "
         f"{result.enumerated:,} plans, {pruned:,} pruned by closed forms, "
         f"{result.priced:,} priced analytically, {result.refined} by the DAG predictor"
     )
@@ -405,7 +406,8 @@ def _print_serving(base: Any, gpus: int, system: Any, result: Any, limit: float 
     lengths = f"prompt {base.seq}" if prefill else f"context {base.context or base.seq}"
     pruned = sum(result.pruned.values())
     out.print(
-        f"{base.model} {base.phase} on {gpus} GPUs of {system.name}, {lengths}{within}: "
+        f"{base.model} {base.phase} on {gpus} GPU{'' if gpus == 1 else 's'} of {system.name}, "
+        f"{lengths}{within}: "
         f"{result.enumerated:,} plans, {pruned:,} pruned, "
         f"{result.priced:,} priced by the serving predictor"
     )

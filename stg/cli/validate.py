@@ -40,15 +40,18 @@ def validate(
         None,
         "--comm_group_file",
         "--comm-group-file",
-        help="The trace's comm-group file (default: <name>.json beside the rank files or, "
-        "when that is absent, the only other comm-group JSON file there).",
+        help="The trace's comm-group file (default: the one its metadata names, else "
+        "<name>.json beside the rank files or, when that is absent, the only other comm-group "
+        "JSON file there).",
         metavar="PATH",
     ),
 ) -> int:
     """Check every rank file of a trace: ids, deps, cycles, attribute types, send/recv pairs,
     collective sequences, the comm-group file and, by default, ASTRA-sim's consumption rules
-    (--consumer). Exit 1 on any violation, 2 on unusable input."""
+    (--consumer). Exit 1 on any violation, 2 on unusable input (a file that is not a
+    readable trace, a partial rank set)."""
     from stg.cli import err_console
+    from stg.errors import UserError
     from stg.trace.parallel import resolve_jobs
     from stg.trace.validate import validate_trace
 
@@ -67,6 +70,11 @@ def validate(
             report = validate_trace(path, progress, **options)  # type: ignore[arg-type]
     else:
         report = validate_trace(path, **options)  # type: ignore[arg-type]
+    unreadable = [v.message for v in report.errors if v.check == "file"]
+    if unreadable:
+        more = len(unreadable) - 1
+        others = f" (and {more} more unreadable rank {'file' if more == 1 else 'files'})"
+        raise UserError(unreadable[0] + (others if more else ""))
     for note in report.notes:
         typer.echo(note, err=True)
     if as_json:
@@ -85,10 +93,13 @@ def _render(report: object) -> None:
     assert isinstance(report, ValidationReport)
     console = Console(highlight=False)
     status = "[green]valid[/]" if report.ok else "[red]INVALID[/]"
-    console.print(
-        f"{status}: {report.ranks} rank(s), {report.nodes:,} nodes, "
-        f"{len(report.errors)} violation(s), {len(report.warnings)} warning(s)"
+    counts = (
+        (report.ranks, "rank"),
+        (report.nodes, "node"),
+        (len(report.errors), "violation"),
+        (len(report.warnings), "warning"),
     )
+    console.print(f"{status}: " + ", ".join(f"{n:,} {w}{'' if n == 1 else 's'}" for n, w in counts))
     if report.comm_group_file:
         console.print(f"comm groups: {report.comm_group_file}")
     if report.counts():

@@ -18,6 +18,7 @@ import importlib.util
 import os
 import pkgutil
 import re
+import sys
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -374,7 +375,7 @@ class Registry:
     def load_module(self, module_name: str, reserved_commands: Collection[str] = ()) -> None:
         """Register a plugin module named on the command line (``-p module``)."""
         dist, version = _module_dist(module_name)
-        module = _import(module_name)
+        module = _import(module_name, from_cwd=True)
         if isinstance(module, PluginError):
             self.failures.append(
                 PluginFailure(module_name, dist, version, SOURCE_COMMAND_LINE, str(module))
@@ -463,13 +464,34 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
 
 
-def _import(module_name: str) -> ModuleType | PluginError:
+def _import(module_name: str, from_cwd: bool = False) -> ModuleType | PluginError:
+    """Import a plugin module, or the one-line error. With ``from_cwd`` (``-p``), a module that
+    is not importable is looked for in the current directory too, as ``python -m`` finds it
+    (the directory is on ``sys.path`` only while it is imported)."""
     try:
         return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        top = module_name.partition(".")[0]
+        cwd = os.path.abspath(os.curdir)
+        if not from_cwd or exc.name != top or cwd in sys.path:
+            return PluginError(_one_line(exc))
+        error: BaseException = exc
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt):
             raise
         return PluginError(_one_line(exc))
+    sys.path.insert(0, cwd)
+    try:
+        importlib.invalidate_caches()
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        return PluginError(_one_line(error if exc.name == top else exc))
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        return PluginError(_one_line(exc))
+    finally:
+        sys.path.remove(cwd)
 
 
 def _ep_dist(ep: metadata.EntryPoint) -> tuple[str | None, str | None]:

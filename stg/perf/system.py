@@ -601,8 +601,11 @@ def load_system(spec: str | Path | System) -> System:
         return system_from_dict(PRESETS[text], text)
     path = Path(text)
     if path.suffix.lower() == ".json" or path.exists() or "/" in text:
+        allowed = f"allowed: a preset ({', '.join(preset_names())}) or a system JSON file"
+        if path.is_dir():
+            raise SystemDescriptionError(f"system {text!r} is a directory; {allowed}")
         if not path.is_file():
-            raise SystemDescriptionError(f"system file {text!r} does not exist")
+            raise SystemDescriptionError(f"system file {text!r} does not exist; {allowed}")
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError) as exc:

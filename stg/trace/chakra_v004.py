@@ -2,7 +2,8 @@
 emitter's format).
 
 Each rank file is a ``GlobalMetadata`` record (version ``"0.0.4"``, attrs ``generator`` =
-``"stg"``, ``generator_version``, ``rank``, ``world_size`` and the workload's metadata) followed
+``"stg"``, ``generator_version``, ``rank``, ``world_size``, ``comm_group_file`` (the name of the
+comm-group file beside it, which readers prefer) and the workload's metadata) followed
 by the rank's nodes in id order, each record preceded by its length as a varint. Attributes
 carry the value kinds of TRACES.md: ``is_cpu_op`` bool_val on every node; ``num_ops``
 int64_val and ``tensor_size`` uint64_val on COMP nodes (elsewhere when non-zero);

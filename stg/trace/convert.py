@@ -36,8 +36,9 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from stg.errors import UserError
+from stg.errors import TraceError, UserError
 from stg.trace.reader import TraceAttrs, detect_format, infer_kind, iter_nodes, read_metadata
+from stg.trace.validate import COMM_GROUP_ATTR
 from stg.trace.writer import (
     TRACE_EXTENSIONS,
     comm_group_path,
@@ -86,7 +87,11 @@ def _metadata_attrs(meta: Mapping[str, Any]) -> TraceAttrs:
     return attrs
 
 
-def _writer(target: str, source: Path, fmt: str) -> Callable[[BinaryIO], int]:
+def _writer(
+    target: str, source: Path, fmt: str, comm_group_name: str | None = None
+) -> Callable[[BinaryIO], int]:
+    """Write ``source`` in ``target``. ``comm_group_name`` is what the output's metadata names
+    as its comm-group file where the source names one (``""``: none; None: as the source)."""
     nodes = iter_nodes(source, format=fmt)
     if target == "v0.0.1":
         from stg.trace.chakra_v001 import write_stream as write_v001
@@ -94,6 +99,11 @@ def _writer(target: str, source: Path, fmt: str) -> Callable[[BinaryIO], int]:
         return lambda out: write_v001(out, nodes)
     meta = read_metadata(source, format=fmt)
     attrs = _metadata_attrs(meta)
+    if comm_group_name is not None and COMM_GROUP_ATTR in attrs:
+        if comm_group_name:
+            attrs[COMM_GROUP_ATTR] = comm_group_name
+        else:
+            del attrs[COMM_GROUP_ATTR]
     version = meta["version"] if fmt != "v0.0.1" else ""
     if not version and not attrs:
         version = "0.0.4"
@@ -158,7 +168,12 @@ def convert_trace(
     kept, with the target's extension. Without ``force`` nothing different is overwritten
     (see module doc). Returns the written paths.
     """
-    from stg.trace.validate import find_rank_files, locate_comm_groups
+    from stg.trace.validate import (
+        check_rank_set,
+        find_rank_files,
+        locate_comm_groups,
+        read_comm_groups,
+    )
 
     target = target_format(to)
     source = Path(source)
@@ -182,12 +197,15 @@ def convert_trace(
             "a directory (created if missing)"
         )
     files, default_group = find_rank_files(source)
+    check_rank_set(files)
     group_file, note = locate_comm_groups(files, default_group, comm_group_file)
     if note and notes is not None:
         notes.append(note)
-    missing = [rank for rank, f in enumerate(files) if f is None]
-    if missing:
-        raise UserError(f"{source}: rank files missing for ranks {missing}")
+    if group_file is not None and group_file.is_file():
+        try:
+            read_comm_groups(group_file)  # copied only when it parses strictly
+        except TraceError as exc:
+            raise UserError(f"comm-group file {exc}; nothing converted") from None
     into_dir = into_dir or destination.is_dir()
     if into_dir:
         output_dir, output_name = destination, _output_name(source, files[0], extension)
@@ -196,6 +214,8 @@ def convert_trace(
     names = output_paths(output_name, len(files), extension)
     group_name = comm_group_path(output_name)
 
+    copy_groups = group_file is not None and group_file.is_file()
+
     def write(tmp: Path) -> list[Path]:
         written = []
         for path, name in zip(files, names, strict=True):
@@ -203,9 +223,10 @@ def convert_trace(
             fmt = source_format or detect_format(path)
             out_path = tmp / name
             with open(out_path, "wb") as out:
-                _writer(target, path, fmt)(out)
+                _writer(target, path, fmt, group_name if copy_groups else "")(out)
             written.append(out_path)
-        if group_file is not None and group_file.is_file():
+        if copy_groups:
+            assert group_file is not None
             if group_name in names:
                 raise UserError(
                     f"output name {output_name!r}: the comm-group file would overwrite a rank file"

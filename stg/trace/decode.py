@@ -246,7 +246,7 @@ def _iter_protobuf(path: Path, fmt: str) -> Iterator[Node]:
         if fmt == "v0.0.4":
             first = reader.record()
             if first is None:
-                raise TraceError(f"{path}: empty file; expected GlobalMetadata and nodes")
+                raise _ref._empty(path)
             _, offset, data = first
             if not _ref._is_global_metadata(data):
                 raise TraceError(

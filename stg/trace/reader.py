@@ -33,8 +33,10 @@ not parse, an unknown node or collective type, a well-known attribute of the wro
 v0.0.4 file without ``GlobalMetadata`` raises :class:`stg.errors.TraceError` naming the file,
 the byte offset and the record index (0 = the first record of the file). So does a file that
 holds something but no nodes: a v0.0.4 file holding only its ``GlobalMetadata``, a JSON file
-with an empty ``workload_graph``. A 0-byte file is a rank with no work: it reads as no nodes
-and no metadata, in the format its name says (``.json``: JSON, else v0.0.4).
+with an empty ``workload_graph``, and a 0-byte file (a trace holds at least its metadata
+record): ``<path>: empty file, not a Chakra trace``. A file whose first record cannot be framed
+or is not a protobuf message (an image, a text file named ``.et``), or a ``.json`` file that
+is not JSON, raises ``<path>: not a Chakra trace (<why>)``.
 
 Attribute mapping (v0.0.4): ``is_cpu_op``, ``num_ops``, ``tensor_size``, ``comm_type``,
 ``comm_size``, ``comm_src``, ``comm_dst``, ``comm_tag`` and ``dtype`` become Node fields;
@@ -329,33 +331,57 @@ def _sniff_json(path: Path) -> bool:
 
 
 def _empty(path: Path) -> TraceError:
-    return TraceError(f"{path}: empty file (no records); not a trace: a rank file holds nodes")
+    return TraceError(f"{path}: empty file, not a Chakra trace")
+
+
+def _not_a_trace(path: Path, reason: str | Exception) -> TraceError:
+    """``<path>: not a Chakra trace (<reason>)``; a reason naming the path already loses it."""
+    text = str(reason).removeprefix(f"{path}: ")
+    return TraceError(f"{path}: not a Chakra trace ({text})")
+
+
+def _is_message(data: bytes) -> bool:
+    try:
+        wire_fields(data)
+    except ValueError:
+        return False
+    return True
+
+
+def _first_record(path: Path, records: Iterator[tuple[int, int, bytes]]) -> tuple[int, int, bytes]:
+    """The first record of a protobuf file; a file that is empty or whose first record cannot
+    be framed or is not a protobuf message is not a Chakra trace (see module doc)."""
+    try:
+        first = next(records, None)
+    except TraceError as exc:
+        raise _not_a_trace(path, exc) from None
+    if first is None:
+        raise _empty(path)
+    if not _is_message(first[2]):
+        raise _not_a_trace(path, "record 0 at byte 0 is not a protobuf message")
+    return first
+
+
+def _check_head(path: Path, fmt: str) -> None:
+    """Refuse a file read as ``fmt`` that is not a Chakra trace (see :func:`_first_record`)."""
+    if fmt == "json":
+        return
+    with _open_binary(path) as stream:
+        _first_record(path, iter_records(stream, path))
 
 
 def _no_nodes(path: Path, what: str) -> TraceError:
     return TraceError(f"{path}: {what} but no nodes; not a trace: a rank file holds nodes")
 
 
-def is_empty_file(path: Path) -> bool:
-    """A 0-byte rank file: a rank with no work (see module doc)."""
-    try:
-        return path.is_file() and path.stat().st_size == 0
-    except OSError:
-        return False
-
-
 def detect_format(path: str | Path) -> str:
-    """The format of one rank file: ``"v0.0.4"``, ``"v0.0.1"`` or ``"json"`` (see module doc);
-    a 0-byte file's by its name (``.json``: JSON, else v0.0.4)."""
+    """The format of one rank file: ``"v0.0.4"``, ``"v0.0.1"`` or ``"json"`` (see module doc)."""
     path = Path(path)
-    if is_empty_file(path):
-        return "json" if path.name.lower().endswith((".json", ".json.gz")) else "v0.0.4"
     if _sniff_json(path):
         return "json"
     with _open_binary(path) as stream:
         records = iter_records(stream, path)
-        if (first := next(records, None)) is None:
-            raise _empty(path)
+        first = _first_record(path, records)
         for index, offset, data in itertools.chain([first], records):
             if index == 0 and _is_global_metadata(data):
                 return "v0.0.4"
@@ -463,7 +489,7 @@ def _iter_v004(path: Path) -> Iterator[Node]:
         records = iter_records(stream, path)
         first = next(records, None)
         if first is None:
-            raise TraceError(f"{path}: empty file; expected GlobalMetadata and nodes")
+            raise _empty(path)
         _, offset, data = first
         if not _is_global_metadata(data):
             raise TraceError(
@@ -482,7 +508,9 @@ def _iter_v004(path: Path) -> Iterator[Node]:
 def _metadata_v004(path: Path) -> dict[str, Any]:
     with _open_binary(path) as stream:
         first = next(iter_records(stream, path), None)
-    if first is None or not _is_global_metadata(first[2]):
+    if first is None:
+        raise _empty(path)
+    if not _is_global_metadata(first[2]):
         raise TraceError(f"{path}: record 0 at byte 0 is not a GlobalMetadata")
     meta = pb4.GlobalMetadata()
     meta.ParseFromString(first[2])
@@ -593,13 +621,13 @@ def _load_json(path: Path) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         if not exc.doc.strip():
             raise _empty(path) from None
-        raise TraceError(f"{path}: not valid JSON: {exc}") from None
+        raise _not_a_trace(path, f"not valid JSON: {exc}") from None
     except UnicodeDecodeError as exc:
-        raise TraceError(f"{path}: not valid JSON: {exc}") from None
+        raise _not_a_trace(path, f"not valid JSON: {exc}") from None
     except (EOFError, OSError) as exc:
         raise TraceError(f"{path}: cannot read: {exc}") from None
     if not isinstance(data, dict) or not isinstance(data.get("workload_graph"), list):
-        raise TraceError(f'{path}: JSON trace must be an object with a "workload_graph" list')
+        raise _not_a_trace(path, 'a JSON trace is an object with a "workload_graph" list')
     return data
 
 
@@ -782,6 +810,7 @@ def _resolve_format(path: Path, format: str | None) -> str:
         return detect_format(path)
     if format not in FORMATS:
         raise TraceError(f"format={format!r} is not known; allowed: {', '.join(FORMATS)}")
+    _check_head(path, format)
     return format
 
 
@@ -792,8 +821,6 @@ def iter_nodes(path: str | Path, *, format: str | None = None) -> Iterator[Node]
     """
     path = Path(path)
     fmt = _resolve_format(path, format)
-    if is_empty_file(path):
-        return iter(())
     from stg.trace import decode
 
     if decode.enabled():
@@ -805,8 +832,6 @@ def iter_nodes_reference(path: str | Path, fmt: str) -> Iterator[Node]:
     """:func:`iter_nodes` through the pure-Python protobuf decoder only (the reference that the
     compiled fast path of :mod:`stg.trace.decode` reproduces)."""
     path = Path(path)
-    if is_empty_file(path):
-        return iter(())
     if fmt == "json":
         return _iter_json(path)
     if fmt == "v0.0.1":
@@ -829,8 +854,6 @@ def read_metadata(path: str | Path, *, format: str | None = None) -> dict[str, A
     """
     path = Path(path)
     fmt = _resolve_format(path, format)
-    if is_empty_file(path):
-        return {"format": fmt, "version": "", "attrs": TraceAttrs()}
     if fmt == "v0.0.4":
         return _metadata_v004(path)
     if fmt == "json":

@@ -20,14 +20,14 @@ import re
 import tempfile
 import zlib
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from stg.core.workload import CollectiveType, NodeType
 from stg.errors import TraceError, UserError
-from stg.trace.feeder import DEFAULT_WINDOW, DepsMode, ETFeeder, ETFeederNode
+from stg.trace.feeder import DEFAULT_WINDOW, DepsMode, ETFeeder, ETFeederNode, FeederError
 
 _RANK_FILE = re.compile(r"^(?P<prefix>.+)\.(?P<rank>\d+)(?P<ext>\.[A-Za-z0-9]+)?(?:\.gz)?$")
 
@@ -48,10 +48,11 @@ def find_trace_files(path: str | os.PathLike[str]) -> list[TraceFile]:
     (``out/workload`` or ``out/workload.%d.et``: the files ``out/workload.<rank>.*``). The
     comm-group file ``<name>.json`` of a trace is never taken for a rank file of another
     (``llama3.1.json`` beside ``llama3.1.0.et`` is not rank 1 of ``llama3``).
-    Raises :class:`~stg.errors.UserError` when nothing matches.
+    Raises :class:`~stg.errors.UserError` when nothing matches or a trace's rank set is
+    partial (:func:`stg.trace.validate.check_rank_set`).
     """
     given = Path(path)
-    if given.is_file():
+    if given.is_file():  # one rank file named alone: no rank set to check
         match = _RANK_FILE.match(given.name)
         if match:
             return [TraceFile(match["prefix"], int(match["rank"]), given)]
@@ -89,7 +90,20 @@ def find_trace_files(path: str | os.PathLike[str]) -> list[TraceFile]:
             "files, or a prefix such as out/workload)"
         )
     found.sort(key=lambda t: (t.name, t.rank, t.path.name))
+    _check_rank_sets(found)
     return found
+
+
+def _check_rank_sets(found: list[TraceFile]) -> None:
+    """Refuse a trace whose rank set is partial (see
+    :func:`stg.trace.validate.check_rank_set`)."""
+    from stg.trace.validate import check_rank_set
+
+    traces: dict[tuple[Path, str], dict[int, Path]] = {}
+    for trace in found:
+        traces.setdefault((trace.path.parent, trace.name), {})[trace.rank] = trace.path
+    for ranks in traces.values():
+        check_rank_set([ranks.get(r) for r in range(max(ranks) + 1)])
 
 
 def _without_group_files(found: list[TraceFile], folder: Path) -> list[TraceFile]:
@@ -159,6 +173,9 @@ class TraceStats:
     rounds: int = 0
     max_width: int = 0
     error: str | None = None
+    unreadable: bool = False
+    """The error is the reader's: the file is not a readable trace (else the feeder's: the
+    trace reads but cannot be fed)."""
 
     @property
     def mean_width(self) -> float:
@@ -168,6 +185,7 @@ class TraceStats:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready, with sorted keys inside the per-type tables."""
         data = asdict(self)
+        del data["unreadable"]
         for key in ("by_type", "collective_counts", "collective_bytes"):
             data[key] = dict(sorted(data[key].items()))
         data["mean_width"] = round(self.mean_width, 6)
@@ -224,7 +242,17 @@ def analyze(
             _drain(feeder, stats, dot)
     except TraceError as exc:
         stats.error = str(exc)
+        stats.unreadable = not isinstance(exc, FeederError)
     return stats
+
+
+def exit_code(stats: Iterable[TraceStats]) -> int:
+    """The exit code of ``stg feed`` and ``stg inspect trace``: 2 when a rank file is not a
+    readable trace, 1 when one reads but cannot be fed, else 0."""
+    errors = [s for s in stats if s.error is not None]
+    if any(s.unreadable for s in errors):
+        return 2
+    return 1 if errors else 0
 
 
 _DRAIN_FIELDS = (
@@ -285,7 +313,7 @@ def _drain(feeder: ETFeeder, stats: TraceStats, dot: IO[str] | None) -> None:
             wave.append(node)
             node = feeder.get_next_issuable_node()
         if not wave:
-            raise TraceError(f"{feeder.source_name}: nodes remain but none can be issued")
+            raise FeederError(f"{feeder.source_name}: nodes remain but none can be issued")
         stats.rounds += 1
         stats.max_width = max(stats.max_width, len(wave))
         for fnode in wave:

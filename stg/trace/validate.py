@@ -13,13 +13,14 @@ per rank
     ``num_ops`` 0 and ``tensor_size`` > 0: ASTRA-sim's roofline times it as 0/0 and the rank
     never finishes), ``collective-type`` (a collective ASTRA-sim does not simulate).
 across ranks
-    ``rank-files`` (missing rank files), ``comm-group`` (the comm-group file: decimal keys
-    >= 1, sorted in-range members, no one-rank groups, every used group present, the user is a
-    member), ``collective-mismatch`` (members of a group issue different sequences of
-    (type, size)), ``unmatched-send`` / ``unmatched-recv`` (sends and receives matched by
-    (source, destination, tag, size), first in first out), ``deadlock`` (when all else is
-    valid, the ranks are run together: a receive waits for its matched send, a collective
-    completes when all members reached it; nodes that can never run are a deadlock).
+    ``rank-files`` (an in-memory workload whose ranks are out of order), ``comm-group`` (the
+    comm-group file: decimal keys >= 1, sorted in-range members, no one-rank groups, every used
+    group present, the user is a member), ``collective-mismatch`` (members of a group issue
+    different sequences of (type, size)), ``unmatched-send`` / ``unmatched-recv`` (sends and
+    receives matched by (source, destination, tag, size), first in first out), ``deadlock``
+    (when all else is valid, the ranks are run together: a receive waits for its matched send,
+    a collective completes when all members reached it; nodes that can never run are a
+    deadlock).
 
 Warnings (reported, not failures): a comp or comm node without ``is_cpu_op``.
 
@@ -29,6 +30,10 @@ ASTRA-sim and Chakra's C++ feeder are errors: ``roofline``, ``attr-type``, ``col
 of the Chakra schema, e.g. Chakra's Python tools): those become warnings, and a ``pg_name``
 stored as an integer names its comm group. Their messages name the rank file, the node and
 the rule.
+
+A partial rank set (ranks missing below the highest found, or fewer rank files than the
+``world_size`` the trace's metadata declares) is not validated: :func:`check_rank_set` refuses
+it, as every reader of a trace does.
 
 Collectives are taken in id order, the order in which ASTRA-sim issues ready nodes. A
 collective without ``pg_name`` belongs to the group of all ranks.
@@ -48,7 +53,7 @@ from stg.core.workload import CollectiveType, Node, NodeType
 from stg.errors import TraceError, UserError
 from stg.trace.decode import Skeleton
 from stg.trace.parallel import file_sizes, map_ranks
-from stg.trace.reader import detect_format, iter_nodes
+from stg.trace.reader import detect_format, iter_nodes, read_metadata
 from stg.trace.writer import comm_group_path
 
 if TYPE_CHECKING:
@@ -732,6 +737,63 @@ def read_comm_groups(path: Path) -> dict[int, tuple[int, ...]]:
     return groups
 
 
+def declared_world_size(files: Sequence[Path | None]) -> int | None:
+    """The ``world_size`` that the metadata of the first readable rank file declares (stg
+    writes it into every v0.0.4 and JSON rank file), or None where none is declared."""
+    value = _trace_attrs(files).get("world_size")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        return None
+    return value
+
+
+def _trace_attrs(files: Sequence[Path | None]) -> Mapping[str, Any]:
+    """The metadata attributes of the first rank file that has readable metadata."""
+    for path in files:
+        if path is None:
+            continue
+        try:
+            attrs = read_metadata(path).get("attrs") or {}
+        except (TraceError, OSError):
+            continue
+        return attrs
+    return {}
+
+
+def check_rank_set(files: Sequence[Path | None]) -> None:
+    """Refuse a partial rank set, as :func:`find_rank_files` finds it for a directory, prefix
+    or pattern (one rank file named alone is no set): a rank missing below the highest one
+    found, or fewer rank files than the world size the trace's metadata declares (what a run
+    killed while moving its files into place leaves). Raises :class:`UserError` with one line
+    naming the missing ranks."""
+    present = [f for f in files if f is not None]
+    if not present:
+        return
+    world = max(len(files), declared_world_size(files) or 0)
+    missing = [r for r in range(world) if r >= len(files) or files[r] is None]
+    if not missing:
+        return
+    trace = _RANK_SUFFIX.sub("", str(present[0]))
+    raise UserError(
+        f"trace {trace}: {len(present)} of {world} rank files present; missing "
+        f"{'rank' if len(missing) == 1 else 'ranks'} {_rank_ranges(missing)}"
+    )
+
+
+_RANK_SUFFIX = re.compile(r"\.(0|[1-9][0-9]*)\.(et|json)(\.gz)?\Z", re.IGNORECASE)
+
+
+def _rank_ranges(ranks: Sequence[int], shown: int = 8) -> str:
+    """``[3, 8, 9, 10]`` -> ``3, 8..10`` (the first ``shown`` runs, then ``...``)."""
+    runs: list[list[int]] = []
+    for rank in ranks:
+        if runs and rank == runs[-1][1] + 1:
+            runs[-1][1] = rank
+        else:
+            runs.append([rank, rank])
+    text = [str(a) if a == b else f"{a}..{b}" for a, b in runs[:shown]]
+    return ", ".join(text) + (", ..." if len(runs) > shown else "")
+
+
 COMM_GROUP_SCAN_LIMIT = 64 << 20
 """JSON files larger than this are not read when looking for a comm-group file."""
 
@@ -742,7 +804,9 @@ def locate_comm_groups(
     """The comm-group file of a trace (``default`` from :func:`find_rank_files`) and a note
     for the user when the reader chose it on its own.
 
-    ``explicit`` (``--comm_group_file``) wins and must be a file. Otherwise ``default``
+    ``explicit`` (``--comm_group_file``) wins and must be a file. Otherwise the file that the
+    trace's metadata names (attribute ``comm_group_file``, a file name beside the rank files,
+    which ``stg generate`` records), which must exist. Otherwise ``default``
     (``<name>.json`` beside the rank files) when it exists. When it does not, and the trace's
     directory holds exactly one other JSON file that parses as a comm-group map and is not a
     rank file (``stg generate --comm_group_file comm_group.json`` writes such a trace), that
@@ -753,7 +817,17 @@ def locate_comm_groups(
         if not path.is_file():
             raise UserError(f"--comm_group_file {explicit}: no such file")
         return path, None
-    if default is None or default.exists():
+    if default is None:
+        return default, None
+    named = recorded_comm_group_file(files, default.parent)
+    if named is not None:
+        if not named.is_file():
+            raise UserError(
+                f"comm-group file {named} is missing (the trace's metadata names it); "
+                "restore it or choose one with --comm_group_file"
+            )
+        return named, None
+    if default.exists():
         return default, None
     candidates = find_comm_group_files(default.parent, files)
     if len(candidates) == 1:
@@ -769,6 +843,20 @@ def locate_comm_groups(
             f"file ({names}); choose one with --comm_group_file"
         )
     return default, None
+
+
+COMM_GROUP_ATTR = "comm_group_file"
+"""The GlobalMetadata attribute that names a trace's comm-group file (see
+:func:`locate_comm_groups`)."""
+
+
+def recorded_comm_group_file(files: Sequence[Path | None], directory: Path) -> Path | None:
+    """The comm-group file that the trace's metadata names, in ``directory``; None where the
+    metadata names none (or names something other than a plain file name)."""
+    name = _trace_attrs(files).get(COMM_GROUP_ATTR)
+    if not isinstance(name, str) or name in ("", ".", "..") or any(c in name for c in "/\\\0"):
+        return None
+    return directory / name
 
 
 def find_comm_group_files(directory: Path, rank_files: Sequence[Path | None] = ()) -> list[Path]:
@@ -806,8 +894,9 @@ def validate_trace(
 ) -> ValidationReport:
     """Validate every rank file of a trace on disk (see module doc).
 
-    Raises :class:`UserError` when no rank file is found or ``consumer`` is not one of
-    :data:`CONSUMERS`; everything wrong inside the files is reported as violations.
+    Raises :class:`UserError` when no rank file is found, the rank set is partial
+    (:func:`check_rank_set`) or ``consumer`` is not one of :data:`CONSUMERS`; everything wrong
+    inside the files is reported as violations (an unreadable file under check ``file``).
     ``progress(label, done, total)`` is called after each rank file. ``jobs`` worker processes
     check the rank files (None or 0: every core); the report does not depend on it.
     ``comm_group_file`` names the comm-group file (else the trace's default name, or the one
@@ -820,6 +909,8 @@ def validate_trace(
     (same messages); a deadlock found on skeletons is re-checked on the whole graphs.
     """
     files, default_group = find_rank_files(path_or_prefix)
+    if default_group is not None:
+        check_rank_set(files)
     group_path, note = locate_comm_groups(files, default_group, comm_group_file)
     report = ValidationReport(ranks=len(files), files=[str(f) for f in files if f])
     if note:
@@ -827,12 +918,6 @@ def validate_trace(
     cross_rank = group_path is not None
     world = len(files) if cross_rank else None
     checker = _Checker(report, world, consumer)
-    missing = [r for r, f in enumerate(files) if f is None]
-    if missing:
-        checker.add(
-            "rank-files",
-            f"rank files missing for ranks {missing} (found ranks up to {len(files) - 1})",
-        )
     comms: dict[int, _RankComm] = {}
     graphs: dict[int, Mapping[int, list[int]] | Skeleton] = {}
     skeletons: set[int] = set()

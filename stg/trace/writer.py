@@ -189,14 +189,21 @@ def _metadata_value(value: Any) -> Any:
     return str(value)
 
 
-def generator_metadata(workload: Workload, rank: int) -> dict[str, Any]:
-    """The GlobalMetadata attributes of one rank file of a generated workload."""
+def generator_metadata(
+    workload: Workload, rank: int, output_name: str | None = None
+) -> dict[str, Any]:
+    """The GlobalMetadata attributes of one rank file of a generated workload; with the
+    ``output_name`` it is written under, ``comm_group_file`` names its comm-group file (the
+    workload's ``comm_group_file`` metadata, else the default name) for readers to find."""
     attrs: dict[str, Any] = {
         "generator": "stg",
         "generator_version": __version__,
         "rank": rank,
         "world_size": workload.world_size,
     }
+    if output_name is not None:
+        named = workload.metadata.get("comm_group_file")
+        attrs["comm_group_file"] = named or comm_group_path(output_name)
     for key in sorted(workload.metadata):
         if key not in attrs:
             attrs[key] = _metadata_value(workload.metadata[key])
