@@ -49,24 +49,15 @@ def validate(
     collective sequences, the comm-group file and, by default, ASTRA-sim's consumption rules
     (--consumer). Exit 1 on any violation, 2 on unusable input."""
     from stg.cli import err_console
+    from stg.cli._shared import progress_bar
     from stg.trace.parallel import resolve_jobs
     from stg.trace.validate import validate_trace
 
     resolve_jobs(jobs)
     console = err_console()
     options = {"consumer": consumer, "jobs": jobs, "comm_group_file": comm_group_file}
-    if console.is_terminal:
-        from rich.progress import Progress
-
-        with Progress(console=console, transient=True) as bar:
-            task = bar.add_task("validating", total=None)
-
-            def progress(label: str, done: int, total: int) -> None:
-                bar.update(task, description=label, completed=done, total=total)
-
-            report = validate_trace(path, progress, **options)  # type: ignore[arg-type]
-    else:
-        report = validate_trace(path, **options)  # type: ignore[arg-type]
+    with progress_bar(console) as progress:
+        report = validate_trace(path, progress, **options)  # type: ignore[arg-type]
     for note in report.notes:
         typer.echo(note, err=True)
     if as_json:
