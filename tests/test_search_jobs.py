@@ -48,7 +48,7 @@ def test_search_on_dask_gives_the_same_bytes(capsys: pytest.CaptureFixture[str])
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--jobs", "-1"], "--jobs"),
+        (["--jobs", "-1"], "--jobs -1: must be a positive number"),
         (["--engine", "spark"], "allowed: local, dask"),
         (["--scheduler", "tcp://x:1"], "--scheduler needs --engine dask"),
         (["--phase", "decode", "--jobs", "2"], "a serving search"),

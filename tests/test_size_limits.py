@@ -12,7 +12,13 @@ import pytest
 from stg.cli import main
 from stg.core.options import GenerateOptions
 from stg.core.pipeline import build_workload
-from stg.core.sizes import WorkloadSize, WorkloadTooLarge, check_size, estimate_size
+from stg.core.sizes import (
+    WorkloadSize,
+    WorkloadTooLarge,
+    available_memory,
+    check_size,
+    estimate_size,
+)
 from stg.host.registry import load_registry
 
 TINY = [
@@ -127,6 +133,7 @@ def test_memory_and_node_limits() -> None:
         check_size(size, max_nodes=4_000, available=4 << 30)
     with pytest.raises(WorkloadTooLarge, match="allowed: what fits in memory"):
         check_size(size, available=1 << 30, option=None)
+    assert available_memory() > 0
 
 
 def test_a_memory_error_is_one_line(
@@ -143,3 +150,26 @@ def test_a_memory_error_is_one_line(
     assert err.startswith("error: out of memory") and err.count("\n") == 1
     assert "Traceback" not in err and out == ""
     assert not (tmp_path / "out").exists()
+
+
+def test_searches_and_sweeps_skip_workloads_beyond_the_memory_left(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import stg.core.sizes
+
+    monkeypatch.setattr(stg.core.sizes, "available_memory", lambda: 1024)
+    code, out, err = run(
+        capsys, "search", "--model", "debug", "--batch", "16", "--gpus", "2", "--refine", "2",
+        "-j", "1", "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["refined"] == 0  # the DAG predictor's workloads would not fit
+    assert result["best"] and all("analytical" in b and "time" not in b for b in result["best"])
+    code, out, err = run(
+        capsys, "sweep", "--model", "debug", "--batch", "16", "--predictor", "time", "-o",
+        tmp_path / "sweep", "-j", "1", "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    rows = (tmp_path / "sweep" / "results.csv").read_text()
+    assert "this workload needs about" in rows and "allowed: what fits in memory" in rows

@@ -30,7 +30,7 @@ from stg.errors import UserError
 if TYPE_CHECKING:
     from stg.host.registry import Registry
 
-# Calibration (measured on CPython 3.12, x86-64): the peak resident set (ru_maxrss) of one
+# Calibration (measured on CPython 3.11, x86-64): the peak resident set (ru_maxrss) of one
 # process before and after building a workload, writing its chakra-v0.0.4 files and running
 # the time predictor on it, divided by its node templates, was 1,030 bytes (llama, 128
 # layers, dp 2, pp 2, 64 micro-batches: 345,092 templates); tracemalloc's peak of the same
