@@ -202,6 +202,12 @@ class StgGroup(TyperGroup):
         except UserError as exc:
             _fail(str(exc))
             code = 2
+        except MemoryError:
+            _fail(
+                "out of memory: this run needs more memory than this machine gives it; lower "
+                "--num_stacks, the number of micro-batches or the ranks"
+            )
+            code = 2
         except typer.Abort:
             _fail("aborted")
             code = 1

@@ -370,8 +370,38 @@ OPTION_SPELLINGS = {"precision": "precision_plan"}
 """Fields whose option is spelled otherwise first (``--precision_plan FILE``; the field name
 ``--precision`` works too)."""
 
-COMMAND_OPTIONS = frozenset({"predict", "print_gpu_vram", "system", "comm_group_file", "as_json"})
+COMMAND_OPTIONS = frozenset(
+    {"predict", "print_gpu_vram", "system", "comm_group_file", "as_json", "max_nodes"}
+)
 """Options of ``stg generate`` that are not GenerateOptions fields."""
+
+
+MAX_NODES_HELP = (
+    "Refuse (before building anything) a workload of more nodes than this, over every rank "
+    "(default: no limit but the memory available; the estimate is printed when refused)."
+)
+
+
+def max_nodes_parameter(**extra: Any) -> inspect.Parameter:
+    """The ``--max-nodes N`` option of the commands that build a whole workload."""
+    return inspect.Parameter(
+        "max_nodes",
+        inspect.Parameter.KEYWORD_ONLY,
+        default=typer.Option(
+            None, "--max-nodes", "--max_nodes", min=1, help=MAX_NODES_HELP, metavar="N", **extra
+        ),
+        annotation=Optional[int],  # noqa: UP045 (typer needs a runtime type object)
+    )
+
+
+def check_workload_size(
+    options: GenerateOptions, registry: Registry, max_nodes: int | None
+) -> None:
+    """Refuse, with one line, a workload too large for this machine's memory or for
+    ``--max-nodes``, from its estimated size (:mod:`stg.core.sizes`), before it is built."""
+    from stg.core.sizes import check_size, estimate_size
+
+    check_size(estimate_size(options, registry), max_nodes)
 
 
 def system_parameter(help: str, **extra: Any) -> inspect.Parameter:
@@ -567,15 +597,29 @@ def check_writable_file(option: str, target: Path) -> None:
 PHASES: dict[str, str] = {
     "lowering": "building",
     "plans evaluated": "evaluating precision plans",
+    "closed forms": "search: plans checked by closed forms",
+    "analytical": "search: plans considered for analytical pricing",
+    "DAG predictor": "search: best plans re-priced by the DAG predictor",
+    "serving predictor": "search: plans priced by the serving predictor",
+    "configurations": "sweep: configurations evaluated",
+    "reading traces": "reading rank files",
 }
-"""What the progress bar says for the phases that the library reports under internal names
+"""What progress says for the phases that the library reports under internal names
 (``build_workload`` reports ``lowering``; the writer reports ``writing rank files`` itself)."""
+
+PROGRESS_INTERVAL_S = 10.0
+"""Off a terminal (a pipe, a log file), a long command prints a progress line to stderr at
+most this often, and a final one when it is done; a command done sooner prints none."""
+
+ProgressCallback = Callable[[str, int, int], None]
 
 
 @contextmanager
-def progress_bar(console: Any) -> Iterator[Callable[[str, int, int], None] | None]:
-    """A rich progress bar on a terminal (one line per phase: ``building 12/12``, ``writing
-    rank files 37/128``); no callback (quiet) otherwise.
+def progress_bar(console: Any, interval: float | None = None) -> Iterator[ProgressCallback]:
+    """Progress of a long command on stderr: a rich bar on a terminal (one line per phase:
+    ``building 12/12``, ``writing rank files 37/128``), else a plain line at most every
+    ``interval`` seconds (default :data:`PROGRESS_INTERVAL_S`) and a final one (see
+    :class:`ProgressLines`).
 
     The warnings of the work inside (a precision plan naming an unknown op) are printed as
     ``warning: ...`` lines on stderr when it ends, bar or not.
@@ -587,7 +631,7 @@ def progress_bar(console: Any) -> Iterator[Callable[[str, int, int], None] | Non
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", PrecisionPlanWarning)
         try:
-            with _bar(console) as update:
+            with _bar(console, interval) as update:
                 yield update
         finally:
             for message in dict.fromkeys(str(w.message) for w in caught):
@@ -595,17 +639,26 @@ def progress_bar(console: Any) -> Iterator[Callable[[str, int, int], None] | Non
 
 
 @contextmanager
-def _bar(console: Any) -> Iterator[Callable[[str, int, int], None] | None]:
+def _bar(console: Any, interval: float | None = None) -> Iterator[ProgressCallback]:
     if not console.is_terminal:
-        yield None
+        lines = ProgressLines(PROGRESS_INTERVAL_S if interval is None else interval)
+        yield lines.update
+        lines.finish()  # not after an error: its one line stays the last
         return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     tasks: dict[str, Any] = {}
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
+        TimeElapsedColumn(),
         console=console,
         transient=True,
     ) as bar:
@@ -616,6 +669,61 @@ def _bar(console: Any) -> Iterator[Callable[[str, int, int], None] | None]:
             bar.update(tasks[stage], completed=done, total=total or None)
 
         yield update
+
+
+class ProgressLines:
+    """Progress as plain lines on stderr, for a pipe or a log:
+    ``search: plans checked by closed forms: 1,200 of 5,400 (22%), 1m10s elapsed``.
+
+    :meth:`update` prints a line once ``interval`` seconds have passed since the start or
+    the last line; :meth:`finish` prints the latest state of the last phase, if any line was
+    printed before (a short command stays silent). ``clock`` is injectable for tests.
+    """
+
+    def __init__(self, interval: float, clock: Callable[[], float] | None = None) -> None:
+        import time
+
+        self.interval = interval
+        self.clock = clock or time.monotonic
+        self.started = self.last = self.clock()
+        self.printed = False
+        self.latest: dict[str, tuple[int, int]] = {}
+        self.shown: dict[str, tuple[int, int]] = {}
+
+    def update(self, stage: str, done: int, total: int) -> None:
+        """Record a phase's progress; print it if a line is due."""
+        self.latest.pop(stage, None)  # the phase updated last comes last
+        self.latest[stage] = (done, total)
+        now = self.clock()
+        if now - self.last >= self.interval:
+            self._print(stage, now)
+
+    def finish(self) -> None:
+        """The final line: the last phase's last state, where a line was printed before."""
+        if not self.printed or not self.latest:
+            return
+        stage = next(reversed(self.latest))
+        if self.shown.get(stage) != self.latest[stage]:
+            self._print(stage, self.clock())
+
+    def _print(self, stage: str, now: float) -> None:
+        done, total = self.latest[stage]
+        counted = f"{done:,} of {total:,} ({100 * done // total}%)" if total else f"{done:,}"
+        label = PHASES.get(stage, stage)
+        typer.echo(f"{label}: {counted}, {format_elapsed(now - self.started)} elapsed", err=True)
+        self.last = now
+        self.printed = True
+        self.shown[stage] = (done, total)
+
+
+def format_elapsed(seconds: float) -> str:
+    """``42s``, ``1m10s``, ``2h05m``."""
+    whole = int(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
 
 
 # -- predictors -----------------------------------------------------------------------------
@@ -1011,8 +1119,8 @@ def run_analysis(
     comm_group_file: Path | None = None,
 ) -> list[TraceStats]:
     """Analyze the selected rank files (with ``jobs`` worker processes; 0: every core), with
-    a progress bar on a terminal. ``comm_group_file`` is checked and never read as a rank
-    file."""
+    progress on stderr (:func:`progress_bar`). ``comm_group_file`` is checked and never read
+    as a rank file."""
     from stg.cli import err_console
     from stg.trace.stats import find_trace_files, iter_stats, select_rank
 
@@ -1025,16 +1133,10 @@ def run_analysis(
     console = err_console()
     results: list[TraceStats] = []
     stats_of = iter_stats(files, deps=deps, window=window, format=format, jobs=jobs)  # type: ignore[arg-type]
-    if console.is_terminal and len(files) > 1:
-        from rich.progress import Progress
-
-        with Progress(console=console, transient=True) as progress:
-            task = progress.add_task("reading traces", total=len(files))
-            for stats in stats_of:
-                results.append(stats)
-                progress.advance(task)
-    else:
-        results.extend(stats_of)
+    with _bar(console) as progress:
+        for stats in stats_of:
+            results.append(stats)
+            progress("reading traces", len(results), len(files))
     for stats in results:
         if stats.error is not None:
             typer.echo(f"error: {stats.error}", err=True)

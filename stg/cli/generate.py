@@ -26,8 +26,10 @@ import typer
 from stg.cli import err_console, get_registry
 from stg.cli._shared import (
     BOOL,
+    check_workload_size,
     format_bytes,
     format_seconds,
+    max_nodes_parameter,
     option_parameters,
     options_and_preset_from_cli,
     parse_bool,
@@ -114,6 +116,7 @@ def _command_parameters() -> list[inspect.Parameter]:
             ),
             annotation=Optional[str],  # noqa: UP045 (parsed by parse_bool)
         ),
+        max_nodes_parameter(rich_help_panel=_OUTPUT),
         system_parameter(
             "System for --predict and --print_gpu_vram: a preset (a100-80g, h100-80g, "
             "h200-141g, t4-16g, ...) or a system JSON file; a hybrid one (with device groups) "
@@ -134,6 +137,7 @@ def generate(**values: Any) -> None:
     system_spec = values.pop("system", "a100-80g")
     comm_group_file = values.pop("comm_group_file", None)
     as_json = bool(values.pop("as_json", False))
+    max_nodes = values.pop("max_nodes", None)
     from stg.perf.system import load_system
 
     # a hybrid --system places ranks on its device groups (their precision plans) even
@@ -151,6 +155,7 @@ def generate(**values: Any) -> None:
     if comm_group_file is not None:
         check_comm_group_file(comm_group_file, options.output_name, options.world_size, emitter)
         emitter = _with_comm_group_file(emitter, options.output_name, comm_group_file)
+    check_workload_size(options, registry, max_nodes)
     console = err_console()
     with progress_bar(console) as progress:
         workload = gen.build_workload(options, registry, progress=progress)

@@ -19,7 +19,9 @@ import typer
 
 from stg.cli import err_console, get_registry
 from stg.cli._shared import (
+    check_workload_size,
     check_writable_file,
+    max_nodes_parameter,
     option_parameters,
     options_from_cli,
     print_reports,
@@ -124,6 +126,7 @@ def _own_parameters() -> list[inspect.Parameter]:
             ),
             annotation=Optional[str],  # noqa: UP045
         ),
+        max_nodes_parameter(),
         inspect.Parameter(
             "calibration",
             kw,
@@ -215,6 +218,7 @@ def predict(**values: Any) -> None:
     explain = values.pop("explain")
     jobs = values.pop("jobs")
     comm_group_file = values.pop("comm_group_file")
+    max_nodes = values.pop("max_nodes")
     from stg.trace.parallel import resolve_jobs
 
     resolve_jobs(jobs)
@@ -236,6 +240,8 @@ def predict(**values: Any) -> None:
                 "give either a trace PATH or generation options "
                 f"(got both: {', '.join('--' + k for k in sorted(given))})"
             )
+        if max_nodes is not None:
+            raise UserError("--max-nodes limits a generated workload; a trace PATH is read as is")
         with _os_errors():
             trace = _trace_input(path, jobs, comm_group_file)
             phase = trace[2].get("phase", "training")
@@ -268,6 +274,7 @@ def predict(**values: Any) -> None:
         gen.validate_options(options, registry)
         if options.inference and predictor == "all" and "serving" in registry.predictors:
             names = [*names, "serving"]  # TTFT, time per output token, tokens/s
+        check_workload_size(options, registry, max_nodes)
         with progress_bar(console) as progress:
             workload = gen.build_workload(options, registry, progress=progress)
         with _os_errors():

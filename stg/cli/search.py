@@ -20,6 +20,7 @@ from stg.cli._shared import (
     option_parameters,
     options_from_cli,
     print_table,
+    progress_bar,
     system_parameter,
 )
 from stg.core.quantities import parse_duration
@@ -27,6 +28,7 @@ from stg.errors import UserError
 from stg.explore.search import PLAN_FIELDS
 
 app = typer.Typer(add_completion=False)
+_ENGINE = "Engine (training search)"
 
 SEARCHED = frozenset(
     {*PLAN_FIELDS, "format", "output_dir", "output_name", "chakra_schema_version", "kv_dtype"}
@@ -98,6 +100,45 @@ def _own_parameters() -> list[inspect.Parameter]:
             kw,
             default=typer.Option(False, "--json", help="Print JSON."),
             annotation=bool,
+        ),
+        inspect.Parameter(
+            "engine",
+            kw,
+            default=typer.Option(
+                "local",
+                "--engine",
+                help="Where plans are priced: local (a process pool of --jobs workers) or dask "
+                "(--scheduler); the result is the same.",
+                metavar="local|dask",
+                rich_help_panel=_ENGINE,
+            ),
+            annotation=str,
+        ),
+        inspect.Parameter(
+            "jobs",
+            kw,
+            default=typer.Option(
+                None,
+                "--jobs",
+                "-j",
+                help="Local worker processes (default 0: every core; 1: this process).",
+                show_default=False,
+                rich_help_panel=_ENGINE,
+            ),
+            annotation=Optional[int],  # noqa: UP045 (typer needs a runtime type object)
+        ),
+        inspect.Parameter(
+            "scheduler",
+            kw,
+            default=typer.Option(
+                None,
+                "--scheduler",
+                help="Dask scheduler: tcp://HOST:PORT, or local:N to start a LocalCluster of N "
+                "workers.",
+                metavar="ADDRESS",
+                rich_help_panel=_ENGINE,
+            ),
+            annotation=Optional[str],  # noqa: UP045
         ),
         _axis("tp_values", "--tp", "Tensor-parallel degrees (default: powers of two up to 8)."),
         _axis("pp_values", "--pp", "Pipeline degrees (default: divisors of the GPU count)."),
@@ -173,9 +214,14 @@ def _words(text: str | None, allowed: tuple[str, ...], option: str) -> list[str]
 def search(**values: Any) -> None:
     """Find the fastest parallel plans that fit in memory (serving: the plans of most
     tokens per second within a latency limit)."""
+    from typer._click.globals import get_current_context
+
+    from stg.cli import _plugins_of
     from stg.explore.search import SearchSpace
     from stg.explore.search import search as run_search
+    from stg.explore.sweep import check_engine
     from stg.perf.system import load_system
+    from stg.trace.parallel import resolve_jobs
 
     gpus = values.pop("gpus")
     system = load_system(values.pop("system"))
@@ -186,10 +232,18 @@ def search(**values: Any) -> None:
         raise UserError(f"--top {top}: must be a positive integer")
     if refine < 0:
         raise UserError(f"--refine {refine}: must be 0 or more")
+    engine, jobs, scheduler = values.pop("engine"), values.pop("jobs"), values.pop("scheduler")
     phase = (values.get("phase") or "training").strip().lower()
     if phase != "training":
+        if engine != "local" or jobs is not None or scheduler is not None:
+            raise UserError(
+                "--engine, --jobs and --scheduler spread a training search; a serving search "
+                f"(phase={phase}) runs in this process: leave them out"
+            )
         _serving(values, gpus, system, top, as_json)
         return
+    check_engine(engine, scheduler)
+    jobs = resolve_jobs(0 if jobs is None else jobs)
     for name, flag in SERVING_AXES.items():
         if values.pop(name) is not None:
             raise UserError(
@@ -217,9 +271,20 @@ def search(**values: Any) -> None:
     base = options_from_cli(values)
     registry = get_registry()
     console = err_console()
-    with _bar(console) as progress:
+    with progress_bar(console) as progress:
         result = run_search(
-            base, gpus, system, registry, space=space, top=top, refine=refine, progress=progress
+            base,
+            gpus,
+            system,
+            registry,
+            space=space,
+            top=top,
+            refine=refine,
+            progress=progress,
+            engine=engine,
+            jobs=jobs,
+            scheduler=scheduler,
+            plugins=_plugins_of(get_current_context()),
         )
     if as_json:
         data = {
@@ -364,7 +429,7 @@ def _serving(values: dict[str, Any], gpus: int, system: Any, top: int, as_json: 
     limit = max_ttft if phase == "prefill" else max_tpot
     flag = "--max-ttft" if phase == "prefill" else "--max-tpot"
     seconds = parse_duration(limit, flag, unit_required=True) if limit else None
-    with _bar(err_console()) as progress:
+    with progress_bar(err_console()) as progress:
         result = serving_search(
             base,
             gpus,
@@ -471,36 +536,6 @@ def _print_serving(base: Any, gpus: int, system: Any, result: Any, limit: float 
             if v / total >= 0.005
         )
         out.print(f"#{i}: {text}")
-
-
-class _bar:
-    def __init__(self, console: Any) -> None:
-        self.console, self.bar, self.tasks = console, None, {}
-
-    def __enter__(self) -> Any:
-        if not self.console.is_terminal:
-            return None
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
-        self.bar = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            console=self.console,
-            transient=True,
-        )
-        self.bar.__enter__()
-
-        def update(stage: str, done: int, total: int) -> None:
-            if stage not in self.tasks:
-                self.tasks[stage] = self.bar.add_task(stage, total=total)
-            self.bar.update(self.tasks[stage], completed=done, total=total)
-
-        return update
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.bar is not None:
-            self.bar.__exit__(*exc)
 
 
 search.__signature__ = inspect.Signature(  # type: ignore[attr-defined]

@@ -15,7 +15,7 @@ from typing import Any, Optional
 import typer
 
 from stg.cli import err_console, get_registry
-from stg.cli._shared import option_names, print_table
+from stg.cli._shared import option_names, print_table, progress_bar
 from stg.errors import UserError
 
 app = typer.Typer(add_completion=False)
@@ -162,7 +162,14 @@ def _own_parameters() -> list[inspect.Parameter]:
 def sweep(**values: Any) -> None:
     """Predict every configuration of a design space; write a results table."""
     from stg.explore.space import SYSTEM_KEY, config_id, enumerate_configs, load_spec, make_spec
-    from stg.explore.sweep import Context, Simulation, need, parse_metrics, run_sweep
+    from stg.explore.sweep import (
+        Context,
+        Simulation,
+        check_engine,
+        need,
+        parse_metrics,
+        run_sweep,
+    )
     from stg.perf.system import load_system
     from stg.trace.parallel import resolve_jobs
 
@@ -179,14 +186,7 @@ def sweep(**values: Any) -> None:
     keep = values.pop("keep")
     plot = values.pop("plot")
     as_json = values.pop("as_json")
-    if engine not in ("local", "dask"):
-        raise UserError(f"--engine {engine!r} is not allowed; allowed: local, dask")
-    if engine == "dask":
-        need("distributed", "--engine dask")
-        if scheduler is None:
-            raise UserError("--engine dask needs --scheduler tcp://HOST:PORT or local:N")
-    elif scheduler is not None:
-        raise UserError("--scheduler needs --engine dask")
+    check_engine(engine, scheduler)
     if metrics and simulate is None:
         raise UserError("--metric needs --simulate")
     if keep and simulate is None:
@@ -242,7 +242,7 @@ def sweep(**values: Any) -> None:
     )
     first = [c for c in first if c != SYSTEM_KEY]
     first.insert(0, SYSTEM_KEY)
-    with _progress(console) as progress:
+    with progress_bar(console) as update:
         try:
             result = run_sweep(
                 tasks,
@@ -253,7 +253,7 @@ def sweep(**values: Any) -> None:
                 jobs=jobs,
                 scheduler=scheduler,
                 first_columns=first,
-                progress=progress,
+                progress=lambda done, total: update("configurations", done, total),
             )
         except OSError as exc:
             raise UserError(f"cannot write {exc.filename or out}: {exc.strerror or exc}") from None
@@ -273,50 +273,6 @@ def _check_template(command: str) -> None:
             f"--simulate {command!r}: unknown placeholder {exc}; allowed: {{prefix}}, {{ranks}}, "
             "{comm_group}, {dir} (write {{ and }} for braces)"
         ) from None
-
-
-class _progress:
-    """A rich progress bar with ETA on a terminal; nothing otherwise."""
-
-    def __init__(self, console: Any) -> None:
-        self.console = console
-        self.bar: Any = None
-        self.task: Any = None
-
-    def __enter__(self) -> Any:
-        if not self.console.is_terminal:
-            return None
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
-
-        self.bar = Progress(
-            TextColumn("configurations"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("ETA"),
-            TimeRemainingColumn(),
-            console=self.console,
-            transient=True,
-        )
-        self.bar.__enter__()
-
-        def update(done: int, total: int) -> None:
-            if self.task is None:
-                self.task = self.bar.add_task("sweep", total=total, completed=done)
-            self.bar.update(self.task, completed=done, total=total)
-
-        return update
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.bar is not None:
-            self.bar.__exit__(*exc)
 
 
 def _report(

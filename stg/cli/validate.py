@@ -51,6 +51,7 @@ def validate(
     (--consumer). Exit 1 on any violation, 2 on unusable input (a file that is not a
     readable trace, a partial rank set)."""
     from stg.cli import err_console
+    from stg.cli._shared import progress_bar
     from stg.errors import UserError
     from stg.trace.parallel import resolve_jobs
     from stg.trace.validate import validate_trace
@@ -58,18 +59,8 @@ def validate(
     resolve_jobs(jobs)
     console = err_console()
     options = {"consumer": consumer, "jobs": jobs, "comm_group_file": comm_group_file}
-    if console.is_terminal:
-        from rich.progress import Progress
-
-        with Progress(console=console, transient=True) as bar:
-            task = bar.add_task("validating", total=None)
-
-            def progress(label: str, done: int, total: int) -> None:
-                bar.update(task, description=label, completed=done, total=total)
-
-            report = validate_trace(path, progress, **options)  # type: ignore[arg-type]
-    else:
-        report = validate_trace(path, **options)  # type: ignore[arg-type]
+    with progress_bar(console) as progress:
+        report = validate_trace(path, progress, **options)  # type: ignore[arg-type]
     unreadable = [v.message for v in report.errors if v.check == "file"]
     if unreadable:
         more = len(unreadable) - 1

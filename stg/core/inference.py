@@ -39,6 +39,7 @@ from stg.core.lowering import (
     Binder,
     BoundOp,
     BoundPart,
+    LayerKinds,
     ModelParts,
     _count_kinds,
     _Nodes,
@@ -322,7 +323,7 @@ def build_steps(model: Model, plan: ParallelPlan) -> list[StepParts]:
     functions.update((kind, function) for kind, function, _ in runs)
     functions["head"] = None
     built = {name: build_forward(model, name, plan, f)[0].part for name, f in functions.items()}
-    layer_kinds = tuple(kind for kind, _, count in runs for _ in range(count))
+    layer_kinds = LayerKinds((kind, count) for kind, _, count in runs)
     steps: list[StepParts] = []
     for groups in step_groups(o):
         bound: dict[str, BoundPart] = {}

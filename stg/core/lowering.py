@@ -9,11 +9,12 @@ order, data deps for data flow, ctrl deps for the schedule and collective issue 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+import bisect
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from math import prod
-from typing import Any
+from typing import Any, overload
 
 import sympy
 
@@ -668,6 +669,50 @@ def ddp_buckets(reduce: list[BoundOp]) -> list[BoundOp]:
     return fuse(ordered, lambda op: index.get(id(op)))
 
 
+class LayerKinds(Sequence[str]):
+    """The kind of every layer of a stack, held as runs ``(kind, count)``: a stack of 10^9
+    layers costs no more memory than one of ten."""
+
+    def __init__(self, runs: Iterable[tuple[str, int]]) -> None:
+        self._kinds: list[str] = []
+        self._ends: list[int] = []
+        for kind, count in runs:
+            if count > 0:
+                self._kinds.append(kind)
+                self._ends.append(count + (self._ends[-1] if self._ends else 0))
+
+    def __len__(self) -> int:
+        return self._ends[-1] if self._ends else 0
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[str, ...]: ...
+    def __getitem__(self, index: int | slice) -> str | tuple[str, ...]:
+        if isinstance(index, slice):
+            return tuple(self[i] for i in range(*index.indices(len(self))))
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(f"layer {index} of a stack of {len(self)}")
+        return self._kinds[bisect.bisect_right(self._ends, index)]
+
+    def runs(self) -> tuple[tuple[str, int], ...]:
+        """``(kind, count)`` of each run of layers of one kind, in layer order."""
+        starts = [0, *self._ends[:-1]]
+        return tuple((k, e - s) for k, s, e in zip(self._kinds, starts, self._ends, strict=True))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, LayerKinds):
+            return self.runs() == other.runs()
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"LayerKinds({list(self.runs())!r})"
+
+
 @dataclass
 class ModelParts:
     """The bound parts of a model for one run: embedding, head, and one block per kind of
@@ -681,7 +726,7 @@ class ModelParts:
     optimizer_dtype: str = "fp32"
     facts: dict[str, object] = field(default_factory=dict)
     blocks: dict[str, BoundPart] = field(default_factory=dict)
-    layer_kinds: tuple[str, ...] = ()
+    layer_kinds: Sequence[str] = ()
 
     def layer(self, index: int) -> BoundPart:
         """The bound block of layer ``index``."""

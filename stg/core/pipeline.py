@@ -10,7 +10,14 @@ from typing import TYPE_CHECKING, Any
 from stg.core.autodiff import build_backward, build_grad_reduction
 from stg.core.fp8 import AMAX_AXES, MODEL_PARALLEL_AMAX_AXES
 from stg.core.layout import Layout, parse_rank_order
-from stg.core.lowering import Binder, BoundPart, ModelParts, bind_part, lower_stage
+from stg.core.lowering import (
+    Binder,
+    BoundPart,
+    LayerKinds,
+    ModelParts,
+    bind_part,
+    lower_stage,
+)
 from stg.core.modelinfo import saved_activations
 from stg.core.options import GenerateOptions, OptionError
 from stg.core.plan import ParallelPlan, make_plan
@@ -199,7 +206,7 @@ def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> Model
     # Adam reads and writes the master weights and both moments and reads the gradient; with
     # mixed precision it also writes the 16-bit working copy of the weights.
     per_param = 2 * master + 4 * state + grad + (DTYPE_BYTES[o.dtype] if o.mixed_precision else 0)
-    layer_kinds = tuple(kind for kind, _, count in runs for _ in range(count))
+    layer_kinds = LayerKinds((kind, count) for kind, _, count in runs)
     return ModelParts(
         bound["embedding"],
         bound[layer_kinds[0]] if layer_kinds else bound["block"],

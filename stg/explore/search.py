@@ -184,6 +184,111 @@ def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     return call(fn, *args, **kwargs)
 
 
+# -- the work an engine runs: each plan priced where the engine puts it ------------------------
+
+
+@dataclass(frozen=True)
+class _Work:
+    """What every part of one search's work shares (picklable, small): where a worker finds
+    the registry and the system (this process's own under ``token``, else loaded again)."""
+
+    token: str
+    plugins: tuple[str, ...]
+    system_name: str
+    system_data: Mapping[str, Any]
+    fast: str
+    full: str
+
+
+_SEARCHES: dict[str, tuple[Any, Any]] = {}
+"""token -> (registry, system) of the searches this process (or its parent, forked) runs."""
+
+
+def _resolve(work: _Work) -> tuple[Any, Any]:
+    if work.token not in _SEARCHES:  # a Dask worker: load the registry and system
+        from stg.explore.sweep import _registry, _system
+
+        _SEARCHES[work.token] = (
+            _registry(work.plugins),
+            _system(work.system_name, work.system_data),
+        )
+    return _SEARCHES[work.token]
+
+
+def _check_plans(work: _Work, options: Sequence[GenerateOptions]) -> list[tuple[str, Any]]:
+    """The closed forms of each plan: ``("", memory report)`` where it fits, else
+    ``(why it is pruned, None)``."""
+    from stg.core.pipeline import validate_options
+    from stg.explore.space import normalize_reason
+
+    registry, system = _resolve(work)
+    kernels = list(registry.kernels)
+    memory = registry.predictors.get("memory")
+    out: list[tuple[str, Any]] = []
+    for o in options:
+        try:
+            validate_options(o, registry)
+        except UserError as exc:
+            out.append((f"divisibility: {normalize_reason(str(exc))}", None))
+            continue
+        mem = _call(memory.predict_options, o, system, kernels=kernels)
+        fits = mem.get("fits")
+        out.append(("", mem) if fits else ("memory: peak above the GPU's capacity", None))
+    return out
+
+
+def _price_plans(work: _Work, options: Sequence[GenerateOptions]) -> list[tuple[str, Any]]:
+    """The fast predictor's report of each plan: ``("", report)``, or ``(why not, None)``."""
+    from stg.explore.space import normalize_reason
+
+    registry, system = _resolve(work)
+    record = registry.predictors.get(work.fast)
+    out: list[tuple[str, Any]] = []
+    for o in options:
+        try:
+            report = _call(
+                record.predict_options,
+                o,
+                system,
+                registry=registry,
+                kernels=list(registry.kernels),
+                explain=True,
+            )
+        except UserError as exc:
+            out.append((f"analytical: {normalize_reason(str(exc))}", None))
+            continue
+        out.append(("", report))
+    return out
+
+
+def _refine_plans(work: _Work, options: Sequence[GenerateOptions]) -> list[Any]:
+    """The full predictor's report of each plan's workload (None where the workload would not
+    fit in this worker's memory: the plan keeps its fast price)."""
+    from stg.core.sizes import WorkloadTooLarge
+    from stg.explore.sweep import build_within_memory
+
+    registry, system = _resolve(work)
+    record = registry.predictors.get(work.full)
+    out = []
+    for o in options:
+        try:
+            workload = build_within_memory(o, registry)
+        except WorkloadTooLarge:
+            out.append(None)
+            continue
+        out.append(
+            _call(
+                record.predict,
+                workload,
+                system,
+                kernels=list(registry.kernels),
+                explain=True,
+                registry=registry,
+            )
+        )
+    return out
+
+
 def search(
     base: GenerateOptions,
     gpus: int,
@@ -196,37 +301,63 @@ def search(
     fast: str = "analytical",
     full: str = "time",
     progress: Callable[[str, int, int], None] | None = None,
+    engine: str = "local",
+    jobs: int = 1,
+    scheduler: str | None = None,
+    plugins: Sequence[str] = (),
 ) -> SearchResult:
-    """The ``top`` best plans (see the module docstring)."""
-    from stg.core.pipeline import build_workload, validate_options
-    from stg.explore.space import normalize_reason
+    """The ``top`` best plans (see the module docstring), priced on ``engine``: ``local``, a
+    process pool of ``jobs`` workers (1: this process), or ``dask`` (``scheduler``, whose
+    workers load ``plugins``, those of ``registry``). The result is the same on any engine."""
+    import uuid
+
+    from stg.explore.sweep import open_engine
 
     if gpus < 1:
         raise UserError(f"--gpus {gpus}: must be a positive integer")
     if system.capacity and gpus > system.capacity:
         raise UserError(f"--gpus {gpus} exceeds the {system.capacity} GPUs of {system.name}")
     space = space or SearchSpace()
-    kernels = list(registry.kernels)
     fast_record = registry.predictors.get(fast)
     if fast_record.predict_options is None:
         raise UserError(f"predictor {fast!r} cannot predict from options; use analytical")
-    memory = registry.predictors.get("memory")
+    if refine > 0 and full:
+        registry.predictors.get(full)
+    work = _Work(uuid.uuid4().hex, tuple(plugins), system.name, system.as_dict(), fast, full)
+    _SEARCHES[work.token] = (registry, system)
+    try:
+        with open_engine(engine, jobs, scheduler, plugins) as runner:
+            return _search(base, gpus, system, registry, space, top, refine, progress, runner, work)
+    finally:
+        del _SEARCHES[work.token]
+
+
+def _search(
+    base: GenerateOptions,
+    gpus: int,
+    system: Any,
+    registry: Any,
+    space: SearchSpace,
+    top: int,
+    refine: int,
+    progress: Callable[[str, int, int], None] | None,
+    runner: Any,
+    work: _Work,
+) -> SearchResult:
+    def report(stage: str) -> Callable[[int, int], None] | None:
+        if progress is None:
+            return None
+        return lambda done, total: progress(stage, done, total)
+
     everything = plans(base, gpus, space)
     pruned: Counter[str] = Counter()
     feasible: list[tuple[GenerateOptions, dict[str, Any]]] = []
-    for i, o in enumerate(everything):
-        if progress is not None and i % 256 == 0:
-            progress("closed forms", i, len(everything))
-        try:
-            validate_options(o, registry)
-        except UserError as exc:
-            pruned[f"divisibility: {normalize_reason(str(exc))}"] += 1
-            continue
-        mem = _call(memory.predict_options, o, system, kernels=kernels)
-        if not mem.get("fits"):
-            pruned["memory: peak above the GPU's capacity"] += 1
-            continue
-        feasible.append((o, mem))
+    checked = runner.map(_check_plans, work, everything, report("closed forms"))
+    for o, (reason, mem) in zip(everything, checked, strict=True):
+        if reason:
+            pruned[reason] += 1
+        else:
+            feasible.append((o, mem))
     if not feasible:
         return SearchResult([], len(everything), pruned, 0, 0)
     # W: model FLOPs of one iteration, the same for every plan: tp = pp = 1, no recompute
@@ -244,52 +375,63 @@ def search(
         pipeline_schedule="1f1b",
         virtual_stages=1,
     )
-    work = _call(
-        fast_record.predict_options, reference, system, registry=registry, kernels=kernels
+    fast_record = registry.predictors.get(work.fast)
+    work_flops = _call(
+        fast_record.predict_options,
+        reference,
+        system,
+        registry=registry,
+        kernels=list(registry.kernels),
     )["model_flops"]
     peak = system.peak(base.dtype)
     candidates = []
     for o, mem in feasible:
         fill = 1 + (o.pp - 1) / (o.micro_batches * o.virtual_stages)
-        candidates.append(Candidate(o, work / (gpus * peak) * fill, memory=mem))
+        candidates.append(Candidate(o, work_flops / (gpus * peak) * fill, memory=mem))
     candidates.sort(key=lambda c: c.bound_s)
     keep = max(top, refine)
     best: list[Candidate] = []
     priced = 0
-    for n, candidate in enumerate(candidates):
-        if progress is not None and n % 64 == 0:
+    # in order of the bound, a batch at a time (one plan where the work runs here); the
+    # plans of a batch past the stop are priced in vain, never counted: the same result
+    batch = 1 if runner.workers == 1 and runner.client is None else 64 * runner.workers
+    n = 0
+    stopped = False
+    while n < len(candidates) and not stopped:
+        if progress is not None:
             progress("analytical", n, len(candidates))
-        if len(best) >= keep and candidate.bound_s > best[keep - 1].time_s:
-            pruned["lower bound above the best times"] += len(candidates) - n
+        group = candidates[n : n + batch]
+        if len(best) >= keep and group[0].bound_s > best[keep - 1].time_s:
             break
-        try:
-            candidate.analytical = _call(
-                fast_record.predict_options,
-                candidate.options,
-                system,
-                registry=registry,
-                kernels=kernels,
-                explain=True,
-            )
-        except UserError as exc:
-            pruned[f"analytical: {normalize_reason(str(exc))}"] += 1
-            continue
-        priced += 1
-        best.append(candidate)
-        best.sort(key=lambda c: c.time_s)
-        del best[keep:]
+        prices = runner.map(_price_plans, work, [c.options for c in group])
+        for candidate, (reason, analytical) in zip(group, prices, strict=True):
+            if len(best) >= keep and candidate.bound_s > best[keep - 1].time_s:
+                stopped = True
+                break
+            n += 1
+            if reason:
+                pruned[reason] += 1
+                continue
+            candidate.analytical = analytical
+            priced += 1
+            best.append(candidate)
+            best.sort(key=lambda c: c.time_s)
+            del best[keep:]
+    if n < len(candidates):
+        pruned["lower bound above the best times"] += len(candidates) - n
+    if progress is not None:
+        progress("analytical", len(candidates), len(candidates))
     refined = 0
-    if refine > 0 and full:
-        record = registry.predictors.get(full)
-        for i, candidate in enumerate(best[:refine]):
-            if progress is not None:
-                progress("DAG predictor", i, min(refine, len(best)))
-            workload = build_workload(candidate.options, registry)
-            candidate.dag = _call(
-                record.predict, workload, system, kernels=kernels, explain=True, registry=registry
-            )
-            refined += 1
-        best[:refine] = sorted(best[:refine], key=lambda c: c.time_s)
+    if refine > 0 and work.full:
+        chosen = best[:refine]
+        reports = runner.map(
+            _refine_plans, work, [c.options for c in chosen], report("DAG predictor")
+        )
+        for candidate, dag in zip(chosen, reports, strict=True):
+            if dag is not None:
+                candidate.dag = dag
+                refined += 1
+        best[:refine] = sorted(chosen, key=lambda c: c.time_s)
     return SearchResult(best[:top], len(everything), pruned, priced, refined)
 
 

@@ -270,8 +270,10 @@ def serving_search(
 ) -> ServingResult:
     """The ``top`` plans of most tokens/s within the limits (see the module docstring)."""
     from stg.core.pipeline import build_workload, validate_options
+    from stg.core.sizes import WorkloadTooLarge
     from stg.explore.search import _call
     from stg.explore.space import normalize_reason
+    from stg.explore.sweep import build_within_memory
 
     if base.phase not in SERVING_PHASES:
         raise UserError(f"serving search needs --phase {'|'.join(SERVING_PHASES)}")
@@ -298,7 +300,10 @@ def serving_search(
         tally: Counter[str] = pruned if count else Counter()
         try:
             validate_options(candidate.options, registry)
-            workload = build_workload(candidate.options, registry)
+            workload = build_within_memory(candidate.options, registry)
+        except WorkloadTooLarge:
+            tally["size: its workload does not fit in this machine's memory"] += 1
+            return False
         except UserError as exc:
             tally[f"divisibility: {normalize_reason(str(exc))}"] += 1
             return False

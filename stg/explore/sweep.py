@@ -137,11 +137,19 @@ def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     return fn(*args, **{k: v for k, v in kwargs.items() if k in params})
 
 
+def build_within_memory(options: Any, registry: Any) -> Any:
+    """The workload of ``options``, refused with one line (a UserError) when its estimated
+    size would not fit in the memory left (:mod:`stg.core.sizes`), before it is built."""
+    from stg.core.pipeline import build_workload
+    from stg.core.sizes import check_size, estimate_size
+
+    check_size(estimate_size(options, registry), option=None)
+    return build_workload(options, registry)
+
+
 def evaluate(context: Context, task: tuple[str, int, Any, str]) -> dict[str, Any]:
     """One row: the predictions (and the simulator's figures) of one configuration. Errors
     of the configuration become the row's ``status``/``error``, never an exception."""
-    from stg.core.pipeline import build_workload
-
     ident, index, options, system_name = task
     row: dict[str, Any] = {"id": ident, "config": index}
     registry = _registry(context.plugins)
@@ -160,7 +168,7 @@ def evaluate(context: Context, task: tuple[str, int, Any, str]) -> dict[str, Any
                 explain=context.explain,
             )
         else:
-            workload = build_workload(options, registry)
+            workload = build_within_memory(options, registry)
             report = _call(
                 record.predict,
                 workload,
@@ -177,7 +185,7 @@ def evaluate(context: Context, task: tuple[str, int, Any, str]) -> dict[str, Any
             except UserError:
                 mem = None  # not from options alone (a serving phase): from the workload
         if mem is None:
-            workload = workload or build_workload(options, registry)
+            workload = workload or build_within_memory(options, registry)
             mem = _call(memory.predict, workload, system, kernels=kernels)
         row.update(
             status="ok",
@@ -215,7 +223,6 @@ def _simulate(
     """Generate the configuration's traces, run the simulator command on them, capture."""
     from dataclasses import replace
 
-    from stg.core.pipeline import build_workload
     from stg.trace.writer import comm_group_path, rank_pattern, write_workload
 
     out: dict[str, Any] = {"sim_status": "", "sim_exit_code": None}
@@ -231,7 +238,7 @@ def _simulate(
         if not name.endswith(emitter.extension):
             options = replace(options, output_name=f"workload.%d{emitter.extension}")
             name = options.output_name
-        workload = workload or build_workload(options, registry)
+        workload = workload or build_within_memory(options, registry)
         write_workload(workload, emitter, directory, name)
         pattern = rank_pattern(name, emitter.extension)
         prefix = str(directory / pattern.split(".%d", 1)[0])
@@ -286,30 +293,136 @@ def chunked(items: Sequence[Any], size: int) -> list[list[Any]]:
     return [list(items[i : i + size]) for i in range(0, len(items), size)]
 
 
+Work = Callable[[Any, Any], Any]
+"""A unit of work an engine ships: ``fn(context, part)``, both picklable."""
+
+
+class Engine:
+    """Runs ``fn(context, part)`` for parts of work: in this process (``jobs`` 1), on a
+    process pool of ``jobs`` workers kept open between runs, or on a Dask ``client``."""
+
+    def __init__(self, jobs: int = 1, client: Any = None) -> None:
+        self.jobs = jobs
+        self.client = client
+        self._pool: Any = None
+
+    @property
+    def workers(self) -> int:
+        """How many workers run the parts at once."""
+        if self.client is not None:
+            return max(1, len(self.client.scheduler_info().get("workers", {})))
+        return max(1, self.jobs)
+
+    def run(self, fn: Work, context: Any, parts: Sequence[Any]) -> Iterator[tuple[int, Any]]:
+        """``(index of the part, its result)`` of every part, as they finish."""
+        if self.client is not None:
+            yield from self._run_dask(fn, context, parts)
+        elif self.jobs <= 1 or len(parts) <= 1:
+            for index, part in enumerate(parts):
+                yield index, fn(context, part)
+        else:
+            yield from self._run_pool(fn, context, parts)
+
+    def map(
+        self,
+        fn: Work,
+        context: Any,
+        items: Sequence[Any],
+        progress: Callable[[int, int], None] | None = None,
+    ) -> list[Any]:
+        """``fn(context, chunk)`` over chunks of ``items``, each returning one result per item:
+        the results in the order of ``items`` (the same on any engine)."""
+        chunk = max(1, min(64, len(items) // (self.workers * 8) or 1))
+        parts = chunked(items, chunk)
+        results: list[list[Any]] = [[] for _ in parts]
+        done = 0
+        for index, result in self.run(fn, context, parts):
+            results[index] = result
+            done += len(parts[index])
+            if progress is not None:
+                progress(done, len(items))
+        return [r for part in results for r in part]
+
+    def _run_pool(self, fn: Work, context: Any, parts: Sequence[Any]) -> Iterator[tuple[int, Any]]:
+        import multiprocessing
+        from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(
+                self.jobs, mp_context=multiprocessing.get_context("fork")
+            )
+        pending: dict[Any, int] = {}
+        queue = iter(enumerate(parts))
+        for index, part in itertools.islice(queue, 2 * self.jobs):
+            pending[self._pool.submit(fn, context, part)] = index
+        while pending:
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                yield pending.pop(future), future.result()
+                nxt = next(queue, None)
+                if nxt is not None:
+                    pending[self._pool.submit(fn, context, nxt[1])] = nxt[0]
+
+    def _run_dask(self, fn: Work, context: Any, parts: Sequence[Any]) -> Iterator[tuple[int, Any]]:
+        """A part lost with its worker is run again."""
+        distributed = need("distributed", "--engine dask")
+        if not parts:
+            return
+        [shared] = self.client.scatter([context], broadcast=True)
+        futures = self.client.map(fn, [shared] * len(parts), parts, retries=3, pure=False)
+        index = {future.key: i for i, future in enumerate(futures)}
+        for future in distributed.as_completed(futures):
+            yield index[future.key], future.result()
+
+    def close(self) -> None:
+        """Stop the process pool, if one was started."""
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+
+def check_engine(engine: str, scheduler: str | None) -> None:
+    """Reject a bad ``--engine``/``--scheduler`` pair with one line (exit 2)."""
+    if engine not in ("local", "dask"):
+        raise UserError(f"--engine {engine!r} is not allowed; allowed: local, dask")
+    if engine == "dask":
+        need("distributed", "--engine dask")
+        if scheduler is None:
+            raise UserError("--engine dask needs --scheduler tcp://HOST:PORT or local:N")
+    elif scheduler is not None:
+        raise UserError("--scheduler needs --engine dask")
+
+
+@contextlib.contextmanager
+def open_engine(
+    engine: str = "local", jobs: int = 1, scheduler: str | None = None, plugins: Sequence[str] = ()
+) -> Iterator[Engine]:
+    """The :class:`Engine` of ``--engine local --jobs N`` or ``--engine dask --scheduler
+    ADDRESS`` (whose workers must run this stg with the same ``plugins``)."""
+    check_engine(engine, scheduler)
+    if engine == "dask":
+        assert scheduler is not None
+        with dask_client(scheduler) as client:
+            check_workers(client, plugins)
+            yield Engine(client=client)
+        return
+    runner = Engine(jobs)
+    try:
+        yield runner
+    finally:
+        runner.close()
+
+
 def run_local(
     context: Context, tasks: Sequence[Any], jobs: int, chunk: int
 ) -> Iterator[list[dict[str, Any]]]:
     """Rows by chunk from a process pool of ``jobs`` workers (1: in this process)."""
-    if jobs <= 1 or len(tasks) <= chunk:
-        for part in chunked(tasks, chunk):
-            yield evaluate_chunk(context, part)
-        return
-    import multiprocessing
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-
-    parts = chunked(tasks, chunk)
-    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
-        pending = set()
-        queue = iter(parts)
-        for part in itertools.islice(queue, 2 * jobs):
-            pending.add(pool.submit(evaluate_chunk, context, part))
-        while pending:
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for future in done:
-                yield future.result()
-                nxt = next(queue, None)
-                if nxt is not None:
-                    pending.add(pool.submit(evaluate_chunk, context, nxt))
+    runner = Engine(jobs)
+    try:
+        for _, rows in runner.run(evaluate_chunk, context, chunked(tasks, chunk)):
+            yield rows
+    finally:
+        runner.close()
 
 
 def fingerprint(plugins: Sequence[str] = ()) -> dict[str, Any]:
@@ -388,14 +501,8 @@ def run_dask(
     context: Context, tasks: Sequence[Any], client: Any, chunk: int
 ) -> Iterator[list[dict[str, Any]]]:
     """Rows by chunk from a Dask cluster; a chunk lost with its worker is run again."""
-    distributed = need("distributed", "--engine dask")
-    parts = chunked(tasks, chunk)
-    if not parts:
-        return
-    [shared] = client.scatter([context], broadcast=True)
-    futures = client.map(evaluate_chunk, [shared] * len(parts), parts, retries=3, pure=False)
-    for future in distributed.as_completed(futures):
-        yield future.result()
+    for _, rows in Engine(client=client).run(evaluate_chunk, context, chunked(tasks, chunk)):
+        yield rows
 
 
 # -- results ----------------------------------------------------------------------------------
