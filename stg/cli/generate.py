@@ -115,8 +115,8 @@ def _command_parameters() -> list[inspect.Parameter]:
             annotation=Optional[str],  # noqa: UP045 (parsed by parse_bool)
         ),
         system_parameter(
-            "System for --predict and --print_gpu_vram: a preset (a100-80g, h100-80g, "
-            "h200-141g, t4-16g, ...) or a system JSON file; a hybrid one (with device groups) "
+            "System for --predict and --print_gpu_vram: a preset ({allowed:systems}) or a "
+            "system JSON file; a hybrid one (with device groups) "
             "also places the ranks on its groups, which run their precision plan entries.",
             rich_help_panel=_PREDICT,
         ),
