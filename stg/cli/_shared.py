@@ -400,28 +400,33 @@ def system_parameter(help: str, **extra: Any) -> inspect.Parameter:
 # -- allowed values in --help -------------------------------------------------------------------
 
 
-def _names(kind: str) -> Callable[[Registry], list[str]]:
-    return lambda registry: registry.catalog(kind).names()
+RegistryOf = Callable[[], "Registry"]
+"""The invocation's registry, loaded on the first call (kinds that need none never load it)."""
 
 
-def _system_presets(registry: Registry) -> list[str]:
+def _names(kind: str) -> Callable[[RegistryOf], list[str]]:
+    return lambda registry: registry().catalog(kind).names()
+
+
+def _system_presets(registry: RegistryOf) -> list[str]:
     from stg.perf.system import PRESETS
 
     return sorted(PRESETS)
 
 
-def _dtypes(registry: Registry) -> list[str]:
+def _dtypes(registry: RegistryOf) -> list[str]:
     from stg.core.precision import DTYPES
 
     return list(DTYPES)
 
 
-def _models_and_presets(registry: Registry) -> list[str]:
-    presets = ", ".join(registry.presets.names())
-    return [f"models: {', '.join(registry.models.names())}; presets: {presets}"]
+def _models_and_presets(registry: RegistryOf) -> list[str]:
+    loaded = registry()
+    presets = ", ".join(loaded.presets.names())
+    return [f"models: {', '.join(loaded.models.names())}; presets: {presets}"]
 
 
-ALLOWED: dict[str, Callable[[Registry], list[str]]] = {
+ALLOWED: dict[str, Callable[[RegistryOf], list[str]]] = {
     "models": _models_and_presets,
     "schedules": _names("schedules"),
     "emitters": _names("emitters"),
@@ -429,7 +434,8 @@ ALLOWED: dict[str, Callable[[Registry], list[str]]] = {
     "systems": _system_presets,
     "dtypes": _dtypes,
 }
-"""The allowed names of each kind, from this invocation's registry (plugins included)."""
+"""The allowed names of each kind; registered names come from this invocation's registry
+(plugins included)."""
 
 
 ALLOWED_MARK = re.compile(r"\{allowed:(\w+)\}")
@@ -437,15 +443,15 @@ ALLOWED_MARK = re.compile(r"\{allowed:(\w+)\}")
 :data:`ALLOWED`), filled in when help is shown."""
 
 
-def resolve_allowed(text: str, registry: Registry) -> str:
+def resolve_allowed(text: str, registry: RegistryOf) -> str:
     """``text`` with each ``{allowed:KIND}`` replaced by the names of KIND."""
     return ALLOWED_MARK.sub(lambda m: ", ".join(ALLOWED[m.group(1)](registry)), text)
 
 
 def allowed_values_in_help() -> None:
     """Make ``--help`` name the allowed values where an option's help says
-    ``{allowed:KIND}``: the names are looked up (the registry loaded) only while help is
-    formatted, so running a command costs nothing more. Idempotent."""
+    ``{allowed:KIND}``: the names are looked up (the registry loaded, where a kind needs it)
+    only while help is formatted, so running a command costs nothing more. Idempotent."""
     from typer.core import TyperCommand
 
     original = TyperCommand.format_help
@@ -453,13 +459,11 @@ def allowed_values_in_help() -> None:
         return
 
     def format_help(self: Any, ctx: Any, formatter: Any) -> None:
-        lazy = [(p, p.help) for p in self.params if ALLOWED_MARK.search(p.help or "")]
-        if lazy:
-            from stg.cli import get_registry
+        from stg.cli import get_registry
 
-            registry = get_registry(ctx)
-            for param, text in lazy:
-                param.help = resolve_allowed(text, registry)
+        lazy = [(p, p.help) for p in self.params if ALLOWED_MARK.search(p.help or "")]
+        for param, text in lazy:
+            param.help = resolve_allowed(text, lambda: get_registry(ctx))
         try:
             original(self, ctx, formatter)
         finally:
