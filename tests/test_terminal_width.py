@@ -32,7 +32,7 @@ def _lines(text: str) -> Iterator[str]:
         yield line
 
 
-def _fits(args: list[str], cwd: Path | None = None) -> dict[int, str]:
+def _fits(args: list[str]) -> dict[int, str]:
     """Run ``stg ARGS`` at each width; assert it succeeds and no line is wider. Returns the
     stdout at each width."""
     out = {}
