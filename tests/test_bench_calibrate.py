@@ -51,7 +51,9 @@ def h100() -> Calibration:
 def test_calibrate_param_files_on_the_command_line(tmp_path: Path) -> None:
     out = tmp_path / "cal.json"
     files = sorted(str(p) for p in PARAM.glob("*.jsonl"))
-    result = CliRunner().invoke(app, ["bench", "calibrate", *files, "-o", str(out)])
+    # wide enough that the closing line (with its long path) is not wrapped
+    args = ["bench", "calibrate", *files, "-o", str(out)]
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "400"})
     assert result.exit_code == 0, result.output
     assert result.stderr.splitlines()[0] == (
         f"warning: {PARAM / 'h100-param_aten_ops.jsonl'} is incomplete (no finish line: the "

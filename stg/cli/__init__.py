@@ -256,9 +256,10 @@ def _root(
     """Generate Chakra execution traces of distributed transformer training."""
 
 
-from stg.cli._shared import plain_flags_in_help  # noqa: E402 (needs this package)
+from stg.cli._shared import allowed_values_in_help, plain_flags_in_help  # noqa: E402
 
 plain_flags_in_help()
+allowed_values_in_help()
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import re
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -134,9 +135,9 @@ SPECS: dict[str, tuple[str, _Spec]] = {
         _MODEL,
         _Spec(
             "Model template (a registered model name or alias, or dist:name) or a named "
-            "preset that fills its sizes (llama3-8b, mixtral-8x7b, gpt3-175b, ...; sizes "
-            "given win; stg inspect model lists them); the original STG's names work too: "
-            "dense = gpt, debug = a tiny gpt (4 layers, dmodel 256).",
+            "preset that fills its sizes (sizes given win; stg inspect model lists them) - "
+            "{allowed:models}; the original STG's names work too: dense = gpt, debug = a tiny "
+            "gpt (4 layers, dmodel 256).",
             ("--model_type", "--model-type"),
             metavar="NAME",
         ),
@@ -228,7 +229,7 @@ SPECS: dict[str, tuple[str, _Spec]] = {
     "rank_order": (_PARALLEL, _Spec("Mesh axes, fastest-varying first.", metavar="AXES")),
     "pipeline_schedule": (
         _PARALLEL,
-        _Spec("Pipeline schedule (a registered name).", metavar="NAME"),
+        _Spec("Pipeline schedule: {allowed:schedules}.", metavar="NAME"),
     ),
     "virtual_stages": (_PARALLEL, _Spec("Model chunks per pipeline stage (interleaving).")),
     "activation_recompute": (
@@ -243,10 +244,15 @@ SPECS: dict[str, tuple[str, _Spec]] = {
         _TRAINING,
         _Spec("fp32 master weights and optimizer states.", parser=parse_bool, metavar=BOOL),
     ),
-    "dtype": (_TRAINING, _Spec("Compute and activation dtype.", metavar="DTYPE")),
+    "dtype": (
+        _TRAINING,
+        _Spec("Compute and activation dtype: {allowed:dtypes}.", metavar="DTYPE"),
+    ),
     "grad_reduce_dtype": (
         _TRAINING,
-        _Spec("Dtype of gradient reduction; unset means --dtype.", metavar="DTYPE"),
+        _Spec(
+            "Dtype of gradient reduction ({allowed:dtypes}); unset means --dtype.", metavar="DTYPE"
+        ),
     ),
     "causal": (
         _TRAINING,
@@ -304,7 +310,7 @@ SPECS: dict[str, tuple[str, _Spec]] = {
             "(--steps steps of one new token per sequence against --context cached tokens) "
             "or mixed (one continuously batched iteration: --prefill_batch requests prefill "
             "--chunk tokens beside --batch decoding requests).",
-            metavar="training|prefill|decode|mixed",
+            metavar="PHASE",
         ),
     ),
     "context": (
@@ -321,7 +327,7 @@ SPECS: dict[str, tuple[str, _Spec]] = {
     ),
     "kv_dtype": (
         _SERVING,
-        _Spec("Dtype of the KV cache, e.g. fp8 or int8 (default: --dtype).", metavar="DTYPE"),
+        _Spec("Dtype of the KV cache: {allowed:dtypes} (default: --dtype).", metavar="DTYPE"),
     ),
     "prefill_batch": (
         _SERVING,
@@ -351,7 +357,7 @@ SPECS: dict[str, tuple[str, _Spec]] = {
     ),
     "format": (
         _OUTPUT,
-        _Spec("Output format (a registered emitter name or alias).", metavar="NAME"),
+        _Spec("Output format: {allowed:emitters} (or an emitter's alias).", metavar="NAME"),
     ),
     "output_dir": (_OUTPUT, _Spec("Directory to write into.", metavar="DIR")),
     "output_name": (
@@ -409,9 +415,93 @@ def system_parameter(help: str, **extra: Any) -> inspect.Parameter:
     return inspect.Parameter(
         "system",
         inspect.Parameter.KEYWORD_ONLY,
-        default=typer.Option("a100-80g", "--system", "-s", help=help, metavar="NAME|FILE", **extra),
+        default=typer.Option(
+            "a100-80g",
+            "--system",
+            "-s",
+            help=help,
+            metavar="NAME|FILE",
+            **extra,
+        ),
         annotation=str,
     )
+
+
+# -- allowed values in --help -------------------------------------------------------------------
+
+
+RegistryOf = Callable[[], "Registry"]
+"""The invocation's registry, loaded on the first call (kinds that need none never load it)."""
+
+
+def _names(kind: str) -> Callable[[RegistryOf], list[str]]:
+    return lambda registry: registry().catalog(kind).names()
+
+
+def _system_presets(registry: RegistryOf) -> list[str]:
+    from stg.perf.system import PRESETS
+
+    return sorted(PRESETS)
+
+
+def _dtypes(registry: RegistryOf) -> list[str]:
+    from stg.core.precision import DTYPES
+
+    return list(DTYPES)
+
+
+def _models_and_presets(registry: RegistryOf) -> list[str]:
+    loaded = registry()
+    presets = ", ".join(loaded.presets.names())
+    return [f"models: {', '.join(loaded.models.names())}; presets: {presets}"]
+
+
+ALLOWED: dict[str, Callable[[RegistryOf], list[str]]] = {
+    "models": _models_and_presets,
+    "schedules": _names("schedules"),
+    "emitters": _names("emitters"),
+    "predictors": _names("predictors"),
+    "systems": _system_presets,
+    "dtypes": _dtypes,
+}
+"""The allowed names of each kind; registered names come from this invocation's registry
+(plugins included)."""
+
+
+ALLOWED_MARK = re.compile(r"\{allowed:(\w+)\}")
+"""``{allowed:KIND}`` in an option's help: the allowed names of KIND (a key of
+:data:`ALLOWED`), filled in when help is shown."""
+
+
+def resolve_allowed(text: str, registry: RegistryOf) -> str:
+    """``text`` with each ``{allowed:KIND}`` replaced by the names of KIND."""
+    return ALLOWED_MARK.sub(lambda m: ", ".join(ALLOWED[m.group(1)](registry)), text)
+
+
+def allowed_values_in_help() -> None:
+    """Make ``--help`` name the allowed values where an option's help says
+    ``{allowed:KIND}``: the names are looked up (the registry loaded, where a kind needs it)
+    only while help is formatted, so running a command costs nothing more. Idempotent."""
+    from typer.core import TyperCommand
+
+    original = TyperCommand.format_help
+    if getattr(original, "_stg_allowed_values", False):
+        return
+
+    def format_help(self: Any, ctx: Any, formatter: Any) -> None:
+        from stg.cli import get_registry
+
+        lazy = [(p, p.help) for p in self.params if ALLOWED_MARK.search(p.help or "")]
+        for param, text in lazy:
+            param.help = resolve_allowed(text, lambda: get_registry(ctx))
+        try:
+            original(self, ctx, formatter)
+        finally:
+            for param, text in lazy:
+                param.help = text
+
+    format_help._stg_allowed_values = True  # type: ignore[attr-defined]
+    TyperCommand.format_help = format_help  # type: ignore[method-assign]
 
 
 def option_names(field_name: str) -> list[str]:
@@ -877,23 +967,107 @@ def _gib(value: float) -> str:
     return f"{value / 2**30:.2f}"
 
 
+LONG_WORD = 24
+"""Cells without a space up to this long (numbers, names) are never broken; longer ones
+(paths) may be folded."""
+
+
 def print_table(console: Any, table: Any) -> None:
-    """Print a rich table at its natural width even where that is wider than the console:
-    numbers are never cut (``1234.…``) nor wrapped on a narrow terminal or in a pipe
-    (where rich assumes 80 columns)."""
-    for column in table.columns:
-        column.no_wrap = True
-    wide = console.options.update_width(1 << 16)
-    needed = console.measure(table, options=wide).maximum
+    """Print a rich table within the console's width (``COLUMNS``, or 80 in a pipe), never
+    cutting a cell short (``1234.…``) nor breaking a number.
+
+    The first that fits: the table as built; the same with its text wrapped at spaces (and
+    words longer than :data:`LONG_WORD` folded); a compact layout (no box, a space between
+    columns), then that wrapped; last, the compact layout with any cell folded.
+    """
     width = console.width
-    if needed <= width:
+    for column in table.columns:
+        column.no_wrap, column.overflow = True, "fold"
+    if _table_width(console, table) <= width:
         console.print(table)
         return
-    console.width = needed
-    try:
-        console.print(table)
-    finally:
-        console.width = width
+    _wrap_text_columns(console, table)
+    if _table_width(console, table) > width:
+        _compact(table)
+        for column in table.columns:
+            column.no_wrap = True
+        if _table_width(console, table) > width:
+            _wrap_text_columns(console, table)
+            if _table_width(console, table) > width:
+                for column in table.columns:
+                    column.no_wrap = False
+    console.print(table)
+
+
+def _table_width(console: Any, table: Any) -> int:
+    """The columns the table takes with its ``no_wrap`` columns whole and the others wrapped
+    at every space (and their long words folded)."""
+    natural = console.measure(table, options=console.options.update_width(1 << 16)).maximum
+    for column in table.columns:
+        if not column.no_wrap:
+            sizes = _cell_sizes(console, column)
+            least = max(min(s.minimum, LONG_WORD) for s in sizes)
+            natural -= max(s.maximum for s in sizes) - least
+    return int(natural)
+
+
+def _wrap_text_columns(console: Any, table: Any) -> None:
+    """Let the columns that hold a space or a long word wrap."""
+    for column in table.columns:
+        column.no_wrap = all(
+            s.minimum == s.maximum <= LONG_WORD for s in _cell_sizes(console, column)
+        )
+
+
+def _cell_sizes(console: Any, column: Any) -> list[Any]:
+    """The rich measurements of a column's header and cells."""
+    from rich.measure import Measurement
+
+    options = console.options.update_width(1 << 16)
+    return [Measurement.get(console, options, cell) for cell in (column.header, *column.cells)]
+
+
+def _compact(table: Any) -> None:
+    """No box around or between the cells: a rule under the header, a space between columns."""
+    from rich import box
+
+    table.box = box.SIMPLE_HEAD
+    table.show_edge = False
+    table.padding = (0, 0)
+
+
+def fit_lines(text: str, width: int) -> str:
+    """``text`` with each line longer than ``width`` wrapped at spaces, its continuation lines
+    indented to the column the line's last field starts in (after two spaces), where that
+    leaves a third of the width."""
+    import re
+    import textwrap
+
+    lines = []
+    for line in text.splitlines():
+        if len(line) <= width:
+            lines.append(line)
+            continue
+        room = max(20, width // 3)
+        starts = [m.end() for m in re.finditer(r"  +", line) if m.end() <= width - room]
+        indent = " " * (starts[-1] if starts else min(4, width // 4))
+        lines.extend(
+            textwrap.wrap(
+                line,
+                width,
+                subsequent_indent=indent,
+                break_long_words=True,
+                break_on_hyphens=False,
+            )
+        )
+    return "\n".join(lines) + ("\n" if text.endswith("\n") else "")
+
+
+def terminal_width() -> int:
+    """The width rich gives stdout: ``COLUMNS``, the terminal's, or 80 in a pipe."""
+    from rich.console import Console
+
+    return int(Console().width)
 
 
 def print_reports(reports: Mapping[str, Mapping[str, Any]], source: str) -> None:

@@ -45,6 +45,11 @@ def _echo_error(line: str) -> None:
     typer.echo(f"error: {line}", err=True)
 
 
+def _say(line: str) -> None:
+    """A closing line on stderr, wrapped to the terminal's width."""
+    err_console().print(line, markup=False)
+
+
 def _check_plot(plot: str | None) -> None:
     """``--plot`` names a PNG and matplotlib is there (nothing written: see _check_targets)."""
     if plot is None:
@@ -143,10 +148,9 @@ def compute(
         typer.echo(json.dumps(records, indent=2))
     else:
         _print_compute(records)
-    typer.echo(
+    _say(
         f"{total - failed} of {total} cases measured, {failed} failed; results in {out}"
-        + (f", plot in {plot}" if plot else ""),
-        err=True,
+        + (f", plot in {plot}" if plot else "")
     )
     if failed:
         raise typer.Exit(1)
@@ -249,10 +253,9 @@ def model(**values: Any) -> None:
     else:
         _print_model(made)
     skipped = "".join(f"; left out {n} {why} nodes" for why, n in sorted(made.skipped.items()))
-    typer.echo(
+    _say(
         f"{len(made.cases)} kernels written to {out}{skipped}; measure them with: "
-        f"stg bench compute {out} -b",
-        err=True,
+        f"stg bench compute {out} -b"
     )
 
 
@@ -346,12 +349,11 @@ def calibrate(
     else:
         _print_calibration(table)
     skipped = ", ".join(f"{n} {why}" for why, n in report.skipped.most_common())
-    typer.echo(
+    _say(
         f"{len(table.entries)} kernels and {len(table.models)} fitted models of "
         f"{table.device} written to {out} (from {report.used} of {report.cases} cases"
         + (f"; skipped: {skipped}" if skipped else "")
-        + ")",
-        err=True,
+        + ")"
     )
 
 
@@ -426,8 +428,8 @@ def comms(
         None,
         "--system",
         "-s",
-        help="Write a whole system file instead: this preset or file with its first network "
-        "dimension's bandwidth and latency measured.",
+        help="Write a whole system file instead: this preset ({allowed:systems}) or file with "
+        "its first network dimension's bandwidth and latency measured.",
         metavar="NAME|FILE",
     ),
     plot: Optional[str] = typer.Option(  # noqa: UP045
@@ -442,7 +444,7 @@ def comms(
     sizes = size_sweep(
         parse_size(begin_size, "--begin-size", whole=True),
         parse_size(end_size, "--end-size", whole=True),
-        factor
+        factor,
     )
     chosen = tuple(c.strip() for c in collectives.split(",") if c.strip())
     options = CommsOptions(
@@ -495,7 +497,7 @@ def comms(
     else:
         _print_comms(result)
     what = "system file" if base is not None else "network section"
-    typer.echo(f"{what} written to {out}" + (f", plot in {plot}" if plot else ""), err=True)
+    _say(f"{what} written to {out}" + (f", plot in {plot}" if plot else ""))
 
 
 def _print_comms(result: Any) -> None:

@@ -13,7 +13,9 @@ from stg.cli._shared import (
     FORMAT_HELP,
     JOBS_HELP,
     WINDOW_HELP,
+    fit_lines,
     run_analysis,
+    terminal_width,
 )
 from stg.trace.feeder import DEFAULT_WINDOW
 from stg.trace.stats import exit_code, feed_report, render_feed
@@ -56,6 +58,6 @@ def feed(
     if as_json:
         typer.echo(json.dumps(feed_report(results, window), indent=2, ensure_ascii=False))
     else:
-        typer.echo(render_feed(results), nl=False)
+        typer.echo(fit_lines(render_feed(results), terminal_width()), nl=False)
     if code:
         raise typer.Exit(code)

@@ -118,8 +118,8 @@ def _command_parameters() -> list[inspect.Parameter]:
         ),
         max_nodes_parameter(rich_help_panel=_OUTPUT),
         system_parameter(
-            "System for --predict and --print_gpu_vram: a preset (a100-80g, h100-80g, "
-            "h200-141g, t4-16g, ...) or a system JSON file; a hybrid one (with device groups) "
+            "System for --predict and --print_gpu_vram: a preset ({allowed:systems}) or a "
+            "system JSON file; a hybrid one (with device groups) "
             "also places the ranks on its groups, which run their precision plan entries.",
             rich_help_panel=_PREDICT,
         ),

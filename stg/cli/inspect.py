@@ -19,7 +19,9 @@ from stg.cli._shared import (
     check_common,
     check_jobs,
     check_writable_file,
+    fit_lines,
     run_analysis,
+    terminal_width,
 )
 from stg.trace.feeder import DEFAULT_WINDOW
 
@@ -100,7 +102,8 @@ def trace(
     if as_json:
         typer.echo(json.dumps(inspect_report(results), indent=2, ensure_ascii=False))
     else:
-        typer.echo(_no_zero_runtime(render_inspect(results)), nl=False)
+        text = _no_zero_runtime(render_inspect(results))
+        typer.echo(fit_lines(text, terminal_width()), nl=False)
     if code:
         raise typer.Exit(code)
 
@@ -139,7 +142,8 @@ def _dim(option: str, what: str) -> Any:
 @app.command("model", help=MODEL_HELP)
 def model(
     name: str | None = typer.Argument(
-        None, help="A registered model or preset (none: list the models and presets)."
+        None,
+        help="A registered model or preset (none: list the models and presets) - {allowed:models}.",
     ),
     dvocal: int | None = _dim("--dvocal", "Vocabulary size"),
     dmodel: int | None = _dim("--dmodel", "Hidden size"),
@@ -152,17 +156,21 @@ def model(
     micro_batch: int = typer.Option(1, "--micro_batch", "--micro-batch", help="Samples."),
     experts: int | None = _dim("--experts", "Experts per MoE layer"),
     kexperts: int | None = _dim("--kexperts", "Experts per token"),
-    dtype: str = typer.Option("bf16", "--dtype"),
+    dtype: str = typer.Option("bf16", "--dtype", help="Dtype: {allowed:dtypes}."),
     dot: Path | None = typer.Option(  # noqa: B008
         None, "--dot", metavar="FILE", help="Write the block's graph as Graphviz DOT."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON report."),
+    verbose: bool = typer.Option(
+        False, "--verbose", "-v", help="Also print the source each preset's values come from."
+    ),
 ) -> None:
     """Closed forms of a model (see MODEL_HELP)."""
     from rich.console import Console
     from rich.table import Table
 
     from stg.cli import get_registry
+    from stg.cli._shared import print_table
     from stg.core.modelinfo import build_unsharded, describe_model, part_dot
     from stg.core.options import GenerateOptions, resolve_model
     from stg.core.pipeline import symbol_values
@@ -174,7 +182,7 @@ def model(
     if name is None:
         if dot is not None:
             raise UserError("--dot writes the graph of one model; name it (stg inspect model NAME)")
-        _list_models(registry, as_json)
+        _list_models(registry, as_json, verbose)
         return
     sizes = dict(dvocal=dvocal, dmodel=dmodel, dff=dff, seq=seq, head=head, kvhead=kvhead,
                  dhead=dhead, num_stacks=num_stacks, experts=experts,
@@ -195,11 +203,11 @@ def model(
     if as_json:
         typer.echo(json.dumps(report, indent=2))
         return
-    console = Console(width=160)
+    console = Console(highlight=False)
     if preset is not None:
-        console.print(_preset_line(report), markup=False, soft_wrap=True)
+        console.print(_preset_line(report, verbose), markup=False)
     title = f"{options.model}: per part (micro_batch={micro_batch}, one device)"
-    table = Table(title=title)
+    table = Table(title=title, title_justify="left")
     for column in ("part", "figure", "expression", "value"):
         table.add_column(column, justify="right" if column == "value" else "left")
     for part, figures in report["parts"].items():
@@ -209,7 +217,7 @@ def model(
     for figure, value in report["totals"].items():
         parts = f"embedding + {stack} + head" if stack else "embedding + head"
         table.add_row("total", figure, parts, f"{value:,}")
-    console.print(table)
+    print_table(console, table)
 
 
 def _published(preset: Any) -> dict[str, Any]:
@@ -233,8 +241,9 @@ def _published_billions(value: float) -> str:
     return f"{value / 1e9:g}B"
 
 
-def _preset_line(report: dict[str, Any]) -> str:
-    """One paragraph: the preset, its values, and its published counts beside the template's."""
+def _preset_line(report: dict[str, Any], verbose: bool) -> str:
+    """One paragraph: the preset, its values, and its published counts beside the template's;
+    ``verbose``: and its source."""
     preset = report["preset"]
     values = ", ".join(f"{k} {v}" for k, v in preset["values"].items())
     text = f"preset {preset['name']}: {values}"
@@ -259,13 +268,18 @@ def _preset_line(report: dict[str, Any]) -> str:
         )
     if counts:
         text += "; " + "; ".join(counts)
-    return f"{text}. Source: {preset['source']}"
+    if verbose:
+        return f"{text}. Source: {preset['source']}"
+    return f"{text} (its source: --verbose)."
 
 
-def _list_models(registry: Any, as_json: bool) -> None:
-    """The registered models and presets (``stg inspect model`` without NAME)."""
+def _list_models(registry: Any, as_json: bool, verbose: bool) -> None:
+    """The registered models and presets (``stg inspect model`` without NAME); ``verbose``:
+    with each preset's source."""
     from rich.console import Console
     from rich.table import Table
+
+    from stg.cli._shared import print_table
 
     models = [
         {
@@ -289,16 +303,16 @@ def _list_models(registry: Any, as_json: bool) -> None:
     if as_json:
         typer.echo(json.dumps({"models": models, "presets": presets}, indent=2))
         return
-    console = Console(width=200)
+    console = Console(highlight=False)
     table = Table(title="models", title_justify="left")
     for column in ("model", "aliases", "description"):
-        table.add_column(column, overflow="fold")
+        table.add_column(column)
     for m in models:
         table.add_row(m["name"], ", ".join(m["aliases"]), m["description"])
-    console.print(table)
+    print_table(console, table)
     table = Table(title="presets (--model NAME)", title_justify="left")
-    for column in ("preset", "model", "dimensions", "published", "source"):
-        table.add_column(column, overflow="fold")
+    for column in ("preset", "model", "dimensions", "published", *(("source",) if verbose else ())):
+        table.add_column(column)
     for p in presets:
         total, active = p["published_parameters"], p["published_active_parameters"]
         published = [_published_billions(total)] if total else []
@@ -306,13 +320,18 @@ def _list_models(registry: Any, as_json: bool) -> None:
             published.append(f"{_published_billions(active)} active")
         dims = " ".join(f"{k}={v}" for k, v in p["dims"].items())
         name = p["name"] + "".join(f"\n({alias})" for alias in p["aliases"])
-        table.add_row(name, p["model"], dims, "\n".join(published) or "-", p["source"])
-    console.print(table)
+        source = (p["source"],) if verbose else ()
+        table.add_row(name, p["model"], dims, "\n".join(published) or "-", *source)
+    print_table(console, table)
+    if not verbose:
+        console.print("The source of each preset's values: stg inspect model --verbose.")
 
 
 @app.command("system")
 def system(
-    spec: str = typer.Argument(..., help="A system preset (a100-80g, t4-16g, ...) or JSON file."),
+    spec: str = typer.Argument(
+        ..., help="A system preset ({allowed:systems}) or a system JSON file."
+    ),
     world_size: int | None = typer.Option(
         None, "--world-size", "--world_size", min=1, help="Show the placement of this many ranks."
     ),

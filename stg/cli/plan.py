@@ -61,7 +61,7 @@ def _own_parameters() -> list[inspect.Parameter]:
             annotation=text,
         ),
         system_parameter(
-            "System preset (a100-80g, h100-80g, h200-141g, v100-32g, t4-16g, ...) or a system "
+            "System preset ({allowed:systems}) or a system "
             "JSON file; a hybrid one (device groups) places the ranks on its groups."
         ),
         inspect.Parameter(

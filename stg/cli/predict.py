@@ -58,7 +58,7 @@ def _own_parameters() -> list[inspect.Parameter]:
             annotation=Optional[str],  # noqa: UP045 (typer needs a runtime type object)
         ),
         system_parameter(
-            "System preset (a100-80g, h100-80g, h200-141g, v100-32g, t4-16g, ...) or a system "
+            "System preset ({allowed:systems}) or a system "
             "JSON file; a hybrid one (device groups) places the ranks on its groups."
         ),
         inspect.Parameter(
@@ -67,7 +67,7 @@ def _own_parameters() -> list[inspect.Parameter]:
             default=typer.Option(
                 "all",
                 "--predictor",
-                help="A registered predictor (time, memory, ...) or all (time and memory).",
+                help="A registered predictor ({allowed:predictors}) or all (time and memory).",
                 metavar="NAME",
             ),
             annotation=str,

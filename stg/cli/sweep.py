@@ -69,7 +69,8 @@ def _own_parameters() -> list[inspect.Parameter]:
             None,
             "--system",
             "-s",
-            help="Systems: presets or system files, comma-separated (default: a100-80g).",
+            help="Systems: presets ({allowed:systems}) or system files, comma-separated "
+            "(default: a100-80g).",
             annotation=Optional[str],  # noqa: UP045
             metavar="NAMES",
         ),
