@@ -22,7 +22,6 @@ import inspect
 import json
 import os
 import re
-import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import MISSING, dataclass, fields
@@ -664,8 +663,10 @@ def plain_flags_in_help() -> None:
 
 
 def check_writable_file(option: str, target: Path) -> None:
-    """One ``error:`` line (exit 2) when ``target`` cannot be written as a file; a probe file
-    beside it is created and removed, so nothing is left behind."""
+    """One ``error:`` line (exit 2) when ``target`` cannot be written as a file. Asks the
+    kernel (``access``: permissions, a read-only file system) rather than writing a probe,
+    which would touch the folder of a command that then fails; faults that only a write
+    shows (a full disk) are reported by the writer, which leaves nothing behind."""
     if target.is_dir():
         raise UserError(f"{option} {target}: it is a directory; give a file name")
     folder = target.parent
@@ -673,12 +674,16 @@ def check_writable_file(option: str, target: Path) -> None:
         if folder.exists():
             raise UserError(f"{option} {target}: {str(folder)!r} is not a directory")
         raise UserError(f"{option} {target}: directory {str(folder)!r} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        reason = "read-only file system" if _read_only(folder) else "permission denied"
+        raise UserError(f"{option} {target}: cannot write: {reason}")
+
+
+def _read_only(folder: Path) -> bool:
     try:
-        handle, probe = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
-    except OSError as exc:
-        raise UserError(f"{option} {target}: cannot write: {exc.strerror or exc}") from None
-    os.close(handle)
-    os.unlink(probe)
+        return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 # -- progress -----------------------------------------------------------------------------------
