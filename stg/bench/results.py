@@ -19,12 +19,13 @@ import os
 import statistics
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TextIO
 
-from stg.errors import UserError
+from stg.errors import UserError, reported_write_faults
 
 
 def quartiles(values: Sequence[float]) -> tuple[float, float, float]:
@@ -55,45 +56,62 @@ def new_file_mode() -> int:
 def write_json_atomic(path: str | Path, data: Any) -> None:
     """Write ``data`` as indented JSON through a temporary file beside ``path``."""
     target = Path(path)
-    handle, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1)
-            f.write("\n")
-        os.chmod(tmp, new_file_mode())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with reported_write_faults(target):
+        handle, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        try:
+            with os.fdopen(handle, "w", encoding="utf-8") as f:
+                json.dump(data, f, indent=1)
+                f.write("\n")
+            os.chmod(tmp, new_file_mode())
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
 
 class ResultWriter:
     """Lines written to a hidden temporary file beside ``path``, moved into place by
-    :meth:`commit` (so a run that fails or is interrupted leaves nothing behind)."""
+    :meth:`commit` (so a run that fails or is interrupted leaves nothing behind). A fault of
+    the file system raises :class:`stg.errors.OutputError` after the temporary file is gone."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        handle, tmp = tempfile.mkstemp(
-            prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent or Path(".")
-        )
+        with reported_write_faults(self.path):
+            handle, tmp = tempfile.mkstemp(
+                prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent or Path(".")
+            )
         self._tmp = Path(tmp)
         self._file: TextIO = os.fdopen(handle, "w", encoding="utf-8")
         self.lines = 0
 
     def write(self, record: Mapping[str, Any]) -> None:
-        self._file.write(json.dumps(record, sort_keys=False, default=str) + "\n")
-        self._file.flush()
+        with self._aborted_on_fault():
+            self._file.write(json.dumps(record, sort_keys=False, default=str) + "\n")
+            self._file.flush()
         self.lines += 1
 
     def commit(self) -> Path:
-        self._file.close()
-        os.chmod(self._tmp, new_file_mode())
-        os.replace(self._tmp, self.path)
+        with self._aborted_on_fault():
+            self._file.close()
+            os.chmod(self._tmp, new_file_mode())
+            os.replace(self._tmp, self.path)
         return self.path
+
+    @contextmanager
+    def _aborted_on_fault(self) -> Iterator[None]:
+        with reported_write_faults(self.path):
+            try:
+                yield
+            except OSError:
+                self.abort()
+                raise
 
     def abort(self) -> None:
         if not self._file.closed:
-            self._file.close()
+            try:
+                self._file.close()
+            except OSError:  # the buffered rest could not be written: the file goes anyway
+                pass
         self._tmp.unlink(missing_ok=True)
 
     def __enter__(self) -> ResultWriter:

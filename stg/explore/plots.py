@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from stg.errors import reported_write_faults
 from stg.explore.sweep import need
 
 
@@ -127,7 +128,9 @@ def plot_sweep(rows: Sequence[Mapping[str, Any]], swept: Sequence[str], out: Pat
         labels = sorted({str(r.get(key)) for r in ok}, key=_sort_key)
         position = {v: i for i, v in enumerate(labels)}
         ax.scatter(
-            [position[str(r.get(key))] for r in ok], [100 * (r.get("mfu") or 0) for r in ok], s=12,
+            [position[str(r.get(key))] for r in ok],
+            [100 * (r.get("mfu") or 0) for r in ok],
+            s=12,
             c=["#1f77b4" if f else "#bbbbbb" for f in fits],
         )
         ax.set_xticks(range(len(labels)), labels)
@@ -150,12 +153,13 @@ def _sort_key(text: str) -> tuple[int, float, str]:
 
 
 def _atomic(path: Path, write: Any) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with reported_write_faults(path):
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+        try:
+            write(tmp)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
