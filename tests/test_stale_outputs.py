@@ -9,13 +9,14 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
 from typer.testing import CliRunner
 
 from stg.cli import app
 from stg.trace.validate import validate_trace
 
-SMALL = ["--dmodel", "64", "--dff", "256", "--head", "4", "--kvhead", "4", "--seq", "32",
-         "--dvocal", "128"]  # fmt: skip
+LAYERS = ["--dmodel", "64", "--dff", "256", "--seq", "32", "--dvocal", "128"]
+SMALL = [*LAYERS, "--head", "4", "--kvhead", "4"]
 
 
 def _stg(*args: str | Path) -> Any:
@@ -24,18 +25,22 @@ def _stg(*args: str | Path) -> Any:
     return result
 
 
-def test_the_readme_blocks_in_order_leave_a_valid_trace(tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    # README, Quick start (smaller layers)
-    _stg("generate", "--dp", "2", "--tp", "2", "--pp", "2", "--batch", "16", "--micro_batch",
-         "4", "--tpsp", "false", "--num_stacks", "2", *SMALL, "--output_dir", out)  # fmt: skip
-    assert (out / "workload.json").is_file()
-    # README, drop-in for the original STG, into the same directory
-    _stg("generate", "--output_dir", out, "--output_name", "workload.%d.et",
+def test_the_readme_blocks_in_order_leave_a_valid_trace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    sizes = [*LAYERS, "--head", "8", "--kvhead", "8"]  # smaller layers, 8 heads for tp 8
+    # README, Quick start: into the default output_dir, generated/
+    _stg("generate", "--tp", "8", "--num_stacks", "8", "--predict", "--print_gpu_vram", "true",
+         *sizes)  # fmt: skip
+    assert (tmp_path / "generated" / "workload.json").is_file()
+    # README, drop-in for the original STG
+    _stg("generate", "--output_dir", "generated/", "--output_name", "workload.%d.et",
          "--comm_group_file", "comm_group.json", "--dp", "2", "--tp", "2", "--pp", "2",
-         "--weight_sharded", "0", "--num_stacks", "2", *SMALL)  # fmt: skip
+         "--weight_sharded", "0", *sizes)  # fmt: skip
+    out = tmp_path / "generated"
     assert sorted(os.listdir(out)) == ["comm_group.json"] + [f"workload.{r}.et" for r in range(8)]
-    result = _stg("validate", out)
+    result = _stg("validate", "generated")
     assert result.stdout.startswith("valid: 8 rank(s)"), result.stdout
     assert validate_trace(out).ok
 
