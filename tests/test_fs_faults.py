@@ -14,10 +14,12 @@ real: a full tmpfs, a read-only one, and a tmpfs mount point as the output direc
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -371,6 +373,35 @@ def test_a_fault_is_one_line_and_leaves_nothing_behind(
     assert _snapshot(work) == before
 
 
+@contextlib.contextmanager
+def _file_size_limit(limit: int) -> Iterator[None]:
+    """Writes that grow a file beyond ``limit`` bytes fail with EFBIG, in the kernel."""
+    resource = pytest.importorskip("resource")
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # else the signal ends the process
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
+
+
+@pytest.mark.parametrize("name", sorted(BY_NAME))
+def test_a_write_that_fails_midway(name: str, tmp_path: Path) -> None:
+    """A real fault while the data is written (the file size limit: no mount needed)."""
+    writer = BY_NAME[name]
+    _needs(writer)
+    work = tmp_path.resolve()
+    writer.earlier(work)
+    before = _snapshot(work)
+    args = writer.args(work)
+    with _file_size_limit(8):
+        result = _stg(*args)
+    _assert_one_error_line(result, os.strerror(errno.EFBIG), writer.named(work))
+    assert _snapshot(work) == before
+
+
 def test_a_switch_that_fails_halfway_puts_every_file_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -384,6 +415,42 @@ def test_a_switch_that_fails_halfway_puts_every_file_back(
     _assert_one_error_line(result, "No space left on device", [work / "out"])
     assert _snapshot(work) == before
     assert validate_trace(work / "out").ok
+
+
+def test_results_and_their_plot_are_written_together(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writer = BY_NAME["bench-compute"]
+    _needs(writer)
+    work = tmp_path.resolve()
+    writer.earlier(work)
+    before = _snapshot(work)
+    # the plot's temporary file fails after the results are complete (two probes and the
+    # results' temporary file come first)
+    result, fault = _run_with_fault(writer, work, "create", errno.ENOSPC, monkeypatch, skip=3)
+    assert fault.fired == 1
+    _assert_one_error_line(result, "No space left on device", [work / "roof.png"])
+    assert _snapshot(work) == before
+
+
+@pytest.mark.parametrize("earlier", [True, False])
+def test_a_json_file_and_what_follows_it(tmp_path: Path, earlier: bool) -> None:
+    from stg.bench.results import write_json_atomic
+
+    target = tmp_path / "net.json"
+    if earlier:
+        target.write_text("earlier output\n")
+    before = _snapshot(tmp_path)
+
+    def plot() -> None:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(tmp_path / "busbw.png"))
+
+    with pytest.raises(OSError):
+        write_json_atomic(target, {"rows": []}, then=plot)
+    assert _snapshot(tmp_path) == before
+    write_json_atomic(target, {"rows": []}, then=lambda: None)
+    assert json.loads(target.read_text()) == {"rows": []}
+    assert sorted(os.listdir(tmp_path)) == ["net.json"]
 
 
 def test_files_that_cannot_be_put_back_wait_for_the_next_run(

@@ -18,7 +18,7 @@ import json
 import os
 import statistics
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,8 +53,11 @@ def new_file_mode() -> int:
     return 0o666 & ~mask
 
 
-def write_json_atomic(path: str | Path, data: Any) -> None:
-    """Write ``data`` as indented JSON through a temporary file beside ``path``."""
+def write_json_atomic(
+    path: str | Path, data: Any, then: Callable[[], object] | None = None
+) -> None:
+    """Write ``data`` as indented JSON through a temporary file beside ``path``; ``then()``
+    (another output of the same run) as in :func:`replace_then`."""
     target = Path(path)
     with reported_write_faults(target):
         handle, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
@@ -63,10 +66,42 @@ def write_json_atomic(path: str | Path, data: Any) -> None:
                 json.dump(data, f, indent=1)
                 f.write("\n")
             os.chmod(tmp, new_file_mode())
-            os.replace(tmp, target)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+    replace_then(Path(tmp), target, then)
+
+
+def replace_then(tmp: Path, target: Path, then: Callable[[], object] | None = None) -> None:
+    """Move the complete file ``tmp`` onto ``target``, then run ``then()`` (the run's other
+    outputs); if ``then()`` fails, the file ``target`` was before is put back (or the new one
+    removed), so a run writes all its outputs or none. A fault of the file system is one
+    :class:`stg.errors.OutputError` line naming ``target``; ``tmp`` is gone either way."""
+    backup = tmp.with_name(tmp.name + ".old")
+    had = False
+    with reported_write_faults(target):
+        try:
+            if then is not None and os.path.lexists(target):
+                os.rename(target, backup)
+                had = True
+            os.replace(tmp, target)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            if had:
+                os.replace(backup, target)
+            raise
+    if then is None:
+        return
+    try:
+        then()
+    except BaseException:
+        if had:
+            os.replace(backup, target)
+        else:
+            target.unlink(missing_ok=True)
+        raise
+    if had:
+        backup.unlink(missing_ok=True)
 
 
 class ResultWriter:
@@ -90,11 +125,13 @@ class ResultWriter:
             self._file.flush()
         self.lines += 1
 
-    def commit(self) -> Path:
+    def commit(self, then: Callable[[], object] | None = None) -> Path:
+        """Move the lines into place, then run ``then()`` (the run's other outputs): if it
+        fails, the earlier file is put back (:func:`replace_then`)."""
         with self._aborted_on_fault():
             self._file.close()
             os.chmod(self._tmp, new_file_mode())
-            os.replace(self._tmp, self.path)
+        replace_then(self._tmp, self.path, then)
         return self.path
 
     @contextmanager
@@ -221,5 +258,6 @@ __all__ = [
     "new_file_mode",
     "quartiles",
     "read_results",
+    "replace_then",
     "write_json_atomic",
 ]
