@@ -7,9 +7,10 @@ and nothing left behind: no temporary file, no half-written output, earlier outp
 
 The faults are injected by patching the call that fails (creating the temporary file,
 setting its mode after it is written, or moving it into place), so these tests run anywhere;
-where this process may mount a tmpfs (root with mount permission) the faults also happen for
-real: a full tmpfs, a read-only one, and a tmpfs mount point as the output directory
-(which must simply work).
+a write that fails midway is real everywhere (the file size limit, EFBIG). Where this
+process may mount a tmpfs (root with mount permission) the faults also happen for real: a
+full tmpfs, a read-only one, and a tmpfs mount point as the output directory (which must
+simply work).
 """
 
 from __future__ import annotations
