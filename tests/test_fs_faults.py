@@ -282,8 +282,8 @@ def _no_temporary_files(root: Path) -> None:
 
 
 class Fault:
-    """Makes one kind of call under ``root`` fail with ``code``, after ``skip`` such calls
-    succeeded. ``fired`` counts the failures."""
+    """Makes one call of a kind under ``root`` fail with ``code``: the one after ``skip`` such
+    calls succeeded (later ones succeed again). ``fired`` counts the failures (0 or 1)."""
 
     def __init__(self, root: Path, syscall: str, code: int, skip: int = 0) -> None:
         self.root, self.syscall, self.code, self.skip = root, syscall, code, skip
@@ -296,7 +296,7 @@ class Fault:
             return False
 
     def _strike(self, path: Any) -> None:
-        if self.skip > 0:
+        if self.skip > 0 or self.fired:
             self.skip -= 1
             return
         self.fired += 1
@@ -432,6 +432,23 @@ def test_results_and_their_plot_are_written_together(
     assert fault.fired == 1
     _assert_one_error_line(result, "No space left on device", [work / "roof.png"])
     assert _snapshot(work) == before
+
+
+def test_the_sweep_plots_are_written_together(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writer = BY_NAME["sweep"]
+    _needs(writer)
+    work = tmp_path.resolve()
+    writer.earlier(work)
+    before = _snapshot(work)
+    # the tables, then sweep.html (moved aside, moved in), then sweep.png's move fails
+    result, fault = _run_with_fault(writer, work, "rename", errno.EDQUOT, monkeypatch, skip=5)
+    assert fault.fired == 1
+    _assert_one_error_line(result, os.strerror(errno.EDQUOT), [work / "sweep" / "sweep.png"])
+    assert _snapshot(work) == before
+    _ok(*writer.args(work))
+    assert _snapshot(work) == before  # same sweep, same bytes (the HTML included)
 
 
 @pytest.mark.parametrize("earlier", [True, False])
