@@ -520,7 +520,7 @@ def test_a_fault_the_writers_miss_is_still_one_line(
 
 
 @settings(
-    max_examples=12,
+    max_examples=25,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
