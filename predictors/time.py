@@ -96,7 +96,7 @@ from stg.api import (
     send_time,
     tree_all_reduce_time,
 )
-from stg.errors import TraceError, UserError
+from stg.errors import TraceError, UserError, reported_write_faults
 
 COMPUTE, COLL, SEND, RECV, INSTANT = 0, 1, 2, 3, 4
 _KIND_NAMES = {COMPUTE: "compute", COLL: "collective", SEND: "send", RECV: "recv", INSTANT: "other"}
@@ -1464,19 +1464,20 @@ def write_json_atomic(path: str | Path, data: Any) -> None:
         raise UserError(f"cannot write {str(path)!r}: directory {str(path.parent)!r} is missing")
     if path.is_dir():
         raise UserError(f"cannot write {str(path)!r}: it is a directory")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(data, handle, separators=(",", ":"))
-            handle.write("\n")
-        # mkstemp creates 0600; a written file gets the mode of any new file (0666 - umask)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with reported_write_faults(path):
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                json.dump(data, handle, separators=(",", ":"))
+                handle.write("\n")
+            # mkstemp creates 0600; a written file gets the mode of any new file (0666 - umask)
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
 
 def _is_recompute(name: str) -> bool:

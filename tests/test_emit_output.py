@@ -8,7 +8,7 @@ import pytest
 from formats_samples import pipeline_workload
 
 from stg.emitters.chakra_v004 import EMITTER
-from stg.errors import UserError
+from stg.errors import OutputError, UserError
 from stg.host.records import Emitter
 from stg.trace import writer as output
 from stg.trace.writer import comm_group_path, format_comm_groups, output_paths, write_workload
@@ -89,7 +89,7 @@ def test_rollback_when_a_rename_fails(tmp_path: Path, monkeypatch: pytest.Monkey
         real_rename(src, dst)
 
     monkeypatch.setattr(output.os, "rename", flaky)
-    with pytest.raises(OSError, match="No space"):
+    with pytest.raises(OutputError, match=rf"^cannot write output_dir={out}: No space"):
         write_workload(pipeline_workload(tp=4, pp=2), EMITTER, out, "workload")
     monkeypatch.undo()
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before

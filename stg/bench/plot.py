@@ -29,17 +29,19 @@ def _save(fig: Any, path: str | Path) -> None:
     import tempfile
 
     from stg.bench.results import new_file_mode
+    from stg.errors import reported_write_faults
 
     target = Path(path)
-    handle, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".png", dir=target.parent)
-    os.close(handle)
-    try:
-        fig.savefig(tmp, dpi=120, format="png")
-        os.chmod(tmp, new_file_mode())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with reported_write_faults(target):
+        handle, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".png", dir=target.parent)
+        os.close(handle)
+        try:
+            fig.savefig(tmp, dpi=120, format="png")
+            os.chmod(tmp, new_file_mode())
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
 
 def roofline_plot(records: Iterable[Mapping[str, Any]], path: str | Path, title: str = "") -> int:

@@ -18,13 +18,14 @@ import json
 import os
 import statistics
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TextIO
 
-from stg.errors import UserError
+from stg.errors import UserError, reported_write_faults
 
 
 def quartiles(values: Sequence[float]) -> tuple[float, float, float]:
@@ -52,48 +53,102 @@ def new_file_mode() -> int:
     return 0o666 & ~mask
 
 
-def write_json_atomic(path: str | Path, data: Any) -> None:
-    """Write ``data`` as indented JSON through a temporary file beside ``path``."""
+def write_json_atomic(
+    path: str | Path, data: Any, then: Callable[[], object] | None = None
+) -> None:
+    """Write ``data`` as indented JSON through a temporary file beside ``path``; ``then()``
+    (another output of the same run) as in :func:`replace_then`."""
     target = Path(path)
-    handle, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    with reported_write_faults(target):
+        handle, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        try:
+            with os.fdopen(handle, "w", encoding="utf-8") as f:
+                json.dump(data, f, indent=1)
+                f.write("\n")
+            os.chmod(tmp, new_file_mode())
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    replace_then(Path(tmp), target, then)
+
+
+def replace_then(tmp: Path, target: Path, then: Callable[[], object] | None = None) -> None:
+    """Move the complete file ``tmp`` onto ``target``, then run ``then()`` (the run's other
+    outputs); if ``then()`` fails, the file ``target`` was before is put back (or the new one
+    removed), so a run writes all its outputs or none. A fault of the file system is one
+    :class:`stg.errors.OutputError` line naming ``target``; ``tmp`` is gone either way."""
+    backup = tmp.with_name(tmp.name + ".old")
+    had = False
+    with reported_write_faults(target):
+        try:
+            if then is not None and os.path.lexists(target):
+                os.rename(target, backup)
+                had = True
+            os.replace(tmp, target)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            if had:
+                os.replace(backup, target)
+            raise
+    if then is None:
+        return
     try:
-        with os.fdopen(handle, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1)
-            f.write("\n")
-        os.chmod(tmp, new_file_mode())
-        os.replace(tmp, target)
+        then()
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        if had:
+            os.replace(backup, target)
+        else:
+            target.unlink(missing_ok=True)
         raise
+    if had:
+        backup.unlink(missing_ok=True)
 
 
 class ResultWriter:
     """Lines written to a hidden temporary file beside ``path``, moved into place by
-    :meth:`commit` (so a run that fails or is interrupted leaves nothing behind)."""
+    :meth:`commit` (so a run that fails or is interrupted leaves nothing behind). A fault of
+    the file system raises :class:`stg.errors.OutputError` after the temporary file is gone."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        handle, tmp = tempfile.mkstemp(
-            prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent or Path(".")
-        )
+        with reported_write_faults(self.path):
+            handle, tmp = tempfile.mkstemp(
+                prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent or Path(".")
+            )
         self._tmp = Path(tmp)
         self._file: TextIO = os.fdopen(handle, "w", encoding="utf-8")
         self.lines = 0
 
     def write(self, record: Mapping[str, Any]) -> None:
-        self._file.write(json.dumps(record, sort_keys=False, default=str) + "\n")
-        self._file.flush()
+        with self._aborted_on_fault():
+            self._file.write(json.dumps(record, sort_keys=False, default=str) + "\n")
+            self._file.flush()
         self.lines += 1
 
-    def commit(self) -> Path:
-        self._file.close()
-        os.chmod(self._tmp, new_file_mode())
-        os.replace(self._tmp, self.path)
+    def commit(self, then: Callable[[], object] | None = None) -> Path:
+        """Move the lines into place, then run ``then()`` (the run's other outputs): if it
+        fails, the earlier file is put back (:func:`replace_then`)."""
+        with self._aborted_on_fault():
+            self._file.close()
+            os.chmod(self._tmp, new_file_mode())
+        replace_then(self._tmp, self.path, then)
         return self.path
+
+    @contextmanager
+    def _aborted_on_fault(self) -> Iterator[None]:
+        with reported_write_faults(self.path):
+            try:
+                yield
+            except OSError:
+                self.abort()
+                raise
 
     def abort(self) -> None:
         if not self._file.closed:
-            self._file.close()
+            try:
+                self._file.close()
+            except OSError:  # the buffered rest could not be written: the file goes anyway
+                pass
         self._tmp.unlink(missing_ok=True)
 
     def __enter__(self) -> ResultWriter:
@@ -203,5 +258,6 @@ __all__ = [
     "new_file_mode",
     "quartiles",
     "read_results",
+    "replace_then",
     "write_json_atomic",
 ]

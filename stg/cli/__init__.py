@@ -5,7 +5,9 @@ Each built-in command (or command group) is one module ``stg/cli/<name>.py`` tha
 shown. A module whose app has one command named like the module is that command
 (``stg generate``); otherwise it is a group (``stg plugins list``). Plugins add commands
 through the ``stg_register_commands`` hook. Data goes to stdout, messages to stderr; a
-:class:`stg.errors.UserError` becomes one ``error: ...`` line on stderr and exit code 2.
+:class:`stg.errors.UserError` becomes one ``error: ...`` line on stderr and exit code 2, and
+so does, as a last resort, an :class:`OSError` of :data:`stg.errors.WRITE_FAULTS` (a full disk,
+a read-only file system, ...) that a writer let through.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typer._click.exceptions import ClickException, NoArgsIsHelpError, UsageErro
 from typer._click.globals import get_current_context
 from typer.core import TyperGroup
 
-from stg.errors import UserError
+from stg.errors import UserError, is_write_fault
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -144,6 +146,13 @@ def _fail(message: str) -> None:
     typer.echo(f"error: {message}", err=True)
 
 
+def _fault_message(exc: OSError) -> str:
+    """``PATH: No space left on device`` for a file system fault (the destination of a move)."""
+    path = exc.filename2 if exc.filename2 is not None else exc.filename
+    reason = exc.strerror or str(exc)
+    return reason if path is None else f"{path}: {reason}"
+
+
 class StgGroup(TyperGroup):
     """The root group: lazy built-in commands, plugin commands, one-line errors."""
 
@@ -207,6 +216,11 @@ class StgGroup(TyperGroup):
                 "out of memory: this run needs more memory than this machine gives it; lower "
                 "--num_stacks, the number of micro-batches or the ranks"
             )
+            code = 2
+        except OSError as exc:
+            if not is_write_fault(exc):
+                raise
+            _fail(_fault_message(exc))  # a writer missed it; it still is the place's fault
             code = 2
         except typer.Abort:
             _fail("aborted")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import inspect
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
@@ -138,11 +139,13 @@ def compute(
     except BaseException:
         writer.abort()
         raise
-    writer.commit()
-    if plot is not None:
+
+    def draw() -> None:
         from stg.bench.plot import roofline_plot
 
-        roofline_plot(records, plot, title=f"{config} on {device}")
+        roofline_plot(records, str(plot), title=f"{config} on {device}")
+
+    writer.commit(then=None if plot is None else draw)  # both files, or neither
     failed = sum(1 for r in records if "error" in r)
     if as_json:
         typer.echo(json.dumps(records, indent=2))
@@ -294,10 +297,10 @@ def _print_model(made: Any) -> None:
     print_table(Console(highlight=False), table)
 
 
-def _write_json(target: Path, data: Any) -> None:
+def _write_json(target: Path, data: Any, then: Callable[[], object] | None = None) -> None:
     from stg.bench.results import write_json_atomic
 
-    write_json_atomic(target, data)
+    write_json_atomic(target, data, then)
 
 
 model.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
@@ -487,11 +490,14 @@ def comms(
             f"comms: {options.nprocs} {options.backend} processes on {result.device_name})"
         ).strip()
         data = whole
-    _write_json(target, data)
-    if plot is not None:
+
+    def draw() -> None:
         from stg.bench.plot import busbw_plot
 
-        busbw_plot(result.rows, plot, title=f"{options.backend}, {options.nprocs} processes")
+        title = f"{options.backend}, {options.nprocs} processes"
+        busbw_plot(result.rows, str(plot), title=title)
+
+    _write_json(target, data, then=None if plot is None else draw)  # both files, or neither
     if as_json:
         typer.echo(json.dumps(result.as_dict(), indent=2))
     else:

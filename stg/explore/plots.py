@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from stg.errors import reported_write_faults
 from stg.explore.sweep import need
 
 
@@ -30,7 +31,8 @@ def _label(row: Mapping[str, Any], swept: Sequence[str]) -> str:
 
 
 def plot_sweep(rows: Sequence[Mapping[str, Any]], swept: Sequence[str], out: Path) -> list[Path]:
-    """Write ``out/sweep.html`` and ``out/sweep.png``; returns their paths."""
+    """Write ``out/sweep.html`` and ``out/sweep.png`` (both, or neither: the earlier ones
+    stay); returns their paths."""
     go = need("plotly.graph_objects", "--plot")
     subplots = need("plotly.subplots", "--plot")
     matplotlib = need("matplotlib", "--plot")
@@ -95,7 +97,14 @@ def plot_sweep(rows: Sequence[Mapping[str, Any]], swept: Sequence[str], out: Pat
         fig.update_yaxes(title_text="MFU (%)", row=p, col=1)
     fig.update_layout(height=380 * panels, title_text=f"stg sweep: {len(ok)} configurations")
     html = out / "sweep.html"
-    _atomic(html, lambda tmp: fig.write_html(tmp, include_plotlyjs="cdn", full_html=True))
+    staged = [
+        _staged(
+            html,
+            lambda tmp: fig.write_html(
+                tmp, include_plotlyjs="cdn", full_html=True, div_id="stg-sweep"
+            ),
+        )
+    ]
 
     figure, axes = plt.subplots(panels, 1, figsize=(7, 3.6 * panels), squeeze=False)
     ax = axes[0][0]
@@ -127,7 +136,9 @@ def plot_sweep(rows: Sequence[Mapping[str, Any]], swept: Sequence[str], out: Pat
         labels = sorted({str(r.get(key)) for r in ok}, key=_sort_key)
         position = {v: i for i, v in enumerate(labels)}
         ax.scatter(
-            [position[str(r.get(key))] for r in ok], [100 * (r.get("mfu") or 0) for r in ok], s=12,
+            [position[str(r.get(key))] for r in ok],
+            [100 * (r.get("mfu") or 0) for r in ok],
+            s=12,
             c=["#1f77b4" if f else "#bbbbbb" for f in fits],
         )
         ax.set_xticks(range(len(labels)), labels)
@@ -135,10 +146,18 @@ def plot_sweep(rows: Sequence[Mapping[str, Any]], swept: Sequence[str], out: Pat
         ax.set_ylabel("MFU (%)")
     figure.tight_layout()
     png = out / "sweep.png"
-    _atomic(
-        png, lambda tmp: figure.savefig(tmp, format="png", dpi=100, metadata={"Software": None})
-    )
-    plt.close(figure)
+    try:
+        staged.append(
+            _staged(
+                png,
+                lambda tmp: figure.savefig(tmp, format="png", dpi=100, metadata={"Software": None}),
+            )
+        )
+        _replace_all(staged)
+    finally:
+        plt.close(figure)
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
     return [html, png]
 
 
@@ -149,13 +168,42 @@ def _sort_key(text: str) -> tuple[int, float, str]:
         return (1, 0.0, text)
 
 
-def _atomic(path: Path, write: Any) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+def _staged(path: Path, write: Any) -> tuple[Path, Path]:
+    """``(tmp, path)``: ``write(tmp)`` wrote the complete file for ``path`` into ``tmp``, a
+    temporary file beside it (removed again if that fails)."""
+    with reported_write_faults(path):
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+        tmp = Path(name)
+        try:
+            write(tmp)
+            os.chmod(tmp, 0o644)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+    return tmp, path
+
+
+def _replace_all(staged: Sequence[tuple[Path, Path]]) -> None:
+    """Move each staged file onto its path; if one move fails, the earlier files are put
+    back (the new ones removed), so the files change together or not at all."""
+    done: list[tuple[Path, Path | None]] = []  # (path, its backup)
     try:
-        write(tmp)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+        for tmp, path in staged:
+            with reported_write_faults(path):
+                backup = None
+                if os.path.lexists(path):
+                    backup = tmp.with_name(tmp.name + ".old")
+                    os.rename(path, backup)
+                done.append((path, backup))
+                os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        for path, backup in reversed(done):
+            if backup is None:
+                path.unlink(missing_ok=True)
+            elif os.path.lexists(backup):
+                os.replace(backup, path)
         raise
+    for _, backup in done:
+        if backup is not None:
+            backup.unlink(missing_ok=True)

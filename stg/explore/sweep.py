@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stg.errors import UserError
+from stg.errors import UserError, reported_write_faults
 
 EXPLORE_EXTRA = "pip install 'symbolic-tensor-graph[explore]'"
 ROWS_FILE = "rows.jsonl"
@@ -525,17 +525,18 @@ def read_rows(path: Path) -> dict[str, dict[str, Any]]:
 
 
 def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with reported_write_faults(path):
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+        try:
+            write(Path(tmp))
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
 
 def columns_of(rows: Sequence[Mapping[str, Any]], first: Sequence[str]) -> list[str]:

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stg.errors import UserError
+from stg.errors import UserError, reported_write_faults
 from stg.perf.kernel_time import (
     ATTENTION_BACKWARD_WORK,
     DTYPE_BYTES,
@@ -66,6 +66,7 @@ WIDE_DTYPES = frozenset({"fp32", "tf32"})
 MIN_FIT_SAMPLES = 3
 """Fewest distinct measurements for a fitted model: one more than the two terms (latency and
 one rate) that a class's model needs at least, so a fit is never just two points joined."""
+
 
 class CalibrationError(UserError):
     """A calibration file that cannot be read."""
@@ -530,18 +531,19 @@ def load_calibration(path: str | Path) -> Calibration:
 def write_calibration(table: Calibration, path: str | Path) -> None:
     """Write the table atomically (a temporary file beside ``path``, then renamed)."""
     target = Path(path)
-    handle, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as f:
-            json.dump(table.as_dict(), f, indent=1)
-            f.write("\n")
-        mask = os.umask(0)  # mkstemp makes 0600; a new file gets 0666 minus the umask
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with reported_write_faults(target):
+        handle, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        try:
+            with os.fdopen(handle, "w", encoding="utf-8") as f:
+                json.dump(table.as_dict(), f, indent=1)
+                f.write("\n")
+            mask = os.umask(0)  # mkstemp makes 0600; a new file gets 0666 minus the umask
+            os.umask(mask)
+            os.chmod(tmp, 0o666 & ~mask)
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
 
 __all__ = [

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from stg.core.workload import CollectiveType, NodeType
-from stg.errors import TraceError, UserError
+from stg.errors import TraceError, UserError, reported_write_faults
 from stg.trace.feeder import DEFAULT_WINDOW, DepsMode, ETFeeder, ETFeederNode, FeederError
 
 _RANK_FILE = re.compile(r"^(?P<prefix>.+)\.(?P<rank>\d+)(?P<ext>\.[A-Za-z0-9]+)?(?:\.gz)?$")
@@ -410,16 +410,17 @@ def write_dot(
     folder = target.parent
     if not folder.is_dir():
         raise UserError(f"--dot {target}: directory {folder} does not exist")
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as out:
-            stats = analyze(trace, deps=deps, window=window, format=format, dot=out)
-        if stats.error is None:
-            os.chmod(tmp_name, 0o666 & ~_umask())
-            os.replace(tmp_name, target)
-    finally:
-        if os.path.exists(tmp_name):
-            os.unlink(tmp_name)
+    with reported_write_faults(target):
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as out:
+                stats = analyze(trace, deps=deps, window=window, format=format, dot=out)
+            if stats.error is None:
+                os.chmod(tmp_name, 0o666 & ~_umask())
+                os.replace(tmp_name, target)
+        finally:
+            if os.path.exists(tmp_name):
+                os.unlink(tmp_name)
     return stats
 
 

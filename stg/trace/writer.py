@@ -6,20 +6,27 @@ comm-group file is ``output_name`` with ``.%d`` (or a bare ``%d``) removed and i
 replaced by ``.json`` (``workload.%d.et`` -> ``workload.json``).
 
 Atomic writing (:func:`write_workload`): the emitter writes every file into a fresh temporary
-directory created beside ``output_dir`` (inside its parent, so on the same file system; inside
-``output_dir`` itself when only that is writable). Then:
+directory on the file system of ``output_dir``, so that every move below is a rename within
+one file system (``output_dir`` may be a mount point, e.g. a Docker volume):
 
-* if ``output_dir`` does not exist, the temporary directory is renamed to it: one atomic step;
-* if it exists, each file of this run replaces its namesake with an atomic rename. Files of
-  the same output name left from an earlier run with more ranks (``workload.7.et`` when this
-  run has 4 ranks) are removed, so the directory holds one consistent trace; other files are
-  left alone. Replaced and removed files are first moved into the temporary directory, and
-  if any step fails every file is put back, so a failure leaves the old state and no partial
-  file. (A crash of the machine in the middle of this switch can leave a mix of complete old
-  and new files, never a truncated one.)
+* if ``output_dir`` does not exist, the temporary directory is made beside it (in its parent)
+  and renamed to it: one atomic step;
+* if it exists, the temporary directory is made inside it, and each file of this run
+  replaces its namesake with an atomic rename. Files of the same output name left from an
+  earlier run are removed, so the directory holds one consistent trace: rank files beyond
+  this run's world size (``workload.7.et`` when this run has 4 ranks) and, when this run
+  writes its comm-group file under another name (``stg generate --comm_group_file``), the
+  earlier comm-group file of the default name (``workload.json``, removed only when it is a
+  comm-group map). Other files are left alone. Replaced and removed files are first moved
+  into the temporary directory, and if any step fails every file is put back, so a failure
+  leaves the old state and no partial file. (A crash of the machine in the middle of this
+  switch can leave a mix of complete old and new files, never a truncated one.)
 
 An unwritable destination is reported as a one-line :class:`stg.errors.UserError` before
-anything is written.
+anything is written. A fault of the file system while writing (a full disk or quota, a
+read-only file system, no permission: :data:`stg.errors.WRITE_FAULTS`) is reported as one
+:class:`stg.errors.OutputError` line naming the destination, after the temporary files are
+removed and any moved file is put back.
 
 Leftovers of killed runs: a run holds an exclusive ``flock`` on its temporary directory (or,
 for :func:`write_file_atomically`, its temporary file) ``.NAME.stg-tmp-*`` from creation until
@@ -46,7 +53,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from stg import __version__
 from stg.core.workload import COMM_TYPES
-from stg.errors import UserError
+from stg.errors import OutputError, UserError, is_write_fault, output_error
 
 try:
     import fcntl
@@ -210,7 +217,6 @@ def generator_metadata(
     return attrs
 
 
-
 def varint(value: int) -> bytes:
     """The protobuf varint encoding of a non-negative integer."""
     out = bytearray()
@@ -267,8 +273,8 @@ def rank_files(
 WRITING = "writing rank files"
 """The phase :func:`write_rank_files` reports to a progress callback."""
 
-_progress: contextvars.ContextVar[Callable[[str, int, int], None] | None] = (
-    contextvars.ContextVar("stg_write_progress", default=None)
+_progress: contextvars.ContextVar[Callable[[str, int, int], None] | None] = contextvars.ContextVar(
+    "stg_write_progress", default=None
 )
 """The progress callback of the :func:`write_workload` call in progress, for the emitters'
 :func:`write_rank_files` calls (the emitter interface does not pass one)."""
@@ -302,18 +308,55 @@ def write_rank_files(
     return written
 
 
-def _stale_rank_files(
-    directory: Path, output_name: str, extension: str, keep: set[str]
-) -> list[Path]:
+def _rank_file_regex(output_name: str, extension: str) -> re.Pattern[str]:
+    """Matches the names of the rank files of ``output_name``, of any rank."""
     pattern = rank_pattern(output_name, extension)
     head, _, tail = pattern.replace("%%", "\0").partition("%d")
     head, tail = head.replace("\0", "%"), tail.replace("\0", "%")
-    regex = re.compile(re.escape(head) + r"(0|[1-9][0-9]*)" + re.escape(tail) + r"\Z")
+    return re.compile(re.escape(head) + r"(0|[1-9][0-9]*)" + re.escape(tail) + r"\Z")
+
+
+def _stale_rank_files(
+    directory: Path, output_name: str, extension: str, keep: set[str]
+) -> list[Path]:
+    regex = _rank_file_regex(output_name, extension)
     stale = []
     for entry in sorted(os.listdir(directory)):
         if entry not in keep and regex.match(entry) and (directory / entry).is_file():
             stale.append(directory / entry)
     return stale
+
+
+_COMM_GROUP_SCAN_LIMIT = 64 << 20
+"""Larger files are never taken for an earlier comm-group file."""
+
+
+def _stale_comm_groups(
+    directory: Path, output_name: str, extension: str, written: set[str]
+) -> list[Path]:
+    """The earlier comm-group file of ``output_name`` under its default name, when this run
+    writes its comm-group file under another name (a written file that is not a rank file)
+    and that default file is a comm-group map, as stg writes it; else nothing."""
+    default = comm_group_path(output_name)
+    regex = _rank_file_regex(output_name, extension)
+    if default in written or all(regex.match(name) for name in written):
+        return []
+    path = directory / default
+    try:
+        info = os.lstat(path)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > _COMM_GROUP_SCAN_LIMIT:
+            return []
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return []
+    is_map = isinstance(data, dict) and all(
+        isinstance(key, str)
+        and key.isdigit()
+        and isinstance(members, list)
+        and all(type(m) is int for m in members)
+        for key, members in data.items()
+    )
+    return [path] if is_map else []
 
 
 def _writable(path: Path) -> bool:
@@ -326,8 +369,17 @@ def _nearest_existing(path: Path) -> Path:
     return path
 
 
-def _denied(output: Path, reason: str = "permission denied") -> UserError:
-    return UserError(f"cannot write output_dir={output}: {reason}")
+def _denied(output: Path, reason: str = "permission denied") -> OutputError:
+    return OutputError(f"cannot write output_dir={output}: {reason}")
+
+
+def _unwritable(directory: Path) -> str:
+    """Why ``directory`` cannot be written: a read-only file system, else no permission."""
+    try:
+        read_only = bool(os.statvfs(directory).f_flag & getattr(os, "ST_RDONLY", 0))
+    except (OSError, AttributeError):
+        read_only = False
+    return "read-only file system" if read_only else "permission denied"
 
 
 def _make_dirs(directory: Path, output: Path) -> list[Path]:
@@ -339,7 +391,7 @@ def _make_dirs(directory: Path, output: Path) -> list[Path]:
     if existing == directory:
         return []
     if not _writable(existing):
-        raise _denied(output)
+        raise _denied(output, _unwritable(existing))
     missing = []
     p = directory
     while p != existing:
@@ -357,7 +409,10 @@ def _make_dirs(directory: Path, output: Path) -> list[Path]:
 
 
 def _prepare_parent(output_dir: Path) -> tuple[Path, list[Path]]:
-    """Create missing parents of ``output_dir``; return (staging parent, created dirs)."""
+    """Create missing parents of ``output_dir``; return (staging parent, created dirs).
+
+    The staging parent is ``output_dir`` itself when it exists (the files it replaces are on
+    its file system, which may differ from its parent's: a mount point), else its parent."""
     parent = output_dir.parent
     created = _make_dirs(parent, output_dir)
     if output_dir.exists():
@@ -365,11 +420,11 @@ def _prepare_parent(output_dir: Path) -> tuple[Path, list[Path]]:
             _remove_dirs(created)
             raise _denied(output_dir, "it exists and is not a directory")
         if not _writable(output_dir):
-            raise _denied(output_dir)
-        return (parent if _writable(parent) else output_dir), created
+            raise _denied(output_dir, _unwritable(output_dir))
+        return output_dir, created
     if not _writable(parent):
         _remove_dirs(created)
-        raise _denied(output_dir)
+        raise _denied(output_dir, _unwritable(parent))
     return parent, created
 
 
@@ -550,7 +605,7 @@ def write_atomically(
     comm_group_path(output_name)
     staging_parent, created = _prepare_parent(output_dir)
     prefix = f".{output_dir.name}{_TMP_MARK}"
-    remove_stale_tmp([staging_parent, output_dir], prefix, started, output_dir)
+    remove_stale_tmp([output_dir.parent, output_dir], prefix, started, output_dir)
     try:
         tmp, lock = _locked_tmp_dir(prefix, staging_parent)
     except OSError as exc:
@@ -569,15 +624,30 @@ def write_atomically(
             os.chmod(tmp, 0o777 & ~umask)
             os.rename(tmp, output_dir)
             return [output_dir / p.name for p in staged]
-        return _switch_files(tmp, staged, output_dir, output_name, extension)
-    except BaseException:
+        switched = _switch_files(tmp, staged, output_dir, output_name, extension)
         shutil.rmtree(tmp, ignore_errors=True)
+        return switched
+    except BaseException as exc:
+        _discard(tmp)
         _remove_dirs(created)
+        if is_write_fault(exc):
+            raise _denied(output_dir, exc.strerror or str(exc)) from None
         raise
     finally:
-        if tmp.exists() and tmp != output_dir:
-            shutil.rmtree(tmp, ignore_errors=True)
         _close(lock)
+
+
+def _discard(tmp: Path) -> None:
+    """Remove the temporary directory of a failed write, unless its backup still holds files
+    that the switch could not put back (the next run into the same place puts them back)."""
+    backup = tmp / ".old"
+    try:
+        if backup.is_dir() and any(backup.iterdir()):
+            return
+    except OSError:
+        return
+    if tmp.exists():
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def write_file_atomically(
@@ -587,7 +657,9 @@ def write_file_atomically(
 ) -> Path:
     """Write one file through ``write(stream)`` into a temporary file beside it, then rename
     it into place; on any failure the old file (if any) is untouched. ``check(tmp)``, called
-    with the complete temporary file before the rename, may raise to keep the old file."""
+    with the complete temporary file before the rename, may raise to keep the old file. A
+    fault of the file system (:data:`stg.errors.WRITE_FAULTS`) is raised as one
+    :class:`stg.errors.OutputError` line naming ``path``, after the temporary file is gone."""
     started = time.time()
     path = Path(path).absolute()
     if path.is_dir():
@@ -598,7 +670,7 @@ def write_file_atomically(
     except UserError as exc:
         raise UserError(str(exc).replace("output_dir=", "", 1)) from None
     if not _writable(parent):
-        raise UserError(f"cannot write {path}: permission denied")
+        raise OutputError(f"cannot write {path}: {_unwritable(parent)}")
     prefix = f".{path.name}{_TMP_MARK}"
     remove_stale_tmp([parent], prefix, started)
     try:
@@ -615,9 +687,11 @@ def write_file_atomically(
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
         _remove_dirs(created)
+        if is_write_fault(exc):
+            raise output_error(path, exc) from None
         raise
     finally:
         _close(lock)
@@ -633,6 +707,7 @@ def _switch_files(
     moved_out: list[tuple[Path, Path]] = []  # (original, backup)
     moved_in: list[Path] = []
     stale = _stale_rank_files(output_dir, output_name, extension, names)
+    stale += _stale_comm_groups(output_dir, output_name, extension, names)
     try:
         for final in [output_dir / n for n in sorted(names)] + stale:
             if final.exists() or final.is_symlink():
@@ -644,9 +719,23 @@ def _switch_files(
             os.rename(p, final)
             moved_in.append(final)
     except BaseException:
-        for final in moved_in:
-            final.unlink(missing_ok=True)
-        for final, saved in moved_out:
-            os.rename(saved, final)
+        _put_back(moved_in, moved_out)
         raise
     return [output_dir / p.name for p in staged]
+
+
+def _put_back(moved_in: list[Path], moved_out: list[tuple[Path, Path]]) -> None:
+    """Undo a switch: remove the new files, move the old ones back. What cannot be moved back
+    stays in the backup, which the temporary directory then keeps (see :func:`_discard`)."""
+    restored = {final for final, _ in moved_out}
+    for final in moved_in:
+        if final not in restored:
+            try:
+                final.unlink(missing_ok=True)
+            except OSError:
+                pass
+    for final, saved in reversed(moved_out):
+        try:
+            os.replace(saved, final)
+        except OSError:
+            pass
