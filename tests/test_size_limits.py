@@ -173,3 +173,11 @@ def test_searches_and_sweeps_skip_workloads_beyond_the_memory_left(
     assert code == 0, err
     rows = (tmp_path / "sweep" / "results.csv").read_text()
     assert "this workload needs about" in rows and "allowed: what fits in memory" in rows
+
+
+def test_a_model_without_a_layer_stack_has_no_runs() -> None:
+    """ResNet-50 and the other stackless models (the vision plugin) have no layer kinds."""
+    from stg.core.lowering import LayerKinds
+
+    assert LayerKinds([]).runs() == ()
+    assert LayerKinds([("a", 2), ("b", 0), ("c", 1)]).runs() == (("a", 2), ("c", 1))

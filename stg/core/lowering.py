@@ -699,7 +699,7 @@ class LayerKinds(Sequence[str]):
 
     def runs(self) -> tuple[tuple[str, int], ...]:
         """``(kind, count)`` of each run of layers of one kind, in layer order."""
-        starts = [0, *self._ends[:-1]]
+        starts = [0, *self._ends][:-1]  # none for a model without a layer stack
         return tuple((k, e - s) for k, s, e in zip(self._kinds, starts, self._ends, strict=True))
 
     def __eq__(self, other: object) -> bool:
