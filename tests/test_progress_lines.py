@@ -43,6 +43,22 @@ def test_lines_come_at_most_once_per_interval_and_a_final_one(
     ]
 
 
+def test_lines_fit_the_width(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A log is read at the terminal's width too: a long phase name wraps, nothing is cut."""
+    monkeypatch.setenv("COLUMNS", "60")
+    now = [0.0]
+    lines = ProgressLines(10.0, clock=lambda: now[0])
+    now[0] = 70.0
+    lines.update("analytical", 573, 573)
+    err = capsys.readouterr().err
+    assert max(len(line) for line in err.splitlines()) <= 60
+    assert " ".join(err.split()) == (
+        "search: plans considered for analytical pricing: 573 of 573 (100%), 1m10s elapsed"
+    )
+
+
 def test_a_short_run_prints_no_line(capsys: pytest.CaptureFixture[str]) -> None:
     lines = ProgressLines(10.0, clock=lambda: 3.0)
     lines.update("lowering", 1, 4)

@@ -41,7 +41,7 @@ def test_the_readme_blocks_in_order_leave_a_valid_trace(
     out = tmp_path / "generated"
     assert sorted(os.listdir(out)) == ["comm_group.json"] + [f"workload.{r}.et" for r in range(8)]
     result = _stg("validate", "generated")
-    assert result.stdout.startswith("valid: 8 rank(s)"), result.stdout
+    assert result.stdout.startswith("valid: 8 ranks"), result.stdout
     assert validate_trace(out).ok
 
 

@@ -805,7 +805,8 @@ class ProgressLines:
         done, total = self.latest[stage]
         counted = f"{done:,} of {total:,} ({100 * done // total}%)" if total else f"{done:,}"
         label = PHASES.get(stage, stage)
-        typer.echo(f"{label}: {counted}, {format_elapsed(now - self.started)} elapsed", err=True)
+        line = f"{label}: {counted}, {format_elapsed(now - self.started)} elapsed"
+        typer.echo(fit_lines(line, terminal_width()), err=True)  # a log's width, too
         self.last = now
         self.printed = True
         self.shown[stage] = (done, total)
