@@ -299,6 +299,31 @@ def attention_shape(scores: Op, binder: Binder) -> tuple[int, int, int, int, int
     return (batch, heads, s_q, s_kv, head_dim, int(causal))
 
 
+def causal_split(scores: Op, binder: Binder) -> int:
+    """How many context-parallel ranks share the causal attention whose score einsum is
+    ``scores`` with load balancing (1: none). Under context parallelism (``sp``) each rank
+    holds ``s/cp`` queries against all ``s`` keys; Megatron-LM cuts the sequence into
+    ``2·cp`` chunks and gives rank ``i`` chunks ``i`` and ``2·cp-1-i``
+    (``get_batch_on_this_cp_rank``), so that every rank computes the same share, ``1/cp``,
+    of the causal work, its diagonal blocks included."""
+    if binder.fraction(scores.scale) == 1 or binder.degrees.get("sp", 1) == 1:
+        return 1
+    a, b, out, sizes = _einsum_letters(scores, binder)
+    q, k = scores.inputs
+
+    def seq_axes(letters: str, t: Tensor, other: str) -> tuple[str, frozenset[str]] | None:
+        for letter, d, axes in zip(letters, t.dims, t.sharding.dims, strict=True):
+            if d.name == "seq" and letter in out and letter not in other:
+                return letter, axes
+        return None
+
+    query, keys = seq_axes(a, q, b), seq_axes(b, k, a)
+    if query is None or keys is None or "sp" not in query[1] or "sp" in keys[1]:
+        return 1
+    cp = binder.degrees["sp"]
+    return cp if sizes[query[0]] * cp == sizes[keys[0]] else 1
+
+
 def kv_append_bytes(op: Op, binder: Binder) -> int:
     """Bytes of writing new keys or values into the KV cache (``kv_append``, serving phases):
     the new elements read in their dtype and written in the cache's."""
@@ -379,11 +404,18 @@ def _fused_attention(run: list[Op], binder: Binder, shapes: dict[str, tuple[int,
         shape = attention_shape(scores, binder) if scores is not None else ()
         if shape:
             shape = _mean_head_dim(shape, run, binder, scores)  # type: ignore[arg-type]
+            split = causal_split(scores, binder)  # type: ignore[arg-type]
+            if split > 1:
+                shape = (*shape, split)
         for op in run:
             shapes[op.name] = shape
+    attrs: tuple[tuple[str, Any], ...] = ()
     if shape:
         batch, heads, s_q = shape[:3]
         moved += 4 * batch * heads * s_q  # the softmax statistics (fp32 log-sum-exp per row)
+        attrs = (("attention", (*shape[:6], int(backward))),)
+        if len(shape) > 6:  # a load-balanced share of a causal sequence (causal_split)
+            attrs += (("causal_split", shape[6]),)
     einsums = [op for op in run if op.kind == "einsum"]
     return BoundOp(
         "core_attention.grad" if backward else "core_attention",
@@ -396,7 +428,7 @@ def _fused_attention(run: list[Op], binder: Binder, shapes: dict[str, tuple[int,
         tensor_size=moved,
         tags=frozenset().union(*(op.tags for op in run)) | {"core_attention"},
         dtype=einsums[0].inputs[0].dtype if einsums else run[0].output.dtype,
-        attrs=(("attention", (*shape, int(backward))),) if shape else (),
+        attrs=attrs,
     )
 
 
