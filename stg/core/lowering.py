@@ -606,6 +606,10 @@ class BoundPart:
                 ends.add(last)
         return sorted(ends)
 
+    def without_weight_gathers(self, ops: list[BoundOp]) -> list[BoundOp]:
+        """``ops`` less the FSDP all-gathers of this part's weights (already gathered)."""
+        return [op for op in ops if "weight_gather" not in op.tags]
+
     def repeated_before_backward(self, recompute: str) -> list[BoundOp]:
         """Forward ops run again before this part's backward: FSDP weight gathers, plus the
         attention core (selective recompute) or everything (full recompute)."""
@@ -863,6 +867,29 @@ def lower_stage(
     fp8_gemms = sum(bp.fp8_gemms for _, bp in held) if plan.options.te_delayed_scaling else 0
     amax_group = tuple(sorted(a for a in amax_axes if plan.degrees[a] > 1))
     recompute_full = plan.recompute == "full"
+    # FSDP2 (fully_shard): the part instances whose weights are gathered now, and the nodes
+    # that gathered them. Under pipeline parallelism PyTorch's pipelining keeps the weights
+    # gathered after each backward and reduces the accumulated gradients once, after the
+    # last one (PipelineStage.backward_maybe_with_nosync / _post_backward).
+    gathered: dict[str | int, Env] = {}
+    reshard_after_forward = plan.options.reshards_after_forward
+    pipelined = plan.stages > 1
+
+    def gathers_for(owner: str | int, bp: BoundPart, ops: list[BoundOp], env: Env) -> list[BoundOp]:
+        """``ops`` to run for ``owner``: without its weight all-gathers while its weights are
+        still gathered (``env`` then gets the nodes that gathered them)."""
+        held = gathered.get(owner)
+        if held is None:
+            return ops
+        env.update(held)
+        return bp.without_weight_gathers(ops)
+
+    def note_gathered(owner: str | int, ops: list[BoundOp], env: Env) -> None:
+        if owner in gathered:
+            return
+        keys = [k for op in ops if "weight_gather" in op.tags for k in op.outputs]
+        if keys:
+            gathered[owner] = {k: env[k] for k in keys}
 
     def amax_reduction(prefix: str, backward: bool) -> None:
         """One reduction of the forward or backward amaxes after the kernels issued so far:
@@ -915,6 +942,14 @@ def lower_stage(
             owners.append(("head", head))
         return [owner for owner, bp in owners if bp.fp8_gemms]
 
+    def forward(owner: str | int, bp: BoundPart, env: Env, prefix: str) -> None:
+        """Forward of one part instance; its weights are gathered unless they still are."""
+        ops = gathers_for(owner, bp, bp.forward, env)
+        out.run(ops, env, prefix)
+        note_gathered(owner, ops, env)
+        if reshard_after_forward:
+            gathered.pop(owner, None)
+
     def p2p(
         kind: NodeType, what: str, mb: int, boundary: int, peer: int, deps: tuple[int, ...]
     ) -> int:
@@ -946,7 +981,15 @@ def lower_stage(
         """Backward of one part instance; returns the node of the gradient it passes on.
         ``amax_after``: the name prefix of the backward amax reduction that follows it."""
         env = saved.pop((owner, mb))
+        repeated = gathers_for(owner, bp, repeated, env)
         out.run(repeated, env, f"{prefix}recompute/", after=dy if dy is not None else out.last_comp)
+        note_gathered(owner, repeated, env)
+        # a micro-batch before the last accumulates its weight gradients unsharded
+        accumulate = pipelined and not reduce_now
+
+        def ops(part: list[BoundOp]) -> list[BoundOp]:
+            return [op for op in part if not (accumulate and "weight_grad_reduce" in op.tags)]
+
         recomputed = fp8_gemms > 0 and recompute_full and isinstance(owner, int)
         if recomputed:  # the recompute forward's own autocast exits: a forward reduction
             amax_reduction(f"{prefix}recompute/", backward=False)
@@ -955,12 +998,14 @@ def lower_stage(
         if recomputed:  # each recomputed fp8 module reduces after its backward
             start = 0
             for end in bp.fp8_module_ends():
-                out.run(bp.backward[start : end + 1], env, f"{prefix}bwd/")
+                out.run(ops(bp.backward[start : end + 1]), env, f"{prefix}bwd/")
                 amax_reduction(f"{prefix}bwd/", backward=True)
                 start = end + 1
-            out.run(bp.backward[start:], env, f"{prefix}bwd/")
+            out.run(ops(bp.backward[start:]), env, f"{prefix}bwd/")
         else:
-            out.run(bp.backward, env, f"{prefix}bwd/")
+            out.run(ops(bp.backward), env, f"{prefix}bwd/")
+        if reduce_now or not pipelined:  # resharded after its backward
+            gathered.pop(owner, None)
         if amax_after is not None:  # the first fp8 module of the chunk's autocast
             amax_reduction(amax_after, backward=True)
         store = grads.setdefault(owner, {})
@@ -987,7 +1032,7 @@ def lower_stage(
             region_end = owners[-1] if owners else None
             if first:
                 env: Env = {}
-                out.run(emb.forward, env, f"mb{mb}/embedding/")
+                forward("embedding", emb, env, f"mb{mb}/embedding/")
                 saved[("embedding", mb)] = env
                 x = env[emb.output_key][0]  # type: ignore[index]
                 if region_end == "embedding":
@@ -997,14 +1042,14 @@ def lower_stage(
             for layer in plan.chunk_layers(gchunk):
                 bp = parts.layer(layer)
                 env = {bp.input_key: (x,)}  # type: ignore[dict-item]
-                out.run(bp.forward, env, f"mb{mb}/layer{layer}/fwd/")
+                forward(layer, bp, env, f"mb{mb}/layer{layer}/fwd/")
                 saved[(layer, mb)] = env
                 x = env[bp.output_key][0]  # type: ignore[index]
                 if region_end == layer:
                     amax_reduction(f"{region}fwd/", backward=False)
             if last:
                 env = {head.input_key: (x,)}  # type: ignore[dict-item]
-                out.run(head.forward, env, f"mb{mb}/head/fwd/")
+                forward("head", head, env, f"mb{mb}/head/fwd/")
                 saved[("head", mb)] = env
                 if region_end == "head":
                     amax_reduction(f"{region}fwd/", backward=False)
