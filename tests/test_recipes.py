@@ -7,6 +7,10 @@
   pipelining reduce the accumulated gradients once after the last micro-batch: one all-gather
   and one reduce-scatter per FSDP unit per step, and the stage's unsharded weights and
   gradients held for the step.
+- Transformer Engine's delayed scaling under context parallelism: the amax all-reduce runs
+  over Megatron's amax reduction group, tensor x data x context parallel ranks
+  (``get_amax_reduction_group(with_context_parallel=True)``), synchronously, at every exit of
+  a chunk's fp8 autocast and at the end of its backward: per micro-batch and chunk.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import math
 import pytest
 from workload_checks import check_runs_to_completion
 
+from stg.core.fp8 import ALL_REDUCE
 from stg.core.options import GenerateOptions, OptionError
 from stg.core.pipeline import build_workload, validate_options
 from stg.core.workload import CollectiveType, NodeType
@@ -206,3 +211,25 @@ def test_reshard_after_forward_is_checked(given: dict, message: str) -> None:
     o = GenerateOptions(**{**FSDP, **given, "weight_sharded": given.get("weight_sharded", False)})
     with pytest.raises(OptionError, match=message):
         validate_options(o, load_registry(autoload=False))
+
+
+# --- Transformer Engine's amax reduction under context parallelism --------------------------
+
+
+@pytest.mark.parametrize("micro_batches", [1, 3])
+def test_amax_reduction_group_spans_tp_dp_cp_per_micro_batch(micro_batches: int) -> None:
+    o = GenerateOptions(
+        **GPT, seq=64, dp=2, tp=2, sp=2, pp=2, dtype="fp8", causal=True,
+        batch=4 * micro_batches, micro_batch=4,
+    )  # fmt: skip
+    w = build_workload(o, load_registry(autoload=False))
+    for graph in w.ranks:
+        reductions = [n for n in graph.nodes() if n.name.endswith(ALL_REDUCE)]
+        # once after each micro-batch's forward of the rank's chunk, once after its backward
+        assert len(reductions) == 2 * micro_batches
+        for n in reductions:
+            members = w.comm_groups[n.comm_group]
+            assert members == w.layout.members(graph.rank, ("dp", "sp", "tp"))
+            assert len(members) == 8
+            stage = {w.layout.coords(r)["pp"] for r in members}
+            assert stage == {graph.rank_class.stage}  # never across pipeline stages
