@@ -54,6 +54,14 @@ full activations of the one layer being recomputed; with selective recompute tha
 attention scores; under eager, on the last stage, the larger of that and the cross-entropy
 backward's fp32 gradients (:data:`EAGER_CROSS_ENTROPY_TRANSIENT`); with ZeRO-3 the gathered
 weights of two layers (current and prefetched). No allocator fragmentation is added.
+
+FSDP2 (``weight_sharded``) as PyTorch runs it (:func:`fsdp_unsharded_state`): with
+``reshard_after_forward`` resolved to never (the default under pipeline parallelism, as in
+torchtitan) a rank holds the gathered weights of its whole stage from their forward to their
+backward (under pipeline parallelism for the whole step), counted with the weights instead of
+the two-layer buffer; under pipeline parallelism PyTorch's pipelining also accumulates the
+gradients of every micro-batch unsharded and reduce-scatters them after the last one, so the
+unsharded gradients of the stage count with the gradients.
 """
 
 from __future__ import annotations
@@ -747,6 +755,17 @@ def zero_stage(o: GenerateOptions) -> int:
     return 3 if o.weight_sharded else o.zero
 
 
+def fsdp_unsharded_state(o: GenerateOptions) -> tuple[bool, bool]:
+    """Whether FSDP keeps (the whole stage's) gathered weights until their backward, and
+    whether it accumulates unsharded gradients over the micro-batches: the first when
+    ``reshard_after_forward`` resolves to never, the second under pipeline parallelism
+    (``torch.distributed.pipelining`` turns gradient sync and resharding after backward off
+    until the last micro-batch). Both false without FSDP over more than one rank."""
+    if not o.weight_sharded or o.dp * o.sp == 1:
+        return False, False
+    return not o.reshards_after_forward, o.pp > 1
+
+
 # ---------------------------------------------------------------------------------------------
 # Per stage
 
@@ -811,13 +830,16 @@ def stage_memory(
         sharded=sharded_parameters,
     )
     m = o.micro_batches
+    keeps_weights, accumulates_grads = fsdp_unsharded_state(o)
+    unsharded_weights = e_w * parameters if keeps_weights else 0
+    unsharded_grads = e_g * parameters if accumulates_grads else 0
     if saved_bytes is not None:
         held = in_flight_micro_batches(stage, o.pp, m, o.pipeline_schedule, o.virtual_stages)
         return RankMemory(
             stage=stage,
             parameters=parameters,
-            weights=state.weights,
-            gradients=state.gradients,
+            weights=state.weights + unsharded_weights,
+            gradients=state.gradients + unsharded_grads,
             optimizer=state.optimizer,
             activations=held * saved_bytes,
             buffers=0.0,
@@ -876,14 +898,14 @@ def stage_memory(
     # eager: the cross-entropy backward's gradients at the start of the backward, with every
     # activation held; a layer's recompute comes later, after the head has freed its logits
     buffers = max(buffers, head_transient)
-    if zero == 3 and kinds:
+    if zero == 3 and kinds and not keeps_weights:
         buffers += 2 * e_w * max(layer_parameters_per_rank(o, kind) for kind in kinds)
     fp8_copies = fp8_weight_copy_bytes(o, kinds, system, has_head=has_head, kernels=kernels)
     return RankMemory(
         stage=stage,
         parameters=parameters,
-        weights=state.weights + fp8_copies,
-        gradients=state.gradients,
+        weights=state.weights + fp8_copies + unsharded_weights,
+        gradients=state.gradients + unsharded_grads,
         optimizer=state.optimizer,
         activations=activations,
         buffers=buffers,

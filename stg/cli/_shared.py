@@ -207,6 +207,15 @@ SPECS: dict[str, tuple[str, _Spec]] = {
         _PARALLEL,
         _Spec("ZeRO stage: 0, 1, 2 or 3 (3 is --weight_sharded true).", metavar="0|1|2|3"),
     ),
+    "reshard_after_forward": (
+        _PARALLEL,
+        _Spec(
+            "FSDP (--weight_sharded): free a layer's gathered weights after its forward "
+            "(always: gathered again before its backward) or keep them (never); default: "
+            "never with pp > 1, always without (torchtitan's fsdp_reshard_after_forward).",
+            metavar="default|always|never",
+        ),
+    ),
     "overlap_param_gather": (
         _PARALLEL,
         _Spec(

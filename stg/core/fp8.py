@@ -29,8 +29,13 @@ logic is in 1.x ``fp8.py``):
   and each fp8 module recomputed there is marked first (the flag is restored in the recompute
   phase), so the backward of every such module reduces the backward buffer.
 - Group: Megatron's ``get_amax_reduction_group(with_context_parallel=True)``, the
-  tensor x data x context parallel ranks (``parallel_state.py``); with
-  ``--tp-only-amax-red`` the tensor x context parallel ranks.
+  tensor x data x context parallel ranks (``parallel_state.py``; passed as ``fp8_group`` by
+  ``fp8_utils.get_fp8_context``); with ``--tp-only-amax-red`` the tensor x context parallel
+  ranks. Never across pipeline stages.
+- Overlap: none. The all-reduce is synchronous (``reduce_tensor_across_group_op_max``,
+  ``async_op=False``) and the update kernel that follows it reads its result, so the
+  compute stream waits for it (TE's fp8 attention under context parallelism requires this
+  reduction, ``reduce_amax``, and keeps its per-step amaxes local).
 """
 
 from __future__ import annotations

@@ -299,6 +299,31 @@ def attention_shape(scores: Op, binder: Binder) -> tuple[int, int, int, int, int
     return (batch, heads, s_q, s_kv, head_dim, int(causal))
 
 
+def causal_split(scores: Op, binder: Binder) -> int:
+    """How many context-parallel ranks share the causal attention whose score einsum is
+    ``scores`` with load balancing (1: none). Under context parallelism (``sp``) each rank
+    holds ``s/cp`` queries against all ``s`` keys; Megatron-LM cuts the sequence into
+    ``2·cp`` chunks and gives rank ``i`` chunks ``i`` and ``2·cp-1-i``
+    (``get_batch_on_this_cp_rank``), so that every rank computes the same share, ``1/cp``,
+    of the causal work, its diagonal blocks included."""
+    if binder.fraction(scores.scale) == 1 or binder.degrees.get("sp", 1) == 1:
+        return 1
+    a, b, out, sizes = _einsum_letters(scores, binder)
+    q, k = scores.inputs
+
+    def seq_axes(letters: str, t: Tensor, other: str) -> tuple[str, frozenset[str]] | None:
+        for letter, d, axes in zip(letters, t.dims, t.sharding.dims, strict=True):
+            if d.name == "seq" and letter in out and letter not in other:
+                return letter, axes
+        return None
+
+    query, keys = seq_axes(a, q, b), seq_axes(b, k, a)
+    if query is None or keys is None or "sp" not in query[1] or "sp" in keys[1]:
+        return 1
+    cp = binder.degrees["sp"]
+    return cp if sizes[query[0]] * cp == sizes[keys[0]] else 1
+
+
 def kv_append_bytes(op: Op, binder: Binder) -> int:
     """Bytes of writing new keys or values into the KV cache (``kv_append``, serving phases):
     the new elements read in their dtype and written in the cache's."""
@@ -379,11 +404,18 @@ def _fused_attention(run: list[Op], binder: Binder, shapes: dict[str, tuple[int,
         shape = attention_shape(scores, binder) if scores is not None else ()
         if shape:
             shape = _mean_head_dim(shape, run, binder, scores)  # type: ignore[arg-type]
+            split = causal_split(scores, binder)  # type: ignore[arg-type]
+            if split > 1:
+                shape = (*shape, split)
         for op in run:
             shapes[op.name] = shape
+    attrs: tuple[tuple[str, Any], ...] = ()
     if shape:
         batch, heads, s_q = shape[:3]
         moved += 4 * batch * heads * s_q  # the softmax statistics (fp32 log-sum-exp per row)
+        attrs = (("attention", (*shape[:6], int(backward))),)
+        if len(shape) > 6:  # a load-balanced share of a causal sequence (causal_split)
+            attrs += (("causal_split", shape[6]),)
     einsums = [op for op in run if op.kind == "einsum"]
     return BoundOp(
         "core_attention.grad" if backward else "core_attention",
@@ -396,7 +428,7 @@ def _fused_attention(run: list[Op], binder: Binder, shapes: dict[str, tuple[int,
         tensor_size=moved,
         tags=frozenset().union(*(op.tags for op in run)) | {"core_attention"},
         dtype=einsums[0].inputs[0].dtype if einsums else run[0].output.dtype,
-        attrs=(("attention", (*shape, int(backward))),) if shape else (),
+        attrs=attrs,
     )
 
 
@@ -573,6 +605,10 @@ class BoundPart:
             if last is not None:
                 ends.add(last)
         return sorted(ends)
+
+    def without_weight_gathers(self, ops: list[BoundOp]) -> list[BoundOp]:
+        """``ops`` less the FSDP all-gathers of this part's weights (already gathered)."""
+        return [op for op in ops if "weight_gather" not in op.tags]
 
     def repeated_before_backward(self, recompute: str) -> list[BoundOp]:
         """Forward ops run again before this part's backward: FSDP weight gathers, plus the
@@ -831,6 +867,29 @@ def lower_stage(
     fp8_gemms = sum(bp.fp8_gemms for _, bp in held) if plan.options.te_delayed_scaling else 0
     amax_group = tuple(sorted(a for a in amax_axes if plan.degrees[a] > 1))
     recompute_full = plan.recompute == "full"
+    # FSDP2 (fully_shard): the part instances whose weights are gathered now, and the nodes
+    # that gathered them. Under pipeline parallelism PyTorch's pipelining keeps the weights
+    # gathered after each backward and reduces the accumulated gradients once, after the
+    # last one (PipelineStage.backward_maybe_with_nosync / _post_backward).
+    gathered: dict[str | int, Env] = {}
+    reshard_after_forward = plan.options.reshards_after_forward
+    pipelined = plan.stages > 1
+
+    def gathers_for(owner: str | int, bp: BoundPart, ops: list[BoundOp], env: Env) -> list[BoundOp]:
+        """``ops`` to run for ``owner``: without its weight all-gathers while its weights are
+        still gathered (``env`` then gets the nodes that gathered them)."""
+        held = gathered.get(owner)
+        if held is None:
+            return ops
+        env.update(held)
+        return bp.without_weight_gathers(ops)
+
+    def note_gathered(owner: str | int, ops: list[BoundOp], env: Env) -> None:
+        if owner in gathered:
+            return
+        keys = [k for op in ops if "weight_gather" in op.tags for k in op.outputs]
+        if keys:
+            gathered[owner] = {k: env[k] for k in keys}
 
     def amax_reduction(prefix: str, backward: bool) -> None:
         """One reduction of the forward or backward amaxes after the kernels issued so far:
@@ -883,6 +942,14 @@ def lower_stage(
             owners.append(("head", head))
         return [owner for owner, bp in owners if bp.fp8_gemms]
 
+    def forward(owner: str | int, bp: BoundPart, env: Env, prefix: str) -> None:
+        """Forward of one part instance; its weights are gathered unless they still are."""
+        ops = gathers_for(owner, bp, bp.forward, env)
+        out.run(ops, env, prefix)
+        note_gathered(owner, ops, env)
+        if reshard_after_forward:
+            gathered.pop(owner, None)
+
     def p2p(
         kind: NodeType, what: str, mb: int, boundary: int, peer: int, deps: tuple[int, ...]
     ) -> int:
@@ -914,7 +981,15 @@ def lower_stage(
         """Backward of one part instance; returns the node of the gradient it passes on.
         ``amax_after``: the name prefix of the backward amax reduction that follows it."""
         env = saved.pop((owner, mb))
+        repeated = gathers_for(owner, bp, repeated, env)
         out.run(repeated, env, f"{prefix}recompute/", after=dy if dy is not None else out.last_comp)
+        note_gathered(owner, repeated, env)
+        # a micro-batch before the last accumulates its weight gradients unsharded
+        accumulate = pipelined and not reduce_now
+
+        def ops(part: list[BoundOp]) -> list[BoundOp]:
+            return [op for op in part if not (accumulate and "weight_grad_reduce" in op.tags)]
+
         recomputed = fp8_gemms > 0 and recompute_full and isinstance(owner, int)
         if recomputed:  # the recompute forward's own autocast exits: a forward reduction
             amax_reduction(f"{prefix}recompute/", backward=False)
@@ -923,12 +998,14 @@ def lower_stage(
         if recomputed:  # each recomputed fp8 module reduces after its backward
             start = 0
             for end in bp.fp8_module_ends():
-                out.run(bp.backward[start : end + 1], env, f"{prefix}bwd/")
+                out.run(ops(bp.backward[start : end + 1]), env, f"{prefix}bwd/")
                 amax_reduction(f"{prefix}bwd/", backward=True)
                 start = end + 1
-            out.run(bp.backward[start:], env, f"{prefix}bwd/")
+            out.run(ops(bp.backward[start:]), env, f"{prefix}bwd/")
         else:
-            out.run(bp.backward, env, f"{prefix}bwd/")
+            out.run(ops(bp.backward), env, f"{prefix}bwd/")
+        if reduce_now or not pipelined:  # resharded after its backward
+            gathered.pop(owner, None)
         if amax_after is not None:  # the first fp8 module of the chunk's autocast
             amax_reduction(amax_after, backward=True)
         store = grads.setdefault(owner, {})
@@ -955,7 +1032,7 @@ def lower_stage(
             region_end = owners[-1] if owners else None
             if first:
                 env: Env = {}
-                out.run(emb.forward, env, f"mb{mb}/embedding/")
+                forward("embedding", emb, env, f"mb{mb}/embedding/")
                 saved[("embedding", mb)] = env
                 x = env[emb.output_key][0]  # type: ignore[index]
                 if region_end == "embedding":
@@ -965,14 +1042,14 @@ def lower_stage(
             for layer in plan.chunk_layers(gchunk):
                 bp = parts.layer(layer)
                 env = {bp.input_key: (x,)}  # type: ignore[dict-item]
-                out.run(bp.forward, env, f"mb{mb}/layer{layer}/fwd/")
+                forward(layer, bp, env, f"mb{mb}/layer{layer}/fwd/")
                 saved[(layer, mb)] = env
                 x = env[bp.output_key][0]  # type: ignore[index]
                 if region_end == layer:
                     amax_reduction(f"{region}fwd/", backward=False)
             if last:
                 env = {head.input_key: (x,)}  # type: ignore[dict-item]
-                out.run(head.forward, env, f"mb{mb}/head/fwd/")
+                forward("head", head, env, f"mb{mb}/head/fwd/")
                 saved[("head", mb)] = env
                 if region_end == "head":
                     amax_reduction(f"{region}fwd/", backward=False)

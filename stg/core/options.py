@@ -174,6 +174,11 @@ class GenerateOptions:
     (``DelayedScaling.amax_history_len``, default 1024): a training run with fp8 GEMMs under
     the ``megatron`` profile carries TE's delayed-scaling bookkeeping (:mod:`stg.core.fp8`),
     whose update kernel reads and writes those histories.
+    ``reshard_after_forward`` is FSDP2's (``fully_shard``) policy for the gathered weights of
+    ``weight_sharded`` runs, with torchtitan's values (``fsdp_reshard_after_forward``):
+    ``always`` frees them after a layer's forward (gathered again before its backward),
+    ``never`` keeps them until the backward, ``default`` is ``never`` with pipeline
+    parallelism and ``always`` without (:attr:`reshards_after_forward`).
     ``placement`` maps ranks to the device groups of a hybrid cluster, as runs
     ``((group, ranks), ...)`` in rank order (empty: one device kind); each group's ranks run
     the precision plan's entries for that group (:func:`stg.core.precision.plan_for_group`).
@@ -208,6 +213,7 @@ class GenerateOptions:
     tpsp: bool = True
     weight_sharded: bool = False
     zero: int = 0
+    reshard_after_forward: str = "default"
     overlap_param_gather: bool = False
     tp_comm_overlap: bool = False
     activation_recompute: str = "none"
@@ -236,6 +242,7 @@ class GenerateOptions:
     output_name: str = "workload.%d.et"
 
     ATTENTION = ("fused", "unfused")
+    RESHARD_AFTER_FORWARD = ("default", "always", "never")
     PROFILES = ("megatron", "eager")
     PHASES = ("training", "prefill", "decode", "mixed")
     OVERLAP_FIELDS = ("overlap_param_gather", "tp_comm_overlap")
@@ -289,6 +296,15 @@ class GenerateOptions:
     generated without them keep the bytes they had before the option existed."""
 
     @property
+    def reshards_after_forward(self) -> bool:
+        """Whether FSDP frees a layer's gathered weights after its forward:
+        ``reshard_after_forward`` resolved as torchtitan does (``default``: not under
+        pipeline parallelism, whose per-micro-batch all-gathers it avoids)."""
+        if self.reshard_after_forward == "default":
+            return self.pp == 1
+        return self.reshard_after_forward == "always"
+
+    @property
     def te_delayed_scaling(self) -> bool:
         """Whether Transformer Engine's delayed scaling runs: a training run under the
         ``megatron`` profile whose matmuls may run in fp8 (``dtype`` fp8, or a precision plan
@@ -302,7 +318,8 @@ class GenerateOptions:
     def recorded(self) -> dict[str, object]:
         """The options a trace's metadata records: where the files go is not part of the
         workload (same options, same bytes anywhere); unset options, options that are off
-        (:attr:`OFF_UNRECORDED`), ``amax_history`` without TE's delayed scaling
+        (:attr:`OFF_UNRECORDED`), ``reshard_after_forward`` at its default,
+        ``amax_history`` without TE's delayed scaling
         (:attr:`te_delayed_scaling`) and the other kind of run's fields (inference fields in
         training, overlap fields in serving) are left out."""
         other = self.OVERLAP_FIELDS if self.inference else self.INFERENCE_FIELDS
@@ -313,4 +330,5 @@ class GenerateOptions:
             and not (k in UNSET_OPTIONS and v is None)
             and not (k in self.OFF_UNRECORDED and not v)
             and not (k == "amax_history" and not self.te_delayed_scaling)
+            and not (k == "reshard_after_forward" and v == "default")
         }

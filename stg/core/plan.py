@@ -306,6 +306,16 @@ def make_plan(o: GenerateOptions) -> ParallelPlan:
         f"zero={o.zero} cannot be combined with weight_sharded "
         "(which already shards everything, ZeRO-3)",
     )
+    allowed = GenerateOptions.RESHARD_AFTER_FORWARD
+    _require(
+        o.reshard_after_forward in allowed,
+        f"reshard_after_forward={o.reshard_after_forward!r} must be one of {', '.join(allowed)}",
+    )
+    _require(
+        o.reshard_after_forward == "default" or o.weight_sharded,
+        f"reshard_after_forward={o.reshard_after_forward} is FSDP's policy for gathered "
+        "weights: it needs weight_sharded=true (or zero=3)",
+    )
     _require(
         not o.overlap_param_gather or o.zero in (1, 2),
         f"overlap_param_gather=true needs the distributed optimizer's parameter all-gather: "

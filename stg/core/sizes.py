@@ -120,8 +120,26 @@ def _training_templates(model: object, plan: ParallelPlan, hybrid: bool) -> list
             nodes += AMAX_NODES * (1 + len(bp.fp8_module_ends()))
         return nodes
 
-    def once(bp: BoundPart) -> int:
-        return len(bp.reduce) + len(bp.update)
+    def once(bp: BoundPart, recompute: str) -> int:
+        return len(bp.reduce) + len(bp.update) - fsdp_skipped(bp, recompute)
+
+    pipelined = plan.stages > 1
+
+    def fsdp_skipped(bp: BoundPart, recompute: str) -> int:
+        """FSDP collectives of one part that lowering leaves out of the m micro-batches
+        counted above: the weight gathers while its weights stay gathered and, under pipeline
+        parallelism, the gradient reduce-scatters of all but the last micro-batch (with
+        ``always`` the gathers that a preceding backward makes unnecessary still count: a
+        bound)."""
+        gathers = sum(1 for op in bp.forward if "weight_gather" in op.tags)
+        repeated = sum(
+            1 for op in bp.repeated_before_backward(recompute) if "weight_gather" in op.tags
+        )
+        reduces = sum(1 for op in bp.backward if "weight_grad_reduce" in op.tags)
+        skipped = (m - 1) * reduces if pipelined else 0
+        if not o.reshards_after_forward:
+            skipped += m * repeated + ((m - 1) * gathers if pipelined else 0)
+        return skipped
 
     counts = [1] * plan.stages  # the optimizer step
     for chunk in range(plan.chunks):
@@ -131,13 +149,13 @@ def _training_templates(model: object, plan: ParallelPlan, hybrid: bool) -> list
         for kind, layers in _chunk_kinds(plan, parts, chunk):
             bp = parts.blocks.get(kind, parts.block)
             per_mb += layers * (forward(bp) + backward(bp, plan.recompute))
-            counts[stage] += layers * once(bp)
+            counts[stage] += layers * once(bp, plan.recompute)
         if first:
             per_mb += forward(parts.embedding) + backward(parts.embedding, "none")
-            counts[stage] += once(parts.embedding)
+            counts[stage] += once(parts.embedding, "none")
         if last:
             per_mb += forward(parts.head) + backward(parts.head, "none")
-            counts[stage] += once(parts.head)
+            counts[stage] += once(parts.head, "none")
         per_mb += 2 * ((not first) + (not last))  # receives and sends, forward and backward
         if fp8:
             per_mb += 2 * AMAX_NODES  # the forward and the backward amax reduction

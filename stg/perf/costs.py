@@ -211,6 +211,7 @@ def compute_time(
                 causal=bool(causal),
                 backward=bool(backward),
                 dtype=dtype,
+                causal_split=int(attrs.get("causal_split", 1)),
             )
             / speedup
         )

@@ -278,8 +278,12 @@ def attention_time(
     causal: bool = True,
     backward: bool = False,
     dtype: str = "bf16",
+    causal_split: int = 1,
 ) -> float:
-    """Seconds of the attention core (scores, softmax, context) forward or backward."""
+    """Seconds of the attention core (scores, softmax, context) forward or backward.
+    ``causal_split`` > 1: the ``s_q = s_kv / causal_split`` queries are one context-parallel
+    rank's load-balanced share of a causal sequence (chunks ``i`` and ``2·cp-1-i`` of
+    ``2·cp``), whose blocks up to the diagonal are ``1/causal_split`` of the whole."""
     if min(batch, heads, s_q, s_kv, head_dim) <= 0:
         return 0.0
     if impl == "unfused":
@@ -294,13 +298,17 @@ def attention_time(
     rows = ATTENTION_BLOCK_ROWS
     q_blocks = math.ceil(s_q / rows)
     kv_blocks = math.ceil(s_kv / rows)
+    balanced = causal_split > 1 and s_q * causal_split == s_kv
     if causal:  # block i attends to the kv blocks up to the diagonal: on average (n + 1) / 2
-        kv_per_block = rows * (kv_blocks + 1) / 2 if s_q == s_kv else rows * kv_blocks
+        # (also per query block of a load-balanced context-parallel share: its two chunks,
+        # i and 2·cp-1-i, reach (i + 1) and (2·cp - i) chunks of keys, together n + 1 blocks)
+        full = s_q == s_kv or balanced
+        kv_per_block = rows * (kv_blocks + 1) / 2 if full else rows * kv_blocks
     else:
         kv_per_block = rows * kv_blocks
     blocks = batch * heads * q_blocks
     splits = 1
-    if not backward and s_q < s_kv and blocks < gpu.sm_count:
+    if not backward and s_q < s_kv and blocks < gpu.sm_count and not balanced:
         # split-KV (Flash-Decoding; FlashAttention's num_splits): a few query rows against a
         # long cache leave SMs idle, so the keys are split over CTAs that each attend to a
         # part, and a second pass combines their fp32 partial outputs
