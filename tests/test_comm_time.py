@@ -4,8 +4,10 @@ published nccl-tests measurements on the preset systems."""
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +18,7 @@ from stg.perf.system import load_system
 from stg.predictors.time import collective_time, group_shape
 
 GB = 1e9
+DATA = Path(__file__).parent / "data" / "nccl"
 
 
 def levels(name: str) -> tuple[Level, ...]:
@@ -25,7 +28,7 @@ def levels(name: str) -> tuple[Level, ...]:
 def test_simple_ring_closed_form_for_large_buffers() -> None:
     nvlink = levels("a100-80g")[0]
     size, n = 2**30, 8
-    b, a = 300 * GB * 0.75, 3.4e-6
+    b, a = 300 * GB * 0.75 * comm_time.mid_size_efficiency(size), 3.4e-6
     ring = SIMPLE.ring_base_s + 2 * (n - 1) * a + 2 * (n - 1) / n * size / b
     assert comm_time.level_time(Kind.ALL_REDUCE, size, n, nvlink) == pytest.approx(ring)
     rs = SIMPLE.ring_base_s + (n - 1) * a + (n - 1) / n * size / b
@@ -36,30 +39,55 @@ def test_simple_ring_closed_form_for_large_buffers() -> None:
 def test_small_buffers_take_the_low_latency_protocol() -> None:
     nvlink = levels("a100-80g")[0]
     size, n = 8192, 8
-    b, a = 300 * GB * 0.75, 3.4e-6
+    b, a = 300 * GB * 0.75 * comm_time.mid_size_efficiency(size), 3.4e-6
     ll = (
         LL.ring_base_s
         + 2 * (n - 1) * a * LL.step_ratio["nvlink"]
         + 2 * (n - 1) / n * size / (b * LL.bandwidth)
     )
-    tree = LL.tree_base_s + 14 * a * LL.step_ratio["nvlink"] + 2 * size / (b * LL.bandwidth * 0.9)
+    # NCCL's chain: 2(n-1) tree steps, the tree's LL bandwidth and its correction at 8 KiB
+    tree_bw = b * LL.tree_bandwidth["nvlink"] * comm_time.tree_correction(LL, size)
+    tree = LL.tree_base_s + 14 * a * LL.tree_step_ratio["nvlink"] + 2 * size / tree_bw
     assert comm_time.level_time(Kind.ALL_REDUCE, size, n, nvlink) == pytest.approx(min(ll, tree))
     # the bus bandwidth rises with the size and saturates at B (a latency-plus-saturation curve)
     sizes = [2**k for k in range(10, 34)]
     bus = [comm_time.bus_bandwidth(Kind.ALL_REDUCE, s, n, nvlink) for s in sizes]
     assert all(x <= y * (1 + 1e-9) for x, y in itertools.pairwise(bus))
-    assert bus[-1] == pytest.approx(b, rel=0.01)
-    assert bus[0] < 0.02 * b
+    assert bus[-1] == pytest.approx(300 * GB * 0.75, rel=0.01)
+    assert bus[0] < 0.02 * 300 * GB * 0.75
     # the middle of the curve uses LL128 (0.92 of the bandwidth, shorter steps than Simple)
     mid = 4 * 2**20
-    ll128 = LL128.ring_base_s + 14 * a * LL128.step_ratio["nvlink"] + 1.75 * mid / (b * 0.92)
+    b_mid = 300 * GB * 0.75 * comm_time.mid_size_efficiency(mid)
+    ll128 = LL128.ring_base_s + 14 * a * LL128.step_ratio["nvlink"] + 1.75 * mid / (b_mid * 0.92)
     assert comm_time.level_time(Kind.ALL_REDUCE, mid, n, nvlink) == pytest.approx(ll128)
+
+
+def test_mid_size_efficiency_reproduces_its_calibration_curve() -> None:
+    """MID_SIZE_EFFICIENCY is the ND H200 v5 NVLS curve of tests/data/nccl/published.jsonl,
+    (S / B) / (t - NCCL's NVLS latency), with B the h200-141g preset's NVLS bandwidth."""
+    sharp = 450 * GB * 0.61
+    rows = [
+        json.loads(line)
+        for line in (DATA / "published.jsonl").read_text().splitlines()
+        if line.strip()
+    ]
+    curve = [r for r in rows if r["system"] == "h200-141g" and r["collective"] == "all_reduce"]
+    assert len(curve) == len(comm_time.MID_SIZE_EFFICIENCY)
+    for row, (size, efficiency) in zip(curve, comm_time.MID_SIZE_EFFICIENCY, strict=True):
+        assert row["size_bytes"] == size
+        measured = (size / sharp) / (row["time_us"] * 1e-6 - comm_time.NVLS_LATENCY_S)
+        assert efficiency == pytest.approx(min(measured, 1.0), abs=0.0015)
+    # geometric interpolation between the tabulated sizes, clamped at both ends
+    assert comm_time.mid_size_efficiency(1) == comm_time.MID_SIZE_EFFICIENCY[0][1]
+    assert comm_time.mid_size_efficiency(2**40) == 1.0
+    between = comm_time.mid_size_efficiency(2**20 * math.sqrt(2))
+    assert between == pytest.approx((0.328 + 0.417) / 2)
 
 
 def test_nvlink_sharp_and_oversubscription() -> None:
     nvlink = levels("h100-80g")[0]
     size, n = 8 * 2**30, 8
-    sharp = SIMPLE.ring_base_s + 2 * 3.4e-6 + size / (450 * GB * 0.61)
+    sharp = comm_time.NVLS_LATENCY_S + size / (450 * GB * 0.61)
     assert comm_time.level_time(Kind.ALL_REDUCE, size, n, nvlink) == pytest.approx(sharp)
     # reduce-scatter has no in-network path: the ring
     assert comm_time.level_time(Kind.REDUCE_SCATTER, size, n, nvlink) == pytest.approx(

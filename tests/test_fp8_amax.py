@@ -253,9 +253,12 @@ def test_time_predictor_prices_it_per_micro_batch(registry, report_table) -> Non
         assert 0 < full - bare <= cost and cost < 0.02 * full
         rows.append(f"m={m}: nodes {cost * 1e6:7.1f} us, replay adds {added[m] * 1e6:7.1f} us "
                     f"of {full * 1e3:.2f} ms")  # fmt: skip
-    # TE reduces once per micro-batch forward and backward: the extra micro-batches add
-    # their reductions in full (the synchronous all-reduce stalls the compute stream)
-    assert added[4] - added[2] == pytest.approx(priced[4] - priced[2], rel=0.1)
+    # TE reduces once per micro-batch forward and backward: the extra micro-batches add their
+    # reductions, most of it exposed (the synchronous all-reduce stalls the compute stream);
+    # some of it runs while the compute stream waits on a tensor-parallel collective anyway
+    # (with nccl-tests' mid-size ramp those take longer than the amax reductions' latency)
+    extra_added, extra_priced = added[4] - added[2], priced[4] - priced[2]
+    assert 0.5 * extra_priced <= extra_added <= extra_priced * (1 + 1e-9)
     report_table("fp8 amax bookkeeping, gpt 1024x4 tp2 dp4 on h100-80g (rank 0)", rows)
 
 

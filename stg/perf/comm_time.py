@@ -11,7 +11,7 @@ never touches a NIC, and a data-parallel group with one GPU per node moves every
 that GPU's rail at the NIC's bandwidth).
 
 **One dimension** runs the collective with the fastest of NCCL's algorithms and protocols,
-each priced as NCCL's own tuning model prices it (``src/graph/tuning.cc``,
+each priced as NCCL's own tuning model prices it (NVIDIA/nccl v2.18.5 ``src/graph/tuning.cc``,
 ``ncclTopoGetAlgoTime``: time = latency + bytes / bandwidth):
 
 - *ring*: ``base + steps · step_latency + bus_bytes / (B · protocol_bandwidth)``, with
@@ -19,23 +19,32 @@ each priced as NCCL's own tuning model prices it (``src/graph/tuning.cc``,
   nccl-tests bus-bandwidth conventions for ``bus_bytes`` (all-reduce ``2(n-1)/n · S``,
   reduce-scatter and all-gather ``(n-1)/n · S`` with S the full buffer, broadcast and reduce
   ``S``);
-- *tree* (all-reduce): ``base + hops · step_latency + 2 · S / (B · 0.9)``, with
-  ``2·ceil(log2 n)`` hops across nodes (a double binary tree) and ``2(n-1)`` inside a node
-  (NCCL's intra-node tree is a chain);
+- *tree* (all-reduce): ``base + hops · tree_step_latency + 2 · S / (B · tree_bandwidth ·
+  correction(S))``, with ``2·ceil(log2 n)`` hops across nodes (a double binary tree) and
+  ``2(n-1)`` inside a node (NCCL's intra-node tree is a chain), NCCL's tree bandwidths (0.92
+  of the ring's; LL a further 1/3.8, LL128 7/9 in a node) and its ``treeCorrectionFactor``;
 - *in-network reduction* (all-reduce, where the dimension declares ``sharp_efficiency``:
   NVLink SHARP on an NVSwitch, SHARP on InfiniBand switches): every GPU sends its buffer to
-  the switch once and receives the result once, ``base + 2 · step_latency + S /
-  (B · sharp_efficiency)``.
+  the switch once and receives the result once, ``latency + S / (B_line ·
+  sharp_efficiency)``, the latency NCCL's NVLS one (23 us) on NVLink, ``base + 2 ·
+  step_latency`` elsewhere.
 
 ``B`` is the dimension's ``bandwidth · efficiency / oversubscription`` (per GPU, per
 direction). The protocols are NCCL's: *Simple* (full bandwidth, the dimension's
 ``latency_us`` per step), and, on a dimension that names its ``link``, the low-latency *LL*
-(a quarter of the bandwidth, 8-byte lines of which half are flags, and NCCL's allreduce rings
-halve that again) and *LL128* (120 of 128 bytes carry data) with their shorter steps. The
-minimum over them is a latency-plus-saturation curve: the bus bandwidth of a collective
-rises with its size and saturates at ``B``, as nccl-tests shows. A dimension without ``link``
-(a hand-written or ``stg bench comms``-fitted alpha-beta link) has only the Simple ring and
-tree, with no base latency: the plain alpha-beta closed forms.
+(a quarter of the bandwidth for all-reduce rings) and *LL128* (120 of 128 bytes carry data)
+with NCCL's fixed latencies and their steps scaled by NCCL's ``hwLat`` ratios. The minimum
+over them is a latency-plus-saturation curve. **Mid-size ramp**: on NVLink, nccl-tests'
+bus bandwidth climbs to its plateau far more slowly than that curve (a 16 MiB all-reduce on 8
+GPUs reaches about 60 % of the bandwidth its latency alone leaves room for); the bytes run at
+:func:`mid_size_efficiency` of the bandwidth, a curve measured on one machine (an 8-GPU H200
+NVLS all-reduce) that predicts an H100's NVLS and an A100's ring all-reduce within a few
+percent (``tests/test_nccl_curves.py``). A dimension without ``link`` (a hand-written or
+``stg bench comms``-fitted alpha-beta link) has only the Simple ring and tree, with no base
+latency and no ramp: the plain alpha-beta closed forms. Not modelled: the growth of bus
+bandwidth with the group size inside a node (no 2- or 4-GPU curve is at hand to check it), and
+the point-to-point path's own bandwidth (nccl-tests' sendrecv reaches about 195 GB/s on A100
+NVLink, where a send here runs at the dimension's collective bandwidth).
 
 **Concurrent transfers.** The times above are those of a transfer alone on its links. Each NCCL
 communicator (each process group) sets up its own channels, but they all run over the same
@@ -61,6 +70,7 @@ per-dimension bandwidth, not a contended resource).
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -68,41 +78,137 @@ from enum import Enum
 from typing import Any
 
 # ---------------------------------------------------------------------------------------------
-# NCCL's protocols, from its tuning model (NVIDIA/nccl src/graph/tuning.cc, tables baseLat and
-# hwLat, latencies in microseconds; and the bandwidth factors applied to busBw there).
+# NCCL's protocols, from its tuning model: NVIDIA/nccl v2.18.5-1 src/graph/tuning.cc (the
+# release the nccl-tests curves of tests/data/nccl/published.jsonl ran), tables ``baseLat``
+# (fixed latency per collective, us) and ``hwLat`` (latency per step, us), and the bandwidth
+# refinements of ``ncclTopoTuneModel``.
 
 
 @dataclass(frozen=True)
 class Protocol:
-    """One NCCL protocol: fixed latency of a collective, per-step latency relative to the
-    Simple protocol's on the same link, and the fraction of the link bandwidth it carries."""
+    """One NCCL protocol: fixed latency of a collective (ring and tree), per-step latency of
+    the ring and of the tree relative to the Simple ring's on the same link (``hwLat``
+    ratios), and the fraction of the link's bus bandwidth its ring and its tree carry."""
 
     name: str
     ring_base_s: float
     tree_base_s: float
     step_ratio: dict[str, float]
-    """per link kind: this protocol's per-step latency over Simple's (hwLat ratios)"""
+    """per link kind: this protocol's ring step latency over the Simple ring's"""
     bandwidth: float
+    """the ring's fraction of the bus bandwidth"""
+    tree_step_ratio: dict[str, float]
+    """per link kind: this protocol's tree step latency over the Simple ring's"""
+    tree_bandwidth: dict[str, float]
+    """per link kind: the tree's fraction of the bus bandwidth"""
 
 
 LINKS = ("nvlink", "pcie", "network")
 """Link kinds a network dimension may name (NCCL's NCCL_HW_NVLINK, _PCI, _NET)."""
 
-SIMPLE = Protocol("simple", 8.4e-6, 0.0, {"nvlink": 1.0, "pcie": 1.0, "network": 1.0}, 1.0)
-# hwLat ring LL / Simple: NVLink .47/3.4, PCI 1.0/5.7, NET 2.7/9.6; bandwidth busBw/4 for
-# allreduce rings (tuning.cc: "busBw *= 1.0/4.0").
-LL = Protocol(
-    "ll", 3.6e-6, 4.4e-6, {"nvlink": 0.47 / 3.4, "pcie": 1.0 / 5.7, "network": 2.7 / 9.6}, 0.25
+# hwLat, Simple ring: NVLink 3.4, PCI 5.7, NET 14.0 (the ratios below divide by these). The tree
+# runs at ``busBw * .92`` (all-reduce), LL at a further 1/3.8, LL128 at 7/9 on one node (NVLink,
+# PCI: NCCL's intra-node tree is a chain) and 120/128 across nodes.
+_TREE = 0.92
+SIMPLE = Protocol(
+    "simple",
+    8.4e-6,
+    0.0,
+    {"nvlink": 1.0, "pcie": 1.0, "network": 1.0},
+    1.0,
+    {"nvlink": 4.0 / 3.4, "pcie": 6.0 / 5.7, "network": 14.0 / 14.0},
+    {"nvlink": _TREE, "pcie": _TREE, "network": _TREE},
 )
-# hwLat ring LL128 / Simple: NVLink 1.9/3.4, PCI 2.5/5.7, NET 4.0/9.6; bandwidth 120/128 of
-# the link ("busBw * 0.92").
+# ring LL: hwLat NVLink .6, PCI 1.0, NET 2.7; "busBw * 1.0/4.0" for all-reduce rings; tree LL:
+# hwLat .6, 1.0, 5.0 and "busBw*1.0/3.8".
+LL = Protocol(
+    "ll",
+    6.6e-6,
+    6.8e-6,
+    {"nvlink": 0.6 / 3.4, "pcie": 1.0 / 5.7, "network": 2.7 / 14.0},
+    0.25,
+    {"nvlink": 0.6 / 3.4, "pcie": 1.0 / 5.7, "network": 5.0 / 14.0},
+    {"nvlink": _TREE / 3.8, "pcie": _TREE / 3.8, "network": _TREE / 3.8},
+)
+# ring LL128: hwLat NVLink 1.9, PCI 2.5, NET 4.0 and 120/128 of the link ("busBw * 0.92"); tree
+# LL128: hwLat 1.25, 1.9, 8.5.
 LL128 = Protocol(
-    "ll128", 10.0e-6, 4.4e-6, {"nvlink": 1.9 / 3.4, "pcie": 2.5 / 5.7, "network": 4.0 / 9.6}, 0.92
+    "ll128",
+    14.0e-6,
+    14.0e-6,
+    {"nvlink": 1.9 / 3.4, "pcie": 2.5 / 5.7, "network": 4.0 / 14.0},
+    0.92,
+    {"nvlink": 1.25 / 3.4, "pcie": 1.9 / 5.7, "network": 8.5 / 14.0},
+    {"nvlink": _TREE * 7 / 9, "pcie": _TREE * 7 / 9, "network": _TREE * 120 / 128},
 )
 PROTOCOLS: tuple[Protocol, ...] = (SIMPLE, LL, LL128)
 
-TREE_BANDWIDTH = 0.9
-"""NCCL's tree runs at 0.9 of the ring's bus bandwidth (tuning.cc: ``busBw*.9``)."""
+TREE_BANDWIDTH = _TREE
+"""NCCL's tree all-reduce runs at 0.92 of the ring's bus bandwidth (tuning.cc: ``busBw*.92``)."""
+
+NVLS_LATENCY_S = 23.0e-6
+"""NVLink SHARP all-reduce on one node: NCCL's fixed latency of the NVLS algorithm
+(``baseLat`` NVLS Simple, 23 us; no per-step latency, ``hwLat`` NVLink NVLS is 0)."""
+
+# fmt: off
+TREE_CORRECTION: dict[str, tuple[float, ...]] = {
+    "ll": (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0,
+           1.0, 1.0, 1.0),
+    "ll128": (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9,
+              .9, .9, 1.0, 1.0),
+    "simple": (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7,
+               .8, .9, .9),
+}
+# fmt: on
+"""NCCL's ``treeCorrectionFactor``: the tree's bandwidth at buffer sizes 64 B · 2^i
+(i = 0..22, 64 B to 256 MiB), "trees are not perfectly sticking to the model for medium
+sizes"; 1 above 256 MiB."""
+
+MID_SIZE_EFFICIENCY: tuple[tuple[int, float], ...] = (
+    (2**20, 0.328),
+    (2**21, 0.417),
+    (2**22, 0.509),
+    (2**23, 0.530),
+    (2**24, 0.617),
+    (2**25, 0.710),
+    (2**26, 0.826),
+    (2**27, 0.895),
+    (2**28, 0.919),
+    (2**29, 0.932),
+    (2**30, 0.979),
+    (2**31, 0.987),
+    (2**32, 0.995),
+    (2**33, 1.0),
+)
+"""The fraction of its saturated bandwidth an NCCL kernel reaches over NVLink at each buffer
+size: nccl-tests bus bandwidths ramp far more slowly than NCCL's latency-plus-bandwidth model
+(whose own tuning table, :data:`TREE_CORRECTION`, corrects its trees the same way). Measured
+on one machine, the Azure ND H200 v5 (8 H200, NVSwitch, NVLS all-reduce, NCCL 2.20.5;
+``tests/data/nccl/published.jsonl``): ``(S / B) / (t - 23 us)`` with ``B`` the NVLS
+algorithm bandwidth of the h200-141g preset (450 GB/s · 0.61). The same curve predicts the
+ND H100 v5 NVLS all-reduce and the ND A100 v4 ring all-reduce (another GPU, switch and
+algorithm) within a few percent (``tests/test_nccl_curves.py``). Geometric interpolation
+between the sizes; the smallest entry below 1 MiB, 1 above 8 GiB. Only NVLink dimensions (the
+link it was measured on) apply it."""
+
+
+def mid_size_efficiency(size: float) -> float:
+    """:data:`MID_SIZE_EFFICIENCY` at a buffer of ``size`` bytes."""
+    sizes = MID_SIZE_EFFICIENCY
+    if size <= sizes[0][0]:
+        return sizes[0][1]
+    for (lo, lo_eff), (hi, hi_eff) in itertools.pairwise(sizes):
+        if size <= hi:
+            weight = math.log(size / lo) / math.log(hi / lo)
+            return lo_eff + (hi_eff - lo_eff) * weight
+    return sizes[-1][1]
+
+
+def tree_correction(protocol: Protocol, size: float) -> float:
+    """NCCL's :data:`TREE_CORRECTION` for a tree all-reduce of ``size`` bytes."""
+    index = int(math.log2(max(int(size) >> 6, 1)))
+    table = TREE_CORRECTION[protocol.name]
+    return table[index] if index < len(table) else 1.0
 
 
 class Kind(Enum):
@@ -156,10 +262,13 @@ def level_parts(kind: Kind, buffer: float, n: int, level: Level) -> tuple[float,
     """The fastest algorithm and protocol of one collective over ``n`` ranks of one dimension,
     as ``(latency, transfer)`` seconds: its fixed and per-step latencies, and its bytes at the
     protocol's bandwidth (the part that concurrent traffic on the same links shares, see
-    :data:`PORTS`). ``buffer`` as in :func:`level_time`."""
+    :data:`PORTS`). ``buffer`` as in :func:`level_time`. On an NVLink dimension the bytes run at
+    :func:`mid_size_efficiency` of the bandwidth."""
     if n <= 1:
         return 0.0, 0.0
     protocols = PROTOCOLS if level.link else (SIMPLE,)
+    link = level.link or "network"
+    efficiency = mid_size_efficiency(buffer) if level.link == "nvlink" else 1.0
     best = math.inf
     parts = (0.0, 0.0)
 
@@ -172,8 +281,8 @@ def level_parts(kind: Kind, buffer: float, n: int, level: Level) -> tuple[float,
     for proto in protocols:
         base_ring = proto.ring_base_s if level.link else 0.0
         base_tree = proto.tree_base_s if level.link else 0.0
-        step = level.latency * proto.step_ratio.get(level.link or "network", 1.0)
-        bandwidth = level.bandwidth * proto.bandwidth
+        step = level.latency * proto.step_ratio[link]
+        bandwidth = level.bandwidth * proto.bandwidth * efficiency
         if kind is Kind.BARRIER:
             consider(base_ring + 2 * (n - 1) * step, 0.0)
             continue
@@ -183,11 +292,20 @@ def level_parts(kind: Kind, buffer: float, n: int, level: Level) -> tuple[float,
             # NCCL's tree is a chain inside a node and a double binary tree across nodes
             chain = level.link in ("nvlink", "pcie")
             hops = 2 * (n - 1) if chain else 2 * math.ceil(math.log2(n))
-            tree_bw = bandwidth * (TREE_BANDWIDTH if level.link else 1.0)
-            consider(base_tree + hops * step, 2 * buffer / tree_bw)
+            if level.link:
+                tree_step = level.latency * proto.tree_step_ratio[link]
+                tree_bw = level.bandwidth * efficiency * proto.tree_bandwidth[link]
+                tree_bw *= tree_correction(proto, buffer)
+            else:
+                tree_step, tree_bw = step, bandwidth
+            consider(base_tree + hops * tree_step, 2 * buffer / tree_bw)
     if kind is Kind.ALL_REDUCE and level.sharp_efficiency > 0:
-        base = SIMPLE.ring_base_s if level.link else 0.0
-        consider(base + 2 * level.latency, buffer / (level.line_bandwidth * level.sharp_efficiency))
+        if level.link == "nvlink":
+            latency = NVLS_LATENCY_S
+        else:
+            latency = (SIMPLE.ring_base_s if level.link else 0.0) + 2 * level.latency
+        sharp_bw = level.line_bandwidth * level.sharp_efficiency * efficiency
+        consider(latency, buffer / sharp_bw)
     return parts
 
 
@@ -327,6 +445,7 @@ __all__ = [
     "collective_time",
     "level_parts",
     "level_time",
+    "mid_size_efficiency",
     "port",
     "send_parts",
     "send_time",
