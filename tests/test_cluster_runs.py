@@ -1,4 +1,4 @@
-"""Published multi-GPU training runs of 2024-26 (tests/data/cluster_runs.json) against stg's
+"""Published multi-GPU training runs of 2024-26 (tests/data/runs/cluster_runs.json) against stg's
 time predictor.
 
 Each entry is a measured run (NeMo / Megatron-Bridge performance summaries on DGX H100,
@@ -32,8 +32,8 @@ from stg.core.pipeline import build_workload
 from stg.host.registry import Registry, load_registry
 from stg.predictors.time import predict_time
 
-DATA = Path(__file__).parent / "data" / "cluster_runs.json"
-TABLE_TITLE = "published cluster runs 2024-26 (tests/data/cluster_runs.json)"
+DATA = Path(__file__).parent / "data" / "runs" / "cluster_runs.json"
+TABLE_TITLE = "published cluster runs 2024-26 (tests/data/runs/cluster_runs.json)"
 DEFAULT_GUARD = 0.6
 """|predicted/published - 1| allowed where an entry names no ``guard`` of its own."""
 

@@ -180,6 +180,7 @@ def compute_time(
         kind = "other"  # unfused attention's softmax: a memory-bound kernel at its measured rate
     dtype = node.dtype or default_dtype
     speedup = 1.0
+    kernel = None
     if kind != "other":
         if dtype in WIDE_DTYPES and default_dtype not in WIDE_DTYPES:
             dtype = default_dtype
@@ -197,7 +198,9 @@ def compute_time(
     if attention is not None and len(attention) >= 7:
         batch, heads, s_q, s_kv, head_dim, causal, backward = attention[:7]
         impl = attention_impl(profile, system)
-        if dtype not in ("bf16", "fp16", "fp8"):
+        if dtype not in ("bf16", "fp16", "fp8") or (dtype == "fp8" and kernel is None):
+            # Transformer Engine's DotProductAttention runs in 16 bits unless fp8_dpa is set
+            # (an fp8 recipe quantizes the GEMMs): fp8 attention only from a kernel plugin
             dtype = "bf16"
         seconds = (
             attention_time(
