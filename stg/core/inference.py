@@ -45,6 +45,7 @@ from stg.core.lowering import (
     _Nodes,
     bind_part,
     key,
+    node_place,
     stage_parts,
 )
 from stg.core.options import GenerateOptions, OptionError
@@ -52,7 +53,7 @@ from stg.core.plan import MAX_TAG, ParallelPlan
 from stg.core.precision import DTYPE_BYTES, normalize_plan
 from stg.core.sharding import Sharding
 from stg.core.symbolic import Capacity, Dim, GraphBuilder, Op, Part, Seq, Tensor
-from stg.core.workload import NodeType, RankClass, RankGraph, Workload
+from stg.core.workload import OP_ATTR, NodeType, Phase, RankClass, RankGraph, Workload
 from stg.errors import UserError
 from stg.host.records import Model
 
@@ -408,6 +409,7 @@ def _p2p(
             "peer_stage": peer,
             "comm_tag": token_tag(sent_in, mb, micro_batches, boundary, chunks, back),
             "dtype": None,
+            "attrs": {OP_ATTR: f"{verb}_{what}_c{boundary}", **node_place(Phase.FORWARD, mb)},
         },
         deps,
     )
@@ -456,7 +458,13 @@ def lower_inference_stage(
                         size=tokens_bytes,
                     )
                 env: dict[int, tuple[int, ...]] = {}
-                out.run(emb.forward, env, f"{prefix}embedding/", after=after)
+                out.run(
+                    emb.forward,
+                    env,
+                    f"{prefix}embedding/",
+                    after=after,
+                    where=node_place(Phase.FORWARD, mb, "embedding"),
+                )
                 x = env[emb.output_key][0]  # type: ignore[index]
             else:
                 x = _p2p(
@@ -472,11 +480,21 @@ def lower_inference_stage(
             for layer in plan.chunk_layers(stage):
                 block = parts.layer(layer)
                 env = {block.input_key: (x,)}  # type: ignore[dict-item]
-                out.run(block.forward, env, f"{prefix}layer{layer}/fwd/")
+                out.run(
+                    block.forward,
+                    env,
+                    f"{prefix}layer{layer}/fwd/",
+                    where=node_place(Phase.FORWARD, mb, f"layer{layer}"),
+                )
                 x = env[block.output_key][0]  # type: ignore[index]
             if last:
                 env = {head.input_key: (x,)}  # type: ignore[dict-item]
-                out.run(head.forward, env, f"{prefix}head/fwd/")
+                out.run(
+                    head.forward,
+                    env,
+                    f"{prefix}head/fwd/",
+                    where=node_place(Phase.FORWARD, mb, "head"),
+                )
                 if step + 1 < len(steps) and chunks > 1:
                     sampled = out.last_comp
                     _p2p(
