@@ -53,6 +53,7 @@ from stg.api import (
     group_shape,
     is_cast,
     is_hybrid,
+    kernel_name,
     kernel_table,
     load_system,
     node_phase,
@@ -406,7 +407,7 @@ def hybrid_report(replay_: Replay, system: System, problem: Problem, dtype: str)
         for i, k in enumerate(res.kind):
             node = unit.nodes[i]
             if k == COMPUTE:
-                if is_cast(node.name):
+                if is_cast(kernel_name(node)):
                     casts += res.duration[i]
                 else:
                     compute += res.duration[i]

@@ -93,7 +93,7 @@ from stg.perf.costs import (
 )
 from stg.perf.hybrid import HybridSystem, device_of, group_of_rank, is_hybrid
 from stg.perf.kernel_time import attention_time, gemm_time, memory_bound_time, memory_kind
-from stg.perf.kernels import KernelTable, is_cast, kernel_table
+from stg.perf.kernels import KernelTable, is_cast, kernel_name, kernel_table
 from stg.perf.replay import (
     Problem,
     Replay,
@@ -173,6 +173,7 @@ __all__ = [
     "is_cast",
     "is_hybrid",
     "json_trace",
+    "kernel_name",
     "kernel_table",
     "link_dimension",
     "load_calibration",

@@ -396,9 +396,11 @@ def _p2p(
     boundary: int,
     back: bool,
     size: int,
+    serving_step: int | None,
     deps: tuple[int, ...] = (),
 ) -> int:
-    """A pipeline transfer of one step; the tokens received come from the step before."""
+    """A pipeline transfer of one step; the tokens received come from the step before.
+    ``serving_step``: ``step`` in a run of several steps, else None (its typed attribute)."""
     verb = "send" if kind is NodeType.COMM_SEND else "recv"
     sent_in = step - 1 if back and kind is NodeType.COMM_RECV else step
     return out.add(
@@ -409,7 +411,10 @@ def _p2p(
             "peer_stage": peer,
             "comm_tag": token_tag(sent_in, mb, micro_batches, boundary, chunks, back),
             "dtype": None,
-            "attrs": {OP_ATTR: f"{verb}_{what}_c{boundary}", **node_place(Phase.FORWARD, mb)},
+            "attrs": {
+                OP_ATTR: f"{verb}_{what}_c{boundary}",
+                **node_place(Phase.FORWARD, mb, step=serving_step),
+            },
         },
         deps,
     )
@@ -434,6 +439,7 @@ def lower_inference_stage(
         sequences = sum(g.batch for g in sp.groups) // replicas
         for mb in range(m):
             prefix = f"mb{mb}/" if len(steps) == 1 else f"step{step}/mb{mb}/"
+            serving_step = None if len(steps) == 1 else step
             out.start_step()
 
             tokens_bytes = sequences * TOKEN_ID_BYTES
@@ -443,6 +449,7 @@ def lower_inference_stage(
                 "mb": mb,
                 "micro_batches": m,
                 "chunks": chunks,
+                "serving_step": serving_step,
             }
             if first:
                 after = None
@@ -463,7 +470,7 @@ def lower_inference_stage(
                     env,
                     f"{prefix}embedding/",
                     after=after,
-                    where=node_place(Phase.FORWARD, mb, "embedding"),
+                    where=node_place(Phase.FORWARD, mb, "embedding", serving_step),
                 )
                 x = env[emb.output_key][0]  # type: ignore[index]
             else:
@@ -484,7 +491,7 @@ def lower_inference_stage(
                     block.forward,
                     env,
                     f"{prefix}layer{layer}/fwd/",
-                    where=node_place(Phase.FORWARD, mb, f"layer{layer}"),
+                    where=node_place(Phase.FORWARD, mb, f"layer{layer}", serving_step),
                 )
                 x = env[block.output_key][0]  # type: ignore[index]
             if last:
@@ -493,7 +500,7 @@ def lower_inference_stage(
                     head.forward,
                     env,
                     f"{prefix}head/fwd/",
-                    where=node_place(Phase.FORWARD, mb, "head"),
+                    where=node_place(Phase.FORWARD, mb, "head", serving_step),
                 )
                 if step + 1 < len(steps) and chunks > 1:
                     sampled = out.last_comp

@@ -41,6 +41,7 @@ from stg.core.workload import (
     PART_ATTR,
     PHASE_ATTR,
     ROLE_ATTR,
+    STEP_ATTR,
     CollectiveType,
     NodeTemplate,
     NodeType,
@@ -807,14 +808,20 @@ class _Nodes:
 
 
 def node_place(
-    phase: Phase, micro_batch: int | None = None, part: str | None = None
+    phase: Phase,
+    micro_batch: int | None = None,
+    part: str | None = None,
+    step: int | None = None,
 ) -> dict[str, Any]:
-    """The typed attributes of a node's place in the iteration (:data:`NODE_SEMANTICS`)."""
+    """The typed attributes of a node's place in the iteration (:data:`NODE_SEMANTICS`);
+    ``step``: the serving step, in a run of several."""
     where: dict[str, Any] = {PHASE_ATTR: str(phase)}
     if micro_batch is not None:
         where[MICRO_BATCH_ATTR] = micro_batch
     if part is not None:
         where[PART_ATTR] = part
+    if step is not None:
+        where[STEP_ATTR] = step
     return where
 
 

@@ -80,10 +80,12 @@ PART_ATTR = "part"
 """string attribute: the part instance a node belongs to (``embedding``, ``layer3``, ``head``)"""
 ROLE_ATTR = "role"
 """string attribute: a :class:`Role` value"""
+STEP_ATTR = "step"
+"""integer attribute: the step (from 0) of a serving run of several steps"""
 OP_ATTR = "op"
 """string attribute: the model op the node runs (``fc1``, ``fc1_bias``, ``scores.grad_q``): the
 same on every micro-batch and layer, so it keys per-kernel caches"""
-NODE_SEMANTICS = (PHASE_ATTR, MICRO_BATCH_ATTR, PART_ATTR, ROLE_ATTR, OP_ATTR)
+NODE_SEMANTICS = (PHASE_ATTR, MICRO_BATCH_ATTR, PART_ATTR, ROLE_ATTR, OP_ATTR, STEP_ATTR)
 """the attributes :mod:`stg.core.lowering` sets on generated nodes (docs/generation.md)"""
 
 
@@ -112,6 +114,12 @@ def node_role(node: Any) -> Role | None:
 def node_micro_batch(node: Any) -> int | None:
     """The micro-batch a node declares (its ``micro_batch`` attribute), None where absent."""
     value = _attrs(node).get(MICRO_BATCH_ATTR)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def node_step(node: Any) -> int | None:
+    """The serving step a node declares (its ``step`` attribute), None where absent."""
+    value = _attrs(node).get(STEP_ATTR)
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 

@@ -64,6 +64,7 @@ from typing import Any
 
 from stg.core.workload import (
     COMM_TYPES,
+    ROLE_ATTR,
     CollectiveType,
     Node,
     NodeType,
@@ -71,7 +72,6 @@ from stg.core.workload import (
     Role,
     Workload,
     node_micro_batch,
-    node_op,
     node_part,
     node_phase,
     node_role,
@@ -86,9 +86,10 @@ from stg.perf.costs import (
     link_dimension,
     send_phases,
     send_time,
+    weight_cast_cached,
 )
 from stg.perf.hybrid import device_of, group_of_rank, is_hybrid
-from stg.perf.kernels import KernelTable
+from stg.perf.kernels import KernelTable, kernel_name
 from stg.perf.system import System, op_class
 
 COMPUTE, COLL, SEND, RECV, INSTANT = 0, 1, 2, 3, 4
@@ -198,15 +199,17 @@ def forward_part(node: Any) -> str | None:
 
 
 def compute_cost_key(node: Any) -> tuple[Any, ...]:
-    """What the cost of a compute node depends on: its kernel (``op``), whether it is in the
-    first micro-batch (a weight's fp8 cast runs there only), its FLOPs, bytes, dtype, recorded
-    runtime and kernel shape. A node without an ``op`` (a foreign trace) is keyed by its whole
-    name."""
+    """What the cost of a compute node (:func:`stg.perf.costs.compute_time`) depends on: the
+    op it runs (:func:`stg.perf.kernels.kernel_name`: its typed ``op``, else its whole name),
+    its role, whether a weight's fp8 cast is reused there
+    (:func:`stg.perf.costs.weight_cast_cached`), its FLOPs, bytes, dtype, recorded runtime and
+    further attributes (the kernel shape). Alike nodes of every micro-batch and layer share
+    one key."""
     attrs = getattr(node, "attrs", None) or {}
-    op = node_op(node)
     return (
-        op if op is not None else node.name,
-        node_micro_batch(node) == 0,
+        kernel_name(node),
+        attrs.get(ROLE_ATTR),
+        weight_cast_cached(node),
         node.num_ops,
         node.tensor_size,
         node.dtype,
@@ -1356,9 +1359,9 @@ def explain(replay_: Replay, comm_groups: Mapping[int, Sequence[int]]) -> dict[s
                 key = "recompute"
             elif node_role(node) is Role.OPTIMIZER_STEP:
                 key = "optimizer"
-            elif "attention" in attrs or op_class(node.name, node.num_ops, node.tensor_size) == (
-                "attention"
-            ):
+            elif "attention" in attrs or op_class(
+                kernel_name(node), node.num_ops, node.tensor_size
+            ) == ("attention"):
                 key = "attention"
             elif "gemm" in attrs:
                 key = "gemm"
