@@ -56,7 +56,6 @@ from stg.api import (
     kernel_name,
     kernel_table,
     load_system,
-    node_phase,
     problem_from_nodes,
     problem_from_trace,
     problem_from_workload,
@@ -208,7 +207,7 @@ def summarize(
         for node in res.unit.nodes:
             if node.type is NodeType.COMP and node.num_ops > 0:
                 unit_flops += node.num_ops
-                if node_phase(node) is not Phase.RECOMPUTE:
+                if node.attrs.get("phase") != Phase.RECOMPUTE:  # node_phase, inline
                     unit_model += node.num_ops
         hardware_flops += weight * unit_flops
         model_flops += weight * unit_model

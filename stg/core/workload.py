@@ -89,6 +89,10 @@ NODE_SEMANTICS = (PHASE_ATTR, MICRO_BATCH_ATTR, PART_ATTR, ROLE_ATTR, OP_ATTR, S
 """the attributes :mod:`stg.core.lowering` sets on generated nodes (docs/generation.md)"""
 
 
+_PHASES = {str(p): p for p in Phase}
+_ROLES = {str(r): r for r in Role}
+
+
 def _attrs(node: Any) -> Mapping[str, Any]:
     return getattr(node, "attrs", None) or {}
 
@@ -96,43 +100,37 @@ def _attrs(node: Any) -> Mapping[str, Any]:
 def node_phase(node: Any) -> Phase | None:
     """The phase a node declares (its ``phase`` attribute), None where absent or unknown."""
     value = _attrs(node).get(PHASE_ATTR)
-    try:
-        return Phase(value) if isinstance(value, str) else None
-    except ValueError:
-        return None
+    return _PHASES.get(value) if type(value) is str else None
 
 
 def node_role(node: Any) -> Role | None:
     """The role a node declares (its ``role`` attribute), None where absent or unknown."""
     value = _attrs(node).get(ROLE_ATTR)
-    try:
-        return Role(value) if isinstance(value, str) else None
-    except ValueError:
-        return None
+    return _ROLES.get(value) if type(value) is str else None
 
 
 def node_micro_batch(node: Any) -> int | None:
     """The micro-batch a node declares (its ``micro_batch`` attribute), None where absent."""
     value = _attrs(node).get(MICRO_BATCH_ATTR)
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    return value if type(value) is int else None
 
 
 def node_step(node: Any) -> int | None:
     """The serving step a node declares (its ``step`` attribute), None where absent."""
     value = _attrs(node).get(STEP_ATTR)
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    return value if type(value) is int else None
 
 
 def node_part(node: Any) -> str | None:
     """The part instance a node declares (its ``part`` attribute), None where absent."""
     value = _attrs(node).get(PART_ATTR)
-    return value if isinstance(value, str) and value else None
+    return value if type(value) is str and value else None
 
 
 def node_op(node: Any) -> str | None:
     """The model op a node declares (its ``op`` attribute), None where absent."""
     value = _attrs(node).get(OP_ATTR)
-    return value if isinstance(value, str) and value else None
+    return value if type(value) is str and value else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from stg.core.symbolic import DROPOUT_FLOPS
-from stg.core.workload import CollectiveType, Role, node_micro_batch, node_role, node_step
+from stg.core.workload import MICRO_BATCH_ATTR, STEP_ATTR, CollectiveType, Role, node_role
 from stg.perf import comm_time
 from stg.perf.calibration import Calibration
 from stg.perf.kernel_time import attention_time, gemm_time, memory_bound_time, memory_kind
@@ -127,10 +127,11 @@ def weight_cast_cached(node: Any) -> bool:
     it at this node: in every micro-batch but the first of a training iteration or serving
     step, and in every step of a run of several serving steps (the weights do not change).
     A node that declares neither (a foreign trace) casts."""
-    if node_step(node) is not None:
+    attrs = getattr(node, "attrs", None) or {}
+    if type(attrs.get(STEP_ATTR)) is int:  # node_step, inline: this runs per node
         return True
-    micro_batch = node_micro_batch(node)
-    return micro_batch is not None and micro_batch != 0
+    micro_batch = attrs.get(MICRO_BATCH_ATTR)
+    return type(micro_batch) is int and micro_batch != 0
 
 
 def compute_time(

@@ -45,10 +45,12 @@ What a node is for comes from its typed attributes (:data:`stg.core.workload.NOD
 which generated traces carry), never from its name: the optimizer step and the parameter
 all-gathers that follow it (``role``), the part and phase of a forward node (``part``,
 ``phase``), sequence parallelism's tensor-parallel collectives (``role``), a recomputed node
-(``phase``), and the kernel a node runs (``op``, with ``micro_batch`` 0 or not: the key of the
-per-kernel cost cache). A trace without them (a foreign PyTorch trace converted to Chakra)
-replays with neutral behaviour: no parameter gather moves, no tensor-parallel collective
-overlaps its GEMM, nothing counts as recomputed, and compute costs are cached per node name.
+(``phase``), and the kernel a node runs (``op``: with the role and whether a weight's fp8
+cast is reused, :func:`compute_cost_key`, it keys the per-kernel cost cache, alike nodes of
+every micro-batch and layer sharing one entry). A trace without them (a foreign PyTorch trace
+converted to Chakra) replays with neutral behaviour: no parameter gather moves, no
+tensor-parallel collective overlaps its GEMM, nothing counts as recomputed, every fp8 weight
+cast is paid, and compute costs are cached per node name.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ from typing import Any
 
 from stg.core.workload import (
     COMM_TYPES,
+    OP_ATTR,
     ROLE_ATTR,
     CollectiveType,
     Node,
@@ -206,8 +209,9 @@ def compute_cost_key(node: Any) -> tuple[Any, ...]:
     further attributes (the kernel shape). Alike nodes of every micro-batch and layer share
     one key."""
     attrs = getattr(node, "attrs", None) or {}
+    op = attrs.get(OP_ATTR)  # kernel_name, inline: this runs per node
     return (
-        kernel_name(node),
+        op if type(op) is str and op else node.name,
         attrs.get(ROLE_ATTR),
         weight_cast_cached(node),
         node.num_ops,
