@@ -1,14 +1,14 @@
 """The ``time`` predictor: roofline compute and alpha-beta collectives replayed over the DAG.
 
 Cost of one node on a :class:`stg.perf.system.System`:
-Cost of one node on a :class:`stg.perf.system.System`:
 
 - COMP (and MEM_LOAD/STORE): ``max(num_ops / (peak(dtype)·eff(op class)),
   tensor_size / (hbm·memory_efficiency)) + kernel_overhead``; a node with neither FLOPs nor
   bytes but a recorded ``runtime`` (a trace of a real run) takes that runtime. Registered
   kernels (:mod:`stg.perf.kernels`) divide the FLOP term by their ``speedup``, price casts
-  (``.cast_`` nodes) as ``cast_alpha·elements + cast_beta``, and decide whether an fp8/int8
-  op runs natively or, without a kernel, in the workload's dtype.
+  (nodes whose op, :func:`stg.api.kernel_name`, is a ``.cast_``) as
+  ``cast_alpha·elements + cast_beta``, and decide whether an fp8/int8 op runs natively or,
+  without a kernel, in the workload's dtype.
 - Collectives over a group of n ranks, per network dimension i that the group spans with n_i
   ranks (bandwidth B_i = per-GPU bandwidth·efficiency, latency alpha_i), applied hierarchically:
   reduce-scatter and all-gather ``(n_i-1)/n_i · S_i/B_i + (n_i-1)·alpha_i`` with S_0 the full
