@@ -843,9 +843,10 @@ def _fields(
     attrs[OP_ATTR] = op_prefix + op.name
     if where:
         attrs.update(where)
-    role = op_role(op)
-    if role is not None:
-        attrs[ROLE_ATTR] = str(role)
+    if op.group_axes:
+        role = op_role(op)
+        if role is not None:
+            attrs[ROLE_ATTR] = str(role)
     return {
         "name": f"{prefix}{op.name}",
         "type": op.type,

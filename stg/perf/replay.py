@@ -66,8 +66,10 @@ from typing import Any
 
 from stg.core.workload import (
     COMM_TYPES,
+    MICRO_BATCH_ATTR,
     OP_ATTR,
     ROLE_ATTR,
+    STEP_ATTR,
     CollectiveType,
     Node,
     NodeType,
@@ -89,7 +91,6 @@ from stg.perf.costs import (
     link_dimension,
     send_phases,
     send_time,
-    weight_cast_cached,
 )
 from stg.perf.hybrid import device_of, group_of_rank, is_hybrid
 from stg.perf.kernels import KernelTable, kernel_name
@@ -208,20 +209,21 @@ def compute_cost_key(node: Any) -> tuple[Any, ...]:
     (:func:`stg.perf.costs.weight_cast_cached`), its FLOPs, bytes, dtype, recorded runtime and
     further attributes (the kernel shape). Alike nodes of every micro-batch and layer share
     one key."""
-    attrs = getattr(node, "attrs", None) or {}
-    op = attrs.get(OP_ATTR)  # kernel_name, inline: this runs per node
+    attrs = node.attrs
+    # kernel_name and weight_cast_cached, inline: this runs once per node of every unit
+    op = attrs.get(OP_ATTR)
+    step = attrs.get(STEP_ATTR)
+    micro_batch = attrs.get(MICRO_BATCH_ATTR)
     return (
         op if type(op) is str and op else node.name,
         attrs.get(ROLE_ATTR),
-        weight_cast_cached(node),
+        type(step) is int or (type(micro_batch) is int and micro_batch != 0),
         node.num_ops,
         node.tensor_size,
         node.dtype,
         getattr(node, "runtime", 0),
         attrs.get("gemm"),
         attrs.get("attention"),
-        attrs.get("row"),
-        attrs.get("implicit_gemm"),
     )
 
 
