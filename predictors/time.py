@@ -6,8 +6,9 @@ Cost of one node on a :class:`stg.perf.system.System`:
   tensor_size / (hbm·memory_efficiency)) + kernel_overhead``; a node with neither FLOPs nor
   bytes but a recorded ``runtime`` (a trace of a real run) takes that runtime. Registered
   kernels (:mod:`stg.perf.kernels`) divide the FLOP term by their ``speedup``, price casts
-  (``.cast_`` nodes) as ``cast_alpha·elements + cast_beta``, and decide whether an fp8/int8
-  op runs natively or, without a kernel, in the workload's dtype.
+  (nodes whose op, :func:`stg.api.kernel_name`, is a ``.cast_``) as
+  ``cast_alpha·elements + cast_beta``, and decide whether an fp8/int8 op runs natively or,
+  without a kernel, in the workload's dtype.
 - Collectives over a group of n ranks, per network dimension i that the group spans with n_i
   ranks (bandwidth B_i = per-GPU bandwidth·efficiency, latency alpha_i), applied hierarchically:
   reduce-scatter and all-gather ``(n_i-1)/n_i · S_i/B_i + (n_i-1)·alpha_i`` with S_0 the full
@@ -17,65 +18,31 @@ Cost of one node on a :class:`stg.perf.system.System`:
   from its member ranks: rank r sits at ``r % size_0`` of the first dimension, and so on.
 - Send: ``S/B + alpha`` on the outermost dimension where the two ranks differ.
 
-Replay: each rank has a compute stream, a stream for pipeline sends, and one stream per
-communicator (NCCL process groups run on their own CUDA streams, so a tensor-parallel
-collective never waits behind a data-parallel gradient reduction, nor a send behind either);
-a ready node is issued smallest id first when its stream is free. A collective occupies its
-communicator's stream on every member from when the member issues it; its transfer starts
-when the last member has issued it (matched per group in issue order). A receive occupies no
-stream and completes when its matching send (same source, destination, tag and size, first in
-first out) has completed.
-
-Bandwidth sharing: transfers in flight at once on one rank share the bandwidth of the port
-they cross (:data:`stg.perf.comm_time.PORTS`: the GPU's NVLink ports inside a node, its NIC
-across nodes, each direction on its own: links are full duplex). A collective or send runs as
-the phases of its cost model (:func:`stg.api.collective_phases`: per network dimension its
-latency, then its bytes); while its bytes move it is one *user* of the port on the sending and
-the receiving side of every rank it involves (a collective: both sides of every member; a
-send: its source's sending and its destination's receiving side), and it drains its remaining
-bytes at ``1 / users`` of its full bandwidth on the busiest of those ports, recomputed whenever
-a transfer starts or finishes moving bytes; latencies are never shared. Sources and limits
-of the model: :mod:`stg.perf.comm_time` ("Concurrent transfers"). Not shared: hybrid systems
-(their own cost model), and tensor-parallel collectives under ``tp_comm_overlap`` (their bytes
-move beside their GEMMs, where the replay has no transfer).
-
-Overlap options (a workload's ``overlap_param_gather`` and ``tp_comm_overlap``, Megatron's
-``--overlap-param-gather`` and ``--tp-comm-overlap``): the distributed optimizer's parameter
-all-gathers open the replayed period and gate only their own part's forward (the steady
-state, gathers of one iteration beside the next one's forward); a tensor-parallel all-gather
-or reduce-scatter and the GEMMs that consume or produce it take the chunked pipeline's
-``max(gemm, comm) + min(gemm, comm) / chunks`` (docs/prediction.md).
-
-Symmetry: ranks of one rank class whose groups have the same placement shape (and, by
-refinement, whose group partners are alike) have identical timelines, so only one
-representative per such *unit* is simulated; collectives and sends synchronise the
-representatives of the units involved. A trace read from files is simulated rank by rank.
+The replay (streams, bandwidth sharing, overlap options, units of identical ranks) is the
+engine :mod:`stg.perf.replay` (``stg.api.replay_engine``); this plugin builds its problem from
+a workload or trace files, runs it and writes the report (iteration time, per-rank breakdown,
+MFU, critical path, timeline, per device group on hybrid systems).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import gc
-import heapq
 import json
 import os
 import tempfile
-from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 import stg
 from stg.api import (
-    COMM_TYPES,
     EAGER_OP_HOST_S,
     Calibration,
     KernelTable,
-    Node,
     NodeType,
+    Phase,
     Predictor,
+    Problem,
+    Replay,
     System,
     Workload,
     attention_impl,
@@ -83,456 +50,38 @@ from stg.api import (
     collective_time,
     compute_time,
     default_cast_model,
-    device_of,
-    group_of_rank,
     group_shape,
     is_cast,
     is_hybrid,
+    kernel_name,
     kernel_table,
-    link_dimension,
     load_system,
-    op_class,
-    send_phases,
+    problem_from_nodes,
+    problem_from_trace,
+    problem_from_workload,
+    replay,
     send_time,
     tree_all_reduce_time,
 )
+from stg.api import replay_engine as engine
 from stg.errors import TraceError, UserError, reported_write_faults
 
-COMPUTE, COLL, SEND, RECV, INSTANT = 0, 1, 2, 3, 4
-_KIND_NAMES = {COMPUTE: "compute", COLL: "collective", SEND: "send", RECV: "recv", INSTANT: "other"}
+COMPUTE, COLL, SEND, RECV = engine.COMPUTE, engine.COLL, engine.SEND, engine.RECV
 
-
-# ---------------------------------------------------------------------------------------------
-# Contention: compute slowed by concurrent communication
-
-
-NCCL_CHANNELS: Mapping[str, int] = {"nvlink": 24, "pcie": 2, "network": 8}
-"""SMs that NCCL's kernels hold while a collective runs over a link of each kind: one CTA per
-channel. NVLink/NVSwitch: 24 channels on 8 A100s (NCCL's own log, "Channel 23/24", in
-nccl-tests issue #100 and Megatron-LM issue #516); network: 8 ring channels across two
-8-GPU nodes (NCCL's log in NVIDIA/nccl issue #1412); PCIe: 2 (NCCL's default minimum)."""
-
-HBM_BYTES_PER_WIRE_BYTE = 3
-"""HBM traffic of a reduction collective per byte it sends: the chunk it sends is read, the
-chunk it receives is reduced with the local one (a read) and written."""
-
-
-def _comm_first(unit_stream: tuple[int, int]) -> tuple[bool, int, int]:
-    """Dispatch order at one instant: communication streams before the compute stream, so
-    that a kernel starting together with a collective sees it running."""
-    u, stream = unit_stream
-    return (stream == 0, u, stream)
-
-
-def contended_systems(system: System) -> dict[str, System]:
-    """Per link kind of the system's network: the system as a compute kernel sees it while a
-    NCCL collective runs over that kind of link concurrently (the contention model). NCCL's
-    CTAs take ``NCCL_CHANNELS`` SMs away from the kernel (the GEMM and attention models see
-    fewer SMs, each at its own rate: more waves), and its traffic takes
-    ``HBM_BYTES_PER_WIRE_BYTE`` bytes of HBM bandwidth per byte on the wire (memory-bound
-    kernels slow down). Plain alpha-beta links (no ``link``) and hybrid systems contend with
-    nothing."""
-    out: dict[str, System] = {}
-    if is_hybrid(system):
-        return out
-    for dim in system.network:
-        if dim.link is None or dim.link in out:
-            continue
-        out[dim.link] = contended_system(
-            system, dim.link, NCCL_CHANNELS[dim.link], HBM_BYTES_PER_WIRE_BYTE
-        )
-    return out
-
-
-def contended_system(system: System, link: str, sms_taken: int, hbm_per_wire: float) -> System:
-    """The system as a compute kernel sees it while communication over ``link`` holds
-    ``sms_taken`` SMs and moves ``hbm_per_wire`` bytes of HBM per byte on the wire."""
-    wire = max(d.effective_bandwidth / d.oversubscription for d in system.network if d.link == link)
-    sms = max(1, system.sm_count - sms_taken)
-    share = sms / system.sm_count  # the peaks are the whole GPU's: per SM they stay
-    return dataclasses.replace(
-        system,
-        sm_count=sms,
-        peak_flops={d: rate * share for d, rate in system.peak_flops.items()},
-        hbm_bandwidth=max(0.1 * system.hbm_bandwidth, system.hbm_bandwidth - hbm_per_wire * wire),
-    )
-
-
-def outermost_link(shape: Sequence[int], system: System) -> str | None:
-    """The link kind of the outermost network dimension a group spans (whose channels NCCL
-    runs the collective with)."""
-    for n, dim in reversed(list(zip(shape, system.network, strict=False))):
-        if n > 1:
-            return dim.link
-    return None
-
-
-# ---------------------------------------------------------------------------------------------
-# Overlap options: the distributed optimizer's parameter gather, tensor-parallel userbuffers
-
-
-TP_OVERLAP_PIPELINE_SPLITS = 4
-"""Chunks of a reduce-scatter that Transformer Engine's userbuffers overlap with the GEMM that
-produces it (its "pipeline" method, ``num_splits`` 4 by default: ``initialize_ub`` in
-transformer_engine/pytorch/module/base.py). The all-gather before a GEMM uses the
-"ring_exchange" method: one chunk per tensor-parallel rank."""
-
-USERBUFFERS_SMS = {"ring_exchange": 1, "pipeline": 16}
-"""SMs that userbuffers' communication holds beside the GEMM (Transformer Engine's default
-``num_sm`` per method, ``initialize_ub``; the GEMM runs on the others, ``set_sm_margin``): the
-ring exchange of an all-gather moves chunks with copy engines and one SM, the pipelined
-reduce-scatter reduces with 16."""
-
-USERBUFFERS_HBM_BYTES_PER_WIRE_BYTE = {"ring_exchange": 2, "pipeline": HBM_BYTES_PER_WIRE_BYTE}
-"""HBM traffic per byte on the wire: a copied chunk is read and written (2); a reduced one is
-read, reduced with the local chunk and written (3, as a NCCL reduction)."""
-
-
-def chunked_overlap_time(gemm: float, comm: float, chunks: int) -> float:
-    """A GEMM and a collective split into ``chunks`` and pipelined against each other (chunk
-    k's communication beside chunk k-1's GEMM): ``max(gemm, comm) + min(gemm, comm) / chunks``,
-    the longer of the two plus one chunk of the shorter (the pipeline's fill or drain)."""
-    return max(gemm, comm) + min(gemm, comm) / max(1, chunks)
-
-
-def _step_name(name: str) -> str:
-    return name.rsplit("/", 1)[-1]
-
-
-def _forward_part(name: str) -> str | None:
-    """``layer3/`` for a forward node ``mb0/layer3/fwd/...`` (``embedding/`` for
-    ``mb0/embedding/...``), None for any other node (a backward, the optimizer)."""
-    parts = name.split("/")
-    if len(parts) < 3 or not parts[0].startswith("mb") or parts[2] == "bwd":
-        return None
-    return parts[1] + "/"
-
-
-# ---------------------------------------------------------------------------------------------
-# Bandwidth sharing: concurrent transfers over the same port of a GPU
-
-
-Steps = tuple[tuple[str | None, float], ...]
-"""A transfer as the replay runs it: ``(port, seconds)`` steps in order. A step with a port
-(``nvlink``, ``nic``, ...: :func:`stg.perf.comm_time.port`) moves bytes that take ``seconds``
-at the port's full bandwidth and shares it; a step without one (latency, or a time fixed in
-advance) takes its seconds whatever else runs."""
-
-
-def transfer_steps(phases: Iterable[tuple[str, float, float]]) -> Steps:
-    """The steps of a transfer's ``(port, latency, transfer)`` phases: each phase's latency,
-    then its bytes (zero-length steps left out)."""
-    steps: list[tuple[str | None, float]] = []
-    for port, latency, transfer in phases:
-        if latency > 0:
-            steps.append((None, latency))
-        if transfer > 0:
-            steps.append((port, transfer))
-    return tuple(steps)
-
-
-def fixed_steps(seconds: float) -> Steps:
-    """A transfer that takes ``seconds`` whatever else runs."""
-    return ((None, seconds),) if seconds > 0 else ()
-
-
-class _Flow:
-    """One transfer in flight: a collective (all its members together, at the pace of its
-    most loaded member) or a send. ``ends``: (unit, direction) pairs whose ports it uses, 0
-    sending and 1 receiving (a collective both on every member, a send its source's sending
-    and its destination's receiving side)."""
-
-    __slots__ = (
-        "contends",
-        "ends",
-        "finish",
-        "index",
-        "link",
-        "members",
-        "rate",
-        "remaining",
-        "resources",
-        "since",
-        "step",
-        "steps",
-        "tail",
-        "version",
-    )
-
-    def __init__(
-        self,
-        index: int,
-        members: list[tuple[int, int]],
-        ends: list[tuple[int, int]],
-        steps: Steps,
-    ) -> None:
-        self.index = index
-        self.members = members
-        self.ends = ends
-        self.steps = steps
-        self.step = -1
-        self.finish = 0.0
-        """when the current step ends at the current rate"""
-        self.tail = 0.0
-        """the steps after the current one at full bandwidth"""
-        self.remaining = 0.0
-        self.since = 0.0
-        self.rate = 0.0
-        self.resources: tuple[tuple[int, str, int], ...] = ()
-        self.version = 0
-        self.link: str | None = None
-        self.contends: list[int] = []
-
-
-# ---------------------------------------------------------------------------------------------
-# Units: the timelines that are simulated
-
-
-@dataclass
-class Unit:
-    """One simulated timeline standing for ``ranks`` (all identical); ``rank`` simulates it."""
-
-    index: int
-    rank: int
-    ranks: tuple[int, ...]
-    nodes: list[Any]
-    rank_class: int | None = None
-    stage: int | None = None
-    group_keys: dict[int, Any] = field(default_factory=dict)
-    """node position -> axes key used to match collectives across units"""
-
-
-@dataclass
-class Problem:
-    """What the replay needs: units, the unit of every rank, and communicator members."""
-
-    units: list[Unit]
-    unit_of_rank: Mapping[int, int]
-    comm_groups: Mapping[int, Sequence[int]]
-    world_size: int
-
-
-def _refine(
-    ranks: Sequence[int],
-    initial: Mapping[int, Any],
-    neighbours: Mapping[int, list[Sequence[int]]],
-    peers: Mapping[int, list[int]],
-) -> dict[int, int]:
-    """Colour refinement: ranks stay together only while their partners are alike.
-
-    Runs until no class splits: a difference travels one partner per round (along a
-    pipeline, one stage), so a cap on the rounds would leave deep pipelines with units whose
-    ranks are not alike, and their sends and collectives unmatched. Each round either splits
-    a class or ends, so there are at most as many rounds as ranks."""
-    colour: dict[int, int] = {}
-    keys: dict[Any, int] = {}
-    for r in ranks:
-        colour[r] = keys.setdefault(initial[r], len(keys))
-    while True:
-        group_colours: dict[int, tuple[int, ...]] = {}
-        new_keys: dict[Any, int] = {}
-        new: dict[int, int] = {}
-        for r in ranks:
-            parts = []
-            for members in neighbours[r]:
-                key = id(members)
-                if key not in group_colours:
-                    group_colours[key] = tuple(sorted({colour[m] for m in members}))
-                parts.append(group_colours[key])
-            sig = (colour[r], tuple(parts), tuple(colour[p] for p in peers[r]))
-            new[r] = new_keys.setdefault(sig, len(new_keys))
-        if len(new_keys) == len(keys):
-            return new
-        colour, keys = new, new_keys
-
-
-def problem_from_workload(workload: Workload, system: System) -> Problem:
-    """Split a workload into symmetric units (see the module docstring)."""
-    layout = workload.layout
-    groups = {gid: tuple(m) for gid, m in workload.comm_groups.items()}
-    for gid, members in layout.comm_groups.items():
-        groups.setdefault(gid, members)
-    class_axes: dict[int, list[tuple[str, ...]]] = {}
-    class_peers: dict[int, list[int]] = {}
-    for rc in workload.rank_classes:
-        axes = sorted(
-            {t.group_axes for t in rc.nodes if t.type is NodeType.COMM_COLL and t.group_axes}
-        )
-        class_axes[rc.index] = axes
-        class_peers[rc.index] = sorted(
-            {
-                t.peer_stage
-                for t in rc.nodes
-                if t.type in (NodeType.COMM_SEND, NodeType.COMM_RECV) and t.peer_stage is not None
-            }
-        )
-    shapes: dict[int, tuple[int, ...]] = {}
-    initial: dict[int, Any] = {}
-    neighbours: dict[int, list[Sequence[int]]] = {}
-    peers: dict[int, list[int]] = {}
-    ranks = [g.rank for g in workload.ranks]
-    for graph in workload.ranks:
-        r, rc = graph.rank, graph.rank_class.index
-        parts: list[Any] = []
-        nbrs: list[Sequence[int]] = []
-        for axes in class_axes[rc]:
-            try:
-                gid = layout.group_id(r, axes)
-            except KeyError:
-                parts.append(None)
-                continue
-            members = groups[gid]
-            if gid not in shapes:
-                shapes[gid] = group_shape(members, system)
-            parts.append(shapes[gid])
-            nbrs.append(members)
-        links = []
-        prs = []
-        for stage in class_peers[rc]:
-            peer = layout.peer(r, stage)
-            links.append(link_dimension(r, peer, system))
-            prs.append(peer)
-        initial[r] = (rc, tuple(parts), tuple(links), group_of_rank(system, r))
-        neighbours[r] = nbrs
-        peers[r] = prs
-    colour = _refine(ranks, initial, neighbours, peers)
-    by_colour: dict[int, list[int]] = {}
-    for r in ranks:
-        by_colour.setdefault(colour[r], []).append(r)
-    ordered = sorted(by_colour.values(), key=min)
-    graphs = {g.rank: g for g in workload.ranks}
-    units: list[Unit] = []
-    unit_of_rank: dict[int, int] = {}
-    for index, members in enumerate(ordered):
-        rep = graphs[min(members)]
-        templates = list(rep.rank_class.nodes)
-        if any(a.id >= b.id for a, b in pairwise(templates)):
-            templates.sort(key=lambda t: t.id)
-        # only communication nodes differ between ranks: resolve just those
-        nodes = [rep.resolve(t) if t.type in COMM_TYPES else t for t in templates]
-        keys = {
-            i: tuple(sorted(t.group_axes))
-            for i, t in enumerate(templates)
-            if t.type is NodeType.COMM_COLL
-        }
-        units.append(
-            Unit(
-                index=index,
-                rank=rep.rank,
-                ranks=tuple(sorted(members)),
-                nodes=nodes,
-                rank_class=rep.rank_class.index,
-                stage=rep.rank_class.stage,
-                group_keys=keys,
-            )
-        )
-        for r in members:
-            unit_of_rank[r] = index
-    return Problem(units, unit_of_rank, groups, workload.world_size)
-
-
-def problem_from_nodes(
-    rank_nodes: Mapping[int, Sequence[Node]], comm_groups: Mapping[int, Sequence[int]]
-) -> Problem:
-    """One unit per rank: for traces read from files."""
-    units = []
-    unit_of_rank = {}
-    for index, rank in enumerate(sorted(rank_nodes)):
-        nodes = sorted(rank_nodes[rank], key=lambda n: n.id)
-        keys = {
-            i: ("group", n.comm_group) for i, n in enumerate(nodes) if n.type is NodeType.COMM_COLL
-        }
-        units.append(Unit(index, rank, (rank,), nodes, group_keys=keys))
-        unit_of_rank[rank] = index
-    groups = {int(g): tuple(m) for g, m in comm_groups.items()}
-    return Problem(units, unit_of_rank, groups, len(units))
-
-
-def problem_from_trace(
-    trace: Any, comm_groups: Mapping[int, Sequence[int]], system: System
-) -> Problem | None:
-    """Units of identical ranks of a trace read from files, as generation has them.
-
-    ``trace`` summarises the rank files (:class:`stg.trace.ranks.TraceRanks`): per rank its
-    class (ranks whose node sequences are equal up to peer and communicator ids), the
-    communicator of each collective and the peer of each send and receive, in file order; it
-    decodes a rank's nodes on demand. The *role* of a communicator is the set of (class,
-    positions of its collectives) over its members, the same for, e.g., every TP group of one
-    pipeline stage. Ranks start out alike when they have the same class, the same role at each
-    collective, the same placement shapes and the same link to each peer; colour refinement
-    (as :func:`problem_from_workload`) then keeps together only ranks whose partners are
-    alike. Each unit replays its smallest rank, the only one decoded; collectives are matched
-    across units by role. None where that does not apply (no summaries, a communicator
-    without member list or used by a non-member, a peer outside the world, a rank with two
-    communicators of one role): every rank is then replayed.
-    """
-    if not getattr(trace, "fast", False):
-        return None
-    world = trace.world_size
-    groups = {int(g): tuple(m) for g, m in comm_groups.items()}
-    member_sets = {g: frozenset(m) for g, m in groups.items()}
-    classes = trace.classes
-    uses: dict[int, dict[int, list[int]]] = {}
-    for r in range(world):
-        for k, g in enumerate(trace.colls(r)):
-            if g not in member_sets or r not in member_sets[g]:
-                return None
-            uses.setdefault(g, {}).setdefault(r, []).append(k)
-        if any(not 0 <= p < world for p in (*trace.sends(r), *trace.recvs(r))):
-            return None
-    role_of: dict[int, int] = {}
-    roles: dict[frozenset[tuple[int, tuple[int, ...]]], int] = {}
-    for g, per_rank in uses.items():
-        if any(not 0 <= m < world for m in groups[g]):
-            return None
-        signature = frozenset((classes[m], tuple(per_rank.get(m, ()))) for m in groups[g])
-        role_of[g] = roles.setdefault(signature, len(roles))
-    shapes: dict[int, tuple[int, ...]] = {}
-    initial: dict[int, Any] = {}
-    neighbours: dict[int, list[Sequence[int]]] = {}
-    peers: dict[int, list[int]] = {}
-    for r in range(world):
-        colls = trace.colls(r)
-        distinct = list(dict.fromkeys(colls))
-        if len({role_of[g] for g in distinct}) != len(distinct):
-            return None
-        for g in distinct:
-            if g not in shapes:
-                shapes[g] = group_shape(groups[g], system)
-        sends, recvs = trace.sends(r), trace.recvs(r)
-        initial[r] = (
-            classes[r],
-            tuple(role_of[g] for g in colls),
-            tuple(shapes[g] for g in distinct),
-            tuple(link_dimension(r, p, system) for p in sends),
-            tuple(link_dimension(r, p, system) for p in recvs),
-            group_of_rank(system, r),
-        )
-        neighbours[r] = [groups[g] for g in distinct]
-        peers[r] = [*sends, *recvs]
-    ranks = list(range(world))
-    colour = _refine(ranks, initial, neighbours, peers)
-    by_colour: dict[int, list[int]] = {}
-    for r in ranks:
-        by_colour.setdefault(colour[r], []).append(r)
-    units: list[Unit] = []
-    unit_of_rank: dict[int, int] = {}
-    for index, members in enumerate(sorted(by_colour.values(), key=min)):
-        rep = min(members)
-        file_nodes = trace.nodes(rep)
-        role_by_id = {
-            n.id: ("role", role_of.get(n.comm_group))
-            for n in file_nodes
-            if n.type is NodeType.COMM_COLL
-        }
-        nodes = sorted(file_nodes, key=lambda n: n.id)
-        keys = {i: role_by_id[n.id] for i, n in enumerate(nodes) if n.type is NodeType.COMM_COLL}
-        units.append(
-            Unit(index, rep, tuple(members), nodes, rank_class=classes[rep], group_keys=keys)
-        )
-        for r in members:
-            unit_of_rank[r] = index
-    return Problem(units, unit_of_rank, groups, world)
+# the replay's models and analyses moved to the engine; their names stay importable from here
+NCCL_CHANNELS = engine.NCCL_CHANNELS
+HBM_BYTES_PER_WIRE_BYTE = engine.HBM_BYTES_PER_WIRE_BYTE
+TP_OVERLAP_PIPELINE_SPLITS = engine.TP_OVERLAP_PIPELINE_SPLITS
+USERBUFFERS_SMS = engine.USERBUFFERS_SMS
+USERBUFFERS_HBM_BYTES_PER_WIRE_BYTE = engine.USERBUFFERS_HBM_BYTES_PER_WIRE_BYTE
+Unit = engine.Unit
+UnitResult = engine.UnitResult
+chunked_overlap_time = engine.chunked_overlap_time
+contended_system = engine.contended_system
+contended_systems = engine.contended_systems
+critical_path = engine.critical_path
+explain = engine.explain
+unit_breakdown = engine.unit_breakdown
 
 
 def predict_trace(
@@ -560,850 +109,6 @@ def predict_trace(
     report = predict_problem(problem, system, **kwargs)
     report["simulated_ranks"] = len(problem.units)
     return report
-
-
-# ---------------------------------------------------------------------------------------------
-# Replay
-
-
-@dataclass
-class UnitResult:
-    """Timeline of one unit: per node start/end (seconds), and what gated each start."""
-
-    unit: Unit
-    kind: list[int]
-    duration: list[float]
-    start: list[float]
-    end: list[float]
-    transfer_start: list[float]
-    cause: list[tuple[int, int] | None]
-
-
-@dataclass
-class Replay:
-    units: list[UnitResult]
-    iteration_time: float
-
-
-class _Sim:
-    """Event-driven replay of all units (see the module docstring)."""
-
-    def __init__(
-        self,
-        problem: Problem,
-        system: System,
-        default_dtype: str,
-        kernels: KernelTable | None = None,
-        profile: str = "megatron",
-        calibration: Calibration | None = None,
-        overlap_param_gather: bool = False,
-        tp_comm_overlap: bool = False,
-        share_links: bool = True,
-    ) -> None:
-        self.problem = problem
-        self.system = system
-        self.default_dtype = default_dtype
-        self.kernels = kernels
-        self.profile = profile
-        self.calibration = calibration
-        self.results: list[UnitResult] = []
-        self.children: list[list[list[int]]] = []
-        self.pending: list[list[int]] = []
-        self.ready_time: list[list[float]] = []
-        self.ready_cause: list[list[tuple[int, int] | None]] = []
-        self.coll_key: list[dict[int, Any]] = []
-        self.stream: list[list[int]] = []
-        """per unit and node: 0 compute, 1 pipeline sends, 2 + k the k-th communicator's"""
-        self.coll_needed: list[dict[int, int]] = []
-        self.p2p_key: list[dict[int, tuple[int, int, int, int]]] = []
-        self.shape_cache: dict[int, tuple[int, ...]] = {}
-        self.steps_cache: dict[Any, Steps] = {}
-        self.participants_cache: dict[int, tuple[int, ...]] = {}
-        self.contended = contended_systems(system)
-        """per link kind: the GPU as a compute kernel sees it while NCCL runs over that link"""
-        self.contended_cost: dict[tuple[Any, str], float] = {}
-        self.cost_key: list[list[Any]] = []
-        self.comm_link: list[list[str | None]] = []
-        self.share_links = share_links and not is_hybrid(system)
-        """concurrent transfers share their ports' bandwidth (off: each at its full bandwidth)"""
-        self.steps: list[list[Steps | None]] = []
-        """per unit and node: the steps of a collective's or send's transfer (see ``Steps``)"""
-        for unit in problem.units:
-            self._prepare(unit)
-        for u in range(len(problem.units)):
-            if overlap_param_gather:
-                self._gather_before_forward(u)
-            if tp_comm_overlap and not is_hybrid(system):
-                self._overlap_tp_collectives(u)
-
-    def _participants(self, gid: int) -> tuple[int, ...]:
-        if gid not in self.participants_cache:
-            members = self.problem.comm_groups.get(gid)
-            if members is None:
-                raise TraceError(f"collective uses communicator {gid}, which has no member list")
-            self.participants_cache[gid] = tuple(
-                sorted({self.problem.unit_of_rank[m] for m in members})
-            )
-            self.shape_cache[gid] = group_shape(members, self.system)
-        return self.participants_cache[gid]
-
-    def _prepare(self, unit: Unit) -> None:
-        nodes = unit.nodes
-        n = len(nodes)
-        position = {node.id: i for i, node in enumerate(nodes)}
-        if len(position) != n:
-            raise TraceError(f"rank {unit.rank}: duplicate node ids")
-        children: list[list[int]] = [[] for _ in range(n)]
-        pending = [0] * n
-        kind = [INSTANT] * n
-        duration = [0.0] * n
-        coll_key: dict[int, Any] = {}
-        coll_needed: dict[int, int] = {}
-        p2p_key: dict[int, tuple[int, int, int, int]] = {}
-        stream = [0] * n
-        cost_key: list[Any] = [None] * n
-        comm_link: list[str | None] = [None] * n
-        steps: list[Steps | None] = [None] * n
-        steps_cache = self.steps_cache
-        group_streams: dict[int, int] = {}
-        system = self.system
-        device = device_of(system, unit.rank)  # hybrid clusters: this rank's group's GPU
-        kernels = self.kernels
-        if isinstance(kernels, Mapping):
-            kernels = kernels.get(device.name)
-        unit_of = self.problem.unit_of_rank
-        cost_cache: dict[tuple[Any, ...], float] = {}
-        for i, node in enumerate(nodes):
-            deps = set(node.data_deps) | set(node.ctrl_deps)
-            for dep in deps:
-                j = position.get(dep)
-                if j is None:
-                    raise TraceError(f"rank {unit.rank}: node {node.id} depends on missing {dep}")
-                children[j].append(i)
-            pending[i] = len(deps)
-            t = node.type
-            if t in (NodeType.COMP, NodeType.MEM_LOAD, NodeType.MEM_STORE):
-                kind[i] = COMPUTE
-                ckey = (
-                    node.name.rsplit("/", 1)[-1],
-                    node.name.startswith("mb0/"),
-                    node.num_ops,
-                    node.tensor_size,
-                    node.dtype,
-                    getattr(node, "runtime", 0),
-                )
-                cost = cost_cache.get(ckey)
-                if cost is None:
-                    cost = cost_cache[ckey] = compute_time(
-                        node,
-                        device,
-                        self.default_dtype,
-                        kernels,
-                        self.profile,
-                        self.calibration,
-                    )
-                duration[i] = cost
-                cost_key[i] = ckey
-            elif t is NodeType.COMM_COLL:
-                if node.comm_group is None or node.comm_type is None:
-                    raise TraceError(
-                        f"rank {unit.rank}: collective {node.id} lacks its group or type"
-                    )
-                participants = self._participants(node.comm_group)
-                shape = self.shape_cache[node.comm_group]
-                key = (node.comm_type, node.comm_size, shape)
-                if is_hybrid(system):
-                    key = (node.comm_type, node.comm_size, node.comm_group)
-                if key not in cost_cache:
-                    cost_cache[key] = (
-                        system.collective_time(  # type: ignore[attr-defined]
-                            node.comm_type,
-                            node.comm_size,
-                            self.problem.comm_groups[node.comm_group],
-                        )
-                        if is_hybrid(system)
-                        else collective_time(node.comm_type, node.comm_size, shape, system)
-                    )
-                kind[i] = COLL
-                duration[i] = cost_cache[key]
-                if self.share_links:
-                    plan = steps_cache.get(key)
-                    if plan is None:
-                        plan = steps_cache[key] = transfer_steps(
-                            collective_phases(node.comm_type, node.comm_size, shape, system)
-                        )
-                    steps[i] = plan
-                else:
-                    steps[i] = fixed_steps(duration[i])
-                if not is_hybrid(system):
-                    comm_link[i] = outermost_link(shape, system)
-                coll_key[i] = (unit.group_keys.get(i, ("group", node.comm_group)), participants)
-                coll_needed[i] = len(participants)
-                stream[i] = group_streams.setdefault(node.comm_group, 2 + len(group_streams))
-            elif t is NodeType.COMM_SEND:
-                if node.comm_dst is None or node.comm_dst not in unit_of:
-                    raise TraceError(f"rank {unit.rank}: send {node.id} has no valid destination")
-                kind[i] = SEND
-                stream[i] = 1
-                if is_hybrid(system):
-                    duration[i] = system.send_time(  # type: ignore[attr-defined]
-                        node.comm_size, unit.rank, node.comm_dst
-                    )
-                else:
-                    dimension = link_dimension(unit.rank, node.comm_dst, system)
-                    duration[i] = send_time(node.comm_size, dimension, system)
-                    comm_link[i] = system.network[dimension].link if dimension >= 0 else None
-                if self.share_links:
-                    skey = ("send", node.comm_size, dimension)
-                    plan = steps_cache.get(skey)
-                    if plan is None:
-                        plan = steps_cache[skey] = transfer_steps(
-                            send_phases(node.comm_size, dimension, system)
-                        )
-                    steps[i] = plan
-                else:
-                    steps[i] = fixed_steps(duration[i])
-                p2p_key[i] = (
-                    unit.index,
-                    unit_of[node.comm_dst],
-                    -1 if node.comm_tag is None else node.comm_tag,
-                    node.comm_size,
-                )
-            elif t is NodeType.COMM_RECV:
-                if node.comm_src is None or node.comm_src not in unit_of:
-                    raise TraceError(f"rank {unit.rank}: receive {node.id} has no valid source")
-                kind[i] = RECV
-                p2p_key[i] = (
-                    unit_of[node.comm_src],
-                    unit.index,
-                    -1 if node.comm_tag is None else node.comm_tag,
-                    node.comm_size,
-                )
-        self.children.append(children)
-        self.pending.append(pending)
-        self.ready_time.append([0.0] * n)
-        self.ready_cause.append([None] * n)
-        self.coll_key.append(coll_key)
-        self.coll_needed.append(coll_needed)
-        self.stream.append(stream)
-        self.p2p_key.append(p2p_key)
-        self.cost_key.append(cost_key)
-        self.comm_link.append(comm_link)
-        self.steps.append(steps)
-        self.results.append(
-            UnitResult(
-                unit=unit,
-                kind=kind,
-                duration=duration,
-                start=[-1.0] * n,
-                end=[-1.0] * n,
-                transfer_start=[-1.0] * n,
-                cause=[None] * n,
-            )
-        )
-
-    def _gather_before_forward(self, u: int) -> None:
-        """Megatron's ``--overlap-param-gather``, in the steady state: the parameter
-        all-gathers that follow the optimizer step (the distributed optimizer's, one per part)
-        belong to the next iteration's forward. The replayed iteration runs from one optimizer
-        step to the next: each gather is issued at its start, in order on its communicator's
-        stream, and the forward nodes of its part (every micro-batch's) wait for it instead of
-        the gather waiting for the step."""
-        res = self.results[u]
-        nodes = res.unit.nodes
-        steps = {
-            nodes[i].id
-            for i, k in enumerate(res.kind)
-            if k == COMPUTE and _step_name(nodes[i].name).startswith("optimizer_step")
-        }
-        if not steps:
-            return
-        position = {node.id: i for i, node in enumerate(nodes)}
-        gathers: dict[str, list[int]] = {}
-        for i, node in enumerate(nodes):
-            if (
-                res.kind[i] == COLL
-                and node.comm_type is not None
-                and node.comm_type.name == "ALL_GATHER"
-                and steps.intersection(node.data_deps)
-            ):
-                gathers.setdefault(node.name.rsplit("/", 1)[0] + "/", []).append(i)
-        if not gathers:
-            return
-        children, pending = self.children[u], self.pending[u]
-        moved = {i for members in gathers.values() for i in members}
-        for i in moved:
-            for dep in set(nodes[i].data_deps) | set(nodes[i].ctrl_deps):
-                j = position[dep]
-                children[j].remove(i)
-            pending[i] = 0
-        for i, node in enumerate(nodes):
-            part = _forward_part(node.name)
-            if part is None or part not in gathers or i in moved:
-                continue
-            for g in gathers[part]:
-                children[g].append(i)
-                pending[i] += 1
-
-    def _overlap_tp_collectives(self, u: int) -> None:
-        """Transformer Engine's ``--tp-comm-overlap`` (userbuffers): sequence parallelism's
-        all-gather is split into one chunk per tensor-parallel rank and pipelined with the
-        GEMMs that consume it, a reduce-scatter into ``TP_OVERLAP_PIPELINE_SPLITS`` chunks
-        with the GEMMs that produce it. Together they take ``chunked_overlap_time`` of the
-        GEMMs slowed by the concurrent communication (the contention model) and the
-        collective; the collective node keeps what is left beyond the GEMMs' own time (the
-        GEMMs still run as separate nodes, at their own speed)."""
-        res = self.results[u]
-        nodes = res.unit.nodes
-        position: dict[int, int] | None = None
-        children = self.children[u]
-        claimed: set[int] = set()
-        for i, node in enumerate(nodes):
-            if res.kind[i] != COLL:
-                continue
-            name = _step_name(node.name)
-            if name.startswith("all_gather_tp:"):
-                gemms = [c for c in children[i] if self._is_gemm(u, c)]
-                chunks = len(self.problem.comm_groups.get(node.comm_group, ())) or 1
-                method = "ring_exchange"
-            elif name.startswith("reduce_scatter_tp:"):
-                if position is None:
-                    position = {n.id: k for k, n in enumerate(nodes)}
-                gemms = [position[d] for d in node.data_deps if self._is_gemm(u, position[d])]
-                chunks = TP_OVERLAP_PIPELINE_SPLITS
-                method = "pipeline"
-            else:
-                continue
-            gemms = [g for g in gemms if g not in claimed]
-            if not gemms:
-                continue
-            claimed.update(gemms)
-            free = sum(res.duration[g] for g in gemms)
-            link = self.comm_link[u][i]
-            slowed = free
-            if link in self.contended:
-                slowed = sum(
-                    max(res.duration[g], self._userbuffers_contended(u, g, link, method))
-                    for g in gemms
-                )
-            together = chunked_overlap_time(slowed, res.duration[i], chunks)
-            res.duration[i] = max(0.0, together - free)
-            self.comm_link[u][i] = None  # its contention is in ``slowed`` already
-            # its bytes cross the links beside the GEMMs: what is left is a fixed time
-            self.steps[u][i] = fixed_steps(res.duration[i])
-
-    def _userbuffers_contended(self, u: int, i: int, link: str, method: str) -> float:
-        """Duration of GEMM ``i`` of unit ``u`` beside userbuffers' ``method`` over ``link``."""
-        key = (self.cost_key[u][i], link, method)
-        cost = self.contended_cost.get(key)
-        if cost is None:
-            gpu = contended_system(
-                self.system,
-                link,
-                USERBUFFERS_SMS[method],
-                USERBUFFERS_HBM_BYTES_PER_WIRE_BYTE[method],
-            )
-            kernels = self.kernels
-            if isinstance(kernels, Mapping):
-                kernels = kernels.get(self.system.name)
-            cost = self.contended_cost[key] = compute_time(
-                self.results[u].unit.nodes[i],
-                gpu,
-                self.default_dtype,
-                kernels,
-                self.profile,
-                self.calibration,
-            )
-        return cost
-
-    def _is_gemm(self, u: int, i: int) -> bool:
-        if self.results[u].kind[i] != COMPUTE:
-            return False
-        attrs = getattr(self.results[u].unit.nodes[i], "attrs", None) or {}
-        return "gemm" in attrs
-
-    def run(self) -> Replay:
-        units = self.problem.units
-        results = self.results
-        heap: list[tuple[float, int, int, int]] = []
-        counter = 0
-        # streams (self.stream): compute, pipeline sends, and one per communicator, as NCCL
-        # process groups run on their own CUDA streams: a tensor-parallel collective never
-        # queues behind a data-parallel gradient reduction, nor a send behind either
-        ready: list[dict[int, list[int]]] = [{} for _ in units]
-        busy: list[dict[int, bool]] = [{} for _ in units]
-        last_on_stream: list[dict[int, tuple[int, int]]] = [{} for _ in units]
-        streams = self.stream
-        mailbox: dict[tuple[int, int, int, int], deque[tuple[float, int, int]]] = {}
-        waiting: dict[tuple[int, int, int, int], deque[tuple[int, int]]] = {}
-        coll_seq: dict[tuple[int, Any], int] = {}
-        instances: dict[Any, list[Any]] = {}
-        touched: set[tuple[int, int]] = set()
-
-        def push(time: float, u: int, i: int) -> None:
-            nonlocal counter
-            counter += 1
-            heapq.heappush(heap, (time, counter, u, i))
-
-        def make_ready(u: int, i: int, t: float, cause: tuple[int, int] | None) -> None:
-            res = results[u]
-            k = res.kind[i]
-            self.ready_time[u][i] = t
-            self.ready_cause[u][i] = cause
-            if k == COMPUTE or k == COLL or k == SEND:
-                s = streams[u][i]
-                heapq.heappush(ready[u].setdefault(s, []), i)
-                touched.add((u, s))
-            elif k == RECV:
-                res.start[i] = t
-                key = self.p2p_key[u][i]
-                box = mailbox.get(key)
-                if box:
-                    sent, su, si = box.popleft()
-                    if sent > t:
-                        res.cause[i] = (su, si)
-                        push(sent, u, i)
-                    else:
-                        res.cause[i] = cause
-                        push(t, u, i)
-                else:
-                    waiting.setdefault(key, deque()).append((u, i))
-            else:
-                res.start[i] = t
-                res.cause[i] = cause
-                push(t, u, i)
-
-        for u in range(len(results)):
-            for i, count in enumerate(self.pending[u]):
-                if count == 0:
-                    make_ready(u, i, 0.0, None)
-
-        contended = self.contended
-        # bandwidth sharing: the transfers in flight, and per (unit, port, direction) the
-        # transfers whose bytes are moving through it now
-        flows: list[_Flow] = []
-        users: dict[tuple[int, str, int], list[_Flow]] = {}
-        # per unit: the transfers in flight whose NCCL kernels slow its compute (contention)
-        contending: list[list[_Flow]] = [[] for _ in units]
-        comm_link = self.comm_link
-
-        def start_flow(
-            members: list[tuple[int, int]], ends: list[tuple[int, int]], steps: Steps, t: float
-        ) -> None:
-            f = _Flow(len(flows), members, ends, steps)
-            flows.append(f)
-            for pu, pi in members:
-                link = comm_link[pu][pi]
-                if link is not None and link in contended:
-                    f.link = link
-                    f.contends.append(pu)
-                    contending[pu].append(f)
-            next_step(f, t)
-
-        def next_step(f: _Flow, t: float) -> None:
-            f.step += 1
-            steps = f.steps
-            if f.step == len(steps):
-                for pu in f.contends:
-                    contending[pu].remove(f)
-                for pu, pi in f.members:
-                    pres = results[pu]
-                    pres.duration[pi] = t - pres.transfer_start[pi]
-                    push(t, pu, pi)
-                return
-            port, seconds = steps[f.step]
-            f.tail = sum(s for _, s in steps[f.step + 1 :])
-            f.version += 1
-            if port is None:
-                f.finish = t + seconds
-                push(f.finish, -1 - f.index, f.version)
-                return
-            f.resources = tuple((x, port, d) for x, d in f.ends)
-            for key in f.resources:
-                users.setdefault(key, []).append(f)
-            f.remaining = seconds
-            f.since = t
-            f.rate = 0.0
-            reshare(f.resources, t)
-
-        def reshare(keys: tuple[tuple[int, str, int], ...], t: float) -> None:
-            """Each transfer on these ports drains at its fair share from ``t`` on: the
-            port's bandwidth over its users, the smallest over the ports it uses."""
-            seen: set[int] = set()
-            for key in keys:
-                for g in users.get(key, ()):
-                    if g.index in seen:
-                        continue
-                    seen.add(g.index)
-                    rate = 1.0 / max(len(users[k]) for k in g.resources)
-                    if rate == g.rate:
-                        continue
-                    g.remaining = max(0.0, g.remaining - (t - g.since) * g.rate)
-                    g.since = t
-                    g.rate = rate
-                    g.version += 1
-                    g.finish = t + g.remaining / rate
-                    push(g.finish, -1 - g.index, g.version)
-
-        def step_done(f: _Flow, t: float) -> None:
-            if f.resources:
-                keys = f.resources
-                f.resources = ()
-                for key in keys:
-                    sharing = users[key]
-                    sharing.remove(f)
-                    if not sharing:
-                        del users[key]
-                reshare(keys, t)
-            next_step(f, t)
-
-        def compute_duration(u: int, i: int, t: float) -> float:
-            free = results[u].duration[i]
-            # per link: when the NCCL kernels running over it finish, as projected now (the
-            # current step at its share, the rest at full bandwidth)
-            until: dict[str, float] = {}
-            for f in contending[u]:
-                link, end = f.link, f.finish + f.tail
-                if link is not None and end > until.get(link, -1.0):
-                    until[link] = end
-            worst = free
-            for link, end in until.items():
-                if end <= t:
-                    continue
-                slow = self._contended(u, i, link)
-                if slow <= free:
-                    continue
-                window = end - t
-                # slowed while the collective runs, at full speed after it
-                done = window * free / slow
-                worst = max(worst, slow if done >= free else window + free - done)
-            return worst
-
-        def dispatch(u: int, stream: int, t: float) -> None:
-            if busy[u].get(stream) or not ready[u].get(stream):
-                return
-            i = heapq.heappop(ready[u][stream])
-            res = results[u]
-            busy[u][stream] = True
-            res.start[i] = t
-            if t > self.ready_time[u][i] and stream in last_on_stream[u]:
-                res.cause[i] = last_on_stream[u][stream]
-            else:
-                res.cause[i] = self.ready_cause[u][i]
-            last_on_stream[u][stream] = (u, i)
-            k = res.kind[i]
-            if k == COLL:
-                group_key = self.coll_key[u][i]
-                seq_key = (u, group_key)
-                seq = coll_seq.get(seq_key, 0)
-                coll_seq[seq_key] = seq + 1
-                instance_key = (group_key, seq)
-                inst = instances.get(instance_key)
-                if inst is None:
-                    inst = instances[instance_key] = [[], -1.0, None]
-                inst[0].append((u, i))
-                if t >= inst[1]:
-                    inst[1] = t
-                    inst[2] = res.cause[i]
-                if len(inst[0]) == self.coll_needed[u][i]:
-                    del instances[instance_key]
-                    begin = inst[1]
-                    members = inst[0]
-                    for pu, pi in members:
-                        pres = results[pu]
-                        pres.transfer_start[pi] = begin
-                        pres.cause[pi] = inst[2]
-                    plans = [self.steps[pu][pi] or () for pu, pi in members]
-                    if all(plan == plans[0] for plan in plans):
-                        ends = [(pu, d) for pu, _ in members for d in (0, 1)]
-                        start_flow(members, ends, plans[0], begin)
-                    else:  # members that price it differently (tp overlap): each its own
-                        for (pu, pi), plan in zip(members, plans, strict=True):
-                            start_flow([(pu, pi)], [(pu, 0), (pu, 1)], plan, begin)
-            elif k == COMPUTE:
-                res.transfer_start[i] = t
-                if contending[u]:
-                    res.duration[i] = compute_duration(u, i, t)
-                push(t + res.duration[i], u, i)
-            elif k == SEND:
-                res.transfer_start[i] = t
-                dst = self.p2p_key[u][i][1]
-                start_flow([(u, i)], [(u, 0), (dst, 1)], self.steps[u][i] or (), t)
-            else:
-                res.transfer_start[i] = t
-                push(t + res.duration[i], u, i)
-
-        for u, stream in sorted(touched, key=_comm_first):
-            dispatch(u, stream, 0.0)
-        touched.clear()
-        while heap:
-            t = heap[0][0]
-            while heap and heap[0][0] == t:
-                _, _, u, i = heapq.heappop(heap)
-                if u < 0:  # a transfer's step ends (unless superseded by a new rate)
-                    f = flows[-1 - u]
-                    if i == f.version:
-                        step_done(f, t)
-                    continue
-                res = results[u]
-                res.end[i] = t
-                k = res.kind[i]
-                if k == COMPUTE or k == COLL or k == SEND:
-                    s = streams[u][i]
-                    busy[u][s] = False
-                    touched.add((u, s))
-                    if k == SEND:
-                        key = self.p2p_key[u][i]
-                        queue = waiting.get(key)
-                        if queue:
-                            ru, ri = queue.popleft()
-                            results[ru].cause[ri] = (u, i)
-                            push(t, ru, ri)
-                        else:
-                            mailbox.setdefault(key, deque()).append((t, u, i))
-                pend = self.pending[u]
-                for c in self.children[u][i]:
-                    pend[c] -= 1
-                    if pend[c] == 0:
-                        make_ready(u, c, t, (u, i))
-            if touched:
-                for u, stream in sorted(touched, key=_comm_first):
-                    dispatch(u, stream, t)
-                touched.clear()
-        self._check_finished()
-        end = max((max(r.end, default=0.0) for r in results), default=0.0)
-        return Replay(results, end)
-
-    def _contended(self, u: int, i: int, link: str) -> float:
-        """Duration of compute node ``i`` of unit ``u`` while NCCL runs over ``link``."""
-        key = (self.cost_key[u][i], link)
-        cost = self.contended_cost.get(key)
-        if cost is None:
-            node = self.results[u].unit.nodes[i]
-            kernels = self.kernels
-            if isinstance(kernels, Mapping):
-                kernels = kernels.get(self.system.name)
-            cost = self.contended_cost[key] = compute_time(
-                node,
-                self.contended[link],
-                self.default_dtype,
-                kernels,
-                self.profile,
-                self.calibration,
-            )
-        return cost
-
-    def _check_finished(self) -> None:
-        for res in self.results:
-            for i, end in enumerate(res.end):
-                if end < 0:
-                    node = res.unit.nodes[i]
-                    state = "never became ready"
-                    if res.start[i] >= 0 and res.kind[i] == RECV:
-                        state = f"waits for a send from rank {node.comm_src} (tag {node.comm_tag})"
-                    elif res.start[i] >= 0 and res.kind[i] == COLL:
-                        state = f"waits for the other members of communicator {node.comm_group}"
-                    elif self.pending[res.unit.index][i] == 0:
-                        state = "is ready but its stream is blocked"
-                    raise TraceError(
-                        f"replay deadlocked: rank {res.unit.rank} node {node.id} "
-                        f"({node.name!r}) {state}"
-                    )
-
-
-def replay(
-    problem: Problem,
-    system: System,
-    default_dtype: str = "bf16",
-    kernels: KernelTable | None = None,
-    profile: str = "megatron",
-    calibration: Calibration | None = None,
-    overlap_param_gather: bool = False,
-    tp_comm_overlap: bool = False,
-    share_links: bool = True,
-) -> Replay:
-    """Simulate every unit of ``problem`` on ``system`` (ops priced with ``kernels`` under
-    execution ``profile``); ``overlap_param_gather`` and ``tp_comm_overlap``: Megatron's
-    options of those names (see :meth:`_Sim._gather_before_forward` and
-    :meth:`_Sim._overlap_tp_collectives`). ``share_links`` False runs every transfer at its
-    ports' full bandwidth whatever else is in flight (the model without bandwidth sharing, for
-    comparison)."""
-    # millions of small lists and tuples, none cyclic: the cyclic collector only costs time
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        return _Sim(
-            problem,
-            system,
-            default_dtype,
-            kernels,
-            profile,
-            calibration,
-            overlap_param_gather,
-            tp_comm_overlap,
-            share_links,
-        ).run()
-    finally:
-        if enabled:
-            gc.enable()
-
-
-# ---------------------------------------------------------------------------------------------
-# Report
-
-
-def _union_length(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
-    intervals = sorted(a + b)
-    total = 0.0
-    cur_start = cur_end = None
-    for s, e in intervals:
-        if cur_end is None or s > cur_end:
-            if cur_end is not None:
-                total += cur_end - cur_start
-            cur_start, cur_end = s, e
-        elif e > cur_end:
-            cur_end = e
-    if cur_end is not None:
-        total += cur_end - cur_start
-    return total
-
-
-def unit_breakdown(res: UnitResult, iteration_time: float) -> dict[str, float]:
-    """Compute, communication, exposed communication and idle (bubble) time of one unit."""
-    compute: list[tuple[float, float]] = []
-    comm: list[tuple[float, float]] = []
-    waiting = 0.0
-    for i, k in enumerate(res.kind):
-        if k == COMPUTE:
-            compute.append((res.start[i], res.end[i]))
-        elif k == COLL or k == SEND:
-            comm.append((res.transfer_start[i], res.end[i]))
-            waiting += res.transfer_start[i] - res.start[i]
-    compute_s = sum(e - s for s, e in compute)
-    comm_s = sum(e - s for s, e in comm)
-    busy = _union_length(compute, comm)
-    return {
-        "compute_s": compute_s,
-        "communication_s": comm_s,
-        "exposed_communication_s": busy - compute_s,
-        "collective_wait_s": waiting,
-        "bubble_s": iteration_time - busy,
-    }
-
-
-def critical_path(replay_: Replay) -> list[dict[str, Any]]:
-    """The chain of nodes that determines the iteration time, earliest first, as runs of
-    consecutive nodes on one rank and stream."""
-    best: tuple[float, int, int] | None = None
-    for u, res in enumerate(replay_.units):
-        for i, end in enumerate(res.end):
-            if best is None or end > best[0]:
-                best = (end, u, i)
-    if best is None:
-        return []
-    chain: list[tuple[int, int]] = []
-    seen: set[tuple[int, int]] = set()
-    current: tuple[int, int] | None = (best[1], best[2])
-    while current is not None and current not in seen:
-        seen.add(current)
-        chain.append(current)
-        u, i = current
-        current = replay_.units[u].cause[i]
-    chain.reverse()
-    runs: list[dict[str, Any]] = []
-    for u, i in chain:
-        res = replay_.units[u]
-        kind = _KIND_NAMES[res.kind[i]]
-        node = res.unit.nodes[i]
-        if runs and runs[-1]["rank"] == res.unit.rank and runs[-1]["kind"] == kind:
-            run = runs[-1]
-            run["end_s"] = res.end[i]
-            run["nodes"] += 1
-            run["last"] = node.name
-        else:
-            runs.append(
-                {
-                    "rank": res.unit.rank,
-                    "kind": kind,
-                    "start_s": res.start[i],
-                    "end_s": res.end[i],
-                    "nodes": 1,
-                    "first": node.name,
-                    "last": node.name,
-                }
-            )
-    return runs
-
-
-def _critical_chain(replay_: Replay) -> list[tuple[int, int]]:
-    """(unit, node) pairs of the chain that ends last, earliest first."""
-    best: tuple[float, int, int] | None = None
-    for u, res in enumerate(replay_.units):
-        for i, end in enumerate(res.end):
-            if best is None or end > best[0]:
-                best = (end, u, i)
-    chain: list[tuple[int, int]] = []
-    seen: set[tuple[int, int]] = set()
-    current = (best[1], best[2]) if best is not None else None
-    while current is not None and current not in seen:
-        seen.add(current)
-        chain.append(current)
-        current = replay_.units[current[0]].cause[current[1]]
-    chain.reverse()
-    return chain
-
-
-def explain(replay_: Replay, comm_groups: Mapping[int, Sequence[int]]) -> dict[str, Any]:
-    """The iteration time split along its critical path: compute by kernel class
-    (``gemm``, ``attention``, ``memory-bound``, ``recompute``, ``optimizer``), exposed
-    communication by collective type and group size (sends and receives: ``p2p``), and
-    ``wait`` (time the chain waits on other ranks: pipeline bubble, stragglers). The parts add
-    up to the iteration time."""
-    parts: dict[str, float] = {}
-    comm: dict[str, float] = {}
-    clock = 0.0
-    for u, i in _critical_chain(replay_):
-        res = replay_.units[u]
-        node = res.unit.nodes[i]
-        start, end = res.start[i], res.end[i]
-        if start > clock:
-            parts["wait"] = parts.get("wait", 0.0) + start - clock
-        spent = max(0.0, end - max(start, clock))
-        clock = max(clock, end)
-        if not spent:
-            continue
-        if res.kind[i] == COMPUTE:
-            name = node.name.rsplit("/", 1)[-1]
-            attrs = getattr(node, "attrs", None) or {}
-            if _is_recompute(node.name):
-                key = "recompute"
-            elif name.startswith("optimizer"):
-                key = "optimizer"
-            elif "attention" in attrs or op_class(name, node.num_ops, node.tensor_size) == (
-                "attention"
-            ):
-                key = "attention"
-            elif "gemm" in attrs:
-                key = "gemm"
-            else:
-                key = "memory-bound"
-            parts[f"compute: {key}"] = parts.get(f"compute: {key}", 0.0) + spent
-        elif res.kind[i] == COLL:
-            size = len(comm_groups.get(node.comm_group, ())) if node.comm_group else 0
-            ctype = node.comm_type.name.lower() if node.comm_type is not None else "collective"
-            key = f"{ctype} ({size} ranks)"
-            comm[key] = comm.get(key, 0.0) + spent
-        elif res.kind[i] in (SEND, RECV):
-            comm["p2p"] = comm.get("p2p", 0.0) + spent
-    total = replay_.iteration_time
-    if total > clock:
-        parts["wait"] = parts.get("wait", 0.0) + total - clock
-    for key, seconds in comm.items():
-        parts[f"communication: {key}"] = seconds
-    return {
-        "iteration_time_s": total,
-        "breakdown_s": dict(sorted(parts.items(), key=lambda kv: -kv[1])),
-    }
 
 
 def timeline_events(replay_: Replay) -> dict[str, Any]:
@@ -1448,7 +153,7 @@ def timeline_events(replay_: Replay) -> dict[str, Any]:
                     "pid": pid,
                     "tid": tid,
                     "name": node.name,
-                    "cat": _KIND_NAMES[k],
+                    "cat": engine.KIND_NAMES[k],
                     "ts": round(begin * 1e6, 3),
                     "dur": round((res.end[i] - begin) * 1e6, 3),
                     "args": args,
@@ -1480,10 +185,6 @@ def write_json_atomic(path: str | Path, data: Any) -> None:
             raise
 
 
-def _is_recompute(name: str) -> bool:
-    return "recompute" in name.lower()
-
-
 def summarize(
     replay_: Replay,
     system: System,
@@ -1506,7 +207,7 @@ def summarize(
         for node in res.unit.nodes:
             if node.type is NodeType.COMP and node.num_ops > 0:
                 unit_flops += node.num_ops
-                if not _is_recompute(node.name):
+                if node.attrs.get("phase") != Phase.RECOMPUTE:  # node_phase, inline
                     unit_model += node.num_ops
         hardware_flops += weight * unit_flops
         model_flops += weight * unit_model
@@ -1705,7 +406,7 @@ def hybrid_report(replay_: Replay, system: System, problem: Problem, dtype: str)
         for i, k in enumerate(res.kind):
             node = unit.nodes[i]
             if k == COMPUTE:
-                if is_cast(node.name):
+                if is_cast(kernel_name(node)):
                     casts += res.duration[i]
                 else:
                     compute += res.duration[i]
@@ -1776,15 +477,28 @@ def stg_register_predictors(register: Any) -> None:
     )
 
 
-# the cost models live in stg.perf.costs (shared with the analytical predictor); their names
+# the cost models (stg.perf.costs) and the replay engine (stg.perf.replay) are shared; their names
 # stay importable from here
 __all__ = [
     "EAGER_OP_HOST_S",
+    "HBM_BYTES_PER_WIRE_BYTE",
+    "NCCL_CHANNELS",
+    "TP_OVERLAP_PIPELINE_SPLITS",
+    "USERBUFFERS_HBM_BYTES_PER_WIRE_BYTE",
+    "USERBUFFERS_SMS",
     "Problem",
+    "Replay",
     "Unit",
+    "UnitResult",
     "attention_impl",
+    "chunked_overlap_time",
+    "collective_phases",
     "collective_time",
     "compute_time",
+    "contended_system",
+    "contended_systems",
+    "critical_path",
+    "explain",
     "group_shape",
     "overlap_options",
     "predict_problem",
@@ -1798,4 +512,5 @@ __all__ = [
     "summarize",
     "timeline_events",
     "tree_all_reduce_time",
+    "unit_breakdown",
 ]

@@ -11,7 +11,10 @@ What is here, by the stage of the pipeline it belongs to:
   options a model is built from (:class:`GenerateOptions`); :func:`build_workload` runs the
   whole pipeline (what a plugin's tests call);
 - workloads: :class:`Workload`, :class:`RankGraph`, :class:`RankClass`, :class:`Node`,
-  :class:`NodeTemplate`, :class:`NodeType`, :class:`CollectiveType`, :class:`Layout`;
+  :class:`NodeTemplate`, :class:`NodeType`, :class:`CollectiveType`, :class:`Layout`; what a
+  node is for, from its typed attributes (:data:`NODE_SEMANTICS`, :class:`Phase`,
+  :class:`Role`, :func:`node_phase`, :func:`node_role`, :func:`node_micro_batch`,
+  :func:`node_part`, :func:`node_op`);
 - emitters: the shared per-rank write loop :func:`write_rank_files`, file naming
   (:func:`output_paths`, :func:`write_comm_groups`), record framing (:func:`frame`), the
   GlobalMetadata of a generated rank file (:func:`generator_metadata`), and the encoders of
@@ -21,7 +24,10 @@ What is here, by the stage of the pipeline it belongs to:
   :func:`device_of`, :func:`group_of_rank`), the kernel time models (:func:`gemm_time`,
   :func:`attention_time`, :func:`memory_bound_time`), the cost of one node shared by the
   time predictors (:func:`compute_time`, :func:`collective_time`, :func:`send_time`,
-  :func:`group_shape`, :func:`link_dimension`), kernels (:class:`KernelTable`,
+  :func:`group_shape`, :func:`link_dimension`), the replay engine that times a multi-rank
+  graph (:func:`replay` of a :class:`Problem` built by :func:`problem_from_workload`,
+  :func:`problem_from_trace` or :func:`problem_from_nodes`; the module
+  :mod:`replay_engine` for its analyses and models), kernels (:class:`KernelTable`,
   :func:`kernel_table`, :func:`is_cast`; :func:`native_fp8`: whether a GPU runs fp8 GEMMs
   natively), dtype sizes and precision plans (:data:`DTYPE_BYTES`,
   :func:`precision_of`);
@@ -41,13 +47,21 @@ from stg.core.sharding import Sharding
 from stg.core.symbolic import Dim, GraphBuilder, Tensor
 from stg.core.workload import (
     COMM_TYPES,
+    NODE_SEMANTICS,
     CollectiveType,
     Node,
     NodeTemplate,
     NodeType,
+    Phase,
     RankClass,
     RankGraph,
+    Role,
     Workload,
+    node_micro_batch,
+    node_op,
+    node_part,
+    node_phase,
+    node_role,
 )
 from stg.errors import TraceError, UnknownNameError, UserError
 from stg.host.records import (
@@ -61,6 +75,7 @@ from stg.host.records import (
     RecordError,
 )
 from stg.perf import comm_time
+from stg.perf import replay as replay_engine
 from stg.perf.calibration import Calibration, calibrated_time, load_calibration
 from stg.perf.casts import CastModel, default_cast_model
 from stg.perf.costs import (
@@ -78,7 +93,15 @@ from stg.perf.costs import (
 )
 from stg.perf.hybrid import HybridSystem, device_of, group_of_rank, is_hybrid
 from stg.perf.kernel_time import attention_time, gemm_time, memory_bound_time, memory_kind
-from stg.perf.kernels import KernelTable, is_cast, kernel_table
+from stg.perf.kernels import KernelTable, is_cast, kernel_name, kernel_table
+from stg.perf.replay import (
+    Problem,
+    Replay,
+    problem_from_nodes,
+    problem_from_trace,
+    problem_from_workload,
+    replay,
+)
 from stg.perf.system import System, load_system, normalize_dtype, op_class
 from stg.trace import chakra_v001, chakra_v004, json_trace
 from stg.trace.writer import (
@@ -93,6 +116,7 @@ __all__ = [
     "COMM_TYPES",
     "DTYPE_BYTES",
     "EAGER_OP_HOST_S",
+    "NODE_SEMANTICS",
     "BenchOp",
     "Calibration",
     "CastModel",
@@ -110,12 +134,16 @@ __all__ = [
     "NodeTemplate",
     "NodeType",
     "OptionError",
+    "Phase",
     "PipelineSchedule",
     "Predictor",
     "Preset",
+    "Problem",
     "RankClass",
     "RankGraph",
     "RecordError",
+    "Replay",
+    "Role",
     "Sharding",
     "System",
     "Tensor",
@@ -145,6 +173,7 @@ __all__ = [
     "is_cast",
     "is_hybrid",
     "json_trace",
+    "kernel_name",
     "kernel_table",
     "link_dimension",
     "load_calibration",
@@ -152,10 +181,20 @@ __all__ = [
     "memory_bound_time",
     "memory_kind",
     "native_fp8",
+    "node_micro_batch",
+    "node_op",
+    "node_part",
+    "node_phase",
+    "node_role",
     "normalize_dtype",
     "op_class",
     "output_paths",
     "precision_of",
+    "problem_from_nodes",
+    "problem_from_trace",
+    "problem_from_workload",
+    "replay",
+    "replay_engine",
     "send_phases",
     "send_time",
     "tree_all_reduce_time",

@@ -69,9 +69,12 @@ def test_megatron_fuses_biases_and_transformer_engine_casts() -> None:
         num_ops=elements,
         tensor_size=3 * elements,
         dtype="fp8",
+        attrs={"micro_batch": 1},  # the typed micro-batch, not the name, tells the first
     )
     assert compute_time(weight_cast, H100, "bf16", profile="megatron") == 0.0  # cached
-    first = dataclasses.replace(weight_cast, name="mb0/layer0/fwd/fc1.cast_w1")
+    first = dataclasses.replace(
+        weight_cast, name="mb0/layer0/fwd/fc1.cast_w1", attrs={"micro_batch": 0}
+    )
     streamed = memory_bound_time(H100.gpu, 3 * elements, "stream", "fp8")
     assert compute_time(first, H100, "bf16", profile="megatron") == pytest.approx(
         streamed + H100.kernel_overhead

@@ -15,7 +15,16 @@ from stg.cli import main
 from stg.core.layout import Layout
 from stg.core.options import GenerateOptions
 from stg.core.pipeline import build_workload
-from stg.core.workload import CollectiveType, NodeTemplate, NodeType, RankClass, RankGraph, Workload
+from stg.core.workload import (
+    ROLE_ATTR,
+    CollectiveType,
+    NodeTemplate,
+    NodeType,
+    RankClass,
+    RankGraph,
+    Role,
+    Workload,
+)
 from stg.host.registry import load_registry
 from stg.perf.kernel_time import gemm_time
 from stg.perf.system import load_system
@@ -127,6 +136,8 @@ def _gemm(node_id: int, name: str, m: int, n: int, k: int, deps: tuple[int, ...]
 
 
 def _coll(node_id: int, name: str, kind: CollectiveType, size: int, deps: tuple[int, ...]):
+    """A sequence-parallel collective over tp: its typed role says so (not its name)."""
+    role = Role.TP_ALL_GATHER if kind is CollectiveType.ALL_GATHER else Role.TP_REDUCE_SCATTER
     return NodeTemplate(
         node_id,
         name,
@@ -135,6 +146,7 @@ def _coll(node_id: int, name: str, kind: CollectiveType, size: int, deps: tuple[
         comm_type=kind,
         comm_size=size,
         group_axes=("tp",),
+        attrs={ROLE_ATTR: str(role)},
     )
 
 

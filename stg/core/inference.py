@@ -45,6 +45,7 @@ from stg.core.lowering import (
     _Nodes,
     bind_part,
     key,
+    node_place,
     stage_parts,
 )
 from stg.core.options import GenerateOptions, OptionError
@@ -52,7 +53,7 @@ from stg.core.plan import MAX_TAG, ParallelPlan
 from stg.core.precision import DTYPE_BYTES, normalize_plan
 from stg.core.sharding import Sharding
 from stg.core.symbolic import Capacity, Dim, GraphBuilder, Op, Part, Seq, Tensor
-from stg.core.workload import NodeType, RankClass, RankGraph, Workload
+from stg.core.workload import OP_ATTR, NodeType, Phase, RankClass, RankGraph, Workload
 from stg.errors import UserError
 from stg.host.records import Model
 
@@ -395,9 +396,11 @@ def _p2p(
     boundary: int,
     back: bool,
     size: int,
+    serving_step: int | None,
     deps: tuple[int, ...] = (),
 ) -> int:
-    """A pipeline transfer of one step; the tokens received come from the step before."""
+    """A pipeline transfer of one step; the tokens received come from the step before.
+    ``serving_step``: ``step`` in a run of several steps, else None (its typed attribute)."""
     verb = "send" if kind is NodeType.COMM_SEND else "recv"
     sent_in = step - 1 if back and kind is NodeType.COMM_RECV else step
     return out.add(
@@ -408,6 +411,10 @@ def _p2p(
             "peer_stage": peer,
             "comm_tag": token_tag(sent_in, mb, micro_batches, boundary, chunks, back),
             "dtype": None,
+            "attrs": {
+                OP_ATTR: f"{verb}_{what}_c{boundary}",
+                **node_place(Phase.FORWARD, mb, step=serving_step),
+            },
         },
         deps,
     )
@@ -432,6 +439,7 @@ def lower_inference_stage(
         sequences = sum(g.batch for g in sp.groups) // replicas
         for mb in range(m):
             prefix = f"mb{mb}/" if len(steps) == 1 else f"step{step}/mb{mb}/"
+            serving_step = None if len(steps) == 1 else step
             out.start_step()
 
             tokens_bytes = sequences * TOKEN_ID_BYTES
@@ -441,6 +449,7 @@ def lower_inference_stage(
                 "mb": mb,
                 "micro_batches": m,
                 "chunks": chunks,
+                "serving_step": serving_step,
             }
             if first:
                 after = None
@@ -456,7 +465,13 @@ def lower_inference_stage(
                         size=tokens_bytes,
                     )
                 env: dict[int, tuple[int, ...]] = {}
-                out.run(emb.forward, env, f"{prefix}embedding/", after=after)
+                out.run(
+                    emb.forward,
+                    env,
+                    f"{prefix}embedding/",
+                    after=after,
+                    where=node_place(Phase.FORWARD, mb, "embedding", serving_step),
+                )
                 x = env[emb.output_key][0]  # type: ignore[index]
             else:
                 x = _p2p(
@@ -472,11 +487,21 @@ def lower_inference_stage(
             for layer in plan.chunk_layers(stage):
                 block = parts.layer(layer)
                 env = {block.input_key: (x,)}  # type: ignore[dict-item]
-                out.run(block.forward, env, f"{prefix}layer{layer}/fwd/")
+                out.run(
+                    block.forward,
+                    env,
+                    f"{prefix}layer{layer}/fwd/",
+                    where=node_place(Phase.FORWARD, mb, f"layer{layer}", serving_step),
+                )
                 x = env[block.output_key][0]  # type: ignore[index]
             if last:
                 env = {head.input_key: (x,)}  # type: ignore[dict-item]
-                out.run(head.forward, env, f"{prefix}head/fwd/")
+                out.run(
+                    head.forward,
+                    env,
+                    f"{prefix}head/fwd/",
+                    where=node_place(Phase.FORWARD, mb, "head", serving_step),
+                )
                 if step + 1 < len(steps) and chunks > 1:
                     sampled = out.last_comp
                     _p2p(

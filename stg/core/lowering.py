@@ -35,7 +35,20 @@ from stg.core.options import OptionError
 from stg.core.plan import ParallelPlan
 from stg.core.precision import DTYPE_BYTES
 from stg.core.symbolic import Dim, Op, Part, Tensor
-from stg.core.workload import CollectiveType, NodeTemplate, NodeType, RankClass
+from stg.core.workload import (
+    MICRO_BATCH_ATTR,
+    OP_ATTR,
+    PART_ATTR,
+    PHASE_ATTR,
+    ROLE_ATTR,
+    STEP_ATTR,
+    CollectiveType,
+    NodeTemplate,
+    NodeType,
+    Phase,
+    RankClass,
+    Role,
+)
 
 DIM_OPTION = {
     "batch": "micro_batch",
@@ -808,19 +821,68 @@ class _Nodes:
             self.last_comp = nid
         return nid
 
-    def run(self, ops: Iterable[BoundOp], env: Env, prefix: str, after: int | None = None) -> None:
+    def run(
+        self,
+        ops: Iterable[BoundOp],
+        env: Env,
+        prefix: str,
+        after: int | None = None,
+        where: Mapping[str, Any] | None = None,
+        op_prefix: str = "",
+    ) -> None:
         """Append ``ops``; ``after``: ops that depend on nothing appended here wait for that
-        node (a recompute starts when the layer's gradient arrives, not during the forward)."""
+        node (a recompute starts when the layer's gradient arrives, not during the forward).
+        ``where``: the typed attributes of their place (:func:`node_place`); ``op_prefix``:
+        what ``prefix`` adds to the op names after the last ``/``."""
         first = len(self.nodes)
         for op in ops:
             deps = [d for k in op.inputs for d in env.get(k, ())]
             extra = () if after is None or any(d >= first for d in deps) else (after,)
-            nid = self.add(_fields(op, prefix), deps, extra)
+            nid = self.add(_fields(op, prefix, where, op_prefix), deps, extra)
             for k in op.outputs:
                 env[k] = (nid,)
 
 
-def _fields(op: BoundOp, prefix: str) -> dict:
+def node_place(
+    phase: Phase,
+    micro_batch: int | None = None,
+    part: str | None = None,
+    step: int | None = None,
+) -> dict[str, Any]:
+    """The typed attributes of a node's place in the iteration (:data:`NODE_SEMANTICS`);
+    ``step``: the serving step, in a run of several."""
+    where: dict[str, Any] = {PHASE_ATTR: str(phase)}
+    if micro_batch is not None:
+        where[MICRO_BATCH_ATTR] = micro_batch
+    if part is not None:
+        where[PART_ATTR] = part
+    if step is not None:
+        where[STEP_ATTR] = step
+    return where
+
+
+def op_role(op: BoundOp) -> Role | None:
+    """The role of a collective that sequence parallelism inserts: an all-gather or
+    reduce-scatter over the tensor-parallel group alone."""
+    if op.group_axes == ("tp",):
+        if op.comm_type is CollectiveType.ALL_GATHER:
+            return Role.TP_ALL_GATHER
+        if op.comm_type is CollectiveType.REDUCE_SCATTER:
+            return Role.TP_REDUCE_SCATTER
+    return None
+
+
+def _fields(
+    op: BoundOp, prefix: str, where: Mapping[str, Any] | None = None, op_prefix: str = ""
+) -> dict:
+    attrs = dict(op.attrs)
+    attrs[OP_ATTR] = op_prefix + op.name
+    if where:
+        attrs.update(where)
+    if op.group_axes:
+        role = op_role(op)
+        if role is not None:
+            attrs[ROLE_ATTR] = str(role)
     return {
         "name": f"{prefix}{op.name}",
         "type": op.type,
@@ -830,8 +892,17 @@ def _fields(op: BoundOp, prefix: str) -> dict:
         "comm_size": op.comm_size,
         "group_axes": op.group_axes,
         "dtype": op.dtype,
-        "attrs": dict(op.attrs),
+        "attrs": attrs,
     }
+
+
+def mark_param_gathers(nodes: list[NodeTemplate], first: int, step: int) -> None:
+    """Give the distributed optimizer's parameter all-gathers among ``nodes[first:]`` (those
+    that gather what optimizer step ``step`` updated) their role."""
+    for i in range(first, len(nodes)):
+        t = nodes[i]
+        if t.comm_type is CollectiveType.ALL_GATHER and step in t.data_deps:
+            nodes[i] = replace(t, attrs={**t.attrs, ROLE_ATTR: str(Role.PARAM_ALL_GATHER)})
 
 
 def send_tag(direction: str, micro_batch: int, boundary: int, chunks: int) -> int:
@@ -891,12 +962,17 @@ def lower_stage(
         if keys:
             gathered[owner] = {k: env[k] for k in keys}
 
-    def amax_reduction(prefix: str, backward: bool) -> None:
+    def amax_reduction(prefix: str, backward: bool, where: dict[str, Any]) -> None:
         """One reduction of the forward or backward amaxes after the kernels issued so far:
         concatenation, MAX all-reduce (none on a one-rank group), fused history and scale
-        update; the compute stream waits for it (TE's all-reduce is synchronous)."""
+        update; the compute stream waits for it (TE's all-reduce is synchronous). ``where``:
+        the typed attributes of its place (:func:`node_place`)."""
         elements = amax_buffer_elements(fp8_gemms, backward)
         history = plan.options.amax_history
+
+        def attrs(op: str) -> dict[str, Any]:
+            return {OP_ATTR: op, **where, ROLE_ATTR: str(Role.FP8_AMAX)}
+
         last = out.add(
             {
                 "name": prefix + CONCAT,
@@ -904,6 +980,7 @@ def lower_stage(
                 "num_ops": elements,
                 "tensor_size": concat_bytes(elements),
                 "dtype": "fp32",
+                "attrs": attrs(CONCAT),
             },
             () if out.last_comp is None else (out.last_comp,),
         )
@@ -916,6 +993,7 @@ def lower_stage(
                     "comm_size": AMAX_BYTES * elements,
                     "group_axes": amax_group,
                     "dtype": "fp32",
+                    "attrs": attrs(ALL_REDUCE),
                 },
                 (last,),
             )
@@ -926,6 +1004,7 @@ def lower_stage(
                 "num_ops": update_ops(elements, history),
                 "tensor_size": update_bytes(elements, history),
                 "dtype": "fp32",
+                "attrs": attrs(UPDATE),
             },
             (last,),
         )
@@ -942,10 +1021,13 @@ def lower_stage(
             owners.append(("head", head))
         return [owner for owner, bp in owners if bp.fp8_gemms]
 
-    def forward(owner: str | int, bp: BoundPart, env: Env, prefix: str) -> None:
-        """Forward of one part instance; its weights are gathered unless they still are."""
+    def forward(
+        owner: str | int, bp: BoundPart, env: Env, prefix: str, where: dict[str, Any]
+    ) -> None:
+        """Forward of one part instance; its weights are gathered unless they still are.
+        ``where``: the typed attributes of its place (:func:`node_place`)."""
         ops = gathers_for(owner, bp, bp.forward, env)
-        out.run(ops, env, prefix)
+        out.run(ops, env, prefix, where=where)
         note_gathered(owner, ops, env)
         if reshard_after_forward:
             gathered.pop(owner, None)
@@ -956,6 +1038,7 @@ def lower_stage(
         """A send or receive of the activation (F) or gradient (B) across ``boundary``."""
         direction = "F" if what == "activation" else "B"
         verb = "send" if kind is NodeType.COMM_SEND else "recv"
+        phase = Phase.FORWARD if direction == "F" else Phase.BACKWARD
         return out.add(
             {
                 "name": f"mb{mb}/{verb}_{what}_c{boundary}",
@@ -964,6 +1047,7 @@ def lower_stage(
                 "peer_stage": plan.chunk_stage(peer),
                 "comm_tag": send_tag(direction, mb, boundary, chunks),
                 "dtype": None,
+                "attrs": {OP_ATTR: f"{verb}_{what}_c{boundary}", **node_place(phase, mb)},
             },
             deps,
         )
@@ -981,33 +1065,42 @@ def lower_stage(
         """Backward of one part instance; returns the node of the gradient it passes on.
         ``amax_after``: the name prefix of the backward amax reduction that follows it."""
         env = saved.pop((owner, mb))
+        part = owner if isinstance(owner, str) else f"layer{owner}"
+        again = node_place(Phase.RECOMPUTE, mb, part)
+        back = node_place(Phase.BACKWARD, mb, part)
         repeated = gathers_for(owner, bp, repeated, env)
-        out.run(repeated, env, f"{prefix}recompute/", after=dy if dy is not None else out.last_comp)
+        out.run(
+            repeated,
+            env,
+            f"{prefix}recompute/",
+            after=dy if dy is not None else out.last_comp,
+            where=again,
+        )
         note_gathered(owner, repeated, env)
         # a micro-batch before the last accumulates its weight gradients unsharded
         accumulate = pipelined and not reduce_now
 
-        def ops(part: list[BoundOp]) -> list[BoundOp]:
-            return [op for op in part if not (accumulate and "weight_grad_reduce" in op.tags)]
+        def ops(run: list[BoundOp]) -> list[BoundOp]:
+            return [op for op in run if not (accumulate and "weight_grad_reduce" in op.tags)]
 
         recomputed = fp8_gemms > 0 and recompute_full and isinstance(owner, int)
         if recomputed:  # the recompute forward's own autocast exits: a forward reduction
-            amax_reduction(f"{prefix}recompute/", backward=False)
+            amax_reduction(f"{prefix}recompute/", False, again)
         if dy is not None:
             env[bp.seed_key] = (dy,)  # type: ignore[index]
         if recomputed:  # each recomputed fp8 module reduces after its backward
             start = 0
             for end in bp.fp8_module_ends():
-                out.run(ops(bp.backward[start : end + 1]), env, f"{prefix}bwd/")
-                amax_reduction(f"{prefix}bwd/", backward=True)
+                out.run(ops(bp.backward[start : end + 1]), env, f"{prefix}bwd/", where=back)
+                amax_reduction(f"{prefix}bwd/", True, back)
                 start = end + 1
-            out.run(ops(bp.backward[start:]), env, f"{prefix}bwd/")
+            out.run(ops(bp.backward[start:]), env, f"{prefix}bwd/", where=back)
         else:
-            out.run(ops(bp.backward), env, f"{prefix}bwd/")
+            out.run(ops(bp.backward), env, f"{prefix}bwd/", where=back)
         if reduce_now or not pipelined:  # resharded after its backward
             gathered.pop(owner, None)
         if amax_after is not None:  # the first fp8 module of the chunk's autocast
-            amax_reduction(amax_after, backward=True)
+            amax_reduction(amax_after, True, node_place(Phase.BACKWARD, mb))
         store = grads.setdefault(owner, {})
         for k in bp.grad_keys:
             store.setdefault(k, []).extend(env.get(k, ()))
@@ -1015,7 +1108,13 @@ def lower_stage(
             reduce_env: Env = {k: tuple(v) for k, v in grads.pop(owner).items()}
             if bp.reduce:
                 name = prefix.split("/", 1)[1]
-                out.run(bp.reduce, reduce_env, f"{name}grad_")
+                out.run(
+                    bp.reduce,
+                    reduce_env,
+                    f"{name}grad_",
+                    where=node_place(Phase.BACKWARD, part=part),
+                    op_prefix="grad_",
+                )
                 final_nodes.extend(reduce_env[op.outputs[0]][0] for op in bp.reduce)
             else:
                 final_nodes.extend(n for nodes in reduce_env.values() for n in nodes)
@@ -1030,29 +1129,48 @@ def lower_stage(
         if direction == "F":
             # the chunk's autocast exits after its last fp8 module: the forward reduction
             region_end = owners[-1] if owners else None
+            region_place = node_place(Phase.FORWARD, mb)
             if first:
                 env: Env = {}
-                forward("embedding", emb, env, f"mb{mb}/embedding/")
+                forward(
+                    "embedding",
+                    emb,
+                    env,
+                    f"mb{mb}/embedding/",
+                    node_place(Phase.FORWARD, mb, "embedding"),
+                )
                 saved[("embedding", mb)] = env
                 x = env[emb.output_key][0]  # type: ignore[index]
                 if region_end == "embedding":
-                    amax_reduction(f"{region}fwd/", backward=False)
+                    amax_reduction(f"{region}fwd/", False, region_place)
             else:
                 x = p2p(NodeType.COMM_RECV, "activation", mb, gchunk - 1, gchunk - 1, ())
             for layer in plan.chunk_layers(gchunk):
                 bp = parts.layer(layer)
                 env = {bp.input_key: (x,)}  # type: ignore[dict-item]
-                forward(layer, bp, env, f"mb{mb}/layer{layer}/fwd/")
+                forward(
+                    layer,
+                    bp,
+                    env,
+                    f"mb{mb}/layer{layer}/fwd/",
+                    node_place(Phase.FORWARD, mb, f"layer{layer}"),
+                )
                 saved[(layer, mb)] = env
                 x = env[bp.output_key][0]  # type: ignore[index]
                 if region_end == layer:
-                    amax_reduction(f"{region}fwd/", backward=False)
+                    amax_reduction(f"{region}fwd/", False, region_place)
             if last:
                 env = {head.input_key: (x,)}  # type: ignore[dict-item]
-                forward("head", head, env, f"mb{mb}/head/fwd/")
+                forward(
+                    "head",
+                    head,
+                    env,
+                    f"mb{mb}/head/fwd/",
+                    node_place(Phase.FORWARD, mb, "head"),
+                )
                 saved[("head", mb)] = env
                 if region_end == "head":
-                    amax_reduction(f"{region}fwd/", backward=False)
+                    amax_reduction(f"{region}fwd/", False, region_place)
             else:
                 p2p(NodeType.COMM_SEND, "activation", mb, gchunk, gchunk + 1, (x,))
         else:
@@ -1121,12 +1239,24 @@ def lower_stage(
             "num_ops": OPTIMIZER_FLOPS_PER_PARAM * updated,
             "tensor_size": updated * parts.optimizer_bytes_per_param,
             "dtype": parts.optimizer_dtype,
+            "attrs": {
+                OP_ATTR: "optimizer_step",
+                **node_place(Phase.OPTIMIZER),
+                ROLE_ATTR: str(Role.OPTIMIZER_STEP),
+            },
         },
         final_nodes,
     )
     for prefix, bp in held:
         if bp.update:
-            out.run(bp.update, {k: (step,) for op in bp.update for k in op.inputs}, prefix)
+            first_update = len(out.nodes)
+            out.run(
+                bp.update,
+                {k: (step,) for op in bp.update for k in op.inputs},
+                prefix,
+                where=node_place(Phase.OPTIMIZER, part=prefix.rstrip("/")),
+            )
+            mark_param_gathers(out.nodes, first_update, step)
     return RankClass(
         index=stage,
         stage=stage,

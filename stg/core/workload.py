@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from enum import IntEnum
+from enum import IntEnum, StrEnum
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -45,6 +45,92 @@ class CollectiveType(IntEnum):
 
 
 COMM_TYPES = frozenset({NodeType.COMM_SEND, NodeType.COMM_RECV, NodeType.COMM_COLL})
+
+
+class Phase(StrEnum):
+    """Which pass of a training iteration (or serving step) a node belongs to."""
+
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    RECOMPUTE = "recompute"
+    """a forward op run again before its backward (activation recomputation)"""
+    OPTIMIZER = "optimizer"
+    """the optimizer step and what follows it (the distributed optimizer's parameter gather)"""
+
+
+class Role(StrEnum):
+    """What a node does beyond its op, where a consumer must know it."""
+
+    OPTIMIZER_STEP = "optimizer_step"
+    PARAM_ALL_GATHER = "param_all_gather"
+    """the distributed optimizer's (ZeRO-1/2) all-gather of updated parameters"""
+    TP_ALL_GATHER = "tp_all_gather"
+    """sequence parallelism's all-gather over the tensor-parallel group"""
+    TP_REDUCE_SCATTER = "tp_reduce_scatter"
+    """sequence parallelism's reduce-scatter over the tensor-parallel group"""
+    FP8_AMAX = "fp8_amax"
+    """Transformer Engine's amax reduction (concatenation, all-reduce, history update)"""
+
+
+PHASE_ATTR = "phase"
+"""string attribute: a :class:`Phase` value"""
+MICRO_BATCH_ATTR = "micro_batch"
+"""integer attribute: the micro-batch (from 0) a node works on; absent outside micro-batches"""
+PART_ATTR = "part"
+"""string attribute: the part instance a node belongs to (``embedding``, ``layer3``, ``head``)"""
+ROLE_ATTR = "role"
+"""string attribute: a :class:`Role` value"""
+STEP_ATTR = "step"
+"""integer attribute: the step (from 0) of a serving run of several steps"""
+OP_ATTR = "op"
+"""string attribute: the model op the node runs (``fc1``, ``fc1_bias``, ``scores.grad_q``): the
+same on every micro-batch and layer, so it keys per-kernel caches"""
+NODE_SEMANTICS = (PHASE_ATTR, MICRO_BATCH_ATTR, PART_ATTR, ROLE_ATTR, OP_ATTR, STEP_ATTR)
+"""the attributes :mod:`stg.core.lowering` sets on generated nodes (docs/generation.md)"""
+
+
+_PHASES = {str(p): p for p in Phase}
+_ROLES = {str(r): r for r in Role}
+
+
+def _attrs(node: Any) -> Mapping[str, Any]:
+    return getattr(node, "attrs", None) or {}
+
+
+def node_phase(node: Any) -> Phase | None:
+    """The phase a node declares (its ``phase`` attribute), None where absent or unknown."""
+    value = _attrs(node).get(PHASE_ATTR)
+    return _PHASES.get(value) if type(value) is str else None
+
+
+def node_role(node: Any) -> Role | None:
+    """The role a node declares (its ``role`` attribute), None where absent or unknown."""
+    value = _attrs(node).get(ROLE_ATTR)
+    return _ROLES.get(value) if type(value) is str else None
+
+
+def node_micro_batch(node: Any) -> int | None:
+    """The micro-batch a node declares (its ``micro_batch`` attribute), None where absent."""
+    value = _attrs(node).get(MICRO_BATCH_ATTR)
+    return value if type(value) is int else None
+
+
+def node_step(node: Any) -> int | None:
+    """The serving step a node declares (its ``step`` attribute), None where absent."""
+    value = _attrs(node).get(STEP_ATTR)
+    return value if type(value) is int else None
+
+
+def node_part(node: Any) -> str | None:
+    """The part instance a node declares (its ``part`` attribute), None where absent."""
+    value = _attrs(node).get(PART_ATTR)
+    return value if type(value) is str and value else None
+
+
+def node_op(node: Any) -> str | None:
+    """The model op a node declares (its ``op`` attribute), None where absent."""
+    value = _attrs(node).get(OP_ATTR)
+    return value if type(value) is str and value else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +185,8 @@ class NodeTemplate:
     comm_tag: int | None = None
     dtype: str | None = None
     attrs: Mapping[str, Any] = field(default_factory=dict)
-    """further attributes, the same on every rank (the kernel shape of a compute node)"""
+    """further attributes, the same on every rank: the kernel shape of a compute node, and
+    what the node is for (:data:`NODE_SEMANTICS`: phase, micro-batch, part, role, op)"""
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,6 +52,7 @@ from stg.perf.kernel_time import (
     attention_flops,
     memory_kind,
 )
+from stg.perf.kernels import kernel_name
 from stg.perf.system import normalize_dtype, op_class
 
 FORMAT = "stg-calibration"
@@ -130,7 +131,7 @@ def node_kernel(node: Any, default_dtype: str = "bf16") -> Kernel | None:
         default = normalize_dtype(default_dtype)
     except UserError:
         return None
-    name = getattr(node, "name", "")
+    name = kernel_name(node)
     # without a shape, only the arithmetic intensity tells a matmul (op_class without a name)
     kind = (
         "attention"

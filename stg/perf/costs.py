@@ -15,11 +15,11 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from stg.core.symbolic import DROPOUT_FLOPS
-from stg.core.workload import CollectiveType
+from stg.core.workload import MICRO_BATCH_ATTR, STEP_ATTR, CollectiveType, Role, node_role
 from stg.perf import comm_time
 from stg.perf.calibration import Calibration
 from stg.perf.kernel_time import attention_time, gemm_time, memory_bound_time, memory_kind
-from stg.perf.kernels import KernelTable, is_cast
+from stg.perf.kernels import KernelTable, is_cast, kernel_name
 from stg.perf.system import System, normalize_dtype, op_class
 
 WIDE_DTYPES = frozenset({"fp32", "tf32"})
@@ -103,7 +103,7 @@ def megatron_fused_time(node: Any, system: System) -> float | None:
       on the way), which then writes 1 byte per element more; a weight is cast once per
       iteration (the first micro-batch) and cached. Gradient casts stay kernels.
     """
-    name = node.name.rsplit("/", 1)[-1]
+    name = kernel_name(node)
     if ".grad" not in name and name.split(".", 1)[0].endswith("_bias"):
         return 0.0
     if ".grad" not in name and name.endswith("_bias_dropout"):
@@ -115,11 +115,23 @@ def megatron_fused_time(node: Any, system: System) -> float | None:
         return None  # Transformer Engine's casts are fp8 ones; other casts are kernels
     operand = name.split(".cast_", 1)[1].split(".", 1)[0]
     if operand.startswith("w"):  # a weight: cast in the first micro-batch only
-        if "/" in node.name and not node.name.startswith("mb0/"):
+        if weight_cast_cached(node):
             return 0.0
         return None
     written = node.num_ops * DTYPE_WIDTH.get(normalize_dtype(node.dtype or "fp8"), 1)
     return memory_bound_time(system.gpu, written, "stream", node.dtype or "fp8")
+
+
+def weight_cast_cached(node: Any) -> bool:
+    """Whether Transformer Engine reuses a weight's fp8 copy cast earlier instead of casting
+    it at this node: in every micro-batch but the first of a training iteration or serving
+    step, and in every step of a run of several serving steps (the weights do not change).
+    A node that declares neither (a foreign trace) casts."""
+    attrs = getattr(node, "attrs", None) or {}
+    if type(attrs.get(STEP_ATTR)) is int:  # node_step, inline: this runs per node
+        return True
+    micro_batch = attrs.get(MICRO_BATCH_ATTR)
+    return type(micro_batch) is int and micro_batch != 0
 
 
 def compute_time(
@@ -149,7 +161,7 @@ def compute_time(
     """
     if node.num_ops <= 0 and node.tensor_size <= 0:
         return getattr(node, "runtime", 0) * 1e-6
-    if profile == "eager" and node.name.rsplit("/", 1)[-1].startswith("optimizer_step"):
+    if profile == "eager" and node_role(node) is Role.OPTIMIZER_STEP:
         nbytes = node.tensor_size * EAGER_ADAMW_BYTES_FACTOR
         seconds = memory_bound_time(system.gpu, nbytes, "stream", node.dtype or "fp32")
         return max(seconds + system.kernel_overhead, EAGER_OP_HOST_S)
@@ -158,7 +170,8 @@ def compute_time(
         if measured is not None:
             return measured
     table = kernels if kernels is not None else NO_KERNELS
-    if table and node.dtype and is_cast(node.name):
+    name = kernel_name(node)
+    if table and node.dtype and is_cast(name):
         cast = table.cast_kernel(node.dtype)
         if cast is not None:
             return cast.cast_alpha * node.num_ops + cast.cast_beta
@@ -174,9 +187,9 @@ def compute_time(
         if attention is not None
         else "gemm"
         if gemm is not None
-        else op_class(node.name, node.num_ops, node.tensor_size)
+        else op_class(name, node.num_ops, node.tensor_size)
     )
-    if kind == "attention" and attention is None and memory_kind(node.name) == "softmax":
+    if kind == "attention" and attention is None and memory_kind(name) == "softmax":
         kind = "other"  # unfused attention's softmax: a memory-bound kernel at its measured rate
     dtype = node.dtype or default_dtype
     speedup = 1.0
@@ -227,7 +240,7 @@ def compute_time(
         seconds = gemm_time(gpu, m, n, k, dtype, batch, nbytes) / speedup
     elif kind == "other":
         simt = node.num_ops / gpu.rate("fp32") if node.num_ops > 0 else 0.0
-        memory_class = memory_kind(node.name)
+        memory_class = memory_kind(name)
         if memory_class == "softmax" and profile == "megatron":
             memory_class = megatron_softmax_kind(attrs.get("row"), dtype)
         memory = memory_bound_time(gpu, node.tensor_size, memory_class, dtype)

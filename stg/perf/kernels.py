@@ -13,10 +13,10 @@ they form a :class:`KernelTable` keyed by (op class, dtype), with op classes as
   compute in the workload's dtype (the casts in front of it are still paid).
 - **Speedup.** A kernel's ``speedup`` divides the FLOP term of the roofline (the memory term
   is unchanged): ``max(flops / (peak(dtype)·eff·speedup), bytes / (hbm·mem_eff))``.
-- **Casts.** A cast node (its name contains ``.cast_``; it converts ``num_ops`` elements into
-  its ``dtype``) costs ``cast_alpha·elements + cast_beta`` when a kernel for that dtype
-  declares a cast cost (the first of the gemm, attention, other kernels that does); otherwise
-  the roofline prices it like any elementwise op.
+- **Casts.** A cast node (the op it runs, :func:`kernel_name`, contains ``.cast_``; it
+  converts ``num_ops`` elements into its ``dtype``) costs ``cast_alpha·elements + cast_beta``
+  when a kernel for that dtype declares a cast cost (the first of the gemm, attention, other
+  kernels that does); otherwise the roofline prices it like any elementwise op.
 - **Memory.** A tensor saved for the backward pass of an op that runs natively in a planned
   precision occupies ``bytes_per_element`` of that kernel (default: the dtype's width).
 - **Choice.** A kernel whose ``systems`` names the system beats a generic one; among equals
@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stg.core.precision import DTYPE_BYTES
+from stg.core.workload import node_op
 from stg.host.records import Kernel
 
 QUANTIZED_DTYPES = frozenset({"fp8", "int8"})
@@ -47,8 +48,18 @@ OP_CLASS_OF_KERNEL: Mapping[str, str] = {
 
 
 def is_cast(name: str) -> bool:
-    """Whether a node is a precision cast (``<op>.cast_<operand>``, or its gradient)."""
+    """Whether a node is a precision cast (``<op>.cast_<operand>``, or its gradient), by the
+    name of the op it runs (:func:`kernel_name`)."""
     return ".cast_" in name
+
+
+def kernel_name(node: Any) -> str:
+    """The name of the op a compute node runs, which the kernel models classify (``fc1``,
+    ``fc1_bias``, ``scores.grad_q``, ``fc1.cast_w1``): its typed ``op`` attribute
+    (generated traces), else its whole name (a foreign trace's node is named after its op,
+    ``aten::mm``)."""
+    op = node_op(node)
+    return op if op is not None else getattr(node, "name", "")
 
 
 @dataclass(frozen=True)

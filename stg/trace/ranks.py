@@ -8,7 +8,7 @@ order. Ranks with equal fingerprints form a *class*: they run the same nodes and
 in whom they talk to, as the ranks of one rank class of a generated workload do.
 :class:`TraceRanks` also reads any rank's whole nodes on demand (it is a mapping from rank to
 its nodes), so the time predictor replays one representative per class and decodes no other
-rank (:func:`stg.predictors.time.problem_from_trace`).
+rank (:func:`stg.perf.replay.problem_from_trace`).
 """
 
 from __future__ import annotations
