@@ -136,6 +136,9 @@ def test_counts_of_one_are_singular(trace: Path, tmp_path: Path) -> None:
     code, out, err = invoke("search", "--model", "gpt", "--gpus", "1", "--batch", "8", *SMALL)
     assert code == 0, err
     assert out.startswith("gpt on 1 GPU of a100-80g")
+    code, out, err = invoke("predict", "--predictor", "time", *SMALL)
+    assert code == 0, err
+    assert "critical path: 1 run of nodes;" in " ".join(out.split())
 
 
 # -- C6: -p finds a module in the current directory --------------------------------------------

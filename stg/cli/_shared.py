@@ -1144,7 +1144,8 @@ def print_reports(reports: Mapping[str, Mapping[str, Any]], source: str) -> None
             for run in path:
                 totals[run["kind"]] = totals.get(run["kind"], 0.0) + run["end_s"] - run["start_s"]
             parts = ", ".join(f"{k} {format_seconds(v)}" for k, v in sorted(totals.items()))
-            console.print(f"critical path: {len(path)} runs of nodes; {parts}")
+            runs = "1 run" if len(path) == 1 else f"{len(path)} runs"
+            console.print(f"critical path: {runs} of nodes; {parts}")
             if "explain" in report:
                 explained = Table(
                     title="where the iteration time goes (along the critical path)",
