@@ -72,10 +72,26 @@ def test_generated_workloads_are_valid(tmp_path: Path, emitter: object) -> None:
     workload = pipeline_workload(tp=2, pp=2, dp=2)
     assert validate_workload(workload).ok
     write_workload(workload, emitter, tmp_path / "out", "workload")
+    v001 = emitter is chakra_v001_emitter.EMITTER
     for target in ("out", "out/workload", f"out/workload.%d{emitter.extension}"):
-        report = validate_trace(tmp_path / target)
+        report = validate_trace(tmp_path / target, consumer="chakra" if v001 else "astra-sim")
         assert report.ok, report.violations
         assert (report.ranks, report.nodes) == (8, 40)
+
+
+def test_astra_sim_does_not_read_v001(tmp_path: Path) -> None:
+    """ASTRA-sim's feeder fails on a v0.0.1 trace ("Node 0 in ctrl_dep graph, but not found
+    in index"): one schema violation for ASTRA-sim, a warning for other Chakra readers."""
+    write_workload(pipeline_workload(tp=2), chakra_v001_emitter.EMITTER, tmp_path, "workload")
+    report = validate_trace(tmp_path)
+    (violation,) = report.errors
+    assert violation.check == "schema"
+    assert violation.message == (
+        "workload.0.et: the trace is Chakra v0.0.1 (ASTRA-sim rule: ASTRA-sim reads the Chakra "
+        "v0.0.4 schema only; convert it with `stg convert SOURCE DEST --to v0.0.4`)"
+    )
+    chakra = validate_trace(tmp_path, consumer="chakra")
+    assert chakra.ok and [v.check for v in chakra.warnings] == ["schema"]
 
 
 def test_hand_built_trace_is_valid(tmp_path: Path) -> None:

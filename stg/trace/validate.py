@@ -25,7 +25,8 @@ across ranks
 Warnings (reported, not failures): a comp or comm node without ``is_cpu_op``.
 
 ``consumer`` says whose consumption rules apply. ``"astra-sim"`` (the default): the rules of
-ASTRA-sim and Chakra's C++ feeder are errors: ``roofline``, ``attr-type``, ``collective-type``,
+ASTRA-sim and Chakra's C++ feeder are errors: ``schema`` (not v0.0.1: ASTRA-sim reads the v0.0.4
+schema), ``roofline``, ``attr-type``, ``collective-type``,
 ``is_cpu_op`` false on comm nodes and ``pg_name`` a decimal string. ``"chakra"`` (any reader
 of the Chakra schema, e.g. Chakra's Python tools): those become warnings, and a ``pg_name``
 stored as an integer names its comm group. Their messages name the rank file, the node and
@@ -938,6 +939,7 @@ def validate_trace(
         comms[task.index] = result.comm
         if progress is not None:
             progress("validating rank files", task.index + 1, len(files))
+    _check_schema(checker, tasks, graphs)
     groups: dict[int, tuple[int, ...]] = {}
     used = _used_groups(comms)
     if group_path is not None:
@@ -967,6 +969,25 @@ def validate_trace(
         if not report.errors:
             _deadlock(checker, graphs, skeletons, tasks, pairs, instances)
     return report
+
+
+def _check_schema(checker: _Checker, tasks: Sequence[_RankTask], readable: Mapping) -> None:
+    """ASTRA-sim reads the Chakra v0.0.4 schema: its feeder fails on a v0.0.1 trace (``Node 0
+    in ctrl_dep graph, but not found in index``). A JSON trace is Chakra's feeder JSON, which
+    the node rules check as they check v0.0.4."""
+    first = next((t for t in tasks if t.index in readable), None)
+    if first is None:
+        return
+    fmt = detect_format(first.path)
+    if fmt == "v0.0.1":
+        checker.add(
+            "schema",
+            f"{first.path.name}: the trace is Chakra {fmt} (ASTRA-sim rule: ASTRA-sim reads "
+            "the Chakra v0.0.4 schema only; convert it with `stg convert SOURCE DEST --to "
+            "v0.0.4`)",
+            first.rank,
+            severity="error" if checker.astra else "warning",
+        )
 
 
 def _deadlock(
