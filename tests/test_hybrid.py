@@ -250,6 +250,22 @@ def test_generation_errors(registry) -> None:
         )
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+def test_groups_that_join_dp_and_tp_span_device_groups(registry, dtype: str) -> None:
+    """Sequence parallelism's dp x tp all-reduce of norm gradients, and fp8's tp x dp amax
+    group, join the device groups by design: only a pure tp (sp, ep) group must not."""
+    sizes = {**SMALL, "dp": 2, "tp": 2, "tpsp": True, "batch": 4, "dtype": dtype}
+    options = GenerateOptions(
+        **sizes, mixed_precision=True, placement=(("v100", 2), ("t4", 2))
+    )  # fmt: skip
+    workload = build_workload(options, registry)
+    assert validate_workload(workload).ok
+    check_runs_to_completion(workload)
+    # a group joins both device groups, and each tp group sits in one of them
+    assert any({0, 2} <= set(m) for m in workload.comm_groups.values())
+    assert {tuple(workload.layout.members(r, ("tp",))) for r in range(4)} == {(0, 1), (2, 3)}
+
+
 def test_single_group_generation_is_unchanged(registry) -> None:
     """A placement with one plan for every group builds the same nodes as no placement."""
     plain = build_workload(GenerateOptions(**SMALL), registry)

@@ -299,8 +299,12 @@ def _device_group_plans(options: GenerateOptions) -> tuple[list[str], dict[str, 
 def _check_within_device_group(
     axes: tuple[str, ...], members: tuple[int, ...], rank_groups: list[str]
 ) -> None:
+    """A group of split axes only (a tp, sp, ep group or their product) must sit in one device
+    group. A group that also spans dp or pp (the dp x tp all-reduce of sequence-parallel norm
+    gradients, fp8's amax group) joins device groups by design: the split groups inside it
+    are checked on their own."""
     split = sorted(SPLIT_AXES & set(axes))
-    if not split:
+    if not split or not set(axes) <= SPLIT_AXES:
         return
     kinds = sorted({rank_groups[m] for m in members})
     if len(kinds) > 1:
