@@ -78,6 +78,7 @@ from stg.api import (
     Predictor,
     System,
     device_of,
+    expert_capacity,
     group_of_rank,
     is_hybrid,
     kernel_table,
@@ -388,7 +389,8 @@ def activation_bytes_per_layer(
     (s·b·a·(4d + r)/t) and, replicated over tp, its latents: the query compression before
     and after its norm (2sbq), the KV latent with the RoPE key before and after its norm
     and RoPE (2sb(c + r)). An MoE layer stores, per routed token slot (E·C/(dp·ep) of them,
-    C = ceil(k·tokens·capacity_factor/E): k·sb·capacity_factor when balanced), the
+    C = ceil(k·tokens·capacity_factor/E): k·sb·capacity_factor when balanced; under
+    ``moe_routing`` dropless the expected most loaded expert's load, ``expert_capacity``), the
     dispatched token and the expert's output (2h, replicated over tp) and gate, up and
     product (3F/t); the router's logits and gates (2sbE); and the shared experts' gate, up
     and product (3·shared·sbF/t).
@@ -439,7 +441,7 @@ def activation_bytes_per_layer(
             sharded += (3 * e + silu_output) * sb * (o.dense_dff or f)
         elif is_moe(o):
             tokens = (o.micro_batch or o.batch) * o.seq
-            capacity = -(-int(tokens * o.kexperts * o.capacity_factor) // o.experts)
+            capacity = expert_capacity(o, tokens)
             slots = o.experts * capacity / (o.dp * o.ep * o.sp)  # this rank's routed slots
             sharded += (3 * e + silu_output) * slots * f
             replicated += e * slots * 2 * h * sp_divisor + e * 2 * sb * o.experts
