@@ -2,13 +2,14 @@
 
 Under sustained tensor-core load a data-center GPU runs at its power limit, and the firmware
 holds the board's power there by lowering the SM clock (and with it the voltage). CMOS
-dynamic power is ``P = α·C·V²·f`` (Weste and Harris, "CMOS VLSI Design", 4th ed., section
-5.1), and along a GPU's voltage–frequency curve the voltage rises about in proportion to the
-clock, so the power drawn at a given load grows as ``f³`` and the clock sustained under a
-limit ``P`` is ``f(P) = f(TDP) · (P / TDP)^(1/3)``. The anchor ``f(TDP)`` is the system's
-measured ``sustained_clock_ghz`` at the data-sheet TDP (an H100 SXM 1.38 GHz and an H200 SXM
-1.46 GHz at 700 W under 8192³ bf16 GEMMs: tests/data/kernels/). Leakage power, which does not
-scale with the clock, is left out: the cube law is the smallest clock drop a cap can cause.
+dynamic power is ``P = a·C·V²·f``, a the switching activity (Weste and Harris, "CMOS VLSI
+Design", 4th ed., section 5.1), and along a GPU's voltage-frequency curve the voltage rises
+about in proportion to the clock, so the power drawn at a given load grows as ``f³`` and
+the clock sustained under a limit ``P`` is ``f(P) = f(TDP) · (P / TDP)^(1/3)``. The anchor
+``f(TDP)`` is the system's measured ``sustained_clock_ghz`` at the data-sheet TDP (an H100
+SXM 1.38 GHz and an H200 SXM 1.46 GHz at 700 W under 8192³ bf16 GEMMs:
+tests/data/kernels/). Leakage power, which does not scale with the clock, is left out: the
+cube law is the smallest clock drop a cap can cause.
 
 Only tensor-core (compute-bound) rates follow the clock; HBM runs on its own clock and its
 bandwidth does not change. A limit above the TDP is refused (the boards' maximum power limit
