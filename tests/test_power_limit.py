@@ -69,9 +69,17 @@ def test_the_limit_round_trips_through_the_json_form() -> None:
     assert "power_limit_w" not in load_system("a100-80g").as_dict()
 
 
-@pytest.mark.parametrize("watts", [150, 701, 0, "500"])
-def test_limits_outside_the_range_are_rejected(watts: object) -> None:
-    with pytest.raises(UserError, match="power_limit_w"):
+@pytest.mark.parametrize(
+    ("watts", "message"),
+    [
+        (150, "power_limit_w=150 is outside the GPU's power-limit range; allowed: 200 to 700 W"),
+        (701, "power_limit_w=701 is outside the GPU's power-limit range; allowed: 200 to 700 W"),
+        (0, "power_limit_w must be > 0, got 0"),
+        ("500", "power_limit_w must be a number, got '500'"),
+    ],
+)
+def test_limits_outside_the_range_are_rejected(watts: object, message: str) -> None:
+    with pytest.raises(UserError, match=message):
         system_from_dict(capped("h100-80g", watts), "h100-capped.json")  # type: ignore[arg-type]
 
 
