@@ -51,9 +51,11 @@ A precision plan's fp8 GEMMs that run natively (a GPU with fp8 tensor cores,
 
 Buffers: the working set that exists only transiently at the peak: with full recompute the
 full activations of the one layer being recomputed; with selective recompute that layer's
-attention scores; under eager, on the last stage, the larger of that and the cross-entropy
-backward's fp32 gradients (:data:`EAGER_CROSS_ENTROPY_TRANSIENT`); with ZeRO-3 the gathered
-weights of two layers (current and prefetched). No allocator fragmentation is added.
+attention scores; on the last stage, the larger of that and the cross entropy's transient
+(eager: its backward's fp32 gradients, :data:`EAGER_CROSS_ENTROPY_TRANSIENT`; Megatron: the
+16-bit logits beside the loss's fp32 copy, :data:`MEGATRON_CROSS_ENTROPY_TRANSIENT`); with
+ZeRO-3 the gathered weights of two layers (current and prefetched). No allocator
+fragmentation is added.
 
 FSDP2 (``weight_sharded``) as PyTorch runs it (:func:`fsdp_unsharded_state`): with
 ``reshard_after_forward`` resolved to never (the default under pipeline parallelism, as in
@@ -78,6 +80,7 @@ from stg.api import (
     Predictor,
     System,
     device_of,
+    expert_capacity,
     group_of_rank,
     is_hybrid,
     kernel_table,
@@ -110,6 +113,15 @@ log-probabilities (4 bytes per logit, saved by ``_log_softmax`` as ``result`` an
 of the log-probabilities (4) and ``_log_softmax_backward_data``'s fp32 gradient of the logits
 (4), live together while the latter runs. The loss runs in fp32 (autocast's fp32 list has
 ``cross_entropy``, ``log_softmax`` and ``nll_loss``; Hugging Face upcasts the logits)."""
+MEGATRON_CROSS_ENTROPY_TRANSIENT = 2
+"""Bytes per logit that Megatron-LM's vocabulary-parallel cross entropy holds beside its fp32
+logits (4 bytes per logit, kept for the backward as the softmax) when the LM head computes in
+a 16-bit (or fp8) dtype: ``VocabParallelCrossEntropy.calculate_logits_max``
+(megatron/core/tensor_parallel/cross_entropy.py, the fused and unfused losses alike) upcasts
+with ``.float()``, a copy made while the output layer's 16-bit logits are held; in the
+backward the fp32 gradient, computed in place in the softmax, is cast back to the 16-bit
+dtype by the copy's backward for the LM head's GEMMs. Either way 2 bytes per logit beside the
+fp32 ones, at the head, before any layer's recompute. fp32 logits need no copy."""
 
 # Transformer Engine's fp8 GEMMs on a GPU with fp8 tensor cores (stg.perf.costs.native_fp8).
 FP8_WEIGHT_COPY_BYTES = 2
@@ -388,7 +400,8 @@ def activation_bytes_per_layer(
     (s·b·a·(4d + r)/t) and, replicated over tp, its latents: the query compression before
     and after its norm (2sbq), the KV latent with the RoPE key before and after its norm
     and RoPE (2sb(c + r)). An MoE layer stores, per routed token slot (E·C/(dp·ep) of them,
-    C = ceil(k·tokens·capacity_factor/E): k·sb·capacity_factor when balanced), the
+    C = ceil(k·tokens·capacity_factor/E): k·sb·capacity_factor when balanced; under
+    ``moe_routing`` dropless the expected most loaded expert's load, ``expert_capacity``), the
     dispatched token and the expert's output (2h, replicated over tp) and gate, up and
     product (3F/t); the router's logits and gates (2sbE); and the shared experts' gate, up
     and product (3·shared·sbF/t).
@@ -439,7 +452,7 @@ def activation_bytes_per_layer(
             sharded += (3 * e + silu_output) * sb * (o.dense_dff or f)
         elif is_moe(o):
             tokens = (o.micro_batch or o.batch) * o.seq
-            capacity = -(-int(tokens * o.kexperts * o.capacity_factor) // o.experts)
+            capacity = expert_capacity(o, tokens)
             slots = o.experts * capacity / (o.dp * o.ep * o.sp)  # this rank's routed slots
             sharded += (3 * e + silu_output) * slots * f
             replicated += e * slots * 2 * h * sp_divisor + e * 2 * sb * o.experts
@@ -877,6 +890,8 @@ def stage_memory(
             head = head_bytes
         elif is_eager(o):
             head_transient = EAGER_CROSS_ENTROPY_TRANSIENT * logits
+        elif o.dtype != "fp32":
+            head_transient = MEGATRON_CROSS_ENTROPY_TRANSIENT * logits
         # each multi-token prediction module: its MoE layer, the inputs of its three norms
         # and of its projection (2h), and its own final norm, LM-head input and logits
         modules = mtp_depth(o)
@@ -895,8 +910,9 @@ def stage_memory(
             - (per_kind[kind] if o.activation_recompute == "selective" else 0)
             for kind in kinds
         )
-    # eager: the cross-entropy backward's gradients at the start of the backward, with every
-    # activation held; a layer's recompute comes later, after the head has freed its logits
+    # the cross entropy's transients (eager: its backward's fp32 gradients; Megatron: the
+    # 16-bit logits or their gradient beside the fp32 ones) come with every activation held;
+    # a layer's recompute comes later, after the head has freed its logits
     buffers = max(buffers, head_transient)
     if zero == 3 and kinds and not keeps_weights:
         buffers += 2 * e_w * max(layer_parameters_per_rank(o, kind) for kind in kinds)

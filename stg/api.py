@@ -43,6 +43,7 @@ from stg.core.layout import Layout
 from stg.core.options import GenerateOptions, OptionError
 from stg.core.pipeline import build_workload
 from stg.core.precision import DTYPE_BYTES, precision_of
+from stg.core.routing import expert_capacity
 from stg.core.sharding import Sharding
 from stg.core.symbolic import Dim, GraphBuilder, Tensor
 from stg.core.workload import (
@@ -164,6 +165,7 @@ __all__ = [
     "compute_time",
     "default_cast_model",
     "device_of",
+    "expert_capacity",
     "frame",
     "gemm_time",
     "generator_metadata",

@@ -187,16 +187,19 @@ def test_fsdp_without_pp_keeps_its_per_micro_batch_collectives(
 
 def test_fsdp_under_pp_holds_the_unsharded_stage_for_the_step() -> None:
     """Memory: the stage's gathered weights (e_w·Ψ_stage) and accumulated unsharded gradients
-    (e_g·Ψ_stage) beside the ZeRO-3 shards; no two-layer gather buffer on top."""
+    (e_g·Ψ_stage) beside the ZeRO-3 shards; no two-layer gather buffer on top (the last
+    stage's only buffer is Megatron's cross entropy: 16-bit logits beside its fp32 copy)."""
     e_w, e_g = 2, 4
+    logits = FSDP["seq"] * 1 * FSDP["dvocal"]  # one sample per replica and micro-batch
     kept = predict_memory(fsdp_workload(2, 4), "h100-80g")["classes"]
     freed = predict_memory(fsdp_workload(2, 4, "always"), "h100-80g")["classes"]
-    for rc, k, f in zip(fsdp_workload(2, 4).rank_classes, kept, freed, strict=True):
+    classes = fsdp_workload(2, 4).rank_classes
+    for stage, (rc, k, f) in enumerate(zip(classes, kept, freed, strict=True)):
         replica, shard = rc.facts["replica_parameters"], rc.facts["shard_parameters"]
         assert k["weights"] == e_w * (shard + replica)
         assert k["gradients"] == f["gradients"] == e_g * (shard + replica)
         assert f["weights"] == e_w * shard
-        assert f["buffers"] > k["buffers"] == 0
+        assert f["buffers"] > k["buffers"] == (2 * logits if stage == 1 else 0)
 
 
 @pytest.mark.parametrize(

@@ -159,7 +159,19 @@ SPECS: dict[str, tuple[str, _Spec]] = {
     "num_stacks": (_MODEL, _Spec("Transformer layers L.")),
     "experts": (_MODEL, _Spec("Experts per MoE layer.")),
     "kexperts": (_MODEL, _Spec("Experts each token is routed to (top-k).")),
-    "capacity_factor": (_MODEL, _Spec("MoE capacity factor.")),
+    "capacity_factor": (
+        _MODEL,
+        _Spec("MoE capacity factor of --moe_routing capacity: ceil(cf·k·tokens/E) per expert."),
+    ),
+    "moe_routing": (
+        _MODEL,
+        _Spec(
+            "MoE routing: capacity (tokens above --capacity_factor dropped; 1 = balanced) or "
+            "dropless (Megatron's default: each expert shaped for the expected most loaded "
+            "one's tokens).",
+            metavar="MODE",
+        ),
+    ),
     "shared_experts": (
         _MODEL,
         _Spec("Shared experts beside the routed ones, used by every token (DeepSeek)."),

@@ -198,6 +198,7 @@ class GenerateOptions:
     experts: int = 8
     kexperts: int = 2
     capacity_factor: float = 1.0
+    moe_routing: str = "capacity"
     shared_experts: int | None = None
     dense_layers: int | None = None
     dense_dff: int | None = None
@@ -320,8 +321,8 @@ class GenerateOptions:
         workload (same options, same bytes anywhere); unset options, options that are off
         (:attr:`OFF_UNRECORDED`), ``reshard_after_forward`` at its default,
         ``amax_history`` without TE's delayed scaling
-        (:attr:`te_delayed_scaling`) and the other kind of run's fields (inference fields in
-        training, overlap fields in serving) are left out."""
+        (:attr:`te_delayed_scaling`), ``moe_routing`` at its default and the other kind of
+        run's fields (inference fields in training, overlap fields in serving) are left out."""
         other = self.OVERLAP_FIELDS if self.inference else self.INFERENCE_FIELDS
         return {
             k: v
@@ -331,4 +332,5 @@ class GenerateOptions:
             and not (k in self.OFF_UNRECORDED and not v)
             and not (k == "amax_history" and not self.te_delayed_scaling)
             and not (k == "reshard_after_forward" and v == "default")
+            and not (k == "moe_routing" and v == "capacity")
         }

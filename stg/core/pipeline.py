@@ -30,6 +30,7 @@ from stg.core.precision import (
     plan_groups,
     unmatched_patterns,
 )
+from stg.core.routing import expert_capacity
 from stg.core.symbolic import (
     Capacity,
     Dff,
@@ -97,7 +98,7 @@ def symbol_values(options: GenerateOptions) -> dict[Any, int]:
     """Integer values of the standard dimension symbols for one run."""
     micro_batch = options.micro_batch or options.batch
     tokens = micro_batch * options.seq
-    capacity = -(-int(tokens * options.kexperts * options.capacity_factor) // options.experts)
+    capacity = expert_capacity(options, tokens)
     values = {
         MicroBatch: micro_batch,
         Seq: options.seq,

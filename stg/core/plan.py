@@ -14,6 +14,7 @@ from math import prod
 from stg.core.layout import AXES, parse_rank_order
 from stg.core.options import GenerateOptions, OptionError
 from stg.core.precision import DTYPE_BYTES
+from stg.core.routing import ROUTINGS
 
 MAX_TAG = 500_000_000
 RECOMPUTE = {
@@ -340,6 +341,15 @@ def make_plan(o: GenerateOptions) -> ParallelPlan:
     )
     _require(o.kexperts <= o.experts, f"kexperts={o.kexperts} must not exceed experts={o.experts}")
     _require(o.capacity_factor > 0, f"capacity_factor={o.capacity_factor} must be positive")
+    _require(
+        o.moe_routing in ROUTINGS,
+        f"moe_routing={o.moe_routing!r} must be one of {', '.join(ROUTINGS)}",
+    )
+    _require(
+        o.moe_routing == "capacity" or o.capacity_factor == 1,
+        f"capacity_factor={o.capacity_factor} caps tokens only under moe_routing=capacity: "
+        "moe_routing=dropless drops no token; allowed: capacity_factor=1 with dropless",
+    )
     if o.virtual_stages > 1:
         _require(
             o.pipeline_schedule == "interleaved",

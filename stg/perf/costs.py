@@ -246,7 +246,9 @@ def compute_time(
         memory = memory_bound_time(gpu, node.tensor_size, memory_class, dtype)
         seconds = max(simt, memory)
     else:
-        flops = node.num_ops / (system.peak(dtype) * system.compute_efficiency[kind] * speedup)
+        # the class's efficiency holds at the TDP's clock; a power limit lowers the clock
+        rate = system.peak(dtype) * system.compute_efficiency[kind] * system.power_clock_scale
+        flops = node.num_ops / (rate * speedup)
         memory = node.tensor_size / (system.hbm_bandwidth * system.memory_efficiency)
         seconds = max(flops, memory)
     seconds += system.kernel_overhead

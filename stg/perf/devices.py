@@ -81,6 +81,7 @@ DEVICE_PRESETS: dict[str, dict[str, Any]] = {
         "sm_count": 80,
         "peak_clock_ghz": 1.53,
         "sustained_clock_ghz": 1.53,
+        "tdp_w": 300,  # V100 SXM2 data sheet: 300 W
         "arch": "volta",
         **_EFFICIENCY,
         "network": [
@@ -110,6 +111,7 @@ DEVICE_PRESETS: dict[str, dict[str, Any]] = {
         "sm_count": 40,
         "peak_clock_ghz": 1.59,
         "sustained_clock_ghz": 1.59,
+        "tdp_w": 70,  # T4 data sheet: 70 W
         "arch": "turing",
         **_EFFICIENCY,
         "network": [{**_pcie(16), "size": 4}, _between_nodes(4)],
@@ -130,6 +132,7 @@ DEVICE_PRESETS: dict[str, dict[str, Any]] = {
         "sm_count": 72,
         "peak_clock_ghz": 1.695,
         "sustained_clock_ghz": 1.695,
+        "tdp_w": 150,  # A10 data sheet: 150 W
         "arch": "ampere",
         **_EFFICIENCY,
         "network": [{**_pcie(32), "size": 4}, _between_nodes(4)],
@@ -150,6 +153,7 @@ DEVICE_PRESETS: dict[str, dict[str, Any]] = {
         "sm_count": 58,
         "peak_clock_ghz": 2.04,
         "sustained_clock_ghz": 2.04,
+        "tdp_w": 72,  # L4 data sheet: 72 W
         "arch": "ada",
         **_EFFICIENCY,
         "network": [{**_pcie(32), "size": 4}, _between_nodes(4)],
@@ -171,6 +175,7 @@ DEVICE_PRESETS: dict[str, dict[str, Any]] = {
         "sm_count": 108,
         "peak_clock_ghz": 1.41,
         "sustained_clock_ghz": 1.41,
+        "tdp_w": 400,  # A100 SXM4 data sheet: 400 W
         "arch": "ampere",
         **_EFFICIENCY,
         "network": [

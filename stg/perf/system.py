@@ -32,6 +32,9 @@ A system is a JSON object (stdlib ``json``; no YAML dependency). Units are in th
   (``hopper``, ``ampere``, ``ada``, ``turing`` or ``volta``: whose attention kernels apply)
   describe the GPU for the kernel models of :mod:`stg.perf.kernel_time`; an H100 SXM's
   values where omitted.
+- ``tdp_w`` (W): the board power (data-sheet TDP) at which ``sustained_clock_ghz`` holds;
+  ``power_limit_w`` (W, optional): a lower power cap (``nvidia-smi -pl``), which lowers the
+  sustained clock and so the compute-bound rates (:mod:`stg.perf.power`).
 - ``network``: dimensions innermost first. ``size`` is the number of ranks along the
   dimension (0 = as many as needed: only the outermost dimension may say so);
   ``bandwidth_gbps`` is per GPU per direction (10^9 B/s); ``latency_us`` the per-step latency
@@ -58,6 +61,7 @@ from stg.errors import UnknownNameError, UserError
 from stg.perf.comm_time import LINKS
 from stg.perf.devices import DEVICE_PRESETS
 from stg.perf.kernel_time import FUSED_ATTENTION, Gpu
+from stg.perf.power import MIN_POWER_LIMIT_FRACTION, clock_under_power_limit
 
 DTYPES: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8")
 """Dtypes a system must give a peak rate for."""
@@ -127,6 +131,22 @@ class System:
     peak_clock_ghz: float = 1.83
     sustained_clock_ghz: float = 1.38
     arch: str = "hopper"
+    tdp_w: float = 700.0
+    power_limit_w: float | None = None
+
+    @property
+    def clock_ghz(self) -> float:
+        """The SM clock under sustained tensor-core load at the power limit: the measured
+        ``sustained_clock_ghz`` (at the TDP), lowered under a ``power_limit_w`` below the TDP
+        (:mod:`stg.perf.power`)."""
+        if self.power_limit_w is None:
+            return self.sustained_clock_ghz
+        return clock_under_power_limit(self.sustained_clock_ghz, self.tdp_w, self.power_limit_w)
+
+    @property
+    def power_clock_scale(self) -> float:
+        """How much the power limit slows compute-bound (tensor-core) kernels: 1 at the TDP."""
+        return self.clock_ghz / self.sustained_clock_ghz
 
     @property
     def gpu(self) -> Gpu:
@@ -134,7 +154,7 @@ class System:
         return Gpu(
             sm_count=self.sm_count,
             peak_clock_ghz=self.peak_clock_ghz,
-            sustained_clock_ghz=self.sustained_clock_ghz,
+            sustained_clock_ghz=self.clock_ghz,
             peak_flops=dict(self.peak_flops),
             hbm_bandwidth=self.hbm_bandwidth,
             arch=self.arch,
@@ -179,6 +199,8 @@ class System:
             "peak_clock_ghz": self.peak_clock_ghz,
             "sustained_clock_ghz": self.sustained_clock_ghz,
             "arch": self.arch,
+            "tdp_w": _num(self.tdp_w),
+            **({} if self.power_limit_w is None else {"power_limit_w": _num(self.power_limit_w)}),
             "network": [
                 {
                     "name": d.name,
@@ -343,6 +365,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "peak_clock_ghz": 1.41,
         "sustained_clock_ghz": 1.305,
         "arch": "ampere",
+        "tdp_w": 400,  # A100 SXM4 data sheet: max TDP 400 W
         "compute_efficiency": {"gemm": 0.8, "attention": 0.6, "other": 0.8},
         "memory_efficiency": 0.8,
         "kernel_overhead_us": 2,
@@ -369,6 +392,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "peak_clock_ghz": 1.83,
         "sustained_clock_ghz": 1.38,
         "arch": "hopper",
+        "tdp_w": 700,  # H100 SXM data sheet: max TDP up to 700 W (H200 and H800 SXM: the same)
         "compute_efficiency": {"gemm": 0.75, "attention": 0.55, "other": 0.8},
         "memory_efficiency": 0.89,  # measured: streaming kernels 2.95-3.0 of 3.35 TB/s
         "kernel_overhead_us": 2,
@@ -454,6 +478,8 @@ KNOWN_KEYS = frozenset(
         "peak_clock_ghz",
         "sustained_clock_ghz",
         "arch",
+        "tdp_w",
+        "power_limit_w",
     }
 )
 NETWORK_KEYS = frozenset(
@@ -584,11 +610,23 @@ def _gpu_fields(data: Mapping[str, Any], source: str) -> dict[str, Any]:
         raise SystemDescriptionError(
             f"{source}: arch {arch!r} is not known; allowed: {', '.join(sorted(FUSED_ATTENTION))}"
         )
+    tdp = _positive(f"{source}: tdp_w", data.get("tdp_w", 700))
+    limit = data.get("power_limit_w")
+    if limit is not None:
+        limit = _positive(f"{source}: power_limit_w", limit)
+        lowest = tdp * MIN_POWER_LIMIT_FRACTION
+        if not lowest <= limit <= tdp:
+            raise SystemDescriptionError(
+                f"{source}: power_limit_w={_num(limit)} is outside the GPU's power-limit range; "
+                f"allowed: {_num(round(lowest, 1))} to {_num(tdp)} W (2/7 of tdp_w to tdp_w)"
+            )
     return {
         "sm_count": sm_count,
         "peak_clock_ghz": peak_clock,
         "sustained_clock_ghz": sustained,
         "arch": arch,
+        "tdp_w": tdp,
+        "power_limit_w": limit,
     }
 
 
