@@ -49,16 +49,24 @@ from stg.api import (
     GenerateOptions,
     KernelTable,
     NodeType,
+    Phase,
     Predictor,
+    Role,
     System,
     build_workload,
     collective_time,
     compute_time,
     group_shape,
     is_hybrid,
+    kernel_name,
     kernel_table,
     link_dimension,
     load_system,
+    node_chunk,
+    node_micro_batch,
+    node_part,
+    node_phase,
+    node_role,
     op_class,
     send_time,
 )
@@ -141,12 +149,12 @@ class PartCost:
 
 def category(node: Any) -> str:
     """The --explain class of a compute node (as the DAG predictor's explain)."""
-    name = node.name.rsplit("/", 1)[-1]
-    if "recompute" in node.name.lower():
+    if node_phase(node) is Phase.RECOMPUTE:
         return "recompute"
-    if name.startswith("optimizer"):
+    if node_role(node) is Role.OPTIMIZER_STEP:
         return "optimizer"
     attrs = node.attrs or {}
+    name = kernel_name(node)
     if "attention" in attrs or op_class(name, node.num_ops, node.tensor_size) == "attention":
         return "attention"
     if "gemm" in attrs:
@@ -266,17 +274,15 @@ def reduced_options(
     return GenerateOptions(**values)
 
 
-def _segment(name: str) -> tuple[str, str, bool]:
-    """(part, phase, per micro-batch) of a node name: ``mb3/layer7/bwd/fc1`` is
-    ``("layer7", "bwd", True)``; ``layer7/grad_all_reduce_dp`` ``("layer7", "", False)``."""
-    parts = name.split("/")
-    if parts[0].startswith("mb") and parts[0][2:].isdigit():
-        part = parts[1] if len(parts) > 1 else ""
-        phase = parts[2] if len(parts) > 3 and parts[2] in ("fwd", "bwd", "recompute") else "fwd"
-        if part.startswith(("send_", "recv_")):
-            return part, "p2p", True
-        return part, "bwd" if phase == "recompute" else phase, True
-    return parts[0], "", False
+def _segment(node: Any) -> tuple[str, str]:
+    """(part, pass) of a node of a micro-batch, from its typed attributes: a layer's backward
+    node is ``("layer7", "bwd")`` (recomputation counts as backward), the fp8 amax reduction
+    that ends chunk 0's forward ``("chunk0", "fwd")``."""
+    part = node_part(node)
+    if part is None:
+        chunk = node_chunk(node)
+        part = "" if chunk is None else f"chunk{chunk}"
+    return part, "fwd" if node_phase(node) is Phase.FORWARD else "bwd"
 
 
 def _part_cost(nodes: list[Any], price: Any) -> PartCost:
@@ -316,18 +322,15 @@ def _index(rank_class: Any) -> _Index:
     iteration: dict[str, list[Any]] = {}
     optimizer = None
     for n in rank_class.nodes:
-        if n.name == "optimizer_step":
+        if node_role(n) is Role.OPTIMIZER_STEP:
             optimizer = n
-        seg, phase, per_mb = _segment(n.name)
-        if per_mb:
+        micro_batch = node_micro_batch(n)
+        if micro_batch is not None:
             # the first micro-batch's parts stand for every micro-batch's
-            if n.name.startswith("mb0/") and n.type not in (
-                NodeType.COMM_SEND,
-                NodeType.COMM_RECV,
-            ):
-                parts.setdefault((seg, phase), []).append(n)
+            if micro_batch == 0 and n.type not in (NodeType.COMM_SEND, NodeType.COMM_RECV):
+                parts.setdefault(_segment(n), []).append(n)
         elif n.type is NodeType.COMM_COLL:
-            iteration.setdefault(seg, []).append(n)
+            iteration.setdefault(node_part(n) or "", []).append(n)
     index = _Index(parts, iteration, optimizer)
     if len(_INDEXES) > 4096:
         _INDEXES.clear()
@@ -370,7 +373,7 @@ class _Pricer:
                 tuple(self.kernels.names()) if self.kernels else (),
                 self.o.dtype,
                 self.o.profile,
-                node.name.rsplit("/", 1)[-1],
+                kernel_name(node),
                 node.num_ops,
                 node.tensor_size,
                 node.dtype,
@@ -488,7 +491,7 @@ def analyse(
                 for n in c.nodes
                 if n.type is NodeType.COMM_COLL
                 and n.comm_type in GATHERS
-                and not _segment(n.name)[2]
+                and node_micro_batch(n) is None
             )
             for c in stages
         ]

@@ -12,9 +12,10 @@ What is here, by the stage of the pipeline it belongs to:
   whole pipeline (what a plugin's tests call);
 - workloads: :class:`Workload`, :class:`RankGraph`, :class:`RankClass`, :class:`Node`,
   :class:`NodeTemplate`, :class:`NodeType`, :class:`CollectiveType`, :class:`Layout`; what a
-  node is for, from its typed attributes (:data:`NODE_SEMANTICS`, :class:`Phase`,
-  :class:`Role`, :func:`node_phase`, :func:`node_role`, :func:`node_micro_batch`,
-  :func:`node_part`, :func:`node_op`);
+  node is for, from its typed attributes (:data:`NODE_SEMANTICS`; :class:`Phase`,
+  :class:`Role` and :class:`PartCode`, whose values are the int64 codes traces carry;
+  :func:`node_phase`, :func:`node_role`, :func:`node_micro_batch`, :func:`node_part`,
+  :func:`node_chunk`, :func:`node_op`);
 - emitters: the shared per-rank write loop :func:`write_rank_files`, file naming
   (:func:`output_paths`, :func:`write_comm_groups`), record framing (:func:`frame`), the
   GlobalMetadata of a generated rank file (:func:`generator_metadata`), and the encoders of
@@ -53,11 +54,13 @@ from stg.core.workload import (
     Node,
     NodeTemplate,
     NodeType,
+    PartCode,
     Phase,
     RankClass,
     RankGraph,
     Role,
     Workload,
+    node_chunk,
     node_micro_batch,
     node_op,
     node_part,
@@ -135,6 +138,7 @@ __all__ = [
     "NodeTemplate",
     "NodeType",
     "OptionError",
+    "PartCode",
     "Phase",
     "PipelineSchedule",
     "Predictor",
@@ -183,6 +187,7 @@ __all__ = [
     "memory_bound_time",
     "memory_kind",
     "native_fp8",
+    "node_chunk",
     "node_micro_batch",
     "node_op",
     "node_part",

@@ -146,7 +146,7 @@ def _coll(node_id: int, name: str, kind: CollectiveType, size: int, deps: tuple[
         comm_type=kind,
         comm_size=size,
         group_axes=("tp",),
-        attrs={ROLE_ATTR: str(role)},
+        attrs={ROLE_ATTR: int(role)},
     )
 
 

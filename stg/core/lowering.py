@@ -36,9 +36,9 @@ from stg.core.plan import ParallelPlan
 from stg.core.precision import DTYPE_BYTES
 from stg.core.symbolic import Dim, Op, Part, Tensor
 from stg.core.workload import (
+    CHUNK_ATTR,
     MICRO_BATCH_ATTR,
     OP_ATTR,
-    PART_ATTR,
     PHASE_ATTR,
     ROLE_ATTR,
     STEP_ATTR,
@@ -48,6 +48,7 @@ from stg.core.workload import (
     Phase,
     RankClass,
     Role,
+    part_attrs,
 )
 
 DIM_OPTION = {
@@ -846,18 +847,22 @@ class _Nodes:
 def node_place(
     phase: Phase,
     micro_batch: int | None = None,
-    part: str | None = None,
+    part: str | int | None = None,
     step: int | None = None,
+    chunk: int | None = None,
 ) -> dict[str, Any]:
     """The typed attributes of a node's place in the iteration (:data:`NODE_SEMANTICS`);
-    ``step``: the serving step, in a run of several."""
-    where: dict[str, Any] = {PHASE_ATTR: str(phase)}
+    ``part``: a layer index, ``layerN``, ``embedding`` or ``head``; ``step``: the serving
+    step, in a run of several; ``chunk``: the model chunk of a chunk's fp8 amax reduction."""
+    where: dict[str, Any] = {PHASE_ATTR: int(phase)}
     if micro_batch is not None:
         where[MICRO_BATCH_ATTR] = micro_batch
     if part is not None:
-        where[PART_ATTR] = part
+        where.update(part_attrs(part))
     if step is not None:
         where[STEP_ATTR] = step
+    if chunk is not None:
+        where[CHUNK_ATTR] = chunk
     return where
 
 
@@ -882,7 +887,7 @@ def _fields(
     if op.group_axes:
         role = op_role(op)
         if role is not None:
-            attrs[ROLE_ATTR] = str(role)
+            attrs[ROLE_ATTR] = int(role)
     return {
         "name": f"{prefix}{op.name}",
         "type": op.type,
@@ -902,7 +907,7 @@ def mark_param_gathers(nodes: list[NodeTemplate], first: int, step: int) -> None
     for i in range(first, len(nodes)):
         t = nodes[i]
         if t.comm_type is CollectiveType.ALL_GATHER and step in t.data_deps:
-            nodes[i] = replace(t, attrs={**t.attrs, ROLE_ATTR: str(Role.PARAM_ALL_GATHER)})
+            nodes[i] = replace(t, attrs={**t.attrs, ROLE_ATTR: int(Role.PARAM_ALL_GATHER)})
 
 
 def send_tag(direction: str, micro_batch: int, boundary: int, chunks: int) -> int:
@@ -971,7 +976,7 @@ def lower_stage(
         history = plan.options.amax_history
 
         def attrs(op: str) -> dict[str, Any]:
-            return {OP_ATTR: op, **where, ROLE_ATTR: str(Role.FP8_AMAX)}
+            return {OP_ATTR: op, **where, ROLE_ATTR: int(Role.FP8_AMAX)}
 
         last = out.add(
             {
@@ -1065,7 +1070,7 @@ def lower_stage(
         """Backward of one part instance; returns the node of the gradient it passes on.
         ``amax_after``: the name prefix of the backward amax reduction that follows it."""
         env = saved.pop((owner, mb))
-        part = owner if isinstance(owner, str) else f"layer{owner}"
+        part = owner
         again = node_place(Phase.RECOMPUTE, mb, part)
         back = node_place(Phase.BACKWARD, mb, part)
         repeated = gathers_for(owner, bp, repeated, env)
@@ -1100,7 +1105,7 @@ def lower_stage(
         if reduce_now or not pipelined:  # resharded after its backward
             gathered.pop(owner, None)
         if amax_after is not None:  # the first fp8 module of the chunk's autocast
-            amax_reduction(amax_after, True, node_place(Phase.BACKWARD, mb))
+            amax_reduction(amax_after, True, node_place(Phase.BACKWARD, mb, chunk=gchunk))
         store = grads.setdefault(owner, {})
         for k in bp.grad_keys:
             store.setdefault(k, []).extend(env.get(k, ()))
@@ -1129,7 +1134,7 @@ def lower_stage(
         if direction == "F":
             # the chunk's autocast exits after its last fp8 module: the forward reduction
             region_end = owners[-1] if owners else None
-            region_place = node_place(Phase.FORWARD, mb)
+            region_place = node_place(Phase.FORWARD, mb, chunk=gchunk)
             if first:
                 env: Env = {}
                 forward(
@@ -1153,7 +1158,7 @@ def lower_stage(
                     bp,
                     env,
                     f"mb{mb}/layer{layer}/fwd/",
-                    node_place(Phase.FORWARD, mb, f"layer{layer}"),
+                    node_place(Phase.FORWARD, mb, layer),
                 )
                 saved[(layer, mb)] = env
                 x = env[bp.output_key][0]  # type: ignore[index]
@@ -1242,7 +1247,7 @@ def lower_stage(
             "attrs": {
                 OP_ATTR: "optimizer_step",
                 **node_place(Phase.OPTIMIZER),
-                ROLE_ATTR: str(Role.OPTIMIZER_STEP),
+                ROLE_ATTR: int(Role.OPTIMIZER_STEP),
             },
         },
         final_nodes,

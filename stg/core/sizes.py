@@ -37,16 +37,19 @@ if TYPE_CHECKING:
 # over ten plans (gpt, llama, moe; dp/tp/pp/ep up to 4, ZeRO-3, full and selective
 # recompute, fp8, interleaving, decode and prefill) gave 720-1,000 bytes per template, the
 # ranks' share 240-480 bytes per rank (gpt, 2 layers, dp up to 4,096, tp 8), and the rank
-# files 200-212 (chakra-v0.0.4, with the typed attributes phase, micro_batch, part, role and
-# op on every node), 43-58 (v0.0.1) and 445-466 (json) bytes per node. The constants below are
-# those, rounded up by about a quarter.
+# files 43-58 bytes per node in v0.0.1. chakra-v0.0.4 and json rank files, with the typed
+# attributes as int64 codes and the op left to the name (stg.core.workload), took 160-168 and
+# 366-397 bytes per node: benchmarks/trace_size.py (gpt 8 layers dp2 tp2 pp2 8 micro-batches,
+# llama3-8b 4 layers dp2 tp2 pp2 in bf16 and fp8) and the same summary of stg generate for
+# moe (ep 2, tp 2), gpt under ZeRO-3 with full recompute, and llama3-8b decode and prefill.
+# The constants below are those, rounded up by about a quarter.
 BYTES_PER_TEMPLATE = 1300
 """Memory of one node template of a rank class while the workload is built, its rank files
 written or its time predicted (the template, its name, deps and attributes, the writer's
 encoding, the predictor's replay)."""
 BYTES_PER_RANK = 600
 """Memory of one rank of the workload (its graph view, layout entries, comm groups)."""
-DISK_BYTES_PER_NODE = {"chakra-v0.0.4": 265, "chakra-v0.0.1": 72, "json": 580}
+DISK_BYTES_PER_NODE = {"chakra-v0.0.4": 210, "chakra-v0.0.1": 72, "json": 500}
 """Bytes one node takes in a rank file, per format (another emitter: the largest)."""
 AMAX_NODES = 3
 """Nodes of one fp8 amax reduction: concatenation, all-reduce, history and scale update."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from enum import IntEnum, StrEnum
+from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -47,66 +47,101 @@ class CollectiveType(IntEnum):
 COMM_TYPES = frozenset({NodeType.COMM_SEND, NodeType.COMM_RECV, NodeType.COMM_COLL})
 
 
-class Phase(StrEnum):
-    """Which pass of a training iteration (or serving step) a node belongs to."""
+class Phase(IntEnum):
+    """Which pass of a training iteration (or serving step) a node belongs to; the value is
+    the ``phase`` attribute's int64 code in traces."""
 
-    FORWARD = "forward"
-    BACKWARD = "backward"
-    RECOMPUTE = "recompute"
+    FORWARD = 1
+    BACKWARD = 2
+    RECOMPUTE = 3
     """a forward op run again before its backward (activation recomputation)"""
-    OPTIMIZER = "optimizer"
+    OPTIMIZER = 4
     """the optimizer step and what follows it (the distributed optimizer's parameter gather)"""
 
 
-class Role(StrEnum):
-    """What a node does beyond its op, where a consumer must know it."""
+class Role(IntEnum):
+    """What a node does beyond its op, where a consumer must know it; the value is the
+    ``role`` attribute's int64 code in traces (most nodes have no role and no attribute)."""
 
-    OPTIMIZER_STEP = "optimizer_step"
-    PARAM_ALL_GATHER = "param_all_gather"
+    OPTIMIZER_STEP = 1
+    PARAM_ALL_GATHER = 2
     """the distributed optimizer's (ZeRO-1/2) all-gather of updated parameters"""
-    TP_ALL_GATHER = "tp_all_gather"
+    TP_ALL_GATHER = 3
     """sequence parallelism's all-gather over the tensor-parallel group"""
-    TP_REDUCE_SCATTER = "tp_reduce_scatter"
+    TP_REDUCE_SCATTER = 4
     """sequence parallelism's reduce-scatter over the tensor-parallel group"""
-    FP8_AMAX = "fp8_amax"
+    FP8_AMAX = 5
     """Transformer Engine's amax reduction (concatenation, all-reduce, history update)"""
 
 
+class PartCode(IntEnum):
+    """The parts besides the layers, as the ``part`` attribute's int64 code in traces (a
+    layer's nodes carry its index in the ``layer`` attribute instead)."""
+
+    EMBEDDING = 1
+    HEAD = 2
+
+
 PHASE_ATTR = "phase"
-"""string attribute: a :class:`Phase` value"""
+"""int64 attribute: a :class:`Phase` code"""
 MICRO_BATCH_ATTR = "micro_batch"
 """integer attribute: the micro-batch (from 0) a node works on; absent outside micro-batches"""
+LAYER_ATTR = "layer"
+"""integer attribute: the layer (from 0) a node belongs to"""
 PART_ATTR = "part"
-"""string attribute: the part instance a node belongs to (``embedding``, ``layer3``, ``head``)"""
+"""int64 attribute: the :class:`PartCode` (embedding, head) a node outside the layers belongs to"""
 ROLE_ATTR = "role"
-"""string attribute: a :class:`Role` value"""
+"""int64 attribute: a :class:`Role` code"""
 STEP_ATTR = "step"
 """integer attribute: the step (from 0) of a serving run of several steps"""
+CHUNK_ATTR = "chunk"
+"""integer attribute: the model chunk (from 0) of an fp8 amax reduction that ends a chunk's
+forward or backward (Transformer Engine's autocast region)"""
 OP_ATTR = "op"
 """string attribute: the model op the node runs (``fc1``, ``fc1_bias``, ``scores.grad_q``): the
-same on every micro-batch and layer, so it keys per-kernel caches"""
-NODE_SEMANTICS = (PHASE_ATTR, MICRO_BATCH_ATTR, PART_ATTR, ROLE_ATTR, OP_ATTR, STEP_ATTR)
+same on every micro-batch and layer, so it keys per-kernel caches. Traces leave it out where
+it is :func:`implied_op` of a node with a ``phase`` code, and readers put it back."""
+NODE_SEMANTICS = (
+    PHASE_ATTR,
+    MICRO_BATCH_ATTR,
+    LAYER_ATTR,
+    PART_ATTR,
+    ROLE_ATTR,
+    OP_ATTR,
+    STEP_ATTR,
+    CHUNK_ATTR,
+)
 """the attributes :mod:`stg.core.lowering` sets on generated nodes (docs/generation.md)"""
 
 
-_PHASES = {str(p): p for p in Phase}
-_ROLES = {str(r): r for r in Role}
+# codes, and the names an earlier development version wrote as strings
+_PHASES: dict[int | str, Phase] = {
+    **{int(p): p for p in Phase},
+    **{p.name.lower(): p for p in Phase},
+}
+_ROLES: dict[int | str, Role] = {**{int(r): r for r in Role}, **{r.name.lower(): r for r in Role}}
+_PART_NAMES = {int(p): p.name.lower() for p in PartCode}
+_PART_CODES = {name: code for code, name in _PART_NAMES.items()}
+_LAYER_NAMES = tuple(f"layer{i}" for i in range(1024))
 
 
 def _attrs(node: Any) -> Mapping[str, Any]:
     return getattr(node, "attrs", None) or {}
 
 
+def _code(value: Any) -> int | str | None:
+    """An attribute value as a key of the code tables (a bool is no code)."""
+    return value if type(value) is int or type(value) is str else None
+
+
 def node_phase(node: Any) -> Phase | None:
     """The phase a node declares (its ``phase`` attribute), None where absent or unknown."""
-    value = _attrs(node).get(PHASE_ATTR)
-    return _PHASES.get(value) if type(value) is str else None
+    return _PHASES.get(_code(_attrs(node).get(PHASE_ATTR)))  # type: ignore[arg-type]
 
 
 def node_role(node: Any) -> Role | None:
     """The role a node declares (its ``role`` attribute), None where absent or unknown."""
-    value = _attrs(node).get(ROLE_ATTR)
-    return _ROLES.get(value) if type(value) is str else None
+    return _ROLES.get(_code(_attrs(node).get(ROLE_ATTR)))  # type: ignore[arg-type]
 
 
 def node_micro_batch(node: Any) -> int | None:
@@ -121,10 +156,49 @@ def node_step(node: Any) -> int | None:
     return value if type(value) is int else None
 
 
+def node_chunk(node: Any) -> int | None:
+    """The model chunk of a chunk's fp8 amax reduction (its ``chunk`` attribute), None
+    where absent."""
+    value = _attrs(node).get(CHUNK_ATTR)
+    return value if type(value) is int else None
+
+
 def node_part(node: Any) -> str | None:
-    """The part instance a node declares (its ``part`` attribute), None where absent."""
-    value = _attrs(node).get(PART_ATTR)
+    """The part instance a node declares (``layer3`` from its ``layer`` attribute,
+    ``embedding`` or ``head`` from its ``part`` code), None where absent."""
+    attrs = _attrs(node)
+    layer = attrs.get(LAYER_ATTR)
+    if type(layer) is int and layer >= 0:
+        return _LAYER_NAMES[layer] if layer < len(_LAYER_NAMES) else f"layer{layer}"
+    value = attrs.get(PART_ATTR)
+    if type(value) is int:
+        return _PART_NAMES.get(value)
     return value if type(value) is str and value else None
+
+
+def part_attrs(part: str | int) -> dict[str, int]:
+    """The attributes that name a part instance: ``layer`` for a layer (its index, or its
+    name ``layer3``), the ``part`` code for ``embedding`` and ``head``."""
+    if isinstance(part, int):
+        return {LAYER_ATTR: part}
+    code = _PART_CODES.get(part)
+    if code is not None:
+        return {PART_ATTR: code}
+    if part.startswith("layer") and part[5:].isdigit():
+        return {LAYER_ATTR: int(part[5:])}
+    raise ValueError(f"unknown part {part!r}: a layer index, layerN, embedding or head")
+
+
+def implied_op(name: str) -> str:
+    """The op of a node with an integer ``phase`` whose trace has no ``op`` attribute: its name
+    after the last ``/`` (``mb0/layer3/bwd/fc1`` runs ``fc1``)."""
+    return name[name.rfind("/") + 1 :]
+
+
+def has_implied_op(attrs: Mapping[str, Any]) -> bool:
+    """Whether a trace leaves out ``op`` for a node with these attributes where it equals
+    :func:`implied_op` (those with an integer ``phase`` code)."""
+    return type(attrs.get(PHASE_ATTR)) is int
 
 
 def node_op(node: Any) -> str | None:

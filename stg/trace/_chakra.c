@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define ABI_VERSION 4
+#define ABI_VERSION 5
 
 /* ------------------------------------------------------------------------------------------ */
 /* Module state (set once by setup()).                                                         */
@@ -49,7 +49,7 @@ static int g_ready = 0;
 static PyObject *s_is_cpu_op, *s_num_ops, *s_tensor_size, *s_comm_type, *s_comm_size, *s_comm_src,
     *s_comm_dst, *s_comm_tag, *s_dtype, *s_pg_name, *s_start, *s_inputs, *s_outputs,
     *s_tensor_loc, *s_input_tensor_loc, *s_input_tensor_size, *s_output_tensor_loc,
-    *s_output_tensor_size, *s_comm_priority, *s_involved_dim, *s_v001_invalid, *s_read, *s_readinto,
+    *s_output_tensor_size, *s_comm_priority, *s_involved_dim, *s_v001_invalid, *s_read, *s_readinto, *s_phase, *s_op,
     *s_string_val, *s_int32_val, *s_uint64_val, *s_bool_list;
 
 /* ------------------------------------------------------------------------------------------ */
@@ -813,6 +813,22 @@ static PyObject *io_tuple(const Rec *r, int which) {
     return untracked(t);
 }
 
+/* reader._imply_op: a node with an integer phase attribute and no op attribute runs the op
+ * named after the last '/' of its name (the writers leave that op out). */
+static int imply_op(PyObject *attrs, PyObject *name) {
+    if (!name) return 0; /* the caller fails on the missing name */
+    PyObject *phase = PyDict_GetItemWithError(attrs, s_phase);
+    if (!phase) return PyErr_Occurred() ? -1 : 0;
+    if (!PyLong_CheckExact(phase)) return 0;
+    int has = PyDict_Contains(attrs, s_op);
+    if (has != 0) return has < 0 ? -1 : 0;
+    Py_ssize_t n = PyUnicode_GET_LENGTH(name);
+    Py_ssize_t slash = PyUnicode_FindChar(name, '/', 0, n, -1);
+    if (slash == -2) return -1;
+    if (dict_set_steal(attrs, s_op, PyUnicode_Substring(name, slash + 1, n)) < 0) return -1;
+    return PyDict_SetItem(ATTRS_KINDS(attrs), s_op, s_string_val);
+}
+
 static PyObject *make_node(PyObject *vals[NF_COUNT]) {
     /* vals: new references, stolen (also on failure) */
     PyObject *node = g_node_type->tp_alloc(g_node_type, 0);
@@ -880,6 +896,10 @@ static PyObject *node_v004(Rec *r) {
     if (r->has_dtype) vals[NF_DTYPE] = str_from(r->dtype, r->dtype_len);
     else { Py_INCREF(Py_None); vals[NF_DTYPE] = Py_None; }
     vals[NF_ATTRS] = attrs;
+    if (imply_op(attrs, vals[NF_NAME]) < 0) {
+        for (int j = 0; j < NF_COUNT; j++) Py_XDECREF(vals[j]);
+        return NULL;
+    }
     for (int i = 0; i < NF_COUNT; i++) {
         if (!vals[i]) {
             for (int j = 0; j < NF_COUNT; j++) Py_XDECREF(vals[j]);
@@ -1668,6 +1688,10 @@ static PyObject *node_json(Rec *r, JsExtra *x) {
     if (r->has_dtype) vals[NF_DTYPE] = js_unescape(r->dtype, r->dtype_len, r->dtype_esc);
     else { Py_INCREF(Py_None); vals[NF_DTYPE] = Py_None; }
     vals[NF_ATTRS] = attrs;
+    if (imply_op(attrs, vals[NF_NAME]) < 0) {
+        for (int j = 0; j < NF_COUNT; j++) Py_XDECREF(vals[j]);
+        return NULL;
+    }
     for (int i = 0; i < NF_COUNT; i++) {
         if (!vals[i]) {
             for (int j = 0; j < NF_COUNT; j++) Py_XDECREF(vals[j]);
@@ -3310,6 +3334,7 @@ PyMODINIT_FUNC PyInit__chakra(void) {
     INTERN(s_is_cpu_op, "is_cpu_op"); INTERN(s_num_ops, "num_ops"); INTERN(s_tensor_size, "tensor_size");
     INTERN(s_comm_type, "comm_type"); INTERN(s_comm_size, "comm_size"); INTERN(s_comm_src, "comm_src");
     INTERN(s_comm_dst, "comm_dst"); INTERN(s_comm_tag, "comm_tag"); INTERN(s_dtype, "dtype");
+    INTERN(s_phase, "phase"); INTERN(s_op, "op");
     INTERN(s_pg_name, "pg_name"); INTERN(s_start, "start_time_micros"); INTERN(s_inputs, "inputs");
     INTERN(s_outputs, "outputs"); INTERN(s_tensor_loc, "tensor_loc");
     INTERN(s_input_tensor_loc, "input_tensor_loc"); INTERN(s_input_tensor_size, "input_tensor_size");

@@ -9,7 +9,8 @@ carry the value kinds of TRACES.md: ``is_cpu_op`` bool_val on every node; ``num_
 int64_val and ``tensor_size`` uint64_val on COMP nodes (elsewhere when non-zero);
 ``comm_type`` and ``comm_size`` int64_val; ``pg_name`` string_val (decimal comm-group id);
 ``comm_src``, ``comm_dst``, ``comm_tag`` int32_val; ``dtype`` string_val when known; then any
-further attributes of ``Node.attrs`` with their remembered (or inferred) kinds.
+further attributes of ``Node.attrs`` with their remembered (or inferred) kinds, less an ``op``
+that the name implies (:func:`stg.core.workload.implied_op`).
 
 Speed: ranks of one class share their node templates and only comm nodes differ, so every
 non-comm node is serialized once per class and every comm node once per distinct resolved
@@ -21,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, BinaryIO
 
-from stg.core.workload import COMM_TYPES, Node, NodeType
+from stg.core.workload import COMM_TYPES, OP_ATTR, Node, NodeType, has_implied_op, implied_op
 from stg.errors import UserError
 from stg.trace.proto import chakra_v004_pb2 as pb4
 from stg.trace.reader import attr_kind
@@ -100,10 +101,15 @@ def node_message(node: Node) -> Any:
         _add(msg, "dtype", "string_val", node.dtype)
         written.add("dtype")
     docs = getattr(attrs, "docs", None) or {}
+    implies_op = has_implied_op(attrs)
     for name in attrs:
         if name in written:
             raise ValueError(f"node {node.id}: attribute {name!r} duplicates a node field")
+        if implies_op and name == OP_ATTR and attrs[name] == implied_op(node.name):
+            continue  # readers put it back
         set_attr(msg.attr.add(), name, attr_kind(attrs, name), attrs[name], docs.get(name, ""))
+    if implies_op and OP_ATTR not in attrs:
+        _add(msg, OP_ATTR, "string_val", "")  # no op: none is implied
     return msg
 
 

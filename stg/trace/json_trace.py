@@ -7,7 +7,8 @@ nodes ``tensor_size``, ``comm_type``, ``comm_priority``, ``comm_size``, ``comm_s
 ``comm_dst``, ``comm_tag`` — plus what makes a round trip lossless: ``ctrl_deps``,
 ``num_ops``, ``tensor_size`` (COMP), ``pg_name`` (decimal comm-group id), ``dtype``,
 ``start_time_micros``, ``inputs``/``outputs`` and ``attr`` (further attributes as
-``{"name": ..., "<kind>": value}``, bytes in base64). Chakra's feeder needs every comm key to
+``{"name": ..., "<kind>": value}``, bytes in base64; less an ``op`` that the name implies,
+:func:`stg.core.workload.implied_op`). Chakra's feeder needs every comm key to
 be an integer, so a comm node's key without a value is written as 0 and listed in
 ``stg_unset``, which stg's reader honours. Keys come in a fixed order; same input, same bytes.
 """
@@ -19,7 +20,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any, BinaryIO
 
-from stg.core.workload import COMM_TYPES, Node, NodeType
+from stg.core.workload import COMM_TYPES, OP_ATTR, Node, NodeType, has_implied_op, implied_op
 from stg.trace.reader import attr_kind
 
 SCHEMA_VERSION = "0.0.4"
@@ -100,7 +101,13 @@ def node_object(node: Node) -> dict[str, Any]:
     for io_name in ("inputs", "outputs"):
         if io_name in extras:
             obj[io_name] = dict(zip(("values", "shapes", "types"), extras[io_name], strict=True))
-    attr = attr_list(attrs, ("comm_priority",) if hoist_priority else ())
+    skip = ["comm_priority"] if hoist_priority else []
+    implies_op = has_implied_op(attrs)
+    if implies_op and attrs.get(OP_ATTR) == implied_op(node.name):
+        skip.append(OP_ATTR)  # readers put it back
+    attr = attr_list(attrs, skip)
+    if implies_op and OP_ATTR not in attrs:
+        attr.append({"name": OP_ATTR, "string_val": ""})  # no op: none is implied
     if attr:
         obj["attr"] = attr
     if unset:

@@ -60,7 +60,7 @@ from typing import IO, Any
 
 from google.protobuf.message import DecodeError
 
-from stg.core.workload import CollectiveType, Node, NodeType
+from stg.core.workload import OP_ATTR, CollectiveType, Node, NodeType, has_implied_op, implied_op
 from stg.errors import TraceError
 from stg.trace.proto import chakra_v001_pb2 as pb1
 from stg.trace.proto import chakra_v004_pb2 as pb4
@@ -106,6 +106,13 @@ class TraceAttrs(dict[str, Any]):
         self.docs: dict[str, str] = {}
         self.extras: dict[str, Any] = {}
         self.field_kinds: dict[str, str] = {}
+
+
+def _imply_op(attrs: TraceAttrs, name: str) -> None:
+    """Put back the ``op`` a writer left out (:func:`stg.core.workload.implied_op`)."""
+    if OP_ATTR not in attrs and has_implied_op(attrs):
+        attrs[OP_ATTR] = implied_op(name)
+        attrs.kinds[OP_ATTR] = "string_val"
 
 
 def attr_kind(attrs: Mapping[str, Any], name: str) -> str:
@@ -463,6 +470,7 @@ def _node_from_v004(msg: Any, path: Path, index: int, offset: int) -> Node:
     if msg.HasField("outputs"):
         io_info = msg.outputs
         attrs.extras["outputs"] = (io_info.values, io_info.shapes, io_info.types)
+    _imply_op(attrs, msg.name)
     return Node(
         id=msg.id,
         name=msg.name,
@@ -756,6 +764,7 @@ def _node_from_json(path: Path, position: int, entry: Any) -> Node:
     is_cpu_op = entry.get("is_cpu_op", False)
     if not isinstance(is_cpu_op, bool):
         raise TraceError(f"{where}: is_cpu_op must be true or false")
+    _imply_op(attrs, name)
     return Node(
         id=node_id,
         name=name,
