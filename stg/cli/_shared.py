@@ -418,20 +418,23 @@ def check_workload_size(
     check_size(estimate_size(options, registry), max_nodes)
 
 
-def system_parameter(help: str, **extra: Any) -> inspect.Parameter:
-    """The ``--system/-s NAME|FILE`` option shared by generate, predict and plan."""
+def system_parameter(
+    help: str, default: str | None = "a100-80g", **extra: Any
+) -> inspect.Parameter:
+    """The ``--system/-s NAME|FILE`` option shared by generate, predict and plan (``default``
+    None: the command tells a given system from none)."""
     return inspect.Parameter(
         "system",
         inspect.Parameter.KEYWORD_ONLY,
         default=typer.Option(
-            "a100-80g",
+            default,
             "--system",
             "-s",
             help=help,
             metavar="NAME|FILE",
             **extra,
         ),
-        annotation=str,
+        annotation=str if default is not None else Optional[str],  # noqa: UP045
     )
 
 
