@@ -385,7 +385,16 @@ OPTION_SPELLINGS = {"precision": "precision_plan"}
 ``--precision`` works too)."""
 
 COMMAND_OPTIONS = frozenset(
-    {"predict", "print_gpu_vram", "system", "comm_group_file", "as_json", "max_nodes"}
+    {
+        "predict",
+        "print_gpu_vram",
+        "system",
+        "calibration",
+        "astra_sim_configs",
+        "comm_group_file",
+        "as_json",
+        "max_nodes",
+    }
 )
 """Options of ``stg generate`` that are not GenerateOptions fields."""
 
