@@ -18,9 +18,10 @@ from stg.cli import main
 from stg.core.options import GenerateOptions
 from stg.core.pipeline import build_workload
 from stg.core.workload import NodeType
+from stg.errors import UserError
 from stg.host.registry import load_registry
 from stg.perf.astra_sim import astra_sim_inputs, network_config
-from stg.perf.calibration import load_calibration
+from stg.perf.calibration import Calibration, load_calibration
 from stg.perf.costs import compute_time
 from stg.perf.durations import duration_micros, has_work, with_durations
 from stg.perf.kernels import kernel_table
@@ -354,6 +355,8 @@ def test_hybrid_ranks_take_their_groups_device(registry) -> None:
         expected = _expected(workload, device, dtype="fp16")[graph.rank]
         assert {t.id: t.runtime for t in graph.rank_class.nodes if t.id in expected} == expected
     assert not validate_workload(timed).errors
+    with pytest.raises(UserError, match="on a hybrid system give it with one group's device"):
+        with_durations(workload, system, calibration=Calibration(device="t4"))
 
 
 def test_without_system_the_trace_is_unchanged(capsys, tmp_path: Path) -> None:
