@@ -397,7 +397,16 @@ OPTION_SPELLINGS = {"precision": "precision_plan"}
 ``--precision`` works too)."""
 
 COMMAND_OPTIONS = frozenset(
-    {"predict", "print_gpu_vram", "system", "comm_group_file", "as_json", "max_nodes"}
+    {
+        "predict",
+        "print_gpu_vram",
+        "system",
+        "calibration",
+        "astra_sim_configs",
+        "comm_group_file",
+        "as_json",
+        "max_nodes",
+    }
 )
 """Options of ``stg generate`` that are not GenerateOptions fields."""
 
@@ -430,20 +439,23 @@ def check_workload_size(
     check_size(estimate_size(options, registry), max_nodes)
 
 
-def system_parameter(help: str, **extra: Any) -> inspect.Parameter:
-    """The ``--system/-s NAME|FILE`` option shared by generate, predict and plan."""
+def system_parameter(
+    help: str, default: str | None = "a100-80g", **extra: Any
+) -> inspect.Parameter:
+    """The ``--system/-s NAME|FILE`` option shared by generate, predict and plan (``default``
+    None: the command tells a given system from none)."""
     return inspect.Parameter(
         "system",
         inspect.Parameter.KEYWORD_ONLY,
         default=typer.Option(
-            "a100-80g",
+            default,
             "--system",
             "-s",
             help=help,
             metavar="NAME|FILE",
             **extra,
         ),
-        annotation=str,
+        annotation=str if default is not None else Optional[str],  # noqa: UP045
     )
 
 

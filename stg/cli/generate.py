@@ -16,7 +16,7 @@ import inspect
 import json
 import shlex
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -42,9 +42,10 @@ from stg.cli._shared import (
 )
 
 if TYPE_CHECKING:
-    from stg.core.options import PresetUse
+    from stg.core.options import GenerateOptions, PresetUse
     from stg.core.workload import Workload
     from stg.host.records import Emitter
+    from stg.perf.system import System
 
 app = typer.Typer(add_completion=False)
 
@@ -118,10 +119,42 @@ def _command_parameters() -> list[inspect.Parameter]:
         ),
         max_nodes_parameter(rich_help_panel=_OUTPUT),
         system_parameter(
-            "System for --predict and --print_gpu_vram: a preset ({allowed:systems}) or a "
-            "system JSON file; a hybrid one (with device groups) "
-            "also places the ranks on its groups, which run their precision plan entries.",
+            "System the traces are timed for: a preset ({allowed:systems}) or a system JSON "
+            "file. Given, every COMP node gets its kernel time (duration_micros, whole "
+            "microseconds) from the models of stg predict, and --predict and "
+            "--print_gpu_vram use it (default for those: a100-80g); a hybrid one (with device "
+            "groups) also places the ranks on its groups, which run their precision plan "
+            "entries.",
+            default=None,
             rich_help_panel=_PREDICT,
+        ),
+        inspect.Parameter(
+            "calibration",
+            kw,
+            default=typer.Option(
+                None,
+                "--calibration",
+                help="With --system: a calibration table (stg bench calibrate) whose measured "
+                "kernel times, then fitted models, come before the analytical model in the "
+                "durations.",
+                metavar="FILE",
+                rich_help_panel=_PREDICT,
+            ),
+            annotation=Optional[str],  # noqa: UP045
+        ),
+        inspect.Parameter(
+            "astra_sim_configs",
+            kw,
+            default=typer.Option(
+                False,
+                "--astra_sim_configs",
+                "--astra-sim-configs",
+                help="With --system: also write ASTRA-sim's system JSON, analytical network "
+                "YAML and remote-memory JSON for it beside the traces (<name>.system.json, "
+                "<name>.network.yml, <name>.memory.json).",
+                rich_help_panel=_OUTPUT,
+            ),
+            annotation=bool,
         ),
     ]
 
@@ -134,15 +167,31 @@ def generate(**values: Any) -> None:
 
     predict = values.pop("predict", False)
     print_vram = bool(values.pop("print_gpu_vram", None))
-    system_spec = values.pop("system", "a100-80g")
+    system_spec = values.pop("system", None)
+    calibration_file = values.pop("calibration", None)
+    astra_configs = bool(values.pop("astra_sim_configs", False))
     comm_group_file = values.pop("comm_group_file", None)
     as_json = bool(values.pop("as_json", False))
     max_nodes = values.pop("max_nodes", None)
+    from stg.core.options import OptionError
     from stg.perf.system import load_system
 
+    needs_system = (("--calibration", calibration_file), ("--astra_sim_configs", astra_configs))
+    for flag, given in needs_system:
+        if given and system_spec is None:
+            raise OptionError(
+                f"{flag} applies to the system the traces are timed for; give --system "
+                "(a preset or a system JSON file)"
+            )
     # a hybrid --system places ranks on its device groups (their precision plans) even
     # without --predict; a preset is loaded only where predictions need it
-    system = load_system(system_spec)
+    system = load_system(system_spec or "a100-80g")
+    timing_system = system if system_spec is not None else None
+    calibration = None
+    if calibration_file is not None:
+        from stg.perf.calibration import load_calibration
+
+        calibration = load_calibration(calibration_file)
     options, preset = options_and_preset_from_cli(values)
     options = with_placement(options, system)
     if not (predict or print_vram):
@@ -152,13 +201,25 @@ def generate(**values: Any) -> None:
     if values.get("output_name") is None:
         options = replace(options, output_name=default_output_name(emitter.extension))
     gen.validate_options(options, registry)
+    inputs: dict[str, tuple[str, str]] = {}
+    if astra_configs:
+        assert timing_system is not None
+        inputs = astra_sim_input_files(timing_system, options, emitter, comm_group_file)
     if comm_group_file is not None:
         check_comm_group_file(comm_group_file, options.output_name, options.world_size, emitter)
         emitter = _with_comm_group_file(emitter, options.output_name, comm_group_file)
+    if inputs:
+        emitter = _with_extra_files(emitter, dict(inputs.values()))
     check_workload_size(options, registry, max_nodes)
     console = err_console()
     with progress_bar(console) as progress:
         workload = gen.build_workload(options, registry, progress=progress)
+        if timing_system is not None:
+            from stg.perf.durations import with_durations
+
+            workload = with_durations(
+                workload, timing_system, kernels=registry.kernels, calibration=calibration
+            )
         files = write_workload(
             workload, emitter, Path(options.output_dir), options.output_name, progress=progress
         )
@@ -171,9 +232,11 @@ def generate(**values: Any) -> None:
     summary = workload_summary(workload)
     directory = Path(options.output_dir).absolute()
     groups = directory / (comm_group_file or comm_group_path(options.output_name))
-    astra = astra_sim_arguments(directory, options.output_name, emitter, groups)
+    configs = {kind: directory / name for kind, (name, _) in inputs.items()}
+    astra = astra_sim_arguments(directory, options.output_name, emitter, groups, configs)
+    summary["durations"] = None if timing_system is None else timing_system.name
     if as_json:
-        data = json_summary(summary, files, groups, astra)
+        data = json_summary(summary, files, groups, astra, configs.values())
         data["preset"] = None if preset is None else preset.as_dict()
         if reports:
             data["predictions"] = reports if predict else {"memory": reports["memory"]}
@@ -225,16 +288,20 @@ def _with_comm_group_file(emitter: Emitter, output_name: str, name: str) -> Emit
     return replace_record(emitter, write=write_renamed)
 
 
-def astra_sim_arguments(
-    directory: Path, output_name: str, emitter: Emitter, comm_groups: Path
-) -> dict[str, Any] | None:
-    """ASTRA-sim's ``--workload-configuration`` and ``--comm-group-configuration`` for the
-    written files, or None where ASTRA-sim cannot read them.
+ASTRA_SIM_OPTIONS: Mapping[str, str] = {
+    "system": "system-configuration",
+    "network": "network-configuration",
+    "memory": "remote-memory-configuration",
+}
+"""ASTRA-sim's command-line option for each of its input files (CmdLineParser.cc)"""
+
+
+def astra_sim_prefix(output_name: str, emitter: Emitter) -> str | None:
+    """The rank-file pattern without ``.%d.et`` (ASTRA-sim's workload prefix), or None where
+    ASTRA-sim cannot read the files: not Chakra v0.0.4, or a name not ending in ``.%d.et``.
 
     ASTRA-sim opens ``<workload-configuration>.<rank>.et`` (Workload.cc appends
-    ``"." + rank + ".et"``), so the prefix is the rank-file pattern without ``.%d.et``; it
-    reads Chakra v0.0.4 only.
-    """
+    ``"." + rank + ".et"``) and reads Chakra v0.0.4 only."""
     from stg.trace.writer import rank_pattern
 
     if emitter.name != ASTRA_SIM_FORMAT:
@@ -243,15 +310,88 @@ def astra_sim_arguments(
     suffix = ".%d.et"
     if not pattern.endswith(suffix) or "%d" in pattern[: -len(suffix)]:
         return None
-    prefix = str(directory / pattern[: -len(suffix)].replace("\0", "%"))
-    return {
-        "workload_configuration": prefix,
+    return pattern[: -len(suffix)].replace("\0", "%")
+
+
+def astra_sim_arguments(
+    directory: Path,
+    output_name: str,
+    emitter: Emitter,
+    comm_groups: Path,
+    configs: Mapping[str, Path] | None = None,
+) -> dict[str, Any] | None:
+    """ASTRA-sim's ``--workload-configuration`` and ``--comm-group-configuration`` for the
+    written files, and ``--system-configuration``, ``--network-configuration`` and
+    ``--remote-memory-configuration`` for the ``configs`` written (by kind: ``system``,
+    ``network``, ``memory``), or None where ASTRA-sim cannot read them."""
+    prefix = astra_sim_prefix(output_name, emitter)
+    if prefix is None:
+        return None
+    workload = str(directory / prefix)
+    arguments = {
+        "workload_configuration": workload,
         "comm_group_configuration": str(comm_groups),
-        "arguments": [
-            f"--workload-configuration={prefix}",
-            f"--comm-group-configuration={comm_groups}",
-        ],
     }
+    for kind, path in (configs or {}).items():
+        arguments[ASTRA_SIM_OPTIONS[kind].replace("-", "_")] = str(path)
+    return {
+        **arguments,
+        "arguments": [f"--{key.replace('_', '-')}={value}" for key, value in arguments.items()],
+    }
+
+
+def astra_sim_input_files(
+    system: System, options: GenerateOptions, emitter: Emitter, comm_group_file: str | None
+) -> dict[str, tuple[str, str]]:
+    """ASTRA-sim's input files for ``system`` (:mod:`stg.perf.astra_sim`) by kind: (file name,
+    text). The names are the comm-group file's default stem plus ``.system.json``,
+    ``.network.yml``, ``.memory.json``. Refused (one line) where ASTRA-sim cannot read the
+    traces or the system has no analytical network of ``options.world_size`` NPUs."""
+    from stg.core.options import OptionError
+    from stg.perf.astra_sim import FILE_SUFFIXES, astra_sim_inputs
+    from stg.trace.writer import comm_group_path, output_paths
+
+    if emitter.name != ASTRA_SIM_FORMAT:
+        raise OptionError(
+            f"--astra_sim_configs: ASTRA-sim reads {ASTRA_SIM_FORMAT} traces, not "
+            f"{emitter.name}; allowed: --format {ASTRA_SIM_FORMAT}"
+        )
+    if astra_sim_prefix(options.output_name, emitter) is None:
+        raise OptionError(
+            f"--astra_sim_configs: ASTRA-sim opens <prefix>.<rank>.et, and "
+            f"output_name={options.output_name!r} does not end in .%d.et; allowed: a name "
+            "that does (or one without %d)"
+        )
+    texts = astra_sim_inputs(system, options.world_size, options.dtype)
+    stem = comm_group_path(options.output_name).removesuffix(".json")
+    names = {kind: stem + FILE_SUFFIXES[kind] for kind in texts}
+    taken = set(output_paths(options.output_name, options.world_size, emitter.extension))
+    taken.add(comm_group_file or comm_group_path(options.output_name))
+    for name in names.values():
+        if name in taken:
+            raise OptionError(
+                f"--astra_sim_configs: {name} is also the name of a trace file; allowed: "
+                "another --comm_group_file"
+            )
+    return {kind: (names[kind], texts[kind]) for kind in texts}
+
+
+def _with_extra_files(emitter: Emitter, texts: Mapping[str, str]) -> Emitter:
+    """``emitter`` also writing ``texts`` (file name -> text) into the directory it writes, so
+    that they are moved into place atomically with the traces."""
+    from dataclasses import replace as replace_record
+
+    write = emitter.write
+
+    def write_with_files(workload: Any, directory: Path, output_name: str) -> list[Path]:
+        paths = [Path(p) for p in write(workload, directory, output_name)]
+        for name, text in texts.items():
+            path = Path(directory) / name
+            path.write_text(text, encoding="utf-8")
+            paths.append(path)
+        return paths
+
+    return replace_record(emitter, write=write_with_files)
 
 
 def _print_astra_sim(
@@ -325,14 +465,17 @@ def json_summary(
     files: list[Path],
     comm_groups: Path,
     astra: Mapping[str, Any] | None,
+    configs: Iterable[Path] = (),
 ) -> dict[str, Any]:
     """The summary of ``stg generate --json``: :func:`workload_summary` plus the files
-    written and ASTRA-sim's arguments (None where ASTRA-sim cannot read the files)."""
+    written (``configs``: ASTRA-sim's input files among them) and ASTRA-sim's arguments (None
+    where ASTRA-sim cannot read the files)."""
+    others = {comm_groups, *configs}
     return {
         **summary,
         "output_dir": str(comm_groups.parent),
         "files": [str(path) for path in files],
-        "rank_files": [str(path) for path in files if path != comm_groups],
+        "rank_files": [str(path) for path in files if path not in others],
         "comm_group_file": str(comm_groups),
         "bytes_written": sum(path.stat().st_size for path in files),
         "astra_sim": None if astra is None else dict(astra),
@@ -358,6 +501,8 @@ def _print_summary(
     for node_type, count in summary["nodes"].items():
         table.add_row(f"nodes {node_type}", f"{count:,}")
     table.add_row("FLOPs (all ranks)", f"{summary['flops']:.4g}")
+    if summary.get("durations"):
+        table.add_row("COMP durations", f"kernel models on {summary['durations']}")
     for comm_type, size in summary["collective_bytes"].items():
         table.add_row(f"bytes {comm_type}", format_bytes(size))
     if summary["send_bytes"]:

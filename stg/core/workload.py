@@ -258,6 +258,8 @@ class NodeTemplate:
     peer_stage: int | None = None
     comm_tag: int | None = None
     dtype: str | None = None
+    runtime: int = 0
+    """the node's duration in microseconds (Chakra's ``duration_micros``; 0: none)"""
     attrs: Mapping[str, Any] = field(default_factory=dict)
     """further attributes, the same on every rank: the kernel shape of a compute node, and
     what the node is for (:data:`NODE_SEMANTICS`: phase, micro-batch, part, role, op)"""
@@ -317,6 +319,7 @@ class RankGraph:
             comm_src=src,
             comm_dst=dst,
             comm_tag=template.comm_tag,
+            runtime=template.runtime,
             dtype=template.dtype,
             attrs=template.attrs,
         )
@@ -350,3 +353,8 @@ class Workload:
         for graph in self.ranks:
             seen.setdefault(graph.rank_class.index, graph.rank_class)
         return tuple(seen[i] for i in sorted(seen))
+
+
+SYSTEM_METADATA = "system"
+"""metadata key: the system whose kernel models gave the COMP nodes' durations
+(``stg generate --system``); a trace that records one carries every COMP node's duration"""

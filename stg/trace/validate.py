@@ -11,7 +11,9 @@ per rank
     a tag at or above 500,000,000; a peer out of range; ``is_cpu_op`` true on a comm node; a
     ``pg_name`` that is not a decimal comm-group id), ``roofline`` (a COMP node with
     ``num_ops`` 0 and ``tensor_size`` > 0: ASTRA-sim's roofline times it as 0/0 and the rank
-    never finishes), ``collective-type`` (a collective ASTRA-sim does not simulate).
+    never finishes), ``collective-type`` (a collective ASTRA-sim does not simulate),
+    ``duration`` (in a trace whose metadata names the ``system`` it was generated for, a COMP
+    node that does work without ``duration_micros``: ASTRA-sim would replay it in 1 ns).
 across ranks
     ``rank-files`` (an in-memory workload whose ranks are out of order), ``comm-group`` (the
     comm-group file: decimal keys >= 1, sorted in-range members, no one-rank groups, every used
@@ -26,7 +28,7 @@ Warnings (reported, not failures): a comp or comm node without ``is_cpu_op``.
 
 ``consumer`` says whose consumption rules apply. ``"astra-sim"`` (the default): the rules of
 ASTRA-sim and Chakra's C++ feeder are errors: ``schema`` (not v0.0.1: ASTRA-sim reads the v0.0.4
-schema), ``roofline``, ``attr-type``, ``collective-type``,
+schema), ``roofline``, ``duration``, ``attr-type``, ``collective-type``,
 ``is_cpu_op`` false on comm nodes and ``pg_name`` a decimal string. ``"chakra"`` (any reader
 of the Chakra schema, e.g. Chakra's Python tools): those become warnings, and a ``pg_name``
 stored as an integer names its comm group. Their messages name the rank file, the node and
@@ -50,7 +52,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stg.core.workload import CollectiveType, Node, NodeType
+from stg.core.workload import SYSTEM_METADATA, CollectiveType, Node, NodeType
 from stg.errors import TraceError, UserError
 from stg.trace.decode import Skeleton
 from stg.trace.parallel import file_sizes, map_ranks
@@ -183,6 +185,21 @@ class _Checker:
                 "a COMP node with tensor_size > 0 needs num_ops > 0, or its roofline time is "
                 "0/0 and the rank never finishes; count one op per element moved, or set "
                 "tensor_size 0 for a free node",
+                rank,
+            )
+
+    def duration(self, where: str, rank: int | None, node: Any, system: str) -> None:
+        """A trace generated for ``system`` carries every COMP node's kernel time."""
+        if node.runtime <= 0 and (node.num_ops > 0 or node.tensor_size > 0):
+            self.consumer_rule(
+                "duration",
+                where,
+                node.id,
+                f"COMP node has no duration_micros, but the trace was generated for system "
+                f"{system} (its metadata's system)",
+                "ASTRA-sim replays a COMP node for duration_micros (with roofline-enabled 0, "
+                "as stg's system configuration sets it), 1 ns where it is 0; regenerate the "
+                "trace with stg generate --system",
                 rank,
             )
 
@@ -922,8 +939,16 @@ def validate_trace(
     comms: dict[int, _RankComm] = {}
     graphs: dict[int, Mapping[int, list[int]] | Skeleton] = {}
     skeletons: set[int] = set()
+    timed_for = _trace_attrs(files).get(SYSTEM_METADATA)
     tasks = [
-        _RankTask(index, path, index if cross_rank else _rank_in_name(path.name), world, consumer)
+        _RankTask(
+            index,
+            path,
+            index if cross_rank else _rank_in_name(path.name),
+            world,
+            consumer,
+            timed_for if isinstance(timed_for, str) and timed_for else None,
+        )
         for index, path in enumerate(files)
         if path is not None
     ]
@@ -1026,6 +1051,8 @@ class _RankTask:
     rank: int | None
     world: int | None
     consumer: str
+    timed_for: str | None = None
+    """the system the trace's metadata says it was generated for: COMP nodes need durations"""
 
 
 @dataclass
@@ -1041,6 +1068,8 @@ def check_rank(task: _RankTask) -> _RankResult:
     """The per-rank part of :func:`validate_trace` (run in a worker process)."""
     from stg.trace import decode
 
+    if task.timed_for is not None:  # the duration rule: checked node by node
+        return _reference_rank(task)
     try:
         fmt = detect_format(task.path)
     except TraceError:
@@ -1071,6 +1100,8 @@ def _reference_rank(task: _RankTask) -> _RankResult:
         for n in iter_nodes(path, format=fmt):
             kinds = getattr(n.attrs, "field_kinds", {}) if fmt == "v0.0.4" else None
             checker.comm_node(rank, n, comm, kinds, path.name)
+            if task.timed_for is not None and n.type is NodeType.COMP:
+                checker.duration(path.name, rank, n, task.timed_for)
             nodes.append((n.id, n.data_deps, n.ctrl_deps))
     except TraceError as exc:
         checker.add("file", str(exc), rank)
@@ -1100,6 +1131,7 @@ def validate_workload(workload: Workload, *, consumer: str = "astra-sim") -> Val
     """
     report = ValidationReport(ranks=workload.world_size)
     checker = _Checker(report, workload.world_size, consumer)
+    timed_for = workload.metadata.get(SYSTEM_METADATA)
     for index, graph in enumerate(workload.ranks):
         if graph.rank != index:
             checker.add("rank-files", f"workload.ranks[{index}] is rank {graph.rank}", index)
@@ -1119,6 +1151,8 @@ def validate_workload(workload: Workload, *, consumer: str = "astra-sim") -> Val
                 if t.type is NodeType.COMP:
                     where = f"rank {graph.rank} (rank class {rank_class.index})"
                     checker.roofline(where, graph.rank, t.id, t.num_ops, t.tensor_size)
+                    if isinstance(timed_for, str) and timed_for:
+                        checker.duration(where, graph.rank, t, timed_for)
         graphs[graph.rank] = class_graphs[rank_class.index]
         comm = _RankComm()
         for template in rank_class.nodes:
