@@ -61,6 +61,16 @@ def test_import_of_the_cli_is_light() -> None:
     modules = imported("--exec", "import stg.cli")
     heavy = (*SYMBOLIC, *SCHEMAS, *PLUGINS, "rich.markdown", "google.protobuf", "stg.api")
     assert not modules & set(heavy)
+    assert not modules & {"pluggy", "importlib.metadata"}  # stg.hookimpl, stg.__version__
+
+
+def test_hookimpl_and_version_are_made_on_first_use() -> None:
+    modules = imported(
+        "--exec",
+        "import stg, pluggy; assert isinstance(stg.hookimpl, pluggy.HookimplMarker); "
+        "from stg import __version__; assert __version__ and stg.__version__ is __version__",
+    )
+    assert "importlib.metadata" in modules
 
 
 @pytest.mark.parametrize(
