@@ -90,7 +90,8 @@ def test_records_of_the_public_api_load_without_the_symbolic_core() -> None:
 
 
 def test_help_with_a_plugin_of_records_skips_the_symbolic_core() -> None:
-    env = {"STG_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONPATH": str(FAKE_DISTS), "COLUMNS": "200"}
+    path = os.pathsep.join(p for p in (str(FAKE_DISTS), os.environ.get("PYTHONPATH")) if p)
+    env = {"STG_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONPATH": path, "COLUMNS": "200"}
     done = subprocess.run(
         [sys.executable, "-m", "stg", "-p", "stg_fake_good", "--help"],
         capture_output=True,
