@@ -757,6 +757,7 @@ def stg_register_predictors(register: Any) -> None:
             name="analytical",
             predict=predict_analytical,
             predict_options=predict_options,
+            needs="options",
             description="closed form over per-layer costs (same kernel and collective models "
             "as time): pipeline bubble, exposed communication, MFU; for sweeps and search",
         )

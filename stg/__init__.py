@@ -1,14 +1,18 @@
 """stg: symbolic tensor graphs of distributed transformer training, written as Chakra traces."""
 
+from __future__ import annotations
+
 import importlib.util
 import sys
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import pluggy
+if TYPE_CHECKING:
+    import pluggy
 
-hookimpl = pluggy.HookimplMarker("stg")
-"""Marker for plugin hook implementations: ``@stg.hookimpl``."""
+    hookimpl: pluggy.HookimplMarker
+    """Marker for plugin hook implementations: ``@stg.hookimpl``."""
+    __version__: str
 
 
 def _map_source_tree() -> None:
@@ -31,10 +35,26 @@ def _map_source_tree() -> None:
         setattr(sys.modules[__name__], folder, module)
 
 
-try:
-    __version__ = version("symbolic-tensor-graph")
-except PackageNotFoundError:  # running from a source tree that is not installed
-    __version__ = "0.0.0"
+def __getattr__(name: str) -> Any:
+    """``hookimpl`` and ``__version__``, made on first use: commands that load no plugin and
+    write no trace (``stg feed``) import neither pluggy nor the package metadata."""
+    if name == "hookimpl":
+        import pluggy
+
+        value: Any = pluggy.HookimplMarker("stg")
+    elif name == "__version__":
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            value = version("symbolic-tensor-graph")
+        except PackageNotFoundError:  # running from a source tree that is not installed
+            value = "0.0.0"
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
 _map_source_tree()
 
 __all__ = ["__version__", "hookimpl"]

@@ -39,34 +39,12 @@ What is here, by the stage of the pipeline it belongs to:
   configurations of a model: ``--model llama3-8b``).
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from stg import __version__, hookimpl
-from stg.core.layout import Layout
-from stg.core.options import GenerateOptions, OptionError
-from stg.core.pipeline import build_workload
-from stg.core.precision import DTYPE_BYTES, precision_of
-from stg.core.routing import expert_capacity
-from stg.core.sharding import Sharding
-from stg.core.symbolic import Dim, GraphBuilder, Tensor
-from stg.core.workload import (
-    COMM_TYPES,
-    NODE_SEMANTICS,
-    CollectiveType,
-    Node,
-    NodeTemplate,
-    NodeType,
-    PartCode,
-    Phase,
-    RankClass,
-    RankGraph,
-    Role,
-    Workload,
-    node_chunk,
-    node_micro_batch,
-    node_op,
-    node_part,
-    node_phase,
-    node_role,
-)
 from stg.errors import TraceError, UnknownNameError, UserError
 from stg.host.records import (
     BenchOp,
@@ -78,43 +56,172 @@ from stg.host.records import (
     Preset,
     RecordError,
 )
-from stg.perf import comm_time
-from stg.perf import replay as replay_engine
-from stg.perf.calibration import Calibration, calibrated_time, load_calibration
-from stg.perf.casts import CastModel, default_cast_model
-from stg.perf.costs import (
-    EAGER_OP_HOST_S,
-    attention_impl,
-    collective_phases,
-    collective_time,
-    compute_time,
-    group_shape,
-    link_dimension,
-    native_fp8,
-    send_phases,
-    send_time,
-    tree_all_reduce_time,
-)
-from stg.perf.hybrid import HybridSystem, device_of, group_of_rank, is_hybrid
-from stg.perf.kernel_time import attention_time, gemm_time, memory_bound_time, memory_kind
-from stg.perf.kernels import KernelTable, is_cast, kernel_name, kernel_table
-from stg.perf.replay import (
-    Problem,
-    Replay,
-    problem_from_nodes,
-    problem_from_trace,
-    problem_from_workload,
-    replay,
-)
-from stg.perf.system import System, load_system, normalize_dtype, op_class
-from stg.trace import chakra_v001, chakra_v004, json_trace
-from stg.trace.writer import (
-    frame,
-    generator_metadata,
-    output_paths,
-    write_comm_groups,
-    write_rank_files,
-)
+
+if TYPE_CHECKING:
+    from stg.core.layout import Layout
+    from stg.core.options import GenerateOptions, OptionError
+    from stg.core.pipeline import build_workload
+    from stg.core.precision import DTYPE_BYTES, precision_of
+    from stg.core.routing import expert_capacity
+    from stg.core.sharding import Sharding
+    from stg.core.symbolic import Dim, GraphBuilder, Tensor
+    from stg.core.workload import (
+        COMM_TYPES,
+        NODE_SEMANTICS,
+        CollectiveType,
+        Node,
+        NodeTemplate,
+        NodeType,
+        PartCode,
+        Phase,
+        RankClass,
+        RankGraph,
+        Role,
+        Workload,
+        node_chunk,
+        node_micro_batch,
+        node_op,
+        node_part,
+        node_phase,
+        node_role,
+    )
+    from stg.perf import comm_time
+    from stg.perf import replay as replay_engine
+    from stg.perf.calibration import Calibration, calibrated_time, load_calibration
+    from stg.perf.casts import CastModel, default_cast_model
+    from stg.perf.costs import (
+        EAGER_OP_HOST_S,
+        attention_impl,
+        collective_phases,
+        collective_time,
+        compute_time,
+        group_shape,
+        link_dimension,
+        native_fp8,
+        send_phases,
+        send_time,
+        tree_all_reduce_time,
+    )
+    from stg.perf.hybrid import HybridSystem, device_of, group_of_rank, is_hybrid
+    from stg.perf.kernel_time import attention_time, gemm_time, memory_bound_time, memory_kind
+    from stg.perf.kernels import KernelTable, is_cast, kernel_name, kernel_table
+    from stg.perf.replay import (
+        Problem,
+        Replay,
+        problem_from_nodes,
+        problem_from_trace,
+        problem_from_workload,
+        replay,
+    )
+    from stg.perf.system import System, load_system, normalize_dtype, op_class
+    from stg.trace import chakra_v001, chakra_v004, json_trace
+    from stg.trace.writer import (
+        frame,
+        generator_metadata,
+        output_paths,
+        write_comm_groups,
+        write_rank_files,
+    )
+
+_LAZY: dict[str, tuple[str, str | None]] = {
+    "Layout": ("stg.core.layout", "Layout"),
+    "GenerateOptions": ("stg.core.options", "GenerateOptions"),
+    "OptionError": ("stg.core.options", "OptionError"),
+    "build_workload": ("stg.core.pipeline", "build_workload"),
+    "DTYPE_BYTES": ("stg.core.precision", "DTYPE_BYTES"),
+    "precision_of": ("stg.core.precision", "precision_of"),
+    "expert_capacity": ("stg.core.routing", "expert_capacity"),
+    "Sharding": ("stg.core.sharding", "Sharding"),
+    "Dim": ("stg.core.symbolic", "Dim"),
+    "GraphBuilder": ("stg.core.symbolic", "GraphBuilder"),
+    "Tensor": ("stg.core.symbolic", "Tensor"),
+    "COMM_TYPES": ("stg.core.workload", "COMM_TYPES"),
+    "NODE_SEMANTICS": ("stg.core.workload", "NODE_SEMANTICS"),
+    "CollectiveType": ("stg.core.workload", "CollectiveType"),
+    "Node": ("stg.core.workload", "Node"),
+    "NodeTemplate": ("stg.core.workload", "NodeTemplate"),
+    "NodeType": ("stg.core.workload", "NodeType"),
+    "PartCode": ("stg.core.workload", "PartCode"),
+    "Phase": ("stg.core.workload", "Phase"),
+    "RankClass": ("stg.core.workload", "RankClass"),
+    "RankGraph": ("stg.core.workload", "RankGraph"),
+    "Role": ("stg.core.workload", "Role"),
+    "Workload": ("stg.core.workload", "Workload"),
+    "node_chunk": ("stg.core.workload", "node_chunk"),
+    "node_micro_batch": ("stg.core.workload", "node_micro_batch"),
+    "node_op": ("stg.core.workload", "node_op"),
+    "node_part": ("stg.core.workload", "node_part"),
+    "node_phase": ("stg.core.workload", "node_phase"),
+    "node_role": ("stg.core.workload", "node_role"),
+    "comm_time": ("stg.perf.comm_time", None),
+    "replay_engine": ("stg.perf.replay", None),
+    "Calibration": ("stg.perf.calibration", "Calibration"),
+    "calibrated_time": ("stg.perf.calibration", "calibrated_time"),
+    "load_calibration": ("stg.perf.calibration", "load_calibration"),
+    "CastModel": ("stg.perf.casts", "CastModel"),
+    "default_cast_model": ("stg.perf.casts", "default_cast_model"),
+    "EAGER_OP_HOST_S": ("stg.perf.costs", "EAGER_OP_HOST_S"),
+    "attention_impl": ("stg.perf.costs", "attention_impl"),
+    "collective_phases": ("stg.perf.costs", "collective_phases"),
+    "collective_time": ("stg.perf.costs", "collective_time"),
+    "compute_time": ("stg.perf.costs", "compute_time"),
+    "group_shape": ("stg.perf.costs", "group_shape"),
+    "link_dimension": ("stg.perf.costs", "link_dimension"),
+    "native_fp8": ("stg.perf.costs", "native_fp8"),
+    "send_phases": ("stg.perf.costs", "send_phases"),
+    "send_time": ("stg.perf.costs", "send_time"),
+    "tree_all_reduce_time": ("stg.perf.costs", "tree_all_reduce_time"),
+    "HybridSystem": ("stg.perf.hybrid", "HybridSystem"),
+    "device_of": ("stg.perf.hybrid", "device_of"),
+    "group_of_rank": ("stg.perf.hybrid", "group_of_rank"),
+    "is_hybrid": ("stg.perf.hybrid", "is_hybrid"),
+    "attention_time": ("stg.perf.kernel_time", "attention_time"),
+    "gemm_time": ("stg.perf.kernel_time", "gemm_time"),
+    "memory_bound_time": ("stg.perf.kernel_time", "memory_bound_time"),
+    "memory_kind": ("stg.perf.kernel_time", "memory_kind"),
+    "KernelTable": ("stg.perf.kernels", "KernelTable"),
+    "is_cast": ("stg.perf.kernels", "is_cast"),
+    "kernel_name": ("stg.perf.kernels", "kernel_name"),
+    "kernel_table": ("stg.perf.kernels", "kernel_table"),
+    "Problem": ("stg.perf.replay", "Problem"),
+    "Replay": ("stg.perf.replay", "Replay"),
+    "problem_from_nodes": ("stg.perf.replay", "problem_from_nodes"),
+    "problem_from_trace": ("stg.perf.replay", "problem_from_trace"),
+    "problem_from_workload": ("stg.perf.replay", "problem_from_workload"),
+    "replay": ("stg.perf.replay", "replay"),
+    "System": ("stg.perf.system", "System"),
+    "load_system": ("stg.perf.system", "load_system"),
+    "normalize_dtype": ("stg.perf.system", "normalize_dtype"),
+    "op_class": ("stg.perf.system", "op_class"),
+    "chakra_v001": ("stg.trace.chakra_v001", None),
+    "chakra_v004": ("stg.trace.chakra_v004", None),
+    "json_trace": ("stg.trace.json_trace", None),
+    "frame": ("stg.trace.writer", "frame"),
+    "generator_metadata": ("stg.trace.writer", "generator_metadata"),
+    "output_paths": ("stg.trace.writer", "output_paths"),
+    "write_comm_groups": ("stg.trace.writer", "write_comm_groups"),
+    "write_rank_files": ("stg.trace.writer", "write_rank_files"),
+}
+"""Where each name imported on first use lives: (module, attribute), or (module, None) for a
+module. The records, the errors and ``hookimpl`` load with this module; the rest (the symbolic
+core and sympy among them) when a plugin first touches them, so that registering a kernel or
+a predictor costs no more than its record."""
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module_name, attribute = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    module = importlib.import_module(module_name)
+    value = module if attribute is None else getattr(module, attribute)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "COMM_TYPES",

@@ -18,12 +18,14 @@ the architecture's (224, 1000); the language-model sizes (``--seq``, ``--dmodel`
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-import sympy
+from typing import TYPE_CHECKING
 
 import stg
-from stg.api import Dim, GraphBuilder, Model, Tensor
+from stg.api import Model
 from stg.errors import UserError
+
+if TYPE_CHECKING:  # the builders import the symbolic core when a model is built, not here
+    from stg.api import Dim, GraphBuilder, Tensor
 
 __version__ = "0.1.0"
 
@@ -47,6 +49,10 @@ VGG16_FC = (4096, 4096)
 
 def size_dim(prefix: str, size: int) -> Dim:
     """A dimension of fixed size, named after it (``h56``, ``c256``): same name, same size."""
+    import sympy
+
+    from stg.api import Dim
+
     return Dim(f"{prefix}{size}", sympy.Integer(size))
 
 
@@ -96,6 +102,8 @@ def relu(b: GraphBuilder, x: Tensor, name: str) -> Tensor:
 def maxpool(b: GraphBuilder, x: Tensor, name: str, k: int, stride: int) -> Tensor:
     """Max over k x k windows: k² comparisons per output element; the backward routes each
     gradient to its window's maximum (one op per input element)."""
+    import sympy
+
     batch, h, w, c = x.dims
     size = (int(h.size) + 2 * ((k - 1) // 2) - k) // stride + 1
     out = [batch, size_dim("h", size), size_dim("w", size), c]

@@ -879,22 +879,34 @@ def run_predictors(
     registry: Any,
     system: Any,
     *,
+    options: Any = None,
     workload: Any = None,
     trace: tuple[Mapping[int, list[Any]], dict[int, tuple[int, ...]], dict] | None = None,
     timeline: str | None = None,
     calibration: Any = None,
     explain: bool = False,
 ) -> dict[str, dict[str, Any]]:
-    """Run each named predictor on a generated workload or a trace; reports by name.
-    ``calibration`` (a :class:`stg.perf.calibration.Calibration`) goes to predictors that
-    take it (the time predictor: measured kernel times before its models); ``explain`` asks
-    those that can for the breakdown of their critical path."""
+    """Run each named predictor on generation options, a generated workload or a trace;
+    reports by name. With ``options``, a predictor that needs only them (``needs="options"``)
+    answers through ``predict_options`` and the others get ``workload`` (built only when one
+    of them needs it). ``calibration`` (a :class:`stg.perf.calibration.Calibration`) goes to
+    predictors that take it (the time predictor: measured kernel times before its models);
+    ``explain`` asks those that can for the breakdown of their critical path."""
     from stg.predictors import memory as memory_predictor
     from stg.predictors import time as time_predictor
 
     reports: dict[str, dict[str, Any]] = {}
     for name in names:
         predictor = registry.predictors.get(name)
+        if options is not None and predictor.needs == "options":
+            offered = {"registry": registry, "kernels": list(registry.kernels)}
+            if explain:
+                offered["explain"] = True
+            fn = predictor.predict_options
+            reports[name] = fn(
+                options, system, **{k: v for k, v in offered.items() if _accepts(fn, k)}
+            )
+            continue
         if workload is not None:
             kwargs: dict[str, Any] = {}
             if timeline is not None and _accepts(predictor.predict, "timeline"):

@@ -274,21 +274,24 @@ def predict(**values: Any) -> None:
         gen.validate_options(options, registry)
         if options.inference and predictor == "all" and "serving" in registry.predictors:
             names = [*names, "serving"]  # TTFT, time per output token, tokens/s
-        check_workload_size(options, registry, max_nodes)
-        with progress_bar(console) as progress:
-            workload = gen.build_workload(options, registry, progress=progress)
+        workload = None
+        if any(registry.predictors.get(n).needs != "options" for n in names):
+            check_workload_size(options, registry, max_nodes)
+            with progress_bar(console) as progress:
+                workload = gen.build_workload(options, registry, progress=progress)
         with _os_errors():
             reports = run_predictors(
                 names,
                 registry,
                 system,
+                options=options,
                 workload=workload,
                 timeline=timeline,
                 calibration=calibration,
                 explain=explain,
             )
         source = f"{options.model} (generated)"
-        nodes = [n for rc in workload.rank_classes for n in rc.nodes]
+        nodes = [] if workload is None else [n for rc in workload.rank_classes for n in rc.nodes]
         dtype = options.dtype
     if calibration is not None and "time" in reports:
         reports["time"]["calibration"] = _coverage(calibration, nodes, dtype)

@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -193,6 +193,11 @@ class Emitter:
             raise RecordError(f"emitter {self.name!r}: extension must start with '.'")
 
 
+PREDICTOR_NEEDS = ("options", "workload")
+"""What a :class:`Predictor` needs to answer: the generation options alone, or the built
+workload."""
+
+
 @dataclass(frozen=True)
 class Predictor:
     """A predictor. ``predict(workload, system)`` returns a JSON-serialisable report dict.
@@ -200,18 +205,31 @@ class Predictor:
     ``predict_options(options, system, **kwargs)``, where given, makes the same report from
     the GenerateOptions alone, without building the workload: ``stg sweep`` and ``stg
     search`` call it when it exists (keywords it may take: ``registry``, ``kernels``,
-    ``explain``)."""
+    ``explain``).
+
+    ``needs`` says what ``stg predict`` must build for it: ``"workload"`` (the default) hands
+    ``predict`` the whole generated workload; ``"options"`` (which requires
+    ``predict_options``) answers from the options alone, and the workload is built only if
+    another selected predictor needs it."""
 
     name: str
     predict: Callable[..., dict[str, Any]]
     description: str = ""
     predict_options: Callable[..., dict[str, Any]] | None = None
+    needs: Literal["options", "workload"] = "workload"
 
     def __post_init__(self) -> None:
         _check_name("predictor", self.name)
         _check_callable("predictor", self.name, "predict", self.predict)
         if self.predict_options is not None:
             _check_callable("predictor", self.name, "predict_options", self.predict_options)
+        if self.needs not in PREDICTOR_NEEDS:
+            raise RecordError(
+                f"predictor {self.name!r}: needs {self.needs!r} must be one of "
+                f"{', '.join(PREDICTOR_NEEDS)}"
+            )
+        if self.needs == "options" and self.predict_options is None:
+            raise RecordError(f"predictor {self.name!r}: needs='options' requires predict_options")
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,6 @@ from google.protobuf.message import DecodeError
 
 from stg.core.workload import OP_ATTR, CollectiveType, Node, NodeType, has_implied_op, implied_op
 from stg.errors import TraceError
-from stg.trace.proto import chakra_v001_pb2 as pb1
 from stg.trace.proto import chakra_v004_pb2 as pb4
 
 FORMATS: tuple[str, ...] = ("v0.0.4", "v0.0.1", "json")
@@ -600,6 +599,8 @@ def _node_from_v001(msg: Any, path: Path, index: int, offset: int) -> Node:
 
 
 def _iter_v001(path: Path) -> Iterator[Node]:
+    from stg.trace.proto import chakra_v001_pb2 as pb1  # only v0.0.1 traces need its schema
+
     with _open_binary(path) as stream:
         empty = True
         for index, offset, data in iter_records(stream, path):

@@ -51,7 +51,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from stg import __version__
+import stg
 from stg.core.workload import COMM_TYPES
 from stg.errors import OutputError, UserError, is_write_fault, output_error
 
@@ -204,7 +204,7 @@ def generator_metadata(
     workload's ``comm_group_file`` metadata, else the default name) for readers to find."""
     attrs: dict[str, Any] = {
         "generator": "stg",
-        "generator_version": __version__,
+        "generator_version": stg.__version__,
         "rank": rank,
         "world_size": workload.world_size,
     }

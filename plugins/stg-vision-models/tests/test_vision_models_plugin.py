@@ -5,6 +5,8 @@ only, and the predictors and the precision planner on these models."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -205,3 +207,16 @@ def test_gradients_are_reduced_in_ddp_buckets(stg_registry) -> None:
     last_backward = max(n.id for n in nodes if "/bwd/" in n.name)
     first_body_bucket = reduce[1]
     assert max(first_body_bucket.data_deps) < last_backward - 300  # overlaps the backward
+
+
+def test_loading_the_plugin_leaves_the_symbolic_core_for_its_builders() -> None:
+    """`stg --help` imports every installed plugin: this one registers its models without
+    sympy, which its builders import when a model is built."""
+    check = (
+        "import sys, stg_vision_models as vision; models = []; "
+        "vision.stg_register_models(models.append); "
+        "assert {m.name for m in models} == {'resnet50', 'vgg16'}; print('sympy' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"

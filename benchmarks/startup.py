@@ -1,0 +1,101 @@
+"""Start-up cost of the command line: CPU seconds of short commands, each in a fresh process.
+
+    python benchmarks/startup.py [--repeats 5] [--json]
+
+Runs, ``--repeats`` times each (default 5), in a fresh ``python`` process: ``import stg.cli``,
+``stg --help``, ``stg feed`` on a one-rank trace (``stg generate --model gpt --num_stacks 2``,
+written once into a temporary directory) and ``stg
+predict --predictor analytical`` for GPT-3 175B on 1,024 A100s (tp 8, pp 16, dp 8, batch
+1,536, 192 micro-batches), and prints the median CPU time (user + system) of each, with the
+number of modules the command imported and whether sympy was among them.
+
+Installed plugins load as they would for a user (set ``STG_DISABLE_PLUGIN_AUTOLOAD=1`` to
+measure stg alone). It also runs against an older stg
+(``PYTHONPATH=old/tree python benchmarks/startup.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+
+GPT3_1024 = [
+    "--model", "gpt3-175b", "--tp", "8", "--pp", "16", "--dp", "8",
+    "--batch", "1536", "--micro_batch", "8", "--predictor", "analytical", "--json",
+]  # fmt: skip
+
+# Runs the CLI (or only imports it), then reports the modules imported, on stderr's last line.
+PROBE = """
+import atexit, json, sys
+def report():
+    mods = sorted(sys.modules)
+    sys.stderr.write("\\nSTARTUP " + json.dumps({"modules": len(mods),
+                     "sympy": "sympy" in sys.modules}) + "\\n")
+atexit.register(report)
+args = sys.argv[1:]
+if args == ["--import-only"]:
+    import stg.cli
+else:
+    from stg.cli import main
+    sys.argv[0] = "stg"
+    main(args)
+"""
+
+
+def cases(trace: str) -> dict[str, list[str]]:
+    """The commands measured, by label (``trace``: the one-rank trace that feed reads)."""
+    return {
+        "import stg.cli": ["--import-only"],
+        "stg --help": ["--help"],
+        "stg feed (1 rank)": ["feed", trace],
+        "stg predict analytical 175B/1024": ["predict", *GPT3_1024],
+    }
+
+
+def run_once(args: list[str]) -> tuple[float, dict]:
+    """CPU seconds (user + system) of one fresh process running ``args``, and its probe."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, *args], capture_output=True, text=True, check=False
+    )
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode != 0:
+        raise SystemExit(f"{args}: exit {done.returncode}\n{done.stderr[-2000:]}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    line = next(x for x in reversed(done.stderr.splitlines()) if x.startswith("STARTUP "))
+    return cpu, json.loads(line[len("STARTUP ") :])
+
+
+def _median(args: list[str], repeats: int) -> tuple[float, dict]:
+    """The median CPU seconds of ``repeats`` runs of ``args``, and the last run's probe."""
+    runs = [run_once(args) for _ in range(repeats)]
+    return statistics.median(cpu for cpu, _ in runs), runs[-1][1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    ns = parser.parse_args()
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="stg-startup-") as tmp:
+        generate = ["generate", "--model", "gpt", "--num_stacks", "2", "--output_dir", tmp]
+        run_once(generate)
+        measured = {label: _median(args, ns.repeats) for label, args in cases(tmp).items()}
+    for label, (cpu, probe) in measured.items():
+        results[label] = {"cpu_s": cpu, "modules": probe["modules"], "sympy": probe["sympy"]}
+    if ns.json:
+        print(json.dumps(results, indent=2))
+        return
+    print(f"{'command':36} {'CPU s (median)':>15} {'modules':>8}  sympy")
+    for label, r in results.items():
+        print(f"{label:36} {r['cpu_s']:15.3f} {r['modules']:8d}  {'yes' if r['sympy'] else 'no'}")
+
+
+if __name__ == "__main__":
+    main()

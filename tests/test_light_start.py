@@ -1,0 +1,104 @@
+"""A light start: commands import only what they use (counted in fresh processes, not timed).
+
+Each case runs in a new interpreter and reports the modules it imported: the symbolic core
+(sympy), rich's markdown, the protobuf schemas and the plugin modules load only for the
+commands that need them (benchmarks/startup.py measures the CPU time of the same commands).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from stg.cli import app
+
+FAKE_DISTS = Path(__file__).parent / "fake_dists"
+
+# Runs the given Python (or the CLI with the given arguments) and writes the names of the
+# modules imported, as JSON, on the last line of stderr.
+PROBE = """
+import atexit, json, sys
+atexit.register(lambda: sys.stderr.write("\\n" + json.dumps(sorted(sys.modules)) + "\\n"))
+if sys.argv[1] == "--exec":
+    exec(sys.argv[2])
+else:
+    from stg.cli import main
+    main(sys.argv[1:])
+"""
+
+SYMBOLIC = ("sympy", "stg.core.symbolic", "stg.core.pipeline")
+SCHEMAS = ("stg.trace.proto.chakra_v001_pb2", "stg.trace.proto.chakra_v004_pb2")
+PLUGINS = ("stg.models.gpt", "stg.predictors.time", "stg.emitters.chakra")
+
+
+def imported(*args: str, env: dict[str, str] | None = None) -> set[str]:
+    """The modules a fresh ``python`` imported running ``args`` (exit code 0 expected)."""
+    environ = {**os.environ, **(env or {})}
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, *args], capture_output=True, text=True, env=environ
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return set(json.loads(done.stderr.strip().splitlines()[-1]))
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A one-rank v0.0.4 trace."""
+    out = tmp_path_factory.mktemp("light") / "out"
+    args = ["generate", "--model", "gpt", "--num_stacks", "2", "--output_dir", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return str(out)
+
+
+def test_import_of_the_cli_is_light() -> None:
+    modules = imported("--exec", "import stg.cli")
+    heavy = (*SYMBOLIC, *SCHEMAS, *PLUGINS, "rich.markdown", "google.protobuf", "stg.api")
+    assert not modules & set(heavy)
+    assert not modules & {"pluggy", "importlib.metadata"}  # stg.hookimpl, stg.__version__
+
+
+def test_hookimpl_and_version_are_made_on_first_use() -> None:
+    modules = imported(
+        "--exec",
+        "import stg, pluggy; assert isinstance(stg.hookimpl, pluggy.HookimplMarker); "
+        "from stg import __version__; assert __version__ and stg.__version__ is __version__",
+    )
+    assert "importlib.metadata" in modules
+
+
+@pytest.mark.parametrize(
+    "command", [["feed"], ["inspect", "trace"], ["validate"]], ids=lambda c: " ".join(c)
+)
+def test_read_commands_skip_the_symbolic_core(trace: str, command: list[str]) -> None:
+    modules = imported(*command, trace)
+    assert not modules & {*SYMBOLIC, *PLUGINS, "stg.api", "stg.trace.proto.chakra_v001_pb2"}
+    assert "stg.trace.proto.chakra_v004_pb2" in modules  # the trace's own schema
+
+
+def test_records_of_the_public_api_load_without_the_symbolic_core() -> None:
+    modules = imported("--exec", "from stg.api import Kernel, Predictor, hookimpl")
+    assert not modules & set(SYMBOLIC)
+    names = imported("--exec", "import stg.api; stg.api.GraphBuilder")
+    assert {"sympy", "stg.core.symbolic"} <= names  # what a model plugin uses still loads
+
+
+def test_help_with_a_plugin_of_records_skips_the_symbolic_core() -> None:
+    path = os.pathsep.join(p for p in (str(FAKE_DISTS), os.environ.get("PYTHONPATH")) if p)
+    env = {"STG_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONPATH": path, "COLUMNS": "200"}
+    done = subprocess.run(
+        [sys.executable, "-m", "stg", "-p", "stg_fake_good", "--help"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+    )
+    assert done.returncode == 0 and "fake-hello" in done.stdout, done.stdout + done.stderr
+    modules = imported("-p", "stg_fake_good", "--help", env=env)
+    assert "stg_fake_good" in modules
+    assert not modules & {*SYMBOLIC, *PLUGINS}
