@@ -860,11 +860,13 @@ def run_predictors(
     timeline: str | None = None,
     calibration: Any = None,
     explain: bool = False,
+    exact: bool = False,
 ) -> dict[str, dict[str, Any]]:
     """Run each named predictor on a generated workload or a trace; reports by name.
     ``calibration`` (a :class:`stg.perf.calibration.Calibration`) goes to predictors that
     take it (the time predictor: measured kernel times before its models); ``explain`` asks
-    those that can for the breakdown of their critical path."""
+    those that can for the breakdown of their critical path; ``exact`` asks those that can
+    to replay every micro-batch (a trace is always replayed whole)."""
     from stg.predictors import memory as memory_predictor
     from stg.predictors import time as time_predictor
 
@@ -881,6 +883,8 @@ def run_predictors(
                 kwargs["calibration"] = calibration
             if explain and _accepts_explicitly(predictor.predict, "explain"):
                 kwargs["explain"] = True
+            if exact and _accepts_explicitly(predictor.predict, "exact"):
+                kwargs["exact"] = True
             if _accepts_explicitly(predictor.predict, "registry"):
                 kwargs["registry"] = registry
             reports[name] = predictor.predict(workload, system, **kwargs)
