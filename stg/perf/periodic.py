@@ -11,9 +11,10 @@ later than its partner of micro-batch ``x - p`` in the first, every node before 
 same instants (within :data:`TOLERANCE` of the iteration time). Then each further period adds
 ``T`` and the same sums of compute, communication and waits on every unit, and the iteration
 time and the per-unit breakdown (:func:`stg.perf.replay.unit_breakdown`) of the full problem
-are extrapolated from the two. Where the check fails (a state that never repeats, a reduced
-problem that is not the schedule's own), or the workload is too short for a saving, it returns
-None and the caller replays the whole problem.
+are extrapolated from the two, and the critical path is the longer replay's with the further
+periods walked through (:func:`_extended_path`). Where the check fails (a state that never
+repeats, a reduced problem that is not the schedule's own), or the workload is too short for a
+saving, it returns None and the caller replays the whole problem.
 
 Nodes are matched by their typed attributes (:data:`stg.core.workload.NODE_SEMANTICS`): the
 micro-batch, and within it the op, part, phase and role, counted in id order.
@@ -27,13 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stg.core.workload import (
-    MICRO_BATCH_ATTR,
-    OP_ATTR,
-    PART_ATTR,
-    PHASE_ATTR,
-    ROLE_ATTR,
-)
+from stg.core.workload import node_micro_batch, node_op, node_part, node_phase, node_role
 from stg.errors import TraceError
 from stg.perf.replay import (
     KIND_NAMES,
@@ -70,11 +65,6 @@ class PeriodicReplay:
     micro_batches: int
 
 
-def _micro_batch(node: Any) -> int | None:
-    value = node.attrs.get(MICRO_BATCH_ATTR)
-    return value if type(value) is int else None
-
-
 class _Indexed:
     """One unit's nodes with their micro-batch and, for the micro-batches below ``limit`` and
     the last ``limit``, their key."""
@@ -95,14 +85,8 @@ class _Indexed:
         for i, mb in enumerate(micro_batch):
             if mb is None or limit <= mb < last:
                 continue
-            attrs = nodes[i].attrs
-            base = (
-                mb,
-                attrs.get(OP_ATTR),
-                attrs.get(PART_ATTR),
-                attrs.get(PHASE_ATTR),
-                attrs.get(ROLE_ATTR),
-            )
+            node = nodes[i]
+            base = (mb, node_op(node), node_part(node), node_phase(node), node_role(node))
             occurrence = seen.get(base, 0)
             seen[base] = occurrence + 1
             key = (*base[1:], occurrence)
@@ -120,7 +104,7 @@ class _Identity(dict):  # type: ignore[type-arg]
 def _micro_batches(problem: Problem) -> tuple[list[list[int | None]], int | None]:
     """Each unit's nodes' micro-batches, and how many micro-batches there are (None unless
     every unit has the same number, from 0)."""
-    per_unit = [[_micro_batch(n) for n in unit.nodes] for unit in problem.units]
+    per_unit = [[node_micro_batch(n) for n in unit.nodes] for unit in problem.units]
     counts = set()
     for mbs in per_unit:
         declared = {mb for mb in mbs if mb is not None}
@@ -426,14 +410,7 @@ def _extended_path(
 
 
 def _base(node: Any) -> tuple[Any, ...]:
-    attrs = node.attrs
-    return (
-        node.type,
-        attrs.get(OP_ATTR),
-        attrs.get(PART_ATTR),
-        attrs.get(PHASE_ATTR),
-        attrs.get(ROLE_ATTR),
-    )
+    return (node.type, node_op(node), node_part(node), node_phase(node), node_role(node))
 
 
 def _extrapolate(
