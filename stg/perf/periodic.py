@@ -17,7 +17,7 @@ repeats, a reduced problem that is not the schedule's own), or the workload is t
 saving, it returns None and the caller replays the whole problem.
 
 Nodes are matched by their typed attributes (:data:`stg.core.workload.NODE_SEMANTICS`): the
-micro-batch, and within it the op, part, phase and role, counted in id order.
+micro-batch, and within it the type, op, part, phase and role, counted in id order.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ TOLERANCE = 1e-12
 shifted by one period: the rounding of adding the same durations to a later start."""
 
 Key = tuple[Any, ...]
-"""A node's identity within its micro-batch: (op, part, phase, role, occurrence)."""
+"""A node's identity within its micro-batch: (type, op, part, phase, role, occurrence)."""
 
 
 @dataclass
@@ -66,32 +66,50 @@ class PeriodicReplay:
 
 
 class _Indexed:
-    """One unit's nodes with their micro-batch and, for the micro-batches below ``limit`` and
-    the last ``limit``, their key."""
+    """One unit's nodes with their micro-batch, the positions of each micro-batch's nodes, and
+    (worked out per micro-batch where needed) each node's key."""
 
-    def __init__(
-        self, nodes: Sequence[Any], micro_batch: list[int | None], total: int, limit: int
-    ) -> None:
+    def __init__(self, nodes: Sequence[Any], micro_batch: list[int | None]) -> None:
         self.nodes = nodes
         self.micro_batch = micro_batch
         if all(n.id == i for i, n in enumerate(nodes)):
             self.position: Mapping[int, int] = _Identity()
         else:
             self.position = {n.id: i for i, n in enumerate(nodes)}
+        self.members: dict[int, list[int]] = {}
+        for i, mb in enumerate(micro_batch):
+            if mb is not None:
+                self.members.setdefault(mb, []).append(i)
         self.keys: dict[int, Key] = {}
         self.by_key: dict[tuple[int, Key], int] = {}
+        self.indexed: set[int] = set()
+
+    def _index(self, mb: int) -> None:
+        if mb in self.indexed:
+            return
+        self.indexed.add(mb)
         seen: dict[Key, int] = {}
-        last = total - limit
-        for i, mb in enumerate(micro_batch):
-            if mb is None or limit <= mb < last:
-                continue
-            node = nodes[i]
-            base = (mb, node_op(node), node_part(node), node_phase(node), node_role(node))
+        for i in self.members.get(mb, ()):
+            base = _base(self.nodes[i])
             occurrence = seen.get(base, 0)
             seen[base] = occurrence + 1
-            key = (*base[1:], occurrence)
-            self.keys[i] = key
-            self.by_key[(mb, key)] = i
+            self.keys[i] = (*base, occurrence)
+            self.by_key[(mb, self.keys[i])] = i
+
+    def same_in(self, k: int, mb: int) -> int | None:
+        """The position of the node of micro-batch ``mb`` that is node ``k``'s alike (same
+        key), None where there is none."""
+        own = self.micro_batch[k]
+        if own is None or mb not in self.members:
+            return None
+        here, there = self.members[own], self.members[mb]
+        if len(here) == len(there):  # the same nodes in the same order, as generated
+            candidate = there[bisect_left(here, k)]
+            if _base(self.nodes[candidate]) == _base(self.nodes[k]):
+                return candidate
+        self._index(own)
+        self._index(mb)
+        return self.by_key.get((mb, self.keys[k]))
 
 
 class _Identity(dict):  # type: ignore[type-arg]
@@ -123,9 +141,7 @@ def reduced_problem(problem: Problem, keep: int) -> Problem:
     per_unit, total = _micro_batches(problem)
     if total is None:
         raise ValueError("the problem's units do not declare the same micro-batches")
-    indexed = [
-        _Indexed(u.nodes, mbs, total, keep) for u, mbs in zip(problem.units, per_unit, strict=True)
-    ]
+    indexed = [_Indexed(u.nodes, mbs) for u, mbs in zip(problem.units, per_unit, strict=True)]
     return _reduced(problem, keep, total, indexed)
 
 
@@ -164,7 +180,7 @@ def _reduced(problem: Problem, keep: int, total: int, indexed: Sequence[_Indexed
                 else:
                     y = mbs[k] - shift
                     if y >= 0:
-                        partner = index.by_key.get((y, index.keys.get(k)))
+                        partner = index.same_in(k, y)
                         if partner is None:
                             raise _NotPeriodic
                         new_deps[nodes[partner].id] = None
@@ -238,7 +254,7 @@ def _aligned(
                 partner = s_pos[node.id]
                 shifts = (False,)
             else:
-                full_partner = index.by_key.get((mb - period, index.keys.get(k)))
+                full_partner = index.same_in(k, mb - period)
                 if full_partner is None:
                     return None
                 found = s_pos.get(index.nodes[full_partner].id)
@@ -282,6 +298,7 @@ def replay_periodic(
     if total is None:
         return None
     stages = len({u.stage for u in problem.units})
+    indexed = [_Indexed(u.nodes, mbs) for u, mbs in zip(problem.units, per_unit, strict=True)]
     for period in sorted({1, max(1, stages)}):
         if total % period:
             continue
@@ -294,10 +311,6 @@ def replay_periodic(
             3 * (2 * keep + period) <= 2 * total or not only_if_cheaper
         ):
             cut = period * ((keep - stages) // period)
-            indexed = [
-                _Indexed(u.nodes, mbs, total, keep + period)
-                for u, mbs in zip(problem.units, per_unit, strict=True)
-            ]
             try:
                 short = replay(_reduced(problem, keep, total, indexed), *args, **options)
                 long = replay(_reduced(problem, keep + period, total, indexed), *args, **options)
@@ -329,7 +342,6 @@ def _extended_path(
     that lies before the cut, by copy ``c - 1`` of its partner one period later. None where a
     node has no such partner."""
     positions = [{n.id: i for i, n in enumerate(res.unit.nodes)} for res in long.units]
-    by_mb: dict[int, dict[int, list[int]]] = {}
 
     def later(u: int, j: int) -> int:
         """The longer replay's node one period after node ``j`` of unit ``u``."""
@@ -338,7 +350,7 @@ def _extended_path(
         mb = index.micro_batch[k]
         if mb is None:
             raise _NotPeriodic
-        full = index.by_key.get((mb + period, index.keys.get(k)))
+        full = index.same_in(k, mb + period)
         if full is None or index.nodes[full].id not in positions[u]:
             raise _NotPeriodic
         return positions[u][index.nodes[full].id]
@@ -353,20 +365,10 @@ def _extended_path(
         mb = index.micro_batch[k]
         if mb is None:
             return node
-        if u not in by_mb:
-            lists: dict[int, list[int]] = {}
-            for i, m in enumerate(per_unit[u]):
-                if m is not None:
-                    lists.setdefault(m, []).append(i)
-            by_mb[u] = lists
-        lists = by_mb[u]
-        target_mb = mb + copies * period
-        if target_mb not in lists:
+        target = index.same_in(k, mb + copies * period)
+        if target is None:
             raise _NotPeriodic
-        target = index.nodes[lists[target_mb][bisect_left(lists[mb], k)]]
-        if _base(target) != _base(node):
-            raise _NotPeriodic
-        return target
+        return index.nodes[target]
 
     best: tuple[float, int, int] | None = None  # as critical_chain: the first that ends last
     for unit, res in enumerate(long.units):
@@ -378,6 +380,7 @@ def _extended_path(
     _, u, j = best
     copies = periods - 1 if partners[u][j][1] else 0
     chain: list[tuple[int, str, str, float, float]] = []
+    limit = sum(len(mbs) for mbs in per_unit)
     try:
         while True:
             res = long.units[u]
@@ -401,7 +404,7 @@ def _extended_path(
                     raise _NotPeriodic
                 copies -= 1
             u, j = cu, cj
-            if len(chain) > sum(len(mbs) for mbs in per_unit):
+            if len(chain) > limit:
                 raise _NotPeriodic  # a cycle of causes
     except _NotPeriodic:
         return None
