@@ -77,8 +77,12 @@ class _Indexed:
         else:
             self.position = {n.id: i for i, n in enumerate(nodes)}
         self.members: dict[int, list[int]] = {}
+        self.unbatched: list[int] = []
+        """positions of the nodes outside the micro-batches"""
         for i, mb in enumerate(micro_batch):
-            if mb is not None:
+            if mb is None:
+                self.unbatched.append(i)
+            else:
                 self.members.setdefault(mb, []).append(i)
         self.keys: dict[int, Key] = {}
         self.by_key: dict[tuple[int, Key], int] = {}
@@ -156,9 +160,12 @@ def _reduced(problem: Problem, keep: int, total: int, indexed: Sequence[_Indexed
 
         kept_nodes = []
         group_keys: dict[int, Any] = {}
-        for i, mb in enumerate(mbs):
-            if mb is not None and mb >= keep:
-                continue
+        kept = list(index.unbatched)
+        for mb in range(keep):
+            kept.extend(index.members.get(mb, ()))
+        kept.sort()
+        for i in kept:
+            mb = mbs[i]
             node = nodes[i]
             deps = (*node.data_deps, *node.ctrl_deps)
             for d in deps:
