@@ -299,8 +299,8 @@ def replay_periodic(
     """The iteration time, per-unit breakdowns and critical path of ``problem`` from two
     reduced replays one verified period apart (see the module docstring); ``args`` and
     ``options`` go to :func:`stg.perf.replay.replay`. None where the check fails, or
-    (``only_if_cheaper``) the two reduced replays would take more than two thirds of the
-    whole one: replay it whole."""
+    (``only_if_cheaper``) the two reduced replays would take more than half the whole one:
+    replay it whole."""
     per_unit, total = _micro_batches(problem)
     if total is None:
         return None
@@ -312,11 +312,9 @@ def replay_periodic(
         # fill and drain take up to one micro-batch per stage each; the cut lies between them
         keep = period * -(-(2 * stages + period) // period)
         # the two reduced replays cost about 2 * keep + period micro-batches: worth it where
-        # that is at most two thirds of the full replay (should the check fail, the full
-        # replay follows them)
-        while keep + period <= total and (
-            3 * (2 * keep + period) <= 2 * total or not only_if_cheaper
-        ):
+        # that is at most half the full replay (should the check fail, as where a transient
+        # decays without ever repeating exactly, the full replay follows them)
+        while keep + period <= total and (2 * (2 * keep + period) <= total or not only_if_cheaper):
             cut = period * ((keep - stages) // period)
             try:
                 short = replay(_reduced(problem, keep, total, indexed), *args, **options)
