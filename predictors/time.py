@@ -56,10 +56,12 @@ from stg.api import (
     kernel_name,
     kernel_table,
     load_system,
+    node_phase,
     problem_from_nodes,
     problem_from_trace,
     problem_from_workload,
     replay,
+    replay_periodic,
     send_time,
     tree_all_reduce_time,
 )
@@ -195,31 +197,56 @@ def summarize(
 ) -> dict[str, Any]:
     """The report of the ``time`` predictor for one replay."""
     iteration = replay_.iteration_time
+    return report_of(
+        [res.unit for res in replay_.units],
+        iteration,
+        [unit_breakdown(res, iteration) for res in replay_.units],
+        critical_path(replay_),
+        system,
+        dtype=dtype,
+        tokens=tokens,
+        world_size=world_size,
+    )
+
+
+def report_of(
+    units: Sequence[Unit],
+    iteration: float,
+    breakdowns: Sequence[Mapping[str, float]],
+    path: list[dict[str, Any]],
+    system: System,
+    *,
+    dtype: str = "bf16",
+    tokens: int | None = None,
+    world_size: int | None = None,
+) -> dict[str, Any]:
+    """The report of the ``time`` predictor: the units replayed, the iteration time, each
+    unit's breakdown (:func:`unit_breakdown`) and the critical path (:func:`critical_path`)."""
     hardware_flops = 0
     model_flops = 0
     world = 0
-    units = []
-    for res in replay_.units:
-        weight = len(res.unit.ranks)
+    entries = []
+    for unit, breakdown in zip(units, breakdowns, strict=True):
+        weight = len(unit.ranks)
         world += weight
         unit_flops = 0
         unit_model = 0
-        for node in res.unit.nodes:
+        for node in unit.nodes:
             if node.type is NodeType.COMP and node.num_ops > 0:
                 unit_flops += node.num_ops
-                if node.attrs.get("phase") != Phase.RECOMPUTE:  # node_phase, inline
+                if node_phase(node) is not Phase.RECOMPUTE:
                     unit_model += node.num_ops
         hardware_flops += weight * unit_flops
         model_flops += weight * unit_model
         entry: dict[str, Any] = {
-            "rank": res.unit.rank,
+            "rank": unit.rank,
             "ranks": weight,
-            "class": res.unit.rank_class,
-            "stage": res.unit.stage,
+            "class": unit.rank_class,
+            "stage": unit.stage,
             "flops": unit_flops,
         }
-        entry.update(unit_breakdown(res, iteration))
-        units.append(entry)
+        entry.update(breakdown)
+        entries.append(entry)
     world = world_size or world
     peak = system.peak(dtype)
     report: dict[str, Any] = {
@@ -232,8 +259,8 @@ def summarize(
         "mfu": model_flops / (iteration * world * peak) if iteration > 0 else 0.0,
         "hfu": hardware_flops / (iteration * world * peak) if iteration > 0 else 0.0,
         "peak_flops_per_gpu": peak,
-        "ranks": units,
-        "critical_path": critical_path(replay_),
+        "ranks": entries,
+        "critical_path": path,
     }
     if tokens is not None and iteration > 0:
         report["tokens_per_s"] = tokens / iteration
@@ -253,9 +280,15 @@ def predict_problem(
     calibration: Calibration | None = None,
     overlap_param_gather: bool = False,
     tp_comm_overlap: bool = False,
+    exact: bool = True,
 ) -> dict[str, Any]:
     """Replay ``problem`` and report; ``timeline`` writes a Chrome trace JSON there;
     ``explain_path`` adds the critical path's breakdown (:func:`explain`) as ``explain``.
+
+    ``exact`` False: where the problem is a pipeline whose steady state repeats, replay the
+    fill, one period and the drain (:func:`stg.perf.periodic.replay_periodic`: checked, not
+    assumed) and extrapolate the rest; the report's ``replay`` says which was done. A
+    timeline or ``explain_path`` needs every node's times: the whole problem is replayed.
 
     ``kernels``: Kernel records (or registry entries, or a :class:`KernelTable`) that price
     ops by precision; none (the default) means the plain roofline."""
@@ -273,17 +306,37 @@ def predict_problem(
                 "--calibration holds one device's measured kernels; on a hybrid system give "
                 "it with one group's device preset (--system t4-16g) instead"
             )
-    result = replay(
-        problem,
-        system,
-        dtype,
-        tables,
-        profile,
-        calibration,
-        overlap_param_gather=overlap_param_gather,
-        tp_comm_overlap=tp_comm_overlap,
-    )
+    options: dict[str, Any] = {
+        "overlap_param_gather": overlap_param_gather,
+        "tp_comm_overlap": tp_comm_overlap,
+    }
+    args = (system, dtype, tables, profile, calibration)
+    if not exact and timeline is None and not explain_path and not is_hybrid(system):
+        periodic = replay_periodic(problem, *args, **options)
+        if periodic is not None:
+            report = report_of(
+                problem.units,
+                periodic.iteration_time,
+                periodic.breakdowns,
+                periodic.critical_path,
+                system,
+                dtype=dtype,
+                tokens=tokens,
+                world_size=problem.world_size,
+            )
+            report["replay"] = {
+                "kind": "periodic",
+                "micro_batches": periodic.micro_batches,
+                "replayed_micro_batches": periodic.replayed_micro_batches,
+                "period_micro_batches": periodic.period,
+                "period_s": periodic.period_time,
+            }
+            if table:
+                report["kernels"] = table.names()
+            return report
+    result = replay(problem, *args, **options)
     report = summarize(result, system, dtype=dtype, tokens=tokens, world_size=problem.world_size)
+    report["replay"] = {"kind": "full"}
     if isinstance(tables, dict):
         names = sorted({n for t in tables.values() for n in t.names()})
         if names:
@@ -315,10 +368,15 @@ def predict_time(
     kernels: KernelTable | Iterable[Any] | None = None,
     explain: bool = False,
     calibration: Calibration | None = None,
+    exact: bool = False,
     **_: Any,
 ) -> dict[str, Any]:
     """Iteration time, per-rank breakdown, MFU and critical path of a workload (``explain``:
     and the critical path split into compute by class, communication and waits).
+
+    The steady state of a pipeline is replayed once and extrapolated where a check proves
+    it periodic (:func:`stg.perf.periodic.replay_periodic`); ``exact`` replays every
+    micro-batch (as a ``timeline`` and ``explain`` always do).
 
     A pure function of (workload, system, kernels): ``kernels`` are Kernel records (or
     registry entries, or a :class:`stg.perf.kernels.KernelTable`); without them ops get the
@@ -348,6 +406,7 @@ def predict_time(
         profile=profile,
         explain_path=explain,
         calibration=calibration,
+        exact=exact,
         **overlap_options(options),
     )
     report["simulated_ranks"] = len(problem.units)
@@ -508,6 +567,7 @@ __all__ = [
     "problem_from_trace",
     "problem_from_workload",
     "replay",
+    "report_of",
     "send_time",
     "summarize",
     "timeline_events",

@@ -28,9 +28,10 @@ What is here, by the stage of the pipeline it belongs to:
   :func:`group_shape`, :func:`link_dimension`), the replay engine that times a multi-rank
   graph (:func:`replay` of a :class:`Problem` built by :func:`problem_from_workload`,
   :func:`problem_from_trace` or :func:`problem_from_nodes`; the module
-  :mod:`replay_engine` for its analyses and models), kernels (:class:`KernelTable`,
-  :func:`kernel_table`, :func:`is_cast`; :func:`native_fp8`: whether a GPU runs fp8 GEMMs
-  natively), dtype sizes and precision plans (:data:`DTYPE_BYTES`,
+  :mod:`replay_engine` for its analyses and models; :func:`replay_periodic`: a pipeline's
+  steady state replayed once and extrapolated where it is checked to repeat), kernels
+  (:class:`KernelTable`, :func:`kernel_table`, :func:`is_cast`; :func:`native_fp8`: whether
+  a GPU runs fp8 GEMMs natively), dtype sizes and precision plans (:data:`DTYPE_BYTES`,
   :func:`precision_of`);
 - calibration tables of measured kernel times (:class:`Calibration`,
   :func:`load_calibration`, :func:`calibrated_time`; ``stg bench calibrate`` writes them);
@@ -105,6 +106,7 @@ if TYPE_CHECKING:
     from stg.perf.hybrid import HybridSystem, device_of, group_of_rank, is_hybrid
     from stg.perf.kernel_time import attention_time, gemm_time, memory_bound_time, memory_kind
     from stg.perf.kernels import KernelTable, is_cast, kernel_name, kernel_table
+    from stg.perf.periodic import replay_periodic
     from stg.perf.replay import (
         Problem,
         Replay,
@@ -189,6 +191,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "problem_from_trace": ("stg.perf.replay", "problem_from_trace"),
     "problem_from_workload": ("stg.perf.replay", "problem_from_workload"),
     "replay": ("stg.perf.replay", "replay"),
+    "replay_periodic": ("stg.perf.periodic", "replay_periodic"),
     "System": ("stg.perf.system", "System"),
     "load_system": ("stg.perf.system", "load_system"),
     "normalize_dtype": ("stg.perf.system", "normalize_dtype"),
@@ -309,6 +312,7 @@ __all__ = [
     "problem_from_workload",
     "replay",
     "replay_engine",
+    "replay_periodic",
     "send_phases",
     "send_time",
     "tree_all_reduce_time",

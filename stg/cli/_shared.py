@@ -885,13 +885,15 @@ def run_predictors(
     timeline: str | None = None,
     calibration: Any = None,
     explain: bool = False,
+    exact: bool = False,
 ) -> dict[str, dict[str, Any]]:
     """Run each named predictor on generation options, a generated workload or a trace;
     reports by name. With ``options``, a predictor that needs only them (``needs="options"``)
     answers through ``predict_options`` and the others get ``workload`` (built only when one
     of them needs it). ``calibration`` (a :class:`stg.perf.calibration.Calibration`) goes to
     predictors that take it (the time predictor: measured kernel times before its models);
-    ``explain`` asks those that can for the breakdown of their critical path."""
+    ``explain`` asks those that can for the breakdown of their critical path; ``exact`` asks
+    those that can to replay every micro-batch (a trace is always replayed whole)."""
     from stg.predictors import memory as memory_predictor
     from stg.predictors import time as time_predictor
 
@@ -917,6 +919,8 @@ def run_predictors(
                 kwargs["calibration"] = calibration
             if explain and _accepts_explicitly(predictor.predict, "explain"):
                 kwargs["explain"] = True
+            if exact and _accepts_explicitly(predictor.predict, "exact"):
+                kwargs["exact"] = True
             if _accepts_explicitly(predictor.predict, "registry"):
                 kwargs["registry"] = registry
             reports[name] = predictor.predict(workload, system, **kwargs)

@@ -101,6 +101,19 @@ def _own_parameters() -> list[inspect.Parameter]:
             annotation=bool,
         ),
         inspect.Parameter(
+            "exact",
+            kw,
+            default=typer.Option(
+                False,
+                "--exact",
+                help="Replay every micro-batch. By default a pipeline whose steady state is "
+                "checked to repeat is replayed for its fill, one period and its drain, and the "
+                "other periods are added (the same figures, faster); a trace PATH, --timeline "
+                "and --explain always replay every micro-batch.",
+            ),
+            annotation=bool,
+        ),
+        inspect.Parameter(
             "jobs",
             kw,
             default=typer.Option(
@@ -216,6 +229,7 @@ def predict(**values: Any) -> None:
     timeline = values.pop("timeline")
     calibration_file = values.pop("calibration")
     explain = values.pop("explain")
+    exact = values.pop("exact")
     jobs = values.pop("jobs")
     comm_group_file = values.pop("comm_group_file")
     max_nodes = values.pop("max_nodes")
@@ -289,6 +303,7 @@ def predict(**values: Any) -> None:
                 timeline=timeline,
                 calibration=calibration,
                 explain=explain,
+                exact=exact,
             )
         source = f"{options.model} (generated)"
         nodes = [] if workload is None else [n for rc in workload.rank_classes for n in rc.nodes]

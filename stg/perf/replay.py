@@ -1281,49 +1281,46 @@ def unit_breakdown(res: UnitResult, iteration_time: float) -> dict[str, float]:
 def critical_path(replay_: Replay) -> list[dict[str, Any]]:
     """The chain of nodes that determines the iteration time, earliest first, as runs of
     consecutive nodes on one rank and stream."""
-    best: tuple[float, int, int] | None = None
-    for u, res in enumerate(replay_.units):
-        for i, end in enumerate(res.end):
-            if best is None or end > best[0]:
-                best = (end, u, i)
-    if best is None:
-        return []
-    chain: list[tuple[int, int]] = []
-    seen: set[tuple[int, int]] = set()
-    current: tuple[int, int] | None = (best[1], best[2])
-    while current is not None and current not in seen:
-        seen.add(current)
-        chain.append(current)
-        u, i = current
-        current = replay_.units[u].cause[i]
-    chain.reverse()
+    return path_runs(
+        (
+            res.unit.rank,
+            KIND_NAMES[res.kind[i]],
+            res.unit.nodes[i].name,
+            res.start[i],
+            res.end[i],
+        )
+        for res, i in ((replay_.units[u], i) for u, i in critical_chain(replay_))
+    )
+
+
+def path_runs(chain: Iterable[tuple[int, str, str, float, float]]) -> list[dict[str, Any]]:
+    """(rank, kind, node name, start, end) of a chain's nodes as runs of consecutive nodes of
+    one kind on one rank."""
     runs: list[dict[str, Any]] = []
-    for u, i in chain:
-        res = replay_.units[u]
-        kind = KIND_NAMES[res.kind[i]]
-        node = res.unit.nodes[i]
-        if runs and runs[-1]["rank"] == res.unit.rank and runs[-1]["kind"] == kind:
+    for rank, kind, name, start, end in chain:
+        if runs and runs[-1]["rank"] == rank and runs[-1]["kind"] == kind:
             run = runs[-1]
-            run["end_s"] = res.end[i]
+            run["end_s"] = end
             run["nodes"] += 1
-            run["last"] = node.name
+            run["last"] = name
         else:
             runs.append(
                 {
-                    "rank": res.unit.rank,
+                    "rank": rank,
                     "kind": kind,
-                    "start_s": res.start[i],
-                    "end_s": res.end[i],
+                    "start_s": start,
+                    "end_s": end,
                     "nodes": 1,
-                    "first": node.name,
-                    "last": node.name,
+                    "first": name,
+                    "last": name,
                 }
             )
     return runs
 
 
-def _critical_chain(replay_: Replay) -> list[tuple[int, int]]:
-    """(unit, node) pairs of the chain that ends last, earliest first."""
+def critical_chain(replay_: Replay) -> list[tuple[int, int]]:
+    """(unit, node) pairs of the chain that ends last, earliest first (each node's ``cause``
+    back from the last to end)."""
     best: tuple[float, int, int] | None = None
     for u, res in enumerate(replay_.units):
         for i, end in enumerate(res.end):
@@ -1349,7 +1346,7 @@ def explain(replay_: Replay, comm_groups: Mapping[int, Sequence[int]]) -> dict[s
     parts: dict[str, float] = {}
     comm: dict[str, float] = {}
     clock = 0.0
-    for u, i in _critical_chain(replay_):
+    for u, i in critical_chain(replay_):
         res = replay_.units[u]
         node = res.unit.nodes[i]
         start, end = res.start[i], res.end[i]

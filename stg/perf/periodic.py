@@ -1,0 +1,440 @@
+"""The periodic replay: a pipeline schedule's steady state replayed once, not once per period.
+
+After its fill, a pipeline schedule repeats a *period* (1F1B and GPipe: one micro-batch;
+interleaved: one group of ``stages`` micro-batches) on every stage with the same dependencies,
+until its drain. :func:`replay_periodic` replays two reduced problems (:func:`reduced_problem`:
+the first ``k`` and ``k + p`` micro-batches of the workload, its end of iteration kept: the
+gradient reductions and the optimizer depend on the last micro-batches' nodes) and *checks*
+that the second is the first with one period inserted: every node of micro-batch ``x >= c``
+(and every node after the micro-batches) starts, issues its transfer and ends exactly ``T``
+later than its partner of micro-batch ``x - p`` in the first, every node before ``c`` at the
+same instants (within :data:`TOLERANCE` of the iteration time). Then each further period adds
+``T`` and the same sums of compute, communication and waits on every unit, and the iteration
+time and the per-unit breakdown (:func:`stg.perf.replay.unit_breakdown`) of the full problem
+are extrapolated from the two, and the critical path is the longer replay's with the further
+periods walked through (:func:`_extended_path`). Where the check fails (a state that never
+repeats, a reduced problem that is not the schedule's own), or the workload is too short for a
+saving, it returns None and the caller replays the whole problem.
+
+Nodes are matched by their typed attributes (:data:`stg.core.workload.NODE_SEMANTICS`): the
+micro-batch, and within it the type, op, part, phase and role, counted in id order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from bisect import bisect_left
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from stg.core.workload import node_micro_batch, node_op, node_part, node_phase, node_role
+from stg.errors import TraceError
+from stg.perf.replay import (
+    KIND_NAMES,
+    Problem,
+    Replay,
+    Unit,
+    path_runs,
+    replay,
+    unit_breakdown,
+)
+
+TOLERANCE = 1e-12
+"""How far (relative to the iteration time) a node's instants may differ from its partner's
+shifted by one period: the rounding of adding the same durations to a later start."""
+
+Key = tuple[Any, ...]
+"""A node's identity within its micro-batch: (type, op, part, phase, role, occurrence)."""
+
+
+@dataclass
+class PeriodicReplay:
+    """The full problem's iteration time and per-unit breakdowns, extrapolated from two
+    reduced replays that differ by one verified period."""
+
+    iteration_time: float
+    breakdowns: list[dict[str, float]]
+    """per unit of the problem, as :func:`stg.perf.replay.unit_breakdown`"""
+    critical_path: list[dict[str, Any]]
+    """as :func:`stg.perf.replay.critical_path`"""
+    period: int
+    """micro-batches per period"""
+    period_time: float
+    replayed_micro_batches: int
+    micro_batches: int
+
+
+class _Indexed:
+    """One unit's nodes with their micro-batch, the positions of each micro-batch's nodes, and
+    (worked out per micro-batch where needed) each node's key."""
+
+    def __init__(self, nodes: Sequence[Any], micro_batch: list[int | None]) -> None:
+        self.nodes = nodes
+        self.micro_batch = micro_batch
+        if all(n.id == i for i, n in enumerate(nodes)):
+            self.position: Mapping[int, int] = _Identity()
+        else:
+            self.position = {n.id: i for i, n in enumerate(nodes)}
+        self.members: dict[int, list[int]] = {}
+        self.unbatched: list[int] = []
+        """positions of the nodes outside the micro-batches"""
+        for i, mb in enumerate(micro_batch):
+            if mb is None:
+                self.unbatched.append(i)
+            else:
+                self.members.setdefault(mb, []).append(i)
+        self.keys: dict[int, Key] = {}
+        self.by_key: dict[tuple[int, Key], int] = {}
+        self.indexed: set[int] = set()
+
+    def _index(self, mb: int) -> None:
+        if mb in self.indexed:
+            return
+        self.indexed.add(mb)
+        seen: dict[Key, int] = {}
+        for i in self.members.get(mb, ()):
+            base = _base(self.nodes[i])
+            occurrence = seen.get(base, 0)
+            seen[base] = occurrence + 1
+            self.keys[i] = (*base, occurrence)
+            self.by_key[(mb, self.keys[i])] = i
+
+    def same_in(self, k: int, mb: int) -> int | None:
+        """The position of the node of micro-batch ``mb`` that is node ``k``'s alike (same
+        key), None where there is none."""
+        own = self.micro_batch[k]
+        if own is None or mb not in self.members:
+            return None
+        here, there = self.members[own], self.members[mb]
+        if len(here) == len(there):  # the same nodes in the same order, as generated
+            candidate = there[bisect_left(here, k)]
+            if _base(self.nodes[candidate]) == _base(self.nodes[k]):
+                return candidate
+        self._index(own)
+        self._index(mb)
+        return self.by_key.get((mb, self.keys[k]))
+
+
+class _Identity(dict):  # type: ignore[type-arg]
+    """Node positions where every node's id is its position."""
+
+    def __missing__(self, key: int) -> int:
+        return key
+
+
+def _micro_batches(problem: Problem) -> tuple[list[list[int | None]], int | None]:
+    """Each unit's nodes' micro-batches, and how many micro-batches there are (None unless
+    every unit has the same number, from 0)."""
+    per_unit = [[node_micro_batch(n) for n in unit.nodes] for unit in problem.units]
+    counts = set()
+    for mbs in per_unit:
+        declared = {mb for mb in mbs if mb is not None}
+        if not declared or len(declared) != max(declared) + 1:
+            return per_unit, None
+        counts.add(len(declared))
+    return per_unit, (counts.pop() if len(counts) == 1 else None)
+
+
+def reduced_problem(problem: Problem, keep: int) -> Problem:
+    """The problem with only its first ``keep`` micro-batches: the schedule of ``keep``
+    micro-batches. A kept micro-batch's node that waits for a dropped one (a forward that
+    the schedule orders before it) waits for what that one waits for instead; a node outside
+    the micro-batches (a gradient reduction, the optimizer) that waits for micro-batch
+    ``y`` of the ``M`` waits for the same node of micro-batch ``y - (M - keep)``."""
+    per_unit, total = _micro_batches(problem)
+    if total is None:
+        raise ValueError("the problem's units do not declare the same micro-batches")
+    indexed = [_Indexed(u.nodes, mbs) for u, mbs in zip(problem.units, per_unit, strict=True)]
+    return _reduced(problem, keep, total, indexed)
+
+
+def _reduced(problem: Problem, keep: int, total: int, indexed: Sequence[_Indexed]) -> Problem:
+    shift = total - keep
+    units: list[Unit] = []
+    for unit, index in zip(problem.units, indexed, strict=True):
+        mbs = index.micro_batch
+        nodes = index.nodes
+        position = index.position
+        frontier: dict[int, tuple[int, ...]] = {}
+
+        kept_nodes = []
+        group_keys: dict[int, Any] = {}
+        kept = list(index.unbatched)
+        for mb in range(keep):
+            kept.extend(index.members.get(mb, ()))
+        kept.sort()
+        for i in kept:
+            mb = mbs[i]
+            node = nodes[i]
+            deps = (*node.data_deps, *node.ctrl_deps)
+            for d in deps:
+                m = mbs[position[d]]
+                if m is not None and m >= keep:
+                    break
+            else:
+                if i in unit.group_keys:
+                    group_keys[len(kept_nodes)] = unit.group_keys[i]
+                kept_nodes.append(node)
+                continue
+            new_deps: dict[int, None] = {}
+            for d in deps:
+                k = position[d]
+                if _kept(mbs[k], keep):
+                    new_deps[d] = None
+                elif mb is not None:
+                    new_deps.update(dict.fromkeys(_kept_ancestors(index, k, keep, frontier)))
+                else:
+                    y = mbs[k] - shift
+                    if y >= 0:
+                        partner = index.same_in(k, y)
+                        if partner is None:
+                            raise _NotPeriodic
+                        new_deps[nodes[partner].id] = None
+            if i in unit.group_keys:
+                group_keys[len(kept_nodes)] = unit.group_keys[i]
+            kept_nodes.append(dataclasses.replace(node, data_deps=tuple(new_deps), ctrl_deps=()))
+        units.append(dataclasses.replace(unit, nodes=kept_nodes, group_keys=group_keys))
+    return Problem(units, problem.unit_of_rank, problem.comm_groups, problem.world_size)
+
+
+def _kept_ancestors(
+    index: _Indexed, i: int, keep: int, frontier: dict[int, tuple[int, ...]]
+) -> tuple[int, ...]:
+    """The ids of the kept nodes that dropped node ``i`` waits for, through dropped ones
+    (``frontier``: those found so far, by dropped node)."""
+    nodes, mbs, position = index.nodes, index.micro_batch, index.position
+    stack = [i]
+    while stack:
+        j = stack[-1]
+        if j in frontier:
+            stack.pop()
+            continue
+        deps = [position[d] for d in (*nodes[j].data_deps, *nodes[j].ctrl_deps)]
+        missing = [k for k in deps if not _kept(mbs[k], keep) and k not in frontier]
+        if missing:
+            stack.extend(missing)
+            continue
+        stack.pop()
+        found: dict[int, None] = {}
+        for k in deps:
+            if _kept(mbs[k], keep):
+                found[nodes[k].id] = None
+            else:
+                found.update(dict.fromkeys(frontier[k]))
+        frontier[j] = tuple(found)
+    return frontier[i]
+
+
+def _kept(mb: int | None, keep: int) -> bool:
+    return mb is None or mb < keep
+
+
+class _NotPeriodic(Exception):
+    """The reduced problems are not one period apart."""
+
+
+Partner = tuple[int, bool]
+"""A node's partner in the shorter replay: its position there, and whether it runs one period
+later (True) or at the same instants."""
+
+
+def _aligned(
+    short: Replay, long: Replay, indexed: Sequence[_Indexed], period: int, cut: int
+) -> tuple[float, list[list[Partner]]] | None:
+    """The period's duration and each node's partner if ``long`` is ``short`` with one period
+    inserted at micro-batch ``cut`` (see the module docstring), else None."""
+    period_time = long.iteration_time - short.iteration_time
+    tolerance = TOLERANCE * max(long.iteration_time, 1e-300)
+    partners: list[list[Partner]] = []
+    for s_res, l_res, index in zip(short.units, long.units, indexed, strict=True):
+        s_pos = {n.id: i for i, n in enumerate(s_res.unit.nodes)}
+        full_pos = index.position
+        unit_partners: list[Partner] = []
+        for j, node in enumerate(l_res.unit.nodes):
+            k = full_pos[node.id]
+            mb = index.micro_batch[k]
+            if mb is None:
+                partner = s_pos[node.id]
+                shifts: tuple[bool, ...] = (False, True)
+            elif mb < cut:
+                partner = s_pos[node.id]
+                shifts = (False,)
+            else:
+                full_partner = index.same_in(k, mb - period)
+                if full_partner is None:
+                    return None
+                found = s_pos.get(index.nodes[full_partner].id)
+                if found is None:
+                    return None
+                partner, shifts = found, (True,)
+            if s_res.kind[partner] != l_res.kind[j]:
+                return None
+            # a receive or instant node has no transfer start (-1 in both)
+            issued = s_res.transfer_start[partner] >= 0
+            if issued != (l_res.transfer_start[j] >= 0):
+                return None
+            for shifted in shifts:
+                off = period_time if shifted else 0.0
+                if (
+                    abs(l_res.start[j] - s_res.start[partner] - off) <= tolerance
+                    and abs(l_res.end[j] - s_res.end[partner] - off) <= tolerance
+                    and (
+                        not issued
+                        or abs(l_res.transfer_start[j] - s_res.transfer_start[partner] - off)
+                        <= tolerance
+                    )
+                ):
+                    unit_partners.append((partner, shifted))
+                    break
+            else:
+                return None
+        partners.append(unit_partners)
+    return period_time, partners
+
+
+def replay_periodic(
+    problem: Problem, *args: Any, only_if_cheaper: bool = True, **options: Any
+) -> PeriodicReplay | None:
+    """The iteration time, per-unit breakdowns and critical path of ``problem`` from two
+    reduced replays one verified period apart (see the module docstring); ``args`` and
+    ``options`` go to :func:`stg.perf.replay.replay`. None where the check fails, or
+    (``only_if_cheaper``) the two reduced replays would take more than half the whole one:
+    replay it whole."""
+    per_unit, total = _micro_batches(problem)
+    if total is None:
+        return None
+    stages = len({u.stage for u in problem.units})
+    indexed = [_Indexed(u.nodes, mbs) for u, mbs in zip(problem.units, per_unit, strict=True)]
+    for period in sorted({1, max(1, stages)}):
+        if total % period:
+            continue
+        # fill and drain take up to one micro-batch per stage each; the cut lies between them
+        keep = period * -(-(2 * stages + period) // period)
+        # the two reduced replays cost about 2 * keep + period micro-batches: worth it where
+        # that is at most half the full replay (should the check fail, as where a transient
+        # decays without ever repeating exactly, the full replay follows them)
+        while keep + period <= total and (2 * (2 * keep + period) <= total or not only_if_cheaper):
+            cut = period * ((keep - stages) // period)
+            try:
+                short = replay(_reduced(problem, keep, total, indexed), *args, **options)
+                long = replay(_reduced(problem, keep + period, total, indexed), *args, **options)
+            except (_NotPeriodic, TraceError):
+                break
+            found = _aligned(short, long, indexed, period, cut)
+            if found is not None:
+                periods = (total - keep) // period
+                path = _extended_path(long, found[1], indexed, per_unit, period, periods, found[0])
+                if path is not None:
+                    return _extrapolate(short, long, total, keep, period, found[0], path)
+            keep *= 2
+    return None
+
+
+def _extended_path(
+    long: Replay,
+    partners: list[list[Partner]],
+    indexed: Sequence[_Indexed],
+    per_unit: list[list[int | None]],
+    period: int,
+    periods: int,
+    period_time: float,
+) -> list[dict[str, Any]] | None:
+    """The full problem's critical path (:func:`stg.perf.replay.critical_path`), walked back
+    from its last node along what gated each node: the longer replay's, with the periods the
+    full problem has beyond it in between. A node after the cut in copy ``c`` (``c`` periods
+    later than in the longer replay) was gated by the copy ``c`` of what gated it there; where
+    that lies before the cut, by copy ``c - 1`` of its partner one period later. None where a
+    node has no such partner."""
+    positions = [{n.id: i for i, n in enumerate(res.unit.nodes)} for res in long.units]
+
+    def later(u: int, j: int) -> int:
+        """The longer replay's node one period after node ``j`` of unit ``u``."""
+        index = indexed[u]
+        k = index.position[long.units[u].unit.nodes[j].id]
+        mb = index.micro_batch[k]
+        if mb is None:
+            raise _NotPeriodic
+        full = index.same_in(k, mb + period)
+        if full is None or index.nodes[full].id not in positions[u]:
+            raise _NotPeriodic
+        return positions[u][index.nodes[full].id]
+
+    def full_node(u: int, j: int, copies: int) -> Any:
+        """Node ``j`` of the longer replay's unit ``u``, ``copies`` periods later."""
+        node = long.units[u].unit.nodes[j]
+        if not copies:
+            return node
+        index = indexed[u]
+        k = index.position[node.id]
+        mb = index.micro_batch[k]
+        if mb is None:
+            return node
+        target = index.same_in(k, mb + copies * period)
+        if target is None:
+            raise _NotPeriodic
+        return index.nodes[target]
+
+    best: tuple[float, int, int] | None = None  # as critical_chain: the first that ends last
+    for unit, res in enumerate(long.units):
+        for i, end in enumerate(res.end):
+            if best is None or end > best[0]:
+                best = (end, unit, i)
+    if best is None:
+        return []
+    _, u, j = best
+    copies = periods - 1 if partners[u][j][1] else 0
+    chain: list[tuple[int, str, str, float, float]] = []
+    limit = sum(len(mbs) for mbs in per_unit)
+    try:
+        while True:
+            res = long.units[u]
+            delay = copies * period_time
+            chain.append(
+                (
+                    res.unit.rank,
+                    KIND_NAMES[res.kind[j]],
+                    full_node(u, j, copies).name,
+                    res.start[j] + delay,
+                    res.end[j] + delay,
+                )
+            )
+            cause = res.cause[j]
+            if cause is None:
+                break
+            cu, cj = cause
+            if copies and not partners[cu][cj][1]:
+                cj = later(cu, cj)
+                if not partners[cu][cj][1]:
+                    raise _NotPeriodic
+                copies -= 1
+            u, j = cu, cj
+            if len(chain) > limit:
+                raise _NotPeriodic  # a cycle of causes
+    except _NotPeriodic:
+        return None
+    chain.reverse()
+    return path_runs(chain)
+
+
+def _base(node: Any) -> tuple[Any, ...]:
+    return (node.type, node_op(node), node_part(node), node_phase(node), node_role(node))
+
+
+def _extrapolate(
+    short: Replay,
+    long: Replay,
+    total: int,
+    keep: int,
+    period: int,
+    period_time: float,
+    path: list[dict[str, Any]],
+) -> PeriodicReplay:
+    periods = (total - keep) // period
+    iteration = short.iteration_time + periods * period_time
+    breakdowns = []
+    for s_res, l_res in zip(short.units, long.units, strict=True):
+        first = unit_breakdown(s_res, short.iteration_time)
+        second = unit_breakdown(l_res, long.iteration_time)
+        breakdowns.append({k: first[k] + periods * (second[k] - first[k]) for k in first})
+    return PeriodicReplay(iteration, breakdowns, path, period, period_time, keep, total)

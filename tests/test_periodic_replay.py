@@ -1,0 +1,205 @@
+"""The periodic replay (stg.perf.periodic) gives what the full replay gives.
+
+A pipeline's steady state is replayed once: the fill, one period checked node by node against
+the next, and the drain; the other periods are added. Wherever it answers, its iteration time
+and every unit's breakdown are those of the full replay (within 1e-9), and where the check
+fails it does not answer (the caller replays everything). The small models with dmodel 64
+(``TINY``) mostly fail the check (the contention of their tiny kernels with concurrent sends
+drifts from period to period) and test the fallback; ``SMALL`` (dmodel 1024) replays as fast
+(the replay's cost is in nodes, not sizes) and its steady state repeats.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from stg.cli import main
+from stg.core.options import GenerateOptions, OptionError
+from stg.core.pipeline import build_workload
+from stg.core.workload import Workload
+from stg.host.registry import load_registry
+from stg.perf.periodic import reduced_problem, replay_periodic
+from stg.perf.replay import Problem, critical_path, problem_from_nodes, replay, unit_breakdown
+from stg.perf.system import load_system
+from stg.predictors.time import predict_time, problem_from_workload
+
+TINY = {"dmodel": 64, "dff": 256, "head": 4, "kvhead": 4, "seq": 32, "dvocal": 128}
+SMALL = {"dmodel": 1024, "dff": 4096, "head": 8, "kvhead": 8, "seq": 512, "dvocal": 128}
+SYSTEM = load_system("a100-80g")
+RELATIVE = 1e-9
+
+
+def _workload(**options: Any) -> Workload:
+    return build_workload(GenerateOptions(**options), load_registry(autoload=False))
+
+
+def _assert_matches_full(problem: Problem, **options: Any) -> bool:
+    """The periodic replay, where it answers, equals the full one; whether it answered."""
+    full = replay(problem, SYSTEM, **options)
+    periodic = replay_periodic(problem, SYSTEM, only_if_cheaper=False, **options)
+    if periodic is None:
+        return False
+    scale = full.iteration_time
+    assert periodic.iteration_time == pytest.approx(full.iteration_time, rel=RELATIVE)
+    for res, breakdown in zip(full.units, periodic.breakdowns, strict=True):
+        exact = unit_breakdown(res, full.iteration_time)
+        assert exact.keys() == breakdown.keys()
+        for key, value in exact.items():
+            assert breakdown[key] == pytest.approx(value, abs=RELATIVE * scale), key
+    path = periodic.critical_path
+    assert path[-1]["end_s"] == pytest.approx(periodic.iteration_time, rel=RELATIVE)
+    # the path's first and last runs do not depend on ties broken along the way
+    exact_path = critical_path(full)
+    assert path[0]["first"] == exact_path[0]["first"]
+    assert path[-1]["last"] == exact_path[-1]["last"]
+    return True
+
+
+SCHEDULES = st.sampled_from(
+    [("1f1b", 1), ("gpipe", 1), ("interleaved", 2)],
+)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    schedule=SCHEDULES,
+    sizes=st.sampled_from([TINY, SMALL]),
+    recompute=st.sampled_from(["none", "selective", "full"]),
+    pp=st.sampled_from([2, 4]),
+    dp=st.sampled_from([1, 2]),
+    tp=st.sampled_from([1, 2]),
+    per_stage=st.integers(1, 4),
+    overlap=st.booleans(),
+    share_links=st.booleans(),
+)
+def test_periodic_replay_equals_the_full_replay(
+    schedule: tuple[str, int],
+    sizes: dict[str, int],
+    recompute: str,
+    pp: int,
+    dp: int,
+    tp: int,
+    per_stage: int,
+    overlap: bool,
+    share_links: bool,
+) -> None:
+    name, chunks = schedule
+    micro_batches = per_stage * pp
+    options: dict[str, Any] = dict(
+        sizes,
+        num_stacks=pp * chunks,
+        pp=pp,
+        dp=dp,
+        tp=tp,
+        batch=micro_batches * dp,
+        micro_batch=dp,
+        pipeline_schedule=name,
+        virtual_stages=chunks,
+        activation_recompute=recompute,
+    )
+    if overlap:
+        options.update(zero=1, overlap_param_gather=dp > 1, tp_comm_overlap=tp > 1)
+    try:
+        workload = _workload(**options)
+    except OptionError:
+        return  # not a valid plan (e.g. interleaving with too few micro-batches)
+    flags = {
+        "overlap_param_gather": bool(options.get("overlap_param_gather")),
+        "tp_comm_overlap": bool(options.get("tp_comm_overlap")),
+        "share_links": share_links,
+    }
+    _assert_matches_full(problem_from_workload(workload, SYSTEM), **flags)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(num_stacks=4, pp=2, dp=1, tp=1, batch=16, micro_batch=1),
+        dict(num_stacks=4, pp=4, dp=1, tp=1, batch=16, micro_batch=1),
+        dict(num_stacks=4, pp=4, dp=1, tp=1, batch=16, micro_batch=1, activation_recompute="full"),
+        dict(
+            num_stacks=8, pp=2, dp=1, tp=1, batch=16, micro_batch=1,
+            pipeline_schedule="interleaved", virtual_stages=2,
+        ),
+    ],
+    ids=["1f1b-pp2", "1f1b-pp4", "1f1b-full-recompute", "interleaved"],
+)  # fmt: skip
+def test_steady_states_that_repeat_are_replayed_once(options: dict[str, Any]) -> None:
+    workload = _workload(**SMALL, **options)
+    assert _assert_matches_full(problem_from_workload(workload, SYSTEM))
+
+
+def test_a_reduced_problem_is_the_schedule_of_fewer_micro_batches() -> None:
+    """The first k micro-batches of a 16-micro-batch workload replay as the workload of k."""
+    base = dict(SMALL, num_stacks=4, pp=4, dp=2, tp=2, micro_batch=2)
+    reduced = reduced_problem(problem_from_workload(_workload(**base, batch=32), SYSTEM), 9)
+    direct = problem_from_workload(_workload(**base, batch=18), SYSTEM)
+    a, b = replay(reduced, SYSTEM), replay(direct, SYSTEM)
+    assert a.iteration_time == pytest.approx(b.iteration_time, rel=1e-12)
+    for x, y in zip(a.units, b.units, strict=True):
+        starts = {n.name: t for n, t in zip(y.unit.nodes, y.start, strict=True)}
+        assert sorted(starts) == sorted(n.name for n in x.unit.nodes)
+        for node, start in zip(x.unit.nodes, x.start, strict=True):
+            assert start == pytest.approx(starts[node.name], rel=1e-12, abs=1e-15), node.name
+
+
+def test_a_problem_without_micro_batches_is_not_extrapolated() -> None:
+    """Nodes without typed attributes (a foreign trace): nothing to align, the full replay."""
+    workload = _workload(**SMALL, num_stacks=4, pp=2, dp=1, tp=1, batch=16, micro_batch=1)
+    bare = {
+        g.rank: [n.__class__(**{**_fields(n), "attrs": {}}) for n in g.nodes()]
+        for g in workload.ranks
+    }
+    assert replay_periodic(problem_from_nodes(bare, workload.comm_groups), SYSTEM) is None
+
+
+def _fields(node: Any) -> dict[str, Any]:
+    return {name: getattr(node, name) for name in node.__slots__}
+
+
+def test_the_time_predictor_extrapolates_unless_exact() -> None:
+    workload = _workload(**SMALL, num_stacks=4, pp=2, dp=2, tp=1, batch=64, micro_batch=2)
+    fast = predict_time(workload, SYSTEM)
+    exact = predict_time(workload, SYSTEM, exact=True)
+    assert fast["replay"]["kind"] == "periodic"
+    assert fast["replay"]["replayed_micro_batches"] < 32
+    assert exact["replay"] == {"kind": "full"}
+    assert fast["iteration_time_s"] == pytest.approx(exact["iteration_time_s"], rel=RELATIVE)
+    assert fast["mfu"] == pytest.approx(exact["mfu"], rel=RELATIVE)
+    assert fast["model_flops"] == exact["model_flops"]
+    for a, b in zip(fast["ranks"], exact["ranks"], strict=True):
+        for key, value in b.items():
+            assert a[key] == pytest.approx(value, rel=RELATIVE, abs=1e-15), key
+
+
+def test_a_timeline_and_explain_replay_every_micro_batch(tmp_path: Any) -> None:
+    workload = _workload(**SMALL, num_stacks=4, pp=2, dp=1, tp=1, batch=32, micro_batch=1)
+    timeline = tmp_path / "t.json"
+    report = predict_time(workload, SYSTEM, timeline=timeline)
+    assert report["replay"] == {"kind": "full"}
+    names = {e["name"] for e in json.loads(timeline.read_text())["traceEvents"]}
+    assert any(name.startswith("mb31/") for name in names)
+    assert predict_time(workload, SYSTEM, explain=True)["replay"] == {"kind": "full"}
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
+    with pytest.raises(SystemExit) as info:
+        main(list(args))
+    out, err = capsys.readouterr()
+    assert not info.value.code, err
+    return json.loads(out)["time"]
+
+
+def test_stg_predict_exact_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["predict", "--predictor", "time", "--json", "--model", "gpt", "--num_stacks", "4"]
+    args += ["--dmodel", "1024", "--dff", "4096", "--head", "8", "--kvhead", "8", "--seq", "512"]
+    args += ["--dvocal", "128", "--pp", "2", "--batch", "32", "--micro_batch", "1"]
+    fast = _cli(capsys, *args)
+    exact = _cli(capsys, *args, "--exact")
+    assert (fast["replay"]["kind"], exact["replay"]["kind"]) == ("periodic", "full")
+    assert fast["iteration_time_s"] == pytest.approx(exact["iteration_time_s"], rel=RELATIVE)
