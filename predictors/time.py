@@ -27,8 +27,6 @@ MFU, critical path, timeline, per device group on hybrid systems).
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -66,7 +64,7 @@ from stg.api import (
     tree_all_reduce_time,
 )
 from stg.api import replay_engine as engine
-from stg.errors import TraceError, UserError, reported_write_faults
+from stg.errors import TraceError, UserError, write_replacing
 
 COMPUTE, COLL, SEND, RECV = engine.COMPUTE, engine.COLL, engine.SEND, engine.RECV
 
@@ -171,20 +169,8 @@ def write_json_atomic(path: str | Path, data: Any) -> None:
         raise UserError(f"cannot write {str(path)!r}: directory {str(path.parent)!r} is missing")
     if path.is_dir():
         raise UserError(f"cannot write {str(path)!r}: it is a directory")
-    with reported_write_faults(path):
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                json.dump(data, handle, separators=(",", ":"))
-                handle.write("\n")
-            # mkstemp creates 0600; a written file gets the mode of any new file (0666 - umask)
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+    text = json.dumps(data, separators=(",", ":")) + "\n"
+    write_replacing(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
 def summarize(

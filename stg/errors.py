@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import errno
-from collections.abc import Iterator
+import os
+import tempfile
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from os import PathLike
+from pathlib import Path
 from typing import TypeGuard
 
 
@@ -65,3 +68,26 @@ def reported_write_faults(path: str | PathLike[str]) -> Iterator[None]:
         if exc.errno not in WRITE_FAULTS:
             raise
         raise output_error(path, exc) from None
+
+
+def write_replacing(
+    path: str | PathLike[str], write: Callable[[Path], object], suffix: str = ".tmp"
+) -> None:
+    """Write one file atomically: ``write(tmp)`` fills a temporary file beside ``path``,
+    which gets a new file's mode (0666 minus the umask; ``mkstemp`` makes 0600) and is renamed
+    over ``path``. On any failure the temporary file is removed and ``path`` is untouched; a
+    :data:`WRITE_FAULTS` error becomes :class:`OutputError` naming ``path``."""
+    target = Path(path)
+    with reported_write_faults(target):
+        handle, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix, dir=target.parent)
+        os.close(handle)
+        tmp = Path(name)
+        try:
+            write(tmp)
+            mask = os.umask(0)
+            os.umask(mask)
+            os.chmod(tmp, 0o666 & ~mask)
+            os.replace(tmp, target)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise

@@ -25,23 +25,9 @@ def _pyplot() -> Any:
 
 def _save(fig: Any, path: str | Path) -> None:
     """Save atomically: into a temporary file beside ``path``, then renamed."""
-    import os
-    import tempfile
+    from stg.errors import write_replacing
 
-    from stg.bench.results import new_file_mode
-    from stg.errors import reported_write_faults
-
-    target = Path(path)
-    with reported_write_faults(target):
-        handle, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".png", dir=target.parent)
-        os.close(handle)
-        try:
-            fig.savefig(tmp, dpi=120, format="png")
-            os.chmod(tmp, new_file_mode())
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+    write_replacing(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"), suffix=".png")
 
 
 def roofline_plot(records: Iterable[Mapping[str, Any]], path: str | Path, title: str = "") -> int:

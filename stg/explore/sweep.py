@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stg.errors import UserError, reported_write_faults
+from stg.errors import UserError, write_replacing
 
 EXPLORE_EXTRA = "pip install 'symbolic-tensor-graph[explore]'"
 ROWS_FILE = "rows.jsonl"
@@ -524,21 +524,6 @@ def read_rows(path: Path) -> dict[str, dict[str, Any]]:
     return rows
 
 
-def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    with reported_write_faults(path):
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        os.close(fd)
-        try:
-            write(Path(tmp))
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-
-
 def columns_of(rows: Sequence[Mapping[str, Any]], first: Sequence[str]) -> list[str]:
     """``first``, then result columns, explain parts, simulator columns: stable order."""
     seen = dict.fromkeys(first)
@@ -564,7 +549,7 @@ def write_table(
             writer.writerow([_cell(row.get(c)) for c in columns])
         tmp.write_text(buffer.getvalue(), encoding="utf-8")
 
-    _atomic_write(out / CSV_FILE, write_csv)
+    write_replacing(out / CSV_FILE, write_csv)
     written.append(out / CSV_FILE)
     if parquet:
         pa = need("pyarrow", "the Parquet table")
@@ -576,7 +561,7 @@ def write_table(
         def write_parquet(tmp: Path) -> None:
             pq.write_table(table, tmp)
 
-        _atomic_write(out / PARQUET_FILE, write_parquet)
+        write_replacing(out / PARQUET_FILE, write_parquet)
         written.append(out / PARQUET_FILE)
     return written
 

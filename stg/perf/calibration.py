@@ -37,15 +37,13 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import os
 import statistics
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stg.errors import UserError, reported_write_faults
+from stg.errors import UserError, write_replacing
 from stg.perf.kernel_time import (
     ATTENTION_BACKWARD_WORK,
     DTYPE_BYTES,
@@ -531,20 +529,8 @@ def load_calibration(path: str | Path) -> Calibration:
 
 def write_calibration(table: Calibration, path: str | Path) -> None:
     """Write the table atomically (a temporary file beside ``path``, then renamed)."""
-    target = Path(path)
-    with reported_write_faults(target):
-        handle, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-        try:
-            with os.fdopen(handle, "w", encoding="utf-8") as f:
-                json.dump(table.as_dict(), f, indent=1)
-                f.write("\n")
-            mask = os.umask(0)  # mkstemp makes 0600; a new file gets 0666 minus the umask
-            os.umask(mask)
-            os.chmod(tmp, 0o666 & ~mask)
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+    text = json.dumps(table.as_dict(), indent=1) + "\n"
+    write_replacing(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
 __all__ = [
