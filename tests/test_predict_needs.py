@@ -4,7 +4,6 @@ predictors that need it; options-only ones (analytical, plugins) answer without 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -53,13 +52,11 @@ def test_needs_is_checked_when_registered() -> None:
 
 
 def test_analytical_predicts_the_175b_case_without_building_it(no_full_build: None) -> None:
-    runner.invoke(app, ["predict", "--predictor", "analytical", "--json", "--model", "gpt"])
-    start = time.process_time()
+    # no_full_build makes building the 1,024-rank workload fail; its cost is measured by
+    # benchmarks/startup.py, not timed here
     report = _report(["predict", "--predictor", "analytical", "--json", *GPT3_1024])
-    seconds = time.process_time() - start
     assert report["analytical"]["world_size"] == 1024
     assert report["analytical"]["iteration_time_s"] > 0
-    assert seconds < 1.0, f"{seconds:.2f} CPU s"
 
 
 def test_plugin_predictor_of_options_is_never_handed_a_workload(

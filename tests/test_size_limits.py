@@ -4,7 +4,7 @@ memory left, and a MemoryError as one line."""
 from __future__ import annotations
 
 import json
-import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -38,11 +38,8 @@ def test_a_huge_stack_is_refused_at_once_without_building(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     out_dir = tmp_path / "out"
-    started = time.perf_counter()
     code, out, err = run(capsys, "generate", "--num_stacks", 10**9, "--output_dir", out_dir)
-    elapsed = time.perf_counter() - started
     assert code == 2
-    assert elapsed < 2.0
     assert err.startswith("error: this workload needs about ") and err.count("\n") == 1
     assert "available" in err and "--max-nodes" in err and "--num_stacks" in err
     assert "Traceback" not in err and out == ""
@@ -111,12 +108,14 @@ def test_the_estimate_bounds_the_nodes_built(plan: dict[str, object]) -> None:
     assert size.memory_bytes > size.templates * 100 and size.disk_bytes > size.nodes * 10
 
 
-def test_a_stack_of_a_billion_layers_is_estimated_in_a_moment() -> None:
+def test_a_stack_of_a_billion_layers_is_estimated_in_little_memory() -> None:
     registry = load_registry()
     options = GenerateOptions(model="llama", num_stacks=10**9, pp=4, batch=8, micro_batch=1)
-    started = time.perf_counter()
+    tracemalloc.start()
     size = estimate_size(options, registry)
-    assert time.perf_counter() - started < 2.0
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < 64 << 20  # runs of layer kinds, not a tuple of 10^9 names (8 GB)
     one_layer = estimate_size(GenerateOptions(model="llama", num_stacks=4, pp=4, batch=8,
                                               micro_batch=1), registry)  # fmt: skip
     assert size.nodes > 10**8 * one_layer.nodes
