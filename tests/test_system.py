@@ -63,7 +63,7 @@ def test_coordinates_innermost_first() -> None:
 
 
 def test_unknown_name_lists_presets() -> None:
-    with pytest.raises(UnknownNameError, match="allowed: a10-24g, a100-40g, a100-80g, h100-80g"):
+    with pytest.raises(UnknownNameError, match="allowed: a10-24g, a100-40g, a100-80g, b200-180g"):
         load_system("tpu-v9")
 
 

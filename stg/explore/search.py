@@ -128,7 +128,8 @@ def plans(base: GenerateOptions, gpus: int, space: SearchSpace) -> list[Generate
     """Every combination of the space whose degrees multiply to ``gpus`` (unchecked)."""
     tps = space.tp or [t for t in powers_of_two_upto(min(gpus, 8))]
     pps = space.pp or [p for p in divisors(gpus) if p <= base.num_stacks]
-    moe = base.model.lower().startswith("moe")
+    name = base.model.lower()
+    moe = name.startswith("moe") or name == "deepseek"  # models with routed experts
     eps = space.ep or ([e for e in divisors(gpus) if base.experts % e == 0] if moe else [1])
     out = []
     for tp, pp, sp, ep in itertools.product(tps, pps, space.sp, eps):

@@ -18,7 +18,13 @@ from stg.core.symbolic import DROPOUT_FLOPS
 from stg.core.workload import MICRO_BATCH_ATTR, STEP_ATTR, CollectiveType, Role, node_role
 from stg.perf import comm_time
 from stg.perf.calibration import Calibration
-from stg.perf.kernel_time import attention_time, gemm_time, memory_bound_time, memory_kind
+from stg.perf.kernel_time import (
+    attention_kernel_for,
+    attention_time,
+    gemm_time,
+    memory_bound_time,
+    memory_kind,
+)
 from stg.perf.kernels import KernelTable, is_cast, kernel_name
 from stg.perf.system import System, normalize_dtype, op_class
 
@@ -43,12 +49,11 @@ the parameter, gradient and both moments once and writes three of them: 28 B. Th
 
 
 def attention_impl(profile: str, system: System) -> str:
-    """The fused attention kernel a training stack runs: Megatron with Transformer Engine uses
-    cuDNN's fused attention on Hopper and FlashAttention-2 on Ampere; eager PyTorch's SDPA
-    runs FlashAttention-2."""
-    if profile == "megatron" and system.arch == "hopper":
-        return "cudnn"
-    return "flash2"
+    """The fused attention kernel a training stack runs on the system's architecture
+    (:func:`stg.perf.kernel_time.attention_kernel_for`): Megatron with Transformer Engine uses
+    cuDNN's fused attention on Hopper and Blackwell, FlashAttention-2 on Ampere, AITER's on
+    AMD; eager PyTorch's SDPA runs FlashAttention-2 (Composable Kernel's on AMD)."""
+    return attention_kernel_for(system.arch, profile)
 
 
 def native_fp8(system: System, kind: str, dtype: str) -> bool:

@@ -1,4 +1,4 @@
-"""System presets of the GPUs that hybrid clusters mix: V100, T4, A10, L4 and A100 40GB.
+"""System presets of the GPUs that hybrid clusters mix: V100, T4, A10, L4, L40S and A100 40GB.
 
 Each preset is a one-node system in the JSON form of :mod:`stg.perf.system` (a GPU, its
 node's link as the first network dimension, and the network between nodes as the second),
@@ -16,6 +16,12 @@ usable alone (``--system t4-16g``) or as the device of a group in a hybrid syste
   bf16/fp16, 250 TOPS int8; 24 GB GDDR6 at 600 GB/s; PCIe 4.0 x16 (~32 GB/s per direction).
 - L4: NVIDIA L4 data sheet (2023): 58 SMs at 2040 MHz boost; 30.3 fp32, 60 tf32, 121
   bf16/fp16, 242 fp8, 242 TOPS int8; 24 GB GDDR6 at 300 GB/s; PCIe 4.0 x16.
+- L40S: NVIDIA L40S data sheet (2023): 568 fourth-generation tensor cores (142 SMs, four each)
+  and 18,176 CUDA cores; 91.6 TFLOP/s fp32, 183 tf32, 362.05 bf16/fp16, 733 fp8, 733 TOPS
+  int8 (dense; the data sheet's "with sparsity" figures are twice these); 48 GB GDDR6 at
+  864 GB/s; PCIe 4.0 x16 (64 GB/s bidirectional); 350 W. The peaks are 142 SMs x 1,024
+  dense 16-bit tensor FLOP per SM per clock (Ada's fourth-generation tensor core, NVIDIA
+  Ada Lovelace architecture whitepaper) at 2.49 GHz. Servers hold 8 (NVIDIA L40S OVX).
 - A100 SXM4 40GB: NVIDIA A100 data sheet: as the 80GB (108 SMs at 1410 MHz, 312 bf16, 624
   int8) with 40 GB HBM2 at 1555 GB/s.
 
@@ -157,6 +163,39 @@ DEVICE_PRESETS: dict[str, dict[str, Any]] = {
         "arch": "ada",
         **_EFFICIENCY,
         "network": [{**_pcie(32), "size": 4}, _between_nodes(4)],
+    },
+    "l40s-48g": {
+        "name": "l40s-48g",
+        "description": "NVIDIA L40S 48GB: 8 GPUs per node on PCIe 4.0 x16, 100 Gb/s per node",
+        "peak_tflops": {
+            "fp32": 91.6,
+            "tf32": 183,
+            "bf16": 362.05,
+            "fp16": 362.05,
+            "fp8": 733,
+            "int8": 733,
+        },
+        "hbm_gbps": 864,
+        "hbm_gib": 48,
+        "sm_count": 142,
+        "peak_clock_ghz": 2.49,
+        "sustained_clock_ghz": 2.49,
+        "tdp_w": 350,  # L40S data sheet: 350 W
+        "arch": "ada",
+        **_EFFICIENCY,
+        "network": [{**_pcie(32), "size": 8}, _between_nodes(8)],
+        "sources": {
+            "peak_tflops": "NVIDIA L40S data sheet (2023): FP32 91.6, TF32 183, BF16/FP16 "
+            "362.05, FP8 733 TFLOPS, INT8 733 TOPS (dense)",
+            "hbm": "NVIDIA L40S data sheet: 48 GB GDDR6 at 864 GB/s",
+            "sm_count": "NVIDIA L40S data sheet: 568 tensor cores, four per SM",
+            "peak_clock_ghz": "362.05 TFLOP/s / (142 SMs x 1,024 dense 16-bit FLOP per SM "
+            "per clock, Ada Lovelace architecture whitepaper)",
+            "sustained_clock_ghz": "no measurement: the clock of the data sheet's peaks (data "
+            "sheet only)",
+            "tdp_w": "NVIDIA L40S data sheet: 350 W",
+            "network": "NVIDIA L40S data sheet: PCIe Gen4 x16, 64 GB/s bidirectional; no NVLink",
+        },
     },
     "a100-40g": {
         "name": "a100-40g",

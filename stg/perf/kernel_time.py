@@ -150,6 +150,78 @@ FUSED_ATTENTION["ada"] = FUSED_ATTENTION["ampere"]
 # :func:`attention_time` price every fused request on them as unfused.
 FUSED_ATTENTION["volta"] = {}
 FUSED_ATTENTION["turing"] = {}
+# Blackwell (B200, B300, GB200, GB300; sm_100): no kernel measurement at hand, so the fractions
+# are of the data-sheet peak at the data-sheet clock (these presets' sustained clock), from
+# published bf16 runs on a B200 (2,250 TFLOP/s dense):
+# - flash4 (FlashAttention-4, CuTe-DSL): 1,605 TFLOP/s forward at d 128, "71 % utilization"
+#   (Zadouri et al. 2026, arXiv:2603.05451, and together.ai/blog/flashattention-4); about
+#   1,200 at d 64, sequence >= 8k (Dao-AILab/flash-attention pull request #2605, its FA4
+#   column).
+# - cudnn (cuDNN's fused attention, what Transformer Engine runs on sm_100): FA4 is "up to
+#   1.3x faster than cuDNN 9.13" at d 128 (the same paper): 1,235 TFLOP/s; about 1,150 at d 64,
+#   sequence >= 8k (pull request #2605, its cuDNN column).
+# - flash2 (FlashAttention-2, PyTorch SDPA's flash backend: its sm_80 code on sm_100): cuDNN's
+#   SDPA ran a 506k-token attention 2.86x faster (546.8 -> 191.2 ms, B200;
+#   sgl-project/sglang pull request #33655), so cuDNN's fractions / 2.86.
+# No backward figure at hand for any of them: each backward is its forward times the
+# backward-over-forward ratio measured for cuDNN on Hopper (0.658/0.822 at d 128, 0.554/0.606
+# at d 64, H100 data). Overheads as measured on Hopper.
+_HOPPER_BACKWARD_RATIO = {64: 0.554 / 0.606, 128: 0.658 / 0.822}
+
+
+def _with_hopper_backward(forward: dict[int, float]) -> dict[int, tuple[float, float]]:
+    return {d: (f, f * _HOPPER_BACKWARD_RATIO[d]) for d, f in forward.items()}
+
+
+_BLACKWELL_CUDNN = {64: 1150 / 2250, 128: 1235 / 2250}
+FUSED_ATTENTION["blackwell"] = {
+    "flash4": AttentionKernel(
+        "flash4", _with_hopper_backward({64: 1200 / 2250, 128: 1605 / 2250}), (1e-6, 8e-6)
+    ),
+    "cudnn": AttentionKernel("cudnn", _with_hopper_backward(_BLACKWELL_CUDNN), (1e-6, 8e-6)),
+    "flash2": AttentionKernel(
+        "flash2",
+        _with_hopper_backward({d: f / 2.86 for d, f in _BLACKWELL_CUDNN.items()}),
+        (1e-6, 16e-6),
+    ),
+}
+# CDNA 3 (MI300X, MI325X; gfx942) and CDNA 4 (MI355X; gfx950): AMD's fused attention is
+# Composable Kernel's (``ck``: flash-attn's ROCm backend, PyTorch SDPA's) and AITER's hand-written
+# assembly kernels (``aiter``: what Transformer Engine on ROCm and Megatron-LM's ROCm builds
+# run). No kernel measurement at hand; the one published absolute figure: on an MI355X the
+# best kernels (AITER's assembly, HipKittens) run d 128 forward at twice Mojo's 430 TFLOP/s
+# (B 16, H 16, N 2048; HazyResearch, "HipKittens", 2025-11-09, arXiv:2511.08083): 860 of
+# 2,517 TFLOP/s, 0.34. CK and AITER get that fraction on both generations (the same kernel
+# families; N 2048 is short, so the fraction is low for long sequences), d 64 the same;
+# backward by the Hopper ratio, as for Blackwell.
+_CDNA_EFFICIENCY = _with_hopper_backward({64: 0.34, 128: 0.34})
+FUSED_ATTENTION["cdna3"] = {
+    "aiter": AttentionKernel("aiter", _CDNA_EFFICIENCY, (1e-6, 16e-6)),
+    "ck": AttentionKernel("ck", _CDNA_EFFICIENCY, (1e-6, 16e-6)),
+}
+FUSED_ATTENTION["cdna4"] = FUSED_ATTENTION["cdna3"]
+
+ATTENTION_CHOICE: dict[str, dict[str, str]] = {
+    "hopper": {"megatron": "cudnn", "eager": "flash2"},
+    "ampere": {"megatron": "flash2", "eager": "flash2"},
+    "ada": {"megatron": "flash2", "eager": "flash2"},
+    "blackwell": {"megatron": "cudnn", "eager": "flash2"},
+    "cdna3": {"megatron": "aiter", "eager": "ck"},
+    "cdna4": {"megatron": "aiter", "eager": "ck"},
+}
+"""The fused attention kernel each training stack runs per architecture: Megatron-LM with
+Transformer Engine runs cuDNN's fused attention on Hopper and Blackwell (TE's backend
+preference on sm_90 and sm_100), FlashAttention-2 on Ampere and Ada, AITER's kernels on ROCm
+(TE's ROCm fused attention); eager PyTorch's SDPA runs its flash backend (FlashAttention-2 on
+NVIDIA, Composable Kernel's on ROCm). Volta and Turing have no fused kernel (unfused)."""
+
+
+def attention_kernel_for(arch: str, profile: str) -> str:
+    """The fused attention kernel that ``profile`` (``megatron``, ``eager``) runs on ``arch``:
+    :data:`ATTENTION_CHOICE`; ``flash2`` where the architecture has no entry (Volta and
+    Turing price it unfused, having no fused kernel)."""
+    return ATTENTION_CHOICE.get(arch, {}).get(profile, "flash2")
+
 
 UNFUSED_SCORE_BYTES: dict[str, tuple[float, float]] = {
     "forward": (39.0, 0.22),
@@ -185,7 +257,7 @@ class Gpu:
     peak_flops: dict[str, float]
     hbm_bandwidth: float
     arch: str = "hopper"
-    """the GPU generation whose measured attention kernels apply (``hopper``, ``ampere``)"""
+    """the GPU generation whose attention kernels apply (a key of :data:`FUSED_ATTENTION`)"""
     stream_efficiency: float = STREAM_EFFICIENCY
     """fraction of ``hbm_bandwidth`` that streaming kernels reach"""
 
@@ -254,7 +326,7 @@ def gemm_time(
     return max(best, gpu.stream_time(memory))
 
 
-AttentionImpl = Literal["flash2", "cudnn", "unfused"]
+AttentionImpl = Literal["flash2", "flash4", "cudnn", "ck", "aiter", "unfused"]
 
 
 def attention_flops(

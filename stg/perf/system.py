@@ -23,13 +23,17 @@ A system is a JSON object (stdlib ``json``; no YAML dependency). Units are in th
 
 - ``peak_tflops``: dense (not 2:4-sparse) peak per dtype, in 10^12 operations per second.
   A dtype without hardware support (fp8 on A100) lists the rate its kernels actually run at.
+  ``fp6`` and ``fp4`` are optional: only GPUs whose tensor cores have them (Blackwell,
+  CDNA 4) list them.
 - ``hbm_gbps`` (10^9 B/s) and ``hbm_gib`` (2^30 B): device memory bandwidth and capacity.
 - ``compute_efficiency``: the fraction of peak a compute-bound op of that class sustains;
   ``memory_efficiency`` the fraction of ``hbm_gbps`` a memory-bound op sustains;
   ``kernel_overhead_us``: fixed cost per compute op (launch and tail).
 - ``sm_count``, ``peak_clock_ghz`` (the clock the tensor-core peaks are computed at),
   ``sustained_clock_ghz`` (the SM clock under sustained tensor-core load) and ``arch``
-  (``hopper``, ``ampere``, ``ada``, ``turing`` or ``volta``: whose attention kernels apply)
+  (``blackwell``, ``hopper``, ``ampere``, ``ada``, ``turing``, ``volta``, or AMD's
+  ``cdna3`` and ``cdna4``: whose attention kernels apply; ``sm_count`` counts AMD's compute
+  units)
   describe the GPU for the kernel models of :mod:`stg.perf.kernel_time`; an H100 SXM's
   values where omitted.
 - ``tdp_w`` (W): the board power (data-sheet TDP) at which ``sustained_clock_ghz`` holds;
@@ -40,11 +44,16 @@ A system is a JSON object (stdlib ``json``; no YAML dependency). Units are in th
   ``bandwidth_gbps`` is per GPU per direction (10^9 B/s); ``latency_us`` the per-step latency
   (alpha); ``efficiency`` the fraction of bandwidth collectives achieve. Global rank ``r``
   sits at coordinate ``r % size0`` of the first dimension, ``(r // size0) % size1`` of the
-  second, and so on.
+  second, and so on. The first dimension is the scale-up domain (an NVLink node of 8, a
+  rack-scale NVLink domain of 72): ranks fill it first.
+- ``sources`` (optional): where each figure comes from, by key (presets cite their data
+  sheets here; ``stg inspect system NAME --json`` shows them).
 
 Built-in presets: ``a100-80g``, ``h100-80g``, ``h200-141g``, ``h800-80g``, and the GPUs of
-hybrid clusters ``v100-32g``, ``t4-16g``, ``a10-24g``, ``l4-24g``, ``a100-40g``
-(:mod:`stg.perf.devices`). A file with ``groups`` describes a hybrid cluster
+hybrid clusters ``v100-32g``, ``t4-16g``, ``a10-24g``, ``l4-24g``, ``l40s-48g``, ``a100-40g``
+(:mod:`stg.perf.devices`), ``h20-96g``, and the accelerators of 2025-26 ``b200-180g``,
+``b300-288g``, ``gb200-nvl72``, ``gb300-nvl72``, ``mi300x-192g``, ``mi325x-256g``,
+``mi355x-288g`` (:mod:`stg.perf.accelerators`). A file with ``groups`` describes a hybrid cluster
 (:mod:`stg.perf.hybrid`). :func:`load_system` accepts a preset name or the path of a JSON file.
 """
 
@@ -58,6 +67,7 @@ from pathlib import Path
 from typing import Any
 
 from stg.errors import UnknownNameError, UserError
+from stg.perf.accelerators import ACCELERATOR_PRESETS
 from stg.perf.comm_time import LINKS
 from stg.perf.devices import DEVICE_PRESETS
 from stg.perf.kernel_time import FUSED_ATTENTION, Gpu
@@ -65,6 +75,10 @@ from stg.perf.power import MIN_POWER_LIMIT_FRACTION, clock_under_power_limit
 
 DTYPES: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8")
 """Dtypes a system must give a peak rate for."""
+
+LOW_PRECISION_DTYPES: tuple[str, ...] = ("fp6", "fp4")
+"""Dtypes a system may give a peak rate for: those of GPUs whose tensor cores have them
+(Blackwell, CDNA 4); a system without one has no such rate."""
 
 OP_CLASSES: tuple[str, ...] = ("gemm", "attention", "other")
 """Op classes with their own compute efficiency (see :func:`op_class`)."""
@@ -133,6 +147,8 @@ class System:
     arch: str = "hopper"
     tdp_w: float = 700.0
     power_limit_w: float | None = None
+    sources: Mapping[str, str] = field(default_factory=dict)
+    """where each figure comes from, by key (a preset's data sheets)"""
 
     @property
     def clock_ghz(self) -> float:
@@ -162,8 +178,18 @@ class System:
         )
 
     def peak(self, dtype: str | None) -> float:
-        """Dense peak operations per second for ``dtype`` (``None`` means bf16)."""
-        return self.peak_flops[normalize_dtype(dtype or "bf16")]
+        """Dense peak operations per second for ``dtype`` (``None`` means bf16); ``fp6`` and
+        ``fp4`` where the GPU has them."""
+        name = (dtype or "bf16").lower()
+        if name in LOW_PRECISION_DTYPES:
+            if name not in self.peak_flops:
+                have = [d for d in LOW_PRECISION_DTYPES if d in self.peak_flops]
+                raise UnknownNameError(
+                    f"system {self.name!r} has no {name} tensor cores; its dtypes: "
+                    + ", ".join([*DTYPES, *have])
+                )
+            return self.peak_flops[name]
+        return self.peak_flops[normalize_dtype(name)]
 
     def coordinates(self, rank: int) -> tuple[int, ...]:
         """The coordinate of global rank ``rank`` along each network dimension."""
@@ -189,7 +215,11 @@ class System:
         return {
             "name": self.name,
             "description": self.description,
-            "peak_tflops": {d: _num(self.peak_flops[d] / 1e12) for d in DTYPES},
+            "peak_tflops": {
+                d: _num(self.peak_flops[d] / 1e12)
+                for d in (*DTYPES, *LOW_PRECISION_DTYPES)
+                if d in self.peak_flops
+            },
             "hbm_gbps": _num(self.hbm_bandwidth / 1e9),
             "hbm_gib": _num(self.hbm_capacity / 2**30),
             "compute_efficiency": {c: self.compute_efficiency[c] for c in OP_CLASSES},
@@ -212,6 +242,7 @@ class System:
                 }
                 for d in self.network
             ],
+            **({"sources": dict(self.sources)} if self.sources else {}),
         }
 
 
@@ -433,9 +464,51 @@ PRESETS["h800-80g"] = {
     ],
 }
 
-# The GPUs of hybrid clusters (v100-32g, t4-16g, a10-24g, l4-24g, a100-40g): data sheets cited
-# in stg.perf.devices.
+# NVIDIA H20 (HGX H20, sold in China), which people serve on: the H100's GH100 die cut to 78 SMs
+# and a quarter of its tensor rate, on the HGX H100 baseboard (NVLink 4 with NVLink SHARP, as
+# NVIDIA/nccl issue #1244 ran NVLS on 16 H20s with one ConnectX-7 NIC per GPU). No public
+# NVIDIA data sheet; figures as NVIDIA's partners published them.
+PRESETS["h20-96g"] = {
+    **PRESETS["h100-80g"],
+    "name": "h20-96g",
+    "description": "NVIDIA HGX H20 96GB: 8 GPUs per node (NVLink 4, 450 GB/s per direction), "
+    "one 400 Gb/s NIC per GPU",
+    "peak_tflops": {
+        "fp32": 44,
+        "tf32": 74,
+        "bf16": 148,
+        "fp16": 148,
+        "fp8": 296,
+        "int8": 296,
+    },
+    "hbm_gbps": 4000,
+    "hbm_gib": 96,
+    "sm_count": 78,
+    "peak_clock_ghz": 1.98,
+    "sustained_clock_ghz": 1.98,
+    "tdp_w": 400,
+    "sources": {
+        "peak_tflops": "NVIDIA H20 specifications as reported by SemiAnalysis ('Nvidia's New "
+        "China AI Chips Circumvent US Restrictions', 2023-11-09): FP8 296, FP16/BF16 148, TF32 "
+        "74, FP32 44 TFLOPS, INT8 296 TOPS (dense)",
+        "hbm": "the same report: 96 GB HBM3 at 4.0 TB/s",
+        "sm_count": "78 SMs (Geekbench 6 listing of an H20, reported by Wccftech, 2024)",
+        "peak_clock_ghz": "the GH100's 1.98 GHz boost clock (H100 SXM data sheet)",
+        "sustained_clock_ghz": "no measurement: the boost clock (data sheet only); at 400 W "
+        "and a quarter of the H100's tensor rate the H20 is not expected to throttle",
+        "tdp_w": "the same report: 400 W",
+        "network": "HGX H20: NVLink 4 at 900 GB/s bidirectional (the same report), NVLink "
+        "SHARP (NVIDIA/nccl issue #1244); the h100-80g preset's fabric",
+    },
+}
+
+# The GPUs of hybrid clusters (v100-32g, t4-16g, a10-24g, l4-24g, l40s-48g, a100-40g): data
+# sheets cited in stg.perf.devices.
 PRESETS.update(DEVICE_PRESETS)
+# Blackwell (HGX B200/B300, GB200/GB300 NVL72) and AMD Instinct MI300X/MI325X/MI355X: data
+# sheets cited in each preset's sources (stg.perf.accelerators).
+PRESETS.update(ACCELERATOR_PRESETS)
+
 
 def preset_names() -> tuple[str, ...]:
     return tuple(sorted(PRESETS))
@@ -480,6 +553,7 @@ KNOWN_KEYS = frozenset(
         "arch",
         "tdp_w",
         "power_limit_w",
+        "sources",
     }
 )
 NETWORK_KEYS = frozenset(
@@ -509,13 +583,15 @@ def system_from_dict(data: object, source: str = "system") -> System:
             raise SystemDescriptionError(f"{source}: missing key {key!r}")
     peaks = _mapping(f"{source}: peak_tflops", data["peak_tflops"])
     missing = [d for d in DTYPES if d not in peaks]
-    extra = sorted(set(peaks) - set(DTYPES))
+    extra = sorted(set(peaks) - set(DTYPES) - set(LOW_PRECISION_DTYPES))
     if missing or extra:
         raise SystemDescriptionError(
-            f"{source}: peak_tflops must give exactly the dtypes {', '.join(DTYPES)}"
+            f"{source}: peak_tflops must give exactly the dtypes {', '.join(DTYPES)} "
+            f"(and {' and '.join(LOW_PRECISION_DTYPES)} where the GPU has them)"
             + (f" (missing {', '.join(missing)})" if missing else f" (unknown {extra[0]})")
         )
-    peak_flops = {d: _positive(f"{source}: peak_tflops.{d}", peaks[d]) * 1e12 for d in DTYPES}
+    given = [d for d in (*DTYPES, *LOW_PRECISION_DTYPES) if d in peaks]
+    peak_flops = {d: _positive(f"{source}: peak_tflops.{d}", peaks[d]) * 1e12 for d in given}
     efficiency_in = _mapping(f"{source}: compute_efficiency", data.get("compute_efficiency", {}))
     extra = sorted(set(efficiency_in) - set(OP_CLASSES))
     if extra:
@@ -574,8 +650,20 @@ def system_from_dict(data: object, source: str = "system") -> System:
             f"{source}: kernel_overhead_us", data.get("kernel_overhead_us", 0), allow_zero=True
         )
         * 1e-6,
+        sources=_sources(data.get("sources", {}), source),
         **_gpu_fields(data, source),
     )
+
+
+def _sources(value: object, source: str) -> dict[str, str]:
+    """The optional ``sources``: a JSON object of text by key."""
+    sources = _mapping(f"{source}: sources", value)
+    for key, text in sources.items():
+        if not isinstance(text, str):
+            raise SystemDescriptionError(
+                f"{source}: sources.{key} must be text, got {type(text).__name__}"
+            )
+    return dict(sources)
 
 
 def _network_fields(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
