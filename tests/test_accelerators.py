@@ -143,6 +143,13 @@ def test_fp4_and_fp6_peaks_only_where_the_gpu_has_them() -> None:
         system_from_dict(data)
 
 
+def test_inspect_system_names_the_sources_and_every_peak() -> None:
+    result = runner.invoke(app, ["inspect", "system", "b200-180g"], env={"COLUMNS": "300"})
+    assert result.exit_code == 0, result.output
+    assert "fp8 4500 / int8 4500 / fp6 4500 / fp4 9000 TFLOP/s (dense)" in result.stdout
+    assert "source of sustained_clock_ghz: no measurement" in result.stdout
+
+
 SMALL = ["--num_stacks", "2", "--seq", "512"]
 
 

@@ -363,12 +363,13 @@ def system(
     console = Console(highlight=False)
     if not is_hybrid(loaded):
         console.print(f"{loaded.name}: {loaded.description}")
+        peaks = " / ".join(f"{dtype} {rate}" for dtype, rate in data["peak_tflops"].items())
         console.print(
-            f"fp32 {data['peak_tflops']['fp32']} / fp16 {data['peak_tflops']['fp16']} / "
-            f"bf16 {data['peak_tflops']['bf16']} / int8 {data['peak_tflops']['int8']} TFLOP/s, "
-            f"{data['hbm_gbps']} GB/s, {data['hbm_gib']} GiB, {loaded.sm_count} SMs, "
-            f"{loaded.arch}"
+            f"{peaks} TFLOP/s (dense), {data['hbm_gbps']} GB/s, {data['hbm_gib']} GiB, "
+            f"{loaded.sm_count} SMs, {loaded.arch}"
         )
+        for key, source in loaded.sources.items():
+            console.print(f"source of {key}: {source}")
         return
     groups = Table(title=f"device groups of {loaded.name}", title_justify="left")
     for column in ("group", "device", "nodes x GPUs", "node link", "fp16 TFLOP/s", "memory"):
