@@ -311,3 +311,16 @@ def test_search_enumerates_expert_parallelism_for_deepseek() -> None:
     base = GenerateOptions(model="deepseek", experts=64, num_stacks=4, batch=64)
     eps = {o.ep for o in plans(base, 64, SearchSpace(tp=[1], pp=[1]))}
     assert 64 in eps and 1 in eps
+
+
+def test_search_widens_tensor_parallelism_to_the_nvlink_domain() -> None:
+    from stg.explore.search import SearchSpace, plans, scale_up_size
+
+    assert scale_up_size(load_system("gb200-nvl72")) == 72
+    assert scale_up_size(load_system("h100-80g")) == 8
+    assert scale_up_size(load_system("t4-16g")) == 4
+    base = GenerateOptions(model="llama", num_stacks=4, batch=64)
+    space = SearchSpace(pp=[1], recompute=["none"], sharding=["0"])
+    assert {o.tp for o in plans(base, 64, space, scale_up=72)} == {1, 2, 4, 8, 16, 32, 64}
+    assert {o.tp for o in plans(base, 64, space, scale_up=8)} == {1, 2, 4, 8}
+    assert {o.tp for o in plans(base, 64, space, scale_up=4)} == {1, 2, 4, 8}  # as before

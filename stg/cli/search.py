@@ -140,7 +140,12 @@ def _own_parameters() -> list[inspect.Parameter]:
             ),
             annotation=Optional[str],  # noqa: UP045
         ),
-        _axis("tp_values", "--tp", "Tensor-parallel degrees (default: powers of two up to 8)."),
+        _axis(
+            "tp_values",
+            "--tp",
+            "Tensor-parallel degrees (default: powers of two up to 8, or up to the system's "
+            "NVLink domain where larger: 64 on an NVL72).",
+        ),
         _axis("pp_values", "--pp", "Pipeline degrees (default: divisors of the GPU count)."),
         _axis("cp_values", "--cp", "Context-parallel degrees (default: 1)."),
         _axis("ep_values", "--ep", "Expert-parallel degrees (default: 1; MoE: divisors)."),

@@ -124,9 +124,13 @@ def powers_of_two_upto(n: int) -> list[int]:
     return out
 
 
-def plans(base: GenerateOptions, gpus: int, space: SearchSpace) -> list[GenerateOptions]:
-    """Every combination of the space whose degrees multiply to ``gpus`` (unchecked)."""
-    tps = space.tp or [t for t in powers_of_two_upto(min(gpus, 8))]
+def plans(
+    base: GenerateOptions, gpus: int, space: SearchSpace, scale_up: int = 8
+) -> list[GenerateOptions]:
+    """Every combination of the space whose degrees multiply to ``gpus`` (unchecked). Tensor
+    parallelism defaults to powers of two up to 8, or up to ``scale_up`` (the GPUs of the
+    system's NVLink domain) where that is larger: an NVL72 rack holds tp 16 to 64 on NVLink."""
+    tps = space.tp or [t for t in powers_of_two_upto(min(gpus, max(8, scale_up)))]
     pps = space.pp or [p for p in divisors(gpus) if p <= base.num_stacks]
     name = base.model.lower()
     moe = name.startswith("moe") or name == "deepseek"  # models with routed experts
@@ -177,6 +181,13 @@ def plans(base: GenerateOptions, gpus: int, space: SearchSpace) -> list[Generate
                     )
                 )
     return out
+
+
+def scale_up_size(system: Any) -> int:
+    """The GPUs of the system's scale-up domain (its first network dimension: 8 on an HGX
+    node, 72 on an NVL72 rack); 8 for a system without one (a hybrid cluster)."""
+    network = getattr(system, "network", None)
+    return network[0].size if network and network[0].size else 8
 
 
 def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -350,7 +361,7 @@ def _search(
             return None
         return lambda done, total: progress(stage, done, total)
 
-    everything = plans(base, gpus, space)
+    everything = plans(base, gpus, space, scale_up=scale_up_size(system))
     pruned: Counter[str] = Counter()
     feasible: list[tuple[GenerateOptions, dict[str, Any]]] = []
     checked = runner.map(_check_plans, work, everything, report("closed forms"))
