@@ -153,13 +153,11 @@ FUSED_ATTENTION["turing"] = {}
 # Blackwell (B200, B300, GB200, GB300; sm_100): no kernel measurement at hand, so the fractions
 # are of the data-sheet peak at the data-sheet clock (these presets' sustained clock), from
 # published bf16 runs on a B200 (2,250 TFLOP/s dense):
-# - flash4 (FlashAttention-4, CuTe-DSL): 1,605 TFLOP/s forward at d 128, "71 % utilization"
-#   (Zadouri et al. 2026, arXiv:2603.05451, and together.ai/blog/flashattention-4); about
-#   1,200 at d 64, sequence >= 8k (Dao-AILab/flash-attention pull request #2605, its FA4
-#   column).
-# - cudnn (cuDNN's fused attention, what Transformer Engine runs on sm_100): FA4 is "up to
-#   1.3x faster than cuDNN 9.13" at d 128 (the same paper): 1,235 TFLOP/s; about 1,150 at d 64,
-#   sequence >= 8k (pull request #2605, its cuDNN column).
+# - cudnn (cuDNN's fused attention, what Transformer Engine runs on sm_100): FlashAttention-4
+#   reaches 1,605 TFLOP/s forward at d 128, "71 % utilization", "up to 1.3x faster than cuDNN
+#   9.13" (Zadouri et al. 2026, arXiv:2603.05451; together.ai/blog/flashattention-4): cuDNN
+#   1,605 / 1.3 = 1,235; about 1,150 at d 64, sequence >= 8k (Dao-AILab/flash-attention pull
+#   request #2605, its cuDNN column).
 # - flash2 (FlashAttention-2, PyTorch SDPA's flash backend: its sm_80 code on sm_100): cuDNN's
 #   SDPA ran a 506k-token attention 2.86x faster (546.8 -> 191.2 ms, B200;
 #   sgl-project/sglang pull request #33655), so cuDNN's fractions / 2.86.
@@ -173,11 +171,9 @@ def _with_hopper_backward(forward: dict[int, float]) -> dict[int, tuple[float, f
     return {d: (f, f * _HOPPER_BACKWARD_RATIO[d]) for d, f in forward.items()}
 
 
-_BLACKWELL_CUDNN = {64: 1150 / 2250, 128: 1235 / 2250}
+FLASH4_B200_TFLOPS_D128 = 1605.0
+_BLACKWELL_CUDNN = {64: 1150 / 2250, 128: FLASH4_B200_TFLOPS_D128 / 1.3 / 2250}
 FUSED_ATTENTION["blackwell"] = {
-    "flash4": AttentionKernel(
-        "flash4", _with_hopper_backward({64: 1200 / 2250, 128: 1605 / 2250}), (1e-6, 8e-6)
-    ),
     "cudnn": AttentionKernel("cudnn", _with_hopper_backward(_BLACKWELL_CUDNN), (1e-6, 8e-6)),
     "flash2": AttentionKernel(
         "flash2",
@@ -326,7 +322,7 @@ def gemm_time(
     return max(best, gpu.stream_time(memory))
 
 
-AttentionImpl = Literal["flash2", "flash4", "cudnn", "ck", "aiter", "unfused"]
+AttentionImpl = Literal["flash2", "cudnn", "ck", "aiter", "unfused"]
 
 
 def attention_flops(
