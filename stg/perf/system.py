@@ -437,6 +437,7 @@ PRESETS["h800-80g"] = {
 # in stg.perf.devices.
 PRESETS.update(DEVICE_PRESETS)
 
+
 def preset_names() -> tuple[str, ...]:
     return tuple(sorted(PRESETS))
 
