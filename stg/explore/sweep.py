@@ -277,7 +277,7 @@ def _simulate_astra_sim(
 
     from stg.perf.astra_sim import FILE_SUFFIXES, astra_sim_inputs
     from stg.perf.durations import with_durations
-    from stg.perf.simulator import CYCLE_S, SimulationFailed, SimulatorInputs, run_astra_sim
+    from stg.perf.simulator import CYCLES_PER_S, SimulationFailed, SimulatorInputs, run_astra_sim
     from stg.trace.writer import comm_group_path, write_workload
 
     out: dict[str, Any] = {
@@ -316,12 +316,12 @@ def _simulate_astra_sim(
             out.update(sim_status=exc.reason, sim_error=str(exc), **_capture(sim, exc.output))
         else:
             last = max(run.ranks, key=lambda r: r.finish_cycles)
-            finish = last.finish_cycles * CYCLE_S
+            finish = last.finish_cycles / CYCLES_PER_S
             exposed = last.exposed_communication_cycles
             out.update(
                 sim_status="ok",
                 sim_finish_s=finish,
-                sim_exposed_communication_s=None if exposed is None else exposed * CYCLE_S,
+                sim_exposed_communication_s=None if exposed is None else exposed / CYCLES_PER_S,
                 sim_ratio=finish / iteration_s if iteration_s else None,
                 **_capture(sim, run.output),
             )

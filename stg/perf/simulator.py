@@ -49,8 +49,8 @@ BINARY_ENV = "ASTRA_SIM_BIN"
 DEFAULT_TIMEOUT_S = 600.0
 """seconds a run may take before it is stopped (``--timeout``)"""
 
-CYCLE_S = 1e-9
-"""one cycle of ASTRA-sim's analytical network backends, in seconds"""
+CYCLES_PER_S = 1e9
+"""cycles of ASTRA-sim's analytical network backends per second (a cycle is a nanosecond)"""
 
 INPUT_OPTIONS: Mapping[str, str] = {
     "workload": "workload-configuration",
@@ -253,7 +253,7 @@ def side_by_side(run: SimulatorRun, time_report: Mapping[str, Any]) -> dict[str,
     (exposed communication, waits and bubble), as ASTRA-sim counts its exposed communication;
     stg's finish is the iteration time."""
     iteration = float(time_report["iteration_time_s"])
-    simulated = run.finish_cycles * CYCLE_S
+    simulated = run.finish_cycles / CYCLES_PER_S
     rows = []
     for entry in time_report.get("ranks", []):
         result = run.ranks[entry["rank"]] if entry["rank"] < len(run.ranks) else None
@@ -292,9 +292,9 @@ def _seconds(result: RankResult) -> dict[str, Any]:
     compute = result.compute_cycles
     return {
         "rank": result.rank,
-        "finish_s": result.finish_cycles * CYCLE_S,
-        "exposed_communication_s": None if exposed is None else exposed * CYCLE_S,
-        "compute_s": None if compute is None else compute * CYCLE_S,
+        "finish_s": result.finish_cycles / CYCLES_PER_S,
+        "exposed_communication_s": None if exposed is None else exposed / CYCLES_PER_S,
+        "compute_s": None if compute is None else compute / CYCLES_PER_S,
     }
 
 
