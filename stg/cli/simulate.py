@@ -15,7 +15,7 @@ from typing import Any
 
 import typer
 
-from stg.cli import get_registry
+from stg.cli import err_console, get_registry
 from stg.cli._shared import format_seconds, print_table, read_trace_input, run_predictors
 from stg.errors import UserError
 
@@ -147,8 +147,9 @@ def simulate(
         typer.echo(json.dumps({**comparison, "prediction": reports["time"]}, indent=2))
         return
     _print_comparison(comparison, path)
-    typer.echo(
-        f"ASTRA-sim: {run.binary} ran {len(run.ranks)} ranks in {run.wall_s:.1f} s", err=True
+    err_console().print(
+        f"ASTRA-sim: {run.binary} ran {len(run.ranks)} ranks in {run.wall_s:.1f} s",
+        markup=False,
     )
 
 
@@ -273,7 +274,6 @@ def _print_comparison(comparison: dict[str, Any], source: str) -> None:
         f"ASTRA-sim: all {len(finishes)} ranks finished, between "
         f"{format_seconds(min(finishes))} and {format_seconds(max(finishes))}",
         markup=False,
-        soft_wrap=True,
     )
 
 
