@@ -266,12 +266,13 @@ def test_a_hang_is_stopped_at_the_timeout_with_its_children(
             time.sleep(0.1)
         else:
             pytest.fail(f"process {pid} outlived the timeout")
-    code, _, err = run(capsys, "simulate", trace, "--astra-sim", binary, "--timeout", "0")
-    assert code == 2 and err == "error: --timeout 0: must be a positive number of seconds\n"
+    for bad in ("0", "-1", "inf", "nan"):
+        code, _, err = run(capsys, "simulate", trace, "--astra-sim", binary, "--timeout", bad)
+        assert (code, err) == (2, f"error: --timeout {bad}: must be a positive number of seconds\n")
 
 
 def test_inputs_astra_sim_cannot_run_are_refused(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
+    capsys: pytest.CaptureFixture[str], trace: Path, tmp_path: Path
 ) -> None:
     binary = write_standin(tmp_path)
     bare = tmp_path / "bare"
@@ -280,6 +281,17 @@ def test_inputs_astra_sim_cannot_run_are_refused(
     code, _, err = run(capsys, "simulate", bare, "--astra-sim", binary)
     assert code == 2
     assert err.startswith(f"error: {bare}: the trace carries no kernel times (it was generated ")
+    kinds = (("system", "json"), ("network", "yml"), ("memory", "json"))
+    configs = [f"--{kind}-config={trace}/workload.{kind}.{ext}" for kind, ext in kinds]
+    code, out, err = run(
+        capsys, "simulate", bare, "--astra-sim", binary, "-s", "h100-80g", *configs
+    )
+    assert code == 0, err
+    assert err.startswith(f"note: {bare} carries no kernel times; ASTRA-sim prices its compute ")
+    code, out, err = run(capsys, "simulate", trace, "--astra-sim", binary, "-s", "a100-80g")
+    assert code == 0, err
+    assert err.startswith("note: the trace's kernel times are for h100-80g; stg predicts for a100")
+    assert "on a100-80g (4 ranks)" in " ".join(out.split())
     feeder = tmp_path / "feeder"
     code, _, err = run(capsys, "generate", *TINY, "--dp", "2", "--format", "json",
                        "--output_dir", feeder)  # fmt: skip

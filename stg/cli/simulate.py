@@ -10,6 +10,7 @@ finished, or runs past ``--timeout`` is one ``error:`` line and exit 1.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -106,7 +107,7 @@ def simulate(
     )
     from stg.perf.system import load_system
 
-    if not timeout > 0:
+    if not 0 < timeout < math.inf:
         raise UserError(f"--timeout {timeout:g}: must be a positive number of seconds")
     binary = resolve_binary(astra_sim)
     inputs, recorded = _simulator_inputs(
@@ -120,8 +121,8 @@ def simulate(
         table = load_calibration(calibration)
     if recorded is None:
         typer.echo(
-            f"note: {path} carries no kernel times; ASTRA-sim prices its compute by the system "
-            "configuration alone",
+            f"note: {path} carries no kernel times; ASTRA-sim prices its compute by its system "
+            "configuration alone (its roofline, or 1 ns a node without)",
             err=True,
         )
     elif system is not None and machine.name != recorded:
