@@ -156,6 +156,15 @@ def test_network_mirrors_the_stg_system() -> None:
     assert system["roofline-enabled"] == 0  # ASTRA-sim replays duration_micros
 
 
+def test_a_collective_is_one_chunk_at_the_links_bandwidth() -> None:
+    """The congestion-unaware backend gives every message in flight the whole link: more than
+    one chunk in flight per dimension would multiply the bandwidth stg describes, and more
+    than one chunk would repeat the ring's per-step latencies (astra_sim.ONE_CHUNK)."""
+    system = json.loads(astra_sim_inputs(load_system("h100-80g"), 16, "bf16")["system"])
+    assert system["active-chunks-per-dimension"] == 1
+    assert system["preferred-dataset-splits"] == 1
+
+
 def test_generate_writes_the_inputs_and_their_arguments(capsys, tmp_path: Path) -> None:
     out = tmp_path / "out"
     code, _, err = run(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+import os
 import re
 import shlex
 import sys
@@ -437,3 +438,39 @@ def test_readme_quick_start_runs_a_serving_prediction() -> None:
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)["serving"]
     assert report["time_per_output_token_s"] >= report["memory_bandwidth_bound_s"] > 0
+
+
+# -- docs/simulate.md ---------------------------------------------------------------------------
+
+SIMULATE = ROOT / "docs" / "simulate.md"
+
+
+def test_simulate_doc_commands_run(doc_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The commands of docs/simulate.md, with the ASTRA-sim that ``$ASTRA_SIM_BIN`` names
+    where one is built, else with the stand-in that prints its output
+    (tests/astra_sim_standin.py)."""
+    from astra_sim_standin import write_standin
+
+    if not os.environ.get("ASTRA_SIM_BIN"):
+        monkeypatch.setenv("ASTRA_SIM_BIN", str(write_standin(doc_dir)))
+    commands = console_commands(SIMULATE)
+    assert [c.split()[1] for c in commands] == ["generate", "simulate", "simulate", "sweep"]
+    outputs = []
+    for command in commands:
+        result = CliRunner().invoke(app, shlex.split(command)[1:], env={"COLUMNS": "200"})
+        assert result.exit_code == 0, (command, result.output)
+        outputs.append(result.stdout)
+    assert "ASTRA-sim beside stg predict: out on h100-80g (4 ranks)" in outputs[1]
+    report = json.loads(outputs[2])
+    assert report["world_size"] == 4 and report["iteration_time_s"]["astra_sim"] > 0
+    rows = (doc_dir / "sweep-sim" / "results.csv").read_text().splitlines()
+    assert len(rows) == 3 and all(",ok," in row for row in rows[1:])
+
+
+def test_simulate_doc_names_the_written_inputs() -> None:
+    """The page's table of cases and its build match what stg writes and reads."""
+    from stg.perf.astra_sim import FILE_SUFFIXES
+
+    text = SIMULATE.read_text(encoding="utf-8")
+    assert all(f"`<name>{suffix}`" in text for suffix in FILE_SUFFIXES.values())
+    assert "518bd513ae110428cd62eb60efc0f3993fd53c70" in text

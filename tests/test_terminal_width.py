@@ -125,6 +125,16 @@ def test_bench_tables_fit(tmp_path: Path) -> None:
     _fits(["bench", "calibrate", str(results), "-o", str(tmp_path / "cal.json")])
 
 
+def test_simulate_tables_fit(tmp_path: Path) -> None:
+    from astra_sim_standin import write_standin
+
+    out = tmp_path / "timed"
+    args = ["generate", *SMALL, "--tp", "2", "--dp", "2", "--batch", "8", "--system",
+            "h100-80g", "--astra_sim_configs", "--output_dir", str(out)]  # fmt: skip
+    assert runner.invoke(app, args).exit_code == 0
+    _fits(["simulate", str(out), "--astra-sim", str(write_standin(tmp_path))])
+
+
 def test_commands_that_already_fit_keep_fitting(trace: Path, tmp_path: Path) -> None:
     _fits(["validate", str(trace)])
     _fits(["plugins", "list"])

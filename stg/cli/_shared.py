@@ -874,6 +874,46 @@ def _accepts_explicitly(fn: Any, keyword: str) -> bool:
         return False
 
 
+def read_trace_input(
+    path: str, jobs: int = 0, comm_group_file: str | None = None
+) -> tuple[Mapping[int, list[Any]], dict[int, tuple[int, ...]], dict]:
+    """The ranks of a trace (a :class:`stg.trace.ranks.TraceRanks`: rank -> nodes, decoded on
+    demand, with per-rank summaries read by ``jobs`` processes), its comm groups and (if
+    recorded) its generation options."""
+    from stg.trace.ranks import read_ranks
+    from stg.trace.reader import read_metadata
+    from stg.trace.validate import (
+        check_rank_set,
+        find_rank_files,
+        locate_comm_groups,
+        read_comm_groups,
+    )
+
+    files, default_group = find_rank_files(path)
+    if default_group is not None:
+        check_rank_set(files)
+    group_path, note = locate_comm_groups(files, default_group, comm_group_file)
+    if note:
+        typer.echo(note, err=True)
+    groups: dict[int, tuple[int, ...]] = {}
+    if group_path is not None and group_path.is_file():
+        groups = read_comm_groups(group_path)
+    nodes = read_ranks([f for f in files if f is not None], jobs)
+    options: dict[str, Any] = {}
+    attrs = read_metadata(files[0]).get("attrs") or {}  # type: ignore[arg-type]
+    raw = attrs.get("options")
+    if isinstance(raw, str):
+        try:
+            decoded = json.loads(raw)
+        except json.JSONDecodeError:
+            decoded = None
+        if isinstance(decoded, dict):
+            options = decoded
+    elif isinstance(raw, Mapping):
+        options = dict(raw)
+    return nodes, groups, options
+
+
 def run_predictors(
     names: list[str],
     registry: Any,

@@ -288,14 +288,6 @@ def _with_comm_group_file(emitter: Emitter, output_name: str, name: str) -> Emit
     return replace_record(emitter, write=write_renamed)
 
 
-ASTRA_SIM_OPTIONS: Mapping[str, str] = {
-    "system": "system-configuration",
-    "network": "network-configuration",
-    "memory": "remote-memory-configuration",
-}
-"""ASTRA-sim's command-line option for each of its input files (CmdLineParser.cc)"""
-
-
 def astra_sim_prefix(output_name: str, emitter: Emitter) -> str | None:
     """The rank-file pattern without ``.%d.et`` (ASTRA-sim's workload prefix), or None where
     ASTRA-sim cannot read the files: not Chakra v0.0.4, or a name not ending in ``.%d.et``.
@@ -324,6 +316,8 @@ def astra_sim_arguments(
     written files, and ``--system-configuration``, ``--network-configuration`` and
     ``--remote-memory-configuration`` for the ``configs`` written (by kind: ``system``,
     ``network``, ``memory``), or None where ASTRA-sim cannot read them."""
+    from stg.perf.simulator import INPUT_OPTIONS
+
     prefix = astra_sim_prefix(output_name, emitter)
     if prefix is None:
         return None
@@ -333,7 +327,7 @@ def astra_sim_arguments(
         "comm_group_configuration": str(comm_groups),
     }
     for kind, path in (configs or {}).items():
-        arguments[ASTRA_SIM_OPTIONS[kind].replace("-", "_")] = str(path)
+        arguments[INPUT_OPTIONS[kind].replace("-", "_")] = str(path)
     return {
         **arguments,
         "arguments": [f"--{key.replace('_', '-')}={value}" for key, value in arguments.items()],

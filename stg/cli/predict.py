@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
@@ -26,6 +26,7 @@ from stg.cli._shared import (
     options_from_cli,
     print_reports,
     progress_bar,
+    read_trace_input,
     run_predictors,
     system_parameter,
     with_placement,
@@ -158,46 +159,6 @@ def _own_parameters() -> list[inspect.Parameter]:
 # -- inputs -----------------------------------------------------------------------------------
 
 
-def _trace_input(
-    path: str, jobs: int = 0, comm_group_file: str | None = None
-) -> tuple[Mapping[int, list[Any]], dict[int, tuple[int, ...]], dict]:
-    """The ranks of a trace (a :class:`stg.trace.ranks.TraceRanks`: rank -> nodes, decoded on
-    demand, with per-rank summaries read by ``jobs`` processes), its comm groups and (if
-    recorded) its generation options."""
-    from stg.trace.ranks import read_ranks
-    from stg.trace.reader import read_metadata
-    from stg.trace.validate import (
-        check_rank_set,
-        find_rank_files,
-        locate_comm_groups,
-        read_comm_groups,
-    )
-
-    files, default_group = find_rank_files(path)
-    if default_group is not None:
-        check_rank_set(files)
-    group_path, note = locate_comm_groups(files, default_group, comm_group_file)
-    if note:
-        typer.echo(note, err=True)
-    groups: dict[int, tuple[int, ...]] = {}
-    if group_path is not None and group_path.is_file():
-        groups = read_comm_groups(group_path)
-    nodes = read_ranks([f for f in files if f is not None], jobs)
-    options: dict[str, Any] = {}
-    attrs = read_metadata(files[0]).get("attrs") or {}  # type: ignore[arg-type]
-    raw = attrs.get("options")
-    if isinstance(raw, str):
-        try:
-            decoded = json.loads(raw)
-        except json.JSONDecodeError:
-            decoded = None
-        if isinstance(decoded, dict):
-            options = decoded
-    elif isinstance(raw, Mapping):
-        options = dict(raw)
-    return nodes, groups, options
-
-
 def _check_predictor_name(name: str, registry: Any) -> list[str]:
     if name == "all":
         return [n for n in BUILTIN_ALL if n in registry.predictors]
@@ -257,7 +218,7 @@ def predict(**values: Any) -> None:
         if max_nodes is not None:
             raise UserError("--max-nodes limits a generated workload; a trace PATH is read as is")
         with _os_errors():
-            trace = _trace_input(path, jobs, comm_group_file)
+            trace = read_trace_input(path, jobs, comm_group_file)
             phase = trace[2].get("phase", "training")
             if phase != "training" and predictor == "all":
                 # memory and serving figures need the per-rank facts of a generated workload

@@ -121,7 +121,9 @@ def _own_parameters() -> list[inspect.Parameter]:
             None,
             "--simulate",
             help="Also write each configuration's traces and run this command on them; "
-            "{prefix}, {ranks}, {comm_group} and {dir} are replaced.",
+            "{prefix}, {ranks}, {comm_group} and {dir} are replaced. 'astra-sim': run "
+            "$ASTRA_SIM_BIN as stg simulate does (kernel times and ASTRA-sim's inputs for the "
+            "row's system; columns sim_finish_s, sim_exposed_communication_s, sim_ratio).",
             annotation=Optional[str],  # noqa: UP045
             metavar="CMD",
         ),
@@ -164,6 +166,7 @@ def sweep(**values: Any) -> None:
     """Predict every configuration of a design space; write a results table."""
     from stg.explore.space import SYSTEM_KEY, config_id, enumerate_configs, load_spec, make_spec
     from stg.explore.sweep import (
+        ASTRA_SIM,
         Context,
         Simulation,
         check_engine,
@@ -194,7 +197,12 @@ def sweep(**values: Any) -> None:
         raise UserError("--keep needs --simulate")
     if sim_timeout <= 0:
         raise UserError(f"--sim-timeout {sim_timeout}: must be positive")
-    if simulate is not None:
+    binary = None
+    if simulate == ASTRA_SIM:
+        from stg.perf.simulator import resolve_binary
+
+        binary = resolve_binary(None)
+    elif simulate is not None:
         _check_template(simulate)
     if plot:
         need("plotly", "--plot")
@@ -215,6 +223,8 @@ def sweep(**values: Any) -> None:
     configs, invalid = enumerate_configs(spec, registry, capacity)
     system_data = {name: s.as_dict() for name, s in systems.items()}
     run = {"predictor": predictor, "simulate": simulate, "metrics": metrics}
+    if binary is not None:
+        run["astra_sim"] = binary
     tasks = []
     option_rows = {}
     for config in configs:
@@ -232,7 +242,11 @@ def sweep(**values: Any) -> None:
         simulation=None
         if simulate is None
         else Simulation(
-            simulate, metrics, sim_timeout, str((out / "traces").absolute()) if keep else None
+            simulate,
+            metrics,
+            sim_timeout,
+            str((out / "traces").absolute()) if keep else None,
+            binary,
         ),
     )
     console = err_console()

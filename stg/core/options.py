@@ -99,8 +99,7 @@ def resolve_model(
     except UnknownNameError:
         raise UnknownNameError(
             f"unknown model {name!r}; allowed: models {', '.join(registry.models.names())}; "
-            f"presets {', '.join(registry.presets.names()) or '(none)'}"
-            + registry.failures_note()
+            f"presets {', '.join(registry.presets.names()) or '(none)'}" + registry.failures_note()
         ) from None
     preset = entry.item
     try:
@@ -108,14 +107,11 @@ def resolve_model(
     except UnknownNameError:
         raise UnknownNameError(
             f"preset {name!r} ({entry.qualified}) builds model {preset.model!r}, which is not "
-            f"registered; allowed: {', '.join(registry.models.names())}"
-            + registry.failures_note()
+            f"registered; allowed: {', '.join(registry.models.names())}" + registry.failures_note()
         ) from None
     taken = {"model": preset.model}
     taken.update((k, v) for k, v in preset.dims.items() if k not in given)
-    overridden = {
-        k: (v, given[k]) for k, v in preset.dims.items() if k in given and given[k] != v
-    }
+    overridden = {k: (v, given[k]) for k, v in preset.dims.items() if k in given and given[k] != v}
     padded: dict[str, tuple[int, int, int]] = {}
     tp = given.get("tp", 1)
     if preset.vocab_divisible_by and "dvocal" in taken and isinstance(tp, int) and tp >= 1:

@@ -279,7 +279,8 @@ def make_plan(o: GenerateOptions) -> ParallelPlan:
         f"dropout={o.dropout!r} must be a rate in [0, 1) (0: no dropout)",
     )
     _require(
-        isinstance(o.amax_history, int) and not isinstance(o.amax_history, bool)
+        isinstance(o.amax_history, int)
+        and not isinstance(o.amax_history, bool)
         and o.amax_history >= 1,
         f"amax_history={o.amax_history!r} must be a positive integer (Transformer Engine's "
         "amax history length per fp8 tensor; default 1024)",

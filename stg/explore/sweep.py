@@ -61,14 +61,22 @@ def need(module: str, feature: str) -> Any:
 # -- the run's context and one task -------------------------------------------------------
 
 
+ASTRA_SIM = "astra-sim"
+"""``--simulate astra-sim``: stg's own simulate path (:func:`_simulate_astra_sim`)"""
+ASTRA_SIM_FORMAT = "chakra-v0.0.4"
+"""the trace format ASTRA-sim reads"""
+
+
 @dataclass(frozen=True)
 class Simulation:
-    """``--simulate``: a command template, metrics to capture, a timeout, where to keep."""
+    """``--simulate``: a command template (or :data:`ASTRA_SIM` with the ASTRA-sim binary),
+    metrics to capture, a timeout, where to keep."""
 
     command: str
     metrics: tuple[tuple[str, str], ...] = ()
     timeout_s: float = 600.0
     keep_dir: str | None = None
+    binary: str | None = None
 
 
 @dataclass(frozen=True)
@@ -208,13 +216,123 @@ def evaluate(context: Context, task: tuple[str, int, Any, str]) -> dict[str, Any
     except Exception as exc:  # a plugin's bug must not end the sweep
         row.update(status="error", error=f"{type(exc).__name__}: {exc}")
     if context.simulation is not None:
-        row.update(_simulate(context.simulation, ident, options, registry, workload))
+        sim = context.simulation
+        if sim.command == ASTRA_SIM:
+            iteration = row.get("iteration_time_s")
+            row.update(
+                _simulate_astra_sim(sim, ident, options, registry, workload, system, iteration)
+            )
+        else:
+            row.update(_simulate(sim, ident, options, registry, workload))
     return row
 
 
 def evaluate_chunk(context: Context, tasks: Sequence[tuple[str, int, Any, str]]) -> list[dict]:
     """Rows of a chunk of tasks (the unit of work an engine ships)."""
     return [evaluate(context, task) for task in tasks]
+
+
+def _trace_directory(sim: Simulation, ident: str) -> Path:
+    """Where a configuration's traces go: under ``keep_dir``, else a new temporary folder."""
+    if sim.keep_dir is not None:
+        directory = Path(sim.keep_dir) / ident
+        directory.mkdir(parents=True, exist_ok=True)
+        return directory
+    return Path(tempfile.mkdtemp(prefix=f"stg-sweep-{ident}-"))
+
+
+def _capture(sim: Simulation, output: str) -> dict[str, Any]:
+    """Each ``--metric`` of ``sim`` in ``output``: the regex's first group (or its match) as
+    ``metric_NAME``, a number where it reads as one; None where it does not match."""
+    out: dict[str, Any] = {}
+    for metric, pattern in sim.metrics:
+        match = re.search(pattern, output, re.MULTILINE)
+        value: Any = None
+        if match is not None:
+            value = match.group(1) if match.groups() else match.group(0)
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        out[f"metric_{metric}"] = value
+    return out
+
+
+def _simulate_astra_sim(
+    sim: Simulation,
+    ident: str,
+    options: Any,
+    registry: Any,
+    workload: Any,
+    system: Any,
+    iteration_s: float | None,
+) -> dict[str, Any]:
+    """``--simulate astra-sim``: write the configuration's traces with kernel times for its
+    system and ASTRA-sim's inputs beside them (as ``stg generate --system S
+    --astra_sim_configs``), run ``sim.binary`` on them (:func:`stg.perf.simulator.run_astra_sim`)
+    and record when the last rank finished, its exposed communication and the ratio to the
+    row's predicted iteration time. ``sim_status``: ``ok``, ``failed`` (a crash or non-zero
+    exit), ``incomplete`` (ranks never finished), ``timeout`` or ``error`` (inputs refused)."""
+    from dataclasses import replace
+
+    from stg.perf.astra_sim import FILE_SUFFIXES, astra_sim_inputs
+    from stg.perf.durations import with_durations
+    from stg.perf.simulator import CYCLES_PER_S, SimulationFailed, SimulatorInputs, run_astra_sim
+    from stg.trace.writer import comm_group_path, write_workload
+
+    out: dict[str, Any] = {
+        "sim_status": "",
+        "sim_finish_s": None,
+        "sim_exposed_communication_s": None,
+        "sim_ratio": None,
+    }
+    out.update({f"metric_{name}": None for name, _ in sim.metrics})
+    directory = _trace_directory(sim, ident)
+    try:
+        emitter = registry.emitters.get(options.format)
+        if emitter.name != ASTRA_SIM_FORMAT:
+            raise UserError(f"ASTRA-sim reads {ASTRA_SIM_FORMAT} traces, not {emitter.name}")
+        options = replace(options, output_name="workload.%d.et")
+        texts = astra_sim_inputs(system, options.world_size, options.dtype)
+        workload = workload or build_within_memory(options, registry)
+        workload = with_durations(workload, system, kernels=registry.kernels)
+        write_workload(workload, emitter, directory, options.output_name)
+        stem = directory / comm_group_path(options.output_name).removesuffix(".json")
+        paths = {kind: Path(f"{stem}{FILE_SUFFIXES[kind]}") for kind in texts}
+        for kind, text in texts.items():
+            paths[kind].write_text(text, encoding="utf-8")
+        inputs = SimulatorInputs(
+            workload=str(directory / "workload"),
+            comm_group=str(directory / comm_group_path(options.output_name)),
+            system=str(paths["system"]),
+            network=str(paths["network"]),
+            memory=str(paths["memory"]),
+            world_size=options.world_size,
+        )
+        assert sim.binary is not None
+        try:
+            run = run_astra_sim(sim.binary, inputs, sim.timeout_s)
+        except SimulationFailed as exc:
+            out.update(sim_status=exc.reason, sim_error=str(exc), **_capture(sim, exc.output))
+        else:
+            last = max(run.ranks, key=lambda r: r.finish_cycles)
+            finish = last.finish_cycles / CYCLES_PER_S
+            exposed = last.exposed_communication_cycles
+            out.update(
+                sim_status="ok",
+                sim_finish_s=finish,
+                sim_exposed_communication_s=None if exposed is None else exposed / CYCLES_PER_S,
+                sim_ratio=finish / iteration_s if iteration_s else None,
+                **_capture(sim, run.output),
+            )
+    except UserError as exc:
+        out.update(sim_status="error", sim_error=str(exc))
+    except OSError as exc:
+        out.update(sim_status="error", sim_error=f"{exc.strerror or exc}")
+    finally:
+        if sim.keep_dir is None:
+            shutil.rmtree(directory, ignore_errors=True)
+    return out
 
 
 def _simulate(
@@ -227,11 +345,7 @@ def _simulate(
 
     out: dict[str, Any] = {"sim_status": "", "sim_exit_code": None}
     out.update({f"metric_{name}": None for name, _ in sim.metrics})
-    if sim.keep_dir is not None:
-        directory = Path(sim.keep_dir) / ident
-        directory.mkdir(parents=True, exist_ok=True)
-    else:
-        directory = Path(tempfile.mkdtemp(prefix=f"stg-sweep-{ident}-"))
+    directory = _trace_directory(sim, ident)
     try:
         emitter = registry.emitters.get(options.format)
         name = options.output_name
@@ -268,14 +382,7 @@ def _simulate(
         else:
             code = process.returncode
             out.update(sim_status="ok" if code == 0 else "failed", sim_exit_code=code)
-        for metric, pattern_ in sim.metrics:
-            match = re.search(pattern_, output or "", re.MULTILINE)
-            if match is not None:
-                text = match.group(1) if match.groups() else match.group(0)
-                try:
-                    out[f"metric_{metric}"] = float(text)
-                except ValueError:
-                    out[f"metric_{metric}"] = text
+        out.update(_capture(sim, output or ""))
     except UserError as exc:
         out.update(sim_status="error", sim_error=str(exc))
     except OSError as exc:

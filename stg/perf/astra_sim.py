@@ -18,8 +18,9 @@ Every key is one ASTRA-sim's parsers read, with the value type they read it as (
   workload's dtype) and ``local-mem-bw`` (HBM, 10^9 B/s) describe the GPU; ring all-reduce,
   all-gather and reduce-scatter (NCCL's bandwidth-optimal algorithm, which stg's model picks
   for large buffers) and direct all-to-all (pairwise exchange) on every dimension; scheduling
-  and chunking as ASTRA-sim's HGX-H100-validated configuration
-  (``examples/system/native_collectives/HGX-H100-validated.json``);
+  as ASTRA-sim's HGX-H100-validated configuration
+  (``examples/system/native_collectives/HGX-H100-validated.json``), but a collective in one
+  chunk with one chunk active per dimension (:data:`ONE_CHUNK`);
 - remote memory: ``NO_MEMORY_EXPANSION`` (stg's traces have no memory load or store nodes).
 """
 
@@ -42,11 +43,23 @@ GIB = 2**30
 VALIDATED_SYSTEM: Mapping[str, Any] = {
     "scheduling-policy": "LIFO",
     "endpoint-delay": 10,
-    "active-chunks-per-dimension": 2,
-    "preferred-dataset-splits": 4,
     "collective-optimization": "localBWAware",
 }
-"""the scheduling and chunking keys of ASTRA-sim's HGX-H100-validated system configuration"""
+"""the scheduling keys of ASTRA-sim's HGX-H100-validated system configuration"""
+
+ONE_CHUNK: Mapping[str, int] = {
+    "active-chunks-per-dimension": 1,
+    "preferred-dataset-splits": 1,
+}
+"""Each collective in one chunk, one chunk in flight per dimension. The congestion-unaware
+analytical backend prices every message as ``hops · latency + size / bandwidth`` whatever else
+is in flight (``BasicTopology::compute_communication_delay``, astra-network-analytical
+599a047), so the HGX-H100-validated example's 2 active chunks of 4 ran a collective at twice
+the link's bandwidth, and paid its per-step latencies once per chunk: a ring all-gather of
+2 GiB over 8 H100s took 2.59 ms in ASTRA-sim against the 5.1 ms that 7/8 · 2 GiB at the link's
+bandwidth takes, a 64 KiB all-reduce 96 µs against 48 µs (``Sys::determine_chunk_size`` and
+``Sys::concurrent_streams`` in astra-sim 518bd51). With one chunk ASTRA-sim's ring is the
+ring of stg's collective model: a latency per step and the bytes at the link's bandwidth."""
 
 FILE_SUFFIXES: Mapping[str, str] = {
     "system": ".system.json",
@@ -117,6 +130,7 @@ def system_config(system: System, world_size: int, dtype: str = "bf16") -> dict[
     count = len(network_dimensions(system, world_size))
     return {
         **VALIDATED_SYSTEM,
+        **ONE_CHUNK,
         "all-reduce-implementation": ["ring"] * count,
         "all-gather-implementation": ["ring"] * count,
         "reduce-scatter-implementation": ["ring"] * count,

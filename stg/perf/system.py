@@ -510,6 +510,7 @@ PRESETS.update(DEVICE_PRESETS)
 PRESETS.update(ACCELERATOR_PRESETS)
 
 
+
 def preset_names() -> tuple[str, ...]:
     return tuple(sorted(PRESETS))
 
