@@ -437,3 +437,30 @@ def test_readme_quick_start_runs_a_serving_prediction() -> None:
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)["serving"]
     assert report["time_per_output_token_s"] >= report["memory_bandwidth_bound_s"] > 0
+
+
+# -- docs/serving.md ----------------------------------------------------------------------------
+
+SERVING = ROOT / "docs" / "serving.md"
+
+
+def test_serving_doc_commands_run_and_say_what_the_doc_says(doc_dir: Path) -> None:
+    for name, body in named_files(SERVING).items():
+        (doc_dir / name).write_text(body, encoding="utf-8")
+    commands = console_commands(SERVING)
+    assert len(commands) == 4
+    goodput = []
+    for command in commands:
+        result = CliRunner().invoke(app, shlex.split(command)[1:])
+        assert result.exit_code == 0, (command, result.output)
+        if "--json" not in command:
+            goodput.append(float(result.stdout.split("% within")[0].rsplit("(", 1)[1]))
+            if "--replicas 1 " in command:
+                shown = [x for body in blocks(SERVING, "text") for x in body.splitlines()]
+                first = result.stdout.splitlines()[0]
+                assert first.split(", ")[:3] == shown[0].split(", ")[:3]
+    # one replica misses the SLOs for most requests, two meet them for almost all
+    assert goodput[0] < 50 < 95 < goodput[1] <= goodput[2]
+    rows = (doc_dir / "per-request.csv").read_text().splitlines()
+    assert rows[0].startswith("id,replica,arrival_s,prompt_tokens") and len(rows) == 5
+    assert (doc_dir / "occupancy.csv").read_text().startswith("time_s,replica,kv_blocks_used")
