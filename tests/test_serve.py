@@ -16,8 +16,9 @@ from stg.core.options import GenerateOptions, resolve_model
 from stg.core.pipeline import build_workload
 from stg.errors import UserError
 from stg.explore.serve import EngineConfig, Simulation, request_table, simulate, summary
-from stg.explore.serve_cost import Batch, replica_blocks, replica_pricer
+from stg.explore.serve_cost import Batch, kv_transfer, replica_blocks, replica_pricer
 from stg.explore.serve_requests import Stream, generate, read_trace
+from stg.perf.costs import send_time
 from stg.perf.system import load_system
 from stg.testing import make_registry
 
@@ -54,7 +55,8 @@ def step_time(registry, system, options: GenerateOptions) -> float:
 def run(stream: Stream, pricer, **config) -> Simulation:
     """A simulation, with Little's law checked: the replicas' queues integrated over time
     equal the arrival rate times the mean time in the system."""
-    sim = simulate(stream, pricer, EngineConfig(**{"blocks": 4000, **config}))
+    config = EngineConfig(**{"blocks": 4000, **config})
+    sim = simulate(stream, pricer, config, transfer_time=kv_transfer(pricer))
     law = summary(sim)["littles_law"]
     assert law["mean_in_system"] == pytest.approx(law["rate_times_time"], rel=1e-9)
     assert not np.isnan(request_table(sim)["finish_s"]).any()
@@ -129,6 +131,23 @@ def test_a_single_request_is_the_step_predictor(registry, system, pricer, schedu
     assert row["tpot_s"] == pytest.approx(sum(decode) / (output - 1), rel=1e-12)
 
 
+def test_a_disaggregated_request_pays_the_kv_transfer(registry, system, pricer) -> None:
+    prompt, output = 700, 4
+    sim = run(one(prompt, output), pricer, prefill_replicas=1, replicas=1)
+    row = {k: v[0] for k, v in request_table(sim).items()}
+    base = replica(registry)
+    prefill = step_time(registry, system, replace(base, phase="prefill", batch=1, seq=prompt))
+    assert row["ttft_s"] == pytest.approx(prefill, rel=1e-12)
+    transfer = send_time(pricer.kv_bytes_per_token * prompt, len(system.network) - 1, system)
+    assert transfer > 0 and kv_transfer(pricer)(prompt) == transfer
+    decode = sum(
+        step_time(registry, system, replace(base, phase="decode", context=prompt + i, steps=1))
+        for i in range(output - 1)
+    )
+    assert row["e2e_s"] - row["ttft_s"] == pytest.approx(transfer + decode, rel=1e-12)
+    assert row["replica"] == 0  # the prefill replica it arrived at
+
+
 def test_a_chunked_prompt_takes_several_iterations(pricer) -> None:
     sim = run(one(5000, 2), pricer, max_num_batched_tokens=2048)
     expected = (
@@ -191,6 +210,8 @@ def test_littles_law_under_load_preemption_and_every_routing(pricer) -> None:
             )
             preempted += summary(sim)["preemptions"]
     assert preempted > 0
+    for scheduler in ("sarathi", "vllm"):
+        run(stream, pricer, scheduler=scheduler, prefill_replicas=2, replicas=1, blocks=600)
 
 
 def test_continuous_batching_beats_static_batching(pricer) -> None:
@@ -300,6 +321,10 @@ def test_cli_without_pyarrow_says_so(tmp_path, monkeypatch) -> None:
         (["--tp", "1", "--trace", "missing.csv"], "error: missing.csv: no such file"),
         (["--requests-table", "r.txt"], "error: r.txt: a table is written as .parquet or .csv"),
         (["--slo-tpot", "50"], "error: --slo-tpot '50' is not a positive duration"),
+        (
+            ["--prefill-replicas", "1", "--scheduler", "static"],
+            "error: --prefill-replicas: disaggregated serving needs --scheduler sarathi or vllm",
+        ),
     ],
 )
 def test_cli_errors_are_one_line(args, message, tmp_path, monkeypatch) -> None:

@@ -85,6 +85,12 @@ def _cell(value: Any) -> Any:
     return value
 
 
+def _replicas(report: dict[str, Any]) -> str:
+    if report["prefill_replicas"]:
+        return f"{report['prefill_replicas']} prefill + {report['replicas']} decode replica(s)"
+    return f"{report['replicas']} replica(s)"
+
+
 def _text(report: dict[str, Any]) -> str:
     def ms(block: dict[str, float]) -> str:
         return " ".join(f"{k} {1e3 * v:,.1f} ms" for k, v in block.items())
@@ -93,7 +99,7 @@ def _text(report: dict[str, Any]) -> str:
     g = report["goodput"]
     law = report["littles_law"]
     lines = [
-        f"{report['requests']:,} requests on {report['replicas']} replica(s) of "
+        f"{report['requests']:,} requests on {_replicas(report)} of "
         f"{report['model']} (tp {report['tp']}, {report['system']}), {report['scheduler']} "
         f"scheduler, {report['routing']} routing, {report['simulated_s']:,.1f} s simulated",
         f"TTFT  {ms(report['ttft_s'])}",
@@ -130,7 +136,15 @@ def serve(
     system: str = typer.Option(
         "h100-80g", "--system", "-s", help="System preset or JSON file.", metavar="NAME|FILE"
     ),
-    replicas: int = typer.Option(1, "--replicas", help="Model replicas serving the stream."),
+    replicas: int = typer.Option(
+        1, "--replicas", help="Model replicas (with --prefill-replicas: the decode replicas)."
+    ),
+    prefill_replicas: int = typer.Option(
+        0,
+        "--prefill-replicas",
+        help="Disaggregated serving: this many prefill replicas beside --replicas decode "
+        "replicas, the KV cache sent between them over the system's network.",
+    ),
     routing: str = typer.Option(
         "round-robin", "--routing", help="round-robin, least-outstanding or kv-aware."
     ),
@@ -218,7 +232,7 @@ def serve(
     end-to-end latency percentiles, throughput, goodput under SLOs, KV-cache occupancy."""
     from stg.explore.serve import EngineConfig, request_table, simulate, summary
     from stg.explore.serve import timeline as timeline_of
-    from stg.explore.serve_cost import replica_blocks, replica_pricer
+    from stg.explore.serve_cost import kv_transfer, replica_blocks, replica_pricer
     from stg.explore.serve_requests import generate, read_trace
     from stg.perf.system import load_system
 
@@ -246,6 +260,7 @@ def serve(
         prefix_hit_rate=prefix_hit_rate,
         tokenize_rate=tokenize_rate,
         iteration_overhead_s=overhead,
+        prefill_replicas=prefill_replicas,
     )
     config.check(with_blocks=False)
     if trace is not None:
@@ -279,12 +294,13 @@ def serve(
     )
     config = replace(config, blocks=blocks, max_num_batched_tokens=budget)
     with progress_bar(err_console()) as progress:
-        sim = simulate(stream, pricer, config, progress)
+        sim = simulate(stream, pricer, config, progress, kv_transfer(pricer))
     report = {
         "model": base.model if model == base.model else model,
         "tp": tp,
         "system": system_.name,
-        "gpus": tp * replicas,
+        "gpus": tp * (replicas + prefill_replicas),
+        "prefill_replicas": prefill_replicas,
         "max_num_batched_tokens": budget,
         **summary(sim, slo_ttft=ttft, slo_tpot=tpot),
     }

@@ -50,6 +50,7 @@ the first block the cache cannot give, or the next arrival.
 
 from __future__ import annotations
 
+import heapq
 import math
 from array import array
 from collections import deque
@@ -84,6 +85,8 @@ class EngineConfig:
     tokenize_rate: float = math.inf
     iteration_overhead_s: float = 0.0
     sample_interval_s: float = 1.0
+    prefill_replicas: int = 0
+    """> 0: disaggregated serving, this many prefill replicas beside ``replicas`` decode ones"""
 
     def check(self, *, with_blocks: bool = True) -> None:
         """One error line for a value out of range (``with_blocks`` False: all but the
@@ -106,6 +109,12 @@ class EngineConfig:
             raise UserError("the KV cache has no block left after the weights and activations")
         if not 0 <= self.prefix_hit_rate < 1:
             raise UserError(f"--prefix-hit-rate {self.prefix_hit_rate}: must be in [0, 1)")
+        if self.prefill_replicas < 0:
+            raise UserError(f"--prefill-replicas {self.prefill_replicas}: must be >= 0")
+        if self.prefill_replicas and self.scheduler == "static":
+            raise UserError(
+                "--prefill-replicas: disaggregated serving needs --scheduler sarathi or vllm"
+            )
         if self.iteration_overhead_s < 0:
             raise UserError(f"--iteration-overhead {self.iteration_overhead_s}: must be >= 0")
         if not self.tokenize_rate > 0:
@@ -175,9 +184,18 @@ class Replica:
     """One model replica: its queues, cache and clock."""
 
     def __init__(
-        self, index: int, config: EngineConfig, pricer: IterationPricer, trace: Trace
+        self,
+        index: int,
+        config: EngineConfig,
+        pricer: IterationPricer,
+        trace: Trace,
+        role: str = "both",
     ) -> None:
         self.index = index
+        self.role = role
+        """``both`` (aggregated), ``prefill`` (hands requests off after their first token) or
+        ``decode`` (receives them with their KV cache)"""
+        self.handoffs: list[tuple[float, Request]] = []
         self.config = config
         self.pricer = pricer
         self.trace = trace
@@ -235,6 +253,8 @@ class Replica:
 
     def _schedule(self) -> list[tuple[Request, int]]:
         scheduler = self.config.scheduler
+        if self.role == "decode":  # decodes only: chunks of one token, newest preempted
+            return self._schedule_chunked()
         if scheduler == "static":
             return self._schedule_static()
         if scheduler == "vllm":
@@ -374,9 +394,13 @@ class Replica:
                 self._emit(r, end)
                 if r.generated >= r.output:
                     finished.append(r)
+                elif self.role == "prefill":
+                    self.running.remove(r)
+                    self._release(r)
+                    self.handoffs.append((end, r))
         for r in finished:
             r.finish = end
-            if self.config.scheduler != "static":
+            if self.config.scheduler != "static" or self.role != "both":
                 self.running.remove(r)
                 self._release(r)
         if self.config.scheduler == "static" and all(
@@ -418,10 +442,13 @@ class Replica:
     def _decode_stretch(self, until: float) -> bool:
         """Run the steps of a pure-decode stretch that start before ``until``; False when the
         replica is not in one."""
-        if self.waiting or not self.running or self.config.scheduler == "static":
+        if self.waiting or not self.running or self.role == "prefill":
+            return False
+        if self.config.scheduler == "static" and self.role == "both":
             return False
         running = self.running
-        if self.config.scheduler == "sarathi" and len(running) > self.config.max_num_batched_tokens:
+        chunked = self.config.scheduler == "sarathi" or self.role == "decode"
+        if chunked and len(running) > self.config.max_num_batched_tokens:
             return False
         for r in running:
             if r.pending != 1:
@@ -515,11 +542,24 @@ def simulate(
     pricer: IterationPricer,
     config: EngineConfig,
     progress: Callable[[str, int, int], None] | None = None,
+    transfer_time: Callable[[int], float] | None = None,
 ) -> Simulation:
-    """Serve ``stream`` on ``config.replicas`` replicas (see the module docstring)."""
+    """Serve ``stream`` (see the module docstring). With ``config.prefill_replicas``, a
+    request is prefilled on a prefill replica, which returns its first token, and its KV
+    cache of ``tokens`` tokens reaches a decode replica after ``transfer_time(tokens)``."""
     config.check()
+    disaggregated = config.prefill_replicas > 0
+    if disaggregated and transfer_time is None:
+        raise UserError("disaggregated serving needs the KV transfer's time")
     trace = Trace()
-    replicas = [Replica(i, config, pricer, trace) for i in range(config.replicas)]
+    front_role = "prefill" if disaggregated else "both"
+    front_count = config.prefill_replicas if disaggregated else config.replicas
+    front = [Replica(i, config, pricer, trace, front_role) for i in range(front_count)]
+    back = (
+        [Replica(front_count + i, config, pricer, trace, "decode") for i in range(config.replicas)]
+        if disaggregated
+        else []
+    )
     requests = []
     rate = config.tokenize_rate
     for i, (t, p, o) in enumerate(
@@ -528,26 +568,61 @@ def simulate(
         tokenize = p / rate if math.isfinite(rate) else 0.0
         requests.append(Request(i, t, int(p), int(o), t + tokenize))
         trace.area += tokenize
-    order = sorted(range(len(requests)), key=lambda i: (requests[i].ready, i))
-    total = len(order)
-    for done, i in enumerate(order):
-        r = requests[i]
+    # events: (time, order, request, pool); pool 0 the front (all requests), 1 the decoders
+    events: list[tuple[float, int, int, int]] = [(r.ready, r.id, r.id, 0) for r in requests]
+    heapq.heapify(events)
+    order = len(requests)
+    routed = [0, 0]
+    total = len(requests)
+
+    def collect(until: float) -> None:
+        """Bring the prefill replicas to ``until`` and queue the handoffs they made."""
+        nonlocal order
+        for replica in front:
+            if replica.has_work():
+                replica.advance(until)
+            for end, r in replica.handoffs:
+                assert transfer_time is not None
+                seconds = transfer_time(r.computed)
+                trace.area += seconds
+                r.ready = end + seconds
+                heapq.heappush(events, (r.ready, order, r.id, 1))
+                order += 1
+            replica.handoffs.clear()
+
+    done = 0
+    while events:
+        if disaggregated:
+            collect(events[0][0])
+        t, _, rid, pool = heapq.heappop(events)
+        r = requests[rid]
+        replicas = front if pool == 0 else back
+        n = routed[pool]
+        routed[pool] += 1
         # round-robin needs no replica's state: only the target is brought to the arrival
-        near = [replicas[done % len(replicas)]] if config.routing == "round-robin" else replicas
+        near = [replicas[n % len(replicas)]] if config.routing == "round-robin" else replicas
         for replica in near:
             if replica.has_work():
-                replica.advance(r.ready)
+                replica.advance(t)
             else:
-                replica.clock = max(replica.clock, r.ready)
-        target = _route(replicas, config.routing, done)
-        r.replica = target.index
+                replica.clock = max(replica.clock, t)
+        target = _route(replicas, config.routing, n)
+        if pool == 0:
+            r.replica = target.index
         # it waits from its arrival to the end of the iteration in flight, if any
-        trace.area += max(0.0, target.clock - r.ready)
-        target.clock = max(target.clock, r.ready)
+        trace.area += max(0.0, target.clock - t)
+        target.clock = max(target.clock, t)
         target.waiting.append(r)
-        if progress is not None and done % 1024 == 0:
-            progress("requests", done, total)
-    for replica in replicas:
+        if pool == 0:
+            done += 1
+            if progress is not None and done % 1024 == 0:
+                progress("requests", done, total)
+        if not events:
+            for replica in front:
+                replica.advance(math.inf)
+            if disaggregated:
+                collect(math.inf)
+    for replica in back:
         replica.advance(math.inf)
     if progress is not None:
         progress("requests", total, total)

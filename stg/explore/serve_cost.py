@@ -57,7 +57,7 @@ from stg.core.workload import (
     node_part,
 )
 from stg.errors import UserError
-from stg.perf.costs import collective_time, compute_time, group_shape
+from stg.perf.costs import collective_time, compute_time, group_shape, send_time
 from stg.perf.kernels import KernelTable
 from stg.perf.system import System
 
@@ -434,6 +434,22 @@ def kv_blocks(
     return max(0, int(free // (kv_bytes_per_token * block_size)))
 
 
+def kv_transfer(pricer: IterationPricer) -> Any:
+    """Seconds to move a request's KV cache of ``tokens`` tokens from a prefill replica to a
+    decode replica: every GPU of the prefill replica sends its share of the cache
+    (``kv_bytes_per_token · tokens``) to its peer at once, over the outermost network
+    dimension (the two replicas on different nodes), as one point-to-point transfer priced
+    by :func:`stg.perf.costs.send_time` (alpha-beta on that dimension)."""
+    system = pricer.system
+    outer = len(system.network) - 1
+    per_token = pricer.kv_bytes_per_token
+
+    def seconds(tokens: int) -> float:
+        return send_time(per_token * tokens, outer, system)
+
+    return seconds
+
+
 def replica_pricer(base: GenerateOptions, system: System, registry: Any) -> IterationPricer:
     """The pricer of one replica of ``base`` (model, tp, dtypes) on ``system``, with the
     registry's kernels, checked against its ``serving`` predictor."""
@@ -482,4 +498,11 @@ def replica_blocks(
     )
 
 
-__all__ = ["Batch", "IterationPricer", "kv_blocks", "replica_blocks", "replica_pricer"]
+__all__ = [
+    "Batch",
+    "IterationPricer",
+    "kv_blocks",
+    "kv_transfer",
+    "replica_blocks",
+    "replica_pricer",
+]
