@@ -52,11 +52,11 @@ def step_time(registry, system, options: GenerateOptions) -> float:
     )["time_s"]
 
 
-def run(stream: Stream, pricer, **config) -> Simulation:
+def run(stream: Stream, pricer, draft=None, **config) -> Simulation:
     """A simulation, with Little's law checked: the replicas' queues integrated over time
     equal the arrival rate times the mean time in the system."""
     config = EngineConfig(**{"blocks": 4000, **config})
-    sim = simulate(stream, pricer, config, transfer_time=kv_transfer(pricer))
+    sim = simulate(stream, pricer, config, transfer_time=kv_transfer(pricer), draft=draft)
     law = summary(sim)["littles_law"]
     assert law["mean_in_system"] == pytest.approx(law["rate_times_time"], rel=1e-9)
     assert not np.isnan(request_table(sim)["finish_s"]).any()
@@ -146,6 +146,42 @@ def test_a_disaggregated_request_pays_the_kv_transfer(registry, system, pricer) 
     )
     assert row["e2e_s"] - row["ttft_s"] == pytest.approx(transfer + decode, rel=1e-12)
     assert row["replica"] == 0  # the prefill replica it arrived at
+
+
+@pytest.fixture(scope="module")
+def draft(registry, system):
+    values, _ = resolve_model({"model": "llama3-8b", "num_stacks": 1, "causal": True}, registry)
+    options = GenerateOptions(**{**values, "phase": "decode", "batch": 1})
+    return replica_pricer(options, system, registry)
+
+
+def test_speculative_decoding_with_every_draft_accepted(pricer, draft) -> None:
+    prompt, k = 600, 3
+    sim = run(one(prompt, 9), pricer, draft, speculative_tokens=k, acceptance_rate=1.0)
+    row = {key: v[0] for key, v in request_table(sim).items()}
+    prefill = Batch(((prompt, prompt),), ())
+    assert row["ttft_s"] == pytest.approx(pricer.price(prefill) + draft.price(prefill))
+    steps = 0.0
+    for cached in (prompt, prompt + k + 1):  # tokens 2-5, then 6-9
+        verify = pricer.price(Batch((), (), (cached + 1 + k,), k + 1))
+        proposals = sum(draft.decode_time(1, cached + i) for i in range(1, k + 1))
+        steps += verify + proposals
+    assert row["e2e_s"] - row["ttft_s"] == pytest.approx(steps, rel=1e-12)
+    assert summary(sim)["speculative"]["accepted_per_verification"] == k
+
+
+def test_speculative_acceptance_follows_its_rate(pricer, draft) -> None:
+    stream = generate(
+        arrival="poisson", rate=20, duration=10, prompt="fixed:200", output="fixed:100", seed=1
+    )
+    rate, k = 0.6, 4
+    sim = run(stream, pricer, draft, speculative_tokens=k, acceptance_rate=rate, replicas=2)
+    accepted = summary(sim)["speculative"]["accepted_per_verification"]
+    assert accepted == pytest.approx(sum(rate**j for j in range(1, k + 1)), rel=0.03)
+    plain = summary(run(stream, pricer, replicas=2))
+    assert summary(sim)["tpot_s"]["mean"] != plain["tpot_s"]["mean"]
+    none = run(one(300, 5), pricer, draft, speculative_tokens=2, acceptance_rate=0.0)
+    assert summary(none)["speculative"]["accepted_per_verification"] == 0
 
 
 def test_a_chunked_prompt_takes_several_iterations(pricer) -> None:
@@ -321,6 +357,7 @@ def test_cli_without_pyarrow_says_so(tmp_path, monkeypatch) -> None:
         (["--tp", "1", "--trace", "missing.csv"], "error: missing.csv: no such file"),
         (["--requests-table", "r.txt"], "error: r.txt: a table is written as .parquet or .csv"),
         (["--slo-tpot", "50"], "error: --slo-tpot '50' is not a positive duration"),
+        (["--speculative", "2"], "error: --speculative needs a draft model: --draft NAME"),
         (
             ["--prefill-replicas", "1", "--scheduler", "static"],
             "error: --prefill-replicas: disaggregated serving needs --scheduler sarathi or vllm",

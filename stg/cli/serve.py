@@ -182,6 +182,17 @@ def serve(
         "--iteration-overhead",
         help="Scheduler (CPU) time added to every iteration, e.g. 2ms.",
     ),
+    speculative: int = typer.Option(
+        0, "--speculative", help="Speculative decoding: draft tokens verified per step (0: off)."
+    ),
+    acceptance: float = typer.Option(
+        0.7, "--acceptance", help="Speculative decoding: chance the model accepts a draft token."
+    ),
+    draft: str | None = typer.Option(
+        None,
+        "--draft",
+        help="Speculative decoding: the draft model (a preset, same --tp).",
+    ),
     trace: str | None = typer.Option(
         None,
         "--trace",
@@ -261,8 +272,13 @@ def serve(
         tokenize_rate=tokenize_rate,
         iteration_overhead_s=overhead,
         prefill_replicas=prefill_replicas,
+        speculative_tokens=speculative,
+        acceptance_rate=acceptance,
+        seed=seed,
     )
     config.check(with_blocks=False)
+    if speculative and draft is None:
+        raise UserError("--speculative needs a draft model: --draft NAME (e.g. llama3-8b)")
     if trace is not None:
         stream = read_trace(trace)
     else:
@@ -284,6 +300,12 @@ def serve(
     base = _replica(model, tp, dtype, kv_dtype, num_stacks, causal)
     system_ = load_system(system)
     pricer = replica_pricer(base, system_, registry)
+    drafter = None
+    if speculative:
+        assert draft is not None
+        drafter = replica_pricer(
+            _replica(draft, tp, dtype, kv_dtype, None, causal), system_, registry
+        )
     blocks = replica_blocks(
         pricer,
         base,
@@ -291,10 +313,11 @@ def serve(
         tokens=budget,
         block_size=block_size,
         memory_fraction=gpu_memory_utilization,
+        draft=drafter,
     )
     config = replace(config, blocks=blocks, max_num_batched_tokens=budget)
     with progress_bar(err_console()) as progress:
-        sim = simulate(stream, pricer, config, progress, kv_transfer(pricer))
+        sim = simulate(stream, pricer, config, progress, kv_transfer(pricer), drafter)
     report = {
         "model": base.model if model == base.model else model,
         "tp": tp,

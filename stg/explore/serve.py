@@ -87,6 +87,12 @@ class EngineConfig:
     sample_interval_s: float = 1.0
     prefill_replicas: int = 0
     """> 0: disaggregated serving, this many prefill replicas beside ``replicas`` decode ones"""
+    speculative_tokens: int = 0
+    """> 0: speculative decoding, this many draft tokens verified per decoding sequence"""
+    acceptance_rate: float = 0.0
+    """probability that the target model accepts each draft token (independently)"""
+    seed: int = 0
+    """seed of the acceptance draws"""
 
     def check(self, *, with_blocks: bool = True) -> None:
         """One error line for a value out of range (``with_blocks`` False: all but the
@@ -111,6 +117,10 @@ class EngineConfig:
             raise UserError(f"--prefix-hit-rate {self.prefix_hit_rate}: must be in [0, 1)")
         if self.prefill_replicas < 0:
             raise UserError(f"--prefill-replicas {self.prefill_replicas}: must be >= 0")
+        if self.speculative_tokens < 0:
+            raise UserError(f"--speculative {self.speculative_tokens}: must be >= 0")
+        if not 0 <= self.acceptance_rate <= 1:
+            raise UserError(f"--acceptance {self.acceptance_rate}: must be in [0, 1]")
         if self.prefill_replicas and self.scheduler == "static":
             raise UserError(
                 "--prefill-replicas: disaggregated serving needs --scheduler sarathi or vllm"
@@ -177,7 +187,10 @@ class Trace:
     iterations: int = 0
     area: float = 0.0
     """∫ requests in the system dt, from the replicas' queues"""
-    priced: dict[str, int] = field(default_factory=dict)
+    verified: int = 0
+    """sequence-steps of speculative verification"""
+    accepted: int = 0
+    """draft tokens accepted over them"""
 
 
 class Replica:
@@ -190,8 +203,12 @@ class Replica:
         pricer: IterationPricer,
         trace: Trace,
         role: str = "both",
+        draft: IterationPricer | None = None,
     ) -> None:
         self.index = index
+        self.draft = draft
+        self.lookahead = config.speculative_tokens if draft is not None else 0
+        self.rng = np.random.default_rng([config.seed, index])
         self.role = role
         """``both`` (aggregated), ``prefill`` (hands requests off after their first token) or
         ``decode`` (receives them with their KV cache)"""
@@ -292,7 +309,7 @@ class Replica:
         for r in list(self.running):  # decode every running sequence, newest preempted first
             if r not in self.running:
                 continue
-            while not self._grow(r, r.computed + 1):
+            while not self._grow(r, r.computed + 1 + self.lookahead):
                 victim = self.running[-1]
                 self._preempt(victim)
                 if victim is r:
@@ -307,8 +324,11 @@ class Replica:
         while i < len(self.running) and budget > 0:
             r = self.running[i]
             n = min(r.pending, budget)
+            extra = self.lookahead if r.pending == 1 and r.generated > 0 else 0
+            if n + extra > budget:
+                break
             preempted_self = False
-            while not self._grow(r, r.computed + n):
+            while not self._grow(r, r.computed + n + extra):
                 victim = self.running[-1]
                 self._preempt(victim)
                 if victim is r:
@@ -317,7 +337,7 @@ class Replica:
             if preempted_self:
                 break
             chosen.append((r, n))
-            budget -= n
+            budget -= n + extra
             i += 1
         while self.waiting and budget > 0 and self.waiting[0].ready <= self.clock:
             if len(self.running) >= cfg.max_num_seqs:
@@ -371,22 +391,39 @@ class Replica:
                 f"replica {self.index} can schedule none of its {len(self.waiting)} waiting "
                 f"requests with {self.free} of {self.config.blocks} KV blocks free"
             )
+        k = self.lookahead
         prefills = []
         decodes = []
+        verified = []
         for r, n in chosen:
-            if n == 1 and r.computed > 0:
+            if n == 1 and r.computed > 0 and 0 < r.generated < r.output and k:
+                verified.append(r)
+            elif n == 1 and r.computed > 0:
                 decodes.append(r.computed + 1)
             else:
                 prefills.append((n, r.computed + n))
-        seconds = self.pricer.price(Batch(tuple(prefills), tuple(decodes)))
-        seconds += self.config.iteration_overhead_s
+        batch = Batch(
+            tuple(prefills),
+            tuple(decodes),
+            tuple(r.computed + 1 + k for r in verified),
+            k + 1 if verified else 0,
+        )
+        seconds = self.pricer.price(batch) + self.config.iteration_overhead_s
+        if self.draft is not None:
+            seconds += self._draft_time(prefills, [r.computed for r in verified])
         start = self.clock
         end = start + seconds
         present = len(self.waiting) + sum(1 for r in self.running if r.generated < r.output)
         trace.area += present * seconds
         trace.iterations += 1
         finished = []
+        checked = {id(r) for r in verified}
         for r, n in chosen:
+            if id(r) in checked:
+                self._accept(r, end)
+                if r.generated >= r.output:
+                    finished.append(r)
+                continue
             r.computed += n
             if self.config.scheduler == "static" and r.generated >= r.output:
                 continue  # a finished member of a static batch: padding
@@ -412,6 +449,39 @@ class Replica:
             self.static_batch = []
         self.clock = end
         self._sample()
+
+    def _draft_time(self, prefills: list[tuple[int, int]], contexts: list[int]) -> float:
+        """The draft model's share of an iteration: it prefills the same prompt chunks and
+        proposes ``k`` tokens for each verified sequence, one decode step per token."""
+        assert self.draft is not None
+        seconds = self.draft.price(Batch(tuple(prefills), ()))
+        if contexts:
+            d = len(contexts)
+            total = sum(contexts)
+            for i in range(1, self.lookahead + 1):
+                seconds += self.draft.decode_time(d, -(-(total + d * i) // d))
+        return seconds
+
+    def _accept(self, r: Request, t: float) -> None:
+        """A verified sequence: the draft tokens accepted up to the first rejection, then one
+        token sampled by the target model (Leviathan et al., ICML 2023), all streamed at
+        ``t``; their KV cache is kept."""
+        k = self.lookahead
+        draws = self.rng.random(k)
+        accepted = int(np.argmax(draws >= self.config.acceptance_rate)) if k else 0
+        if k and draws[accepted] < self.config.acceptance_rate:
+            accepted = k  # every draft token accepted
+        emitted = min(accepted + 1, r.output - r.generated)
+        for i in range(emitted):
+            r.computed += 1
+            if i == 0:
+                self._emit(r, t)
+            else:
+                self.trace.itl_values.append(0.0)
+                self.trace.itl_weights.append(1)
+                r.generated += 1
+        self.trace.accepted += accepted
+        self.trace.verified += 1
 
     def _emit(self, r: Request, t: float) -> None:
         if r.generated == 0:
@@ -442,7 +512,7 @@ class Replica:
     def _decode_stretch(self, until: float) -> bool:
         """Run the steps of a pure-decode stretch that start before ``until``; False when the
         replica is not in one."""
-        if self.waiting or not self.running or self.role == "prefill":
+        if self.waiting or not self.running or self.role == "prefill" or self.lookahead:
             return False
         if self.config.scheduler == "static" and self.role == "both":
             return False
@@ -543,20 +613,27 @@ def simulate(
     config: EngineConfig,
     progress: Callable[[str, int, int], None] | None = None,
     transfer_time: Callable[[int], float] | None = None,
+    draft: IterationPricer | None = None,
 ) -> Simulation:
     """Serve ``stream`` (see the module docstring). With ``config.prefill_replicas``, a
     request is prefilled on a prefill replica, which returns its first token, and its KV
     cache of ``tokens`` tokens reaches a decode replica after ``transfer_time(tokens)``."""
     config.check()
     disaggregated = config.prefill_replicas > 0
+    if config.speculative_tokens and draft is None:
+        raise UserError("--speculative needs a draft model (--draft)")
     if disaggregated and transfer_time is None:
         raise UserError("disaggregated serving needs the KV transfer's time")
     trace = Trace()
     front_role = "prefill" if disaggregated else "both"
     front_count = config.prefill_replicas if disaggregated else config.replicas
-    front = [Replica(i, config, pricer, trace, front_role) for i in range(front_count)]
+    draft = draft if config.speculative_tokens else None
+    front = [Replica(i, config, pricer, trace, front_role, draft) for i in range(front_count)]
     back = (
-        [Replica(front_count + i, config, pricer, trace, "decode") for i in range(config.replicas)]
+        [
+            Replica(front_count + i, config, pricer, trace, "decode", draft)
+            for i in range(config.replicas)
+        ]
         if disaggregated
         else []
     )
@@ -739,6 +816,14 @@ def summary(
             "max": float(occupancy.max()) if len(occupancy) else 0.0,
         },
         "preemptions": int(table["preemptions"].sum()),
+        "speculative": {
+            "draft_tokens": sim.config.speculative_tokens,
+            "acceptance_rate": sim.config.acceptance_rate,
+            "verifications": sim.trace.verified,
+            "accepted_per_verification": (
+                sim.trace.accepted / sim.trace.verified if sim.trace.verified else None
+            ),
+        },
         "littles_law": {
             "mean_in_system": mean_in_system,
             "arrival_rate_per_s": arrival_rate,

@@ -74,18 +74,31 @@ CHUNK_CONTEXT = 24
 @dataclass(frozen=True)
 class Batch:
     """What one iteration runs: ``prefills`` as (new tokens, key/value length) per prefilling
-    sequence, and the key/value lengths of the decoding sequences (one new token each)."""
+    sequence, the key/value lengths of the decoding sequences (one new token each), and those
+    of the sequences whose ``verify_tokens`` speculative tokens the model verifies (the last
+    sampled token and the draft's; their logits at every one of them)."""
 
     prefills: tuple[tuple[int, int], ...]
     decodes: tuple[int, ...]
+    verify: tuple[int, ...] = ()
+    verify_tokens: int = 0
 
     @property
     def tokens(self) -> int:
-        return sum(q for q, _ in self.prefills) + len(self.decodes)
+        return (
+            sum(q for q, _ in self.prefills)
+            + len(self.decodes)
+            + len(self.verify) * self.verify_tokens
+        )
 
     @property
     def sequences(self) -> int:
-        return len(self.prefills) + len(self.decodes)
+        return len(self.prefills) + len(self.decodes) + len(self.verify)
+
+    @property
+    def logits(self) -> int:
+        """Rows of the LM head: one per sequence, one per verified token."""
+        return len(self.prefills) + len(self.decodes) + len(self.verify) * self.verify_tokens
 
 
 @dataclass
@@ -407,7 +420,7 @@ class IterationPricer:
         """Seconds of one iteration running ``batch``."""
         if batch.sequences == 0:
             return 0.0
-        seconds = self.body_time(batch.tokens) + self.head_time(batch.sequences)
+        seconds = self.body_time(batch.tokens) + self.head_time(batch.logits)
         groups: dict[tuple[int, int], int] = {}
         for q, kv in batch.prefills:
             groups[(q, kv)] = groups.get((q, kv), 0) + 1
@@ -416,6 +429,9 @@ class IterationPricer:
         if batch.decodes:
             mean = math.ceil(sum(batch.decodes) / len(batch.decodes))
             seconds += self.attention_time(len(batch.decodes), 1, mean)
+        if batch.verify:
+            mean = math.ceil(sum(batch.verify) / len(batch.verify))
+            seconds += self.attention_time(len(batch.verify), batch.verify_tokens, mean)
         return seconds
 
 
@@ -477,10 +493,12 @@ def replica_blocks(
     tokens: int,
     block_size: int,
     memory_fraction: float,
+    draft: IterationPricer | None = None,
 ) -> int:
     """KV-cache blocks per GPU of a replica whose largest iteration runs ``tokens`` tokens:
     the weights and activations come from the ``memory`` predictor's report of a prefill of
-    that many tokens."""
+    that many tokens. A ``draft`` model of speculative decoding shares the GPUs: its weights
+    are held beside the target's and every block holds its keys and values too."""
     if not 0 < memory_fraction <= 1:
         raise UserError(f"--gpu-memory-utilization {memory_fraction}: must be in (0, 1]")
     if block_size < 1:
@@ -488,11 +506,13 @@ def replica_blocks(
     memory = registry.predictors.get("memory")
     largest = pricer._build(replace(base, phase="prefill", batch=1, seq=tokens, context=None))
     first = memory.predict(largest, pricer.system)["classes"][0]
+    weights = int(first["weights"]) + (draft.weight_bytes if draft is not None else 0)
+    per_token = pricer.kv_bytes_per_token + (draft.kv_bytes_per_token if draft else 0)
     return kv_blocks(
         pricer.system.hbm_capacity,
-        int(first["weights"]),
+        weights,
         int(first["activations"]),
-        pricer.kv_bytes_per_token,
+        per_token,
         block_size,
         memory_fraction,
     )
