@@ -238,6 +238,8 @@ def test_littles_law_under_load_preemption_and_every_routing(pricer) -> None:
                 pricer,
                 scheduler=scheduler,
                 routing=routing,
+                preemption="swap" if routing == "kv-aware" else "recompute",
+                swap_bandwidth=32e9,
                 replicas=2,
                 blocks=600,
                 max_num_batched_tokens=4096 if scheduler == "vllm" else 1024,
@@ -248,6 +250,21 @@ def test_littles_law_under_load_preemption_and_every_routing(pricer) -> None:
     assert preempted > 0
     for scheduler in ("sarathi", "vllm"):
         run(stream, pricer, scheduler=scheduler, prefill_replicas=2, replicas=1, blocks=600)
+
+
+def test_swap_preemption_keeps_the_tokens_and_pays_the_copies(pricer) -> None:
+    two = Stream(np.array([0.0, 0.0]), np.array([64, 64]), np.array([40, 40]))
+    bandwidth = 64e9
+    swap = run(two, pricer, blocks=10, preemption="swap", swap_bandwidth=bandwidth)
+    again = run(two, pricer, blocks=10)
+    assert summary(swap)["preemptions"] == summary(again)["preemptions"] == 1
+    # B (the newest) goes out with 5 blocks (80 tokens) and comes back with them
+    assert swap.trace.swapped_blocks == 10
+    block_bytes = pricer.kv_bytes_per_token * 16
+    assert swap.trace.swap_s == pytest.approx(10 * block_bytes / bandwidth)
+    finish_swap, finish_again = request_table(swap)["e2e_s"], request_table(again)["e2e_s"]
+    assert finish_swap[0] == pytest.approx(finish_again[0], rel=0.01)  # A runs alike
+    assert finish_swap[1] < finish_again[1]  # B needs no second prefill
 
 
 def test_continuous_batching_beats_static_batching(pricer) -> None:
@@ -358,6 +375,7 @@ def test_cli_without_pyarrow_says_so(tmp_path, monkeypatch) -> None:
         (["--requests-table", "r.txt"], "error: r.txt: a table is written as .parquet or .csv"),
         (["--slo-tpot", "50"], "error: --slo-tpot '50' is not a positive duration"),
         (["--speculative", "2"], "error: --speculative needs a draft model: --draft NAME"),
+        (["--preemption", "evict"], "error: --preemption 'evict': allowed values are recompute"),
         (
             ["--prefill-replicas", "1", "--scheduler", "static"],
             "error: --prefill-replicas: disaggregated serving needs --scheduler sarathi or vllm",

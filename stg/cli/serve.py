@@ -35,6 +35,15 @@ TOKENIZE_TOKENS_PER_S = 100_000 / 0.220
 https://andyluo7.github.io/llm/amd/mi300x/vllm/lmcache/performance/2026/05/14/cpu-gpu-codesign-agentic-inference-mi300x/)."""
 
 
+HOST_LINK_BYTES_PER_S = {
+    # per direction, PCIe x16 to the host: NVIDIA H100 and H200 data sheets (PCIe Gen5,
+    # 128 GB/s both ways), A100 data sheet (PCIe Gen4, 64 GB/s both ways)
+    "hopper": 64e9,
+    "ampere": 32e9,
+}
+"""Bytes/s a GPU copies to or from host memory (swap preemption), by architecture."""
+
+
 def _replica(
     model: str,
     tp: int,
@@ -182,6 +191,16 @@ def serve(
         "--iteration-overhead",
         help="Scheduler (CPU) time added to every iteration, e.g. 2ms.",
     ),
+    preemption: str = typer.Option(
+        "recompute",
+        "--preemption",
+        help="recompute (the victim's cache dropped) or swap (copied to host memory and back).",
+    ),
+    swap_bandwidth: float | None = typer.Option(
+        None,
+        "--swap-bandwidth",
+        help="GB/s one GPU copies to or from host memory (default: its PCIe link, one way).",
+    ),
     speculative: int = typer.Option(
         0, "--speculative", help="Speculative decoding: draft tokens verified per step (0: off)."
     ),
@@ -272,6 +291,8 @@ def serve(
         tokenize_rate=tokenize_rate,
         iteration_overhead_s=overhead,
         prefill_replicas=prefill_replicas,
+        preemption=preemption,
+        swap_bandwidth=1.0,  # checked once the system is known
         speculative_tokens=speculative,
         acceptance_rate=acceptance,
         seed=seed,
@@ -315,7 +336,15 @@ def serve(
         memory_fraction=gpu_memory_utilization,
         draft=drafter,
     )
-    config = replace(config, blocks=blocks, max_num_batched_tokens=budget)
+    host = swap_bandwidth * 1e9 if swap_bandwidth else HOST_LINK_BYTES_PER_S.get(system_.gpu.arch)
+    if preemption == "swap" and not host:
+        raise UserError(
+            f"--preemption swap: no host link bandwidth known for {system_.name}; give "
+            "--swap-bandwidth GB/s"
+        )
+    config = replace(
+        config, blocks=blocks, max_num_batched_tokens=budget, swap_bandwidth=host or 0.0
+    )
     with progress_bar(err_console()) as progress:
         sim = simulate(stream, pricer, config, progress, kv_transfer(pricer), drafter)
     report = {

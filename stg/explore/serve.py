@@ -50,6 +50,7 @@ the first block the cache cannot give, or the next arrival.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from array import array
@@ -66,6 +67,7 @@ from stg.explore.serve_requests import Stream
 
 SCHEDULERS = ("vllm", "sarathi", "static")
 ROUTINGS = ("round-robin", "least-outstanding", "kv-aware")
+PREEMPTIONS = ("recompute", "swap")
 WATERMARK = 0.01
 """Free blocks vLLM's block manager keeps when admitting prompts (``watermark=0.01``)."""
 
@@ -93,6 +95,10 @@ class EngineConfig:
     """probability that the target model accepts each draft token (independently)"""
     seed: int = 0
     """seed of the acceptance draws"""
+    preemption: str = "recompute"
+    """``recompute`` or ``swap`` (the victim's blocks copied to host memory and back)"""
+    swap_bandwidth: float = 0.0
+    """bytes/s one GPU moves to or from host memory (``swap``)"""
 
     def check(self, *, with_blocks: bool = True) -> None:
         """One error line for a value out of range (``with_blocks`` False: all but the
@@ -117,6 +123,14 @@ class EngineConfig:
             raise UserError(f"--prefix-hit-rate {self.prefix_hit_rate}: must be in [0, 1)")
         if self.prefill_replicas < 0:
             raise UserError(f"--prefill-replicas {self.prefill_replicas}: must be >= 0")
+        if self.preemption not in PREEMPTIONS:
+            raise UserError(
+                f"--preemption {self.preemption!r}: allowed values are {', '.join(PREEMPTIONS)}"
+            )
+        if self.preemption == "swap" and not self.swap_bandwidth > 0:
+            raise UserError(
+                "--preemption swap needs the host link's bandwidth: --swap-bandwidth GB/s"
+            )
         if self.speculative_tokens < 0:
             raise UserError(f"--speculative {self.speculative_tokens}: must be >= 0")
         if not 0 <= self.acceptance_rate <= 1:
@@ -187,6 +201,10 @@ class Trace:
     iterations: int = 0
     area: float = 0.0
     """∫ requests in the system dt, from the replicas' queues"""
+    swapped_blocks: int = 0
+    """blocks copied to host memory and back (each way counts)"""
+    swap_s: float = 0.0
+    """seconds iterations spent on those copies"""
     verified: int = 0
     """sequence-steps of speculative verification"""
     accepted: int = 0
@@ -223,6 +241,12 @@ class Replica:
         self.preemptions = 0
         self.next_sample = 0.0
         self.static_batch: list[Request] = []
+        self.swapped: list[Request] = []
+        """preempted to host memory, in arrival order"""
+        self.swap_s = 0.0  # the copies of the iteration being scheduled
+        self.preempted_now = False
+        draft_bytes = draft.kv_bytes_per_token if draft is not None else 0
+        self.block_bytes = (pricer.kv_bytes_per_token + draft_bytes) * config.block_size
 
     # -- state that routing reads --------------------------------------------------------------
 
@@ -232,7 +256,7 @@ class Replica:
         return self.config.blocks - self.free + wanted
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.swapped)
 
     # -- blocks ----------------------------------------------------------------------------------
 
@@ -252,12 +276,44 @@ class Replica:
         r.blocks = 0
 
     def _preempt(self, r: Request) -> None:
-        self._release(r)
-        r.computed = 0
+        """Preempt ``r``: by recompute (its cache dropped, it waits first in line) or by swap
+        (its blocks copied to host memory in this iteration; it keeps its tokens)."""
         r.preemptions += 1
         self.preemptions += 1
+        self.preempted_now = True
         self.running.remove(r)
+        if self.config.preemption == "swap" and r.generated > 0:  # a prompt is recomputed
+            self._copy(-(-r.computed // self.config.block_size))
+            self._release(r)
+            bisect.insort(self.swapped, r, key=lambda x: x.id)
+            return
+        self._release(r)
+        r.computed = 0
         self.waiting.appendleft(r)
+
+    def _copy(self, blocks: int) -> None:
+        """Blocks copied between GPU and host memory in this iteration (every GPU its share,
+        over its own link at once)."""
+        seconds = blocks * self.block_bytes / self.config.swap_bandwidth
+        self.swap_s += seconds
+        self.trace.swap_s += seconds
+        self.trace.swapped_blocks += blocks
+
+    def _swap_in(self) -> list[tuple[Request, int]]:
+        """Bring swapped sequences back, oldest first, while their blocks fit (none after a
+        preemption in the same iteration, as vLLM's scheduler does)."""
+        back: list[tuple[Request, int]] = []
+        if self.preempted_now:
+            return back
+        while self.swapped and len(self.running) < self.config.max_num_seqs:
+            r = self.swapped[0]
+            if not self._grow(r, r.computed + 1 + self.lookahead):
+                break
+            self._copy(-(-r.computed // self.config.block_size))
+            self.swapped.pop(0)
+            self.running.append(r)
+            back.append((r, 1))
+        return back
 
     def _admit_hit(self, r: Request) -> None:
         if r.computed == 0 and self.config.prefix_hit_rate > 0:
@@ -283,7 +339,7 @@ class Replica:
         budget = cfg.max_num_batched_tokens
         watermark = int(WATERMARK * cfg.blocks)
         chosen: list[tuple[Request, int]] = []
-        while self.waiting and self.waiting[0].ready <= self.clock:
+        while not self.swapped and self.waiting and self.waiting[0].ready <= self.clock:
             r = self.waiting[0]
             if len(self.running) >= cfg.max_num_seqs:
                 break
@@ -314,7 +370,8 @@ class Replica:
                 self._preempt(victim)
                 if victim is r:
                     break
-        return [(r, 1) for r in self.running]
+        decoding = [(r, 1) for r in self.running]
+        return decoding + self._swap_in()
 
     def _schedule_chunked(self) -> list[tuple[Request, int]]:
         cfg = self.config
@@ -339,7 +396,13 @@ class Replica:
             chosen.append((r, n))
             budget -= n + extra
             i += 1
-        while self.waiting and budget > 0 and self.waiting[0].ready <= self.clock:
+        if self.swapped and budget > 0:
+            back = self._swap_in()
+            chosen.extend(back)
+            budget -= sum(n + self.lookahead for _, n in back)
+        while (
+            not self.swapped and self.waiting and budget > 0 and self.waiting[0].ready <= self.clock
+        ):
             if len(self.running) >= cfg.max_num_seqs:
                 break
             r = self.waiting[0]
@@ -384,6 +447,8 @@ class Replica:
 
     def step(self) -> None:
         """Run one iteration from the clock (the replica has work)."""
+        self.swap_s = 0.0
+        self.preempted_now = False
         chosen = self._schedule()
         trace = self.trace
         if not chosen:
@@ -408,12 +473,16 @@ class Replica:
             tuple(r.computed + 1 + k for r in verified),
             k + 1 if verified else 0,
         )
-        seconds = self.pricer.price(batch) + self.config.iteration_overhead_s
+        seconds = self.pricer.price(batch) + self.config.iteration_overhead_s + self.swap_s
         if self.draft is not None:
             seconds += self._draft_time(prefills, [r.computed for r in verified])
         start = self.clock
         end = start + seconds
-        present = len(self.waiting) + sum(1 for r in self.running if r.generated < r.output)
+        present = (
+            len(self.waiting)
+            + len(self.swapped)
+            + sum(1 for r in self.running if r.generated < r.output)
+        )
         trace.area += present * seconds
         trace.iterations += 1
         finished = []
@@ -512,7 +581,9 @@ class Replica:
     def _decode_stretch(self, until: float) -> bool:
         """Run the steps of a pure-decode stretch that start before ``until``; False when the
         replica is not in one."""
-        if self.waiting or not self.running or self.role == "prefill" or self.lookahead:
+        if self.waiting or self.swapped or not self.running or self.role == "prefill":
+            return False
+        if self.lookahead:
             return False
         if self.config.scheduler == "static" and self.role == "both":
             return False
@@ -816,6 +887,9 @@ def summary(
             "max": float(occupancy.max()) if len(occupancy) else 0.0,
         },
         "preemptions": int(table["preemptions"].sum()),
+        "preemption": sim.config.preemption,
+        "swapped_blocks": sim.trace.swapped_blocks,
+        "swap_s": sim.trace.swap_s,
         "speculative": {
             "draft_tokens": sim.config.speculative_tokens,
             "acceptance_rate": sim.config.acceptance_rate,
