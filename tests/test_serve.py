@@ -351,6 +351,19 @@ def test_cli_writes_the_tables(tmp_path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["requests.parquet", "timeline.csv"]
 
 
+def test_cli_plots_the_same_bytes(tmp_path) -> None:
+    pytest.importorskip("plotly")
+    pages = []
+    for name in ("a.html", "b.html"):
+        result = invoke(
+            "--rate", "5", "--duration", "5", "--replicas", "2", "--plot", str(tmp_path / name)
+        )
+        assert result.exit_code == 0, result.output
+        pages.append((tmp_path / name).read_bytes())
+    assert pages[0] == pages[1]
+    assert b"latency CDF" in pages[0] and b"replica 1" in pages[0]
+
+
 def test_cli_without_pyarrow_says_so(tmp_path, monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "pyarrow", None)  # import pyarrow raises ImportError
     monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
@@ -376,6 +389,7 @@ def test_cli_without_pyarrow_says_so(tmp_path, monkeypatch) -> None:
         (["--slo-tpot", "50"], "error: --slo-tpot '50' is not a positive duration"),
         (["--speculative", "2"], "error: --speculative needs a draft model: --draft NAME"),
         (["--preemption", "evict"], "error: --preemption 'evict': allowed values are recompute"),
+        (["--plot", "p.png"], "error: p.png: --plot writes an .html file"),
         (
             ["--prefill-replicas", "1", "--scheduler", "static"],
             "error: --prefill-replicas: disaggregated serving needs --scheduler sarathi or vllm",

@@ -256,6 +256,12 @@ def serve(
         help="Write KV occupancy, queues and preemptions over time to this .parquet or .csv file.",
         metavar="FILE",
     ),
+    plot: str | None = typer.Option(
+        None,
+        "--plot",
+        help="Write the latency CDFs and the KV occupancy over time to this .html file (plotly).",
+        metavar="FILE",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
     """Simulate an inference cluster over a request stream: TTFT, TPOT, inter-token and
@@ -273,6 +279,12 @@ def serve(
     )
     ttft = parse_duration(slo_ttft, "--slo-ttft", unit_required=True) if slo_ttft else None
     tpot = parse_duration(slo_tpot, "--slo-tpot", unit_required=True) if slo_tpot else None
+    if plot is not None:
+        if Path(plot).suffix != ".html":
+            raise UserError(f"{plot}: --plot writes an .html file")
+        from stg.explore.sweep import need
+
+        need("plotly.graph_objects", "--plot")
     for path in (requests_table, timeline):
         if path is not None and Path(path).suffix not in (".parquet", ".csv"):
             raise UserError(f"{path}: a table is written as .parquet or .csv")
@@ -360,6 +372,10 @@ def serve(
         _write_table(requests_table, request_table(sim))
     if timeline is not None:
         _write_table(timeline, timeline_of(sim))
+    if plot is not None:
+        from stg.explore.serve_plots import plot_serving
+
+        plot_serving(sim, plot)
     if as_json:
         typer.echo(json.dumps(_finite(report), indent=2, sort_keys=True))
     else:
