@@ -267,6 +267,12 @@ def test_swap_preemption_keeps_the_tokens_and_pays_the_copies(pricer) -> None:
     assert finish_swap[1] < finish_again[1]  # B needs no second prefill
 
 
+def test_a_request_larger_than_the_cache_is_refused(pricer) -> None:
+    """It would be admitted, fill the cache and preempt itself forever."""
+    with pytest.raises(UserError, match=r"200 tokens .* needs 13 KV blocks; a replica has 10"):
+        simulate(one(100, 100), pricer, EngineConfig(blocks=10))
+
+
 def test_continuous_batching_beats_static_batching(pricer) -> None:
     stream = generate(
         arrival="poisson", rate=30, duration=20, prompt="fixed:256", output="uniform:10:400", seed=2

@@ -133,6 +133,12 @@ class EngineConfig:
             )
         if self.speculative_tokens < 0:
             raise UserError(f"--speculative {self.speculative_tokens}: must be >= 0")
+        if self.speculative_tokens >= self.max_num_batched_tokens:
+            raise UserError(
+                f"--speculative {self.speculative_tokens}: a decoding sequence verifies "
+                f"{self.speculative_tokens + 1} tokens; --max-num-batched-tokens is "
+                f"{self.max_num_batched_tokens}"
+            )
         if not 0 <= self.acceptance_rate <= 1:
             raise UserError(f"--acceptance {self.acceptance_rate}: must be in [0, 1]")
         if self.prefill_replicas and self.scheduler == "static":
@@ -250,9 +256,14 @@ class Replica:
 
     # -- state that routing reads --------------------------------------------------------------
 
+    def outstanding(self) -> int:
+        """Requests waiting, running or swapped out."""
+        return len(self.waiting) + len(self.running) + len(self.swapped)
+
     def kv_load(self) -> int:
+        """Blocks held, plus those its waiting and swapped requests want."""
         bs = self.config.block_size
-        wanted = sum(-(-r.known // bs) for r in self.waiting)
+        wanted = sum(-(-r.known // bs) for r in (*self.waiting, *self.swapped))
         return self.config.blocks - self.free + wanted
 
     def has_work(self) -> bool:
@@ -695,6 +706,15 @@ def simulate(
         raise UserError("--speculative needs a draft model (--draft)")
     if disaggregated and transfer_time is None:
         raise UserError("disaggregated serving needs the KV transfer's time")
+    if len(stream):
+        longest = int((stream.prompt + stream.output).max())
+        need = -(-(longest + config.speculative_tokens) // config.block_size)
+        if need > config.blocks:
+            raise UserError(
+                f"a request of {longest} tokens (prompt and output) needs {need} KV blocks; a "
+                f"replica has {config.blocks} (more --gpu-memory-utilization, a larger --tp or "
+                "shorter requests)"
+            )
     trace = Trace()
     front_role = "prefill" if disaggregated else "both"
     front_count = config.prefill_replicas if disaggregated else config.replicas
@@ -782,7 +802,7 @@ def _route(replicas: list[Replica], routing: str, n: int) -> Replica:
     if routing == "round-robin":
         return replicas[n % len(replicas)]
     if routing == "least-outstanding":
-        return min(replicas, key=lambda r: (len(r.waiting) + len(r.running), r.index))
+        return min(replicas, key=lambda r: (r.outstanding(), r.index))
     return min(replicas, key=lambda r: (r.kv_load(), r.index))
 
 
