@@ -264,8 +264,10 @@ def serve(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
-    """Simulate an inference cluster over a request stream: TTFT, TPOT, inter-token and
-    end-to-end latency percentiles, throughput, goodput under SLOs, KV-cache occupancy."""
+    """Simulate an inference cluster request by request.
+
+    TTFT, TPOT, inter-token and end-to-end latency percentiles, throughput, goodput under
+    SLOs, KV-cache occupancy and preemptions of a request stream (docs/serving.md)."""
     from stg.explore.serve import EngineConfig, request_table, simulate, summary
     from stg.explore.serve import timeline as timeline_of
     from stg.explore.serve_cost import kv_transfer, replica_blocks, replica_pricer
