@@ -474,3 +474,32 @@ def test_simulate_doc_names_the_written_inputs() -> None:
     text = SIMULATE.read_text(encoding="utf-8")
     assert all(f"`<name>{suffix}`" in text for suffix in FILE_SUFFIXES.values())
     assert "518bd513ae110428cd62eb60efc0f3993fd53c70" in text
+
+
+# -- docs/serving.md ----------------------------------------------------------------------------
+
+SERVING = ROOT / "docs" / "serving.md"
+
+
+def test_serving_doc_commands_run_and_say_what_the_doc_says(doc_dir: Path) -> None:
+    for name, body in named_files(SERVING).items():
+        (doc_dir / name).write_text(body, encoding="utf-8")
+    commands = console_commands(SERVING)
+    assert len(commands) == 6
+    goodput = []
+    for command in commands:
+        result = CliRunner().invoke(app, shlex.split(command)[1:])
+        assert result.exit_code == 0, (command, result.output)
+        if "--json" not in command:
+            goodput.append(float(result.stdout.split("% within")[0].rsplit("(", 1)[1]))
+            if "--replicas 1 " in command and "--prefill-replicas" not in command:
+                shown = [x for body in blocks(SERVING, "text") for x in body.splitlines()]
+                first = result.stdout.splitlines()[0]
+                assert first.split(", ")[:3] == shown[0].split(", ")[:3]
+    # one replica misses the SLOs for most requests, two meet them for almost all, and so do
+    # one prefill and one decode replica
+    assert goodput[0] < 50 < 95 < goodput[1] <= goodput[2]
+    assert goodput[3] > 95 and goodput[4] > 95
+    rows = (doc_dir / "per-request.csv").read_text().splitlines()
+    assert rows[0].startswith("id,replica,arrival_s,prompt_tokens") and len(rows) == 5
+    assert (doc_dir / "occupancy.csv").read_text().startswith("time_s,replica,kv_blocks_used")

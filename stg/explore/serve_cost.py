@@ -1,0 +1,528 @@
+"""The time of one serving iteration of any batch, priced by stg's serving model.
+
+An iteration of a continuously batched server runs prefill chunks and decode tokens of many
+requests at once, each at its own context length. stg's serving workloads
+(:mod:`stg.core.inference`) merge such groups op by op: every GEMM, norm, activation and
+collective runs once over the tokens of all groups (its FLOPs, bytes and message grow with
+the tokens, weights are read once), the attention core runs once per group, and the LM head
+runs on the last position of each sequence. On one replica (no pipeline) the replay of such
+a step is one chain of kernels and collectives, so its time is the sum of its nodes' times.
+
+:class:`IterationPricer` prices an iteration from that structure without building it:
+
+- **Tokens and sequences.** Every node outside the attention core is affine in the tokens
+  of the iteration (the head's in its sequences): its FLOPs, bytes, message size and GEMM
+  shape are read off two decode workloads of 1 and 2 sequences and interpolated; a third
+  point (a prefill) checks the interpolation.
+- **Attention.** An attention node of ``b`` sequences, ``q`` new tokens each, attending to
+  ``kv`` tokens has batch ``∝ b``, query rows ``∝ q``, key/value length ``kv``, bytes
+  ``b·(a + c·q + d·kv)`` (FLOPs scaled with ``b·q·kv``: the kernel model prices the shape), read off
+  four small workloads (decode at two contexts, two batches, prefill at two lengths).
+- **Pricing.** Nodes are priced by the same functions the replay uses
+  (:func:`stg.perf.costs.compute_time`, :func:`stg.perf.costs.collective_time`) and summed,
+  cached by tokens, by sequences and by attention group.
+
+The pricer checks itself when built: a prefill of two prompts and a decode step of three
+sequences (workloads it did not read) must cost what the replay of their workloads costs,
+to 1e-9; a model or plan where that fails (an MoE layer's capacity rounding, a
+pipeline) is refused with one line. A batch of one group (one prompt, or decoding sequences
+of one context) is exactly the step predictor's prefill or decode step.
+
+Decoding sequences of different contexts run in one attention kernel in serving engines
+(vLLM's paged attention, FlashAttention's varlen kernel); stg's kernel model prices a batch
+of one key/value length, so an iteration's decoding sequences are priced as one kernel at
+their mean context (rounded up): exact when their contexts are equal, and the same bytes of
+KV cache read otherwise.
+
+A mixed workload of stg (``--phase mixed``) charges the weights of non-GEMM ops (the
+embedding table, norm weights) once per group; the pricer charges every weight once per
+iteration, as one fused batch reads it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from stg.core.options import GenerateOptions
+from stg.core.workload import (
+    LAYER_ATTR,
+    MICRO_BATCH_ATTR,
+    STEP_ATTR,
+    Node,
+    NodeType,
+    Workload,
+    node_part,
+)
+from stg.errors import UserError
+from stg.perf.costs import collective_time, compute_time, group_shape, send_time
+from stg.perf.kernels import KernelTable
+from stg.perf.system import System
+
+PLACE_ATTRS = (LAYER_ATTR, MICRO_BATCH_ATTR, STEP_ATTR)
+"""Attributes that place a node (which layer, micro-batch, step) without changing its cost."""
+CHECK_TOLERANCE = 1e-9
+"""Relative difference allowed between a priced iteration and the replay of its workload."""
+# reference lengths of the workloads read (any small values do; the check uses others)
+CONTEXTS = (32, 96)
+PROMPTS = (16, 48)
+CHUNK_CONTEXT = 24
+
+
+@dataclass(frozen=True)
+class Batch:
+    """What one iteration runs: ``prefills`` as (new tokens, key/value length) per prefilling
+    sequence, the key/value lengths of the decoding sequences (one new token each), and those
+    of the sequences whose ``verify_tokens`` speculative tokens the model verifies (the last
+    sampled token and the draft's; their logits at every one of them)."""
+
+    prefills: tuple[tuple[int, int], ...]
+    decodes: tuple[int, ...]
+    verify: tuple[int, ...] = ()
+    verify_tokens: int = 0
+
+    @property
+    def tokens(self) -> int:
+        return (
+            sum(q for q, _ in self.prefills)
+            + len(self.decodes)
+            + len(self.verify) * self.verify_tokens
+        )
+
+    @property
+    def sequences(self) -> int:
+        return len(self.prefills) + len(self.decodes) + len(self.verify)
+
+    @property
+    def logits(self) -> int:
+        """Rows of the LM head: one per sequence, one per verified token."""
+        return len(self.prefills) + len(self.decodes) + len(self.verify) * self.verify_tokens
+
+
+@dataclass
+class _Affine:
+    """A node whose numeric fields are ``a + b·n`` in one count ``n`` (tokens or sequences)."""
+
+    node: Node
+    count: int
+    base: dict[str, float]
+    slope: dict[str, float]
+    gemm: tuple[tuple[float, float], ...] | None
+    shape: tuple[int, ...] | None  # a collective's group shape
+
+    def at(self, n: int) -> Node:
+        fields = {k: _exact(self.base[k] + self.slope[k] * n) for k in self.base}
+        attrs = dict(self.node.attrs)
+        if self.gemm is not None:
+            attrs["gemm"] = tuple(_exact(a + b * n) for a, b in self.gemm)
+        return replace(self.node, attrs=attrs, **fields)
+
+
+@dataclass
+class _Form:
+    """One form of an attention node (decode: one new token; prefill: a chunk) as a function
+    of (sequences ``b``, new tokens ``q``, key/value length ``kv``): batch ``∝ b``, query rows
+    ``∝ q``, bytes ``b·(a + c·q + d·kv)``."""
+
+    shape: tuple[Any, ...]  # the attention attribute at b = 1, q = 1 (rows per token)
+    bytes_abc: tuple[float, float, float]
+    flops: float  # FLOPs per (sequence, query, key) of the reference: the kernel model prices
+    # the shape and the bytes; FLOPs only mark the node as work
+
+    def at(self, node: Node, b: int, q: int, kv: int) -> Node:
+        batch, heads, rows, _, dim, *rest = self.shape
+        attrs = dict(node.attrs)
+        attrs["attention"] = (batch * b, heads, rows * q, kv, dim, *rest)
+        a, per_q, per_kv = self.bytes_abc
+        nbytes = _exact(b * (a + per_q * q + per_kv * kv))
+        return replace(
+            node, attrs=attrs, tensor_size=nbytes, num_ops=round(self.flops * b * q * kv)
+        )
+
+
+@dataclass
+class _Attention:
+    """An attention node: its decode form (``q = 1``) and its prefill form (``q > 1``)."""
+
+    node: Node
+    count: int
+    decode: _Form
+    prefill: _Form
+
+    def at(self, b: int, q: int, kv: int) -> Node:
+        return (self.decode if q == 1 else self.prefill).at(self.node, b, q, kv)
+
+
+def _exact(value: float) -> int:
+    rounded = round(value)
+    if abs(value - rounded) > 1e-6 * max(1.0, abs(value)):
+        raise _NotAffine(f"a node field interpolates to {value}, not an integer")
+    return int(rounded)
+
+
+class _NotAffine(Exception):
+    pass
+
+
+def _signature(node: Node, shape: tuple[int, ...] | None) -> tuple[Any, ...]:
+    attrs = tuple(
+        (k, v) for k, v in sorted(node.attrs.items()) if k not in PLACE_ATTRS and k != "gemm"
+    )
+    return (node.type, node.comm_type, shape, node.dtype, node.name.rsplit("/", 1)[-1], attrs)
+
+
+def _rank_nodes(workload: Workload, system: System) -> list[tuple[Node, tuple[int, ...] | None]]:
+    graph = workload.ranks[0]
+    out = []
+    for template in graph.rank_class.nodes:
+        node = graph.resolve(template)
+        shape = None
+        if node.type is NodeType.COMM_COLL:
+            assert node.comm_group is not None
+            shape = group_shape(workload.comm_groups[node.comm_group], system)
+        out.append((node, shape))
+    return out
+
+
+class IterationPricer:
+    """Seconds of one iteration of any :class:`Batch` on one replica (see the module
+    docstring). ``base``: the serving options of the replica (model, tp, dtypes); ``build``
+    turns options into a workload; ``replay_time`` gives the step predictor's time of one."""
+
+    def __init__(
+        self,
+        base: GenerateOptions,
+        system: System,
+        kernels: KernelTable,
+        build: Any,
+        replay_time: Any,
+    ) -> None:
+        if base.pp != 1 or base.sp != 1 or base.dp != 1 or base.ep != 1:
+            raise UserError(
+                f"a serving replica is priced on tensor parallelism alone (--tp); got "
+                f"pp={base.pp} sp={base.sp} dp={base.dp} ep={base.ep} (allowed: 1 each; "
+                "replicas are --replicas)"
+            )
+        self.system = system
+        self.kernels = kernels
+        self.dtype = base.dtype
+        self.profile = base.profile
+        self._build = build
+        decode = replace(base, phase="decode", steps=1, micro_batch=None, prefill_batch=0)
+        prefill = replace(base, phase="prefill", micro_batch=None, prefill_batch=0)
+        c0, c1 = CONTEXTS
+        p0, p1 = PROMPTS
+        one = build(replace(decode, batch=1, context=c0))
+        two = build(replace(decode, batch=2, context=c0))
+        far = build(replace(decode, batch=1, context=c1))
+        short = build(replace(prefill, batch=1, seq=p0))
+        long = build(replace(prefill, batch=1, seq=p1))
+        chunked = build(
+            replace(
+                base,
+                phase="mixed",
+                batch=1,
+                context=c0,
+                prefill_batch=1,
+                chunk=p0,
+                prefill_context=CHUNK_CONTEXT,
+                micro_batch=None,
+                steps=1,
+            )
+        )
+        facts = one.rank_classes[0].facts
+        self.kv_bytes_per_token = int(facts["kv_cache_bytes_per_step"][0]) // (c0 + 1)
+        self.weight_bytes = int(facts["weight_bytes"])
+        try:
+            nodes = [_rank_nodes(w, system) for w in (one, two, far, short, long)]
+            after = [n for n, _ in _rank_nodes(chunked, system) if "attention" in n.attrs]
+            self._fit(nodes, after[::2])
+        except _NotAffine as exc:
+            raise self._refusal(base, str(exc)) from None
+        self._body: dict[int, float] = {}
+        self._head: dict[int, float] = {}
+        self._attention: dict[tuple[int, int, int], float] = {}
+        self._check(base, replay_time)
+
+    # -- reading the reference workloads -----------------------------------------------------
+
+    def _fit(
+        self,
+        ranks: Sequence[list[tuple[Node, tuple[int, ...] | None]]],
+        chunked: Sequence[Node],
+    ) -> None:
+        """Read the affine forms off the reference workloads: decode at 1 and 2 sequences
+        and a longer context, prefill of two lengths, and a chunk after cached tokens
+        (``chunked``: its prefill group's attention nodes, in order)."""
+        one, two, far, short, long = ranks
+        if len({len(r) for r in ranks}) != 1:
+            raise _NotAffine("its workloads differ in their nodes between batches")
+        body: dict[tuple[Any, ...], _Affine] = {}
+        head: dict[tuple[Any, ...], _Affine] = {}
+        attention: dict[tuple[Any, ...], _Attention] = {}
+        c0, c1 = CONTEXTS
+        p0, p1 = PROMPTS
+        kv0 = c0 + 1
+        seen_attention = 0
+        for i, (n1, shape) in enumerate(one):
+            n2, nf, ns, nl = two[i][0], far[i][0], short[i][0], long[i][0]
+            if n1.type not in (NodeType.COMP, NodeType.COMM_COLL):
+                raise _NotAffine(f"it has {n1.type.name} nodes (a pipeline)")
+            key = _signature(n1, shape)
+            att = n1.attrs.get("attention")
+            if att is not None:
+                if seen_attention >= len(chunked):
+                    raise _NotAffine("its chunked prefill has fewer attention nodes")
+                nc = chunked[seen_attention]
+                seen_attention += 1
+                if key in attention:
+                    attention[key].count += 1
+                    continue
+                per_kv = (nf.tensor_size - n1.tensor_size) / (c1 - c0)
+                dec = _Form(
+                    tuple(att),
+                    (n1.tensor_size - per_kv * kv0, 0.0, per_kv),
+                    n1.num_ops / kv0,
+                )
+                pre_shape = tuple(ns.attrs["attention"])
+                rows = pre_shape[2] // p0
+                pre_kv = (nc.tensor_size - ns.tensor_size) / CHUNK_CONTEXT
+                slope = (nl.tensor_size - ns.tensor_size) / (p1 - p0)
+                pre = _Form(
+                    (pre_shape[0], pre_shape[1], rows, 0, *pre_shape[4:]),
+                    (ns.tensor_size - slope * p0, slope - pre_kv, pre_kv),
+                    ns.num_ops / (p0 * p0),
+                )
+                entry = _Attention(n1, 1, dec, pre)
+                attention[key] = entry
+                for b, q, kv, ref in (
+                    (2, 1, kv0, n2),
+                    (1, 1, c1 + 1, nf),
+                    (1, p1, p1, nl),
+                    (1, p0, p0 + CHUNK_CONTEXT, nc),
+                ):
+                    made = entry.at(b, q, kv)
+                    if (made.attrs["attention"], made.tensor_size) != (
+                        tuple(ref.attrs["attention"]),
+                        ref.tensor_size,
+                    ):
+                        raise _NotAffine(f"its attention node {n1.name} is not affine")
+                continue
+            if (n1.num_ops, n1.tensor_size, n1.comm_size) != (
+                nf.num_ops,
+                nf.tensor_size,
+                nf.comm_size,
+            ):
+                raise _NotAffine(f"node {n1.name} depends on the context outside attention")
+            target = head if node_part(n1) == "head" else body
+            if key in target:
+                target[key].count += 1
+                continue
+            fields = ("num_ops", "tensor_size", "comm_size")
+            slope_ = {f: float(getattr(n2, f) - getattr(n1, f)) for f in fields}
+            base = {f: getattr(n1, f) - slope_[f] for f in fields}
+            g1, g2 = n1.attrs.get("gemm"), n2.attrs.get("gemm")
+            gemm = None
+            if g1 is not None:
+                gemm = tuple((x - (y - x), float(y - x)) for x, y in zip(g1, g2, strict=True))
+            entry_ = _Affine(n1, 1, base, slope_, gemm, shape)
+            target[key] = entry_
+            if target is body:  # a prompt of p1 tokens: the third point
+                made = entry_.at(p1)
+                if (made.num_ops, made.tensor_size, made.comm_size, made.attrs.get("gemm")) != (
+                    nl.num_ops,
+                    nl.tensor_size,
+                    nl.comm_size,
+                    nl.attrs.get("gemm"),
+                ):
+                    raise _NotAffine(f"node {n1.name} is not affine in the tokens")
+        self._body_nodes = list(body.values())
+        self._head_nodes = list(head.values())
+        self._attention_nodes = list(attention.values())
+
+    def _refusal(self, base: GenerateOptions, why: str) -> UserError:
+        return UserError(
+            f"model {base.model!r}: its serving step cannot be priced per iteration ({why}); "
+            "request-level simulation supports dense models on tensor parallelism"
+        )
+
+    def _check(self, base: GenerateOptions, replay_time: Any) -> None:
+        """Two steps it did not read, priced both ways: a prefill of two prompts and a
+        decode step of three sequences."""
+        prompt, context = PROMPTS[1] - 5, CONTEXTS[1] + 7
+        cases = (
+            (
+                replace(base, phase="prefill", batch=2, seq=prompt),
+                Batch(((prompt, prompt),) * 2, ()),
+            ),
+            (
+                replace(base, phase="decode", batch=3, context=context, steps=1),
+                Batch((), (context + 1,) * 3),
+            ),
+        )
+        for options, batch in cases:
+            want = replay_time(self._build(replace(options, micro_batch=None, prefill_batch=0)))
+            got = self.price(batch)
+            if abs(got - want) > CHECK_TOLERANCE * want:
+                raise self._refusal(
+                    base,
+                    f"a {options.phase} step prices at {got:.9g} s, its replay at {want:.9g} s",
+                )
+
+    # -- pricing -----------------------------------------------------------------------------
+
+    def _node_time(self, node: Node, shape: tuple[int, ...] | None) -> float:
+        if node.type is NodeType.COMM_COLL:
+            assert node.comm_type is not None and shape is not None
+            return collective_time(node.comm_type, node.comm_size, shape, self.system)
+        return compute_time(node, self.system, self.dtype, self.kernels, self.profile, None)
+
+    def body_time(self, tokens: int) -> float:
+        """Seconds of everything but attention and the head for ``tokens`` new tokens."""
+        t = self._body.get(tokens)
+        if t is None:
+            t = self._body[tokens] = sum(
+                e.count * self._node_time(e.at(tokens), e.shape) for e in self._body_nodes
+            )
+        return t
+
+    def head_time(self, sequences: int) -> float:
+        """Seconds of the LM head (and sampling) over ``sequences`` sequences."""
+        t = self._head.get(sequences)
+        if t is None:
+            t = self._head[sequences] = sum(
+                e.count * self._node_time(e.at(sequences), e.shape) for e in self._head_nodes
+            )
+        return t
+
+    def attention_time(self, sequences: int, new: int, kv: int) -> float:
+        """Seconds of the attention kernels of all layers for one group."""
+        key = (sequences, new, kv)
+        t = self._attention.get(key)
+        if t is None:
+            t = self._attention[key] = sum(
+                e.count * self._node_time(e.at(sequences, new, kv), None)
+                for e in self._attention_nodes
+            )
+        return t
+
+    def decode_time(self, sequences: int, mean_kv: int) -> float:
+        """One iteration of ``sequences`` decoding sequences only, at mean length ``mean_kv``."""
+        return (
+            self.body_time(sequences)
+            + self.head_time(sequences)
+            + self.attention_time(sequences, 1, mean_kv)
+        )
+
+    def price(self, batch: Batch) -> float:
+        """Seconds of one iteration running ``batch``."""
+        if batch.sequences == 0:
+            return 0.0
+        seconds = self.body_time(batch.tokens) + self.head_time(batch.logits)
+        groups: dict[tuple[int, int], int] = {}
+        for q, kv in batch.prefills:
+            groups[(q, kv)] = groups.get((q, kv), 0) + 1
+        for (q, kv), b in sorted(groups.items()):
+            seconds += self.attention_time(b, q, kv)
+        if batch.decodes:
+            mean = math.ceil(sum(batch.decodes) / len(batch.decodes))
+            seconds += self.attention_time(len(batch.decodes), 1, mean)
+        if batch.verify:
+            mean = math.ceil(sum(batch.verify) / len(batch.verify))
+            seconds += self.attention_time(len(batch.verify), batch.verify_tokens, mean)
+        return seconds
+
+
+def kv_blocks(
+    capacity_bytes: int,
+    weight_bytes: int,
+    activation_bytes: int,
+    kv_bytes_per_token: int,
+    block_size: int,
+    memory_fraction: float,
+) -> int:
+    """KV-cache blocks of ``block_size`` tokens one GPU holds: what ``memory_fraction`` of its
+    memory leaves after the weights and the activations of the largest iteration (vLLM's
+    profiling run: ``gpu_memory_utilization · total - weights - peak activations``)."""
+    free = memory_fraction * capacity_bytes - weight_bytes - activation_bytes
+    return max(0, int(free // (kv_bytes_per_token * block_size)))
+
+
+def kv_transfer(pricer: IterationPricer) -> Any:
+    """Seconds to move a request's KV cache of ``tokens`` tokens from a prefill replica to a
+    decode replica: every GPU of the prefill replica sends its share of the cache
+    (``kv_bytes_per_token · tokens``) to its peer at once, over the outermost network
+    dimension (the two replicas on different nodes), as one point-to-point transfer priced
+    by :func:`stg.perf.costs.send_time` (alpha-beta on that dimension)."""
+    system = pricer.system
+    outer = len(system.network) - 1
+    per_token = pricer.kv_bytes_per_token
+
+    def seconds(tokens: int) -> float:
+        return send_time(per_token * tokens, outer, system)
+
+    return seconds
+
+
+def replica_pricer(base: GenerateOptions, system: System, registry: Any) -> IterationPricer:
+    """The pricer of one replica of ``base`` (model, tp, dtypes) on ``system``, with the
+    registry's kernels, checked against its ``serving`` predictor."""
+    from stg.core.pipeline import build_workload, validate_options
+    from stg.perf.kernels import kernel_table
+
+    table = kernel_table(list(registry.kernels), system.name)
+    serving = registry.predictors.get("serving")
+
+    def build(options: GenerateOptions) -> Workload:
+        validate_options(options, registry)
+        return build_workload(options, registry)
+
+    def replay_time(workload: Workload) -> float:
+        return float(serving.predict(workload, system, kernels=table)["time_s"])
+
+    return IterationPricer(base, system, table, build, replay_time)
+
+
+def replica_blocks(
+    pricer: IterationPricer,
+    base: GenerateOptions,
+    registry: Any,
+    *,
+    tokens: int,
+    block_size: int,
+    memory_fraction: float,
+    draft: IterationPricer | None = None,
+) -> int:
+    """KV-cache blocks per GPU of a replica whose largest iteration runs ``tokens`` tokens:
+    the weights and activations come from the ``memory`` predictor's report of a prefill of
+    that many tokens. A ``draft`` model of speculative decoding shares the GPUs: its weights
+    are held beside the target's and every block holds its keys and values too."""
+    if not 0 < memory_fraction <= 1:
+        raise UserError(f"--gpu-memory-utilization {memory_fraction}: must be in (0, 1]")
+    if block_size < 1:
+        raise UserError(f"--block-size {block_size}: must be a positive integer")
+    memory = registry.predictors.get("memory")
+    largest = pricer._build(replace(base, phase="prefill", batch=1, seq=tokens, context=None))
+    first = memory.predict(largest, pricer.system)["classes"][0]
+    weights = int(first["weights"]) + (draft.weight_bytes if draft is not None else 0)
+    per_token = pricer.kv_bytes_per_token + (draft.kv_bytes_per_token if draft else 0)
+    return kv_blocks(
+        pricer.system.hbm_capacity,
+        weights,
+        int(first["activations"]),
+        per_token,
+        block_size,
+        memory_fraction,
+    )
+
+
+__all__ = [
+    "Batch",
+    "IterationPricer",
+    "kv_blocks",
+    "kv_transfer",
+    "replica_blocks",
+    "replica_pricer",
+]

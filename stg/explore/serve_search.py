@@ -1,0 +1,223 @@
+"""Capacity planning for serving: the fewest GPUs that serve a request stream within SLOs.
+
+For every replica shape (tensor-parallel degree, KV-cache dtype, token budget per iteration)
+the search simulates the stream (:func:`stg.explore.serve.simulate`) on a growing number of
+replicas, aggregated or split into prefill and decode pools, and keeps the smallest count
+whose latency percentiles meet the limits (e.g. p99 TTFT under 2 s and p90 TPOT under
+50 ms). More replicas never lengthen the queues a stream meets, so the count is found by
+doubling and then bisection; a disaggregated layout of ``n`` replicas tries every split of
+``n`` into prefill and decode replicas. A shape whose weights leave no KV-cache block, or
+that the pricer refuses, is skipped with its reason. Plans come back cheapest first (GPUs,
+then the constrained percentiles).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from stg.core.options import GenerateOptions
+from stg.errors import UserError
+from stg.explore.serve import EngineConfig, Simulation, request_table, simulate
+from stg.explore.serve_cost import kv_transfer, replica_blocks, replica_pricer
+from stg.explore.serve_requests import Stream
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Latency limits: percentile (0-100) and seconds, for TTFT and TPOT (None: no limit)."""
+
+    ttft: tuple[float, float] | None = None
+    tpot: tuple[float, float] | None = None
+
+    def measure(self, sim: Simulation) -> dict[str, float]:
+        table = request_table(sim)
+        out = {}
+        for name, limit, column in (("ttft", self.ttft, "ttft_s"), ("tpot", self.tpot, "tpot_s")):
+            if limit is not None:
+                values = table[column][~np.isnan(table[column])]
+                out[name] = float(np.percentile(values, limit[0])) if len(values) else 0.0
+        return out
+
+    def met(self, measured: dict[str, float]) -> bool:
+        return all(
+            measured[name] <= limit[1]
+            for name, limit in (("ttft", self.ttft), ("tpot", self.tpot))
+            if limit is not None
+        )
+
+
+@dataclass
+class CapacityPlan:
+    """The smallest layout of one replica shape that meets the limits."""
+
+    tp: int
+    kv_dtype: str
+    max_num_batched_tokens: int
+    replicas: int
+    prefill_replicas: int
+    measured: dict[str, float]
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * (self.replicas + self.prefill_replicas)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "gpus": self.gpus,
+            "tp": self.tp,
+            "kv_dtype": self.kv_dtype,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "layout": "disaggregated" if self.prefill_replicas else "aggregated",
+            "replicas": self.replicas,
+            "prefill_replicas": self.prefill_replicas,
+            **{f"{k}_s": v for k, v in self.measured.items()},
+        }
+
+
+@dataclass
+class CapacityResult:
+    plans: list[CapacityPlan]
+    skipped: dict[str, str] = field(default_factory=dict)
+    """replica shapes left out, with the reason"""
+    simulations: int = 0
+
+
+def _smallest(most: int, ok: Callable[[int], bool]) -> int | None:
+    """The smallest n in [1, most] with ``ok(n)``, for ``ok`` false below some n and true from
+    it (None if none): doubling, then bisection; each n is tried once."""
+    seen: dict[int, bool] = {}
+
+    def tried(n: int) -> bool:
+        if n not in seen:
+            seen[n] = ok(n)
+        return seen[n]
+
+    high = 1
+    while high < most and not tried(high):
+        high *= 2
+    high = min(high, most)
+    if not tried(high):
+        return None
+    low = high // 2 + 1 if high > 1 else 1
+    while low < high:
+        mid = (low + high) // 2
+        if tried(mid):
+            high = mid
+        else:
+            low = mid + 1
+    return high
+
+
+def serving_capacity(
+    stream: Stream,
+    base: GenerateOptions,
+    system: Any,
+    registry: Any,
+    limits: Limits,
+    *,
+    max_gpus: int,
+    tps: Sequence[int] = (1, 2, 4, 8),
+    kv_dtypes: Sequence[str | None] = (None,),
+    budgets: Sequence[int] = (2048,),
+    layouts: Sequence[str] = ("aggregated", "disaggregated"),
+    engine: EngineConfig | None = None,
+    memory_fraction: float = 0.9,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> CapacityResult:
+    """The cheapest layouts of each replica shape that serve ``stream`` within ``limits``
+    on at most ``max_gpus`` GPUs (see the module docstring)."""
+    if limits.ttft is None and limits.tpot is None:
+        raise UserError("capacity planning needs a latency limit (TTFT or TPOT)")
+    if max_gpus < 1:
+        raise UserError(f"--gpus {max_gpus}: must be a positive integer")
+    unknown = sorted(set(layouts) - {"aggregated", "disaggregated"})
+    if unknown:
+        raise UserError(f"layouts {unknown}: allowed values are aggregated, disaggregated")
+    engine = engine or EngineConfig()
+    result = CapacityResult([])
+    shapes = [(tp, kv, budget) for tp in tps for kv in kv_dtypes for budget in budgets]
+    for i, (tp, kv, budget) in enumerate(shapes):
+        if progress is not None:
+            progress("replica shapes", i, len(shapes))
+        name = f"tp {tp}, KV {kv or base.dtype}, budget {budget}"
+        if tp > max_gpus:
+            result.skipped[name] = f"more GPUs per replica than {max_gpus}"
+            continue
+        options = replace(base, tp=tp, kv_dtype=kv)
+        try:
+            pricer = replica_pricer(options, system, registry)
+            blocks = replica_blocks(
+                pricer,
+                options,
+                registry,
+                tokens=budget,
+                block_size=engine.block_size,
+                memory_fraction=memory_fraction,
+            )
+        except UserError as exc:
+            result.skipped[name] = str(exc)
+            continue
+        if blocks < 1:
+            result.skipped[name] = "the weights and activations leave no KV-cache block"
+            continue
+        config = replace(engine, blocks=blocks, max_num_batched_tokens=budget)
+        most = max_gpus // tp
+
+        def attempt(
+            replicas: int, prefill: int, config: EngineConfig = config, pricer: Any = pricer
+        ) -> dict | None:
+            """The percentiles of one layout if it meets the limits (None otherwise)."""
+            result.simulations += 1
+            try:
+                sim = simulate(
+                    stream,
+                    pricer,
+                    replace(config, replicas=replicas, prefill_replicas=prefill),
+                    transfer_time=kv_transfer(pricer),
+                )
+            except UserError:
+                return None  # a request that never fits this replica's cache
+            measured = limits.measure(sim)
+            return measured if limits.met(measured) else None
+
+        kv_name = kv or base.dtype
+        if "aggregated" in layouts:
+            found: dict[int, dict] = {}
+
+            def aggregated(n: int, found: dict = found) -> bool:
+                measured = attempt(n, 0)
+                if measured is not None:
+                    found[n] = measured
+                return measured is not None
+
+            n = _smallest(most, aggregated)
+            if n is not None:
+                result.plans.append(CapacityPlan(tp, kv_name, budget, n, 0, found[n]))
+        if "disaggregated" in layouts and most >= 2:
+            split: dict[int, tuple[int, dict]] = {}
+
+            def disaggregated(n: int, split: dict = split) -> bool:
+                for prefill in range(1, n):
+                    measured = attempt(n - prefill, prefill)
+                    if measured is not None:
+                        split[n] = (prefill, measured)
+                        return True
+                return False
+
+            n = _smallest(most, lambda n: n >= 2 and disaggregated(n))
+            if n is not None:
+                prefill, measured = split[n]
+                result.plans.append(
+                    CapacityPlan(tp, kv_name, budget, n - prefill, prefill, measured)
+                )
+    if progress is not None:
+        progress("replica shapes", len(shapes), len(shapes))
+    result.plans.sort(key=lambda p: (p.gpus, tuple(p.measured.values())))
+    return result
+
+
+__all__ = ["CapacityPlan", "CapacityResult", "Limits", "serving_capacity"]
