@@ -107,16 +107,92 @@ def compute(
         metavar="PNG",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the result lines as a JSON list."),
+    resume_id: Optional[str] = typer.Option(  # noqa: UP045
+        None,
+        "--resume-id",
+        "-r",
+        help="Skip the cases before this one (<op>|<id>, as PARAM names them; it runs).",
+        metavar="OP|ID",
+    ),
+    stop_id: Optional[str] = typer.Option(  # noqa: UP045
+        None,
+        "--stop-id",
+        "--stop_id",
+        "-s",
+        help="Stop at this case (<op>|<id>; it does not run), as PARAM's --stop_id.",
+        metavar="OP|ID",
+    ),
+    cuda_l2_cache: str = typer.Option(
+        "on",
+        "--cuda-l2-cache",
+        help="on: keep the GPU's L2 cache between calls; off: flush it before each call by "
+        "writing a buffer the size of the L2 (PARAM's option; CUDA devices only).",
+    ),
+    profile: bool = typer.Option(
+        False,
+        "--profile",
+        "-p",
+        help="Write a torch.profiler Chrome trace of each case beside --out "
+        "(<out>_trace_<n>.json) and PARAM's trace_file lines.",
+    ),
+    nvtx: bool = typer.Option(
+        False, "--nvtx", help="Mark each call with PARAM's NVTX ranges (for ncu and nsys)."
+    ),
+    ncu: bool = typer.Option(
+        False, "--ncu", help="Profile the cases again in batches under NSight Compute (PARAM)."
+    ),
+    ncu_bin: Optional[str] = typer.Option(None, "--ncu-bin", help="ncu (default: on PATH)."),  # noqa: UP045
+    ncu_args_file: Optional[str] = typer.Option(  # noqa: UP045
+        None, "--ncu-args-file", help="A file of extra ncu options (metrics...).", metavar="FILE"
+    ),
+    ncu_warmup: Optional[int] = typer.Option(None, "--ncu-warmup", help="Default 5."),  # noqa: UP045
+    ncu_iteration: Optional[int] = typer.Option(None, "--ncu-iteration", help="Default 1."),  # noqa: UP045
+    nsys: bool = typer.Option(
+        False, "--nsys", help="Profile the cases again in batches under NSight Systems (PARAM)."
+    ),
+    nsys_bin: Optional[str] = typer.Option(None, "--nsys-bin", help="nsys (default: on PATH)."),  # noqa: UP045
+    nsys_args_file: Optional[str] = typer.Option(  # noqa: UP045
+        None, "--nsys-args-file", help="A file of extra nsys options.", metavar="FILE"
+    ),
+    nsys_warmup: Optional[int] = typer.Option(None, "--nsys-warmup", help="Default 5."),  # noqa: UP045
+    nsys_iteration: Optional[int] = typer.Option(None, "--nsys-iteration", help="Default 10."),  # noqa: UP045
+    run_batch_size: int = typer.Option(
+        50, "--run-batch-size", help="Cases per ncu/nsys launch (PARAM's default 50)."
+    ),
+    batch_cuda_device: int = typer.Option(
+        1,
+        "--batch-cuda-device",
+        help="CUDA_VISIBLE_DEVICES of the ncu/nsys launches (PARAM's default 1).",
+    ),
 ) -> None:
     """Run a PARAM compute config and write PARAM's results, with FLOPs, bytes and rates."""
     from stg.bench.config import expand, load_config
+    from stg.bench.nsight import BatchRun, nsight_tool, run_batches
     from stg.bench.results import ResultWriter
-    from stg.bench.runner import Runner, RunOptions, op_table, run_cases
+    from stg.bench.runner import Runner, RunOptions, op_table, run_cases, select_cases
 
-    options = RunOptions(device, warmup, iterations, backward, threads)
+    if cuda_l2_cache not in ("on", "off"):
+        raise UserError(f"--cuda-l2-cache {cuda_l2_cache}: allowed: on, off")
+    options = RunOptions(
+        device,
+        warmup,
+        iterations,
+        backward,
+        threads,
+        cuda_l2_cache=cuda_l2_cache == "on",
+        nvtx=nvtx,
+    )
+    tools = []
+    if ncu:
+        tools.append(nsight_tool("ncu", ncu_bin, ncu_args_file, ncu_warmup, ncu_iteration))
+    if nsys:
+        tools.append(nsight_tool("nsys", nsys_bin, nsys_args_file, nsys_warmup, nsys_iteration))
+    if run_batch_size < 1:
+        raise UserError(f"--run-batch-size {run_batch_size}: must be >= 1")
     expansion = expand(load_config(config))
     if not expansion.cases:
         raise UserError(f"config {config!r} has no operator to run")
+    chosen = select_cases(expansion.cases, resume_id, stop_id)
     target = Path(out)
     _check_plot(plot)
     ops = op_table(get_registry().bench_ops)
@@ -125,7 +201,7 @@ def compute(
     for warning in expansion.warnings:
         typer.echo(f"warning: {warning}", err=True)
     console = err_console()
-    total = len(expansion.cases)
+    total = len(chosen)
 
     def report(record: dict[str, Any]) -> None:
         if "error" in record:
@@ -134,10 +210,28 @@ def compute(
             console.print(f"{record['op_name']}|{record['id']}", style="dim")
 
     writer = ResultWriter(target)
+    produced: list[Path] = []  # traces and profiler files: removed if the run fails
     try:
-        records = run_cases(runner, expansion.cases, writer, argv=sys.argv, on_result=report)
+        records = run_cases(
+            runner,
+            chosen,
+            writer,
+            argv=sys.argv,
+            on_result=report,
+            traces=produced if profile else None,
+        )
+        measured = [c for c, r in zip(chosen, records, strict=True) if "error" not in r]
+        batch_run = BatchRun(config, device, backward, threads, batch_cuda_device)
+        for tool in tools:
+            lines = run_batches(
+                batch_run, tool, measured, expansion.cases, run_batch_size, target, produced
+            )
+            for line in lines:
+                writer.write(line)
     except BaseException:
         writer.abort()
+        for path in produced:
+            path.unlink(missing_ok=True)
         raise
 
     def draw() -> None:
@@ -154,6 +248,7 @@ def compute(
     _say(
         f"{total - failed} of {total} cases measured, {failed} failed; results in {out}"
         + (f", plot in {plot}" if plot else "")
+        + (f", {len(produced)} trace and profiler files beside it" if produced else "")
     )
     if failed:
         raise typer.Exit(1)
