@@ -951,10 +951,11 @@ def run_predictors(
                 **extra,
             )
         elif predictor.predict is memory_predictor.predict_memory:
-            if not options:
+            if not options.get("model"):  # an imported trace records its dtype only
                 raise UserError(
                     "the memory predictor needs generation options; this trace does not record "
-                    "them (give the options of stg generate instead of a trace)"
+                    "them (give the options of stg generate instead of a trace, or --predictor "
+                    "time)"
                 )
             reports[name] = memory_predictor.predict_analytic(
                 options, system, kernels=list(registry.kernels)

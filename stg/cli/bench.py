@@ -2,6 +2,8 @@
 
 - ``stg bench compute CONFIG.json``: run a PARAM compute config (PyTorch), write PARAM's
   JSON-lines results with FLOPs, bytes, achieved TFLOP/s and GB/s, median and IQR;
+- ``stg bench replay TRACE``: the aten operators of a PyTorch execution trace as a PARAM
+  config, run with made-up tensors of the recorded shapes (PARAM's et_replay);
 - ``stg bench model [generation options]``: the PARAM config of the unique GEMM, attention
   and memory-bound kernels of a workload;
 - ``stg bench calibrate RESULTS.jsonl...``: a calibration table for ``stg predict
@@ -287,6 +289,93 @@ def _print_compute(records: list[dict[str, Any]]) -> None:
             _fmt(e.get("tflops_bwd")),
         )
     print_table(Console(highlight=False), table)
+
+
+# -- replay -------------------------------------------------------------------------------------
+
+
+@app.command("replay")
+def replay(
+    trace: str = typer.Argument(
+        ...,
+        help="A PyTorch host execution trace (ExecutionTraceObserver JSON).",
+        metavar="TRACE",
+    ),
+    config_out: Optional[str] = typer.Option(  # noqa: UP045
+        None,
+        "--config",
+        "-c",
+        help="Write the PARAM compute config of the trace's distinct operators here.",
+        metavar="FILE",
+    ),
+    out: Optional[str] = typer.Option(  # noqa: UP045
+        None,
+        "--out",
+        "-o",
+        help="Run the operators and write PARAM's result lines here (for stg bench calibrate).",
+        metavar="FILE",
+    ),
+    device: str = typer.Option("cpu", "--device", "-d", help="cpu, cuda or cuda:N."),
+    warmup: int = typer.Option(3, "--warmup", "-w", help="Warm-up calls per operator."),
+    iterations: int = typer.Option(
+        10, "--iterations", "--iteration", "-i", help="Measured calls per operator."
+    ),
+    threads: int = typer.Option(1, "--threads", help="CPU threads (PARAM uses 1)."),
+) -> None:
+    """Replay a PyTorch execution trace's operators, as PARAM's et_replay: made-up tensors of
+    the recorded shapes and dtypes, each distinct operator measured once."""
+    from stg.bench.config import expand
+    from stg.bench.et_replay import replay_config, skipped_summary
+    from stg.bench.results import ResultWriter
+    from stg.bench.runner import Runner, RunOptions, op_table, run_cases
+
+    if config_out is None and out is None:
+        raise UserError("give --config FILE (the PARAM config), --out FILE (run it), or both")
+    options = RunOptions(device, warmup, iterations, False, threads)
+    made = replay_config(trace)
+    if not made.config:
+        raise UserError(f"{trace} has no operator that moves data to replay")
+    for line in skipped_summary(made.skipped):
+        typer.echo(f"warning: skipped {line}", err=True)
+    runner = None
+    if out is not None:
+        runner = Runner(options, op_table(get_registry().bench_ops))
+        check_writable_file("--out", Path(out))
+    if config_out is not None:
+        check_writable_file("--config", Path(config_out))
+    records: list[dict[str, Any]] = []
+
+    def run() -> None:
+        if runner is None or out is None:
+            return
+        writer = ResultWriter(Path(out))
+        try:
+            records.extend(run_cases(runner, expand(made.config).cases, writer, argv=sys.argv))
+        except BaseException:
+            writer.abort()
+            raise
+        writer.commit()
+
+    if config_out is not None:
+        _write_json(Path(config_out), made.config, then=run)  # both files, or neither
+    else:
+        run()
+    failed = [f"{r['op_name']}|{r['id']}: {r['error']}" for r in records if "error" in r]
+    for line in failed:
+        _echo_error(line)
+    if records:
+        _print_compute(records)
+    written = [f"config in {config_out}"] if config_out else []
+    if out is not None:
+        written.append(f"{len(records) - len(failed)} measured, {len(failed)} failed, in {out}")
+    _say(
+        f"{made.operators} operators of {trace}, {made.cases} distinct"
+        + (f" ({sum(made.skipped.values())} skipped)" if made.skipped else "")
+        + "; "
+        + "; ".join(written)
+    )
+    if failed:
+        raise typer.Exit(1)
 
 
 # -- model --------------------------------------------------------------------------------------
