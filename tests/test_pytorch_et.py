@@ -137,7 +137,13 @@ def test_kineto_goes_through_chakras_trace_link(tmp_path: Path) -> None:
                    "--kineto", str(DATA / "mlp_kineto.json")])  # fmt: skip
     if importlib.util.find_spec("et_replay") is not None:  # mlc-chakra's linker can run
         assert result.exit_code == 0, result.output
-        assert any(n.runtime > 0 for n in iter_nodes(tmp_path / "mlp.0.et"))
+        nodes = list(iter_nodes(tmp_path / "mlp.0.et"))
+        assert any(n.runtime > 0 for n in nodes)
+        assert _run(["validate", str(out)]).exit_code == 0
+        events = json.loads((DATA / "mlp_kineto.json").read_text())["traceEvents"]
+        step = max(e["dur"] for e in events if e.get("name", "").startswith("ProfilerStep"))
+        # each recorded microsecond counts once: exclusive times, an operator's inclusive one
+        assert 0.9 * step <= sum(n.runtime for n in nodes) <= 1.01 * step
     else:
         assert result.exit_code == 2
         assert result.stderr == (

@@ -25,7 +25,9 @@ calibration tables of ``stg bench``:
   its Chakra type, ``comm_size`` (bytes, as TRACES.md counts them) and process group, and the
   process groups that ``## process_group:init ##`` records become the comm-group file;
 - repeated dependencies that the converter writes (a parent both as data and control
-  dependency) are dropped (stg validate refuses them);
+  dependency) and dependencies on nodes it removed are dropped (stg validate refuses them);
+- in a Kineto-linked trace, a top-level operator's runtime is its inclusive duration and
+  the nodes inside it get none, so that its time counts once;
 - the GlobalMetadata gains ``options`` = {``dtype``: the dtype of the matmuls (most FLOPs),
   ``profile``: ``eager``}, so the time predictor prices the job as the eager PyTorch it is.
 
@@ -154,6 +156,10 @@ class HostTraceWork:
     collectives: dict[int, Collective] = field(default_factory=dict)
     groups: dict[str, tuple[int, ...]] = field(default_factory=dict)
     schemas: dict[int, str] = field(default_factory=dict)
+    inside: set[int] = field(default_factory=set)
+    """Nodes that run inside a top-level operator or collective (their time is its time)."""
+    inclusive_us: dict[int, float] = field(default_factory=dict)
+    """The Kineto-linked inclusive duration of each top-level operator (linked traces)."""
 
 
 def _process_groups(node: Mapping[str, Any], world: int) -> dict[str, tuple[int, ...]]:
@@ -209,6 +215,19 @@ def host_trace_work(trace: Mapping[str, Any], world: int = 1) -> HostTraceWork:
         if schema_name(schema).startswith("c10d::") or has_op_above(node_id):
             continue
         found.ops[node_id] = op_work(schema, args, results)
+        inclusive = node.get("inclusive_dur")
+        if isinstance(inclusive, int | float):
+            found.inclusive_us[node_id] = float(inclusive)
+    tops = set(found.ops) | set(found.collectives)
+    for node_id in by_id:
+        parent = by_id[node_id].get("ctrl_deps")
+        seen: set[int] = set()
+        while isinstance(parent, int) and parent in by_id and parent not in seen:
+            if parent in tops:
+                found.inside.add(node_id)
+                break
+            seen.add(parent)
+            parent = by_id[parent].get("ctrl_deps")
     return found
 
 
@@ -245,16 +264,14 @@ def main_dtype(work: HostTraceWork) -> str:
 
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
-    """mlc-chakra logs each step at INFO on the root logger and prints; keep stg's output
-    to its own lines."""
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.WARNING)
+    """mlc-chakra (and the trace analysis its linker runs) logs and prints each step; keep
+    stg's output to its own lines."""
+    logging.disable(logging.CRITICAL)
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             yield
     finally:
-        root.setLevel(level)
+        logging.disable(logging.NOTSET)
 
 
 def link_kineto(rank: int, host: Path, kineto: Path, output: Path) -> None:
@@ -298,11 +315,18 @@ def chakra_convert(source: Path, output: Path) -> None:
 # -- typing the converted nodes -----------------------------------------------------------------
 
 
-def typed_node(node: Node, work: HostTraceWork, group_ids: Mapping[str, int]) -> Node:
-    """A converted node with the work of its host record (module docstring)."""
-    data = tuple(dict.fromkeys(node.data_deps))
-    ctrl = tuple(d for d in dict.fromkeys(node.ctrl_deps) if d not in data)
+def typed_node(
+    node: Node, work: HostTraceWork, group_ids: Mapping[str, int], present: set[int]
+) -> Node:
+    """A converted node with the work of its host record (module docstring); ``present``
+    holds the ids of the converted file (a dependency on another is dropped)."""
+    data = tuple(d for d in dict.fromkeys(node.data_deps) if d in present)
+    ctrl = tuple(d for d in dict.fromkeys(node.ctrl_deps) if d not in data and d in present)
     node = replace(node, data_deps=data, ctrl_deps=ctrl)
+    if node.id in work.inside:
+        node = replace(node, runtime=0)  # linked time already counted by its operator
+    elif node.id in work.inclusive_us:
+        node = replace(node, runtime=round(work.inclusive_us[node.id]))
     coll = work.collectives.get(node.id)
     if coll is not None:
         return replace(
@@ -351,22 +375,23 @@ def import_rank(
     groups: dict[int, tuple[int, ...]],
 ) -> ImportedRank:
     """Link (with a Kineto trace), convert and type one rank's trace."""
-    trace = load_host_trace(host_path)
-    work = host_trace_work(trace, world)
-    for name, members in sorted(work.groups.items()):
-        if len(members) > 1 and name not in group_ids:
-            group_ids[name] = len(group_ids) + 1
-            groups[group_ids[name]] = members
+    load_host_trace(host_path)  # one line for a file that is not one
     with tempfile.TemporaryDirectory(prefix="stg-pytorch-et-") as scratch:
         source = host_path
-        if kineto is not None:
+        if kineto is not None:  # the linker renumbers the nodes: type the linked trace
             source = Path(scratch) / "linked.json"
             link_kineto(rank, host_path, kineto, source)
+        work = host_trace_work(load_host_trace(source), world)
+        for name, members in sorted(work.groups.items()):
+            if len(members) > 1 and name not in group_ids:
+                group_ids[name] = len(group_ids) + 1
+                groups[group_ids[name]] = members
         converted = Path(scratch) / "rank.et"
         chakra_convert(source, converted)
         try:
             meta = read_metadata(converted)
-            nodes = [typed_node(n, work, group_ids) for n in iter_nodes(converted)]
+            present = {n.id for n in iter_nodes(converted)}
+            nodes = [typed_node(n, work, group_ids, present) for n in iter_nodes(converted)]
         except TraceError as exc:
             raise UserError(f"the converted trace of {host_path} cannot be read: {exc}") from None
     attrs = TraceAttrs()
