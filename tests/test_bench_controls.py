@@ -141,8 +141,8 @@ def test_profile_writes_a_chrome_trace_per_case(config: Path, tmp_path: Path) ->
 @pytest.mark.parametrize("tool", ["ncu", "nsys"])
 def test_a_missing_profiler_is_one_line(config: Path, tmp_path: Path, tool: str) -> None:
     out = tmp_path / "r.jsonl"
-    result = _run(["bench", "compute", str(config), "-o", str(out), f"--{tool}",
-                   f"--{tool}-bin", str(tmp_path / "absent")])  # fmt: skip
+    result = _run(["bench", "compute", str(config), "-o", str(out), "--device", "cuda",
+                   f"--{tool}", f"--{tool}-bin", str(tmp_path / "absent")])  # fmt: skip
     assert result.exit_code == 2
     name = "Compute" if tool == "ncu" else "Systems"
     assert result.stderr == (
@@ -150,6 +150,45 @@ def test_a_missing_profiler_is_one_line(config: Path, tmp_path: Path, tool: str)
         f"here; give its path with --{tool}-bin)\n"
     )
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ("--ncu", "error: --ncu profiles CUDA kernels (NSight Compute); it does not apply to "
+         "--device cpu\n"),
+        ("--nvtx", "error: --nvtx marks CUDA work with NVTX ranges; it does not apply to "
+         "--device cpu\n"),
+    ],
+)  # fmt: skip
+def test_cuda_only_controls_on_a_cpu(
+    config: Path, tmp_path: Path, option: str, message: str
+) -> None:
+    out = tmp_path / "r.jsonl"
+    result = _run(["bench", "compute", str(config), "-o", str(out), option])
+    assert result.exit_code == 2
+    assert result.stderr == message
+    assert not out.exists()
+
+
+def test_params_ncu_command_line(tmp_path: Path) -> None:
+    """PARAM's ncu options (build_executor._run_ncu), then the argument file's, then the
+    child: one batch of stg bench compute on the GPU, with NVTX ranges."""
+    from stg.bench.nsight import BatchRun, NsightTool, child_command
+
+    tool = NsightTool("ncu", "/usr/bin/ncu", "--metrics sm__cycles_elapsed.avg", 5, 1)
+    assert tool.command(tmp_path / "r_0_ncu.log") == [
+        "/usr/bin/ncu", "--log-file", str(tmp_path / "r_0_ncu.log"), "--csv",
+        "--app-replay-buffer", "file", "--nvtx", "--nvtx-include", "param_bench:measure",
+        "--target-processes", "all", "--metrics", "sm__cycles_elapsed.avg",
+    ]  # fmt: skip
+    cases = expand(CONFIG).cases
+    child = child_command(BatchRun("c.json", "cuda:0", True, 1, 1), tool, cases[1], cases[3])
+    assert child[3:] == [
+        "bench", "compute", "c.json", "--device", "cuda", "--warmup", "5", "--iterations", "1",
+        "--resume-id", "torch.mm|0|0|1", "--nvtx", "--stop-id", "torch.add|0|0|0", "--backward",
+        "--threads", "1",
+    ]  # fmt: skip
 
 
 STAND_IN = """#!{python}
@@ -163,8 +202,10 @@ sys.exit(subprocess.run(argv[child:]).returncode)
 """
 
 
-@pytest.mark.parametrize("tool", ["ncu", "nsys"])
-def test_profiler_batches_and_params_lines(config: Path, tmp_path: Path, tool: str) -> None:
+def test_nsys_batches_and_params_lines(config: Path, tmp_path: Path) -> None:
+    """The whole --nsys run on the CPU, through a stand-in nsys that records its command
+    line and runs the child it was given."""
+    tool = "nsys"
     log = tmp_path / "calls.jsonl"
     binary = tmp_path / tool
     binary.write_text(STAND_IN.format(python=sys.executable, log=str(log)))
@@ -193,19 +234,14 @@ def test_profiler_batches_and_params_lines(config: Path, tmp_path: Path, tool: s
     calls = [json.loads(x) for x in log.read_text().splitlines()]
     assert len(calls) == 4 and {c["visible"] for c in calls} == {"3"}
     first = calls[0]
-    output = str(tmp_path / f"r_0_{'ncu.log' if tool == 'ncu' else 'nsys.nsys-rep'}")
-    if tool == "ncu":
-        assert first["tool"] == ["--log-file", output, "--csv", "--app-replay-buffer", "file",
-                                 "--nvtx", "--nvtx-include", "param_bench:measure",
-                                 "--target-processes", "all",
-                                 "--metrics", "sm__cycles_elapsed.avg"]  # fmt: skip
-    else:
-        assert first["tool"] == ["profile", "-t", "cuda,nvtx", "-o", output,
-                                 "--metrics", "sm__cycles_elapsed.avg"]  # fmt: skip
+    output = str(tmp_path / "r_0_nsys.nsys-rep")
+    assert first["tool"] == ["profile", "-t", "cuda,nvtx", "-o", output,
+                             "--metrics", "sm__cycles_elapsed.avg"]  # fmt: skip
     child = first["child"]
     assert child[child.index("--resume-id") + 1] == "torch.mm|0|0|1"
     assert child[child.index("--stop-id") + 1] == "torch.mm|0|0|2"
-    assert child[child.index("--iterations") + 1] == "2" and "--nvtx" in child
+    assert child[child.index("--iterations") + 1] == "2"
+    assert "--nvtx" not in child  # NVTX ranges mark CUDA work; a CPU run has none
     assert "--stop-id" not in calls[-1]["child"]  # the last batch runs to the end
     assert batches[0][f"{tool}_cmd_str"].startswith(str(binary))
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".")]

@@ -13,8 +13,10 @@ warm-up and iteration counts (ncu: 5 and 1, nsys: 5 and 10) and ``CUDA_VISIBLE_D
 Each batch adds PARAM's line to the results: ``{"ncu_file" | "nsys_file", "ncu_cmd_str" |
 "nsys_cmd_str", "config", "start_run_id", "end_run_id"}``. stg's child is ``stg bench compute``
 on the same config, given the batch by ``--resume-id`` and ``--stop-id`` (so its run ids and
-NVTX labels are the parent's), with ``--nvtx``; its result lines are thrown away, as PARAM's
-child writes to ``/dev/null``. PARAM ships the batch through shared memory instead.
+NVTX labels are the parent's), with ``--nvtx`` on a GPU; its result lines are thrown away, as
+PARAM's child writes to ``/dev/null``. PARAM ships the batch through shared memory instead.
+NSight Compute profiles CUDA kernels only, so ``--ncu`` needs a CUDA device; NSight Systems
+also samples a CPU run.
 """
 
 from __future__ import annotations
@@ -157,7 +159,7 @@ class BatchRun:
 
 
 def child_command(run: BatchRun, tool: NsightTool, first: Case, after: Case | None) -> list[str]:
-    """``stg bench compute`` of exactly one batch, marked with NVTX ranges."""
+    """``stg bench compute`` of exactly one batch, marked with NVTX ranges on a GPU."""
     command = [
         sys.executable,
         "-m",
@@ -173,8 +175,9 @@ def child_command(run: BatchRun, tool: NsightTool, first: Case, after: Case | No
         str(tool.iterations),
         "--resume-id",
         first.run_id,
-        "--nvtx",
     ]
+    if run.device.startswith("cuda"):  # ranges mark CUDA work; a CPU run has none
+        command.append("--nvtx")
     if after is not None:
         command += ["--stop-id", after.run_id]
     if run.backward:

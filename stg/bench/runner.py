@@ -78,6 +78,11 @@ class RunOptions:
             raise UserError(f"--iterations {self.iterations}: must be >= 1")
         if self.threads is not None and self.threads < 1:
             raise UserError(f"--threads {self.threads}: must be >= 1")
+        if self.nvtx and not self.device.startswith("cuda"):
+            raise UserError(
+                f"--nvtx marks CUDA work with NVTX ranges; it does not apply to --device "
+                f"{self.device}"
+            )
         if not self.cuda_l2_cache and not self.device.startswith("cuda"):
             raise UserError(
                 f"--cuda-l2-cache off flushes a CUDA GPU's L2 cache between iterations; it does "

@@ -185,6 +185,10 @@ def compute(
         nvtx=nvtx,
     )
     tools = []
+    if ncu and not device.startswith("cuda"):
+        raise UserError(
+            f"--ncu profiles CUDA kernels (NSight Compute); it does not apply to --device {device}"
+        )
     if ncu:
         tools.append(nsight_tool("ncu", ncu_bin, ncu_args_file, ncu_warmup, ncu_iteration))
     if nsys:
