@@ -243,3 +243,21 @@ def test_replay_on_a_gpu(tmp_path: Path) -> None:
     result = _run(["bench", "replay", str(MLP), "-o", str(tmp_path / "r.jsonl"), "-d", "cuda",
                    "-w", "1", "-i", "3"])  # fmt: skip
     assert result.exit_code == 0, result.output
+
+
+def test_a_collective_of_no_known_group_is_one_line(tmp_path: Path) -> None:
+    """Without its process-group record the trace cannot say where the all-reduce goes: the
+    conversion stops with one line, while the replay (compute only) does not need it."""
+    trace = json.loads((DATA / "ddp_et.0.json").read_text())
+    trace["nodes"] = [n for n in trace["nodes"] if n["name"] != "## process_group:init ##"]
+    source = tmp_path / "ddp_et.json"
+    source.write_text(json.dumps(trace))
+    result = _run(["convert", str(source), str(tmp_path / "out" / "ddp"), "--to", "v0.0.4"])
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: node ")
+    assert result.stderr.endswith(
+        " is a collective, but the trace records no process group (## process_group:init ##); "
+        "stg tells a collective's group only where the job has exactly one\n"
+    )
+    assert not (tmp_path / "out").exists()
+    assert replay_config(source).cases == replay_config(DATA / "ddp_et.0.json").cases

@@ -128,7 +128,7 @@ def _argset(node: Mapping[str, Any]) -> dict[str, Any]:
 def replay_config(trace_path: str | Path) -> ReplayConfig:
     """The PARAM compute config of the distinct operators of a host execution trace."""
     trace = load_host_trace(trace_path)
-    work = host_trace_work(trace, world=2)  # the group of a collective does not matter here
+    work = host_trace_work(trace)
     nodes = {n["id"]: n for n in trace["nodes"] if isinstance(n, dict)}
     made = ReplayConfig()
     items: dict[str, dict[str, list[dict[str, Any]]]] = {}

@@ -144,7 +144,8 @@ class Collective:
 
     kind: CollectiveType
     size: int
-    group: str
+    group: str | None
+    """None where the trace does not tell (no process group, or several)."""
 
 
 @dataclass
@@ -231,17 +232,10 @@ def host_trace_work(trace: Mapping[str, Any], world: int = 1) -> HostTraceWork:
     return found
 
 
-def _group_of(groups: Mapping[str, tuple[int, ...]]) -> str:
+def _group_of(groups: Mapping[str, tuple[int, ...]]) -> str | None:
     """The process group of a c10d operator: a gloo or NCCL trace records it only as an
-    object, so it is the job's one process group; several are ambiguous."""
-    if len(groups) == 1:
-        return next(iter(groups))
-    raise UserError(
-        "the trace records a collective but "
-        + ("no process group" if not groups else f"{len(groups)} process groups")
-        + " (## process_group:init ##); stg can tell a collective's group only where the job "
-        "has exactly one"
-    )
+    object, so it is the job's one process group; none or several leave it unknown."""
+    return next(iter(groups)) if len(groups) == 1 else None
 
 
 def stg_dtype(param_dtype: str | None) -> str | None:
@@ -329,6 +323,13 @@ def typed_node(
         node = replace(node, runtime=round(work.inclusive_us[node.id]))
     coll = work.collectives.get(node.id)
     if coll is not None:
+        if coll.group is None:
+            raise UserError(
+                f"node {node.id} is a collective, but the trace records "
+                + ("no process group" if not work.groups else f"{len(work.groups)} process groups")
+                + " (## process_group:init ##); stg tells a collective's group only where the "
+                "job has exactly one"
+            )
         return replace(
             node,
             type=NodeType.COMM_COLL,
@@ -375,13 +376,14 @@ def import_rank(
     groups: dict[int, tuple[int, ...]],
 ) -> ImportedRank:
     """Link (with a Kineto trace), convert and type one rank's trace."""
-    load_host_trace(host_path)  # one line for a file that is not one
+    trace = load_host_trace(host_path)
     with tempfile.TemporaryDirectory(prefix="stg-pytorch-et-") as scratch:
         source = host_path
         if kineto is not None:  # the linker renumbers the nodes: type the linked trace
             source = Path(scratch) / "linked.json"
             link_kineto(rank, host_path, kineto, source)
-        work = host_trace_work(load_host_trace(source), world)
+            trace = load_host_trace(source)
+        work = host_trace_work(trace, world)
         for name, members in sorted(work.groups.items()):
             if len(members) > 1 and name not in group_ids:
                 group_ids[name] = len(group_ids) + 1
