@@ -99,6 +99,20 @@ def test_convert_validate_and_predict_the_mlp(tmp_path: Path) -> None:
     again = tmp_path / "again"
     assert _run(["convert", str(MLP), str(again / "mlp"), "--to", "v0.0.4"]).exit_code == 0
     assert (again / "mlp.0.et").read_bytes() == rank.read_bytes()  # same input, same bytes
+    rerun = _run(["convert", str(MLP), str(again / "mlp"), "--to", "v0.0.4"])
+    assert rerun.exit_code == 0  # the same conversion again is fine
+    other = _run(["convert", str(DATA / "ddp_et.%d.json"), str(again / "mlp"), "--to", "v0.0.4"])
+    assert other.exit_code == 2 and other.stderr.startswith(
+        f"error: {again} already holds a different trace (mlp.0.et"
+    )
+    one_rank = _run(["convert", str(DATA / "ddp_et.0.json"), str(tmp_path / "d" / "ddp"),
+                     "--to", "v0.0.4"])  # fmt: skip
+    assert one_rank.exit_code == 2
+    assert one_rank.stderr == (
+        "error: process group '0' of the trace spans ranks 0-1, but 1 host trace was given; "
+        "give one per rank (a pattern with %d)\n"
+    )
+    assert not (tmp_path / "d").exists()
     valid = _run(["validate", str(tmp_path / "out" / "mlp")])
     assert valid.exit_code == 0, valid.output
     predicted = _run(["predict", str(tmp_path / "out" / "mlp"), "--predictor", "time", "--json"])

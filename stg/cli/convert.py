@@ -143,14 +143,7 @@ def _convert_pytorch(
         output_dir, output_name = target, stem
     else:
         output_dir, output_name = target.parent, target.name
-    if not force:
-        from stg.trace.writer import output_paths
-
-        existing = [output_dir / n for n in output_paths(output_name, len(hosts), ".et")]
-        present = [str(p) for p in existing if p.exists()]
-        if present:
-            raise UserError(f"{present[0]} exists; --force replaces it (nothing was written)")
-    paths = import_pytorch_trace(hosts, output_dir, output_name, kinetos)
+    paths = import_pytorch_trace(hosts, output_dir, output_name, kinetos, force=force)
     files = "file" if len(paths) == 1 else "files"
     typer.echo(
         f"wrote {len(paths)} {files} to {paths[0].parent} (mlc-chakra's converter, then typed "

@@ -49,6 +49,7 @@ from typing import Any
 from stg.core.workload import OP_ATTR, CollectiveType, Node, NodeType
 from stg.errors import TraceError, UserError
 from stg.trace.aten import STG_DTYPES, OpWork, op_work, schema_name, tensors
+from stg.trace.convert import refuse_different
 from stg.trace.reader import TraceAttrs, iter_nodes, read_metadata
 from stg.trace.validate import COMM_GROUP_ATTR
 from stg.trace.writer import comm_group_path, format_comm_groups, output_paths, write_atomically
@@ -410,9 +411,12 @@ def import_pytorch_trace(
     output_dir: str | Path,
     output_name: str,
     kineto: Sequence[Path] | None = None,
+    *,
+    force: bool = False,
 ) -> list[Path]:
     """Convert the host traces of ranks 0..N-1 (with their Kineto traces) into the Chakra
-    v0.0.4 rank files ``output_name`` in ``output_dir`` and their comm-group file."""
+    v0.0.4 rank files ``output_name`` in ``output_dir`` and their comm-group file; without
+    ``force`` a file of the same name with other bytes is not replaced (as stg convert)."""
     from stg.trace.chakra_v004 import write_stream
 
     if kineto is not None and len(kineto) != len(hosts):
@@ -431,6 +435,14 @@ def import_pytorch_trace(
         )
         for r, h in enumerate(hosts)
     ]
+    for gid, members in groups.items():
+        if max(members) >= world:
+            name = next(n for n, i in group_ids.items() if i == gid)
+            raise UserError(
+                f"process group {name!r} of the trace spans ranks {min(members)}-{max(members)}, "
+                f"but {world} host trace{' was' if world == 1 else 's were'} given; give one per "
+                "rank (a pattern with %d)"
+            )
     names = output_paths(output_name, world, ".et")
     group_name = comm_group_path(output_name)
 
@@ -447,6 +459,8 @@ def import_pytorch_trace(
         if groups:
             (tmp / group_name).write_text(format_comm_groups(groups), encoding="utf-8")
             written.append(tmp / group_name)
+        if not force:
+            refuse_different(Path(output_dir), written)
         return written
 
     return write_atomically(output_dir, output_name, ".et", write, "pytorch import")
