@@ -205,7 +205,7 @@ def test_generate_writes_the_inputs_and_their_arguments(capsys, tmp_path: Path) 
         (["--astra_sim_configs"], "error: --astra_sim_configs applies to the system the traces "
          "are timed for; give --system (a preset or a system JSON file)"),
         (["--calibration", "cal.json"], "error: --calibration applies to the system the traces "
-         "are timed for; give --system (a preset or a system JSON file)"),
+         "are timed for; give --system (a preset or a system JSON file) or --predict"),
         (["--system", "h100-80g", "--astra_sim_configs", "--format", "json"],
          "error: --astra_sim_configs: ASTRA-sim reads chakra-v0.0.4 traces, not json; "
          "allowed: --format chakra-v0.0.4"),

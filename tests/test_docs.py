@@ -263,6 +263,8 @@ def test_bench_console_commands_run(doc_dir: Path) -> None:
     assert set(files) == {"ops.json", "myops.json"}
     for name, body in files.items():
         (doc_dir / name).write_text(body, encoding="utf-8")
+    for shipped in (ROOT / "tests" / "data" / "pytorch_et").iterdir():  # the walk-through's
+        (doc_dir / shipped.name).write_bytes(shipped.read_bytes())
     assert set(write_modules(BENCH, doc_dir)) == {"stg_myops"}
     commands = console_commands(BENCH)
     assert len(commands) >= 8
@@ -281,6 +283,26 @@ def test_bench_console_commands_run(doc_dir: Path) -> None:
     (plugin_case,) = [json.loads(x) for x in (doc_dir / "myops.jsonl").read_text().splitlines()
                       if '"op_name"' in x]  # fmt: skip
     assert plugin_case["extra"]["bytes"] == 3 * 4 * 4096
+    part = [json.loads(x) for x in (doc_dir / "part.jsonl").read_text().splitlines()]
+    assert [(c["op_name"], c["id"]) for c in part if "op_name" in c] == [
+        ("torch.bmm", "0|0|0_1"), ("aten::add", "0|0|0")
+    ]  # fmt: skip
+    assert (doc_dir / "part_trace_0.json").is_file() and (doc_dir / "part_trace_1.json").is_file()
+    # the walk-through: the profiled job predicted with its own measured operators
+    assert (doc_dir / "trace" / "mlp.0.et").is_file() and (doc_dir / "trace" / "ddp.json").is_file()
+    predicted = CliRunner().invoke(
+        app,
+        [
+            "predict",
+            "trace/mlp",
+            "--predictor",
+            "time",
+            "--calibration",
+            "mlp-calibration.json",
+            "--json",
+        ],
+    )
+    assert json.loads(predicted.stdout)["time"]["calibration"]["analytical"] == 0
 
 
 def test_bench_error_examples_are_what_stg_prints(doc_dir: Path) -> None:

@@ -13,6 +13,10 @@ configs and writes the same JSON-lines results, so the two tools read each other
 - :mod:`stg.bench.runner`: runs the cases with PyTorch (CUDA events on a GPU,
   ``perf_counter`` on a CPU) and writes PARAM's result lines, plus FLOPs, bytes, achieved
   TFLOP/s and GB/s, median and IQR.
+- :mod:`stg.bench.et_replay`: PARAM's et_replay: the distinct operators of a PyTorch
+  execution trace as a PARAM config of ``aten::`` operators with the recorded shapes.
+- :mod:`stg.bench.nsight`: PARAM's ``--ncu``/``--nsys``: the measured cases again, in
+  batches, under NSight Compute or NSight Systems.
 - :mod:`stg.bench.results`: reading result files (stg's and PARAM's own), statistics.
 - :mod:`stg.bench.calibrate`: results -> a calibration table
   (:class:`stg.perf.calibration.Calibration`, which the time predictor consults).

@@ -78,6 +78,10 @@ DATA_GENERATORS = ("PyTorch:DefaultDataGenerator",)
 """The data generator PARAM registers (lib/pytorch/data_impl.py)."""
 RANGE = "__range__"
 COPY = "__copy__"
+RECORDED_OUTPUTS = "outputs"
+"""An input arg-set's list of the tensors the operator returned where it was recorded
+(``stg bench replay`` writes it from an execution trace, for the analysis of the results'
+bytes; it is kept in the case's config, and PARAM ignores it)."""
 META_ATTRS = (RANGE, COPY, "__list__")
 """Macro attributes, removed from a spec once expanded (PARAM's META_ATTRS)."""
 
@@ -437,6 +441,13 @@ def _materialized(argset: Any, where: str, *, allow_macros: bool) -> dict[str, A
     out: dict[str, Any] = {"args": copy.deepcopy(args)}
     if "kwargs" in argset:
         out["kwargs"] = copy.deepcopy(kwargs)
+    recorded = argset.get(RECORDED_OUTPUTS)
+    if recorded is not None:
+        if not isinstance(recorded, list):
+            raise CaseError(f'{where}: "{RECORDED_OUTPUTS}" must be a list of data specs')
+        for i, spec in enumerate(recorded):
+            check_spec(spec, f"{where}.{RECORDED_OUTPUTS}[{i}]")
+        out[RECORDED_OUTPUTS] = copy.deepcopy(recorded)
     return out
 
 

@@ -32,8 +32,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import stg
+from stg.bench.config import RECORDED_OUTPUTS
 from stg.host.records import BenchOp
-from stg.perf.kernel_time import ATTENTION_BACKWARD_WORK
+from stg.perf.calibration import MEMORY_CLASSES
+from stg.perf.kernel_time import ATTENTION_BACKWARD_WORK, memory_kind
 
 DTYPE_WIDTH: dict[str, int] = {
     "float": 4,
@@ -323,6 +325,8 @@ def analysis(op_name: str, config: Mapping[str, Any], op: BenchOp | None = None)
     ops, PARAM's result files) by their base name."""
     if op is not None and op.name != op_name:
         op = None
+    if op is None and op_name.startswith("aten::") and _recorded_outputs(config) is not None:
+        return recorded_analysis(op_name, config)
     if op is None:
         op = BUILTIN_BY_NAME.get(op_name) or _by_base_name(op_name)
     if op is None:
@@ -344,6 +348,55 @@ def analysis(op_name: str, config: Mapping[str, Any], op: BenchOp | None = None)
         safely(op.nbytes),
         safely(op.backward_flops),
     )
+
+
+def _recorded_outputs(config: Mapping[str, Any]) -> list[Any] | None:
+    outputs = (config.get("input") or {}).get(RECORDED_OUTPUTS)
+    return outputs if isinstance(outputs, list) else None
+
+
+def _spec_tensors(specs: Sequence[Any]) -> list[tuple[list[int], int]]:
+    found: list[tuple[list[int], int]] = []
+    for spec in specs:
+        if not isinstance(spec, Mapping):
+            continue
+        if spec.get("type") == "tensor":
+            width = DTYPE_WIDTH.get(str(spec.get("dtype")), 4)
+            found.append(([int(x) for x in spec.get("shape") or []], width))
+        elif spec.get("type") in ("genericlist", "tuple"):
+            found.extend(_spec_tensors(spec.get("value") or []))
+    return found
+
+
+def recorded_analysis(op_name: str, config: Mapping[str, Any]) -> Analysis:
+    """An aten operator replayed from an execution trace, analysed as the trace importer
+    types its node (:func:`stg.trace.aten.op_work`): a matmul by its GEMM shape, any other
+    operator as a memory-bound kernel of its name's class that reads its tensor arguments
+    and writes its recorded results, one op per written element."""
+    c = _Config(config)
+    base = base_name(op_name)
+    if base in _GEMM_PARTS:
+        parts = _GEMM_PARTS[base]
+        try:
+            shape = parts(c)[0]
+        except (ValueError, TypeError, KeyError, IndexError):
+            shape = None
+        if shape is not None:
+            flops = _gemm_flops(shape)
+            nbytes = _recorded_bytes(c, config)
+            return Analysis("gemm", tuple(int(x) for x in shape), flops, nbytes, 2 * flops)
+    outputs = _spec_tensors(_recorded_outputs(config) or [])
+    written = outputs or _spec_tensors([*c.args, *c.kwargs.values()])
+    elements = sum(_elements(shape) for shape, _ in written)
+    kind = memory_kind(op_name)
+    op_class = kind if kind in MEMORY_CLASSES else "stream"
+    return Analysis(op_class, None, float(max(elements, 1)), _recorded_bytes(c, config), None)
+
+
+def _recorded_bytes(c: _Config, config: Mapping[str, Any]) -> float:
+    tensors = _spec_tensors([*c.args, *c.kwargs.values()])
+    tensors += _spec_tensors(_recorded_outputs(config) or [])
+    return float(sum(_elements(shape) * width for shape, width in tensors))
 
 
 def _by_base_name(op_name: str) -> BenchOp | None:
@@ -444,4 +497,5 @@ __all__ = [
     "Analysis",
     "analysis",
     "base_name",
+    "recorded_analysis",
 ]

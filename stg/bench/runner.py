@@ -24,7 +24,8 @@ import random
 import socket
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import stg
@@ -63,6 +64,12 @@ class RunOptions:
     iterations: int = 10
     backward: bool = False
     threads: int | None = 1
+    cuda_l2_cache: bool = True
+    """PARAM's ``--cuda-l2-cache``: on (True) keeps the GPU's L2 between calls; off flushes it
+    before each call by writing a device buffer the size of the L2."""
+    nvtx: bool = False
+    """Mark each call with an NVTX range (PARAM's ``[param|<op>|<id>|<tag>|forward]`` labels
+    inside a ``param_bench:measure`` range), as the batches that ncu and nsys profile need."""
 
     def __post_init__(self) -> None:
         if self.warmup < 0:
@@ -71,6 +78,16 @@ class RunOptions:
             raise UserError(f"--iterations {self.iterations}: must be >= 1")
         if self.threads is not None and self.threads < 1:
             raise UserError(f"--threads {self.threads}: must be >= 1")
+        if self.nvtx and not self.device.startswith("cuda"):
+            raise UserError(
+                f"--nvtx marks CUDA work with NVTX ranges; it does not apply to --device "
+                f"{self.device}"
+            )
+        if not self.cuda_l2_cache and not self.device.startswith("cuda"):
+            raise UserError(
+                f"--cuda-l2-cache off flushes a CUDA GPU's L2 cache between iterations; it does "
+                f"not apply to --device {self.device} (PARAM flushes on CUDA only)"
+            )
 
 
 class _CaseFailure(Exception):
@@ -289,10 +306,14 @@ def _first_tensor(torch: Any, out: Any) -> Any:
 class _Timer:
     """Per-call times in ms: CUDA events on a GPU, ``perf_counter_ns`` elsewhere."""
 
-    def __init__(self, torch: Any, device: Any) -> None:
+    def __init__(
+        self, torch: Any, device: Any, flush: Any = None, label: str | None = None
+    ) -> None:
         self.torch = torch
         self.cuda = device.type == "cuda"
         self.device = device
+        self.flush = flush
+        self.label = label
 
     def loop(
         self,
@@ -314,16 +335,20 @@ class _Timer:
                 (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                 for _ in range(count)
             ]
+            nvtx = torch.cuda.nvtx if self.label is not None else None
+            whole = nvtx.range_start("param_bench:measure") if nvtx is not None else None
             for start, end in events:
-                if before is None:
-                    start.record()
-                    out = fn(*args, **kwargs)
-                    end.record()
-                else:
-                    state = before()
-                    start.record()
-                    out = fn(state)
-                    end.record()
+                state = before() if before is not None else None
+                if self.flush is not None:  # PARAM's L2 flush: outside the timed events
+                    self.flush.zero_()
+                mark = nvtx.range_start(self.label) if nvtx is not None else None
+                start.record()
+                out = fn(*args, **kwargs) if before is None else fn(state)
+                end.record()
+                if nvtx is not None:
+                    nvtx.range_end(mark)
+            if nvtx is not None:
+                nvtx.range_end(whole)
             torch.cuda.synchronize(self.device)
             times = [start.elapsed_time(end) for start, end in events]
             peak = torch.cuda.max_memory_allocated(self.device) / 1048576
@@ -359,10 +384,20 @@ def time_call(
     kwargs: Mapping[str, Any],
     options: RunOptions,
     leaves: Sequence[Any] = (),
+    label: str = "",
 ) -> tuple[dict[str, dict[str, list[float]]], str | None]:
     """PARAM's metric dict for one callable (forward, and backward when asked and possible),
-    and why the backward was skipped (or None)."""
-    timer = _Timer(torch, device)
+    and why the backward was skipped (or None). ``label`` is the case's ``<op>|<id>``, for
+    the NVTX ranges of :attr:`RunOptions.nvtx`."""
+    flush = None
+    if device.type == "cuda" and not options.cuda_l2_cache:
+        l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size
+        flush = torch.empty(max(int(l2_bytes), 1), dtype=torch.uint8, device=device)
+
+    def timer_for(tag: str, pass_name: str) -> _Timer:
+        name = f"[param|{label}|{tag}|{pass_name}]" if options.nvtx else None
+        return _Timer(torch, device, flush, name if device.type == "cuda" else None)
+
     metric: dict[str, dict[str, list[float]]] = {}
     forward: dict[str, list[float]] = {}
     out: Any = None
@@ -370,7 +405,7 @@ def time_call(
         if count == 0:
             forward[f"{tag}.time"] = []
             continue
-        times, out, peak = timer.loop(count, fn, args, kwargs)
+        times, out, peak = timer_for(tag, "forward").loop(count, fn, args, kwargs)
         forward[f"{tag}.time"] = times
         if peak is not None:
             forward[f"{tag}.gpu.memory"] = [peak]
@@ -395,6 +430,7 @@ def time_call(
         if count == 0:
             backward_metric[f"{tag}.time"] = []
             continue
+        timer = timer_for(tag, "backward")
         times, _, peak = timer.loop(count, backward, (), {}, before=forward_untimed)
         backward_metric[f"{tag}.time"] = times
         if peak is not None:
@@ -486,16 +522,17 @@ class Runner:
             leaves += [p for p in call.parameters() if p.requires_grad]
         options = self.options
         if operator.inplace and options.backward:
-            options = RunOptions(
-                options.device, options.warmup, options.iterations, False, options.threads
-            )
+            options = replace(options, backward=False)
+        label = case.run_id
         if operator.inplace:
             with torch.no_grad():
-                metric, note = time_call(torch, self.device, call, args, kwargs, options, leaves)
+                metric, note = time_call(
+                    torch, self.device, call, args, kwargs, options, leaves, label
+                )
             if self.options.backward:
                 note = "backward skipped: the op works in place"
         else:
-            metric, note = time_call(torch, self.device, call, args, kwargs, options, leaves)
+            metric, note = time_call(torch, self.device, call, args, kwargs, options, leaves, label)
         return metric, note, config
 
     def _free(self) -> None:
@@ -520,7 +557,7 @@ class Runner:
             "warmup": options.warmup,
             "iteration": options.iterations,
             "op_exec_mode": "OpExecutionMode.CONTINUOUS_EVENTS",
-            "cuda_l2_cache": True,
+            "cuda_l2_cache": options.cuda_l2_cache,
             "time_unit": "millisecond",
             "out_file_prefix": out_path,
             "threads": options.threads,
@@ -626,6 +663,54 @@ def case_extra(
     return extra
 
 
+def select_cases(
+    cases: Sequence[Case], resume_id: str | None = None, stop_id: str | None = None
+) -> list[Case]:
+    """The cases PARAM runs with ``--resume-id`` and ``--stop_id`` (its BuildExecutor): cases
+    are skipped until the one whose ``<op>|<id>`` is the resume id (which runs), and the run
+    stops at the stop id (which does not run). An id that names no case is refused."""
+    names = [case.run_id for case in cases]
+    for option, wanted in (("--resume-id", resume_id), ("--stop-id", stop_id)):
+        if wanted is not None and wanted not in names:
+            sample = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+            raise UserError(
+                f"{option} {wanted!r} names no case of the config; ids are <op>|<id>: {sample}"
+            )
+    chosen: list[Case] = []
+    running = resume_id is None
+    for case, name in zip(cases, names, strict=True):
+        if not running and name == resume_id:
+            running = True
+        if name == stop_id:
+            break
+        if running:
+            chosen.append(case)
+    return chosen
+
+
+def trace_path(out: Path, index: int) -> Path:
+    """Where ``--profile`` writes the Chrome trace of the ``index``-th case of a run whose
+    results go to ``out`` (PARAM writes ``<prefix>_trace.json`` for its whole run)."""
+    return out.with_name(f"{out.stem}_trace_{index}.json")
+
+
+def _profiled(runner: Runner, case: Case, target: Path) -> dict[str, Any]:
+    """Run one case under torch.profiler (CPU, and CUDA on a GPU) and write its Chrome trace."""
+    torch = runner.torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    activities = [ProfilerActivity.CPU]
+    if runner.device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities, record_shapes=True) as prof:
+        with record_function(f"[param|{case.run_id}]"):
+            record = runner.run_case(case)
+    if runner.device.type == "cuda":
+        torch.cuda.synchronize(runner.device)
+    prof.export_chrome_trace(str(target))
+    return record
+
+
 def run_cases(
     runner: Runner,
     cases: Iterable[Case],
@@ -633,13 +718,25 @@ def run_cases(
     *,
     argv: Sequence[str] = (),
     on_result: Callable[[dict[str, Any]], None] | None = None,
+    traces: list[Path] | None = None,
 ) -> list[dict[str, Any]]:
-    """Run every case, writing the setup line, one line per case and the finish line."""
+    """Run every case, writing the setup line, one line per case and the finish line.
+
+    With ``traces`` (a list), each case runs under torch.profiler: its Chrome trace is written
+    to :func:`trace_path` and appended to ``traces``, and PARAM's ``{"trace_file": ...}`` line
+    follows the case's line."""
     writer.write(runner.setup_line(argv, str(writer.path)))
     records = []
-    for case in cases:
-        record = runner.run_case(case)
+    for index, case in enumerate(cases):
+        if traces is None:
+            record = runner.run_case(case)
+        else:
+            target = trace_path(writer.path, index)
+            traces.append(target)
+            record = _profiled(runner, case, target)
         writer.write(record)
+        if traces is not None:
+            writer.write({"trace_file": str(traces[-1])})
         records.append(record)
         if on_result is not None:
             on_result(record)
@@ -663,5 +760,7 @@ __all__ = [
     "op_table",
     "resolve_function",
     "run_cases",
+    "select_cases",
     "time_call",
+    "trace_path",
 ]

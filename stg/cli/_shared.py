@@ -866,6 +866,32 @@ def _accepts(fn: Any, keyword: str) -> bool:
     return keyword in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
+def calibration_parameter(help_text: str, **extra: Any) -> inspect.Parameter:
+    """The ``--calibration FILE`` option (a table of ``stg bench calibrate``)."""
+    return inspect.Parameter(
+        "calibration",
+        inspect.Parameter.KEYWORD_ONLY,
+        default=typer.Option(None, "--calibration", help=help_text, metavar="FILE", **extra),
+        annotation=Optional[str],  # noqa: UP045 (typer needs a runtime type object)
+    )
+
+
+def load_calibration_option(path: str | None, system: Any = None) -> Any:
+    """The calibration table of ``--calibration`` (None without one); refused on a hybrid
+    system, whose device groups each need their own measured kernels."""
+    if path is None:
+        return None
+    from stg.perf.calibration import load_calibration
+    from stg.perf.hybrid import is_hybrid
+
+    if system is not None and is_hybrid(system):
+        raise UserError(
+            "--calibration holds one device's measured kernels; on a hybrid system give it "
+            "with one group's device preset (--system t4-16g) instead"
+        )
+    return load_calibration(path)
+
+
 def _accepts_explicitly(fn: Any, keyword: str) -> bool:
     """Whether ``fn`` names the keyword parameter ``keyword`` (not just ``**kwargs``)."""
     try:
@@ -991,10 +1017,11 @@ def run_predictors(
                 **extra,
             )
         elif predictor.predict is memory_predictor.predict_memory:
-            if not options:
+            if not options.get("model"):  # an imported trace records its dtype only
                 raise UserError(
                     "the memory predictor needs generation options; this trace does not record "
-                    "them (give the options of stg generate instead of a trace)"
+                    "them (give the options of stg generate instead of a trace, or --predictor "
+                    "time)"
                 )
             reports[name] = memory_predictor.predict_analytic(
                 options, system, kernels=list(registry.kernels)

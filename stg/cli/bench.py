@@ -2,6 +2,8 @@
 
 - ``stg bench compute CONFIG.json``: run a PARAM compute config (PyTorch), write PARAM's
   JSON-lines results with FLOPs, bytes, achieved TFLOP/s and GB/s, median and IQR;
+- ``stg bench replay TRACE``: the aten operators of a PyTorch execution trace as a PARAM
+  config, run with made-up tensors of the recorded shapes (PARAM's et_replay);
 - ``stg bench model [generation options]``: the PARAM config of the unique GEMM, attention
   and memory-bound kernels of a workload;
 - ``stg bench calibrate RESULTS.jsonl...``: a calibration table for ``stg predict
@@ -107,16 +109,96 @@ def compute(
         metavar="PNG",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the result lines as a JSON list."),
+    resume_id: Optional[str] = typer.Option(  # noqa: UP045
+        None,
+        "--resume-id",
+        "-r",
+        help="Skip the cases before this one (<op>|<id>, as PARAM names them; it runs).",
+        metavar="OP|ID",
+    ),
+    stop_id: Optional[str] = typer.Option(  # noqa: UP045
+        None,
+        "--stop-id",
+        "--stop_id",
+        "-s",
+        help="Stop at this case (<op>|<id>; it does not run), as PARAM's --stop_id.",
+        metavar="OP|ID",
+    ),
+    cuda_l2_cache: str = typer.Option(
+        "on",
+        "--cuda-l2-cache",
+        help="on: keep the GPU's L2 cache between calls; off: flush it before each call by "
+        "writing a buffer the size of the L2 (PARAM's option; CUDA devices only).",
+    ),
+    profile: bool = typer.Option(
+        False,
+        "--profile",
+        "-p",
+        help="Write a torch.profiler Chrome trace of each case beside --out "
+        "(<out>_trace_<n>.json) and PARAM's trace_file lines.",
+    ),
+    nvtx: bool = typer.Option(
+        False, "--nvtx", help="Mark each call with PARAM's NVTX ranges (for ncu and nsys)."
+    ),
+    ncu: bool = typer.Option(
+        False, "--ncu", help="Profile the cases again in batches under NSight Compute (PARAM)."
+    ),
+    ncu_bin: Optional[str] = typer.Option(None, "--ncu-bin", help="ncu (default: on PATH)."),  # noqa: UP045
+    ncu_args_file: Optional[str] = typer.Option(  # noqa: UP045
+        None, "--ncu-args-file", help="A file of extra ncu options (metrics...).", metavar="FILE"
+    ),
+    ncu_warmup: Optional[int] = typer.Option(None, "--ncu-warmup", help="Default 5."),  # noqa: UP045
+    ncu_iteration: Optional[int] = typer.Option(None, "--ncu-iteration", help="Default 1."),  # noqa: UP045
+    nsys: bool = typer.Option(
+        False, "--nsys", help="Profile the cases again in batches under NSight Systems (PARAM)."
+    ),
+    nsys_bin: Optional[str] = typer.Option(None, "--nsys-bin", help="nsys (default: on PATH)."),  # noqa: UP045
+    nsys_args_file: Optional[str] = typer.Option(  # noqa: UP045
+        None, "--nsys-args-file", help="A file of extra nsys options.", metavar="FILE"
+    ),
+    nsys_warmup: Optional[int] = typer.Option(None, "--nsys-warmup", help="Default 5."),  # noqa: UP045
+    nsys_iteration: Optional[int] = typer.Option(None, "--nsys-iteration", help="Default 10."),  # noqa: UP045
+    run_batch_size: int = typer.Option(
+        50, "--run-batch-size", help="Cases per ncu/nsys launch (PARAM's default 50)."
+    ),
+    batch_cuda_device: int = typer.Option(
+        1,
+        "--batch-cuda-device",
+        help="CUDA_VISIBLE_DEVICES of the ncu/nsys launches (PARAM's default 1).",
+    ),
 ) -> None:
     """Run a PARAM compute config and write PARAM's results, with FLOPs, bytes and rates."""
     from stg.bench.config import expand, load_config
+    from stg.bench.nsight import BatchRun, nsight_tool, run_batches
     from stg.bench.results import ResultWriter
-    from stg.bench.runner import Runner, RunOptions, op_table, run_cases
+    from stg.bench.runner import Runner, RunOptions, op_table, run_cases, select_cases
 
-    options = RunOptions(device, warmup, iterations, backward, threads)
+    if cuda_l2_cache not in ("on", "off"):
+        raise UserError(f"--cuda-l2-cache {cuda_l2_cache}: allowed: on, off")
+    options = RunOptions(
+        device,
+        warmup,
+        iterations,
+        backward,
+        threads,
+        cuda_l2_cache=cuda_l2_cache == "on",
+        nvtx=nvtx,
+    )
+    tools = []
+    if ncu and not device.startswith("cuda"):
+        raise UserError(
+            f"--ncu profiles CUDA kernels (NSight Compute); it does not apply to --device {device}"
+        )
+    if ncu:
+        tools.append(nsight_tool("ncu", ncu_bin, ncu_args_file, ncu_warmup, ncu_iteration))
+    if nsys:
+        tools.append(nsight_tool("nsys", nsys_bin, nsys_args_file, nsys_warmup, nsys_iteration))
+    if run_batch_size < 1:
+        raise UserError(f"--run-batch-size {run_batch_size}: must be >= 1")
     expansion = expand(load_config(config))
     if not expansion.cases:
         raise UserError(f"config {config!r} has no operator to run")
+    chosen = select_cases(expansion.cases, resume_id, stop_id)
     target = Path(out)
     _check_plot(plot)
     ops = op_table(get_registry().bench_ops)
@@ -125,7 +207,7 @@ def compute(
     for warning in expansion.warnings:
         typer.echo(f"warning: {warning}", err=True)
     console = err_console()
-    total = len(expansion.cases)
+    total = len(chosen)
 
     def report(record: dict[str, Any]) -> None:
         if "error" in record:
@@ -134,10 +216,28 @@ def compute(
             console.print(f"{record['op_name']}|{record['id']}", style="dim")
 
     writer = ResultWriter(target)
+    produced: list[Path] = []  # traces and profiler files: removed if the run fails
     try:
-        records = run_cases(runner, expansion.cases, writer, argv=sys.argv, on_result=report)
+        records = run_cases(
+            runner,
+            chosen,
+            writer,
+            argv=sys.argv,
+            on_result=report,
+            traces=produced if profile else None,
+        )
+        measured = [c for c, r in zip(chosen, records, strict=True) if "error" not in r]
+        batch_run = BatchRun(config, device, backward, threads, batch_cuda_device)
+        for tool in tools:
+            lines = run_batches(
+                batch_run, tool, measured, expansion.cases, run_batch_size, target, produced
+            )
+            for line in lines:
+                writer.write(line)
     except BaseException:
         writer.abort()
+        for path in produced:
+            path.unlink(missing_ok=True)
         raise
 
     def draw() -> None:
@@ -154,6 +254,7 @@ def compute(
     _say(
         f"{total - failed} of {total} cases measured, {failed} failed; results in {out}"
         + (f", plot in {plot}" if plot else "")
+        + (f", {len(produced)} trace and profiler files beside it" if produced else "")
     )
     if failed:
         raise typer.Exit(1)
@@ -192,6 +293,93 @@ def _print_compute(records: list[dict[str, Any]]) -> None:
             _fmt(e.get("tflops_bwd")),
         )
     print_table(Console(highlight=False), table)
+
+
+# -- replay -------------------------------------------------------------------------------------
+
+
+@app.command("replay")
+def replay(
+    trace: str = typer.Argument(
+        ...,
+        help="A PyTorch host execution trace (ExecutionTraceObserver JSON).",
+        metavar="TRACE",
+    ),
+    config_out: Optional[str] = typer.Option(  # noqa: UP045
+        None,
+        "--config",
+        "-c",
+        help="Write the PARAM compute config of the trace's distinct operators here.",
+        metavar="FILE",
+    ),
+    out: Optional[str] = typer.Option(  # noqa: UP045
+        None,
+        "--out",
+        "-o",
+        help="Run the operators and write PARAM's result lines here (for stg bench calibrate).",
+        metavar="FILE",
+    ),
+    device: str = typer.Option("cpu", "--device", "-d", help="cpu, cuda or cuda:N."),
+    warmup: int = typer.Option(3, "--warmup", "-w", help="Warm-up calls per operator."),
+    iterations: int = typer.Option(
+        10, "--iterations", "--iteration", "-i", help="Measured calls per operator."
+    ),
+    threads: int = typer.Option(1, "--threads", help="CPU threads (PARAM uses 1)."),
+) -> None:
+    """Replay a PyTorch execution trace's operators, as PARAM's et_replay: made-up tensors of
+    the recorded shapes and dtypes, each distinct operator measured once."""
+    from stg.bench.config import expand
+    from stg.bench.et_replay import replay_config, skipped_summary
+    from stg.bench.results import ResultWriter
+    from stg.bench.runner import Runner, RunOptions, op_table, run_cases
+
+    if config_out is None and out is None:
+        raise UserError("give --config FILE (the PARAM config), --out FILE (run it), or both")
+    options = RunOptions(device, warmup, iterations, False, threads)
+    made = replay_config(trace)
+    if not made.config:
+        raise UserError(f"{trace} has no operator that moves data to replay")
+    for line in skipped_summary(made.skipped):
+        typer.echo(f"warning: skipped {line}", err=True)
+    runner = None
+    if out is not None:
+        runner = Runner(options, op_table(get_registry().bench_ops))
+        check_writable_file("--out", Path(out))
+    if config_out is not None:
+        check_writable_file("--config", Path(config_out))
+    records: list[dict[str, Any]] = []
+
+    def run() -> None:
+        if runner is None or out is None:
+            return
+        writer = ResultWriter(Path(out))
+        try:
+            records.extend(run_cases(runner, expand(made.config).cases, writer, argv=sys.argv))
+        except BaseException:
+            writer.abort()
+            raise
+        writer.commit()
+
+    if config_out is not None:
+        _write_json(Path(config_out), made.config, then=run)  # both files, or neither
+    else:
+        run()
+    failed = [f"{r['op_name']}|{r['id']}: {r['error']}" for r in records if "error" in r]
+    for line in failed:
+        _echo_error(line)
+    if records:
+        _print_compute(records)
+    written = [f"config in {config_out}"] if config_out else []
+    if out is not None:
+        written.append(f"{len(records) - len(failed)} measured, {len(failed)} failed, in {out}")
+    _say(
+        f"{made.operators} operators of {trace}, {made.cases} distinct"
+        + (f" ({sum(made.skipped.values())} skipped)" if made.skipped else "")
+        + "; "
+        + "; ".join(written)
+    )
+    if failed:
+        raise typer.Exit(1)
 
 
 # -- model --------------------------------------------------------------------------------------

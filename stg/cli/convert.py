@@ -1,4 +1,6 @@
-"""``stg convert``: convert traces between Chakra v0.0.4, v0.0.1 and feeder JSON."""
+"""``stg convert``: convert traces between Chakra v0.0.4, v0.0.1 and feeder JSON, and PyTorch
+execution traces (with their Kineto traces) into Chakra v0.0.4 through mlc-chakra's
+chakra_trace_link and chakra_converter (:mod:`stg.trace.pytorch_et`)."""
 
 from __future__ import annotations
 
@@ -24,7 +26,17 @@ def convert(
     ),
     to: str = typer.Option(..., "--to", help="Target format: v0.0.4, v0.0.1 or json."),
     source_format: str | None = typer.Option(
-        None, "--from", help="Source format: v0.0.4, v0.0.1 or json (default: detected)."
+        None,
+        "--from",
+        help="Source format: v0.0.4, v0.0.1, json, or pytorch (a PyTorch host execution "
+        "trace, or a pattern trace.%d.json of one per rank; default: detected).",
+    ),
+    kineto: str | None = typer.Option(
+        None,
+        "--kineto",
+        help="With a PyTorch trace: its Kineto trace (a pattern with %d for several ranks), "
+        "linked by mlc-chakra's chakra_trace_link before chakra_converter.",
+        metavar="FILE",
     ),
     force: bool = typer.Option(
         False,
@@ -51,8 +63,15 @@ def convert(
     from stg.trace.reader import FORMATS
 
     target_format(to)
+    if source_format == "pytorch" or (source_format is None and _is_pytorch_source(source)):
+        _convert_pytorch(source, destination, to, kineto, force, comm_group_file)
+        return
+    if kineto is not None:
+        raise UserError("--kineto goes with a PyTorch host execution trace (--from pytorch)")
     if source_format is not None and source_format not in FORMATS:
-        raise UserError(f"--from {source_format}: not known; allowed: {', '.join(FORMATS)}")
+        raise UserError(
+            f"--from {source_format}: not known; allowed: {', '.join(FORMATS)}, pytorch"
+        )
     if not source.exists() and "%d" not in source.name and not source.parent.is_dir():
         raise UserError(f"{source} does not exist")
     notes: list[str] = []
@@ -69,6 +88,68 @@ def convert(
         typer.echo(note, err=True)
     files = "file" if len(paths) == 1 else "files"
     typer.echo(f"wrote {len(paths)} {files} to {paths[0].parent}", err=True)
+    for path in paths:
+        typer.echo(str(path))
+
+
+def _rank_paths(source: str, what: str) -> list[Path]:
+    """The files of a ``%d`` pattern for ranks 0, 1, ... (until one is missing), or the one
+    file."""
+    if "%d" not in source:
+        return [Path(source)]
+    paths = []
+    while Path(source % len(paths)).is_file():
+        paths.append(Path(source % len(paths)))
+    if not paths:
+        from stg.errors import UserError
+
+        raise UserError(f"{what} {source}: no file for rank 0 ({source % 0})")
+    return paths
+
+
+def _is_pytorch_source(source: Path) -> bool:
+    from stg.trace.pytorch_et import sniff_host_trace
+
+    first = Path(str(source) % 0) if "%d" in source.name else source
+    return first.is_file() and sniff_host_trace(first)
+
+
+def _convert_pytorch(
+    source: Path,
+    destination: str,
+    to: str,
+    kineto: str | None,
+    force: bool,
+    comm_group_file: Path | None,
+) -> None:
+    """PyTorch host execution traces (one per rank) -> Chakra v0.0.4 rank files and their
+    comm-group file, through mlc-chakra's trace link and converter."""
+    from stg.errors import UserError
+    from stg.trace.convert import target_format
+    from stg.trace.pytorch_et import import_pytorch_trace
+
+    if target_format(to) != "v0.0.4":
+        raise UserError(
+            f"--to {to}: a PyTorch trace converts to v0.0.4 (mlc-chakra's converter writes "
+            "it); convert that further with stg convert"
+        )
+    if comm_group_file is not None:
+        raise UserError("--comm_group_file: a PyTorch trace records its process groups itself")
+    hosts = _rank_paths(str(source), "source")
+    kinetos = None if kineto is None else _rank_paths(kineto, "--kineto")
+    target = Path(destination)
+    if str(destination).endswith(("/", "\\")) or target.is_dir():
+        stem = hosts[0].name.split(".", 1)[0]
+        output_dir, output_name = target, stem
+    else:
+        output_dir, output_name = target.parent, target.name
+    paths = import_pytorch_trace(hosts, output_dir, output_name, kinetos, force=force)
+    files = "file" if len(paths) == 1 else "files"
+    typer.echo(
+        f"wrote {len(paths)} {files} to {paths[0].parent} (mlc-chakra's converter, then typed "
+        "by stg)",
+        err=True,
+    )
     for path in paths:
         typer.echo(str(path))
 

@@ -29,6 +29,7 @@ from stg.cli._shared import (
     check_workload_size,
     format_bytes,
     format_seconds,
+    load_calibration_option,
     max_nodes_parameter,
     option_parameters,
     options_and_preset_from_cli,
@@ -134,9 +135,9 @@ def _command_parameters() -> list[inspect.Parameter]:
             default=typer.Option(
                 None,
                 "--calibration",
-                help="With --system: a calibration table (stg bench calibrate) whose measured "
-                "kernel times, then fitted models, come before the analytical model in the "
-                "durations.",
+                help="With --system or --predict: a calibration table (stg bench calibrate) "
+                "whose measured kernel times, then fitted models, come before the analytical "
+                "model in the durations and the predicted time.",
                 metavar="FILE",
                 rich_help_panel=_PREDICT,
             ),
@@ -176,22 +177,22 @@ def generate(**values: Any) -> None:
     from stg.core.options import OptionError
     from stg.perf.system import load_system
 
-    needs_system = (("--calibration", calibration_file), ("--astra_sim_configs", astra_configs))
+    needs_system = (
+        ("--calibration", calibration_file and not predict),
+        ("--astra_sim_configs", astra_configs),
+    )
     for flag, given in needs_system:
         if given and system_spec is None:
             raise OptionError(
                 f"{flag} applies to the system the traces are timed for; give --system "
                 "(a preset or a system JSON file)"
+                + (" or --predict" if flag == "--calibration" else "")
             )
     # a hybrid --system places ranks on its device groups (their precision plans) even
     # without --predict; a preset is loaded only where predictions need it
     system = load_system(system_spec or "a100-80g")
     timing_system = system if system_spec is not None else None
-    calibration = None
-    if calibration_file is not None:
-        from stg.perf.calibration import load_calibration
-
-        calibration = load_calibration(calibration_file)
+    calibration = load_calibration_option(calibration_file, system)
     options, preset = options_and_preset_from_cli(values)
     options = with_placement(options, system)
     if not (predict or print_vram):
@@ -228,7 +229,9 @@ def generate(**values: Any) -> None:
         names = (["time"] if predict else []) + ["memory"]
         if predict and options.inference:
             names.append("serving")
-        reports = run_predictors(names, registry, system, workload=workload)
+        reports = run_predictors(
+            names, registry, system, workload=workload, calibration=calibration
+        )
     summary = workload_summary(workload)
     directory = Path(options.output_dir).absolute()
     groups = directory / (comm_group_file or comm_group_path(options.output_name))

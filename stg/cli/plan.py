@@ -16,6 +16,8 @@ import typer
 
 from stg.cli import err_console, get_registry
 from stg.cli._shared import (
+    calibration_parameter,
+    load_calibration_option,
     option_parameters,
     options_from_cli,
     print_table,
@@ -116,6 +118,11 @@ def _own_parameters() -> list[inspect.Parameter]:
             ),
             annotation=bool,
         ),
+        calibration_parameter(
+            "A calibration table of the system's device (stg bench calibrate): plans are "
+            "timed with its measured kernels first, and an op may be lowered to a dtype "
+            "(fp8, int8) whose kernels the table measured. Not for a hybrid --system."
+        ),
         inspect.Parameter(
             "out",
             kw,
@@ -165,6 +172,7 @@ def precision(**values: Any) -> None:
     if not out:
         raise UserError("--out must name a file")
     system = load_system(system_spec)
+    calibration = load_calibration_option(values.pop("calibration"), system)
     registry = get_registry()
     from stg.perf.hybrid import is_hybrid
 
@@ -198,7 +206,13 @@ def precision(**values: Any) -> None:
     try:
         with progress_bar(console) as progress:
             result = search_precision(
-                options, registry, system, budget=budget, dtypes=dtypes, progress=progress
+                options,
+                registry,
+                system,
+                budget=budget,
+                dtypes=dtypes,
+                progress=progress,
+                calibration=calibration,
             )
     except UserError as exc:
         if hint is None:

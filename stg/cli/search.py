@@ -16,7 +16,9 @@ import typer
 
 from stg.cli import err_console, get_registry
 from stg.cli._shared import (
+    calibration_parameter,
     format_seconds,
+    load_calibration_option,
     option_parameters,
     options_from_cli,
     print_table,
@@ -81,6 +83,10 @@ def _own_parameters() -> list[inspect.Parameter]:
             annotation=int,
         ),
         system_parameter("System preset or system JSON file."),
+        calibration_parameter(
+            "A calibration table of the system's device (stg bench calibrate): the refined "
+            "plans (--refine, the DAG predictor) are timed with its measured kernels first."
+        ),
         inspect.Parameter(
             "top",
             kw,
@@ -230,6 +236,8 @@ def search(**values: Any) -> None:
 
     gpus = values.pop("gpus")
     system = load_system(values.pop("system"))
+    calibration_file = values.pop("calibration")
+    calibration = load_calibration_option(calibration_file, system)
     top = values.pop("top")
     refine = values.pop("refine")
     as_json = values.pop("as_json")
@@ -240,6 +248,11 @@ def search(**values: Any) -> None:
     engine, jobs, scheduler = values.pop("engine"), values.pop("jobs"), values.pop("scheduler")
     phase = (values.get("phase") or "training").strip().lower()
     if phase != "training":
+        if calibration is not None:
+            raise UserError(
+                f"--calibration prices a training search's refined plans; a serving search "
+                f"(phase={phase}) prices plans with the serving predictor: leave it out"
+            )
         if engine != "local" or jobs is not None or scheduler is not None:
             raise UserError(
                 "--engine, --jobs and --scheduler spread a training search; a serving search "
@@ -290,6 +303,7 @@ def search(**values: Any) -> None:
             jobs=jobs,
             scheduler=scheduler,
             plugins=_plugins_of(get_current_context()),
+            calibration=calibration,
         )
     if as_json:
         data = {

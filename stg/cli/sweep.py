@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
 
@@ -158,8 +159,45 @@ def _own_parameters() -> list[inspect.Parameter]:
             "memory with the Pareto front, MFU against each swept option.",
             annotation=bool,
         ),
+        opt(
+            "calibration",
+            None,
+            "--calibration",
+            help="A calibration table of the system's device (stg bench calibrate): the "
+            "predictor (one that takes it: time) uses its measured kernels first. One "
+            "--system only.",
+            annotation=Optional[str],  # noqa: UP045
+            metavar="FILE",
+        ),
         opt("as_json", False, "--json", help="Print the summary as JSON.", annotation=bool),
     ]
+
+
+def _sweep_calibration(
+    path: str | None, systems: Mapping[str, Any], registry: Any, predictor: str
+) -> Any:
+    """The table of ``--calibration`` for a sweep: one system, a predictor that takes it."""
+    if path is None:
+        return None
+    from stg.cli._shared import load_calibration_option
+
+    if len(systems) != 1:
+        raise UserError(
+            f"--calibration holds one device's measured kernels; the sweep has {len(systems)} "
+            "systems: sweep one --system with it"
+        )
+    record = registry.predictors.get(predictor)
+    takes = [
+        fn
+        for fn in (record.predict, record.predict_options)
+        if fn is not None and "calibration" in inspect.signature(fn).parameters
+    ]
+    if not takes or (record.predict_options is not None and record.predict_options not in takes):
+        raise UserError(
+            f"--calibration: predictor {predictor!r} does not take a calibration table; "
+            "allowed: --predictor time"
+        )
+    return load_calibration_option(path, next(iter(systems.values())))
 
 
 def sweep(**values: Any) -> None:
@@ -190,6 +228,7 @@ def sweep(**values: Any) -> None:
     keep = values.pop("keep")
     plot = values.pop("plot")
     as_json = values.pop("as_json")
+    calibration_file = values.pop("calibration")
     check_engine(engine, scheduler)
     if metrics and simulate is None:
         raise UserError("--metric needs --simulate")
@@ -219,12 +258,15 @@ def sweep(**values: Any) -> None:
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out}: not a directory")
     systems = {name: load_system(name) for name in spec.axes[SYSTEM_KEY]}
+    calibration = _sweep_calibration(calibration_file, systems, registry, predictor)
     capacity = {name: s.capacity for name, s in systems.items()}
     configs, invalid = enumerate_configs(spec, registry, capacity)
     system_data = {name: s.as_dict() for name, s in systems.items()}
     run = {"predictor": predictor, "simulate": simulate, "metrics": metrics}
     if binary is not None:
         run["astra_sim"] = binary
+    if calibration is not None:  # rows priced with measured kernels are other rows
+        run["calibration"] = calibration.as_dict()
     tasks = []
     option_rows = {}
     for config in configs:
@@ -238,6 +280,7 @@ def sweep(**values: Any) -> None:
     context = Context(
         predictor=predictor,
         systems=system_data,
+        calibration=calibration,
         plugins=_plugins_of(get_current_context()),
         simulation=None
         if simulate is None

@@ -36,6 +36,7 @@ from stg.core.options import GenerateOptions
 from stg.core.precision import PrecisionPlan
 from stg.errors import UserError
 from stg.host.registry import Registry
+from stg.perf.calibration import Calibration
 from stg.perf.costs import native_fp8
 from stg.perf.kernels import KernelTable, is_cast, kernel_table
 from stg.perf.system import System, normalize_dtype, op_class
@@ -160,11 +161,14 @@ def search_precision(
     dtypes: Sequence[str] = ("bf16", "fp8", "int8"),
     kernels: KernelTable | Iterable[Any] | None = None,
     progress: Callable[[str, int, int], None] | None = None,
+    calibration: Calibration | None = None,
 ) -> SearchResult:
     """The greedy search of the module docstring; raises :class:`UserError` when no plan fits.
 
     ``kernels`` default to the registry's; ``options.precision`` must be empty (the search
-    starts from the workload's dtype).
+    starts from the workload's dtype). With ``calibration`` (measured kernels of the device)
+    plans are timed with its measurements first, and an op may also be lowered to a dtype
+    whose kernels of its class the table measured.
     """
     from stg.core.pipeline import build_workload
 
@@ -180,7 +184,9 @@ def search_precision(
     def evaluate(plan: PrecisionPlan) -> Evaluation:
         if plan not in cache:
             workload = build_workload(replace(options, precision=plan), registry)
-            time_s = predict_time(workload, system, kernels=table)["iteration_time_s"]
+            time_s = predict_time(workload, system, kernels=table, calibration=calibration)[
+                "iteration_time_s"
+            ]
             peak = predict_memory(workload, system, kernels=table)["peak_bytes"]
             cache[plan] = Evaluation(plan, float(time_s), float(peak))
             if progress:
@@ -195,7 +201,11 @@ def search_precision(
         for op, kind in ops.items()
         for dtype in allowed
         if RISK[dtype] > RISK[base_dtype]
-        and (table.native(kind, dtype) or native_fp8(system, kind, dtype))
+        and (
+            table.native(kind, dtype)
+            or native_fp8(system, kind, dtype)
+            or (calibration is not None and calibration.covers(kind, dtype))
+        )
     )
     moves = [((op,), dtype) for op, dtype in candidates]
     for group in SHARED_INPUT_GROUPS:

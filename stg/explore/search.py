@@ -210,6 +210,8 @@ class _Work:
     system_data: Mapping[str, Any]
     fast: str
     full: str
+    calibration: Any = None
+    """A :class:`stg.perf.calibration.Calibration` for the full predictor (or None)."""
 
 
 _SEARCHES: dict[str, tuple[Any, Any]] = {}
@@ -288,6 +290,7 @@ def _refine_plans(work: _Work, options: Sequence[GenerateOptions]) -> list[Any]:
         except WorkloadTooLarge:
             out.append(None)
             continue
+        extra = {} if work.calibration is None else {"calibration": work.calibration}
         out.append(
             _call(
                 record.predict,
@@ -296,6 +299,7 @@ def _refine_plans(work: _Work, options: Sequence[GenerateOptions]) -> list[Any]:
                 kernels=list(registry.kernels),
                 explain=True,
                 registry=registry,
+                **extra,
             )
         )
     return out
@@ -317,10 +321,13 @@ def search(
     jobs: int = 1,
     scheduler: str | None = None,
     plugins: Sequence[str] = (),
+    calibration: Any = None,
 ) -> SearchResult:
     """The ``top`` best plans (see the module docstring), priced on ``engine``: ``local``, a
     process pool of ``jobs`` workers (1: this process), or ``dask`` (``scheduler``, whose
-    workers load ``plugins``, those of ``registry``). The result is the same on any engine."""
+    workers load ``plugins``, those of ``registry``). The result is the same on any engine.
+    ``calibration`` (measured kernels) prices the refined plans: the ``full`` predictor must
+    take one."""
     import uuid
 
     from stg.explore.sweep import open_engine
@@ -335,7 +342,16 @@ def search(
         raise UserError(f"predictor {fast!r} cannot predict from options; use analytical")
     if refine > 0 and full:
         registry.predictors.get(full)
-    work = _Work(uuid.uuid4().hex, tuple(plugins), system.name, system.as_dict(), fast, full)
+    if calibration is not None:
+        import inspect
+
+        if refine < 1 or not full:
+            raise UserError("--calibration prices the refined plans; give --refine 1 or more")
+        if "calibration" not in inspect.signature(registry.predictors.get(full).predict).parameters:
+            raise UserError(f"--calibration: predictor {full!r} does not take a calibration table")
+    work = _Work(
+        uuid.uuid4().hex, tuple(plugins), system.name, system.as_dict(), fast, full, calibration
+    )
     _SEARCHES[work.token] = (registry, system)
     try:
         with open_engine(engine, jobs, scheduler, plugins) as runner:

@@ -89,6 +89,8 @@ class Context:
     plugins: tuple[str, ...] = ()
     simulation: Simulation | None = None
     explain: bool = True
+    calibration: Any = None
+    """A :class:`stg.perf.calibration.Calibration` the predictor prices kernels with first."""
 
 
 def parse_metrics(specs: Sequence[str]) -> tuple[tuple[str, str], ...]:
@@ -164,6 +166,7 @@ def evaluate(context: Context, task: tuple[str, int, Any, str]) -> dict[str, Any
     system = _system(system_name, context.systems[system_name])
     kernels = list(registry.kernels)
     workload = None
+    extra = {} if context.calibration is None else {"calibration": context.calibration}
     try:
         record = registry.predictors.get(context.predictor)
         if record.predict_options is not None:
@@ -174,6 +177,7 @@ def evaluate(context: Context, task: tuple[str, int, Any, str]) -> dict[str, Any
                 registry=registry,
                 kernels=kernels,
                 explain=context.explain,
+                **extra,
             )
         else:
             workload = build_within_memory(options, registry)
@@ -184,6 +188,7 @@ def evaluate(context: Context, task: tuple[str, int, Any, str]) -> dict[str, Any
                 registry=registry,
                 kernels=kernels,
                 explain=context.explain,
+                **extra,
             )
         memory = registry.predictors.get("memory")
         mem = None

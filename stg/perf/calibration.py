@@ -337,6 +337,13 @@ class Calibration:
                 return seconds, "fitted"
         return None
 
+    def covers(self, op_class: str, dtype: str) -> bool:
+        """Whether the table measured any kernel of ``op_class`` in ``dtype`` (an fp8 or int8
+        GEMM measured on the device runs natively there)."""
+        return any(k[0] == op_class and k[1] == dtype for k in self.entries) or any(
+            k[0] == op_class and k[1] == dtype for k in self.models
+        )
+
     def node_time(self, node: Any, default_dtype: str = "bf16") -> float | None:
         """Seconds of one compute node from this table, or None (the analytical model)."""
         kernel = node_kernel(node, default_dtype)

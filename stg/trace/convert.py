@@ -282,6 +282,12 @@ def _other_rank_files(directory: Path, keep: set[str], pattern: str, any_trace: 
     return found
 
 
+def refuse_different(directory: Path, written: Iterable[Path]) -> None:
+    """Refuse (one :class:`UserError` line) to move ``written`` files into ``directory`` where
+    a file of the same name holds other bytes (re-running the same conversion is fine)."""
+    _refuse_overwrite(directory, _differing((p, directory.absolute() / p.name) for p in written))
+
+
 def _refuse_overwrite(directory: Path, paths: list[Path]) -> None:
     if not paths:
         return
