@@ -12,7 +12,8 @@ node of every micro-batch it composes per-layer costs in closed form:
   of one layer, the embedding and the head are list-scheduled as the DAG predictor does
   (compute stream, one stream per communicator, smallest id first), which gives each part's
   time with its exposed tensor-parallel (and FSDP) communication: ``f`` and ``b``.
-- **Pipeline.** Stage i of p holds L_i layers: ``F_i = L_i·f (+ embedding, + head)``, likewise
+- **Pipeline.** Stage i of p holds L_i layers (:func:`stg.api.chunk_layer_counts`: as even
+  as possible, or Megatron's uneven split): ``F_i = L_i·f (+ embedding, + head)``, likewise
   ``B_i``. With m micro-batches the 1F1B and GPipe pipelines take
   ``T_pipe = Σ_i (F_i + B_i) + (m - 1)·max_i (F_i + B_i) + 2(p - 1)·t_p2p``: the first
   micro-batch crosses every stage forward and backward, the others follow at the pace of the
@@ -54,6 +55,7 @@ from stg.api import (
     Role,
     System,
     build_workload,
+    chunk_layer_counts,
     collective_time,
     compute_time,
     group_shape,
@@ -267,6 +269,11 @@ def reduced_options(
         pp=pp,
         num_stacks=pp * layers_per_stage,
         virtual_stages=1,
+        decoder_first_pipeline_num_layers=None,
+        decoder_last_pipeline_num_layers=None,
+        account_for_embedding_in_pipeline_split=False,
+        account_for_loss_in_pipeline_split=False,
+        pipeline_layers=(),
         pipeline_schedule="1f1b",
         batch=micro,
         micro_batch=micro,
@@ -601,8 +608,7 @@ def predict_options(
     parts = analyse(o, system, table, registry, workload)
     p, v = o.pp, o.virtual_stages
     m = o.micro_batches
-    base, extra = divmod(o.num_stacks, p * v)
-    chunk_layers = [base + (1 if c < extra else 0) for c in range(p * v)]
+    chunk_layers = chunk_layer_counts(o)
     layers = [sum(chunk_layers[c] for c in range(s, p * v, p)) for s in range(p)]
     fwd: list[PartCost] = []
     bwd: list[PartCost] = []

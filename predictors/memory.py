@@ -79,6 +79,7 @@ from stg.api import (
     KernelTable,
     Predictor,
     System,
+    chunk_layer_counts,
     device_of,
     expert_capacity,
     group_of_rank,
@@ -207,17 +208,12 @@ def layer_kinds(o: GenerateOptions) -> list[str]:
 
 def stage_layer_kinds(o: GenerateOptions) -> list[dict[str, int]]:
     """Layers of each kind on every pipeline stage: ``pp · virtual_stages`` chunks of the
-    stack in order (the first ``num_stacks mod chunks`` one layer longer), chunk c on stage
-    c mod pp, as stg generate places them."""
+    stack in order (:func:`stg.api.chunk_layer_counts`), chunk c on stage c mod pp, as stg
+    generate places them."""
     kinds = layer_kinds(o)
-    chunks = o.pp * max(1, o.virtual_stages)
-    if len(kinds) < chunks:
-        raise UserError(f"pp={o.pp} must not exceed num_stacks={len(kinds)}")
-    base, extra = divmod(len(kinds), chunks)
     stages: list[dict[str, int]] = [{} for _ in range(o.pp)]
     start = 0
-    for chunk in range(chunks):
-        size = base + (1 if chunk < extra else 0)
+    for chunk, size in enumerate(chunk_layer_counts(o)):
         counts = stages[chunk % o.pp]
         for kind in kinds[start : start + size]:
             counts[kind] = counts.get(kind, 0) + 1

@@ -8,8 +8,9 @@ else of stg's internals, so that the packages behind it can change::
 What is here, by the stage of the pipeline it belongs to:
 
 - models: :class:`GraphBuilder`, :class:`Tensor`, :class:`Dim`, :class:`Sharding`, and the
-  options a model is built from (:class:`GenerateOptions`); :func:`build_workload` runs the
-  whole pipeline (what a plugin's tests call);
+  options a model is built from (:class:`GenerateOptions`; :func:`chunk_layer_counts`: the
+  layers of each pipeline model chunk); :func:`build_workload` runs the whole pipeline (what
+  a plugin's tests call);
 - workloads: :class:`Workload`, :class:`RankGraph`, :class:`RankClass`, :class:`Node`,
   :class:`NodeTemplate`, :class:`NodeType`, :class:`CollectiveType`, :class:`Layout`; what a
   node is for, from its typed attributes (:data:`NODE_SEMANTICS`; :class:`Phase`,
@@ -62,6 +63,7 @@ if TYPE_CHECKING:
     from stg.core.layout import Layout
     from stg.core.options import GenerateOptions, OptionError
     from stg.core.pipeline import build_workload
+    from stg.core.plan import chunk_layer_counts
     from stg.core.precision import DTYPE_BYTES, precision_of
     from stg.core.routing import expert_capacity
     from stg.core.sharding import Sharding
@@ -130,6 +132,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "GenerateOptions": ("stg.core.options", "GenerateOptions"),
     "OptionError": ("stg.core.options", "OptionError"),
     "build_workload": ("stg.core.pipeline", "build_workload"),
+    "chunk_layer_counts": ("stg.core.plan", "chunk_layer_counts"),
     "DTYPE_BYTES": ("stg.core.precision", "DTYPE_BYTES"),
     "precision_of": ("stg.core.precision", "precision_of"),
     "expert_capacity": ("stg.core.routing", "expert_capacity"),
@@ -273,6 +276,7 @@ __all__ = [
     "calibrated_time",
     "chakra_v001",
     "chakra_v004",
+    "chunk_layer_counts",
     "collective_phases",
     "collective_time",
     "comm_time",

@@ -29,6 +29,8 @@ UNSET_OPTIONS: tuple[str, ...] = (
     "kv_lora_rank",
     "drope",
     "mtp_depth",
+    "decoder_first_pipeline_num_layers",
+    "decoder_last_pipeline_num_layers",
 )
 """Options whose default ``None`` means "unset" (each model says what that means): a
 workload's metadata leaves them out when unset, so traces that do not use them keep their
@@ -179,6 +181,16 @@ class GenerateOptions:
     ``always`` frees them after a layer's forward (gathered again before its backward),
     ``never`` keeps them until the backward, ``default`` is ``never`` with pipeline
     parallelism and ``always`` without (:attr:`reshards_after_forward`).
+    How the ``num_stacks`` layers are split over the ``pp · virtual_stages`` model chunks
+    (:func:`stg.core.plan.chunk_layer_counts`): by default as evenly as possible, the first
+    chunks one layer longer where the division is not exact. Megatron-LM's options choose
+    otherwise: ``decoder_first_pipeline_num_layers`` and ``decoder_last_pipeline_num_layers``
+    (the layers of the first and last stage, the others split evenly over the middle
+    stages), ``account_for_embedding_in_pipeline_split`` and
+    ``account_for_loss_in_pipeline_split`` (the embedding, the head and loss each count as a
+    layer in an even split); ``pipeline_layers`` lists the layers of every chunk, in chunk
+    order (chunk c runs on stage c mod pp), where the first and last may be 0: the
+    embedding or the head alone on its stage.
     ``placement`` maps ranks to the device groups of a hybrid cluster, as runs
     ``((group, ranks), ...)`` in rank order (empty: one device kind); each group's ranks run
     the precision plan's entries for that group (:func:`stg.core.precision.plan_for_group`).
@@ -220,6 +232,11 @@ class GenerateOptions:
     activation_recompute: str = "none"
     pipeline_schedule: str = "1f1b"
     virtual_stages: int = 1
+    decoder_first_pipeline_num_layers: int | None = None
+    decoder_last_pipeline_num_layers: int | None = None
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
+    pipeline_layers: tuple[int, ...] = ()
     mixed_precision: bool = False
     dtype: str = "bf16"
     grad_reduce_dtype: str | None = None
@@ -265,6 +282,8 @@ class GenerateOptions:
         # the original STG's spelling of "the whole batch"; same options, same workload
         if self.micro_batch == -1:
             object.__setattr__(self, "micro_batch", None)
+        if isinstance(self.pipeline_layers, list):  # as a trace's metadata records it
+            object.__setattr__(self, "pipeline_layers", tuple(self.pipeline_layers))
         # ZeRO-3 shards weights, gradients and optimizer states: what weight_sharded does
         if self.zero == 3:
             object.__setattr__(self, "zero", 0)
@@ -292,7 +311,15 @@ class GenerateOptions:
     def as_dict(self) -> dict[str, object]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
-    OFF_UNRECORDED = ("placement", "dropout", *OVERLAP_FIELDS)
+    PIPELINE_SPLIT_FIELDS = (
+        "account_for_embedding_in_pipeline_split",
+        "account_for_loss_in_pipeline_split",
+        "pipeline_layers",
+    )
+    """How layers are split over pipeline stages where not as evenly as possible (with
+    ``decoder_first_pipeline_num_layers`` and ``decoder_last_pipeline_num_layers``, unset by
+    default: :func:`stg.core.plan.chunk_layer_counts`)."""
+    OFF_UNRECORDED = ("placement", "dropout", *OVERLAP_FIELDS, *PIPELINE_SPLIT_FIELDS)
     """Options left out of a trace's metadata while off (unset, 0 or false), so that traces
     generated without them keep the bytes they had before the option existed."""
 

@@ -1,9 +1,10 @@
 """The parallel plan: degrees checked against the model, and layers assigned to stages.
 
 Layers are split over the ``pp · virtual_stages`` model chunks as evenly as possible; when the
-division is not exact the first ``num_stacks mod chunks`` chunks get one layer more. The
-embedding runs on the first chunk (stage 0) and the LM head and loss on the last chunk (the
-last stage).
+division is not exact the first ``num_stacks mod chunks`` chunks get one layer more, unless
+Megatron-LM's uneven split options or an explicit list say otherwise
+(:func:`chunk_layer_counts`). The embedding runs on the first chunk (stage 0) and the LM head
+and loss on the last chunk (the last stage).
 """
 
 from __future__ import annotations
@@ -104,6 +105,129 @@ class ParallelPlan:
 def _require(condition: bool, message: str) -> None:
     if not condition:
         raise OptionError(message)
+
+
+def chunk_layer_counts(o: GenerateOptions) -> tuple[int, ...]:
+    """The layers of each of the ``pp · virtual_stages`` model chunks, in chunk order (chunk
+    c on stage c mod pp, its layers after those of chunk c - 1), as Megatron-LM splits them
+    (``get_num_layers_to_build``):
+
+    - ``pipeline_layers``: the list as given; the first and the last chunk may hold no layer
+      (the embedding, or the head and loss, alone on their stage);
+    - ``decoder_first_pipeline_num_layers`` / ``decoder_last_pipeline_num_layers``: the first
+      and last stage hold that many layers, the other stages split the rest evenly; each
+      stage's layers split evenly over its ``virtual_stages`` chunks;
+    - ``account_for_embedding_in_pipeline_split`` / ``account_for_loss_in_pipeline_split``:
+      the embedding and the loss each count as one layer of an even split, so the first
+      (last) chunk holds one layer less;
+    - otherwise as evenly as possible, the first ``num_stacks mod chunks`` chunks one longer.
+
+    Raises :class:`OptionError` (naming the option and what is allowed) where the split
+    is impossible.
+    """
+    pp, v, layers = o.pp, o.virtual_stages, o.num_stacks
+    for name, value in (("pp", pp), ("virtual_stages", v), ("num_stacks", layers)):
+        _require(
+            isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+            f"{name}={value} must be a positive integer",
+        )
+    chunks = pp * v
+    first, last = o.decoder_first_pipeline_num_layers, o.decoder_last_pipeline_num_layers
+    account = o.account_for_embedding_in_pipeline_split or o.account_for_loss_in_pipeline_split
+    given = [
+        name
+        for name, on in (
+            ("pipeline_layers", bool(o.pipeline_layers)),
+            ("decoder_first/last_pipeline_num_layers", first is not None or last is not None),
+            ("account_for_embedding/loss_in_pipeline_split", account),
+        )
+        if on
+    ]
+    _require(
+        len(given) <= 1,
+        f"{' and '.join(given)} cannot be combined; allowed: one way to split the layers "
+        "over pipeline stages",
+    )
+    if o.pipeline_layers:
+        counts = tuple(o.pipeline_layers)
+        text = ",".join(map(str, counts))
+        _require(
+            all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts),
+            f"pipeline_layers={text} must list non-negative integers",
+        )
+        _require(
+            len(counts) == chunks,
+            f"pipeline_layers={text} lists {len(counts)} chunks; allowed: one layer count per "
+            f"model chunk, pp·virtual_stages={chunks}",
+        )
+        _require(
+            sum(counts) == layers,
+            f"pipeline_layers={text} holds {sum(counts)} layers; allowed: counts that sum to "
+            f"num_stacks={layers}",
+        )
+        _require(
+            all(n >= 1 for n in counts[1:-1]),
+            f"pipeline_layers={text} leaves a middle chunk without a layer; allowed: 0 only "
+            "for the first chunk (the embedding alone) and the last (the head alone)",
+        )
+        return counts
+    if first is not None or last is not None:
+        _require(
+            pp > 1,
+            "decoder_first/last_pipeline_num_layers split layers over pipeline stages: "
+            f"pp={pp} is not allowed; allowed: pp > 1",
+        )
+        per_stage: list[int | None] = [None] * pp
+        for name, value, stage in (("first", first, 0), ("last", last, pp - 1)):
+            if value is None:
+                continue
+            _require(
+                isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+                f"decoder_{name}_pipeline_num_layers={value} must be a positive integer",
+            )
+            per_stage[stage] = value
+        rest = layers - sum(n for n in per_stage if n is not None)
+        middle = per_stage.count(None)
+        _require(
+            rest >= middle and (rest % middle == 0 if middle else rest == 0),
+            f"decoder_first/last_pipeline_num_layers leave {rest} of num_stacks={layers} "
+            f"layers for {middle} other stage(s); allowed: a remainder that those stages "
+            "split evenly, at least one layer each",
+        )
+        stage_layers = [rest // middle if n is None else n for n in per_stage]
+        _require(
+            all(n % v == 0 for n in stage_layers),
+            f"stages of {','.join(map(str, stage_layers))} layers do not split into "
+            f"virtual_stages={v} equal chunks; allowed: layer counts per stage divisible by it",
+        )
+        return tuple(stage_layers[c % pp] // v for c in range(chunks))
+    if account:
+        extra = int(o.account_for_embedding_in_pipeline_split) + int(
+            o.account_for_loss_in_pipeline_split
+        )
+        total = layers + extra
+        _require(
+            total % chunks == 0,
+            f"num_stacks={layers} plus the embedding and loss counted as layers ({total}) "
+            f"must be divisible by pp·virtual_stages={chunks}",
+        )
+        counts_list = [total // chunks] * chunks
+        counts_list[0] -= int(o.account_for_embedding_in_pipeline_split)
+        counts_list[-1] -= int(o.account_for_loss_in_pipeline_split)
+        _require(
+            min(counts_list) >= 0 and all(n >= 1 for n in counts_list[1:-1]),
+            f"num_stacks={layers} is too few layers to count the embedding and loss as "
+            f"layers over pp·virtual_stages={chunks} chunks",
+        )
+        return tuple(counts_list)
+    _require(
+        chunks <= layers,
+        f"pp={pp}"
+        + (f"·virtual_stages={v}" if v > 1 else "")
+        + f" must not exceed num_stacks={layers}",
+    )
+    base, extra_layers = divmod(layers, chunks)
+    return tuple(base + (1 if c < extra_layers else 0) for c in range(chunks))
 
 
 def _check_phase(o: GenerateOptions) -> None:
@@ -262,12 +386,7 @@ def make_plan(o: GenerateOptions) -> ParallelPlan:
     _require(o.seq % seq_split == 0, f"{what}={seq_split} must divide seq={o.seq}")
     _require(o.virtual_stages >= 1, f"virtual_stages={o.virtual_stages} must be a positive integer")
     chunks = o.pp * o.virtual_stages
-    _require(
-        chunks <= o.num_stacks,
-        f"pp={o.pp}"
-        + (f"·virtual_stages={o.virtual_stages}" if o.virtual_stages > 1 else "")
-        + f" must not exceed num_stacks={o.num_stacks}",
-    )
+    layers = chunk_layer_counts(o)
     _require(
         o.attention in GenerateOptions.ATTENTION,
         f"attention={o.attention!r} must be one of {', '.join(GenerateOptions.ATTENTION)}",
@@ -368,7 +487,5 @@ def make_plan(o: GenerateOptions) -> ParallelPlan:
     _require(
         2 * m * chunks < MAX_TAG, f"too many micro-batches ({m}) for send/recv tags below {MAX_TAG}"
     )
-    base, extra = divmod(o.num_stacks, chunks)
-    layers = tuple(base + (1 if c < extra else 0) for c in range(chunks))
     _require(prod(degrees.values()) >= 1, "world size must be positive")
     return ParallelPlan(o, degrees, m, o.virtual_stages, layers, recompute)
