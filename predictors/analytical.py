@@ -7,11 +7,12 @@ models of :mod:`stg.perf.kernel_time`; :func:`stg.api.collective_time` and
 node of every micro-batch it composes per-layer costs in closed form:
 
 - **One layer.** A small workload (one or two layers per stage, at most two pipeline stages
-  and two data-parallel replicas, same tp, sp, ep, micro-batch per replica, dtype, recompute
-  and kernels) is built once per distinct layer shape and cached. Its forward and backward
-  of one layer, the embedding and the head are list-scheduled as the DAG predictor does
-  (compute stream, one stream per communicator, smallest id first), which gives each part's
-  time with its exposed tensor-parallel (and FSDP) communication: ``f`` and ``b``.
+  and two data-parallel replicas (all of them where ep folds over dp), same tp, sp, ep,
+  micro-batch per replica, dtype, recompute and kernels) is built once per distinct layer
+  shape and cached. Its forward and backward of one layer, the embedding and the head are
+  list-scheduled as the DAG predictor does (compute stream, one stream per communicator,
+  smallest id first), which gives each part's time with its exposed tensor-parallel (and
+  FSDP) communication: ``f`` and ``b``.
 - **Pipeline.** Stage i of p holds L_i layers (:func:`stg.api.chunk_layer_counts`: as even
   as possible, or Megatron's uneven split): ``F_i = L_i·f (+ embedding, + head)``, likewise
   ``B_i``. With m micro-batches the 1F1B and GPipe pipelines take
@@ -62,6 +63,7 @@ from stg.api import (
     is_hybrid,
     kernel_name,
     kernel_table,
+    layout_of,
     link_dimension,
     load_system,
     node_chunk,
@@ -104,7 +106,10 @@ def degrees_of(options: GenerateOptions) -> dict[str, int]:
 
 
 def group_members(axes: Iterable[str], options: GenerateOptions) -> list[int]:
-    """The ranks of rank 0's communicator over ``axes``."""
+    """The ranks of rank 0's communicator over ``axes`` (mesh axes: on a folded expert
+    mesh, its pieces of the dense axes)."""
+    if options.ep_folded:
+        return list(layout_of(options).members(0, axes))
     degrees, stride = degrees_of(options), strides(options)
     members = [0]
     for axis in axes:
@@ -251,6 +256,13 @@ class Parts:
     workload's layers, a few bytes more or less on a latency-bound all-reduce)"""
 
 
+def reduced_dp(o: GenerateOptions) -> int:
+    """The data-parallel degree of the reduced workloads: at most two replicas, or all of
+    them where expert parallelism folds over dp (its groups, and their mesh axes, are then
+    the full workload's)."""
+    return o.dp if o.ep_folded else min(o.dp, 2)
+
+
 def reduced_options(
     o: GenerateOptions, layers_per_stage: int, parameters_only: bool = False
 ) -> GenerateOptions:
@@ -258,9 +270,9 @@ def reduced_options(
     (``parameters_only``: one sample per micro-batch and no recomputation, which change no
     parameter and so no optimizer step: more configurations share that workload)."""
     pp = min(o.pp, 2)
-    dp = min(o.dp, 2)
-    per_replica = 1 if parameters_only else (o.micro_batch or o.batch) // (o.dp * o.ep)
-    micro = per_replica * dp * o.ep
+    dp = reduced_dp(o)
+    per_replica = 1 if parameters_only else (o.micro_batch or o.batch) // o.data_replicas
+    micro = per_replica * (dp if o.ep_folded else dp * o.ep)
     values = o.as_dict()
     if parameters_only:
         values.update(activation_recompute="none", precision=())
@@ -416,7 +428,7 @@ def analyse(
         one = _build(reduced_options(o, 1), registry)
         one_p = _build(reduced_options(o, 1, parameters_only=True), registry)
         two = _build(reduced_options(o, 2, parameters_only=True), registry)
-        dp_r = min(o.dp, 2)
+        dp_r = reduced_dp(o)
     sharded = bool(o.zero or o.weight_sharded)
     pricer = _Pricer(o, system, kernels, dp_r / o.dp if sharded else 1.0)
     first, last = one.rank_classes[0], one.rank_classes[-1]
@@ -621,7 +633,7 @@ def predict_options(
             f, b = f + parts.head_fwd, b + parts.head_bwd
         fwd.append(f)
         bwd.append(b)
-    stride_pp = strides(o)["pp"]
+    stride_pp = (layout_of(o).peer(0, 1) if p > 1 else 0) if o.ep_folded else strides(o)["pp"]
     t_p2p = 0.0
     if p > 1 and parts.p2p_bytes:
         t_p2p = max(

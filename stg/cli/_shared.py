@@ -213,6 +213,24 @@ SPECS: dict[str, tuple[str, _Spec]] = {
     "sp": (_PARALLEL, _Spec("Sequence/context-parallel degree.", ("--cp",))),
     "pp": (_PARALLEL, _Spec("Pipeline-parallel degree.")),
     "ep": (_PARALLEL, _Spec("Expert-parallel degree.")),
+    "ep_layout": (
+        _PARALLEL,
+        _Spec(
+            "How --ep places experts: multiply (ep is a mesh axis of its own, dp·tp·sp·pp·ep "
+            "ranks) or fold (Megatron's MoE parallel folding: ep·etp ranks of the dp·tp·sp "
+            "ranks of a stage hold the experts, dp·tp·sp·pp ranks). Default: multiply, or "
+            "fold where --etp is given.",
+            metavar="multiply|fold",
+        ),
+    ),
+    "etp": (
+        _PARALLEL,
+        _Spec(
+            "Expert tensor parallelism: ranks that split each expert's FFN (Megatron's "
+            "--expert-tensor-parallel-size; implies --ep_layout fold; default: tp).",
+            metavar="N",
+        ),
+    ),
     "tpsp": (
         _PARALLEL,
         _Spec("Megatron sequence parallelism inside TP.", parser=parse_bool, metavar=BOOL),

@@ -31,6 +31,8 @@ UNSET_OPTIONS: tuple[str, ...] = (
     "mtp_depth",
     "decoder_first_pipeline_num_layers",
     "decoder_last_pipeline_num_layers",
+    "ep_layout",
+    "etp",
 )
 """Options whose default ``None`` means "unset" (each model says what that means): a
 workload's metadata leaves them out when unset, so traces that do not use them keep their
@@ -191,6 +193,17 @@ class GenerateOptions:
     layer in an even split); ``pipeline_layers`` lists the layers of every chunk, in chunk
     order (chunk c runs on stage c mod pp), where the first and last may be 0: the
     embedding or the head alone on its stage.
+    Expert parallelism has two layouts (``ep_layout``). ``multiply`` (the default, stg's
+    meaning from the start): ``ep`` is a mesh axis of its own that multiplies the world
+    (``dp·tp·sp·pp·ep`` ranks); outside the experts its ranks are data-parallel replicas
+    (the batch splits over ``dp·ep``) and the experts split their FFN over ``tp``.
+    ``fold`` (Megatron-LM's MoE parallel folding, ``--expert-model-parallel-size`` with
+    ``--expert-tensor-parallel-size``): the world is ``dp·tp·sp·pp`` and the experts see the
+    same ranks of a stage as ``etp·ep·edp`` (expert tensor, expert, expert data
+    parallelism; ``edp = dp·tp·sp / (ep·etp)``), numbered in ``rank_order`` as the dense
+    ``tp, sp, dp`` are, so an expert-parallel group may span tensor-, context- and
+    data-parallel ranks. ``etp`` (default ``tp``, as Megatron) splits each expert's FFN;
+    giving it implies ``fold``. See :func:`stg.core.layout.fold_mesh`.
     ``placement`` maps ranks to the device groups of a hybrid cluster, as runs
     ``((group, ranks), ...)`` in rank order (empty: one device kind); each group's ranks run
     the precision plan's entries for that group (:func:`stg.core.precision.plan_for_group`).
@@ -223,6 +236,8 @@ class GenerateOptions:
     sp: int = 1
     pp: int = 1
     ep: int = 1
+    ep_layout: str | None = None
+    etp: int | None = None
     tpsp: bool = True
     weight_sharded: bool = False
     zero: int = 0
@@ -260,6 +275,7 @@ class GenerateOptions:
     output_name: str = "workload.%d.et"
 
     ATTENTION = ("fused", "unfused")
+    EP_LAYOUTS = ("multiply", "fold")
     RESHARD_AFTER_FORWARD = ("default", "always", "never")
     PROFILES = ("megatron", "eager")
     PHASES = ("training", "prefill", "decode", "mixed")
@@ -305,7 +321,36 @@ class GenerateOptions:
         return self.batch // (self.micro_batch or self.batch)
 
     @property
+    def ep_folded(self) -> bool:
+        """Whether expert parallelism folds over the dense ranks (``ep_layout=fold``, or
+        ``etp`` given without a layout) instead of multiplying the world."""
+        if self.ep_layout is None:
+            return self.etp is not None
+        return self.ep_layout == "fold"
+
+    @property
+    def expert_tp(self) -> int:
+        """How many ways each routed expert's FFN is split: ``etp`` (default ``tp``)."""
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def data_replicas(self) -> int:
+        """How many ways the batch is split outside the experts: ``dp·ep`` (multiply) or
+        ``dp`` (fold)."""
+        return self.dp if self.ep_folded else self.dp * self.ep
+
+    @property
+    def expert_dp(self) -> int:
+        """Expert data parallelism, the ranks of a stage that hold the same experts' shards:
+        ``dp·sp`` (multiply; tp splits the experts) or ``dp·tp·sp / (ep·etp)`` (fold)."""
+        if self.ep_folded:
+            return self.dp * self.tp * self.sp // (self.ep * self.expert_tp)
+        return self.dp * self.sp
+
+    @property
     def world_size(self) -> int:
+        if self.ep_folded:
+            return self.dp * self.tp * self.sp * self.pp
         return self.dp * self.tp * self.sp * self.pp * self.ep
 
     def as_dict(self) -> dict[str, object]:

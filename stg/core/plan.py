@@ -9,10 +9,19 @@ and loss on the last chunk (the last stage).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from math import prod
 
-from stg.core.layout import AXES, parse_rank_order
+from stg.core.layout import (
+    AXES,
+    UNFOLDED_AXIS_PARTS,
+    FoldedMesh,
+    Layout,
+    LayoutError,
+    fold_mesh,
+    parse_rank_order,
+)
 from stg.core.options import GenerateOptions, OptionError
 from stg.core.precision import DTYPE_BYTES
 from stg.core.routing import ROUTINGS
@@ -29,7 +38,12 @@ RECOMPUTE = {
 
 @dataclass(frozen=True)
 class ParallelPlan:
-    """Degrees, micro-batching and the layer split of one run."""
+    """Degrees, micro-batching and the layer split of one run.
+
+    ``degrees`` are those of the mesh axes, in ``rank_order`` (fastest first): ``AXES``, or
+    with expert parallelism folded (``ep_layout=fold``) the finer axes of
+    :func:`stg.core.layout.fold_mesh`, which ``axis_parts`` maps every named axis (``tp``,
+    ``ep``, ``etp``, ...) to."""
 
     options: GenerateOptions
     degrees: dict[str, int]
@@ -37,6 +51,18 @@ class ParallelPlan:
     chunks_per_stage: int
     layers_per_chunk: tuple[int, ...]
     recompute: str
+    axis_parts: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    mesh_order: tuple[str, ...] = ()
+
+    @property
+    def rank_order(self) -> tuple[str, ...]:
+        """The mesh axes, fastest-varying first."""
+        return self.mesh_order or parse_rank_order(self.options.rank_order)
+
+    def mesh_axes(self, names: Iterable[str]) -> frozenset[str]:
+        """The mesh axes that the named axes are made of (``etp`` is ``tp`` unless folded)."""
+        parts = self.axis_parts or UNFOLDED_AXIS_PARTS
+        return frozenset(a for name in names for a in parts.get(name, (name,)))
 
     @property
     def precision(self) -> dict[str, str]:
@@ -63,8 +89,9 @@ class ParallelPlan:
 
     @property
     def data_axes(self) -> tuple[str, ...]:
-        """Axes that split the batch: data parallelism, and expert parallelism outside experts."""
-        return ("dp", "ep")
+        """Axes that split the batch: data parallelism, and expert parallelism outside experts
+        (unless it folds over the dense axes)."""
+        return ("dp",) if self.options.ep_folded else ("dp", "ep")
 
     @property
     def seq_axes(self) -> tuple[str, ...]:
@@ -78,7 +105,8 @@ class ParallelPlan:
         the same weights, dp and sp (context-parallel ranks hold the same weights too, as
         Megatron's distributed optimizer and FSDP shard over its dp-cp group). The ep ranks
         keep their own copies of the non-expert shards (their gradients are all-reduced over
-        ep), as in hybrid sharding."""
+        ep), as in hybrid sharding. A weight split over one of these axes (a folded expert)
+        is sharded over the others."""
         return ("dp", "sp")
 
     @property
@@ -87,7 +115,7 @@ class ParallelPlan:
         o = self.options
         if not (o.zero or o.weight_sharded):
             return 1
-        return prod(self.degrees[a] for a in self.zero_axes)
+        return prod(self.degrees[a] for a in self.mesh_axes(self.zero_axes))
 
     @property
     def chunks(self) -> int:
@@ -320,6 +348,44 @@ def _check_phase(o: GenerateOptions) -> None:
             )
 
 
+def _check_ep_layout(o: GenerateOptions) -> FoldedMesh | None:
+    """The expert-parallel layout's options; the folded mesh under ``ep_layout=fold``."""
+    layouts = GenerateOptions.EP_LAYOUTS
+    _require(
+        o.ep_layout is None or o.ep_layout in layouts,
+        f"ep_layout={o.ep_layout!r} must be one of {', '.join(layouts)}",
+    )
+    _require(
+        o.etp is None or (isinstance(o.etp, int) and not isinstance(o.etp, bool) and o.etp >= 1),
+        f"etp={o.etp} must be a positive integer (or unset: tp)",
+    )
+    if not o.ep_folded:
+        _require(
+            o.etp is None,
+            f"etp={o.etp} splits experts over ranks that ep folds over: ep_layout=multiply "
+            "is not allowed with it; allowed: ep_layout=fold (or leave ep_layout unset)",
+        )
+        return None
+    _require(
+        o.experts % o.ep == 0,
+        f"ep={o.ep} must divide experts={o.experts} (ep_layout=fold: each rank of an "
+        "expert-parallel group holds whole experts)",
+    )
+    _require(
+        o.dff % o.expert_tp == 0, f"etp={o.expert_tp} must divide dff={o.dff} (each expert's FFN)"
+    )
+    _require(
+        o.tp == 1 or o.tpsp or o.inference,
+        f"ep_layout=fold with tp={o.tp} needs sequence parallelism (tpsp=true), as "
+        "Megatron-LM requires for MoE with tensor parallelism; allowed: tpsp=true, or tp=1",
+    )
+    degrees = {"dp": o.dp, "tp": o.tp, "sp": o.sp, "pp": o.pp}
+    try:
+        return fold_mesh(degrees, parse_rank_order(o.rank_order), o.expert_tp, o.ep)
+    except LayoutError as exc:
+        raise OptionError(str(exc)) from None
+
+
 def make_plan(o: GenerateOptions) -> ParallelPlan:
     """Check the options against each other and derive the plan; raise OptionError otherwise."""
     _check_phase(o)
@@ -355,10 +421,10 @@ def make_plan(o: GenerateOptions) -> ParallelPlan:
         o.batch % micro_batch == 0,
         f"micro_batch={micro_batch} must divide batch={o.batch}; {allowed_micro}",
     )
-    replicas = o.dp * o.ep
+    replicas = o.data_replicas
     _require(
         micro_batch % replicas == 0,
-        f"dp·ep={replicas} must divide micro_batch={micro_batch} "
+        f"{'dp' if o.ep_folded else 'dp·ep'}={replicas} must divide micro_batch={micro_batch} "
         "(each data-parallel replica needs whole samples)",
     )
     if o.dhead is None:  # the head size is dmodel / head
@@ -458,6 +524,7 @@ def make_plan(o: GenerateOptions) -> ParallelPlan:
         f"tp_comm_overlap=true is Transformer Engine's userbuffers overlap: profile={o.profile} "
         "is not allowed; allowed: profile=megatron",
     )
+    folded = _check_ep_layout(o)
     _require(o.kexperts <= o.experts, f"kexperts={o.kexperts} must not exceed experts={o.experts}")
     _require(o.capacity_factor > 0, f"capacity_factor={o.capacity_factor} must be positive")
     _require(
@@ -488,4 +555,25 @@ def make_plan(o: GenerateOptions) -> ParallelPlan:
         2 * m * chunks < MAX_TAG, f"too many micro-batches ({m}) for send/recv tags below {MAX_TAG}"
     )
     _require(prod(degrees.values()) >= 1, "world size must be positive")
-    return ParallelPlan(o, degrees, m, o.virtual_stages, layers, recompute)
+    if folded is None:
+        return ParallelPlan(o, degrees, m, o.virtual_stages, layers, recompute)
+    return ParallelPlan(
+        o, folded.degrees, m, o.virtual_stages, layers, recompute, folded.axes, folded.rank_order
+    )
+
+
+def layout_of(o: GenerateOptions) -> Layout:
+    """The placement of ``o``'s mesh on ranks (no communicators numbered): what predictors
+    need to find a group's members (``layout.members(rank, axes)``) on a folded mesh too.
+    Raises :class:`OptionError` on impossible options."""
+    plan = make_plan(o)
+    return Layout(plan.degrees, plan.rank_order)
+
+
+def expert_zero_degree(o: GenerateOptions) -> int:
+    """How many ways ZeRO / FSDP shard a routed expert's weights: over the mesh axes of
+    :attr:`ParallelPlan.zero_axes` that do not split the experts (``ep``, ``etp``), which
+    differ from the dense weights' only where ep folds over dp or sp."""
+    plan = make_plan(o)
+    axes = plan.mesh_axes(plan.zero_axes) - plan.mesh_axes(("ep", "etp"))
+    return prod(plan.degrees[a] for a in axes)

@@ -95,7 +95,8 @@ def plan_reshard(src: Sharding, dst: Sharding) -> list[ReshardStep]:
     Rules, in order: a partial axis that ``dst`` splits a dimension by becomes a
     reduce-scatter on that dimension; the remaining partial axes not partial in ``dst`` are
     all-reduced together. An axis that splits a dimension in ``src`` but not in ``dst`` moves
-    by all-to-all when ``dst`` splits another dimension by it, and is all-gathered otherwise.
+    by all-to-all when ``dst`` splits another dimension by it (the axes that move between the
+    same two dimensions in one all-to-all), and is all-gathered otherwise.
     Axes that ``dst`` adds (a split of a replicated dimension, or a partial mark) cost
     nothing: each rank keeps its slice.
 
@@ -134,21 +135,26 @@ def plan_reshard(src: Sharding, dst: Sharding) -> list[ReshardStep]:
     for index in range(len(cur.dims)):
         extra = cur.dims[index] - dst.dims[index]
         gather: set[str] = set()
+        moves: dict[int, set[str]] = {}
         for axis in sorted(extra):
             target = dst.dim_of(axis)
             if target is not None and axis not in cur.dims[target]:
-                cur = Sharding(
-                    tuple(
-                        a - {axis} if i == index else (a | {axis} if i == target else a)
-                        for i, a in enumerate(cur.dims)
-                    ),
-                    cur.partial,
-                )
-                steps.append(
-                    ReshardStep(CollectiveType.ALL_TO_ALL, frozenset({axis}), index, target, cur)
-                )
+                moves.setdefault(target, set()).add(axis)
             else:
                 gather.add(axis)
+        for target, moved in moves.items():
+            # axes that move together from one dimension to another: one all-to-all over
+            # their product group (a folded expert-parallel group is several mesh axes)
+            cur = Sharding(
+                tuple(
+                    a - moved if i == index else (a | moved if i == target else a)
+                    for i, a in enumerate(cur.dims)
+                ),
+                cur.partial,
+            )
+            steps.append(
+                ReshardStep(CollectiveType.ALL_TO_ALL, frozenset(moved), index, target, cur)
+            )
         if gather:
             cur = cur.with_dim(index, cur.dims[index] - gather)
             steps.append(
