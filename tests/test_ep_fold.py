@@ -253,3 +253,31 @@ def test_impossible_folds_are_refused_with_one_line(tmp_path, args, message) -> 
     text = " ".join(result.output.split())
     assert message in text and "Traceback" not in text
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(phase="decode", steps=2, context=32),
+        dict(phase="prefill"),
+        dict(dtype="fp8", pp=2, micro_batch=4),  # Transformer Engine's amax group
+    ],
+)
+def test_folded_serving_and_fp8_runs_validate_and_predict(kw: dict) -> None:
+    registry = load_registry()
+    o = options(tp=2, dp=2, ep=4, etp=1, **kw)
+    workload = build_workload(o, registry)
+    assert workload.world_size == 4 * o.pp and validate_workload(workload).ok
+    a2a = {
+        workload.comm_groups[workload.layout.group_id(0, t.group_axes)]
+        for t in workload.ranks[0].rank_class.nodes
+        if t.comm_type is CollectiveType.ALL_TO_ALL
+    }
+    ep = megatron_groups(o, 0)["ep"]
+    if o.inference:  # tokens replicated over tp: each tp rank keeps its own experts' slots,
+        # the all-to-all runs over the rest of the ep group and the outputs gather over tp
+        assert a2a == {tuple(r for r in ep if r % o.tp == 0)}
+    else:
+        assert a2a == {ep}
+    report = predict_time(workload, "h100-80g", kernels=list(registry.kernels))
+    assert report["iteration_time_s"] > 0
