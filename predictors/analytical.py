@@ -15,11 +15,12 @@ node of every micro-batch it composes per-layer costs in closed form:
   FSDP) communication: ``f`` and ``b``.
 - **Pipeline.** Stage i of p holds L_i layers (:func:`stg.api.chunk_layer_counts`: as even
   as possible, or Megatron's uneven split): ``F_i = L_i·f (+ embedding, + head)``, likewise
-  ``B_i``. With m micro-batches the 1F1B and GPipe pipelines take
+  ``B_i``. With m micro-batches the GPipe pipeline takes
   ``T_pipe = Σ_i (F_i + B_i) + (m - 1)·max_i (F_i + B_i) + 2(p - 1)·t_p2p``: the first
   micro-batch crosses every stage forward and backward, the others follow at the pace of the
-  slowest stage; the bubble is ``(p - 1)·(F + B)`` for equal stages. Interleaving with v
-  chunks per stage divides the fill and drain by v:
+  slowest stage; the bubble is ``(p - 1)·(F + B)`` for equal stages. 1F1B takes the same
+  for equal stages and less where an earlier stage is the slowest (:func:`one_f_one_b`).
+  Interleaving with v chunks per stage divides the fill and drain by v:
   ``T_pipe = Σ_i (F_i + B_i)/v + (m - 1/v)·max_i (F_i + B_i) + 2(p·v - 1)·t_p2p``.
 - **Data parallelism.** A layer's gradient reduction is issued when the layer's last
   backward ends; on its communicator's stream the k-th reduction finishes at
@@ -580,6 +581,27 @@ def _optimizer_of(parts: Parts, s: int, p: int, layers: int) -> tuple[PartCost, 
     return optimizer, after
 
 
+def one_f_one_b(forward: Sequence[float], backward: Sequence[float], m: int, t_p2p: float) -> float:
+    """When the last backward of stage 0 ends under the 1F1B schedule, with stage s taking
+    ``forward[s]`` and ``backward[s]`` per micro-batch and ``t_p2p`` per send: the latest
+    over the stages of the time a stage s paces the pipeline,
+    ``Σ_{j<s} (F_j + B_j + 2·t) + m·(F_s + B_s) + max(0, Σ_{j>s} (F_j + B_j + 2·t) -
+    (p - 1 - s)·F_s)``: the first micro-batch reaches it and the last gradient leaves it
+    through the stages before it, it runs its m forwards and backwards back to back, and it
+    waits before its first backward only for what its p - 1 - s warm-up forwards do not
+    cover of the stages after it. With equal stages the last stage paces it:
+    ``(m + p - 1)·(F + B) + 2(p - 1)·t``, the usual 1F1B time; a slower earlier stage (an
+    uneven split) hides the later stages' fill and drain."""
+    p = len(forward)
+    stage = [f + b + 2 * t_p2p for f, b in zip(forward, backward, strict=True)]
+    return max(
+        sum(stage[:s])
+        + m * (forward[s] + backward[s])
+        + max(0.0, sum(stage[s + 1 :]) - (p - 1 - s) * forward[s])
+        for s in range(p)
+    )
+
+
 def predict_options(
     options: Mapping[str, Any] | GenerateOptions,
     system: System | str = "a100-80g",
@@ -646,6 +668,8 @@ def predict_options(
     slowest = max(per_stage)
     if v > 1:
         pipe = sum(per_stage) / v + (m - 1 / v) * slowest + 2 * (p * v - 1) * t_p2p
+    elif o.pipeline_schedule == "1f1b":
+        pipe = one_f_one_b([f.time for f in fwd], [b.time for b in bwd], m, t_p2p)
     else:
         pipe = sum(per_stage) + (m - 1) * slowest + 2 * (p - 1) * t_p2p
     # each stage: gradient reductions after its last backward, optimizer, ZeRO all-gathers

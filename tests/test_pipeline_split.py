@@ -52,6 +52,7 @@ def test_layers_per_chunk_follow_megatron(kw: dict, chunks: tuple[int, ...]) -> 
 
 SPLITS = [
     dict(num_stacks=7, pp=2),
+    dict(num_stacks=5, pp=2, pipeline_layers=(4, 1)),  # the first stage paces the pipeline
     dict(num_stacks=6, pp=4, pipeline_layers=(0, 2, 2, 2)),
     dict(num_stacks=6, pp=4, pipeline_layers=(2, 2, 2, 0)),
     dict(num_stacks=7, pp=3, decoder_first_pipeline_num_layers=1),
@@ -90,10 +91,10 @@ def test_every_split_generates_validates_and_predicts_alike(kw: dict) -> None:
     for memory in from_options:
         assert peaks[memory.stage] == pytest.approx(memory.peak, rel=1e-6)
     # time: the analytical closed form's stages hold those layers, and it agrees with the
-    # replay of the whole workload as on even splits (tests/test_explore.py: 10 %)
+    # replay of the whole workload (1F1B's closed form: paced by the slowest stage, whichever)
     dag = predict_time(workload, "h100-80g", kernels=kernels)
     fast = predict_options(o, "h100-80g", registry=registry, kernels=kernels)
-    assert abs(fast["iteration_time_s"] / dag["iteration_time_s"] - 1) <= 0.10
+    assert abs(fast["iteration_time_s"] / dag["iteration_time_s"] - 1) <= 0.03
     stage_times = [t["forward"] for t in fast["stage_times_s"]]
     middle = range(1, o.pp - 1)  # neither embedding nor head: a middle stage is its layers
     per_layer = {round(stage_times[s] / stage_layers[s], 12) for s in middle}
