@@ -281,3 +281,17 @@ def test_folded_serving_and_fp8_runs_validate_and_predict(kw: dict) -> None:
         assert a2a == {ep}
     report = predict_time(workload, "h100-80g", kernels=list(registry.kernels))
     assert report["iteration_time_s"] > 0
+
+
+def test_folded_serving_memory_counts_dense_replicas() -> None:
+    """A folded run's sequences split over dp alone: its KV cache per rank is that of the
+    multiplying layout with the same replicas (dp·ep there)."""
+    registry = load_registry()
+    serving = dict(phase="decode", context=32, tp=2, ep=4)
+    folded = build_workload(options(dp=4, etp=1, **serving), registry)
+    multiplied = build_workload(options(dp=1, **serving), registry)
+    caches = [
+        [c["kv_cache"] for c in predict_memory(w, "h100-80g")["classes"]]
+        for w in (folded, multiplied)
+    ]
+    assert caches[0] == caches[1] and caches[0][0] > 0
