@@ -36,8 +36,9 @@ def options(**kw: object) -> GenerateOptions:
 
 
 def megatron_groups(o: GenerateOptions, rank: int) -> dict[str, tuple[int, ...]]:
-    """The groups of ``rank`` as Megatron-LM's RankGenerators number them (order
-    tp-cp-ep-dp-pp): dense ``tp, cp, dp, pp`` and expert ``etp, ep, edp, pp`` meshes."""
+    """The groups of ``rank`` as Megatron-LM's RankGenerators number them (the order string
+    ``rank_order``, sp as cp; default tp-cp-ep-dp-pp): dense ``tp, cp, dp, pp`` meshes (ep
+    1) and expert ``etp, ep, edp, pp`` ones (cp 1) in that order."""
     etp, ep = o.expert_tp, o.ep
     edp = o.tp * o.sp * o.dp // (ep * etp)
 
@@ -52,8 +53,11 @@ def megatron_groups(o: GenerateOptions, rank: int) -> dict[str, tuple[int, ...]]
             for name, size in mesh
         }
 
-    dense = groups([("tp", o.tp), ("cp", o.sp), ("dp", o.dp), ("pp", o.pp)])
-    expert = groups([("etp", etp), ("ep", ep), ("edp", edp), ("pp", o.pp)])
+    order = o.rank_order.split(",")
+    dense_sizes = {"tp": ("tp", o.tp), "sp": ("cp", o.sp), "dp": ("dp", o.dp), "pp": ("pp", o.pp)}
+    expert_sizes = {"tp": ("etp", etp), "ep": ("ep", ep), "dp": ("edp", edp), "pp": ("pp", o.pp)}
+    dense = groups([dense_sizes[a] for a in order if a in dense_sizes])
+    expert = groups([expert_sizes[a] for a in order if a in expert_sizes])
     return {**dense, **expert}
 
 
@@ -63,6 +67,7 @@ FOLDED = [
     dict(tp=4, dp=2, ep=4, etp=2),  # ep spans half of tp and all of dp
     dict(tp=2, dp=2, ep=2, etp=1, pp=2),
     dict(tp=2, sp=2, dp=2, ep=4, etp=1, causal=True),  # ep spans tp and cp
+    dict(tp=2, dp=4, ep=4, etp=1, rank_order="dp,tp,sp,ep,pp"),  # Megatron's order dp-tp-...
 ]
 
 

@@ -64,9 +64,10 @@ def fold_mesh(
     degrees: Mapping[str, int], rank_order: Iterable[str], etp: int, ep: int
 ) -> FoldedMesh:
     """The mesh on which ``etp·ep·edp`` number the ranks of a pipeline stage as the
-    dense ``tp, sp, dp`` do (in ``rank_order``, fastest first; ``ep``'s place in it is
-    ignored), Megatron-LM's MoE parallel folding (``initialize_model_parallel``: one
-    RankGenerator for the dense and one for the expert axes, the same order).
+    dense ``tp, sp, dp`` do, Megatron-LM's MoE parallel folding (``initialize_model_parallel``:
+    one RankGenerator for the dense and one for the expert axes, with the same order string):
+    both in ``rank_order``, fastest first, the expert axes where ``tp``, ``ep`` and ``dp``
+    stand in it (the default ``tp,sp,ep,dp,pp``: etp, ep, edp).
 
     Each of the six axes is an interval of the stage's local rank number; their ends
     (products of degrees) cut that range into pieces, and each piece is a mesh axis. This
@@ -80,7 +81,10 @@ def fold_mesh(
             f"ep·etp={ep * etp} must divide dp·tp·sp={local} (ep_layout=fold: the experts "
             "fold over the ranks of a pipeline stage)"
         )
-    expert = (("etp", etp), ("ep", ep), ("edp", local // (ep * etp)))
+    given = list(rank_order)
+    expert_degrees = {"etp": etp, "ep": ep, "edp": local // (ep * etp)}
+    place = {"etp": "tp", "ep": "ep", "edp": "dp"}
+    expert = sorted(expert_degrees.items(), key=lambda item: given.index(place[item[0]]))
 
     def ends(axes: Iterable[tuple[str, int]]) -> list[tuple[int, int, str]]:
         out, start = [], 1

@@ -200,10 +200,11 @@ class GenerateOptions:
     ``fold`` (Megatron-LM's MoE parallel folding, ``--expert-model-parallel-size`` with
     ``--expert-tensor-parallel-size``): the world is ``dp·tp·sp·pp`` and the experts see the
     same ranks of a stage as ``etp·ep·edp`` (expert tensor, expert, expert data
-    parallelism; ``edp = dp·tp·sp / (ep·etp)``), numbered in ``rank_order`` as the dense
-    ``tp, sp, dp`` are, so an expert-parallel group may span tensor-, context- and
-    data-parallel ranks. ``etp`` (default ``tp``, as Megatron) splits each expert's FFN;
-    giving it implies ``fold``. See :func:`stg.core.layout.fold_mesh`.
+    parallelism; ``edp = dp·tp·sp / (ep·etp)``), numbered in ``rank_order`` (where ``tp``,
+    ``ep`` and ``dp`` stand) as the dense ``tp, sp, dp`` are, so an expert-parallel group
+    may span tensor-, context- and data-parallel ranks. ``etp`` (default ``tp``, as
+    Megatron) splits each expert's FFN; giving it implies ``fold``. See
+    :func:`stg.core.layout.fold_mesh`.
     ``placement`` maps ranks to the device groups of a hybrid cluster, as runs
     ``((group, ranks), ...)`` in rank order (empty: one device kind); each group's ranks run
     the precision plan's entries for that group (:func:`stg.core.precision.plan_for_group`).
