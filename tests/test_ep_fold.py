@@ -95,6 +95,9 @@ def test_folded_groups_are_megatrons(kw: dict) -> None:
                 reductions.add(members)
             elif "dispatch" in name or "expert_down" in name:  # etp's gather / reduce-scatter
                 assert members == want["etp"], name
+            else:  # nothing else but context parallelism's keys and values (one collective
+                # per group, never one per piece of a cut group)
+                assert members == want["cp"], name
 
         # dense weights over dp; experts over expert data parallelism; sequence-parallel
         # norms over dp x tp (x cp)
@@ -197,17 +200,29 @@ def test_folded_plans_predict_alike(kw: dict) -> None:
         assert peaks[memory.stage] == pytest.approx(memory.peak, rel=1e-9)
 
 
-def test_zero_shards_folded_experts_over_their_own_data_parallel_ranks() -> None:
-    """ep spans dp: no other rank holds a rank's experts, so ZeRO cannot shard them; the
-    dense weights are still split over dp."""
+@pytest.mark.parametrize(
+    ("kw", "expert_dp"),
+    [
+        (dict(tp=2, dp=2, ep=4, etp=1), 1),  # ep spans dp: no other rank holds the experts
+        (dict(tp=4, dp=2, ep=2, etp=1), 4),  # edp is half of tp and all of dp
+    ],
+)
+def test_zero_shards_folded_experts_over_expert_data_parallelism(kw: dict, expert_dp: int) -> None:
+    """Megatron's distributed optimizer: dense weights over dp, routed experts over edp."""
     registry = load_registry()
-    o = options(tp=2, dp=2, ep=4, etp=1, zero=1)
-    (cls,) = build_workload(o, registry).rank_classes
-    plain = build_workload(options(tp=2, dp=2, ep=4, etp=1), registry).rank_classes[0]
-    routed = 2 * (o.experts // o.ep) * 3 * 256 * 512 // 1  # two layers of E/ep experts
+    o = options(zero=1, **kw)
+    assert o.expert_dp == expert_dp
+    workload = build_workload(o, registry)
+    (cls,) = workload.rank_classes
+    routed = 2 * (o.experts // o.ep) * 3 * 256 * 512  # two layers of E/ep experts, etp 1
     dense = cls.facts["parameters"] - routed
-    assert cls.facts["shard_parameters"] == math.ceil(dense / 2) + routed
-    assert plain.facts["parameters"] == cls.facts["parameters"]
+    assert cls.facts["shard_parameters"] == math.ceil(dense / o.dp) + routed // expert_dp
+    groups = {  # the experts' gradients reduce-scatter over edp
+        workload.comm_groups[workload.layout.group_id(0, t.group_axes)]
+        for t in cls.nodes
+        if t.comm_type is CollectiveType.REDUCE_SCATTER and node_micro_batch(t) is None
+    }
+    assert groups == {megatron_groups(o, 0)["dp"], megatron_groups(o, 0)["edp"]} - {(0,)}
 
 
 def test_fold_mesh_cuts_the_dense_axes_into_expert_pieces() -> None:

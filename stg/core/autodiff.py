@@ -220,7 +220,7 @@ def build_grad_reduction(b: GraphBuilder, shard_optimizer_over: tuple[str, ...] 
     part = b.part
     axes = b._axes(shard_optimizer_over)
     for w, g in part.weight_grads.items():
-        flat = axes - w.sharding.axes()  # a folded expert split over a dp axis: the others
+        flat = b._zero_axes_of(w.dims, w.sharding, axes)  # routed experts: over edp
         want = w.sharding.with_flat(flat) if flat else w.sharding
         with b.phase("reduce"):
             b.reshard(g, want)

@@ -26,9 +26,10 @@ DENSE_AXES: tuple[str, ...] = ("tp", "sp", "dp")
 EXPERT_AXES: tuple[str, ...] = ("etp", "ep", "edp")
 """The expert mesh of a stage, fastest-varying first: expert tensor, expert and expert data
 parallelism (Megatron-LM's ``expert_decoder_rank_generator``: its ``tp``, ``ep`` and ``dp``)."""
-UNFOLDED_AXIS_PARTS: Mapping[str, tuple[str, ...]] = {"etp": ("tp",)}
+UNFOLDED_AXIS_PARTS: Mapping[str, tuple[str, ...]] = {"etp": ("tp",), "edp": ("dp", "sp")}
 """Named axes that are not mesh axes of an unfolded mesh: experts split their FFN (``etp``)
-over ``tp``. A folded mesh (:func:`fold_mesh`) maps every named axis."""
+over ``tp`` and hold the same shards on the ``dp·sp`` ranks (``edp``). A folded mesh
+(:func:`fold_mesh`) maps every named axis."""
 MAX_WORLD_SIZE = 2**24
 """The most ranks a layout numbers (16,777,216): every rank gets a file and per-rank tables,
 so a larger world is refused with one error line instead of running out of memory."""

@@ -31,10 +31,11 @@ from stg.core.fp8 import (
     update_bytes,
     update_ops,
 )
+from stg.core.layout import UNFOLDED_AXIS_PARTS
 from stg.core.options import OptionError
 from stg.core.plan import ParallelPlan
 from stg.core.precision import DTYPE_BYTES
-from stg.core.symbolic import Dim, Op, Part, Tensor
+from stg.core.symbolic import Dim, Op, Part, Tensor, is_routed_expert
 from stg.core.workload import (
     CHUNK_ATTR,
     MICRO_BATCH_ATTR,
@@ -81,7 +82,8 @@ class Binder:
     ) -> None:
         self.values = dict(values)
         self.degrees = dict(degrees)
-        self.axis_parts = {k: frozenset(v) for k, v in (axis_parts or {}).items()}
+        parts = axis_parts or UNFOLDED_AXIS_PARTS
+        self.axis_parts = {k: frozenset(v) for k, v in parts.items()}
         self._dims: dict[sympy.Expr, int] = {}
 
     def mesh_axes(self, name: str) -> frozenset[str]:
@@ -661,10 +663,14 @@ def _zero_shard(
     weights: Iterable[Tensor], binder: Binder, degree: int, axes: frozenset[str]
 ) -> int:
     """Elements of one rank's ZeRO / FSDP shards of ``weights``: one flat buffer per degree
-    (``degree``, or over ``axes`` less those that split a weight's dimensions)."""
+    (``degree``, or over ``axes`` less those that split a weight's dimensions; a routed
+    expert's, split over ``ep``, over ``edp``: :meth:`GraphBuilder._zero_axes_of`)."""
     by_degree: dict[int, list[Tensor]] = {}
+    expert_dp = binder.mesh_axes("edp")
     for w in weights:
-        own = prod(binder.degrees[a] for a in axes - frozenset().union(*w.sharding.dims))
+        split = frozenset().union(*w.sharding.dims)
+        over = expert_dp if is_routed_expert(w.dims, w.sharding) else axes
+        own = prod(binder.degrees[a] for a in over - split)
         by_degree.setdefault(own if axes else degree, []).append(w)
     return sum(_flat_shard(ws, binder, d) for d, ws in sorted(by_degree.items()))
 

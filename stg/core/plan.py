@@ -571,9 +571,7 @@ def layout_of(o: GenerateOptions) -> Layout:
 
 
 def expert_zero_degree(o: GenerateOptions) -> int:
-    """How many ways ZeRO / FSDP shard a routed expert's weights: over the mesh axes of
-    :attr:`ParallelPlan.zero_axes` that do not split the experts (``ep``, ``etp``), which
-    differ from the dense weights' only where ep folds over dp or sp."""
-    plan = make_plan(o)
-    axes = plan.mesh_axes(plan.zero_axes) - plan.mesh_axes(("ep", "etp"))
-    return prod(plan.degrees[a] for a in axes)
+    """How many ways ZeRO / FSDP shard a routed expert's weights: over the expert data
+    parallel ranks (``edp``, :attr:`GenerateOptions.expert_dp`), as Megatron's distributed
+    optimizer does; ``dp·sp``, the dense weights' degree, unless ep folds."""
+    return o.expert_dp

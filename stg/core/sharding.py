@@ -93,10 +93,11 @@ def plan_reshard(src: Sharding, dst: Sharding) -> list[ReshardStep]:
     """The collectives that turn a tensor sharded as ``src`` into ``dst``.
 
     Rules, in order: a partial axis that ``dst`` splits a dimension by becomes a
-    reduce-scatter on that dimension; the remaining partial axes not partial in ``dst`` are
-    all-reduced together. An axis that splits a dimension in ``src`` but not in ``dst`` moves
-    by all-to-all when ``dst`` splits another dimension by it (the axes that move between the
-    same two dimensions in one all-to-all), and is all-gathered otherwise.
+    reduce-scatter on that dimension (those onto one dimension, one reduce-scatter); the
+    remaining partial axes not partial in ``dst`` are all-reduced together. An axis that
+    splits a dimension in ``src`` but not in ``dst`` moves by all-to-all when ``dst`` splits
+    another dimension by it (the axes that move between the same two dimensions in one
+    all-to-all), and is all-gathered otherwise.
     Axes that ``dst`` adds (a split of a replicated dimension, or a partial mark) cost
     nothing: each rank keeps its slice.
 
@@ -113,18 +114,23 @@ def plan_reshard(src: Sharding, dst: Sharding) -> list[ReshardStep]:
         cur = Sharding(cur.dims, cur.partial - flat_reduce, flat_reduce)
         steps.append(ReshardStep(CollectiveType.REDUCE_SCATTER, flat_reduce, None, None, cur))
     reduce_all: set[str] = set()
+    scatters: dict[int, set[str]] = {}
     for axis in sorted(cur.partial - dst.partial):
         target = dst.dim_of(axis)
         if target is not None and cur.dim_of(axis) is None and not cur.flat:
-            cur = Sharding(
-                tuple(a | {axis} if i == target else a for i, a in enumerate(cur.dims)),
-                cur.partial - {axis},
-            )
-            steps.append(
-                ReshardStep(CollectiveType.REDUCE_SCATTER, frozenset({axis}), target, None, cur)
-            )
+            scatters.setdefault(target, set()).add(axis)
         else:
             reduce_all.add(axis)
+    for target, scattered in scatters.items():
+        # partial axes scattered onto one dimension: one reduce-scatter over their product
+        # group (a tensor-parallel group cut into pieces by a folded expert mesh)
+        cur = Sharding(
+            tuple(a | scattered if i == target else a for i, a in enumerate(cur.dims)),
+            cur.partial - scattered,
+        )
+        steps.append(
+            ReshardStep(CollectiveType.REDUCE_SCATTER, frozenset(scattered), target, None, cur)
+        )
     if reduce_all:
         cur = cur.with_partial(cur.partial - reduce_all)
         steps.append(ReshardStep(CollectiveType.ALL_REDUCE, frozenset(reduce_all), None, None, cur))

@@ -189,6 +189,12 @@ def _view_groups(
     return groups if i == len(src) and j == len(dst) else None
 
 
+def is_routed_expert(dims: Sequence[Dim], sharding: Sharding) -> bool:
+    """Whether a weight holds routed experts split over ranks (its ``experts`` dimension is
+    split: by ``ep``)."""
+    return any(d.name == "experts" and axes for d, axes in zip(dims, sharding.dims, strict=True))
+
+
 class KVCacheHook(Protocol):
     """What a builder of a serving phase consults (:class:`stg.core.inference.KVCache`):
     attention einsums read their keys and values from the KV cache (or a model declares what
@@ -298,6 +304,16 @@ class GraphBuilder:
             axes = (axes,)
         parts = self.axis_parts
         return frozenset(a for name in axes for a in parts.get(name, (name,)) if a in self.active)
+
+    def _zero_axes_of(self, dims: Sequence[Dim], sharding: Sharding, axes: Axes) -> Axes:
+        """The axes over which ZeRO / FSDP shard a weight of ``dims`` sharded as
+        ``sharding`` (``axes``: the data-parallel ones): routed experts (an ``experts``
+        dimension that is split) over the expert data parallel ranks (``edp``), as
+        Megatron's distributed optimizer shards them, the others over ``axes``; never over
+        an axis that already splits the weight."""
+        if axes and is_routed_expert(dims, sharding):
+            axes = self._axes("edp")
+        return axes - sharding.axes()
 
     def _unique(self, name: str) -> str:
         count = self._names.get(name, 0)
@@ -410,7 +426,7 @@ class GraphBuilder:
         stored = Tensor(
             self._unique(name),
             dim_tuple,
-            sharding.with_flat(self.fsdp_axes - sharding.axes()),
+            sharding.with_flat(self._zero_axes_of(dim_tuple, sharding, self.fsdp_axes)),
             self.weight_dtype,
             kind="weight",
         )
