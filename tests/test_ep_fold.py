@@ -315,3 +315,27 @@ def test_folded_serving_memory_counts_dense_replicas() -> None:
         for w in (folded, multiplied)
     ]
     assert caches[0] == caches[1] and caches[0][0] > 0
+
+
+def test_pieces_of_one_axis_move_in_one_collective() -> None:
+    """On a folded mesh the pieces of tp reduce-scatter together and the pieces of ep
+    all-to-all together; pieces of different axes (tp and sp) and an unfolded mesh's axes
+    keep a collective each."""
+    from stg.core.sharding import Sharding, plan_reshard
+
+    pieces = {"tp.etp": ("tp", "etp"), "tp.ep": ("tp", "ep"), "dp.ep": ("dp", "ep")}
+    pieces["sp.edp"] = ("sp", "edp")
+    none = frozenset()
+    partial = Sharding((none, none), frozenset({"tp.etp", "tp.ep", "sp.edp"}))
+    scattered = Sharding((frozenset({"tp.etp", "tp.ep", "sp.edp"}), none))
+    steps = plan_reshard(partial, scattered, pieces)
+    assert [(s.kind, s.axes) for s in steps] == [
+        (CollectiveType.REDUCE_SCATTER, {"sp.edp"}),
+        (CollectiveType.REDUCE_SCATTER, {"tp.etp", "tp.ep"}),
+    ]
+    assert len(plan_reshard(partial, scattered)) == 3
+    tokens = Sharding((none, frozenset({"dp.ep", "tp.ep"})))
+    experts = Sharding((frozenset({"dp.ep", "tp.ep"}), none))
+    (step,) = plan_reshard(tokens, experts, pieces)
+    assert step.kind is CollectiveType.ALL_TO_ALL and step.axes == {"dp.ep", "tp.ep"}
+    assert len(plan_reshard(tokens, experts)) == 2

@@ -14,7 +14,7 @@ data-parallel size, where a split of a dimension would need the size to divide i
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from stg.core.workload import CollectiveType
@@ -89,15 +89,21 @@ class ReshardStep:
     after: Sharding
 
 
-def plan_reshard(src: Sharding, dst: Sharding) -> list[ReshardStep]:
+def plan_reshard(
+    src: Sharding, dst: Sharding, pieces: Mapping[str, tuple[str, str]] | None = None
+) -> list[ReshardStep]:
     """The collectives that turn a tensor sharded as ``src`` into ``dst``.
 
     Rules, in order: a partial axis that ``dst`` splits a dimension by becomes a
-    reduce-scatter on that dimension (those onto one dimension, one reduce-scatter); the
-    remaining partial axes not partial in ``dst`` are all-reduced together. An axis that
-    splits a dimension in ``src`` but not in ``dst`` moves by all-to-all when ``dst`` splits
-    another dimension by it (the axes that move between the same two dimensions in one
-    all-to-all), and is all-gathered otherwise.
+    reduce-scatter on that dimension; the remaining partial axes not partial in ``dst`` are
+    all-reduced together. An axis that splits a dimension in ``src`` but not in ``dst`` moves
+    by all-to-all when ``dst`` splits another dimension by it, and is all-gathered otherwise.
+    ``pieces`` (a folded expert mesh, :func:`stg.core.layout.fold_mesh`) maps a mesh axis
+    to the dense and the expert axis it is a piece of: the pieces of one dense axis that
+    reduce-scatter onto one dimension do it in one reduce-scatter (a tensor-parallel group
+    cut in two), the pieces of one expert axis that move between the same two dimensions in
+    one all-to-all (an expert-parallel group over tensor- and data-parallel ranks); without
+    it every axis moves on its own.
     Axes that ``dst`` adds (a split of a replicated dimension, or a partial mark) cost
     nothing: each rank keeps its slice.
 
@@ -114,16 +120,15 @@ def plan_reshard(src: Sharding, dst: Sharding) -> list[ReshardStep]:
         cur = Sharding(cur.dims, cur.partial - flat_reduce, flat_reduce)
         steps.append(ReshardStep(CollectiveType.REDUCE_SCATTER, flat_reduce, None, None, cur))
     reduce_all: set[str] = set()
-    scatters: dict[int, set[str]] = {}
+    scatters: dict[tuple[int, str], set[str]] = {}
     for axis in sorted(cur.partial - dst.partial):
         target = dst.dim_of(axis)
         if target is not None and cur.dim_of(axis) is None and not cur.flat:
-            scatters.setdefault(target, set()).add(axis)
+            dense = pieces[axis][0] if pieces and axis in pieces else axis
+            scatters.setdefault((target, dense), set()).add(axis)
         else:
             reduce_all.add(axis)
-    for target, scattered in scatters.items():
-        # partial axes scattered onto one dimension: one reduce-scatter over their product
-        # group (a tensor-parallel group cut into pieces by a folded expert mesh)
+    for (target, _), scattered in scatters.items():
         cur = Sharding(
             tuple(a | scattered if i == target else a for i, a in enumerate(cur.dims)),
             cur.partial - scattered,
@@ -141,16 +146,15 @@ def plan_reshard(src: Sharding, dst: Sharding) -> list[ReshardStep]:
     for index in range(len(cur.dims)):
         extra = cur.dims[index] - dst.dims[index]
         gather: set[str] = set()
-        moves: dict[int, set[str]] = {}
+        moves: dict[tuple[int, str], set[str]] = {}
         for axis in sorted(extra):
             target = dst.dim_of(axis)
             if target is not None and axis not in cur.dims[target]:
-                moves.setdefault(target, set()).add(axis)
+                expert = pieces[axis][1] if pieces and axis in pieces else axis
+                moves.setdefault((target, expert), set()).add(axis)
             else:
                 gather.add(axis)
-        for target, moved in moves.items():
-            # axes that move together from one dimension to another: one all-to-all over
-            # their product group (a folded expert-parallel group is several mesh axes)
+        for (target, _), moved in moves.items():
             cur = Sharding(
                 tuple(
                     a - moved if i == index else (a | moved if i == target else a)

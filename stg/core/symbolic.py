@@ -17,7 +17,7 @@ from typing import Protocol
 
 import sympy
 
-from stg.core.layout import UNFOLDED_AXIS_PARTS
+from stg.core.layout import DENSE_AXES, EXPERT_AXES, UNFOLDED_AXIS_PARTS
 from stg.core.precision import precision_of
 from stg.core.sharding import NO_AXES, Axes, Sharding, plan_reshard
 from stg.core.workload import CollectiveType
@@ -274,6 +274,14 @@ class GraphBuilder:
         self.kv_cache = kv_cache
         parts = UNFOLDED_AXIS_PARTS if axis_parts is None else axis_parts
         self.axis_parts = {k: frozenset(v) for k, v in parts.items()}
+        # on a folded mesh: the dense and the expert axis each mesh axis is a piece of
+        self.pieces = {
+            axis: (dense, expert)
+            for dense in DENSE_AXES
+            for expert in EXPERT_AXES
+            for axis in self.axis_parts.get(dense, frozenset())
+            & self.axis_parts.get(expert, frozenset())
+        }
         self.active = frozenset(active_axes)
         self.data_axes = self._axes(data_axes)
         self.seq_axes = self._axes(seq_axes)
@@ -461,7 +469,7 @@ class GraphBuilder:
         if cached is not None:
             return cached
         current = tensor
-        for step in plan_reshard(tensor.sharding, target):
+        for step in plan_reshard(tensor.sharding, target, self.pieces or None):
             out = self._new(tensor.name, tensor.dims, step.after, tensor.dtype)
             out.kind = tensor.kind if tensor.kind != "input" else "activation"
             kind_name = step.kind.name.lower()
