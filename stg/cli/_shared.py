@@ -108,7 +108,8 @@ def with_placement(options: Any, system: Any) -> Any:
         return options
     if options.world_size > system.capacity:
         raise UserError(
-            f"{options.world_size} ranks (dp x tp x sp x pp x ep) do not fit system "
+            f"{options.world_size} ranks (dp x tp x sp x pp"
+            f"{'' if options.ep_folded else ' x ep'}) do not fit system "
             f"{system.name!r} ({system.capacity} GPUs in groups "
             f"{', '.join(f'{g.name}: {g.size}' for g in system.groups)})"
         )

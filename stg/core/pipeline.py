@@ -287,7 +287,7 @@ def _device_group_plans(options: GenerateOptions) -> tuple[list[str], dict[str, 
         raise OptionError(
             f"placement={','.join(f'{n}:{c}' for n, c in options.placement)} places "
             f"{len(rank_groups)} ranks, but the run has {options.world_size} "
-            "(dp x tp x sp x pp x ep)"
+            + ("(dp x tp x sp x pp)" if options.ep_folded else "(dp x tp x sp x pp x ep)")
         )
     known = list(dict.fromkeys(rank_groups))
     unknown = [g for g in named if g not in known]
