@@ -10,6 +10,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from chakra.schema.protobuf import et_def_pb2
+from chakra.src.third_party.utils import protolib
 from typer.testing import CliRunner
 
 from stg.cli import app
@@ -21,8 +23,10 @@ from stg.host.registry import load_registry
 from stg.predictors.analytical import predict_options
 from stg.predictors.memory import analytic_memory, count_parameters, predict_memory
 from stg.predictors.time import predict_time
+from stg.trace.feeder import ETFeeder, replay
 from stg.trace.reader import read_nodes
 from stg.trace.validate import read_comm_groups, validate_trace, validate_workload
+from stg.trace.writer import write_workload
 
 MOE = dict(
     model="moe", dvocal=1024, dmodel=256, dff=512, head=8, kvhead=8, seq=64, num_stacks=2,
@@ -339,3 +343,31 @@ def test_pieces_of_one_axis_move_in_one_collective() -> None:
     (step,) = plan_reshard(tokens, experts, pieces)
     assert step.kind is CollectiveType.ALL_TO_ALL and step.axes == {"dp.ep", "tp.ep"}
     assert len(plan_reshard(tokens, experts)) == 2
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(tp=2, dp=4, ep=8, etp=1),
+        dict(tp=2, dp=2, ep=2, etp=1, pp=2, micro_batch=4, pipeline_layers=(0, 2)),
+    ],
+)
+def test_folded_traces_decode_with_mlc_chakra_and_feed(tmp_path, kw: dict) -> None:  # type: ignore[no-untyped-def]
+    """What ASTRA-sim reads: mlc-chakra's own decoder reads every rank file whole (node ids
+    as stg wrote them) and every rank drains through the feeder in dependency order."""
+    workload = build_workload(options(**kw), load_registry())
+    out = tmp_path / "out"
+    write_workload(workload, load_registry().emitters.get("chakra-v0.0.4"), out, "w.%d.et")
+    for rank in range(workload.world_size):
+        path = out / f"w.{rank}.et"
+        ids = []
+        with path.open("rb") as f:
+            assert protolib.decodeMessage(f, et_def_pb2.GlobalMetadata())
+            node = et_def_pb2.Node()
+            while protolib.decodeMessage(f, node):
+                ids.append(node.id)
+                node = et_def_pb2.Node()
+        expected = sorted(n.id for n in workload.ranks[rank].nodes())
+        assert sorted(ids) == expected
+        issued = [nid for kind, nid in replay(ETFeeder(path)) if kind == "issue"]
+        assert sorted(issued) == expected
