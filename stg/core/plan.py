@@ -103,10 +103,11 @@ class ParallelPlan:
         """Axes over which ZeRO-1/2 shard gradients and optimizer states and FSDP (ZeRO-3) also
         the weights, as one flat padded buffer per part: the data-parallel ranks that hold
         the same weights, dp and sp (context-parallel ranks hold the same weights too, as
-        Megatron's distributed optimizer and FSDP shard over its dp-cp group). The ep ranks
-        keep their own copies of the non-expert shards (their gradients are all-reduced over
-        ep), as in hybrid sharding. A weight split over one of these axes (a folded expert)
-        is sharded over the others."""
+        Megatron's distributed optimizer and FSDP shard over its dp-cp group). Under
+        ``ep_layout=multiply`` the ep ranks keep their own copies of the non-expert shards
+        (their gradients are all-reduced over ep), as in hybrid sharding. Routed experts are
+        sharded over expert data parallelism instead (``edp``: dp·sp unless ep folds;
+        :meth:`stg.core.symbolic.GraphBuilder._zero_axes_of`)."""
         return ("dp", "sp")
 
     @property
