@@ -2,8 +2,10 @@
 each token to its top ``kexperts`` of ``experts`` SwiGLU experts.
 
 Written with the public plugin API only, as a third-party model would be. Expert weights are
-split over the ``ep`` axis; tokens reach their experts through the all-to-alls that follow
-from that split (and, under tensor parallelism, the all-gather / reduce-scatter over tp).
+split over the ``ep`` axis and each expert's FFN over ``etp`` (expert tensor parallelism:
+``tp`` unless ``--ep_layout fold`` sets it apart); tokens reach their experts through the
+all-to-alls that follow from that split (and, under expert tensor parallelism, the
+all-gather / reduce-scatter over etp).
 Each expert has a capacity of ``ceil(kexperts · tokens · capacity_factor / experts)`` tokens
 per micro-batch; its matmuls cost the full capacity (dropped or padded slots included).
 """
@@ -36,7 +38,7 @@ def moe_mlp(b: GraphBuilder, x: Tensor) -> Tensor:
         grad_inputs=(0, 1),
         out_shard={"capacity": token_axes},
     )
-    ep = {"experts": "ep", "dff": "tp"}
+    ep = {"experts": "ep", "dff": "etp"}
     gate = b.einsum(
         "ech,ehf->ecf",
         dispatched,

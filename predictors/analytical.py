@@ -7,17 +7,20 @@ models of :mod:`stg.perf.kernel_time`; :func:`stg.api.collective_time` and
 node of every micro-batch it composes per-layer costs in closed form:
 
 - **One layer.** A small workload (one or two layers per stage, at most two pipeline stages
-  and two data-parallel replicas, same tp, sp, ep, micro-batch per replica, dtype, recompute
-  and kernels) is built once per distinct layer shape and cached. Its forward and backward
-  of one layer, the embedding and the head are list-scheduled as the DAG predictor does
-  (compute stream, one stream per communicator, smallest id first), which gives each part's
-  time with its exposed tensor-parallel (and FSDP) communication: ``f`` and ``b``.
-- **Pipeline.** Stage i of p holds L_i layers: ``F_i = L_i·f (+ embedding, + head)``, likewise
-  ``B_i``. With m micro-batches the 1F1B and GPipe pipelines take
+  and two data-parallel replicas (all of them where ep folds over dp), same tp, sp, ep,
+  micro-batch per replica, dtype, recompute and kernels) is built once per distinct layer
+  shape and cached. Its forward and backward of one layer, the embedding and the head are
+  list-scheduled as the DAG predictor does (compute stream, one stream per communicator,
+  smallest id first), which gives each part's time with its exposed tensor-parallel (and
+  FSDP) communication: ``f`` and ``b``.
+- **Pipeline.** Stage i of p holds L_i layers (:func:`stg.api.chunk_layer_counts`: as even
+  as possible, or Megatron's uneven split): ``F_i = L_i·f (+ embedding, + head)``, likewise
+  ``B_i``. With m micro-batches the GPipe pipeline takes
   ``T_pipe = Σ_i (F_i + B_i) + (m - 1)·max_i (F_i + B_i) + 2(p - 1)·t_p2p``: the first
   micro-batch crosses every stage forward and backward, the others follow at the pace of the
-  slowest stage; the bubble is ``(p - 1)·(F + B)`` for equal stages. Interleaving with v
-  chunks per stage divides the fill and drain by v:
+  slowest stage; the bubble is ``(p - 1)·(F + B)`` for equal stages. 1F1B takes the same
+  for equal stages and less where an earlier stage is the slowest (:func:`one_f_one_b`).
+  Interleaving with v chunks per stage divides the fill and drain by v:
   ``T_pipe = Σ_i (F_i + B_i)/v + (m - 1/v)·max_i (F_i + B_i) + 2(p·v - 1)·t_p2p``.
 - **Data parallelism.** A layer's gradient reduction is issued when the layer's last
   backward ends; on its communicator's stream the k-th reduction finishes at
@@ -54,12 +57,14 @@ from stg.api import (
     Role,
     System,
     build_workload,
+    chunk_layer_counts,
     collective_time,
     compute_time,
     group_shape,
     is_hybrid,
     kernel_name,
     kernel_table,
+    layout_of,
     link_dimension,
     load_system,
     node_chunk,
@@ -102,7 +107,10 @@ def degrees_of(options: GenerateOptions) -> dict[str, int]:
 
 
 def group_members(axes: Iterable[str], options: GenerateOptions) -> list[int]:
-    """The ranks of rank 0's communicator over ``axes``."""
+    """The ranks of rank 0's communicator over ``axes`` (mesh axes: on a folded expert
+    mesh, its pieces of the dense axes)."""
+    if options.ep_folded:
+        return list(layout_of(options).members(0, axes))
     degrees, stride = degrees_of(options), strides(options)
     members = [0]
     for axis in axes:
@@ -249,6 +257,13 @@ class Parts:
     workload's layers, a few bytes more or less on a latency-bound all-reduce)"""
 
 
+def reduced_dp(o: GenerateOptions) -> int:
+    """The data-parallel degree of the reduced workloads: at most two replicas, or all of
+    them where expert parallelism folds over dp (its groups, and their mesh axes, are then
+    the full workload's)."""
+    return o.dp if o.ep_folded else min(o.dp, 2)
+
+
 def reduced_options(
     o: GenerateOptions, layers_per_stage: int, parameters_only: bool = False
 ) -> GenerateOptions:
@@ -256,9 +271,9 @@ def reduced_options(
     (``parameters_only``: one sample per micro-batch and no recomputation, which change no
     parameter and so no optimizer step: more configurations share that workload)."""
     pp = min(o.pp, 2)
-    dp = min(o.dp, 2)
-    per_replica = 1 if parameters_only else (o.micro_batch or o.batch) // (o.dp * o.ep)
-    micro = per_replica * dp * o.ep
+    dp = reduced_dp(o)
+    per_replica = 1 if parameters_only else (o.micro_batch or o.batch) // o.data_replicas
+    micro = per_replica * (dp if o.ep_folded else dp * o.ep)
     values = o.as_dict()
     if parameters_only:
         values.update(activation_recompute="none", precision=())
@@ -267,6 +282,11 @@ def reduced_options(
         pp=pp,
         num_stacks=pp * layers_per_stage,
         virtual_stages=1,
+        decoder_first_pipeline_num_layers=None,
+        decoder_last_pipeline_num_layers=None,
+        account_for_embedding_in_pipeline_split=False,
+        account_for_loss_in_pipeline_split=False,
+        pipeline_layers=(),
         pipeline_schedule="1f1b",
         batch=micro,
         micro_batch=micro,
@@ -409,7 +429,7 @@ def analyse(
         one = _build(reduced_options(o, 1), registry)
         one_p = _build(reduced_options(o, 1, parameters_only=True), registry)
         two = _build(reduced_options(o, 2, parameters_only=True), registry)
-        dp_r = min(o.dp, 2)
+        dp_r = reduced_dp(o)
     sharded = bool(o.zero or o.weight_sharded)
     pricer = _Pricer(o, system, kernels, dp_r / o.dp if sharded else 1.0)
     first, last = one.rank_classes[0], one.rank_classes[-1]
@@ -561,6 +581,27 @@ def _optimizer_of(parts: Parts, s: int, p: int, layers: int) -> tuple[PartCost, 
     return optimizer, after
 
 
+def one_f_one_b(forward: Sequence[float], backward: Sequence[float], m: int, t_p2p: float) -> float:
+    """When the last backward of stage 0 ends under the 1F1B schedule, with stage s taking
+    ``forward[s]`` and ``backward[s]`` per micro-batch and ``t_p2p`` per send: the latest
+    over the stages of the time a stage s paces the pipeline,
+    ``Σ_{j<s} (F_j + B_j + 2·t) + m·(F_s + B_s) + max(0, Σ_{j>s} (F_j + B_j + 2·t) -
+    (p - 1 - s)·F_s)``: the first micro-batch reaches it and the last gradient leaves it
+    through the stages before it, it runs its m forwards and backwards back to back, and it
+    waits before its first backward only for what its p - 1 - s warm-up forwards do not
+    cover of the stages after it. With equal stages the last stage paces it:
+    ``(m + p - 1)·(F + B) + 2(p - 1)·t``, the usual 1F1B time; a slower earlier stage (an
+    uneven split) hides the later stages' fill and drain."""
+    p = len(forward)
+    stage = [f + b + 2 * t_p2p for f, b in zip(forward, backward, strict=True)]
+    return max(
+        sum(stage[:s])
+        + m * (forward[s] + backward[s])
+        + max(0.0, sum(stage[s + 1 :]) - (p - 1 - s) * forward[s])
+        for s in range(p)
+    )
+
+
 def predict_options(
     options: Mapping[str, Any] | GenerateOptions,
     system: System | str = "a100-80g",
@@ -601,8 +642,7 @@ def predict_options(
     parts = analyse(o, system, table, registry, workload)
     p, v = o.pp, o.virtual_stages
     m = o.micro_batches
-    base, extra = divmod(o.num_stacks, p * v)
-    chunk_layers = [base + (1 if c < extra else 0) for c in range(p * v)]
+    chunk_layers = chunk_layer_counts(o)
     layers = [sum(chunk_layers[c] for c in range(s, p * v, p)) for s in range(p)]
     fwd: list[PartCost] = []
     bwd: list[PartCost] = []
@@ -615,7 +655,7 @@ def predict_options(
             f, b = f + parts.head_fwd, b + parts.head_bwd
         fwd.append(f)
         bwd.append(b)
-    stride_pp = strides(o)["pp"]
+    stride_pp = (layout_of(o).peer(0, 1) if p > 1 else 0) if o.ep_folded else strides(o)["pp"]
     t_p2p = 0.0
     if p > 1 and parts.p2p_bytes:
         t_p2p = max(
@@ -628,6 +668,8 @@ def predict_options(
     slowest = max(per_stage)
     if v > 1:
         pipe = sum(per_stage) / v + (m - 1 / v) * slowest + 2 * (p * v - 1) * t_p2p
+    elif o.pipeline_schedule == "1f1b":
+        pipe = one_f_one_b([f.time for f in fwd], [b.time for b in bwd], m, t_p2p)
     else:
         pipe = sum(per_stage) + (m - 1) * slowest + 2 * (p - 1) * t_p2p
     # each stage: gradient reductions after its last backward, optimizer, ZeRO all-gathers

@@ -79,8 +79,10 @@ from stg.api import (
     KernelTable,
     Predictor,
     System,
+    chunk_layer_counts,
     device_of,
     expert_capacity,
+    expert_zero_degree,
     group_of_rank,
     is_hybrid,
     kernel_table,
@@ -207,17 +209,12 @@ def layer_kinds(o: GenerateOptions) -> list[str]:
 
 def stage_layer_kinds(o: GenerateOptions) -> list[dict[str, int]]:
     """Layers of each kind on every pipeline stage: ``pp · virtual_stages`` chunks of the
-    stack in order (the first ``num_stacks mod chunks`` one layer longer), chunk c on stage
-    c mod pp, as stg generate places them."""
+    stack in order (:func:`stg.api.chunk_layer_counts`), chunk c on stage c mod pp, as stg
+    generate places them."""
     kinds = layer_kinds(o)
-    chunks = o.pp * max(1, o.virtual_stages)
-    if len(kinds) < chunks:
-        raise UserError(f"pp={o.pp} must not exceed num_stacks={len(kinds)}")
-    base, extra = divmod(len(kinds), chunks)
     stages: list[dict[str, int]] = [{} for _ in range(o.pp)]
     start = 0
-    for chunk in range(chunks):
-        size = base + (1 if chunk < extra else 0)
+    for chunk, size in enumerate(chunk_layer_counts(o)):
         counts = stages[chunk % o.pp]
         for kind in kinds[start : start + size]:
             counts[kind] = counts.get(kind, 0) + 1
@@ -226,7 +223,7 @@ def stage_layer_kinds(o: GenerateOptions) -> list[dict[str, int]]:
 
 
 def replicas(o: GenerateOptions) -> int:
-    return o.dp * o.ep
+    return o.data_replicas
 
 
 def micro_batch_size(o: GenerateOptions) -> int:
@@ -311,9 +308,9 @@ def layer_parameters_per_rank(o: GenerateOptions, kind: str | None = None) -> in
     replicated: 12h² + 13h over all TP ranks for F = 4h. Llama: Q and O h·a·d, K and V
     h·kv·d (d = dhead: h/a unless ``--dhead``), SwiGLU 3hF, two RMSNorms (2h), no biases.
     MoE layers (``moe``, ``deepseek``) hold E/ep routed experts' SwiGLUs (3hF each, split
-    by t), the router h·E (replicated) and ``shared_experts`` shared SwiGLUs of F (split by
-    t); DeepSeek's ``dense`` layers a SwiGLU of ``dense_dff``; its attention is
-    :func:`mla_parameters_per_rank`. ``kind`` None: the model's MoE (or only) layer.
+    by etp: t unless ep folds), the router h·E (replicated) and ``shared_experts`` shared
+    SwiGLUs of F (split by t); DeepSeek's ``dense`` layers a SwiGLU of ``dense_dff``; its
+    attention is :func:`mla_parameters_per_rank`. ``kind`` None: the model's MoE (or only) layer.
     """
     h, f, t = o.dmodel, o.dff, o.tp
     kind = kind or ("moe" if is_mla(o) else "block")
@@ -327,7 +324,8 @@ def layer_parameters_per_rank(o: GenerateOptions, kind: str | None = None) -> in
             mlp = 3 * h * (o.dense_dff or f) // t
         elif is_moe(o):
             shared = (o.shared_experts or 0) if is_mla(o) else 0
-            mlp = (o.experts // o.ep) * 3 * h * f // t + h * o.experts + shared * 3 * h * f // t
+            routed = (o.experts // o.ep) * 3 * h * f // o.expert_tp
+            mlp = routed + h * o.experts + shared * 3 * h * f // t
         else:
             mlp = 3 * h * f // t
         return attention + mlp + 2 * h
@@ -336,6 +334,15 @@ def layer_parameters_per_rank(o: GenerateOptions, kind: str | None = None) -> in
     attention = (3 * h * width + 3 * width) // t + width * h // t + h
     mlp = experts_per_rank * ((2 * h * f + f) // t + h)
     return attention + mlp + 4 * h
+
+
+def routed_parameters_per_rank(o: GenerateOptions, kind: str | None = None) -> int:
+    """The routed experts' parameters of one layer (of block ``kind``) held by one rank:
+    E/ep SwiGLUs of 3hF split by etp (none in dense layers and models)."""
+    kind = kind or ("moe" if is_mla(o) else "block")
+    if kind == "dense" or not is_moe(o) or model_family(o.model) != "llama":
+        return 0
+    return (o.experts // o.ep) * 3 * o.dmodel * o.dff // o.expert_tp
 
 
 def count_parameters(options: Mapping[str, Any] | GenerateOptions) -> list[StageParameters]:
@@ -453,8 +460,8 @@ def activation_bytes_per_layer(
         elif is_moe(o):
             tokens = (o.micro_batch or o.batch) * o.seq
             capacity = expert_capacity(o, tokens)
-            slots = o.experts * capacity / (o.dp * o.ep * o.sp)  # this rank's routed slots
-            sharded += (3 * e + silu_output) * slots * f
+            slots = o.experts * capacity / (o.ep * o.expert_dp)  # this rank's routed slots
+            sharded += (3 * e + silu_output) * slots * f * (t / o.expert_tp)
             replicated += e * slots * 2 * h * sp_divisor + e * 2 * sb * o.experts
             shared = (o.shared_experts or 0) if is_mla(o) else 0
             sharded += (3 * e + silu_output) * shared * sb * f
@@ -620,7 +627,7 @@ def gemm_weights_per_rank(o: GenerateOptions, kind: str | None = None) -> dict[s
         weights.update(dict.fromkeys(("gate", "up", "down"), h * ffn / t))
     elif is_moe(o):
         weights["router"] = h * o.experts
-        experts = (o.experts // o.ep) * h * f / t
+        experts = (o.experts // o.ep) * h * f / o.expert_tp
         weights.update(dict.fromkeys(("expert_gate", "expert_up", "expert_down"), experts))
         shared = (o.shared_experts or 0) if is_mla(o) else 0
         if shared:
@@ -938,6 +945,15 @@ def analytic_memory(
     ``system`` (None: no native fp8)."""
     o = as_options(options)
     shard = o.dp * o.sp
+    # where ep folds over dp or sp, ZeRO shards a layer's routed experts fewer ways, in a
+    # flat buffer of their own (stg.core.lowering: one buffer per shard degree)
+    expert_shard = expert_zero_degree(o) if o.ep_folded and zero_stage(o) else shard
+
+    def layer_shard(kind: str) -> int:
+        routed = routed_parameters_per_rank(o, kind) if expert_shard != shard else 0
+        dense = layer_parameters_per_rank(o, kind) - routed
+        return padded_shard([dense], shard) + padded_shard([routed] if routed else [], expert_shard)
+
     return [
         stage_memory(
             o,
@@ -947,14 +963,8 @@ def analytic_memory(
             has_embedding=p.stage == 0,
             has_head=p.stage == o.pp - 1,
             kernels=kernels,
-            sharded_parameters=padded_shard(
-                [
-                    p.embedding_parameters,
-                    *(layer_parameters_per_rank(o, kind) for kind, n in p.kinds for _ in range(n)),
-                    p.head_parameters,
-                ],
-                shard,
-            )
+            sharded_parameters=padded_shard([p.embedding_parameters, p.head_parameters], shard)
+            + sum(layer_shard(kind) * n for kind, n in p.kinds)
             if zero_stage(o)
             else None,
             kinds=dict(p.kinds),

@@ -28,6 +28,7 @@ from typing import Any
 import stg
 from stg.api import (
     Calibration,
+    GenerateOptions,
     KernelTable,
     NodeType,
     Predictor,
@@ -195,7 +196,8 @@ def serving_memory(workload: Workload, system: System | str = "a100-80g") -> dic
     options = _options(workload)
     system = load_system(system)
     capacity = system.hbm_capacity
-    replicas = int(options.get("dp") or 1) * int(options.get("ep") or 1)
+    layout = {k: options[k] for k in ("dp", "ep", "ep_layout", "etp") if k in options}
+    replicas = GenerateOptions(**layout).data_replicas  # dp·ep, or dp where ep folds
     sequences = _sequences(options) // replicas  # per rank (tp, pp and sp ranks share them)
     phase = options["phase"]
     if phase == "prefill":

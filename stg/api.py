@@ -8,8 +8,10 @@ else of stg's internals, so that the packages behind it can change::
 What is here, by the stage of the pipeline it belongs to:
 
 - models: :class:`GraphBuilder`, :class:`Tensor`, :class:`Dim`, :class:`Sharding`, and the
-  options a model is built from (:class:`GenerateOptions`); :func:`build_workload` runs the
-  whole pipeline (what a plugin's tests call);
+  options a model is built from (:class:`GenerateOptions`; :func:`chunk_layer_counts`: the
+  layers of each pipeline model chunk; :func:`layout_of`: the placement of its mesh;
+  :func:`expert_zero_degree`: how many ways ZeRO shards a routed expert);
+  :func:`build_workload` runs the whole pipeline (what a plugin's tests call);
 - workloads: :class:`Workload`, :class:`RankGraph`, :class:`RankClass`, :class:`Node`,
   :class:`NodeTemplate`, :class:`NodeType`, :class:`CollectiveType`, :class:`Layout`; what a
   node is for, from its typed attributes (:data:`NODE_SEMANTICS`; :class:`Phase`,
@@ -62,6 +64,7 @@ if TYPE_CHECKING:
     from stg.core.layout import Layout
     from stg.core.options import GenerateOptions, OptionError
     from stg.core.pipeline import build_workload
+    from stg.core.plan import chunk_layer_counts, expert_zero_degree, layout_of
     from stg.core.precision import DTYPE_BYTES, precision_of
     from stg.core.routing import expert_capacity
     from stg.core.sharding import Sharding
@@ -130,6 +133,9 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "GenerateOptions": ("stg.core.options", "GenerateOptions"),
     "OptionError": ("stg.core.options", "OptionError"),
     "build_workload": ("stg.core.pipeline", "build_workload"),
+    "chunk_layer_counts": ("stg.core.plan", "chunk_layer_counts"),
+    "layout_of": ("stg.core.plan", "layout_of"),
+    "expert_zero_degree": ("stg.core.plan", "expert_zero_degree"),
     "DTYPE_BYTES": ("stg.core.precision", "DTYPE_BYTES"),
     "precision_of": ("stg.core.precision", "precision_of"),
     "expert_capacity": ("stg.core.routing", "expert_capacity"),
@@ -273,6 +279,7 @@ __all__ = [
     "calibrated_time",
     "chakra_v001",
     "chakra_v004",
+    "chunk_layer_counts",
     "collective_phases",
     "collective_time",
     "comm_time",
@@ -280,6 +287,7 @@ __all__ = [
     "default_cast_model",
     "device_of",
     "expert_capacity",
+    "expert_zero_degree",
     "frame",
     "gemm_time",
     "generator_metadata",
@@ -291,6 +299,7 @@ __all__ = [
     "json_trace",
     "kernel_name",
     "kernel_table",
+    "layout_of",
     "link_dimension",
     "load_calibration",
     "load_system",

@@ -222,10 +222,10 @@ def check_preset(
             f"preset {name!r}: {what} {measured:,} are {100 * error:+.2f}% off the published "
             f"{published:,.0f} (allowed: {100 * allowed:.2f}%)"
         )
-    replicas = options.get("dp", 1) * options.get("ep", 1)
-    small = {"num_stacks": min(2, full.num_stacks), "batch": replicas, "micro_batch": replicas}
     if "tp" in options:  # what the preset fills may depend on tp (a padded vocabulary)
         full = GenerateOptions(**resolve_model({"model": name, "tp": options["tp"]}, registry)[0])
+    replicas = replace(full, **options).data_replicas  # dp·ep, or dp where ep folds
+    small = {"num_stacks": min(2, full.num_stacks), "batch": replicas, "micro_batch": replicas}
     run = replace(full, **{**small, **options})
     generate.validate_options(run, registry)
     workload = generate.build_workload(run, registry)

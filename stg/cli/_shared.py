@@ -86,6 +86,17 @@ def parse_placement(value: str) -> tuple[tuple[str, int], ...]:
     return tuple(runs)
 
 
+def parse_layer_counts(value: str) -> tuple[int, ...]:
+    """``1,4,4,3`` as ``GenerateOptions.pipeline_layers``."""
+    parts = [part.strip() for part in value.split(",")]
+    if not parts or not all(part.isdigit() for part in parts):
+        raise typer.BadParameter(
+            f"{value!r}: give the layers of every model chunk, comma-separated integers >= 0 "
+            "(e.g. 0,4,4,4)"
+        )
+    return tuple(int(part) for part in parts)
+
+
 def with_placement(options: Any, system: Any) -> Any:
     """``options`` with the placement of a hybrid ``system`` (rank order; unless
     ``--placement`` was given); unchanged for a plain system."""
@@ -97,7 +108,8 @@ def with_placement(options: Any, system: Any) -> Any:
         return options
     if options.world_size > system.capacity:
         raise UserError(
-            f"{options.world_size} ranks (dp x tp x sp x pp x ep) do not fit system "
+            f"{options.world_size} ranks (dp x tp x sp x pp"
+            f"{'' if options.ep_folded else ' x ep'}) do not fit system "
             f"{system.name!r} ({system.capacity} GPUs in groups "
             f"{', '.join(f'{g.name}: {g.size}' for g in system.groups)})"
         )
@@ -202,6 +214,24 @@ SPECS: dict[str, tuple[str, _Spec]] = {
     "sp": (_PARALLEL, _Spec("Sequence/context-parallel degree.", ("--cp",))),
     "pp": (_PARALLEL, _Spec("Pipeline-parallel degree.")),
     "ep": (_PARALLEL, _Spec("Expert-parallel degree.")),
+    "ep_layout": (
+        _PARALLEL,
+        _Spec(
+            "How --ep places experts: multiply (ep is a mesh axis of its own, dp·tp·sp·pp·ep "
+            "ranks) or fold (Megatron's MoE parallel folding: ep·etp ranks of the dp·tp·sp "
+            "ranks of a stage hold the experts, dp·tp·sp·pp ranks). Default: multiply, or "
+            "fold where --etp is given.",
+            metavar="multiply|fold",
+        ),
+    ),
+    "etp": (
+        _PARALLEL,
+        _Spec(
+            "Expert tensor parallelism: ranks that split each expert's FFN (Megatron's "
+            "--expert-tensor-parallel-size; implies --ep_layout fold; default: tp).",
+            metavar="N",
+        ),
+    ),
     "tpsp": (
         _PARALLEL,
         _Spec("Megatron sequence parallelism inside TP.", parser=parse_bool, metavar=BOOL),
@@ -252,6 +282,50 @@ SPECS: dict[str, tuple[str, _Spec]] = {
         _Spec("Pipeline schedule: {allowed:schedules}.", metavar="NAME"),
     ),
     "virtual_stages": (_PARALLEL, _Spec("Model chunks per pipeline stage (interleaving).")),
+    "decoder_first_pipeline_num_layers": (
+        _PARALLEL,
+        _Spec(
+            "Layers of the first pipeline stage; the stages without a count split the rest "
+            "evenly (Megatron's --decoder-first-pipeline-num-layers; default: unset).",
+            metavar="N",
+        ),
+    ),
+    "decoder_last_pipeline_num_layers": (
+        _PARALLEL,
+        _Spec(
+            "Layers of the last pipeline stage (Megatron's --decoder-last-pipeline-num-layers; "
+            "default: unset).",
+            metavar="N",
+        ),
+    ),
+    "account_for_embedding_in_pipeline_split": (
+        _PARALLEL,
+        _Spec(
+            "Count the embedding as one layer of the even pipeline split: the first chunk "
+            "holds one layer less (Megatron's --account-for-embedding-in-pipeline-split).",
+            parser=parse_bool,
+            metavar=BOOL,
+        ),
+    ),
+    "account_for_loss_in_pipeline_split": (
+        _PARALLEL,
+        _Spec(
+            "Count the head and loss as one layer of the even pipeline split: the last chunk "
+            "holds one layer less (Megatron's --account-for-loss-in-pipeline-split).",
+            parser=parse_bool,
+            metavar=BOOL,
+        ),
+    ),
+    "pipeline_layers": (
+        _PARALLEL,
+        _Spec(
+            "Layers of every model chunk (pp·virtual_stages counts, chunk c on stage c mod pp), "
+            "e.g. 0,4,4,4; the first and last may be 0: the embedding or the head alone on "
+            "its stage (default: as even as possible, the first chunks one layer longer).",
+            parser=parse_layer_counts,
+            metavar="N,N,...",
+        ),
+    ),
     "activation_recompute": (
         _TRAINING,
         _Spec(

@@ -220,10 +220,11 @@ def build_grad_reduction(b: GraphBuilder, shard_optimizer_over: tuple[str, ...] 
     part = b.part
     axes = b._axes(shard_optimizer_over)
     for w, g in part.weight_grads.items():
-        want = w.sharding.with_flat(axes) if axes else w.sharding
+        flat = b._zero_axes_of(w.dims, w.sharding, axes)  # routed experts: over edp
+        want = w.sharding.with_flat(flat) if flat else w.sharding
         with b.phase("reduce"):
             b.reshard(g, want)
-        if axes:
+        if flat:
             with b.phase("update"):
                 shard = Tensor(w.name, w.dims, want, w.dtype, kind="weight")
                 b.reshard(shard, w.sharding)

@@ -34,7 +34,7 @@ from typing import Any
 
 import sympy
 
-from stg.core.layout import Layout, parse_rank_order
+from stg.core.layout import Layout
 from stg.core.lowering import (
     Binder,
     BoundOp,
@@ -216,7 +216,7 @@ def group_values(o: GenerateOptions, group: Group, head: bool = False) -> dict[A
     values = symbol_values(sized)
     # a few decoding tokens give an expert fewer slots than ranks that hold tokens: each of
     # them dispatches at least one slot per expert (capacity rounded up to a multiple)
-    token_ranks = o.dp * o.ep * o.sp
+    token_ranks = o.data_replicas * o.sp
     values[Capacity] = -(-values[Capacity] // token_ranks) * token_ranks
     values[KVSeq] = group.kv
     values[Positions] = max_positions(o)
@@ -243,6 +243,7 @@ def build_forward(
         precision=normalize_plan(o.precision),
         options=o.as_dict(),
         kv_cache=KVCache(o.kv_dtype or o.dtype),
+        axis_parts=plan.axis_parts or None,
     )
     x = None if name == "embedding" else b.residual_input()
     # every layer's ops carry the tag "block", and their kind's name where it differs
@@ -333,7 +334,9 @@ def build_steps(model: Model, plan: ParallelPlan) -> list[StepParts]:
         for name, part in built.items():
             per_group: list[tuple[BoundPart, Binder]] = []
             for group in groups:
-                binder = Binder(group_values(o, group, head=name == "head"), plan.degrees)
+                binder = Binder(
+                    group_values(o, group, head=name == "head"), plan.degrees, plan.axis_parts
+                )
                 per_group.append((_bind(part, binder, fused), binder))
                 if name not in ("embedding", "head"):
                     cache[name] = cache.get(name, 0) + sum(
@@ -432,7 +435,7 @@ def lower_inference_stage(
     chunks = plan.chunks
     m = plan.micro_batches
     first, last = stage == 0, stage == chunks - 1
-    replicas = o.dp * o.ep
+    replicas = o.data_replicas
     for step, sp in enumerate(steps):
         parts = sp.parts
         emb, head = parts.embedding, parts.head
@@ -591,7 +594,7 @@ def build_inference_workload(
         here = {n.group_axes for n in cls.nodes if n.group_axes}
         stage_axes.append(here)
         used_axes.extend(a for a in sorted(here) if a not in used_axes)
-    layout = Layout(plan.degrees, parse_rank_order(options.rank_order), tuple(used_axes))
+    layout = Layout(plan.degrees, plan.rank_order, tuple(used_axes))
     ranks = tuple(RankGraph(r, classes[layout.stage(r)], layout) for r in range(layout.world_size))
     groups: dict[int, tuple[int, ...]] = {}
     for graph in ranks:

@@ -31,10 +31,11 @@ from stg.core.fp8 import (
     update_bytes,
     update_ops,
 )
+from stg.core.layout import UNFOLDED_AXIS_PARTS
 from stg.core.options import OptionError
 from stg.core.plan import ParallelPlan
 from stg.core.precision import DTYPE_BYTES
-from stg.core.symbolic import Dim, Op, Part, Tensor
+from stg.core.symbolic import Dim, Op, Part, Tensor, is_routed_expert
 from stg.core.workload import (
     CHUNK_ATTR,
     MICRO_BATCH_ATTR,
@@ -73,10 +74,22 @@ def key(t: Tensor) -> int:
 class Binder:
     """Evaluates symbolic sizes for one run: global dims to ints, local (per rank) sizes."""
 
-    def __init__(self, values: Mapping[sympy.Symbol, int], degrees: Mapping[str, int]) -> None:
+    def __init__(
+        self,
+        values: Mapping[sympy.Symbol, int],
+        degrees: Mapping[str, int],
+        axis_parts: Mapping[str, Iterable[str]] | None = None,
+    ) -> None:
         self.values = dict(values)
         self.degrees = dict(degrees)
+        parts = axis_parts or UNFOLDED_AXIS_PARTS
+        self.axis_parts = {k: frozenset(v) for k, v in parts.items()}
         self._dims: dict[sympy.Expr, int] = {}
+
+    def mesh_axes(self, name: str) -> frozenset[str]:
+        """The active mesh axes of a named axis (``tp``; on a folded mesh its pieces)."""
+        parts = self.axis_parts.get(name, frozenset({name}))
+        return frozenset(a for a in parts if self.degrees.get(a, 1) > 1)
 
     def size(self, d: Dim) -> int:
         cached = self._dims.get(d.size)
@@ -139,6 +152,8 @@ class BoundOp:
     """a collective of a flat (padded) buffer: the flat degree (see :func:`flat_comm_size`)"""
     flat_elements: int = 0
     """... and the unpadded elements of this rank's tensor(s) before the flat split"""
+    tensor_parallel: bool = False
+    """a collective over the tensor-parallel group alone"""
     attrs: tuple[tuple[str, Any], ...] = ()
     """further node attributes: the kernel shape (``gemm``, ``attention``) for predictors"""
 
@@ -194,6 +209,7 @@ def bind_ops(ops: Iterable[Op | BoundOp], binder: Binder) -> list[BoundOp]:
                     group_axes=tuple(sorted(op.axes)),
                     tags=op.tags,
                     dtype=op.inputs[0].dtype,
+                    tensor_parallel=bool(op.axes) and op.axes == binder.mesh_axes("tp"),
                 )
             )
         else:
@@ -320,7 +336,8 @@ def causal_split(scores: Op, binder: Binder) -> int:
     ``2·cp`` chunks and gives rank ``i`` chunks ``i`` and ``2·cp-1-i``
     (``get_batch_on_this_cp_rank``), so that every rank computes the same share, ``1/cp``,
     of the causal work, its diagonal blocks included."""
-    if binder.fraction(scores.scale) == 1 or binder.degrees.get("sp", 1) == 1:
+    cp_axes = binder.mesh_axes("sp")
+    if binder.fraction(scores.scale) == 1 or not cp_axes:
         return 1
     a, b, out, sizes = _einsum_letters(scores, binder)
     q, k = scores.inputs
@@ -332,9 +349,9 @@ def causal_split(scores: Op, binder: Binder) -> int:
         return None
 
     query, keys = seq_axes(a, q, b), seq_axes(b, k, a)
-    if query is None or keys is None or "sp" not in query[1] or "sp" in keys[1]:
+    if query is None or keys is None or not cp_axes <= query[1] or cp_axes & keys[1]:
         return 1
-    cp = binder.degrees["sp"]
+    cp = prod(binder.degrees[a] for a in cp_axes)
     return cp if sizes[query[0]] * cp == sizes[keys[0]] else 1
 
 
@@ -514,6 +531,7 @@ def fuse(ops: list[BoundOp], group_of: Callable[[BoundOp], object | None]) -> li
                     dtype=first.dtype,
                     flat=first.flat,
                     flat_elements=sum(m.flat_elements for m in members),
+                    tensor_parallel=first.tensor_parallel,
                 )
             )
         elif id(op) not in grouped:
@@ -641,6 +659,22 @@ def _flat_shard(weights: Iterable[Tensor], binder: Binder, degree: int) -> int:
     return -(-sum(binder.unflat_numel(w) for w in weights) // degree)
 
 
+def _zero_shard(
+    weights: Iterable[Tensor], binder: Binder, degree: int, axes: frozenset[str]
+) -> int:
+    """Elements of one rank's ZeRO / FSDP shards of ``weights``: one flat buffer per degree
+    (``degree``, or over ``axes`` less those that split a weight's dimensions; a routed
+    expert's, split over ``ep``, over ``edp``: :meth:`GraphBuilder._zero_axes_of`)."""
+    by_degree: dict[int, list[Tensor]] = {}
+    expert_dp = binder.mesh_axes("edp")
+    for w in weights:
+        split = frozenset().union(*w.sharding.dims)
+        over = expert_dp if is_routed_expert(w.dims, w.sharding) else axes
+        own = prod(binder.degrees[a] for a in over - split)
+        by_degree.setdefault(own if axes else degree, []).append(w)
+    return sum(_flat_shard(ws, binder, d) for d, ws in sorted(by_degree.items()))
+
+
 def bind_part(
     part: Part,
     binder: Binder,
@@ -648,10 +682,13 @@ def bind_part(
     shard_degree: int = 1,
     fused_attention: bool = False,
     gradient_buckets: bool = False,
+    shard_axes: frozenset[str] = frozenset(),
 ) -> BoundPart:
     """Bind ``part``; ``shard_degree`` is the degree over which ZeRO or FSDP shards its
-    gradients and optimizer states (1: not sharded); ``fused_attention`` runs the attention
-    core as one fused kernel forward and one backward (:func:`fuse_attention`);
+    gradients and optimizer states (1: not sharded), over the mesh axes ``shard_axes`` where
+    given (a weight split over some of them, a folded expert, is sharded over the others);
+    ``fused_attention`` runs the attention core as one fused kernel forward and one backward
+    (:func:`fuse_attention`);
     ``gradient_buckets`` reduces the part's gradients in buckets as PyTorch DDP does
     (:func:`ddp_buckets`) instead of one collective per kind."""
     shapes: dict[str, tuple[int, ...]] = {}
@@ -686,7 +723,7 @@ def bind_part(
         grads,
         stored,
         binder.nbytes(boundary) if boundary is not None else 0,
-        _flat_shard(part.weights, binder, shard_degree) if shard_degree > 1 else stored,
+        _zero_shard(part.weights, binder, shard_degree, shard_axes) if shard_degree > 1 else stored,
         sum(binder.unflat_numel(w) for w in part.weights),
         te_modules(part.forward, binder.local_dim),
     )
@@ -869,7 +906,7 @@ def node_place(
 def op_role(op: BoundOp) -> Role | None:
     """The role of a collective that sequence parallelism inserts: an all-gather or
     reduce-scatter over the tensor-parallel group alone."""
-    if op.group_axes == ("tp",):
+    if op.tensor_parallel:
         if op.comm_type is CollectiveType.ALL_GATHER:
             return Role.TP_ALL_GATHER
         if op.comm_type is CollectiveType.REDUCE_SCATTER:
@@ -941,7 +978,7 @@ def lower_stage(
     # chunks) is reduced and every history rolled at each reduction
     # (the Megatron / TE profile; eager PyTorch has no TE modules)
     fp8_gemms = sum(bp.fp8_gemms for _, bp in held) if plan.options.te_delayed_scaling else 0
-    amax_group = tuple(sorted(a for a in amax_axes if plan.degrees[a] > 1))
+    amax_group = tuple(sorted(a for a in plan.mesh_axes(amax_axes) if plan.degrees[a] > 1))
     recompute_full = plan.recompute == "full"
     # FSDP2 (fully_shard): the part instances whose weights are gathered now, and the nodes
     # that gathered them. Under pipeline parallelism PyTorch's pipelining keeps the weights

@@ -29,6 +29,10 @@ UNSET_OPTIONS: tuple[str, ...] = (
     "kv_lora_rank",
     "drope",
     "mtp_depth",
+    "decoder_first_pipeline_num_layers",
+    "decoder_last_pipeline_num_layers",
+    "ep_layout",
+    "etp",
 )
 """Options whose default ``None`` means "unset" (each model says what that means): a
 workload's metadata leaves them out when unset, so traces that do not use them keep their
@@ -175,6 +179,28 @@ class GenerateOptions:
     ``always`` frees them after a layer's forward (gathered again before its backward),
     ``never`` keeps them until the backward, ``default`` is ``never`` with pipeline
     parallelism and ``always`` without (:attr:`reshards_after_forward`).
+    How the ``num_stacks`` layers are split over the ``pp · virtual_stages`` model chunks
+    (:func:`stg.core.plan.chunk_layer_counts`): by default as evenly as possible, the first
+    chunks one layer longer where the division is not exact. Megatron-LM's options choose
+    otherwise: ``decoder_first_pipeline_num_layers`` and ``decoder_last_pipeline_num_layers``
+    (the layers of the first and last stage, the others split evenly over the middle
+    stages), ``account_for_embedding_in_pipeline_split`` and
+    ``account_for_loss_in_pipeline_split`` (the embedding, the head and loss each count as a
+    layer in an even split); ``pipeline_layers`` lists the layers of every chunk, in chunk
+    order (chunk c runs on stage c mod pp), where the first and last may be 0: the
+    embedding or the head alone on its stage.
+    Expert parallelism has two layouts (``ep_layout``). ``multiply`` (the default, stg's
+    meaning from the start): ``ep`` is a mesh axis of its own that multiplies the world
+    (``dp·tp·sp·pp·ep`` ranks); outside the experts its ranks are data-parallel replicas
+    (the batch splits over ``dp·ep``) and the experts split their FFN over ``tp``.
+    ``fold`` (Megatron-LM's MoE parallel folding, ``--expert-model-parallel-size`` with
+    ``--expert-tensor-parallel-size``): the world is ``dp·tp·sp·pp`` and the experts see the
+    same ranks of a stage as ``etp·ep·edp`` (expert tensor, expert, expert data
+    parallelism; ``edp = dp·tp·sp / (ep·etp)``), numbered in ``rank_order`` (where ``tp``,
+    ``ep`` and ``dp`` stand) as the dense ``tp, sp, dp`` are, so an expert-parallel group
+    may span tensor-, context- and data-parallel ranks. ``etp`` (default ``tp``, as
+    Megatron) splits each expert's FFN; giving it implies ``fold``. See
+    :func:`stg.core.layout.fold_mesh`.
     ``placement`` maps ranks to the device groups of a hybrid cluster, as runs
     ``((group, ranks), ...)`` in rank order (empty: one device kind); each group's ranks run
     the precision plan's entries for that group (:func:`stg.core.precision.plan_for_group`).
@@ -207,6 +233,8 @@ class GenerateOptions:
     sp: int = 1
     pp: int = 1
     ep: int = 1
+    ep_layout: str | None = None
+    etp: int | None = None
     tpsp: bool = True
     weight_sharded: bool = False
     zero: int = 0
@@ -216,6 +244,11 @@ class GenerateOptions:
     activation_recompute: str = "none"
     pipeline_schedule: str = "1f1b"
     virtual_stages: int = 1
+    decoder_first_pipeline_num_layers: int | None = None
+    decoder_last_pipeline_num_layers: int | None = None
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
+    pipeline_layers: tuple[int, ...] = ()
     mixed_precision: bool = False
     dtype: str = "bf16"
     grad_reduce_dtype: str | None = None
@@ -239,6 +272,7 @@ class GenerateOptions:
     output_name: str = "workload.%d.et"
 
     ATTENTION = ("fused", "unfused")
+    EP_LAYOUTS = ("multiply", "fold")
     RESHARD_AFTER_FORWARD = ("default", "always", "never")
     PROFILES = ("megatron", "eager")
     PHASES = ("training", "prefill", "decode", "mixed")
@@ -261,6 +295,8 @@ class GenerateOptions:
         # the original STG's spelling of "the whole batch"; same options, same workload
         if self.micro_batch == -1:
             object.__setattr__(self, "micro_batch", None)
+        if isinstance(self.pipeline_layers, list):  # as a trace's metadata records it
+            object.__setattr__(self, "pipeline_layers", tuple(self.pipeline_layers))
         # ZeRO-3 shards weights, gradients and optimizer states: what weight_sharded does
         if self.zero == 3:
             object.__setattr__(self, "zero", 0)
@@ -282,13 +318,50 @@ class GenerateOptions:
         return self.batch // (self.micro_batch or self.batch)
 
     @property
+    def ep_folded(self) -> bool:
+        """Whether expert parallelism folds over the dense ranks (``ep_layout=fold``, or
+        ``etp`` given without a layout) instead of multiplying the world."""
+        if self.ep_layout is None:
+            return self.etp is not None
+        return self.ep_layout == "fold"
+
+    @property
+    def expert_tp(self) -> int:
+        """How many ways each routed expert's FFN is split: ``etp`` (default ``tp``)."""
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def data_replicas(self) -> int:
+        """How many ways the batch is split outside the experts: ``dp·ep`` (multiply) or
+        ``dp`` (fold)."""
+        return self.dp if self.ep_folded else self.dp * self.ep
+
+    @property
+    def expert_dp(self) -> int:
+        """Expert data parallelism, the ranks of a stage that hold the same experts' shards:
+        ``dp·sp`` (multiply; tp splits the experts) or ``dp·tp·sp / (ep·etp)`` (fold)."""
+        if self.ep_folded:
+            return self.dp * self.tp * self.sp // (self.ep * self.expert_tp)
+        return self.dp * self.sp
+
+    @property
     def world_size(self) -> int:
+        if self.ep_folded:
+            return self.dp * self.tp * self.sp * self.pp
         return self.dp * self.tp * self.sp * self.pp * self.ep
 
     def as_dict(self) -> dict[str, object]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
-    OFF_UNRECORDED = ("placement", "dropout", *OVERLAP_FIELDS)
+    PIPELINE_SPLIT_FIELDS = (
+        "account_for_embedding_in_pipeline_split",
+        "account_for_loss_in_pipeline_split",
+        "pipeline_layers",
+    )
+    """How layers are split over pipeline stages where not as evenly as possible (with
+    ``decoder_first_pipeline_num_layers`` and ``decoder_last_pipeline_num_layers``, unset by
+    default: :func:`stg.core.plan.chunk_layer_counts`)."""
+    OFF_UNRECORDED = ("placement", "dropout", *OVERLAP_FIELDS, *PIPELINE_SPLIT_FIELDS)
     """Options left out of a trace's metadata while off (unset, 0 or false), so that traces
     generated without them keep the bytes they had before the option existed."""
 

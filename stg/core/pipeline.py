@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from stg.core.autodiff import build_backward, build_grad_reduction
 from stg.core.fp8 import AMAX_AXES, MODEL_PARALLEL_AMAX_AXES
-from stg.core.layout import Layout, parse_rank_order
+from stg.core.layout import Layout
 from stg.core.lowering import (
     Binder,
     BoundPart,
@@ -130,7 +130,7 @@ def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> Model
     for device groups that run different precision plans (their gradient collectives must be
     the same: a cast weight's gradient is reduced with the weight's, in its bucket)."""
     o = plan.options
-    binder = Binder(symbol_values(o), plan.degrees)
+    binder = Binder(symbol_values(o), plan.degrees, plan.axis_parts)
     bound: dict[str, BoundPart] = {}
     precision = plan.precision
     zero_axes = plan.zero_axes if o.zero in (1, 2) else ()
@@ -149,6 +149,7 @@ def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> Model
             shard_weights_over=plan.zero_axes if o.weight_sharded else (),
             precision=normalize_plan(o.precision),
             options=o.as_dict(),
+            axis_parts=plan.axis_parts or None,
         )
         b.weight_grads_through_casts = hybrid
         if name == "embedding":
@@ -184,6 +185,7 @@ def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> Model
             binder,
             seed,
             shard_degree=plan.zero_degree,
+            shard_axes=plan.mesh_axes(plan.zero_axes),
             fused_attention=o.attention == "fused",
             # a whole network in one part: its gradients reduced in DDP's buckets
             gradient_buckets=stackless and plan.zero_degree == 1,
@@ -285,7 +287,7 @@ def _device_group_plans(options: GenerateOptions) -> tuple[list[str], dict[str, 
         raise OptionError(
             f"placement={','.join(f'{n}:{c}' for n, c in options.placement)} places "
             f"{len(rank_groups)} ranks, but the run has {options.world_size} "
-            "(dp x tp x sp x pp x ep)"
+            + ("(dp x tp x sp x pp)" if options.ep_folded else "(dp x tp x sp x pp x ep)")
         )
     known = list(dict.fromkeys(rank_groups))
     unknown = [g for g in named if g not in known]
@@ -298,14 +300,17 @@ def _device_group_plans(options: GenerateOptions) -> tuple[list[str], dict[str, 
 
 
 def _check_within_device_group(
-    axes: tuple[str, ...], members: tuple[int, ...], rank_groups: list[str]
+    axes: tuple[str, ...],
+    members: tuple[int, ...],
+    rank_groups: list[str],
+    split_axes: frozenset[str] = SPLIT_AXES,
 ) -> None:
     """A group of split axes only (a tp, sp, ep group or their product) must sit in one device
     group. A group that also spans dp or pp (the dp x tp all-reduce of sequence-parallel norm
     gradients, fp8's amax group) joins device groups by design: the split groups inside it
     are checked on their own."""
-    split = sorted(SPLIT_AXES & set(axes))
-    if not split or not set(axes) <= SPLIT_AXES:
+    split = sorted(split_axes & set(axes))
+    if not split or not set(axes) <= split_axes:
         return
     kinds = sorted({rank_groups[m] for m in members})
     if len(kinds) > 1:
@@ -379,7 +384,7 @@ def build_workload(
         for axes in sorted(axes_here):
             if axes not in used_axes:
                 used_axes.append(axes)
-    layout = Layout(plan.degrees, parse_rank_order(options.rank_order), tuple(used_axes))
+    layout = Layout(plan.degrees, plan.rank_order, tuple(used_axes))
     variant_of = [0] * layout.world_size
     if len(variant_parts) > 1:
         variant_of = [variants.index(group_plans[g]) for g in rank_groups]
@@ -395,7 +400,9 @@ def build_workload(
             if gid not in groups:
                 groups[gid] = layout.members(graph.rank, axes)
                 if rank_groups:
-                    _check_within_device_group(axes, groups[gid], rank_groups)
+                    _check_within_device_group(
+                        axes, groups[gid], rank_groups, plan.mesh_axes(SPLIT_AXES | {"etp"})
+                    )
     metadata = {
         "generator": "stg",
         "options": options.recorded(),

@@ -1,17 +1,27 @@
 """The parallel plan: degrees checked against the model, and layers assigned to stages.
 
 Layers are split over the ``pp · virtual_stages`` model chunks as evenly as possible; when the
-division is not exact the first ``num_stacks mod chunks`` chunks get one layer more. The
-embedding runs on the first chunk (stage 0) and the LM head and loss on the last chunk (the
-last stage).
+division is not exact the first ``num_stacks mod chunks`` chunks get one layer more, unless
+Megatron-LM's uneven split options or an explicit list say otherwise
+(:func:`chunk_layer_counts`). The embedding runs on the first chunk (stage 0) and the LM head
+and loss on the last chunk (the last stage).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from math import prod
 
-from stg.core.layout import AXES, parse_rank_order
+from stg.core.layout import (
+    AXES,
+    UNFOLDED_AXIS_PARTS,
+    FoldedMesh,
+    Layout,
+    LayoutError,
+    fold_mesh,
+    parse_rank_order,
+)
 from stg.core.options import GenerateOptions, OptionError
 from stg.core.precision import DTYPE_BYTES
 from stg.core.routing import ROUTINGS
@@ -28,7 +38,12 @@ RECOMPUTE = {
 
 @dataclass(frozen=True)
 class ParallelPlan:
-    """Degrees, micro-batching and the layer split of one run."""
+    """Degrees, micro-batching and the layer split of one run.
+
+    ``degrees`` are those of the mesh axes, in ``rank_order`` (fastest first): ``AXES``, or
+    with expert parallelism folded (``ep_layout=fold``) the finer axes of
+    :func:`stg.core.layout.fold_mesh`, which ``axis_parts`` maps every named axis (``tp``,
+    ``ep``, ``etp``, ...) to."""
 
     options: GenerateOptions
     degrees: dict[str, int]
@@ -36,6 +51,18 @@ class ParallelPlan:
     chunks_per_stage: int
     layers_per_chunk: tuple[int, ...]
     recompute: str
+    axis_parts: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    mesh_order: tuple[str, ...] = ()
+
+    @property
+    def rank_order(self) -> tuple[str, ...]:
+        """The mesh axes, fastest-varying first."""
+        return self.mesh_order or parse_rank_order(self.options.rank_order)
+
+    def mesh_axes(self, names: Iterable[str]) -> frozenset[str]:
+        """The mesh axes that the named axes are made of (``etp`` is ``tp`` unless folded)."""
+        parts = self.axis_parts or UNFOLDED_AXIS_PARTS
+        return frozenset(a for name in names for a in parts.get(name, (name,)))
 
     @property
     def precision(self) -> dict[str, str]:
@@ -62,8 +89,9 @@ class ParallelPlan:
 
     @property
     def data_axes(self) -> tuple[str, ...]:
-        """Axes that split the batch: data parallelism, and expert parallelism outside experts."""
-        return ("dp", "ep")
+        """Axes that split the batch: data parallelism, and expert parallelism outside experts
+        (unless it folds over the dense axes)."""
+        return ("dp",) if self.options.ep_folded else ("dp", "ep")
 
     @property
     def seq_axes(self) -> tuple[str, ...]:
@@ -75,9 +103,11 @@ class ParallelPlan:
         """Axes over which ZeRO-1/2 shard gradients and optimizer states and FSDP (ZeRO-3) also
         the weights, as one flat padded buffer per part: the data-parallel ranks that hold
         the same weights, dp and sp (context-parallel ranks hold the same weights too, as
-        Megatron's distributed optimizer and FSDP shard over its dp-cp group). The ep ranks
-        keep their own copies of the non-expert shards (their gradients are all-reduced over
-        ep), as in hybrid sharding."""
+        Megatron's distributed optimizer and FSDP shard over its dp-cp group). Under
+        ``ep_layout=multiply`` the ep ranks keep their own copies of the non-expert shards
+        (their gradients are all-reduced over ep), as in hybrid sharding. Routed experts are
+        sharded over expert data parallelism instead (``edp``: dp·sp unless ep folds;
+        :meth:`stg.core.symbolic.GraphBuilder._zero_axes_of`)."""
         return ("dp", "sp")
 
     @property
@@ -86,7 +116,7 @@ class ParallelPlan:
         o = self.options
         if not (o.zero or o.weight_sharded):
             return 1
-        return prod(self.degrees[a] for a in self.zero_axes)
+        return prod(self.degrees[a] for a in self.mesh_axes(self.zero_axes))
 
     @property
     def chunks(self) -> int:
@@ -104,6 +134,129 @@ class ParallelPlan:
 def _require(condition: bool, message: str) -> None:
     if not condition:
         raise OptionError(message)
+
+
+def chunk_layer_counts(o: GenerateOptions) -> tuple[int, ...]:
+    """The layers of each of the ``pp · virtual_stages`` model chunks, in chunk order (chunk
+    c on stage c mod pp, its layers after those of chunk c - 1), as Megatron-LM splits them
+    (``get_num_layers_to_build``):
+
+    - ``pipeline_layers``: the list as given; the first and the last chunk may hold no layer
+      (the embedding, or the head and loss, alone on their stage);
+    - ``decoder_first_pipeline_num_layers`` / ``decoder_last_pipeline_num_layers``: the first
+      and last stage hold that many layers, the other stages split the rest evenly; each
+      stage's layers split evenly over its ``virtual_stages`` chunks;
+    - ``account_for_embedding_in_pipeline_split`` / ``account_for_loss_in_pipeline_split``:
+      the embedding and the loss each count as one layer of an even split, so the first
+      (last) chunk holds one layer less;
+    - otherwise as evenly as possible, the first ``num_stacks mod chunks`` chunks one longer.
+
+    Raises :class:`OptionError` (naming the option and what is allowed) where the split
+    is impossible.
+    """
+    pp, v, layers = o.pp, o.virtual_stages, o.num_stacks
+    for name, value in (("pp", pp), ("virtual_stages", v), ("num_stacks", layers)):
+        _require(
+            isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+            f"{name}={value} must be a positive integer",
+        )
+    chunks = pp * v
+    first, last = o.decoder_first_pipeline_num_layers, o.decoder_last_pipeline_num_layers
+    account = o.account_for_embedding_in_pipeline_split or o.account_for_loss_in_pipeline_split
+    given = [
+        name
+        for name, on in (
+            ("pipeline_layers", bool(o.pipeline_layers)),
+            ("decoder_first/last_pipeline_num_layers", first is not None or last is not None),
+            ("account_for_embedding/loss_in_pipeline_split", account),
+        )
+        if on
+    ]
+    _require(
+        len(given) <= 1,
+        f"{' and '.join(given)} cannot be combined; allowed: one way to split the layers "
+        "over pipeline stages",
+    )
+    if o.pipeline_layers:
+        counts = tuple(o.pipeline_layers)
+        text = ",".join(map(str, counts))
+        _require(
+            all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts),
+            f"pipeline_layers={text} must list non-negative integers",
+        )
+        _require(
+            len(counts) == chunks,
+            f"pipeline_layers={text} lists {len(counts)} chunks; allowed: one layer count per "
+            f"model chunk, pp·virtual_stages={chunks}",
+        )
+        _require(
+            sum(counts) == layers,
+            f"pipeline_layers={text} holds {sum(counts)} layers; allowed: counts that sum to "
+            f"num_stacks={layers}",
+        )
+        _require(
+            all(n >= 1 for n in counts[1:-1]),
+            f"pipeline_layers={text} leaves a middle chunk without a layer; allowed: 0 only "
+            "for the first chunk (the embedding alone) and the last (the head alone)",
+        )
+        return counts
+    if first is not None or last is not None:
+        _require(
+            pp > 1,
+            "decoder_first/last_pipeline_num_layers split layers over pipeline stages: "
+            f"pp={pp} is not allowed; allowed: pp > 1",
+        )
+        per_stage: list[int | None] = [None] * pp
+        for name, value, stage in (("first", first, 0), ("last", last, pp - 1)):
+            if value is None:
+                continue
+            _require(
+                isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+                f"decoder_{name}_pipeline_num_layers={value} must be a positive integer",
+            )
+            per_stage[stage] = value
+        rest = layers - sum(n for n in per_stage if n is not None)
+        middle = per_stage.count(None)
+        _require(
+            rest >= middle and (rest % middle == 0 if middle else rest == 0),
+            f"decoder_first/last_pipeline_num_layers leave {rest} of num_stacks={layers} "
+            f"layers for {middle} other stage(s); allowed: a remainder that those stages "
+            "split evenly, at least one layer each",
+        )
+        stage_layers = [rest // middle if n is None else n for n in per_stage]
+        _require(
+            all(n % v == 0 for n in stage_layers),
+            f"stages of {','.join(map(str, stage_layers))} layers do not split into "
+            f"virtual_stages={v} equal chunks; allowed: layer counts per stage divisible by it",
+        )
+        return tuple(stage_layers[c % pp] // v for c in range(chunks))
+    if account:
+        extra = int(o.account_for_embedding_in_pipeline_split) + int(
+            o.account_for_loss_in_pipeline_split
+        )
+        total = layers + extra
+        _require(
+            total % chunks == 0,
+            f"num_stacks={layers} plus the embedding and loss counted as layers ({total}) "
+            f"must be divisible by pp·virtual_stages={chunks}",
+        )
+        counts_list = [total // chunks] * chunks
+        counts_list[0] -= int(o.account_for_embedding_in_pipeline_split)
+        counts_list[-1] -= int(o.account_for_loss_in_pipeline_split)
+        _require(
+            min(counts_list) >= 0 and all(n >= 1 for n in counts_list[1:-1]),
+            f"num_stacks={layers} is too few layers to count the embedding and loss as "
+            f"layers over pp·virtual_stages={chunks} chunks",
+        )
+        return tuple(counts_list)
+    _require(
+        chunks <= layers,
+        f"pp={pp}"
+        + (f"·virtual_stages={v}" if v > 1 else "")
+        + f" must not exceed num_stacks={layers}",
+    )
+    base, extra_layers = divmod(layers, chunks)
+    return tuple(base + (1 if c < extra_layers else 0) for c in range(chunks))
 
 
 def _check_phase(o: GenerateOptions) -> None:
@@ -196,6 +349,44 @@ def _check_phase(o: GenerateOptions) -> None:
             )
 
 
+def _check_ep_layout(o: GenerateOptions) -> FoldedMesh | None:
+    """The expert-parallel layout's options; the folded mesh under ``ep_layout=fold``."""
+    layouts = GenerateOptions.EP_LAYOUTS
+    _require(
+        o.ep_layout is None or o.ep_layout in layouts,
+        f"ep_layout={o.ep_layout!r} must be one of {', '.join(layouts)}",
+    )
+    _require(
+        o.etp is None or (isinstance(o.etp, int) and not isinstance(o.etp, bool) and o.etp >= 1),
+        f"etp={o.etp} must be a positive integer (or unset: tp)",
+    )
+    if not o.ep_folded:
+        _require(
+            o.etp is None,
+            f"etp={o.etp} splits experts over ranks that ep folds over: ep_layout=multiply "
+            "is not allowed with it; allowed: ep_layout=fold (or leave ep_layout unset)",
+        )
+        return None
+    _require(
+        o.experts % o.ep == 0,
+        f"ep={o.ep} must divide experts={o.experts} (ep_layout=fold: each rank of an "
+        "expert-parallel group holds whole experts)",
+    )
+    _require(
+        o.dff % o.expert_tp == 0, f"etp={o.expert_tp} must divide dff={o.dff} (each expert's FFN)"
+    )
+    _require(
+        o.tp == 1 or o.tpsp or o.inference,
+        f"ep_layout=fold with tp={o.tp} needs sequence parallelism (tpsp=true), as "
+        "Megatron-LM requires for MoE with tensor parallelism; allowed: tpsp=true, or tp=1",
+    )
+    degrees = {"dp": o.dp, "tp": o.tp, "sp": o.sp, "pp": o.pp}
+    try:
+        return fold_mesh(degrees, parse_rank_order(o.rank_order), o.expert_tp, o.ep)
+    except LayoutError as exc:
+        raise OptionError(str(exc)) from None
+
+
 def make_plan(o: GenerateOptions) -> ParallelPlan:
     """Check the options against each other and derive the plan; raise OptionError otherwise."""
     _check_phase(o)
@@ -231,10 +422,10 @@ def make_plan(o: GenerateOptions) -> ParallelPlan:
         o.batch % micro_batch == 0,
         f"micro_batch={micro_batch} must divide batch={o.batch}; {allowed_micro}",
     )
-    replicas = o.dp * o.ep
+    replicas = o.data_replicas
     _require(
         micro_batch % replicas == 0,
-        f"dp·ep={replicas} must divide micro_batch={micro_batch} "
+        f"{'dp' if o.ep_folded else 'dp·ep'}={replicas} must divide micro_batch={micro_batch} "
         "(each data-parallel replica needs whole samples)",
     )
     if o.dhead is None:  # the head size is dmodel / head
@@ -262,12 +453,7 @@ def make_plan(o: GenerateOptions) -> ParallelPlan:
     _require(o.seq % seq_split == 0, f"{what}={seq_split} must divide seq={o.seq}")
     _require(o.virtual_stages >= 1, f"virtual_stages={o.virtual_stages} must be a positive integer")
     chunks = o.pp * o.virtual_stages
-    _require(
-        chunks <= o.num_stacks,
-        f"pp={o.pp}"
-        + (f"·virtual_stages={o.virtual_stages}" if o.virtual_stages > 1 else "")
-        + f" must not exceed num_stacks={o.num_stacks}",
-    )
+    layers = chunk_layer_counts(o)
     _require(
         o.attention in GenerateOptions.ATTENTION,
         f"attention={o.attention!r} must be one of {', '.join(GenerateOptions.ATTENTION)}",
@@ -340,6 +526,7 @@ def make_plan(o: GenerateOptions) -> ParallelPlan:
         f"tp_comm_overlap=true is Transformer Engine's userbuffers overlap: profile={o.profile} "
         "is not allowed; allowed: profile=megatron",
     )
+    folded = _check_ep_layout(o)
     _require(o.kexperts <= o.experts, f"kexperts={o.kexperts} must not exceed experts={o.experts}")
     _require(o.capacity_factor > 0, f"capacity_factor={o.capacity_factor} must be positive")
     _require(
@@ -369,7 +556,24 @@ def make_plan(o: GenerateOptions) -> ParallelPlan:
     _require(
         2 * m * chunks < MAX_TAG, f"too many micro-batches ({m}) for send/recv tags below {MAX_TAG}"
     )
-    base, extra = divmod(o.num_stacks, chunks)
-    layers = tuple(base + (1 if c < extra else 0) for c in range(chunks))
     _require(prod(degrees.values()) >= 1, "world size must be positive")
-    return ParallelPlan(o, degrees, m, o.virtual_stages, layers, recompute)
+    if folded is None:
+        return ParallelPlan(o, degrees, m, o.virtual_stages, layers, recompute)
+    return ParallelPlan(
+        o, folded.degrees, m, o.virtual_stages, layers, recompute, folded.axes, folded.rank_order
+    )
+
+
+def layout_of(o: GenerateOptions) -> Layout:
+    """The placement of ``o``'s mesh on ranks (no communicators numbered): what predictors
+    need to find a group's members (``layout.members(rank, axes)``) on a folded mesh too.
+    Raises :class:`OptionError` on impossible options."""
+    plan = make_plan(o)
+    return Layout(plan.degrees, plan.rank_order)
+
+
+def expert_zero_degree(o: GenerateOptions) -> int:
+    """How many ways ZeRO / FSDP shard a routed expert's weights: over the expert data
+    parallel ranks (``edp``, :attr:`GenerateOptions.expert_dp`), as Megatron's distributed
+    optimizer does; ``dp·sp``, the dense weights' degree, unless ep folds."""
+    return o.expert_dp

@@ -47,11 +47,16 @@ def expert_capacity(options: GenerateOptions, tokens: int) -> int:
     ``E·dp·sp`` expert loads, each averaging ``k·tokens / (E·dp·sp)`` slots
     (:func:`expected_max_load`), and no expert can take more than the group's tokens (a token
     visits an expert at most once). Every group is shaped for that load, rounded up to a
-    multiple of ``ep`` (the group's slots of an expert start split over its ep ranks)."""
+    multiple of ``ep`` (the group's slots of an expert start split over its ep ranks).
+    With ``ep_layout=fold`` a group is an expert-data-parallel coordinate (``edp`` of them,
+    :attr:`GenerateOptions.expert_dp`) whose slots start split over its ``ep·etp`` ranks."""
     routed = tokens * options.kexperts
     if options.moe_routing == "capacity":
         return -(-int(routed * options.capacity_factor) // options.experts)
-    groups = options.dp * options.sp
+    if options.ep_folded:
+        groups, shards = options.expert_dp, options.ep * options.expert_tp
+    else:
+        groups, shards = options.dp * options.sp, options.ep
     bins = options.experts * groups
     fullest = min(expected_max_load(routed / bins, bins), tokens / groups)
-    return math.ceil(fullest / options.ep) * options.ep * groups
+    return math.ceil(fullest / shards) * shards * groups

@@ -14,7 +14,7 @@ data-parallel size, where a split of a dimension would need the size to divide i
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from stg.core.workload import CollectiveType
@@ -89,13 +89,21 @@ class ReshardStep:
     after: Sharding
 
 
-def plan_reshard(src: Sharding, dst: Sharding) -> list[ReshardStep]:
+def plan_reshard(
+    src: Sharding, dst: Sharding, pieces: Mapping[str, tuple[str, str]] | None = None
+) -> list[ReshardStep]:
     """The collectives that turn a tensor sharded as ``src`` into ``dst``.
 
     Rules, in order: a partial axis that ``dst`` splits a dimension by becomes a
     reduce-scatter on that dimension; the remaining partial axes not partial in ``dst`` are
     all-reduced together. An axis that splits a dimension in ``src`` but not in ``dst`` moves
     by all-to-all when ``dst`` splits another dimension by it, and is all-gathered otherwise.
+    ``pieces`` (a folded expert mesh, :func:`stg.core.layout.fold_mesh`) maps a mesh axis
+    to the dense and the expert axis it is a piece of: the pieces of one dense axis that
+    reduce-scatter onto one dimension do it in one reduce-scatter (a tensor-parallel group
+    cut in two), the pieces of one expert axis that move between the same two dimensions in
+    one all-to-all (an expert-parallel group over tensor- and data-parallel ranks); without
+    it every axis moves on its own.
     Axes that ``dst`` adds (a split of a replicated dimension, or a partial mark) cost
     nothing: each rank keeps its slice.
 
@@ -112,18 +120,22 @@ def plan_reshard(src: Sharding, dst: Sharding) -> list[ReshardStep]:
         cur = Sharding(cur.dims, cur.partial - flat_reduce, flat_reduce)
         steps.append(ReshardStep(CollectiveType.REDUCE_SCATTER, flat_reduce, None, None, cur))
     reduce_all: set[str] = set()
+    scatters: dict[tuple[int, str], set[str]] = {}
     for axis in sorted(cur.partial - dst.partial):
         target = dst.dim_of(axis)
         if target is not None and cur.dim_of(axis) is None and not cur.flat:
-            cur = Sharding(
-                tuple(a | {axis} if i == target else a for i, a in enumerate(cur.dims)),
-                cur.partial - {axis},
-            )
-            steps.append(
-                ReshardStep(CollectiveType.REDUCE_SCATTER, frozenset({axis}), target, None, cur)
-            )
+            dense = pieces[axis][0] if pieces and axis in pieces else axis
+            scatters.setdefault((target, dense), set()).add(axis)
         else:
             reduce_all.add(axis)
+    for (target, _), scattered in scatters.items():
+        cur = Sharding(
+            tuple(a | scattered if i == target else a for i, a in enumerate(cur.dims)),
+            cur.partial - scattered,
+        )
+        steps.append(
+            ReshardStep(CollectiveType.REDUCE_SCATTER, frozenset(scattered), target, None, cur)
+        )
     if reduce_all:
         cur = cur.with_partial(cur.partial - reduce_all)
         steps.append(ReshardStep(CollectiveType.ALL_REDUCE, frozenset(reduce_all), None, None, cur))
@@ -134,21 +146,25 @@ def plan_reshard(src: Sharding, dst: Sharding) -> list[ReshardStep]:
     for index in range(len(cur.dims)):
         extra = cur.dims[index] - dst.dims[index]
         gather: set[str] = set()
+        moves: dict[tuple[int, str], set[str]] = {}
         for axis in sorted(extra):
             target = dst.dim_of(axis)
             if target is not None and axis not in cur.dims[target]:
-                cur = Sharding(
-                    tuple(
-                        a - {axis} if i == index else (a | {axis} if i == target else a)
-                        for i, a in enumerate(cur.dims)
-                    ),
-                    cur.partial,
-                )
-                steps.append(
-                    ReshardStep(CollectiveType.ALL_TO_ALL, frozenset({axis}), index, target, cur)
-                )
+                expert = pieces[axis][1] if pieces and axis in pieces else axis
+                moves.setdefault((target, expert), set()).add(axis)
             else:
                 gather.add(axis)
+        for (target, _), moved in moves.items():
+            cur = Sharding(
+                tuple(
+                    a - moved if i == index else (a | moved if i == target else a)
+                    for i, a in enumerate(cur.dims)
+                ),
+                cur.partial,
+            )
+            steps.append(
+                ReshardStep(CollectiveType.ALL_TO_ALL, frozenset(moved), index, target, cur)
+            )
         if gather:
             cur = cur.with_dim(index, cur.dims[index] - gather)
             steps.append(

@@ -17,6 +17,7 @@ from typing import Protocol
 
 import sympy
 
+from stg.core.layout import DENSE_AXES, EXPERT_AXES, UNFOLDED_AXIS_PARTS
 from stg.core.precision import precision_of
 from stg.core.sharding import NO_AXES, Axes, Sharding, plan_reshard
 from stg.core.workload import CollectiveType
@@ -188,6 +189,12 @@ def _view_groups(
     return groups if i == len(src) and j == len(dst) else None
 
 
+def is_routed_expert(dims: Sequence[Dim], sharding: Sharding) -> bool:
+    """Whether a weight holds routed experts split over ranks (its ``experts`` dimension is
+    split: by ``ep``)."""
+    return any(d.name == "experts" and axes for d, axes in zip(dims, sharding.dims, strict=True))
+
+
 class KVCacheHook(Protocol):
     """What a builder of a serving phase consults (:class:`stg.core.inference.KVCache`):
     attention einsums read their keys and values from the KV cache (or a model declares what
@@ -241,6 +248,7 @@ class GraphBuilder:
     dropped, so no collective is ever planned on a one-rank group. ``data_axes`` split the
     batch, ``seq_axes`` the sequence of the residual stream between layers.
     ``shard_weights_over`` (FSDP / ZeRO-3) stores every weight split *flat* over these axes
+    (those that do not already split it: a folded expert's)
     as well (``Sharding.flat``: the flattened local weight, padded, so any degree works) and
     all-gathers it where it is used; the gathers are tagged ``weight_gather`` so that lowering
     repeats them before the backward.
@@ -260,9 +268,20 @@ class GraphBuilder:
         precision: tuple[tuple[str, str], ...] = (),
         options: Mapping[str, object] | None = None,
         kv_cache: KVCacheHook | None = None,
+        axis_parts: Mapping[str, Iterable[str]] | None = None,
     ) -> None:
         self.part = Part(name)
         self.kv_cache = kv_cache
+        parts = UNFOLDED_AXIS_PARTS if axis_parts is None else axis_parts
+        self.axis_parts = {k: frozenset(v) for k, v in parts.items()}
+        # on a folded mesh: the dense and the expert axis each mesh axis is a piece of
+        self.pieces = {
+            axis: (dense, expert)
+            for dense in DENSE_AXES
+            for expert in EXPERT_AXES
+            for axis in self.axis_parts.get(dense, frozenset())
+            & self.axis_parts.get(expert, frozenset())
+        }
         self.active = frozenset(active_axes)
         self.data_axes = self._axes(data_axes)
         self.seq_axes = self._axes(seq_axes)
@@ -285,11 +304,24 @@ class GraphBuilder:
 
     # ----------------------------------------------------------------- helpers
     def _axes(self, axes: Iterable[str] | str | None) -> Axes:
+        """The active mesh axes of named axes (``axis_parts`` maps a name to the mesh axes
+        it is made of: ``etp`` to ``tp``, or on a folded mesh ``tp`` to ``tp.etp, tp.ep``)."""
         if axes is None:
             return NO_AXES
         if isinstance(axes, str):
             axes = (axes,)
-        return frozenset(a for a in axes if a in self.active)
+        parts = self.axis_parts
+        return frozenset(a for name in axes for a in parts.get(name, (name,)) if a in self.active)
+
+    def _zero_axes_of(self, dims: Sequence[Dim], sharding: Sharding, axes: Axes) -> Axes:
+        """The axes over which ZeRO / FSDP shard a weight of ``dims`` sharded as
+        ``sharding`` (``axes``: the data-parallel ones): routed experts (an ``experts``
+        dimension that is split) over the expert data parallel ranks (``edp``), as
+        Megatron's distributed optimizer shards them, the others over ``axes``; never over
+        an axis that already splits the weight."""
+        if axes and is_routed_expert(dims, sharding):
+            axes = self._axes("edp")
+        return axes - sharding.axes()
 
     def _unique(self, name: str) -> str:
         count = self._names.get(name, 0)
@@ -367,7 +399,7 @@ class GraphBuilder:
 
     def tokens(self, name: str = "tokens") -> Tensor:
         """Token ids [batch, seq] of this replica (not split over tp)."""
-        seq = self.seq_axes - {"tp"}
+        seq = self.seq_axes - self._axes("tp")
         tokens = self.input(name, "batch seq", {"batch": self.data_axes, "seq": seq})
         tokens.kind = "index"
         return tokens
@@ -376,7 +408,7 @@ class GraphBuilder:
         """A model input without a gradient that is not token ids (images): in the
         activation dtype, its batch split over the data axes and its sequence (if any) over
         the sequence axes that split token ids."""
-        shard = {"batch": self.data_axes, "seq": self.seq_axes - {"tp"}}
+        shard = {"batch": self.data_axes, "seq": self.seq_axes - self._axes("tp")}
         tensor = self.input(name, dims, shard)
         tensor.kind = "data"
         return tensor
@@ -402,7 +434,7 @@ class GraphBuilder:
         stored = Tensor(
             self._unique(name),
             dim_tuple,
-            sharding.with_flat(self.fsdp_axes),
+            sharding.with_flat(self._zero_axes_of(dim_tuple, sharding, self.fsdp_axes)),
             self.weight_dtype,
             kind="weight",
         )
@@ -437,7 +469,7 @@ class GraphBuilder:
         if cached is not None:
             return cached
         current = tensor
-        for step in plan_reshard(tensor.sharding, target):
+        for step in plan_reshard(tensor.sharding, target, self.pieces or None):
             out = self._new(tensor.name, tensor.dims, step.after, tensor.dtype)
             out.kind = tensor.kind if tensor.kind != "input" else "activation"
             kind_name = step.kind.name.lower()
