@@ -37,7 +37,7 @@ from typing import Any
 
 from stg.bench import require
 from stg.errors import UserError
-from stg.perf.calibration import fit_relative
+from stg.perf.calibration import COMMS_FORMAT, fit_relative
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 BACKENDS = ("gloo", "nccl")
@@ -145,6 +145,7 @@ class CommsResult:
 
     def as_dict(self) -> dict[str, Any]:
         return {
+            "format": COMMS_FORMAT,
             "network": [self.network] if self.network else [],
             "fits": self.fits,
             "device": self.device_name,

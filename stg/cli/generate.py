@@ -40,6 +40,7 @@ from stg.cli._shared import (
     system_parameter,
     with_placement,
 )
+from stg.errors import UserError
 
 if TYPE_CHECKING:
     from stg.core.options import GenerateOptions, PresetUse
@@ -192,6 +193,11 @@ def generate(**values: Any) -> None:
         from stg.perf.calibration import load_calibration
 
         calibration = load_calibration(calibration_file)
+        if calibration.comms and not (calibration.entries or calibration.models):
+            raise UserError(
+                f"--calibration {calibration_file} holds measured collectives only; stg generate "
+                "writes compute durations (give it to stg predict --calibration)"
+            )
     options, preset = options_and_preset_from_cli(values)
     options = with_placement(options, system)
     if not (predict or print_vram):

@@ -40,7 +40,9 @@ A system is a JSON object (stdlib ``json``; no YAML dependency). Units are in th
   ``bandwidth_gbps`` is per GPU per direction (10^9 B/s); ``latency_us`` the per-step latency
   (alpha); ``efficiency`` the fraction of bandwidth collectives achieve. Global rank ``r``
   sits at coordinate ``r % size0`` of the first dimension, ``(r // size0) % size1`` of the
-  second, and so on.
+  second, and so on. Optional per dimension: ``link``, ``oversubscription``,
+  ``sharp_efficiency`` and ``measured`` (curves from ``stg bench comms``:
+  :class:`stg.perf.comm_time.MeasuredCurve`), see :mod:`stg.perf.comm_time`.
 
 Built-in presets: ``a100-80g``, ``h100-80g``, ``h200-141g``, ``h800-80g``, and the GPUs of
 hybrid clusters ``v100-32g``, ``t4-16g``, ``a10-24g``, ``l4-24g``, ``a100-40g``
@@ -58,7 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from stg.errors import UnknownNameError, UserError
-from stg.perf.comm_time import LINKS
+from stg.perf.comm_time import LINKS, MeasuredCurve
 from stg.perf.devices import DEVICE_PRESETS
 from stg.perf.kernel_time import FUSED_ATTENTION, Gpu
 from stg.perf.power import MIN_POWER_LIMIT_FRACTION, clock_under_power_limit
@@ -106,6 +108,9 @@ class NetworkDim:
     sharp_efficiency: float = 0.0
     """> 0: the switches reduce in the network (NVLink SHARP, InfiniBand SHARP); an all-reduce
     moves its buffer once each way at this fraction of ``bandwidth``"""
+    measured: tuple[MeasuredCurve, ...] = ()
+    """collectives measured on this dimension (``stg bench comms``), each replacing the model
+    for its collective and group size (:class:`stg.perf.comm_time.MeasuredCurve`)"""
 
     @property
     def effective_bandwidth(self) -> float:
@@ -224,6 +229,8 @@ def _network_extras(dim: NetworkDim) -> dict[str, Any]:
         extras["oversubscription"] = dim.oversubscription
     if dim.sharp_efficiency:
         extras["sharp_efficiency"] = dim.sharp_efficiency
+    if dim.measured:
+        extras["measured"] = [curve.as_dict() for curve in dim.measured]
     return extras
 
 
@@ -437,6 +444,7 @@ PRESETS["h800-80g"] = {
 # in stg.perf.devices.
 PRESETS.update(DEVICE_PRESETS)
 
+
 def preset_names() -> tuple[str, ...]:
     return tuple(sorted(PRESETS))
 
@@ -492,6 +500,7 @@ NETWORK_KEYS = frozenset(
         "link",
         "oversubscription",
         "sharp_efficiency",
+        "measured",
     }
 )
 
@@ -589,10 +598,20 @@ def _network_fields(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
     if over < 1:
         raise SystemDescriptionError(f"{where}.oversubscription must be >= 1, got {over!r}")
     sharp = raw.get("sharp_efficiency")
+    measured = raw.get("measured", [])
+    if not isinstance(measured, list):
+        raise SystemDescriptionError(f"{where}.measured must be a list of measured curves")
+    curves = []
+    for i, curve in enumerate(measured):
+        try:
+            curves.append(MeasuredCurve.from_dict(curve))
+        except ValueError as exc:
+            raise SystemDescriptionError(f"{where}.measured[{i}]: {exc}") from None
     return {
         "link": link,
         "oversubscription": over,
         "sharp_efficiency": 0.0 if sharp is None else _fraction(f"{where}.sharp_efficiency", sharp),
+        "measured": tuple(curves),
     }
 
 
