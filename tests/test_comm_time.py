@@ -241,20 +241,24 @@ def test_all_to_all_is_concurrent_sends() -> None:
     """NCCL's all-to-all is one group of sends and receives to every peer: one step of
     latency, (n-1)/n of the buffer leaves each GPU."""
     nvlink = levels("h100-80g")[0]
-    size, n = 2**30, 8
-    moved = 7 / 8 * size
-    b = 450 * GB * 0.82 * comm_time.mid_size_efficiency(moved)
-    assert comm_time.level_parts(Kind.ALL_TO_ALL, size, n, nvlink) == pytest.approx(
-        (3.4e-6, moved / b)
-    )
+    n = 8
+    for size in (2**20, 2**30):
+        # point to point: no ring of dependent steps, so no ramp
+        moved = 7 / 8 * size
+        assert comm_time.level_parts(Kind.ALL_TO_ALL, size, n, nvlink) == pytest.approx(
+            (3.4e-6, moved / (450 * GB * 0.82))
+        )
 
 
 def test_a_send_has_no_collective_base_latency() -> None:
     """A send is one step of the link (NCCL's tuner gives point-to-point no ``baseLat``): on
-    NVLink 3.4 us, where the ring collective's 8.4 us base used to be added."""
+    NVLink 3.4 us, where the ring collective's 8.4 us base used to be added; its bytes at the
+    link's bandwidth."""
     nvlink = levels("a100-80g")[0]
-    latency, _ = comm_time.send_parts(2**20, nvlink)
-    assert latency == pytest.approx(3.4e-6)
+    for size in (2**20, 16 * 2**20):
+        assert comm_time.send_parts(size, nvlink) == pytest.approx(
+            (3.4e-6, size / (300 * GB * 0.75))
+        )
 
 
 def test_a_measured_curve_replaces_the_model() -> None:

@@ -54,24 +54,26 @@ bytes there are (``src/enqueue.cc``, the chunk-size loops of ``computeColl``), s
 fraction of the plateau reached is a function of the bytes each GPU moves:
 :func:`mid_size_efficiency` of ``moved`` (:func:`ramp`), measured on one machine (an 8-GPU H200
 NVLS all-reduce, where each GPU moves its buffer once) and applied on NVLink to the protocols
-that pipeline buffer slots (Simple, LL128; LL flags every 8-byte line and runs at its own
-quarter rate from the first line). The same curve predicts an H100's NVLS and an A100's ring
+that pipeline buffer slots step by step around the group (Simple, LL128; LL flags every 8-byte
+line and runs at its own quarter rate from the first line; sends and all-to-all, point to
+point, have no ring of steps to fill). The same curve predicts an H100's NVLS and an A100's ring
 all-reduce (another GPU, switch and algorithm) within a few percent
 (``tests/test_nccl_curves.py``). **Group size inside a node**: at a given buffer a larger
-ring moves more bytes per GPU (``2(n-1)/n``), so it runs further up the ramp and its bus
-bandwidth is higher (against this, NCCL's per-step latency grows with ``n``); on an H100
-eight GPUs also switch to NVLS, whose bus bandwidth is ``2(n-1)/n`` times an algorithm
-bandwidth that does not depend on ``n``.
+ring moves more bytes per GPU (``2(n-1)/n``), so its bytes run further up the ramp (against
+this, NCCL's per-step latency grows with ``n``, and on the A100 the two cancel between 2 and
+16 MiB); on an H100 eight GPUs also switch to NVLS, whose bus bandwidth is ``2(n-1)/n`` times
+an algorithm bandwidth that does not depend on ``n``, so eight top two and four.
 
 **Measured curves.** A dimension may carry measured curves (:class:`MeasuredCurve`, from
 ``stg bench comms`` on the real machine: ``stg predict --calibration``); a curve replaces the
 model for its collective and group size (sends: ``send_recv``).
 
 **Sends.** A send is one step of the link (NCCL's tuner gives point-to-point no base latency)
-and its bytes at ``B``, ramped on NVLink. Not modelled: NCCL's point-to-point path's own
-bandwidth (nccl-tests' sendrecv reaches about 195 GB/s on A100 NVLink where a send here runs
-at 225), and, across nodes, NCCL's own inter-node algorithms (NVLS tree, rings through every
-NIC): the outer dimensions run the hierarchical decomposition above.
+and its bytes at ``B``. Not modelled: NCCL's point-to-point path's own bandwidth at large
+sizes (nccl-tests' sendrecv reaches about 195 GB/s on A100 NVLink where a send here runs at
+225; an all-to-all of 4 H100s 335 GB/s of bus bandwidth against 369), and, across nodes,
+NCCL's own inter-node algorithms (NVLS tree, rings through every NIC): the outer dimensions
+run the hierarchical decomposition above.
 
 **Concurrent transfers.** The times above are those of a transfer alone on its links. Each NCCL
 communicator (each process group) sets up its own channels, but they all run over the same
@@ -503,10 +505,11 @@ def choose(kind: Kind, buffer: float, n: int, level: Level) -> Choice:
 
 def ramp(choice: Choice, level: Level) -> float:
     """The fraction of its saturated rate ``choice`` reaches: :func:`mid_size_efficiency` of
-    the bytes each GPU moves, on NVLink, for the protocols that pipeline NCCL's buffer slots
-    (Simple, LL128); the LL protocol (a flag in every 8-byte line) runs at its own rate from
-    the first line."""
-    if level.link != "nvlink" or choice.protocol is LL:
+    the bytes each GPU moves, on NVLink, for the collectives whose protocol pipelines NCCL's
+    buffer slots step by step around the group (Simple, LL128); the LL protocol (a flag in
+    every 8-byte line) runs at its own rate from the first line, and so do point-to-point
+    transfers (sends, all-to-all): no ring of dependent steps to fill."""
+    if level.link != "nvlink" or choice.protocol is LL or choice.algorithm is Algorithm.P2P:
         return 1.0
     return mid_size_efficiency(choice.moved)
 
@@ -584,14 +587,12 @@ def send_parts(size: float, level: Level) -> tuple[float, float]:
     """A send as ``(latency, transfer)`` seconds: a measured ``send_recv`` curve of the
     dimension where it has one, else one step of the Simple protocol (the dimension's
     ``latency_us``; NCCL's tuner gives a point-to-point operation no base latency: ``baseLat``
-    prices the ring and tree collectives only) and the bytes at the dimension's bandwidth,
-    times :func:`mid_size_efficiency` on NVLink (NCCL's sends run the same pipelined chunk
-    loop as its rings)."""
+    prices the ring and tree collectives only) and the bytes at the dimension's bandwidth, with
+    no ramp (:func:`ramp`)."""
     curve = next((c for c in level.measured if c.collective == "send_recv"), None)
     if curve is not None:
         return curve.parts(size)
-    efficiency = mid_size_efficiency(size) if level.link == "nvlink" else 1.0
-    return level.latency, size / (level.bandwidth * efficiency)
+    return level.latency, size / level.bandwidth
 
 
 # ---------------------------------------------------------------------------------------------
