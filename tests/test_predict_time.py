@@ -39,37 +39,16 @@ def system(node_size: int = 8, bandwidth: float = 100e9, latency: float = 0.0) -
     )
 
 
-def comp(
-    i: int, ms: float, deps: tuple[int, ...] = (), ctrl: tuple[int, ...] = (), name: str = "gemm"
-) -> NodeTemplate:
-    return NodeTemplate(
-        i,
-        f"{name}{i}",
-        NodeType.COMP,
-        data_deps=deps,
-        ctrl_deps=ctrl,
-        num_ops=int(ms * 1e9),
-        tensor_size=1,
-        dtype="bf16",
-    )
+def comp(i: int, ms: float, deps: tuple[int, ...] = (), ctrl: tuple[int, ...] = (),
+         name: str = "gemm") -> NodeTemplate:
+    return NodeTemplate(i, f"{name}{i}", NodeType.COMP, data_deps=deps, ctrl_deps=ctrl,
+                        num_ops=int(ms * 1e9), tensor_size=1, dtype="bf16")
 
 
-def coll(
-    i: int,
-    size: int,
-    axes: tuple[str, ...],
-    deps: tuple[int, ...] = (),
-    kind: CollectiveType = CollectiveType.ALL_REDUCE,
-) -> NodeTemplate:
-    return NodeTemplate(
-        i,
-        f"coll{i}",
-        NodeType.COMM_COLL,
-        data_deps=deps,
-        comm_type=kind,
-        comm_size=size,
-        group_axes=axes,
-    )
+def coll(i: int, size: int, axes: tuple[str, ...], deps: tuple[int, ...] = (),
+         kind: CollectiveType = CollectiveType.ALL_REDUCE) -> NodeTemplate:
+    return NodeTemplate(i, f"coll{i}", NodeType.COMM_COLL, data_deps=deps, comm_type=kind,
+                        comm_size=size, group_axes=axes)
 
 
 def workload(layout: Layout, classes: dict[int, RankClass], class_of, metadata=None) -> Workload:
@@ -170,33 +149,17 @@ def test_send_receive_chain() -> None:
     layout = Layout({"pp": 2})
     size = 10**8  # 1 ms at 100 GB/s
     lat = 5e-6
-    sender = RankClass(
-        0,
-        0,
-        (
-            comp(0, 1),
-            NodeTemplate(
-                1,
-                "send",
-                NodeType.COMM_SEND,
-                data_deps=(0,),
-                comm_size=size,
-                peer_stage=1,
-                comm_tag=7,
-            ),
-        ),
-    )
-    receiver = RankClass(
-        1,
-        1,
-        (
-            NodeTemplate(0, "recv", NodeType.COMM_RECV, comm_size=size, peer_stage=0, comm_tag=7),
-            comp(1, 1, (0,)),
-        ),
-    )
-    report = predict_time(
-        workload(layout, {0: sender, 1: receiver}, layout.stage), system(latency=lat)
-    )
+    sender = RankClass(0, 0, (
+        comp(0, 1),
+        NodeTemplate(1, "send", NodeType.COMM_SEND, data_deps=(0,), comm_size=size,
+                     peer_stage=1, comm_tag=7),
+    ))
+    receiver = RankClass(1, 1, (
+        NodeTemplate(0, "recv", NodeType.COMM_RECV, comm_size=size, peer_stage=0, comm_tag=7),
+        comp(1, 1, (0,)),
+    ))
+    report = predict_time(workload(layout, {0: sender, 1: receiver}, layout.stage),
+                          system(latency=lat))
     assert report["iteration_time_s"] == pytest.approx(3 * MS + lat)
     assert [p["kind"] for p in report["critical_path"]] == ["compute", "send", "recv", "compute"]
 
@@ -210,59 +173,27 @@ def gpipe_classes(p: int, m: int, tf: float, tb: float) -> dict[int, RankClass]:
         for mb in range(m):
             deps: tuple[int, ...] = ()
             if stage > 0:
-                nodes.append(
-                    NodeTemplate(
-                        len(nodes),
-                        f"recv_act{mb}",
-                        NodeType.COMM_RECV,
-                        comm_size=1,
-                        peer_stage=stage - 1,
-                        comm_tag=mb,
-                    )
-                )
+                nodes.append(NodeTemplate(len(nodes), f"recv_act{mb}", NodeType.COMM_RECV,
+                                          comm_size=1, peer_stage=stage - 1, comm_tag=mb))
                 deps = (len(nodes) - 1,)
             nodes.append(comp(len(nodes), tf, deps, () if prev is None else (prev,), "fwd"))
             prev = len(nodes) - 1
             if stage < p - 1:
-                nodes.append(
-                    NodeTemplate(
-                        len(nodes),
-                        f"send_act{mb}",
-                        NodeType.COMM_SEND,
-                        data_deps=(prev,),
-                        comm_size=1,
-                        peer_stage=stage + 1,
-                        comm_tag=mb,
-                    )
-                )
+                nodes.append(NodeTemplate(len(nodes), f"send_act{mb}", NodeType.COMM_SEND,
+                                          data_deps=(prev,), comm_size=1, peer_stage=stage + 1,
+                                          comm_tag=mb))
         for mb in range(m):
             deps = ()
             if stage < p - 1:
-                nodes.append(
-                    NodeTemplate(
-                        len(nodes),
-                        f"recv_grad{mb}",
-                        NodeType.COMM_RECV,
-                        comm_size=1,
-                        peer_stage=stage + 1,
-                        comm_tag=1000 + mb,
-                    )
-                )
+                nodes.append(NodeTemplate(len(nodes), f"recv_grad{mb}", NodeType.COMM_RECV,
+                                          comm_size=1, peer_stage=stage + 1, comm_tag=1000 + mb))
                 deps = (len(nodes) - 1,)
             nodes.append(comp(len(nodes), tb, deps, (prev,), "bwd"))
             prev = len(nodes) - 1
             if stage > 0:
-                nodes.append(
-                    NodeTemplate(
-                        len(nodes),
-                        f"send_grad{mb}",
-                        NodeType.COMM_SEND,
-                        data_deps=(prev,),
-                        comm_size=1,
-                        peer_stage=stage - 1,
-                        comm_tag=1000 + mb,
-                    )
-                )
+                nodes.append(NodeTemplate(len(nodes), f"send_grad{mb}", NodeType.COMM_SEND,
+                                          data_deps=(prev,), comm_size=1, peer_stage=stage - 1,
+                                          comm_tag=1000 + mb))
         classes[stage] = RankClass(stage, stage, tuple(nodes))
     return classes
 
@@ -283,7 +214,9 @@ def test_gpipe_bubble(p: int, m: int) -> None:
     assert report["iteration_time_s"] == pytest.approx((m + p - 1) * step)
     assert report["simulated_ranks"] == p
     for rank in report["ranks"]:
-        assert rank["bubble_s"] / report["iteration_time_s"] == pytest.approx((p - 1) / (m + p - 1))
+        assert rank["bubble_s"] / report["iteration_time_s"] == pytest.approx(
+            (p - 1) / (m + p - 1)
+        )
         assert rank["compute_s"] == pytest.approx(m * step)
 
 
@@ -291,17 +224,13 @@ def test_symmetry_matches_simulating_every_rank() -> None:
     # 4-GPU nodes: tp group {0,1,2} fits a node, {3,4,5} straddles two; dp group {0,3}
     # fits a node, {1,4} and {2,5} do not: four kinds of rank
     layout = Layout({"tp": 3, "dp": 2}, group_axes=(("tp",), ("dp",)))
-    rc = RankClass(
-        0,
-        0,
-        (
-            comp(0, 1),
-            coll(1, 10**8, ("tp",), (0,)),
-            comp(2, 1, (1,)),
-            coll(3, 10**8, ("dp",), (2,)),
-            comp(4, 0.5, (2,)),
-        ),
-    )
+    rc = RankClass(0, 0, (
+        comp(0, 1),
+        coll(1, 10**8, ("tp",), (0,)),
+        comp(2, 1, (1,)),
+        coll(3, 10**8, ("dp",), (2,)),
+        comp(4, 0.5, (2,)),
+    ))
     wl = workload(layout, {0: rc}, lambda r: 0)
     s = system(node_size=4, latency=1e-6)
     fast = predict_time(wl, s)
@@ -338,9 +267,9 @@ def test_timeline_is_a_chrome_trace(tmp_path: Path) -> None:
 def test_receive_without_send_is_reported() -> None:
     layout = Layout({"pp": 2})
     lonely = RankClass(0, 0, (comp(0, 1),))
-    waiting = RankClass(
-        1, 1, (NodeTemplate(0, "recv", NodeType.COMM_RECV, comm_size=8, peer_stage=0, comm_tag=3),)
-    )
+    waiting = RankClass(1, 1, (
+        NodeTemplate(0, "recv", NodeType.COMM_RECV, comm_size=8, peer_stage=0, comm_tag=3),
+    ))
     with pytest.raises(TraceError, match=r"deadlocked: rank 1 node 0 .*waits for a send"):
         predict_time(workload(layout, {0: lonely, 1: waiting}, layout.stage), system())
 
