@@ -163,7 +163,8 @@ def test_nodes_are_keyed_as_the_predictor_prices_them(h100: Calibration) -> None
     ("data", "message"),
     [
         ({"format": "x"}, "c.json is not a calibration table (format 'stg-calibration'; "
-                          "stg bench calibrate writes one)"),
+                          "stg bench calibrate writes one) or a stg bench comms result (format "
+                          "'stg-bench-comms')"),
         ({"format": "stg-calibration", "version": 2}, "c.json: version 2 is not 1"),
         ({"format": "stg-calibration", "version": 1, "entries": [{"op_class": "gemm"}]},
          "c.json: entries[0]: missing key 'dtype'"),

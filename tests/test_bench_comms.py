@@ -69,6 +69,11 @@ def test_a_whole_system_file(tmp_path: Path) -> None:
     base = load_system("h100-80g")
     assert mine.network[0].size == base.network[0].size
     assert mine.network[0].efficiency == 1.0
+    # the measured all-reduce curve rides along and replaces the fit for its group size
+    (curve,) = mine.network[0].measured
+    assert (curve.collective, curve.ranks) == ("all_reduce", 2)
+    assert curve.sizes == (2**16, 2**18, 2**20, 2**22, 2**24)
+    assert all(t > 0 for t in curve.seconds)
     assert mine.network[1:] == base.network[1:]
     assert mine.peak_flops == base.peak_flops
 

@@ -13,7 +13,7 @@ import pytest
 
 from stg.core.workload import CollectiveType
 from stg.perf import comm_time
-from stg.perf.comm_time import LL, LL128, SIMPLE, Kind, Level
+from stg.perf.comm_time import LL, LL128, SIMPLE, Algorithm, Kind, Level, MeasuredCurve
 from stg.perf.system import load_system
 from stg.predictors.time import collective_time, group_shape
 
@@ -28,10 +28,14 @@ def levels(name: str) -> tuple[Level, ...]:
 def test_simple_ring_closed_form_for_large_buffers() -> None:
     nvlink = levels("a100-80g")[0]
     size, n = 2**30, 8
-    b, a = 300 * GB * 0.75 * comm_time.mid_size_efficiency(size), 3.4e-6
-    ring = SIMPLE.ring_base_s + 2 * (n - 1) * a + 2 * (n - 1) / n * size / b
+    a = 3.4e-6
+    moved = 2 * (n - 1) / n * size  # what each GPU sends: the ramp's argument
+    b = 300 * GB * 0.75 * comm_time.mid_size_efficiency(moved)
+    ring = SIMPLE.ring_base_s + 2 * (n - 1) * a + moved / b
     assert comm_time.level_time(Kind.ALL_REDUCE, size, n, nvlink) == pytest.approx(ring)
-    rs = SIMPLE.ring_base_s + (n - 1) * a + (n - 1) / n * size / b
+    moved = (n - 1) / n * size
+    b = 300 * GB * 0.75 * comm_time.mid_size_efficiency(moved)
+    rs = SIMPLE.ring_base_s + (n - 1) * a + moved / b
     assert comm_time.level_time(Kind.REDUCE_SCATTER, size, n, nvlink) == pytest.approx(rs)
     assert comm_time.level_time(Kind.ALL_GATHER, size, n, nvlink) == pytest.approx(rs)
 
@@ -39,26 +43,29 @@ def test_simple_ring_closed_form_for_large_buffers() -> None:
 def test_small_buffers_take_the_low_latency_protocol() -> None:
     nvlink = levels("a100-80g")[0]
     size, n = 8192, 8
-    b, a = 300 * GB * 0.75 * comm_time.mid_size_efficiency(size), 3.4e-6
+    b, a = 300 * GB * 0.75, 3.4e-6
+    # NCCL's tuner: the LL ring (a quarter of the bandwidth, 0.6 us steps) beats the chain
     ll = (
         LL.ring_base_s
         + 2 * (n - 1) * a * LL.step_ratio["nvlink"]
         + 2 * (n - 1) / n * size / (b * LL.bandwidth)
     )
-    # NCCL's chain: 2(n-1) tree steps, the tree's LL bandwidth and its correction at 8 KiB
-    tree_bw = b * LL.tree_bandwidth["nvlink"] * comm_time.tree_correction(LL, size)
-    tree = LL.tree_base_s + 14 * a * LL.tree_step_ratio["nvlink"] + 2 * size / tree_bw
-    assert comm_time.level_time(Kind.ALL_REDUCE, size, n, nvlink) == pytest.approx(min(ll, tree))
-    # the bus bandwidth rises with the size and saturates at B (a latency-plus-saturation curve)
+    choice = comm_time.choose(Kind.ALL_REDUCE, size, n, nvlink)
+    assert (choice.algorithm, choice.protocol) == (Algorithm.RING, LL)
+    # LL flags every 8-byte line: no pipeline ramp, the tuner's time is the time
+    assert comm_time.level_time(Kind.ALL_REDUCE, size, n, nvlink) == pytest.approx(ll)
+    # the bus bandwidth rises with the size and saturates at B
     sizes = [2**k for k in range(10, 34)]
     bus = [comm_time.bus_bandwidth(Kind.ALL_REDUCE, s, n, nvlink) for s in sizes]
     assert all(x <= y * (1 + 1e-9) for x, y in itertools.pairwise(bus))
     assert bus[-1] == pytest.approx(300 * GB * 0.75, rel=0.01)
     assert bus[0] < 0.02 * 300 * GB * 0.75
-    # the middle of the curve uses LL128 (0.92 of the bandwidth, shorter steps than Simple)
+    # the middle of the curve uses LL128 (0.92 of the bandwidth, shorter steps than Simple),
+    # whose pipeline of buffer slots ramps up as Simple's does
     mid = 4 * 2**20
-    b_mid = 300 * GB * 0.75 * comm_time.mid_size_efficiency(mid)
+    b_mid = b * comm_time.mid_size_efficiency(1.75 * mid)
     ll128 = LL128.ring_base_s + 14 * a * LL128.step_ratio["nvlink"] + 1.75 * mid / (b_mid * 0.92)
+    assert comm_time.choose(Kind.ALL_REDUCE, mid, n, nvlink).protocol is LL128
     assert comm_time.level_time(Kind.ALL_REDUCE, mid, n, nvlink) == pytest.approx(ll128)
 
 
@@ -89,9 +96,10 @@ def test_nvlink_sharp_and_oversubscription() -> None:
     size, n = 8 * 2**30, 8
     sharp = comm_time.NVLS_LATENCY_S + size / (450 * GB * 0.61)
     assert comm_time.level_time(Kind.ALL_REDUCE, size, n, nvlink) == pytest.approx(sharp)
-    # reduce-scatter has no in-network path: the ring
+    # reduce-scatter has no in-network path in NCCL 2.18: the ring
+    efficiency = comm_time.mid_size_efficiency(7 / 8 * size)
     assert comm_time.level_time(Kind.REDUCE_SCATTER, size, n, nvlink) == pytest.approx(
-        SIMPLE.ring_base_s + 7 * 3.4e-6 + 7 / 8 * size / (450 * GB * 0.82)
+        SIMPLE.ring_base_s + 7 * 3.4e-6 + 7 / 8 * size / (450 * GB * 0.82 * efficiency)
     )
     spine = Level(bandwidth=45 * GB / 2, latency=9.6e-6, link="network")
     rail = Level(bandwidth=45 * GB, latency=9.6e-6, link="network")
@@ -173,3 +181,129 @@ def test_alpha_beta_link_without_nccl_protocols() -> None:
         )
     )
     assert comm_time.send_time(size, plain) == pytest.approx(size / (10 * GB) + 2e-6)
+
+
+def test_nvls_only_where_nccl_would_run_it() -> None:
+    """NCCL enables NVLink SHARP for more than two GPUs of a node (nvls.cc) and, in 2.18, for
+    all-reduce only; its tuner then weighs NVLS (23 us, one channel per GPU at the fastest
+    Hopper speed that fits) against the ring."""
+    nvlink = levels("h100-80g")[0]
+    # the tuner's NVLS bandwidth: 8 channels x 40 GB/s (8 x 60 exceeds 8/7 x 18 x 20 GB/s)
+    assert comm_time.nccl_nvls_rate(8, nvlink) == pytest.approx(8 * 40e9 * 5 / 6)
+    assert comm_time.nccl_nvls_rate(4, nvlink) == pytest.approx(4 * 60e9 * 5 / 6)
+    size = 64 * 2**20
+    algorithms = {
+        n: comm_time.choose(Kind.ALL_REDUCE, size, n, nvlink).algorithm for n in (2, 4, 8)
+    }
+    assert algorithms == {2: Algorithm.RING, 4: Algorithm.RING, 8: Algorithm.NVLS}
+    # two GPUs never get an NVLS candidate, whatever the size
+    for n, s in itertools.product((2,), (2**10, 2**20, 2**30)):
+        kinds = {c.algorithm for c in comm_time.candidates(Kind.ALL_REDUCE, s, n, nvlink)}
+        assert Algorithm.NVLS not in kinds
+    # four GPUs: NVLS's shorter latency wins the small buffers only
+    assert comm_time.choose(Kind.ALL_REDUCE, 2**20, 4, nvlink).algorithm is not Algorithm.NVLS
+    assert comm_time.choose(Kind.ALL_REDUCE, 2**16, 4, nvlink).algorithm in (
+        Algorithm.NVLS,
+        Algorithm.RING,
+    )
+    # no NVLS for reduce-scatter or all-gather, none on the A100's NVSwitch
+    for kind in (Kind.REDUCE_SCATTER, Kind.ALL_GATHER):
+        assert comm_time.choose(kind, size, 8, nvlink).algorithm is Algorithm.RING
+    a100 = levels("a100-80g")[0]
+    assert all(
+        c.algorithm is not Algorithm.NVLS
+        for c in comm_time.candidates(Kind.ALL_REDUCE, size, 8, a100)
+    )
+
+
+@pytest.mark.parametrize("name", ["a100-80g", "h100-80g"])
+def test_larger_groups_run_further_up_the_ramp(name: str) -> None:
+    """At a given buffer a larger ring moves more bytes per GPU (2(n-1)/n of it), so its
+    pipeline runs further up the ramp: the bytes' effective rate grows with the group; on the
+    H100 eight GPUs also switch to NVLS, so their bus bandwidth tops both smaller groups."""
+    nvlink = levels(name)[0]
+    for size in (2**20, 4 * 2**20, 16 * 2**20, 64 * 2**20):
+        rates = []
+        for n in (2, 4, 8):
+            ring = next(
+                c
+                for c in comm_time.candidates(Kind.ALL_REDUCE, size, n, nvlink)
+                if (c.algorithm, c.protocol) == (Algorithm.RING, SIMPLE)
+            )
+            rates.append(ring.moved / ring.transfer(comm_time.ramp(ring, nvlink)))
+        assert rates[0] < rates[1] < rates[2], (size, rates)
+        if name == "h100-80g" and size >= 4 * 2**20:
+            bus = [comm_time.bus_bandwidth(Kind.ALL_REDUCE, size, n, nvlink) for n in (2, 4, 8)]
+            assert bus[2] > max(bus[:2]), (size, bus)
+
+
+def test_all_to_all_is_concurrent_sends() -> None:
+    """NCCL's all-to-all is one group of sends and receives to every peer: one step of
+    latency, (n-1)/n of the buffer leaves each GPU."""
+    nvlink = levels("h100-80g")[0]
+    n = 8
+    for size in (2**20, 2**30):
+        # point to point: no ring of dependent steps, so no ramp
+        moved = 7 / 8 * size
+        assert comm_time.level_parts(Kind.ALL_TO_ALL, size, n, nvlink) == pytest.approx(
+            (3.4e-6, moved / (450 * GB * 0.82))
+        )
+
+
+def test_a_send_has_no_collective_base_latency() -> None:
+    """A send is one step of the link (NCCL's tuner gives point-to-point no ``baseLat``): on
+    NVLink 3.4 us, where the ring collective's 8.4 us base used to be added; its bytes at the
+    link's bandwidth."""
+    nvlink = levels("a100-80g")[0]
+    for size in (2**20, 16 * 2**20):
+        assert comm_time.send_parts(size, nvlink) == pytest.approx(
+            (3.4e-6, size / (300 * GB * 0.75))
+        )
+
+
+def test_a_measured_curve_replaces_the_model() -> None:
+    curve = MeasuredCurve("all_reduce", 4, (2**20, 2**24), (40e-6, 200e-6))
+    base = levels("h100-80g")[0]
+    nvlink = Level(
+        base.bandwidth,
+        base.latency,
+        base.link,
+        base.sharp_efficiency,
+        base.line_bandwidth,
+        measured=(curve,),
+    )
+    # at and between the measured sizes (log-log), below them the floor, above their rate
+    assert comm_time.level_time(Kind.ALL_REDUCE, 2**20, 4, nvlink) == pytest.approx(40e-6)
+    middle = comm_time.level_time(Kind.ALL_REDUCE, 2**22, 4, nvlink)
+    assert middle == pytest.approx(math.sqrt(40e-6 * 200e-6))
+    assert comm_time.level_time(Kind.ALL_REDUCE, 2**10, 4, nvlink) == pytest.approx(40e-6)
+    assert comm_time.level_time(Kind.ALL_REDUCE, 2**26, 4, nvlink) == pytest.approx(800e-6)
+    assert comm_time.level_parts(Kind.ALL_REDUCE, 2**22, 4, nvlink) == pytest.approx(
+        (40e-6, middle - 40e-6)
+    )
+    # other group sizes and collectives keep the model
+    for kind, n in ((Kind.ALL_REDUCE, 8), (Kind.ALL_GATHER, 4)):
+        assert comm_time.level_time(kind, 2**22, n, nvlink) == comm_time.level_time(
+            kind, 2**22, n, base
+        )
+    sends = MeasuredCurve("send_recv", 2, (2**20,), (10e-6,))
+    linked = Level(base.bandwidth, base.latency, base.link, measured=(sends,))
+    assert comm_time.send_time(2**21, linked) == pytest.approx(20e-6)
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"collective": "gather", "ranks": 2, "sizes": [1], "seconds": [1.0]}, "not known"),
+        ({"collective": "all_reduce", "ranks": 1, "sizes": [1], "seconds": [1.0]}, "at least 2"),
+        ({"collective": "all_reduce", "ranks": 2, "sizes": [2, 1], "seconds": [1, 2]}, "increase"),
+        ({"collective": "all_reduce", "ranks": 2, "sizes": [1], "seconds": [0]}, "> 0"),
+        ({"collective": "all_reduce", "ranks": 2, "sizes": [1]}, "missing key 'seconds'"),
+        ({"collective": "all_reduce", "ranks": 2, "sizes": [1], "seconds": [1], "x": 1}, "'x'"),
+    ],
+)
+def test_measured_curve_json_mistakes(raw: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        MeasuredCurve.from_dict(raw)
+    good = {"collective": "all_reduce", "ranks": 2, "sizes": [1, 2], "seconds": [1.0, 2.0]}
+    assert MeasuredCurve.from_dict(good).as_dict() == good

@@ -72,8 +72,9 @@ def test_ring_collective_closed_forms() -> None:
     assert collective_time(CollectiveType.ALL_GATHER, size // n, (n, 1), s) == pytest.approx(
         (n - 1) / n * size / b + (n - 1) * a
     )
+    # all-to-all: concurrent sends to every peer, one step of latency
     assert collective_time(CollectiveType.ALL_TO_ALL, size, (n, 1), s) == pytest.approx(
-        (n - 1) / n * size / b + (n - 1) * a
+        (n - 1) / n * size / b + a
     )
     assert send_time(size, 0, s) == pytest.approx(size / b + a)
     assert send_time(size, 1, s) == pytest.approx(size / (b / 10) + 10 * a)

@@ -17,7 +17,7 @@ send/recv.
 
 The fit: stg's time predictor prices a collective over ``n`` ranks of one network dimension
 as ``steps·latency + factor·size/bandwidth`` (steps ``2(n-1)`` for all-reduce, ``n-1`` for
-all-gather, reduce-scatter and all-to-all, 1 for a send), so busBW tends to the dimension's
+all-gather and reduce-scatter, 1 for all-to-all and a send), so busBW tends to the dimension's
 bandwidth. Latency and bandwidth are fitted per collective and jointly over all of them
 (least squares on relative error): the joint fit is the ``network`` dimension written for a
 ``--system`` file.
@@ -37,7 +37,7 @@ from typing import Any
 
 from stg.bench import require
 from stg.errors import UserError
-from stg.perf.calibration import fit_relative
+from stg.perf.calibration import COMMS_FORMAT, fit_relative
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 BACKENDS = ("gloo", "nccl")
@@ -55,10 +55,12 @@ def bus_factor(collective: str, n: int) -> float:
 
 
 def latency_steps(collective: str, n: int) -> int:
-    """Latency terms of one collective in stg's time predictor (predictors/time.py)."""
+    """Latency terms of one collective on a plain alpha-beta link in stg's communication model
+    (:mod:`stg.perf.comm_time`): ``2(n-1)`` ring steps for all-reduce, ``n-1`` for all-gather
+    and reduce-scatter, one for all-to-all (concurrent sends to every peer) and a send."""
     if collective == "all_reduce":
         return 2 * (n - 1)
-    if collective in ("all_gather", "reduce_scatter", "all_to_all"):
+    if collective in ("all_gather", "reduce_scatter"):
         return n - 1
     return 1
 
@@ -143,6 +145,7 @@ class CommsResult:
 
     def as_dict(self) -> dict[str, Any]:
         return {
+            "format": COMMS_FORMAT,
             "network": [self.network] if self.network else [],
             "fits": self.fits,
             "device": self.device_name,

@@ -672,6 +672,10 @@ def comms(
             latency_us=result.network["latency_us"],
             efficiency=1.0,
         )
+        # the measured curves themselves replace the fit for their collective and group size
+        from stg.perf.calibration import comms_calibration
+
+        first["measured"] = [c.as_dict() for c in comms_calibration(data, out).comms]
         whole["network"] = [first, *whole["network"][1:]]
         whole["description"] = (
             f"{whole.get('description', '')} (first network dimension measured by stg bench "

@@ -41,6 +41,7 @@ from stg.cli._shared import (
     system_parameter,
     with_placement,
 )
+from stg.errors import UserError
 
 if TYPE_CHECKING:
     from stg.core.options import GenerateOptions, PresetUse
@@ -193,6 +194,13 @@ def generate(**values: Any) -> None:
     system = load_system(system_spec or "a100-80g")
     timing_system = system if system_spec is not None else None
     calibration = load_calibration_option(calibration_file, system)
+    if calibration is not None and calibration.comms and not (
+        calibration.entries or calibration.models
+    ):
+        raise UserError(
+            f"--calibration {calibration_file} holds measured collectives only; stg generate "
+            "writes compute durations (give it to stg predict --calibration)"
+        )
     options, preset = options_and_preset_from_cli(values)
     options = with_placement(options, system)
     if not (predict or print_vram):

@@ -148,7 +148,8 @@ def _own_parameters() -> list[inspect.Parameter]:
                 None,
                 "--calibration",
                 help="A calibration table (stg bench calibrate): measured kernel times, then "
-                "its fitted models, before the analytical model.",
+                "its fitted models, before the analytical model; or a stg bench comms result: "
+                "its measured collectives replace the modelled ones of the same group size.",
                 metavar="FILE",
             ),
             annotation=Optional[str],  # noqa: UP045
@@ -202,9 +203,10 @@ def predict(**values: Any) -> None:
     system = load_system(system_spec)
     calibration = None
     if calibration_file is not None:
-        from stg.perf.calibration import load_calibration
+        from stg.perf.calibration import load_calibration, with_measured_comms
 
         calibration = load_calibration(calibration_file)
+        system = with_measured_comms(system, calibration)
     names = _check_predictor_name(predictor, registry)
     if timeline is not None:
         check_writable_file("--timeline", Path(timeline))

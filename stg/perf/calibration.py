@@ -30,10 +30,18 @@ The file (JSON)::
                  "bytes_range": [...], "samples": 120, "median_rel_error": 0.08}, ...]}
 
 Memory-bound entries have ``"bytes"`` instead of ``"shape"``.
+
+**Collectives.** A table may also hold measured collectives, ``"comms"``: a list of
+:class:`stg.perf.comm_time.MeasuredCurve` (collective, ranks, sizes, seconds), and
+``--calibration`` takes the result file of ``stg bench comms`` itself (its rows, one curve per
+collective over its number of processes). :func:`with_measured_comms` puts them on the
+system's innermost network dimension (the processes of one ``stg bench comms`` run share a
+node), where each replaces the modelled curve of its collective and group size.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -44,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from stg.errors import UserError, write_replacing
+from stg.perf.comm_time import MEASURED_COLLECTIVES, MeasuredCurve
 from stg.perf.kernel_time import (
     ATTENTION_BACKWARD_WORK,
     DTYPE_BYTES,
@@ -51,7 +60,7 @@ from stg.perf.kernel_time import (
     memory_kind,
 )
 from stg.perf.kernels import kernel_name
-from stg.perf.system import normalize_dtype, op_class
+from stg.perf.system import System, normalize_dtype, op_class
 
 FORMAT = "stg-calibration"
 VERSION = 1
@@ -312,6 +321,8 @@ class Calibration:
     entries: dict[EntryKey, Entry] = field(default_factory=dict)
     models: dict[tuple[str, str, str], FittedModel] = field(default_factory=dict)
     path: str | None = None
+    comms: list[MeasuredCurve] = field(default_factory=list)
+    """measured collectives (see the module docstring)"""
 
     def add(self, entry: Entry) -> None:
         """Keep the fastest measurement of a key (a framework runs the fastest kernel it has
@@ -360,6 +371,7 @@ class Calibration:
             "sources": list(self.sources),
             "entries": [e.as_dict() for _, e in sorted(self.entries.items())],
             "models": [m.as_dict() for _, m in sorted(self.models.items())],
+            **({"comms": [c.as_dict() for c in self.comms]} if self.comms else {}),
         }
 
 
@@ -462,7 +474,7 @@ def calibration_from_dict(data: Any, source: str = "calibration") -> Calibration
     if not isinstance(data, Mapping) or data.get("format") != FORMAT:
         raise CalibrationError(
             f"{source} is not a calibration table (format {FORMAT!r}; stg bench calibrate "
-            "writes one)"
+            f"writes one) or a stg bench comms result (format {COMMS_FORMAT!r})"
         )
     if data.get("version") != VERSION:
         raise CalibrationError(f"{source}: version {data.get('version')!r} is not {VERSION}")
@@ -517,7 +529,89 @@ def calibration_from_dict(data: Any, source: str = "calibration") -> Calibration
             int(raw.get("samples") or 0),
             float(raw.get("median_rel_error") or 0.0),
         )
+    curves = data.get("comms") or []
+    if not isinstance(curves, list):
+        raise CalibrationError(f"{source}: comms must be a list of measured curves")
+    for i, raw in enumerate(curves):
+        try:
+            table.comms.append(MeasuredCurve.from_dict(raw))
+        except ValueError as exc:
+            raise CalibrationError(f"{source}: comms[{i}]: {exc}") from None
     return table
+
+
+# -- measured collectives (stg bench comms) -------------------------------------------------------
+
+COMMS_FORMAT = "stg-bench-comms"
+"""The ``format`` of a ``stg bench comms`` result file."""
+
+
+def is_comms_result(data: Any) -> bool:
+    """Whether ``data`` is the JSON of a ``stg bench comms`` result."""
+    return isinstance(data, Mapping) and data.get("format") == COMMS_FORMAT
+
+
+def comms_calibration(data: Mapping[str, Any], source: str) -> Calibration:
+    """The measured curves of a ``stg bench comms`` result: per collective, its rows' sizes and
+    median times over the run's number of processes (nccl-tests' size conventions, which
+    :func:`stg.perf.comm_time.level_time` shares)."""
+    options = data.get("options")
+    ranks = options.get("nprocs") if isinstance(options, Mapping) else None
+    if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 2:
+        raise CalibrationError(f"{source}: options.nprocs must be a number of processes >= 2")
+    rows = data.get("rows")
+    if not isinstance(rows, list) or not rows:
+        raise CalibrationError(f"{source}: a stg bench comms result needs its rows")
+    times: dict[str, dict[int, float]] = {}
+    for i, row in enumerate(rows):
+        where = f"{source}: rows[{i}]"
+        if not isinstance(row, Mapping):
+            raise CalibrationError(f"{where} must be an object")
+        collective = _need(where, row, "collective", str)
+        if collective not in MEASURED_COLLECTIVES:
+            raise CalibrationError(
+                f"{where}: collective {collective!r} is not known; "
+                f"allowed: {', '.join(MEASURED_COLLECTIVES)}"
+            )
+        size = _need(where, row, "size", int)
+        seconds = _need(where, row, "time", (int, float))
+        if size <= 0 or not (seconds > 0 and math.isfinite(seconds)):
+            raise CalibrationError(f"{where}: size and time must be > 0")
+        by_size = times.setdefault(collective, {})
+        by_size[size] = min(float(seconds), by_size.get(size, math.inf))
+    curves = [
+        MeasuredCurve(
+            name, ranks, tuple(sorted(by_size)), tuple(by_size[s] for s in sorted(by_size))
+        )
+        for name, by_size in sorted(times.items())
+    ]
+    return Calibration(
+        device=str(data.get("device") or "unknown"), sources=[source], path=source, comms=curves
+    )
+
+
+def with_measured_comms(system: System, table: Calibration) -> System:
+    """``system`` with the table's measured collectives on its innermost network dimension,
+    each replacing a curve of the same collective and group size that the dimension had."""
+    if not table.comms:
+        return system
+    if not isinstance(system, System):
+        raise CalibrationError(
+            "measured collectives calibrate one network; on a hybrid system give them with "
+            "one group's device preset (--system t4-16g) instead"
+        )
+    inner = system.network[0]
+    for curve in table.comms:
+        if inner.size and curve.ranks > inner.size:
+            raise CalibrationError(
+                f"{table.path or 'calibration'}: {curve.collective} was measured over "
+                f"{curve.ranks} ranks; the innermost network dimension of {system.name!r} "
+                f"({inner.name}) holds {inner.size}"
+            )
+    replaced = {(c.collective, c.ranks) for c in table.comms}
+    kept = tuple(c for c in inner.measured if (c.collective, c.ranks) not in replaced)
+    inner = dataclasses.replace(inner, measured=(*kept, *table.comms))
+    return dataclasses.replace(system, network=(inner, *system.network[1:]))
 
 
 def load_calibration(path: str | Path) -> Calibration:
@@ -531,6 +625,8 @@ def load_calibration(path: str | Path) -> Calibration:
         data = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise CalibrationError(f"calibration {name!r} is not JSON") from None
+    if is_comms_result(data):
+        return comms_calibration(data, name)
     return calibration_from_dict(data, name)
 
 
@@ -541,6 +637,7 @@ def write_calibration(table: Calibration, path: str | Path) -> None:
 
 
 __all__ = [
+    "COMMS_FORMAT",
     "FORMAT",
     "MEMORY_CLASSES",
     "OP_CLASSES",
@@ -552,12 +649,15 @@ __all__ = [
     "attention_kernel",
     "calibrated_time",
     "calibration_from_dict",
+    "comms_calibration",
     "coverage",
     "fit_model",
     "fit_relative",
     "gemm_kernel",
+    "is_comms_result",
     "load_calibration",
     "memory_kernel",
     "node_kernel",
+    "with_measured_comms",
     "write_calibration",
 ]

@@ -10,41 +10,70 @@ each outer one on the shard the inner ones leave (so a tensor-parallel group ins
 never touches a NIC, and a data-parallel group with one GPU per node moves everything over
 that GPU's rail at the NIC's bandwidth).
 
-**One dimension** runs the collective with the fastest of NCCL's algorithms and protocols,
-each priced as NCCL's own tuning model prices it (NVIDIA/nccl v2.18.5 ``src/graph/tuning.cc``,
-``ncclTopoGetAlgoTime``: time = latency + bytes / bandwidth):
+**One dimension** runs the collective the way NCCL does: NCCL's tuner picks an algorithm and a
+protocol (:func:`choose`), and the time is that choice's latency plus its bytes at its rate
+(:func:`level_parts`). The tuner is NCCL's own model (NVIDIA/nccl v2.18.5
+``src/graph/tuning.cc``, ``ncclTopoGetAlgoTime``: latency + bytes / bandwidth) over the
+candidates (:func:`candidates`):
 
-- *ring*: ``base + steps · step_latency + bus_bytes / (B · protocol_bandwidth)``, with
-  ``steps`` = 2(n-1) for all-reduce and n-1 for reduce-scatter and all-gather, and the
-  nccl-tests bus-bandwidth conventions for ``bus_bytes`` (all-reduce ``2(n-1)/n · S``,
-  reduce-scatter and all-gather ``(n-1)/n · S`` with S the full buffer, broadcast and reduce
-  ``S``);
-- *tree* (all-reduce): ``base + hops · tree_step_latency + 2 · S / (B · tree_bandwidth ·
-  correction(S))``, with ``2·ceil(log2 n)`` hops across nodes (a double binary tree) and
-  ``2(n-1)`` inside a node (NCCL's intra-node tree is a chain), NCCL's tree bandwidths (0.92
-  of the ring's; LL a further 1/3.8, LL128 7/9 in a node) and its ``treeCorrectionFactor``;
-- *in-network reduction* (all-reduce, where the dimension declares ``sharp_efficiency``:
-  NVLink SHARP on an NVSwitch, SHARP on InfiniBand switches): every GPU sends its buffer to
-  the switch once and receives the result once, ``latency + S / (B_line ·
-  sharp_efficiency)``, the latency NCCL's NVLS one (23 us) on NVLink, ``base + 2 ·
-  step_latency`` elsewhere.
+- *ring* (every collective): ``base + steps · step_latency`` with ``steps`` = 2(n-1) for
+  all-reduce and n-1 for reduce-scatter and all-gather; each GPU moves the nccl-tests bus
+  bytes (all-reduce ``2(n-1)/n · S``, reduce-scatter and all-gather ``(n-1)/n · S`` with S
+  the full buffer, broadcast and reduce ``S``) at ``B · protocol_bandwidth``;
+- *tree* (all-reduce): ``base + hops · tree_step_latency``, ``2(n-1)`` hops inside a node
+  (NCCL's intra-node tree is a chain) and ``2·ceil(log2 n)`` across nodes (a double binary
+  tree), ``2 · S`` at NCCL's tree bandwidths (0.92 of the ring's; LL a further 1/3.8, LL128
+  7/9 in a node) times its ``treeCorrectionFactor``;
+- *NVLS* (all-reduce on an NVLink dimension that declares ``sharp_efficiency``, an NVSwitch
+  reducing in the network): only for groups of three GPUs or more (``src/transport/nvls.cc``
+  turns NVLS off for two) and, as in NCCL 2.18, for all-reduce only; 23 us, and each GPU
+  sends its buffer to the switch once and receives the result once, ``S`` at
+  ``B_line · sharp_efficiency`` (nccl-tests: ~275 GB/s of algorithm bandwidth on 8 H100s).
+  NCCL's tuner weighs it at its own NVLS bandwidth (:func:`nccl_nvls_rate`: one channel per
+  GPU at the fastest Hopper speed that fits), so four H100s run the ring above a few MiB and
+  eight run NVLS at every size;
+- *CollNet* (all-reduce on a network dimension that declares ``sharp_efficiency``: SHARP on
+  InfiniBand switches): ``base + 2 · step_latency`` and ``S`` at ``B_line ·
+  sharp_efficiency``;
+- *all-to-all* is NCCL's group of sends and receives to every peer at once (nccl-tests
+  ``alltoall_perf``): one step of latency, ``(n-1)/n · S`` at ``B``.
 
 ``B`` is the dimension's ``bandwidth · efficiency / oversubscription`` (per GPU, per
 direction). The protocols are NCCL's: *Simple* (full bandwidth, the dimension's
 ``latency_us`` per step), and, on a dimension that names its ``link``, the low-latency *LL*
 (a quarter of the bandwidth for all-reduce rings) and *LL128* (120 of 128 bytes carry data)
-with NCCL's fixed latencies and their steps scaled by NCCL's ``hwLat`` ratios. The minimum
-over them is a latency-plus-saturation curve. **Mid-size ramp**: on NVLink, nccl-tests'
-bus bandwidth climbs to its plateau far more slowly than that curve (a 16 MiB all-reduce on 8
-GPUs reaches about 60 % of the bandwidth its latency alone leaves room for); the bytes run at
-:func:`mid_size_efficiency` of the bandwidth, a curve measured on one machine (an 8-GPU H200
-NVLS all-reduce) that predicts an H100's NVLS and an A100's ring all-reduce within a few
-percent (``tests/test_nccl_curves.py``). A dimension without ``link`` (a hand-written or
-``stg bench comms``-fitted alpha-beta link) has only the Simple ring and tree, with no base
-latency and no ramp: the plain alpha-beta closed forms. Not modelled: the growth of bus
-bandwidth with the group size inside a node (no 2- or 4-GPU curve is at hand to check it), and
-the point-to-point path's own bandwidth (nccl-tests' sendrecv reaches about 195 GB/s on A100
-NVLink, where a send here runs at the dimension's collective bandwidth).
+with NCCL's fixed latencies and their steps scaled by NCCL's ``hwLat`` ratios. A dimension
+without ``link`` (a hand-written or ``stg bench comms``-fitted alpha-beta link) has only the
+Simple ring and tree, with no base latency and no ramp: the plain alpha-beta closed forms.
+
+**The ramp.** nccl-tests' bandwidth climbs to its plateau far more slowly than the tuner's
+latency-plus-bandwidth line (a 16 MiB all-reduce on 8 GPUs reaches about 60 % of the
+bandwidth its latency leaves room for). Each channel streams its share of the bytes a GPU
+moves through a pipeline of NCCL's buffer slots (``NCCL_STEPS``), chunked smaller the fewer
+bytes there are (``src/enqueue.cc``, the chunk-size loops of ``computeColl``), so the
+fraction of the plateau reached is a function of the bytes each GPU moves:
+:func:`mid_size_efficiency` of ``moved`` (:func:`ramp`), measured on one machine (an 8-GPU H200
+NVLS all-reduce, where each GPU moves its buffer once) and applied on NVLink to the protocols
+that pipeline buffer slots step by step around the group (Simple, LL128; LL flags every 8-byte
+line and runs at its own quarter rate from the first line; sends and all-to-all, point to
+point, have no ring of steps to fill). The same curve predicts an H100's NVLS and an A100's ring
+all-reduce (another GPU, switch and algorithm) within a few percent
+(``tests/test_nccl_curves.py``). **Group size inside a node**: at a given buffer a larger
+ring moves more bytes per GPU (``2(n-1)/n``), so its bytes run further up the ramp (against
+this, NCCL's per-step latency grows with ``n``, and on the A100 the two cancel between 2 and
+16 MiB); on an H100 eight GPUs also switch to NVLS, whose bus bandwidth is ``2(n-1)/n`` times
+an algorithm bandwidth that does not depend on ``n``, so eight top two and four.
+
+**Measured curves.** A dimension may carry measured curves (:class:`MeasuredCurve`, from
+``stg bench comms`` on the real machine: ``stg predict --calibration``); a curve replaces the
+model for its collective and group size (sends: ``send_recv``).
+
+**Sends.** A send is one step of the link (NCCL's tuner gives point-to-point no base latency)
+and its bytes at ``B``. Not modelled: NCCL's point-to-point path's own bandwidth at large
+sizes (nccl-tests' sendrecv reaches about 195 GB/s on A100 NVLink where a send here runs at
+225; an all-to-all of 4 H100s 335 GB/s of bus bandwidth against 369), and, across nodes,
+NCCL's own inter-node algorithms (NVLS tree, rings through every NIC): the outer dimensions
+run the hierarchical decomposition above.
 
 **Concurrent transfers.** The times above are those of a transfer alone on its links. Each NCCL
 communicator (each process group) sets up its own channels, but they all run over the same
@@ -150,6 +179,26 @@ NVLS_LATENCY_S = 23.0e-6
 """NVLink SHARP all-reduce on one node: NCCL's fixed latency of the NVLS algorithm
 (``baseLat`` NVLS Simple, 23 us; no per-step latency, ``hwLat`` NVLink NVLS is 0)."""
 
+NVLS_MIN_RANKS = 3
+"""NCCL enables NVLS only for communicators of more than two GPUs of a node
+(src/transport/nvls.cc, ``ncclNvlsInit``: ``if (... gpuCount <= 2) return``)."""
+
+NVLS_BUS_RATIO = 5.0 / 6.0
+"""NCCL's tuner converts the NVLS channels' bandwidth to algorithm bandwidth with 5/6
+(src/graph/tuning.cc, ``else if (a == NCCL_ALGO_NVLS) ratio = 5.0/6.0``)."""
+
+NVLS_SPEEDS: tuple[float, ...] = (60.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 6.0, 3.0)
+"""Per-channel speeds (GB/s) NCCL's topology search tries on Hopper, fastest first
+(src/graph/search.cc, ``sm90SpeedArrayIntra``)."""
+
+NCCL_NVLINK_PER_LINK = 20.0
+"""GB/s NCCL's topology assigns one NVLink of an A100 or H100 (src/graph/topo.h,
+``SM80_NVLINK_BW``, ``SM90_NVLINK_BW``)."""
+
+NVLINK_PER_LINK = 25.0
+"""GB/s per direction of one NVLink 3 or 4 link on the data sheets (A100: 12 links, 600 GB/s
+both directions; H100 SXM: 18 links, 900 GB/s)."""
+
 # fmt: off
 TREE_CORRECTION: dict[str, tuple[float, ...]] = {
     "ll": (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0,
@@ -180,16 +229,17 @@ MID_SIZE_EFFICIENCY: tuple[tuple[int, float], ...] = (
     (2**32, 0.995),
     (2**33, 1.0),
 )
-"""The fraction of its saturated bandwidth an NCCL kernel reaches over NVLink at each buffer
-size: nccl-tests bus bandwidths ramp far more slowly than NCCL's latency-plus-bandwidth model
-(whose own tuning table, :data:`TREE_CORRECTION`, corrects its trees the same way). Measured
+"""The fraction of its saturated bandwidth an NCCL kernel reaches over NVLink when each GPU moves
+that many bytes (:func:`ramp`): nccl-tests bus bandwidths ramp far more slowly than NCCL's
+latency-plus-bandwidth model (whose own tuning table, :data:`TREE_CORRECTION`, corrects its
+trees the same way). Measured
 on one machine, the Azure ND H200 v5 (8 H200, NVSwitch, NVLS all-reduce, NCCL 2.20.5;
 ``tests/data/nccl/published.jsonl``): ``(S / B) / (t - 23 us)`` with ``B`` the NVLS
-algorithm bandwidth of the h200-141g preset (450 GB/s · 0.61). The same curve predicts the
-ND H100 v5 NVLS all-reduce and the ND A100 v4 ring all-reduce (another GPU, switch and
-algorithm) within a few percent (``tests/test_nccl_curves.py``). Geometric interpolation
-between the sizes; the smallest entry below 1 MiB, 1 above 8 GiB. Only NVLink dimensions (the
-link it was measured on) apply it."""
+algorithm bandwidth of the h200-141g preset (450 GB/s · 0.61), where each GPU sends its
+buffer to the switch once. The same curve predicts the ND H100 v5 NVLS all-reduce and the ND
+A100 v4 ring all-reduce (another GPU, switch and algorithm) within a few percent
+(``tests/test_nccl_curves.py``). Geometric interpolation between the sizes; the smallest entry
+below 1 MiB, 1 above 8 GiB. Only NVLink dimensions (the link it was measured on) apply it."""
 
 
 def mid_size_efficiency(size: float) -> float:
@@ -234,6 +284,90 @@ def bus_factor(kind: Kind, n: int) -> float:
 
 
 @dataclass(frozen=True)
+class MeasuredCurve:
+    """A collective measured on one network dimension (``stg bench comms``): its times at
+    increasing buffer sizes (nccl-tests' size convention, as ``buffer`` in
+    :func:`level_time`) for one group size. It replaces the modelled curve of that collective
+    and group size: log-log interpolation between the measured sizes, the smallest size's
+    time below them (a latency floor), and the largest size's bandwidth above them."""
+
+    collective: str
+    """``all_reduce``, ``all_gather``, ``reduce_scatter``, ``all_to_all`` or ``send_recv``"""
+    ranks: int
+    sizes: tuple[int, ...]
+    seconds: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if self.collective not in MEASURED_COLLECTIVES:
+            allowed = ", ".join(MEASURED_COLLECTIVES)
+            raise ValueError(f"collective {self.collective!r} is not known; allowed: {allowed}")
+        if self.ranks < 2:
+            raise ValueError(f"ranks must be at least 2, got {self.ranks}")
+        if not self.sizes or len(self.sizes) != len(self.seconds):
+            raise ValueError("sizes and seconds must be non-empty lists of the same length")
+        if any(s <= 0 for s in self.sizes) or any(not t > 0 for t in self.seconds):
+            raise ValueError("sizes and seconds must be > 0")
+        if any(a >= b for a, b in itertools.pairwise(self.sizes)):
+            raise ValueError("sizes must increase")
+
+    def time(self, size: float) -> float:
+        """Seconds at ``size`` bytes."""
+        sizes, seconds = self.sizes, self.seconds
+        if size <= sizes[0]:
+            return seconds[0]
+        if size >= sizes[-1]:
+            return seconds[-1] * size / sizes[-1]
+        for (s0, t0), (s1, t1) in itertools.pairwise(zip(sizes, seconds, strict=True)):
+            if size <= s1:
+                weight = math.log(size / s0) / math.log(s1 / s0)
+                return math.exp(math.log(t0) + weight * math.log(t1 / t0))
+        raise AssertionError("unreachable")
+
+    def parts(self, size: float) -> tuple[float, float]:
+        """:meth:`time` as ``(latency, transfer)``: the smallest measured time is latency."""
+        total = self.time(size)
+        latency = min(self.seconds[0], total)
+        return latency, total - latency
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "collective": self.collective,
+            "ranks": self.ranks,
+            "sizes": list(self.sizes),
+            "seconds": list(self.seconds),
+        }
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> MeasuredCurve:
+        """The JSON form of :meth:`as_dict`; a mistake raises ``ValueError``."""
+        if not isinstance(raw, dict):
+            raise ValueError("a measured curve must be a JSON object")
+        unknown = sorted(set(raw) - {"collective", "ranks", "sizes", "seconds"})
+        if unknown:
+            raise ValueError(
+                f"unknown key {unknown[0]!r}; allowed: collective, ranks, sizes, seconds"
+            )
+        try:
+            collective, ranks = raw["collective"], raw["ranks"]
+            sizes, seconds = raw["sizes"], raw["seconds"]
+        except KeyError as missing:
+            raise ValueError(f"missing key {missing.args[0]!r}") from None
+        if isinstance(ranks, bool) or not isinstance(ranks, int):
+            raise ValueError(f"ranks must be an integer, got {ranks!r}")
+        numbers = (int, float)
+        if not isinstance(sizes, list) or not all(
+            isinstance(x, numbers) and not isinstance(x, bool) for x in [*sizes, *seconds]
+        ):
+            raise ValueError("sizes and seconds must be lists of numbers")
+        return cls(str(collective), ranks, tuple(int(x) for x in sizes), tuple(map(float, seconds)))
+
+
+MEASURED_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+"""Collectives a :class:`MeasuredCurve` may hold (``stg bench comms`` names; ``send_recv``
+prices a send)."""
+
+
+@dataclass(frozen=True)
 class Level:
     """What the collective model needs of one network dimension (seconds, bytes/s)."""
 
@@ -245,6 +379,8 @@ class Level:
     sharp_efficiency: float = 0.0
     line_bandwidth: float = 0.0
     """per GPU per direction before efficiency (in-network reduction's reference)"""
+    measured: tuple[MeasuredCurve, ...] = ()
+    """measured curves that replace the model for their collective and group size"""
 
     @classmethod
     def of(cls, dim: Any) -> Level:
@@ -255,58 +391,145 @@ class Level:
             link=getattr(dim, "link", None),
             sharp_efficiency=getattr(dim, "sharp_efficiency", 0.0),
             line_bandwidth=dim.bandwidth / getattr(dim, "oversubscription", 1.0),
+            measured=tuple(getattr(dim, "measured", ())),
         )
 
+    def curve(self, collective: str, ranks: int) -> MeasuredCurve | None:
+        """The measured curve of ``collective`` over ``ranks`` ranks, if there is one."""
+        for curve in self.measured:
+            if curve.collective == collective and curve.ranks == ranks:
+                return curve
+        return None
 
-def level_parts(kind: Kind, buffer: float, n: int, level: Level) -> tuple[float, float]:
-    """The fastest algorithm and protocol of one collective over ``n`` ranks of one dimension,
-    as ``(latency, transfer)`` seconds: its fixed and per-step latencies, and its bytes at the
-    protocol's bandwidth (the part that concurrent traffic on the same links shares, see
-    :data:`PORTS`). ``buffer`` as in :func:`level_time`. On an NVLink dimension the bytes run at
-    :func:`mid_size_efficiency` of the bandwidth."""
-    if n <= 1:
-        return 0.0, 0.0
-    protocols = PROTOCOLS if level.link else (SIMPLE,)
+
+class Algorithm(Enum):
+    """NCCL's algorithms (``NCCL_ALGO``): the ring, the tree (all-reduce), NVLink SHARP (NVLS,
+    an NVSwitch reducing in the network) and CollNet (a switch fabric reducing in the network,
+    InfiniBand SHARP), and the point-to-point sends that NCCL's all-to-all is made of."""
+
+    RING = "ring"
+    TREE = "tree"
+    NVLS = "nvls"
+    COLLNET = "collnet"
+    P2P = "p2p"
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One algorithm and protocol for a collective: its fixed and per-step latency, the bytes
+    each GPU moves per direction (``moved``) and the rate its kernel moves them at once the
+    pipeline is full (``rate``, bytes/s), and the rate NCCL's tuner assumes (``tuner_rate``)."""
+
+    algorithm: Algorithm
+    protocol: Protocol
+    latency: float
+    moved: float
+    rate: float
+    tuner_rate: float
+
+    def tuner_time(self) -> float:
+        """The time NCCL's tuner gives this choice (``ncclTopoGetAlgoTime``)."""
+        return self.latency + self.moved / self.tuner_rate
+
+    def transfer(self, efficiency: float) -> float:
+        """Seconds of the bytes at ``efficiency`` of the saturated rate."""
+        return self.moved / (self.rate * efficiency)
+
+
+def nccl_nvls_rate(n: int, level: Level) -> float:
+    """The NVLS all-reduce bandwidth NCCL's tuner assumes for ``n`` GPUs of one NVSwitch node
+    (bytes of buffer per second): one NVLS channel per GPU (src/graph/search.cc: "Force
+    intra-node NVLS algorithm to pull evenly from all GPUs"), each at the fastest speed of
+    ``sm90SpeedArrayIntra`` with ``n · speed`` within the GPU's NVLink bandwidth as NCCL sees
+    it times ``n/(n-1)`` (``totalBw *= ngpus/(ngpus-1)``), times NCCL's NVLS bus ratio 5/6
+    (src/graph/tuning.cc)."""
+    total = level.line_bandwidth * NCCL_NVLINK_PER_LINK / NVLINK_PER_LINK
+    cap = total * n / (n - 1)
+    for speed in NVLS_SPEEDS:
+        if speed * 1e9 <= total and n * speed * 1e9 <= cap:
+            return n * speed * 1e9 * NVLS_BUS_RATIO
+    return n * NVLS_SPEEDS[-1] * 1e9 * NVLS_BUS_RATIO
+
+
+def candidates(kind: Kind, buffer: float, n: int, level: Level) -> list[Choice]:
+    """Every algorithm and protocol NCCL may run for this collective on one dimension (see the
+    module docstring), ``buffer`` as in :func:`level_time`."""
     link = level.link or "network"
-    efficiency = mid_size_efficiency(buffer) if level.link == "nvlink" else 1.0
-    best = math.inf
-    parts = (0.0, 0.0)
-
-    def consider(latency: float, transfer: float) -> None:
-        nonlocal best, parts
-        total = latency + transfer
-        if total < best:
-            best, parts = total, (latency, transfer)
-
+    protocols = PROTOCOLS if level.link else (SIMPLE,)
+    choices: list[Choice] = []
+    if kind is Kind.ALL_TO_ALL:
+        # NCCL's all-to-all is a group of sends and receives, one per peer, all at once
+        moved = bus_factor(kind, n) * buffer
+        rate = level.bandwidth
+        return [Choice(Algorithm.P2P, SIMPLE, level.latency, moved, rate, rate)]
     for proto in protocols:
         base_ring = proto.ring_base_s if level.link else 0.0
         base_tree = proto.tree_base_s if level.link else 0.0
         step = level.latency * proto.step_ratio[link]
-        bandwidth = level.bandwidth * proto.bandwidth * efficiency
+        rate = level.bandwidth * proto.bandwidth
         if kind is Kind.BARRIER:
-            consider(base_ring + 2 * (n - 1) * step, 0.0)
+            choices.append(Choice(Algorithm.RING, proto, base_ring + 2 * (n - 1) * step, 0, 1, 1))
             continue
         steps = 2 * (n - 1) if kind is Kind.ALL_REDUCE else n - 1
-        consider(base_ring + steps * step, bus_factor(kind, n) * buffer / bandwidth)
+        moved = bus_factor(kind, n) * buffer
+        choices.append(Choice(Algorithm.RING, proto, base_ring + steps * step, moved, rate, rate))
         if kind is Kind.ALL_REDUCE:
             # NCCL's tree is a chain inside a node and a double binary tree across nodes
             chain = level.link in ("nvlink", "pcie")
             hops = 2 * (n - 1) if chain else 2 * math.ceil(math.log2(n))
             if level.link:
                 tree_step = level.latency * proto.tree_step_ratio[link]
-                tree_bw = level.bandwidth * efficiency * proto.tree_bandwidth[link]
-                tree_bw *= tree_correction(proto, buffer)
+                tree_rate = level.bandwidth * proto.tree_bandwidth[link]
+                tree_rate *= tree_correction(proto, buffer)
             else:
-                tree_step, tree_bw = step, bandwidth
-            consider(base_tree + hops * tree_step, 2 * buffer / tree_bw)
+                tree_step, tree_rate = step, rate
+            latency = base_tree + hops * tree_step
+            choices.append(Choice(Algorithm.TREE, proto, latency, 2 * buffer, tree_rate, tree_rate))
     if kind is Kind.ALL_REDUCE and level.sharp_efficiency > 0:
+        rate = level.line_bandwidth * level.sharp_efficiency
         if level.link == "nvlink":
-            latency = NVLS_LATENCY_S
+            if n >= NVLS_MIN_RANKS:
+                tuner = nccl_nvls_rate(n, level)
+                choices.append(Choice(Algorithm.NVLS, SIMPLE, NVLS_LATENCY_S, buffer, rate, tuner))
         else:
             latency = (SIMPLE.ring_base_s if level.link else 0.0) + 2 * level.latency
-        sharp_bw = level.line_bandwidth * level.sharp_efficiency * efficiency
-        consider(latency, buffer / sharp_bw)
-    return parts
+            choices.append(Choice(Algorithm.COLLNET, SIMPLE, latency, buffer, rate, rate))
+    return choices
+
+
+def choose(kind: Kind, buffer: float, n: int, level: Level) -> Choice:
+    """The algorithm and protocol NCCL runs: the fastest by its own tuning model
+    (``ncclTopoGetAlgoTime``: latency plus bytes at the tuner's bandwidth)."""
+    return min(candidates(kind, buffer, n, level), key=Choice.tuner_time)
+
+
+def ramp(choice: Choice, level: Level) -> float:
+    """The fraction of its saturated rate ``choice`` reaches: :func:`mid_size_efficiency` of
+    the bytes each GPU moves, on NVLink, for the collectives whose protocol pipelines NCCL's
+    buffer slots step by step around the group (Simple, LL128); the LL protocol (a flag in
+    every 8-byte line) runs at its own rate from the first line, and so do point-to-point
+    transfers (sends, all-to-all): no ring of dependent steps to fill."""
+    if level.link != "nvlink" or choice.protocol is LL or choice.algorithm is Algorithm.P2P:
+        return 1.0
+    return mid_size_efficiency(choice.moved)
+
+
+def level_parts(kind: Kind, buffer: float, n: int, level: Level) -> tuple[float, float]:
+    """One collective over ``n`` ranks of one dimension as ``(latency, transfer)`` seconds:
+    a measured curve of the dimension for this collective and group size where it has one
+    (:class:`MeasuredCurve`), else the algorithm and protocol NCCL's tuner picks
+    (:func:`choose`), its latency, and its bytes at its rate times, on an NVLink dimension,
+    :func:`mid_size_efficiency` (the part that concurrent traffic on the same links shares,
+    see :data:`PORTS`). ``buffer`` as in :func:`level_time`."""
+    if n <= 1:
+        return 0.0, 0.0
+    curve = level.curve(kind.value, n)
+    if curve is not None:
+        return curve.parts(buffer)
+    choice = choose(kind, buffer, n, level)
+    if choice.moved == 0:
+        return choice.latency, 0.0
+    return choice.latency, choice.transfer(ramp(choice, level))
 
 
 def level_time(kind: Kind, buffer: float, n: int, level: Level) -> float:
@@ -355,16 +578,21 @@ def bus_bandwidth(kind: Kind, size: float, n: int, level: Level) -> float:
 
 
 def send_time(size: float, level: Level) -> float:
-    """One point-to-point transfer over a dimension: ``S / B`` plus one step (and, on a named
-    link, NCCL's base latency of the Simple protocol)."""
+    """One point-to-point transfer over a dimension (see :func:`send_parts`)."""
     latency, transfer = send_parts(size, level)
     return latency + transfer
 
 
 def send_parts(size: float, level: Level) -> tuple[float, float]:
-    """:func:`send_time` as ``(latency, transfer)`` seconds."""
-    base = SIMPLE.ring_base_s if level.link else 0.0
-    return base + level.latency, size / level.bandwidth
+    """A send as ``(latency, transfer)`` seconds: a measured ``send_recv`` curve of the
+    dimension where it has one, else one step of the Simple protocol (the dimension's
+    ``latency_us``; NCCL's tuner gives a point-to-point operation no base latency: ``baseLat``
+    prices the ring and tree collectives only) and the bytes at the dimension's bandwidth, with
+    no ramp (:func:`ramp`)."""
+    curve = next((c for c in level.measured if c.collective == "send_recv"), None)
+    if curve is not None:
+        return curve.parts(size)
+    return level.latency, size / level.bandwidth
 
 
 # ---------------------------------------------------------------------------------------------
@@ -434,19 +662,27 @@ def collective_phases(
 
 __all__ = [
     "LINKS",
+    "MEASURED_COLLECTIVES",
     "PORTS",
     "PROTOCOLS",
+    "Algorithm",
+    "Choice",
     "Kind",
     "Level",
+    "MeasuredCurve",
     "Phase",
     "bus_bandwidth",
     "bus_factor",
+    "candidates",
+    "choose",
     "collective_phases",
     "collective_time",
     "level_parts",
     "level_time",
     "mid_size_efficiency",
+    "nccl_nvls_rate",
     "port",
+    "ramp",
     "send_parts",
     "send_time",
 ]

@@ -45,7 +45,9 @@ A system is a JSON object (stdlib ``json``; no YAML dependency). Units are in th
   (alpha); ``efficiency`` the fraction of bandwidth collectives achieve. Global rank ``r``
   sits at coordinate ``r % size0`` of the first dimension, ``(r // size0) % size1`` of the
   second, and so on. The first dimension is the scale-up domain (an NVLink node of 8, a
-  rack-scale NVLink domain of 72): ranks fill it first.
+  rack-scale NVLink domain of 72): ranks fill it first. Optional per dimension: ``link``,
+  ``oversubscription``, ``sharp_efficiency`` and ``measured`` (curves from ``stg bench comms``:
+  :class:`stg.perf.comm_time.MeasuredCurve`), see :mod:`stg.perf.comm_time`.
 - ``sources`` (optional): where each figure comes from, by key (presets cite their data
   sheets here; ``stg inspect system NAME --json`` shows them).
 
@@ -68,7 +70,7 @@ from typing import Any
 
 from stg.errors import UnknownNameError, UserError
 from stg.perf.accelerators import ACCELERATOR_PRESETS
-from stg.perf.comm_time import LINKS
+from stg.perf.comm_time import LINKS, MeasuredCurve
 from stg.perf.devices import DEVICE_PRESETS
 from stg.perf.kernel_time import FUSED_ATTENTION, Gpu
 from stg.perf.power import MIN_POWER_LIMIT_FRACTION, clock_under_power_limit
@@ -120,6 +122,9 @@ class NetworkDim:
     sharp_efficiency: float = 0.0
     """> 0: the switches reduce in the network (NVLink SHARP, InfiniBand SHARP); an all-reduce
     moves its buffer once each way at this fraction of ``bandwidth``"""
+    measured: tuple[MeasuredCurve, ...] = ()
+    """collectives measured on this dimension (``stg bench comms``), each replacing the model
+    for its collective and group size (:class:`stg.perf.comm_time.MeasuredCurve`)"""
 
     @property
     def effective_bandwidth(self) -> float:
@@ -255,6 +260,8 @@ def _network_extras(dim: NetworkDim) -> dict[str, Any]:
         extras["oversubscription"] = dim.oversubscription
     if dim.sharp_efficiency:
         extras["sharp_efficiency"] = dim.sharp_efficiency
+    if dim.measured:
+        extras["measured"] = [curve.as_dict() for curve in dim.measured]
     return extras
 
 
@@ -511,6 +518,7 @@ PRESETS.update(ACCELERATOR_PRESETS)
 
 
 
+
 def preset_names() -> tuple[str, ...]:
     return tuple(sorted(PRESETS))
 
@@ -567,6 +575,7 @@ NETWORK_KEYS = frozenset(
         "link",
         "oversubscription",
         "sharp_efficiency",
+        "measured",
     }
 )
 
@@ -678,10 +687,20 @@ def _network_fields(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
     if over < 1:
         raise SystemDescriptionError(f"{where}.oversubscription must be >= 1, got {over!r}")
     sharp = raw.get("sharp_efficiency")
+    measured = raw.get("measured", [])
+    if not isinstance(measured, list):
+        raise SystemDescriptionError(f"{where}.measured must be a list of measured curves")
+    curves = []
+    for i, curve in enumerate(measured):
+        try:
+            curves.append(MeasuredCurve.from_dict(curve))
+        except ValueError as exc:
+            raise SystemDescriptionError(f"{where}.measured[{i}]: {exc}") from None
     return {
         "link": link,
         "oversubscription": over,
         "sharp_efficiency": 0.0 if sharp is None else _fraction(f"{where}.sharp_efficiency", sharp),
+        "measured": tuple(curves),
     }
 
 
