@@ -507,9 +507,11 @@ def test_serving_doc_commands_run_and_say_what_the_doc_says(doc_dir: Path) -> No
     for name, body in named_files(SERVING).items():
         (doc_dir / name).write_text(body, encoding="utf-8")
     commands = console_commands(SERVING)
-    assert len(commands) == 6
+    assert len(commands) == 7
     goodput = []
     for command in commands:
+        if " search " in command:
+            continue
         result = CliRunner().invoke(app, shlex.split(command)[1:])
         assert result.exit_code == 0, (command, result.output)
         if "--json" not in command:
@@ -525,3 +527,24 @@ def test_serving_doc_commands_run_and_say_what_the_doc_says(doc_dir: Path) -> No
     rows = (doc_dir / "per-request.csv").read_text().splitlines()
     assert rows[0].startswith("id,replica,arrival_s,prompt_tokens") and len(rows) == 5
     assert (doc_dir / "occupancy.csv").read_text().startswith("time_s,replica,kv_blocks_used")
+
+
+def test_serving_doc_capacity_plan_is_the_hand_search() -> None:
+    """The capacity-planning example's cheapest plans are 8 GPUs, and its two replicas of
+    tp 4 have the percentiles of the hand search's two-replica run."""
+    [search] = [c for c in console_commands(SERVING) if " search " in c]
+    [by_hand] = [
+        c for c in console_commands(SERVING) if "--replicas 2 " in c and "--draft" not in c
+    ]
+    result = CliRunner().invoke(app, [*shlex.split(search)[1:], "--jobs", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    plans = json.loads(result.stdout)["best"]
+    assert {p["gpus"] for p in plans} == {8}
+    [two] = [p for p in plans if (p["tp"], p["kv_dtype"], p["layout"]) == (4, "bf16", "aggregated")]
+    assert two["replicas"] == 2
+    served = CliRunner().invoke(app, [*shlex.split(by_hand)[1:], "--json"])
+    report = json.loads(served.stdout)
+    assert two["ttft_s"] == pytest.approx(report["ttft_s"]["p99"], rel=1e-12)
+    assert two["tpot_s"] == pytest.approx(report["tpot_s"]["p90"], rel=1e-12)
+    text = SERVING.read_text(encoding="utf-8")
+    assert f"| 3 | 8 | 4 | bf16 | aggregated | 2 | {1e3 * two['ttft_s']:.1f} ms |" in text

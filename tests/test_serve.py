@@ -35,8 +35,8 @@ def system():
     return load_system("h100-80g")
 
 
-def replica(registry, **extra) -> GenerateOptions:
-    values, _ = resolve_model({"model": "llama3-8b", "num_stacks": 2, "causal": True}, registry)
+def replica(registry, model: str = "llama3-8b", **extra) -> GenerateOptions:
+    values, _ = resolve_model({"model": model, "num_stacks": 2, "causal": True}, registry)
     return GenerateOptions(**{**values, "phase": "decode", "batch": 1, **extra})
 
 
@@ -70,9 +70,12 @@ def one(prompt: int, output: int) -> Stream:
 # -- the pricer ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("tp", [1, 2])
-def test_one_group_iterations_are_the_step_predictor(registry, system, tp: int) -> None:
-    base = replica(registry, tp=tp)
+@pytest.mark.parametrize(
+    ("model", "tp"), [("llama3-8b", 1), ("llama3-8b", 2), ("mixtral-8x7b", 2), ("gpt", 1)]
+)
+def test_one_group_iterations_are_the_step_predictor(registry, system, model, tp: int) -> None:
+    """Dense, MoE (expert slots of the fullest expert) and learned positions alike."""
+    base = replica(registry, model, tp=tp)
     pricer = replica_pricer(base, system, registry)
     for batch, prompt in ((1, 300), (3, 77)):
         want = step_time(registry, system, replace(base, phase="prefill", batch=batch, seq=prompt))
@@ -86,6 +89,17 @@ def test_one_group_iterations_are_the_step_predictor(registry, system, tp: int) 
         assert got == pytest.approx(want, rel=1e-12)
 
 
+def test_a_mixed_workload_is_the_priced_iteration(registry, system, pricer) -> None:
+    """``--phase mixed`` reads every weight once (the embedding table and norm weights too,
+    not once per group): its replay is the pricer's iteration of the same batch."""
+    base = replica(registry)
+    mixed = replace(
+        base, phase="mixed", batch=6, context=300, prefill_batch=2, chunk=128, prefill_context=64
+    )
+    want = step_time(registry, system, mixed)
+    assert pricer.price(Batch(((128, 192),) * 2, (301,) * 6)) == pytest.approx(want, rel=1e-9)
+
+
 def test_a_chunk_after_cached_tokens_costs_more_attention(pricer) -> None:
     fresh = pricer.price(Batch(((256, 256),), ()))
     later = pricer.price(Batch(((256, 4096),), ()))
@@ -95,13 +109,26 @@ def test_a_chunk_after_cached_tokens_costs_more_attention(pricer) -> None:
     )
 
 
-def test_a_pipeline_or_moe_replica_is_refused(registry, system) -> None:
+def test_a_pipeline_or_mla_replica_is_refused(registry, system) -> None:
     with pytest.raises(UserError, match="tensor parallelism alone"):
         replica_pricer(replica(registry, pp=2), system, registry)
-    values, _ = resolve_model({"model": "mixtral-8x7b", "num_stacks": 2}, registry)
-    moe = GenerateOptions(**{**values, "phase": "decode", "batch": 1})
-    with pytest.raises(UserError, match="cannot be priced per iteration"):
-        replica_pricer(moe, system, registry)
+    with pytest.raises(UserError, match="decode step runs q_absorb where its prefill runs"):
+        replica_pricer(replica(registry, "deepseek"), system, registry)
+
+
+def test_positions_are_the_distinct_rows_an_iteration_reads() -> None:
+    batch = Batch(((4, 10), (4, 10), (3, 6)), (10, 20), (30,), verify_tokens=3)
+    assert batch.positions() == len(range(3, 10)) + 1 + 3
+
+
+def test_an_moe_iteration_is_shaped_by_its_fullest_expert(registry, system) -> None:
+    """Expert kernels are shaped by the slots of the fullest expert over all the tokens of
+    the iteration (stg's routing model), not affine in the tokens."""
+    pricer = replica_pricer(replica(registry, "mixtral-8x7b"), system, registry)
+    assert pricer.expert_slots(1) == 1
+    assert pricer.expert_slots(4096) < 4096 * 2 / 8 * 1.5
+    per_token = [pricer.body_time(n) / n for n in (1, 64, 4096)]
+    assert per_token[0] > per_token[1] > per_token[2]
 
 
 def test_kv_blocks_follow_the_memory_left(pricer, registry) -> None:

@@ -51,6 +51,21 @@ SERVING_AXES = {
     "max_tpot": "--max-tpot",
     "max_ttft": "--max-ttft",
 }
+_CAPACITY = "Capacity planning (--phase serve)"
+CAPACITY_OPTIONS = {
+    "rate": "--rate",
+    "duration": "--duration",
+    "arrival": "--arrival",
+    "prompt": "--prompt",
+    "output": "--output",
+    "seed": "--seed",
+    "budget_values": "--max-num-batched-tokens",
+    "layout_values": "--layouts",
+    "routing": "--routing",
+}
+"""Options of ``--phase serve`` only: the request stream and the searched replica shapes."""
+DEFAULT_PERCENTILES = {"--max-ttft": 99.0, "--max-tpot": 90.0}
+"""The percentile a serving limit applies to when it names none (``2s`` = ``p99:2s``)."""
 
 
 def _model_parameters() -> list[inspect.Parameter]:
@@ -187,16 +202,76 @@ def _own_parameters() -> list[inspect.Parameter]:
         _axis(
             "max_tpot",
             "--max-tpot",
-            "Serving (decode, mixed): limit on the time per output token, e.g. 50ms.",
+            "Serving (decode, mixed, serve): limit on the time per output token, e.g. 50ms; "
+            "serve: of a percentile, p90:50ms (default p90).",
             metavar="TIME",
             panel="Serving search",
         ),
         _axis(
             "max_ttft",
             "--max-ttft",
-            "Serving (prefill): limit on the time to first token, e.g. 500ms or 2s.",
+            "Serving (prefill, serve): limit on the time to first token, e.g. 500ms or 2s; "
+            "serve: of a percentile, p99:2s (default p99).",
             metavar="TIME",
             panel="Serving search",
+        ),
+        _axis(
+            "rate", "--rate", "Requests per second (default 1).", metavar="RATE", panel=_CAPACITY
+        ),
+        _axis(
+            "duration",
+            "--duration",
+            "Seconds of arrivals simulated (default 60).",
+            metavar="SECONDS",
+            panel=_CAPACITY,
+        ),
+        _axis(
+            "arrival",
+            "--arrival",
+            "poisson (default), gamma or bursty.",
+            metavar="KIND",
+            panel=_CAPACITY,
+        ),
+        _axis(
+            "prompt",
+            "--prompt",
+            "Prompt lengths: fixed:N, uniform:LO:HI, lognormal:MEAN:SIGMA or file:PATH[:FIELD] "
+            "(default fixed:1024).",
+            metavar="LENGTHS",
+            panel=_CAPACITY,
+        ),
+        _axis(
+            "output",
+            "--output",
+            "Output lengths, as --prompt (default fixed:256).",
+            metavar="LENGTHS",
+            panel=_CAPACITY,
+        ),
+        _axis(
+            "seed",
+            "--seed",
+            "Seed of the request stream (default 0).",
+            metavar="N",
+            panel=_CAPACITY,
+        ),
+        _axis(
+            "budget_values",
+            "--max-num-batched-tokens",
+            "Token budgets (prefill chunk sizes) per iteration to try (default 2048, vLLM's).",
+            panel=_CAPACITY,
+        ),
+        _axis(
+            "layout_values",
+            "--layouts",
+            "aggregated, disaggregated (default: both).",
+            panel=_CAPACITY,
+        ),
+        _axis(
+            "routing",
+            "--routing",
+            "round-robin (default), least-outstanding or kv-aware, as stg serve.",
+            metavar="POLICY",
+            panel=_CAPACITY,
         ),
     ]
 
@@ -247,6 +322,12 @@ def search(**values: Any) -> None:
         raise UserError(f"--refine {refine}: must be 0 or more")
     engine, jobs, scheduler = values.pop("engine"), values.pop("jobs"), values.pop("scheduler")
     phase = (values.get("phase") or "training").strip().lower()
+    if phase == "serve":
+        _capacity(values, gpus, system, top, as_json, engine, jobs, scheduler)
+        return
+    for name, flag in CAPACITY_OPTIONS.items():
+        if values.pop(name) is not None:
+            raise UserError(f"{flag} is an option of capacity planning; give --phase serve")
     if phase != "training":
         if calibration is not None:
             raise UserError(
@@ -395,6 +476,194 @@ def _print(base: Any, gpus: int, system: Any, result: Any) -> None:
             if v / total >= 0.005
         )
         out.print(f"#{i}: {text}")
+
+
+def _limit(text: str | None, flag: str) -> tuple[float, float] | None:
+    """``p99:2s`` (or ``2s``, at the flag's default percentile) as (percentile, seconds)."""
+    if text is None:
+        return None
+    percentile = DEFAULT_PERCENTILES[flag]
+    limit = text.strip()
+    if limit.lower().startswith("p") and ":" in limit:
+        head, limit = limit.split(":", 1)
+        try:
+            percentile = float(head[1:])
+        except ValueError:
+            percentile = -1.0
+        if not 0 < percentile <= 100:
+            raise UserError(f"{flag} {text!r}: the percentile is pNN with 0 < NN <= 100")
+    return percentile, parse_duration(limit, flag, unit_required=True)
+
+
+def _number(text: str | None, flag: str, default: float, kind: type = float) -> Any:
+    if text is None:
+        return kind(default)
+    try:
+        return kind(text)
+    except ValueError:
+        what = "an integer" if kind is int else "a number"
+        raise UserError(f"{flag} {text!r}: expected {what}") from None
+
+
+def _capacity(
+    values: dict[str, Any],
+    gpus: int,
+    system: Any,
+    top: int,
+    as_json: bool,
+    engine: str,
+    jobs: int | None,
+    scheduler: str | None,
+) -> None:
+    """``stg search --phase serve``: the fewest GPUs that serve a request stream within
+    latency limits (:func:`stg.explore.serve_search.serving_capacity`)."""
+    from typer._click.globals import get_current_context
+
+    from stg.cli import _plugins_of
+    from stg.core.precision import DTYPE_BYTES
+    from stg.explore.serve import EngineConfig
+    from stg.explore.serve_defaults import DEFAULT_BUDGET, TOKENIZE_TOKENS_PER_S
+    from stg.explore.serve_requests import generate
+    from stg.explore.serve_search import Limits, serving_capacity
+    from stg.explore.sweep import open_engine
+    from stg.trace.parallel import resolve_jobs
+
+    for name, flag in {**TRAINING_AXES, "replica_batch_values": "--replica-batch"}.items():
+        if values.pop(name) is not None:
+            raise UserError(f"{flag} is not searched by capacity planning (phase=serve)")
+    for name, flag in (("pp_values", "--pp"), ("ep_values", "--ep")):
+        if values.pop(name) is not None:
+            raise UserError(
+                f"{flag}: a serving replica is priced on tensor parallelism alone (--tp); "
+                "capacity planning searches replicas instead"
+            )
+    limits = Limits(
+        ttft=_limit(values.pop("max_ttft"), "--max-ttft"),
+        tpot=_limit(values.pop("max_tpot"), "--max-tpot"),
+    )
+    kv_text = values.pop("kv_dtype_values")
+    kv: list[str | None] = [None]
+    if kv_text is not None:
+        kv = [w.strip() for w in kv_text.split(",") if w.strip()]
+        bad = [d for d in kv if d not in DTYPE_BYTES]
+        if bad or not kv:
+            raise UserError(
+                f"--kv_dtype {kv_text!r} is not allowed; allowed: {', '.join(DTYPE_BYTES)}"
+            )
+    tps = _ints(values.pop("tp_values")) or [1, 2, 4, 8]
+    budgets = _ints(values.pop("budget_values")) or [DEFAULT_BUDGET]
+    if min(tps) < 1 or min(budgets) < 1:
+        raise UserError("--tp and --max-num-batched-tokens take positive integers")
+    layouts = _words(values.pop("layout_values"), ("aggregated", "disaggregated"), "--layouts") or [
+        "aggregated",
+        "disaggregated",
+    ]
+    stream = generate(
+        arrival=(values.pop("arrival") or "poisson").strip().lower(),
+        rate=_number(values.pop("rate"), "--rate", 1.0),
+        duration=_number(values.pop("duration"), "--duration", 60.0),
+        prompt=values.pop("prompt") or "fixed:1024",
+        output=values.pop("output") or "fixed:256",
+        seed=_number(values.pop("seed"), "--seed", 0, int),
+    )
+    engine_config = EngineConfig(
+        routing=(values.pop("routing") or "round-robin").strip(),
+        tokenize_rate=TOKENIZE_TOKENS_PER_S,
+    )
+    engine_config.check(with_blocks=False)
+    model_name = values.get("model")
+    if values.get("causal") is None:
+        values["causal"] = True  # serving models mask causally (as stg serve)
+    values.update(phase="decode", batch=1, steps=1)
+    base = options_from_cli(values)
+    registry = get_registry()
+    with (
+        open_engine(
+            engine,
+            resolve_jobs(1 if jobs is None else jobs),
+            scheduler,
+            _plugins_of(get_current_context()),
+        ) as runner,
+        progress_bar(err_console()) as progress,
+    ):
+        result = serving_capacity(
+            stream,
+            base,
+            system,
+            registry,
+            limits,
+            max_gpus=gpus,
+            tps=tps,
+            kv_dtypes=kv,
+            budgets=budgets,
+            layouts=layouts,
+            engine=engine_config,
+            progress=progress,
+            runner=runner,
+            plugins=_plugins_of(get_current_context()),
+        )
+    limits_text = ", ".join(
+        f"{name} p{pct:g} within {format_seconds(sec)}"
+        for name, limit in (("TTFT", limits.ttft), ("TPOT", limits.tpot))
+        if limit is not None
+        for pct, sec in (limit,)
+    )
+    if as_json:
+        data = {
+            "model": model_name,
+            "phase": "serve",
+            "routing": engine_config.routing,
+            "max_gpus": gpus,
+            "system": system.name,
+            "requests": len(stream),
+            "limits": {
+                name: {"percentile": limit[0], "seconds": limit[1]}
+                for name, limit in (("ttft", limits.ttft), ("tpot", limits.tpot))
+                if limit is not None
+            },
+            "simulations": result.simulations,
+            "skipped": dict(sorted(result.skipped.items())),
+            "best": [p.as_dict() for p in result.plans[:top]],
+        }
+        typer.echo(json.dumps(data, indent=2, sort_keys=True))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    out = Console(highlight=False)
+    out.print(
+        f"{model_name} serving {len(stream):,} requests on at most {gpus} GPUs of "
+        f"{system.name}, {limits_text}, {engine_config.routing} routing: "
+        f"{result.simulations:,} simulations"
+    )
+    for shape, why in sorted(result.skipped.items()):
+        out.print(f"  skipped {shape}: {why}")
+    if not result.plans:
+        out.print("no layout meets the limits; raise them or allow more GPUs (--gpus)")
+        raise typer.Exit(1)
+    table = Table(title="cheapest layouts", title_justify="left")
+    for column in ("#", "GPUs", "tp", "kv", "budget", "layout", "replicas", "TTFT", "TPOT"):
+        table.add_column(column, justify="right")
+    for i, plan in enumerate(result.plans[:top], start=1):
+        replicas = (
+            f"{plan.prefill_replicas} prefill + {plan.replicas} decode"
+            if plan.prefill_replicas
+            else str(plan.replicas)
+        )
+        table.add_row(
+            str(i),
+            str(plan.gpus),
+            str(plan.tp),
+            plan.kv_dtype,
+            str(plan.max_num_batched_tokens),
+            "disaggregated" if plan.prefill_replicas else "aggregated",
+            replicas,
+            *(
+                format_seconds(plan.measured[k]) if k in plan.measured else "-"
+                for k in ("ttft", "tpot")
+            ),
+        )
+    print_table(out, table)
 
 
 def _serving(values: dict[str, Any], gpus: int, system: Any, top: int, as_json: bool) -> None:

@@ -21,19 +21,13 @@ from stg.cli import err_console, get_registry
 from stg.cli._shared import progress_bar
 from stg.core.quantities import parse_duration
 from stg.errors import UserError, write_replacing
+from stg.explore.serve_defaults import (
+    DEFAULT_BUDGET,
+    GPU_MEMORY_UTILIZATION,
+    TOKENIZE_TOKENS_PER_S,
+)
 
 app = typer.Typer(add_completion=False)
-
-DEFAULT_BUDGET = 2048
-"""Tokens per iteration: vLLM's ``_DEFAULT_MAX_NUM_BATCHED_TOKENS`` (``vllm/config.py``,
-v0.6: ``SchedulerConfig``), also the chunk budget of its V1 online server."""
-GPU_MEMORY_UTILIZATION = 0.9
-"""Share of GPU memory vLLM may use (``EngineArgs.gpu_memory_utilization`` default, 0.9)."""
-TOKENIZE_TOKENS_PER_S = 100_000 / 0.220
-"""Tokens a server's tokenizer handles per second: 100k tokens in 220 ms on one CPU core
-(vLLM 0.19, measured by A. Luo, "CPU-GPU co-design for agentic inference on MI300X", 2026-05,
-https://andyluo7.github.io/llm/amd/mi300x/vllm/lmcache/performance/2026/05/14/cpu-gpu-codesign-agentic-inference-mi300x/)."""
-
 
 HOST_LINK_BYTES_PER_S = {
     # per direction, PCIe x16 to the host: NVIDIA H100 and H200 data sheets (PCIe Gen5,

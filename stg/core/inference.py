@@ -277,9 +277,9 @@ def _bind(part: Part, binder: Binder, fused: bool) -> BoundPart:
 
 def merge_bound(a: BoundPart, b: BoundPart, weight_bytes: Callable[[BoundOp], int]) -> BoundPart:
     """Two bindings of the same part (two groups of a mixed iteration) as one: each op runs
-    once over the tokens of both (FLOPs, bytes and collective sizes add, weights are read
-    once, a GEMM's m grows), except the attention core, which runs once per group (the
-    second kernel after the first)."""
+    once over the tokens of both (FLOPs, bytes and collective sizes add, every op's weights
+    (a GEMM's, a norm's, the embedding table) are read once, a GEMM's m grows), except the
+    attention core, which runs once per group (the second kernel after the first)."""
     merged: list[BoundOp] = []
     for x, y in zip(a.forward, b.forward, strict=True):
         attrs = dict(x.attrs)
@@ -297,7 +297,7 @@ def merge_bound(a: BoundPart, b: BoundPart, weight_bytes: Callable[[BoundOp], in
             replace(
                 x,
                 num_ops=x.num_ops + y.num_ops,
-                tensor_size=x.tensor_size + y.tensor_size - (weight_bytes(x) if gx else 0),
+                tensor_size=x.tensor_size + y.tensor_size - weight_bytes(x),
                 comm_size=x.comm_size + y.comm_size,
                 attrs=tuple(attrs.items()),
             )

@@ -628,7 +628,9 @@ class Replica:
         total = sum(contexts)
         pricer = self.pricer
         overhead = self.config.iteration_overhead_s
-        base = pricer.body_time(d) + pricer.head_time(d) + overhead
+        # every context advances by one per step: the distinct positions stay as many
+        positions = len(set(contexts)) if pricer.uses_positions else 0
+        base = pricer.body_time(d, positions) + pricer.head_time(d) + overhead
         clock = self.clock
         values = self.trace.itl_values
         weights = self.trace.itl_weights

@@ -10,10 +10,12 @@ a step is one chain of kernels and collectives, so its time is the sum of its no
 
 :class:`IterationPricer` prices an iteration from that structure without building it:
 
-- **Tokens and sequences.** Every node outside the attention core is affine in the tokens
-  of the iteration (the head's in its sequences): its FLOPs, bytes, message size and GEMM
-  shape are read off two decode workloads of 1 and 2 sequences and interpolated; a third
-  point (a prefill) checks the interpolation.
+- **Tokens and sequences.** Every node outside the attention core is linear in the tokens
+  of the iteration (the head's in its sequences), or also in the distinct positions the
+  iteration reads (a learned position table) and in the slots of its fullest expert (an MoE
+  layer, :func:`stg.core.routing.expert_capacity` of all its tokens): its FLOPs, bytes,
+  message size and GEMM shape are read off decode workloads of 1, 2 and 3 sequences and
+  prefills of two lengths, and must reproduce every one of them exactly.
 - **Attention.** An attention node of ``b`` sequences, ``q`` new tokens each, attending to
   ``kv`` tokens has batch ``∝ b``, query rows ``∝ q``, key/value length ``kv``, bytes
   ``b·(a + c·q + d·kv)`` (FLOPs scaled with ``b·q·kv``: the kernel model prices the shape), read off
@@ -24,9 +26,9 @@ a step is one chain of kernels and collectives, so its time is the sum of its no
 
 The pricer checks itself when built: a prefill of two prompts and a decode step of three
 sequences (workloads it did not read) must cost what the replay of their workloads costs,
-to 1e-9; a model or plan where that fails (an MoE layer's capacity rounding, a
-pipeline) is refused with one line. A batch of one group (one prompt, or decoding sequences
-of one context) is exactly the step predictor's prefill or decode step.
+to 1e-9; a model or plan where that fails (a pipeline; DeepSeek, whose decode runs other
+operations than its prefill) is refused with one line. A batch of one group (one prompt, or
+decoding sequences of one context) is exactly the step predictor's prefill or decode step.
 
 Decoding sequences of different contexts run in one attention kernel in serving engines
 (vLLM's paged attention, FlashAttention's varlen kernel); stg's kernel model prices a batch
@@ -34,9 +36,8 @@ of one key/value length, so an iteration's decoding sequences are priced as one 
 their mean context (rounded up): exact when their contexts are equal, and the same bytes of
 KV cache read otherwise.
 
-A mixed workload of stg (``--phase mixed``) charges the weights of non-GEMM ops (the
-embedding table, norm weights) once per group; the pricer charges every weight once per
-iteration, as one fused batch reads it.
+A mixed workload of stg (``--phase mixed``) of one prefill group and one decode context is
+exactly such an iteration: every weight read once, the attention core once per group.
 """
 
 from __future__ import annotations
@@ -46,10 +47,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
+
+from stg.core.inference import Group, group_values
 from stg.core.options import GenerateOptions
+from stg.core.symbolic import Capacity
 from stg.core.workload import (
     LAYER_ATTR,
     MICRO_BATCH_ATTR,
+    OP_ATTR,
     STEP_ATTR,
     Node,
     NodeType,
@@ -69,6 +75,8 @@ CHECK_TOLERANCE = 1e-9
 CONTEXTS = (32, 96)
 PROMPTS = (16, 48)
 CHUNK_CONTEXT = 24
+TOKENS_COLUMN, POSITIONS_COLUMN, SLOTS_COLUMN = 1, 2, 3
+"""Regressors of a body node: (1, tokens, distinct positions, slots of the fullest expert)."""
 
 
 @dataclass(frozen=True)
@@ -95,28 +103,79 @@ class Batch:
     def sequences(self) -> int:
         return len(self.prefills) + len(self.decodes) + len(self.verify)
 
+    def positions(self) -> int:
+        """Distinct positions the iteration's new tokens sit at (a chunk of ``q`` tokens
+        ending at key/value length ``kv`` sits at ``kv - q .. kv - 1``): the rows of a learned
+        position table it reads."""
+        spans = sorted(
+            {(kv - q, kv) for q, kv in self.prefills}
+            | {(kv - 1, kv) for kv in self.decodes}
+            | {(kv - self.verify_tokens, kv) for kv in self.verify}
+        )
+        rows, reached = 0, 0
+        for start, end in spans:
+            start = max(start, reached)
+            if end > start:
+                rows += end - start
+                reached = end
+        return rows
+
     @property
     def logits(self) -> int:
         """Rows of the LM head: one per sequence, one per verified token."""
         return len(self.prefills) + len(self.decodes) + len(self.verify) * self.verify_tokens
 
 
+FIELDS = ("num_ops", "tensor_size", "comm_size")
+
+
 @dataclass
-class _Affine:
-    """A node whose numeric fields are ``a + b·n`` in one count ``n`` (tokens or sequences)."""
+class _Linear:
+    """A node whose numeric fields (and GEMM shape) are linear in a few regressors: ``(1, n)``
+    for a count ``n`` (tokens or sequences), or ``(1, tokens, positions, expert slots)`` for
+    the body of a model with learned positions or experts."""
 
     node: Node
     count: int
-    base: dict[str, float]
-    slope: dict[str, float]
-    gemm: tuple[tuple[float, float], ...] | None
+    columns: tuple[int, ...]  # the regressors it depends on
+    coefficients: Any  # (columns, fields + GEMM dimensions): numpy array
+    gemm: bool
     shape: tuple[int, ...] | None  # a collective's group shape
 
-    def at(self, n: int) -> Node:
-        fields = {k: _exact(self.base[k] + self.slope[k] * n) for k in self.base}
+    @staticmethod
+    def fit(
+        node: Node,
+        shape: tuple[int, ...] | None,
+        points: Any,
+        seen: Sequence[Node],
+        columns: tuple[int, ...],
+    ) -> _Linear:
+        """The coefficients on ``columns`` of the regressors that reproduce every node of
+        ``seen`` (one per row of ``points``) exactly; :class:`_NotAffine` if none do."""
+
+        gemm = node.attrs.get("gemm") is not None
+        rows = [
+            [getattr(n, f) for f in FIELDS] + (list(n.attrs["gemm"]) if gemm else []) for n in seen
+        ]
+        values = np.array(rows, dtype=float)
+        design = np.asarray(points, dtype=float)[:, list(columns)]
+        coefficients, *_ = np.linalg.lstsq(design, values, rcond=None)
+        entry = _Linear(node, 1, columns, coefficients, gemm, shape)
+        for x, want in zip(np.asarray(points, dtype=float), seen, strict=True):
+            made = entry.at(x)
+            if (
+                tuple(getattr(made, f) for f in FIELDS),
+                made.attrs.get("gemm"),
+            ) != (tuple(getattr(want, f) for f in FIELDS), want.attrs.get("gemm")):
+                raise _NotAffine(f"node {node.name} is not linear in the tokens")
+        return entry
+
+    def at(self, x: Any) -> Node:
+        values = [_exact(v) for v in x[list(self.columns)] @ self.coefficients]
+        fields = dict(zip(FIELDS, values[: len(FIELDS)], strict=True))
         attrs = dict(self.node.attrs)
-        if self.gemm is not None:
-            attrs["gemm"] = tuple(_exact(a + b * n) for a, b in self.gemm)
+        if self.gemm:
+            attrs["gemm"] = tuple(values[len(FIELDS) :])
         return replace(self.node, attrs=attrs, **fields)
 
 
@@ -214,8 +273,10 @@ class IterationPricer:
         prefill = replace(base, phase="prefill", micro_batch=None, prefill_batch=0)
         c0, c1 = CONTEXTS
         p0, p1 = PROMPTS
+        self._decode = decode
         one = build(replace(decode, batch=1, context=c0))
         two = build(replace(decode, batch=2, context=c0))
+        three = build(replace(decode, batch=3, context=c0))
         far = build(replace(decode, batch=1, context=c1))
         short = build(replace(prefill, batch=1, seq=p0))
         long = build(replace(prefill, batch=1, seq=p1))
@@ -236,12 +297,12 @@ class IterationPricer:
         self.kv_bytes_per_token = int(facts["kv_cache_bytes_per_step"][0]) // (c0 + 1)
         self.weight_bytes = int(facts["weight_bytes"])
         try:
-            nodes = [_rank_nodes(w, system) for w in (one, two, far, short, long)]
+            nodes = [_rank_nodes(w, system) for w in (one, two, three, far, short, long)]
             after = [n for n, _ in _rank_nodes(chunked, system) if "attention" in n.attrs]
             self._fit(nodes, after[::2])
         except _NotAffine as exc:
             raise self._refusal(base, str(exc)) from None
-        self._body: dict[int, float] = {}
+        self._body: dict[tuple[int, int], float] = {}
         self._head: dict[int, float] = {}
         self._attention: dict[tuple[int, int, int], float] = {}
         self._check(base, replay_time)
@@ -256,18 +317,24 @@ class IterationPricer:
         """Read the affine forms off the reference workloads: decode at 1 and 2 sequences
         and a longer context, prefill of two lengths, and a chunk after cached tokens
         (``chunked``: its prefill group's attention nodes, in order)."""
-        one, two, far, short, long = ranks
+        one, two, three, far, short, long = ranks
         if len({len(r) for r in ranks}) != 1:
             raise _NotAffine("its workloads differ in their nodes between batches")
-        body: dict[tuple[Any, ...], _Affine] = {}
-        head: dict[tuple[Any, ...], _Affine] = {}
+        for (d, _), (p, _) in zip(one, short, strict=True):
+            if d.attrs.get(OP_ATTR) != p.attrs.get(OP_ATTR):
+                raise _NotAffine(
+                    f"its decode step runs {d.attrs.get(OP_ATTR)} where its prefill runs "
+                    f"{p.attrs.get(OP_ATTR)}: one iteration cannot hold both"
+                )
+        body: dict[tuple[Any, ...], _Linear] = {}
+        head: dict[tuple[Any, ...], _Linear] = {}
         attention: dict[tuple[Any, ...], _Attention] = {}
         c0, c1 = CONTEXTS
         p0, p1 = PROMPTS
         kv0 = c0 + 1
         seen_attention = 0
         for i, (n1, shape) in enumerate(one):
-            n2, nf, ns, nl = two[i][0], far[i][0], short[i][0], long[i][0]
+            n2, n3, nf, ns, nl = two[i][0], three[i][0], far[i][0], short[i][0], long[i][0]
             if n1.type not in (NodeType.COMP, NodeType.COMM_COLL):
                 raise _NotAffine(f"it has {n1.type.name} nodes (a pipeline)")
             key = _signature(n1, shape)
@@ -316,36 +383,57 @@ class IterationPricer:
                 nf.comm_size,
             ):
                 raise _NotAffine(f"node {n1.name} depends on the context outside attention")
-            target = head if node_part(n1) == "head" else body
-            if key in target:
-                target[key].count += 1
+            if node_part(n1) == "head":
+                if key in head:
+                    head[key].count += 1
+                else:
+                    head[key] = _Linear.fit(n1, shape, [(1, 1), (1, 2)], (n1, n2), (0, 1))
                 continue
-            fields = ("num_ops", "tensor_size", "comm_size")
-            slope_ = {f: float(getattr(n2, f) - getattr(n1, f)) for f in fields}
-            base = {f: getattr(n1, f) - slope_[f] for f in fields}
-            g1, g2 = n1.attrs.get("gemm"), n2.attrs.get("gemm")
-            gemm = None
-            if g1 is not None:
-                gemm = tuple((x - (y - x), float(y - x)) for x, y in zip(g1, g2, strict=True))
-            entry_ = _Affine(n1, 1, base, slope_, gemm, shape)
-            target[key] = entry_
-            if target is body:  # a prompt of p1 tokens: the third point
-                made = entry_.at(p1)
-                if (made.num_ops, made.tensor_size, made.comm_size, made.attrs.get("gemm")) != (
-                    nl.num_ops,
-                    nl.tensor_size,
-                    nl.comm_size,
-                    nl.attrs.get("gemm"),
-                ):
-                    raise _NotAffine(f"node {n1.name} is not affine in the tokens")
+            if key in body:
+                body[key].count += 1
+                continue
+            body[key] = self._fit_body(n1, shape, (n1, n2, n3, ns, nl))
         self._body_nodes = list(body.values())
+        used = {c for e in self._body_nodes for c in e.columns}
+        self.uses_positions = POSITIONS_COLUMN in used
+        self._uses_slots = SLOTS_COLUMN in used
         self._head_nodes = list(head.values())
         self._attention_nodes = list(attention.values())
+
+    def expert_slots(self, tokens: int) -> int:
+        """Slots of the fullest expert for one batch of ``tokens`` tokens (stg's routing model,
+        :func:`stg.core.routing.expert_capacity`): what an MoE layer's kernels are shaped by."""
+        group = Group("iteration", 1, tokens, tokens)
+        return int(group_values(self._decode, group)[Capacity])
+
+    def _regressors(self, tokens: int, positions: int) -> Any:
+        slots = self.expert_slots(tokens) if self._uses_slots else 0
+        return np.array((1.0, tokens, positions, slots))
+
+    def _fit_body(self, node: Node, shape: tuple[int, ...] | None, seen: Sequence[Node]) -> _Linear:
+        """A node outside attention and the head, read at decode of 1, 2, 3 sequences and
+        prompts of two lengths: linear in the tokens, else also in the positions read (a
+        learned position table) or the slots of the fullest expert (an MoE layer)."""
+        p0, p1 = PROMPTS
+        counts = [(1, 1), (2, 1), (3, 1), (p0, p0), (p1, p1)]
+        points = [(1, tokens, positions, self.expert_slots(tokens)) for tokens, positions in counts]
+        why = ""
+        for columns in (
+            (0, TOKENS_COLUMN),
+            (0, TOKENS_COLUMN, POSITIONS_COLUMN),
+            (0, TOKENS_COLUMN, SLOTS_COLUMN),
+            (0, TOKENS_COLUMN, POSITIONS_COLUMN, SLOTS_COLUMN),
+        ):
+            try:
+                return _Linear.fit(node, shape, points, seen, columns)
+            except _NotAffine as exc:
+                why = str(exc)
+        raise _NotAffine(why)
 
     def _refusal(self, base: GenerateOptions, why: str) -> UserError:
         return UserError(
             f"model {base.model!r}: its serving step cannot be priced per iteration ({why}); "
-            "request-level simulation supports dense models on tensor parallelism"
+            "stg predict prices its steps one at a time"
         )
 
     def _check(self, base: GenerateOptions, replay_time: Any) -> None:
@@ -379,12 +467,15 @@ class IterationPricer:
             return collective_time(node.comm_type, node.comm_size, shape, self.system)
         return compute_time(node, self.system, self.dtype, self.kernels, self.profile, None)
 
-    def body_time(self, tokens: int) -> float:
-        """Seconds of everything but attention and the head for ``tokens`` new tokens."""
-        t = self._body.get(tokens)
+    def body_time(self, tokens: int, positions: int = 1) -> float:
+        """Seconds of everything but attention and the head for ``tokens`` new tokens at
+        ``positions`` distinct positions (read only by a model with learned positions)."""
+        key = (tokens, positions if self.uses_positions else 0)
+        t = self._body.get(key)
         if t is None:
-            t = self._body[tokens] = sum(
-                e.count * self._node_time(e.at(tokens), e.shape) for e in self._body_nodes
+            x = self._regressors(*key)
+            t = self._body[key] = sum(
+                e.count * self._node_time(e.at(x), e.shape) for e in self._body_nodes
             )
         return t
 
@@ -392,8 +483,9 @@ class IterationPricer:
         """Seconds of the LM head (and sampling) over ``sequences`` sequences."""
         t = self._head.get(sequences)
         if t is None:
+            x = np.array((1.0, sequences))
             t = self._head[sequences] = sum(
-                e.count * self._node_time(e.at(sequences), e.shape) for e in self._head_nodes
+                e.count * self._node_time(e.at(x), e.shape) for e in self._head_nodes
             )
         return t
 
@@ -408,10 +500,11 @@ class IterationPricer:
             )
         return t
 
-    def decode_time(self, sequences: int, mean_kv: int) -> float:
-        """One iteration of ``sequences`` decoding sequences only, at mean length ``mean_kv``."""
+    def decode_time(self, sequences: int, mean_kv: int, positions: int = 1) -> float:
+        """One iteration of ``sequences`` decoding sequences only, at mean length ``mean_kv``
+        (``positions``: their distinct contexts)."""
         return (
-            self.body_time(sequences)
+            self.body_time(sequences, positions)
             + self.head_time(sequences)
             + self.attention_time(sequences, 1, mean_kv)
         )
@@ -420,7 +513,8 @@ class IterationPricer:
         """Seconds of one iteration running ``batch``."""
         if batch.sequences == 0:
             return 0.0
-        seconds = self.body_time(batch.tokens) + self.head_time(batch.logits)
+        positions = batch.positions() if self.uses_positions else 0
+        seconds = self.body_time(batch.tokens, positions) + self.head_time(batch.logits)
         groups: dict[tuple[int, int], int] = {}
         for q, kv in batch.prefills:
             groups[(q, kv)] = groups.get((q, kv), 0) + 1

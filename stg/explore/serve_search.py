@@ -112,6 +112,126 @@ def _smallest(most: int, ok: Callable[[int], bool]) -> int | None:
     return high
 
 
+@dataclass(frozen=True)
+class _Planning:
+    """What every replica shape of one search shares (picklable): where a worker finds the
+    registry and the system (this process's own under ``token``, else loaded again)."""
+
+    token: str
+    plugins: tuple[str, ...]
+    system_name: str
+    system_data: dict[str, Any]
+    stream: Stream
+    base: GenerateOptions
+    limits: Limits
+    max_gpus: int
+    layouts: tuple[str, ...]
+    engine: EngineConfig
+    memory_fraction: float
+
+
+_PLANNINGS: dict[str, tuple[Any, Any]] = {}
+"""token -> (registry, system) of the searches this process (or its parent, forked) runs."""
+
+
+def _resolve(work: _Planning) -> tuple[Any, Any]:
+    if work.token not in _PLANNINGS:  # a Dask worker: load the registry and system
+        from stg.explore.sweep import _registry, _system
+
+        _PLANNINGS[work.token] = (
+            _registry(work.plugins),
+            _system(work.system_name, work.system_data),
+        )
+    return _PLANNINGS[work.token]
+
+
+@dataclass
+class _ShapeResult:
+    plans: list[CapacityPlan]
+    skipped: str | None
+    simulations: int
+
+
+def _plan_shapes(
+    work: _Planning, shapes: Sequence[tuple[int, str | None, int]]
+) -> list[_ShapeResult]:
+    return [_plan_shape(work, *shape) for shape in shapes]
+
+
+def _plan_shape(work: _Planning, tp: int, kv: str | None, budget: int) -> _ShapeResult:
+    """The fewest replicas of one shape, aggregated and disaggregated, within the limits."""
+    registry, system = _resolve(work)
+    base, limits = work.base, work.limits
+    out = _ShapeResult([], None, 0)
+    if tp > work.max_gpus:
+        out.skipped = f"more GPUs per replica than {work.max_gpus}"
+        return out
+    options = replace(base, tp=tp, kv_dtype=kv)
+    try:
+        pricer = replica_pricer(options, system, registry)
+        blocks = replica_blocks(
+            pricer,
+            options,
+            registry,
+            tokens=budget,
+            block_size=work.engine.block_size,
+            memory_fraction=work.memory_fraction,
+        )
+    except UserError as exc:
+        out.skipped = str(exc)
+        return out
+    if blocks < 1:
+        out.skipped = "the weights and activations leave no KV-cache block"
+        return out
+    config = replace(work.engine, blocks=blocks, max_num_batched_tokens=budget)
+    most = work.max_gpus // tp
+
+    def attempt(replicas: int, prefill: int) -> dict | None:
+        """The percentiles of one layout if it meets the limits (None otherwise)."""
+        out.simulations += 1
+        try:
+            sim = simulate(
+                work.stream,
+                pricer,
+                replace(config, replicas=replicas, prefill_replicas=prefill),
+                transfer_time=kv_transfer(pricer),
+            )
+        except UserError:
+            return None  # a request that never fits this replica's cache
+        measured = limits.measure(sim)
+        return measured if limits.met(measured) else None
+
+    kv_name = kv or base.dtype
+    if "aggregated" in work.layouts:
+        found: dict[int, dict] = {}
+
+        def aggregated(n: int) -> bool:
+            measured = attempt(n, 0)
+            if measured is not None:
+                found[n] = measured
+            return measured is not None
+
+        n = _smallest(most, aggregated)
+        if n is not None:
+            out.plans.append(CapacityPlan(tp, kv_name, budget, n, 0, found[n]))
+    if "disaggregated" in work.layouts and most >= 2:
+        split: dict[int, tuple[int, dict]] = {}
+
+        def disaggregated(n: int) -> bool:
+            for prefill in range(1, n):
+                measured = attempt(n - prefill, prefill)
+                if measured is not None:
+                    split[n] = (prefill, measured)
+                    return True
+            return False
+
+        n = _smallest(most, lambda n: n >= 2 and disaggregated(n))
+        if n is not None:
+            prefill, measured = split[n]
+            out.plans.append(CapacityPlan(tp, kv_name, budget, n - prefill, prefill, measured))
+    return out
+
+
 def serving_capacity(
     stream: Stream,
     base: GenerateOptions,
@@ -127,9 +247,18 @@ def serving_capacity(
     engine: EngineConfig | None = None,
     memory_fraction: float = 0.9,
     progress: Callable[[str, int, int], None] | None = None,
+    runner: Any = None,
+    plugins: Sequence[str] = (),
 ) -> CapacityResult:
     """The cheapest layouts of each replica shape that serve ``stream`` within ``limits``
-    on at most ``max_gpus`` GPUs (see the module docstring)."""
+    on at most ``max_gpus`` GPUs (see the module docstring). The shapes are planned on
+    ``runner`` (an :class:`stg.explore.sweep.Engine`: a process pool or a Dask cluster whose
+    workers load ``plugins``, those of ``registry``), or in this process; the result is the
+    same."""
+    import uuid
+
+    from stg.explore.sweep import Engine
+
     if limits.ttft is None and limits.tpot is None:
         raise UserError("capacity planning needs a latency limit (TTFT or TPOT)")
     if max_gpus < 1:
@@ -137,86 +266,39 @@ def serving_capacity(
     unknown = sorted(set(layouts) - {"aggregated", "disaggregated"})
     if unknown:
         raise UserError(f"layouts {unknown}: allowed values are aggregated, disaggregated")
-    engine = engine or EngineConfig()
-    result = CapacityResult([])
+    work = _Planning(
+        uuid.uuid4().hex,
+        tuple(plugins),
+        system.name,
+        system.as_dict(),
+        stream,
+        base,
+        limits,
+        max_gpus,
+        tuple(layouts),
+        engine or EngineConfig(),
+        memory_fraction,
+    )
     shapes = [(tp, kv, budget) for tp in tps for kv in kv_dtypes for budget in budgets]
-    for i, (tp, kv, budget) in enumerate(shapes):
-        if progress is not None:
-            progress("replica shapes", i, len(shapes))
-        name = f"tp {tp}, KV {kv or base.dtype}, budget {budget}"
-        if tp > max_gpus:
-            result.skipped[name] = f"more GPUs per replica than {max_gpus}"
-            continue
-        options = replace(base, tp=tp, kv_dtype=kv)
-        try:
-            pricer = replica_pricer(options, system, registry)
-            blocks = replica_blocks(
-                pricer,
-                options,
-                registry,
-                tokens=budget,
-                block_size=engine.block_size,
-                memory_fraction=memory_fraction,
-            )
-        except UserError as exc:
-            result.skipped[name] = str(exc)
-            continue
-        if blocks < 1:
-            result.skipped[name] = "the weights and activations leave no KV-cache block"
-            continue
-        config = replace(engine, blocks=blocks, max_num_batched_tokens=budget)
-        most = max_gpus // tp
-
-        def attempt(
-            replicas: int, prefill: int, config: EngineConfig = config, pricer: Any = pricer
-        ) -> dict | None:
-            """The percentiles of one layout if it meets the limits (None otherwise)."""
-            result.simulations += 1
-            try:
-                sim = simulate(
-                    stream,
-                    pricer,
-                    replace(config, replicas=replicas, prefill_replicas=prefill),
-                    transfer_time=kv_transfer(pricer),
-                )
-            except UserError:
-                return None  # a request that never fits this replica's cache
-            measured = limits.measure(sim)
-            return measured if limits.met(measured) else None
-
-        kv_name = kv or base.dtype
-        if "aggregated" in layouts:
-            found: dict[int, dict] = {}
-
-            def aggregated(n: int, found: dict = found) -> bool:
-                measured = attempt(n, 0)
-                if measured is not None:
-                    found[n] = measured
-                return measured is not None
-
-            n = _smallest(most, aggregated)
-            if n is not None:
-                result.plans.append(CapacityPlan(tp, kv_name, budget, n, 0, found[n]))
-        if "disaggregated" in layouts and most >= 2:
-            split: dict[int, tuple[int, dict]] = {}
-
-            def disaggregated(n: int, split: dict = split) -> bool:
-                for prefill in range(1, n):
-                    measured = attempt(n - prefill, prefill)
-                    if measured is not None:
-                        split[n] = (prefill, measured)
-                        return True
-                return False
-
-            n = _smallest(most, lambda n: n >= 2 and disaggregated(n))
-            if n is not None:
-                prefill, measured = split[n]
-                result.plans.append(
-                    CapacityPlan(tp, kv_name, budget, n - prefill, prefill, measured)
-                )
-    if progress is not None:
-        progress("replica shapes", len(shapes), len(shapes))
-    result.plans.sort(key=lambda p: (p.gpus, tuple(p.measured.values())))
+    report = None if progress is None else (lambda d, t: progress("replica shapes", d, t))
+    _PLANNINGS[work.token] = (registry, system)
+    own = runner is None
+    runner = Engine(1) if own else runner
+    try:
+        results = runner.map(_plan_shapes, work, shapes, report)
+    finally:
+        del _PLANNINGS[work.token]
+        if own:
+            runner.close()
+    result = CapacityResult([])
+    for (tp, kv, budget), shape in zip(shapes, results, strict=True):
+        result.simulations += shape.simulations
+        result.plans.extend(shape.plans)
+        if shape.skipped is not None:
+            result.skipped[f"tp {tp}, KV {kv or base.dtype}, budget {budget}"] = shape.skipped
+    result.plans.sort(
+        key=lambda p: (p.gpus, tuple(p.measured.values()), p.tp, p.max_num_batched_tokens)
+    )
     return result
 
 
