@@ -25,7 +25,9 @@ memory (weights, KV cache and activations within the GPU). The search:
    ceiling (``tokens / bound`` at the capped batch; it grows with the batch) and stops once
    the ceiling falls below the k-th best tokens/s found. A structure's batch is the largest
    within the limit (bisected when the capped batch is over it once priced: a step's time
-   grows with the batch, up to small dips at kernel boundaries), or a smaller one on a
+   grows with the batch, up to dips at kernel boundaries, so the :data:`RESCAN_UNITS` batch
+   steps above the bisected one are priced too and may meet the limit again), or a smaller
+   one on a
    64-sequence tile where that gives more tokens/s: the kernel model tiles a GEMM's rows by
    64 to 256, so a step just past a boundary costs a whole tile more.
 
@@ -48,6 +50,8 @@ SERVING_PHASES = ("prefill", "decode", "mixed")
 # Sequences per rank and micro-batch on whose multiples the batch is also tried: GEMM kernels
 # tile their rows by 64 to 256 (stg.perf.kernel_time), so a step's time jumps past each.
 TILE_TOKENS = 64
+# Batch steps above the bisected largest batch that are priced as well (see serving_search)
+RESCAN_UNITS = 64
 
 
 @dataclass(frozen=True)
@@ -431,11 +435,18 @@ def serving_search(
                 return True
             return False
 
-        most = candidate.options.batch // shape.unit
+        cap = candidate.options.batch // shape.unit
+        most = cap
         if price(candidate, count=False):
             found[most] = candidate
         else:
             most = _largest(1, most - 1, within)
+            # a step's time is not monotone in the batch everywhere (kernel tiles, the
+            # decode attention's split of the keys over the SMs): a batch above the bisected
+            # one may meet the limit again; the next RESCAN_UNITS of them are priced too
+            for k in range(most + 1, min(cap, most + RESCAN_UNITS + 1)):
+                within(k)
+            most = max(found, default=most)
         if most not in found:
             pruned["latency: predicted above the limit at every batch"] += 1
             continue
