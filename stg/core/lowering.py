@@ -22,11 +22,16 @@ from stg.core.fp8 import (
     ALL_REDUCE,
     AMAX_AXES,
     AMAX_BYTES,
+    AUTOCAST_BYTES,
+    AUTOCAST_DTYPE,
     CONCAT,
+    QUANTIZE_ATTR,
     UPDATE,
     Fp8Module,
     amax_buffer_elements,
     concat_bytes,
+    native_fp8_gemms,
+    quantize_elements,
     te_modules,
     update_bytes,
     update_ops,
@@ -673,10 +678,27 @@ def bind_part(
         reduce = ddp_buckets(_mark_flat(bind_ops(part.reduce, binder), part.reduce, binder))
     else:
         reduce = bound(part.reduce, _any_collective)
+    modules = te_modules(part.forward, binder.local_dim)
+    quantized: dict[str, int] = {}
+    output_layer: frozenset[str] = frozenset()
+    # training computing in fp8 throughout (not a precision plan's casts): TE's recipe
+    te_recipe = bool(part.backward) and any(
+        op.output.dtype == "fp8" and ".cast_" not in op.name for op in part.forward
+    )
+    if te_recipe and part.name == "head":
+        output_layer = native_fp8_gemms([*part.forward, *part.backward])
+    elif te_recipe:
+        for module in modules:
+            quantized.update(quantize_elements(module, part.forward, part.backward, binder.numel))
+    forward = bound(part.forward, _weight_collective)
+    backward = bound(part.backward, _weight_collective)
+    if te_recipe:
+        forward = _te_fp8_recipe(forward, quantized, output_layer)
+        backward = _te_fp8_recipe(backward, quantized, output_layer)
     return BoundPart(
         part,
-        bound(part.forward, _weight_collective),
-        bound(part.backward, _weight_collective),
+        forward,
+        backward,
         reduce,
         bound(part.update, _any_collective),
         key(input_tensor) if input_tensor is not None else None,
@@ -688,8 +710,32 @@ def bind_part(
         binder.nbytes(boundary) if boundary is not None else 0,
         _flat_shard(part.weights, binder, shard_degree) if shard_degree > 1 else stored,
         sum(binder.unflat_numel(w) for w in part.weights),
-        te_modules(part.forward, binder.local_dim),
+        modules,
     )
+
+
+def _te_fp8_recipe(
+    ops: list[BoundOp], quantized: Mapping[str, int], output_layer: frozenset[str]
+) -> list[BoundOp]:
+    """``ops`` of a training part computing in fp8 as Transformer Engine's recipe runs them
+    (:mod:`stg.core.fp8`): the quantization before a GEMM recorded on it
+    (``QUANTIZE_ATTR``, :func:`stg.core.fp8.quantize_elements`); every other fp8 kernel but
+    the attention core moving its activations in the autocast dtype, bf16 (twice the bytes
+    counted in fp8); and the output layer's GEMMs (``output_layer``) in bf16."""
+    widen = AUTOCAST_BYTES // DTYPE_BYTES["fp8"]
+    out = []
+    for op in ops:
+        if op.type is not NodeType.COMP or op.dtype != "fp8":
+            out.append(op)
+        elif op.name in output_layer:
+            out.append(replace(op, dtype=AUTOCAST_DTYPE, tensor_size=op.tensor_size * widen))
+        elif op.name in quantized:
+            out.append(replace(op, attrs=(*op.attrs, (QUANTIZE_ATTR, quantized[op.name]))))
+        elif not any(k in ("gemm", "attention") for k, _ in op.attrs):
+            out.append(replace(op, tensor_size=op.tensor_size * widen))
+        else:
+            out.append(op)
+    return out
 
 
 DDP_BUCKET_BYTES = 25 * 2**20

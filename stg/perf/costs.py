@@ -14,6 +14,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from stg.core.fp8 import QUANTIZE_ATTR, QUANTIZE_BYTES_PER_ELEMENT
 from stg.core.symbolic import DROPOUT_FLOPS
 from stg.core.workload import MICRO_BATCH_ATTR, STEP_ATTR, CollectiveType, Role, node_role
 from stg.perf import comm_time
@@ -238,6 +239,11 @@ def compute_time(
         # a convolution (implicit GEMM) moves its tensor_size, not its window matrix
         nbytes = node.tensor_size if attrs.get("implicit_gemm") else None
         seconds = gemm_time(gpu, m, n, k, dtype, batch, nbytes) / speedup
+        quantized = attrs.get(QUANTIZE_ATTR)
+        if dtype == "fp8" and type(quantized) is int and quantized > 0:
+            # Transformer Engine's cast-transpose of an operand, a kernel of its own
+            nbytes = quantized * QUANTIZE_BYTES_PER_ELEMENT
+            seconds += memory_bound_time(gpu, nbytes, "quantize") + system.kernel_overhead
     elif kind == "other":
         simt = node.num_ops / gpu.rate("fp32") if node.num_ops > 0 else 0.0
         memory_class = memory_kind(name)
