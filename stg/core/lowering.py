@@ -343,6 +343,109 @@ def causal_split(scores: Op, binder: Binder) -> int:
     return cp if sizes[query[0]] * cp == sizes[keys[0]] else 1
 
 
+# How context parallelism moves keys and values (Megatron-LM's ``--cp-comm-type``, run by
+# Transformer Engine 2.x, ``attention/dot_product_attention/context_parallel.py``):
+#
+# - ``p2p`` (Megatron's default; ``AttnFuncWithCPAndKVP2P``): the ranks pass their K and V
+#   chunks around a ring; attention runs in ``cp`` steps, each on the chunk at hand, while the
+#   next chunk travels. Step 0 attends to the rank's own keys; the backward passes K and V
+#   around again (only the local chunk is saved) with the gradients of the chunks already done,
+#   and waits for the last of those.
+# - ``all_gather`` (``AttnFuncWithCPAndKVAllGather``): K and V are all-gathered before the
+#   attention, again before its backward, and their gradients reduce-scattered after it.
+#
+# stg writes a ring as the all-gather of K and V (the same bytes: each rank receives the other
+# ``cp - 1`` chunks) running beside the first step, and the remaining steps as one kernel after
+# it: exact at cp 2; from cp 3 on, the real ring hides each transfer behind the step before,
+# where stg hides the whole gather behind step 0 only.
+
+
+def context_parallel_attention(
+    forward: list[BoundOp], backward: list[BoundOp], comm_type: str, cp: int
+) -> tuple[list[BoundOp], list[BoundOp]]:
+    """The fused attention of a part under context parallelism (``sp``) as ``comm_type``
+    (``GenerateOptions.CP_COMM_TYPES``; see the comment above) runs it: K and V gathered
+    again before the backward (both variants), and under ``p2p`` each pass split into the
+    step on the local keys, beside the gather, and the steps on the others' keys after it."""
+    gathered = {
+        op.outputs[0]: op.inputs[0]
+        for op in forward
+        if op.type is NodeType.COMM_COLL
+        and op.comm_type is CollectiveType.ALL_GATHER
+        and op.group_axes == ("sp",)
+    }
+    if not gathered:
+        return forward, backward
+
+    def attends_gathered(op: BoundOp) -> bool:
+        attrs = dict(op.attrs)
+        return "attention" in attrs and any(k in gathered for k in op.inputs)
+
+    out_forward: list[BoundOp] = []
+    for op in forward:
+        if comm_type == "p2p" and attends_gathered(op):
+            out_forward.extend(_ring_steps(op, gathered, cp))
+        else:
+            out_forward.append(op)
+    gathers = {op.outputs[0]: op for op in forward if op.outputs and op.outputs[0] in gathered}
+    out_backward: list[BoundOp] = []
+    for op in backward:
+        if not attends_gathered(op):
+            out_backward.append(op)
+            continue
+        # only the local chunks are saved: K and V are gathered (or passed round) again
+        again = {k: -k for k in op.inputs if k in gathered}  # keys no tensor has (ids > 0)
+        out_backward.extend(replace(gathers[k], outputs=(again[k],)) for k in again)
+        op = replace(op, inputs=tuple(again.get(k, k) for k in op.inputs))
+        if comm_type == "p2p":
+            local = {again[k]: gathered[k] for k in again}
+            out_backward.extend(_ring_steps(op, local, cp))
+        else:
+            out_backward.append(op)
+    return out_forward, out_backward
+
+
+def _ring_steps(op: BoundOp, local: Mapping[int, int], cp: int) -> list[BoundOp]:
+    """A fused attention pass ``op`` over gathered keys as two kernels: the ring's step 0 on
+    the rank's own keys (``local`` maps a gathered key to the local one), then its other
+    steps. Under load-balanced causal masking a rank holds chunks ``i`` and ``2·cp-1-i``:
+    step 0 is causal over those two (2 of the rank's ``2·cp`` chunk blocks), every other
+    step computes two full blocks (TE: both query chunks against the peer's first, or the
+    second against both), as a non-causal ``s_q x (cp-1)·s_q/2`` attention. Without masking
+    step 0 is ``s_q x s_kv/cp``, the rest ``s_q x (cp-1)·s_kv/cp``. FLOPs and bytes split
+    in the same shares."""
+    attrs = dict(op.attrs)
+    batch, heads, s_q, s_kv, head_dim, causal, backward = attrs["attention"]
+    if causal and (attrs.get("causal_split", 1) != cp or s_q % 2):
+        return [op]  # no load-balanced causal split: keep the one kernel
+    local_kv = s_q if causal else s_kv // cp
+    remote_kv = (cp - 1) * s_q // 2 if causal else s_kv - local_kv
+    rest = {k: v for k, v in attrs.items() if k not in ("attention", "causal_split")}
+    first_ops, first_bytes = op.num_ops // cp, op.tensor_size // cp
+    partial = -op.outputs[0] - 1  # step 0's partial output (odd: no id, no negated id)
+    step0 = replace(
+        op,
+        name=f"{op.name}.local_kv",
+        inputs=tuple(local.get(k, k) for k in op.inputs),
+        outputs=(partial,),
+        num_ops=first_ops,
+        tensor_size=first_bytes,
+        attrs=(
+            *rest.items(),
+            ("attention", (batch, heads, s_q, local_kv, head_dim, causal, backward)),
+        ),
+    )
+    others = replace(
+        op,
+        name=f"{op.name}.remote_kv",
+        inputs=(*op.inputs, partial),
+        num_ops=op.num_ops - first_ops,
+        tensor_size=op.tensor_size - first_bytes,
+        attrs=(*rest.items(), ("attention", (batch, heads, s_q, remote_kv, head_dim, 0, backward))),
+    )
+    return [step0, others]
+
+
 def kv_append_bytes(op: Op, binder: Binder) -> int:
     """Bytes of writing new keys or values into the KV cache (``kv_append``, serving phases):
     the new elements read in their dtype and written in the cache's."""
@@ -653,12 +756,14 @@ def bind_part(
     shard_degree: int = 1,
     fused_attention: bool = False,
     gradient_buckets: bool = False,
+    cp_comm_type: str = "p2p",
 ) -> BoundPart:
     """Bind ``part``; ``shard_degree`` is the degree over which ZeRO or FSDP shards its
     gradients and optimizer states (1: not sharded); ``fused_attention`` runs the attention
     core as one fused kernel forward and one backward (:func:`fuse_attention`);
     ``gradient_buckets`` reduces the part's gradients in buckets as PyTorch DDP does
-    (:func:`ddp_buckets`) instead of one collective per kind."""
+    (:func:`ddp_buckets`) instead of one collective per kind; ``cp_comm_type`` is how
+    context parallelism moves keys and values (:func:`context_parallel_attention`)."""
     shapes: dict[str, tuple[int, ...]] = {}
     grads = tuple(key(g) for g in part.weight_grads.values())
     input_tensor = next((t for t in part.inputs if t.kind == "input"), None)
@@ -692,6 +797,10 @@ def bind_part(
             quantized.update(quantize_elements(module, part.forward, part.backward, binder.numel))
     forward = bound(part.forward, _weight_collective)
     backward = bound(part.backward, _weight_collective)
+    if fused_attention and binder.degrees.get("sp", 1) > 1:
+        forward, backward = context_parallel_attention(
+            forward, backward, cp_comm_type, binder.degrees["sp"]
+        )
     if te_recipe:
         forward = _te_fp8_recipe(forward, quantized, output_layer)
         backward = _te_fp8_recipe(backward, quantized, output_layer)
