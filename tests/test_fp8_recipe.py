@@ -22,6 +22,7 @@ from stg.host.registry import load_registry
 from stg.perf.costs import compute_time
 from stg.perf.kernel_time import memory_bound_time
 from stg.perf.system import load_system
+from stg.predictors.time import predict_time
 
 LLAMA = {"model": "llama", "dmodel": 512, "dff": 1536, "head": 8, "kvhead": 2, "seq": 1024,
          "dvocal": 1024, "num_stacks": 1, "batch": 2, "micro_batch": 2,
@@ -98,3 +99,16 @@ def test_quantization_is_priced_where_fp8_runs_natively() -> None:
     )
     a100 = load_system("a100-80g")  # no fp8 tensor cores: bf16 GEMMs, nothing quantized
     assert compute_time(node, a100) == compute_time(bare, a100)
+
+
+@pytest.mark.parametrize("system", ["h100-80g", "a100-80g"])
+def test_explain_names_the_quantization_and_the_amax_bookkeeping(system: str) -> None:
+    options = GenerateOptions(**{**LLAMA, "dtype": "fp8", "tp": 2, "dp": 2, "batch": 4})
+    workload = build_workload(options, load_registry(autoload=False))
+    report = predict_time(workload, system, explain=True)
+    parts = report["explain"]["breakdown_s"]
+    assert sum(parts.values()) == pytest.approx(report["iteration_time_s"], rel=1e-9)
+    assert "compute: fp8 amax" in parts
+    assert any(k.startswith("communication: tp ") for k in parts)
+    # quantized only where the GEMMs run in fp8 (Hopper); an A100 runs them in bf16
+    assert ("compute: fp8 quantize" in parts) == (system == "h100-80g")
