@@ -797,7 +797,7 @@ def bind_part(
             quantized.update(quantize_elements(module, part.forward, part.backward, binder.numel))
     forward = bound(part.forward, _weight_collective)
     backward = bound(part.backward, _weight_collective)
-    if fused_attention and binder.degrees.get("sp", 1) > 1:
+    if fused_attention and part.backward and binder.degrees.get("sp", 1) > 1:  # training
         forward, backward = context_parallel_attention(
             forward, backward, cp_comm_type, binder.degrees["sp"]
         )
