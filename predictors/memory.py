@@ -54,7 +54,11 @@ full activations of the one layer being recomputed; with selective recompute tha
 attention scores; on the last stage, the larger of that and the cross entropy's transient
 (eager: its backward's fp32 gradients, :data:`EAGER_CROSS_ENTROPY_TRANSIENT`; Megatron: the
 16-bit logits beside the loss's fp32 copy, :data:`MEGATRON_CROSS_ENTROPY_TRANSIENT`); with
-ZeRO-3 the gathered weights of two layers (current and prefetched). No allocator
+ZeRO-3 / FSDP the gathered weights of the two largest units (the one in use and the one
+prefetched; the embedding and the LM head are units of their own, :func:`fsdp_unit_parameters`)
+and, when larger than the transients above, the largest unit's gradients with FSDP2's
+reduce-scatter input in the reduce dtype (``foreach_reduce`` copies them in before it frees
+them; ``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``). No allocator
 fragmentation is added.
 
 FSDP2 (``weight_sharded``) as PyTorch runs it (:func:`fsdp_unsharded_state`): with
@@ -775,6 +779,22 @@ def zero_stage(o: GenerateOptions) -> int:
     return 3 if o.weight_sharded else o.zero
 
 
+def fsdp_unit_parameters(
+    o: GenerateOptions, kinds: Mapping[str, int], *, has_embedding: bool, has_head: bool
+) -> list[int]:
+    """Parameters per rank of each FSDP unit of a stage that gathers and reduces on its own
+    (stg's units, as torchtitan wraps Llama: every layer, the embedding, the final norm with
+    the LM head): one entry per kind of layer held, the embedding and the head where held."""
+    h, v, t = o.dmodel, o.dvocal, o.tp
+    llama = model_family(o.model) == "llama"
+    units = [layer_parameters_per_rank(o, kind) for kind, n in kinds.items() if n]
+    if has_embedding:
+        units.append(v * h // t + (0 if llama else o.seq * h))
+    if has_head:
+        units.append((h if llama else 2 * h) + (v * h // t if llama or o.pp > 1 else 0))
+    return units
+
+
 def fsdp_unsharded_state(o: GenerateOptions) -> tuple[bool, bool]:
     """Whether FSDP keeps (the whole stage's) gathered weights until their backward, and
     whether it accumulates unsharded gradients over the micro-batches: the first when
@@ -921,8 +941,17 @@ def stage_memory(
     # 16-bit logits or their gradient beside the fp32 ones) come with every activation held;
     # a layer's recompute comes later, after the head has freed its logits
     buffers = max(buffers, head_transient)
-    if zero == 3 and kinds and not keeps_weights:
-        buffers += 2 * e_w * max(layer_parameters_per_rank(o, kind) for kind in kinds)
+    units = fsdp_unit_parameters(o, kinds, has_embedding=has_embedding, has_head=has_head)
+    if zero == 3 and shard > 1 and units and not accumulates_grads:
+        # FSDP2 reduces a unit's gradients by copying them, cast to the reduce dtype, into one
+        # reduce-scatter input (foreach_reduce), freeing them only after the copy: the largest
+        # unit's gradients in the weight dtype and its reduce-scatter input live together
+        # after that unit's backward, when the loss's transients are gone. (Under pipeline
+        # parallelism the reductions wait for the last micro-batch, past the activations' peak.)
+        buffers = max(buffers, max(units) * (e_w + e_g))
+    if zero == 3 and units and not keeps_weights:
+        # the gathered weights of the unit in use and of the one prefetched
+        buffers += e_w * sum(sorted(units)[-2:])
     fp8_copies = fp8_weight_copy_bytes(o, kinds, system, has_head=has_head, kernels=kernels)
     return RankMemory(
         stage=stage,

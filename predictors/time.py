@@ -335,7 +335,7 @@ def predict_problem(
         report["mfu"] *= scale
         report["hfu"] *= scale
     if explain_path:
-        report["explain"] = explain(result, problem.comm_groups)
+        report["explain"] = explain(result, problem.comm_groups, system)
         if "groups" in report:
             report["explain"]["groups"] = report["groups"]
             report["explain"]["straggler"] = report["straggler"]

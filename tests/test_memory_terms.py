@@ -41,3 +41,35 @@ def test_16_bit_and_fp8_runs_hold_it_and_fp32_runs_need_no_copy(dtype: str) -> N
     assert rank.buffers == 2 * LOGITS
     (fp32,) = analytic_memory(replace(LONG, dtype="fp32", activation_recompute="none"))
     assert fp32.buffers == 0
+
+
+# --- FSDP2's buffers (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py) ------------
+
+FSDP = replace(
+    LONG, seq=1024, batch=8, dp=8, weight_sharded=True, mixed_precision=True, profile="eager",
+    activation_recompute="none", num_stacks=2,
+)  # fmt: skip
+LAYER = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096
+EMBEDDING = HEAD_WEIGHT = 128256 * 4096
+
+
+def test_fsdp_gathers_the_embedding_and_head_units() -> None:
+    """The LM head and the embedding are FSDP units of their own (torchtitan wraps them so);
+    with a 128k vocabulary each is larger than a layer, so they are the two gathered units
+    the buffer holds, not two layers."""
+    (rank,) = analytic_memory(FSDP)
+    gathered = 2 * (EMBEDDING + HEAD_WEIGHT + 4096)
+    assert rank.buffers >= gathered
+    assert gathered > 2 * 2 * LAYER
+
+
+def test_fsdp_reduce_scatter_input_beside_the_unit_gradients() -> None:
+    """foreach_reduce copies a unit's bf16 gradients into an fp32 reduce-scatter input before
+    it frees them: 2 + 4 bytes per parameter of the largest unit, where the loss's transient is
+    smaller (a short sequence)."""
+    short = replace(FSDP, seq=128)
+    (rank,) = analytic_memory(short)
+    largest = HEAD_WEIGHT + 4096
+    logits = 128 * 128256
+    assert 6 * largest > 8 * logits  # the eager loss's transient: 8 bytes per logit
+    assert rank.buffers == 6 * largest + 2 * (EMBEDDING + largest)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Any
 
 import pytest
 from workload_checks import check_runs_to_completion
@@ -30,6 +31,7 @@ from stg.perf.costs import compute_time
 from stg.perf.kernel_time import ATTENTION_BLOCK_ROWS
 from stg.perf.system import load_system
 from stg.predictors.memory import predict_memory
+from stg.predictors.time import predict_time
 from stg.trace.validate import validate_workload
 
 # --- context parallelism: load-balanced causal attention ------------------------------------
@@ -40,15 +42,21 @@ B = 2
 
 
 @functools.cache
-def attention_nodes(model: str, seq: int, cp: int) -> dict[str, object]:
-    """Layer 0's fused attention nodes (forward, backward) of every rank class."""
+def attention_nodes(
+    model: str, seq: int, cp: int, comm_type: str = "all_gather"
+) -> dict[tuple[int, str], Any]:
+    """Layer 0's fused attention nodes (forward, backward; under ``p2p`` the ring's steps)
+    of every rank class; ``all_gather`` (cp > 1) runs each pass as one kernel."""
     dims = GPT if model == "gpt" else LLAMA
-    o = GenerateOptions(**dims, seq=seq, batch=B, micro_batch=B, sp=cp, causal=True)
+    o = GenerateOptions(
+        **dims, seq=seq, batch=B, micro_batch=B, sp=cp, causal=True,
+        cp_comm_type=comm_type if cp > 1 else "p2p",
+    )  # fmt: skip
     w = build_workload(o, load_registry(autoload=False))
     nodes = {}
     for rank in range(w.world_size):
         for n in w.ranks[rank].nodes():
-            if n.name in ("mb0/layer0/fwd/core_attention", "mb0/layer0/bwd/core_attention.grad"):
+            if n.name.startswith("mb0/layer0/") and "attention" in n.attrs:
                 nodes[(rank, n.name.rsplit("/", 1)[-1])] = n
     return nodes
 
@@ -68,6 +76,13 @@ def test_causal_attention_flops_are_total_over_cp_per_rank(model: str, cp: int) 
     ]
     assert per_rank == [total // cp] * cp
     assert total % cp == 0
+    # the ring (p2p) runs the same work in two kernels per pass: step 0 on the rank's own
+    # keys (1/cp of it), then the steps on the others' keys
+    ring = attention_nodes(model, s, cp, "p2p")
+    for r in range(cp):
+        steps = {name: n.num_ops for (rank, name), n in ring.items() if rank == r}
+        assert sum(steps.values()) == per_rank[r]
+        assert steps["core_attention.local_kv"] == nodes[(r, "core_attention")].num_ops // cp
 
 
 @pytest.mark.parametrize("model", ["gpt", "llama"])
@@ -236,3 +251,75 @@ def test_amax_reduction_group_spans_tp_dp_cp_per_micro_batch(micro_batches: int)
             assert len(members) == 8
             stage = {w.layout.coords(r)["pp"] for r in members}
             assert stage == {graph.rank_class.stage}  # never across pipeline stages
+
+
+# --- context parallelism: how keys and values travel (--cp_comm_type) -----------------------
+
+
+def _layer0(comm_type: str, cp: int = 2) -> dict[str, Any]:
+    o = GenerateOptions(**LLAMA, seq=2048, batch=B, micro_batch=B, sp=cp, causal=True,
+                        cp_comm_type=comm_type)  # fmt: skip
+    w = build_workload(o, load_registry(autoload=False))
+    return {n.name: n for n in w.ranks[0].nodes() if n.name.startswith("mb0/layer0/")}
+
+
+def _sp_gathers(nodes: dict[str, Any], phase: str) -> list[Any]:
+    return [
+        n
+        for name, n in nodes.items()
+        if f"/{phase}/" in name and n.type is NodeType.COMM_COLL
+        and n.comm_type is CollectiveType.ALL_GATHER and "all_gather_sp" in name
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("comm_type", ["p2p", "all_gather"])
+def test_keys_and_values_travel_again_for_the_backward(comm_type: str) -> None:
+    """Transformer Engine saves only the rank's own K and V chunks: the all-gather variant
+    gathers them again before the backward, the ring passes them round again."""
+    nodes = _layer0(comm_type)
+    forward, backward = _sp_gathers(nodes, "fwd"), _sp_gathers(nodes, "bwd")
+    assert len(forward) == len(backward) == 2  # K and V
+    assert sorted(n.comm_size for n in forward) == sorted(n.comm_size for n in backward)
+    grads = [n for n in nodes.values() if "attention" in n.attrs and n.attrs["attention"][6]]
+    gathered = {n.id for n in backward}
+    assert any(gathered & set(n.data_deps) for n in grads)
+
+
+def test_ring_overlaps_the_first_step_with_the_transfer() -> None:
+    """p2p: step 0 attends to the rank's own keys and does not wait for the others'; the
+    other steps do. all_gather: the one kernel waits for the gather."""
+    ring = _layer0("p2p")
+    gathered = {n.id for n in _sp_gathers(ring, "fwd")}
+    local = ring["mb0/layer0/fwd/core_attention.local_kv"]
+    remote = ring["mb0/layer0/fwd/core_attention.remote_kv"]
+    assert not gathered & set(local.data_deps)
+    assert gathered <= set(remote.data_deps) and local.id in remote.data_deps
+    assert local.attrs["attention"][2:4] == (1024, 1024)  # causal over the own two chunks
+    assert remote.attrs["attention"][2:6] == (1024, 512, 64, 0)  # two full chunk blocks
+    whole = _layer0("all_gather")["mb0/layer0/fwd/core_attention"]
+    assert gathered <= set(whole.data_deps)
+
+
+def test_ring_hides_a_transfer_between_nodes() -> None:
+    """cp 2 across two nodes (tp 8 fills a node): the ring hides the gather of K and V over
+    the network behind step 0, which the all-gather variant waits for."""
+    system = load_system("h100-80g")
+    o = dict(**GPT, seq=16384, batch=B, micro_batch=B, tp=8, sp=2, causal=True)
+    times = {
+        c: predict_time(build_workload(GenerateOptions(**o, cp_comm_type=c),
+                                       load_registry(autoload=False)), system)["iteration_time_s"]
+        for c in ("p2p", "all_gather")
+    }  # fmt: skip
+    assert times["p2p"] < times["all_gather"]
+
+
+@pytest.mark.parametrize(
+    "given, message",
+    [
+        (dict(sp=2, cp_comm_type="ring"), r"cp_comm_type='ring' must be one of p2p, all_gather"),
+        (dict(cp_comm_type="all_gather"), r"needs sp > 1"),
+    ],
+)  # fmt: skip
+def test_cp_comm_type_is_checked(given: dict, message: str) -> None:
+    with pytest.raises(OptionError, match=message):
+        validate_options(GenerateOptions(**LLAMA, **given), load_registry(autoload=False))

@@ -258,6 +258,15 @@ SPECS: dict[str, tuple[str, _Spec]] = {
             metavar="default|always|never",
         ),
     ),
+    "cp_comm_type": (
+        _PARALLEL,
+        _Spec(
+            "Context parallelism (--sp): p2p passes keys and values around a ring, overlapped "
+            "with the attention steps; all_gather gathers them before the attention and its "
+            "backward (Megatron's --cp-comm-type; default p2p, as there).",
+            metavar="p2p|all_gather",
+        ),
+    ),
     "overlap_param_gather": (
         _PARALLEL,
         _Spec(

@@ -66,6 +66,20 @@ data parallelism), ``sp`` is context parallelism."""
 MODEL_PARALLEL_AMAX_AXES = ("sp", "tp")
 """Megatron's ``--tp-only-amax-red`` group: tensor x context parallel ranks."""
 
+QUANTIZE_ATTR = "fp8_quantize"
+"""Integer node attribute of an fp8 GEMM of a workload computing in fp8: the elements that
+Transformer Engine casts and transposes into fp8 (with their amax) right before it, by a
+kernel of their own (:func:`quantize_elements`); absent where a precision plan's cast nodes
+do it or nothing is cast (the module's other GEMMs)."""
+QUANTIZE_BYTES_PER_ELEMENT = 4
+"""``cast_transpose``: one bf16 read (2 bytes), the fp8 copy and its transpose written
+(1 + 1); the amax is reduced on the way (``common/transpose/cast_transpose.cu``)."""
+
+AUTOCAST_DTYPE = "bf16"
+"""The dtype of everything outside the fp8 GEMMs (``fp8_autocast`` inside bf16 autocast;
+Megatron's ``--bf16``), and of the output layer."""
+AUTOCAST_BYTES = 2
+
 CONCAT = "fp8_amax_concat"
 ALL_REDUCE = "fp8_amax_all_reduce"
 UPDATE = "fp8_scale_update"
@@ -148,3 +162,56 @@ def update_bytes(elements: int, history: int) -> int:
 def update_ops(elements: int, history: int) -> int:
     """One max per history entry and one division per scale."""
     return elements * (history + 1)
+
+
+def quantize_elements(
+    module: Fp8Module,
+    forward: Iterable[Op],
+    backward: Iterable[Op],
+    numel: Callable[[Tensor], int],
+) -> dict[str, int]:
+    """Elements that Transformer Engine quantizes (cast, transpose, amax) right before the
+    GEMMs of ``module``, by the name of the op that waits for them: the module's input before
+    its first forward GEMM, and each forward GEMM's output gradient before the first backward
+    GEMM of that op (this rank's rows, before a sequence-parallel gather). None where the
+    input already comes from a cast (a precision plan's ``.cast_`` nodes price that) or for
+    the attention core (bf16 unless ``fp8_dpa``)."""
+    if "core_attention" in module.ops:
+        return {}
+    gemms = [op for op in forward if op.kind == "einsum" and op.name in module.ops]
+    if not gemms:
+        return {}
+    activation = _local(next(t for t in gemms[0].inputs if t.kind != "weight"))
+    if activation.producer is not None and ".cast_" in activation.producer.name:
+        return {}
+    out = {gemms[0].name: numel(activation)}
+    for op in gemms:
+        first = next(
+            (b for b in backward if b.kind == "einsum" and b.name.split(".grad_", 1)[0] == op.name),
+            None,
+        )
+        read = {id(_local(t)) for t in op.inputs}
+        grads = [_local(t) for t in first.inputs if id(_local(t)) not in read] if first else []
+        if grads:
+            out[first.name] = numel(grads[0])  # type: ignore[union-attr]
+    return out
+
+
+def _local(t: Tensor) -> Tensor:
+    """The tensor a GEMM operand was gathered or viewed from: sequence parallelism gathers the
+    rows that TE quantized locally, in fp8."""
+    while t.producer is not None and t.producer.kind in ("collective", "view"):
+        t = t.producer.inputs[0]
+    return t
+
+
+def native_fp8_gemms(ops: Iterable[Op]) -> frozenset[str]:
+    """Names of the einsums of ``ops`` that compute in fp8 on operands that no precision plan
+    cast (a workload computing in fp8 throughout)."""
+    return frozenset(
+        op.name
+        for op in ops
+        if op.kind == "einsum"
+        and op.inputs[0].dtype == "fp8"
+        and not any(t.producer is not None and ".cast_" in t.producer.name for t in op.inputs)
+    )

@@ -22,11 +22,16 @@ from stg.core.fp8 import (
     ALL_REDUCE,
     AMAX_AXES,
     AMAX_BYTES,
+    AUTOCAST_BYTES,
+    AUTOCAST_DTYPE,
     CONCAT,
+    QUANTIZE_ATTR,
     UPDATE,
     Fp8Module,
     amax_buffer_elements,
     concat_bytes,
+    native_fp8_gemms,
+    quantize_elements,
     te_modules,
     update_bytes,
     update_ops,
@@ -353,6 +358,109 @@ def causal_split(scores: Op, binder: Binder) -> int:
         return 1
     cp = prod(binder.degrees[a] for a in cp_axes)
     return cp if sizes[query[0]] * cp == sizes[keys[0]] else 1
+
+
+# How context parallelism moves keys and values (Megatron-LM's ``--cp-comm-type``, run by
+# Transformer Engine 2.x, ``attention/dot_product_attention/context_parallel.py``):
+#
+# - ``p2p`` (Megatron's default; ``AttnFuncWithCPAndKVP2P``): the ranks pass their K and V
+#   chunks around a ring; attention runs in ``cp`` steps, each on the chunk at hand, while the
+#   next chunk travels. Step 0 attends to the rank's own keys; the backward passes K and V
+#   around again (only the local chunk is saved) with the gradients of the chunks already done,
+#   and waits for the last of those.
+# - ``all_gather`` (``AttnFuncWithCPAndKVAllGather``): K and V are all-gathered before the
+#   attention, again before its backward, and their gradients reduce-scattered after it.
+#
+# stg writes a ring as the all-gather of K and V (the same bytes: each rank receives the other
+# ``cp - 1`` chunks) running beside the first step, and the remaining steps as one kernel after
+# it: exact at cp 2; from cp 3 on, the real ring hides each transfer behind the step before,
+# where stg hides the whole gather behind step 0 only.
+
+
+def context_parallel_attention(
+    forward: list[BoundOp], backward: list[BoundOp], comm_type: str, cp: int
+) -> tuple[list[BoundOp], list[BoundOp]]:
+    """The fused attention of a part under context parallelism (``sp``) as ``comm_type``
+    (``GenerateOptions.CP_COMM_TYPES``; see the comment above) runs it: K and V gathered
+    again before the backward (both variants), and under ``p2p`` each pass split into the
+    step on the local keys, beside the gather, and the steps on the others' keys after it."""
+    gathered = {
+        op.outputs[0]: op.inputs[0]
+        for op in forward
+        if op.type is NodeType.COMM_COLL
+        and op.comm_type is CollectiveType.ALL_GATHER
+        and op.group_axes == ("sp",)
+    }
+    if not gathered:
+        return forward, backward
+
+    def attends_gathered(op: BoundOp) -> bool:
+        attrs = dict(op.attrs)
+        return "attention" in attrs and any(k in gathered for k in op.inputs)
+
+    out_forward: list[BoundOp] = []
+    for op in forward:
+        if comm_type == "p2p" and attends_gathered(op):
+            out_forward.extend(_ring_steps(op, gathered, cp))
+        else:
+            out_forward.append(op)
+    gathers = {op.outputs[0]: op for op in forward if op.outputs and op.outputs[0] in gathered}
+    out_backward: list[BoundOp] = []
+    for op in backward:
+        if not attends_gathered(op):
+            out_backward.append(op)
+            continue
+        # only the local chunks are saved: K and V are gathered (or passed round) again
+        again = {k: -k for k in op.inputs if k in gathered}  # keys no tensor has (ids > 0)
+        out_backward.extend(replace(gathers[k], outputs=(again[k],)) for k in again)
+        op = replace(op, inputs=tuple(again.get(k, k) for k in op.inputs))
+        if comm_type == "p2p":
+            local = {again[k]: gathered[k] for k in again}
+            out_backward.extend(_ring_steps(op, local, cp))
+        else:
+            out_backward.append(op)
+    return out_forward, out_backward
+
+
+def _ring_steps(op: BoundOp, local: Mapping[int, int], cp: int) -> list[BoundOp]:
+    """A fused attention pass ``op`` over gathered keys as two kernels: the ring's step 0 on
+    the rank's own keys (``local`` maps a gathered key to the local one), then its other
+    steps. Under load-balanced causal masking a rank holds chunks ``i`` and ``2·cp-1-i``:
+    step 0 is causal over those two (2 of the rank's ``2·cp`` chunk blocks), every other
+    step computes two full blocks (TE: both query chunks against the peer's first, or the
+    second against both), as a non-causal ``s_q x (cp-1)·s_q/2`` attention. Without masking
+    step 0 is ``s_q x s_kv/cp``, the rest ``s_q x (cp-1)·s_kv/cp``. FLOPs and bytes split
+    in the same shares."""
+    attrs = dict(op.attrs)
+    batch, heads, s_q, s_kv, head_dim, causal, backward = attrs["attention"]
+    if causal and (attrs.get("causal_split", 1) != cp or s_q % 2):
+        return [op]  # no load-balanced causal split: keep the one kernel
+    local_kv = s_q if causal else s_kv // cp
+    remote_kv = (cp - 1) * s_q // 2 if causal else s_kv - local_kv
+    rest = {k: v for k, v in attrs.items() if k not in ("attention", "causal_split")}
+    first_ops, first_bytes = op.num_ops // cp, op.tensor_size // cp
+    partial = -op.outputs[0] - 1  # step 0's partial output (odd: no id, no negated id)
+    step0 = replace(
+        op,
+        name=f"{op.name}.local_kv",
+        inputs=tuple(local.get(k, k) for k in op.inputs),
+        outputs=(partial,),
+        num_ops=first_ops,
+        tensor_size=first_bytes,
+        attrs=(
+            *rest.items(),
+            ("attention", (batch, heads, s_q, local_kv, head_dim, causal, backward)),
+        ),
+    )
+    others = replace(
+        op,
+        name=f"{op.name}.remote_kv",
+        inputs=(*op.inputs, partial),
+        num_ops=op.num_ops - first_ops,
+        tensor_size=op.tensor_size - first_bytes,
+        attrs=(*rest.items(), ("attention", (batch, heads, s_q, remote_kv, head_dim, 0, backward))),
+    )
+    return [step0, others]
 
 
 def kv_append_bytes(op: Op, binder: Binder) -> int:
@@ -683,6 +791,7 @@ def bind_part(
     fused_attention: bool = False,
     gradient_buckets: bool = False,
     shard_axes: frozenset[str] = frozenset(),
+    cp_comm_type: str = "p2p",
 ) -> BoundPart:
     """Bind ``part``; ``shard_degree`` is the degree over which ZeRO or FSDP shards its
     gradients and optimizer states (1: not sharded), over the mesh axes ``shard_axes`` where
@@ -690,7 +799,8 @@ def bind_part(
     ``fused_attention`` runs the attention core as one fused kernel forward and one backward
     (:func:`fuse_attention`);
     ``gradient_buckets`` reduces the part's gradients in buckets as PyTorch DDP does
-    (:func:`ddp_buckets`) instead of one collective per kind."""
+    (:func:`ddp_buckets`) instead of one collective per kind; ``cp_comm_type`` is how
+    context parallelism moves keys and values (:func:`context_parallel_attention`)."""
     shapes: dict[str, tuple[int, ...]] = {}
     grads = tuple(key(g) for g in part.weight_grads.values())
     input_tensor = next((t for t in part.inputs if t.kind == "input"), None)
@@ -710,10 +820,31 @@ def bind_part(
         reduce = ddp_buckets(_mark_flat(bind_ops(part.reduce, binder), part.reduce, binder))
     else:
         reduce = bound(part.reduce, _any_collective)
+    modules = te_modules(part.forward, binder.local_dim)
+    quantized: dict[str, int] = {}
+    output_layer: frozenset[str] = frozenset()
+    # training computing in fp8 throughout (not a precision plan's casts): TE's recipe
+    te_recipe = bool(part.backward) and any(
+        op.output.dtype == "fp8" and ".cast_" not in op.name for op in part.forward
+    )
+    if te_recipe and part.name == "head":
+        output_layer = native_fp8_gemms([*part.forward, *part.backward])
+    elif te_recipe:
+        for module in modules:
+            quantized.update(quantize_elements(module, part.forward, part.backward, binder.numel))
+    forward = bound(part.forward, _weight_collective)
+    backward = bound(part.backward, _weight_collective)
+    if fused_attention and part.backward and binder.degrees.get("sp", 1) > 1:  # training
+        forward, backward = context_parallel_attention(
+            forward, backward, cp_comm_type, binder.degrees["sp"]
+        )
+    if te_recipe:
+        forward = _te_fp8_recipe(forward, quantized, output_layer)
+        backward = _te_fp8_recipe(backward, quantized, output_layer)
     return BoundPart(
         part,
-        bound(part.forward, _weight_collective),
-        bound(part.backward, _weight_collective),
+        forward,
+        backward,
         reduce,
         bound(part.update, _any_collective),
         key(input_tensor) if input_tensor is not None else None,
@@ -725,8 +856,32 @@ def bind_part(
         binder.nbytes(boundary) if boundary is not None else 0,
         _zero_shard(part.weights, binder, shard_degree, shard_axes) if shard_degree > 1 else stored,
         sum(binder.unflat_numel(w) for w in part.weights),
-        te_modules(part.forward, binder.local_dim),
+        modules,
     )
+
+
+def _te_fp8_recipe(
+    ops: list[BoundOp], quantized: Mapping[str, int], output_layer: frozenset[str]
+) -> list[BoundOp]:
+    """``ops`` of a training part computing in fp8 as Transformer Engine's recipe runs them
+    (:mod:`stg.core.fp8`): the quantization before a GEMM recorded on it
+    (``QUANTIZE_ATTR``, :func:`stg.core.fp8.quantize_elements`); every other fp8 kernel but
+    the attention core moving its activations in the autocast dtype, bf16 (twice the bytes
+    counted in fp8); and the output layer's GEMMs (``output_layer``) in bf16."""
+    widen = AUTOCAST_BYTES // DTYPE_BYTES["fp8"]
+    out = []
+    for op in ops:
+        if op.type is not NodeType.COMP or op.dtype != "fp8":
+            out.append(op)
+        elif op.name in output_layer:
+            out.append(replace(op, dtype=AUTOCAST_DTYPE, tensor_size=op.tensor_size * widen))
+        elif op.name in quantized:
+            out.append(replace(op, attrs=(*op.attrs, (QUANTIZE_ATTR, quantized[op.name]))))
+        elif not any(k in ("gemm", "attention") for k, _ in op.attrs):
+            out.append(replace(op, tensor_size=op.tensor_size * widen))
+        else:
+            out.append(op)
+    return out
 
 
 DDP_BUCKET_BYTES = 25 * 2**20

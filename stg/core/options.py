@@ -201,6 +201,9 @@ class GenerateOptions:
     may span tensor-, context- and data-parallel ranks. ``etp`` (default ``tp``, as
     Megatron) splits each expert's FFN; giving it implies ``fold``. See
     :func:`stg.core.layout.fold_mesh`.
+    ``cp_comm_type`` is how context parallelism (``sp``) moves keys and values, Megatron's
+    ``--cp-comm-type``: ``p2p`` (a ring overlapped with the attention steps, the default) or
+    ``all_gather`` (:func:`stg.core.lowering.context_parallel_attention`).
     ``placement`` maps ranks to the device groups of a hybrid cluster, as runs
     ``((group, ranks), ...)`` in rank order (empty: one device kind); each group's ranks run
     the precision plan's entries for that group (:func:`stg.core.precision.plan_for_group`).
@@ -239,6 +242,7 @@ class GenerateOptions:
     weight_sharded: bool = False
     zero: int = 0
     reshard_after_forward: str = "default"
+    cp_comm_type: str = "p2p"
     overlap_param_gather: bool = False
     tp_comm_overlap: bool = False
     activation_recompute: str = "none"
@@ -274,6 +278,7 @@ class GenerateOptions:
     ATTENTION = ("fused", "unfused")
     EP_LAYOUTS = ("multiply", "fold")
     RESHARD_AFTER_FORWARD = ("default", "always", "never")
+    CP_COMM_TYPES = ("p2p", "all_gather")
     PROFILES = ("megatron", "eager")
     PHASES = ("training", "prefill", "decode", "mixed")
     OVERLAP_FIELDS = ("overlap_param_gather", "tp_comm_overlap")
@@ -388,7 +393,8 @@ class GenerateOptions:
     def recorded(self) -> dict[str, object]:
         """The options a trace's metadata records: where the files go is not part of the
         workload (same options, same bytes anywhere); unset options, options that are off
-        (:attr:`OFF_UNRECORDED`), ``reshard_after_forward`` at its default,
+        (:attr:`OFF_UNRECORDED`), ``reshard_after_forward`` and ``cp_comm_type`` at their
+        defaults,
         ``amax_history`` without TE's delayed scaling
         (:attr:`te_delayed_scaling`), ``moe_routing`` at its default and the other kind of
         run's fields (inference fields in training, overlap fields in serving) are left out."""
@@ -401,5 +407,6 @@ class GenerateOptions:
             and not (k in self.OFF_UNRECORDED and not v)
             and not (k == "amax_history" and not self.te_delayed_scaling)
             and not (k == "reshard_after_forward" and v == "default")
+            and not (k == "cp_comm_type" and v == "p2p")
             and not (k == "moe_routing" and v == "capacity")
         }

@@ -189,6 +189,7 @@ def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> Model
             fused_attention=o.attention == "fused",
             # a whole network in one part: its gradients reduced in DDP's buckets
             gradient_buckets=stackless and plan.zero_degree == 1,
+            cp_comm_type=o.cp_comm_type,
         )
     if stackless:
         bound["block"] = bind_part(Part("block"), binder, None)

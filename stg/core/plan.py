@@ -494,6 +494,16 @@ def make_plan(o: GenerateOptions) -> ParallelPlan:
         f"zero={o.zero} cannot be combined with weight_sharded "
         "(which already shards everything, ZeRO-3)",
     )
+    _require(
+        o.cp_comm_type in GenerateOptions.CP_COMM_TYPES,
+        f"cp_comm_type={o.cp_comm_type!r} must be one of "
+        f"{', '.join(GenerateOptions.CP_COMM_TYPES)}",
+    )
+    _require(
+        o.cp_comm_type == "p2p" or o.sp > 1,
+        f"cp_comm_type={o.cp_comm_type} is how context parallelism moves keys and values: "
+        "it needs sp > 1",
+    )
     allowed = GenerateOptions.RESHARD_AFTER_FORWARD
     _require(
         o.reshard_after_forward in allowed,

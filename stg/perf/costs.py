@@ -14,6 +14,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from stg.core.fp8 import QUANTIZE_ATTR, QUANTIZE_BYTES_PER_ELEMENT
 from stg.core.symbolic import DROPOUT_FLOPS
 from stg.core.workload import MICRO_BATCH_ATTR, STEP_ATTR, CollectiveType, Role, node_role
 from stg.perf import comm_time
@@ -139,6 +140,20 @@ def weight_cast_cached(node: Any) -> bool:
     return type(micro_batch) is int and micro_batch != 0
 
 
+def fp8_quantize_time(node: Any, system: System) -> float:
+    """The time of the fp8 quantization that runs right before an fp8 GEMM node (its
+    ``fp8_quantize`` elements, :data:`stg.core.fp8.QUANTIZE_ATTR`): Transformer Engine's
+    cast-transpose with its amax, a kernel of its own, at the measured rate of a fused fp8
+    cast with amax (``quantize``); 0 for a node without one. Part of the node's
+    :func:`compute_time` where the GEMM runs natively in fp8."""
+    attrs = getattr(node, "attrs", None) or {}
+    quantized = attrs.get(QUANTIZE_ATTR)
+    if type(quantized) is not int or quantized <= 0:
+        return 0.0
+    nbytes = quantized * QUANTIZE_BYTES_PER_ELEMENT
+    return memory_bound_time(system.gpu, nbytes, "quantize") + system.kernel_overhead
+
+
 def compute_time(
     node: Any,
     system: System,
@@ -243,6 +258,8 @@ def compute_time(
         # a convolution (implicit GEMM) moves its tensor_size, not its window matrix
         nbytes = node.tensor_size if attrs.get("implicit_gemm") else None
         seconds = gemm_time(gpu, m, n, k, dtype, batch, nbytes) / speedup
+        if dtype == "fp8":
+            seconds += fp8_quantize_time(node, system)
     elif kind == "other":
         simt = node.num_ops / gpu.rate("fp32") if node.num_ops > 0 else 0.0
         memory_class = memory_kind(name)

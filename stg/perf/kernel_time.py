@@ -80,6 +80,11 @@ MEMORY_KERNEL_SPEED: dict[str, float] = {
     # 5 bytes per bf16 element) runs at 3.0 TB/s: a streaming kernel.
     "dropout": 0.73 / 0.89,
     "softmax": 0.56 / 0.89,  # H100 data: softmax over 8192 columns, fp32, 1.88 TB/s
+    # an fp8 cast that also reduces its amax (Transformer Engine's quantize kernels): one
+    # fused cast + amax kernel over [65536, 8192] bf16 ran at 1.83 TB/s on an H100
+    # (tests/data/kernels/h100-fusion.jsonl, fp8_cast_amax/fused; 0.55 of 3.35 TB/s), where
+    # the cast alone streams at 2.99 TB/s
+    "quantize": 1.83 / 3.35 / 0.89,
 }
 """Bandwidth of a memory-bound kernel class relative to a streaming kernel (forward; large
 tensors). A system's streaming efficiency is its ``memory_efficiency``."""

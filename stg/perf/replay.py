@@ -87,8 +87,10 @@ from stg.perf.costs import (
     collective_phases,
     collective_time,
     compute_time,
+    fp8_quantize_time,
     group_shape,
     link_dimension,
+    native_fp8,
     send_phases,
     send_time,
 )
@@ -1337,10 +1339,24 @@ def critical_chain(replay_: Replay) -> list[tuple[int, int]]:
     return chain
 
 
-def explain(replay_: Replay, comm_groups: Mapping[int, Sequence[int]]) -> dict[str, Any]:
+EXPLAINED_ROLES = {
+    Role.FP8_AMAX: "fp8 amax",
+    Role.TP_ALL_GATHER: "tp",
+    Role.TP_REDUCE_SCATTER: "tp",
+    Role.PARAM_ALL_GATHER: "param",
+}
+"""How :func:`explain` names the nodes of a typed role (collectives, and the amax
+bookkeeping's kernels)."""
+
+
+def explain(
+    replay_: Replay, comm_groups: Mapping[int, Sequence[int]], system: System | None = None
+) -> dict[str, Any]:
     """The iteration time split along its critical path: compute by kernel class
-    (``gemm``, ``attention``, ``memory-bound``, ``recompute``, ``optimizer``), exposed
-    communication by collective type and group size (sends and receives: ``p2p``), and
+    (``gemm``, ``attention``, ``memory-bound``, ``recompute``, ``optimizer``, ``fp8 amax``
+    for Transformer Engine's amax bookkeeping, and with ``system`` ``fp8 quantize`` for the
+    quantization that a GEMM node carries), exposed communication by role (``fp8 amax``,
+    ``tp``, ``param``), collective type and group size (sends and receives: ``p2p``), and
     ``wait`` (time the chain waits on other ranks: pipeline bubble, stragglers). The parts add
     up to the iteration time."""
     parts: dict[str, float] = {}
@@ -1358,23 +1374,35 @@ def explain(replay_: Replay, comm_groups: Mapping[int, Sequence[int]]) -> dict[s
             continue
         if res.kind[i] == COMPUTE:
             attrs = getattr(node, "attrs", None) or {}
+            role = node_role(node)
             if node_phase(node) is Phase.RECOMPUTE:
                 key = "recompute"
-            elif node_role(node) is Role.OPTIMIZER_STEP:
+            elif role is Role.OPTIMIZER_STEP:
                 key = "optimizer"
+            elif role is Role.FP8_AMAX:
+                key = "fp8 amax"
             elif "attention" in attrs or op_class(
                 kernel_name(node), node.num_ops, node.tensor_size
             ) == ("attention"):
                 key = "attention"
             elif "gemm" in attrs:
                 key = "gemm"
+                device = device_of(system, res.unit.rank) if system is not None else None
+                if device is not None and native_fp8(device, "gemm", node.dtype or ""):
+                    quantize = min(spent, fp8_quantize_time(node, device))
+                    if quantize:
+                        parts["compute: fp8 quantize"] = (
+                            parts.get("compute: fp8 quantize", 0.0) + quantize
+                        )
+                        spent -= quantize
             else:
                 key = "memory-bound"
             parts[f"compute: {key}"] = parts.get(f"compute: {key}", 0.0) + spent
         elif res.kind[i] == COLL:
             size = len(comm_groups.get(node.comm_group, ())) if node.comm_group else 0
             ctype = node.comm_type.name.lower() if node.comm_type is not None else "collective"
-            key = f"{ctype} ({size} ranks)"
+            role = EXPLAINED_ROLES.get(node_role(node))  # type: ignore[arg-type]
+            key = f"{role + ' ' if role else ''}{ctype} ({size} ranks)"
             comm[key] = comm.get(key, 0.0) + spent
         elif res.kind[i] in (SEND, RECV):
             comm["p2p"] = comm.get("p2p", 0.0) + spent
