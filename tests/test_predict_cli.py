@@ -75,7 +75,7 @@ def test_memory_only(capsys: pytest.CaptureFixture[str]) -> None:
     [
         (
             ["--system", "z80"],
-            "unknown system 'z80'; allowed: a10-24g, a100-40g, a100-80g, h100-80g",
+            "unknown system 'z80'; allowed: a10-24g, a100-40g, a100-80g, b200-180g",
         ),
         (["--predictor", "oracle"], "unknown predictor 'oracle'; allowed:"),
         (["somewhere", "--dp", "2"], "give either a trace PATH or generation options"),

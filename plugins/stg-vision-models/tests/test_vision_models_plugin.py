@@ -178,7 +178,7 @@ def test_precision_planner_names_the_convolutions(tmp_path: Path) -> None:
     args += ["--system", "h100-80g", "--dtypes", "bf16,int8", "--out", str(tmp_path / "p.json")]
     result = runner.invoke(app, [*args, "--json"])
     assert result.exit_code == 0, result.output
-    planned, _ = json.JSONDecoder().raw_decode(result.output)
+    planned, _ = json.JSONDecoder().raw_decode(result.stdout)
     candidates = {op for op, _ in planned["candidates"]}
     # every matmul that reaches a GEMM's arithmetic intensity (32 FLOP/B, stg.perf.system):
     # all but the first bottleneck's 1x1 convolution of 64 to 64 channels (2·64·64 FLOPs
