@@ -13,6 +13,7 @@ import pytest
 import stg
 from stg.api import load_presets
 from stg.core.options import resolve_model
+from stg.host.presetfile import source_parts
 from stg.host.records import RecordError
 from stg.host.registry import load_registry
 from stg.models.presets import FAMILIES, builtin_presets
@@ -163,3 +164,18 @@ def test_a_malformed_file_fails_its_plugin_only(tmp_path: Path) -> None:
     missing = tmp_path / "none.toml"
     with pytest.raises(RecordError, match=rf"^preset file {missing}: cannot read it: "):
         load_presets(missing)
+
+
+def test_source_parts_are_the_values_of_a_source_table() -> None:
+    kimi = REGISTRY.presets.get("kimi-k2").source
+    assert [value for value, _ in source_parts(kimi)] == [
+        "dims", "seq", "published_parameters", "published_active_parameters"
+    ]  # fmt: skip
+    assert source_parts(kimi)[-1] == (
+        "published_active_parameters",
+        "the same table: 32B activated",
+    )
+    v31 = dict(source_parts(REGISTRY.presets.get("deepseek-v3.1").source))
+    assert v31["dims"].endswith("; the multi-token prediction module is not built")
+    llama = REGISTRY.presets.get("llama3-8b").source  # one citation, "; " inside it
+    assert source_parts(llama) == [(None, llama)]

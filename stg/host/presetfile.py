@@ -11,6 +11,7 @@ naming the file and the preset.
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import fields
@@ -107,3 +108,19 @@ def _source(where: str, source: object) -> str:
         if not isinstance(citation, str) or not citation.strip():
             raise RecordError(f"{where}: source of {key!r} must be a citation")
     return "; ".join(f"{key}: {citation}" for key, citation in source.items())
+
+
+_SOURCE_PART = re.compile(rf"; (?=(?:{'|'.join(SOURCE_KEYS)}): )")
+
+
+def source_parts(source: str) -> list[tuple[str | None, str]]:
+    """A preset's source as (value, citation) pairs: those of a ``source`` table, in its
+    order; a single citation is one pair whose value is None."""
+    parts = _SOURCE_PART.split(source)
+    pairs: list[tuple[str | None, str]] = []
+    for part in parts:
+        key, _, citation = part.partition(": ")
+        if key not in SOURCE_KEYS or not citation:
+            return [(None, source)]
+        pairs.append((key, citation))
+    return pairs
