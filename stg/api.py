@@ -39,7 +39,8 @@ What is here, by the stage of the pipeline it belongs to:
   :func:`load_calibration`, :func:`calibrated_time`; ``stg bench calibrate`` writes them);
 - records that hooks register: :class:`Model`, :class:`PipelineSchedule`, :class:`Kernel`,
   :class:`Emitter`, :class:`Predictor`, :class:`BenchOp`, :class:`Preset` (named
-  configurations of a model: ``--model llama3-8b``).
+  configurations of a model: ``--model llama3-8b``; :func:`load_presets` reads them from a
+  TOML file that a plugin ships).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 from stg import __version__, hookimpl
 from stg.errors import TraceError, UnknownNameError, UserError
+from stg.host.presetfile import load_presets
 from stg.host.records import (
     BenchOp,
     Emitter,
@@ -302,6 +304,7 @@ __all__ = [
     "layout_of",
     "link_dimension",
     "load_calibration",
+    "load_presets",
     "load_system",
     "memory_bound_time",
     "memory_kind",

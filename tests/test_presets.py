@@ -36,6 +36,11 @@ ENCODERS = {
     "bert-base", "bert-base-squad", "bert-large", "roberta-base", "roberta-base-swag",
     "roberta-large",
 }  # fmt: skip
+AS_DATA = {
+    "llama3.1-8b", "llama3.1-70b", "llama3.2-1b", "llama3.2-3b", "llama3.3-70b", "qwen3-0.6b",
+    "qwen3-1.7b", "qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen3-32b", "deepseek-v3.1", "kimi-k2",
+}  # fmt: skip
+"""The presets added as data (models/preset_data), each value with its source beside it."""
 NARAYANAN_TABLE_1 = {
     "gpt-1.7b", "gpt-3.6b", "gpt-7.5b", "gpt-18.4b", "gpt-39.1b", "gpt-76.1b", "gpt-145.6b",
     "gpt-310.1b", "gpt-529.6b", "gpt-1008b",
@@ -64,6 +69,16 @@ KNOWN_DEVIATIONS = {
     # multi-token prediction module and the 58·256 routing-bias constants left out. Without
     # the embedding (a lookup, no matmul) it is 36.626e9 (-1.01%): "37B" is rounded
     "deepseek-v3": {"active_tolerance": 0.015},
+    "deepseek-v3.1": {"active_tolerance": 0.015},  # DeepSeek-V3's configuration and figures
+    # Qwen/Qwen3-1.7B's card says 1.7B; its configuration gives 1.7206e9 with the embedding
+    # counted once (tied): 1.409e9 in 28 layers (the card's "1.4B non-embedding"), 0.311e9 in
+    # the embedding, and the card gives two digits
+    "qwen3-1.7b": {"tolerance": 0.013},
+    # moonshotai/Kimi-K2-Instruct's card says 1T total and 32B activated; its configuration
+    # gives 1.0264e12 (60 MoE layers of 384 experts of 3·7168·2048, 17.06e9 each, one dense
+    # layer, embedding and untied LM head) and 32.861e9 active (1.174e9 of it in the
+    # embedding, a lookup: 31.69e9 without it, -1.0%): the card gives one or two digits
+    "kimi-k2": {"tolerance": 0.027, "active_tolerance": 0.027},
 }
 """Presets whose published figure is further than 1% from the count of the released
 configuration, and why; test_known_deviations_exceed_one_percent keeps this list honest."""
@@ -83,11 +98,11 @@ def _counts(name: str) -> dict[str, int]:
 
 
 def test_the_issue_presets_and_narayanans_table_are_registered() -> None:
-    assert ISSUE_PRESETS | NARAYANAN_TABLE_1 | ENCODERS | {"debug"} == set(BUILTIN)
+    assert ISSUE_PRESETS | NARAYANAN_TABLE_1 | ENCODERS | AS_DATA | {"debug"} == set(BUILTIN)
     unpublished = {e.name for e in REGISTRY.presets if e.item.published_parameters is None}
     assert unpublished == {"debug"}  # every other preset states its published size
     moe = {e.name for e in REGISTRY.presets if e.item.model in ("moe", "deepseek")}
-    assert moe == {n for n in BUILTIN if n.startswith(("mixtral", "qwen3", "deepseek"))}
+    assert moe == {n for n in BUILTIN if n.startswith(("mixtral", "qwen3-moe", "deepseek", "kimi"))}
     assert all(REGISTRY.presets.get(n).published_active_parameters for n in moe)
     for entry in REGISTRY.presets:
         assert entry.item.source.strip() and set(entry.item.dims) <= set(PRESET_DIMS)
@@ -103,7 +118,11 @@ def test_preset_matches_its_source_and_generates(name: str) -> None:
         parallel = {"ep": 2}
     else:
         parallel = {"tp": 2, "pp": 2}
-    result = check_preset(name, REGISTRY, **KNOWN_DEVIATIONS.get(name, {}), **parallel)
+    # capacity routing gives Kimi K2's experts ceil(8·8192/384) = 171 slots, which ep 2 does
+    # not divide; dropless routing shapes them for the fullest expert, a multiple of ep
+    routing = {"moe_routing": "dropless"} if name == "kimi-k2" else {}
+    deviation = KNOWN_DEVIATIONS.get(name, {})
+    result = check_preset(name, REGISTRY, **deviation, **parallel, **routing)
     workload = result["workload"]
     assert workload.world_size == 2 ** len(parallel)
     recorded = workload.metadata["options"]
@@ -114,6 +133,18 @@ def test_preset_matches_its_source_and_generates(name: str) -> None:
             expected = -(-value // multiple) * multiple
         assert recorded[key] == expected, key
     assert recorded["model"] == preset.model
+
+
+@pytest.mark.parametrize("name", sorted(AS_DATA))
+def test_presets_added_as_data_name_the_source_of_each_value(name: str) -> None:
+    """The source of the dimensions, the sequence and each published count (and of tied
+    embeddings where the model ties them), as the data file's source table gives them."""
+    preset = REGISTRY.presets.get(name)
+    cited = {part.split(": ", 1)[0] for part in preset.source.split("; ")}
+    expected = {"dims", "seq", "published_parameters"}
+    expected |= {"published_active_parameters"} if preset.published_active_parameters else set()
+    expected |= {"tied_embeddings"} if preset.tied_embeddings else set()
+    assert expected <= cited, preset.source
 
 
 @pytest.mark.parametrize("name", sorted(KNOWN_DEVIATIONS))
@@ -132,6 +163,11 @@ PUBLISHED = {
     # 2·129280·7168 + 7168 + 61·MLA + 3·(3·7168·18432 + 2·7168)
     # + 58·((256 + 1)·3·7168·2048 + 7168·256 + 2·7168), MLA as in _by_hand
     "deepseek-v3": (671_026_404_352, 37_552_282_624),
+    "deepseek-v3.1": (671_026_404_352, 37_552_282_624),
+    # as DeepSeek-V3 with 64 heads, 384 routed experts, 1 dense layer, vocabulary 163,840
+    "kimi-k2": (1_026_408_209_408, 32_861_477_888),
+    # Qwen3-8B: 2·151936·4096 + 4096 + 36·(4096·(32 + 8)·128·2 + 3·4096·12288 + 2·4096)
+    "qwen3-8b": (8_190_726_144, 8_190_726_144),
 }
 
 

@@ -93,7 +93,7 @@ def test_inspect_model_fits_and_cites_its_sources_with_verbose() -> None:
         plain = _fits(["inspect", "model", name])
         assert "Source:" not in plain[80] and "--verbose" in plain[80]
         verbose = _fits(["inspect", "model", name, "--verbose"])
-        assert "Source:" in verbose[120]
+        assert f"sources of {name}:" in verbose[80]
     listing = _fits(["inspect", "model"])
     assert "arXiv" not in listing[80] and "llama3-8b" in listing[80]
     cited = _fits(["inspect", "model", "-v"])
@@ -101,6 +101,24 @@ def test_inspect_model_fits_and_cites_its_sources_with_verbose() -> None:
     # --json is unchanged: the source stays in it
     data = json.loads(runner.invoke(app, ["inspect", "model", "llama3-8b", "--json"]).stdout)
     assert "Dubey et al. 2024" in data["preset"]["source"]
+
+
+def test_inspect_model_lists_a_preset_a_line_in_80_columns() -> None:
+    """The listing gives each preset one line of 80 columns or fewer (its aliases below it):
+    layers, dmodel, heads, experts and the published counts; the sources come with -v."""
+    plain = _fits(["inspect", "model"])[80].splitlines()
+    start = [line.strip() for line in plain].index("presets (--model NAME)")
+    rows = {line.split()[0]: line.split()[1:] for line in plain[start + 3 :] if line[:1].isalnum()}
+    presets = list(load_registry(autoload=False).presets)
+    assert {p.name for p in presets} <= set(rows)
+    assert rows["llama3-8b"] == ["llama", "32", "4096", "32/8", "-", "8B"]
+    assert rows["kimi-k2"] == ["deepseek", "61", "7168", "64", "8/384+1", "1000B", "/", "32B"]
+    assert rows["qwen3-0.6b"] == ["llama", "28", "1024", "16/8", "-", "0.6B"]
+    assert "(deepseek-v3-671b)" in [line.strip() for line in plain]
+    verbose = _fits(["inspect", "model", "--verbose"])[80].splitlines()
+    cited = verbose[verbose.index("sources of kimi-k2:") + 1 :]
+    assert cited[0].startswith("  dims: huggingface.co/moonshotai/Kimi-K2-Instruct config.json")
+    assert any(line.startswith("  published_parameters: ") for line in cited[:12])
 
 
 def test_trace_reports_fit(trace: Path) -> None:

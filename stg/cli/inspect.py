@@ -206,6 +206,8 @@ def model(
     console = Console(highlight=False)
     if preset is not None:
         console.print(_preset_line(report, verbose), markup=False)
+        if verbose:
+            _print_sources(console, preset.name, preset.source)
     title = f"{options.model}: per part (micro_batch={micro_batch}, one device)"
     table = Table(title=title, title_justify="left")
     for column in ("part", "figure", "expression", "value"):
@@ -269,8 +271,8 @@ def _preset_line(report: dict[str, Any], verbose: bool) -> str:
     if counts:
         text += "; " + "; ".join(counts)
     if verbose:
-        return f"{text}. Source: {preset['source']}"
-    return f"{text} (its source: --verbose)."
+        return f"{text}."
+    return f"{text} (its sources: --verbose)."
 
 
 def _list_models(registry: Any, as_json: bool, verbose: bool) -> None:
@@ -311,20 +313,61 @@ def _list_models(registry: Any, as_json: bool, verbose: bool) -> None:
         table.add_row(m["name"], ", ".join(m["aliases"]), m["description"])
     print_table(console, table)
     table = Table(title="presets (--model NAME)", title_justify="left")
-    for column in ("preset", "model", "dimensions", "published", *(("source",) if verbose else ())):
-        table.add_column(column)
+    for column in PRESET_COLUMNS:
+        table.add_column(column, justify="left" if column in ("preset", "model") else "right")
     for p in presets:
-        total, active = p["published_parameters"], p["published_active_parameters"]
-        published = [_published_billions(total)] if total else []
-        if active:
-            published.append(f"{_published_billions(active)} active")
-        dims = " ".join(f"{k}={v}" for k, v in p["dims"].items())
         name = p["name"] + "".join(f"\n({alias})" for alias in p["aliases"])
-        source = (p["source"],) if verbose else ()
-        table.add_row(name, p["model"], dims, "\n".join(published) or "-", *source)
+        table.add_row(name, p["model"], *_preset_cells(p))
     print_table(console, table)
-    if not verbose:
-        console.print("The source of each preset's values: stg inspect model --verbose.")
+    if verbose:
+        for p in presets:
+            _print_sources(console, p["name"], p["source"])
+    else:
+        console.print(
+            "Every dimension of a preset: stg inspect model NAME; the sources of its values: "
+            "stg inspect model [NAME] --verbose."
+        )
+
+
+def _print_sources(console: Any, name: str, source: str) -> None:
+    """``name``'s sources: each value's citation on its own indented line (a single
+    citation on one)."""
+    import textwrap
+
+    from stg.host.presetfile import source_parts
+
+    console.print(f"sources of {name}:", markup=False)
+    for value, citation in source_parts(source):
+        text = citation if value is None else f"{value}: {citation}"
+        lines = textwrap.fill(text, console.width, initial_indent="  ", subsequent_indent="  ",
+                              break_on_hyphens=False)  # fmt: skip
+        console.print(lines, markup=False, soft_wrap=True)
+
+
+PRESET_COLUMNS = ("preset", "model", "layers", "dmodel", "heads", "experts", "published")
+"""The listing's columns: one line per preset (its aliases below it) in 80 columns."""
+
+
+def _preset_cells(preset: dict[str, Any]) -> tuple[str, ...]:
+    """Layers, dmodel, heads (query/key-value), experts (per token/routed, +shared) and the
+    published counts (total / active) of a preset; ``-`` where it sets none."""
+    dims = preset["dims"]
+    head, kvhead = dims.get("head"), dims.get("kvhead")
+    heads = "-" if head is None else str(head) if kvhead in (None, head) else f"{head}/{kvhead}"
+    experts = "-"
+    if "experts" in dims:
+        experts = f"{dims.get('kexperts', '?')}/{dims['experts']}"
+        if dims.get("shared_experts"):
+            experts += f"+{dims['shared_experts']}"
+    counts = (preset["published_parameters"], preset["published_active_parameters"])
+    published = " / ".join(_published_billions(x) for x in counts if x) or "-"
+    return (
+        str(dims.get("num_stacks", "-")),
+        str(dims.get("dmodel", "-")),
+        heads,
+        experts,
+        published,
+    )
 
 
 @app.command("system")

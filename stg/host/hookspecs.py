@@ -56,6 +56,14 @@ def stg_register_presets(register: Callable[[Preset], None]) -> None:
             register(Preset(name="tiny-7m", model="tiny",
                             dims={"dmodel": 256, "num_stacks": 8, "head": 8, "kvhead": 8},
                             source="Doe et al. 2025, Table 2", published_parameters=7.1e6))
+
+    Presets kept as data, a TOML file of ``[[preset]]`` tables that the plugin ships, are
+    read by :func:`stg.api.load_presets` (docs/presets.md, "Presets as data")::
+
+        @stg.hookimpl
+        def stg_register_presets(register):
+            for preset in load_presets(files("my_plugin") / "presets.toml"):
+                register(preset)
     """
 
 
