@@ -192,7 +192,11 @@ def test_stg_predict_lowers_from_options(capsys: pytest.CaptureFixture[str]) -> 
 # -- every plan that validates predicts, from options and from its trace ------------------------
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=10,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(
     pp=st.sampled_from([2, 3, 5, 8, 16, 35, 64]),
     dp=st.sampled_from([1, 3]),
@@ -211,7 +215,13 @@ def test_options_and_trace_predict_alike(
     per_stage: int,
     data: st.DataObject,
 ) -> None:
-    micro_batches = pp * per_stage if chunks > 1 else data.draw(st.integers(1, 2 * pp))
+    # deep pipelines with few micro-batches (their fill and drain), to keep each case short
+    if chunks > 1 and pp > 16:
+        chunks = 1
+    if chunks > 1:
+        micro_batches = pp * (per_stage if pp <= 8 else 1)
+    else:
+        micro_batches = data.draw(st.integers(1, min(2 * pp, 16)))
     plan = dict(
         TINY,
         model="gpt",
