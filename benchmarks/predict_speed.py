@@ -16,7 +16,9 @@ Sections (default ``gpt3``):
 
 Each row is one ``stg predict`` process: CPU is its user + system time and peak RSS its
 ``ru_maxrss`` (``os.wait4``), startup included. ``--exact`` adds ``--exact`` (every
-micro-batch replayed) to the option rows.
+micro-batch replayed) to the option rows. ``--whole`` adds, for the time predictor, a row
+that builds the whole workload and predicts from it (``predict_time(build_workload(...))``,
+what ``stg predict`` did before it lowered only the micro-batches its replay needs).
 """
 
 from __future__ import annotations
@@ -52,19 +54,33 @@ def flags(options: dict[str, object]) -> list[str]:
     return [f"--{k}={v}" for k, v in options.items() if v is not None]
 
 
-def run(args: Sequence[str]) -> dict[str, object]:
-    """One ``stg`` process: its CPU seconds, peak RSS in MB and JSON report."""
+WHOLE = """
+import json, sys
+from stg.core.options import GenerateOptions
+from stg.core.pipeline import build_workload
+from stg.host.registry import load_registry
+from stg.predictors.time import predict_time
+options = GenerateOptions(**json.loads(sys.argv[1]))
+report = predict_time(build_workload(options, load_registry(autoload=False)), "a100-80g")
+print(json.dumps({"time": report}))
+"""
+
+
+def run(args: Sequence[str], code: str | None = None) -> dict[str, object]:
+    """One ``stg`` process (or one running ``code`` with ``args``): its CPU seconds, peak RSS
+    in MB and JSON report."""
+    command = [sys.executable, "-m", "stg", *args] if code is None else [sys.executable]
+    if code is not None:
+        command += ["-c", code, *args]
     with tempfile.TemporaryFile("w+") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "stg", *args], stdout=out, stderr=subprocess.PIPE
-        )
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.PIPE)
         _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
         err = proc.stderr.read().decode() if proc.stderr else ""
         if proc.returncode:
             raise SystemExit(f"stg {' '.join(args)} failed: {err.strip()[-2000:]}")
         out.seek(0)
-        report = json.loads(out.read()) if "--json" in args else {}
+        report = json.loads(out.read()) if "--json" in args or code else {}
     return {
         "cpu_s": usage.ru_utime + usage.ru_stime,
         "peak_rss_mb": usage.ru_maxrss / 1024,
@@ -72,8 +88,8 @@ def run(args: Sequence[str]) -> dict[str, object]:
     }
 
 
-def row(label: str, args: Sequence[str]) -> None:
-    result = run(args)
+def row(label: str, args: Sequence[str], code: str | None = None) -> None:
+    result = run(args, code)
     time = result["report"].get("time", {})  # type: ignore[union-attr]
     extra = ""
     if time:
@@ -90,6 +106,7 @@ def row(label: str, args: Sequence[str]) -> None:
 
 def main(argv: list[str]) -> int:
     exact = ["--exact"] if "--exact" in argv else []
+    whole = "--whole" in argv
     counts = list(DEFAULT_COUNTS)
     if "--counts" in argv:
         at = argv.index("--counts")
@@ -110,9 +127,14 @@ def main(argv: list[str]) -> int:
                     f"175B {count:>3} micro-batches --predictor {predictor:<10}",
                     [*predict, "--predictor", predictor, *options, *extra],
                 )
+            if whole:
+                given = json.dumps(dict(GPT3_175B, batch=8 * count))
+                row(f"175B {count:>3} micro-batches whole workload     ", [given], WHOLE)
     if "deep" in sections:
         for label, options in (("530B tp8 pp35 dp9", GPT_530B), ("1T tp8 pp64 dp6", GPT_1T)):
             row(label, [*predict, "--predictor", "time", *flags(options), *exact])
+            if whole:
+                row(f"{label} whole workload", [json.dumps(options)], WHOLE)
     if "trace" in sections:
         with tempfile.TemporaryDirectory() as tmp:
             run(["generate", *flags(PP35_TRACE), "--output_dir", tmp])

@@ -26,6 +26,7 @@ MFU, critical path, timeline, per device group on hybrid systems).
 
 from __future__ import annotations
 
+import gc
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -270,6 +271,7 @@ def predict_problem(
     exact: bool = True,
     micro_batches: int | None = None,
     period: int | None = None,
+    checked: Mapping[int, int] | None = None,
 ) -> dict[str, Any]:
     """Replay ``problem`` and report; ``timeline`` writes a Chrome trace JSON there;
     ``explain_path`` adds the critical path's breakdown (:func:`explain`) as ``explain``.
@@ -306,7 +308,7 @@ def predict_problem(
     }
     args = (system, dtype, tables, profile, calibration)
     if not exact and timeline is None and not explain_path and not is_hybrid(system):
-        extend: dict[str, Any] = {}
+        extend: dict[str, Any] = {"checked": checked}
         if micro_batches is not None:
             extend = {
                 "micro_batches": micro_batches,
@@ -378,6 +380,7 @@ def predict_time(
     exact: bool = False,
     micro_batches: int | None = None,
     period: int | None = None,
+    checked: Mapping[int, int] | None = None,
     **_: Any,
 ) -> dict[str, Any]:
     """Iteration time, per-rank breakdown, MFU and critical path of a workload (``explain``:
@@ -385,7 +388,9 @@ def predict_time(
 
     ``micro_batches`` and ``period``: the workload is lowered for only the first micro-batches
     of an iteration of ``micro_batches`` (:func:`predict_time_options`); its periodic replay
-    with that period is extrapolated, or :class:`NotPeriodic` raised.
+    with that period is extrapolated, or :class:`NotPeriodic` raised. ``checked``: per period,
+    the shorter replays already found not periodic (see
+    :func:`stg.perf.periodic.replay_periodic`).
 
     The steady state of a pipeline is replayed once and extrapolated where a check proves
     it periodic (:func:`stg.perf.periodic.replay_periodic`); ``exact`` replays every
@@ -422,6 +427,7 @@ def predict_time(
         exact=exact,
         micro_batches=micro_batches,
         period=period,
+        checked=checked,
         **overlap_options(options),
     )
     report["simulated_ranks"] = len(problem.units)
@@ -479,7 +485,32 @@ def predict_time_options(
     ``check_size`` (``max_nodes``: at most that many nodes)."""
     if registry is None:
         raise UserError("the time predictor needs the registry (the model to build)")
-    system = load_system(system)
+    # millions of nodes, none in a reference cycle: the cyclic collector would only scan them
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _predict_time_options(
+            options, load_system(system), registry, kernels, calibration, exact, explain,
+            timeline, workload, max_nodes, progress,
+        )  # fmt: skip
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _predict_time_options(
+    options: GenerateOptions,
+    system: System,
+    registry: Any,
+    kernels: KernelTable | Iterable[Any] | None,
+    calibration: Calibration | None,
+    exact: bool,
+    explain: bool,
+    timeline: str | Path | None,
+    workload: Workload | None,
+    max_nodes: int | None,
+    progress: Callable[[str, int, int], None] | None,
+) -> dict[str, Any]:
     kwargs: dict[str, Any] = {
         "timeline": timeline,
         "kernels": kernels,
@@ -491,6 +522,7 @@ def predict_time_options(
     tries = []
     if not exact and timeline is None and not explain:
         tries = lowered_micro_batches(options, system)
+    checked: dict[int, int] = {}
     for built, period in tries:
         try:
             lowered = build_workload(options, registry, progress, lowered_micro_batches=built)
@@ -501,13 +533,14 @@ def predict_time_options(
                 lowered, system, micro_batches=options.micro_batches, period=period, **kwargs
             )
         except NotPeriodic:
+            checked[period] = built - period
             continue
         report["replay"]["lowered_micro_batches"] = built
         return report
     if workload is None:
         check_size(estimate_size(options, registry), max_nodes)
         workload = build_workload(options, registry, progress)
-    return predict_time(workload, system, **kwargs)
+    return predict_time(workload, system, checked=checked, **kwargs)
 
 
 def overlap_options(options: Mapping[str, Any]) -> dict[str, bool]:

@@ -320,6 +320,7 @@ def replay_periodic(
     micro_batches: int | None = None,
     name_at: NameAt | None = None,
     only_period: int | None = None,
+    checked: Mapping[int, int] | None = None,
     **options: Any,
 ) -> PeriodicReplay | None:
     """The iteration time, per-unit breakdowns and critical path of ``problem`` from two
@@ -333,7 +334,9 @@ def replay_periodic(
     :func:`stg.core.pipeline.build_workload`'s ``lowered_micro_batches``); its replays are
     extrapolated to the whole iteration, and ``name_at(node, micro_batch)`` names a node's
     alike of a micro-batch that ``problem`` lacks (for the critical path). ``only_period``: try
-    only that period (else one micro-batch, then one per stage)."""
+    only that period (else one micro-batch, then one per stage). ``checked``: per period, the
+    shorter replays' micro-batches that failed the check already (the same replays of a
+    workload lowered for fewer micro-batches): only longer ones are tried."""
     per_unit, built = _micro_batches(problem)
     if built is None:
         return None
@@ -346,6 +349,8 @@ def replay_periodic(
         if total % period or (built - total) % period:
             continue
         keep = first_keep(stages, period)
+        while checked and keep <= checked.get(period, 0):
+            keep *= 2
         # the two reduced replays cost about 2 * keep + period micro-batches: worth it where
         # that is at most half the full replay (should the check fail, as where a transient
         # decays without ever repeating exactly, the full replay follows them)

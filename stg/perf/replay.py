@@ -614,6 +614,11 @@ class _Sim:
         self.contended = contended_systems(system)
         """per link kind: the GPU as a compute kernel sees it while NCCL runs over that link"""
         self.contended_cost: dict[tuple[Any, str], float] = {}
+        self.cost_caches: dict[str, dict[Any, float]] = {}
+        """per device: the cost of each compute cost key and collective"""
+        self.compute_memo: dict[str, dict[int, tuple[Any, Any, float]]] = {}
+        self.link_cache: dict[tuple[int, ...], str | None] = {}
+        """per device and compute node object (by id, the node kept): its cost key and cost"""
         self.cost_key: list[list[Any]] = []
         self.comm_link: list[list[str | None]] = []
         self.share_links = share_links and not is_hybrid(system)
@@ -664,9 +669,13 @@ class _Sim:
         if isinstance(kernels, Mapping):
             kernels = kernels.get(device.name)
         unit_of = self.problem.unit_of_rank
-        cost_cache: dict[tuple[Any, ...], float] = {}
+        # costs are per device: units on one device share them, and the compute nodes that
+        # units of one rank class share (the same objects) are keyed once
+        cost_cache = self.cost_caches.setdefault(device.name, {})
+        memo = self.compute_memo.setdefault(device.name, {})
         for i, node in enumerate(nodes):
-            deps = set(node.data_deps) | set(node.ctrl_deps)
+            data, ctrl = node.data_deps, node.ctrl_deps
+            deps = data if not ctrl and len(data) < 2 else set(data) | set(ctrl)
             for dep in deps:
                 j = position.get(dep)
                 if j is None:
@@ -676,17 +685,22 @@ class _Sim:
             t = node.type
             if t in (NodeType.COMP, NodeType.MEM_LOAD, NodeType.MEM_STORE):
                 kind[i] = COMPUTE
-                ckey = compute_cost_key(node)
-                cost = cost_cache.get(ckey)
-                if cost is None:
-                    cost = cost_cache[ckey] = compute_time(
-                        node,
-                        device,
-                        self.default_dtype,
-                        kernels,
-                        self.profile,
-                        self.calibration,
-                    )
+                known = memo.get(id(node))
+                if known is not None and known[0] is node:
+                    _, ckey, cost = known
+                else:
+                    ckey = compute_cost_key(node)
+                    cost = cost_cache.get(ckey)
+                    if cost is None:
+                        cost = cost_cache[ckey] = compute_time(
+                            node,
+                            device,
+                            self.default_dtype,
+                            kernels,
+                            self.profile,
+                            self.calibration,
+                        )
+                    memo[id(node)] = (node, ckey, cost)
                 duration[i] = cost
                 cost_key[i] = ckey
             elif t is NodeType.COMM_COLL:
@@ -721,7 +735,10 @@ class _Sim:
                 else:
                     steps[i] = fixed_steps(duration[i])
                 if not is_hybrid(system):
-                    comm_link[i] = outermost_link(shape, system)
+                    link = self.link_cache.get(shape, False)
+                    if link is False:
+                        link = self.link_cache[shape] = outermost_link(shape, system)
+                    comm_link[i] = link
                 coll_key[i] = (unit.group_keys.get(i, ("group", node.comm_group)), participants)
                 coll_needed[i] = len(participants)
                 stream[i] = group_streams.setdefault(node.comm_group, 2 + len(group_streams))
