@@ -24,7 +24,7 @@ from stg.core.options import GenerateOptions, OptionError
 from stg.core.pipeline import build_workload, name_in_micro_batch, validate_options
 from stg.host.records import PipelineSchedule
 from stg.host.registry import load_registry
-from stg.perf.periodic import reduced_problem
+from stg.perf.periodic import reduced_problem, replay_periodic
 from stg.perf.replay import problem_from_workload, replay
 from stg.perf.system import load_system
 from stg.predictors.time import predict_time, predict_time_options
@@ -250,3 +250,15 @@ def test_options_and_trace_predict_alike(
         from_options["iteration_time_s"], rel=RELATIVE
     )
     assert from_trace["model_flops"] == from_options["model_flops"]
+
+
+def test_keeps_that_failed_the_check_are_not_replayed_again() -> None:
+    """``checked``: the shorter replays a lowered workload already found not periodic are
+    skipped on the whole workload (the next longer one is tried)."""
+    options = GenerateOptions(model="gpt", micro_batch=1, **SMALL, **PLANS["1f1b"])
+    problem = problem_from_workload(build_workload(options, REGISTRY), SYSTEM)
+    first = replay_periodic(problem, SYSTEM, only_if_cheaper=False)
+    again = replay_periodic(problem, SYSTEM, only_if_cheaper=False, checked={1: 9})
+    assert first is not None and again is not None
+    assert (first.replayed_micro_batches, again.replayed_micro_batches) == (9, 18)
+    assert again.iteration_time == pytest.approx(first.iteration_time, rel=RELATIVE)
