@@ -10,6 +10,7 @@ plan that validates, at any pipeline depth (the property test of issue 24).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from stg.core.pipeline import build_workload, name_in_micro_batch, validate_opti
 from stg.host.records import PipelineSchedule
 from stg.host.registry import load_registry
 from stg.perf.periodic import reduced_problem, replay_periodic
-from stg.perf.replay import problem_from_workload, replay
+from stg.perf.replay import problem_from_nodes, problem_from_workload, replay
 from stg.perf.system import load_system
 from stg.predictors.time import predict_time, predict_time_options
 
@@ -262,3 +263,29 @@ def test_keeps_that_failed_the_check_are_not_replayed_again() -> None:
     assert first is not None and again is not None
     assert (first.replayed_micro_batches, again.replayed_micro_batches) == (9, 18)
     assert again.iteration_time == pytest.approx(first.iteration_time, rel=RELATIVE)
+
+
+def test_sends_over_alike_links_fold_their_ranks() -> None:
+    """A rail and a spine of the same links price a send alike: the data-parallel replicas
+    whose pipeline sends cross the rail boundary are not told apart (one unit per stage of
+    a tp 2, dp 3, pp 3 run on 2-GPU nodes, 4 nodes per rail: 9 units by the dimension), and
+    the replay is every rank's own one's."""
+    nvlink, rail, spine = SYSTEM.network
+    system = dataclasses.replace(
+        SYSTEM,
+        network=(dataclasses.replace(nvlink, size=2), dataclasses.replace(rail, size=4), spine),
+    )
+    options = GenerateOptions(
+        model="gpt", **SMALL, num_stacks=3, tp=2, dp=3, pp=3, batch=6, micro_batch=3
+    )
+    workload = build_workload(options, REGISTRY)
+    folded = problem_from_workload(workload, system)
+    assert len(folded.units) == 3
+    every_rank = problem_from_nodes(
+        {g.rank: list(g.nodes()) for g in workload.ranks}, workload.comm_groups
+    )
+    a, b = replay(folded, system), replay(every_rank, system)
+    assert a.iteration_time == b.iteration_time
+    for res in a.units:
+        own = b.units[every_rank.unit_of_rank[res.unit.rank]]
+        assert res.end == own.end

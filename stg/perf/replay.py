@@ -36,10 +36,11 @@ state, gathers of one iteration beside the next one's forward); a tensor-paralle
 or reduce-scatter and the GEMMs that consume or produce it take the chunked pipeline's
 ``max(gemm, comm) + min(gemm, comm) / chunks`` (docs/prediction.md).
 
-Symmetry: ranks of one rank class whose groups have the same placement shape (and, by
-refinement, whose group partners are alike) have identical timelines, so only one
-representative per such *unit* is simulated; collectives and sends synchronise the
-representatives of the units involved. A trace read from files is simulated rank by rank.
+Symmetry: ranks of one rank class whose groups have the same placement shape and whose sends
+cross links alike (:func:`link_signature`) (and, by refinement, whose group partners are
+alike) have identical timelines, so only one representative per such *unit* is simulated;
+collectives and sends synchronise the representatives of the units involved. A trace read
+from files is simulated rank by rank.
 
 What a node is for comes from its typed attributes (:data:`stg.core.workload.NODE_SEMANTICS`,
 which generated traces carry), never from its name: the optimizer step and the parameter
@@ -82,6 +83,7 @@ from stg.core.workload import (
     node_role,
 )
 from stg.errors import TraceError
+from stg.perf import comm_time
 from stg.perf.calibration import Calibration
 from stg.perf.costs import (
     collective_phases,
@@ -365,6 +367,22 @@ def _refine(
         colour, keys = new, new_keys
 
 
+def link_signature(src: int, dst: int, system: System, memo: dict[int, Any]) -> Any:
+    """What a send from ``src`` to ``dst`` costs and shares depends on: the level (bandwidth,
+    latency, link kind) and port of the outermost dimension on which they differ
+    (:func:`stg.perf.costs.send_phases`), so that sends over two dimensions alike (a rail and
+    a spine of the same links) leave their ranks alike; on hybrid systems (sends priced per
+    rank pair) and for a send to itself, the dimension. ``memo``: per dimension."""
+    dimension = link_dimension(src, dst, system)
+    if dimension < 0 or is_hybrid(system):
+        return dimension
+    signature = memo.get(dimension)
+    if signature is None:
+        level = comm_time.Level.of(system.network[dimension])
+        signature = memo[dimension] = (level, comm_time.port(level, dimension))
+    return signature
+
+
 def problem_from_workload(workload: Workload, system: System) -> Problem:
     """Split a workload into symmetric units (see the module docstring)."""
     layout = workload.layout
@@ -390,6 +408,7 @@ def problem_from_workload(workload: Workload, system: System) -> Problem:
     neighbours: dict[int, list[Sequence[int]]] = {}
     peers: dict[int, list[int]] = {}
     ranks = [g.rank for g in workload.ranks]
+    levels: dict[int, Any] = {}
     for graph in workload.ranks:
         r, rc = graph.rank, graph.rank_class.index
         parts: list[Any] = []
@@ -409,7 +428,7 @@ def problem_from_workload(workload: Workload, system: System) -> Problem:
         prs = []
         for stage in class_peers[rc]:
             peer = layout.peer(r, stage)
-            links.append(link_dimension(r, peer, system))
+            links.append(link_signature(r, peer, system, levels))
             prs.append(peer)
         initial[r] = (rc, tuple(parts), tuple(links), group_of_rank(system, r))
         neighbours[r] = nbrs
@@ -510,6 +529,7 @@ def problem_from_trace(
     initial: dict[int, Any] = {}
     neighbours: dict[int, list[Sequence[int]]] = {}
     peers: dict[int, list[int]] = {}
+    levels: dict[int, Any] = {}
     for r in range(world):
         colls = trace.colls(r)
         distinct = list(dict.fromkeys(colls))
@@ -523,8 +543,8 @@ def problem_from_trace(
             classes[r],
             tuple(role_of[g] for g in colls),
             tuple(shapes[g] for g in distinct),
-            tuple(link_dimension(r, p, system) for p in sends),
-            tuple(link_dimension(r, p, system) for p in recvs),
+            tuple(link_signature(r, p, system, levels) for p in sends),
+            tuple(link_signature(r, p, system, levels) for p in recvs),
             group_of_rank(system, r),
         )
         neighbours[r] = [groups[g] for g in distinct]
