@@ -40,6 +40,7 @@ from stg.core.workload import (
 from stg.errors import TraceError
 from stg.perf.replay import (
     KIND_NAMES,
+    Costs,
     Problem,
     Replay,
     Unit,
@@ -101,6 +102,15 @@ class _Indexed:
         self.keys: dict[int, Key] = {}
         self.by_key: dict[tuple[int, Key], int] = {}
         self.indexed: set[int] = set()
+        self.bases: dict[int, tuple[Any, ...]] = {}
+        """each node's :func:`_base` (by position), worked out once"""
+
+    def base(self, i: int) -> tuple[Any, ...]:
+        """:func:`_base` of the node at position ``i``."""
+        found = self.bases.get(i)
+        if found is None:
+            found = self.bases[i] = _base(self.nodes[i])
+        return found
 
     def _index(self, mb: int) -> None:
         if mb in self.indexed:
@@ -108,7 +118,7 @@ class _Indexed:
         self.indexed.add(mb)
         seen: dict[Key, int] = {}
         for i in self.members.get(mb, ()):
-            base = _base(self.nodes[i])
+            base = self.base(i)
             occurrence = seen.get(base, 0)
             seen[base] = occurrence + 1
             self.keys[i] = (*base, occurrence)
@@ -123,7 +133,7 @@ class _Indexed:
         here, there = self.members[own], self.members[mb]
         if len(here) == len(there):  # the same nodes in the same order, as generated
             candidate = there[bisect_left(here, k)]
-            if _base(self.nodes[candidate]) == _base(self.nodes[k]):
+            if self.base(candidate) == self.base(k):
                 return candidate
         self._index(own)
         self._index(mb)
@@ -356,12 +366,15 @@ def replay_periodic(
         # decays without ever repeating exactly, the full replay follows them)
         while keep + period <= built and (2 * (2 * keep + period) <= total or not only_if_cheaper):
             cut = period * ((keep - stages) // period)
+            costs = Costs()  # the two problems share most node objects
             try:
-                short = replay(_reduced(problem, keep, built, indexed), *args, **options)
+                short = replay(
+                    _reduced(problem, keep, built, indexed), *args, costs=costs, **options
+                )
                 longer = problem
                 if keep + period < built:
                     longer = _reduced(problem, keep + period, built, indexed)
-                long = replay(longer, *args, **options)
+                long = replay(longer, *args, costs=costs, **options)
             except (_NotPeriodic, TraceError):
                 break
             found = _aligned(short, long, indexed, period, cut)

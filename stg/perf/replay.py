@@ -579,6 +579,19 @@ def problem_from_trace(
 
 
 @dataclass
+class Costs:
+    """Costs a replay works out, for a later replay with the same arguments to reuse."""
+
+    by_key: dict[str, dict[Any, float]] = field(default_factory=dict)
+    """per device: the cost of each compute cost key and collective"""
+    by_node: dict[str, dict[int, tuple[Any, Any, float]]] = field(default_factory=dict)
+    """per device and compute node object (by id, the node kept alive here): its cost key and
+    cost"""
+    links: dict[tuple[int, ...], str | None] = field(default_factory=dict)
+    """the outermost link of each group shape"""
+
+
+@dataclass
 class UnitResult:
     """Timeline of one unit: per node start/end (seconds), and what gated each start."""
 
@@ -611,6 +624,7 @@ class _Sim:
         overlap_param_gather: bool = False,
         tp_comm_overlap: bool = False,
         share_links: bool = True,
+        costs: Costs | None = None,
     ) -> None:
         self.problem = problem
         self.system = system
@@ -634,11 +648,10 @@ class _Sim:
         self.contended = contended_systems(system)
         """per link kind: the GPU as a compute kernel sees it while NCCL runs over that link"""
         self.contended_cost: dict[tuple[Any, str], float] = {}
-        self.cost_caches: dict[str, dict[Any, float]] = {}
-        """per device: the cost of each compute cost key and collective"""
-        self.compute_memo: dict[str, dict[int, tuple[Any, Any, float]]] = {}
-        self.link_cache: dict[tuple[int, ...], str | None] = {}
-        """per device and compute node object (by id, the node kept): its cost key and cost"""
+        costs = Costs() if costs is None else costs
+        self.cost_caches = costs.by_key
+        self.compute_memo = costs.by_node
+        self.link_cache = costs.links
         self.cost_key: list[list[Any]] = []
         self.comm_link: list[list[str | None]] = []
         self.share_links = share_links and not is_hybrid(system)
@@ -1245,13 +1258,15 @@ def replay(
     overlap_param_gather: bool = False,
     tp_comm_overlap: bool = False,
     share_links: bool = True,
+    costs: Costs | None = None,
 ) -> Replay:
     """Simulate every unit of ``problem`` on ``system`` (ops priced with ``kernels`` under
     execution ``profile``); ``overlap_param_gather`` and ``tp_comm_overlap``: Megatron's
     options of those names (see :meth:`_Sim._gather_before_forward` and
     :meth:`_Sim._overlap_tp_collectives`). ``share_links`` False runs every transfer at its
     ports' full bandwidth whatever else is in flight (the model without bandwidth sharing, for
-    comparison)."""
+    comparison). ``costs``: the node costs worked out by an earlier replay with the same
+    arguments (of a problem sharing node objects, as two reduced ones), filled in further."""
     # millions of small lists and tuples, none cyclic: the cyclic collector only costs time
     enabled = gc.isenabled()
     gc.disable()
@@ -1266,6 +1281,7 @@ def replay(
             overlap_param_gather,
             tp_comm_overlap,
             share_links,
+            costs,
         ).run()
     finally:
         if enabled:
