@@ -59,6 +59,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import heapq
+import itertools
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -976,11 +977,11 @@ class _Sim:
         coll_seq: dict[tuple[int, Any], int] = {}
         instances: dict[Any, list[Any]] = {}
         touched: set[tuple[int, int]] = set()
+        heappush, heappop = heapq.heappush, heapq.heappop
+        tick = itertools.count(counter + 1)
 
         def push(time: float, u: int, i: int) -> None:
-            nonlocal counter
-            counter += 1
-            heapq.heappush(heap, (time, counter, u, i))
+            heappush(heap, (time, next(tick), u, i))
 
         def make_ready(u: int, i: int, t: float, cause: tuple[int, int] | None) -> None:
             res = results[u]
@@ -1176,7 +1177,7 @@ class _Sim:
         while heap:
             t = heap[0][0]
             while heap and heap[0][0] == t:
-                _, _, u, i = heapq.heappop(heap)
+                _, _, u, i = heappop(heap)
                 if u < 0:  # a transfer's step ends (unless superseded by a new rate)
                     f = flows[-1 - u]
                     if i == f.version:
@@ -1203,7 +1204,11 @@ class _Sim:
                     pend[c] -= 1
                     if pend[c] == 0:
                         make_ready(u, c, t, (u, i))
-            if touched:
+            if len(touched) == 1:
+                ((u, stream),) = touched
+                dispatch(u, stream, t)
+                touched.clear()
+            elif touched:
                 for u, stream in sorted(touched, key=_comm_first):
                     dispatch(u, stream, t)
                 touched.clear()
