@@ -18,9 +18,10 @@ Sections (default ``gpt3``):
 
 Each row is one ``stg predict`` process: CPU is its user + system time and peak RSS its
 ``ru_maxrss`` (``os.wait4``), startup included. ``--exact`` adds ``--exact`` (every
-micro-batch replayed) to the option rows. ``--whole`` adds, for the time predictor, a row
-that builds the whole workload and predicts from it (``predict_time(build_workload(...))``,
-what ``stg predict`` did before it lowered only the micro-batches its replay needs).
+micro-batch replayed) to the option rows. ``--whole`` adds, for the time predictor on GPT-3
+175B, a row that builds the whole workload and predicts from it
+(``predict_time(build_workload(...))``, what ``stg predict`` did before it lowered only the
+micro-batches its replay needs).
 """
 
 from __future__ import annotations
@@ -137,8 +138,6 @@ def main(argv: list[str]) -> int:
         for label, options in (("530B tp8 pp35 dp9", GPT_530B), ("1T tp8 pp64 dp6", GPT_1T)):
             limit = ["--max-nodes", "100000000"]
             row(label, [*predict, "--predictor", "time", *flags(options), *limit, *exact])
-            if whole:
-                row(f"{label} whole workload", [json.dumps(options)], WHOLE)
     if "trace" in sections:
         with tempfile.TemporaryDirectory() as tmp:
             run(["generate", *flags(PP35_TRACE), "--output_dir", tmp])
