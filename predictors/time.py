@@ -29,6 +29,7 @@ from __future__ import annotations
 import gc
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -482,7 +483,7 @@ def predict_time_options(
     (:func:`stg.perf.periodic.replay_periodic`); the same figures as the whole workload's.
     Where that does not apply or the check fails, the whole workload is replayed: ``workload``
     where given (built from ``options``), else built once its estimated size passes
-    ``check_size`` (``max_nodes``: at most that many nodes)."""
+    ``check_size`` (``max_nodes``: at most that many nodes), as the lowered one's must."""
     if registry is None:
         raise UserError("the time predictor needs the registry (the model to build)")
     # millions of nodes, none in a reference cycle: the cyclic collector would only scan them
@@ -524,6 +525,11 @@ def _predict_time_options(
         tries = lowered_micro_batches(options, system)
     checked: dict[int, int] = {}
     for built, period in tries:
+        # the lowered workload's size is that of the run with ``built`` micro-batches
+        per_micro_batch = options.micro_batch or options.batch
+        check_size(
+            estimate_size(replace(options, batch=built * per_micro_batch), registry), max_nodes
+        )
         try:
             lowered = build_workload(options, registry, progress, lowered_micro_batches=built)
         except ValueError:  # a schedule whose shorter orders are not its prefixes

@@ -289,3 +289,20 @@ def test_sends_over_alike_links_fold_their_ranks() -> None:
     for res in a.units:
         own = b.units[every_rank.unit_of_rank[res.unit.rank]]
         assert res.end == own.end
+
+
+def test_the_lowered_workload_is_refused_when_too_large(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The lowered workload passes the same size check as the whole one before it is built:
+    a huge stack, or more nodes than ``--max-nodes``, is one ``error:`` line."""
+    args = ["predict", "--predictor", "time", "--batch", "64", "--micro_batch", "1"]
+    for extra in (["--num_stacks", str(10**9)], [*_TINY_FLAGS, "--max-nodes", "10"]):
+        with pytest.raises(SystemExit) as info:
+            main([*args, *extra])
+        out, err = capsys.readouterr()
+        assert info.value.code == 2 and out == ""
+        assert err.startswith("error: this workload ") and err.count("\n") == 1, err
+
+
+_TINY_FLAGS = [f"--{k}={v}" for k, v in TINY.items()] + ["--num_stacks=2"]
