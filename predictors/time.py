@@ -524,11 +524,14 @@ def _predict_time_options(
     if not exact and timeline is None and not explain:
         tries = lowered_micro_batches(options, system)
     checked: dict[int, int] = {}
+    size_option = "--max-nodes" if max_nodes is not None else None  # the CLI's, when given
     for built, period in tries:
         # the lowered workload's size is that of the run with ``built`` micro-batches
         per_micro_batch = options.micro_batch or options.batch
         check_size(
-            estimate_size(replace(options, batch=built * per_micro_batch), registry), max_nodes
+            estimate_size(replace(options, batch=built * per_micro_batch), registry),
+            max_nodes,
+            option=size_option,
         )
         try:
             lowered = build_workload(options, registry, progress, lowered_micro_batches=built)
@@ -544,7 +547,7 @@ def _predict_time_options(
         report["replay"]["lowered_micro_batches"] = built
         return report
     if workload is None:
-        check_size(estimate_size(options, registry), max_nodes)
+        check_size(estimate_size(options, registry), max_nodes, option=size_option)
         workload = build_workload(options, registry, progress)
     return predict_time(workload, system, checked=checked, **kwargs)
 
