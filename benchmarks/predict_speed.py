@@ -1,71 +1,147 @@
-"""CPU time and peak memory of the time predictor on GPT-3 175B on 1,024 A100s.
+"""CPU time and peak memory of ``stg predict``, each run in its own process.
 
-Run: ``python benchmarks/predict_speed.py [MICRO_BATCHES ...] [--exact]`` (default 12 48 192
-768). Tensor parallelism 8, pipeline parallelism 16 (1F1B), data parallelism 8, 8 samples per
-micro-batch over the replicas (one per replica), so the global batch is 8 x micro-batches (192
-micro-batches: Brown et al.'s 1,536). Each count runs in a fresh process, so that peak memory
-(``resource.getrusage``'s ``ru_maxrss`` of that process) is its own; CPU time is
-``time.process_time``, split into building the workload and predicting (symmetry, replay,
-report). ``--exact`` replays every micro-batch (``stg predict --exact``).
+Run: ``python benchmarks/predict_speed.py [SECTION ...] [--counts N ...] [--exact]``.
+Sections (default ``gpt3``):
+
+- ``gpt3``: GPT-3 175B on 1,024 A100s (tensor parallelism 8, pipeline parallelism 16 with
+  1F1B, data parallelism 8; 8 samples per micro-batch over the replicas, so 192 micro-batches
+  are Brown et al.'s batch of 1,536) from options, at each micro-batch count of ``--counts``
+  (default 12 48 192 768), with the default predictors (time and memory), ``--predictor
+  time`` and ``--predictor analytical``.
+- ``deep``: GPT-3 530B at tp 8, pp 35, dp 9 (2,520 ranks, 280 micro-batches) and GPT 1T at
+  tp 8, pp 64, dp 6 (Narayanan et al. 2021, Table 1 shapes; 512 micro-batches), from options
+  with ``--predictor time`` and ``--max-nodes 100000000``: where the lowered workload's steady
+  state does not repeat, the row says that the whole workload (hundreds of millions of
+  nodes over the ranks) was refused rather than building it on a shared machine.
+- ``trace``: the 315-rank pp-35 trace of issue 24 (written with ``stg generate``), predicted
+  from its directory with ``--predictor time``.
+
+Each row is one ``stg predict`` process: CPU is its user + system time and peak RSS its
+``ru_maxrss`` (``os.wait4``), startup included. ``--exact`` adds ``--exact`` (every
+micro-batch replayed) to the option rows. ``--whole`` adds, for the time predictor on GPT-3
+175B, a row that builds the whole workload and predicts from it
+(``predict_time(build_workload(...))``, what ``stg predict`` did before it lowered only the
+micro-batches its replay needs).
 """
 
 from __future__ import annotations
 
 import json
-import resource
+import os
 import subprocess
 import sys
-import time
+import tempfile
+from collections.abc import Sequence
 
 GPT3_175B = dict(
     model="gpt", dmodel=12288, dff=49152, head=96, kvhead=96, num_stacks=96, seq=2048,
     dvocal=51200, tp=8, pp=16, dp=8, micro_batch=8,
 )  # fmt: skip
+GPT_530B = dict(
+    model="gpt", dmodel=20480, dff=81920, head=128, kvhead=128, num_stacks=105, seq=2048,
+    dvocal=51200, tp=8, pp=35, dp=9, micro_batch=9, batch=2520,
+)  # fmt: skip
+GPT_1T = dict(
+    model="gpt", dmodel=25600, dff=102400, head=160, kvhead=160, num_stacks=128, seq=2048,
+    dvocal=51200, tp=8, pp=64, dp=6, micro_batch=6, batch=3072,
+)  # fmt: skip
+PP35_TRACE = dict(
+    model="gpt", dmodel=256, dff=1024, head=8, kvhead=8, seq=128, dvocal=1024,
+    num_stacks=105, tp=1, pp=35, dp=9, batch=315, micro_batch=9, tpsp="false", dtype="fp16",
+    mixed_precision="true",
+)  # fmt: skip
 DEFAULT_COUNTS = (12, 48, 192, 768)
 
 
-def measure(micro_batches: int, exact: bool) -> dict[str, float | int | str]:
-    """One prediction in this process: CPU seconds of each step and peak RSS in MB."""
-    from stg.core.options import GenerateOptions
-    from stg.core.pipeline import build_workload
-    from stg.host.registry import load_registry
-    from stg.predictors.time import predict_time
+def flags(options: dict[str, object]) -> list[str]:
+    return [f"--{k}={v}" for k, v in options.items() if v is not None]
 
-    start = time.process_time()
-    options = GenerateOptions(**GPT3_175B, batch=8 * micro_batches)
-    workload = build_workload(options, load_registry(autoload=False))
-    built = time.process_time()
-    kwargs = {"exact": True} if exact else {}
-    report = predict_time(workload, "a100-80g", **kwargs)
-    done = time.process_time()
+
+WHOLE = """
+import json, sys
+from stg.core.options import GenerateOptions
+from stg.core.pipeline import build_workload
+from stg.host.registry import load_registry
+from stg.predictors.time import predict_time
+options = GenerateOptions(**json.loads(sys.argv[1]))
+report = predict_time(build_workload(options, load_registry(autoload=False)), "a100-80g")
+print(json.dumps({"time": report}))
+"""
+
+
+def run(args: Sequence[str], code: str | None = None) -> dict[str, object]:
+    """One ``stg`` process (or one running ``code`` with ``args``): its CPU seconds, peak RSS
+    in MB and JSON report."""
+    command = [sys.executable, "-m", "stg", *args] if code is None else [sys.executable]
+    if code is not None:
+        command += ["-c", code, *args]
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.PIPE)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        err = proc.stderr.read().decode() if proc.stderr else ""
+        out.seek(0)
+        report = {}
+        if not proc.returncode and ("--json" in args or code):
+            report = json.loads(out.read())
     return {
-        "micro_batches": micro_batches,
-        "build_cpu_s": built - start,
-        "predict_cpu_s": done - built,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "iteration_time_s": report["iteration_time_s"],
-        "replay": (report.get("replay") or {}).get("kind", "full"),
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "peak_rss_mb": usage.ru_maxrss / 1024,
+        "report": report,
+        "error": err.strip().splitlines()[-1] if proc.returncode and err.strip() else "",
     }
 
 
+def row(label: str, args: Sequence[str], code: str | None = None) -> None:
+    result = run(args, code)
+    time = result["report"].get("time", {})  # type: ignore[union-attr]
+    extra = f"; {result['error']}" if result["error"] else ""
+    if time:
+        replay = time.get("replay", {})
+        lowered = replay.get("lowered_micro_batches")
+        extra = f"; iteration {time['iteration_time_s']:.6f} s, {replay.get('kind')} replay"
+        if lowered:
+            extra += f" of {lowered} lowered micro-batches"
+    print(
+        f"{label}: {result['cpu_s']:.2f} CPU s, peak RSS {result['peak_rss_mb']:.0f} MB{extra}",
+        flush=True,
+    )
+
+
 def main(argv: list[str]) -> int:
-    exact = "--exact" in argv
-    counts = [int(a) for a in argv if a != "--exact" and a != "--one"] or list(DEFAULT_COUNTS)
-    if "--one" in argv:  # the child: one count, one JSON line
-        print(json.dumps(measure(counts[0], exact)))
-        return 0
-    for count in counts:
-        flags = ["--one", str(count)] + (["--exact"] if exact else [])
-        out = subprocess.run(
-            [sys.executable, __file__, *flags], check=True, capture_output=True, text=True
-        ).stdout
-        row = json.loads(out.strip().splitlines()[-1])
-        print(
-            f"{row['micro_batches']:>4} micro-batches: build {row['build_cpu_s']:.2f} s, "
-            f"predict {row['predict_cpu_s']:.2f} s ({row['replay']} replay), peak RSS "
-            f"{row['peak_rss_mb']:.0f} MB; iteration {row['iteration_time_s']:.6f} s",
-            flush=True,
-        )
+    exact = ["--exact"] if "--exact" in argv else []
+    whole = "--whole" in argv
+    counts = list(DEFAULT_COUNTS)
+    if "--counts" in argv:
+        at = argv.index("--counts")
+        given = []
+        for a in argv[at + 1 :]:
+            if not a.isdigit():
+                break
+            given.append(int(a))
+        counts = given or counts
+    sections = [a for a in argv if a in ("gpt3", "deep", "trace")] or ["gpt3"]
+    predict = ["predict", "--system", "a100-80g", "--json"]
+    if "gpt3" in sections:
+        for count in counts:
+            options = flags(dict(GPT3_175B, batch=8 * count))
+            for predictor in ("all", "time", "analytical"):
+                extra = exact if predictor != "analytical" else []
+                row(
+                    f"175B {count:>3} micro-batches --predictor {predictor:<10}",
+                    [*predict, "--predictor", predictor, *options, *extra],
+                )
+            if whole:
+                given = json.dumps(dict(GPT3_175B, batch=8 * count))
+                row(f"175B {count:>3} micro-batches whole workload     ", [given], WHOLE)
+    if "deep" in sections:
+        for label, options in (("530B tp8 pp35 dp9", GPT_530B), ("1T tp8 pp64 dp6", GPT_1T)):
+            limit = ["--max-nodes", "100000000"]
+            row(label, [*predict, "--predictor", "time", *flags(options), *limit, *exact])
+    if "trace" in sections:
+        with tempfile.TemporaryDirectory() as tmp:
+            run(["generate", *flags(PP35_TRACE), "--output_dir", tmp])
+            row("pp35 315-rank trace", [*predict, tmp, "--predictor", "time"])
     return 0
 
 

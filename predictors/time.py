@@ -26,8 +26,10 @@ MFU, critical path, timeline, per device group on hybrid systems).
 
 from __future__ import annotations
 
+import gc
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -35,26 +37,29 @@ import stg
 from stg.api import (
     EAGER_OP_HOST_S,
     Calibration,
+    GenerateOptions,
     KernelTable,
-    NodeType,
-    Phase,
     Predictor,
     Problem,
     Replay,
     System,
     Workload,
     attention_impl,
+    build_workload,
+    check_size,
     collective_phases,
     collective_time,
     compute_time,
     default_cast_model,
+    estimate_size,
+    first_keep,
     group_shape,
     is_cast,
     is_hybrid,
     kernel_name,
     kernel_table,
     load_system,
-    node_phase,
+    name_in_micro_batch,
     problem_from_nodes,
     problem_from_trace,
     problem_from_workload,
@@ -64,6 +69,7 @@ from stg.api import (
     tree_all_reduce_time,
 )
 from stg.api import replay_engine as engine
+from stg.api import unit_flops as engine_unit_flops
 from stg.errors import TraceError, UserError, write_replacing
 
 COMPUTE, COLL, SEND, RECV = engine.COMPUTE, engine.COLL, engine.SEND, engine.RECV
@@ -205,23 +211,20 @@ def report_of(
     dtype: str = "bf16",
     tokens: int | None = None,
     world_size: int | None = None,
+    flops: Sequence[tuple[int, int]] | None = None,
 ) -> dict[str, Any]:
     """The report of the ``time`` predictor: the units replayed, the iteration time, each
-    unit's breakdown (:func:`unit_breakdown`) and the critical path (:func:`critical_path`)."""
+    unit's breakdown (:func:`unit_breakdown`) and the critical path (:func:`critical_path`);
+    ``flops``: each unit's (hardware, model) FLOPs per rank where its nodes are not the
+    whole iteration's (a periodic replay's extrapolation), else counted from its nodes."""
     hardware_flops = 0
     model_flops = 0
     world = 0
     entries = []
-    for unit, breakdown in zip(units, breakdowns, strict=True):
+    for index, (unit, breakdown) in enumerate(zip(units, breakdowns, strict=True)):
         weight = len(unit.ranks)
         world += weight
-        unit_flops = 0
-        unit_model = 0
-        for node in unit.nodes:
-            if node.type is NodeType.COMP and node.num_ops > 0:
-                unit_flops += node.num_ops
-                if node_phase(node) is not Phase.RECOMPUTE:
-                    unit_model += node.num_ops
+        unit_flops, unit_model = engine_unit_flops(unit) if flops is None else flops[index]
         hardware_flops += weight * unit_flops
         model_flops += weight * unit_model
         entry: dict[str, Any] = {
@@ -267,6 +270,9 @@ def predict_problem(
     overlap_param_gather: bool = False,
     tp_comm_overlap: bool = False,
     exact: bool = True,
+    micro_batches: int | None = None,
+    period: int | None = None,
+    checked: Mapping[int, int] | None = None,
 ) -> dict[str, Any]:
     """Replay ``problem`` and report; ``timeline`` writes a Chrome trace JSON there;
     ``explain_path`` adds the critical path's breakdown (:func:`explain`) as ``explain``.
@@ -275,6 +281,11 @@ def predict_problem(
     fill, one period and the drain (:func:`stg.perf.periodic.replay_periodic`: checked, not
     assumed) and extrapolate the rest; the report's ``replay`` says which was done. A
     timeline or ``explain_path`` needs every node's times: the whole problem is replayed.
+
+    ``micro_batches``: the iteration's, where ``problem`` is lowered for only its first
+    ones (``build_workload``'s ``lowered_micro_batches``): the periodic replay extrapolates
+    to them, and where it cannot, this raises :class:`NotPeriodic` (the caller builds the
+    whole workload).
 
     ``kernels``: Kernel records (or registry entries, or a :class:`KernelTable`) that price
     ops by precision; none (the default) means the plain roofline."""
@@ -298,7 +309,17 @@ def predict_problem(
     }
     args = (system, dtype, tables, profile, calibration)
     if not exact and timeline is None and not explain_path and not is_hybrid(system):
-        periodic = replay_periodic(problem, *args, **options)
+        extend: dict[str, Any] = {"checked": checked}
+        if micro_batches is not None:
+            extend = {
+                "micro_batches": micro_batches,
+                "only_period": period,
+                "name_at": name_in_micro_batch,
+                "only_if_cheaper": False,
+            }
+        periodic = replay_periodic(problem, *args, **options, **extend)
+        if periodic is None and micro_batches is not None:
+            raise NotPeriodic(f"the steady state of {micro_batches} micro-batches did not repeat")
         if periodic is not None:
             report = report_of(
                 problem.units,
@@ -309,6 +330,7 @@ def predict_problem(
                 dtype=dtype,
                 tokens=tokens,
                 world_size=problem.world_size,
+                flops=periodic.flops,
             )
             report["replay"] = {
                 "kind": "periodic",
@@ -320,6 +342,8 @@ def predict_problem(
             if table:
                 report["kernels"] = table.names()
             return report
+    if micro_batches is not None:
+        raise NotPeriodic("a partly lowered workload replays only periodically")
     result = replay(problem, *args, **options)
     report = summarize(result, system, dtype=dtype, tokens=tokens, world_size=problem.world_size)
     report["replay"] = {"kind": "full"}
@@ -355,10 +379,19 @@ def predict_time(
     explain: bool = False,
     calibration: Calibration | None = None,
     exact: bool = False,
+    micro_batches: int | None = None,
+    period: int | None = None,
+    checked: Mapping[int, int] | None = None,
     **_: Any,
 ) -> dict[str, Any]:
     """Iteration time, per-rank breakdown, MFU and critical path of a workload (``explain``:
     and the critical path split into compute by class, communication and waits).
+
+    ``micro_batches`` and ``period``: the workload is lowered for only the first micro-batches
+    of an iteration of ``micro_batches`` (:func:`predict_time_options`); its periodic replay
+    with that period is extrapolated, or :class:`NotPeriodic` raised. ``checked``: per period,
+    the shorter replays already found not periodic (see
+    :func:`stg.perf.periodic.replay_periodic`).
 
     The steady state of a pipeline is replayed once and extrapolated where a check proves
     it periodic (:func:`stg.perf.periodic.replay_periodic`); ``exact`` replays every
@@ -393,6 +426,9 @@ def predict_time(
         explain_path=explain,
         calibration=calibration,
         exact=exact,
+        micro_batches=micro_batches,
+        period=period,
+        checked=checked,
         **overlap_options(options),
     )
     report["simulated_ranks"] = len(problem.units)
@@ -400,6 +436,120 @@ def predict_time(
         # a model without a sequence (images): samples, not tokens
         report["samples_per_s"] = int(options["batch"]) / report["iteration_time_s"]
     return report
+
+
+class NotPeriodic(Exception):
+    """A partly lowered workload's steady state was not checked to repeat."""
+
+
+def lowered_micro_batches(options: GenerateOptions, system: System) -> list[tuple[int, int]]:
+    """(micro-batches to lower, period) for each periodic replay worth trying on a workload
+    lowered for its fill, two periods and its drain instead of the whole workload, in order:
+    the period of one micro-batch (unless the stages hold several model chunks), then that
+    of one micro-batch per stage; each where the lowered build and its two replays cost at
+    most what the whole build and replay cost. None for a run that is not a training
+    pipeline of one device kind."""
+    if options.inference or is_hybrid(system):
+        return []
+    stages, total = options.pp, options.micro_batches
+    periods = [stages] if options.virtual_stages > 1 else list(dict.fromkeys((1, stages)))
+    out = []
+    for period in periods:
+        keep = first_keep(stages, period)
+        if total % period or keep + period >= total or 3 * keep + 2 * period > 2 * total:
+            continue
+        out.append((keep + period, period))
+    return out
+
+
+def predict_time_options(
+    options: GenerateOptions,
+    system: System | str = "a100-80g",
+    *,
+    registry: Any = None,
+    kernels: KernelTable | Iterable[Any] | None = None,
+    calibration: Calibration | None = None,
+    exact: bool = False,
+    explain: bool = False,
+    timeline: str | Path | None = None,
+    workload: Workload | None = None,
+    max_nodes: int | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> dict[str, Any]:
+    """:func:`predict_time` of the workload of ``options``, lowering only what its replay
+    needs: where :func:`lowered_micro_batches` says so (and no ``exact``, ``timeline`` or
+    ``explain`` asks for every node), the workload of the fill, two periods and the drain is
+    built, its steady state checked to repeat and extrapolated to every micro-batch
+    (:func:`stg.perf.periodic.replay_periodic`); the same figures as the whole workload's.
+    Where that does not apply or the check fails, the whole workload is replayed: ``workload``
+    where given (built from ``options``), else built once its estimated size passes
+    ``check_size`` (``max_nodes``: at most that many nodes), as the lowered one's must."""
+    if registry is None:
+        raise UserError("the time predictor needs the registry (the model to build)")
+    # millions of nodes, none in a reference cycle: the cyclic collector would only scan them
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _predict_time_options(
+            options, load_system(system), registry, kernels, calibration, exact, explain,
+            timeline, workload, max_nodes, progress,
+        )  # fmt: skip
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _predict_time_options(
+    options: GenerateOptions,
+    system: System,
+    registry: Any,
+    kernels: KernelTable | Iterable[Any] | None,
+    calibration: Calibration | None,
+    exact: bool,
+    explain: bool,
+    timeline: str | Path | None,
+    workload: Workload | None,
+    max_nodes: int | None,
+    progress: Callable[[str, int, int], None] | None,
+) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {
+        "timeline": timeline,
+        "kernels": kernels,
+        "calibration": calibration,
+        "explain": explain,
+        "exact": exact,
+        "progress": progress,
+    }
+    tries = []
+    if not exact and timeline is None and not explain:
+        tries = lowered_micro_batches(options, system)
+    checked: dict[int, int] = {}
+    size_option = "--max-nodes" if max_nodes is not None else None  # the CLI's, when given
+    for built, period in tries:
+        # the lowered workload's size is that of the run with ``built`` micro-batches
+        per_micro_batch = options.micro_batch or options.batch
+        check_size(
+            estimate_size(replace(options, batch=built * per_micro_batch), registry),
+            max_nodes,
+            option=size_option,
+        )
+        try:
+            lowered = build_workload(options, registry, progress, lowered_micro_batches=built)
+        except ValueError:  # a schedule whose shorter orders are not its prefixes
+            break
+        try:
+            report = predict_time(
+                lowered, system, micro_batches=options.micro_batches, period=period, **kwargs
+            )
+        except NotPeriodic:
+            checked[period] = built - period
+            continue
+        report["replay"]["lowered_micro_batches"] = built
+        return report
+    if workload is None:
+        check_size(estimate_size(options, registry), max_nodes, option=size_option)
+        workload = build_workload(options, registry, progress)
+    return predict_time(workload, system, checked=checked, **kwargs)
 
 
 def overlap_options(options: Mapping[str, Any]) -> dict[str, bool]:
@@ -516,6 +666,8 @@ def stg_register_predictors(register: Any) -> None:
         Predictor(
             name="time",
             predict=predict_time,
+            predict_options=predict_time_options,
+            needs="options",
             description="roofline compute and alpha-beta collectives replayed over the "
             "multi-rank graph: iteration time, exposed communication, bubble, MFU",
         )
@@ -548,6 +700,7 @@ __all__ = [
     "overlap_options",
     "predict_problem",
     "predict_time",
+    "predict_time_options",
     "predict_trace",
     "problem_from_nodes",
     "problem_from_trace",

@@ -65,11 +65,12 @@ from stg.host.records import (
 if TYPE_CHECKING:
     from stg.core.layout import Layout
     from stg.core.options import GenerateOptions, OptionError
-    from stg.core.pipeline import build_workload
+    from stg.core.pipeline import build_workload, name_in_micro_batch
     from stg.core.plan import chunk_layer_counts, expert_zero_degree, layout_of
     from stg.core.precision import DTYPE_BYTES, precision_of
     from stg.core.routing import expert_capacity
     from stg.core.sharding import Sharding
+    from stg.core.sizes import check_size, estimate_size
     from stg.core.symbolic import Dim, GraphBuilder, Tensor
     from stg.core.workload import (
         COMM_TYPES,
@@ -111,7 +112,7 @@ if TYPE_CHECKING:
     from stg.perf.hybrid import HybridSystem, device_of, group_of_rank, is_hybrid
     from stg.perf.kernel_time import attention_time, gemm_time, memory_bound_time, memory_kind
     from stg.perf.kernels import KernelTable, is_cast, kernel_name, kernel_table
-    from stg.perf.periodic import replay_periodic
+    from stg.perf.periodic import first_keep, replay_periodic, unit_flops
     from stg.perf.replay import (
         Problem,
         Replay,
@@ -138,6 +139,9 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "chunk_layer_counts": ("stg.core.plan", "chunk_layer_counts"),
     "layout_of": ("stg.core.plan", "layout_of"),
     "expert_zero_degree": ("stg.core.plan", "expert_zero_degree"),
+    "check_size": ("stg.core.sizes", "check_size"),
+    "estimate_size": ("stg.core.sizes", "estimate_size"),
+    "name_in_micro_batch": ("stg.core.pipeline", "name_in_micro_batch"),
     "DTYPE_BYTES": ("stg.core.precision", "DTYPE_BYTES"),
     "precision_of": ("stg.core.precision", "precision_of"),
     "expert_capacity": ("stg.core.routing", "expert_capacity"),
@@ -200,6 +204,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "problem_from_workload": ("stg.perf.replay", "problem_from_workload"),
     "replay": ("stg.perf.replay", "replay"),
     "replay_periodic": ("stg.perf.periodic", "replay_periodic"),
+    "first_keep": ("stg.perf.periodic", "first_keep"),
+    "unit_flops": ("stg.perf.periodic", "unit_flops"),
     "System": ("stg.perf.system", "System"),
     "load_system": ("stg.perf.system", "load_system"),
     "normalize_dtype": ("stg.perf.system", "normalize_dtype"),
@@ -281,6 +287,7 @@ __all__ = [
     "calibrated_time",
     "chakra_v001",
     "chakra_v004",
+    "check_size",
     "chunk_layer_counts",
     "collective_phases",
     "collective_time",
@@ -288,8 +295,10 @@ __all__ = [
     "compute_time",
     "default_cast_model",
     "device_of",
+    "estimate_size",
     "expert_capacity",
     "expert_zero_degree",
+    "first_keep",
     "frame",
     "gemm_time",
     "generator_metadata",
@@ -308,6 +317,7 @@ __all__ = [
     "load_system",
     "memory_bound_time",
     "memory_kind",
+    "name_in_micro_batch",
     "native_fp8",
     "node_chunk",
     "node_micro_batch",
@@ -328,6 +338,7 @@ __all__ = [
     "send_phases",
     "send_time",
     "tree_all_reduce_time",
+    "unit_flops",
     "write_comm_groups",
     "write_rank_files",
 ]

@@ -77,8 +77,8 @@ def test_a_predictor_that_needs_the_workload_still_gets_it(monkeypatch: pytest.M
 
     monkeypatch.setattr(pipeline, "build_workload", counting)
     small = ["--model", "gpt", "--num_stacks", "2", "--dp", "4", "--predictor"]
-    report = _report(["predict", "--json", *small, "time"])
-    assert built == [4] and report["time"]["iteration_time_s"] > 0
+    report = _report(["predict", "--json", *small, "memory"])
+    assert built == [4] and report["memory"]["peak_bytes"] > 0
     built.clear()
     _report(["predict", "--json", *small, "analytical"])
     assert 4 not in built  # the analytical predictor builds only its reduced workloads

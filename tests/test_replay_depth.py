@@ -10,6 +10,8 @@ plan replays, and the units give the time that replaying every rank gives.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -41,7 +43,11 @@ def test_the_reported_deep_pipeline_replays() -> None:
         dtype="fp16", mixed_precision=True,
     )  # fmt: skip
     workload = build_workload(options, load_registry(autoload=False))
-    system = load_system("a100-80g")
+    preset = load_system("a100-80g")
+    # a spine oversubscribed 2:1 prices sends across rails apart from those within one
+    nvlink, rail, spine = preset.network
+    spine = dataclasses.replace(spine, oversubscription=2.0)
+    system = dataclasses.replace(preset, network=(nvlink, rail, spine))
     problem = problem_from_workload(workload, system)
     result = predict_problem(problem, system)
     assert result["iteration_time_s"] > 0
@@ -49,6 +55,8 @@ def test_the_reported_deep_pipeline_replays() -> None:
     # those of every stage whose pipeline peers they are
     stage7 = [u.ranks for u in problem.units if u.stage == 7]
     assert sorted(stage7) == [tuple(range(63, 70)), (70, 71)]
+    # the preset's rail and spine are alike: every send costs the same, one unit per stage
+    assert len(problem_from_workload(workload, preset).units) == 35
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -1035,6 +1035,7 @@ def run_predictors(
     calibration: Any = None,
     explain: bool = False,
     exact: bool = False,
+    max_nodes: int | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Run each named predictor on generation options, a generated workload or a trace;
     reports by name. With ``options``, a predictor that needs only them (``needs="options"``)
@@ -1042,7 +1043,10 @@ def run_predictors(
     of them needs it). ``calibration`` (a :class:`stg.perf.calibration.Calibration`) goes to
     predictors that take it (the time predictor: measured kernel times before its models);
     ``explain`` asks those that can for the breakdown of their critical path; ``exact`` asks
-    those that can to replay every micro-batch (a trace is always replayed whole)."""
+    those that can to replay every micro-batch (a trace is always replayed whole). A
+    ``predict_options`` that names them also gets ``timeline``, ``calibration``, ``exact``,
+    ``workload`` (where built for another predictor) and ``max_nodes`` (the most nodes of a
+    workload it builds itself)."""
     from stg.predictors import memory as memory_predictor
     from stg.predictors import time as time_predictor
 
@@ -1054,9 +1058,18 @@ def run_predictors(
             if explain:
                 offered["explain"] = True
             fn = predictor.predict_options
-            reports[name] = fn(
-                options, system, **{k: v for k, v in offered.items() if _accepts(fn, k)}
-            )
+            kwargs = {k: v for k, v in offered.items() if _accepts(fn, k)}
+            named = {
+                "timeline": timeline,
+                "calibration": calibration,
+                "exact": exact or None,
+                "workload": workload,
+                "max_nodes": max_nodes,
+            }
+            for key, value in named.items():
+                if value is not None and _accepts_explicitly(fn, key):
+                    kwargs[key] = value
+            reports[name] = fn(options, system, **kwargs)
             continue
         if workload is not None:
             kwargs: dict[str, Any] = {}

@@ -267,6 +267,7 @@ def predict(**values: Any) -> None:
                 calibration=calibration,
                 explain=explain,
                 exact=exact,
+                max_nodes=max_nodes,
             )
         source = f"{options.model} (generated)"
         nodes = [] if workload is None else [n for rc in workload.rank_classes for n in rc.nodes]

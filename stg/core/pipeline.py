@@ -52,7 +52,7 @@ from stg.core.symbolic import (
     SharedExperts,
     Tensor,
 )
-from stg.core.workload import RankGraph, Workload
+from stg.core.workload import RankGraph, Workload, node_micro_batch
 from stg.errors import UserError
 from stg.host.records import Model, PipelineSchedule
 
@@ -324,10 +324,21 @@ def _check_within_device_group(
 
 
 def build_workload(
-    options: GenerateOptions, registry: Registry, progress: Progress | None = None
+    options: GenerateOptions,
+    registry: Registry,
+    progress: Progress | None = None,
+    *,
+    lowered_micro_batches: int | None = None,
 ) -> Workload:
     """Build the workload of one training iteration (or, with ``options.phase``, of a serving
-    run: :mod:`stg.core.inference`) for every rank."""
+    run: :mod:`stg.core.inference`) for every rank.
+
+    ``lowered_micro_batches``: lower only the first that many micro-batches of the iteration
+    (a predictor that replays a pipeline's fill, a few periods and its drain, and adds the
+    other periods): every stage's schedule keeps its steps of those micro-batches, in order,
+    which must be the schedule's own order for that many micro-batches (else ValueError);
+    the rest (parameters, the optimizer, the metadata's options and ``micro_batches``) is the
+    whole iteration's, and the metadata records ``lowered_micro_batches``."""
     plan = validate_options(options, registry)
     model = registry.models.get(options.model)
     if options.inference:  # prefill, decode, mixed: forward only, with a KV cache
@@ -354,6 +365,8 @@ def build_workload(
     orders = [
         schedule.order(s, stages, plan.micro_batches, plan.chunks_per_stage) for s in range(stages)
     ]
+    if lowered_micro_batches is not None:
+        orders = _prefix_orders(schedule, plan, orders, lowered_micro_batches)
     total_steps = sum(len(o) for o in orders) * len(variant_parts)
     done = 0
     classes = []
@@ -404,10 +417,42 @@ def build_workload(
                     _check_within_device_group(
                         axes, groups[gid], rank_groups, plan.mesh_axes(SPLIT_AXES | {"etp"})
                     )
-    metadata = {
+    metadata: dict[str, Any] = {
         "generator": "stg",
         "options": options.recorded(),
         "micro_batches": plan.micro_batches,
         "layers_per_chunk": list(plan.layers_per_chunk),
     }
+    if lowered_micro_batches is not None:
+        metadata["lowered_micro_batches"] = lowered_micro_batches
     return Workload(ranks, dict(sorted(groups.items())), layout, metadata)
+
+
+def _prefix_orders(
+    schedule: PipelineSchedule, plan: ParallelPlan, orders: list[list[Any]], keep: int
+) -> list[list[Any]]:
+    """Each stage's order restricted to its first ``keep`` micro-batches, where that is the
+    schedule's order for ``keep`` micro-batches (see :func:`build_workload`)."""
+    if not 0 < keep <= plan.micro_batches:
+        raise ValueError(f"cannot lower {keep} of {plan.micro_batches} micro-batches")
+    out = []
+    for stage, order in enumerate(orders):
+        prefix = [step for step in order if step[1] < keep]
+        own = schedule.order(stage, plan.stages, keep, plan.chunks_per_stage)
+        if [tuple(step) for step in own] != [tuple(step) for step in prefix]:
+            raise ValueError(
+                f"schedule {schedule.name!r}: its order for {keep} micro-batches is not the "
+                f"first {keep} of its order for {plan.micro_batches} (stage {stage})"
+            )
+        out.append(prefix)
+    return out
+
+
+def name_in_micro_batch(node: Any, micro_batch: int) -> str:
+    """The name lowering gives the alike of ``node`` (a node of a micro-batch: its
+    ``micro_batch`` attribute) in another micro-batch: generated names start with
+    ``mb<micro-batch>/``. Other names are returned as they are."""
+    prefix = f"mb{node_micro_batch(node)}/"
+    if not node.name.startswith(prefix):
+        return node.name
+    return f"mb{micro_batch}/{node.name[len(prefix) :]}"

@@ -24,14 +24,23 @@ from __future__ import annotations
 
 import dataclasses
 from bisect import bisect_left
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stg.core.workload import node_micro_batch, node_op, node_part, node_phase, node_role
+from stg.core.workload import (
+    NodeType,
+    Phase,
+    node_micro_batch,
+    node_op,
+    node_part,
+    node_phase,
+    node_role,
+)
 from stg.errors import TraceError
 from stg.perf.replay import (
     KIND_NAMES,
+    Costs,
     Problem,
     Replay,
     Unit,
@@ -43,6 +52,9 @@ from stg.perf.replay import (
 TOLERANCE = 1e-12
 """How far (relative to the iteration time) a node's instants may differ from its partner's
 shifted by one period: the rounding of adding the same durations to a later start."""
+
+NameAt = Callable[[Any, int], str]
+"""The name of a node's alike in another micro-batch (``name_at(node, micro_batch)``)."""
 
 Key = tuple[Any, ...]
 """A node's identity within its micro-batch: (type, op, part, phase, role, occurrence)."""
@@ -63,6 +75,9 @@ class PeriodicReplay:
     period_time: float
     replayed_micro_batches: int
     micro_batches: int
+    flops: list[tuple[int, int]]
+    """per unit of the problem: (hardware, model) FLOPs of one of its ranks over the whole
+    iteration (model FLOPs leave out recomputation)"""
 
 
 class _Indexed:
@@ -87,6 +102,15 @@ class _Indexed:
         self.keys: dict[int, Key] = {}
         self.by_key: dict[tuple[int, Key], int] = {}
         self.indexed: set[int] = set()
+        self.bases: dict[int, tuple[Any, ...]] = {}
+        """each node's :func:`_base` (by position), worked out once"""
+
+    def base(self, i: int) -> tuple[Any, ...]:
+        """:func:`_base` of the node at position ``i``."""
+        found = self.bases.get(i)
+        if found is None:
+            found = self.bases[i] = _base(self.nodes[i])
+        return found
 
     def _index(self, mb: int) -> None:
         if mb in self.indexed:
@@ -94,7 +118,7 @@ class _Indexed:
         self.indexed.add(mb)
         seen: dict[Key, int] = {}
         for i in self.members.get(mb, ()):
-            base = _base(self.nodes[i])
+            base = self.base(i)
             occurrence = seen.get(base, 0)
             seen[base] = occurrence + 1
             self.keys[i] = (*base, occurrence)
@@ -109,7 +133,7 @@ class _Indexed:
         here, there = self.members[own], self.members[mb]
         if len(here) == len(there):  # the same nodes in the same order, as generated
             candidate = there[bisect_left(here, k)]
-            if _base(self.nodes[candidate]) == _base(self.nodes[k]):
+            if self.base(candidate) == self.base(k):
                 return candidate
         self._index(own)
         self._index(mb)
@@ -293,38 +317,72 @@ def _aligned(
     return period_time, partners
 
 
+def first_keep(stages: int, period: int) -> int:
+    """The micro-batches of the shorter reduced replay first tried with ``period``: the fill
+    and the drain take up to one micro-batch per stage each, and the cut lies between them."""
+    return period * -(-(2 * stages + period) // period)
+
+
 def replay_periodic(
-    problem: Problem, *args: Any, only_if_cheaper: bool = True, **options: Any
+    problem: Problem,
+    *args: Any,
+    only_if_cheaper: bool = True,
+    micro_batches: int | None = None,
+    name_at: NameAt | None = None,
+    only_period: int | None = None,
+    checked: Mapping[int, int] | None = None,
+    **options: Any,
 ) -> PeriodicReplay | None:
     """The iteration time, per-unit breakdowns and critical path of ``problem`` from two
     reduced replays one verified period apart (see the module docstring); ``args`` and
     ``options`` go to :func:`stg.perf.replay.replay`. None where the check fails, or
     (``only_if_cheaper``) the two reduced replays would take more than half the whole one:
-    replay it whole."""
-    per_unit, total = _micro_batches(problem)
-    if total is None:
+    replay it whole.
+
+    ``micro_batches``: the iteration has that many micro-batches, of which ``problem`` holds
+    the schedule of only its first ones (a workload lowered for fewer micro-batches:
+    :func:`stg.core.pipeline.build_workload`'s ``lowered_micro_batches``); its replays are
+    extrapolated to the whole iteration, and ``name_at(node, micro_batch)`` names a node's
+    alike of a micro-batch that ``problem`` lacks (for the critical path). ``only_period``: try
+    only that period (else one micro-batch, then one per stage). ``checked``: per period, the
+    shorter replays' micro-batches that failed the check already (the same replays of a
+    workload lowered for fewer micro-batches): only longer ones are tried."""
+    per_unit, built = _micro_batches(problem)
+    if built is None:
+        return None
+    total = built if micro_batches is None else micro_batches
+    if total < built or (total > built and name_at is None):
         return None
     stages = len({u.stage for u in problem.units})
     indexed = [_Indexed(u.nodes, mbs) for u, mbs in zip(problem.units, per_unit, strict=True)]
-    for period in sorted({1, max(1, stages)}):
-        if total % period:
+    for period in [only_period] if only_period else sorted({1, max(1, stages)}):
+        if total % period or (built - total) % period:
             continue
-        # fill and drain take up to one micro-batch per stage each; the cut lies between them
-        keep = period * -(-(2 * stages + period) // period)
+        keep = first_keep(stages, period)
+        while checked and keep <= checked.get(period, 0):
+            keep *= 2
         # the two reduced replays cost about 2 * keep + period micro-batches: worth it where
         # that is at most half the full replay (should the check fail, as where a transient
         # decays without ever repeating exactly, the full replay follows them)
-        while keep + period <= total and (2 * (2 * keep + period) <= total or not only_if_cheaper):
+        while keep + period <= built and (2 * (2 * keep + period) <= total or not only_if_cheaper):
             cut = period * ((keep - stages) // period)
+            costs = Costs()  # the two problems share most node objects
             try:
-                short = replay(_reduced(problem, keep, total, indexed), *args, **options)
-                long = replay(_reduced(problem, keep + period, total, indexed), *args, **options)
+                short = replay(
+                    _reduced(problem, keep, built, indexed), *args, costs=costs, **options
+                )
+                longer = problem
+                if keep + period < built:
+                    longer = _reduced(problem, keep + period, built, indexed)
+                long = replay(longer, *args, costs=costs, **options)
             except (_NotPeriodic, TraceError):
                 break
             found = _aligned(short, long, indexed, period, cut)
             if found is not None:
                 periods = (total - keep) // period
-                path = _extended_path(long, found[1], indexed, per_unit, period, periods, found[0])
+                path = _extended_path(
+                    long, found[1], indexed, per_unit, period, periods, found[0], name_at
+                )
                 if path is not None:
                     return _extrapolate(short, long, total, keep, period, found[0], path)
             keep *= 2
@@ -339,6 +397,7 @@ def _extended_path(
     period: int,
     periods: int,
     period_time: float,
+    name_at: NameAt | None = None,
 ) -> list[dict[str, Any]] | None:
     """The full problem's critical path (:func:`stg.perf.replay.critical_path`), walked back
     from its last node along what gated each node: the longer replay's, with the periods the
@@ -360,20 +419,23 @@ def _extended_path(
             raise _NotPeriodic
         return positions[u][index.nodes[full].id]
 
-    def full_node(u: int, j: int, copies: int) -> Any:
-        """Node ``j`` of the longer replay's unit ``u``, ``copies`` periods later."""
+    def full_name(u: int, j: int, copies: int) -> str:
+        """The name of node ``j`` of the longer replay's unit ``u``, ``copies`` periods
+        later."""
         node = long.units[u].unit.nodes[j]
         if not copies:
-            return node
+            return node.name
         index = indexed[u]
         k = index.position[node.id]
         mb = index.micro_batch[k]
         if mb is None:
-            return node
+            return node.name
+        if mb + copies * period not in index.members and name_at is not None:
+            return name_at(node, mb + copies * period)
         target = index.same_in(k, mb + copies * period)
         if target is None:
             raise _NotPeriodic
-        return index.nodes[target]
+        return index.nodes[target].name
 
     best: tuple[float, int, int] | None = None  # as critical_chain: the first that ends last
     for unit, res in enumerate(long.units):
@@ -385,7 +447,7 @@ def _extended_path(
     _, u, j = best
     copies = periods - 1 if partners[u][j][1] else 0
     chain: list[tuple[int, str, str, float, float]] = []
-    limit = sum(len(mbs) for mbs in per_unit)
+    limit = sum(len(mbs) for mbs in per_unit) * (periods + 1)  # nodes of the full problem
     try:
         while True:
             res = long.units[u]
@@ -394,7 +456,7 @@ def _extended_path(
                 (
                     res.unit.rank,
                     KIND_NAMES[res.kind[j]],
-                    full_node(u, j, copies).name,
+                    full_name(u, j, copies),
                     res.start[j] + delay,
                     res.end[j] + delay,
                 )
@@ -437,4 +499,20 @@ def _extrapolate(
         first = unit_breakdown(s_res, short.iteration_time)
         second = unit_breakdown(l_res, long.iteration_time)
         breakdowns.append({k: first[k] + periods * (second[k] - first[k]) for k in first})
-    return PeriodicReplay(iteration, breakdowns, path, period, period_time, keep, total)
+    flops = []
+    for s_res, l_res in zip(short.units, long.units, strict=True):
+        (s_hw, s_model), (l_hw, l_model) = unit_flops(s_res.unit), unit_flops(l_res.unit)
+        flops.append((s_hw + periods * (l_hw - s_hw), s_model + periods * (l_model - s_model)))
+    return PeriodicReplay(iteration, breakdowns, path, period, period_time, keep, total, flops)
+
+
+def unit_flops(unit: Unit) -> tuple[int, int]:
+    """The (hardware, model) FLOPs of one rank of ``unit``: every compute node's, and those of
+    the nodes that are not recomputation."""
+    hardware = model = 0
+    for node in unit.nodes:
+        if node.type is NodeType.COMP and node.num_ops > 0:
+            hardware += node.num_ops
+            if node_phase(node) is not Phase.RECOMPUTE:
+                model += node.num_ops
+    return hardware, model

@@ -36,10 +36,11 @@ state, gathers of one iteration beside the next one's forward); a tensor-paralle
 or reduce-scatter and the GEMMs that consume or produce it take the chunked pipeline's
 ``max(gemm, comm) + min(gemm, comm) / chunks`` (docs/prediction.md).
 
-Symmetry: ranks of one rank class whose groups have the same placement shape (and, by
-refinement, whose group partners are alike) have identical timelines, so only one
-representative per such *unit* is simulated; collectives and sends synchronise the
-representatives of the units involved. A trace read from files is simulated rank by rank.
+Symmetry: ranks of one rank class whose groups have the same placement shape and whose sends
+cross links alike (:func:`link_signature`) (and, by refinement, whose group partners are
+alike) have identical timelines, so only one representative per such *unit* is simulated;
+collectives and sends synchronise the representatives of the units involved. A trace read
+from files is simulated rank by rank.
 
 What a node is for comes from its typed attributes (:data:`stg.core.workload.NODE_SEMANTICS`,
 which generated traces carry), never from its name: the optimizer step and the parameter
@@ -58,6 +59,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import heapq
+import itertools
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -82,6 +84,7 @@ from stg.core.workload import (
     node_role,
 )
 from stg.errors import TraceError
+from stg.perf import comm_time
 from stg.perf.calibration import Calibration
 from stg.perf.costs import (
     collective_phases,
@@ -367,6 +370,22 @@ def _refine(
         colour, keys = new, new_keys
 
 
+def link_signature(src: int, dst: int, system: System, memo: dict[int, Any]) -> Any:
+    """What a send from ``src`` to ``dst`` costs and shares depends on: the level (bandwidth,
+    latency, link kind) and port of the outermost dimension on which they differ
+    (:func:`stg.perf.costs.send_phases`), so that sends over two dimensions alike (a rail and
+    a spine of the same links) leave their ranks alike; on hybrid systems (sends priced per
+    rank pair) and for a send to itself, the dimension. ``memo``: per dimension."""
+    dimension = link_dimension(src, dst, system)
+    if dimension < 0 or is_hybrid(system):
+        return dimension
+    signature = memo.get(dimension)
+    if signature is None:
+        level = comm_time.Level.of(system.network[dimension])
+        signature = memo[dimension] = (level, comm_time.port(level, dimension))
+    return signature
+
+
 def problem_from_workload(workload: Workload, system: System) -> Problem:
     """Split a workload into symmetric units (see the module docstring)."""
     layout = workload.layout
@@ -392,6 +411,7 @@ def problem_from_workload(workload: Workload, system: System) -> Problem:
     neighbours: dict[int, list[Sequence[int]]] = {}
     peers: dict[int, list[int]] = {}
     ranks = [g.rank for g in workload.ranks]
+    levels: dict[int, Any] = {}
     for graph in workload.ranks:
         r, rc = graph.rank, graph.rank_class.index
         parts: list[Any] = []
@@ -411,7 +431,7 @@ def problem_from_workload(workload: Workload, system: System) -> Problem:
         prs = []
         for stage in class_peers[rc]:
             peer = layout.peer(r, stage)
-            links.append(link_dimension(r, peer, system))
+            links.append(link_signature(r, peer, system, levels))
             prs.append(peer)
         initial[r] = (rc, tuple(parts), tuple(links), group_of_rank(system, r))
         neighbours[r] = nbrs
@@ -512,6 +532,7 @@ def problem_from_trace(
     initial: dict[int, Any] = {}
     neighbours: dict[int, list[Sequence[int]]] = {}
     peers: dict[int, list[int]] = {}
+    levels: dict[int, Any] = {}
     for r in range(world):
         colls = trace.colls(r)
         distinct = list(dict.fromkeys(colls))
@@ -525,8 +546,8 @@ def problem_from_trace(
             classes[r],
             tuple(role_of[g] for g in colls),
             tuple(shapes[g] for g in distinct),
-            tuple(link_dimension(r, p, system) for p in sends),
-            tuple(link_dimension(r, p, system) for p in recvs),
+            tuple(link_signature(r, p, system, levels) for p in sends),
+            tuple(link_signature(r, p, system, levels) for p in recvs),
             group_of_rank(system, r),
         )
         neighbours[r] = [groups[g] for g in distinct]
@@ -558,6 +579,19 @@ def problem_from_trace(
 
 # ---------------------------------------------------------------------------------------------
 # Replay
+
+
+@dataclass
+class Costs:
+    """Costs a replay works out, for a later replay with the same arguments to reuse."""
+
+    by_key: dict[str, dict[Any, float]] = field(default_factory=dict)
+    """per device: the cost of each compute cost key and collective"""
+    by_node: dict[str, dict[int, tuple[Any, Any, float]]] = field(default_factory=dict)
+    """per device and compute node object (by id, the node kept alive here): its cost key and
+    cost"""
+    links: dict[tuple[int, ...], str | None] = field(default_factory=dict)
+    """the outermost link of each group shape"""
 
 
 @dataclass
@@ -593,6 +627,7 @@ class _Sim:
         overlap_param_gather: bool = False,
         tp_comm_overlap: bool = False,
         share_links: bool = True,
+        costs: Costs | None = None,
     ) -> None:
         self.problem = problem
         self.system = system
@@ -616,6 +651,10 @@ class _Sim:
         self.contended = contended_systems(system)
         """per link kind: the GPU as a compute kernel sees it while NCCL runs over that link"""
         self.contended_cost: dict[tuple[Any, str], float] = {}
+        costs = Costs() if costs is None else costs
+        self.cost_caches = costs.by_key
+        self.compute_memo = costs.by_node
+        self.link_cache = costs.links
         self.cost_key: list[list[Any]] = []
         self.comm_link: list[list[str | None]] = []
         self.share_links = share_links and not is_hybrid(system)
@@ -666,9 +705,13 @@ class _Sim:
         if isinstance(kernels, Mapping):
             kernels = kernels.get(device.name)
         unit_of = self.problem.unit_of_rank
-        cost_cache: dict[tuple[Any, ...], float] = {}
+        # costs are per device: units on one device share them, and the compute nodes that
+        # units of one rank class share (the same objects) are keyed once
+        cost_cache = self.cost_caches.setdefault(device.name, {})
+        memo = self.compute_memo.setdefault(device.name, {})
         for i, node in enumerate(nodes):
-            deps = set(node.data_deps) | set(node.ctrl_deps)
+            data, ctrl = node.data_deps, node.ctrl_deps
+            deps = data if not ctrl and len(data) < 2 else set(data) | set(ctrl)
             for dep in deps:
                 j = position.get(dep)
                 if j is None:
@@ -678,17 +721,22 @@ class _Sim:
             t = node.type
             if t in (NodeType.COMP, NodeType.MEM_LOAD, NodeType.MEM_STORE):
                 kind[i] = COMPUTE
-                ckey = compute_cost_key(node)
-                cost = cost_cache.get(ckey)
-                if cost is None:
-                    cost = cost_cache[ckey] = compute_time(
-                        node,
-                        device,
-                        self.default_dtype,
-                        kernels,
-                        self.profile,
-                        self.calibration,
-                    )
+                known = memo.get(id(node))
+                if known is not None and known[0] is node:
+                    _, ckey, cost = known
+                else:
+                    ckey = compute_cost_key(node)
+                    cost = cost_cache.get(ckey)
+                    if cost is None:
+                        cost = cost_cache[ckey] = compute_time(
+                            node,
+                            device,
+                            self.default_dtype,
+                            kernels,
+                            self.profile,
+                            self.calibration,
+                        )
+                    memo[id(node)] = (node, ckey, cost)
                 duration[i] = cost
                 cost_key[i] = ckey
             elif t is NodeType.COMM_COLL:
@@ -723,7 +771,10 @@ class _Sim:
                 else:
                     steps[i] = fixed_steps(duration[i])
                 if not is_hybrid(system):
-                    comm_link[i] = outermost_link(shape, system)
+                    link = self.link_cache.get(shape, False)
+                    if link is False:
+                        link = self.link_cache[shape] = outermost_link(shape, system)
+                    comm_link[i] = link
                 coll_key[i] = (unit.group_keys.get(i, ("group", node.comm_group)), participants)
                 coll_needed[i] = len(participants)
                 stream[i] = group_streams.setdefault(node.comm_group, 2 + len(group_streams))
@@ -928,11 +979,11 @@ class _Sim:
         coll_seq: dict[tuple[int, Any], int] = {}
         instances: dict[Any, list[Any]] = {}
         touched: set[tuple[int, int]] = set()
+        heappush, heappop = heapq.heappush, heapq.heappop
+        tick = itertools.count(counter + 1)
 
         def push(time: float, u: int, i: int) -> None:
-            nonlocal counter
-            counter += 1
-            heapq.heappush(heap, (time, counter, u, i))
+            heappush(heap, (time, next(tick), u, i))
 
         def make_ready(u: int, i: int, t: float, cause: tuple[int, int] | None) -> None:
             res = results[u]
@@ -1128,7 +1179,7 @@ class _Sim:
         while heap:
             t = heap[0][0]
             while heap and heap[0][0] == t:
-                _, _, u, i = heapq.heappop(heap)
+                _, _, u, i = heappop(heap)
                 if u < 0:  # a transfer's step ends (unless superseded by a new rate)
                     f = flows[-1 - u]
                     if i == f.version:
@@ -1155,7 +1206,11 @@ class _Sim:
                     pend[c] -= 1
                     if pend[c] == 0:
                         make_ready(u, c, t, (u, i))
-            if touched:
+            if len(touched) == 1:
+                ((u, stream),) = touched
+                dispatch(u, stream, t)
+                touched.clear()
+            elif touched:
                 for u, stream in sorted(touched, key=_comm_first):
                     dispatch(u, stream, t)
                 touched.clear()
@@ -1210,13 +1265,15 @@ def replay(
     overlap_param_gather: bool = False,
     tp_comm_overlap: bool = False,
     share_links: bool = True,
+    costs: Costs | None = None,
 ) -> Replay:
     """Simulate every unit of ``problem`` on ``system`` (ops priced with ``kernels`` under
     execution ``profile``); ``overlap_param_gather`` and ``tp_comm_overlap``: Megatron's
     options of those names (see :meth:`_Sim._gather_before_forward` and
     :meth:`_Sim._overlap_tp_collectives`). ``share_links`` False runs every transfer at its
     ports' full bandwidth whatever else is in flight (the model without bandwidth sharing, for
-    comparison)."""
+    comparison). ``costs``: the node costs worked out by an earlier replay with the same
+    arguments (of a problem sharing node objects, as two reduced ones), filled in further."""
     # millions of small lists and tuples, none cyclic: the cyclic collector only costs time
     enabled = gc.isenabled()
     gc.disable()
@@ -1231,6 +1288,7 @@ def replay(
             overlap_param_gather,
             tp_comm_overlap,
             share_links,
+            costs,
         ).run()
     finally:
         if enabled:
