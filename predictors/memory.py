@@ -49,6 +49,11 @@ A precision plan's fp8 GEMMs that run natively (a GPU with fp8 tensor cores,
 (:func:`planned_activation_delta`) and keep fp8 weight copies, counted with the weights
 (:func:`fp8_weight_copy_bytes`).
 
+Recompute of some layers only (``recompute_method``, :func:`recompute_layer_bytes`): a
+recomputed unit (one layer, or a uniform group) keeps its first layer's input, any other
+layer all of its activations; the unit being recomputed holds all of its layers' activations
+(a buffer).
+
 Buffers: the working set that exists only transiently at the peak: with full recompute the
 full activations of the one layer being recomputed; with selective recompute that layer's
 attention scores; on the last stage, the larger of that and the cross entropy's transient
@@ -90,6 +95,7 @@ from stg.api import (
     native_fp8,
     normalize_dtype,
     precision_of,
+    recompute_units,
 )
 from stg.errors import UserError
 
@@ -489,6 +495,37 @@ def activation_bytes_per_layer(
     return total
 
 
+def recompute_layer_bytes(
+    o: GenerateOptions,
+    stage: int,
+    kernels: KernelTable | None = None,
+    system: System | None = None,
+) -> tuple[float, float]:
+    """Under ``recompute_method`` (:func:`stg.api.recompute_units`): the bytes the layers of
+    stage ``stage`` keep per micro-batch (over every chunk of the stage, as layers of one
+    chunk would), and the largest unit recomputed at once. A recomputed unit keeps its
+    first layer's input (:func:`activation_bytes_per_layer` under full recompute) and, while
+    it runs again, holds every activation of its layers; a layer not recomputed keeps all
+    of its activations."""
+    kinds = layer_kinds(o)
+
+    def per_layer(kind: str, mode: str) -> float:
+        return activation_bytes_per_layer(
+            o, recompute=mode, kernels=kernels, kind=kind, system=system
+        )
+
+    kept = largest = 0.0
+    for unit_stage, mode, layers in recompute_units(o):
+        if unit_stage != stage:
+            continue
+        if mode == "full":
+            kept += per_layer(kinds[layers.start], "full")
+            largest = max(largest, sum(per_layer(kinds[i], "none") for i in layers))
+        else:
+            kept += sum(per_layer(kinds[i], mode) for i in layers)
+    return kept, largest
+
+
 def _saved_matmul_inputs(
     o: GenerateOptions, recompute: str
 ) -> list[tuple[float, tuple[str, ...], bool]]:
@@ -872,6 +909,11 @@ def stage_memory(
         per_kind[kind] * in_flight_layers(stage, n, o.pp, m, o.pipeline_schedule, o.virtual_stages)
         for kind, n in kinds.items()
     )
+    granular = recompute_layer_bytes(o, stage, kernels, system) if o.recompute_method else None
+    if granular is not None:
+        per_micro_batch, _ = granular
+        held_layers = in_flight_layers(stage, 1, o.pp, m, o.pipeline_schedule, o.virtual_stages)
+        activations = held_layers * per_micro_batch
     b = micro_batch_size(o)
     e = dtype_bytes(o.dtype)
     t = o.tp
@@ -908,7 +950,9 @@ def stage_memory(
             head += modules * (e * 4 * sbh + 3 * stats) / sp_divisor
         activations += (m if o.pipeline_schedule.lower() == "gpipe" else 1) * head
     buffers = 0.0
-    if kinds and o.activation_recompute in ("full", "selective"):
+    if granular is not None:
+        buffers += granular[1]
+    elif kinds and o.activation_recompute in ("full", "selective"):
         # the largest layer recomputed: all its activations (full) or its attention scores
         buffers += max(
             activation_bytes_per_layer(

@@ -64,7 +64,7 @@ if TYPE_CHECKING:
     from stg.core.layout import Layout
     from stg.core.options import GenerateOptions, OptionError
     from stg.core.pipeline import build_workload
-    from stg.core.plan import chunk_layer_counts, expert_zero_degree, layout_of
+    from stg.core.plan import chunk_layer_counts, expert_zero_degree, layout_of, recompute_units
     from stg.core.precision import DTYPE_BYTES, precision_of
     from stg.core.routing import expert_capacity
     from stg.core.sharding import Sharding
@@ -136,6 +136,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "chunk_layer_counts": ("stg.core.plan", "chunk_layer_counts"),
     "layout_of": ("stg.core.plan", "layout_of"),
     "expert_zero_degree": ("stg.core.plan", "expert_zero_degree"),
+    "recompute_units": ("stg.core.plan", "recompute_units"),
     "DTYPE_BYTES": ("stg.core.precision", "DTYPE_BYTES"),
     "precision_of": ("stg.core.precision", "precision_of"),
     "expert_capacity": ("stg.core.routing", "expert_capacity"),
@@ -319,6 +320,7 @@ __all__ = [
     "problem_from_nodes",
     "problem_from_trace",
     "problem_from_workload",
+    "recompute_units",
     "replay",
     "replay_engine",
     "replay_periodic",

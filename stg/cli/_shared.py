@@ -334,6 +334,24 @@ SPECS: dict[str, tuple[str, _Spec]] = {
             metavar="MODE",
         ),
     ),
+    "recompute_method": (
+        _TRAINING,
+        _Spec(
+            "Which layers full recompute checkpoints (Megatron's --recompute-method): uniform "
+            "(groups of --recompute_num_layers layers of each model chunk, only each group's "
+            "input kept) or block (the first --recompute_num_layers layers of each chunk; the "
+            "others keep all activations). Default: every layer on its own.",
+            metavar="uniform|block",
+        ),
+    ),
+    "recompute_num_layers": (
+        _TRAINING,
+        _Spec(
+            "Layers per recompute group (uniform) or recomputed per model chunk (block); "
+            "Megatron's --recompute-num-layers.",
+            metavar="N",
+        ),
+    ),
     "mixed_precision": (
         _TRAINING,
         _Spec("fp32 master weights and optimizer states.", parser=parse_bool, metavar=BOOL),

@@ -33,6 +33,8 @@ UNSET_OPTIONS: tuple[str, ...] = (
     "decoder_last_pipeline_num_layers",
     "ep_layout",
     "etp",
+    "recompute_method",
+    "recompute_num_layers",
 )
 """Options whose default ``None`` means "unset" (each model says what that means): a
 workload's metadata leaves them out when unset, so traces that do not use them keep their
@@ -201,6 +203,13 @@ class GenerateOptions:
     may span tensor-, context- and data-parallel ranks. ``etp`` (default ``tp``, as
     Megatron) splits each expert's FFN; giving it implies ``fold``. See
     :func:`stg.core.layout.fold_mesh`.
+    Full recompute (``activation_recompute=full``) checkpoints every layer on its own unless
+    Megatron-LM's ``recompute_method`` and ``recompute_num_layers`` say otherwise
+    (:meth:`stg.core.plan.ParallelPlan.layer_recompute`): ``uniform`` cuts each model chunk
+    into groups of ``recompute_num_layers`` layers (the last may be shorter) and keeps only
+    each group's input, the whole group recomputed before its backward; ``block`` recomputes
+    the first ``recompute_num_layers`` layers of each model chunk, one checkpoint per layer,
+    and keeps every activation of the others.
     ``placement`` maps ranks to the device groups of a hybrid cluster, as runs
     ``((group, ranks), ...)`` in rank order (empty: one device kind); each group's ranks run
     the precision plan's entries for that group (:func:`stg.core.precision.plan_for_group`).
@@ -242,6 +251,8 @@ class GenerateOptions:
     overlap_param_gather: bool = False
     tp_comm_overlap: bool = False
     activation_recompute: str = "none"
+    recompute_method: str | None = None
+    recompute_num_layers: int | None = None
     pipeline_schedule: str = "1f1b"
     virtual_stages: int = 1
     decoder_first_pipeline_num_layers: int | None = None
@@ -272,6 +283,7 @@ class GenerateOptions:
     output_name: str = "workload.%d.et"
 
     ATTENTION = ("fused", "unfused")
+    RECOMPUTE_METHODS = ("uniform", "block")
     EP_LAYOUTS = ("multiply", "fold")
     RESHARD_AFTER_FORWARD = ("default", "always", "never")
     PROFILES = ("megatron", "eager")
