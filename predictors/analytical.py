@@ -280,7 +280,7 @@ def reduced_options(
     micro = per_replica * (dp if o.ep_folded else dp * o.ep)
     values = o.as_dict()
     if parameters_only:
-        values.update(activation_recompute="none", precision=())
+        values.update(activation_recompute="none", precision=(), recompute_modules=())
     values.update(
         recompute_method=None,
         recompute_num_layers=None,

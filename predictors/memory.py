@@ -447,6 +447,7 @@ def activation_bytes_per_layer(
     # eager: silu(gate) * up, MulBackward0 saves both factors (both require grad): the SiLU
     # output is kept beside up (and gate, which SiluBackward0 saves as its input)
     silu_output = e if is_eager(o) else 0
+    mlp: float | None = None  # a dense MLP module's own tensors (recompute_modules mlp)
     if llama:
         d = head_size(o)
         # two RMSNorm inputs, QKV input, MLP input; eager: the two norms' rstd rows
@@ -472,6 +473,7 @@ def activation_bytes_per_layer(
             shared = (o.shared_experts or 0) if is_mla(o) else 0
             sharded += (3 * e + silu_output) * shared * sb * f
         else:
+            mlp = (3 * e + silu_output) * sb * f / t
             sharded += (3 * e + silu_output) * sb * f
         scores = e * a * s_local * o.seq * b
     else:
@@ -482,10 +484,26 @@ def activation_bytes_per_layer(
         # Q, K, V, projection input; GELU input and output
         width = a * head_size(o)  # a·d: h unless --dhead
         sharded = e * s_local * b * width * 4 + k * e * 2 * s_local * b * f
+        # the GELU's input and output, and the MLP's dropout mask
+        mlp = k * e * 2 * s_local * b * f / t + masks * sbh / sp_divisor
         # softmax output; with dropout also its mask and output
         scores = (2 * e + masks if masks else e) * a * s_local * o.seq * b
     total = replicated / sp_divisor + sharded / t
-    if recompute == "none":
+    modules = set(o.recompute_modules or ("core_attn",)) if recompute == "selective" else set()
+    if "mlp" in modules:
+        if mlp is None:
+            raise UserError(
+                f"recompute_modules=mlp: a {kind} layer of {o.model} has no dense MLP module"
+            )
+        total -= mlp
+    if "layernorm" in modules:  # the two norms' outputs (the attention's and MLP's inputs)
+        total -= e * 2 * sbh / sp_divisor
+    if o.precision and modules - {"core_attn"}:
+        raise UserError(
+            f"recompute_modules={','.join(sorted(modules))} with a precision plan: the memory "
+            "predictor models the plan's saved inputs under core_attn recompute only"
+        )
+    if recompute == "none" or "core_attn" not in modules:
         if o.attention == "unfused":
             total += scores / t
         else:  # a fused kernel keeps only the fp32 log-sum-exp of each query row and head

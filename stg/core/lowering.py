@@ -33,7 +33,7 @@ from stg.core.fp8 import (
 )
 from stg.core.layout import UNFOLDED_AXIS_PARTS
 from stg.core.options import OptionError
-from stg.core.plan import ParallelPlan
+from stg.core.plan import ParallelPlan, recompute_tags
 from stg.core.precision import DTYPE_BYTES
 from stg.core.symbolic import Dim, Op, Part, Tensor, is_routed_expert
 from stg.core.workload import (
@@ -642,14 +642,15 @@ class BoundPart:
         """``ops`` less the FSDP all-gathers of this part's weights (already gathered)."""
         return [op for op in ops if "weight_gather" not in op.tags]
 
-    def repeated_before_backward(self, recompute: str) -> list[BoundOp]:
+    def repeated_before_backward(
+        self, recompute: str, modules: frozenset[str] = frozenset({"core_attention"})
+    ) -> list[BoundOp]:
         """Forward ops run again before this part's backward: FSDP weight gathers, plus the
-        attention core (selective recompute) or everything (full recompute)."""
+        ops tagged ``modules`` (selective recompute; by default the attention core) or
+        everything (full recompute)."""
         if recompute == "full":
             return self.forward
-        tags = (
-            {"weight_gather", "core_attention"} if recompute == "selective" else {"weight_gather"}
-        )
+        tags = {"weight_gather", *modules} if recompute == "selective" else {"weight_gather"}
         return [op for op in self.forward if op.tags & tags]
 
 
@@ -975,6 +976,7 @@ def lower_stage(
         if direction == "B":
             backwards_left[chunk] = backwards_left.get(chunk, 0) + 1
     held = stage_parts(stage, plan, parts)
+    modules = recompute_tags(plan.options)
     # Transformer Engine's delayed scaling: every amax of the rank's fp8 modules (all its
     # chunks) is reduced and every history rolled at each reduction
     # (the Megatron / TE profile; eager PyTorch has no TE modules)
@@ -1260,7 +1262,7 @@ def lower_stage(
                 bp = parts.layer(layer)
                 mode = "none" if layer in ahead else plan.layer_recompute(layer)
                 if (id(bp), mode) not in repeats:
-                    repeats[(id(bp), mode)] = bp.repeated_before_backward(mode)
+                    repeats[(id(bp), mode)] = bp.repeated_before_backward(mode, modules)
                 group = plan.recompute_group(layer)
                 if len(group) > 1 and layer == group[-1]:
                     # Megatron's uniform method: the group's forward runs again from its

@@ -411,6 +411,34 @@ def _check_recompute_layers(o: GenerateOptions, recompute: str | None) -> None:
     )
 
 
+def _check_recompute_modules(o: GenerateOptions, recompute: str | None) -> None:
+    """``recompute_modules``: known names, with ``activation_recompute=selective`` (as
+    Megatron-LM requires)."""
+    if not o.recompute_modules:
+        return
+    allowed = GenerateOptions.RECOMPUTE_MODULES
+    text = ",".join(map(str, o.recompute_modules))
+    unknown = [m for m in o.recompute_modules if m not in allowed]
+    _require(
+        not unknown,
+        f"recompute_modules={text}: {', '.join(map(str, unknown))} is not a module stg "
+        f"recomputes; allowed: {', '.join(allowed)}",
+    )
+    _require(
+        recompute == "selective",
+        f"recompute_modules={text} chooses what selective recompute re-runs: "
+        f"activation_recompute={o.activation_recompute} is not allowed; allowed: "
+        "activation_recompute=selective",
+    )
+
+
+def recompute_tags(o: GenerateOptions) -> frozenset[str]:
+    """The op tags selective recompute re-runs: those of ``recompute_modules`` (empty: the
+    attention core)."""
+    modules = o.recompute_modules or ("core_attn",)
+    return frozenset(GenerateOptions.RECOMPUTE_MODULES[m] for m in modules)
+
+
 def _check_ep_layout(o: GenerateOptions) -> FoldedMesh | None:
     """The expert-parallel layout's options; the folded mesh under ``ep_layout=fold``."""
     layouts = GenerateOptions.EP_LAYOUTS
@@ -543,6 +571,7 @@ def make_plan(o: GenerateOptions) -> ParallelPlan:
         f"activation_recompute={o.activation_recompute!r} must be one of none, selective, full",
     )
     _check_recompute_layers(o, recompute)
+    _check_recompute_modules(o, recompute)
     _require(o.dtype in DTYPE_BYTES, f"dtype={o.dtype!r} must be one of {', '.join(DTYPE_BYTES)}")
     _require(
         o.grad_reduce_dtype is None or o.grad_reduce_dtype in DTYPE_BYTES,

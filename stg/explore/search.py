@@ -214,6 +214,7 @@ def plans(
                 if (zero or sharded) and dp * sp == 1:
                     continue  # nothing to shard over
                 embedding, loss = PIPELINE_SPLITS[split]
+                modules = base.recompute_modules
                 out.append(
                     replace(
                         base,
@@ -230,6 +231,7 @@ def plans(
                         virtual_stages=v,
                         ep_layout=base.ep_layout if layout == base_layout else layout,
                         recompute_method=None if block is None else "block",
+                        recompute_modules=modules if recompute == "selective" else (),
                         recompute_num_layers=block,
                         account_for_embedding_in_pipeline_split=embedding,
                         account_for_loss_in_pipeline_split=loss,
@@ -455,6 +457,7 @@ def _search(
         activation_recompute="none",
         recompute_method=None,
         recompute_num_layers=None,
+        recompute_modules=(),
         zero=0,
         weight_sharded=False,
         pipeline_schedule="1f1b",
