@@ -157,3 +157,17 @@ def test_impossible_modules_are_refused_with_one_line(tmp_path, args, message) -
 def test_modules_off_are_not_recorded() -> None:
     assert "recompute_modules" not in options(activation_recompute="selective").recorded()
     assert selective("mlp").recorded()["recompute_modules"] == ("mlp",)
+
+
+def test_a_sweep_spells_module_sets_with_plus() -> None:
+    from stg.explore.space import values_of
+
+    assert values_of("recompute_modules", "core_attn,core_attn+MLP") == [
+        ("core_attn",),
+        ("core_attn", "mlp"),
+    ]
+    assert values_of("recompute_modules", [["mlp", "layernorm"]]) == [("mlp", "layernorm")]
+    assert GenerateOptions(recompute_modules="mlp,layernorm").recompute_modules == (  # type: ignore[arg-type]
+        "mlp",
+        "layernorm",
+    )

@@ -321,6 +321,9 @@ class GenerateOptions:
             object.__setattr__(self, "pipeline_layers", tuple(self.pipeline_layers))
         if isinstance(self.recompute_modules, list):
             object.__setattr__(self, "recompute_modules", tuple(self.recompute_modules))
+        elif isinstance(self.recompute_modules, str):  # "core_attn,mlp", as on the CLI
+            names = tuple(m.strip() for m in self.recompute_modules.split(",") if m.strip())
+            object.__setattr__(self, "recompute_modules", names)
         # ZeRO-3 shards weights, gradients and optimizer states: what weight_sharded does
         if self.zero == 3:
             object.__setattr__(self, "zero", 0)
