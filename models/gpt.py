@@ -79,12 +79,17 @@ def attention(b: GraphBuilder, x: Tensor, causal: bool | None = None) -> Tensor:
 
 
 def mlp(b: GraphBuilder, x: Tensor) -> Tensor:
-    u = b.einsum("bsh,hf->bsf", x, b.weight("w1", "dmodel dff", shard={"dff": "tp"}), name="fc1")
-    u = b.elementwise("fc1_bias", u, b.weight("b1", "dff", shard={"dff": "tp"}))
-    u = b.elementwise("gelu", u, flops=GELU_FLOPS)
-    d = b.einsum("bsf,fh->bsh", u, b.weight("w2", "dff dmodel", shard={"dff": "tp"}), name="fc2")
-    d = b.elementwise("fc2_bias", b.residual(d), b.weight("b2", "dmodel"))
-    return dropout(b, d, "fc2_bias_dropout")
+    with b.tag("mlp"):  # re-run under --recompute_modules mlp
+        u = b.einsum(
+            "bsh,hf->bsf", x, b.weight("w1", "dmodel dff", shard={"dff": "tp"}), name="fc1"
+        )
+        u = b.elementwise("fc1_bias", u, b.weight("b1", "dff", shard={"dff": "tp"}))
+        u = b.elementwise("gelu", u, flops=GELU_FLOPS)
+        d = b.einsum(
+            "bsf,fh->bsh", u, b.weight("w2", "dff dmodel", shard={"dff": "tp"}), name="fc2"
+        )
+        d = b.elementwise("fc2_bias", b.residual(d), b.weight("b2", "dmodel"))
+        return dropout(b, d, "fc2_bias_dropout")
 
 
 def block(b: GraphBuilder, x: Tensor) -> Tensor:

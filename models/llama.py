@@ -49,15 +49,15 @@ def attention(b: GraphBuilder, x: Tensor) -> Tensor:
 
 
 def mlp(b: GraphBuilder, x: Tensor) -> Tensor:
-    gate = b.einsum(
-        "bsh,hf->bsf", x, b.weight("w1", "dmodel dff", shard={"dff": "tp"}), name="gate"
-    )
-    up = b.einsum("bsh,hf->bsf", x, b.weight("w3", "dmodel dff", shard={"dff": "tp"}), name="up")
-    act = b.elementwise("swiglu", gate, up, flops=SWIGLU_FLOPS)
-    down = b.einsum(
-        "bsf,fh->bsh", act, b.weight("w2", "dff dmodel", shard={"dff": "tp"}), name="down"
-    )
-    return b.residual(down)
+    with b.tag("mlp"):  # re-run under --recompute_modules mlp
+        w1 = b.weight("w1", "dmodel dff", shard={"dff": "tp"})
+        gate = b.einsum("bsh,hf->bsf", x, w1, name="gate")
+        w3 = b.weight("w3", "dmodel dff", shard={"dff": "tp"})
+        up = b.einsum("bsh,hf->bsf", x, w3, name="up")
+        act = b.elementwise("swiglu", gate, up, flops=SWIGLU_FLOPS)
+        w2 = b.weight("w2", "dff dmodel", shard={"dff": "tp"})
+        down = b.einsum("bsf,fh->bsh", act, w2, name="down")
+        return b.residual(down)
 
 
 def block(b: GraphBuilder, x: Tensor) -> Tensor:

@@ -73,6 +73,7 @@ from stg.api import (
     node_phase,
     node_role,
     op_class,
+    recompute_units,
     send_time,
 )
 from stg.errors import UserError
@@ -255,6 +256,9 @@ class Parts:
     """per model chunk and micro-batch: fp8 amax reductions (Transformer Engine's delayed
     scaling, once per chunk forward and backward; their buffer sized on the reduced
     workload's layers, a few bytes more or less on a latency-bound all-reduce)"""
+    layer_bwd_kept: PartCost | None = None
+    """under ``recompute_method``: the backward of a layer that is not recomputed
+    (``layer_bwd`` is then a recomputed one's)"""
 
 
 def reduced_dp(o: GenerateOptions) -> int:
@@ -276,8 +280,10 @@ def reduced_options(
     micro = per_replica * (dp if o.ep_folded else dp * o.ep)
     values = o.as_dict()
     if parameters_only:
-        values.update(activation_recompute="none", precision=())
+        values.update(activation_recompute="none", precision=(), recompute_modules=())
     values.update(
+        recompute_method=None,
+        recompute_num_layers=None,
         dp=dp,
         pp=pp,
         num_stacks=pp * layers_per_stage,
@@ -422,10 +428,15 @@ def analyse(
 ) -> Parts:
     """Build the reduced workloads (one and two layers per stage) and price their parts; or,
     given the whole ``workload`` of ``o``, price the parts of its own rank classes."""
+    kept: PartCost | None = None
+    kept_nodes: dict[tuple[str, str], list[Any]] | None = None
     if workload is not None:
         one = one_p = two = workload
         dp_r = o.dp
     else:
+        if o.recompute_method:  # the layers not recomputed, on a workload of their own
+            plain = dataclasses.replace(reduced_options(o, 1), activation_recompute="none")
+            kept_nodes = _index(_build(plain, registry).rank_classes[0]).parts
         one = _build(reduced_options(o, 1), registry)
         one_p = _build(reduced_options(o, 1, parameters_only=True), registry)
         two = _build(reduced_options(o, 2, parameters_only=True), registry)
@@ -437,6 +448,18 @@ def analyse(
 
     def pick(rank_class: Any, part: str, phase: str) -> list[Any]:
         return _index(rank_class).parts.get((part, phase), [])
+
+    if kept_nodes is not None:
+        kept = _part_cost(kept_nodes.get(("layer0", "bwd"), []), pricer)
+    elif workload is not None and o.recompute_method:
+        # a layer that is not recomputed, wherever the workload holds one
+        plain = [u.start for _, mode, u in recompute_units(o) if mode != "full"]
+        for rank_class in workload.rank_classes if plain else ():
+            nodes = _index(rank_class).parts
+            layer = next((i for i in plain if (f"layer{i}", "bwd") in nodes), None)
+            if layer is not None:
+                kept = _part_cost(nodes[(f"layer{layer}", "bwd")], pricer)
+                break
 
     layer = "layer0"
     p2p = next((n.comm_size for n in first.nodes if n.type is NodeType.COMM_SEND), 0) or next(
@@ -538,6 +561,7 @@ def analyse(
         samples=bool(first.facts.get("stackless")),
         chunk_fwd=_part_cost(pick(first, "chunk0", "fwd"), pricer),
         chunk_bwd=_part_cost(pick(first, "chunk0", "bwd"), pricer),
+        layer_bwd_kept=kept,
     )
 
 
@@ -644,11 +668,21 @@ def predict_options(
     m = o.micro_batches
     chunk_layers = chunk_layer_counts(o)
     layers = [sum(chunk_layers[c] for c in range(s, p * v, p)) for s in range(p)]
+    # each stage's layer backwards, last layer first: recomputed ones cost layer_bwd
+    layer_bwds = [[parts.layer_bwd] * n for n in layers]
+    if o.recompute_method and parts.layer_bwd_kept is not None:
+        layer_bwds = [[] for _ in range(p)]
+        for stage, mode, unit in reversed(recompute_units(o)):
+            cost = parts.layer_bwd if mode == "full" else parts.layer_bwd_kept
+            layer_bwds[stage].extend([cost] * len(unit))
     fwd: list[PartCost] = []
     bwd: list[PartCost] = []
     for s in range(p):
         f = parts.layer_fwd.scaled(layers[s]) + parts.chunk_fwd.scaled(v)
-        b = parts.layer_bwd.scaled(layers[s]) + parts.chunk_bwd.scaled(v)
+        if o.recompute_method:
+            b = sum(layer_bwds[s], PartCost()) + parts.chunk_bwd.scaled(v)
+        else:
+            b = parts.layer_bwd.scaled(layers[s]) + parts.chunk_bwd.scaled(v)
         if s == 0:
             f, b = f + parts.embedding_fwd, b + parts.embedding_bwd
         if s == p - 1:
@@ -687,8 +721,8 @@ def predict_options(
             clock += parts.head_bwd.time
             for axes, c in parts.head_reductions.items():
                 ready.setdefault(axes, []).append((clock, c))
-        for _ in range(layers[s]):
-            clock += parts.layer_bwd.time
+        for layer_bwd in layer_bwds[s]:
+            clock += layer_bwd.time
             for axes, c in parts.layer_reductions.items():
                 ready.setdefault(axes, []).append((clock, c))
         if s == 0:

@@ -49,6 +49,11 @@ A precision plan's fp8 GEMMs that run natively (a GPU with fp8 tensor cores,
 (:func:`planned_activation_delta`) and keep fp8 weight copies, counted with the weights
 (:func:`fp8_weight_copy_bytes`).
 
+Recompute of some layers only (``recompute_method``, :func:`recompute_layer_bytes`): a
+recomputed unit (one layer, or a uniform group) keeps its first layer's input, any other
+layer all of its activations; the unit being recomputed holds all of its layers' activations
+(a buffer).
+
 Buffers: the working set that exists only transiently at the peak: with full recompute the
 full activations of the one layer being recomputed; with selective recompute that layer's
 attention scores; on the last stage, the larger of that and the cross entropy's transient
@@ -94,6 +99,7 @@ from stg.api import (
     native_fp8,
     normalize_dtype,
     precision_of,
+    recompute_units,
 )
 from stg.errors import UserError
 
@@ -445,6 +451,7 @@ def activation_bytes_per_layer(
     # eager: silu(gate) * up, MulBackward0 saves both factors (both require grad): the SiLU
     # output is kept beside up (and gate, which SiluBackward0 saves as its input)
     silu_output = e if is_eager(o) else 0
+    mlp: float | None = None  # a dense MLP module's own tensors (recompute_modules mlp)
     if llama:
         d = head_size(o)
         # two RMSNorm inputs, QKV input, MLP input; eager: the two norms' rstd rows
@@ -470,6 +477,7 @@ def activation_bytes_per_layer(
             shared = (o.shared_experts or 0) if is_mla(o) else 0
             sharded += (3 * e + silu_output) * shared * sb * f
         else:
+            mlp = (3 * e + silu_output) * sb * f / t
             sharded += (3 * e + silu_output) * sb * f
         scores = e * a * s_local * o.seq * b
     else:
@@ -480,10 +488,26 @@ def activation_bytes_per_layer(
         # Q, K, V, projection input; GELU input and output
         width = a * head_size(o)  # a·d: h unless --dhead
         sharded = e * s_local * b * width * 4 + k * e * 2 * s_local * b * f
+        # the GELU's input and output, and the MLP's dropout mask
+        mlp = k * e * 2 * s_local * b * f / t + masks * sbh / sp_divisor
         # softmax output; with dropout also its mask and output
         scores = (2 * e + masks if masks else e) * a * s_local * o.seq * b
     total = replicated / sp_divisor + sharded / t
-    if recompute == "none":
+    modules = set(o.recompute_modules or ("core_attn",)) if recompute == "selective" else set()
+    if "mlp" in modules:
+        if mlp is None:
+            raise UserError(
+                f"recompute_modules=mlp: a {kind} layer of {o.model} has no dense MLP module"
+            )
+        total -= mlp
+    if "layernorm" in modules:  # the two norms' outputs (the attention's and MLP's inputs)
+        total -= e * 2 * sbh / sp_divisor
+    if o.precision and modules - {"core_attn"}:
+        raise UserError(
+            f"recompute_modules={','.join(sorted(modules))} with a precision plan: the memory "
+            "predictor models the plan's saved inputs under core_attn recompute only"
+        )
+    if recompute == "none" or "core_attn" not in modules:
         if o.attention == "unfused":
             total += scores / t
         else:  # a fused kernel keeps only the fp32 log-sum-exp of each query row and head
@@ -491,6 +515,37 @@ def activation_bytes_per_layer(
     if o.precision:
         total += planned_activation_delta(o, recompute, kernels, system=system)
     return total
+
+
+def recompute_layer_bytes(
+    o: GenerateOptions,
+    stage: int,
+    kernels: KernelTable | None = None,
+    system: System | None = None,
+) -> tuple[float, float]:
+    """Under ``recompute_method`` (:func:`stg.api.recompute_units`): the bytes the layers of
+    stage ``stage`` keep per micro-batch (over every chunk of the stage, as layers of one
+    chunk would), and the largest unit recomputed at once. A recomputed unit keeps its
+    first layer's input (:func:`activation_bytes_per_layer` under full recompute) and, while
+    it runs again, holds every activation of its layers; a layer not recomputed keeps all
+    of its activations."""
+    kinds = layer_kinds(o)
+
+    def per_layer(kind: str, mode: str) -> float:
+        return activation_bytes_per_layer(
+            o, recompute=mode, kernels=kernels, kind=kind, system=system
+        )
+
+    kept = largest = 0.0
+    for unit_stage, mode, layers in recompute_units(o):
+        if unit_stage != stage:
+            continue
+        if mode == "full":
+            kept += per_layer(kinds[layers.start], "full")
+            largest = max(largest, sum(per_layer(kinds[i], "none") for i in layers))
+        else:
+            kept += sum(per_layer(kinds[i], mode) for i in layers)
+    return kept, largest
 
 
 def _saved_matmul_inputs(
@@ -892,6 +947,11 @@ def stage_memory(
         per_kind[kind] * in_flight_layers(stage, n, o.pp, m, o.pipeline_schedule, o.virtual_stages)
         for kind, n in kinds.items()
     )
+    granular = recompute_layer_bytes(o, stage, kernels, system) if o.recompute_method else None
+    if granular is not None:
+        per_micro_batch, _ = granular
+        held_layers = in_flight_layers(stage, 1, o.pp, m, o.pipeline_schedule, o.virtual_stages)
+        activations = held_layers * per_micro_batch
     b = micro_batch_size(o)
     e = dtype_bytes(o.dtype)
     t = o.tp
@@ -928,7 +988,9 @@ def stage_memory(
             head += modules * (e * 4 * sbh + 3 * stats) / sp_divisor
         activations += (m if o.pipeline_schedule.lower() == "gpipe" else 1) * head
     buffers = 0.0
-    if kinds and o.activation_recompute in ("full", "selective"):
+    if granular is not None:
+        buffers += granular[1]
+    elif kinds and o.activation_recompute in ("full", "selective"):
         # the largest layer recomputed: all its activations (full) or its attention scores
         buffers += max(
             activation_bytes_per_layer(

@@ -66,7 +66,12 @@ if TYPE_CHECKING:
     from stg.core.layout import Layout
     from stg.core.options import GenerateOptions, OptionError
     from stg.core.pipeline import build_workload, name_in_micro_batch
-    from stg.core.plan import chunk_layer_counts, expert_zero_degree, layout_of
+    from stg.core.plan import (
+        chunk_layer_counts,
+        expert_zero_degree,
+        layout_of,
+        recompute_units,
+    )
     from stg.core.precision import DTYPE_BYTES, precision_of
     from stg.core.routing import expert_capacity
     from stg.core.sharding import Sharding
@@ -142,6 +147,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "check_size": ("stg.core.sizes", "check_size"),
     "estimate_size": ("stg.core.sizes", "estimate_size"),
     "name_in_micro_batch": ("stg.core.pipeline", "name_in_micro_batch"),
+    "recompute_units": ("stg.core.plan", "recompute_units"),
     "DTYPE_BYTES": ("stg.core.precision", "DTYPE_BYTES"),
     "precision_of": ("stg.core.precision", "precision_of"),
     "expert_capacity": ("stg.core.routing", "expert_capacity"),
@@ -332,6 +338,7 @@ __all__ = [
     "problem_from_nodes",
     "problem_from_trace",
     "problem_from_workload",
+    "recompute_units",
     "replay",
     "replay_engine",
     "replay_periodic",

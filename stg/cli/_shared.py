@@ -97,6 +97,12 @@ def parse_layer_counts(value: str) -> tuple[int, ...]:
     return tuple(int(part) for part in parts)
 
 
+def parse_modules(value: str) -> tuple[str, ...]:
+    """``core_attn,mlp`` as ``GenerateOptions.recompute_modules`` (names checked with the
+    other options)."""
+    return tuple(part.strip().lower() for part in value.split(",") if part.strip())
+
+
 def with_placement(options: Any, system: Any) -> Any:
     """``options`` with the placement of a hybrid ``system`` (rank order; unless
     ``--placement`` was given); unchanged for a plain system."""
@@ -341,6 +347,33 @@ SPECS: dict[str, tuple[str, _Spec]] = {
             "Activation recomputation: none, selective, full (true = full, false = none).",
             parser=parse_recompute,
             metavar="MODE",
+        ),
+    ),
+    "recompute_method": (
+        _TRAINING,
+        _Spec(
+            "Which layers full recompute checkpoints (Megatron's --recompute-method): uniform "
+            "(groups of --recompute_num_layers layers of each model chunk, only each group's "
+            "input kept) or block (the first --recompute_num_layers layers of each chunk; the "
+            "others keep all activations). Default: every layer on its own.",
+            metavar="uniform|block",
+        ),
+    ),
+    "recompute_num_layers": (
+        _TRAINING,
+        _Spec(
+            "Layers per recompute group (uniform) or recomputed per model chunk (block); "
+            "Megatron's --recompute-num-layers.",
+            metavar="N",
+        ),
+    ),
+    "recompute_modules": (
+        _TRAINING,
+        _Spec(
+            "Modules selective recompute re-runs (Megatron's --recompute-modules): core_attn, "
+            "mlp, layernorm, comma-separated (default: core_attn).",
+            parser=parse_modules,
+            metavar="NAMES",
         ),
     ),
     "mixed_precision": (

@@ -25,9 +25,10 @@ from stg.cli._shared import (
     progress_bar,
     system_parameter,
 )
+from stg.core.options import GenerateOptions
 from stg.core.quantities import parse_duration
 from stg.errors import UserError
-from stg.explore.search import PLAN_FIELDS
+from stg.explore.search import PIPELINE_SPLITS, PLAN_FIELDS
 
 app = typer.Typer(add_completion=False)
 _ENGINE = "Engine (training search)"
@@ -44,6 +45,9 @@ TRAINING_AXES = {
     "schedule_values": "--schedule",
     "virtual_values": "--virtual-stages",
     "cp_values": "--cp",
+    "ep_layout_values": "--ep_layout",
+    "recompute_layer_values": "--recompute-layers",
+    "split_values": "--pipeline-split",
 }
 SERVING_AXES = {
     "replica_batch_values": "--replica-batch",
@@ -175,7 +179,28 @@ def _own_parameters() -> list[inspect.Parameter]:
             "--micro-batch",
             "Samples per replica per micro-batch (default: powers of two).",
         ),
+        _axis(
+            "ep_layout_values",
+            "--ep_layout",
+            "Expert-parallel layouts: multiply, fold (Megatron's MoE parallel folding: ep·etp "
+            "divides dp·tp·cp; default: multiply, or fold where --etp is given).",
+            "--ep-layout",
+        ),
         _axis("recompute_values", "--recompute", "none, selective, full (default: all)."),
+        _axis(
+            "recompute_layer_values",
+            "--recompute-layers",
+            "Layer counts of full recompute's block method to try too: the first N layers of "
+            "each model chunk recomputed, the others keeping their activations (default: "
+            "none).",
+        ),
+        _axis(
+            "split_values",
+            "--pipeline-split",
+            "How stages split the layers where pp > 1: even (as even as possible), embedding, "
+            "loss, both (those counted as a layer, Megatron's --account-for-*-in-pipeline-split;"
+            " default: even).",
+        ),
         _axis("zero_values", "--zero", "0, 1, 2, fsdp (default: all)."),
         _axis(
             "schedule_values", "--schedule", "1f1b, gpipe, interleaved (default: 1f1b,interleaved)."
@@ -366,6 +391,14 @@ def search(**values: Any) -> None:
         )
         or default.schedules,
         virtual_stages=_ints(values.pop("virtual_values")) or default.virtual_stages,
+        ep_layouts=_words(
+            values.pop("ep_layout_values"), GenerateOptions.EP_LAYOUTS, "--ep_layout"
+        ),
+        recompute_layers=_ints(values.pop("recompute_layer_values")) or (),
+        pipeline_splits=_words(
+            values.pop("split_values"), tuple(PIPELINE_SPLITS), "--pipeline-split"
+        )
+        or default.pipeline_splits,
     )
     base = options_from_cli(values)
     registry = get_registry()
@@ -448,16 +481,19 @@ def _print(base: Any, gpus: int, system: Any, result: Any) -> None:
         p = c.plan()
         schedule = p["schedule"] + (f" v{p['virtual_stages']}" if p["virtual_stages"] > 1 else "")
         mfu = (c.dag or c.analytical or {}).get("mfu", 0.0)
+        recompute = p["recompute"]
+        if p.get("recompute_method"):
+            recompute += f" {p['recompute_method']} {p['recompute_num_layers']}"
         table.add_row(
             str(i),
             str(p["dp"]),
             str(p["tp"]),
-            str(p["pp"]),
-            str(p["ep"]),
+            str(p["pp"]) + (f" {p['pipeline_split']}" if "pipeline_split" in p else ""),
+            str(p["ep"]) + (" fold" if "ep_layout" in p else ""),
             str(p["cp"]),
             str(p["micro_batch"]),
             str(p["micro_batches"]),
-            p["recompute"],
+            recompute,
             "fsdp" if p["zero"] == 3 else str(p["zero"]),
             schedule,
             format_seconds(c.dag["iteration_time_s"]) if c.dag else "-",

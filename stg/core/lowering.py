@@ -38,7 +38,7 @@ from stg.core.fp8 import (
 )
 from stg.core.layout import UNFOLDED_AXIS_PARTS
 from stg.core.options import OptionError
-from stg.core.plan import ParallelPlan
+from stg.core.plan import ParallelPlan, recompute_tags
 from stg.core.precision import DTYPE_BYTES
 from stg.core.symbolic import Dim, Op, Part, Tensor, is_routed_expert
 from stg.core.workload import (
@@ -750,14 +750,15 @@ class BoundPart:
         """``ops`` less the FSDP all-gathers of this part's weights (already gathered)."""
         return [op for op in ops if "weight_gather" not in op.tags]
 
-    def repeated_before_backward(self, recompute: str) -> list[BoundOp]:
+    def repeated_before_backward(
+        self, recompute: str, modules: frozenset[str] = frozenset({"core_attention"})
+    ) -> list[BoundOp]:
         """Forward ops run again before this part's backward: FSDP weight gathers, plus the
-        attention core (selective recompute) or everything (full recompute)."""
+        ops tagged ``modules`` (selective recompute; by default the attention core) or
+        everything (full recompute)."""
         if recompute == "full":
             return self.forward
-        tags = (
-            {"weight_gather", "core_attention"} if recompute == "selective" else {"weight_gather"}
-        )
+        tags = {"weight_gather", *modules} if recompute == "selective" else {"weight_gather"}
         return [op for op in self.forward if op.tags & tags]
 
 
@@ -1120,7 +1121,8 @@ def lower_stage(
     out = _Nodes()
     chunks = plan.chunks
     block, emb, head = parts.block, parts.embedding, parts.head
-    repeats: dict[int, list[BoundOp]] = {}  # per block kind: ops re-run before its backward
+    # per block kind and recompute mode: ops re-run before its backward
+    repeats: dict[tuple[int, str], list[BoundOp]] = {}
     saved: dict[tuple[str | int, int], Env] = {}  # (layer or part name, micro-batch) -> env
     grads: dict[str | int, dict[int, list[int]]] = {}  # layer or part name -> grad nodes
     final_nodes: list[int] = []
@@ -1129,12 +1131,12 @@ def lower_stage(
         if direction == "B":
             backwards_left[chunk] = backwards_left.get(chunk, 0) + 1
     held = stage_parts(stage, plan, parts)
+    modules = recompute_tags(plan.options)
     # Transformer Engine's delayed scaling: every amax of the rank's fp8 modules (all its
     # chunks) is reduced and every history rolled at each reduction
     # (the Megatron / TE profile; eager PyTorch has no TE modules)
     fp8_gemms = sum(bp.fp8_gemms for _, bp in held) if plan.options.te_delayed_scaling else 0
     amax_group = tuple(sorted(a for a in plan.mesh_axes(amax_axes) if plan.degrees[a] > 1))
-    recompute_full = plan.recompute == "full"
     # FSDP2 (fully_shard): the part instances whose weights are gathered now, and the nodes
     # that gathered them. Under pipeline parallelism PyTorch's pipelining keeps the weights
     # gathered after each backward and reduces the accumulated gradients once, after the
@@ -1249,6 +1251,27 @@ def lower_stage(
             deps,
         )
 
+    def rerun(
+        owner: str | int,
+        bp: BoundPart,
+        env: Env,
+        prefix: str,
+        repeated: list[BoundOp],
+        dy: int | None,
+        where: dict[str, Any],
+    ) -> None:
+        """The forward ops of one part instance run again before its backward, once the
+        gradient ``dy`` has arrived (a recompute starts then, not during the forward)."""
+        repeated = gathers_for(owner, bp, repeated, env)
+        out.run(
+            repeated,
+            env,
+            f"{prefix}recompute/",
+            after=dy if dy is not None else out.last_comp,
+            where=where,
+        )
+        note_gathered(owner, repeated, env)
+
     def backward(
         owner: str | int,
         bp: BoundPart,
@@ -1258,30 +1281,26 @@ def lower_stage(
         repeated: list[BoundOp],
         reduce_now: bool,
         amax_after: str | None = None,
+        ahead: bool = False,
     ) -> int | None:
         """Backward of one part instance; returns the node of the gradient it passes on.
-        ``amax_after``: the name prefix of the backward amax reduction that follows it."""
+        ``amax_after``: the name prefix of the backward amax reduction that follows it;
+        ``ahead``: its forward was recomputed already, with the rest of its recompute group
+        (``repeated`` then holds no forward op)."""
         env = saved.pop((owner, mb))
         part = owner
         again = node_place(Phase.RECOMPUTE, mb, part)
         back = node_place(Phase.BACKWARD, mb, part)
-        repeated = gathers_for(owner, bp, repeated, env)
-        out.run(
-            repeated,
-            env,
-            f"{prefix}recompute/",
-            after=dy if dy is not None else out.last_comp,
-            where=again,
-        )
-        note_gathered(owner, repeated, env)
+        rerun(owner, bp, env, prefix, repeated, dy, again)
         # a micro-batch before the last accumulates its weight gradients unsharded
         accumulate = pipelined and not reduce_now
 
         def ops(run: list[BoundOp]) -> list[BoundOp]:
             return [op for op in run if not (accumulate and "weight_grad_reduce" in op.tags)]
 
-        recomputed = fp8_gemms > 0 and recompute_full and isinstance(owner, int)
-        if recomputed:  # the recompute forward's own autocast exits: a forward reduction
+        recomputed = fp8_gemms > 0 and isinstance(owner, int)
+        recomputed = recomputed and plan.layer_recompute(owner) == "full"
+        if recomputed and not ahead:  # the recompute forward's autocast exits: a reduction
             amax_reduction(f"{prefix}recompute/", False, again)
         if dy is not None:
             env[bp.seed_key] = (dy,)  # type: ignore[index]
@@ -1376,7 +1395,7 @@ def lower_stage(
             # the backward of the chunk's first fp8 module ends with the backward reduction
             # (under full recompute each recomputed module reduces itself instead)
             first_fp8 = owners[0] if owners else None
-            if recompute_full and isinstance(first_fp8, int):
+            if isinstance(first_fp8, int) and plan.layer_recompute(first_fp8) == "full":
                 first_fp8 = None
             bwd_region = f"{region}bwd/"
 
@@ -1393,20 +1412,44 @@ def lower_stage(
                 )
             else:
                 dy = p2p(NodeType.COMM_RECV, "gradient", mb, gchunk, gchunk + 1, ())
+            ahead: set[int] = set()  # layers whose recompute group ran already
             for layer in reversed(plan.chunk_layers(gchunk)):
                 bp = parts.layer(layer)
-                if id(bp) not in repeats:
-                    repeats[id(bp)] = bp.repeated_before_backward(plan.recompute)
-                repeat = repeats[id(bp)]
+                mode = "none" if layer in ahead else plan.layer_recompute(layer)
+                if (id(bp), mode) not in repeats:
+                    repeats[(id(bp), mode)] = bp.repeated_before_backward(mode, modules)
+                group = plan.recompute_group(layer)
+                if len(group) > 1 and layer == group[-1]:
+                    # Megatron's uniform method: the group's forward runs again from its
+                    # checkpointed input before the backward of its last layer
+                    x = None
+                    for earlier in group[:-1]:
+                        ebp = parts.layer(earlier)
+                        env = saved[(earlier, mb)]
+                        if x is not None:
+                            env[ebp.input_key] = (x,)  # type: ignore[index]
+                        rerun(
+                            earlier,
+                            ebp,
+                            env,
+                            f"mb{mb}/layer{earlier}/",
+                            ebp.repeated_before_backward("full"),
+                            dy,
+                            node_place(Phase.RECOMPUTE, mb, earlier),
+                        )
+                        x = env[ebp.output_key][0]  # type: ignore[index]
+                        ahead.add(earlier)
+                    saved[(layer, mb)][bp.input_key] = (x,)  # type: ignore[index]
                 dy = backward(
                     layer,
                     bp,
                     mb,
                     f"mb{mb}/layer{layer}/",
                     dy,
-                    repeat,
+                    repeats[(id(bp), mode)],
                     reduce_now,
                     bwd_region if first_fp8 == layer else None,
+                    ahead=layer in ahead,
                 )
             if first:
                 backward(

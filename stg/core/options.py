@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from stg.errors import UnknownNameError, UserError
 
@@ -33,6 +34,8 @@ UNSET_OPTIONS: tuple[str, ...] = (
     "decoder_last_pipeline_num_layers",
     "ep_layout",
     "etp",
+    "recompute_method",
+    "recompute_num_layers",
 )
 """Options whose default ``None`` means "unset" (each model says what that means): a
 workload's metadata leaves them out when unset, so traces that do not use them keep their
@@ -204,6 +207,16 @@ class GenerateOptions:
     ``cp_comm_type`` is how context parallelism (``sp``) moves keys and values, Megatron's
     ``--cp-comm-type``: ``p2p`` (a ring overlapped with the attention steps, the default) or
     ``all_gather`` (:func:`stg.core.lowering.context_parallel_attention`).
+    Full recompute (``activation_recompute=full``) checkpoints every layer on its own unless
+    Megatron-LM's ``recompute_method`` and ``recompute_num_layers`` say otherwise
+    (:meth:`stg.core.plan.ParallelPlan.layer_recompute`): ``uniform`` cuts each model chunk
+    into groups of ``recompute_num_layers`` layers (the last may be shorter) and keeps only
+    each group's input, the whole group recomputed before its backward; ``block`` recomputes
+    the first ``recompute_num_layers`` layers of each model chunk, one checkpoint per layer,
+    and keeps every activation of the others. Selective recompute re-runs the modules of
+    ``recompute_modules`` (Megatron-LM's ``--recompute-modules``; empty: ``core_attn``, the
+    attention core, as Megatron's default): ``mlp`` (the dense MLP, from its input),
+    ``layernorm`` (the norms, whose outputs are not kept).
     ``placement`` maps ranks to the device groups of a hybrid cluster, as runs
     ``((group, ranks), ...)`` in rank order (empty: one device kind); each group's ranks run
     the precision plan's entries for that group (:func:`stg.core.precision.plan_for_group`).
@@ -246,6 +259,9 @@ class GenerateOptions:
     overlap_param_gather: bool = False
     tp_comm_overlap: bool = False
     activation_recompute: str = "none"
+    recompute_method: str | None = None
+    recompute_num_layers: int | None = None
+    recompute_modules: tuple[str, ...] = ()
     pipeline_schedule: str = "1f1b"
     virtual_stages: int = 1
     decoder_first_pipeline_num_layers: int | None = None
@@ -276,6 +292,12 @@ class GenerateOptions:
     output_name: str = "workload.%d.et"
 
     ATTENTION = ("fused", "unfused")
+    RECOMPUTE_METHODS = ("uniform", "block")
+    RECOMPUTE_MODULES: ClassVar[Mapping[str, str]] = MappingProxyType(
+        {"core_attn": "core_attention", "mlp": "mlp", "layernorm": "layernorm"}
+    )
+    """Megatron-LM's ``--recompute-modules`` names that stg builds, and the op tag of each
+    (:meth:`stg.core.symbolic.GraphBuilder.tag`)."""
     EP_LAYOUTS = ("multiply", "fold")
     RESHARD_AFTER_FORWARD = ("default", "always", "never")
     CP_COMM_TYPES = ("p2p", "all_gather")
@@ -302,6 +324,11 @@ class GenerateOptions:
             object.__setattr__(self, "micro_batch", None)
         if isinstance(self.pipeline_layers, list):  # as a trace's metadata records it
             object.__setattr__(self, "pipeline_layers", tuple(self.pipeline_layers))
+        if isinstance(self.recompute_modules, list):
+            object.__setattr__(self, "recompute_modules", tuple(self.recompute_modules))
+        elif isinstance(self.recompute_modules, str):  # "core_attn,mlp", as on the CLI
+            names = tuple(m.strip() for m in self.recompute_modules.split(",") if m.strip())
+            object.__setattr__(self, "recompute_modules", names)
         # ZeRO-3 shards weights, gradients and optimizer states: what weight_sharded does
         if self.zero == 3:
             object.__setattr__(self, "zero", 0)
@@ -366,7 +393,13 @@ class GenerateOptions:
     """How layers are split over pipeline stages where not as evenly as possible (with
     ``decoder_first_pipeline_num_layers`` and ``decoder_last_pipeline_num_layers``, unset by
     default: :func:`stg.core.plan.chunk_layer_counts`)."""
-    OFF_UNRECORDED = ("placement", "dropout", *OVERLAP_FIELDS, *PIPELINE_SPLIT_FIELDS)
+    OFF_UNRECORDED = (
+        "placement",
+        "dropout",
+        "recompute_modules",
+        *OVERLAP_FIELDS,
+        *PIPELINE_SPLIT_FIELDS,
+    )
     """Options left out of a trace's metadata while off (unset, 0 or false), so that traces
     generated without them keep the bytes they had before the option existed."""
 

@@ -211,6 +211,7 @@ def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> Model
     # mixed precision it also writes the 16-bit working copy of the weights.
     per_param = 2 * master + 4 * state + grad + (DTYPE_BYTES[o.dtype] if o.mixed_precision else 0)
     layer_kinds = LayerKinds((kind, count) for kind, _, count in runs)
+    _check_recompute_modules(o, [bound[kind] for kind, _, _ in runs])
     return ModelParts(
         bound["embedding"],
         bound[layer_kinds[0]] if layer_kinds else bound["block"],
@@ -229,6 +230,23 @@ def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> Model
             **facts,
         },
     )
+
+
+def _check_recompute_modules(o: GenerateOptions, blocks: list[BoundPart]) -> None:
+    """Every module of ``recompute_modules`` is built by the model's layers (a name that
+    re-runs nothing is refused)."""
+    for module in o.recompute_modules:
+        tag = GenerateOptions.RECOMPUTE_MODULES[module]
+        if not any(tag in op.tags for bp in blocks for op in bp.forward):
+            built = [
+                name
+                for name, t in GenerateOptions.RECOMPUTE_MODULES.items()
+                if any(t in op.tags for bp in blocks for op in bp.forward)
+            ]
+            raise OptionError(
+                f"recompute_modules={','.join(o.recompute_modules)}: model {o.model} has no "
+                f"{module} module in its layers; allowed: {', '.join(built) or '(none)'}"
+            )
 
 
 def _fp8_signature(parts: ModelParts) -> tuple[object, ...]:

@@ -130,6 +130,40 @@ class ParallelPlan:
     def chunk_stage(self, chunk: int) -> int:
         return chunk % self.stages
 
+    def _place_in_chunk(self, layer: int) -> tuple[int, int, int]:
+        """(the chunk that holds ``layer``, its first layer, ``layer``'s index in it)."""
+        start = 0
+        for chunk, count in enumerate(self.layers_per_chunk):
+            if layer < start + count:
+                return chunk, start, layer - start
+            start += count
+        raise IndexError(f"layer {layer} of a stack of {start}")
+
+    def layer_recompute(self, layer: int) -> str:
+        """How layer ``layer`` is recomputed: ``none``, ``selective`` or ``full``. Under
+        ``recompute_method=block`` only the first ``recompute_num_layers`` layers of each
+        model chunk are (Megatron-LM's ``TransformerBlock._checkpointed_forward``, where a
+        chunk is one ``TransformerBlock``); under ``uniform`` every layer is, in groups
+        (:meth:`recompute_group`)."""
+        o = self.options
+        if self.recompute != "full" or o.recompute_method != "block":
+            return self.recompute
+        _, _, index = self._place_in_chunk(layer)
+        return "full" if index < (o.recompute_num_layers or 0) else "none"
+
+    def recompute_group(self, layer: int) -> range:
+        """The layers recomputed together with ``layer`` from one checkpointed input: under
+        ``recompute_method=uniform`` the group of ``recompute_num_layers`` consecutive
+        layers of its chunk that holds it (the chunk's last group may be shorter), else
+        ``layer`` alone."""
+        o = self.options
+        if self.recompute != "full" or o.recompute_method != "uniform":
+            return range(layer, layer + 1)
+        size = o.recompute_num_layers or 1
+        chunk, start, index = self._place_in_chunk(layer)
+        first = start + index // size * size
+        return range(first, min(first + size, start + self.layers_per_chunk[chunk]))
+
 
 def _require(condition: bool, message: str) -> None:
     if not condition:
@@ -349,6 +383,62 @@ def _check_phase(o: GenerateOptions) -> None:
             )
 
 
+def _check_recompute_layers(o: GenerateOptions, recompute: str | None) -> None:
+    """``recompute_method`` and ``recompute_num_layers`` against each other and the mode:
+    both or neither, with ``activation_recompute=full`` (as Megatron-LM requires)."""
+    methods = GenerateOptions.RECOMPUTE_METHODS
+    method, layers = o.recompute_method, o.recompute_num_layers
+    if method is None and layers is None:
+        return
+    _require(
+        method is not None,
+        f"recompute_num_layers={layers} needs recompute_method; allowed: {', '.join(methods)}",
+    )
+    _require(
+        method in methods,
+        f"recompute_method={method!r} must be one of {', '.join(methods)}",
+    )
+    _require(
+        isinstance(layers, int) and not isinstance(layers, bool) and layers >= 1,
+        f"recompute_method={method} needs recompute_num_layers, a positive integer "
+        f"(given: {layers})",
+    )
+    _require(
+        recompute == "full",
+        f"recompute_method={method} chooses the layers of full recompute: "
+        f"activation_recompute={o.activation_recompute} is not allowed; allowed: "
+        "activation_recompute=full",
+    )
+
+
+def _check_recompute_modules(o: GenerateOptions, recompute: str | None) -> None:
+    """``recompute_modules``: known names, with ``activation_recompute=selective`` (as
+    Megatron-LM requires)."""
+    if not o.recompute_modules:
+        return
+    allowed = GenerateOptions.RECOMPUTE_MODULES
+    text = ",".join(map(str, o.recompute_modules))
+    unknown = [m for m in o.recompute_modules if m not in allowed]
+    _require(
+        not unknown,
+        f"recompute_modules={text}: {', '.join(map(str, unknown))} is not a module stg "
+        f"recomputes; allowed: {', '.join(allowed)}",
+    )
+    _require(
+        recompute == "selective",
+        f"recompute_modules={text} chooses what selective recompute re-runs: "
+        f"activation_recompute={o.activation_recompute} is not allowed; allowed: "
+        "activation_recompute=selective",
+    )
+
+
+def recompute_tags(o: GenerateOptions) -> frozenset[str]:
+    """The op tags selective recompute re-runs: those of ``recompute_modules`` (empty: the
+    attention core)."""
+    modules = o.recompute_modules or ("core_attn",)
+    return frozenset(GenerateOptions.RECOMPUTE_MODULES[m] for m in modules)
+
+
 def _check_ep_layout(o: GenerateOptions) -> FoldedMesh | None:
     """The expert-parallel layout's options; the folded mesh under ``ep_layout=fold``."""
     layouts = GenerateOptions.EP_LAYOUTS
@@ -480,6 +570,8 @@ def make_plan(o: GenerateOptions) -> ParallelPlan:
         recompute is not None,
         f"activation_recompute={o.activation_recompute!r} must be one of none, selective, full",
     )
+    _check_recompute_layers(o, recompute)
+    _check_recompute_modules(o, recompute)
     _require(o.dtype in DTYPE_BYTES, f"dtype={o.dtype!r} must be one of {', '.join(DTYPE_BYTES)}")
     _require(
         o.grad_reduce_dtype is None or o.grad_reduce_dtype in DTYPE_BYTES,
@@ -580,6 +672,25 @@ def layout_of(o: GenerateOptions) -> Layout:
     Raises :class:`OptionError` on impossible options."""
     plan = make_plan(o)
     return Layout(plan.degrees, plan.rank_order)
+
+
+def recompute_units(o: GenerateOptions) -> list[tuple[int, str, range]]:
+    """The layer stack as the units recompute keeps and runs again, in layer order:
+    ``(stage, mode, layers)``, where a ``full`` unit is recomputed as a whole from its
+    first layer's checkpointed input (one layer, or a group under
+    ``recompute_method=uniform``) and any other unit is one layer whose mode (``none`` or
+    ``selective``) says what it keeps (:meth:`ParallelPlan.layer_recompute`). Raises
+    :class:`OptionError` on impossible options."""
+    plan = make_plan(o)
+    units: list[tuple[int, str, range]] = []
+    for chunk in range(plan.chunks):
+        layers = plan.chunk_layers(chunk)
+        layer = layers.start
+        while layer < layers.stop:
+            group = plan.recompute_group(layer)
+            units.append((plan.chunk_stage(chunk), plan.layer_recompute(layer), group))
+            layer = group.stop
+    return units
 
 
 def expert_zero_degree(o: GenerateOptions) -> int:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from stg.core.lowering import BoundPart, ModelParts
 from stg.core.options import GenerateOptions
-from stg.core.plan import ParallelPlan, make_plan
+from stg.core.plan import ParallelPlan, make_plan, recompute_tags
 from stg.core.precision import normalize_plan, plan_for_group
 from stg.errors import UserError
 
@@ -114,12 +114,13 @@ def _training_templates(model: object, plan: ParallelPlan, hybrid: bool) -> list
     m = plan.micro_batches
     fp8 = o.te_delayed_scaling and _has_fp8(parts)
     full = plan.recompute == "full"
+    modules = recompute_tags(o)
 
     def forward(bp: BoundPart) -> int:
         return len(bp.forward)
 
     def backward(bp: BoundPart, recompute: str) -> int:
-        nodes = len(bp.repeated_before_backward(recompute)) + len(bp.backward)
+        nodes = len(bp.repeated_before_backward(recompute, modules)) + len(bp.backward)
         if fp8 and full and bp.fp8_gemms:  # a recomputed layer reduces per fp8 module
             nodes += AMAX_NODES * (1 + len(bp.fp8_module_ends()))
         return nodes
@@ -137,7 +138,9 @@ def _training_templates(model: object, plan: ParallelPlan, hybrid: bool) -> list
         bound)."""
         gathers = sum(1 for op in bp.forward if "weight_gather" in op.tags)
         repeated = sum(
-            1 for op in bp.repeated_before_backward(recompute) if "weight_gather" in op.tags
+            1
+            for op in bp.repeated_before_backward(recompute, modules)
+            if "weight_gather" in op.tags
         )
         reduces = sum(1 for op in bp.backward if "weight_grad_reduce" in op.tags)
         skipped = (m - 1) * reduces if pipelined else 0

@@ -893,15 +893,19 @@ class GraphBuilder:
 
     # ----------------------------------------------------------------- conveniences
     def layernorm(self, x: Tensor, name: str = "layernorm") -> Tensor:
-        """LayerNorm over dmodel with weight and bias (7 FLOPs per element forward)."""
+        """LayerNorm over dmodel with weight and bias (7 FLOPs per element forward), tagged
+        ``layernorm`` (re-run under selective recompute of that module)."""
         gamma = self.weight(f"{name}.weight", "dmodel")
         beta = self.weight(f"{name}.bias", "dmodel")
-        return self.elementwise(name, x, gamma, beta, flops=7, reduce=("dmodel",))
+        with self.tag("layernorm"):
+            return self.elementwise(name, x, gamma, beta, flops=7, reduce=("dmodel",))
 
     def rmsnorm(self, x: Tensor, name: str = "rmsnorm") -> Tensor:
-        """RMSNorm over dmodel with a weight (4 FLOPs per element forward)."""
+        """RMSNorm over dmodel with a weight (4 FLOPs per element forward), tagged
+        ``layernorm`` as Megatron's module name has it."""
         gamma = self.weight(f"{name}.weight", "dmodel")
-        return self.elementwise(name, x, gamma, flops=4, reduce=("dmodel",))
+        with self.tag("layernorm"):
+            return self.elementwise(name, x, gamma, flops=4, reduce=("dmodel",))
 
     def residual(self, x: Tensor) -> Tensor:
         """``x`` resharded like the residual stream (batch over the data axes, seq over the

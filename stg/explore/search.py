@@ -39,7 +39,21 @@ PLAN_FIELDS = (
     "weight_sharded",
     "pipeline_schedule",
     "virtual_stages",
+    "ep_layout",
+    "recompute_method",
+    "recompute_num_layers",
+    "account_for_embedding_in_pipeline_split",
+    "account_for_loss_in_pipeline_split",
 )
+PIPELINE_SPLITS = {
+    "even": (False, False),
+    "embedding": (True, False),
+    "loss": (False, True),
+    "both": (True, True),
+}
+"""How a plan may split layers over its stages: as evenly as possible, or with the embedding,
+the loss or both counted as a layer (Megatron's ``--account-for-embedding/loss-in-pipeline-
+split``): ``(account_for_embedding, account_for_loss)``."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +69,13 @@ class SearchSpace:
     sharding: Sequence[str] = ("0", "1", "2", "fsdp")
     schedules: Sequence[str] = ("1f1b", "interleaved")
     virtual_stages: Sequence[int] = (2, 3, 4)
+    ep_layouts: Sequence[str] | None = None
+    """``multiply`` and / or ``fold`` (None: the base options' layout)"""
+    recompute_layers: Sequence[int] = ()
+    """layer counts of full recompute's ``block`` method to try too (the first N layers of
+    each model chunk recomputed; none: every layer or none)"""
+    pipeline_splits: Sequence[str] = ("even",)
+    """keys of :data:`PIPELINE_SPLITS` (an uneven split is tried where pp > 1)"""
 
 
 @dataclass
@@ -71,8 +92,9 @@ class Candidate:
         return float(report.get("iteration_time_s", float("inf")))
 
     def plan(self) -> dict[str, Any]:
+        """The plan's choices; the keys of the newer layouts only where they are used."""
         o = self.options
-        return {
+        out: dict[str, Any] = {
             "dp": o.dp,
             "tp": o.tp,
             "pp": o.pp,
@@ -85,6 +107,15 @@ class Candidate:
             "schedule": o.pipeline_schedule,
             "virtual_stages": o.virtual_stages,
         }
+        if o.recompute_method:
+            out["recompute_method"] = o.recompute_method
+            out["recompute_num_layers"] = o.recompute_num_layers
+        if o.ep_folded:
+            out["ep_layout"] = "fold"
+        split = (o.account_for_embedding_in_pipeline_split, o.account_for_loss_in_pipeline_split)
+        if any(split):
+            out["pipeline_split"] = next(k for k, v in PIPELINE_SPLITS.items() if v == split)
+        return out
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"plan": self.plan(), "lower_bound_s": self.bound_s}
@@ -129,22 +160,38 @@ def plans(
 ) -> list[GenerateOptions]:
     """Every combination of the space whose degrees multiply to ``gpus`` (unchecked). Tensor
     parallelism defaults to powers of two up to 8, or up to ``scale_up`` (the GPUs of the
-    system's NVLink domain) where that is larger: an NVL72 rack holds tp 16 to 64 on NVLink."""
+    system's NVLink domain) where that is larger: an NVL72 rack holds tp 16 to 64 on NVLink.
+    Where expert parallelism folds (``ep_layout=fold``) the world is dp·tp·cp·pp and ep·etp
+    must divide dp·tp·cp; the block recompute counts and uneven splits of the space are
+    tried beside the plans without them."""
     tps = space.tp or [t for t in powers_of_two_upto(min(gpus, max(8, scale_up)))]
     pps = space.pp or [p for p in divisors(gpus) if p <= base.num_stacks]
     name = base.model.lower()
     moe = name.startswith("moe") or name == "deepseek"  # models with routed experts
     eps = space.ep or ([e for e in divisors(gpus) if base.experts % e == 0] if moe else [1])
+    base_layout = "fold" if base.ep_folded else "multiply"
+    layouts = list(space.ep_layouts or (base_layout,))
+    recomputes: list[tuple[str, int | None]] = [(r, None) for r in space.recompute]
+    recomputes += [("full", n) for n in space.recompute_layers]
     out = []
-    for tp, pp, sp, ep in itertools.product(tps, pps, space.sp, eps):
-        if gpus % (tp * pp * sp * ep):
+    for layout, (tp, pp, sp, ep) in itertools.product(
+        layouts, itertools.product(tps, pps, space.sp, eps)
+    ):
+        fold = layout == "fold"
+        if fold and ep == 1 and "multiply" in layouts:
+            continue  # the same plan as multiply's
+        dense = tp * pp * sp * (1 if fold else ep)
+        if gpus % dense:
             continue
-        dp = gpus // (tp * pp * sp * ep)
-        replicas = dp * ep
+        dp = gpus // dense
+        if fold and (dp * tp * sp) % (ep * (base.etp or tp)):
+            continue
+        replicas = dp if fold else dp * ep
         if base.batch % replicas:
             continue
         per_replica = base.batch // replicas
         sizes = space.micro_batch_per_replica or powers_of_two_upto(per_replica)
+        splits = [k for k in space.pipeline_splits if k == "even" or pp > 1]
         for b in sizes:
             if per_replica % b:
                 continue
@@ -156,14 +203,18 @@ def plans(
                     schedules.extend(("interleaved", v) for v in space.virtual_stages if pp > 1)
                 else:
                     schedules.append((name, 1))
-            for (schedule, v), recompute, sharding in itertools.product(
-                schedules, space.recompute, space.sharding
+            for (schedule, v), (recompute, block), sharding, split in itertools.product(
+                schedules, recomputes, space.sharding, splits
             ):
                 if schedule == "interleaved" and m % pp:
                     continue
+                if block is not None and block >= -(-base.num_stacks // (pp * v)):
+                    continue  # every layer of a chunk: full recompute, already there
                 zero, sharded = (0, True) if sharding == "fsdp" else (int(sharding), False)
                 if (zero or sharded) and dp * sp == 1:
                     continue  # nothing to shard over
+                embedding, loss = PIPELINE_SPLITS[split]
+                modules = base.recompute_modules
                 out.append(
                     replace(
                         base,
@@ -178,6 +229,12 @@ def plans(
                         weight_sharded=sharded,
                         pipeline_schedule=schedule,
                         virtual_stages=v,
+                        ep_layout=base.ep_layout if layout == base_layout else layout,
+                        recompute_method=None if block is None else "block",
+                        recompute_modules=modules if recompute == "selective" else (),
+                        recompute_num_layers=block,
+                        account_for_embedding_in_pipeline_split=embedding,
+                        account_for_loss_in_pipeline_split=loss,
                     )
                 )
     return out
@@ -398,10 +455,17 @@ def _search(
         ep=1,
         micro_batch=feasible[0][0].batch,
         activation_recompute="none",
+        recompute_method=None,
+        recompute_num_layers=None,
+        recompute_modules=(),
         zero=0,
         weight_sharded=False,
         pipeline_schedule="1f1b",
         virtual_stages=1,
+        ep_layout=None,
+        etp=None,
+        account_for_embedding_in_pipeline_split=False,
+        account_for_loss_in_pipeline_split=False,
     )
     fast_record = registry.predictors.get(work.fast)
     work_flops = _call(

@@ -9,6 +9,9 @@ range, is swept:
 - ``1..8``: every integer from 1 to 8;
 - ``pow2:1..16``: the powers of two from 1 to 16.
 
+``recompute_modules`` joins the modules of one configuration with ``+``
+(``core_attn,core_attn+mlp``: two configurations).
+
 Configurations are the cartesian product, in the order the keys are given. Those whose
 options are impossible (a degree that does not divide a size, too many ranks for the system)
 are counted by reason, never raised.
@@ -100,6 +103,9 @@ def convert(name: str, value: Any) -> Any:
     if name == SYSTEM_KEY:
         return str(value)
     kind = option_fields()[name]
+    if name == "recompute_modules":  # one configuration's modules joined by "+"
+        items = value if isinstance(value, list | tuple) else str(value).split("+")
+        return tuple(str(v).strip().lower() for v in items if str(v).strip())
     if name == "precision":
         from stg.core.precision import load_plan
 
