@@ -21,7 +21,7 @@ from stg.testing import check_preset, make_registry
 
 REGISTRY = load_registry(autoload=False)
 BEFORE = json.loads(
-    (Path(__file__).parent / "data" / "presets_before_data.json").read_text(encoding="utf-8")
+    (Path(__file__).parent / "data" / "presets" / "before_data.json").read_text(encoding="utf-8")
 )["presets"]
 FIELDS = ("name", "model", "dims", "source", "description", "aliases", "published_parameters",
           "published_active_parameters", "tied_embeddings", "vocab_divisible_by")  # fmt: skip
