@@ -503,7 +503,9 @@ def _print(base: Any, gpus: int, system: Any, result: Any) -> None:
         )
     print_table(out, table)
     for i, c in enumerate(result.best, start=1):
-        report = c.dag or c.analytical or {}
+        # the DAG predictor's critical path where it replayed every node, else the
+        # analytical model's breakdown, scaled to the plan's time
+        report = c.dag if c.dag and c.dag.get("explain") else c.analytical or c.dag or {}
         parts = (report.get("explain") or {}).get("breakdown_s") or {}
         total = report.get("iteration_time_s") or 1.0
         text = ", ".join(

@@ -333,21 +333,39 @@ def _price_plans(work: _Work, options: Sequence[GenerateOptions]) -> list[tuple[
 
 
 def _refine_plans(work: _Work, options: Sequence[GenerateOptions]) -> list[Any]:
-    """The full predictor's report of each plan's workload (None where the workload would not
-    fit in this worker's memory: the plan keeps its fast price)."""
+    """The full predictor's report of each plan (None where its workload would not fit in
+    this worker's memory: the plan keeps its fast price). A predictor that answers from
+    options (the time predictor) lowers only what its replay needs (the fill, two periods
+    and the drain of a periodic pipeline); no ``explain``, which would replay every node:
+    the breakdown shown is the analytical one's."""
     from stg.core.sizes import WorkloadTooLarge
     from stg.explore.sweep import build_within_memory
 
     registry, system = _resolve(work)
     record = registry.predictors.get(work.full)
+    extra = {} if work.calibration is None else {"calibration": work.calibration}
     out = []
     for o in options:
+        if record.needs == "options" and record.predict_options is not None:
+            try:
+                out.append(
+                    _call(
+                        record.predict_options,
+                        o,
+                        system,
+                        kernels=list(registry.kernels),
+                        registry=registry,
+                        **extra,
+                    )
+                )
+            except WorkloadTooLarge:
+                out.append(None)
+            continue
         try:
             workload = build_within_memory(o, registry)
         except WorkloadTooLarge:
             out.append(None)
             continue
-        extra = {} if work.calibration is None else {"calibration": work.calibration}
         out.append(
             _call(
                 record.predict,
