@@ -1208,6 +1208,43 @@ def predict_analytic(
     return _memory_report(classes, system)
 
 
+def predict_memory_options(
+    options: Mapping[str, Any] | GenerateOptions,
+    system: System | str = "a100-80g",
+    *,
+    kernels: KernelTable | Iterable[Any] | None = None,
+    registry: Any = None,
+    workload: Any = None,
+    max_nodes: int | None = None,
+) -> dict[str, Any]:
+    """The memory report of ``options`` without building their workload where the options
+    say all it needs (:func:`predict_analytic`: a training run on one kind of GPU whose model
+    has a layer stack; the same peaks as :func:`predict_memory` of the built workload). A
+    serving phase, a hybrid cluster or a model without a layer stack needs the per-rank facts
+    of the workload: ``workload`` where given (built from ``options``), else it is built
+    (with ``registry``; at most ``max_nodes`` nodes where given)."""
+    system = load_system(system)
+    o = as_options(options)
+    if workload is not None:
+        return predict_memory(workload, system, kernels=kernels)
+    if registry is None or _from_options_alone(o, system, registry):
+        return predict_analytic(o, system, kernels=kernels)
+    from stg.api import build_workload, check_size, estimate_size
+
+    check_size(
+        estimate_size(o, registry),
+        max_nodes=max_nodes,
+        option="--max-nodes" if max_nodes is not None else None,
+    )
+    return predict_memory(build_workload(o, registry), system, kernels=kernels)
+
+
+def _from_options_alone(o: GenerateOptions, system: System, registry: Any) -> bool:
+    if o.inference or is_hybrid(system):
+        return False
+    return bool(registry.models.get(o.model).layer_runs(o.as_dict()))
+
+
 def _memory_report(classes: list[dict[str, Any]], system: System) -> dict[str, Any]:
     peak = max(c["peak"] for c in classes)
     return {
@@ -1226,7 +1263,8 @@ def stg_register_predictors(register: Any) -> None:
         Predictor(
             name="memory",
             predict=predict_memory,
-            predict_options=predict_analytic,
+            predict_options=predict_memory_options,
+            needs="options",
             description="analytical peak memory per rank: weights, gradients, optimizer "
             "states (ZeRO), activations (Korthikanti) and buffers",
         )
@@ -1248,6 +1286,7 @@ __all__ = [
     "planned_activation_delta",
     "predict_analytic",
     "predict_memory",
+    "predict_memory_options",
     "runs_natively",
     "stage_memory",
     "total_parameters",

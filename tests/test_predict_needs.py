@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from stg.cli import app
 from stg.core import pipeline
+from stg.core.options import GenerateOptions
 from stg.host.records import Predictor, RecordError
 
 runner = CliRunner()
@@ -68,6 +69,8 @@ def test_plugin_predictor_of_options_is_never_handed_a_workload(
 
 
 def test_a_predictor_that_needs_the_workload_still_gets_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The memory predictor answers a training plan from its options and builds the workload
+    where it needs the per-rank facts (a serving phase)."""
     built: list[int] = []
     build = pipeline.build_workload
 
@@ -78,7 +81,40 @@ def test_a_predictor_that_needs_the_workload_still_gets_it(monkeypatch: pytest.M
     monkeypatch.setattr(pipeline, "build_workload", counting)
     small = ["--model", "gpt", "--num_stacks", "2", "--dp", "4", "--predictor"]
     report = _report(["predict", "--json", *small, "memory"])
-    assert built == [4] and report["memory"]["peak_bytes"] > 0
+    assert built == [] and report["memory"]["peak_bytes"] > 0
+    decode = ["--phase", "decode", "--context", "128", "--batch", "4"]
+    report = _report(["predict", "--json", *decode, *small, "memory"])
+    # the serving memory report of the built workload: its KV cache per rank class
+    assert report["memory"]["peak_bytes"] > 0 and "kv_cache" in report["memory"]["classes"][0]
     built.clear()
     _report(["predict", "--json", *small, "analytical"])
     assert 4 not in built  # the analytical predictor builds only its reduced workloads
+
+
+def test_memory_from_options_is_the_built_workloads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The memory report from options has the peaks of the built workload's, class by class:
+    pipeline stages, an uneven split, recompute of some layers, ZeRO-3."""
+    from stg.host.registry import load_registry
+    from stg.predictors.memory import predict_memory, predict_memory_options
+
+    registry = load_registry()
+    llama = dict(
+        model="llama", dmodel=1024, dff=3584, head=16, kvhead=4, num_stacks=8, seq=1024,
+        dvocal=32000,
+    )  # fmt: skip
+    plans = [
+        dict(llama, tp=2, pp=2, batch=16, micro_batch=2),
+        dict(llama, tp=2, pp=4, batch=16, micro_batch=4, decoder_first_pipeline_num_layers=3,
+             decoder_last_pipeline_num_layers=1),
+        dict(llama, pp=2, batch=8, micro_batch=2, activation_recompute="full",
+             recompute_method="block", recompute_num_layers=2),
+        dict(llama, dp=4, batch=8, micro_batch=4, zero=3),
+    ]  # fmt: skip
+    for plan in plans:
+        options = GenerateOptions(**plan)
+        built = predict_memory(pipeline.build_workload(options, registry), "h100-80g")
+        answered = predict_memory_options(options, "h100-80g", registry=registry)
+        assert sorted(c["peak"] for c in answered["classes"]) == sorted(
+            c["peak"] for c in built["classes"]
+        ), plan
+        assert answered["peak_bytes"] == built["peak_bytes"]
