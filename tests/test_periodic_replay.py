@@ -65,7 +65,14 @@ SCHEDULES = st.sampled_from(
 )
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# derandomized: the same cases on every run (CI included)
+@settings(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    derandomize=True,
+    database=None,
+)
 @given(
     schedule=SCHEDULES,
     sizes=st.sampled_from([TINY, SMALL]),
@@ -114,6 +121,22 @@ def test_periodic_replay_equals_the_full_replay(
         "share_links": share_links,
     }
     _assert_matches_full(problem_from_workload(workload, SYSTEM), **flags)
+
+
+def test_periodic_replay_with_zero1_overlap_and_selective_recompute() -> None:
+    """A case Hypothesis found: 1F1B, pp 4, dp 2, tp 2, 12 micro-batches, selective
+    recompute, ZeRO-1 with both overlaps. The last micro-batch's backward all-gather on the
+    last stage waits for the head's tp gradient all-reduce (the communicator's issue order);
+    the reduced problems kept that wait on their own last micro-batch (they were 22.9 us off
+    the schedule of as many micro-batches, and the extrapolation 0.77 % short)."""
+    options = dict(
+        TINY, num_stacks=4, pp=4, dp=2, tp=2, batch=24, micro_batch=2, pipeline_schedule="1f1b",
+        activation_recompute="selective", zero=1, overlap_param_gather=True,
+        tp_comm_overlap=True,
+    )  # fmt: skip
+    flags = {"overlap_param_gather": True, "tp_comm_overlap": True, "share_links": False}
+    problem = problem_from_workload(_workload(**options), SYSTEM)
+    assert _assert_matches_full(problem, **flags)
 
 
 @pytest.mark.parametrize(

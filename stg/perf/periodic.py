@@ -192,11 +192,16 @@ def _reduced(problem: Problem, keep: int, total: int, indexed: Sequence[_Indexed
             mb = mbs[i]
             node = nodes[i]
             deps = (*node.data_deps, *node.ctrl_deps)
+            ending = _end_deps(index, i, keep, shift, total)
+            if ending:
+                deps = (*deps, *(d for d in ending if d not in deps))
             for d in deps:
                 m = mbs[position[d]]
                 if m is not None and m >= keep:
                     break
             else:
+                if ending:
+                    node = dataclasses.replace(node, data_deps=deps, ctrl_deps=())
                 if i in unit.group_keys:
                     group_keys[len(kept_nodes)] = unit.group_keys[i]
                 kept_nodes.append(node)
@@ -220,6 +225,26 @@ def _reduced(problem: Problem, keep: int, total: int, indexed: Sequence[_Indexed
             kept_nodes.append(dataclasses.replace(node, data_deps=tuple(new_deps), ctrl_deps=()))
         units.append(dataclasses.replace(unit, nodes=kept_nodes, group_keys=group_keys))
     return Problem(units, problem.unit_of_rank, problem.comm_groups, problem.world_size)
+
+
+def _end_deps(index: _Indexed, i: int, keep: int, shift: int, total: int) -> tuple[int, ...]:
+    """The nodes outside the micro-batches that the alike of node ``i`` (micro-batch ``x``)
+    in micro-batch ``x + shift`` waits for, where that one is dropped: in the schedule of
+    ``keep`` micro-batches, micro-batch ``x`` is where ``x + shift`` is in the whole one, and
+    waits for the same end-of-iteration nodes (a collective of the last micro-batch's backward
+    issued after the head's gradient reduction on the same communicator)."""
+    mb = index.micro_batch[i]
+    if mb is None or shift == 0:
+        return ()
+    y = mb + shift
+    if y < keep or y >= total:
+        return ()
+    partner = index.same_in(i, y)
+    if partner is None:
+        raise _NotPeriodic
+    node = index.nodes[partner]
+    position, mbs = index.position, index.micro_batch
+    return tuple(d for d in (*node.data_deps, *node.ctrl_deps) if mbs[position[d]] is None)
 
 
 def _kept_ancestors(
