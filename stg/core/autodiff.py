@@ -124,6 +124,7 @@ def _backward_op(b: GraphBuilder, op: Op, dy: Tensor | None, grads: _Grads) -> N
                     name=f"{name}.grad_{x.name}",
                     scale=op.scale,
                     out_dtype=out_dtype,
+                    span=op.span,
                 ),
             )
     elif op.kind == "elementwise" and op.mask is not None:  # dropout: dy times the mask

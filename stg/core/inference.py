@@ -52,7 +52,7 @@ from stg.core.options import GenerateOptions, OptionError
 from stg.core.plan import MAX_TAG, ParallelPlan
 from stg.core.precision import DTYPE_BYTES, normalize_plan
 from stg.core.sharding import Sharding
-from stg.core.symbolic import Capacity, Dim, GraphBuilder, Op, Part, Seq, Tensor
+from stg.core.symbolic import AttentionSpan, Capacity, Dim, GraphBuilder, Op, Part, Seq, Tensor
 from stg.core.workload import OP_ATTR, NodeType, Phase, RankClass, RankGraph, Workload
 from stg.errors import UserError
 from stg.host.records import Model
@@ -83,6 +83,7 @@ class KVCache:
         in_letters: Sequence[str],
         operands: tuple[Tensor, ...],
         scale: sympy.Expr | int,
+        span: AttentionSpan | None = None,
     ) -> tuple[tuple[Tensor, ...], sympy.Expr | int]:
         bound = [
             dict(zip(letters, t.dims, strict=False))
@@ -105,12 +106,15 @@ class KVCache:
             resolved = operands
         else:
             resolved = tuple(
-                self._from_cache(b, t)
+                self._from_cache(b, t, span=span)
                 if any(m.get(ltr, KV_DIM).name == "seq" for ltr in kv_letters)
                 else t
                 for m, t in zip(bound, operands, strict=True)
             )
-        if sympy.sympify(scale) != 1:  # causal: the pairs a chunk of new tokens sees
+        if span is not None:  # the pairs the new tokens see, of the keys the layer keeps
+            seen = span.seen(KVSeq) - span.seen(KVSeq - Seq)
+            scale = seen / (Seq * span.keys(KVSeq, Seq))
+        elif sympy.sympify(scale) != 1:  # causal: the pairs a chunk of new tokens sees
             scale = (KVSeq - (Seq - 1) / sympy.Integer(2)) / KVSeq
         return resolved, scale
 
@@ -125,14 +129,22 @@ class KVCache:
         self.declared = True
         return self._from_cache(b, t, name)
 
-    def _from_cache(self, b: GraphBuilder, t: Tensor, name: str | None = None) -> Tensor:
-        """``t`` (new keys or values) appended to the cache: the cache, ``seq_kv`` long."""
+    def _from_cache(
+        self,
+        b: GraphBuilder,
+        t: Tensor,
+        name: str | None = None,
+        span: AttentionSpan | None = None,
+    ) -> Tensor:
+        """``t`` (new keys or values) appended to the cache: the cache, ``seq_kv`` long, or
+        as long as the keys a ``span`` lets the new tokens see (all that layer keeps)."""
         cached = self._cache.get(id(t.base or t))
         if cached is not None:
             return cached
         name = name or t.name
         new = b.unpartial(t)
-        dims = tuple(KV_DIM if d.name == "seq" else d for d in new.dims)
+        kv = KV_DIM if span is None else Dim(KV_DIM.name, span.keys(KVSeq, Seq))
+        dims = tuple(kv if d.name == "seq" else d for d in new.dims)
         cache = Tensor(f"{name}_cache", dims, new.sharding, self.dtype, kind="cache")
         b._emit(Op("kv_append", f"{name}.cache_append", (new,), cache))
         self._cache[id(t.base or t)] = cache
@@ -342,6 +354,13 @@ def build_steps(model: Model, plan: ParallelPlan) -> list[StepParts]:
                     cache[name] = cache.get(name, 0) + sum(
                         binder.nbytes(op.output) for op in part.forward if op.kind == "kv_append"
                     )
+                    states = {  # recurrent states (GraphBuilder.recurrent_state): constant size
+                        id(t): t
+                        for op in part.forward
+                        for t in op.inputs
+                        if t.kind == "cache" and t.producer is None
+                    }
+                    cache[name] += sum(binder.nbytes(t) for t in states.values())
                 live = binder.nbytes(part.inputs[0]) if part.inputs else 0
                 activations = max(
                     activations,

@@ -178,10 +178,11 @@ def _flops(op: Op, binder: Binder) -> int:
         return int(2 * prod(sizes.values()) * binder.fraction(op.scale))
     if op.kind == "kv_append":  # one op per element written into the cache
         return binder.numel(op.inputs[0])
+    # a cost per element may depend on the sizes (a scan's work per element of its input)
     if op.kind in {"elementwise", "custom"}:
-        return int(Fraction(str(op.flops_per_element)) * binder.numel(op.inputs[0]))
+        return int(binder.fraction(op.flops_per_element) * binder.numel(op.inputs[0]))
     if op.kind == "add":
-        return int(Fraction(str(op.flops_per_element)) * binder.numel(op.output))
+        return int(binder.fraction(op.flops_per_element) * binder.numel(op.output))
     # gather (an embedding lookup), concat: data movement, one op per element moved (written)
     return binder.numel(op.output)
 
@@ -448,6 +449,10 @@ def _fused_attention(run: list[Op], binder: Binder, shapes: dict[str, tuple[int,
         if len(shape) > 6:  # a load-balanced share of a causal sequence (causal_split)
             attrs += (("causal_split", shape[6]),)
     einsums = [op for op in run if op.kind == "einsum"]
+    span = next((op.span for op in einsums if op.span is not None), None)
+    if shape and span is not None:  # the kernel's mask: keys per query beyond causal's
+        attrs += (("attention_window", span.window),) if span.window else ()
+        attrs += (("attention_chunk", span.chunk),) if span.chunk else ()
     return BoundOp(
         "core_attention.grad" if backward else "core_attention",
         NodeType.COMP,

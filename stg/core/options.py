@@ -33,6 +33,20 @@ UNSET_OPTIONS: tuple[str, ...] = (
     "decoder_last_pipeline_num_layers",
     "ep_layout",
     "etp",
+    "attention_window",
+    "attention_chunk",
+    "full_attention_every",
+    "attention_sinks",
+    "layer_pattern",
+    "mlp_activation",
+    "ssm_state",
+    "ssm_heads",
+    "ssm_head_dim",
+    "ssm_groups",
+    "ssm_chunk",
+    "linear_key_heads",
+    "linear_value_heads",
+    "linear_head_dim",
 )
 """Options whose default ``None`` means "unset" (each model says what that means): a
 workload's metadata leaves them out when unset, so traces that do not use them keep their
@@ -170,6 +184,16 @@ class GenerateOptions:
     ``kv_lora_rank`` (the ranks of the query and key/value compressions) and ``drope`` (the
     decoupled RoPE dimension of a query head and of the key shared by the heads);
     ``mtp_depth``: multi-token prediction modules after the head (DeepSeek-V3: 1; unset: none).
+    Attention that is not full causal (Llama-family models, ``--causal true``):
+    ``attention_window`` (each query sees its latest W keys: sliding window) or
+    ``attention_chunk`` (the keys of its own chunk: chunked local attention), on every layer
+    or, with ``full_attention_every`` k, on all but every k-th layer (gpt-oss: window 128,
+    k 2; Llama 4: chunk 8192, k 4); ``attention_sinks`` gives each head a learned sink logit
+    (gpt-oss). Hybrid stacks (the ``hybrid`` model) take ``layer_pattern``, one letter per
+    layer (:mod:`stg.models.hybrid`), ``mlp_activation`` (``swiglu``, or ``relu2``:
+    Nemotron-H's squared-ReLU MLP), with Mamba-2's ``ssm_state``, ``ssm_heads``,
+    ``ssm_head_dim``, ``ssm_groups`` and ``ssm_chunk`` and gated DeltaNet's
+    ``linear_key_heads``, ``linear_value_heads`` and ``linear_head_dim``.
     ``amax_history`` is the length of Transformer Engine's amax history of every fp8 tensor
     (``DelayedScaling.amax_history_len``, default 1024): a training run with fp8 GEMMs under
     the ``megatron`` profile carries TE's delayed-scaling bookkeeping (:mod:`stg.core.fp8`),
@@ -228,6 +252,20 @@ class GenerateOptions:
     kv_lora_rank: int | None = None
     drope: int | None = None
     mtp_depth: int | None = None
+    attention_window: int | None = None
+    attention_chunk: int | None = None
+    full_attention_every: int | None = None
+    attention_sinks: bool | None = None
+    layer_pattern: str | None = None
+    mlp_activation: str | None = None
+    ssm_state: int | None = None
+    ssm_heads: int | None = None
+    ssm_head_dim: int | None = None
+    ssm_groups: int | None = None
+    ssm_chunk: int | None = None
+    linear_key_heads: int | None = None
+    linear_value_heads: int | None = None
+    linear_head_dim: int | None = None
     dp: int = 1
     tp: int = 1
     sp: int = 1

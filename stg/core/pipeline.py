@@ -205,6 +205,15 @@ def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> Model
         facts["activation_bytes"] = sum(
             saved_bytes(bound[name].part, binder) for name in ("embedding", "head")
         )
+    graph_kinds = {
+        kind: layer_saved_bytes(bound[kind].part, binder, fused=o.attention == "fused")
+        for kind, _, _ in runs
+        if any(GRAPH_MEMORY_TAG in op.tags for op in bound[kind].part.forward)
+    }
+    if graph_kinds:
+        # layers that are not a transformer's attention and MLP (state-space, linear
+        # attention, hybrid layers): the memory predictor reads what their graph keeps
+        facts["layer_activation_bytes"] = graph_kinds
     master, state, grad = (DTYPE_BYTES[precision[k]] for k in ("master", "optimizer", "grad"))
     # Adam reads and writes the master weights and both moments and reads the gradient; with
     # mixed precision it also writes the 16-bit working copy of the weights.
@@ -240,6 +249,33 @@ def _fp8_signature(parts: ModelParts) -> tuple[object, ...]:
 def saved_bytes(part: Part, binder: Binder) -> int:
     """Bytes of the tensors one rank keeps from a part's forward for its backward."""
     return sum(binder.nbytes(t) for t in saved_activations(part))
+
+
+GRAPH_MEMORY_TAG = "graph_memory"
+"""Tag of a layer's ops whose saved activations the memory predictor takes from the graph
+(:func:`layer_saved_bytes`) instead of a transformer layer's closed forms."""
+
+
+def layer_saved_bytes(part: Part, binder: Binder, fused: bool) -> int:
+    """Bytes one rank keeps from a layer's forward for its backward; with ``fused`` attention
+    the score and probability matrices inside the attention core are not kept (the fused
+    kernel recomputes them from Q, K, V and its fp32 log-sum-exp per query row and head)."""
+    kept = saved_activations(part)
+    if not fused:
+        return sum(binder.nbytes(t) for t in kept)
+    core = [op for op in part.forward if "core_attention" in op.tags]
+    produced = {id(op.output) for op in core}
+    read_outside = {id(t.base or t) for op in part.forward if op not in core for t in op.inputs}
+    scores = next((op.output for op in core if op.kind == "einsum"), None)
+    total = 0
+    for t in kept:
+        if id(t) in produced and id(t) not in read_outside:
+            continue  # scores, probabilities: only the fused kernel reads them
+        total += binder.nbytes(t)
+        if id(t) in produced and scores is not None:  # the output, and its log-sum-exp rows
+            keys = binder.local_dim(scores.dims[-1], scores.sharding.dims[-1])
+            total += 4 * binder.numel(scores) // keys
+    return total
 
 
 def _shard_of(t: Any) -> dict[str, Any]:

@@ -51,6 +51,52 @@ DROPOUT_BACKWARD_FLOPS = 2
 
 
 @dataclass(frozen=True)
+class AttentionSpan:
+    """The keys a query sees under causal masking when that is not every earlier key: the
+    ``window`` latest positions, itself included (sliding-window attention, as Mistral and
+    gpt-oss), or the positions of its own aligned ``chunk`` up to itself (chunked local
+    attention, as Llama 4). 0 leaves that limit off; at most one is set.
+
+    The query at position ``p`` (from 1) sees ``min(window, p)`` keys, or
+    ``(p - 1) mod chunk + 1``; :meth:`seen` sums them over the first ``n`` positions."""
+
+    window: int = 0
+    chunk: int = 0
+
+    def __post_init__(self) -> None:
+        if self.window < 0 or self.chunk < 0 or (self.window and self.chunk):
+            raise ValueError(f"{self}: one of window and chunk, a positive number of keys")
+
+    def seen(self, n: sympy.Expr) -> sympy.Expr:
+        """(query, key) pairs of the first ``n`` positions."""
+        if self.window:
+            w = sympy.Integer(self.window)
+            m = sympy.Min(n, w)
+            return m * (m + 1) / 2 + sympy.Max(n - w, 0) * w
+        if self.chunk:
+            c = sympy.Integer(self.chunk)
+            r = sympy.Mod(n, c)
+            return sympy.floor(n / c) * c * (c + 1) / 2 + r * (r + 1) / 2
+        return n * (n + 1) / 2
+
+    def fraction(self, seq: sympy.Expr) -> sympy.Expr:
+        """The computed fraction of a training step's ``seq`` x ``seq`` score matrix, with
+        the diagonal counted half as causal attention's ``scale`` 1/2 counts it (so a span
+        at least ``seq`` long computes exactly what causal attention does)."""
+        return (self.seen(seq) - seq / 2) / seq**2
+
+    def keys(self, kv: sympy.Expr, new: sympy.Expr) -> sympy.Expr:
+        """Cached keys that ``new`` tokens ending at position ``kv`` can see, which is all a
+        serving step keeps of this layer's cache: ``min(kv, window + new - 1)``, or the keys
+        from the start of the first new token's chunk."""
+        if self.window:
+            return sympy.Min(kv, self.window + new - 1)
+        if self.chunk:
+            return sympy.Min(kv, sympy.Mod(kv - new, self.chunk) + new)
+        return kv
+
+
+@dataclass(frozen=True)
 class Dim:
     """A named tensor dimension with a symbolic global size."""
 
@@ -138,6 +184,9 @@ class Op:
     """a second tensor the op writes for its backward (a dropout's 1-byte mask,
     :meth:`GraphBuilder.dropout`): its bytes count in the op's, and the backward reads it
     instead of the op's input"""
+    span: AttentionSpan | None = None
+    """an attention einsum's keys per query when they are fewer than causal masking's
+    (:class:`AttentionSpan`); its ``scale`` is that span's fraction"""
 
 
 @dataclass
@@ -207,6 +256,7 @@ class KVCacheHook(Protocol):
         in_letters: Sequence[str],
         operands: tuple[Tensor, ...],
         scale: sympy.Expr | int,
+        span: AttentionSpan | None = None,
     ) -> tuple[tuple[Tensor, ...], sympy.Expr | int]: ...
 
     def state(self, b: GraphBuilder, t: Tensor, name: str) -> Tensor: ...
@@ -392,6 +442,19 @@ class GraphBuilder:
         self.part.inputs.append(tensor)
         return tensor
 
+    def recurrent_state(
+        self,
+        name: str,
+        dims: str | Sequence[Dim | str],
+        shard: Mapping[str, Iterable[str] | str] | None = None,
+    ) -> Tensor:
+        """The state a recurrent layer keeps per sequence while serving (Mamba-2's SSM state,
+        its convolution's last inputs): of constant size, read by a decode step's ops, which
+        write its next value; held like the KV cache and counted with it."""
+        dim_tuple = self._dims(dims)
+        sharding = Sharding(tuple(self._axes((shard or {}).get(d.name)) for d in dim_tuple))
+        return Tensor(self._unique(name), dim_tuple, sharding, self.dtype, kind="cache")
+
     def residual_input(self, name: str = "x") -> Tensor:
         """The residual stream entering this part: [batch, seq, dmodel], batch split over the
         data axes and seq over the sequence axes of the plan."""
@@ -514,11 +577,14 @@ class GraphBuilder:
         name: str = "einsum",
         scale: sympy.Expr | int = 1,
         out_dtype: str | None = None,
+        span: AttentionSpan | None = None,
     ) -> Tensor:
         """``einsum("bsh,hf->bsf", x, w)``: a matmul in Einstein notation.
 
         Weights keep their sharding; activations are resharded to match (earlier operands
         win over later ones). A contracted letter that is split yields a partial sum.
+        ``span``: an attention einsum (scores or context) whose queries see fewer keys than
+        causal masking gives (sliding window, chunks): its fraction replaces ``scale``.
         """
         lhs, out_letters = spec.replace(" ", "").split("->")
         in_letters = lhs.split(",")
@@ -529,8 +595,10 @@ class GraphBuilder:
             raise ValueError(
                 f"einsum {spec!r} expects {len(in_letters)} operands, got {len(operands)}"
             )
+        if span is not None:
+            scale = span.fraction(Seq)
         if self.kv_cache is not None:  # serving: keys and values come from the KV cache
-            operands, scale = self.kv_cache.attend(self, in_letters, operands, scale)
+            operands, scale = self.kv_cache.attend(self, in_letters, operands, scale, span)
         letter_dim: dict[str, Dim] = {}
         for letters, t in zip(in_letters, operands, strict=True):
             if len(letters) != len(t.dims) or len(set(letters)) != len(letters):
@@ -564,7 +632,15 @@ class GraphBuilder:
         )
         out = self._new(name, out_dims, out_sharding, out_dtype)
         return self._emit(
-            Op("einsum", name, tuple(resolved), out, spec=spec, scale=sympy.sympify(scale))
+            Op(
+                "einsum",
+                name,
+                tuple(resolved),
+                out,
+                spec=spec,
+                scale=sympy.sympify(scale),
+                span=span,
+            )
         )
 
     def cast(self, t: Tensor, dtype: str, name: str | None = None) -> Tensor:

@@ -44,6 +44,20 @@ PRESET_DIMS = (
     "q_lora_rank",
     "kv_lora_rank",
     "drope",
+    "attention_window",
+    "attention_chunk",
+    "full_attention_every",
+    "attention_sinks",
+    "layer_pattern",
+    "mlp_activation",
+    "ssm_state",
+    "ssm_heads",
+    "ssm_head_dim",
+    "ssm_groups",
+    "ssm_chunk",
+    "linear_key_heads",
+    "linear_value_heads",
+    "linear_head_dim",
 )
 """The options a :class:`Preset` may set: the model's dimensions (fields of
 :class:`stg.core.options.GenerateOptions`), never parallelism, batch or output."""
@@ -351,7 +365,8 @@ class Preset:
 
     ``model`` is the registered model the preset builds (a name, an alias or ``dist:name``);
     ``dims`` the dimensions it fills (keys from ``PRESET_DIMS``: ``dmodel``, ``num_stacks``,
-    ...; every value a positive integer, ``capacity_factor`` a positive number). Options given
+    ...; every value a positive integer, ``capacity_factor`` a positive number,
+    ``attention_sinks`` a boolean, ``layer_pattern`` and ``mlp_activation`` strings). Options given
     explicitly override them. ``source`` cites where the numbers come from (the paper, its
     table, the released config). ``published_parameters`` and
     ``published_active_parameters`` are the parameter counts the source states (total, and
@@ -401,6 +416,14 @@ class Preset:
                     f"preset {self.name!r}: dims key {key!r} is not allowed; allowed: "
                     f"{', '.join(PRESET_DIMS)}"
                 )
+            if key == "attention_sinks" and isinstance(value, bool):
+                continue
+            if key in ("layer_pattern", "mlp_activation"):
+                if not isinstance(value, str) or not value:
+                    raise RecordError(
+                        f"preset {self.name!r}: {key}={value!r} must be a non-empty string"
+                    )
+                continue
             number = int | float if key == "capacity_factor" else int
             if isinstance(value, bool) or not isinstance(value, number) or not value > 0:
                 kind = "number" if key == "capacity_factor" else "integer"

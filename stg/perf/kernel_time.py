@@ -347,11 +347,16 @@ def attention_time(
     backward: bool = False,
     dtype: str = "bf16",
     causal_split: int = 1,
+    window: int = 0,
+    chunk: int = 0,
 ) -> float:
     """Seconds of the attention core (scores, softmax, context) forward or backward.
     ``causal_split`` > 1: the ``s_q = s_kv / causal_split`` queries are one context-parallel
     rank's load-balanced share of a causal sequence (chunks ``i`` and ``2·cp-1-i`` of
-    ``2·cp``), whose blocks up to the diagonal are ``1/causal_split`` of the whole."""
+    ``2·cp``), whose blocks up to the diagonal are ``1/causal_split`` of the whole.
+    ``window`` / ``chunk`` (causal, ``s_q == s_kv``): each query sees its ``window`` latest
+    keys (FlashAttention's ``window_size=(window - 1, 0)``) or those of its own ``chunk``;
+    a query block visits only the key blocks its rows reach (:func:`masked_kv_blocks`)."""
     if min(batch, heads, s_q, s_kv, head_dim) <= 0:
         return 0.0
     if impl == "unfused":
@@ -372,6 +377,8 @@ def attention_time(
         # i and 2·cp-1-i, reach (i + 1) and (2·cp - i) chunks of keys, together n + 1 blocks)
         full = s_q == s_kv or balanced
         kv_per_block = rows * (kv_blocks + 1) / 2 if full else rows * kv_blocks
+        if (window or chunk) and s_q == s_kv:
+            kv_per_block = rows * masked_kv_blocks(s_q, rows, window, chunk)
     else:
         kv_per_block = rows * kv_blocks
     blocks = batch * heads * q_blocks
@@ -392,6 +399,20 @@ def attention_time(
     if splits > 1:  # partial outputs and their log-sum-exp written, then read and reduced
         seconds += gpu.stream_time(2 * 4 * splits * batch * heads * s_q * (head_dim + 1))
     return seconds
+
+
+def masked_kv_blocks(seq: int, rows: int, window: int, chunk: int) -> float:
+    """Key blocks of ``rows`` keys a query block of ``rows`` queries visits, on average, in
+    causal self-attention over ``seq`` tokens where each query sees its ``window`` latest
+    keys (``window`` > 0) or the keys of its own aligned ``chunk`` up to itself: from the
+    block of the first key its first row sees to its own diagonal block."""
+    q_blocks = math.ceil(seq / rows)
+    visited = 0
+    for block in range(q_blocks):
+        first_query = block * rows
+        first_key = max(0, first_query - window + 1) if window else first_query // chunk * chunk
+        visited += block - first_key // rows + 1
+    return visited / q_blocks
 
 
 def _unfused_attention_time(
