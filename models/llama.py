@@ -58,17 +58,19 @@ def attention_span(b: GraphBuilder, full: bool = False) -> AttentionSpan | None:
 
 def softmax(b: GraphBuilder, scores: Tensor, heads: str = "kvhead qgroup") -> Tensor:
     """The softmax over keys; with ``--attention_sinks true`` each head's learned sink logit
-    joins every row's denominator (gpt-oss), a weight of one value per head that gets a
-    gradient (the sink's exp and add per row are left out of the FLOPs, as the row max is)."""
+    joins every row's denominator (gpt-oss): a weight of one value per head, with a gradient.
+    The sink costs 2 FLOPs per row forward (its exp and the add) and 2 backward for its
+    gradient (``-p_sink`` times the row's ``Σ dP·P``, which the softmax backward has)."""
     if not b.options.get("attention_sinks"):
         return b.elementwise("softmax", scores, flops=SOFTMAX_FLOPS, reduce=(-1,))
     sinks = b.weight("sinks", heads, shard={heads.split()[0]: "tp"})
+    per_row = 2 / scores.dims[-1].size  # per element of a row of keys
     return b.custom(
         "softmax",
         [scores, sinks],
         list(scores.dims),
-        flops=SOFTMAX_FLOPS,
-        backward_flops=2 * SOFTMAX_FLOPS,
+        flops=SOFTMAX_FLOPS + per_row,
+        backward_flops=(2 * SOFTMAX_FLOPS, per_row),
         grad_inputs=(0, 1),
         out_sharding=scores.sharding,
     )

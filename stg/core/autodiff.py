@@ -191,17 +191,30 @@ def _backward_op(b: GraphBuilder, op: Op, dy: Tensor | None, grads: _Grads) -> N
         grads.add(table, b.scatter_add(f"{name}.grad_{table.name}", source, op.inputs[1], table))
     elif op.kind == "custom":
         saved = op.inputs if dy is None else (*op.inputs, dy)
-        for i in op.grad_inputs:
+        for j, i in enumerate(op.grad_inputs):
             t = op.inputs[i]
             if not _needs_grad(t):
                 continue
+            sharding = grad_sharding(t)
+            if t.kind == "weight":
+                # a weight's gradient sums over the positions it was applied at: partial over
+                # the axes that split the first input's other dimensions (the data axes)
+                own = {d.name for d in t.dims}
+                x = op.inputs[0]
+                summed = {
+                    a
+                    for d, axes in zip(x.dims, x.sharding.dims, strict=True)
+                    if d.name not in own
+                    for a in axes
+                }
+                sharding = sharding.with_partial(summed - sharding.axes())
             g = b.custom(
                 f"{name}.grad_{t.name}",
                 saved,
                 t.dims,
-                flops=op.backward_flops_per_element,
+                flops=op.grad_flops[j] if op.grad_flops else op.backward_flops_per_element,
                 backward_flops=0,
-                out_sharding=grad_sharding(t),
+                out_sharding=sharding,
             )
             grads.add(t, g)
     else:  # pragma: no cover - every op kind is handled above

@@ -184,6 +184,9 @@ class Op:
     """a second tensor the op writes for its backward (a dropout's 1-byte mask,
     :meth:`GraphBuilder.dropout`): its bytes count in the op's, and the backward reads it
     instead of the op's input"""
+    grad_flops: tuple[sympy.Expr, ...] = ()
+    """a custom op's backward cost for each input of ``grad_inputs`` where they differ
+    (empty: ``backward_flops_per_element`` for each)"""
     span: AttentionSpan | None = None
     """an attention einsum's keys per query when they are fewer than causal masking's
     (:class:`AttentionSpan`); its ``scale`` is that span's fraction"""
@@ -794,7 +797,7 @@ class GraphBuilder:
         out_dims: str | Sequence[Dim | str],
         *,
         flops: sympy.Expr | float,
-        backward_flops: sympy.Expr | float,
+        backward_flops: sympy.Expr | float | Sequence[sympy.Expr | float],
         grad_inputs: Sequence[int] = (0,),
         out_sharding: Sharding | None = None,
         out_shard: Mapping[str, Iterable[str] | str] | None = None,
@@ -802,7 +805,9 @@ class GraphBuilder:
         out_dtype: str | None = None,
     ) -> Tensor:
         """An op with a declared cost: ``flops`` per element of its first input forward and
-        ``backward_flops`` backward (the loss, a router). The output keeps the first input's
+        ``backward_flops`` backward (the loss, a router): for each gradient, or one per input
+        of ``grad_inputs`` in that order. Costs may depend on the sizes (sympy expressions
+        of the dimensions' sizes). The output keeps the first input's
         split of every dimension it shares with it, unless ``out_sharding`` (or ``out_shard``,
         dimension name -> axes) is given. ``in_shardings`` lists the sharding each input must
         have (``None``: as it is, but not partial)."""
@@ -820,6 +825,9 @@ class GraphBuilder:
                 for d, axes in zip(resolved[0].dims, resolved[0].sharding.dims, strict=True)
             }
             out_sharding = Sharding(tuple(by_name.get(d.name, NO_AXES) for d in dims))
+        each = tuple(backward_flops) if isinstance(backward_flops, Sequence) else ()
+        if each and len(each) != len(grad_inputs):
+            raise ValueError(f"custom {name!r}: one backward cost per input of grad_inputs")
         out = self._new(name, dims, out_sharding, out_dtype)
         return self._emit(
             Op(
@@ -828,8 +836,9 @@ class GraphBuilder:
                 resolved,
                 out,
                 flops_per_element=sympy.sympify(flops),
-                backward_flops_per_element=sympy.sympify(backward_flops),
+                backward_flops_per_element=sympy.sympify(each[0] if each else backward_flops),
                 grad_inputs=tuple(grad_inputs),
+                grad_flops=tuple(sympy.sympify(f) for f in each),
             )
         )
 
