@@ -55,7 +55,7 @@ def mixer(b: GraphBuilder, x: Tensor) -> Tensor:
     tp = int(o.get("tp") or 1)
     if keys % tp:
         raise UserError(f"tp={tp} must divide linear_key_heads={keys}")
-    check_chunks(b, CHUNK, "the gated DeltaNet chunk (64)")
+    check_chunks(b, CHUNK, f"gated DeltaNet's chunk of {CHUNK} tokens")
     dim = int(o.get("linear_head_dim") or HEAD_DIM)
     g, r = fixed("linear_key_heads", keys), fixed("linear_value_group", values // keys)
     kd, vd = fixed("linear_key_dim", dim), fixed("linear_value_dim", dim)

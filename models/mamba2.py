@@ -79,7 +79,7 @@ def ssm_dims(b: GraphBuilder) -> SSMDims:
     tp = int(o.get("tp") or 1)
     if groups % tp:
         raise UserError(f"tp={tp} must divide ssm_groups={groups} (Mamba-2 splits its groups)")
-    check_chunks(b, chunk, "ssm_chunk")
+    check_chunks(b, chunk, f"ssm_chunk={chunk}")
     seq = b.dim("seq").size
     return SSMDims(
         head_dim=fixed("ssm_head_dim", head_dim),
@@ -92,7 +92,7 @@ def ssm_dims(b: GraphBuilder) -> SSMDims:
     )
 
 
-def check_chunks(b: GraphBuilder, chunk: int, option: str) -> None:
+def check_chunks(b: GraphBuilder, chunk: int, what: str) -> None:
     """What a chunked scan needs: whole chunks of the sequence, no context parallelism, and
     no mixed iteration (its prefill and decode groups share one graph)."""
     o = b.options
@@ -107,7 +107,7 @@ def check_chunks(b: GraphBuilder, chunk: int, option: str) -> None:
             "parallelism; allowed: 1"
         )
     if o.get("phase") != "decode" and int(o["seq"]) % chunk:
-        raise UserError(f"{option}={chunk} must divide seq={o['seq']}")
+        raise UserError(f"{what} must divide seq={o['seq']}")
 
 
 def mixer(b: GraphBuilder, x: Tensor) -> Tensor:
