@@ -8,7 +8,10 @@ sees its latest W keys) or ``--attention_chunk C`` (the keys of its own chunk), 
 or, with ``--full_attention_every k``, on all but every k-th layer (kinds ``local`` and
 ``global``: gpt-oss alternates sliding and full layers, Llama 4 has one global layer in
 four); ``--attention_sinks true`` adds a learned logit per head to every softmax's
-denominator (gpt-oss).
+denominator (gpt-oss); ``--attention_output_gate true`` multiplies each head's output by the
+sigmoid of another projection of the layer input before the output projection (Qwen3-Next's
+gated attention: Qiu et al. 2025, "Gated Attention for Large Language Models", the
+per-head elementwise gate after scaled dot-product attention).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from stg.models.gpt import SOFTMAX_FLOPS, causal_scale, lm_head
 
 ROPE_FLOPS = 3  # two multiplies and an add per element
 SWIGLU_FLOPS = 5  # silu (4) and the gate product (1)
+SIGMOID_GATE_FLOPS = 5  # sigmoid (negate, exp, add, divide) and the product
 
 
 def refuse_dropout(b: GraphBuilder) -> None:
@@ -96,6 +100,10 @@ def attention(b: GraphBuilder, x: Tensor, full: bool = False) -> Tensor:
         ctx = b.einsum(
             "bgrst,btgk->bsgrk", probs, v, name="context", scale=causal_scale(b), span=span
         )
+    if b.options.get("attention_output_gate"):
+        w_gate = b.weight("w_gate", "dmodel kvhead qgroup dhead", shard=tp)
+        gate = b.einsum("bsh,hgrk->bsgrk", x, w_gate, name="gate_proj")
+        ctx = b.elementwise("output_gate", ctx, gate, flops=SIGMOID_GATE_FLOPS)
     wo = b.weight("wo", "kvhead qgroup dhead dmodel", shard=tp)
     return b.residual(b.einsum("bsgrk,grkh->bsh", ctx, wo, name="attn_out"))
 

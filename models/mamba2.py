@@ -38,7 +38,7 @@ D_STATE = 128  # d_state (Mamba2 default, v2.2.2)
 HEAD_DIM = 64  # headdim (Mamba2 default, v2.2.2)
 CHUNK = 256  # chunk_size (Mamba2 default, v2.2.2)
 SILU_FLOPS = 4  # x · sigmoid(x): exp, add, divide, multiply
-CONV_FLOPS = 2 * D_CONV + 1 + SILU_FLOPS  # D_CONV multiply-adds, the bias, SiLU; per output
+CONV_FLOPS = 2 * D_CONV + SILU_FLOPS  # D_CONV multiply-adds, then SiLU; per output
 SOFTPLUS_FLOPS = 4  # dt + dt_bias, then log(1 + exp(.))
 GATED_NORM_FLOPS = 4 + SILU_FLOPS + 1  # RMSNorm of y · SiLU(z) (RMSNormGated)
 
@@ -142,23 +142,32 @@ def mixer(b: GraphBuilder, x: Tensor) -> Tensor:
 
 
 def conv(
-    b: GraphBuilder, x: Tensor, weight_dims: list[Dim], name: str, split: str = "ssm_groups"
+    b: GraphBuilder,
+    x: Tensor,
+    weight_dims: list[Dim],
+    name: str,
+    split: str = "ssm_groups",
+    bias: bool = True,
 ) -> Tensor:
     """The causal depthwise convolution of width ``D_CONV`` over the sequence of ``x``
-    ``[batch, seq, ...]``, then SiLU; its channels split over tp along ``split``. A decode step
-    reads the ``D_CONV - 1`` inputs before its token from a recurrent state."""
+    ``[batch, seq, ...]`` (with a ``bias``: Mamba2's conv_bias, default True), then SiLU; its
+    channels split over tp along ``split``. A decode step reads the ``D_CONV - 1`` inputs
+    before its token from a recurrent state."""
     inputs = [x, b.weight(name, weight_dims, shard={split: "tp"})]
+    if bias:
+        inputs.append(b.weight(f"{name}.bias", weight_dims[:-1], shard={split: "tp"}))
     if b.options.get("phase") == "decode":
         past = [b.dim("batch"), fixed("conv_past", D_CONV - 1), *x.dims[2:]]
         shard = {split: "tp", "batch": b.data_axes}
         inputs.append(b.recurrent_state(f"{name}_state", past, shard=shard))
+    flops = CONV_FLOPS + int(bias)
     return b.custom(
         name,
         inputs,
         list(x.dims),
-        flops=CONV_FLOPS,
-        backward_flops=2 * CONV_FLOPS,
-        grad_inputs=(0, 1),
+        flops=flops,
+        backward_flops=2 * flops,
+        grad_inputs=(0, 1, 2) if bias else (0, 1),
     )
 
 

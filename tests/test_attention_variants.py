@@ -287,3 +287,19 @@ def test_bad_spans_are_one_line(tmp_path: Path, kw: dict, message: str) -> None:
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], result.output
     assert not (tmp_path / "out").exists()
+
+
+def test_output_gate_is_a_projection_and_a_sigmoid_product(tmp_path: Path) -> None:
+    """Qwen3-Next's gated attention: each head's output times the sigmoid of another
+    projection of the layer input (5 FLOPs per element: the sigmoid and the product)."""
+
+    def layer(out: Path) -> int:
+        return sum(
+            n.num_ops
+            for n in read_nodes(out / "workload.0.et")
+            if n.type is NodeType.COMP and n.name.startswith("mb0/layer0/fwd/")
+        )
+
+    plain = layer(generate(tmp_path / "p"))
+    gated = layer(generate(tmp_path / "g", attention_output_gate=True))
+    assert gated - plain == 2 * B * S * LLAMA["dmodel"] * H * D + 5 * B * S * H * D

@@ -26,7 +26,7 @@ HYBRID = dict(
     ssm_groups=2, linear_key_heads=2, linear_value_heads=4, linear_head_dim=8,
 )  # fmt: skip
 b, h = 2, 64
-CONV = 2 * 4 + 1 + 4  # four taps, bias, SiLU
+CONV = 2 * 4 + 4  # four taps, SiLU (Mamba-2's convolution adds its bias: 1 more)
 
 
 def generate(tmp_path: Path, **kw: object) -> Path:
@@ -54,7 +54,7 @@ def mamba2_flops(s: int) -> int:
     r, c = heads // g, s // length
     bs = b * s
     projections = 2 * bs * h * (2 * heads * p + 2 * g * n + heads)
-    convolutions = CONV * bs * (heads * p + 2 * g * n)
+    convolutions = (CONV + 1) * bs * (heads * p + 2 * g * n)
     gates = (4 + 2 + 1 + 2 + 1) * bs * heads  # softplus, dt·A, cumsum, two decays
     intra = 2 * b * c * length**2 * g * n + 3 * r * b * c * g * length**2
     intra += 2 * b * c * length**2 * heads * p
@@ -247,3 +247,32 @@ def test_bad_hybrid_options_are_one_line(tmp_path: Path, kw: dict, message: str)
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], result.output
     assert not (tmp_path / "out").exists()
+
+
+def layer_parameters(pattern: str, **kw: object) -> int:
+    """Parameters of one layer: the difference two more layers of ``pattern`` make, halved."""
+
+    def total(layers: int) -> int:
+        o = GenerateOptions(**{**HYBRID, "layer_pattern": pattern, "num_stacks": layers, **kw})  # type: ignore[arg-type]
+        return build_workload(o, load_registry()).rank_classes[0].facts["parameters"]
+
+    return (total(4) - total(2)) // 2
+
+
+def test_layer_parameters_match_the_published_modules() -> None:
+    """Mamba-2 (mamba_ssm Mamba2: in_proj without bias, conv1d with bias, dt_bias, A_log, D,
+    the gated RMSNorm, out_proj) and Qwen3-Next's gated DeltaNet (in_proj_qkvz, in_proj_ba,
+    conv1d without bias, dt_bias, A_log, the gated RMSNorm over a head, out_proj), each with
+    the layer's RMSNorm."""
+    p, g, n, heads = 8, 2, 4, 16
+    channels = heads * p + 2 * g * n
+    mamba = h * (2 * heads * p + 2 * g * n + heads) + 4 * channels + channels + 3 * heads
+    mamba += heads * p + heads * p * h + h
+    assert layer_parameters("M") == mamba
+    keys, values, d = 2, 4, 8
+    delta = h * (2 * keys * d + 2 * values * d + 2 * values) + 4 * (2 * keys * d + values * d)
+    delta += 2 * values + d + values * d * h + h
+    assert layer_parameters("G") == delta
+    # Qwen3-Next's gated attention: a gate projection as large as the query projection
+    gate = layer_parameters("*", attention_output_gate=True) - layer_parameters("*")
+    assert gate == h * HYBRID["head"] * (h // HYBRID["head"])

@@ -227,6 +227,14 @@ SPECS: dict[str, tuple[str, _Spec]] = {
             "A learned sink logit per attention head (gpt-oss).", parser=parse_bool, metavar=BOOL
         ),
     ),
+    "attention_output_gate": (
+        _MODEL,
+        _Spec(
+            "Gate attention's output by a sigmoid of a projection (Qwen3-Next).",
+            parser=parse_bool,
+            metavar=BOOL,
+        ),
+    ),
     "layer_pattern": (
         _MODEL,
         _Spec(

@@ -37,6 +37,7 @@ UNSET_OPTIONS: tuple[str, ...] = (
     "attention_chunk",
     "full_attention_every",
     "attention_sinks",
+    "attention_output_gate",
     "layer_pattern",
     "mlp_activation",
     "ssm_state",
@@ -189,8 +190,10 @@ class GenerateOptions:
     ``attention_chunk`` (the keys of its own chunk: chunked local attention), on every layer
     or, with ``full_attention_every`` k, on all but every k-th layer (gpt-oss: window 128,
     k 2; Llama 4: chunk 8192, k 4); ``attention_sinks`` gives each head a learned sink logit
-    (gpt-oss). Hybrid stacks (the ``hybrid`` model) take ``layer_pattern``, one letter per
-    layer (:mod:`stg.models.hybrid`), ``mlp_activation`` (``swiglu``, or ``relu2``:
+    (gpt-oss); ``attention_output_gate`` gates the attention output by a sigmoid of another
+    projection of the layer input (Qwen3-Next's gated attention). Hybrid stacks (the
+    ``hybrid`` model) take ``layer_pattern``, one letter per layer
+    (:mod:`stg.models.hybrid`), ``mlp_activation`` (``swiglu``, or ``relu2``:
     Nemotron-H's squared-ReLU MLP), with Mamba-2's ``ssm_state``, ``ssm_heads``,
     ``ssm_head_dim``, ``ssm_groups`` and ``ssm_chunk`` and gated DeltaNet's
     ``linear_key_heads``, ``linear_value_heads`` and ``linear_head_dim``.
@@ -256,6 +259,7 @@ class GenerateOptions:
     attention_chunk: int | None = None
     full_attention_every: int | None = None
     attention_sinks: bool | None = None
+    attention_output_gate: bool | None = None
     layer_pattern: str | None = None
     mlp_activation: str | None = None
     ssm_state: int | None = None
