@@ -86,6 +86,9 @@ def mixer(b: GraphBuilder, x: Tensor) -> Tensor:
     else:
         out = chunked(b, q, k, v, beta, decay)
         out = b.view(out, [batch, seq, g, r, vd], name="delta_out")
+        if o.get("phase") == "prefill":  # the state its last chunk leaves, kept
+            shard = {"linear_key_heads": "tp", "batch": b.data_axes}
+            b.recurrent_state("delta_state", [batch, g, r, kd, vd], shard=shard)
     out = b.elementwise(
         "gated_norm",
         out,

@@ -135,6 +135,8 @@ def mixer(b: GraphBuilder, x: Tensor) -> Tensor:
     else:
         y = chunked_scan(b, d, xs, bs, cs, da)
         y = b.view(y, [batch, seq, *heads], name="ssd_out")
+        if b.options.get("phase") == "prefill":  # the state its last chunk leaves, kept
+            b.recurrent_state("ssm_state", [batch, *heads, n], shard={**tp, "batch": b.data_axes})
     y = b.elementwise("gated_norm", y, z, b.weight("gated_norm.weight", heads, shard=tp),
                       flops=GATED_NORM_FLOPS, reduce=(2, 4))  # fmt: skip
     w_out = b.weight("w_out", [*heads, dmodel], shard=tp)
@@ -156,10 +158,12 @@ def conv(
     inputs = [x, b.weight(name, weight_dims, shard={split: "tp"})]
     if bias:
         inputs.append(b.weight(f"{name}.bias", weight_dims[:-1], shard={split: "tp"}))
-    if b.options.get("phase") == "decode":
+    if b.options.get("phase") in ("prefill", "decode"):  # the inputs the next token needs
         past = [b.dim("batch"), fixed("conv_past", D_CONV - 1), *x.dims[2:]]
         shard = {split: "tp", "batch": b.data_axes}
-        inputs.append(b.recurrent_state(f"{name}_state", past, shard=shard))
+        state = b.recurrent_state(f"{name}_state", past, shard=shard)
+        if b.options.get("phase") == "decode":
+            inputs.append(state)
     flops = CONV_FLOPS + int(bias)
     return b.custom(
         name,

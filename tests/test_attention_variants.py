@@ -303,3 +303,15 @@ def test_output_gate_is_a_projection_and_a_sigmoid_product(tmp_path: Path) -> No
     plain = layer(generate(tmp_path / "p"))
     gated = layer(generate(tmp_path / "g", attention_output_gate=True))
     assert gated - plain == 2 * B * S * LLAMA["dmodel"] * H * D + 5 * B * S * H * D
+
+
+def test_a_context_parallel_share_prices_its_window() -> None:
+    """Under context parallelism (a load-balanced share of s/cp queries against s keys) a
+    window is priced by the blocks it visits, as without the split."""
+    h100 = load_system("h100-80g").gpu
+    share = (h100, "cudnn", 4, 32, 2048, 4096, 128)
+    causal = attention_time(*share, causal=True, causal_split=2)
+    window = attention_time(*share, causal=True, causal_split=2, window=128)
+    whole = attention_time(h100, "cudnn", 4, 32, 4096, 4096, 128, causal=True, window=128)
+    assert window < causal / 4
+    assert window == pytest.approx(whole / 2, rel=0.1)  # half the query blocks

@@ -145,6 +145,13 @@ def test_decode_state_is_constant_per_token() -> None:
         long, long_flops = decode(layer_pattern=pattern, context=10000)
         assert short == long == [2 * b * per_layer * 2] * 2  # 2 layers, bf16
         assert short_flops == long_flops
+        # a prefill leaves the same state behind, whatever the prompt's length
+        for seq in (128, 256):
+            o = GenerateOptions(
+                **{**HYBRID, "layer_pattern": pattern, "phase": "prefill", "seq": seq}
+            )  # type: ignore[arg-type]
+            facts = build_workload(o, load_registry()).rank_classes[0].facts
+            assert facts["kv_cache_bytes"] == 2 * b * per_layer * 2
     cache, _ = decode(layer_pattern="M*", context=100)
     kv_token = 2 * b * 2 * 16 * 2  # K and V of 2 kv heads of 16, bf16
     assert cache == [b * mamba_state * 2 + 101 * kv_token, b * mamba_state * 2 + 102 * kv_token]

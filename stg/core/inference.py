@@ -354,13 +354,8 @@ def build_steps(model: Model, plan: ParallelPlan) -> list[StepParts]:
                     cache[name] = cache.get(name, 0) + sum(
                         binder.nbytes(op.output) for op in part.forward if op.kind == "kv_append"
                     )
-                    states = {  # recurrent states (GraphBuilder.recurrent_state): constant size
-                        id(t): t
-                        for op in part.forward
-                        for t in op.inputs
-                        if t.kind == "cache" and t.producer is None
-                    }
-                    cache[name] += sum(binder.nbytes(t) for t in states.values())
+                    # recurrent states (GraphBuilder.recurrent_state): constant size
+                    cache[name] += sum(binder.nbytes(t) for t in part.states)
                 live = binder.nbytes(part.inputs[0]) if part.inputs else 0
                 activations = max(
                     activations,

@@ -207,6 +207,8 @@ class Part:
     weight_grads: dict[Tensor, Tensor] = field(default_factory=dict)
     reduce: list[Op] = field(default_factory=list)
     update: list[Op] = field(default_factory=list)
+    states: list[Tensor] = field(default_factory=list)
+    """recurrent states a serving step keeps per sequence (:meth:`GraphBuilder.recurrent_state`)"""
 
 
 def _view_groups(
@@ -453,10 +455,13 @@ class GraphBuilder:
     ) -> Tensor:
         """The state a recurrent layer keeps per sequence while serving (Mamba-2's SSM state,
         its convolution's last inputs): of constant size, read by a decode step's ops, which
-        write its next value; held like the KV cache and counted with it."""
+        write its next value (a prefill declares the state its scan leaves); held like the KV
+        cache and counted with it."""
         dim_tuple = self._dims(dims)
         sharding = Sharding(tuple(self._axes((shard or {}).get(d.name)) for d in dim_tuple))
-        return Tensor(self._unique(name), dim_tuple, sharding, self.dtype, kind="cache")
+        state = Tensor(self._unique(name), dim_tuple, sharding, self.dtype, kind="cache")
+        self.part.states.append(state)
+        return state
 
     def residual_input(self, name: str = "x") -> Tensor:
         """The residual stream entering this part: [batch, seq, dmodel], batch split over the

@@ -354,9 +354,10 @@ def attention_time(
     ``causal_split`` > 1: the ``s_q = s_kv / causal_split`` queries are one context-parallel
     rank's load-balanced share of a causal sequence (chunks ``i`` and ``2·cp-1-i`` of
     ``2·cp``), whose blocks up to the diagonal are ``1/causal_split`` of the whole.
-    ``window`` / ``chunk`` (causal, ``s_q == s_kv``): each query sees its ``window`` latest
-    keys (FlashAttention's ``window_size=(window - 1, 0)``) or those of its own ``chunk``;
-    a query block visits only the key blocks its rows reach (:func:`masked_kv_blocks`)."""
+    ``window`` / ``chunk`` (causal, ``s_q == s_kv`` or a balanced share): each query sees its
+    ``window`` latest keys (FlashAttention's ``window_size=(window - 1, 0)``) or those of its
+    own ``chunk``; a query block visits only the key blocks its rows reach
+    (:func:`masked_kv_blocks`; a balanced share, as many as the whole sequence's on average)."""
     if min(batch, heads, s_q, s_kv, head_dim) <= 0:
         return 0.0
     if impl == "unfused":
@@ -377,8 +378,8 @@ def attention_time(
         # i and 2·cp-1-i, reach (i + 1) and (2·cp - i) chunks of keys, together n + 1 blocks)
         full = s_q == s_kv or balanced
         kv_per_block = rows * (kv_blocks + 1) / 2 if full else rows * kv_blocks
-        if (window or chunk) and s_q == s_kv:
-            kv_per_block = rows * masked_kv_blocks(s_q, rows, window, chunk)
+        if (window or chunk) and full:  # a balanced share visits the whole sequence's mean
+            kv_per_block = rows * masked_kv_blocks(s_kv, rows, window, chunk)
     else:
         kv_per_block = rows * kv_blocks
     blocks = batch * heads * q_blocks
