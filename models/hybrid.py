@@ -8,15 +8,19 @@ letter layer (each: RMSNorm, the mixer or MLP, the residual add)
 ====== ==================================================================================
 ``M``  Mamba-2 mixer (:mod:`stg.models.mamba2`)
 ``G``  gated DeltaNet mixer (:mod:`stg.models.gated_deltanet`)
-``*``  attention (Llama's grouped-query attention, :mod:`stg.models.llama`)
+``*``  attention (Llama's grouped-query attention, :mod:`stg.models.llama`), with the
+       window or chunk of ``--attention_window`` / ``--attention_chunk`` if given
+``A``  attention over every earlier key (a global layer beside windowed or chunked ones)
 ``-``  MLP: SwiGLU, or Nemotron-H's squared ReLU (two matrices) with ``--mlp_activation relu2``
 ``E``  routed experts (:mod:`stg.models.moe`)
 ====== ==================================================================================
 
 A pattern shorter than ``--num_stacks`` repeats when its length divides it: Qwen3-Next's
 three gated DeltaNet layers to one attention layer, each followed by its experts, is
-``GEGEGE*E`` (8 layers here for its 4). Each letter is a kind of the stack (``mamba``,
-``deltanet``, ``attention``, ``mlp``, ``moe``), so pipeline stages split any mix. The
+``GEGEGE*E`` (8 layers here for its 4); Llama 4 Maverick's chunked attention with a global
+layer in four, dense and MoE feed-forward layers in turn, is ``*-*E*-AE``. Each letter is a
+kind of the stack (``mamba``, ``deltanet``, ``attention``, ``global_attention``, ``mlp``,
+``moe``), so pipeline stages split any mix. The
 memory predictor takes each layer's saved activations from its graph (tag ``graph_memory``):
 a transformer layer's closed forms do not apply.
 """
@@ -37,6 +41,14 @@ def attention_layer(b: GraphBuilder, x: Tensor) -> Tensor:
     """``*``: grouped-query attention (a window or chunk where the options give one)."""
     with b.tag("graph_memory"):
         return b.add(x, llama.attention(b, b.rmsnorm(x, "attention_norm")), name="residual")
+
+
+def global_attention_layer(b: GraphBuilder, x: Tensor) -> Tensor:
+    """``A``: grouped-query attention over every earlier key, whatever the window or chunk
+    options (Llama 4's global layers beside its chunked ones)."""
+    with b.tag("graph_memory"):
+        h = b.rmsnorm(x, "attention_norm")
+        return b.add(x, llama.attention(b, h, full=True), name="residual")
 
 
 def mlp_layer(b: GraphBuilder, x: Tensor) -> Tensor:
@@ -72,6 +84,7 @@ LAYERS = {
     "M": ("mamba", mamba2.block),
     "G": ("deltanet", deltanet_layer),
     "*": ("attention", attention_layer),
+    "A": ("global_attention", global_attention_layer),
     "-": ("mlp", mlp_layer),
     "E": ("moe", moe_layer),
 }

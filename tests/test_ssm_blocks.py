@@ -283,3 +283,22 @@ def test_layer_parameters_match_the_published_modules() -> None:
     # Qwen3-Next's gated attention: a gate projection as large as the query projection
     gate = layer_parameters("*", attention_output_gate=True) - layer_parameters("*")
     assert gate == h * HYBRID["head"] * (h // HYBRID["head"])
+
+
+def test_global_attention_layers_ignore_the_chunk(tmp_path: Path) -> None:
+    """Llama 4 Maverick's pattern: chunked attention with a global layer in four, dense and
+    MoE feed-forward layers in turn (``*-*E*-AE``, 8 letters for its 4 layers)."""
+    out = generate(
+        tmp_path, layer_pattern="*-*E*-AE", num_stacks=8, attention_chunk=32, experts=4,
+        kexperts=2,
+    )  # fmt: skip
+    attention = {
+        n.name.split("/")[1]: n
+        for n in read_nodes(out / "workload.0.et")
+        if n.name.startswith("mb0/layer") and n.name.endswith("/fwd/core_attention")
+    }
+    assert sorted(attention) == ["layer0", "layer2", "layer4", "layer6"]
+    assert [attention[f"layer{i}"].attrs.get("attention_chunk") for i in (0, 2, 4, 6)] == [
+        32, 32, 32, None
+    ]  # fmt: skip
+    assert attention["layer6"].num_ops > attention["layer0"].num_ops

@@ -239,7 +239,7 @@ SPECS: dict[str, tuple[str, _Spec]] = {
         _MODEL,
         _Spec(
             "Hybrid stack, a letter per layer: M Mamba-2, G gated DeltaNet, * attention, "
-            "- MLP, E MoE.",
+            "A global attention, - MLP, E MoE.",
             metavar="PATTERN",
         ),
     ),
