@@ -276,6 +276,8 @@ def test_span_traces_validate_decode_and_feed(tmp_path: Path, kw: dict) -> None:
         (dict(attention_window=8, attention_chunk=8), "give one of them"),
         (dict(full_attention_every=2), "needs --attention_window or --attention_chunk"),
         (dict(attention_window=0), "attention_window=0 must be an integer >= 1"),
+        (dict(model="gpt", attention_window=8), "attention_window=8 does not apply to model"),
+        (dict(model="deepseek", attention_sinks=True), "attention_sinks=true does not apply"),
     ],
 )
 def test_bad_spans_are_one_line(tmp_path: Path, kw: dict, message: str) -> None:

@@ -22,9 +22,19 @@ from stg.trace.reader import read_nodes
 
 HYBRID = dict(
     model="hybrid", dvocal=256, dmodel=64, dff=128, head=4, kvhead=2, seq=128, num_stacks=2,
-    batch=2, micro_batch=2, causal=True, ssm_chunk=16, ssm_head_dim=8, ssm_state=4,
-    ssm_groups=2, linear_key_heads=2, linear_value_heads=4, linear_head_dim=8,
+    batch=2, micro_batch=2, causal=True,
 )  # fmt: skip
+SSM = dict(ssm_chunk=16, ssm_head_dim=8, ssm_state=4, ssm_groups=2)
+LINEAR = dict(linear_key_heads=2, linear_value_heads=4, linear_head_dim=8)
+
+
+def run(**kw: object) -> dict:
+    """The options of a hybrid run: the sizes of the layers its pattern has, then ``kw``."""
+    pattern = str(kw.get("layer_pattern", ""))
+    mamba = SSM if "M" in pattern else {}
+    return {**HYBRID, **mamba, **(LINEAR if "G" in pattern else {}), **kw}
+
+
 b, h = 2, 64
 CONV = 2 * 4 + 4  # four taps, SiLU (Mamba-2's convolution adds its bias: 1 more)
 
@@ -32,7 +42,7 @@ CONV = 2 * 4 + 4  # four taps, SiLU (Mamba-2's convolution adds its bias: 1 more
 def generate(tmp_path: Path, **kw: object) -> Path:
     out = tmp_path / "out"
     args = ["generate", "--output_dir", str(out)]
-    for key, value in {**HYBRID, **kw}.items():
+    for key, value in run(**kw).items():
         args += [f"--{key}", str(value).lower() if isinstance(value, bool) else str(value)]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
@@ -127,7 +137,7 @@ def test_tensor_parallelism_splits_groups_and_key_heads(tmp_path: Path) -> None:
 
 
 def decode(**kw: object) -> tuple[list[int], int]:
-    o = GenerateOptions(**{**HYBRID, "phase": "decode", "steps": 2, **kw})  # type: ignore[arg-type]
+    o = GenerateOptions(**run(**{"phase": "decode", "steps": 2, **kw}))  # type: ignore[arg-type]
     w = build_workload(o, load_registry())
     flops = sum(n.num_ops for n in w.ranks[0].nodes() if n.name.startswith("step1/mb0/layer"))
     return w.rank_classes[0].facts["kv_cache_bytes_per_step"], flops
@@ -147,9 +157,7 @@ def test_decode_state_is_constant_per_token() -> None:
         assert short_flops == long_flops
         # a prefill leaves the same state behind, whatever the prompt's length
         for seq in (128, 256):
-            o = GenerateOptions(
-                **{**HYBRID, "layer_pattern": pattern, "phase": "prefill", "seq": seq}
-            )  # type: ignore[arg-type]
+            o = GenerateOptions(**run(**{"layer_pattern": pattern, "phase": "prefill", "seq": seq}))  # type: ignore[arg-type]
             facts = build_workload(o, load_registry()).rank_classes[0].facts
             assert facts["kv_cache_bytes"] == 2 * b * per_layer * 2
     cache, _ = decode(layer_pattern="M*", context=100)
@@ -158,13 +166,13 @@ def test_decode_state_is_constant_per_token() -> None:
 
 
 def test_hybrid_stacks_split_over_pipeline_stages() -> None:
-    o = GenerateOptions(**{**HYBRID, "layer_pattern": "M-M*-GE-", "num_stacks": 8, "pp": 2,  # type: ignore[arg-type]
-                           "mlp_activation": "relu2", "experts": 4, "kexperts": 2})  # fmt: skip
+    o = GenerateOptions(**run(**{"layer_pattern": "M-M*-GE-", "num_stacks": 8, "pp": 2,  # type: ignore[arg-type]
+                           "mlp_activation": "relu2", "experts": 4, "kexperts": 2}))  # fmt: skip
     w = build_workload(o, load_registry())
     kinds = [rc.facts["layer_kinds"] for rc in w.rank_classes]
     assert kinds == [{"mamba": 2, "mlp": 1, "attention": 1}, {"mlp": 2, "deltanet": 1, "moe": 1}]
     # a pattern repeats when its length divides num_stacks (Qwen3-Next's 3:1 period)
-    o = GenerateOptions(**{**HYBRID, "layer_pattern": "G*", "num_stacks": 6})  # type: ignore[arg-type]
+    o = GenerateOptions(**run(**{"layer_pattern": "G*", "num_stacks": 6}))  # type: ignore[arg-type]
     assert build_workload(o, load_registry()).rank_classes[0].facts["layer_kinds"] == {
         "deltanet": 3, "attention": 3
     }  # fmt: skip
@@ -172,7 +180,7 @@ def test_hybrid_stacks_split_over_pipeline_stages() -> None:
 
 def test_squared_relu_mlp_has_two_matrices() -> None:
     def params(**kw: object) -> int:
-        o = GenerateOptions(**{**HYBRID, "layer_pattern": "-", **kw})  # type: ignore[arg-type]
+        o = GenerateOptions(**run(**{"layer_pattern": "-", **kw}))  # type: ignore[arg-type]
         return build_workload(o, load_registry()).rank_classes[0].facts["parameters"]
 
     assert params() - params(mlp_activation="relu2") == 2 * h * 128  # SwiGLU's third matrix
@@ -183,15 +191,15 @@ def test_memory_predictor_reads_what_the_layers_keep() -> None:
     layers' bytes more; fused attention keeps no score matrix (linear in the sequence)."""
 
     def activations(**kw: object) -> float:
-        o = GenerateOptions(**{**HYBRID, "layer_pattern": "M", **kw})  # type: ignore[arg-type]
+        o = GenerateOptions(**run(**{"layer_pattern": "M", **kw}))  # type: ignore[arg-type]
         return predict_memory(build_workload(o, load_registry()))["classes"][0]["activations"]
 
-    o = GenerateOptions(**{**HYBRID, "layer_pattern": "M"})  # type: ignore[arg-type]
+    o = GenerateOptions(**run(**{"layer_pattern": "M"}))  # type: ignore[arg-type]
     per_layer = build_workload(o, load_registry()).rank_classes[0].facts["layer_activation_bytes"]
     assert activations(num_stacks=4) - activations() == pytest.approx(2 * per_layer["mamba"], abs=1)
 
     def attention_bytes(seq: int, attention: str) -> int:
-        o = GenerateOptions(**{**HYBRID, "layer_pattern": "*", "seq": seq, "attention": attention})  # type: ignore[arg-type]
+        o = GenerateOptions(**run(**{"layer_pattern": "*", "seq": seq, "attention": attention}))  # type: ignore[arg-type]
         facts = build_workload(o, load_registry()).rank_classes[0].facts
         return facts["layer_activation_bytes"]["attention"]
 
@@ -243,11 +251,12 @@ def test_hybrid_traces_validate_decode_and_feed(tmp_path: Path, kw: dict) -> Non
         ),
         (dict(layer_pattern="-", mlp_activation="gelu"), "allowed: swiglu, relu2"),
         (dict(layer_pattern="M", ssm_state=0), "ssm_state=0 must be an integer >= 1"),
+        (dict(layer_pattern="M-", linear_key_heads=2), "linear_key_heads=2 does not apply"),
     ],
 )
 def test_bad_hybrid_options_are_one_line(tmp_path: Path, kw: dict, message: str) -> None:
     args = ["generate", "--output_dir", str(tmp_path / "out")]
-    for key, value in {**HYBRID, **kw}.items():
+    for key, value in run(**kw).items():
         args += [f"--{key}", str(value).lower() if isinstance(value, bool) else str(value)]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2, result.output
@@ -260,7 +269,7 @@ def layer_parameters(pattern: str, **kw: object) -> int:
     """Parameters of one layer: the difference two more layers of ``pattern`` make, halved."""
 
     def total(layers: int) -> int:
-        o = GenerateOptions(**{**HYBRID, "layer_pattern": pattern, "num_stacks": layers, **kw})  # type: ignore[arg-type]
+        o = GenerateOptions(**run(**{"layer_pattern": pattern, "num_stacks": layers, **kw}))  # type: ignore[arg-type]
         return build_workload(o, load_registry()).rank_classes[0].facts["parameters"]
 
     return (total(4) - total(2)) // 2

@@ -48,7 +48,7 @@ from stg.core.lowering import (
     node_place,
     stage_parts,
 )
-from stg.core.options import GenerateOptions, OptionError
+from stg.core.options import GenerateOptions, OptionError, ReadOptions, check_options_read
 from stg.core.plan import MAX_TAG, ParallelPlan
 from stg.core.precision import DTYPE_BYTES, normalize_plan
 from stg.core.sharding import Sharding
@@ -240,11 +240,16 @@ def group_values(o: GenerateOptions, group: Group, head: bool = False) -> dict[A
 
 
 def build_forward(
-    model: Model, name: str, plan: ParallelPlan, function: Callable[..., Any] | None = None
+    model: Model,
+    name: str,
+    plan: ParallelPlan,
+    function: Callable[..., Any] | None = None,
+    options: ReadOptions | None = None,
 ) -> tuple[GraphBuilder, Tensor]:
     """One part of ``model`` built forward only with a KV cache; returns the builder and the
     part's result (the head's: the model's last op, standing for sampling). ``function``
-    builds a kind of layer of the model's stack named ``name`` (default: the part ``name``)."""
+    builds a kind of layer of the model's stack named ``name`` (default: the part ``name``);
+    ``options``: the mapping the model reads (default: the plan's options)."""
     o = plan.options
     b = GraphBuilder(
         name,
@@ -253,7 +258,7 @@ def build_forward(
         seq_axes=plan.seq_axes,
         dtype=o.dtype,
         precision=normalize_plan(o.precision),
-        options=o.as_dict(),
+        options=options if options is not None else o.as_dict(),
         kv_cache=KVCache(o.kv_dtype or o.dtype),
         axis_parts=plan.axis_parts or None,
     )
@@ -332,11 +337,15 @@ def build_steps(model: Model, plan: ParallelPlan) -> list[StepParts]:
     """Build the model once and bind it for every step of the run."""
     o = plan.options
     fused = o.attention == "fused"
-    runs = model.layer_runs(o.as_dict())
+    read = ReadOptions(o.as_dict())
+    runs = model.layer_runs(read)
     functions: dict[str, Callable[..., Any] | None] = {"embedding": None}
     functions.update((kind, function) for kind, function, _ in runs)
     functions["head"] = None
-    built = {name: build_forward(model, name, plan, f)[0].part for name, f in functions.items()}
+    built = {
+        name: build_forward(model, name, plan, f, read)[0].part for name, f in functions.items()
+    }
+    check_options_read(read, model.name)
     layer_kinds = LayerKinds((kind, count) for kind, _, count in runs)
     steps: list[StepParts] = []
     for groups in step_groups(o):

@@ -54,6 +54,59 @@ workload's metadata leaves them out when unset, so traces that do not use them k
 bytes."""
 
 
+MODEL_OPTIONS: tuple[str, ...] = (
+    "attention_window",
+    "attention_chunk",
+    "full_attention_every",
+    "attention_sinks",
+    "attention_output_gate",
+    "layer_pattern",
+    "mlp_activation",
+    "ssm_state",
+    "ssm_heads",
+    "ssm_head_dim",
+    "ssm_groups",
+    "ssm_chunk",
+    "linear_key_heads",
+    "linear_value_heads",
+    "linear_head_dim",
+)
+"""Options that only some models read (attention variants, hybrid stacks): one that is set
+while no part of the chosen model reads it is refused (:func:`check_options_read`)."""
+
+
+class ReadOptions(Mapping[str, Any]):
+    """A run's options as the mapping a model reads (``b.options``, ``stack(options)``),
+    remembering which were read."""
+
+    def __init__(self, values: Mapping[str, Any]) -> None:
+        self._values = dict(values)
+        self.read: set[str] = set()
+
+    def __getitem__(self, key: str) -> Any:
+        self.read.add(key)
+        return self._values[key]
+
+    def __iter__(self) -> Any:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+
+def check_options_read(options: ReadOptions, model: str) -> None:
+    """Refuse an option of :data:`MODEL_OPTIONS` that is set but that no part of ``model``
+    read: it would do nothing."""
+    for name in MODEL_OPTIONS:
+        value = options._values.get(name)
+        if value is not None and value is not False and name not in options.read:
+            shown = str(value).lower() if isinstance(value, bool) else value
+            raise OptionError(
+                f"{name}={shown} does not apply to model {model!r}: none of its layers reads it "
+                "(leave it unset)"
+            )
+
+
 @dataclass(frozen=True)
 class PresetUse:
     """What a named preset (:class:`stg.host.records.Preset`) contributed to a run's options.

@@ -19,7 +19,7 @@ from stg.core.lowering import (
     lower_stage,
 )
 from stg.core.modelinfo import saved_activations
-from stg.core.options import GenerateOptions, OptionError
+from stg.core.options import GenerateOptions, OptionError, ReadOptions, check_options_read
 from stg.core.plan import ParallelPlan, make_plan
 from stg.core.precision import (
     DTYPE_BYTES,
@@ -134,7 +134,8 @@ def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> Model
     bound: dict[str, BoundPart] = {}
     precision = plan.precision
     zero_axes = plan.zero_axes if o.zero in (1, 2) else ()
-    runs = model.layer_runs(o.as_dict())
+    read = ReadOptions(o.as_dict())
+    runs = model.layer_runs(read)
     stackless = not runs  # no layer stack: the head receives the embedding's output
     functions = {"embedding": model.embedding, "head": model.head}
     functions.update((kind, function) for kind, function, _ in runs)
@@ -148,7 +149,7 @@ def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> Model
             grad_dtype=precision["grad"],
             shard_weights_over=plan.zero_axes if o.weight_sharded else (),
             precision=normalize_plan(o.precision),
-            options=o.as_dict(),
+            options=read,
             axis_parts=plan.axis_parts or None,
         )
         b.weight_grads_through_casts = hybrid
@@ -190,6 +191,7 @@ def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> Model
             # a whole network in one part: its gradients reduced in DDP's buckets
             gradient_buckets=stackless and plan.zero_degree == 1,
         )
+    check_options_read(read, model.name)
     if stackless:
         bound["block"] = bind_part(Part("block"), binder, None)
     facts: dict[str, object] = {}
