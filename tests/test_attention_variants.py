@@ -317,3 +317,114 @@ def test_a_context_parallel_share_prices_its_window() -> None:
     whole = attention_time(h100, "cudnn", 4, 32, 4096, 4096, 128, causal=True, window=128)
     assert window < causal / 4
     assert window == pytest.approx(whole / 2, rel=0.1)  # half the query blocks
+
+
+# -- DeepSeek sparse attention (DSA): a lightning indexer picks index_topk keys per query ----
+
+DSA = dict(
+    model="deepseek", dvocal=256, dmodel=64, dff=64, head=4, kvhead=4, dhead=8, seq=64,
+    num_stacks=2, experts=4, kexperts=2, dense_layers=1, dense_dff=128, q_lora_rank=16,
+    kv_lora_rank=16, drope=4, batch=2, micro_batch=2, causal=True, index_topk=8,
+    index_heads=4, index_head_dim=8,
+)  # fmt: skip
+
+
+def dsa_nodes(**kw: object) -> dict[str, object]:
+    o = GenerateOptions(**{**DSA, **kw})  # type: ignore[arg-type]
+    return {
+        n.name.split("/", 1)[1]: n
+        for n in build_workload(o, load_registry()).ranks[0].nodes()
+        if n.name.startswith("mb0/layer0/")
+    }
+
+
+def test_sparse_attention_and_its_indexer_match_closed_forms() -> None:
+    """Training: each query attends to min(topk, position) keys (the diagonal counted half,
+    as causal attention); the indexer scores every earlier key with its heads (fp8), picks
+    the top k, and learns from the KL divergence to the attention over its picks."""
+    nodes = dsa_nodes()
+    b, s, a, k, j, d = 2, 64, 4, 8, 4, 8
+    dhead, drope, qlora, dmodel = 8, 4, 16, 64
+    pairs2 = window_pairs(s, k) - s // 2  # Σ min(k, p) - s/2
+    core = 2 * b * a * pairs2 * (dhead + drope) + 2 * b * a * pairs2 * dhead  # QKᵀ, PV
+    core += b * a * s * k + SOFTMAX * b * a * s * k  # score parts added, softmax: picks only
+    assert nodes["layer0/fwd/core_attention"].num_ops == core
+    assert nodes["layer0/fwd/core_attention"].attrs["attention_topk"] == k
+    assert nodes["layer0/fwd/index_scores"].num_ops == 2 * b * s * s * j * d // 2
+    assert nodes["layer0/fwd/index_q"].num_ops == 2 * b * s * qlora * j * d
+    assert nodes["layer0/fwd/index_k"].num_ops == 2 * b * s * dmodel * d
+    assert nodes["layer0/fwd/index_topk"].num_ops == b * s * s
+    assert nodes["layer0/fwd/indexer_kl"].num_ops == 8 * b * s * k
+    # the indexer learns from its own loss only: its input is detached from the model
+    assert "layer0/bwd/indexer_kl.grad_index_scores" in nodes
+    assert "layer0/bwd/index_wq" not in nodes and not any(
+        name.startswith("layer0/bwd/index_q.grad_q_norm") for name in nodes
+    )
+    assert "layer0/bwd/index_q.grad_index_wq" in nodes
+
+
+def test_sparse_decode_reads_its_picks_not_the_context() -> None:
+    """A decode step attends to topk cached latents whatever the context (the indexer still
+    scores them all, in fp8)."""
+
+    def step(context: int, **kw: object) -> tuple[int, int, int]:
+        nodes = dsa_nodes(phase="decode", steps=1, context=context, **kw)
+        core = nodes["layer0/fwd/core_attention"]
+        return core.num_ops, core.tensor_size, nodes["layer0/fwd/index_scores"].num_ops
+
+    short, long = step(64), step(1024)
+    assert short[:2] == long[:2]
+    assert long[2] == 2 * 2 * 4 * 8 * 1025  # b · j · d · keys, twice
+    unset = dict(index_topk=None, index_heads=None, index_head_dim=None)
+    dense = dsa_nodes(phase="decode", steps=1, context=1024, **unset)
+    assert dense["layer0/fwd/core_attention"].tensor_size > 10 * long[1]
+
+
+def test_sparse_attention_traces_validate_decode_and_feed(tmp_path: Path) -> None:
+    args = ["generate", "--output_dir", str(tmp_path / "out")]
+    for key, value in {**DSA, "tp": 2, "dp": 2, "batch": 4}.items():
+        args += [f"--{key}", str(value).lower() if isinstance(value, bool) else str(value)]
+    runner = CliRunner()
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert runner.invoke(app, ["validate", str(tmp_path / "out")]).exit_code == 0
+    for path in sorted((tmp_path / "out").glob("workload.*.et")):
+        ids = []
+        with path.open("rb") as f:
+            assert protolib.decodeMessage(f, et_def_pb2.GlobalMetadata())
+            node = et_def_pb2.Node()
+            while protolib.decodeMessage(f, node):
+                ids.append(node.id)
+                node = et_def_pb2.Node()
+        issued = [nid for kind, nid in replay(ETFeeder(path)) if kind == "issue"]
+        assert sorted(issued) == sorted(ids)
+    assert runner.invoke(app, ["feed", str(tmp_path / "out")]).exit_code == 0
+
+
+def test_sparse_kernel_visits_its_picks() -> None:
+    assert masked_kv_blocks(4096, 128, 0, 0, 2048) == sum(min(16, i + 1) for i in range(32)) / 32
+    h100 = load_system("h100-80g").gpu
+    args = (h100, "cudnn", 4, 32, 4096, 4096, 128)
+    assert attention_time(*args, causal=True, topk=4096) == attention_time(*args, causal=True)
+    assert attention_time(*args, causal=True, topk=512) < attention_time(*args, causal=True) / 3
+    decode = (h100, "cudnn", 4, 128, 1, 65536, 576)
+    assert attention_time(*decode, causal=False, topk=2048) < attention_time(*decode) / 8
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        (dict(causal=False), "index_topk picks among earlier keys: it needs --causal true"),
+        (dict(index_topk=None), "index_heads=4 does not apply to model 'deepseek'"),
+    ],
+)
+def test_bad_sparse_options_are_one_line(tmp_path: Path, kw: dict, message: str) -> None:
+    args = ["generate", "--output_dir", str(tmp_path / "out")]
+    for key, value in {**DSA, **kw}.items():
+        if value is not None:
+            args += [f"--{key}", str(value).lower() if isinstance(value, bool) else str(value)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.output
+    assert not (tmp_path / "out").exists()

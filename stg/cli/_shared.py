@@ -257,6 +257,15 @@ SPECS: dict[str, tuple[str, _Spec]] = {
         _MODEL,
         _Spec("Gated DeltaNet: value heads (default: linear_key_heads)."),
     ),
+    "index_topk": (
+        _MODEL,
+        _Spec("DeepSeek sparse attention: keys per query the indexer picks (V3.2: 2048)."),
+    ),
+    "index_heads": (_MODEL, _Spec("DeepSeek sparse attention: indexer heads (default: 64).")),
+    "index_head_dim": (
+        _MODEL,
+        _Spec("DeepSeek sparse attention: size of an indexer head (default: 128)."),
+    ),
     "linear_head_dim": (_MODEL, _Spec("Gated DeltaNet: size of a key/value head (default: 128).")),
     "dp": (_PARALLEL, _Spec("Data-parallel degree.")),
     "tp": (_PARALLEL, _Spec("Tensor-parallel degree (--mp: the original STG's name).", ("--mp",))),

@@ -62,8 +62,9 @@ def build_backward(b: GraphBuilder, seed: Tensor | None, loss: Tensor | None = N
         if seed is not None:
             assert part.output is not None
             grads.add(part.output, seed)
+        aux = {id(t) for t in part.aux_losses}
         for op in reversed(part.forward):
-            is_loss = loss is not None and op.output is loss
+            is_loss = (loss is not None and op.output is loss) or id(op.output) in aux
             if is_loss:
                 dy = None
             else:
@@ -167,7 +168,7 @@ def _backward_op(b: GraphBuilder, op: Op, dy: Tensor | None, grads: _Grads) -> N
         # gradient accumulates in place into the full buffer)
         assert dy is not None
         x = op.inputs[0]
-        if _needs_grad(x):
+        if _needs_grad(x) and op.grad_inputs:  # a detached view passes no gradient
             if op.spec == "windows":  # the data gradient writes x's bytes (implicit GEMM)
                 dy.footprint = x
             grads.add(x, b.reinterpret(dy, x.dims, grad_sharding(x), name=f"{name}.grad"))

@@ -48,6 +48,9 @@ UNSET_OPTIONS: tuple[str, ...] = (
     "linear_key_heads",
     "linear_value_heads",
     "linear_head_dim",
+    "index_topk",
+    "index_heads",
+    "index_head_dim",
 )
 """Options whose default ``None`` means "unset" (each model says what that means): a
 workload's metadata leaves them out when unset, so traces that do not use them keep their
@@ -70,6 +73,9 @@ MODEL_OPTIONS: tuple[str, ...] = (
     "linear_key_heads",
     "linear_value_heads",
     "linear_head_dim",
+    "index_topk",
+    "index_heads",
+    "index_head_dim",
 )
 """Options that only some models read (attention variants, hybrid stacks): one that is set
 while no part of the chosen model reads it is refused (:func:`check_options_read`)."""
@@ -249,7 +255,9 @@ class GenerateOptions:
     (:mod:`stg.models.hybrid`), ``mlp_activation`` (``swiglu``, or ``relu2``:
     Nemotron-H's squared-ReLU MLP), with Mamba-2's ``ssm_state``, ``ssm_heads``,
     ``ssm_head_dim``, ``ssm_groups`` and ``ssm_chunk`` and gated DeltaNet's
-    ``linear_key_heads``, ``linear_value_heads`` and ``linear_head_dim``.
+    ``linear_key_heads``, ``linear_value_heads`` and ``linear_head_dim``. DeepSeek's sparse
+    attention (DSA, DeepSeek-V3.2): ``index_topk`` keys per query picked by a lightning
+    indexer of ``index_heads`` heads of ``index_head_dim``.
     ``amax_history`` is the length of Transformer Engine's amax history of every fp8 tensor
     (``DelayedScaling.amax_history_len``, default 1024): a training run with fp8 GEMMs under
     the ``megatron`` profile carries TE's delayed-scaling bookkeeping (:mod:`stg.core.fp8`),
@@ -323,6 +331,9 @@ class GenerateOptions:
     linear_key_heads: int | None = None
     linear_value_heads: int | None = None
     linear_head_dim: int | None = None
+    index_topk: int | None = None
+    index_heads: int | None = None
+    index_head_dim: int | None = None
     dp: int = 1
     tp: int = 1
     sp: int = 1

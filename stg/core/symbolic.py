@@ -62,15 +62,19 @@ class AttentionSpan:
 
     window: int = 0
     chunk: int = 0
+    topk: int = 0
+    """sparse attention: the ``topk`` earlier keys an indexer picks for each query
+    (DeepSeek-V3.2's DSA), as many as a window of that size, from anywhere in the cache"""
 
     def __post_init__(self) -> None:
-        if self.window < 0 or self.chunk < 0 or (self.window and self.chunk):
-            raise ValueError(f"{self}: one of window and chunk, a positive number of keys")
+        sizes = (self.window, self.chunk, self.topk)
+        if min(sizes) < 0 or sum(1 for n in sizes if n) > 1:
+            raise ValueError(f"{self}: one of window, chunk and topk, a positive number of keys")
 
     def seen(self, n: sympy.Expr) -> sympy.Expr:
         """(query, key) pairs of the first ``n`` positions."""
-        if self.window:
-            w = sympy.Integer(self.window)
+        if self.window or self.topk:
+            w = sympy.Integer(self.window or self.topk)
             m = sympy.Min(n, w)
             return m * (m + 1) / 2 + sympy.Max(n - w, 0) * w
         if self.chunk:
@@ -88,7 +92,7 @@ class AttentionSpan:
     def keys(self, kv: sympy.Expr, new: sympy.Expr) -> sympy.Expr:
         """Cached keys that ``new`` tokens ending at position ``kv`` can see, which is all a
         serving step keeps of this layer's cache: ``min(kv, window + new - 1)``, or the keys
-        from the start of the first new token's chunk."""
+        from the start of the first new token's chunk (top-k: all of them)."""
         if self.window:
             return sympy.Min(kv, self.window + new - 1)
         if self.chunk:
@@ -209,6 +213,9 @@ class Part:
     update: list[Op] = field(default_factory=list)
     states: list[Tensor] = field(default_factory=list)
     """recurrent states a serving step keeps per sequence (:meth:`GraphBuilder.recurrent_state`)"""
+    aux_losses: list[Tensor] = field(default_factory=list)
+    """losses of the part besides the model's (:meth:`GraphBuilder.aux_loss`): the backward
+    starts from each as from the loss"""
 
 
 def _view_groups(
@@ -898,6 +905,21 @@ class GraphBuilder:
             out_axes.extend([lead] + [NO_AXES] * (len(outs) - 1))
         x_r = self.reshard(x, Sharding(tuple(x_target)))
         return self.reinterpret(x_r, out_dims, Sharding(tuple(out_axes)), name)
+
+    def detach(self, x: Tensor, name: str | None = None) -> Tensor:
+        """``x`` through which no gradient flows back (``torch.Tensor.detach``): no node."""
+        out = self.reinterpret(x, x.dims, x.sharding, name or f"{x.name}_detached")
+        assert out.producer is not None
+        out.producer.grad_inputs = ()
+        out.kind = "detached"  # needs no gradient: the ops reading it compute none for it
+        return out
+
+    def aux_loss(self, t: Tensor) -> Tensor:
+        """Declare ``t`` a loss of this part besides the model's (an indexer's training loss):
+        in training the backward starts from it as from the loss, whatever reads the part's
+        output; it is ``t``."""
+        self.part.aux_losses.append(t)
+        return t
 
     def reinterpret(
         self, x: Tensor, dims: tuple[Dim, ...], sharding: Sharding, name: str

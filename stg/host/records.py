@@ -59,6 +59,9 @@ PRESET_DIMS = (
     "linear_key_heads",
     "linear_value_heads",
     "linear_head_dim",
+    "index_topk",
+    "index_heads",
+    "index_head_dim",
 )
 """The options a :class:`Preset` may set: the model's dimensions (fields of
 :class:`stg.core.options.GenerateOptions`), never parallelism, batch or output."""

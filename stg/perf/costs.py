@@ -235,6 +235,7 @@ def compute_time(
                 causal_split=int(attrs.get("causal_split", 1)),
                 window=int(attrs.get("attention_window", 0)),
                 chunk=int(attrs.get("attention_chunk", 0)),
+                topk=int(attrs.get("attention_topk", 0)),
             )
             / speedup
         )
