@@ -41,7 +41,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from stg.api import Dim, GraphBuilder, Model, Tensor, hookimpl
+import sympy
+
+from stg.api import AttentionSpan, Dim, GraphBuilder, Model, Tensor, hookimpl
+from stg.errors import UserError
 from stg.models import llama, moe
 from stg.models.gpt import (
     CROSS_ENTROPY_BACKWARD_FLOPS,
@@ -52,6 +55,99 @@ from stg.models.gpt import (
 
 RMSNORM_FLOPS = 4
 ABSORBED_PHASES = ("decode", "mixed")
+INDEX_HEADS = 64  # index_n_heads (DeepSeek-V3.2-Exp, config.json)
+INDEX_HEAD_DIM = 128  # index_head_dim (DeepSeek-V3.2-Exp, config.json)
+LAYERNORM_FLOPS = 7  # the indexer's key LayerNorm, per element
+TOPK_FLOPS = 1  # one comparison per index score (a radix select)
+KL_FLOPS = 8  # per picked key: normalise the target, softmax (3), the KL term (4)
+
+
+def sparse_span(b: GraphBuilder) -> AttentionSpan | None:
+    """DeepSeek sparse attention (``--index_topk``): each query attends to the ``index_topk``
+    keys its lightning indexer picks; None without it."""
+    topk = b.options.get("index_topk")
+    if not topk:
+        return None
+    if not b.options.get("causal"):
+        raise UserError("index_topk picks among earlier keys: it needs --causal true")
+    return AttentionSpan(topk=int(topk))
+
+
+def lightning_indexer(b: GraphBuilder, x: Tensor, c_q: Tensor, source: str) -> Tensor:
+    """The indexes of the keys each query attends to, ``[batch, seq, index_topk]``:
+    DeepSeek-V3.2's lightning indexer (DeepSeek-AI 2025, "DeepSeek-V3.2-Exp", section 2.1),
+    ``I[t, s] = Σ_j w[t, j] · ReLU(q_I[t, j] · k_I[s])`` over ``index_heads`` heads in fp8,
+    then the top ``index_topk`` per query. Its input is detached from the model (the sparse
+    training stage trains it on its own loss only, :func:`indexer_loss`); its weights are
+    whole on every tensor-parallel rank. The ReLU and the weighting (2 FLOPs per head and
+    pair, 1/index_head_dim of the dot products) are left out of its FLOPs."""
+    heads = Dim("index_heads", sympy.Integer(int(b.options.get("index_heads") or INDEX_HEADS)))
+    size = int(b.options.get("index_head_dim") or INDEX_HEAD_DIM)
+    dim = Dim("index_head_dim", sympy.Integer(size))
+    x, c_q = b.detach(x), b.detach(c_q)
+    q = b.einsum("bsl,ljd->bsjd", c_q, b.weight("index_wq", [b.dim(source), heads, dim]),
+                 name="index_q")  # fmt: skip
+    k = b.einsum("bsh,hd->bsd", x, b.weight("index_wk", [b.dim("dmodel"), dim]), name="index_k")
+    k = b.elementwise(
+        "index_k_norm",
+        k,
+        b.weight("index_k_norm.weight", [dim]),
+        b.weight("index_k_norm.bias", [dim]),
+        flops=LAYERNORM_FLOPS,
+        reduce=(-1,),
+    )
+    w = b.einsum(
+        "bsh,hj->bsj", x, b.weight("index_w", [b.dim("dmodel"), heads]), name="index_weights"
+    )
+    k = b.cached(b.cast(k, "fp8", "index_k_fp8"), "index_k")
+    scores = b.einsum(
+        "bsjd,btd,bsj->bst",
+        b.cast(q, "fp8", "index_q_fp8"),
+        k,
+        w,
+        name="index_scores",
+        scale=causal_scale(b),
+        out_dtype="fp32",
+    )
+    picked = Dim("index_topk", sympy.Integer(int(b.options["index_topk"])))
+    return b.custom(  # 4-byte key indexes (int32), stored like fp32
+        "index_topk",
+        [scores],
+        [b.dim("batch"), b.dim("seq"), picked],
+        flops=TOPK_FLOPS,
+        backward_flops=0,
+        grad_inputs=(),
+        out_dtype="fp32",
+    )
+
+
+def indexer_loss(b: GraphBuilder, picks: Tensor, probs: Tensor) -> None:
+    """Training: the indexer's loss, the KL divergence from the main attention's distribution
+    over each query's picked keys (summed over heads, normalised) to the softmax of its index
+    scores there (DeepSeek-V3.2-Exp, section 2.1, sparse training stage). The attention is
+    detached: the loss trains the indexer only."""
+    scores = picks.producer.inputs[0]  # type: ignore[union-attr]
+    keys = scores.dims[-1].size
+    topk = picks.dims[-1]
+    at_picks = b.custom(
+        "attention_at_picks",
+        [b.detach(probs), picks],
+        [b.dim("batch"), b.dim("head"), b.dim("seq"), topk],
+        flops=topk.size / keys,  # one value gathered per picked key
+        backward_flops=0,
+        grad_inputs=(),
+    )
+    target = b.einsum("bask->bsk", at_picks, name="indexer_target")  # partial over tp
+    loss = b.custom(
+        "indexer_kl",
+        [scores, target, picks],
+        "batch seq",
+        flops=KL_FLOPS * topk.size / keys,
+        backward_flops=(2 * topk.size / keys,),  # softmax minus target at the picks
+        grad_inputs=(0,),
+        out_dtype="fp32",
+    )
+    b.aux_loss(loss)
 
 
 def latent_norm(b: GraphBuilder, x: Tensor, dim: str, name: str) -> Tensor:
@@ -97,34 +193,72 @@ def attention(b: GraphBuilder, x: Tensor) -> Tensor:
     k_rope = b.cached(k_rope, "k_rope")
     w_uk = b.weight("w_uk", "kvlora head dhead", shard=tp)
     scale = causal_scale(b)
+    span = sparse_span(b)
+    picks = lightning_indexer(b, x, c_q, source) if span is not None else None
     if absorbed(b):
         # W_UK absorbed into the query, W_UV applied to the latent context: one latent key and
         # value (c_kv) for all heads, as DeepSeek's and vLLM's MLA decode kernels run it
         q_latent = b.einsum("bsak,cak->bsac", q, w_uk, name="q_absorb")
         w_uv = b.weight("w_uv", "kvlora head dhead", shard=tp)
         with b.tag("core_attention"):
-            scores = b.add(
-                b.einsum("bsac,btc->bast", q_latent, c_kv, name="scores", scale=scale),
-                b.einsum("bsar,btr->bast", q_rope, k_rope, name="scores_rope", scale=scale),
-                name="scores_sum",
+            scores = score_sum(
+                b,
+                b.einsum("bsac,btc->bast", q_latent, c_kv, name="scores", scale=scale, span=span),
+                b.einsum(
+                    "bsar,btr->bast", q_rope, k_rope, name="scores_rope", scale=scale, span=span
+                ),
+                picks,
             )
-            probs = b.elementwise("softmax", scores, flops=SOFTMAX_FLOPS, reduce=(-1,))
-            latent_ctx = b.einsum("bast,btc->bsac", probs, c_kv, name="context", scale=scale)
+            probs = softmax(b, scores, span)
+            latent_ctx = b.einsum(
+                "bast,btc->bsac", probs, c_kv, name="context", scale=scale, span=span
+            )
         ctx = b.einsum("bsac,cak->bsak", latent_ctx, w_uv, name="v_absorb")
     else:
         k = b.einsum("bsc,cak->bsak", c_kv, w_uk, name="k")
         w_uv = b.weight("w_uv", "kvlora head dhead", shard=tp)
         v = b.einsum("bsc,cak->bsak", c_kv, w_uv, name="v")
         with b.tag("core_attention"):
-            scores = b.add(
-                b.einsum("bsak,btak->bast", q, k, name="scores", scale=scale),
-                b.einsum("bsar,btr->bast", q_rope, k_rope, name="scores_rope", scale=scale),
-                name="scores_sum",
+            scores = score_sum(
+                b,
+                b.einsum("bsak,btak->bast", q, k, name="scores", scale=scale, span=span),
+                b.einsum(
+                    "bsar,btr->bast", q_rope, k_rope, name="scores_rope", scale=scale, span=span
+                ),
+                picks,
             )
-            probs = b.elementwise("softmax", scores, flops=SOFTMAX_FLOPS, reduce=(-1,))
-            ctx = b.einsum("bast,btak->bsak", probs, v, name="context", scale=scale)
+            probs = softmax(b, scores, span)
+            ctx = b.einsum("bast,btak->bsak", probs, v, name="context", scale=scale, span=span)
+        if picks is not None and b.options.get("phase", "training") == "training":
+            indexer_loss(b, picks, probs)
     wo = b.weight("wo", "head dhead dmodel", shard=tp)
     return b.residual(b.einsum("bsak,akh->bsh", ctx, wo, name="attn_out"))
+
+
+def softmax(b: GraphBuilder, scores: Tensor, span: AttentionSpan | None) -> Tensor:
+    """The softmax over keys; under sparse attention over the picked keys of each row only."""
+    flops: sympy.Expr = sympy.Integer(SOFTMAX_FLOPS)
+    if span is not None:  # a row's picks, of its keys
+        keys = scores.dims[-1].size
+        flops = SOFTMAX_FLOPS * sympy.Min(span.topk, keys) / keys
+    return b.elementwise("softmax", scores, flops=flops, reduce=(-1,))
+
+
+def score_sum(b: GraphBuilder, latent: Tensor, rope: Tensor, picks: Tensor | None) -> Tensor:
+    """The scores: their content and RoPE parts added; under sparse attention at the keys the
+    indexer picked only (1 FLOP per pick), which makes the picks an input of the kernel."""
+    if picks is None:
+        return b.add(latent, rope, name="scores_sum")
+    keys = latent.dims[-1].size
+    return b.custom(
+        "scores_sum",
+        [latent, rope, picks],
+        list(latent.dims),
+        flops=sympy.Min(picks.dims[-1].size, keys) / keys,
+        backward_flops=0,
+        grad_inputs=(0, 1),
+        out_sharding=latent.sharding,
+    )
 
 
 def swiglu(b: GraphBuilder, x: Tensor, ffn: str, prefix: str = "") -> Tensor:

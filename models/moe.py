@@ -12,6 +12,9 @@ per micro-batch; its matmuls cost the full capacity (dropped or padded slots inc
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from stg.api import GraphBuilder, Model, Tensor, hookimpl
 from stg.models import llama
 
@@ -70,6 +73,18 @@ def block(b: GraphBuilder, x: Tensor) -> Tensor:
     return b.add(x, moe_mlp(b, b.rmsnorm(x, "ffn_norm")), name="residual2")
 
 
+def global_block(b: GraphBuilder, x: Tensor) -> Tensor:
+    """An MoE layer whose attention sees every earlier key (``--full_attention_every``)."""
+    h = b.rmsnorm(x, "attention_norm")
+    x = b.add(x, llama.attention(b, h, full=True), name="residual1")
+    return b.add(x, moe_mlp(b, b.rmsnorm(x, "ffn_norm")), name="residual2")
+
+
+def stack(options: Mapping[str, Any]) -> list[tuple[str, Any, int]]:
+    """The MoE layers: all alike, or local and global in turn (as gpt-oss's)."""
+    return llama.local_global_stack(options, block, global_block)
+
+
 @hookimpl
 def stg_register_models(register):  # type: ignore[no-untyped-def]
     register(
@@ -78,6 +93,7 @@ def stg_register_models(register):  # type: ignore[no-untyped-def]
             embedding=llama.embedding,
             block=block,
             head=llama.head,
+            stack=stack,
             description="Mixture of experts: Llama attention, top-k routed SwiGLU experts",
         )
     )

@@ -898,6 +898,7 @@ def stage_memory(
     saved_bytes: float | None = None,
     head_bytes: float | None = None,
     system: System | None = None,
+    layer_bytes: Mapping[str, float] | None = None,
 ) -> RankMemory:
     """The memory of one rank of pipeline stage ``stage`` whose model replica holds
     ``parameters`` weights; ``sharded_parameters`` is its padded ZeRO / FSDP shard of them
@@ -908,7 +909,9 @@ def stage_memory(
     a head without vocabulary logits (a classifier, a span head) keeps, from the graph too
     (the closed form here is an LM head's). ``system``: the GPU, which decides whether a
     planned fp8 GEMM runs natively (its saved input in 1 byte, and Transformer Engine's fp8
-    weight copies, :func:`fp8_weight_copy_bytes`, counted with the weights)."""
+    weight copies, :func:`fp8_weight_copy_bytes`, counted with the weights).
+    ``layer_bytes``: what one layer of each of these kinds keeps per micro-batch, from the
+    graph, for layers that are not a transformer's (Mamba-2, gated DeltaNet, hybrid)."""
     o = as_options(options)
     if not kinds:
         kinds = {"moe" if is_mla(o) else "block": layers} if layers else {}
@@ -939,8 +942,11 @@ def stage_memory(
             activations=held * saved_bytes,
             buffers=0.0,
         )
+    graph = layer_bytes or {}
     per_kind = {
-        kind: activation_bytes_per_layer(o, kernels=kernels, kind=kind, system=system)
+        kind: graph[kind]
+        if kind in graph
+        else activation_bytes_per_layer(o, kernels=kernels, kind=kind, system=system)
         for kind in kinds
     }
     activations = sum(
@@ -1135,6 +1141,7 @@ def _class_memory(
         saved_bytes=facts.get("activation_bytes") if facts.get("stackless") else None,
         head_bytes=facts.get("head_activation_bytes"),
         system=system,
+        layer_bytes=facts.get("layer_activation_bytes"),
     )
 
 

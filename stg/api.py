@@ -7,7 +7,8 @@ else of stg's internals, so that the packages behind it can change::
 
 What is here, by the stage of the pipeline it belongs to:
 
-- models: :class:`GraphBuilder`, :class:`Tensor`, :class:`Dim`, :class:`Sharding`, and the
+- models: :class:`GraphBuilder`, :class:`Tensor`, :class:`Dim`, :class:`AttentionSpan`,
+  :class:`Sharding`, and the
   options a model is built from (:class:`GenerateOptions`; :func:`chunk_layer_counts`: the
   layers of each pipeline model chunk; :func:`layout_of`: the placement of its mesh;
   :func:`expert_zero_degree`: how many ways ZeRO shards a routed expert);
@@ -76,7 +77,7 @@ if TYPE_CHECKING:
     from stg.core.routing import expert_capacity
     from stg.core.sharding import Sharding
     from stg.core.sizes import check_size, estimate_size
-    from stg.core.symbolic import Dim, GraphBuilder, Tensor
+    from stg.core.symbolic import AttentionSpan, Dim, GraphBuilder, Tensor
     from stg.core.workload import (
         COMM_TYPES,
         NODE_SEMANTICS,
@@ -152,6 +153,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "precision_of": ("stg.core.precision", "precision_of"),
     "expert_capacity": ("stg.core.routing", "expert_capacity"),
     "Sharding": ("stg.core.sharding", "Sharding"),
+    "AttentionSpan": ("stg.core.symbolic", "AttentionSpan"),
     "Dim": ("stg.core.symbolic", "Dim"),
     "GraphBuilder": ("stg.core.symbolic", "GraphBuilder"),
     "Tensor": ("stg.core.symbolic", "Tensor"),
@@ -251,6 +253,7 @@ __all__ = [
     "DTYPE_BYTES",
     "EAGER_OP_HOST_S",
     "NODE_SEMANTICS",
+    "AttentionSpan",
     "BenchOp",
     "Calibration",
     "CastModel",

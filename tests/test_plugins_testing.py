@@ -12,11 +12,22 @@ from stg.errors import UnknownNameError
 from stg.host.records import Emitter, Model, Predictor
 from stg.testing import check_emitter, check_model, check_predictor, make_registry
 
+SIZES = {
+    "mamba2": dict(ssm_head_dim=8, ssm_groups=2, ssm_chunk=8),
+    "gated-deltanet": dict(linear_head_dim=8, seq=64),
+    "hybrid": dict(
+        layer_pattern="M*G-", num_stacks=4, ssm_head_dim=8, ssm_groups=2, ssm_chunk=8,
+        linear_head_dim=8, seq=64, causal=True,
+    ),
+}  # fmt: skip
+"""The sizes a tiny build of the state-space models needs (their defaults are a real
+model's: chunks of 64 to 256 tokens, head sizes of 64 and 128)."""
+
 
 def test_builtin_models_pass_check_model() -> None:
     registry = make_registry()
     for name in registry.models.names():
-        workload = check_model(name, registry=registry, tp=2, pp=2)
+        workload = check_model(name, registry=registry, tp=2, pp=2, **SIZES.get(name, {}))
         assert workload.world_size == 4
 
 

@@ -275,7 +275,10 @@ def test_unknown_name_lists_models_and_presets() -> None:
     with pytest.raises(UnknownNameError) as info:
         resolve_model({"model": "llama9-7b"}, REGISTRY)
     message = str(info.value)
-    models = "models bert, bert-qa, deepseek, gpt, llama, moe, roberta, roberta-mc"
+    models = (
+        "models bert, bert-qa, deepseek, gated-deltanet, gpt, hybrid, llama, mamba2, moe, "
+        "roberta, roberta-mc"
+    )
     assert message.startswith(f"unknown model 'llama9-7b'; allowed: {models}; ")
     assert "presets bert-base, bert-base-squad, bert-large, debug, deepseek-v3, " in message
     assert "mixtral-8x7b" in message and "\n" not in message
@@ -453,7 +456,8 @@ def test_inspect_model_lists_models_and_presets() -> None:
     listing = json.loads(result.stdout)
     builtin = [m["name"] for m in listing["models"] if m["qualified"].startswith("symbolic-")]
     assert builtin == [
-        "bert", "bert-qa", "deepseek", "gpt", "llama", "moe", "roberta", "roberta-mc"
+        "bert", "bert-qa", "deepseek", "gated-deltanet", "gpt", "hybrid", "llama", "mamba2",
+        "moe", "roberta", "roberta-mc",
     ]  # fmt: skip
     presets = {p["name"]: p for p in listing["presets"]}
     assert list(presets) == BUILTIN

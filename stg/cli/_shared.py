@@ -215,6 +215,64 @@ SPECS: dict[str, tuple[str, _Spec]] = {
         _MODEL,
         _Spec("Latent attention: decoupled RoPE dimension per head (default: dhead/2)."),
     ),
+    "attention_window": (
+        _MODEL,
+        _Spec("Sliding-window attention: keys each query sees (causal; default: all)."),
+    ),
+    "attention_chunk": (
+        _MODEL,
+        _Spec("Chunked local attention: tokens per chunk (causal; Llama 4: 8192)."),
+    ),
+    "full_attention_every": (
+        _MODEL,
+        _Spec("Every k-th layer attends to all keys, the others to a window or chunk."),
+    ),
+    "attention_sinks": (
+        _MODEL,
+        _Spec(
+            "A learned sink logit per attention head (gpt-oss).", parser=parse_bool, metavar=BOOL
+        ),
+    ),
+    "attention_output_gate": (
+        _MODEL,
+        _Spec(
+            "Gate attention's output by a sigmoid of a projection (Qwen3-Next).",
+            parser=parse_bool,
+            metavar=BOOL,
+        ),
+    ),
+    "layer_pattern": (
+        _MODEL,
+        _Spec(
+            "Hybrid stack, a letter per layer: M Mamba-2, G gated DeltaNet, * attention, "
+            "A global attention, - MLP, E MoE.",
+            metavar="PATTERN",
+        ),
+    ),
+    "mlp_activation": (
+        _MODEL,
+        _Spec("Hybrid MLP layers: swiglu (default) or relu2 (Nemotron-H).", metavar="NAME"),
+    ),
+    "ssm_state": (_MODEL, _Spec("Mamba-2: state size per head (d_state; default: 128).")),
+    "ssm_heads": (_MODEL, _Spec("Mamba-2: SSM heads (default: 2·dmodel / ssm_head_dim).")),
+    "ssm_head_dim": (_MODEL, _Spec("Mamba-2: size of one SSM head (default: 64).")),
+    "ssm_groups": (_MODEL, _Spec("Mamba-2: groups sharing B and C (default: 1).")),
+    "ssm_chunk": (_MODEL, _Spec("Mamba-2: chunk of the SSD algorithm (default: 256).")),
+    "linear_key_heads": (_MODEL, _Spec("Gated DeltaNet: query/key heads (default: head).")),
+    "linear_value_heads": (
+        _MODEL,
+        _Spec("Gated DeltaNet: value heads (default: linear_key_heads)."),
+    ),
+    "index_topk": (
+        _MODEL,
+        _Spec("DeepSeek sparse attention: keys per query the indexer picks (V3.2: 2048)."),
+    ),
+    "index_heads": (_MODEL, _Spec("DeepSeek sparse attention: indexer heads (default: 64).")),
+    "index_head_dim": (
+        _MODEL,
+        _Spec("DeepSeek sparse attention: size of an indexer head (default: 128)."),
+    ),
+    "linear_head_dim": (_MODEL, _Spec("Gated DeltaNet: size of a key/value head (default: 128).")),
     "dp": (_PARALLEL, _Spec("Data-parallel degree.")),
     "tp": (_PARALLEL, _Spec("Tensor-parallel degree (--mp: the original STG's name).", ("--mp",))),
     "sp": (_PARALLEL, _Spec("Sequence/context-parallel degree.", ("--cp",))),

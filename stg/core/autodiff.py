@@ -62,8 +62,9 @@ def build_backward(b: GraphBuilder, seed: Tensor | None, loss: Tensor | None = N
         if seed is not None:
             assert part.output is not None
             grads.add(part.output, seed)
+        aux = {id(t) for t in part.aux_losses}
         for op in reversed(part.forward):
-            is_loss = loss is not None and op.output is loss
+            is_loss = (loss is not None and op.output is loss) or id(op.output) in aux
             if is_loss:
                 dy = None
             else:
@@ -124,6 +125,7 @@ def _backward_op(b: GraphBuilder, op: Op, dy: Tensor | None, grads: _Grads) -> N
                     name=f"{name}.grad_{x.name}",
                     scale=op.scale,
                     out_dtype=out_dtype,
+                    span=op.span,
                 ),
             )
     elif op.kind == "elementwise" and op.mask is not None:  # dropout: dy times the mask
@@ -166,7 +168,7 @@ def _backward_op(b: GraphBuilder, op: Op, dy: Tensor | None, grads: _Grads) -> N
         # gradient accumulates in place into the full buffer)
         assert dy is not None
         x = op.inputs[0]
-        if _needs_grad(x):
+        if _needs_grad(x) and op.grad_inputs:  # a detached view passes no gradient
             if op.spec == "windows":  # the data gradient writes x's bytes (implicit GEMM)
                 dy.footprint = x
             grads.add(x, b.reinterpret(dy, x.dims, grad_sharding(x), name=f"{name}.grad"))
@@ -190,17 +192,30 @@ def _backward_op(b: GraphBuilder, op: Op, dy: Tensor | None, grads: _Grads) -> N
         grads.add(table, b.scatter_add(f"{name}.grad_{table.name}", source, op.inputs[1], table))
     elif op.kind == "custom":
         saved = op.inputs if dy is None else (*op.inputs, dy)
-        for i in op.grad_inputs:
+        for j, i in enumerate(op.grad_inputs):
             t = op.inputs[i]
             if not _needs_grad(t):
                 continue
+            sharding = grad_sharding(t)
+            if t.kind == "weight":
+                # a weight's gradient sums over the positions it was applied at: partial over
+                # the axes that split the first input's other dimensions (the data axes)
+                own = {d.name for d in t.dims}
+                x = op.inputs[0]
+                summed = {
+                    a
+                    for d, axes in zip(x.dims, x.sharding.dims, strict=True)
+                    if d.name not in own
+                    for a in axes
+                }
+                sharding = sharding.with_partial(summed - sharding.axes())
             g = b.custom(
                 f"{name}.grad_{t.name}",
                 saved,
                 t.dims,
-                flops=op.backward_flops_per_element,
+                flops=op.grad_flops[j] if op.grad_flops else op.backward_flops_per_element,
                 backward_flops=0,
-                out_sharding=grad_sharding(t),
+                out_sharding=sharding,
             )
             grads.add(t, g)
     else:  # pragma: no cover - every op kind is handled above

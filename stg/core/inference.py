@@ -48,11 +48,11 @@ from stg.core.lowering import (
     node_place,
     stage_parts,
 )
-from stg.core.options import GenerateOptions, OptionError
+from stg.core.options import GenerateOptions, OptionError, ReadOptions, check_options_read
 from stg.core.plan import MAX_TAG, ParallelPlan
 from stg.core.precision import DTYPE_BYTES, normalize_plan
 from stg.core.sharding import Sharding
-from stg.core.symbolic import Capacity, Dim, GraphBuilder, Op, Part, Seq, Tensor
+from stg.core.symbolic import AttentionSpan, Capacity, Dim, GraphBuilder, Op, Part, Seq, Tensor
 from stg.core.workload import OP_ATTR, NodeType, Phase, RankClass, RankGraph, Workload
 from stg.errors import UserError
 from stg.host.records import Model
@@ -83,6 +83,7 @@ class KVCache:
         in_letters: Sequence[str],
         operands: tuple[Tensor, ...],
         scale: sympy.Expr | int,
+        span: AttentionSpan | None = None,
     ) -> tuple[tuple[Tensor, ...], sympy.Expr | int]:
         bound = [
             dict(zip(letters, t.dims, strict=False))
@@ -105,12 +106,15 @@ class KVCache:
             resolved = operands
         else:
             resolved = tuple(
-                self._from_cache(b, t)
+                self._from_cache(b, t, span=span)
                 if any(m.get(ltr, KV_DIM).name == "seq" for ltr in kv_letters)
                 else t
                 for m, t in zip(bound, operands, strict=True)
             )
-        if sympy.sympify(scale) != 1:  # causal: the pairs a chunk of new tokens sees
+        if span is not None:  # the pairs the new tokens see, of the keys the layer keeps
+            seen = span.seen(KVSeq) - span.seen(KVSeq - Seq)
+            scale = seen / (Seq * span.keys(KVSeq, Seq))
+        elif sympy.sympify(scale) != 1:  # causal: the pairs a chunk of new tokens sees
             scale = (KVSeq - (Seq - 1) / sympy.Integer(2)) / KVSeq
         return resolved, scale
 
@@ -125,14 +129,22 @@ class KVCache:
         self.declared = True
         return self._from_cache(b, t, name)
 
-    def _from_cache(self, b: GraphBuilder, t: Tensor, name: str | None = None) -> Tensor:
-        """``t`` (new keys or values) appended to the cache: the cache, ``seq_kv`` long."""
+    def _from_cache(
+        self,
+        b: GraphBuilder,
+        t: Tensor,
+        name: str | None = None,
+        span: AttentionSpan | None = None,
+    ) -> Tensor:
+        """``t`` (new keys or values) appended to the cache: the cache, ``seq_kv`` long, or
+        as long as the keys a ``span`` lets the new tokens see (all that layer keeps)."""
         cached = self._cache.get(id(t.base or t))
         if cached is not None:
             return cached
         name = name or t.name
         new = b.unpartial(t)
-        dims = tuple(KV_DIM if d.name == "seq" else d for d in new.dims)
+        kv = KV_DIM if span is None else Dim(KV_DIM.name, span.keys(KVSeq, Seq))
+        dims = tuple(kv if d.name == "seq" else d for d in new.dims)
         cache = Tensor(f"{name}_cache", dims, new.sharding, self.dtype, kind="cache")
         b._emit(Op("kv_append", f"{name}.cache_append", (new,), cache))
         self._cache[id(t.base or t)] = cache
@@ -228,11 +240,16 @@ def group_values(o: GenerateOptions, group: Group, head: bool = False) -> dict[A
 
 
 def build_forward(
-    model: Model, name: str, plan: ParallelPlan, function: Callable[..., Any] | None = None
+    model: Model,
+    name: str,
+    plan: ParallelPlan,
+    function: Callable[..., Any] | None = None,
+    options: ReadOptions | None = None,
 ) -> tuple[GraphBuilder, Tensor]:
     """One part of ``model`` built forward only with a KV cache; returns the builder and the
     part's result (the head's: the model's last op, standing for sampling). ``function``
-    builds a kind of layer of the model's stack named ``name`` (default: the part ``name``)."""
+    builds a kind of layer of the model's stack named ``name`` (default: the part ``name``);
+    ``options``: the mapping the model reads (default: the plan's options)."""
     o = plan.options
     b = GraphBuilder(
         name,
@@ -241,7 +258,7 @@ def build_forward(
         seq_axes=plan.seq_axes,
         dtype=o.dtype,
         precision=normalize_plan(o.precision),
-        options=o.as_dict(),
+        options=options if options is not None else o.as_dict(),
         kv_cache=KVCache(o.kv_dtype or o.dtype),
         axis_parts=plan.axis_parts or None,
     )
@@ -320,11 +337,15 @@ def build_steps(model: Model, plan: ParallelPlan) -> list[StepParts]:
     """Build the model once and bind it for every step of the run."""
     o = plan.options
     fused = o.attention == "fused"
-    runs = model.layer_runs(o.as_dict())
+    read = ReadOptions(o.as_dict())
+    runs = model.layer_runs(read)
     functions: dict[str, Callable[..., Any] | None] = {"embedding": None}
     functions.update((kind, function) for kind, function, _ in runs)
     functions["head"] = None
-    built = {name: build_forward(model, name, plan, f)[0].part for name, f in functions.items()}
+    built = {
+        name: build_forward(model, name, plan, f, read)[0].part for name, f in functions.items()
+    }
+    check_options_read(read, model.name)
     layer_kinds = LayerKinds((kind, count) for kind, _, count in runs)
     steps: list[StepParts] = []
     for groups in step_groups(o):
@@ -342,6 +363,8 @@ def build_steps(model: Model, plan: ParallelPlan) -> list[StepParts]:
                     cache[name] = cache.get(name, 0) + sum(
                         binder.nbytes(op.output) for op in part.forward if op.kind == "kv_append"
                     )
+                    # recurrent states (GraphBuilder.recurrent_state): constant size
+                    cache[name] += sum(binder.nbytes(t) for t in part.states)
                 live = binder.nbytes(part.inputs[0]) if part.inputs else 0
                 activations = max(
                     activations,

@@ -183,10 +183,11 @@ def _flops(op: Op, binder: Binder) -> int:
         return int(2 * prod(sizes.values()) * binder.fraction(op.scale))
     if op.kind == "kv_append":  # one op per element written into the cache
         return binder.numel(op.inputs[0])
+    # a cost per element may depend on the sizes (a scan's work per element of its input)
     if op.kind in {"elementwise", "custom"}:
-        return int(Fraction(str(op.flops_per_element)) * binder.numel(op.inputs[0]))
+        return int(binder.fraction(op.flops_per_element) * binder.numel(op.inputs[0]))
     if op.kind == "add":
-        return int(Fraction(str(op.flops_per_element)) * binder.numel(op.output))
+        return int(binder.fraction(op.flops_per_element) * binder.numel(op.output))
     # gather (an embedding lookup), concat: data movement, one op per element moved (written)
     return binder.numel(op.output)
 
@@ -323,6 +324,8 @@ def attention_shape(scores: Op, binder: Binder) -> tuple[int, int, int, int, int
             else:
                 heads *= sizes[letter]
     causal = binder.fraction(scores.scale) != 1
+    if causal and scores.span is not None and scores.span.topk and s_q != s_kv:
+        causal = False  # new tokens against a cache, each on its picked keys: no mask
     query_only = [x for x in sizes if x in a and x in out and x not in b]
     if causal and any(names[x] == "seq" for x in query_only):
         # grouped-query heads (Llama's qgroup) are heads of their own to a causal kernel: each
@@ -541,6 +544,14 @@ def _fused_attention(run: list[Op], binder: Binder, shapes: dict[str, tuple[int,
                 moved -= binder.nbytes(op.inputs[0])  # already counted as read above
         scores = next((op for op in run if op.kind == "einsum"), None)
         shape = attention_shape(scores, binder) if scores is not None else ()
+        picked = next((op.span.topk for op in run if op.span is not None and op.span.topk), 0)
+        if picked and shape:  # sparse attention reads only the cached rows its queries picked
+            for t in tokens:
+                rows = next((d for d in t.dims if d.name == "seq_kv"), None)
+                if t.kind == "cache" and rows is not None:
+                    cached = binder.size(rows)
+                    read = min(cached, shape[2] * picked)  # each new token's picked rows
+                    moved -= binder.nbytes(t) * (cached - read) // cached
         if shape:
             shape = _mean_head_dim(shape, run, binder, scores)  # type: ignore[arg-type]
             split = causal_split(scores, binder)  # type: ignore[arg-type]
@@ -556,6 +567,11 @@ def _fused_attention(run: list[Op], binder: Binder, shapes: dict[str, tuple[int,
         if len(shape) > 6:  # a load-balanced share of a causal sequence (causal_split)
             attrs += (("causal_split", shape[6]),)
     einsums = [op for op in run if op.kind == "einsum"]
+    span = next((op.span for op in einsums if op.span is not None), None)
+    if shape and span is not None:  # the kernel's mask: keys per query beyond causal's
+        attrs += (("attention_window", span.window),) if span.window else ()
+        attrs += (("attention_chunk", span.chunk),) if span.chunk else ()
+        attrs += (("attention_topk", span.topk),) if span.topk else ()
     return BoundOp(
         "core_attention.grad" if backward else "core_attention",
         NodeType.COMP,

@@ -36,10 +36,84 @@ UNSET_OPTIONS: tuple[str, ...] = (
     "etp",
     "recompute_method",
     "recompute_num_layers",
+    "attention_window",
+    "attention_chunk",
+    "full_attention_every",
+    "attention_sinks",
+    "attention_output_gate",
+    "layer_pattern",
+    "mlp_activation",
+    "ssm_state",
+    "ssm_heads",
+    "ssm_head_dim",
+    "ssm_groups",
+    "ssm_chunk",
+    "linear_key_heads",
+    "linear_value_heads",
+    "linear_head_dim",
+    "index_topk",
+    "index_heads",
+    "index_head_dim",
 )
 """Options whose default ``None`` means "unset" (each model says what that means): a
 workload's metadata leaves them out when unset, so traces that do not use them keep their
 bytes."""
+
+
+MODEL_OPTIONS: tuple[str, ...] = (
+    "attention_window",
+    "attention_chunk",
+    "full_attention_every",
+    "attention_sinks",
+    "attention_output_gate",
+    "layer_pattern",
+    "mlp_activation",
+    "ssm_state",
+    "ssm_heads",
+    "ssm_head_dim",
+    "ssm_groups",
+    "ssm_chunk",
+    "linear_key_heads",
+    "linear_value_heads",
+    "linear_head_dim",
+    "index_topk",
+    "index_heads",
+    "index_head_dim",
+)
+"""Options that only some models read (attention variants, hybrid stacks): one that is set
+while no part of the chosen model reads it is refused (:func:`check_options_read`)."""
+
+
+class ReadOptions(Mapping[str, Any]):
+    """A run's options as the mapping a model reads (``b.options``, ``stack(options)``),
+    remembering which were read."""
+
+    def __init__(self, values: Mapping[str, Any]) -> None:
+        self._values = dict(values)
+        self.read: set[str] = set()
+
+    def __getitem__(self, key: str) -> Any:
+        self.read.add(key)
+        return self._values[key]
+
+    def __iter__(self) -> Any:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+
+def check_options_read(options: ReadOptions, model: str) -> None:
+    """Refuse an option of :data:`MODEL_OPTIONS` that is set but that no part of ``model``
+    read: it would do nothing."""
+    for name in MODEL_OPTIONS:
+        value = options._values.get(name)
+        if value is not None and value is not False and name not in options.read:
+            shown = str(value).lower() if isinstance(value, bool) else value
+            raise OptionError(
+                f"{name}={shown} does not apply to model {model!r}: none of its layers reads it "
+                "(leave it unset)"
+            )
 
 
 @dataclass(frozen=True)
@@ -173,6 +247,20 @@ class GenerateOptions:
     ``kv_lora_rank`` (the ranks of the query and key/value compressions) and ``drope`` (the
     decoupled RoPE dimension of a query head and of the key shared by the heads);
     ``mtp_depth``: multi-token prediction modules after the head (DeepSeek-V3: 1; unset: none).
+    Attention that is not full causal (Llama-family models, ``--causal true``):
+    ``attention_window`` (each query sees its latest W keys: sliding window) or
+    ``attention_chunk`` (the keys of its own chunk: chunked local attention), on every layer
+    or, with ``full_attention_every`` k, on all but every k-th layer (gpt-oss: window 128,
+    k 2; Llama 4: chunk 8192, k 4); ``attention_sinks`` gives each head a learned sink logit
+    (gpt-oss); ``attention_output_gate`` gates the attention output by a sigmoid of another
+    projection of the layer input (Qwen3-Next's gated attention). Hybrid stacks (the
+    ``hybrid`` model) take ``layer_pattern``, one letter per layer
+    (:mod:`stg.models.hybrid`), ``mlp_activation`` (``swiglu``, or ``relu2``:
+    Nemotron-H's squared-ReLU MLP), with Mamba-2's ``ssm_state``, ``ssm_heads``,
+    ``ssm_head_dim``, ``ssm_groups`` and ``ssm_chunk`` and gated DeltaNet's
+    ``linear_key_heads``, ``linear_value_heads`` and ``linear_head_dim``. DeepSeek's sparse
+    attention (DSA, DeepSeek-V3.2): ``index_topk`` keys per query picked by a lightning
+    indexer of ``index_heads`` heads of ``index_head_dim``.
     ``amax_history`` is the length of Transformer Engine's amax history of every fp8 tensor
     (``DelayedScaling.amax_history_len``, default 1024): a training run with fp8 GEMMs under
     the ``megatron`` profile carries TE's delayed-scaling bookkeeping (:mod:`stg.core.fp8`),
@@ -244,6 +332,24 @@ class GenerateOptions:
     kv_lora_rank: int | None = None
     drope: int | None = None
     mtp_depth: int | None = None
+    attention_window: int | None = None
+    attention_chunk: int | None = None
+    full_attention_every: int | None = None
+    attention_sinks: bool | None = None
+    attention_output_gate: bool | None = None
+    layer_pattern: str | None = None
+    mlp_activation: str | None = None
+    ssm_state: int | None = None
+    ssm_heads: int | None = None
+    ssm_head_dim: int | None = None
+    ssm_groups: int | None = None
+    ssm_chunk: int | None = None
+    linear_key_heads: int | None = None
+    linear_value_heads: int | None = None
+    linear_head_dim: int | None = None
+    index_topk: int | None = None
+    index_heads: int | None = None
+    index_head_dim: int | None = None
     dp: int = 1
     tp: int = 1
     sp: int = 1

@@ -19,7 +19,7 @@ from stg.core.lowering import (
     lower_stage,
 )
 from stg.core.modelinfo import saved_activations
-from stg.core.options import GenerateOptions, OptionError
+from stg.core.options import GenerateOptions, OptionError, ReadOptions, check_options_read
 from stg.core.plan import ParallelPlan, make_plan
 from stg.core.precision import (
     DTYPE_BYTES,
@@ -134,7 +134,8 @@ def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> Model
     bound: dict[str, BoundPart] = {}
     precision = plan.precision
     zero_axes = plan.zero_axes if o.zero in (1, 2) else ()
-    runs = model.layer_runs(o.as_dict())
+    read = ReadOptions(o.as_dict())
+    runs = model.layer_runs(read)
     stackless = not runs  # no layer stack: the head receives the embedding's output
     functions = {"embedding": model.embedding, "head": model.head}
     functions.update((kind, function) for kind, function, _ in runs)
@@ -148,7 +149,7 @@ def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> Model
             grad_dtype=precision["grad"],
             shard_weights_over=plan.zero_axes if o.weight_sharded else (),
             precision=normalize_plan(o.precision),
-            options=o.as_dict(),
+            options=read,
             axis_parts=plan.axis_parts or None,
         )
         b.weight_grads_through_casts = hybrid
@@ -191,6 +192,7 @@ def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> Model
             gradient_buckets=stackless and plan.zero_degree == 1,
             cp_comm_type=o.cp_comm_type,
         )
+    check_options_read(read, model.name)
     if stackless:
         bound["block"] = bind_part(Part("block"), binder, None)
     facts: dict[str, object] = {}
@@ -206,6 +208,15 @@ def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> Model
         facts["activation_bytes"] = sum(
             saved_bytes(bound[name].part, binder) for name in ("embedding", "head")
         )
+    graph_kinds = {
+        kind: layer_saved_bytes(bound[kind].part, binder, fused=o.attention == "fused")
+        for kind, _, _ in runs
+        if any(GRAPH_MEMORY_TAG in op.tags for op in bound[kind].part.forward)
+    }
+    if graph_kinds:
+        # layers that are not a transformer's attention and MLP (state-space, linear
+        # attention, hybrid layers): the memory predictor reads what their graph keeps
+        facts["layer_activation_bytes"] = graph_kinds
     master, state, grad = (DTYPE_BYTES[precision[k]] for k in ("master", "optimizer", "grad"))
     # Adam reads and writes the master weights and both moments and reads the gradient; with
     # mixed precision it also writes the 16-bit working copy of the weights.
@@ -259,6 +270,33 @@ def _fp8_signature(parts: ModelParts) -> tuple[object, ...]:
 def saved_bytes(part: Part, binder: Binder) -> int:
     """Bytes of the tensors one rank keeps from a part's forward for its backward."""
     return sum(binder.nbytes(t) for t in saved_activations(part))
+
+
+GRAPH_MEMORY_TAG = "graph_memory"
+"""Tag of a layer's ops whose saved activations the memory predictor takes from the graph
+(:func:`layer_saved_bytes`) instead of a transformer layer's closed forms."""
+
+
+def layer_saved_bytes(part: Part, binder: Binder, fused: bool) -> int:
+    """Bytes one rank keeps from a layer's forward for its backward; with ``fused`` attention
+    the score and probability matrices inside the attention core are not kept (the fused
+    kernel recomputes them from Q, K, V and its fp32 log-sum-exp per query row and head)."""
+    kept = saved_activations(part)
+    if not fused:
+        return sum(binder.nbytes(t) for t in kept)
+    core = [op for op in part.forward if "core_attention" in op.tags]
+    produced = {id(op.output) for op in core}
+    read_outside = {id(t.base or t) for op in part.forward if op not in core for t in op.inputs}
+    scores = next((op.output for op in core if op.kind == "einsum"), None)
+    total = 0
+    for t in kept:
+        if id(t) in produced and id(t) not in read_outside:
+            continue  # scores, probabilities: only the fused kernel reads them
+        total += binder.nbytes(t)
+        if id(t) in produced and scores is not None:  # the output, and its log-sum-exp rows
+            keys = binder.local_dim(scores.dims[-1], scores.sharding.dims[-1])
+            total += 4 * binder.numel(scores) // keys
+    return total
 
 
 def _shard_of(t: Any) -> dict[str, Any]:

@@ -526,7 +526,11 @@ def make_plan(o: GenerateOptions) -> ParallelPlan:
             f"dhead={o.dhead} must be a positive integer (or unset: dmodel/head)",
         )
     for name in ("shared_experts", "dense_layers", "dense_dff", "q_lora_rank", "kv_lora_rank",
-                 "drope", "mtp_depth"):  # fmt: skip
+                 "drope", "mtp_depth", "attention_window", "attention_chunk",
+                 "full_attention_every", "ssm_state", "ssm_heads", "ssm_head_dim", "ssm_groups",
+                 "ssm_chunk", "linear_key_heads", "linear_value_heads",
+                 "linear_head_dim", "index_topk", "index_heads",
+                 "index_head_dim"):  # fmt: skip
         value = getattr(o, name)
         least = 0 if name in ("shared_experts", "dense_layers", "mtp_depth") else 1
         _require(

@@ -51,6 +51,56 @@ DROPOUT_BACKWARD_FLOPS = 2
 
 
 @dataclass(frozen=True)
+class AttentionSpan:
+    """The keys a query sees under causal masking when that is not every earlier key: the
+    ``window`` latest positions, itself included (sliding-window attention, as Mistral and
+    gpt-oss), or the positions of its own aligned ``chunk`` up to itself (chunked local
+    attention, as Llama 4). 0 leaves that limit off; at most one is set.
+
+    The query at position ``p`` (from 1) sees ``min(window, p)`` keys, or
+    ``(p - 1) mod chunk + 1``; :meth:`seen` sums them over the first ``n`` positions."""
+
+    window: int = 0
+    chunk: int = 0
+    topk: int = 0
+    """sparse attention: the ``topk`` earlier keys an indexer picks for each query
+    (DeepSeek-V3.2's DSA), as many as a window of that size, from anywhere in the cache"""
+
+    def __post_init__(self) -> None:
+        sizes = (self.window, self.chunk, self.topk)
+        if min(sizes) < 0 or sum(1 for n in sizes if n) > 1:
+            raise ValueError(f"{self}: one of window, chunk and topk, a positive number of keys")
+
+    def seen(self, n: sympy.Expr) -> sympy.Expr:
+        """(query, key) pairs of the first ``n`` positions."""
+        if self.window or self.topk:
+            w = sympy.Integer(self.window or self.topk)
+            m = sympy.Min(n, w)
+            return m * (m + 1) / 2 + sympy.Max(n - w, 0) * w
+        if self.chunk:
+            c = sympy.Integer(self.chunk)
+            r = sympy.Mod(n, c)
+            return sympy.floor(n / c) * c * (c + 1) / 2 + r * (r + 1) / 2
+        return n * (n + 1) / 2
+
+    def fraction(self, seq: sympy.Expr) -> sympy.Expr:
+        """The computed fraction of a training step's ``seq`` x ``seq`` score matrix, with
+        the diagonal counted half as causal attention's ``scale`` 1/2 counts it (so a span
+        at least ``seq`` long computes exactly what causal attention does)."""
+        return (self.seen(seq) - seq / 2) / seq**2
+
+    def keys(self, kv: sympy.Expr, new: sympy.Expr) -> sympy.Expr:
+        """Cached keys that ``new`` tokens ending at position ``kv`` can see, which is all a
+        serving step keeps of this layer's cache: ``min(kv, window + new - 1)``, or the keys
+        from the start of the first new token's chunk (top-k: all of them)."""
+        if self.window:
+            return sympy.Min(kv, self.window + new - 1)
+        if self.chunk:
+            return sympy.Min(kv, sympy.Mod(kv - new, self.chunk) + new)
+        return kv
+
+
+@dataclass(frozen=True)
 class Dim:
     """A named tensor dimension with a symbolic global size."""
 
@@ -138,6 +188,12 @@ class Op:
     """a second tensor the op writes for its backward (a dropout's 1-byte mask,
     :meth:`GraphBuilder.dropout`): its bytes count in the op's, and the backward reads it
     instead of the op's input"""
+    grad_flops: tuple[sympy.Expr, ...] = ()
+    """a custom op's backward cost for each input of ``grad_inputs`` where they differ
+    (empty: ``backward_flops_per_element`` for each)"""
+    span: AttentionSpan | None = None
+    """an attention einsum's keys per query when they are fewer than causal masking's
+    (:class:`AttentionSpan`); its ``scale`` is that span's fraction"""
 
 
 @dataclass
@@ -155,6 +211,11 @@ class Part:
     weight_grads: dict[Tensor, Tensor] = field(default_factory=dict)
     reduce: list[Op] = field(default_factory=list)
     update: list[Op] = field(default_factory=list)
+    states: list[Tensor] = field(default_factory=list)
+    """recurrent states a serving step keeps per sequence (:meth:`GraphBuilder.recurrent_state`)"""
+    aux_losses: list[Tensor] = field(default_factory=list)
+    """losses of the part besides the model's (:meth:`GraphBuilder.aux_loss`): the backward
+    starts from each as from the loss"""
 
 
 def _view_groups(
@@ -207,6 +268,7 @@ class KVCacheHook(Protocol):
         in_letters: Sequence[str],
         operands: tuple[Tensor, ...],
         scale: sympy.Expr | int,
+        span: AttentionSpan | None = None,
     ) -> tuple[tuple[Tensor, ...], sympy.Expr | int]: ...
 
     def state(self, b: GraphBuilder, t: Tensor, name: str) -> Tensor: ...
@@ -392,6 +454,22 @@ class GraphBuilder:
         self.part.inputs.append(tensor)
         return tensor
 
+    def recurrent_state(
+        self,
+        name: str,
+        dims: str | Sequence[Dim | str],
+        shard: Mapping[str, Iterable[str] | str] | None = None,
+    ) -> Tensor:
+        """The state a recurrent layer keeps per sequence while serving (Mamba-2's SSM state,
+        its convolution's last inputs): of constant size, read by a decode step's ops, which
+        write its next value (a prefill declares the state its scan leaves); held like the KV
+        cache and counted with it."""
+        dim_tuple = self._dims(dims)
+        sharding = Sharding(tuple(self._axes((shard or {}).get(d.name)) for d in dim_tuple))
+        state = Tensor(self._unique(name), dim_tuple, sharding, self.dtype, kind="cache")
+        self.part.states.append(state)
+        return state
+
     def residual_input(self, name: str = "x") -> Tensor:
         """The residual stream entering this part: [batch, seq, dmodel], batch split over the
         data axes and seq over the sequence axes of the plan."""
@@ -514,11 +592,14 @@ class GraphBuilder:
         name: str = "einsum",
         scale: sympy.Expr | int = 1,
         out_dtype: str | None = None,
+        span: AttentionSpan | None = None,
     ) -> Tensor:
         """``einsum("bsh,hf->bsf", x, w)``: a matmul in Einstein notation.
 
         Weights keep their sharding; activations are resharded to match (earlier operands
         win over later ones). A contracted letter that is split yields a partial sum.
+        ``span``: an attention einsum (scores or context) whose queries see fewer keys than
+        causal masking gives (sliding window, chunks): its fraction replaces ``scale``.
         """
         lhs, out_letters = spec.replace(" ", "").split("->")
         in_letters = lhs.split(",")
@@ -529,8 +610,10 @@ class GraphBuilder:
             raise ValueError(
                 f"einsum {spec!r} expects {len(in_letters)} operands, got {len(operands)}"
             )
+        if span is not None:
+            scale = span.fraction(Seq)
         if self.kv_cache is not None:  # serving: keys and values come from the KV cache
-            operands, scale = self.kv_cache.attend(self, in_letters, operands, scale)
+            operands, scale = self.kv_cache.attend(self, in_letters, operands, scale, span)
         letter_dim: dict[str, Dim] = {}
         for letters, t in zip(in_letters, operands, strict=True):
             if len(letters) != len(t.dims) or len(set(letters)) != len(letters):
@@ -564,7 +647,15 @@ class GraphBuilder:
         )
         out = self._new(name, out_dims, out_sharding, out_dtype)
         return self._emit(
-            Op("einsum", name, tuple(resolved), out, spec=spec, scale=sympy.sympify(scale))
+            Op(
+                "einsum",
+                name,
+                tuple(resolved),
+                out,
+                spec=spec,
+                scale=sympy.sympify(scale),
+                span=span,
+            )
         )
 
     def cast(self, t: Tensor, dtype: str, name: str | None = None) -> Tensor:
@@ -718,7 +809,7 @@ class GraphBuilder:
         out_dims: str | Sequence[Dim | str],
         *,
         flops: sympy.Expr | float,
-        backward_flops: sympy.Expr | float,
+        backward_flops: sympy.Expr | float | Sequence[sympy.Expr | float],
         grad_inputs: Sequence[int] = (0,),
         out_sharding: Sharding | None = None,
         out_shard: Mapping[str, Iterable[str] | str] | None = None,
@@ -726,7 +817,9 @@ class GraphBuilder:
         out_dtype: str | None = None,
     ) -> Tensor:
         """An op with a declared cost: ``flops`` per element of its first input forward and
-        ``backward_flops`` backward (the loss, a router). The output keeps the first input's
+        ``backward_flops`` backward (the loss, a router): for each gradient, or one per input
+        of ``grad_inputs`` in that order. Costs may depend on the sizes (sympy expressions
+        of the dimensions' sizes). The output keeps the first input's
         split of every dimension it shares with it, unless ``out_sharding`` (or ``out_shard``,
         dimension name -> axes) is given. ``in_shardings`` lists the sharding each input must
         have (``None``: as it is, but not partial)."""
@@ -744,6 +837,9 @@ class GraphBuilder:
                 for d, axes in zip(resolved[0].dims, resolved[0].sharding.dims, strict=True)
             }
             out_sharding = Sharding(tuple(by_name.get(d.name, NO_AXES) for d in dims))
+        each = tuple(backward_flops) if isinstance(backward_flops, Sequence) else ()
+        if each and len(each) != len(grad_inputs):
+            raise ValueError(f"custom {name!r}: one backward cost per input of grad_inputs")
         out = self._new(name, dims, out_sharding, out_dtype)
         return self._emit(
             Op(
@@ -752,8 +848,9 @@ class GraphBuilder:
                 resolved,
                 out,
                 flops_per_element=sympy.sympify(flops),
-                backward_flops_per_element=sympy.sympify(backward_flops),
+                backward_flops_per_element=sympy.sympify(each[0] if each else backward_flops),
                 grad_inputs=tuple(grad_inputs),
+                grad_flops=tuple(sympy.sympify(f) for f in each),
             )
         )
 
@@ -808,6 +905,21 @@ class GraphBuilder:
             out_axes.extend([lead] + [NO_AXES] * (len(outs) - 1))
         x_r = self.reshard(x, Sharding(tuple(x_target)))
         return self.reinterpret(x_r, out_dims, Sharding(tuple(out_axes)), name)
+
+    def detach(self, x: Tensor, name: str | None = None) -> Tensor:
+        """``x`` through which no gradient flows back (``torch.Tensor.detach``): no node."""
+        out = self.reinterpret(x, x.dims, x.sharding, name or f"{x.name}_detached")
+        assert out.producer is not None
+        out.producer.grad_inputs = ()
+        out.kind = "detached"  # needs no gradient: the ops reading it compute none for it
+        return out
+
+    def aux_loss(self, t: Tensor) -> Tensor:
+        """Declare ``t`` a loss of this part besides the model's (an indexer's training loss):
+        in training the backward starts from it as from the loss, whatever reads the part's
+        output; it is ``t``."""
+        self.part.aux_losses.append(t)
+        return t
 
     def reinterpret(
         self, x: Tensor, dims: tuple[Dim, ...], sharding: Sharding, name: str

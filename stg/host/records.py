@@ -44,6 +44,24 @@ PRESET_DIMS = (
     "q_lora_rank",
     "kv_lora_rank",
     "drope",
+    "attention_window",
+    "attention_chunk",
+    "full_attention_every",
+    "attention_sinks",
+    "attention_output_gate",
+    "layer_pattern",
+    "mlp_activation",
+    "ssm_state",
+    "ssm_heads",
+    "ssm_head_dim",
+    "ssm_groups",
+    "ssm_chunk",
+    "linear_key_heads",
+    "linear_value_heads",
+    "linear_head_dim",
+    "index_topk",
+    "index_heads",
+    "index_head_dim",
 )
 """The options a :class:`Preset` may set: the model's dimensions (fields of
 :class:`stg.core.options.GenerateOptions`), never parallelism, batch or output."""
@@ -351,17 +369,18 @@ class Preset:
 
     ``model`` is the registered model the preset builds (a name, an alias or ``dist:name``);
     ``dims`` the dimensions it fills (keys from ``PRESET_DIMS``: ``dmodel``, ``num_stacks``,
-    ...; every value a positive integer, ``capacity_factor`` a positive number). Options given
-    explicitly override them. ``source`` cites where the numbers come from (the paper, its
-    table, the released config). ``published_parameters`` and
-    ``published_active_parameters`` are the parameter counts the source states (total, and
-    per token for mixtures of experts), as plain numbers (46.7e9), for comparison with what
-    the template builds; ``tied_embeddings`` says that the published model shares one matrix
-    between the word embedding and the LM head and counts it once (stg's built-in templates
-    give the LM head its own weight, dvocal·dmodel more). ``vocab_divisible_by`` pads the
-    preset's vocabulary, as Megatron-LM's ``--make-vocab-size-divisible-by`` does, to a
-    multiple of ``vocab_divisible_by · tp`` (GPT-3's 50,257 tokens: 50,304 at tp 1, 51,200 at
-    tp 8), so that every tensor-parallel degree divides it; an explicit ``--dvocal`` is kept.
+    ...; every value a positive integer, ``capacity_factor`` a positive number,
+    ``attention_sinks`` and ``attention_output_gate`` booleans, ``layer_pattern`` and
+    ``mlp_activation`` strings). Options given explicitly override them. ``source`` cites where
+    the numbers come from (the paper, its table, the released config). ``published_parameters``
+    and ``published_active_parameters`` are the parameter counts the source states (total, and
+    per token for mixtures of experts), as plain numbers (46.7e9), for comparison with what the
+    template builds; ``tied_embeddings`` says that the published model shares one matrix between
+    the word embedding and the LM head and counts it once (stg's built-in templates give the LM
+    head its own weight, dvocal·dmodel more). ``vocab_divisible_by`` pads the preset's
+    vocabulary, as Megatron-LM's ``--make-vocab-size-divisible-by`` does, to a multiple of
+    ``vocab_divisible_by · tp`` (GPT-3's 50,257 tokens: 50,304 at tp 1, 51,200 at tp 8), so that
+    every tensor-parallel degree divides it; an explicit ``--dvocal`` is kept.
     """
 
     name: str
@@ -401,6 +420,14 @@ class Preset:
                     f"preset {self.name!r}: dims key {key!r} is not allowed; allowed: "
                     f"{', '.join(PRESET_DIMS)}"
                 )
+            if key in ("attention_sinks", "attention_output_gate") and isinstance(value, bool):
+                continue
+            if key in ("layer_pattern", "mlp_activation"):
+                if not isinstance(value, str) or not value:
+                    raise RecordError(
+                        f"preset {self.name!r}: {key}={value!r} must be a non-empty string"
+                    )
+                continue
             number = int | float if key == "capacity_factor" else int
             if isinstance(value, bool) or not isinstance(value, number) or not value > 0:
                 kind = "number" if key == "capacity_factor" else "integer"

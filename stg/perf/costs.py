@@ -248,6 +248,9 @@ def compute_time(
                 backward=bool(backward),
                 dtype=dtype,
                 causal_split=int(attrs.get("causal_split", 1)),
+                window=int(attrs.get("attention_window", 0)),
+                chunk=int(attrs.get("attention_chunk", 0)),
+                topk=int(attrs.get("attention_topk", 0)),
             )
             / speedup
         )

@@ -352,11 +352,20 @@ def attention_time(
     backward: bool = False,
     dtype: str = "bf16",
     causal_split: int = 1,
+    window: int = 0,
+    chunk: int = 0,
+    topk: int = 0,
 ) -> float:
     """Seconds of the attention core (scores, softmax, context) forward or backward.
     ``causal_split`` > 1: the ``s_q = s_kv / causal_split`` queries are one context-parallel
     rank's load-balanced share of a causal sequence (chunks ``i`` and ``2·cp-1-i`` of
-    ``2·cp``), whose blocks up to the diagonal are ``1/causal_split`` of the whole."""
+    ``2·cp``), whose blocks up to the diagonal are ``1/causal_split`` of the whole.
+    ``window`` / ``chunk`` (causal, ``s_q == s_kv`` or a balanced share): each query sees its
+    ``window`` latest keys (FlashAttention's ``window_size=(window - 1, 0)``) or those of its
+    own ``chunk``; a query block visits only the key blocks its rows reach
+    (:func:`masked_kv_blocks`; a balanced share, as many as the whole sequence's on average);
+    ``topk``: each query sees the ``topk`` keys an indexer picked (sparse attention), gathered
+    in blocks: as many blocks as that many keys fill, at most its causal ones."""
     if min(batch, heads, s_q, s_kv, head_dim) <= 0:
         return 0.0
     if impl == "unfused":
@@ -372,11 +381,15 @@ def attention_time(
     q_blocks = math.ceil(s_q / rows)
     kv_blocks = math.ceil(s_kv / rows)
     balanced = causal_split > 1 and s_q * causal_split == s_kv
-    if causal:  # block i attends to the kv blocks up to the diagonal: on average (n + 1) / 2
+    if topk and not (s_q == s_kv or balanced):  # new tokens against a cache: picked keys
+        kv_per_block = rows * min(kv_blocks, math.ceil(topk / rows))
+    elif causal:  # block i attends to the kv blocks up to the diagonal: on average (n + 1) / 2
         # (also per query block of a load-balanced context-parallel share: its two chunks,
         # i and 2·cp-1-i, reach (i + 1) and (2·cp - i) chunks of keys, together n + 1 blocks)
         full = s_q == s_kv or balanced
         kv_per_block = rows * (kv_blocks + 1) / 2 if full else rows * kv_blocks
+        if (window or chunk or topk) and full:  # a balanced share: the whole sequence's mean
+            kv_per_block = rows * masked_kv_blocks(s_kv, rows, window, chunk, topk)
     else:
         kv_per_block = rows * kv_blocks
     blocks = batch * heads * q_blocks
@@ -385,8 +398,9 @@ def attention_time(
         # split-KV (Flash-Decoding; FlashAttention's num_splits): a few query rows against a
         # long cache leave SMs idle, so the keys are split over CTAs that each attend to a
         # part, and a second pass combines their fp32 partial outputs
-        splits = min(kv_blocks, math.ceil(gpu.sm_count / blocks))
-        kv_per_block = rows * math.ceil(kv_blocks / splits)
+        visited = math.ceil(kv_per_block / rows)  # kv_blocks, or a sparse query's picks
+        splits = min(visited, math.ceil(gpu.sm_count / blocks))
+        kv_per_block = rows * math.ceil(visited / splits)
     work = 4.0 * rows * kv_per_block * head_dim
     if backward:
         work *= ATTENTION_BACKWARD_WORK
@@ -397,6 +411,25 @@ def attention_time(
     if splits > 1:  # partial outputs and their log-sum-exp written, then read and reduced
         seconds += gpu.stream_time(2 * 4 * splits * batch * heads * s_q * (head_dim + 1))
     return seconds
+
+
+def masked_kv_blocks(seq: int, rows: int, window: int, chunk: int, topk: int = 0) -> float:
+    """Key blocks of ``rows`` keys a query block of ``rows`` queries visits, on average, in
+    causal self-attention over ``seq`` tokens where each query sees its ``window`` latest
+    keys (``window`` > 0) or the keys of its own aligned ``chunk`` up to itself: from the
+    block of the first key its first row sees to its own diagonal block; or (``topk`` > 0)
+    the ``topk`` keys picked for it, gathered into ``topk / rows`` blocks, at most its
+    causal ones."""
+    q_blocks = math.ceil(seq / rows)
+    if topk:
+        gathered = math.ceil(topk / rows)
+        return sum(min(gathered, block + 1) for block in range(q_blocks)) / q_blocks
+    visited = 0
+    for block in range(q_blocks):
+        first_query = block * rows
+        first_key = max(0, first_query - window + 1) if window else first_query // chunk * chunk
+        visited += block - first_key // rows + 1
+    return visited / q_blocks
 
 
 def _unfused_attention_time(
