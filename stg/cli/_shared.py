@@ -1179,39 +1179,39 @@ def run_predictors(
             reports[name] = predictor.predict(workload, system, **kwargs)
             continue
         assert trace is not None
-        nodes, groups, options = trace
+        nodes, groups, recorded = trace
         if predictor.predict is time_predictor.predict_time:
             tokens = None
-            if options.get("batch") and options.get("seq"):
-                tokens = int(options["batch"]) * int(options["seq"])
-            if options.get("phase", "training") != "training":
-                tokens = _serving_tokens(options)
+            if recorded.get("batch") and recorded.get("seq"):
+                tokens = int(recorded["batch"]) * int(recorded["seq"])
+            if recorded.get("phase", "training") != "training":
+                tokens = _serving_tokens(recorded)
             extra: dict[str, Any] = {"calibration": calibration} if calibration is not None else {}
             if explain:
                 extra["explain_path"] = True
-            if options.get("profile"):
-                extra["profile"] = str(options["profile"])
-            extra.update(time_predictor.overlap_options(options))
+            if recorded.get("profile"):
+                extra["profile"] = str(recorded["profile"])
+            extra.update(time_predictor.overlap_options(recorded))
             # one replay per class of identical ranks (problem_from_trace), else every rank
             reports[name] = time_predictor.predict_trace(
                 nodes,
                 groups,
                 system,
-                dtype=str(options.get("dtype") or "bf16"),
+                dtype=str(recorded.get("dtype") or "bf16"),
                 tokens=tokens,
                 timeline=timeline,
                 kernels=list(registry.kernels),
                 **extra,
             )
         elif predictor.predict is memory_predictor.predict_memory:
-            if not options.get("model"):  # an imported trace records its dtype only
+            if not recorded.get("model"):  # an imported trace records its dtype only
                 raise UserError(
                     "the memory predictor needs generation options; this trace does not record "
                     "them (give the options of stg generate instead of a trace, or --predictor "
                     "time)"
                 )
             reports[name] = memory_predictor.predict_analytic(
-                options, system, kernels=list(registry.kernels)
+                recorded, system, kernels=list(registry.kernels)
             )
         else:
             raise UserError(

@@ -252,7 +252,9 @@ def predict(**values: Any) -> None:
         if options.inference and predictor == "all" and "serving" in registry.predictors:
             names = [*names, "serving"]  # TTFT, time per output token, tokens/s
         workload = None
-        if any(registry.predictors.get(n).needs != "options" for n in names):
+        # a calibration's coverage is counted over the workload's nodes: built for it too
+        needed = any(registry.predictors.get(n).needs != "options" for n in names)
+        if needed or calibration is not None:
             check_workload_size(options, registry, max_nodes)
             with progress_bar(console) as progress:
                 workload = gen.build_workload(options, registry, progress=progress)
