@@ -21,45 +21,6 @@ MODEL_ALIASES: dict[str, str] = {"dense": "gpt"}
 """Model names of the original STG that name a registered model: ``dense``, its default,
 is the default GPT model. (Its ``debug`` is a preset: ``stg.models.presets``.)"""
 
-UNSET_OPTIONS: tuple[str, ...] = (
-    "dhead",
-    "shared_experts",
-    "dense_layers",
-    "dense_dff",
-    "q_lora_rank",
-    "kv_lora_rank",
-    "drope",
-    "mtp_depth",
-    "decoder_first_pipeline_num_layers",
-    "decoder_last_pipeline_num_layers",
-    "ep_layout",
-    "etp",
-    "recompute_method",
-    "recompute_num_layers",
-    "attention_window",
-    "attention_chunk",
-    "full_attention_every",
-    "attention_sinks",
-    "attention_output_gate",
-    "layer_pattern",
-    "mlp_activation",
-    "ssm_state",
-    "ssm_heads",
-    "ssm_head_dim",
-    "ssm_groups",
-    "ssm_chunk",
-    "linear_key_heads",
-    "linear_value_heads",
-    "linear_head_dim",
-    "index_topk",
-    "index_heads",
-    "index_head_dim",
-)
-"""Options whose default ``None`` means "unset" (each model says what that means): a
-workload's metadata leaves them out when unset, so traces that do not use them keep their
-bytes."""
-
-
 MODEL_OPTIONS: tuple[str, ...] = (
     "attention_window",
     "attention_chunk",
@@ -82,6 +43,28 @@ MODEL_OPTIONS: tuple[str, ...] = (
 )
 """Options that only some models read (attention variants, hybrid stacks): one that is set
 while no part of the chosen model reads it is refused (:func:`check_options_read`)."""
+
+
+UNSET_OPTIONS: tuple[str, ...] = (
+    "dhead",
+    "shared_experts",
+    "dense_layers",
+    "dense_dff",
+    "q_lora_rank",
+    "kv_lora_rank",
+    "drope",
+    "mtp_depth",
+    "decoder_first_pipeline_num_layers",
+    "decoder_last_pipeline_num_layers",
+    "ep_layout",
+    "etp",
+    "recompute_method",
+    "recompute_num_layers",
+    *MODEL_OPTIONS,
+)
+"""Options whose default ``None`` means "unset" (each model says what that means): a
+workload's metadata leaves them out when unset, so traces that do not use them keep their
+bytes."""
 
 
 class ReadOptions(Mapping[str, Any]):
