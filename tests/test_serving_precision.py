@@ -17,7 +17,7 @@ from stg.core.quantization import DTYPE_BITS, WEIGHT_FORMATS, Scaling
 from stg.errors import UserError
 from stg.host.registry import load_registry
 from stg.perf.costs import compute_time, serving_gemm_dtype
-from stg.perf.kernel_time import gemm_time
+from stg.perf.kernel_time import attention_kernel_for, attention_time, gemm_time
 from stg.perf.system import load_system, normalize_dtype
 from stg.predictors.memory import predict_memory
 from stg.predictors.serving import predict_serving
@@ -267,3 +267,38 @@ def test_a_training_plan_refuses_serving_formats(tmp_path):
 def test_plan_precision_dtypes_refuse_fp4():
     line = one_line_error(["plan", "precision", "--model", "debug", "--dtypes", "bf16,fp4"])
     assert "fp4" in line and "allowed: fp32, tf32, bf16, fp16, fp8, int8" in line
+
+
+def prefill_attention(registry, precision=(), kv_dtype=None):
+    options = dict(SMALL, phase="prefill", batch=4, seq=4096, head=8, kvhead=8)
+    workload = build_workload(
+        GenerateOptions(**options, precision=precision, kv_dtype=kv_dtype), registry
+    )
+    return next(n for n in workload.rank_classes[0].nodes if "attention" in (n.attrs or {}))
+
+
+FP8_ATTENTION = (("scores", "fp8"), ("context", "fp8"))
+
+
+def test_fp8_attention_reads_an_fp8_cache_and_computes_at_the_fp8_rate(registry):
+    """FP8 attention in serving (FlashAttention-3, FlashInfer): the query quantized, the fp8
+    cache read as stored, the kernel at the fp8 peak on GPUs with fp8 tensor cores."""
+    fp8 = prefill_attention(registry, FP8_ATTENTION, kv_dtype="fp8")
+    cache_only = prefill_attention(registry, kv_dtype="fp8")
+    assert fp8.dtype == "fp8" and fp8.attrs["attention_dtype"] == "fp8"
+    assert "attention_dtype" not in cache_only.attrs
+    h100, a100 = load_system("h100-80g"), load_system("a100-80g")
+    shape = fp8.attrs["attention"]
+    impl = attention_kernel_for(h100.arch, "megatron")
+    expected = attention_time(h100.gpu, impl, *shape[:5], causal=False, dtype="fp8")
+    assert compute_time(fp8, h100) == pytest.approx(expected + h100.kernel_overhead)
+    assert compute_time(fp8, h100) < 0.6 * compute_time(cache_only, h100)
+    # an A100 has no fp8 tensor cores: its attention computes in bf16
+    assert compute_time(fp8, a100) == pytest.approx(compute_time(cache_only, a100))
+
+
+def test_fp8_attention_needs_an_fp8_cache(registry):
+    with pytest.raises(UserError, match="give --kv_dtype fp8"):
+        prefill_attention(registry, FP8_ATTENTION)
+    with pytest.raises(UserError, match="attention core takes a dtype"):
+        prefill_attention(registry, (("scores", "nvfp4"),), kv_dtype="fp8")

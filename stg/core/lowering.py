@@ -453,6 +453,8 @@ def _fused_attention(run: list[Op], binder: Binder, shapes: dict[str, tuple[int,
         if len(shape) > 6:  # a load-balanced share of a causal sequence (causal_split)
             attrs += (("causal_split", shape[6]),)
     einsums = [op for op in run if op.kind == "einsum"]
+    if einsums and einsums[0].inputs[0].scaling is not None:  # serving fp8 attention
+        attrs += (("attention_dtype", einsums[0].inputs[0].dtype),)
     return BoundOp(
         "core_attention.grad" if backward else "core_attention",
         NodeType.COMP,

@@ -498,15 +498,22 @@ class GraphBuilder:
         in_letters = lhs.split(",")
         compute = precision_of(self.precision, name) if self.precision else None
         stored = weight_format(compute) if compute and self.kv_cache is not None else None
+        attended = False
         if stored is not None and len(in_letters) == len(operands):
-            operands = self._serving_operands(stored, name, in_letters, out_letters, operands)
+            if any(t.kind == "weight" for t in operands):
+                operands = self._serving_operands(stored, name, in_letters, out_letters, operands)
+            else:  # the attention core: its keys and values are read from the cache as stored
+                operands, scale = self._quantized_attention(
+                    stored, name, in_letters, operands, scale
+                )
+                attended = True
         elif compute is not None:
             operands = tuple(self.cast(t, compute, f"{name}.cast_{t.name}") for t in operands)
         if len(in_letters) != len(operands):
             raise ValueError(
                 f"einsum {spec!r} expects {len(in_letters)} operands, got {len(operands)}"
             )
-        if self.kv_cache is not None:  # serving: keys and values come from the KV cache
+        if self.kv_cache is not None and not attended:  # serving: keys, values from the cache
             operands, scale = self.kv_cache.attend(self, in_letters, operands, scale)
         letter_dim: dict[str, Dim] = {}
         for letters, t in zip(in_letters, operands, strict=True):
@@ -556,13 +563,6 @@ class GraphBuilder:
         weight stored in the format, its activation quantized per step (weight-activation
         formats) or read as it is (weight-only). A weight another op reads at another width
         (a tied embedding) is quantized per step instead."""
-        if not any(t.kind == "weight" for t in operands):
-            if fmt.activation_dtype is None or fmt.name not in ("fp8", "int8"):
-                raise UserError(
-                    f"precision plan: {name} has no weight to store in {fmt.name}; an op "
-                    "without a weight (the attention core) takes a dtype: fp8, int8, bf16, fp16"
-                )
-            return tuple(self.cast(t, fmt.name, f"{name}.cast_{t.name}") for t in operands)
         out = []
         for letters, t in zip(in_letters, operands, strict=True):
             reduced = tuple(i for i, c in enumerate(letters) if c not in out_letters)
@@ -582,6 +582,41 @@ class GraphBuilder:
                 quantized.scaling, quantized.scaled_dims = scaling, reduced
             out.append(quantized)
         return tuple(out)
+
+    def _quantized_attention(
+        self,
+        fmt: WeightFormat,
+        name: str,
+        in_letters: Sequence[str],
+        operands: tuple[Tensor, ...],
+        scale: sympy.Expr | int,
+    ) -> tuple[tuple[Tensor, ...], sympy.Expr | int]:
+        """A serving matmul without a weight (the attention core) in ``fmt``'s dtype: FP8
+        attention as vLLM's FlashAttention-3 and FlashInfer backends run it, on an fp8 KV
+        cache (``--kv_dtype fp8``) read as it is stored; the query (and the probabilities)
+        quantized per step."""
+        assert self.kv_cache is not None
+        if fmt.name == "int8":  # int8 attention: casts, as in training (a kernel plugin's)
+            operands = tuple(self.cast(t, "int8", f"{name}.cast_{t.name}") for t in operands)
+            return self.kv_cache.attend(self, in_letters, operands, scale)
+        if fmt.name != "fp8":
+            raise UserError(
+                f"precision plan: {name} has no weight to store in {fmt.name}; the attention "
+                "core takes a dtype: fp8 (with --kv_dtype fp8), int8, bf16, fp16"
+            )
+        if self.kv_cache.dtype != "fp8":
+            raise UserError(
+                f"precision plan: {name}: fp8 attention in a serving phase reads an fp8 KV "
+                f"cache; give --kv_dtype fp8 (the cache is {self.kv_cache.dtype})"
+            )
+        operands, scale = self.kv_cache.attend(self, in_letters, operands, scale)
+        quantized = []
+        for t in operands:
+            if t.kind != "cache" and t.dtype != "fp8":
+                t = self.cast(t, "fp8", f"{name}.cast_{t.name}")
+                t.scaling = fmt.activation_scaling  # the kernel's per-tensor descale
+            quantized.append(t)
+        return tuple(quantized), scale
 
     def _storable(self, weight: Tensor, fmt: WeightFormat) -> bool:
         """Whether ``weight`` is a stored weight of this part that is (or can still be) stored

@@ -263,6 +263,9 @@ def compute_time(
     if kind == "attention" and attention is None and memory_kind(name) == "softmax":
         kind = "other"  # unfused attention's softmax: a memory-bound kernel at its measured rate
     dtype = dtype_override if stored_weight else node.dtype or default_dtype
+    # serving fp8 attention (FlashAttention-3, FlashInfer, cuDNN, AITER read an fp8 KV cache
+    # and compute in fp8) where the tensor cores have fp8; training's stays in 16 bits
+    fp8_attention = attrs.get("attention_dtype") == "fp8" and _fp8_tensor_cores(system)
     speedup = 1.0
     kernel = None
     if kind != "other":
@@ -275,6 +278,7 @@ def compute_time(
             dtype != default_dtype
             and not table.native(kind, dtype)
             and not native_fp8(system, kind, dtype)
+            and not fp8_attention
         ):
             dtype = default_dtype  # no native kernel: dequantize, compute in the workload dtype
     dtype = normalize_dtype(dtype)
@@ -282,7 +286,9 @@ def compute_time(
     if attention is not None and len(attention) >= 7:
         batch, heads, s_q, s_kv, head_dim, causal, backward = attention[:7]
         impl = attention_impl(profile, system)
-        if dtype not in ("bf16", "fp16", "fp8") or (dtype == "fp8" and kernel is None):
+        if dtype not in ("bf16", "fp16", "fp8") or (
+            dtype == "fp8" and kernel is None and not fp8_attention
+        ):
             # Transformer Engine's DotProductAttention runs in 16 bits unless fp8_dpa is set
             # (an fp8 recipe quantizes the GEMMs): fp8 attention only from a kernel plugin
             dtype = "bf16"
