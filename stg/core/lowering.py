@@ -221,15 +221,15 @@ def bind_ops(ops: Iterable[Op | BoundOp], binder: Binder) -> list[BoundOp]:
                 attrs = (("row", row),)
             if op.kind == "einsum":
                 attrs = (("gemm", gemm_shape(op, binder)),)
+                if any(t.footprint is not None for t in (*op.inputs, op.output)):
+                    # a convolution as implicit GEMM: its bytes are tensor_size, not the
+                    # m·k of the window matrix that its GEMM shape implies
+                    attrs += (("implicit_gemm", 1),)
                 stored = [t.dtype for t in op.inputs if t.kind == "weight" and t.scaling]
                 if stored:  # a serving weight format: read at this width, scales with it
                     attrs += (("weight_dtype", stored[0]),)
             elif op.kind == "elementwise" and op.output.scaling is not None:
                 attrs = (("quantize", op.output.dtype),)  # a format's per-step quantization
-                if any(t.footprint is not None for t in (*op.inputs, op.output)):
-                    # a convolution as implicit GEMM: its bytes are tensor_size, not the
-                    # m·k of the window matrix that its GEMM shape implies
-                    attrs += (("implicit_gemm", 1),)
             if num_ops <= 0 < moved:
                 # ASTRA-sim's roofline times a node as num_ops / min(peak, bw·num_ops/bytes):
                 # zero ops with bytes > 0 is 0/0 and the rank never finishes. A node declared
