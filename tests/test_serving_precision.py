@@ -302,3 +302,27 @@ def test_fp8_attention_needs_an_fp8_cache(registry):
         prefill_attention(registry, FP8_ATTENTION)
     with pytest.raises(UserError, match="attention core takes a dtype"):
         prefill_attention(registry, (("scores", "nvfp4"),), kv_dtype="fp8")
+
+
+@pytest.mark.parametrize("phase", ["prefill", "mixed"])
+def test_every_serving_phase_stores_the_weights(registry, phase):
+    """Prefill and mixed iterations read the same stored weights as a decode step, and a
+    mixed iteration's merged GEMM reads the weight (and its scales) once."""
+    extra = dict(prefill_batch=2, chunk=64) if phase == "mixed" else {}
+    options = dict(SMALL, phase=phase, batch=8, **extra)
+    base = build_workload(GenerateOptions(**options), registry).rank_classes[0].facts
+    workload = build_workload(GenerateOptions(**options, precision=plan("nvfp4")), registry)
+    facts = workload.rank_classes[0].facts
+    expected = base["weight_bytes"] - L * LINEAR_PARAMS * 2 + L * stored_layer_bytes("nvfp4")
+    assert facts["weight_bytes"] == expected
+    down = nodes(workload)["down"]
+    k, n = SHAPES["down"]
+    tokens = down.attrs["gemm"][1]
+    fmt = WEIGHT_FORMATS["nvfp4"]
+    assert fmt.activation_scaling is not None
+    activation = tokens * k // 2 + scale_bytes(fmt.activation_scaling, k, tokens)
+    # a mixed iteration merges the two groups' GEMMs: each group's activation keeps its own
+    # per-tensor fp32 scale (4 bytes)
+    activation += 4 if phase == "mixed" else 0
+    weight = k * n // 2 + scale_bytes(fmt.weight_scaling, k, n)
+    assert down.tensor_size == activation + weight + tokens * n * 2
