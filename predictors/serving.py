@@ -90,7 +90,10 @@ def _is_bytes_bound(node: Any, system: System, dtype: str) -> bool:
     kernel model uses (the sustained tensor-core rate)."""
     gpu = system.gpu
     bytes_s = node.tensor_size / gpu.hbm_bandwidth
-    flops_s = node.num_ops / gpu.rate(normalize_dtype(node.dtype or dtype))
+    computed = normalize_dtype(node.dtype or dtype)
+    if computed not in gpu.peak_flops:  # a weight format run weight-only (no fp4 cores)
+        computed = normalize_dtype(dtype)
+    flops_s = node.num_ops / gpu.rate(computed)
     return bytes_s >= flops_s
 
 

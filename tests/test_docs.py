@@ -433,6 +433,8 @@ INFERENCE = ROOT / "docs" / "inference.md"
 
 
 def test_inference_doc_commands_run(doc_dir: Path) -> None:
+    for name, body in named_files(INFERENCE).items():  # the precision plans they read
+        (doc_dir / name).write_text(body, encoding="utf-8")
     commands = console_commands(INFERENCE)
     assert len(commands) >= 6
     for command in commands:
@@ -451,6 +453,11 @@ def test_inference_doc_error_line_is_what_stg_prints(doc_dir: Path) -> None:
     line = result.stderr.strip()
     shown = [x for body in blocks(INFERENCE, "text") for x in body.splitlines()]
     assert line in shown
+    (doc_dir / "nvfp4.json").write_text(named_files(INFERENCE)["nvfp4.json"], encoding="utf-8")
+    small = ["--model", "llama", "--num_stacks", "1", "--dmodel", "256", "--dff", "512"]
+    small += ["--phase", "decode", "--batch", "8", "--system", "v100-32g"]
+    refused = CliRunner().invoke(app, ["predict", *small, "--precision_plan", "nvfp4.json"])
+    assert refused.exit_code == 2 and refused.stderr.strip() in shown
 
 
 def test_readme_quick_start_runs_a_serving_prediction() -> None:

@@ -101,8 +101,10 @@ def test_malformed_file_is_one_line(tmp_path: Path) -> None:
 def test_dtype_names() -> None:
     assert normalize_dtype("bfloat16") == "bf16"
     assert set(DTYPES) == {"fp32", "tf32", "bf16", "fp16", "fp8", "int8"}
+    # fp4 (E2M1) names what a serving weight format's GEMM computes in (docs/inference.md)
+    assert normalize_dtype("fp4") == normalize_dtype("e2m1") == "fp4"
     with pytest.raises(UnknownNameError, match="allowed: fp32"):
-        normalize_dtype("fp4")
+        normalize_dtype("fp3")
 
 
 def test_op_classes() -> None:

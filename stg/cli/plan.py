@@ -147,9 +147,15 @@ def _parse_dtypes(text: str) -> tuple[str, ...]:
     if not names:
         raise UserError(f"--dtypes must list precisions; allowed: {', '.join(DTYPES)}")
     try:
-        return tuple(dict.fromkeys(normalize_dtype(d) for d in names))
+        dtypes = tuple(dict.fromkeys(normalize_dtype(d) for d in names))
     except UserError as exc:
         raise UserError(f"--dtypes: {exc}") from None
+    unplanned = [d for d in dtypes if d not in DTYPES]
+    if unplanned:  # fp4, fp6: what serving weight formats compute in, not plan entries
+        raise UserError(
+            f"--dtypes: {unplanned[0]} is not a plan dtype; allowed: {', '.join(DTYPES)}"
+        )
+    return dtypes
 
 
 def precision(**values: Any) -> None:

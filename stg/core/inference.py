@@ -50,7 +50,7 @@ from stg.core.lowering import (
 )
 from stg.core.options import GenerateOptions, OptionError, ReadOptions, check_options_read
 from stg.core.plan import MAX_TAG, ParallelPlan
-from stg.core.precision import DTYPE_BYTES, normalize_plan
+from stg.core.precision import normalize_plan
 from stg.core.sharding import Sharding
 from stg.core.symbolic import AttentionSpan, Capacity, Dim, GraphBuilder, Op, Part, Seq, Tensor
 from stg.core.workload import OP_ATTR, NodeType, Phase, RankClass, RankGraph, Workload
@@ -286,6 +286,9 @@ class StepParts:
     step"""
     activation_bytes: int
     """the largest working set of one op of one micro-batch on one rank (bytes)"""
+    weight_bytes: dict[str, int]
+    """bytes one rank stores of the weights of each part (embedding, head, each kind of
+    layer): at their stored width, with the scales of a weight format"""
 
 
 def _bind(part: Part, binder: Binder, fused: bool) -> BoundPart:
@@ -351,6 +354,7 @@ def build_steps(model: Model, plan: ParallelPlan) -> list[StepParts]:
     for groups in step_groups(o):
         bound: dict[str, BoundPart] = {}
         cache: dict[str, int] = {}
+        stored: dict[str, int] = {}
         activations = 0
         for name, part in built.items():
             per_group: list[tuple[BoundPart, Binder]] = []
@@ -373,6 +377,7 @@ def build_steps(model: Model, plan: ParallelPlan) -> list[StepParts]:
                 )
             result, first_binder = per_group[0]
             weights = {key(w): w for w in part.weights}
+            stored[name] = sum(first_binder.nbytes(w) for w in part.weights)
 
             def weight_bytes(
                 op: BoundOp, binder: Binder = first_binder, weights: dict = weights
@@ -392,7 +397,7 @@ def build_steps(model: Model, plan: ParallelPlan) -> list[StepParts]:
             optimizer_dtype=o.dtype,
             facts={"weight_dtype": o.dtype, "kv_dtype": o.kv_dtype or o.dtype, "phase": o.phase},
         )
-        steps.append(StepParts(parts, groups, cache, activations))
+        steps.append(StepParts(parts, groups, cache, activations, stored))
     return steps
 
 
@@ -557,7 +562,12 @@ def lower_inference_stage(
                 progress()
     held = stage_parts(stage, plan, steps[0].parts)
     kinds = _count_kinds(stage, plan, steps[0].parts)
-    weight_bytes = sum(bp.parameters for _, bp in held) * DTYPE_BYTES[o.dtype]
+    stored = steps[0].weight_bytes
+    weight_bytes = (
+        (stored["embedding"] if first else 0)
+        + sum(stored[kind] * count for kind, count in kinds.items())
+        + (stored["head"] if last else 0)
+    )
     kv_per_step = [
         sum(sp.cache_bytes[kind] * count for kind, count in kinds.items()) * m for sp in steps
     ]

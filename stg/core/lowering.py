@@ -40,6 +40,7 @@ from stg.core.layout import UNFOLDED_AXIS_PARTS
 from stg.core.options import OptionError
 from stg.core.plan import ParallelPlan, recompute_tags
 from stg.core.precision import DTYPE_BYTES
+from stg.core.quantization import DTYPE_BITS
 from stg.core.symbolic import Dim, Op, Part, Tensor, is_routed_expert
 from stg.core.workload import (
     CHUNK_ATTR,
@@ -135,7 +136,13 @@ class Binder:
         return -(-self.unflat_numel(t) // self.flat_degree(t))
 
     def nbytes(self, t: Tensor) -> int:
-        return int(self.numel(t) * DTYPE_BYTES[t.dtype])
+        """Bytes of ``t`` on one rank: its elements, and the scales of a quantized tensor."""
+        elements = self.numel(t)
+        data = -(-elements * DTYPE_BITS[t.dtype] // 8)
+        if t.scaling is None:
+            return data
+        row = prod(self.local_dim(t.dims[i], t.sharding.dims[i]) for i in t.scaled_dims)
+        return data + t.scaling.nbytes(elements, row)
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,6 +247,11 @@ def bind_ops(ops: Iterable[Op | BoundOp], binder: Binder) -> list[BoundOp]:
                     # a convolution as implicit GEMM: its bytes are tensor_size, not the
                     # m·k of the window matrix that its GEMM shape implies
                     attrs += (("implicit_gemm", 1),)
+                stored = [t.dtype for t in op.inputs if t.kind == "weight" and t.scaling]
+                if stored:  # a serving weight format: read at this width, scales with it
+                    attrs += (("weight_dtype", stored[0]),)
+            elif op.kind == "elementwise" and op.output.scaling is not None:
+                attrs = (("quantize", op.output.dtype),)  # a format's per-step quantization
             if num_ops <= 0 < moved:
                 # ASTRA-sim's roofline times a node as num_ops / min(peak, bw·num_ops/bytes):
                 # zero ops with bytes > 0 is 0/0 and the rank never finishes. A node declared
@@ -255,11 +267,21 @@ def bind_ops(ops: Iterable[Op | BoundOp], binder: Binder) -> list[BoundOp]:
                     num_ops=num_ops,
                     tensor_size=moved,
                     tags=op.tags,
-                    dtype=op.inputs[0].dtype if op.kind == "einsum" else op.output.dtype,
+                    dtype=_einsum_dtype(op) if op.kind == "einsum" else op.output.dtype,
                     attrs=attrs,
                 )
             )
     return bound
+
+
+def _einsum_dtype(op: Op) -> str:
+    """The dtype a matmul computes in: its first operand's, or where that is a weight stored
+    in a weight format (whose GEMM dequantizes it where the format is weight-only), the other
+    operand's."""
+    first = op.inputs[0]
+    if first.scaling is not None and first.kind == "weight" and len(op.inputs) > 1:
+        return op.inputs[1].dtype
+    return first.dtype
 
 
 def _moved(t: Tensor, binder: Binder) -> int:
@@ -572,6 +594,8 @@ def _fused_attention(run: list[Op], binder: Binder, shapes: dict[str, tuple[int,
         attrs += (("attention_window", span.window),) if span.window else ()
         attrs += (("attention_chunk", span.chunk),) if span.chunk else ()
         attrs += (("attention_topk", span.topk),) if span.topk else ()
+    if einsums and einsums[0].inputs[0].scaling is not None:  # serving fp8 attention
+        attrs += (("attention_dtype", einsums[0].inputs[0].dtype),)
     return BoundOp(
         "core_attention.grad" if backward else "core_attention",
         NodeType.COMP,

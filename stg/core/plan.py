@@ -24,6 +24,7 @@ from stg.core.layout import (
 )
 from stg.core.options import GenerateOptions, OptionError
 from stg.core.precision import DTYPE_BYTES
+from stg.core.quantization import FORMAT_ONLY
 from stg.core.routing import ROUTINGS
 
 MAX_TAG = 500_000_000
@@ -577,6 +578,12 @@ def make_plan(o: GenerateOptions) -> ParallelPlan:
     _check_recompute_layers(o, recompute)
     _check_recompute_modules(o, recompute)
     _require(o.dtype in DTYPE_BYTES, f"dtype={o.dtype!r} must be one of {', '.join(DTYPE_BYTES)}")
+    formats = [f"{op}: {value}" for op, value in o.precision if value in FORMAT_ONLY]
+    _require(
+        o.inference or not formats,
+        f"precision plan entry {formats[0] if formats else ''} names a serving weight format "
+        f"(phase prefill, decode, mixed); a training plan names dtypes: {', '.join(DTYPE_BYTES)}",
+    )
     _require(
         o.grad_reduce_dtype is None or o.grad_reduce_dtype in DTYPE_BYTES,
         f"grad_reduce_dtype={o.grad_reduce_dtype!r} must be one of {', '.join(DTYPE_BYTES)}",

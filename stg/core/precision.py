@@ -10,6 +10,11 @@ output in the activation dtype. The file format is JSON::
 
     {"ops": {"fc1": "int8", "fc2": "int8", "logits": "bf16"}}
 
+In a serving phase an entry that names a weight format (``fp8``, ``int8``, ``w4a16``,
+``nvfp4``, ``mxfp8``, ``mxfp4``; :mod:`stg.core.quantization`) stores the op's weight in that
+format instead of casting it: serving engines quantize weights once, offline. The formats that
+are not dtypes are serving-only.
+
 On a hybrid cluster (:mod:`stg.perf.hybrid`) a plan may also give each device group its
 own entries, which apply after (and so override) the common ``ops``::
 
@@ -26,6 +31,7 @@ from collections.abc import Iterable, Mapping
 from fnmatch import fnmatchcase
 from pathlib import Path
 
+from stg.core.quantization import FORMAT_ONLY
 from stg.errors import UserError
 
 PrecisionPlan = tuple[tuple[str, str], ...]
@@ -43,6 +49,9 @@ DTYPE_BYTES: dict[str, int] = {
 
 DTYPES = tuple(DTYPE_BYTES)
 
+PLAN_VALUES = (*DTYPES, *FORMAT_ONLY)
+"""What a plan entry may name: a dtype, or a serving weight format."""
+
 
 def normalize_plan(ops: Mapping[str, str] | PrecisionPlan) -> PrecisionPlan:
     """Check a plan (pattern -> dtype) and return it in canonical, hashable form."""
@@ -51,9 +60,10 @@ def normalize_plan(ops: Mapping[str, str] | PrecisionPlan) -> PrecisionPlan:
     for pattern, dtype in items:
         if not isinstance(pattern, str) or not pattern:
             raise UserError(f"precision plan: op pattern {pattern!r} must be a non-empty string")
-        if dtype not in DTYPES:
+        if dtype not in PLAN_VALUES:
             raise UserError(
-                f"precision plan: dtype {dtype!r} of {pattern!r} must be one of {', '.join(DTYPES)}"
+                f"precision plan: dtype {dtype!r} of {pattern!r} must be one of "
+                f"{', '.join(PLAN_VALUES)}"
             )
         out.append((pattern, dtype))
     return tuple(out)

@@ -19,6 +19,7 @@ import sympy
 
 from stg.core.layout import DENSE_AXES, EXPERT_AXES, UNFOLDED_AXIS_PARTS
 from stg.core.precision import precision_of
+from stg.core.quantization import Scaling, WeightFormat, weight_format
 from stg.core.sharding import NO_AXES, Axes, Sharding, plan_reshard
 from stg.core.workload import CollectiveType
 from stg.errors import UserError
@@ -151,6 +152,11 @@ class Tensor:
     """the smaller tensor whose bytes this one moves where an op reads or writes it: the
     input of a :meth:`GraphBuilder.windows` view, or its gradient for the data gradient that
     flows back through one"""
+    scaling: Scaling | None = None
+    """the scale factors stored with a quantized tensor (:mod:`stg.core.quantization`): its
+    bytes count them"""
+    scaled_dims: tuple[int, ...] = ()
+    """the dimensions along which ``scaling``'s blocks run (a matmul's reduction)"""
 
     def __repr__(self) -> str:
         return f"{self.name}{self.sharding.describe(d.name for d in self.dims)}"
@@ -603,16 +609,26 @@ class GraphBuilder:
         """
         lhs, out_letters = spec.replace(" ", "").split("->")
         in_letters = lhs.split(",")
+        if span is not None:
+            scale = span.fraction(Seq)
         compute = precision_of(self.precision, name) if self.precision else None
-        if compute is not None:
+        stored = weight_format(compute) if compute and self.kv_cache is not None else None
+        attended = False
+        if stored is not None and len(in_letters) == len(operands):
+            if any(t.kind == "weight" for t in operands):
+                operands = self._serving_operands(stored, name, in_letters, out_letters, operands)
+            else:  # the attention core: its keys and values are read from the cache as stored
+                operands, scale = self._quantized_attention(
+                    stored, name, in_letters, operands, scale, span
+                )
+                attended = True
+        elif compute is not None:
             operands = tuple(self.cast(t, compute, f"{name}.cast_{t.name}") for t in operands)
         if len(in_letters) != len(operands):
             raise ValueError(
                 f"einsum {spec!r} expects {len(in_letters)} operands, got {len(operands)}"
             )
-        if span is not None:
-            scale = span.fraction(Seq)
-        if self.kv_cache is not None:  # serving: keys and values come from the KV cache
+        if self.kv_cache is not None and not attended:  # serving: keys, values from the cache
             operands, scale = self.kv_cache.attend(self, in_letters, operands, scale, span)
         letter_dim: dict[str, Dim] = {}
         for letters, t in zip(in_letters, operands, strict=True):
@@ -657,6 +673,83 @@ class GraphBuilder:
                 span=span,
             )
         )
+
+    def _serving_operands(
+        self,
+        fmt: WeightFormat,
+        name: str,
+        in_letters: Sequence[str],
+        out_letters: str,
+        operands: tuple[Tensor, ...],
+    ) -> tuple[Tensor, ...]:
+        """A serving matmul under weight format ``fmt`` (:mod:`stg.core.quantization`): its
+        weight stored in the format, its activation quantized per step (weight-activation
+        formats) or read as it is (weight-only). A weight another op reads at another width
+        (a tied embedding) is quantized per step instead."""
+        out = []
+        for letters, t in zip(in_letters, operands, strict=True):
+            reduced = tuple(i for i, c in enumerate(letters) if c not in out_letters)
+            if t.kind == "weight" and self._storable(t, fmt):
+                t.dtype, t.scaling, t.scaled_dims = fmt.weight_dtype, fmt.weight_scaling, reduced
+                out.append(t)
+                continue
+            if t.kind == "weight":
+                target, scaling = fmt.weight_dtype, fmt.weight_scaling
+            elif fmt.activation_dtype is None:
+                out.append(t)
+                continue
+            else:
+                target, scaling = fmt.activation_dtype, fmt.activation_scaling
+            quantized = self.cast(t, target, f"{name}.cast_{t.name}")
+            if quantized is not t:
+                quantized.scaling, quantized.scaled_dims = scaling, reduced
+            out.append(quantized)
+        return tuple(out)
+
+    def _quantized_attention(
+        self,
+        fmt: WeightFormat,
+        name: str,
+        in_letters: Sequence[str],
+        operands: tuple[Tensor, ...],
+        scale: sympy.Expr | int,
+        span: AttentionSpan | None = None,
+    ) -> tuple[tuple[Tensor, ...], sympy.Expr | int]:
+        """A serving matmul without a weight (the attention core) in ``fmt``'s dtype: FP8
+        attention as vLLM's FlashAttention-3 and FlashInfer backends run it, on an fp8 KV
+        cache (``--kv_dtype fp8``) read as it is stored; the query (and the probabilities)
+        quantized per step."""
+        assert self.kv_cache is not None
+        if fmt.name == "int8":  # int8 attention: casts, as in training (a kernel plugin's)
+            operands = tuple(self.cast(t, "int8", f"{name}.cast_{t.name}") for t in operands)
+            return self.kv_cache.attend(self, in_letters, operands, scale, span)
+        if fmt.name != "fp8":
+            raise UserError(
+                f"precision plan: {name} has no weight to store in {fmt.name}; the attention "
+                "core takes a dtype: fp8 (with --kv_dtype fp8), int8, bf16, fp16"
+            )
+        if self.kv_cache.dtype != "fp8":
+            raise UserError(
+                f"precision plan: {name}: fp8 attention in a serving phase reads an fp8 KV "
+                f"cache; give --kv_dtype fp8 (the cache is {self.kv_cache.dtype})"
+            )
+        operands, scale = self.kv_cache.attend(self, in_letters, operands, scale, span)
+        quantized = []
+        for t in operands:
+            if t.kind != "cache" and t.dtype != "fp8":
+                t = self.cast(t, "fp8", f"{name}.cast_{t.name}")
+                t.scaling = fmt.activation_scaling  # the kernel's per-tensor descale
+            quantized.append(t)
+        return tuple(quantized), scale
+
+    def _storable(self, weight: Tensor, fmt: WeightFormat) -> bool:
+        """Whether ``weight`` is a stored weight of this part that is (or can still be) stored
+        in ``fmt``: no op has read it at another width."""
+        if not any(w is weight for w in self.part.weights):
+            return False
+        if weight.scaling is not None:
+            return (weight.dtype, weight.scaling) == (fmt.weight_dtype, fmt.weight_scaling)
+        return not any(weight is t for op in self.part.forward for t in op.inputs)
 
     def cast(self, t: Tensor, dtype: str, name: str | None = None) -> Tensor:
         """``t`` converted to ``dtype`` (one FLOP per element); ``t`` itself if it already is.

@@ -15,8 +15,10 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from stg.core.fp8 import QUANTIZE_ATTR, QUANTIZE_BYTES_PER_ELEMENT
+from stg.core.quantization import WEIGHT_FORMATS
 from stg.core.symbolic import DROPOUT_FLOPS
 from stg.core.workload import MICRO_BATCH_ATTR, STEP_ATTR, CollectiveType, Role, node_role
+from stg.errors import UserError
 from stg.perf import comm_time
 from stg.perf.calibration import Calibration
 from stg.perf.kernel_time import (
@@ -63,6 +65,64 @@ def native_fp8(system: System, kind: str, dtype: str) -> bool:
     Engine run it, at the fp8 rate of the GEMM model; no kernel plugin is needed. Attention
     stays in 16 bits (Transformer Engine's default)."""
     return dtype == "fp8" and kind == "gemm" and system.peak("fp8") > system.peak("bf16")
+
+
+WEIGHT_ONLY_ARCHS = frozenset({"ampere", "ada", "hopper", "blackwell"})
+"""Architectures whose GPUs run fp8 and fp4 weights weight-only where their tensor cores lack
+the format: NVIDIA compute capability 8.0 and later, where vLLM's Marlin kernels dequantize the
+weights in the GEMM and keep the activations in 16 bits (vLLM ``marlin_utils_fp8.py`` and
+``marlin_utils_fp4.py``: ``is_fp8_marlin_supported``/``is_fp4_marlin_supported`` require
+capability 80; an NVFP4 or FP8 checkpoint on an A100 or an fp4 one on an H100 runs so)."""
+
+
+def serving_gemm_dtype(system: System, dtype: str, default_dtype: str) -> str:
+    """The dtype a matmul of a serving weight format (:mod:`stg.core.quantization`) whose
+    operands are ``dtype`` computes in on ``system``: ``dtype`` where the tensor cores have it
+    (fp8: :func:`native_fp8`; fp4, fp6: a peak for it), else ``default_dtype`` (weight-only,
+    as vLLM runs it: :data:`WEIGHT_ONLY_ARCHS`). Raises :class:`UserError` on a GPU that can
+    do neither (Volta, Turing; fp4 on CDNA 3, whose ROCm stack has no weight-only kernel)."""
+    if dtype == "fp8":
+        native = _fp8_tensor_cores(system)
+    elif dtype in ("fp6", "fp4"):
+        native = dtype in system.peak_flops
+    else:
+        return dtype
+    if native:
+        return dtype
+    if system.arch in WEIGHT_ONLY_ARCHS:
+        return default_dtype
+    have = {"fp8"} if _fp8_tensor_cores(system) else set()
+    have |= {d for d in ("fp6", "fp4") if d in system.peak_flops}
+    runs = [
+        f.name
+        for f in WEIGHT_FORMATS.values()
+        if f.weight_dtype not in ("fp8", "fp4") or f.weight_dtype in have
+    ]
+    raise UserError(
+        f"system {system.name!r} ({system.arch}) cannot run {dtype} weights: no {dtype} tensor "
+        f"cores and no weight-only kernel (NVIDIA compute capability 8.0 and later); "
+        f"weight formats it runs: {', '.join(runs)}"
+    )
+
+
+def _fp8_tensor_cores(system: System) -> bool:
+    """Whether fp8 runs faster than both 16-bit formats (a GPU without fp8 tensor cores has
+    its fp16 rate as its fp8 peak: Volta and Turing lack bf16 as well)."""
+    return system.peak("fp8") > max(system.peak("bf16"), system.peak("fp16"))
+
+
+def quantize_time(node: Any, system: System, default_dtype: str) -> float:
+    """Time of a serving format's activation quantization (a node with ``quantize``): none
+    where the GPU runs the format weight-only (:func:`serving_gemm_dtype`), else the bytes it
+    writes (elements and scales) at the streaming rate and no launch of its own: vLLM's
+    compilation passes fuse the fp8 and NVFP4 quantization into the kernel that produces the
+    activation (``RMSNormQuantFusionPass``, ``ActivationQuantFusionPass`` for SiLU-and-mul;
+    vLLM ``vllm/compilation``), as Transformer Engine fuses its fp8 casts."""
+    target = normalize_dtype(node.attrs["quantize"])
+    if serving_gemm_dtype(system, target, default_dtype) != target:
+        return 0.0
+    read = node.num_ops * DTYPE_WIDTH.get(normalize_dtype(default_dtype), 2)
+    return memory_bound_time(system.gpu, max(node.tensor_size - read, 0), "stream", target)
 
 
 DTYPE_WIDTH = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
@@ -185,6 +245,8 @@ def compute_time(
         nbytes = node.tensor_size * EAGER_ADAMW_BYTES_FACTOR
         seconds = memory_bound_time(system.gpu, nbytes, "stream", node.dtype or "fp32")
         return max(seconds + system.kernel_overhead, EAGER_OP_HOST_S)
+    if (getattr(node, "attrs", None) or {}).get("quantize") is not None:
+        return quantize_time(node, system, default_dtype)
     if calibration is not None:  # measured kernel times first (stg bench calibrate)
         measured = calibration.node_time(node, default_dtype)
         if measured is not None:
@@ -202,6 +264,10 @@ def compute_time(
     attrs = getattr(node, "attrs", None) or {}
     gemm = attrs.get("gemm")
     attention = attrs.get("attention")
+    stored_weight = gemm is not None and attrs.get("weight_dtype") is not None
+    if stored_weight:
+        node_dtype = normalize_dtype(node.dtype or default_dtype)
+        dtype_override = serving_gemm_dtype(system, node_dtype, default_dtype)
     kind = (
         "attention"
         if attention is not None
@@ -211,7 +277,10 @@ def compute_time(
     )
     if kind == "attention" and attention is None and memory_kind(name) == "softmax":
         kind = "other"  # unfused attention's softmax: a memory-bound kernel at its measured rate
-    dtype = node.dtype or default_dtype
+    dtype = dtype_override if stored_weight else node.dtype or default_dtype
+    # serving fp8 attention (FlashAttention-3, FlashInfer, cuDNN, AITER read an fp8 KV cache
+    # and compute in fp8) where the tensor cores have fp8; training's stays in 16 bits
+    fp8_attention = attrs.get("attention_dtype") == "fp8" and _fp8_tensor_cores(system)
     speedup = 1.0
     kernel = None
     if kind != "other":
@@ -224,6 +293,7 @@ def compute_time(
             dtype != default_dtype
             and not table.native(kind, dtype)
             and not native_fp8(system, kind, dtype)
+            and not fp8_attention
         ):
             dtype = default_dtype  # no native kernel: dequantize, compute in the workload dtype
     dtype = normalize_dtype(dtype)
@@ -231,7 +301,9 @@ def compute_time(
     if attention is not None and len(attention) >= 7:
         batch, heads, s_q, s_kv, head_dim, causal, backward = attention[:7]
         impl = attention_impl(profile, system)
-        if dtype not in ("bf16", "fp16", "fp8") or (dtype == "fp8" and kernel is None):
+        if dtype not in ("bf16", "fp16", "fp8") or (
+            dtype == "fp8" and kernel is None and not fp8_attention
+        ):
             # Transformer Engine's DotProductAttention runs in 16 bits unless fp8_dpa is set
             # (an fp8 recipe quantizes the GEMMs): fp8 attention only from a kernel plugin
             dtype = "bf16"
@@ -259,7 +331,8 @@ def compute_time(
     elif gemm is not None and len(gemm) == 4:
         batch, m, n, k = gemm
         # a convolution (implicit GEMM) moves its tensor_size, not its window matrix
-        nbytes = node.tensor_size if attrs.get("implicit_gemm") else None
+        # ... and a serving weight format's GEMM its weights at their stored width and scales
+        nbytes = node.tensor_size if attrs.get("implicit_gemm") or stored_weight else None
         seconds = gemm_time(gpu, m, n, k, dtype, batch, nbytes) / speedup
         if dtype == "fp8":
             seconds += fp8_quantize_time(node, system)

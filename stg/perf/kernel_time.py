@@ -242,7 +242,7 @@ non-causal math-backend cases, 12-14 B)."""
 # The GPU
 
 
-TENSOR_DTYPES = frozenset({"tf32", "bf16", "fp16", "fp8", "int8"})
+TENSOR_DTYPES = frozenset({"tf32", "bf16", "fp16", "fp8", "int8", "fp6", "fp4"})
 
 
 @dataclass(frozen=True)
@@ -287,7 +287,16 @@ class Gpu:
         return seconds
 
 
-DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
+DTYPE_BYTES = {
+    "fp32": 4,
+    "tf32": 4,
+    "bf16": 2,
+    "fp16": 2,
+    "fp8": 1,
+    "int8": 1,
+    "fp6": 0.75,
+    "fp4": 0.5,
+}
 
 
 def gemm_time(

@@ -96,6 +96,9 @@ DTYPE_ALIASES: Mapping[str, str] = {
     "fp8_e5m2": "fp8",
     "e4m3": "fp8",
     "e5m2": "fp8",
+    "e2m1": "fp4",
+    "fp4_e2m1": "fp4",
+    "float4_e2m1fn": "fp4",
 }
 
 
@@ -271,11 +274,17 @@ def _num(value: float) -> float | int:
 
 
 def normalize_dtype(dtype: str) -> str:
-    """``bfloat16`` -> ``bf16`` etc.; raises :class:`UnknownNameError` for anything else."""
+    """``bfloat16`` -> ``bf16`` etc.; raises :class:`UnknownNameError` for anything else.
+
+    ``fp6`` and ``fp4`` (E2M1, the elements of NVFP4 and MXFP4) are names of what a node may
+    compute in: the matmuls of a serving weight format (:mod:`stg.core.quantization`), at the
+    system's fp4 peak where it has one (:meth:`System.peak`). They are no workload dtype
+    (``--dtype``) and no training precision."""
     name = dtype.lower()
     name = DTYPE_ALIASES.get(name, name)
-    if name not in DTYPES:
-        raise UnknownNameError(f"unknown dtype {dtype!r}; allowed: {', '.join(DTYPES)}")
+    if name not in DTYPES and name not in LOW_PRECISION_DTYPES:
+        allowed = ", ".join((*DTYPES, *LOW_PRECISION_DTYPES))
+        raise UnknownNameError(f"unknown dtype {dtype!r}; allowed: {allowed}")
     return name
 
 

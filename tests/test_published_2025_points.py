@@ -1,0 +1,114 @@
+"""Published measurements of 2025 on the new presets, predicted: Blackwell training runs
+(tests/data/runs/blackwell_runs.json: Megatron-Bridge on DGX B200, GB200 and GB300) and MI300X
+serving latencies (tests/data/serving/mi300x_latency.json: AMD's vLLM results, OCI's Llama 3.1
+405B FP8).
+
+The presets' figures are data-sheet only (no kernel of these GPUs was measured) and nothing
+here is fitted to these points. Each point must predict and stay within its ``guard``, a band
+that catches gross regressions, not an accuracy claim; the tables with each error and the
+mean |error| go to the run's summary (the targets: 10 % training, 15 % serving).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from test_cluster_runs import DEFAULT_GUARD, HEADER, run_options, table_row
+
+from stg.core.options import GenerateOptions, resolve_model
+from stg.core.pipeline import build_workload
+from stg.host.registry import Registry, load_registry
+from stg.predictors.serving import predict_serving
+from stg.predictors.time import predict_time
+
+DATA = Path(__file__).parent / "data"
+TRAINING: list[dict] = json.loads((DATA / "runs" / "blackwell_runs.json").read_text())["entries"]
+SERVING: list[dict] = json.loads((DATA / "serving" / "mi300x_latency.json").read_text())["entries"]
+
+
+@pytest.fixture(scope="module")
+def registry() -> Registry:
+    return load_registry(autoload=False)
+
+
+def summary(errors: dict[str, float]) -> str:
+    magnitudes = [abs(e) for e in errors.values()]
+    return (
+        f"{len(errors)} points: mean |error| {100 * statistics.mean(magnitudes):.1f}%, "
+        f"median |error| {100 * statistics.median(magnitudes):.1f}%, "
+        f"mean signed {100 * statistics.mean(errors.values()):+.1f}%"
+    )
+
+
+def test_points_are_well_formed(registry: Registry) -> None:
+    ids = [e["id"] for e in (*TRAINING, *SERVING)]
+    assert len(ids) == len(set(ids)), "duplicate ids"
+    for entry in TRAINING:
+        assert run_options(entry, registry).world_size == entry["gpus"], entry["id"]
+    for entry in SERVING:
+        assert serving_options(entry, registry, "decode").world_size == entry["gpus"]
+    for entry in (*TRAINING, *SERVING):
+        assert entry["source"].startswith("https://") and entry["table"], entry["id"]
+
+
+@pytest.mark.slow  # about a minute: 405B plans on 128 and 256 GPUs
+def test_blackwell_training_runs(registry: Registry, report_table: Callable[..., None]) -> None:
+    lines, errors, problems = [HEADER], {}, []
+    for entry in TRAINING:
+        options = run_options(entry, registry)
+        workload = build_workload(options, registry)
+        report = predict_time(workload, entry["system"], kernels=list(registry.kernels))
+        line, errors[entry["id"]], passed = table_row(entry, options, report["iteration_time_s"])
+        lines.append(line)
+        if not passed:
+            problems.append(line)
+    lines.append(summary(errors) + " (target 10%; presets from data sheets only)")
+    report_table("Blackwell training runs 2025 (tests/data/runs/blackwell_runs.json)", lines)
+    assert not problems, "\n".join(problems)
+
+
+def serving_options(entry: dict, registry: Registry, phase: str) -> GenerateOptions:
+    """The entry's prefill (``batch`` prompts of ``input`` tokens) or its mean decode step
+    (context ``input + output/2``), with its precision plan."""
+    values = {"model": entry["model"], **entry["options"], "seq": entry["input"]}
+    if phase == "decode":
+        values["context"] = entry["input"] + entry["output"] // 2
+    values, _ = resolve_model(values, registry)
+    plan = tuple(sorted(entry["plan"].items()))
+    return GenerateOptions(**values, phase=phase, precision=plan)
+
+
+def predicted_latency(entry: dict, registry: Registry) -> float:
+    """TTFT + (output - 1) x TPOT (see the data file's field notes)."""
+    reports = {}
+    for phase in ("prefill", "decode"):
+        workload = build_workload(serving_options(entry, registry, phase), registry)
+        reports[phase] = predict_serving(workload, entry["system"])
+    tpot = reports["decode"]["time_per_output_token_s"]
+    return reports["prefill"]["ttft_s"] + (entry["output"] - 1) * tpot
+
+
+@pytest.mark.slow  # about half a minute: 70B and 405B serving steps
+def test_mi300x_serving_latencies(registry: Registry, report_table: Callable[..., None]) -> None:
+    lines = [f"{'id':<40} {'published s':>11} {'predicted s':>11} {'error':>7} {'guard':>5} pass"]
+    errors, problems = {}, []
+    for entry in SERVING:
+        predicted = predicted_latency(entry, registry)
+        error = predicted / entry["value"] - 1
+        guard = entry.get("guard", DEFAULT_GUARD)
+        passed = abs(error) <= guard
+        errors[entry["id"]] = error
+        line = (
+            f"{entry['id']:<40} {entry['value']:>11.3f} {predicted:>11.3f} "
+            f"{100 * error:>+6.1f}% {100 * guard:>4.0f}% {'yes' if passed else 'NO'}"
+        )
+        lines.append(line)
+        if not passed:
+            problems.append(line)
+    lines.append(summary(errors) + " (target 15%; the MI300X preset from its data sheet only)")
+    report_table("MI300X serving latencies (tests/data/serving/mi300x_latency.json)", lines)
+    assert not problems, "\n".join(problems)
