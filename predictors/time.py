@@ -273,6 +273,7 @@ def predict_problem(
     micro_batches: int | None = None,
     period: int | None = None,
     checked: Mapping[int, int] | None = None,
+    chunks: int = 1,
 ) -> dict[str, Any]:
     """Replay ``problem`` and report; ``timeline`` writes a Chrome trace JSON there;
     ``explain_path`` adds the critical path's breakdown (:func:`explain`) as ``explain``.
@@ -286,6 +287,9 @@ def predict_problem(
     ones (``build_workload``'s ``lowered_micro_batches``): the periodic replay extrapolates
     to them, and where it cannot, this raises :class:`NotPeriodic` (the caller builds the
     whole workload).
+
+    ``chunks``: model chunks per stage (an interleaved schedule's virtual stages), whose fill
+    and drain span more micro-batches (:func:`stg.perf.periodic.drain_micro_batches`).
 
     ``kernels``: Kernel records (or registry entries, or a :class:`KernelTable`) that price
     ops by precision; none (the default) means the plain roofline."""
@@ -309,13 +313,14 @@ def predict_problem(
     }
     args = (system, dtype, tables, profile, calibration)
     if not exact and timeline is None and not explain_path and not is_hybrid(system):
-        extend: dict[str, Any] = {"checked": checked}
+        extend: dict[str, Any] = {"checked": checked, "chunks": chunks}
         if micro_batches is not None:
             extend = {
                 "micro_batches": micro_batches,
                 "only_period": period,
                 "name_at": name_in_micro_batch,
                 "only_if_cheaper": False,
+                "chunks": chunks,
             }
         periodic = replay_periodic(problem, *args, **options, **extend)
         if periodic is None and micro_batches is not None:
@@ -429,6 +434,7 @@ def predict_time(
         micro_batches=micro_batches,
         period=period,
         checked=checked,
+        chunks=int(options.get("virtual_stages") or 1),
         **overlap_options(options),
     )
     report["simulated_ranks"] = len(problem.units)
@@ -455,7 +461,7 @@ def lowered_micro_batches(options: GenerateOptions, system: System) -> list[tupl
     periods = [stages] if options.virtual_stages > 1 else list(dict.fromkeys((1, stages)))
     out = []
     for period in periods:
-        keep = first_keep(stages, period)
+        keep = first_keep(stages, period, options.virtual_stages)
         if total % period or keep + period >= total or 3 * keep + 2 * period > 2 * total:
             continue
         out.append((keep + period, period))

@@ -157,6 +157,25 @@ def test_steady_states_that_repeat_are_replayed_once(options: dict[str, Any]) ->
     assert _assert_matches_full(problem_from_workload(workload, SYSTEM))
 
 
+def test_an_interleaved_fill_of_more_micro_batches_than_stages_is_kept() -> None:
+    """Interleaved 1F1B at pp 4, v 2 warms up with 10 forward chunks (5 micro-batches) on its
+    first stage: with its model chunks given, the first reduced replays (20 and 24
+    micro-batches, cut at 12) already repeat, and give the full replay's figures."""
+    options = dict(
+        num_stacks=8, pp=4, dp=1, tp=1, batch=32, micro_batch=1,
+        pipeline_schedule="interleaved", virtual_stages=2,
+    )  # fmt: skip
+    problem = problem_from_workload(_workload(**SMALL, **options), SYSTEM)
+    periodic = replay_periodic(problem, SYSTEM, only_if_cheaper=False, chunks=2)
+    assert periodic is not None
+    assert (periodic.period, periodic.replayed_micro_batches) == (4, 20)
+    full = replay(problem, SYSTEM)
+    assert periodic.iteration_time == pytest.approx(full.iteration_time, rel=RELATIVE)
+    for res, breakdown in zip(full.units, periodic.breakdowns, strict=True):
+        for key, value in unit_breakdown(res, full.iteration_time).items():
+            assert breakdown[key] == pytest.approx(value, abs=RELATIVE * full.iteration_time)
+
+
 def test_a_reduced_problem_is_the_schedule_of_fewer_micro_batches() -> None:
     """The first k micro-batches of a 16-micro-batch workload replay as the workload of k."""
     base = dict(SMALL, num_stacks=4, pp=4, dp=2, tp=2, micro_batch=2)

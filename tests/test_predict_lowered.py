@@ -111,6 +111,29 @@ def test_most_plans_replay_only_a_lowered_workload() -> None:
     _assert_same_report(report, exact)
 
 
+def test_an_interleaved_pipeline_replays_only_a_lowered_workload() -> None:
+    """Interleaved 1F1B's fill spans more micro-batches than its stages (Megatron's warm-up of
+    2 * (pp - 1) + (v - 1) * pp forward chunks on the first stage: 10 chunks, 5 micro-batches
+    at pp 4, v 2): the reduced replays keep 20 and 24 micro-batches, with the cut at 12, so
+    the check holds and the figures are the exact ones (a fill of one micro-batch per stage
+    failed the check and replayed all 40)."""
+    options = GenerateOptions(
+        model="gpt", micro_batch=1, **SMALL, num_stacks=8, pp=4, dp=1, tp=1, batch=40,
+        pipeline_schedule="interleaved", virtual_stages=2,
+    )  # fmt: skip
+    report = predict_time_options(options, SYSTEM, registry=REGISTRY)
+    assert report["replay"] == {
+        "kind": "periodic",
+        "micro_batches": 40,
+        "replayed_micro_batches": 20,
+        "period_micro_batches": 4,
+        "period_s": pytest.approx(report["replay"]["period_s"]),
+        "lowered_micro_batches": 24,
+    }
+    exact = predict_time(build_workload(options, REGISTRY), SYSTEM, exact=True)
+    _assert_same_report(report, exact)
+
+
 def test_a_lowered_workload_is_the_schedule_of_its_micro_batches() -> None:
     """Lowering the first k micro-batches gives what cutting the whole workload to its first
     k gives (:func:`stg.perf.periodic.reduced_problem`), and keeps the whole iteration's

@@ -342,10 +342,36 @@ def _aligned(
     return period_time, partners
 
 
-def first_keep(stages: int, period: int) -> int:
+def drain_micro_batches(stages: int, chunks: int = 1) -> int:
+    """The micro-batches the fill (and, alike, the drain) of a pipeline schedule spans on its
+    first stage: one per stage for 1F1B and GPipe; for an interleaved schedule of ``chunks``
+    model chunks per stage, its first stage's warm-up of ``2 * (stages - 1) + (chunks - 1) *
+    stages`` forward chunks (Megatron-LM's forward_backward_pipelining_with_interleaving,
+    megatron/core/pipeline_parallel/schedules.py, ``num_warmup_microbatches``), ``chunks`` of
+    them per micro-batch."""
+    if chunks <= 1:
+        return stages
+    warmup = 2 * (stages - 1) + (chunks - 1) * stages
+    return max(stages, -(-warmup // chunks))
+
+
+def first_keep(stages: int, period: int, chunks: int = 1) -> int:
     """The micro-batches of the shorter reduced replay first tried with ``period``: the fill
-    and the drain take up to one micro-batch per stage each, and the cut lies between them."""
-    return period * -(-(2 * stages + period) // period)
+    and the drain take up to :func:`drain_micro_batches` each, and the cut lies between them
+    (:func:`cut_at`), a period after the fill."""
+    return 2 * _whole_periods(drain_micro_batches(stages, chunks), period) + period
+
+
+def cut_at(keep: int, stages: int, period: int, chunks: int = 1) -> int:
+    """The first micro-batch of the shorter replay of ``keep`` micro-batches whose nodes run one
+    period later in the longer one: the drain's micro-batches before the end stay after it."""
+    return period * ((keep - _whole_periods(drain_micro_batches(stages, chunks), period)) // period)
+
+
+def _whole_periods(micro_batches: int, period: int) -> int:
+    """``micro_batches`` rounded up to whole periods (an interleaved period is a group of
+    micro-batches that goes through every chunk together)."""
+    return period * -(-micro_batches // period)
 
 
 def replay_periodic(
@@ -356,6 +382,7 @@ def replay_periodic(
     name_at: NameAt | None = None,
     only_period: int | None = None,
     checked: Mapping[int, int] | None = None,
+    chunks: int = 1,
     **options: Any,
 ) -> PeriodicReplay | None:
     """The iteration time, per-unit breakdowns and critical path of ``problem`` from two
@@ -371,7 +398,9 @@ def replay_periodic(
     alike of a micro-batch that ``problem`` lacks (for the critical path). ``only_period``: try
     only that period (else one micro-batch, then one per stage). ``checked``: per period, the
     shorter replays' micro-batches that failed the check already (the same replays of a
-    workload lowered for fewer micro-batches): only longer ones are tried."""
+    workload lowered for fewer micro-batches): only longer ones are tried. ``chunks``: model
+    chunks per stage (an interleaved schedule's virtual stages), whose fill and drain span
+    more micro-batches (:func:`drain_micro_batches`)."""
     per_unit, built = _micro_batches(problem)
     if built is None:
         return None
@@ -383,14 +412,14 @@ def replay_periodic(
     for period in [only_period] if only_period else sorted({1, max(1, stages)}):
         if total % period or (built - total) % period:
             continue
-        keep = first_keep(stages, period)
+        keep = first_keep(stages, period, chunks)
         while checked and keep <= checked.get(period, 0):
             keep *= 2
         # the two reduced replays cost about 2 * keep + period micro-batches: worth it where
         # that is at most half the full replay (should the check fail, as where a transient
         # decays without ever repeating exactly, the full replay follows them)
         while keep + period <= built and (2 * (2 * keep + period) <= total or not only_if_cheaper):
-            cut = period * ((keep - stages) // period)
+            cut = cut_at(keep, stages, period, chunks)
             costs = Costs()  # the two problems share most node objects
             try:
                 short = replay(
