@@ -16,7 +16,7 @@ from importlib.resources import files
 
 from stg.api import Preset, hookimpl, load_presets
 
-FAMILIES = ("gpt", "llama", "mixtral", "qwen3", "deepseek", "bert", "roberta")
+FAMILIES = ("gpt", "llama", "mixtral", "qwen3", "deepseek", "gpt-oss", "bert", "roberta")
 """The families' files (``preset_data/<family>.toml``), in the order they register."""
 
 
