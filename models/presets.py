@@ -16,7 +16,9 @@ from importlib.resources import files
 
 from stg.api import Preset, hookimpl, load_presets
 
-FAMILIES = ("gpt", "llama", "mixtral", "qwen3", "deepseek", "bert", "roberta")
+FAMILIES = (
+    "gpt", "llama", "mixtral", "qwen3", "deepseek", "gpt-oss", "nemotron", "bert", "roberta",
+)  # fmt: skip
 """The families' files (``preset_data/<family>.toml``), in the order they register."""
 
 

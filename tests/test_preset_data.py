@@ -142,6 +142,14 @@ def test_a_package_resource_loads_like_a_path() -> None:
             NEW_FAMILY.replace("dmodel = 32", "dmodel = 32.5"),
             r"preset 'tiny-llama': dmodel=32.5 must be a positive integer",
         ),
+        (
+            NEW_FAMILY.replace("dmodel = 32", "dmodel = 32\ncausal = 1"),
+            r"preset 'tiny-llama': causal=1 must be true or false",
+        ),
+        (
+            NEW_FAMILY.replace("dmodel = 32", "dmodel = 32\nattention_sinks = 1"),
+            r"preset 'tiny-llama': attention_sinks=1 must be true or false",
+        ),
         ("[[preset]]\nname = 'p'\nmodel = 'llama'\nsource = 's'\n", r"'dims' is missing"),
     ],
 )

@@ -62,6 +62,7 @@ PRESET_DIMS = (
     "index_topk",
     "index_heads",
     "index_head_dim",
+    "causal",
 )
 """The options a :class:`Preset` may set: the model's dimensions (fields of
 :class:`stg.core.options.GenerateOptions`), never parallelism, batch or output."""
@@ -370,7 +371,7 @@ class Preset:
     ``model`` is the registered model the preset builds (a name, an alias or ``dist:name``);
     ``dims`` the dimensions it fills (keys from ``PRESET_DIMS``: ``dmodel``, ``num_stacks``,
     ...; every value a positive integer, ``capacity_factor`` a positive number,
-    ``attention_sinks`` and ``attention_output_gate`` booleans, ``layer_pattern`` and
+    ``attention_sinks``, ``attention_output_gate`` and ``causal`` booleans, ``layer_pattern`` and
     ``mlp_activation`` strings). Options given explicitly override them. ``source`` cites where
     the numbers come from (the paper, its table, the released config). ``published_parameters``
     and ``published_active_parameters`` are the parameter counts the source states (total, and
@@ -420,7 +421,11 @@ class Preset:
                     f"preset {self.name!r}: dims key {key!r} is not allowed; allowed: "
                     f"{', '.join(PRESET_DIMS)}"
                 )
-            if key in ("attention_sinks", "attention_output_gate") and isinstance(value, bool):
+            if key in ("attention_sinks", "attention_output_gate", "causal"):
+                if not isinstance(value, bool):
+                    raise RecordError(
+                        f"preset {self.name!r}: {key}={value!r} must be true or false"
+                    )
                 continue
             if key in ("layer_pattern", "mlp_activation"):
                 if not isinstance(value, str) or not value:
