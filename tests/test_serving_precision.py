@@ -326,3 +326,23 @@ def test_every_serving_phase_stores_the_weights(registry, phase):
     activation += 4 if phase == "mixed" else 0
     weight = k * n // 2 + scale_bytes(fmt.weight_scaling, k, n)
     assert down.tensor_size == activation + weight + tokens * n * 2
+
+
+def test_fp8_attention_keeps_a_sliding_window(registry):
+    """FP8 attention reads only the keys its window reaches, as bf16 attention does: the
+    window's fraction and the cache's span hold on the fp8 path too."""
+
+    def decode_attention(precision):
+        options = dict(
+            SMALL, phase="decode", batch=4, context=2048, head=8, kvhead=8, causal=True,
+            attention_window=64,
+        )  # fmt: skip
+        workload = build_workload(
+            GenerateOptions(**options, precision=precision, kv_dtype="fp8"), registry
+        )
+        return next(n for n in workload.rank_classes[0].nodes if "attention" in (n.attrs or {}))
+
+    fp8, plain = decode_attention(FP8_ATTENTION), decode_attention(())
+    assert fp8.attrs["attention_window"] == plain.attrs["attention_window"] == 64
+    # (batch, heads, queries, keys, ...): 64 keys, not the 2,048 of the cache
+    assert fp8.attrs["attention"] == plain.attrs["attention"] and plain.attrs["attention"][3] == 64
