@@ -8,6 +8,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from stg.errors import UnknownNameError, UserError
+from stg.host.records import MODEL_OPTIONS
 
 if TYPE_CHECKING:
     from stg.host.registry import Registry
@@ -20,29 +21,6 @@ class OptionError(UserError):
 MODEL_ALIASES: dict[str, str] = {"dense": "gpt"}
 """Model names of the original STG that name a registered model: ``dense``, its default,
 is the default GPT model. (Its ``debug`` is a preset: ``stg.models.presets``.)"""
-
-MODEL_OPTIONS: tuple[str, ...] = (
-    "attention_window",
-    "attention_chunk",
-    "full_attention_every",
-    "attention_sinks",
-    "attention_output_gate",
-    "layer_pattern",
-    "mlp_activation",
-    "ssm_state",
-    "ssm_heads",
-    "ssm_head_dim",
-    "ssm_groups",
-    "ssm_chunk",
-    "linear_key_heads",
-    "linear_value_heads",
-    "linear_head_dim",
-    "index_topk",
-    "index_heads",
-    "index_head_dim",
-)
-"""Options that only some models read (attention variants, hybrid stacks): one that is set
-while no part of the chosen model reads it is refused (:func:`check_options_read`)."""
 
 
 UNSET_OPTIONS: tuple[str, ...] = (

@@ -26,24 +26,7 @@ attention, and the memory-bound kernel classes of :mod:`stg.perf.kernel_time`)."
 BENCH_OP_NAME_RE = re.compile(r"^[A-Za-z_]\w*(?:(?:\.|::)[A-Za-z_]\w*)*$")
 """Operator names as PARAM's configs spell them: ``torch.mm``, ``torch.nn.Linear``,
 ``aten::add``, ``mylib.fused_rope``."""
-PRESET_DIMS = (
-    "dvocal",
-    "dmodel",
-    "dff",
-    "seq",
-    "head",
-    "kvhead",
-    "dhead",
-    "num_stacks",
-    "experts",
-    "kexperts",
-    "capacity_factor",
-    "shared_experts",
-    "dense_layers",
-    "dense_dff",
-    "q_lora_rank",
-    "kv_lora_rank",
-    "drope",
+MODEL_OPTIONS: tuple[str, ...] = (
     "attention_window",
     "attention_chunk",
     "full_attention_every",
@@ -62,6 +45,29 @@ PRESET_DIMS = (
     "index_topk",
     "index_heads",
     "index_head_dim",
+)
+"""Options that only some models read (attention variants, hybrid stacks): one that is set
+while no part of the chosen model reads it is refused
+(:func:`stg.core.options.check_options_read`); a preset may set them."""
+PRESET_DIMS = (
+    "dvocal",
+    "dmodel",
+    "dff",
+    "seq",
+    "head",
+    "kvhead",
+    "dhead",
+    "num_stacks",
+    "experts",
+    "kexperts",
+    "capacity_factor",
+    "shared_experts",
+    "dense_layers",
+    "dense_dff",
+    "q_lora_rank",
+    "kv_lora_rank",
+    "drope",
+    *MODEL_OPTIONS,
     "causal",
 )
 """The options a :class:`Preset` may set: the model's dimensions (fields of
