@@ -29,14 +29,6 @@ from stg.explore.serve_defaults import (
 
 app = typer.Typer(add_completion=False)
 
-HOST_LINK_BYTES_PER_S = {
-    # per direction, PCIe x16 to the host: NVIDIA H100 and H200 data sheets (PCIe Gen5,
-    # 128 GB/s both ways), A100 data sheet (PCIe Gen4, 64 GB/s both ways)
-    "hopper": 64e9,
-    "ampere": 32e9,
-}
-"""Bytes/s a GPU copies to or from host memory (swap preemption), by architecture."""
-
 
 def _replica(
     model: str,
@@ -266,7 +258,7 @@ def serve(
     from stg.explore.serve import timeline as timeline_of
     from stg.explore.serve_cost import kv_transfer, replica_blocks, replica_pricer
     from stg.explore.serve_requests import generate, read_trace
-    from stg.perf.system import load_system
+    from stg.perf.system import HOST_LINK_BYTES_PER_S, load_system
 
     overhead = (
         parse_duration(iteration_overhead, "--iteration-overhead")

@@ -388,6 +388,16 @@ H100_NETWORK: list[dict[str, Any]] = [
     },
 ]
 
+HOST_LINK_BYTES_PER_S = {
+    # per direction, PCIe x16 to the host: NVIDIA H100 and H200 data sheets (PCIe Gen5,
+    # 128 GB/s both ways), A100 data sheet (PCIe Gen4, 64 GB/s both ways)
+    "hopper": 64e9,
+    "ampere": 32e9,
+}
+"""Bytes/s a GPU copies to or from host memory (a serving engine's swap preemption), by
+architecture."""
+
+
 PRESETS: dict[str, dict[str, Any]] = {
     "a100-80g": {
         "name": "a100-80g",
@@ -524,8 +534,6 @@ PRESETS.update(DEVICE_PRESETS)
 # Blackwell (HGX B200/B300, GB200/GB300 NVL72) and AMD Instinct MI300X/MI325X/MI355X: data
 # sheets cited in each preset's sources (stg.perf.accelerators).
 PRESETS.update(ACCELERATOR_PRESETS)
-
-
 
 
 def preset_names() -> tuple[str, ...]:
