@@ -163,3 +163,23 @@ def test_split_options_off_are_not_recorded() -> None:
     assert split.pipeline_layers == (1, 3) and split.recorded()["pipeline_layers"] == (1, 3)
     with pytest.raises(OptionError):
         chunk_layer_counts(options(num_stacks=4, pp=2, pipeline_layers=(1, 2)))
+
+
+def test_a_sweep_spells_splits_with_plus(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from stg.errors import UserError
+    from stg.explore.space import values_of
+
+    assert values_of("pipeline_layers", "0+2+2,2+2+0") == [(0, 2, 2), (2, 2, 0)]
+    assert values_of("pipeline_layers", [0, 2, 2]) == [(0, 2, 2)]  # one split as a TOML list
+    assert values_of("pipeline_layers", [[0, 2, 2], "1+2+1"]) == [(0, 2, 2), (1, 2, 1)]
+    with pytest.raises(UserError, match="joined by '\\+'"):
+        values_of("pipeline_layers", "0+x")
+    spec = tmp_path / "spec.toml"
+    spec.write_text(
+        'model = "gpt"\nnum_stacks = 4\npp = 2\nbatch = 16\nmicro_batch = 4\n'
+        'pipeline_layers = "1+3,3+1"\n'
+    )
+    result = CliRunner().invoke(app, ["sweep", str(spec), "-o", str(tmp_path / "s"), "--json"])
+    assert result.exit_code == 0, result.output
+    table = (tmp_path / "s" / "results.csv").read_text().splitlines()
+    assert len(table) == 3  # a header and one row per split

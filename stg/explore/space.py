@@ -106,6 +106,15 @@ def convert(name: str, value: Any) -> Any:
     if name == "recompute_modules":  # one configuration's modules joined by "+"
         items = value if isinstance(value, list | tuple) else str(value).split("+")
         return tuple(str(v).strip().lower() for v in items if str(v).strip())
+    if name == "pipeline_layers":  # one configuration's chunk layer counts joined by "+"
+        items = value if isinstance(value, list | tuple) else str(value).split("+")
+        words = [str(v).strip() for v in items if str(v).strip()]
+        if not all(word.isdigit() for word in words):
+            raise UserError(
+                f"pipeline_layers={value!r} is not a list of layer counts; allowed: integers "
+                ">= 0 joined by '+' (e.g. 0+4+4+4)"
+            )
+        return tuple(int(word) for word in words)
     if name == "precision":
         from stg.core.precision import load_plan
 
@@ -142,6 +151,9 @@ def convert(name: str, value: Any) -> Any:
 
 def values_of(name: str, raw: Any) -> list[Any]:
     """Every value of one spec entry: a list, a range string, or a scalar."""
+    if name == "pipeline_layers" and isinstance(raw, list | tuple) and raw:
+        if all(isinstance(item, int) and not isinstance(item, bool) for item in raw):
+            raw = [raw]  # one configuration written as a list of counts
     if isinstance(raw, list | tuple):
         items: list[Any] = []
         for item in raw:
