@@ -152,3 +152,29 @@ def test_search_axes_refuse_unknown_words(capsys: pytest.CaptureFixture[str]) ->
             capsys, "search", "--model", "debug", "--gpus", 2, "--batch", 4, flag, value
         )
         assert code == 2 and allowed in err and err.count("\n") == 1
+
+
+def test_search_finds_the_last_stage_split_that_balances_a_heavy_output_layer(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Two pipeline stages, 8 Llama layers (h 2048, F 8192) and a vocabulary of 65,536. A
+    layer's GEMMs are 2·(4h² + 3hF) = 134 MFLOP per token (+6 % causal attention at s 2048),
+    the output layer's 2·h·V = 268 MFLOP: the head weighs about two layers. The even split
+    (4 | 4 + head) paces the pipeline at ~6 layers a micro-batch; 3 layers on the last stage
+    (5 | 3 + head) at ~5; 2 (6 | 2 + head) at ~6 again. Only Megatron's
+    --decoder-last-pipeline-num-layers spells the optimum, 3."""
+    model = dict(model="llama", dvocal=65536, dmodel=2048, dff=8192, head=16, kvhead=16,
+                 seq=2048, num_stacks=8, batch=16)  # fmt: skip
+    code, out, err = run(
+        capsys, "search", *[item for k, v in model.items() for item in (f"--{k}", v)],
+        "--gpus", 2, "--pp", 2, "--tp", 1, "--micro-batch", 1, "--zero", 0,
+        "--recompute", "none", "--schedule", "1f1b", "--last-stage-layers", "1..7",
+        "--refine", 7, "--top", 7, "-s", "h100-80g", "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    best = json.loads(out)["best"]
+    time = {b["plan"].get("last_stage_layers", 4): b["time"]["iteration_time_s"] for b in best}
+    assert len(time) == 7  # the even split once (4 on the last stage), not twice
+    assert min(time, key=time.__getitem__) == 3
+    assert time[3] < 0.95 * time[4] and time[3] < 0.95 * time[2]
+    assert best[0]["plan"]["last_stage_layers"] == 3

@@ -48,6 +48,7 @@ TRAINING_AXES = {
     "ep_layout_values": "--ep_layout",
     "recompute_layer_values": "--recompute-layers",
     "split_values": "--pipeline-split",
+    "last_stage_values": "--last-stage-layers",
 }
 SERVING_AXES = {
     "replica_batch_values": "--replica-batch",
@@ -200,6 +201,13 @@ def _own_parameters() -> list[inspect.Parameter]:
             "How stages split the layers where pp > 1: even (as even as possible), embedding, "
             "loss, both (those counted as a layer, Megatron's --account-for-*-in-pipeline-split;"
             " default: even).",
+        ),
+        _axis(
+            "last_stage_values",
+            "--last-stage-layers",
+            "Layer counts of the last pipeline stage to try too where pp > 1, the other stages "
+            "splitting the rest evenly (Megatron's --decoder-last-pipeline-num-layers; fewer "
+            "layers beside a heavy output layer; default: none).",
         ),
         _axis("zero_values", "--zero", "0, 1, 2, fsdp (default: all)."),
         _axis(
@@ -399,6 +407,7 @@ def search(**values: Any) -> None:
             values.pop("split_values"), tuple(PIPELINE_SPLITS), "--pipeline-split"
         )
         or default.pipeline_splits,
+        last_stage_layers=_ints(values.pop("last_stage_values")) or (),
     )
     base = options_from_cli(values)
     registry = get_registry()
@@ -488,7 +497,9 @@ def _print(base: Any, gpus: int, system: Any, result: Any) -> None:
             str(i),
             str(p["dp"]),
             str(p["tp"]),
-            str(p["pp"]) + (f" {p['pipeline_split']}" if "pipeline_split" in p else ""),
+            str(p["pp"])
+            + (f" {p['pipeline_split']}" if "pipeline_split" in p else "")
+            + (f" last {p['last_stage_layers']}" if "last_stage_layers" in p else ""),
             str(p["ep"]) + (" fold" if "ep_layout" in p else ""),
             str(p["cp"]),
             str(p["micro_batch"]),

@@ -44,6 +44,7 @@ PLAN_FIELDS = (
     "recompute_num_layers",
     "account_for_embedding_in_pipeline_split",
     "account_for_loss_in_pipeline_split",
+    "decoder_last_pipeline_num_layers",
 )
 PIPELINE_SPLITS = {
     "even": (False, False),
@@ -76,6 +77,10 @@ class SearchSpace:
     each model chunk recomputed; none: every layer or none)"""
     pipeline_splits: Sequence[str] = ("even",)
     """keys of :data:`PIPELINE_SPLITS` (an uneven split is tried where pp > 1)"""
+    last_stage_layers: Sequence[int] = ()
+    """layer counts of the last pipeline stage to try too (Megatron's
+    ``--decoder-last-pipeline-num-layers``: the other stages split the rest evenly), where
+    pp > 1; a heavy output layer is balanced by giving its stage fewer layers"""
 
 
 @dataclass
@@ -115,6 +120,8 @@ class Candidate:
         split = (o.account_for_embedding_in_pipeline_split, o.account_for_loss_in_pipeline_split)
         if any(split):
             out["pipeline_split"] = next(k for k, v in PIPELINE_SPLITS.items() if v == split)
+        if o.decoder_last_pipeline_num_layers is not None:
+            out["last_stage_layers"] = o.decoder_last_pipeline_num_layers
         return out
 
     def as_dict(self) -> dict[str, Any]:
@@ -191,7 +198,12 @@ def plans(
             continue
         per_replica = base.batch // replicas
         sizes = space.micro_batch_per_replica or powers_of_two_upto(per_replica)
-        splits = [k for k in space.pipeline_splits if k == "even" or pp > 1]
+        splits: list[tuple[bool, bool, int | None]] = [
+            (*PIPELINE_SPLITS[k], None) for k in space.pipeline_splits if k == "even" or pp > 1
+        ]
+        if pp > 1:
+            even_last = base.num_stacks // pp  # the even split gives the last stage no extra
+            splits += [(False, False, n) for n in space.last_stage_layers if n != even_last]
         for b in sizes:
             if per_replica % b:
                 continue
@@ -213,7 +225,7 @@ def plans(
                 zero, sharded = (0, True) if sharding == "fsdp" else (int(sharding), False)
                 if (zero or sharded) and dp * sp == 1:
                     continue  # nothing to shard over
-                embedding, loss = PIPELINE_SPLITS[split]
+                embedding, loss, last = split
                 modules = base.recompute_modules
                 out.append(
                     replace(
@@ -235,6 +247,7 @@ def plans(
                         recompute_num_layers=block,
                         account_for_embedding_in_pipeline_split=embedding,
                         account_for_loss_in_pipeline_split=loss,
+                        decoder_last_pipeline_num_layers=last,
                     )
                 )
     return out
@@ -484,6 +497,7 @@ def _search(
         etp=None,
         account_for_embedding_in_pipeline_split=False,
         account_for_loss_in_pipeline_split=False,
+        decoder_last_pipeline_num_layers=None,
     )
     fast_record = registry.predictors.get(work.fast)
     work_flops = _call(
