@@ -12,7 +12,10 @@ node of every micro-batch it composes per-layer costs in closed form:
   shape and cached. Its forward and backward of one layer, the embedding and the head are
   list-scheduled as the DAG predictor does (compute stream, one stream per communicator,
   smallest id first), which gives each part's time with its exposed tensor-parallel (and
-  FSDP) communication: ``f`` and ``b``.
+  FSDP) communication: ``f`` and ``b``. A stack whose layers differ (DeepSeek's dense and
+  MoE layers, a hybrid pattern, windowed attention on some layers; :func:`unlike_layers`)
+  is built instead with every layer on its own stages, from the same small number of
+  replicas and micro-batches, and each stage's layers are priced as they are.
 - **Pipeline.** Stage i of p holds L_i layers (:func:`stg.api.chunk_layer_counts`: as even
   as possible, or Megatron's uneven split): ``F_i = L_i·f (+ embedding, + head)``, likewise
   ``B_i``. With m micro-batches the GPipe pipeline takes
@@ -223,6 +226,16 @@ def schedule_part(nodes: Sequence[Any], cost: Mapping[int, float]) -> float:
 
 
 @dataclasses.dataclass
+class LayerCost:
+    """One layer of one micro-batch: its forward, its backward (with any recomputation) and
+    its gradient reductions per communicator."""
+
+    fwd: PartCost
+    bwd: PartCost
+    reductions: dict[tuple[str, ...], float]
+
+
+@dataclasses.dataclass
 class Parts:
     """Per-micro-batch parts and per-iteration collectives of the reduced workload."""
 
@@ -259,6 +272,10 @@ class Parts:
     layer_bwd_kept: PartCost | None = None
     """under ``recompute_method``: the backward of a layer that is not recomputed
     (``layer_bwd`` is then a recomputed one's)"""
+    stage_layers: list[list[LayerCost]] | None = None
+    """a stack of unlike layers (DeepSeek's dense and MoE layers, hybrid stacks, windowed
+    attention on some layers): each stage's layers in order, each priced as it is (instead of
+    ``layer_fwd``, ``layer_bwd`` and ``layer_reductions`` for every layer)"""
 
 
 def reduced_dp(o: GenerateOptions) -> int:
@@ -419,6 +436,46 @@ class _Pricer:
         return 0.0
 
 
+def unlike_layers(o: GenerateOptions, registry: Any) -> bool:
+    """Whether the layers of ``o``'s stack differ: several block kinds in the model's stack
+    (DeepSeek's dense and MoE layers, a hybrid pattern), or a windowed or chunked attention
+    span on all but every k-th layer."""
+    if o.full_attention_every and (o.attention_window or o.attention_chunk):
+        return True
+    model = registry.models.get(o.model) if registry is not None else None
+    if model is None:
+        return False
+    return len({kind for kind, _, _ in model.layer_runs(o.as_dict())}) > 1
+
+
+def stack_options(o: GenerateOptions) -> GenerateOptions:
+    """The options of the small workload that holds every layer of ``o`` on its own stages:
+    the same pipeline split, schedule and micro-batch per replica, the replicas of
+    :func:`reduced_dp`, and as few micro-batches as the schedule allows."""
+    dp = reduced_dp(o)
+    per_replica = (o.micro_batch or o.batch) // o.data_replicas
+    micro = per_replica * (dp if o.ep_folded else dp * o.ep)
+    micro_batches = o.pp if o.pipeline_schedule == "interleaved" else 1
+    return dataclasses.replace(o, dp=dp, batch=micro * micro_batches, micro_batch=micro)
+
+
+def _stage_layers(rank_class: Any, pricer: Any, reductions: Any) -> list[LayerCost]:
+    """The layers a stage's rank class holds, in order, each priced as it is."""
+    parts = _index(rank_class).parts
+    indices = sorted(
+        {n for part, _ in parts if part.startswith("layer") and (n := part[5:]).isdigit()},
+        key=int,
+    )
+    return [
+        LayerCost(
+            _part_cost(parts.get((f"layer{i}", "fwd"), []), pricer),
+            _part_cost(parts.get((f"layer{i}", "bwd"), []), pricer),
+            reductions(rank_class, f"layer{i}", after=False),
+        )
+        for i in indices
+    ]
+
+
 def analyse(
     o: GenerateOptions,
     system: System,
@@ -430,9 +487,13 @@ def analyse(
     given the whole ``workload`` of ``o``, price the parts of its own rank classes."""
     kept: PartCost | None = None
     kept_nodes: dict[tuple[str, str], list[Any]] | None = None
+    unlike = unlike_layers(o, registry)
     if workload is not None:
         one = one_p = two = workload
         dp_r = o.dp
+    elif unlike:
+        one = one_p = two = workload = _build(stack_options(o), registry)
+        dp_r = reduced_dp(o)
     else:
         if o.recompute_method:  # the layers not recomputed, on a workload of their own
             plain = dataclasses.replace(reduced_options(o, 1), activation_recompute="none")
@@ -538,7 +599,11 @@ def analyse(
             )
             for c in stages
         ]
+    stage_layers = None
+    if unlike and workload is not None:
+        stage_layers = [_stage_layers(c, pricer, reductions) for c in stages]
     return Parts(
+        stage_layers=stage_layers,
         stage_optimizer=stage_optimizer,
         stage_after=stage_after,
         layer_fwd=_part_cost(pick(first, layer, "fwd"), pricer),
@@ -675,11 +740,18 @@ def predict_options(
         for stage, mode, unit in reversed(recompute_units(o)):
             cost = parts.layer_bwd if mode == "full" else parts.layer_bwd_kept
             layer_bwds[stage].extend([cost] * len(unit))
+    # each stage's layers, last first: the backward's time and the reductions it issues
+    layer_drains = [[(b, parts.layer_reductions) for b in stage] for stage in layer_bwds]
+    if parts.stage_layers is not None:
+        layer_drains = [[(c.bwd, c.reductions) for c in reversed(st)] for st in parts.stage_layers]
     fwd: list[PartCost] = []
     bwd: list[PartCost] = []
     for s in range(p):
         f = parts.layer_fwd.scaled(layers[s]) + parts.chunk_fwd.scaled(v)
-        if o.recompute_method:
+        if parts.stage_layers is not None:
+            f = sum((c.fwd for c in parts.stage_layers[s]), PartCost()) + parts.chunk_fwd.scaled(v)
+            b = sum((c.bwd for c in parts.stage_layers[s]), PartCost()) + parts.chunk_bwd.scaled(v)
+        elif o.recompute_method:
             b = sum(layer_bwds[s], PartCost()) + parts.chunk_bwd.scaled(v)
         else:
             b = parts.layer_bwd.scaled(layers[s]) + parts.chunk_bwd.scaled(v)
@@ -721,9 +793,9 @@ def predict_options(
             clock += parts.head_bwd.time
             for axes, c in parts.head_reductions.items():
                 ready.setdefault(axes, []).append((clock, c))
-        for layer_bwd in layer_bwds[s]:
+        for layer_bwd, layer_reductions in layer_drains[s]:
             clock += layer_bwd.time
-            for axes, c in parts.layer_reductions.items():
+            for axes, c in layer_reductions.items():
                 ready.setdefault(axes, []).append((clock, c))
         if s == 0:
             clock += parts.embedding_bwd.time
@@ -733,12 +805,13 @@ def predict_options(
         if parts.serial_reductions:
             # in the last micro-batch each layer's backward waits for the previous layer's
             # reductions: they add up on the critical path
-            end_backward += layers[s] * sum(parts.layer_reductions.values())
+            end_backward += sum(sum(r.values()) for _, r in layer_drains[s])
             finish = end_backward
+            chained = {axes for _, r in layer_drains[s] for axes in r}
             ready = {
                 axes: [(end_backward, sum(c for _, c in queue[:1]))]
                 for axes, queue in ready.items()
-                if axes not in parts.layer_reductions
+                if axes not in chained
             }
         for queue in ready.values():
             finish = max(finish, _tail([r for r, _ in queue], [c for _, c in queue]))
