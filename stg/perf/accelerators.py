@@ -4,10 +4,15 @@ rack-scale GB200 and GB300 NVL72) and AMD Instinct MI300X, MI325X and MI355X.
 Each preset is a system in the JSON form of :mod:`stg.perf.system`, its figures from the
 vendors' data sheets, dense (not 2:4 sparse: NVIDIA's tables print sparse rates, halved
 here), each with its source in the preset's ``sources`` (``stg inspect system NAME --json``).
-Data-sheet figures only: no kernel or clock measurement of these GPUs is at hand, so
-``sustained_clock_ghz`` is the clock at which the data sheet's peaks are stated (these GPUs
-do throttle under sustained tensor load, as the H100 and H200 measured here do: the
-predictions are optimistic by that much).
+
+**Sustained clock (Blackwell).** As the H100 and H200 measured here, a B200 under sustained
+tensor load runs at its power cap, below the clock of the data sheet's peaks: 1.58 GHz at
+1,000 W (against a 1.965 GHz boost) under back-to-back bf16 attention (flashinfer-ai/flashinfer
+pull request #2899; tests/data/kernels/blackwell-published.jsonl). The other Blackwell boards
+have no published clock under load; theirs follows from the B200's by the power model of
+:mod:`stg.perf.power` (power ~ SMs x f^3 at the same voltage-frequency curve): a GB200's B200
+at 1,200 W, a B300 (160 SMs) at 1,100 W and a GB300 at 1,400 W. AMD's presets keep the clock of
+their data sheets' peaks (no measurement under load at hand: optimistic by the throttling).
 
 **Scale-up domains.** The first network dimension is the GPUs one NVLink (Infinity Fabric)
 domain joins: 8 on an HGX or AMD baseboard, 72 in a GB200/GB300 NVL72 rack, whose NVLink
@@ -33,13 +38,16 @@ line rate and latencies are NCCL's (``hwLat``), as for the h100-80g preset.
 
 Compute efficiencies of unshaped nodes: the h100-80g preset's for Blackwell (the same
 Transformer Engine software lineage), the a100-80g preset's for AMD (as :mod:`stg.perf.devices`
-does for GPUs without a measurement); streaming at the H100's measured 0.89 and the A100
-preset's 0.8 of HBM bandwidth respectively.
+does for GPUs without a measurement). Streaming: a B200 adds 2^28 fp16 elements at 6.72 TB/s,
+0.84 of its 8 TB/s (NVIDIA/cccl pull request #7391), for every Blackwell preset (the same HBM3e
+generation); AMD's at the A100 preset's 0.8.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from stg.perf.power import clock_under_power_limit
 
 HGX_PAGE = "NVIDIA HGX platform page (nvidia.com/en-us/data-center/hgx), specifications table"
 GB200_PAGE = "NVIDIA GB200 NVL72 page (nvidia.com/en-us/data-center/gb200-nvl72), specifications"
@@ -50,9 +58,13 @@ ULTRA_BLOG = (
 )
 AMD_PAGE = "AMD Instinct {0} data sheet (amd.com/en/products/accelerators/instinct), peak table"
 
+B200_STREAM_EFFICIENCY = 6.721 / 8.0
+"""2^28 fp16 elements added (6 bytes each) at 6.721 TB/s on a B200 (NVIDIA/cccl pull request
+#7391, benchmark table 'add', F16 row), over the data sheet's 8 TB/s."""
+
 BLACKWELL_EFFICIENCY: dict[str, Any] = {
     "compute_efficiency": {"gemm": 0.75, "attention": 0.55, "other": 0.8},
-    "memory_efficiency": 0.89,
+    "memory_efficiency": round(B200_STREAM_EFFICIENCY, 3),
     "kernel_overhead_us": 2,
 }
 CDNA_EFFICIENCY: dict[str, Any] = {
@@ -60,6 +72,38 @@ CDNA_EFFICIENCY: dict[str, Any] = {
     "memory_efficiency": 0.8,
     "kernel_overhead_us": 2,
 }
+
+B200_SUSTAINED_CLOCK_GHZ = 1.58
+"""SM clock of a B200 under back-to-back bf16 tensor-core kernels at its 1,000 W cap
+(flashinfer-ai/flashinfer pull request #2899: 'SM clocks drop from 1965 MHz to ~1580 MHz',
+'Power spikes to ~1000W')."""
+B200_TDP_W = 1000  # HGX platform page: 1,000 W per B200
+B200_SMS = 148
+
+
+def blackwell_sustained_clock(tdp_w: float, sm_count: int) -> float:
+    """The sustained SM clock (GHz) of a Blackwell board whose ``sm_count`` SMs share a
+    ``tdp_w`` cap: the B200's measured clock moved along :mod:`stg.perf.power`'s ``f^3`` law
+    by the power per SM (the same process, the same voltage-frequency curve)."""
+    per_sm = tdp_w / sm_count
+    clock = clock_under_power_limit(B200_SUSTAINED_CLOCK_GHZ, B200_TDP_W / B200_SMS, per_sm)
+    return round(clock, 3)
+
+
+B200_CLOCK_SOURCE = (
+    "measured: 1.58 GHz under back-to-back bf16 attention at ~1,000 W, against a 1,965 MHz "
+    "boost (flashinfer-ai/flashinfer pull request #2899)"
+)
+
+
+def scaled_clock_source(tdp_w: int, sm_count: int) -> str:
+    """The source line of a clock derived from the B200's by the power model."""
+    return (
+        f"derived: the B200's measured 1.58 GHz at 1,000 W / 148 SMs (flashinfer-ai/flashinfer "
+        f"pull request #2899) moved to {tdp_w:,} W / {sm_count} SMs by the f^3 power law "
+        "(stg.perf.power); this board's own clock under load is unpublished"
+    )
+
 
 NO_CLOCK_MEASUREMENT = (
     "no measurement: the clock at which the data sheet's peaks are stated (data sheet only)"
@@ -130,7 +174,7 @@ ACCELERATOR_PRESETS: dict[str, dict[str, Any]] = {
         "hbm_gib": 180,
         "sm_count": 148,
         "peak_clock_ghz": 1.856,
-        "sustained_clock_ghz": 1.856,
+        "sustained_clock_ghz": B200_SUSTAINED_CLOCK_GHZ,
         "arch": "blackwell",
         "tdp_w": 1000,
         **BLACKWELL_EFFICIENCY,
@@ -144,7 +188,7 @@ ACCELERATOR_PRESETS: dict[str, dict[str, Any]] = {
             "tile-ai/TileFoundry pull request #76)",
             "peak_clock_ghz": "2,250 TFLOP/s / (148 SMs x 8,192 dense 16-bit FLOP per SM "
             "per clock, twice Hopper's 4,096)",
-            "sustained_clock_ghz": NO_CLOCK_MEASUREMENT,
+            "sustained_clock_ghz": B200_CLOCK_SOURCE,
             "tdp_w": f"{HGX_PAGE}: 1,000 W per B200 GPU",
             "network": f"{NVLINK5_SOURCES}; NVLS 0.53: 830 GB/s all-reduce bus bandwidth on "
             "8 B200s (NVIDIA/nccl issue #1807); DGX B200 data sheet: 8 ConnectX-7 400 Gb/s",
@@ -168,7 +212,7 @@ ACCELERATOR_PRESETS: dict[str, dict[str, Any]] = {
         "hbm_gib": 288,
         "sm_count": 160,
         "peak_clock_ghz": 1.717,
-        "sustained_clock_ghz": 1.717,
+        "sustained_clock_ghz": blackwell_sustained_clock(1100, 160),
         "arch": "blackwell",
         "tdp_w": 1100,
         **BLACKWELL_EFFICIENCY,
@@ -182,7 +226,7 @@ ACCELERATOR_PRESETS: dict[str, dict[str, Any]] = {
             "sm_count": f"{ULTRA_BLOG}: 160 SMs",
             "peak_clock_ghz": "2,250 TFLOP/s / (160 SMs x 8,192 dense 16-bit FLOP per SM "
             "per clock)",
-            "sustained_clock_ghz": NO_CLOCK_MEASUREMENT,
+            "sustained_clock_ghz": scaled_clock_source(1100, 160),
             "tdp_w": "HGX B300: 1,100 W per GPU (Verda's per-GPU table)",
             "network": f"{NVLINK5_SOURCES}; NVLS as measured on HGX B200 (the same NVLink 5 "
             "switches; no B300 measurement); HGX B300: 8 ConnectX-8 800 Gb/s SuperNICs",
@@ -206,7 +250,7 @@ ACCELERATOR_PRESETS: dict[str, dict[str, Any]] = {
         "hbm_gib": 186,
         "sm_count": 148,
         "peak_clock_ghz": 2.062,
-        "sustained_clock_ghz": 2.062,
+        "sustained_clock_ghz": blackwell_sustained_clock(1200, 148),
         "arch": "blackwell",
         "tdp_w": 1200,
         **BLACKWELL_EFFICIENCY,
@@ -219,7 +263,7 @@ ACCELERATOR_PRESETS: dict[str, dict[str, Any]] = {
             "sm_count": "the B200's 148 SMs (the same die)",
             "peak_clock_ghz": "2,500 TFLOP/s / (148 SMs x 8,192 dense 16-bit FLOP per SM "
             "per clock)",
-            "sustained_clock_ghz": NO_CLOCK_MEASUREMENT,
+            "sustained_clock_ghz": scaled_clock_source(1200, 148),
             "tdp_w": "GB200's B200 configured to 1,200 W (glennklockwood.com/garden/processors/"
             "B200, from NVIDIA's Blackwell datasheet)",
             "network": f"{NVLINK5_SOURCES}; {GB200_PAGE}: 72 GPUs, 130 TB/s NVLink; NVLS "
@@ -246,7 +290,7 @@ ACCELERATOR_PRESETS: dict[str, dict[str, Any]] = {
         "hbm_gib": 288,
         "sm_count": 160,
         "peak_clock_ghz": 1.907,
-        "sustained_clock_ghz": 1.907,
+        "sustained_clock_ghz": blackwell_sustained_clock(1400, 160),
         "arch": "blackwell",
         "tdp_w": 1400,
         **BLACKWELL_EFFICIENCY,
@@ -259,7 +303,7 @@ ACCELERATOR_PRESETS: dict[str, dict[str, Any]] = {
             "sm_count": f"{ULTRA_BLOG}: 160 SMs",
             "peak_clock_ghz": "2,500 TFLOP/s / (160 SMs x 8,192 dense 16-bit FLOP per SM "
             "per clock)",
-            "sustained_clock_ghz": NO_CLOCK_MEASUREMENT,
+            "sustained_clock_ghz": scaled_clock_source(1400, 160),
             "tdp_w": "GB300: 1,400 W per GPU (Verda's per-GPU table)",
             "network": f"{NVLINK5_SOURCES}; NVLS as measured on a GB200 NVL72 rack (the same "
             "switch trays; no GB300 measurement); {GB300_PAGE}: 72 ConnectX-8 SuperNICs, "

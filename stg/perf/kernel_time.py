@@ -155,14 +155,14 @@ FUSED_ATTENTION["ada"] = FUSED_ATTENTION["ampere"]
 # :func:`attention_time` price every fused request on them as unfused.
 FUSED_ATTENTION["volta"] = {}
 FUSED_ATTENTION["turing"] = {}
-# Blackwell (B200, B300, GB200, GB300; sm_100): no kernel measurement at hand, so the fractions
-# are of the data-sheet peak at the data-sheet clock (these presets' sustained clock), from
-# published bf16 runs on a B200 (2,250 TFLOP/s dense):
-# - cudnn (cuDNN's fused attention, what Transformer Engine runs on sm_100): FlashAttention-4
-#   reaches 1,605 TFLOP/s forward at d 128, "71 % utilization", "up to 1.3x faster than cuDNN
-#   9.13" (Zadouri et al. 2026, arXiv:2603.05451; together.ai/blog/flashattention-4): cuDNN
-#   1,605 / 1.3 = 1,235; about 1,150 at d 64, sequence >= 8k (Dao-AILab/flash-attention pull
-#   request #2605, its cuDNN column).
+# Blackwell (B200, B300, GB200, GB300; sm_100), fractions of the peak at the sustained clock:
+# - cudnn (cuDNN's fused attention, what Transformer Engine runs on sm_100): FlashAttention-4 is
+#   "up to 1.3x faster than cuDNN 9.13" (Zadouri et al. 2026, arXiv:2603.05451;
+#   together.ai/blog/flashattention-4), and ran b 4, s 8192, h 16, d 128 bf16 forward at 1,237
+#   TFLOP/s on a B200 throttled to its sustained 1.58 GHz (flashinfer-ai/flashinfer pull request
+#   #2899): cuDNN 1,237 / 1.3 of 148 SMs x 8,192 FLOP x 1.58 GHz. d 64 by cuDNN's own d 64 over
+#   d 128 rate: about 1,150 TFLOP/s at d 64, sequence >= 8k (Dao-AILab/flash-attention pull
+#   request #2605, its cuDNN column) against 1,605 / 1.3 at d 128 (FA4's paper).
 # - flash2 (FlashAttention-2, PyTorch SDPA's flash backend: its sm_80 code on sm_100): cuDNN's
 #   SDPA ran a 506k-token attention 2.86x faster (546.8 -> 191.2 ms, B200;
 #   sgl-project/sglang pull request #33655), so cuDNN's fractions / 2.86.
@@ -176,8 +176,15 @@ def _with_hopper_backward(forward: dict[int, float]) -> dict[int, tuple[float, f
     return {d: (f, f * _HOPPER_BACKWARD_RATIO[d]) for d, f in forward.items()}
 
 
-FLASH4_B200_TFLOPS_D128 = 1605.0
-_BLACKWELL_CUDNN = {64: 1150 / 2250, 128: FLASH4_B200_TFLOPS_D128 / 1.3 / 2250}
+FLASH4_B200_SUSTAINED_TFLOPS_D128 = 1237.0
+B200_PEAK_AT_SUSTAINED_CLOCK_TFLOPS = 148 * 8192 * 1.58e9 / 1e12
+FLASH4_OVER_CUDNN = 1.3
+_CUDNN_D128 = FLASH4_B200_SUSTAINED_TFLOPS_D128 / FLASH4_OVER_CUDNN
+_CUDNN_D64_OVER_D128 = 1150 / (1605 / FLASH4_OVER_CUDNN)
+_BLACKWELL_CUDNN = {
+    64: _CUDNN_D128 * _CUDNN_D64_OVER_D128 / B200_PEAK_AT_SUSTAINED_CLOCK_TFLOPS,
+    128: _CUDNN_D128 / B200_PEAK_AT_SUSTAINED_CLOCK_TFLOPS,
+}
 FUSED_ATTENTION["blackwell"] = {
     "cudnn": AttentionKernel("cudnn", _with_hopper_backward(_BLACKWELL_CUDNN), (1e-6, 8e-6)),
     "flash2": AttentionKernel(

@@ -1,0 +1,98 @@
+"""The Blackwell presets against published kernel-level measurements
+(tests/data/kernels/blackwell-published.jsonl: each row cites its source): the B200's sustained
+clock under load, a large cuBLAS GEMM, cuDNN's fused attention (through FlashAttention-4's
+throttled rate), the GB300's GEMM range at 1,400 W, and streaming bandwidth. No B200 was at
+hand to measure with benchmarks/measure_kernels.py; these are other people's measurements."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from stg.perf.accelerators import B200_SUSTAINED_CLOCK_GHZ, blackwell_sustained_clock
+from stg.perf.kernel_time import attention_flops, attention_time, gemm_time
+from stg.perf.power import clock_under_power_limit
+from stg.perf.system import load_system
+
+POINTS = [
+    json.loads(line)
+    for line in (Path(__file__).parent / "data" / "kernels" / "blackwell-published.jsonl")
+    .read_text()
+    .splitlines()
+]
+
+
+def _rows(kind: str) -> list[dict]:
+    rows = [p for p in POINTS if p["kind"] == kind]
+    assert rows, kind
+    return rows
+
+
+def test_every_point_cites_its_source() -> None:
+    for point in POINTS:
+        assert point["source"].startswith("https://") and point["where"].strip(), point
+
+
+def test_b200_sustains_the_measured_clock() -> None:
+    (row,) = _rows("clock")
+    b200 = load_system("b200-180g")
+    assert b200.sustained_clock_ghz == row["sustained_clock_mhz"] / 1000
+    assert b200.tdp_w == row["board_power_w"]
+    assert b200.sustained_clock_ghz < b200.peak_clock_ghz < row["boost_clock_mhz"] / 1000
+
+
+@pytest.mark.parametrize(
+    ("name", "watts", "sms"),
+    [("gb200-nvl72", 1200, 148), ("b300-288g", 1100, 160), ("gb300-nvl72", 1400, 160)],
+)
+def test_other_blackwell_clocks_follow_the_power_per_sm(name: str, watts: int, sms: int) -> None:
+    """f = f_B200 * ((W / SMs) / (1000 W / 148))^(1/3), below the clock of the board's peaks."""
+    system = load_system(name)
+    expected = B200_SUSTAINED_CLOCK_GHZ * ((watts / sms) / (1000 / 148)) ** (1 / 3)
+    assert system.sustained_clock_ghz == pytest.approx(expected, abs=5e-4)
+    assert system.sustained_clock_ghz == blackwell_sustained_clock(watts, sms)
+    assert system.sustained_clock_ghz == pytest.approx(
+        clock_under_power_limit(B200_SUSTAINED_CLOCK_GHZ, 1000 / 148, watts / sms), abs=5e-4
+    )
+    assert system.sustained_clock_ghz < system.peak_clock_ghz
+
+
+def test_b200_gemm_against_cublas() -> None:
+    gpu = load_system("b200-180g").gpu
+    for row in _rows("gemm"):
+        m, n, k = row["m"], row["n"], row["k"]
+        tflops = 2 * m * n * k / gemm_time(gpu, m, n, k, row["dtype"]) / 1e12
+        assert tflops == pytest.approx(row["tflops"], rel=0.08), (row, tflops)
+
+
+def test_gb300_gemm_within_the_published_range() -> None:
+    (row,) = _rows("gemm_range")
+    system = load_system("gb300-nvl72")
+    assert system.tdp_w == row["board_power_w"]
+    for size in (4096, 8192, 16384):
+        tflops = 2 * size**3 / gemm_time(system.gpu, size, size, size, row["dtype"]) / 1e12
+        assert row["tflops_low"] <= tflops <= row["tflops_high"], (size, tflops)
+
+
+def test_b200_cudnn_attention_against_flash4_at_the_sustained_clock() -> None:
+    """cuDNN's modelled rate on the measured shape, times FA4's 1.3x lead, is the measured FA4
+    rate (the shape model's waves and block overheads cost a few per cent)."""
+    (row,) = _rows("attention")
+    gpu = load_system("b200-180g").gpu
+    shape = dict(batch=row["batch"], heads=row["heads"], s_q=row["seq"], s_kv=row["seq"])
+    for causal in (False, True):
+        seconds = attention_time(
+            gpu, "cudnn", **shape, head_dim=row["head_dim"], causal=causal, dtype=row["dtype"]
+        )
+        flops = attention_flops(**shape, head_dim=row["head_dim"], causal=causal)
+        assert 1.3 * flops / seconds / 1e12 == pytest.approx(row["tflops"], rel=0.06), causal
+
+
+def test_blackwell_streams_at_the_measured_bandwidth() -> None:
+    (row,) = _rows("stream")
+    nbytes = row["elements"] * row["bytes_per_element"]
+    for name in ("b200-180g", "gb200-nvl72", "b300-288g", "gb300-nvl72"):
+        gpu = load_system(name).gpu
+        assert nbytes / gpu.stream_time(nbytes) / 1e12 == pytest.approx(row["tbps"], rel=0.01)
