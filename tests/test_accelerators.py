@@ -148,7 +148,7 @@ def test_inspect_system_names_the_sources_and_every_peak() -> None:
     assert result.exit_code == 0, result.output
     assert "fp8 4500 / int8 4500 / fp6 4500 / fp4 9000 TFLOP/s (dense)" in result.stdout
     assert "source of sustained_clock_ghz: measured: 1.58 GHz" in result.stdout
-    result = runner.invoke(app, ["inspect", "system", "mi300x-192g"], env={"COLUMNS": "300"})
+    result = runner.invoke(app, ["inspect", "system", "mi355x-288g"], env={"COLUMNS": "300"})
     assert "source of sustained_clock_ghz: no measurement" in result.stdout
 
 

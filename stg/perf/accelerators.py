@@ -12,7 +12,11 @@ pull request #2899; tests/data/kernels/blackwell-published.jsonl). The other Bla
 have no published clock under load; theirs follows from the B200's by the power model of
 :mod:`stg.perf.power` (power ~ SMs x f^3 at the same voltage-frequency curve): a GB200's B200
 at 1,200 W, a B300 (160 SMs) at 1,100 W and a GB300 at 1,400 W. AMD's presets keep the clock of
-their data sheets' peaks (no measurement under load at hand: optimistic by the throttling).
+the MI300X and MI325X run dense GEMMs at 1,207 and 1,447 MHz (the median clock of AMD's
+max-achievable-FLOPs runs of hipBLASLt, bf16: AMD ROCm blog 'Measuring Max-Achievable FLOPs -
+Part 2', 2025-02, Table 1; tests/data/kernels/cdna-published.jsonl) against a 2,100 MHz peak
+engine clock. The MI355X keeps the clock of its data sheet's peaks (no measurement under load at
+hand: optimistic by the throttling).
 
 **Scale-up domains.** The first network dimension is the GPUs one NVLink (Infinity Fabric)
 domain joins: 8 on an HGX or AMD baseboard, 72 in a GB200/GB300 NVL72 rack, whose NVLink
@@ -30,17 +34,20 @@ as quoted in NVIDIA/nccl issue #1807): 721.8 of 900 GB/s, efficiency 0.80 (the s
 the h100-80g preset's 0.82). NVLS: 8 B200s reach 830 GB/s of all-reduce bus bandwidth
 (NVIDIA/nccl issue #1807), an algorithm bandwidth of 830 / (2 · 7/8) = 474 GB/s, 0.53 of
 900; a whole GB200 NVL72 rack (72 ranks) 835-847 GB/s at 4-8 GiB, 423-429 GB/s algorithm
-bandwidth, 0.47 of 900 (coreweave/nccl-tests pull request #43). Infinity Fabric: no RCCL
-measurement at hand, so 0.75 of the link rate, as the NVLink presets of :mod:`stg.perf.devices`
-assume; RCCL inherits NCCL's tuning model and treats xGMI as NVLink, hence ``link: nvlink``,
-without NVLS (AMD's GPUs connect point to point, no switch). Scale-out NICs reach 0.9 of their
-line rate and latencies are NCCL's (``hwLat``), as for the h100-80g preset.
+bandwidth, 0.47 of 900 (coreweave/nccl-tests pull request #43). Infinity Fabric: RCCL's own
+model of a gfx94x xGMI link is 48 of its 64 GB/s per direction after protocol and CRC overheads
+(ROCm/rccl issue #1210, ``ncclTopoXGMISpeed``), 0.75 of the link rate; RCCL inherits NCCL's
+tuning model and treats xGMI as NVLink, hence ``link: nvlink``, without NVLS (AMD's GPUs
+connect point to point, no switch). Scale-out NICs reach 0.9 of their line rate and
+latencies are NCCL's (``hwLat``), as for the h100-80g preset.
 
 Compute efficiencies of unshaped nodes: the h100-80g preset's for Blackwell (the same
 Transformer Engine software lineage), the a100-80g preset's for AMD (as :mod:`stg.perf.devices`
-does for GPUs without a measurement). Streaming: a B200 adds 2^28 fp16 elements at 6.72 TB/s,
+does for GPUs without a measurement); AMD's streaming at 0.79 of HBM bandwidth, the 4.2 of
+5.3 TB/s ROCm's roofline benchmark reaches on an MI300X (ROCm/legacy-rocm-build issue #5070).
+Streaming: a B200 adds 2^28 fp16 elements at 6.72 TB/s,
 0.84 of its 8 TB/s (NVIDIA/cccl pull request #7391), for every Blackwell preset (the same HBM3e
-generation); AMD's at the A100 preset's 0.8.
+generation).
 """
 
 from __future__ import annotations
@@ -67,9 +74,13 @@ BLACKWELL_EFFICIENCY: dict[str, Any] = {
     "memory_efficiency": round(B200_STREAM_EFFICIENCY, 3),
     "kernel_overhead_us": 2,
 }
+MI300X_STREAM_EFFICIENCY = 4.2 / 5.3
+"""ROCm's roofline benchmark reaches 4.2 TB/s of an MI300X's 5.3 (ROCm/legacy-rocm-build issue
+#5070)."""
+
 CDNA_EFFICIENCY: dict[str, Any] = {
     "compute_efficiency": {"gemm": 0.8, "attention": 0.6, "other": 0.8},
-    "memory_efficiency": 0.8,
+    "memory_efficiency": round(MI300X_STREAM_EFFICIENCY, 3),
     "kernel_overhead_us": 2,
 }
 
@@ -105,6 +116,13 @@ def scaled_clock_source(tdp_w: int, sm_count: int) -> str:
     )
 
 
+MAF_BLOG = (
+    "AMD ROCm blog 'Measuring Max-Achievable FLOPs - Part 2' (rocm.blogs.amd.com, 2025-02-28), "
+    "Table 1"
+)
+MI300X_SUSTAINED_CLOCK_GHZ = 1.207  # MAF_BLOG: MI300X BF16 708 TFLOPs at a median 1,207 MHz
+MI325X_SUSTAINED_CLOCK_GHZ = 1.447  # MAF_BLOG: MI325X BF16 843 TFLOPs at a median 1,447 MHz
+
 NO_CLOCK_MEASUREMENT = (
     "no measurement: the clock at which the data sheet's peaks are stated (data sheet only)"
 )
@@ -134,7 +152,7 @@ def infinity_fabric(gbps_per_direction: float) -> dict[str, Any]:
         "size": 8,
         "bandwidth_gbps": gbps_per_direction,
         "latency_us": 3.4,
-        "efficiency": 0.75,
+        "efficiency": 0.75,  # RCCL's 48 of 64 GB/s per xGMI link (ROCm/rccl issue #1210)
         "link": "nvlink",
     }
 
@@ -326,7 +344,7 @@ ACCELERATOR_PRESETS: dict[str, dict[str, Any]] = {
         "hbm_gib": 192,
         "sm_count": 304,
         "peak_clock_ghz": 2.1,
-        "sustained_clock_ghz": 2.1,
+        "sustained_clock_ghz": MI300X_SUSTAINED_CLOCK_GHZ,
         "arch": "cdna3",
         "tdp_w": 750,
         **CDNA_EFFICIENCY,
@@ -338,7 +356,8 @@ ACCELERATOR_PRESETS: dict[str, dict[str, Any]] = {
             "hbm": AMD_PAGE.format("MI300X") + ": 192 GB HBM3, 5.3 TB/s",
             "sm_count": AMD_PAGE.format("MI300X") + ": 304 compute units",
             "peak_clock_ghz": AMD_PAGE.format("MI300X") + ": peak engine clock 2,100 MHz",
-            "sustained_clock_ghz": NO_CLOCK_MEASUREMENT,
+            "sustained_clock_ghz": f"measured: {MAF_BLOG}: the median clock, 1,207 MHz, of "
+            "hipBLASLt bf16 GEMMs at 708 TFLOP/s (4096 x 4864 x 32896, randomised inputs, warm)",
             "tdp_w": AMD_PAGE.format("MI300X") + ": 750 W total board power",
             "network": AMD_PAGE.format("MI300X") + ": 7 Infinity Fabric links, 896 GB/s "
             "aggregate (bidirectional): 448 GB/s per direction; one 400 Gb/s NIC per GPU "
@@ -361,7 +380,7 @@ ACCELERATOR_PRESETS: dict[str, dict[str, Any]] = {
         "hbm_gib": 256,
         "sm_count": 304,
         "peak_clock_ghz": 2.1,
-        "sustained_clock_ghz": 2.1,
+        "sustained_clock_ghz": MI325X_SUSTAINED_CLOCK_GHZ,
         "arch": "cdna3",
         "tdp_w": 1000,
         **CDNA_EFFICIENCY,
@@ -373,7 +392,8 @@ ACCELERATOR_PRESETS: dict[str, dict[str, Any]] = {
             "hbm": AMD_PAGE.format("MI325X") + ": 256 GB HBM3E, 6 TB/s",
             "sm_count": AMD_PAGE.format("MI325X") + ": 304 compute units",
             "peak_clock_ghz": AMD_PAGE.format("MI325X") + ": peak engine clock 2,100 MHz",
-            "sustained_clock_ghz": NO_CLOCK_MEASUREMENT,
+            "sustained_clock_ghz": f"measured: {MAF_BLOG}: the median clock, 1,447 MHz, of "
+            "hipBLASLt bf16 GEMMs at 843 TFLOP/s",
             "tdp_w": AMD_PAGE.format("MI325X") + ": 1,000 W total board power",
             "network": AMD_PAGE.format("MI325X") + ": 7 Infinity Fabric links, 896 GB/s "
             "aggregate; one 400 Gb/s NIC per GPU",

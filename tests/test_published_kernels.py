@@ -1,8 +1,10 @@
-"""The Blackwell presets against published kernel-level measurements
-(tests/data/kernels/blackwell-published.jsonl: each row cites its source): the B200's sustained
-clock under load, a large cuBLAS GEMM, cuDNN's fused attention (through FlashAttention-4's
-throttled rate), the GB300's GEMM range at 1,400 W, and streaming bandwidth. No B200 was at
-hand to measure with benchmarks/measure_kernels.py; these are other people's measurements."""
+"""The Blackwell and AMD presets against published kernel-level measurements, each row citing its
+source: tests/data/kernels/blackwell-published.jsonl (the B200's sustained clock under load, a
+large cuBLAS GEMM, cuDNN's fused attention through FlashAttention-4's throttled rate, the
+GB300's GEMM range at 1,400 W, streaming bandwidth) and cdna-published.jsonl (AMD's
+max-achievable-FLOPs GEMMs with their clocks, HBM streaming, RCCL's xGMI link rate, AITER's
+attention). No B200 or MI300X was at hand to measure with benchmarks/measure_kernels.py: these
+are other people's measurements."""
 
 from __future__ import annotations
 
@@ -16,22 +18,20 @@ from stg.perf.kernel_time import attention_flops, attention_time, gemm_time
 from stg.perf.power import clock_under_power_limit
 from stg.perf.system import load_system
 
-POINTS = [
-    json.loads(line)
-    for line in (Path(__file__).parent / "data" / "kernels" / "blackwell-published.jsonl")
-    .read_text()
-    .splitlines()
-]
+KERNELS = Path(__file__).parent / "data" / "kernels"
+POINTS = [json.loads(line) for line in (KERNELS / "blackwell-published.jsonl").open()]
+CDNA_POINTS = [json.loads(line) for line in (KERNELS / "cdna-published.jsonl").open()]
+CDNA_PRESET = {"MI300X": "mi300x-192g", "MI325X": "mi325x-256g"}
 
 
-def _rows(kind: str) -> list[dict]:
-    rows = [p for p in POINTS if p["kind"] == kind]
+def _rows(kind: str, points: list[dict] = POINTS) -> list[dict]:
+    rows = [p for p in points if p["kind"] == kind]
     assert rows, kind
     return rows
 
 
 def test_every_point_cites_its_source() -> None:
-    for point in POINTS:
+    for point in (*POINTS, *CDNA_POINTS):
         assert point["source"].startswith("https://") and point["where"].strip(), point
 
 
@@ -96,3 +96,44 @@ def test_blackwell_streams_at_the_measured_bandwidth() -> None:
     for name in ("b200-180g", "gb200-nvl72", "b300-288g", "gb300-nvl72"):
         gpu = load_system(name).gpu
         assert nbytes / gpu.stream_time(nbytes) / 1e12 == pytest.approx(row["tbps"], rel=0.01)
+
+
+def test_amd_gemms_against_max_achievable_flops() -> None:
+    """AMD's MAF GEMMs (4096 x 4864 or 3648 x 32896, bf16, fp16, fp8) within 8 %: the presets
+    run them at the bf16 run's median clock, hipBLASLt's 192- and 256-wide tiles included."""
+    for row in _rows("gemm", CDNA_POINTS):
+        gpu = load_system(CDNA_PRESET[row["gpu"]]).gpu
+        m, n, k = row["m"], row["n"], row["k"]
+        tflops = 2 * m * n * k / gemm_time(gpu, m, n, k, row["dtype"]) / 1e12
+        assert tflops == pytest.approx(row["tflops"], rel=0.08), (row["gpu"], row["dtype"], tflops)
+        if row["dtype"] == "bf16":
+            assert gpu.sustained_clock_ghz == row["clock_mhz"] / 1000
+
+
+def test_mi355x_keeps_its_data_sheet_clock() -> None:
+    system = load_system("mi355x-288g")
+    assert system.sustained_clock_ghz == system.peak_clock_ghz
+    assert "no measurement" in system.sources["sustained_clock_ghz"]
+
+
+def test_amd_streaming_and_xgmi_rates() -> None:
+    (stream,) = _rows("stream", CDNA_POINTS)
+    (link,) = _rows("link", CDNA_POINTS)
+    system = load_system("mi300x-192g")
+    assert system.hbm_bandwidth * system.memory_efficiency / 1e12 == pytest.approx(
+        stream["tbps"], rel=0.01
+    )
+    domain = system.network[0]
+    assert domain.bandwidth / 7 / 1e9 == link["line_rate_gbps"]  # 7 links per GPU
+    assert domain.effective_bandwidth / 7 / 1e9 == pytest.approx(link["gbps_per_direction"])
+
+
+def test_aiter_attention_at_the_published_rate() -> None:
+    """A long causal d 128 forward (saturated: many waves of 128-row blocks) runs within 5 % of
+    AITER's published 480 TFLOP/s on the MI300X preset."""
+    (row,) = _rows("attention", CDNA_POINTS)
+    gpu = load_system("mi300x-192g").gpu
+    shape = dict(batch=4, heads=64, s_q=16384, s_kv=16384, head_dim=row["head_dim"])
+    seconds = attention_time(gpu, "aiter", **shape, causal=row["causal"], dtype=row["dtype"])
+    tflops = attention_flops(**shape, causal=row["causal"]) / seconds / 1e12
+    assert tflops == pytest.approx(row["tflops"], rel=0.05)
