@@ -7,8 +7,8 @@ The presets' peaks are the data sheets'; their sustained clocks, streaming and a
 come from published kernel-level measurements (tests/data/kernels/blackwell-published.jsonl,
 cdna-published.jsonl), and nothing here is fitted to these points. Each point must predict and
 stay within its ``guard``, a band that catches gross regressions, not an accuracy claim; the
-tables with each error and the
-mean |error| go to the run's summary (the targets: 10 % training, 15 % serving).
+tables with each error and the mean |error| go to the run's summary (the targets: 10 %
+training, 15 % serving).
 """
 
 from __future__ import annotations
