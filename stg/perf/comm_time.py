@@ -523,10 +523,12 @@ def ramp(choice: Choice, level: Level, ranks: int = NVLS_CURVE_RANKS) -> float:
 def nvls_share_ramp(buffer: float, ranks: int) -> float:
     """The ramp of an NVLS all-reduce of ``buffer`` bytes over ``ranks`` GPUs: each GPU reduces
     (``multimem.ld_reduce``) and multicasts its ``1/ranks`` share of the buffer through the
-    switches, so the pipeline it fills holds ``buffer / ranks`` bytes; the curve measured on 8
-    GPUs (:data:`MID_SIZE_EFFICIENCY`) read at the buffer whose share of 8 is that. Checked on a
-    whole GB200 NVL72 rack (72 GPUs, 18 NVLink switch chips; tests/data/nccl/nvl72.jsonl)."""
-    return mid_size_efficiency(buffer * NVLS_CURVE_RANKS / ranks)
+    switches, so the pipeline it fills holds ``buffer / ranks`` bytes. Beyond the 8 GPUs the
+    curve was measured on (:data:`MID_SIZE_EFFICIENCY`), it is read at the buffer whose share of
+    8 is that: a whole GB200 NVL72 rack (72 GPUs, 18 NVLink switch chips) ramps that much more
+    slowly (tests/data/nccl/nvl72.jsonl). Fewer GPUs keep the measured curve (no measurement
+    of a faster ramp)."""
+    return mid_size_efficiency(buffer * NVLS_CURVE_RANKS / max(ranks, NVLS_CURVE_RANKS))
 
 
 def level_parts(kind: Kind, buffer: float, n: int, level: Level) -> tuple[float, float]:
