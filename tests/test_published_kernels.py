@@ -95,8 +95,11 @@ def test_blackwell_streams_at_the_measured_bandwidth() -> None:
     (row,) = _rows("stream")
     nbytes = row["elements"] * row["bytes_per_element"]
     for name in ("b200-180g", "gb200-nvl72", "b300-288g", "gb300-nvl72"):
-        gpu = load_system(name).gpu
-        assert nbytes / gpu.stream_time(nbytes) / 1e12 == pytest.approx(row["tbps"], rel=0.01)
+        system = load_system(name)
+        assert nbytes / system.gpu.stream_time(nbytes) / 1e12 == pytest.approx(
+            row["tbps"], rel=0.01
+        )
+        assert "NVIDIA/cccl pull request #7391" in system.sources["memory_efficiency"]
 
 
 def test_amd_gemms_against_max_achievable_flops() -> None:
@@ -124,6 +127,7 @@ def test_amd_streaming_and_xgmi_rates() -> None:
     assert system.hbm_bandwidth * system.memory_efficiency / 1e12 == pytest.approx(
         stream["tbps"], rel=0.01
     )
+    assert "issue #5070" in system.sources["memory_efficiency"]
     domain = system.network[0]
     assert domain.bandwidth / 7 / 1e9 == link["line_rate_gbps"]  # 7 links per GPU
     assert domain.effective_bandwidth / 7 / 1e9 == pytest.approx(link["gbps_per_direction"])

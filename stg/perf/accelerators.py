@@ -123,6 +123,15 @@ MAF_BLOG = (
 MI300X_SUSTAINED_CLOCK_GHZ = 1.207  # MAF_BLOG: MI300X BF16 708 TFLOPs at a median 1,207 MHz
 MI325X_SUSTAINED_CLOCK_GHZ = 1.447  # MAF_BLOG: MI325X BF16 843 TFLOPs at a median 1,447 MHz
 
+BLACKWELL_STREAM_SOURCE = (
+    "0.84: a B200 adds 2^28 fp16 elements at 6.721 of its 8 TB/s (NVIDIA/cccl pull request "
+    "#7391, benchmark table 'add'); the same HBM3e generation on every Blackwell board"
+)
+CDNA_STREAM_SOURCE = (
+    "0.79: ROCm's roofline benchmark reaches 4.2 of an MI300X's 5.3 TB/s "
+    "(ROCm/legacy-rocm-build issue #5070); the same fraction on the other Instinct boards"
+)
+
 NO_CLOCK_MEASUREMENT = (
     "no measurement: the clock at which the data sheet's peaks are stated (data sheet only)"
 )
@@ -198,6 +207,7 @@ ACCELERATOR_PRESETS: dict[str, dict[str, Any]] = {
         **BLACKWELL_EFFICIENCY,
         "network": [nvlink5(8, NVLS_HGX_B200), scale_out(50)],
         "sources": {
+            "memory_efficiency": BLACKWELL_STREAM_SOURCE,
             "peak_tflops": f"{HGX_PAGE}, HGX B200 (8 GPUs, sparse except FP32): FP4 144, "
             "FP8/FP6 72, INT8 72 POPS, FP16/BF16 36, TF32 18 PFLOPS, FP32 600 TFLOPS; "
             "halved (dense) and divided by 8",
@@ -236,6 +246,7 @@ ACCELERATOR_PRESETS: dict[str, dict[str, Any]] = {
         **BLACKWELL_EFFICIENCY,
         "network": [nvlink5(8, NVLS_HGX_B200), scale_out(100)],
         "sources": {
+            "memory_efficiency": BLACKWELL_STREAM_SOURCE,
             "peak_tflops": f"{HGX_PAGE}, HGX B300 (8 GPUs): FP4 144 sparse / 105 dense, "
             "FP8/FP6 72, FP16/BF16 36, TF32 18 PFLOPS sparse, FP32 600 TFLOPS; per GPU dense; "
             "INT8 0.15 POPS dense (Verda, 'NVIDIA GB300 NVL72: GPU Architecture & "
@@ -274,6 +285,7 @@ ACCELERATOR_PRESETS: dict[str, dict[str, Any]] = {
         **BLACKWELL_EFFICIENCY,
         "network": [nvlink5(72, NVLS_NVL72), scale_out(50)],
         "sources": {
+            "memory_efficiency": BLACKWELL_STREAM_SOURCE,
             "peak_tflops": f"{GB200_PAGE}, GB200 NVL72 (72 GPUs, sparse except FP32): FP4 "
             "1,440, FP8/FP6 720, INT8 720 POPS, FP16/BF16 360, TF32 180 PFLOPS, FP32 5,760 "
             "TFLOPS; halved (dense) and divided by 72",
@@ -314,6 +326,7 @@ ACCELERATOR_PRESETS: dict[str, dict[str, Any]] = {
         **BLACKWELL_EFFICIENCY,
         "network": [nvlink5(72, NVLS_NVL72), scale_out(100)],
         "sources": {
+            "memory_efficiency": BLACKWELL_STREAM_SOURCE,
             "peak_tflops": f"{GB300_PAGE}, GB300 NVL72 (72 GPUs): FP4 1,440 sparse / 1,080 "
             "dense, FP8/FP6 720, FP16/BF16 360, TF32 180 PFLOPS sparse, INT8 23 POPS sparse; "
             "per GPU dense; FP32 80 TFLOPS per GPU (Verda's per-GPU table)",
@@ -350,6 +363,7 @@ ACCELERATOR_PRESETS: dict[str, dict[str, Any]] = {
         **CDNA_EFFICIENCY,
         "network": [infinity_fabric(448), scale_out(50)],
         "sources": {
+            "memory_efficiency": CDNA_STREAM_SOURCE,
             "peak_tflops": AMD_PAGE.format("MI300X")
             + ": FP32 vector 163.4, TF32 matrix 653.7, FP16/BF16 1,307.4, FP8 2,614.9 "
             "TFLOPS, INT8 2,614.9 TOPS (dense)",
@@ -386,6 +400,7 @@ ACCELERATOR_PRESETS: dict[str, dict[str, Any]] = {
         **CDNA_EFFICIENCY,
         "network": [infinity_fabric(448), scale_out(50)],
         "sources": {
+            "memory_efficiency": CDNA_STREAM_SOURCE,
             "peak_tflops": AMD_PAGE.format("MI325X") + ": the MI300X's CDNA 3 compute "
             "(304 CUs at 2,100 MHz): FP32 vector 163.4, TF32 653.7, FP16/BF16 1,307.4, FP8 "
             "2,614.9 TFLOPS, INT8 2,614.9 TOPS (dense)",
@@ -423,6 +438,7 @@ ACCELERATOR_PRESETS: dict[str, dict[str, Any]] = {
         **CDNA_EFFICIENCY,
         "network": [infinity_fabric(537.6), scale_out(50)],
         "sources": {
+            "memory_efficiency": CDNA_STREAM_SOURCE,
             "peak_tflops": AMD_PAGE.format("MI355X") + ": FP32 157.3, FP16/BF16 2,516.6 "
             "(2.5 PF), FP8 5,033.2, MXFP6 and MXFP4 10,066.3 TFLOPS, INT8 5,033.2 TOPS "
             "(dense); no TF32 matrix rate in CDNA 4: fp32",
