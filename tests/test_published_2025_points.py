@@ -51,6 +51,8 @@ def test_points_are_well_formed(registry: Registry) -> None:
     assert len(ids) == len(set(ids)), "duplicate ids"
     for entry in TRAINING:
         assert run_options(entry, registry).world_size == entry["gpus"], entry["id"]
+        if entry["options"].get("dtype") == "fp8":  # the table's recipe, named per row
+            assert entry["fp8_recipe"] in ("current", "mxfp8"), entry["id"]
     for entry in SERVING:
         assert serving_options(entry, registry, "decode").world_size == entry["gpus"]
     for entry in (*TRAINING, *SERVING):
