@@ -179,6 +179,9 @@ NVLS_LATENCY_S = 23.0e-6
 """NVLink SHARP all-reduce on one node: NCCL's fixed latency of the NVLS algorithm
 (``baseLat`` NVLS Simple, 23 us; no per-step latency, ``hwLat`` NVLink NVLS is 0)."""
 
+NVLS_CURVE_RANKS = 8
+"""The GPUs of the NVLS all-reduce that :data:`MID_SIZE_EFFICIENCY` was measured on (8 H200s)."""
+
 NVLS_MIN_RANKS = 3
 """NCCL enables NVLS only for communicators of more than two GPUs of a node
 (src/transport/nvls.cc, ``ncclNvlsInit``: ``if (... gpuCount <= 2) return``)."""
@@ -503,15 +506,29 @@ def choose(kind: Kind, buffer: float, n: int, level: Level) -> Choice:
     return min(candidates(kind, buffer, n, level), key=Choice.tuner_time)
 
 
-def ramp(choice: Choice, level: Level) -> float:
+def ramp(choice: Choice, level: Level, ranks: int = NVLS_CURVE_RANKS) -> float:
     """The fraction of its saturated rate ``choice`` reaches: :func:`mid_size_efficiency` of
     the bytes each GPU moves, on NVLink, for the collectives whose protocol pipelines NCCL's
     buffer slots step by step around the group (Simple, LL128); the LL protocol (a flag in
     every 8-byte line) runs at its own rate from the first line, and so do point-to-point
-    transfers (sends, all-to-all): no ring of dependent steps to fill."""
+    transfers (sends, all-to-all): no ring of dependent steps to fill. NVLS over ``ranks``
+    GPUs: :func:`nvls_share_ramp`."""
     if level.link != "nvlink" or choice.protocol is LL or choice.algorithm is Algorithm.P2P:
         return 1.0
+    if choice.algorithm is Algorithm.NVLS:
+        return nvls_share_ramp(choice.moved, ranks)
     return mid_size_efficiency(choice.moved)
+
+
+def nvls_share_ramp(buffer: float, ranks: int) -> float:
+    """The ramp of an NVLS all-reduce of ``buffer`` bytes over ``ranks`` GPUs: each GPU reduces
+    (``multimem.ld_reduce``) and multicasts its ``1/ranks`` share of the buffer through the
+    switches, so the pipeline it fills holds ``buffer / ranks`` bytes. Beyond the 8 GPUs the
+    curve was measured on (:data:`MID_SIZE_EFFICIENCY`), it is read at the buffer whose share of
+    8 is that: a whole GB200 NVL72 rack (72 GPUs, 18 NVLink switch chips) ramps that much more
+    slowly (tests/data/nccl/nvl72.jsonl). Fewer GPUs keep the measured curve (no measurement
+    of a faster ramp)."""
+    return mid_size_efficiency(buffer * NVLS_CURVE_RANKS / max(ranks, NVLS_CURVE_RANKS))
 
 
 def level_parts(kind: Kind, buffer: float, n: int, level: Level) -> tuple[float, float]:
@@ -529,7 +546,7 @@ def level_parts(kind: Kind, buffer: float, n: int, level: Level) -> tuple[float,
     choice = choose(kind, buffer, n, level)
     if choice.moved == 0:
         return choice.latency, 0.0
-    return choice.latency, choice.transfer(ramp(choice, level))
+    return choice.latency, choice.transfer(ramp(choice, level, n))
 
 
 def level_time(kind: Kind, buffer: float, n: int, level: Level) -> float:

@@ -65,6 +65,17 @@ H100 data, bf16 grid cases with k <= 512, where it dominates."""
 GEMM_TILES: tuple[tuple[int, int], ...] = ((128, 256), (256, 128), (128, 128), (64, 128))
 """CTA tile shapes cuBLAS chooses among on Hopper and Ampere (CUTLASS's default tiles)."""
 
+CDNA_GEMM_TILES: tuple[tuple[int, int], ...] = (*GEMM_TILES, (256, 192), (192, 256), (256, 256))
+"""hipBLASLt's macro tiles on CDNA 3 and 4 add 192 and 256 sides ("common GPU tile sizes are
+128, 192, and 256", "larger compute tiles (up to 256x256 on MI300X/MI325X)": AMD ROCm blog
+'Measuring Max-Achievable FLOPs - Part 2', 2025-02)."""
+
+ARCH_GEMM_TILES: dict[str, tuple[tuple[int, int], ...]] = {
+    "cdna3": CDNA_GEMM_TILES,
+    "cdna4": CDNA_GEMM_TILES,
+}
+"""Tile shapes per architecture where they are not :data:`GEMM_TILES`."""
+
 SPLIT_K_MIN = 512
 """Smallest k slice of a split-K GEMM (cuBLAS does not split below a few pipeline stages)."""
 
@@ -155,14 +166,14 @@ FUSED_ATTENTION["ada"] = FUSED_ATTENTION["ampere"]
 # :func:`attention_time` price every fused request on them as unfused.
 FUSED_ATTENTION["volta"] = {}
 FUSED_ATTENTION["turing"] = {}
-# Blackwell (B200, B300, GB200, GB300; sm_100): no kernel measurement at hand, so the fractions
-# are of the data-sheet peak at the data-sheet clock (these presets' sustained clock), from
-# published bf16 runs on a B200 (2,250 TFLOP/s dense):
-# - cudnn (cuDNN's fused attention, what Transformer Engine runs on sm_100): FlashAttention-4
-#   reaches 1,605 TFLOP/s forward at d 128, "71 % utilization", "up to 1.3x faster than cuDNN
-#   9.13" (Zadouri et al. 2026, arXiv:2603.05451; together.ai/blog/flashattention-4): cuDNN
-#   1,605 / 1.3 = 1,235; about 1,150 at d 64, sequence >= 8k (Dao-AILab/flash-attention pull
-#   request #2605, its cuDNN column).
+# Blackwell (B200, B300, GB200, GB300; sm_100), fractions of the peak at the sustained clock:
+# - cudnn (cuDNN's fused attention, what Transformer Engine runs on sm_100): FlashAttention-4 is
+#   "up to 1.3x faster than cuDNN 9.13" (Zadouri et al. 2026, arXiv:2603.05451;
+#   together.ai/blog/flashattention-4), and ran b 4, s 8192, h 16, d 128 bf16 forward at 1,237
+#   TFLOP/s on a B200 throttled to its sustained 1.58 GHz (flashinfer-ai/flashinfer pull request
+#   #2899): cuDNN 1,237 / 1.3 of 148 SMs x 8,192 FLOP x 1.58 GHz. d 64 by cuDNN's own d 64 over
+#   d 128 rate: about 1,150 TFLOP/s at d 64, sequence >= 8k (Dao-AILab/flash-attention pull
+#   request #2605, its cuDNN column) against 1,605 / 1.3 at d 128 (FA4's paper).
 # - flash2 (FlashAttention-2, PyTorch SDPA's flash backend: its sm_80 code on sm_100): cuDNN's
 #   SDPA ran a 506k-token attention 2.86x faster (546.8 -> 191.2 ms, B200;
 #   sgl-project/sglang pull request #33655), so cuDNN's fractions / 2.86.
@@ -176,8 +187,15 @@ def _with_hopper_backward(forward: dict[int, float]) -> dict[int, tuple[float, f
     return {d: (f, f * _HOPPER_BACKWARD_RATIO[d]) for d, f in forward.items()}
 
 
-FLASH4_B200_TFLOPS_D128 = 1605.0
-_BLACKWELL_CUDNN = {64: 1150 / 2250, 128: FLASH4_B200_TFLOPS_D128 / 1.3 / 2250}
+FLASH4_B200_SUSTAINED_TFLOPS_D128 = 1237.0
+B200_PEAK_AT_SUSTAINED_CLOCK_TFLOPS = 148 * 8192 * 1.58e9 / 1e12
+FLASH4_OVER_CUDNN = 1.3
+_CUDNN_D128 = FLASH4_B200_SUSTAINED_TFLOPS_D128 / FLASH4_OVER_CUDNN
+_CUDNN_D64_OVER_D128 = 1150 / (1605 / FLASH4_OVER_CUDNN)
+_BLACKWELL_CUDNN = {
+    64: _CUDNN_D128 * _CUDNN_D64_OVER_D128 / B200_PEAK_AT_SUSTAINED_CLOCK_TFLOPS,
+    128: _CUDNN_D128 / B200_PEAK_AT_SUSTAINED_CLOCK_TFLOPS,
+}
 FUSED_ATTENTION["blackwell"] = {
     "cudnn": AttentionKernel("cudnn", _with_hopper_backward(_BLACKWELL_CUDNN), (1e-6, 8e-6)),
     "flash2": AttentionKernel(
@@ -189,18 +207,28 @@ FUSED_ATTENTION["blackwell"] = {
 # CDNA 3 (MI300X, MI325X; gfx942) and CDNA 4 (MI355X; gfx950): AMD's fused attention is
 # Composable Kernel's (``ck``: flash-attn's ROCm backend, PyTorch SDPA's) and AITER's hand-written
 # assembly kernels (``aiter``: what Transformer Engine on ROCm and Megatron-LM's ROCm builds
-# run). No kernel measurement at hand; the one published absolute figure: on an MI355X the
-# best kernels (AITER's assembly, HipKittens) run d 128 forward at twice Mojo's 430 TFLOP/s
-# (B 16, H 16, N 2048; HazyResearch, "HipKittens", 2025-11-09, arXiv:2511.08083): 860 of
-# 2,517 TFLOP/s, 0.34. CK and AITER get that fraction on both generations (the same kernel
-# families; N 2048 is short, so the fraction is low for long sequences), d 64 the same;
-# backward by the Hopper ratio, as for Blackwell.
-_CDNA_EFFICIENCY = _with_hopper_backward({64: 0.34, 128: 0.34})
+# run); no separate figure for CK, which gets AITER's.
+# - CDNA 3: AITER's forward reaches 480 TFLOP/s at d 128, causal (AMD-AGI/Primus-Turbo pull
+#   request #43, a gfx942 build; taken as an MI300X's), of the MI300X's peak at its sustained
+#   1.207 GHz (1,307.4 TFLOP/s x 1.207 / 2.1: the presets' MI300X clock); d 64 the same.
+# - CDNA 4: on an MI355X the best kernels (AITER's assembly, HipKittens) run d 128 forward at
+#   twice Mojo's 430 TFLOP/s (B 16, H 16, N 2048; HazyResearch, "HipKittens", 2025-11-09,
+#   arXiv:2511.08083): 860 of 2,517 TFLOP/s, 0.34 (the MI355X preset keeps its data-sheet
+#   clock); d 64 the same.
+# Backward by the Hopper ratio, as for Blackwell.
+AITER_GFX942_TFLOPS_D128 = 480.0
+MI300X_PEAK_AT_SUSTAINED_CLOCK_TFLOPS = 1307.4 * 1.207 / 2.1
+_CDNA3_FRACTION = AITER_GFX942_TFLOPS_D128 / MI300X_PEAK_AT_SUSTAINED_CLOCK_TFLOPS
+_CDNA3_EFFICIENCY = _with_hopper_backward({64: _CDNA3_FRACTION, 128: _CDNA3_FRACTION})
+_CDNA4_EFFICIENCY = _with_hopper_backward({64: 0.34, 128: 0.34})
 FUSED_ATTENTION["cdna3"] = {
-    "aiter": AttentionKernel("aiter", _CDNA_EFFICIENCY, (1e-6, 16e-6)),
-    "ck": AttentionKernel("ck", _CDNA_EFFICIENCY, (1e-6, 16e-6)),
+    "aiter": AttentionKernel("aiter", _CDNA3_EFFICIENCY, (1e-6, 16e-6)),
+    "ck": AttentionKernel("ck", _CDNA3_EFFICIENCY, (1e-6, 16e-6)),
 }
-FUSED_ATTENTION["cdna4"] = FUSED_ATTENTION["cdna3"]
+FUSED_ATTENTION["cdna4"] = {
+    "aiter": AttentionKernel("aiter", _CDNA4_EFFICIENCY, (1e-6, 16e-6)),
+    "ck": AttentionKernel("ck", _CDNA4_EFFICIENCY, (1e-6, 16e-6)),
+}
 
 ATTENTION_CHOICE: dict[str, dict[str, str]] = {
     "hopper": {"megatron": "cudnn", "eager": "flash2"},
@@ -318,7 +346,7 @@ def gemm_time(
     width = DTYPE_BYTES[dtype]
     out_width = max(width, 2)
     best = math.inf
-    for tile_m, tile_n in GEMM_TILES:
+    for tile_m, tile_n in ARCH_GEMM_TILES.get(gpu.arch, GEMM_TILES):
         tiles = math.ceil(m / tile_m) * math.ceil(n / tile_n) * batch
         split = 1
         while True:
