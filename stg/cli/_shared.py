@@ -496,6 +496,18 @@ SPECS: dict[str, tuple[str, _Spec]] = {
             metavar="N",
         ),
     ),
+    "low_precision_recipe": (
+        _TRAINING,
+        _Spec(
+            "--dtype fp8 training: how the GEMM operands are quantized (stg/core/recipes.py "
+            "cites each): delayed (Transformer Engine's DelayedScaling, default), tensorwise "
+            "(current scaling), rowwise (torchao), blockwise (1x128 activations, 128x128 "
+            "weights, as DeepSeek-V3), mxfp8 (OCP MX: 32-element blocks, E8M0 scales), nvfp4 "
+            "(fp4 GEMMs: 16-element blocks, E4M3 scales, Hadamard transform on wgrad inputs; "
+            "needs a system with an fp4 peak).",
+            metavar="NAME",
+        ),
+    ),
     "phase": (
         _SERVING,
         _Spec(

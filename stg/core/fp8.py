@@ -181,7 +181,7 @@ def quantize_elements(
     gemms = [op for op in forward if op.kind == "einsum" and op.name in module.ops]
     if not gemms:
         return {}
-    activation = _local(next(t for t in gemms[0].inputs if t.kind != "weight"))
+    activation = local_source(next(t for t in gemms[0].inputs if t.kind != "weight"))
     if activation.producer is not None and ".cast_" in activation.producer.name:
         return {}
     out = {gemms[0].name: numel(activation)}
@@ -190,14 +190,15 @@ def quantize_elements(
             (b for b in backward if b.kind == "einsum" and b.name.split(".grad_", 1)[0] == op.name),
             None,
         )
-        read = {id(_local(t)) for t in op.inputs}
-        grads = [_local(t) for t in first.inputs if id(_local(t)) not in read] if first else []
+        read = {id(local_source(t)) for t in op.inputs}
+        inputs = first.inputs if first else ()
+        grads = [local_source(t) for t in inputs if id(local_source(t)) not in read]
         if grads:
             out[first.name] = numel(grads[0])  # type: ignore[union-attr]
     return out
 
 
-def _local(t: Tensor) -> Tensor:
+def local_source(t: Tensor) -> Tensor:
     """The tensor a GEMM operand was gathered or viewed from: sequence parallelism gathers the
     rows that TE quantized locally, in fp8."""
     while t.producer is not None and t.producer.kind in ("collective", "view"):

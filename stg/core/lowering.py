@@ -41,6 +41,17 @@ from stg.core.options import OptionError
 from stg.core.plan import ParallelPlan, recompute_tags
 from stg.core.precision import DTYPE_BYTES
 from stg.core.quantization import DTYPE_BITS
+from stg.core.recipes import (
+    DEFAULT_RECIPE,
+    QUANTIZE_KERNEL_ATTR,
+    QUANTIZE_OPERAND_ATTR,
+    RECIPE_ATTR,
+    RECIPES,
+    QuantizeSite,
+    Recipe,
+    quantize_kernels,
+    quantize_sites,
+)
 from stg.core.symbolic import Dim, Op, Part, Tensor, is_routed_expert
 from stg.core.workload import (
     CHUNK_ATTR,
@@ -833,6 +844,7 @@ def bind_part(
     gradient_buckets: bool = False,
     shard_axes: frozenset[str] = frozenset(),
     cp_comm_type: str = "p2p",
+    recipe: str = DEFAULT_RECIPE,
 ) -> BoundPart:
     """Bind ``part``; ``shard_degree`` is the degree over which ZeRO or FSDP shards its
     gradients and optimizer states (1: not sharded), over the mesh axes ``shard_axes`` where
@@ -863,6 +875,7 @@ def bind_part(
         reduce = bound(part.reduce, _any_collective)
     modules = te_modules(part.forward, binder.local_dim)
     quantized: dict[str, int] = {}
+    sites: list[QuantizeSite] = []
     output_layer: frozenset[str] = frozenset()
     # training computing in fp8 throughout (not a precision plan's casts): TE's recipe
     te_recipe = bool(part.backward) and any(
@@ -870,9 +883,18 @@ def bind_part(
     )
     if te_recipe and part.name == "head":
         output_layer = native_fp8_gemms([*part.forward, *part.backward])
-    elif te_recipe:
+    elif te_recipe and recipe == DEFAULT_RECIPE:
         for module in modules:
             quantized.update(quantize_elements(module, part.forward, part.backward, binder.numel))
+    elif te_recipe:
+        for module in modules:
+            sites += quantize_sites(
+                module,
+                part.forward,
+                part.backward,
+                binder.numel,
+                lambda op: gemm_shape(op, binder),
+            )
     forward = bound(part.forward, _weight_collective)
     backward = bound(part.backward, _weight_collective)
     if fused_attention and part.backward and binder.degrees.get("sp", 1) > 1:  # training
@@ -882,6 +904,9 @@ def bind_part(
     if te_recipe:
         forward = _te_fp8_recipe(forward, quantized, output_layer)
         backward = _te_fp8_recipe(backward, quantized, output_layer)
+    if sites:
+        forward = _recipe_quantization(forward, sites, RECIPES[recipe], binder)
+        backward = _recipe_quantization(backward, sites, RECIPES[recipe], binder)
     return BoundPart(
         part,
         forward,
@@ -922,6 +947,65 @@ def _te_fp8_recipe(
             out.append(replace(op, tensor_size=op.tensor_size * widen))
         else:
             out.append(op)
+    return out
+
+
+def _recipe_quantization(
+    ops: list[BoundOp], sites: list[QuantizeSite], recipe: Recipe, binder: Binder
+) -> list[BoundOp]:
+    """``ops`` with a recipe's quantize kernels (:func:`stg.core.recipes.quantize_kernels`)
+    as nodes of their own before the op each ``site`` names, or before the first collective
+    that moves its tensor (a sequence-parallel gather moves the quantized rows); the GEMMs
+    that read a site's copies wait for its cast, and run in the recipe's dtype."""
+    tags = {op.name: op.tags for op in ops}
+    placed = [s for s in sites if s.before in tags]
+    gemms = {name for s in sites for name in s.consumers}
+    anchor: dict[int, list[tuple[int, QuantizeSite]]] = {}
+    cast_of: dict[str, list[int]] = {}
+    for i, site in enumerate(placed):
+        source = key(site.tensor)
+        at = next(
+            j
+            for j, op in enumerate(ops)
+            if op.name == site.before or (op.type is NodeType.COMM_COLL and source in op.inputs)
+        )
+        anchor.setdefault(at, []).append((i, site))
+    out: list[BoundOp] = []
+    for j, op in enumerate(ops):
+        for i, site in anchor.get(j, []):
+            source = key(site.tensor)
+            # keys of no tensor: ids are multiples of 16, so -id - 3 - 2i is no id or negated id
+            # (context_parallel_attention takes -id - 1)
+            done = -key(site.tensor) - 3 - 2 * (i % 6)
+            reads: tuple[int, ...] = (source,)
+            for kernel in quantize_kernels(recipe, site.operand, site.rows, site.cols):
+                produced = done if kernel.kind == "cast" else done - 1
+                out.append(
+                    BoundOp(
+                        f"{site.before.split('.grad_', 1)[0]}.{kernel.kind}_{site.operand}",
+                        NodeType.COMP,
+                        reads,
+                        (produced,),
+                        num_ops=kernel.num_ops,
+                        tensor_size=kernel.tensor_size,
+                        tags=tags[site.before],
+                        dtype=recipe.dtype,
+                        attrs=(
+                            (QUANTIZE_KERNEL_ATTR, kernel.kind),
+                            (QUANTIZE_OPERAND_ATTR, site.operand),
+                            (RECIPE_ATTR, recipe.name),
+                        ),
+                    )
+                )
+                reads = (source, produced)
+            for name in site.consumers:
+                cast_of.setdefault(name, []).append(done)
+        gemm = any(k == "gemm" for k, _ in op.attrs)
+        if gemm and op.name.split(".", 1)[0] in gemms and op.dtype == "fp8":
+            extra = tuple(k for k in cast_of.get(op.name, ()) if k not in op.inputs)
+            attrs = (*op.attrs, (RECIPE_ATTR, recipe.name))
+            op = replace(op, inputs=(*op.inputs, *extra), dtype=recipe.dtype, attrs=attrs)
+        out.append(op)
     return out
 
 

@@ -191,6 +191,7 @@ def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> Model
             # a whole network in one part: its gradients reduced in DDP's buckets
             gradient_buckets=stackless and plan.zero_degree == 1,
             cp_comm_type=o.cp_comm_type,
+            recipe=o.low_precision_recipe,
         )
     check_options_read(read, model.name)
     if stackless:
