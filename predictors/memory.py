@@ -47,7 +47,9 @@ norms' fp32 per-row statistics and each SwiGLU's SiLU output (:func:`activation_
 A precision plan's fp8 GEMMs that run natively (a GPU with fp8 tensor cores,
 :func:`stg.api.native_fp8`, as Transformer Engine runs them) save their inputs in 1 byte
 (:func:`planned_activation_delta`) and keep fp8 weight copies, counted with the weights
-(:func:`fp8_weight_copy_bytes`).
+(:func:`fp8_weight_copy_bytes`). A low-precision recipe (``--low_precision_recipe``) keeps
+16-bit weights and, beside them, each GEMM weight's two quantized copies with their scales,
+which a generated workload states per stage (the fact ``low_precision_weight_bytes``).
 
 Recompute of some layers only (``recompute_method``, :func:`recompute_layer_bytes`): a
 recomputed unit (one layer, or a uniform group) keeps its first layer's input, any other
@@ -899,6 +901,7 @@ def stage_memory(
     head_bytes: float | None = None,
     system: System | None = None,
     layer_bytes: Mapping[str, float] | None = None,
+    weight_copies: float = 0.0,
 ) -> RankMemory:
     """The memory of one rank of pipeline stage ``stage`` whose model replica holds
     ``parameters`` weights; ``sharded_parameters`` is its padded ZeRO / FSDP shard of them
@@ -911,7 +914,9 @@ def stage_memory(
     planned fp8 GEMM runs natively (its saved input in 1 byte, and Transformer Engine's fp8
     weight copies, :func:`fp8_weight_copy_bytes`, counted with the weights).
     ``layer_bytes``: what one layer of each of these kinds keeps per micro-batch, from the
-    graph, for layers that are not a transformer's (Mamba-2, gated DeltaNet, hybrid)."""
+    graph, for layers that are not a transformer's (Mamba-2, gated DeltaNet, hybrid).
+    ``weight_copies``: the quantized weight copies and scales of a low-precision recipe
+    (``--low_precision_recipe``), from the graph, counted with the weights."""
     o = as_options(options)
     if not kinds:
         kinds = {"moe" if is_mla(o) else "block": layers} if layers else {}
@@ -936,7 +941,7 @@ def stage_memory(
         return RankMemory(
             stage=stage,
             parameters=parameters,
-            weights=state.weights + unsharded_weights,
+            weights=state.weights + weight_copies + unsharded_weights,
             gradients=state.gradients + unsharded_grads,
             optimizer=state.optimizer,
             activations=held * saved_bytes,
@@ -1024,7 +1029,7 @@ def stage_memory(
     return RankMemory(
         stage=stage,
         parameters=parameters,
-        weights=state.weights + fp8_copies + unsharded_weights,
+        weights=state.weights + fp8_copies + weight_copies + unsharded_weights,
         gradients=state.gradients + unsharded_grads,
         optimizer=state.optimizer,
         activations=activations,
@@ -1142,6 +1147,7 @@ def _class_memory(
         head_bytes=facts.get("head_activation_bytes"),
         system=system,
         layer_bytes=facts.get("layer_activation_bytes"),
+        weight_copies=float(facts.get("low_precision_weight_bytes", 0)),
     )
 
 

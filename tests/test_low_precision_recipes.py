@@ -292,3 +292,20 @@ def test_the_default_recipe_is_todays_delayed_scaling() -> None:
     nodes = _nodes()
     assert not any("quantize_kernel" in n.attrs for n in nodes.values())
     assert any("fp8_quantize" in n.attrs for n in nodes.values())
+
+
+@pytest.mark.parametrize("recipe", list(CLOSED_FORMS))
+def test_memory_keeps_16_bit_weights_and_the_quantized_copies(recipe: str) -> None:
+    from stg.predictors.memory import predict_memory
+
+    options = GenerateOptions(**LLAMA, low_precision_recipe=recipe)
+    workload = build_workload(options, load_registry(autoload=False))
+    report = predict_memory(workload, "b200-180g")["classes"][0]
+    copies = 0
+    for (operand, _), (r, c) in SITES.items():
+        if operand == "weight":  # what the recipe's cast writes: less its bf16 reads
+            reads = 2 if recipe == "rowwise" else 1  # torchao rowwise: a cast per copy
+            copies += CLOSED_FORMS[recipe](operand, r, c)["cast"] - reads * 2 * r * c
+    assert report["weights"] == 2 * report["parameters"] + copies
+    delayed = build_workload(GenerateOptions(**LLAMA), load_registry(autoload=False))
+    assert "low_precision_weight_bytes" not in delayed.rank_classes[0].facts

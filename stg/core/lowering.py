@@ -51,6 +51,7 @@ from stg.core.recipes import (
     Recipe,
     quantize_kernels,
     quantize_sites,
+    weight_copy_bytes,
 )
 from stg.core.symbolic import Dim, Op, Part, Tensor, is_routed_expert
 from stg.core.workload import (
@@ -778,6 +779,9 @@ class BoundPart:
     """weight elements of this rank's model replica (before any ZeRO / FSDP split)"""
     fp8_modules: tuple[Fp8Module, ...] = ()
     """Transformer Engine modules with fp8 GEMMs, in forward order (:mod:`stg.core.fp8`)"""
+    weight_copy_bytes: int = 0
+    """bytes of a low-precision recipe's quantized weight copies and their scales, which the
+    rank keeps across the micro-batches (:func:`stg.core.recipes.weight_copy_bytes`)"""
 
     @property
     def fp8_gemms(self) -> int:
@@ -923,6 +927,11 @@ def bind_part(
         _zero_shard(part.weights, binder, shard_degree, shard_axes) if shard_degree > 1 else stored,
         sum(binder.unflat_numel(w) for w in part.weights),
         modules,
+        sum(
+            weight_copy_bytes(RECIPES[recipe], site.rows, site.cols)
+            for site in sites
+            if site.operand == "weight"
+        ),
     )
 
 
@@ -1637,9 +1646,17 @@ def lower_stage(
             "has_embedding": any(bp is emb for _, bp in held),
             "has_head": any(bp is head for _, bp in held),
             "micro_batches": plan.micro_batches,
+            **_weight_copy_fact(held),
             **parts.facts,
         },
     )
+
+
+def _weight_copy_fact(held: list[tuple[str, BoundPart]]) -> dict[str, int]:
+    """``low_precision_weight_bytes``: the quantized weight copies of a recipe that a rank of
+    the stage keeps (none under the default recipe, whose traces keep their bytes)."""
+    copies = sum(bp.weight_copy_bytes for _, bp in held)
+    return {"low_precision_weight_bytes": copies} if copies else {}
 
 
 def stage_parts(stage: int, plan: ParallelPlan, parts: ModelParts) -> list[tuple[str, BoundPart]]:
