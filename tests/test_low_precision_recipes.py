@@ -309,3 +309,68 @@ def test_memory_keeps_16_bit_weights_and_the_quantized_copies(recipe: str) -> No
     assert report["weights"] == 2 * report["parameters"] + copies
     delayed = build_workload(GenerateOptions(**LLAMA), load_registry(autoload=False))
     assert "low_precision_weight_bytes" not in delayed.rank_classes[0].facts
+
+
+def _gathers(**given: Any) -> dict[str, int]:
+    nodes = _nodes(tp=1, dp=4, batch=4, micro_batch=4, weight_sharded=True, **given)
+    return {
+        name: n.comm_size
+        for name, n in nodes.items()
+        if n.comm_type is not None and n.comm_type.name == "ALL_GATHER"
+    }
+
+
+def test_fsdp_gathers_bf16_weights_or_fp8_ones_with_fp8_param_gather() -> None:
+    # the default recipe's graph gathers 1 byte per element: the elements of each gather
+    elements = _gathers()
+    layer = [name for name in elements if "/layer0/" in name]
+    assert layer and any("/embedding/" in name for name in elements)
+    bf16 = _gathers(low_precision_recipe="tensorwise")
+    assert bf16 == {name: 2 * n for name, n in elements.items()}
+    # Megatron's --fp8-param-gather: the TE modules' weights in fp8 with their E8M0 scales
+    # (one byte per 32 elements); the embedding and the output layer stay bf16
+    fp8 = _gathers(low_precision_recipe="mxfp8", fp8_param_gather=True)
+    for name, n in elements.items():
+        assert fp8[name] == (n + -(-n // 32) if name in layer else 2 * n), name
+
+
+def test_fp8_param_gather_keeps_fp8_weights_in_memory() -> None:
+    from stg.predictors.memory import predict_memory
+
+    given = {"tp": 1, "dp": 4, "batch": 4, "micro_batch": 4, "weight_sharded": True}
+    options = GenerateOptions(**{**LLAMA, **given}, low_precision_recipe="blockwise",
+                              fp8_param_gather=True)  # fmt: skip
+    workload = build_workload(options, load_registry(autoload=False))
+    shard = workload.rank_classes[0].facts["shard_parameters"]
+    report = predict_memory(workload, "h100-80g")["classes"][0]
+    # fp8 weights (the shard); beside them each whole GEMM weight's columnwise copy and the
+    # fp32 scales of both copies' 128x128 blocks
+    copies = sum(r * c + 4 * _blocks(r, c, 128, 128) for r, c in (
+        (D, D), (KV * HD, D), (KV * HD, D), (D, D), (F, D), (F, D), (D, F)))  # fmt: skip
+    assert report["weights"] == shard + copies
+
+
+def test_fp8_param_gather_needs_fsdp_and_an_fp8_recipe(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for given in (
+        ["--low_precision_recipe", "nvfp4", "--weight_sharded", "true"],
+        ["--low_precision_recipe", "mxfp8"],
+    ):
+        with pytest.raises(SystemExit) as done:
+            main(["generate", "--dtype", "fp8", *given, "--fp8_param_gather", "true",
+                  "--output_dir", str(tmp_path / "out")])  # fmt: skip
+        assert done.value.code == 2
+        err = capsys.readouterr().err
+        assert "weight_sharded=true and low_precision_recipe one of tensorwise" in err
+
+
+def test_explain_names_the_quantize_nodes() -> None:
+    from stg.predictors.time import predict_time
+
+    options = GenerateOptions(**LLAMA, low_precision_recipe="mxfp8")
+    workload = build_workload(options, load_registry(autoload=False))
+    report = predict_time(workload, "b200-180g", explain=True)
+    parts = report["explain"]["breakdown_s"]
+    assert parts["compute: quantize"] > 0
+    assert sum(parts.values()) == pytest.approx(report["iteration_time_s"], rel=1e-9)

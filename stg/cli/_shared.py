@@ -508,6 +508,16 @@ SPECS: dict[str, tuple[str, _Spec]] = {
             metavar="NAME",
         ),
     ),
+    "fp8_param_gather": (
+        _TRAINING,
+        _Spec(
+            "With --low_precision_recipe tensorwise, blockwise or mxfp8 under FSDP "
+            "(--weight_sharded): keep the weights in fp8 and all-gather them in fp8 (with "
+            "their block scales) instead of bf16 (Megatron's --fp8-param-gather; default off).",
+            parser=parse_bool,
+            metavar=BOOL,
+        ),
+    ),
     "phase": (
         _SERVING,
         _Spec(

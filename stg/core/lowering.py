@@ -49,6 +49,7 @@ from stg.core.recipes import (
     RECIPES,
     QuantizeSite,
     Recipe,
+    gathered_weight_bytes,
     quantize_kernels,
     quantize_sites,
     weight_copy_bytes,
@@ -849,6 +850,7 @@ def bind_part(
     shard_axes: frozenset[str] = frozenset(),
     cp_comm_type: str = "p2p",
     recipe: str = DEFAULT_RECIPE,
+    param_gather: bool = False,
 ) -> BoundPart:
     """Bind ``part``; ``shard_degree`` is the degree over which ZeRO or FSDP shards its
     gradients and optimizer states (1: not sharded), over the mesh axes ``shard_axes`` where
@@ -911,6 +913,11 @@ def bind_part(
     if sites:
         forward = _recipe_quantization(forward, sites, RECIPES[recipe], binder)
         backward = _recipe_quantization(backward, sites, RECIPES[recipe], binder)
+
+    if te_recipe and recipe != DEFAULT_RECIPE:
+        # the output layer and the embedding are no TE modules: their weights stay bf16
+        fp8_params = param_gather and bool(sites)
+        forward = _recipe_weight_gathers(forward, RECIPES[recipe], fp8_params)
     return BoundPart(
         part,
         forward,
@@ -928,7 +935,7 @@ def bind_part(
         sum(binder.unflat_numel(w) for w in part.weights),
         modules,
         sum(
-            weight_copy_bytes(RECIPES[recipe], site.rows, site.cols)
+            weight_copy_bytes(RECIPES[recipe], site.rows, site.cols, param=param_gather)
             for site in sites
             if site.operand == "weight"
         ),
@@ -1014,6 +1021,22 @@ def _recipe_quantization(
             extra = tuple(k for k in cast_of.get(op.name, ()) if k not in op.inputs)
             attrs = (*op.attrs, (RECIPE_ATTR, recipe.name))
             op = replace(op, inputs=(*op.inputs, *extra), dtype=recipe.dtype, attrs=attrs)
+        out.append(op)
+    return out
+
+
+def _recipe_weight_gathers(ops: list[BoundOp], recipe: Recipe, fp8: bool) -> list[BoundOp]:
+    """``ops`` with the FSDP weight all-gathers of a recipe's training part (built in fp8, 1
+    byte per element) moving what the recipe keeps: bf16 weights, or with ``fp8`` (Megatron's
+    ``--fp8-param-gather``) the fp8 rowwise copy and its block scales."""
+    out = []
+    for op in ops:
+        if op.type is NodeType.COMM_COLL and "weight_gather" in op.tags:
+            elements = op.comm_size // DTYPE_BYTES["fp8"]
+            if fp8:
+                op = replace(op, comm_size=gathered_weight_bytes(recipe, elements))
+            else:
+                op = replace(op, comm_size=elements * AUTOCAST_BYTES, dtype=AUTOCAST_DTYPE)
         out.append(op)
     return out
 

@@ -229,7 +229,8 @@ class GenerateOptions:
     ``low_precision_recipe`` is how a ``dtype`` fp8 training run quantizes its GEMMs
     (:mod:`stg.core.recipes`): ``delayed`` (Transformer Engine's delayed scaling, the
     default), ``tensorwise``, ``rowwise``, ``blockwise``, ``mxfp8`` or ``nvfp4`` (GEMMs in
-    fp4).
+    fp4). ``fp8_param_gather`` (Megatron-LM's ``--fp8-param-gather``) keeps the weights of such
+    a run in fp8 and gathers them in fp8 under FSDP (``weight_sharded``), instead of bf16.
     ``reshard_after_forward`` is FSDP2's (``fully_shard``) policy for the gathered weights of
     ``weight_sharded`` runs, with torchtitan's values (``fsdp_reshard_after_forward``):
     ``always`` frees them after a layer's forward (gathered again before its backward),
@@ -350,6 +351,7 @@ class GenerateOptions:
     precision: tuple[tuple[str, str], ...] = ()
     amax_history: int = 1024
     low_precision_recipe: str = "delayed"
+    fp8_param_gather: bool = False
     placement: tuple[tuple[str, int], ...] = ()
     rank_order: str = "tp,sp,ep,dp,pp"
     phase: str = "training"
@@ -469,6 +471,7 @@ class GenerateOptions:
         "placement",
         "dropout",
         "recompute_modules",
+        "fp8_param_gather",
         *OVERLAP_FIELDS,
         *PIPELINE_SPLIT_FIELDS,
     )

@@ -193,6 +193,7 @@ def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> Model
             gradient_buckets=stackless and plan.zero_degree == 1,
             cp_comm_type=o.cp_comm_type,
             recipe=o.low_precision_recipe,
+            param_gather=o.fp8_param_gather,
         )
     check_options_read(read, model.name)
     if stackless:
@@ -222,8 +223,11 @@ def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> Model
     master, state, grad = (DTYPE_BYTES[precision[k]] for k in ("master", "optimizer", "grad"))
     # Adam reads and writes the master weights and both moments and reads the gradient; with
     # mixed precision it also writes the 16-bit working copy of the weights.
-    # a low-precision recipe keeps 16-bit weights beside its quantized copies
-    weight_dtype = AUTOCAST_DTYPE if o.low_precision_recipe != DEFAULT_RECIPE else o.dtype
+    # a low-precision recipe keeps 16-bit weights beside its quantized copies (fp8 ones
+    # with fp8_param_gather)
+    weight_dtype = o.dtype
+    if o.low_precision_recipe != DEFAULT_RECIPE and not o.fp8_param_gather:
+        weight_dtype = AUTOCAST_DTYPE
     per_param = (
         2 * master + 4 * state + grad + (DTYPE_BYTES[weight_dtype] if o.mixed_precision else 0)
     )

@@ -25,7 +25,7 @@ from stg.core.layout import (
 from stg.core.options import GenerateOptions, OptionError
 from stg.core.precision import DTYPE_BYTES
 from stg.core.quantization import FORMAT_ONLY
-from stg.core.recipes import DEFAULT_RECIPE, RECIPES
+from stg.core.recipes import DEFAULT_RECIPE, PARAM_GATHER_RECIPES, RECIPES
 from stg.core.routing import ROUTINGS
 
 MAX_TAG = 500_000_000
@@ -331,6 +331,7 @@ def _check_phase(o: GenerateOptions) -> None:
         ("virtual_stages", o.virtual_stages != 1),
         ("amax_history", o.amax_history != GenerateOptions.amax_history),
         ("low_precision_recipe", o.low_precision_recipe != DEFAULT_RECIPE),
+        ("fp8_param_gather", o.fp8_param_gather),
     )
     for name, given in training_only:
         _require(
@@ -576,6 +577,12 @@ def make_plan(o: GenerateOptions) -> ParallelPlan:
         o.low_precision_recipe == DEFAULT_RECIPE or (o.dtype == "fp8" and not o.precision),
         f"low_precision_recipe={o.low_precision_recipe} quantizes the GEMMs of a training run "
         "computing in fp8: give dtype=fp8 and no precision plan",
+    )
+    _require(
+        not o.fp8_param_gather
+        or (o.low_precision_recipe in PARAM_GATHER_RECIPES and o.weight_sharded),
+        "fp8_param_gather keeps the weights in fp8 and gathers them so under FSDP: it needs "
+        f"weight_sharded=true and low_precision_recipe one of {', '.join(PARAM_GATHER_RECIPES)}",
     )
     _require(
         o.profile in GenerateOptions.PROFILES,

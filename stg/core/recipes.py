@@ -211,10 +211,31 @@ def quantize_kernels(recipe: Recipe, operand: str, rows: int, cols: int) -> list
     return kernels
 
 
-def weight_copy_bytes(recipe: Recipe, rows: int, cols: int) -> int:
-    """Bytes a rank keeps per weight of ``rows x cols`` besides its 16-bit weight: both
-    quantized copies and their scales (cached across the micro-batches of an iteration)."""
-    return recipe.copy_bytes(rows, cols) + recipe.scale_bytes("weight", rows, cols)
+def weight_copy_bytes(recipe: Recipe, rows: int, cols: int, *, param: bool = False) -> int:
+    """Bytes a rank keeps per weight of ``rows x cols`` besides its stored weight: both
+    quantized copies and their scales (cached across the micro-batches of an iteration), or
+    with ``param`` (fp8 weights, :data:`PARAM_GATHER_RECIPES`) the scales and the columnwise
+    copy alone, the rowwise copy being the stored weight."""
+    copies = recipe.copy_bytes(rows, cols) // (2 if param else 1)
+    return copies + recipe.scale_bytes("weight", rows, cols)
+
+
+PARAM_GATHER_RECIPES = ("tensorwise", "blockwise", "mxfp8")
+"""Recipes whose weights Megatron-LM keeps in fp8 and all-gathers in fp8
+(``--fp8-param-gather`` with ``--fp8-recipe`` tensorwise, blockwise or mxfp8; torchtitan's
+fp8 FSDP all-gather, ``enable_fsdp_float8_all_gather``, takes tensorwise only). The gather
+moves the rowwise copy and its scales."""
+
+
+def gathered_weight_bytes(recipe: Recipe, elements: int) -> int:
+    """Bytes of ``elements`` weight elements all-gathered in the recipe's format: the
+    elements and, for block scales, one scale per block (a per-tensor scale is found by an
+    amax all-reduce of its own, left out)."""
+    data = -(-elements * recipe.element_bits // 8)
+    blocks = recipe.weight
+    if blocks is None or not blocks.cols:
+        return data
+    return data + -(-elements * recipe.scale_bits // (8 * blocks.rows * blocks.cols))
 
 
 @dataclass(frozen=True)
@@ -283,6 +304,7 @@ def quantize_sites(
 __all__ = [
     "DEFAULT_RECIPE",
     "OPERANDS",
+    "PARAM_GATHER_RECIPES",
     "QUANTIZE_KERNEL_ATTR",
     "QUANTIZE_OPERAND_ATTR",
     "RECIPES",
@@ -291,6 +313,7 @@ __all__ = [
     "QuantizeKernel",
     "QuantizeSite",
     "Recipe",
+    "gathered_weight_bytes",
     "quantize_kernels",
     "quantize_sites",
     "weight_copy_bytes",
