@@ -374,3 +374,26 @@ def test_explain_names_the_quantize_nodes() -> None:
     parts = report["explain"]["breakdown_s"]
     assert parts["compute: quantize"] > 0
     assert sum(parts.values()) == pytest.approx(report["iteration_time_s"], rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("recipe", "per_element"),
+    [
+        ("delayed", 1),
+        ("tensorwise", 1),
+        ("blockwise", 1 + 4 / 128),  # an fp32 scale per 1x128 tile
+        ("mxfp8", 1 + 1 / 32),  # an E8M0 byte per 32 elements
+        ("nvfp4", 1 / 2 + 1 / 16),  # half-byte elements, an E4M3 byte per 16
+    ],
+)
+def test_sequence_parallel_gathers_move_the_quantized_rows(recipe: str, per_element: float) -> None:
+    nodes = _nodes(low_precision_recipe=recipe)
+    by_id = {n.id: n.name for n in nodes.values()}
+    for name, cast in (
+        ("mb0/layer0/fwd/all_gather_tp:attention_norm", "mb0/layer0/fwd/q.cast_input"),
+        ("mb0/layer0/bwd/all_gather_tp:grad_output", "mb0/layer0/bwd/down.cast_grad_output"),
+    ):
+        gather = nodes[name]
+        assert gather.comm_size == LOCAL * D * per_element
+        if recipe != "delayed":  # it gathers what the cast wrote
+            assert cast in {by_id[d] for d in gather.data_deps}

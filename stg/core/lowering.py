@@ -971,8 +971,10 @@ def _recipe_quantization(
 ) -> list[BoundOp]:
     """``ops`` with a recipe's quantize kernels (:func:`stg.core.recipes.quantize_kernels`)
     as nodes of their own before the op each ``site`` names, or before the first collective
-    that moves its tensor (a sequence-parallel gather moves the quantized rows); the GEMMs
-    that read a site's copies wait for its cast, and run in the recipe's dtype."""
+    that moves its tensor; the GEMMs that read a site's copies wait for its cast, and run in
+    the recipe's dtype. A sequence-parallel all-gather of a quantized tensor waits for the
+    cast too and moves the rowwise copy with its block scales
+    (:meth:`stg.core.recipes.Recipe.gathered_bytes`)."""
     tags = {op.name: op.tags for op in ops}
     placed = [s for s in sites if s.before in tags]
     gemms = {name for s in sites for name in s.consumers}
@@ -987,6 +989,7 @@ def _recipe_quantization(
         )
         anchor.setdefault(at, []).append((i, site))
     out: list[BoundOp] = []
+    quantized: dict[int, tuple[int, QuantizeSite]] = {}
     for j, op in enumerate(ops):
         for i, site in anchor.get(j, []):
             source = key(site.tensor)
@@ -1016,6 +1019,12 @@ def _recipe_quantization(
                 reads = (source, produced)
             for name in site.consumers:
                 cast_of.setdefault(name, []).append(done)
+            quantized[source] = (done, site)
+        gathered = [quantized[k] for k in op.inputs if k in quantized]
+        if op.comm_type is CollectiveType.ALL_GATHER and op.tensor_parallel and gathered:
+            done, site = gathered[0]
+            size = recipe.gathered_bytes(site.operand, site.rows, site.cols)
+            op = replace(op, inputs=(*op.inputs, done), comm_size=size, dtype=recipe.dtype)
         gemm = any(k == "gemm" for k, _ in op.attrs)
         if gemm and op.name.split(".", 1)[0] in gemms and op.dtype == "fp8":
             extra = tuple(k for k in cast_of.get(op.name, ()) if k not in op.inputs)

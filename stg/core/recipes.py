@@ -139,6 +139,16 @@ class Recipe:
         tensor = 2 * self.tensor_scale_bits // 8
         return -(-scales * self.scale_bits // 8) + tensor
 
+    def gathered_bytes(self, operand: str, rows: int, cols: int) -> int:
+        """Bytes of the rowwise copy of ``operand`` and its block scales, as a sequence-parallel
+        all-gather moves this rank's quantized rows (Transformer Engine gathers the quantized
+        tensor, ``gather_along_first_dim``; a per-tensor scale is known on every rank)."""
+        data = -(-rows * cols * self.element_bits // 8)
+        blocks = self.blocks(operand)
+        if blocks is None:
+            return data
+        return data + -(-blocks.count(rows, cols) * self.scale_bits // 8)
+
     def transformed(self, operand: str) -> bool:
         """Whether the columnwise copy of ``operand`` is Hadamard-transformed (it feeds the
         weight-gradient GEMM: the input and the output gradient)."""
