@@ -397,3 +397,30 @@ def test_sequence_parallel_gathers_move_the_quantized_rows(recipe: str, per_elem
         assert gather.comm_size == LOCAL * D * per_element
         if recipe != "delayed":  # it gathers what the cast wrote
             assert cast in {by_id[d] for d in gather.data_deps}
+
+
+@pytest.mark.parametrize("recipe", list(CLOSED_FORMS))
+def test_current_scaling_all_reduces_the_amax_of_gathered_rows(recipe: str) -> None:
+    nodes = _nodes(low_precision_recipe=recipe)
+    by_id = {n.id: n.name for n in nodes.values()}
+    reductions = {
+        name.rsplit("/", 1)[1]: n
+        for name, n in nodes.items()
+        if n.comm_type is not None and n.comm_type.name == "ALL_REDUCE" and "/layer0/" in name
+    }
+    if recipe not in ("tensorwise", "nvfp4"):  # block scales are local to a rank's rows
+        assert not reductions
+        return
+    # TE: the input of a column-parallel and the output gradient of a row-parallel linear
+    assert set(reductions) == {
+        "q.amax_all_reduce_input",
+        "gate.amax_all_reduce_input",
+        "attn_out.amax_all_reduce_grad_output",
+        "down.amax_all_reduce_grad_output",
+    }
+    tp_group = nodes["mb0/layer0/fwd/all_gather_tp:attention_norm"].comm_group
+    for name, node in reductions.items():
+        assert node.comm_size == 4 and node.comm_group == tp_group
+        op, operand = name.split(".amax_all_reduce_")
+        cast = next(n for n in nodes.values() if n.name.endswith(f"/{op}.cast_{operand}"))
+        assert node.name in {by_id[d] for d in cast.data_deps}

@@ -988,17 +988,41 @@ def _recipe_quantization(
             if op.name == site.before or (op.type is NodeType.COMM_COLL and source in op.inputs)
         )
         anchor.setdefault(at, []).append((i, site))
+
+    def sequence_parallel_gather(op: BoundOp) -> bool:
+        return op.comm_type is CollectiveType.ALL_GATHER and op.tensor_parallel
+
     out: list[BoundOp] = []
     quantized: dict[int, tuple[int, QuantizeSite]] = {}
     for j, op in enumerate(ops):
         for i, site in anchor.get(j, []):
             source = key(site.tensor)
-            # keys of no tensor: ids are multiples of 16, so -id - 3 - 2i is no id or negated id
-            # (context_parallel_attention takes -id - 1)
-            done = -key(site.tensor) - 3 - 2 * (i % 6)
+            # keys of no tensor: ids are multiples of 16, so -id - 3 ... -id - 14 are neither
+            # ids nor negated ids (context_parallel_attention takes -id - 1)
+            done = -source - 3 - 3 * (i % 4)
             reads: tuple[int, ...] = (source,)
             for kernel in quantize_kernels(recipe, site.operand, site.rows, site.cols):
                 produced = done if kernel.kind == "cast" else done - 1
+                if (
+                    kernel.kind == "cast"
+                    and recipe.tp_amax_reduction
+                    and sequence_parallel_gather(op)
+                ):
+                    out.append(
+                        BoundOp(
+                            f"{site.before.split('.grad_', 1)[0]}.amax_all_reduce_{site.operand}",
+                            NodeType.COMM_COLL,
+                            reads,
+                            (done - 2,),
+                            comm_type=CollectiveType.ALL_REDUCE,
+                            comm_size=AMAX_BYTES,
+                            group_axes=op.group_axes,
+                            tags=tags[site.before],
+                            dtype="fp32",
+                            attrs=((ROLE_ATTR, int(Role.FP8_AMAX)), (RECIPE_ATTR, recipe.name)),
+                        )
+                    )
+                    reads = (source, done - 2)
                 out.append(
                     BoundOp(
                         f"{site.before.split('.grad_', 1)[0]}.{kernel.kind}_{site.operand}",

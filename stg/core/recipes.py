@@ -114,6 +114,12 @@ class Recipe:
     """reads of the input by the casts (1: one kernel writes both copies)"""
     hadamard: bool = False
     """a random Hadamard transform on the weight-gradient GEMM's inputs"""
+    tp_amax_reduction: bool = False
+    """the tensor amax of a sequence-parallel input or output gradient is all-reduced (MAX)
+    over the tensor-parallel group before the cast, so that every rank scales its rows alike
+    (TE ``module/linear.py``, ``_customize_quantizers_float8_current_scaling`` and
+    ``_customize_quantizers_nvfp4``: ``with_amax_reduction`` on the input quantizer of a
+    column-parallel and the output-gradient quantizer of a row-parallel linear)"""
 
     @property
     def element_bits(self) -> int:
@@ -159,7 +165,9 @@ RECIPES: dict[str, Recipe] = {
     r.name: r
     for r in (
         Recipe("delayed", "fp8", None, None, scale_bits=32),
-        Recipe("tensorwise", "fp8", None, None, scale_bits=32, amax_reads=1),
+        Recipe(
+            "tensorwise", "fp8", None, None, scale_bits=32, amax_reads=1, tp_amax_reduction=True
+        ),
         Recipe(
             "rowwise", "fp8", Blocks(1, 0), Blocks(1, 0), scale_bits=32, amax_reads=2, cast_reads=2
         ),
@@ -174,6 +182,7 @@ RECIPES: dict[str, Recipe] = {
             tensor_scale_bits=32,
             amax_reads=1,
             hadamard=True,
+            tp_amax_reduction=True,
         ),
     )
 }
