@@ -87,7 +87,7 @@ def rowwise(operand: str, r: int, c: int) -> dict[str, int]:
 
 
 def blockwise(operand: str, r: int, c: int) -> dict[str, int]:
-    # DeepSeek-V3 3.3.1: 1x128 tiles (activations, gradients), 128x128 blocks (weights), fp32
+    # DeepSeek-V3 3.3.2: 1x128 tiles (activations, gradients), 128x128 blocks (weights), fp32
     # scales; both copies from one read
     n = r * c
     scales = _blocks(r, c, 128, 128) if operand == "weight" else _blocks(r, c, 1, 128)
@@ -424,3 +424,65 @@ def test_current_scaling_all_reduces_the_amax_of_gathered_rows(recipe: str) -> N
         op, operand = name.split(".amax_all_reduce_")
         cast = next(n for n in nodes.values() if n.name.endswith(f"/{op}.cast_{operand}"))
         assert node.name in {by_id[d] for d in cast.data_deps}
+
+
+def _collectives(kind: str, **given: Any) -> dict[str, Any]:
+    nodes = _nodes(**given)
+    return {
+        name: n
+        for name, n in nodes.items()
+        if n.comm_type is not None and n.comm_type.name == kind and "/layer0/" in name
+    }
+
+
+def test_collectives_outside_the_quantized_tensors_move_bf16() -> None:
+    # the delayed graph moves 1 byte per element: the elements of each collective; a recipe's
+    # sequence-parallel reduce-scatters move the GEMM outputs, bf16
+    elements = _collectives("REDUCE_SCATTER")
+    assert elements
+    recipe = _collectives("REDUCE_SCATTER", low_precision_recipe="mxfp8")
+    assert {k: n.comm_size for k, n in recipe.items()} == {
+        k: 2 * n.comm_size for k, n in elements.items()
+    }
+
+
+MOE = {"model": "moe", "dp": 2, "ep": 2, "tp": 1, "batch": 8, "micro_batch": 4}
+
+
+def test_fp8_dispatch_sends_the_tokens_in_the_recipe_format() -> None:
+    # DeepSeek-V3 3.3.3: the tokens before the up-projections and the gradients before the
+    # down-projection's backward travel in fp8 (1x128 tiles, fp32 scales); combines bf16
+    elements = _collectives("ALL_TO_ALL", **MOE)
+    dispatched = {"layer0/fwd/all_to_all_ep:dispatch",
+                  "layer0/bwd/all_to_all_ep:combine.grad_expert_down_1"}  # fmt: skip
+    in_micro_batch = {name.split("/", 1)[1] for name in elements}
+    assert dispatched < in_micro_batch and len(in_micro_batch) == 4
+    bf16 = _collectives("ALL_TO_ALL", **MOE, low_precision_recipe="blockwise")
+    fp8 = _collectives("ALL_TO_ALL", **MOE, low_precision_recipe="blockwise", fp8_dispatch=True)
+    for name, node in elements.items():
+        assert bf16[name].comm_size == 2 * node.comm_size
+        n = node.comm_size
+        fp8_bytes = n + 4 * n // 128  # an fp32 scale per 128 elements
+        assert fp8[name].comm_size == (
+            fp8_bytes if name.split("/", 1)[1] in dispatched else 2 * n
+        ), name
+
+
+def test_fp8_dispatch_needs_experts_and_a_recipe(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for given in (["--low_precision_recipe", "blockwise"], ["--ep", "2", "--model", "moe"]):
+        with pytest.raises(SystemExit) as done:
+            main(["generate", "--dtype", "fp8", *given, "--fp8_dispatch", "true",
+                  "--output_dir", str(tmp_path / "out")])  # fmt: skip
+        assert done.value.code == 2
+        assert "it needs ep > 1 and low_precision_recipe one of" in capsys.readouterr().err
+
+
+def test_fp4_gemms_read_half_a_byte_per_operand_element() -> None:
+    fp8, fp4 = _nodes(), _nodes(low_precision_recipe="nvfp4")
+    mxfp8 = _nodes(low_precision_recipe="mxfp8")
+    for name in ("mb0/layer0/fwd/q", "mb0/layer0/bwd/down.grad_w2"):
+        batch, m, n, k = fp8[name].attrs["gemm"]
+        assert fp4[name].tensor_size == fp8[name].tensor_size - batch * (m * k + k * n) // 2
+        assert mxfp8[name].tensor_size == fp8[name].tensor_size

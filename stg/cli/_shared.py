@@ -518,6 +518,16 @@ SPECS: dict[str, tuple[str, _Spec]] = {
             metavar=BOOL,
         ),
     ),
+    "fp8_dispatch": (
+        _TRAINING,
+        _Spec(
+            "With --low_precision_recipe other than delayed and --ep > 1: send the tokens to "
+            "the experts (and the down-projection's gradients back) in the recipe's format "
+            "with its scales, as DeepSeek-V3 does; combines stay bf16 (default off: bf16).",
+            parser=parse_bool,
+            metavar=BOOL,
+        ),
+    ),
     "phase": (
         _SERVING,
         _Spec(

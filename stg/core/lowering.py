@@ -851,6 +851,7 @@ def bind_part(
     cp_comm_type: str = "p2p",
     recipe: str = DEFAULT_RECIPE,
     param_gather: bool = False,
+    fp8_dispatch: bool = False,
 ) -> BoundPart:
     """Bind ``part``; ``shard_degree`` is the degree over which ZeRO or FSDP shards its
     gradients and optimizer states (1: not sharded), over the mesh axes ``shard_axes`` where
@@ -859,7 +860,11 @@ def bind_part(
     (:func:`fuse_attention`);
     ``gradient_buckets`` reduces the part's gradients in buckets as PyTorch DDP does
     (:func:`ddp_buckets`) instead of one collective per kind; ``cp_comm_type`` is how
-    context parallelism moves keys and values (:func:`context_parallel_attention`)."""
+    context parallelism moves keys and values (:func:`context_parallel_attention`);
+    ``recipe`` is the low-precision recipe of a training part computing in fp8
+    (:mod:`stg.core.recipes`), whose FSDP weight gathers move bf16, or with ``param_gather``
+    the recipe's fp8 copies (:func:`stg.core.recipes.gathered_weight_bytes`), and whose MoE
+    dispatch moves bf16 tokens, or with ``fp8_dispatch`` their quantized copies."""
     shapes: dict[str, tuple[int, ...]] = {}
     grads = tuple(key(g) for g in part.weight_grads.values())
     input_tensor = next((t for t in part.inputs if t.kind == "input"), None)
@@ -911,13 +916,14 @@ def bind_part(
         forward = _te_fp8_recipe(forward, quantized, output_layer)
         backward = _te_fp8_recipe(backward, quantized, output_layer)
     if sites:
-        forward = _recipe_quantization(forward, sites, RECIPES[recipe], binder)
-        backward = _recipe_quantization(backward, sites, RECIPES[recipe], binder)
+        forward = _recipe_quantization(forward, sites, RECIPES[recipe], fp8_dispatch)
+        backward = _recipe_quantization(backward, sites, RECIPES[recipe], fp8_dispatch)
 
     if te_recipe and recipe != DEFAULT_RECIPE:
         # the output layer and the embedding are no TE modules: their weights stay bf16
         fp8_params = param_gather and bool(sites)
-        forward = _recipe_weight_gathers(forward, RECIPES[recipe], fp8_params)
+        forward = _recipe_collectives(forward, RECIPES[recipe], fp8_params)
+        backward = _recipe_collectives(backward, RECIPES[recipe], fp8_params)
     return BoundPart(
         part,
         forward,
@@ -967,30 +973,38 @@ def _te_fp8_recipe(
 
 
 def _recipe_quantization(
-    ops: list[BoundOp], sites: list[QuantizeSite], recipe: Recipe, binder: Binder
+    ops: list[BoundOp], sites: list[QuantizeSite], recipe: Recipe, fp8_dispatch: bool = False
 ) -> list[BoundOp]:
     """``ops`` with a recipe's quantize kernels (:func:`stg.core.recipes.quantize_kernels`)
-    as nodes of their own before the op each ``site`` names, or before the first collective
-    that moves its tensor; the GEMMs that read a site's copies wait for its cast, and run in
-    the recipe's dtype. A sequence-parallel all-gather of a quantized tensor waits for the
-    cast too and moves the rowwise copy with its block scales
-    (:meth:`stg.core.recipes.Recipe.gathered_bytes`)."""
+    as nodes of their own before the op each ``site`` names, or before the collective that
+    moves its quantized copy; the GEMMs that read a site's copies wait for its cast, and run in
+    the recipe's dtype. A sequence-parallel all-gather of a quantized tensor, and with
+    ``fp8_dispatch`` the MoE all-to-all that dispatches one (DeepSeek-V3, section 3.3.3: the
+    tokens before the up-projections and the gradients before the down-projection's backward
+    travel in fp8, the combines in bf16), waits for the cast too and moves the rowwise copy
+    with its block scales (:meth:`stg.core.recipes.Recipe.gathered_bytes`)."""
     tags = {op.name: op.tags for op in ops}
     placed = [s for s in sites if s.before in tags]
     gemms = {name for s in sites for name in s.consumers}
     anchor: dict[int, list[tuple[int, QuantizeSite]]] = {}
     cast_of: dict[str, list[int]] = {}
+
+    def sequence_parallel_gather(op: BoundOp) -> bool:
+        return op.comm_type is CollectiveType.ALL_GATHER and op.tensor_parallel
+
+    def moves_quantized(op: BoundOp) -> bool:
+        dispatch = fp8_dispatch and op.comm_type is CollectiveType.ALL_TO_ALL
+        return sequence_parallel_gather(op) or dispatch
+
     for i, site in enumerate(placed):
         source = key(site.tensor)
         at = next(
             j
             for j, op in enumerate(ops)
-            if op.name == site.before or (op.type is NodeType.COMM_COLL and source in op.inputs)
+            if op.name == site.before
+            or (op.type is NodeType.COMM_COLL and moves_quantized(op) and source in op.inputs)
         )
         anchor.setdefault(at, []).append((i, site))
-
-    def sequence_parallel_gather(op: BoundOp) -> bool:
-        return op.comm_type is CollectiveType.ALL_GATHER and op.tensor_parallel
 
     out: list[BoundOp] = []
     quantized: dict[int, tuple[int, QuantizeSite]] = {}
@@ -1045,28 +1059,43 @@ def _recipe_quantization(
                 cast_of.setdefault(name, []).append(done)
             quantized[source] = (done, site)
         gathered = [quantized[k] for k in op.inputs if k in quantized]
-        if op.comm_type is CollectiveType.ALL_GATHER and op.tensor_parallel and gathered:
+        if op.type is NodeType.COMM_COLL and moves_quantized(op) and gathered:
             done, site = gathered[0]
             size = recipe.gathered_bytes(site.operand, site.rows, site.cols)
-            op = replace(op, inputs=(*op.inputs, done), comm_size=size, dtype=recipe.dtype)
+            attrs = (*op.attrs, (RECIPE_ATTR, recipe.name))
+            inputs = (*op.inputs, done)
+            op = replace(op, inputs=inputs, comm_size=size, dtype=recipe.dtype, attrs=attrs)
         gemm = any(k == "gemm" for k, _ in op.attrs)
         if gemm and op.name.split(".", 1)[0] in gemms and op.dtype == "fp8":
             extra = tuple(k for k in cast_of.get(op.name, ()) if k not in op.inputs)
             attrs = (*op.attrs, (RECIPE_ATTR, recipe.name))
-            op = replace(op, inputs=(*op.inputs, *extra), dtype=recipe.dtype, attrs=attrs)
+            # both operands in the recipe's width (the graph counted 1-byte fp8 ones)
+            batch, m, n, k = dict(op.attrs)["gemm"]
+            narrower = -(-batch * (m * k + k * n) * (8 - recipe.element_bits) // 8)
+            op = replace(
+                op,
+                inputs=(*op.inputs, *extra),
+                dtype=recipe.dtype,
+                attrs=attrs,
+                tensor_size=op.tensor_size - narrower,
+            )
         out.append(op)
     return out
 
 
-def _recipe_weight_gathers(ops: list[BoundOp], recipe: Recipe, fp8: bool) -> list[BoundOp]:
-    """``ops`` with the FSDP weight all-gathers of a recipe's training part (built in fp8, 1
-    byte per element) moving what the recipe keeps: bf16 weights, or with ``fp8`` (Megatron's
+def _recipe_collectives(ops: list[BoundOp], recipe: Recipe, fp8_params: bool) -> list[BoundOp]:
+    """``ops`` of a recipe's training part (built in fp8, 1 byte per element) with the
+    collectives that move no quantized tensor in bf16, as Transformer Engine and Megatron-LM
+    run them outside the GEMMs (sequence parallelism's reduce-scatters, MoE all-to-alls
+    without ``fp8_dispatch``, context parallelism's keys and values); FSDP's weight
+    all-gathers move bf16 weights too, or with ``fp8_params`` (Megatron's
     ``--fp8-param-gather``) the fp8 rowwise copy and its block scales."""
     out = []
     for op in ops:
-        if op.type is NodeType.COMM_COLL and "weight_gather" in op.tags:
+        quantized = any(k == RECIPE_ATTR for k, _ in op.attrs)
+        if op.type is NodeType.COMM_COLL and op.dtype == "fp8" and not quantized:
             elements = op.comm_size // DTYPE_BYTES["fp8"]
-            if fp8:
+            if fp8_params and "weight_gather" in op.tags:
                 op = replace(op, comm_size=gathered_weight_bytes(recipe, elements))
             else:
                 op = replace(op, comm_size=elements * AUTOCAST_BYTES, dtype=AUTOCAST_DTYPE)

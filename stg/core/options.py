@@ -231,6 +231,9 @@ class GenerateOptions:
     default), ``tensorwise``, ``rowwise``, ``blockwise``, ``mxfp8`` or ``nvfp4`` (GEMMs in
     fp4). ``fp8_param_gather`` (Megatron-LM's ``--fp8-param-gather``) keeps the weights of such
     a run in fp8 and gathers them in fp8 under FSDP (``weight_sharded``), instead of bf16.
+    ``fp8_dispatch`` sends a mixture of experts' tokens (and, backward, the down-projection's
+    output gradients) to the experts in the recipe's format, as DeepSeek-V3 trains, instead
+    of bf16.
     ``reshard_after_forward`` is FSDP2's (``fully_shard``) policy for the gathered weights of
     ``weight_sharded`` runs, with torchtitan's values (``fsdp_reshard_after_forward``):
     ``always`` frees them after a layer's forward (gathered again before its backward),
@@ -352,6 +355,7 @@ class GenerateOptions:
     amax_history: int = 1024
     low_precision_recipe: str = "delayed"
     fp8_param_gather: bool = False
+    fp8_dispatch: bool = False
     placement: tuple[tuple[str, int], ...] = ()
     rank_order: str = "tp,sp,ep,dp,pp"
     phase: str = "training"
@@ -472,6 +476,7 @@ class GenerateOptions:
         "dropout",
         "recompute_modules",
         "fp8_param_gather",
+        "fp8_dispatch",
         *OVERLAP_FIELDS,
         *PIPELINE_SPLIT_FIELDS,
     )

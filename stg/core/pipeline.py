@@ -194,6 +194,7 @@ def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> Model
             cp_comm_type=o.cp_comm_type,
             recipe=o.low_precision_recipe,
             param_gather=o.fp8_param_gather,
+            fp8_dispatch=o.fp8_dispatch,
         )
     check_options_read(read, model.name)
     if stackless:

@@ -332,6 +332,7 @@ def _check_phase(o: GenerateOptions) -> None:
         ("amax_history", o.amax_history != GenerateOptions.amax_history),
         ("low_precision_recipe", o.low_precision_recipe != DEFAULT_RECIPE),
         ("fp8_param_gather", o.fp8_param_gather),
+        ("fp8_dispatch", o.fp8_dispatch),
     )
     for name, given in training_only:
         _require(
@@ -583,6 +584,12 @@ def make_plan(o: GenerateOptions) -> ParallelPlan:
         or (o.low_precision_recipe in PARAM_GATHER_RECIPES and o.weight_sharded),
         "fp8_param_gather keeps the weights in fp8 and gathers them so under FSDP: it needs "
         f"weight_sharded=true and low_precision_recipe one of {', '.join(PARAM_GATHER_RECIPES)}",
+    )
+    _require(
+        not o.fp8_dispatch or (o.low_precision_recipe != DEFAULT_RECIPE and o.ep > 1),
+        "fp8_dispatch sends a mixture of experts' tokens to the experts in the format of "
+        "low_precision_recipe: it needs ep > 1 and low_precision_recipe one of "
+        f"{', '.join(r for r in RECIPES if r != DEFAULT_RECIPE)}",
     )
     _require(
         o.profile in GenerateOptions.PROFILES,

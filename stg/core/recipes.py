@@ -22,7 +22,7 @@ recipe:
   axiswise scaling of every GEMM operand along its reduction dimension, fp32 scales): one
   scale per row of each copy, a reduction along rows for the rowwise copy and one along
   columns for the columnwise copy before the two casts, each of which reads the input.
-- ``blockwise``: DeepSeek-V3 technical report (arXiv 2412.19437), section 3.3.1: activations
+- ``blockwise``: DeepSeek-V3 technical report (arXiv 2412.19437), section 3.3.2: activations
   and gradients in 1x128 tiles, weights in 128x128 blocks, one fp32 scale each, as TE's
   ``recipe.Float8BlockScaling`` runs it (``x_block_scaling_dim=1``, ``w_block_scaling_dim=2``,
   block length 128; ``quantize_transpose_vector_blockwise``,
