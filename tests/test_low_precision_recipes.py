@@ -65,6 +65,9 @@ SITES = {
 }
 
 
+GEMMS = [rc for (operand, _), rc in SITES.items() if operand == "weight"]
+
+
 def _blocks(rows: int, cols: int, block_rows: int, block_cols: int) -> int:
     """Scales of both copies for blocks of ``block_rows x block_cols`` (the dims here divide)."""
     return 2 * (rows // block_rows) * (cols // block_cols)
@@ -486,3 +489,22 @@ def test_fp4_gemms_read_half_a_byte_per_operand_element() -> None:
         batch, m, n, k = fp8[name].attrs["gemm"]
         assert fp4[name].tensor_size == fp8[name].tensor_size - batch * (m * k + k * n) // 2
         assert mxfp8[name].tensor_size == fp8[name].tensor_size
+
+
+@pytest.mark.parametrize("recipe", list(CLOSED_FORMS))
+def test_memory_from_options_alone_agrees_with_the_workload(recipe: str) -> None:
+    # a trace read back (or options without a workload) gets the copies from the options:
+    # per element, exact where the dimensions divide the blocks; per-row and per-tensor
+    # scales left out
+    from stg.predictors.memory import predict_analytic, predict_memory
+
+    options = GenerateOptions(**LLAMA, low_precision_recipe=recipe)
+    workload = build_workload(options, load_registry(autoload=False))
+    built = predict_memory(workload, "b200-180g")["classes"][0]
+    alone = predict_analytic(options, "b200-180g")["classes"][0]
+    left_out = {
+        "tensorwise": 4 * len(GEMMS),  # an fp32 scale per weight
+        "rowwise": sum(4 * (r + c) for r, c in GEMMS),  # an fp32 scale per row of each copy
+        "nvfp4": 2 * 4 * len(GEMMS),  # an fp32 tensor scale per copy
+    }
+    assert built["weights"] - alone["weights"] == left_out.get(recipe, 0)

@@ -50,12 +50,9 @@ and its copies reused after (TE's ``is_first_microbatch``, passed by Megatron-LM
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from stg.core.fp8 import Fp8Module, local_source
 from stg.core.quantization import DTYPE_BITS
-from stg.core.symbolic import Op, Tensor
 
 DEFAULT_RECIPE = "delayed"
 
@@ -154,6 +151,16 @@ class Recipe:
         if blocks is None:
             return data
         return data + -(-blocks.count(rows, cols) * self.scale_bits // 8)
+
+    def weight_bytes_per_element(self, *, param: bool = False) -> float:
+        """:func:`weight_copy_bytes` per weight element where the weight's dimensions divide
+        its blocks, less the scales that do not grow with the elements (one per tensor, one
+        per row: about 0.1 % of the copies of a 4096 x 4096 weight)."""
+        copies = (1 if param else 2) * self.element_bits / 8
+        blocks = self.weight
+        if blocks is None or not blocks.cols:
+            return copies
+        return copies + 2 * self.scale_bits / 8 / (blocks.rows * blocks.cols)
 
     def transformed(self, operand: str) -> bool:
         """Whether the columnwise copy of ``operand`` is Hadamard-transformed (it feeds the
@@ -257,69 +264,6 @@ def gathered_weight_bytes(recipe: Recipe, elements: int) -> int:
     return data + -(-elements * recipe.scale_bits // (8 * blocks.rows * blocks.cols))
 
 
-@dataclass(frozen=True)
-class QuantizeSite:
-    """Where a recipe quantizes one GEMM operand: right before op ``before``, for the GEMMs
-    ``consumers`` (op names), the bf16 ``tensor`` of ``rows x cols`` (``cols`` along the
-    forward's reduction dimension)."""
-
-    operand: str
-    before: str
-    consumers: tuple[str, ...]
-    tensor: Tensor
-    rows: int
-    cols: int
-
-
-GemmShape = Callable[[Op], tuple[int, int, int, int]]
-
-
-def quantize_sites(
-    module: Fp8Module,
-    forward: Sequence[Op],
-    backward: Sequence[Op],
-    numel: Callable[[Tensor], int],
-    shape: GemmShape,
-) -> list[QuantizeSite]:
-    """The operands a recipe quantizes for the GEMMs of ``module`` (a TE linear module of a
-    training part computing in fp8, :func:`stg.core.fp8.te_modules`): its input once, this
-    rank's rows before a sequence-parallel gather (Megatron's fused QKV and gate/up read one
-    input); each GEMM's weight as the GEMM reads it (gathered, under FSDP); each GEMM's
-    output gradient before its first backward GEMM. None for the attention core (bf16)."""
-    if "core_attention" in module.ops:
-        return []
-    gemms = [op for op in forward if op.kind == "einsum" and op.name in module.ops]
-    if not gemms:
-        return []
-    first = gemms[0]
-    x = local_source(next(t for t in first.inputs if t.kind != "weight"))
-    _, _, _, k = shape(first)
-    sites = [QuantizeSite("input", first.name, tuple(g.name for g in gemms), x, numel(x) // k, k)]
-    for op in gemms:
-        _, _, n, k = shape(op)
-        weight = next(t for t in op.inputs if t.kind == "weight")
-        sites.append(QuantizeSite("weight", op.name, (op.name,), weight, numel(weight) // k, k))
-        grads = [
-            b for b in backward if b.kind == "einsum" and b.name.split(".grad_", 1)[0] == op.name
-        ]
-        if not grads:
-            continue
-        read = {id(local_source(t)) for t in op.inputs}
-        dy = [local_source(t) for t in grads[0].inputs if id(local_source(t)) not in read]
-        if dy:
-            sites.append(
-                QuantizeSite(
-                    "grad_output",
-                    grads[0].name,
-                    tuple(b.name for b in grads),
-                    dy[0],
-                    numel(dy[0]) // n,
-                    n,
-                )
-            )
-    return sites
-
-
 __all__ = [
     "DEFAULT_RECIPE",
     "OPERANDS",
@@ -330,10 +274,8 @@ __all__ = [
     "RECIPE_ATTR",
     "Blocks",
     "QuantizeKernel",
-    "QuantizeSite",
     "Recipe",
     "gathered_weight_bytes",
     "quantize_kernels",
-    "quantize_sites",
     "weight_copy_bytes",
 ]
