@@ -262,6 +262,7 @@ def recipe_quantize_time(node: Any, system: System) -> float:
     if attrs.get(QUANTIZE_OPERAND_ATTR) == "weight" and weight_cast_cached(node):
         return 0.0
     seconds = memory_bound_time(system.gpu, node.tensor_size, "quantize")
+    # its FLOPs (a Hadamard transform's) at the SIMT rate, as other memory-bound kernels'
     return max(seconds, node.num_ops / system.gpu.rate("fp32")) + system.kernel_overhead
 
 
