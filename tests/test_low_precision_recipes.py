@@ -508,3 +508,15 @@ def test_memory_from_options_alone_agrees_with_the_workload(recipe: str) -> None
         "nvfp4": 2 * 4 * len(GEMMS),  # an fp32 tensor scale per copy
     }
     assert built["weights"] - alone["weights"] == left_out.get(recipe, 0)
+
+
+def test_eager_quantize_kernels_pay_the_host_time_of_an_op() -> None:
+    from stg.perf.costs import EAGER_OP_HOST_S
+
+    nodes = _nodes(low_precision_recipe="tensorwise", profile="eager", batch=4)
+    h100 = load_system("h100-80g")
+    amax = nodes["mb0/layer0/fwd/q.amax_input"]
+    assert compute_time(amax, h100, "fp8") < EAGER_OP_HOST_S  # a small kernel
+    assert compute_time(amax, h100, "fp8", profile="eager") == EAGER_OP_HOST_S
+    cached = nodes["mb1/layer0/fwd/q.cast_weight"]  # reused, as under Megatron
+    assert compute_time(cached, h100, "fp8", profile="eager") == 0

@@ -300,7 +300,8 @@ def compute_time(
     if (getattr(node, "attrs", None) or {}).get("quantize") is not None:
         return quantize_time(node, system, default_dtype)
     if (getattr(node, "attrs", None) or {}).get(QUANTIZE_KERNEL_ATTR) is not None:
-        return recipe_quantize_time(node, system)
+        seconds = recipe_quantize_time(node, system)
+        return max(seconds, EAGER_OP_HOST_S) if profile == "eager" and seconds else seconds
     if calibration is not None:  # measured kernel times first (stg bench calibrate)
         measured = calibration.node_time(node, default_dtype)
         if measured is not None:
