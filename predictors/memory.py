@@ -47,7 +47,9 @@ norms' fp32 per-row statistics and each SwiGLU's SiLU output (:func:`activation_
 A precision plan's fp8 GEMMs that run natively (a GPU with fp8 tensor cores,
 :func:`stg.api.native_fp8`, as Transformer Engine runs them) save their inputs in 1 byte
 (:func:`planned_activation_delta`) and keep fp8 weight copies, counted with the weights
-(:func:`fp8_weight_copy_bytes`).
+(:func:`fp8_weight_copy_bytes`). A low-precision recipe (``--low_precision_recipe``) keeps
+16-bit weights and, beside them, each GEMM weight's two quantized copies with their scales,
+which a generated workload states per stage (the fact ``low_precision_weight_bytes``).
 
 Recompute of some layers only (``recompute_method``, :func:`recompute_layer_bytes`): a
 recomputed unit (one layer, or a uniform group) keeps its first layer's input, any other
@@ -84,6 +86,7 @@ from typing import Any
 import stg
 from stg.api import (
     DTYPE_BYTES,
+    RECIPES,
     GenerateOptions,
     KernelTable,
     Predictor,
@@ -818,11 +821,33 @@ def padded_shard(units: Iterable[int], shard: int) -> int:
     return sum(-(-int(u) // shard) for u in units)
 
 
+def recipe_weight_dtype(o: GenerateOptions) -> str:
+    """The dtype a training run stores its weights in: bf16 under a low-precision recipe other
+    than the default (Transformer Engine's modules keep 16-bit weights beside their quantized
+    copies), fp8 with ``fp8_param_gather``, else ``dtype``."""
+    if o.low_precision_recipe != GenerateOptions.low_precision_recipe and not o.fp8_param_gather:
+        return "bf16"
+    return o.dtype
+
+
+def recipe_weight_copy_bytes(o: GenerateOptions, kinds: Mapping[str, int]) -> float:
+    """Bytes of a low-precision recipe's quantized weight copies and scales on one rank, from
+    the options: every GEMM weight of the ``kinds`` layers
+    (:func:`gemm_weights_per_rank`) at the recipe's bytes per element
+    (``Recipe.weight_bytes_per_element``; the output layer stays bf16). A generated workload
+    states the exact figure per stage (the fact ``low_precision_weight_bytes``)."""
+    if o.inference or o.low_precision_recipe == GenerateOptions.low_precision_recipe:
+        return 0.0
+    per_element = RECIPES[o.low_precision_recipe].weight_bytes_per_element(param=o.fp8_param_gather)
+    elements = sum(n * sum(gemm_weights_per_rank(o, kind).values()) for kind, n in kinds.items())
+    return per_element * elements
+
+
 def precision_bytes(
     o: GenerateOptions, weight_dtype: str | None = None, grad_dtype: str | None = None
 ) -> tuple[int, int, int]:
     """(weight, gradient, optimizer) bytes per parameter for these options."""
-    e_w = dtype_bytes(weight_dtype or o.dtype)
+    e_w = dtype_bytes(weight_dtype or recipe_weight_dtype(o))
     if grad_dtype is None:
         grad_dtype = o.grad_reduce_dtype or ("fp32" if o.mixed_precision else o.dtype)
     e_g = dtype_bytes(grad_dtype)
@@ -899,6 +924,7 @@ def stage_memory(
     head_bytes: float | None = None,
     system: System | None = None,
     layer_bytes: Mapping[str, float] | None = None,
+    weight_copies: float | None = None,
 ) -> RankMemory:
     """The memory of one rank of pipeline stage ``stage`` whose model replica holds
     ``parameters`` weights; ``sharded_parameters`` is its padded ZeRO / FSDP shard of them
@@ -911,11 +937,16 @@ def stage_memory(
     planned fp8 GEMM runs natively (its saved input in 1 byte, and Transformer Engine's fp8
     weight copies, :func:`fp8_weight_copy_bytes`, counted with the weights).
     ``layer_bytes``: what one layer of each of these kinds keeps per micro-batch, from the
-    graph, for layers that are not a transformer's (Mamba-2, gated DeltaNet, hybrid)."""
+    graph, for layers that are not a transformer's (Mamba-2, gated DeltaNet, hybrid).
+    ``weight_copies``: the quantized weight copies and scales of a low-precision recipe
+    (``--low_precision_recipe``), from the graph, counted with the weights (default: from the
+    options, :func:`recipe_weight_copy_bytes`)."""
     o = as_options(options)
     if not kinds:
         kinds = {"moe" if is_mla(o) else "block": layers} if layers else {}
     e_w, e_g, k = precision_bytes(o, weight_dtype, grad_dtype)
+    if weight_copies is None:
+        weight_copies = recipe_weight_copy_bytes(o, kinds)
     zero = zero_stage(o)
     shard = o.dp * o.sp
     state = model_state_bytes(
@@ -936,7 +967,7 @@ def stage_memory(
         return RankMemory(
             stage=stage,
             parameters=parameters,
-            weights=state.weights + unsharded_weights,
+            weights=state.weights + weight_copies + unsharded_weights,
             gradients=state.gradients + unsharded_grads,
             optimizer=state.optimizer,
             activations=held * saved_bytes,
@@ -1024,7 +1055,7 @@ def stage_memory(
     return RankMemory(
         stage=stage,
         parameters=parameters,
-        weights=state.weights + fp8_copies + unsharded_weights,
+        weights=state.weights + fp8_copies + weight_copies + unsharded_weights,
         gradients=state.gradients + unsharded_grads,
         optimizer=state.optimizer,
         activations=activations,
@@ -1142,6 +1173,7 @@ def _class_memory(
         head_bytes=facts.get("head_activation_bytes"),
         system=system,
         layer_bytes=facts.get("layer_activation_bytes"),
+        weight_copies=facts.get("low_precision_weight_bytes"),
     )
 
 
@@ -1294,6 +1326,8 @@ __all__ = [
     "predict_analytic",
     "predict_memory",
     "predict_memory_options",
+    "recipe_weight_copy_bytes",
+    "recipe_weight_dtype",
     "runs_natively",
     "stage_memory",
     "total_parameters",

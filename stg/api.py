@@ -35,7 +35,7 @@ What is here, by the stage of the pipeline it belongs to:
   steady state replayed once and extrapolated where it is checked to repeat), kernels
   (:class:`KernelTable`, :func:`kernel_table`, :func:`is_cast`; :func:`native_fp8`: whether
   a GPU runs fp8 GEMMs natively), dtype sizes and precision plans (:data:`DTYPE_BYTES`,
-  :func:`precision_of`);
+  :func:`precision_of`), low-precision training recipes (:data:`RECIPES`);
 - calibration tables of measured kernel times (:class:`Calibration`,
   :func:`load_calibration`, :func:`calibrated_time`; ``stg bench calibrate`` writes them);
 - records that hooks register: :class:`Model`, :class:`PipelineSchedule`, :class:`Kernel`,
@@ -74,6 +74,7 @@ if TYPE_CHECKING:
         recompute_units,
     )
     from stg.core.precision import DTYPE_BYTES, precision_of
+    from stg.core.recipes import RECIPES
     from stg.core.routing import expert_capacity
     from stg.core.sharding import Sharding
     from stg.core.sizes import check_size, estimate_size
@@ -151,6 +152,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "recompute_units": ("stg.core.plan", "recompute_units"),
     "DTYPE_BYTES": ("stg.core.precision", "DTYPE_BYTES"),
     "precision_of": ("stg.core.precision", "precision_of"),
+    "RECIPES": ("stg.core.recipes", "RECIPES"),
     "expert_capacity": ("stg.core.routing", "expert_capacity"),
     "Sharding": ("stg.core.sharding", "Sharding"),
     "AttentionSpan": ("stg.core.symbolic", "AttentionSpan"),
@@ -253,6 +255,7 @@ __all__ = [
     "DTYPE_BYTES",
     "EAGER_OP_HOST_S",
     "NODE_SEMANTICS",
+    "RECIPES",
     "AttentionSpan",
     "BenchOp",
     "Calibration",

@@ -496,6 +496,38 @@ SPECS: dict[str, tuple[str, _Spec]] = {
             metavar="N",
         ),
     ),
+    "low_precision_recipe": (
+        _TRAINING,
+        _Spec(
+            "--dtype fp8 training: how the GEMM operands are quantized (stg/core/recipes.py "
+            "cites each): delayed (Transformer Engine's DelayedScaling, default), tensorwise "
+            "(current scaling), rowwise (torchao), blockwise (1x128 activations, 128x128 "
+            "weights, as DeepSeek-V3), mxfp8 (OCP MX: 32-element blocks, E8M0 scales), nvfp4 "
+            "(fp4 GEMMs: 16-element blocks, E4M3 scales, Hadamard transform on wgrad inputs; "
+            "needs a system with an fp4 peak).",
+            metavar="NAME",
+        ),
+    ),
+    "fp8_param_gather": (
+        _TRAINING,
+        _Spec(
+            "With --low_precision_recipe tensorwise, blockwise or mxfp8 under FSDP "
+            "(--weight_sharded): keep the weights in fp8 and all-gather them in fp8 (with "
+            "their block scales) instead of bf16 (Megatron's --fp8-param-gather; default off).",
+            parser=parse_bool,
+            metavar=BOOL,
+        ),
+    ),
+    "fp8_dispatch": (
+        _TRAINING,
+        _Spec(
+            "With --low_precision_recipe other than delayed and --ep > 1: send the tokens to "
+            "the experts (and the down-projection's gradients back) in the recipe's format "
+            "with its scales, as DeepSeek-V3 does; combines stay bf16 (default off: bf16).",
+            parser=parse_bool,
+            metavar=BOOL,
+        ),
+    ),
     "phase": (
         _SERVING,
         _Spec(

@@ -40,7 +40,7 @@ logic is in 1.x ``fp8.py``):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from stg.core.symbolic import Dim, Op, Tensor
@@ -181,7 +181,7 @@ def quantize_elements(
     gemms = [op for op in forward if op.kind == "einsum" and op.name in module.ops]
     if not gemms:
         return {}
-    activation = _local(next(t for t in gemms[0].inputs if t.kind != "weight"))
+    activation = local_source(next(t for t in gemms[0].inputs if t.kind != "weight"))
     if activation.producer is not None and ".cast_" in activation.producer.name:
         return {}
     out = {gemms[0].name: numel(activation)}
@@ -190,19 +190,84 @@ def quantize_elements(
             (b for b in backward if b.kind == "einsum" and b.name.split(".grad_", 1)[0] == op.name),
             None,
         )
-        read = {id(_local(t)) for t in op.inputs}
-        grads = [_local(t) for t in first.inputs if id(_local(t)) not in read] if first else []
+        read = {id(local_source(t)) for t in op.inputs}
+        inputs = first.inputs if first else ()
+        grads = [local_source(t) for t in inputs if id(local_source(t)) not in read]
         if grads:
             out[first.name] = numel(grads[0])  # type: ignore[union-attr]
     return out
 
 
-def _local(t: Tensor) -> Tensor:
+def local_source(t: Tensor) -> Tensor:
     """The tensor a GEMM operand was gathered or viewed from: sequence parallelism gathers the
     rows that TE quantized locally, in fp8."""
     while t.producer is not None and t.producer.kind in ("collective", "view"):
         t = t.producer.inputs[0]
     return t
+
+
+@dataclass(frozen=True)
+class QuantizeSite:
+    """Where a recipe quantizes one GEMM operand: right before op ``before``, for the GEMMs
+    ``consumers`` (op names), the bf16 ``tensor`` of ``rows x cols`` (``cols`` along the
+    forward's reduction dimension)."""
+
+    operand: str
+    before: str
+    consumers: tuple[str, ...]
+    tensor: Tensor
+    rows: int
+    cols: int
+
+
+GemmShape = Callable[[Op], tuple[int, int, int, int]]
+
+
+def quantize_sites(
+    module: Fp8Module,
+    forward: Sequence[Op],
+    backward: Sequence[Op],
+    numel: Callable[[Tensor], int],
+    shape: GemmShape,
+) -> list[QuantizeSite]:
+    """The operands a low-precision recipe (:mod:`stg.core.recipes`) quantizes for the GEMMs
+    of ``module`` (a TE linear module of a training part computing in fp8, :func:`te_modules`):
+    its input once, this
+    rank's rows before a sequence-parallel gather (Megatron's fused QKV and gate/up read one
+    input); each GEMM's weight as the GEMM reads it (gathered, under FSDP); each GEMM's
+    output gradient before its first backward GEMM. None for the attention core (bf16)."""
+    if "core_attention" in module.ops:
+        return []
+    gemms = [op for op in forward if op.kind == "einsum" and op.name in module.ops]
+    if not gemms:
+        return []
+    first = gemms[0]
+    x = local_source(next(t for t in first.inputs if t.kind != "weight"))
+    _, _, _, k = shape(first)
+    sites = [QuantizeSite("input", first.name, tuple(g.name for g in gemms), x, numel(x) // k, k)]
+    for op in gemms:
+        _, _, n, k = shape(op)
+        weight = next(t for t in op.inputs if t.kind == "weight")
+        sites.append(QuantizeSite("weight", op.name, (op.name,), weight, numel(weight) // k, k))
+        grads = [
+            b for b in backward if b.kind == "einsum" and b.name.split(".grad_", 1)[0] == op.name
+        ]
+        if not grads:
+            continue
+        read = {id(local_source(t)) for t in op.inputs}
+        dy = [local_source(t) for t in grads[0].inputs if id(local_source(t)) not in read]
+        if dy:
+            sites.append(
+                QuantizeSite(
+                    "grad_output",
+                    grads[0].name,
+                    tuple(b.name for b in grads),
+                    dy[0],
+                    numel(dy[0]) // n,
+                    n,
+                )
+            )
+    return sites
 
 
 def native_fp8_gemms(ops: Iterable[Op]) -> frozenset[str]:

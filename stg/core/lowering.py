@@ -28,10 +28,12 @@ from stg.core.fp8 import (
     QUANTIZE_ATTR,
     UPDATE,
     Fp8Module,
+    QuantizeSite,
     amax_buffer_elements,
     concat_bytes,
     native_fp8_gemms,
     quantize_elements,
+    quantize_sites,
     te_modules,
     update_bytes,
     update_ops,
@@ -41,6 +43,17 @@ from stg.core.options import OptionError
 from stg.core.plan import ParallelPlan, recompute_tags
 from stg.core.precision import DTYPE_BYTES
 from stg.core.quantization import DTYPE_BITS
+from stg.core.recipes import (
+    DEFAULT_RECIPE,
+    QUANTIZE_KERNEL_ATTR,
+    QUANTIZE_OPERAND_ATTR,
+    RECIPE_ATTR,
+    RECIPES,
+    Recipe,
+    gathered_weight_bytes,
+    quantize_kernels,
+    weight_copy_bytes,
+)
 from stg.core.symbolic import Dim, Op, Part, Tensor, is_routed_expert
 from stg.core.workload import (
     CHUNK_ATTR,
@@ -767,6 +780,9 @@ class BoundPart:
     """weight elements of this rank's model replica (before any ZeRO / FSDP split)"""
     fp8_modules: tuple[Fp8Module, ...] = ()
     """Transformer Engine modules with fp8 GEMMs, in forward order (:mod:`stg.core.fp8`)"""
+    weight_copy_bytes: int = 0
+    """bytes of a low-precision recipe's quantized weight copies and their scales, which the
+    rank keeps across the micro-batches (:func:`stg.core.recipes.weight_copy_bytes`)"""
 
     @property
     def fp8_gemms(self) -> int:
@@ -833,6 +849,9 @@ def bind_part(
     gradient_buckets: bool = False,
     shard_axes: frozenset[str] = frozenset(),
     cp_comm_type: str = "p2p",
+    recipe: str = DEFAULT_RECIPE,
+    param_gather: bool = False,
+    fp8_dispatch: bool = False,
 ) -> BoundPart:
     """Bind ``part``; ``shard_degree`` is the degree over which ZeRO or FSDP shards its
     gradients and optimizer states (1: not sharded), over the mesh axes ``shard_axes`` where
@@ -841,7 +860,11 @@ def bind_part(
     (:func:`fuse_attention`);
     ``gradient_buckets`` reduces the part's gradients in buckets as PyTorch DDP does
     (:func:`ddp_buckets`) instead of one collective per kind; ``cp_comm_type`` is how
-    context parallelism moves keys and values (:func:`context_parallel_attention`)."""
+    context parallelism moves keys and values (:func:`context_parallel_attention`);
+    ``recipe`` is the low-precision recipe of a training part computing in fp8
+    (:mod:`stg.core.recipes`), whose FSDP weight gathers move bf16, or with ``param_gather``
+    the recipe's fp8 copies (:func:`stg.core.recipes.gathered_weight_bytes`), and whose MoE
+    dispatch moves bf16 tokens, or with ``fp8_dispatch`` their quantized copies."""
     shapes: dict[str, tuple[int, ...]] = {}
     grads = tuple(key(g) for g in part.weight_grads.values())
     input_tensor = next((t for t in part.inputs if t.kind == "input"), None)
@@ -863,6 +886,7 @@ def bind_part(
         reduce = bound(part.reduce, _any_collective)
     modules = te_modules(part.forward, binder.local_dim)
     quantized: dict[str, int] = {}
+    sites: list[QuantizeSite] = []
     output_layer: frozenset[str] = frozenset()
     # training computing in fp8 throughout (not a precision plan's casts): TE's recipe
     te_recipe = bool(part.backward) and any(
@@ -870,9 +894,18 @@ def bind_part(
     )
     if te_recipe and part.name == "head":
         output_layer = native_fp8_gemms([*part.forward, *part.backward])
-    elif te_recipe:
+    elif te_recipe and recipe == DEFAULT_RECIPE:
         for module in modules:
             quantized.update(quantize_elements(module, part.forward, part.backward, binder.numel))
+    elif te_recipe:
+        for module in modules:
+            sites += quantize_sites(
+                module,
+                part.forward,
+                part.backward,
+                binder.numel,
+                lambda op: gemm_shape(op, binder),
+            )
     forward = bound(part.forward, _weight_collective)
     backward = bound(part.backward, _weight_collective)
     if fused_attention and part.backward and binder.degrees.get("sp", 1) > 1:  # training
@@ -882,6 +915,15 @@ def bind_part(
     if te_recipe:
         forward = _te_fp8_recipe(forward, quantized, output_layer)
         backward = _te_fp8_recipe(backward, quantized, output_layer)
+    if sites:
+        forward = _recipe_quantization(forward, sites, RECIPES[recipe], fp8_dispatch)
+        backward = _recipe_quantization(backward, sites, RECIPES[recipe], fp8_dispatch)
+
+    if te_recipe and recipe != DEFAULT_RECIPE:
+        # the output layer and the embedding are no TE modules: their weights stay bf16
+        fp8_params = param_gather and bool(sites)
+        forward = _recipe_collectives(forward, RECIPES[recipe], fp8_params)
+        backward = _recipe_collectives(backward, RECIPES[recipe], fp8_params)
     return BoundPart(
         part,
         forward,
@@ -898,6 +940,11 @@ def bind_part(
         _zero_shard(part.weights, binder, shard_degree, shard_axes) if shard_degree > 1 else stored,
         sum(binder.unflat_numel(w) for w in part.weights),
         modules,
+        sum(
+            weight_copy_bytes(RECIPES[recipe], site.rows, site.cols, param=param_gather)
+            for site in sites
+            if site.operand == "weight"
+        ),
     )
 
 
@@ -922,6 +969,137 @@ def _te_fp8_recipe(
             out.append(replace(op, tensor_size=op.tensor_size * widen))
         else:
             out.append(op)
+    return out
+
+
+def _recipe_quantization(
+    ops: list[BoundOp], sites: list[QuantizeSite], recipe: Recipe, fp8_dispatch: bool = False
+) -> list[BoundOp]:
+    """``ops`` with a recipe's quantize kernels (:func:`stg.core.recipes.quantize_kernels`)
+    as nodes of their own before the op each ``site`` names, or before the collective that
+    moves its quantized copy; the GEMMs that read a site's copies wait for its cast, and run in
+    the recipe's dtype. A sequence-parallel all-gather of a quantized tensor, and with
+    ``fp8_dispatch`` the MoE all-to-all that dispatches one (DeepSeek-V3, section 3.3.3: the
+    tokens before the up-projections and the gradients before the down-projection's backward
+    travel in fp8, the combines in bf16), waits for the cast too and moves the rowwise copy
+    with its block scales (:meth:`stg.core.recipes.Recipe.gathered_bytes`)."""
+    tags = {op.name: op.tags for op in ops}
+    placed = [s for s in sites if s.before in tags]
+    gemms = {name for s in sites for name in s.consumers}
+    anchor: dict[int, list[tuple[int, QuantizeSite]]] = {}
+    cast_of: dict[str, list[int]] = {}
+
+    def sequence_parallel_gather(op: BoundOp) -> bool:
+        return op.comm_type is CollectiveType.ALL_GATHER and op.tensor_parallel
+
+    def moves_quantized(op: BoundOp) -> bool:
+        dispatch = fp8_dispatch and op.comm_type is CollectiveType.ALL_TO_ALL
+        return sequence_parallel_gather(op) or dispatch
+
+    for i, site in enumerate(placed):
+        source = key(site.tensor)
+        at = next(
+            j
+            for j, op in enumerate(ops)
+            if op.name == site.before
+            or (op.type is NodeType.COMM_COLL and moves_quantized(op) and source in op.inputs)
+        )
+        anchor.setdefault(at, []).append((i, site))
+
+    out: list[BoundOp] = []
+    quantized: dict[int, tuple[int, QuantizeSite]] = {}
+    for j, op in enumerate(ops):
+        for i, site in anchor.get(j, []):
+            source = key(site.tensor)
+            # keys of no tensor: ids are multiples of 16, so -id - 3 ... -id - 14 are neither
+            # ids nor negated ids (context_parallel_attention takes -id - 1)
+            done = -source - 3 - 3 * (i % 4)
+            reads: tuple[int, ...] = (source,)
+            for kernel in quantize_kernels(recipe, site.operand, site.rows, site.cols):
+                produced = done if kernel.kind == "cast" else done - 1
+                if (
+                    kernel.kind == "cast"
+                    and recipe.tp_amax_reduction
+                    and sequence_parallel_gather(op)
+                ):
+                    out.append(
+                        BoundOp(
+                            f"{site.before.split('.grad_', 1)[0]}.amax_all_reduce_{site.operand}",
+                            NodeType.COMM_COLL,
+                            reads,
+                            (done - 2,),
+                            comm_type=CollectiveType.ALL_REDUCE,
+                            comm_size=AMAX_BYTES,
+                            group_axes=op.group_axes,
+                            tags=tags[site.before],
+                            dtype="fp32",
+                            attrs=((ROLE_ATTR, int(Role.FP8_AMAX)), (RECIPE_ATTR, recipe.name)),
+                        )
+                    )
+                    reads = (source, done - 2)
+                out.append(
+                    BoundOp(
+                        f"{site.before.split('.grad_', 1)[0]}.{kernel.kind}_{site.operand}",
+                        NodeType.COMP,
+                        reads,
+                        (produced,),
+                        num_ops=kernel.num_ops,
+                        tensor_size=kernel.tensor_size,
+                        tags=tags[site.before],
+                        dtype=recipe.dtype,
+                        attrs=(
+                            (QUANTIZE_KERNEL_ATTR, kernel.kind),
+                            (QUANTIZE_OPERAND_ATTR, site.operand),
+                            (RECIPE_ATTR, recipe.name),
+                        ),
+                    )
+                )
+                reads = (source, produced)
+            for name in site.consumers:
+                cast_of.setdefault(name, []).append(done)
+            quantized[source] = (done, site)
+        gathered = [quantized[k] for k in op.inputs if k in quantized]
+        if op.type is NodeType.COMM_COLL and moves_quantized(op) and gathered:
+            done, site = gathered[0]
+            size = recipe.gathered_bytes(site.operand, site.rows, site.cols)
+            attrs = (*op.attrs, (RECIPE_ATTR, recipe.name))
+            inputs = (*op.inputs, done)
+            op = replace(op, inputs=inputs, comm_size=size, dtype=recipe.dtype, attrs=attrs)
+        gemm = any(k == "gemm" for k, _ in op.attrs)
+        if gemm and op.name.split(".", 1)[0] in gemms and op.dtype == "fp8":
+            extra = tuple(k for k in cast_of.get(op.name, ()) if k not in op.inputs)
+            attrs = (*op.attrs, (RECIPE_ATTR, recipe.name))
+            # both operands in the recipe's width (the graph counted 1-byte fp8 ones)
+            batch, m, n, k = dict(op.attrs)["gemm"]
+            narrower = -(-batch * (m * k + k * n) * (8 - recipe.element_bits) // 8)
+            op = replace(
+                op,
+                inputs=(*op.inputs, *extra),
+                dtype=recipe.dtype,
+                attrs=attrs,
+                tensor_size=op.tensor_size - narrower,
+            )
+        out.append(op)
+    return out
+
+
+def _recipe_collectives(ops: list[BoundOp], recipe: Recipe, fp8_params: bool) -> list[BoundOp]:
+    """``ops`` of a recipe's training part (built in fp8, 1 byte per element) with the
+    collectives that move no quantized tensor in bf16, as Transformer Engine and Megatron-LM
+    run them outside the GEMMs (sequence parallelism's reduce-scatters, MoE all-to-alls
+    without ``fp8_dispatch``, context parallelism's keys and values); FSDP's weight
+    all-gathers move bf16 weights too, or with ``fp8_params`` (Megatron's
+    ``--fp8-param-gather``) the fp8 rowwise copy and its block scales."""
+    out = []
+    for op in ops:
+        quantized = any(k == RECIPE_ATTR for k, _ in op.attrs)
+        if op.type is NodeType.COMM_COLL and op.dtype == "fp8" and not quantized:
+            elements = op.comm_size // DTYPE_BYTES["fp8"]
+            if fp8_params and "weight_gather" in op.tags:
+                op = replace(op, comm_size=gathered_weight_bytes(recipe, elements))
+            else:
+                op = replace(op, comm_size=elements * AUTOCAST_BYTES, dtype=AUTOCAST_DTYPE)
+        out.append(op)
     return out
 
 
@@ -1553,9 +1731,17 @@ def lower_stage(
             "has_embedding": any(bp is emb for _, bp in held),
             "has_head": any(bp is head for _, bp in held),
             "micro_batches": plan.micro_batches,
+            **_weight_copy_fact(held),
             **parts.facts,
         },
     )
+
+
+def _weight_copy_fact(held: list[tuple[str, BoundPart]]) -> dict[str, int]:
+    """``low_precision_weight_bytes``: the quantized weight copies of a recipe that a rank of
+    the stage keeps (none under the default recipe, whose traces keep their bytes)."""
+    copies = sum(bp.weight_copy_bytes for _, bp in held)
+    return {"low_precision_weight_bytes": copies} if copies else {}
 
 
 def stage_parts(stage: int, plan: ParallelPlan, parts: ModelParts) -> list[tuple[str, BoundPart]]:

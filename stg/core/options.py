@@ -226,6 +226,14 @@ class GenerateOptions:
     (``DelayedScaling.amax_history_len``, default 1024): a training run with fp8 GEMMs under
     the ``megatron`` profile carries TE's delayed-scaling bookkeeping (:mod:`stg.core.fp8`),
     whose update kernel reads and writes those histories.
+    ``low_precision_recipe`` is how a ``dtype`` fp8 training run quantizes its GEMMs
+    (:mod:`stg.core.recipes`): ``delayed`` (Transformer Engine's delayed scaling, the
+    default), ``tensorwise``, ``rowwise``, ``blockwise``, ``mxfp8`` or ``nvfp4`` (GEMMs in
+    fp4). ``fp8_param_gather`` (Megatron-LM's ``--fp8-param-gather``) keeps the weights of such
+    a run in fp8 and gathers them in fp8 under FSDP (``weight_sharded``), instead of bf16.
+    ``fp8_dispatch`` sends a mixture of experts' tokens (and, backward, the down-projection's
+    output gradients) to the experts in the recipe's format, as DeepSeek-V3 trains, instead
+    of bf16.
     ``reshard_after_forward`` is FSDP2's (``fully_shard``) policy for the gathered weights of
     ``weight_sharded`` runs, with torchtitan's values (``fsdp_reshard_after_forward``):
     ``always`` frees them after a layer's forward (gathered again before its backward),
@@ -345,6 +353,9 @@ class GenerateOptions:
     profile: str = "megatron"
     precision: tuple[tuple[str, str], ...] = ()
     amax_history: int = 1024
+    low_precision_recipe: str = "delayed"
+    fp8_param_gather: bool = False
+    fp8_dispatch: bool = False
     placement: tuple[tuple[str, int], ...] = ()
     rank_order: str = "tp,sp,ep,dp,pp"
     phase: str = "training"
@@ -464,6 +475,8 @@ class GenerateOptions:
         "placement",
         "dropout",
         "recompute_modules",
+        "fp8_param_gather",
+        "fp8_dispatch",
         *OVERLAP_FIELDS,
         *PIPELINE_SPLIT_FIELDS,
     )
@@ -483,18 +496,20 @@ class GenerateOptions:
     def te_delayed_scaling(self) -> bool:
         """Whether Transformer Engine's delayed scaling runs: a training run under the
         ``megatron`` profile whose matmuls may run in fp8 (``dtype`` fp8, or a precision plan
-        naming fp8). It turns the amax bookkeeping of :mod:`stg.core.fp8` on."""
+        naming fp8) under the default recipe. It turns the amax bookkeeping of
+        :mod:`stg.core.fp8` on."""
         return (
             not self.inference
             and self.profile == "megatron"
             and (self.dtype == "fp8" or any(dtype == "fp8" for _, dtype in self.precision))
+            and self.low_precision_recipe == "delayed"
         )
 
     def recorded(self) -> dict[str, object]:
         """The options a trace's metadata records: where the files go is not part of the
         workload (same options, same bytes anywhere); unset options, options that are off
         (:attr:`OFF_UNRECORDED`), ``reshard_after_forward`` and ``cp_comm_type`` at their
-        defaults,
+        defaults, ``low_precision_recipe`` at its default (``delayed``),
         ``amax_history`` without TE's delayed scaling
         (:attr:`te_delayed_scaling`), ``moe_routing`` at its default and the other kind of
         run's fields (inference fields in training, overlap fields in serving) are left out."""
@@ -508,5 +523,6 @@ class GenerateOptions:
             and not (k == "amax_history" and not self.te_delayed_scaling)
             and not (k == "reshard_after_forward" and v == "default")
             and not (k == "cp_comm_type" and v == "p2p")
+            and not (k == "low_precision_recipe" and v == "delayed")
             and not (k == "moe_routing" and v == "capacity")
         }

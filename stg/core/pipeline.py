@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from stg.core.autodiff import build_backward, build_grad_reduction
-from stg.core.fp8 import AMAX_AXES, MODEL_PARALLEL_AMAX_AXES
+from stg.core.fp8 import AMAX_AXES, AUTOCAST_DTYPE, MODEL_PARALLEL_AMAX_AXES
 from stg.core.layout import Layout
 from stg.core.lowering import (
     Binder,
@@ -30,6 +30,7 @@ from stg.core.precision import (
     plan_groups,
     unmatched_patterns,
 )
+from stg.core.recipes import DEFAULT_RECIPE
 from stg.core.routing import expert_capacity
 from stg.core.symbolic import (
     Capacity,
@@ -191,6 +192,9 @@ def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> Model
             # a whole network in one part: its gradients reduced in DDP's buckets
             gradient_buckets=stackless and plan.zero_degree == 1,
             cp_comm_type=o.cp_comm_type,
+            recipe=o.low_precision_recipe,
+            param_gather=o.fp8_param_gather,
+            fp8_dispatch=o.fp8_dispatch,
         )
     check_options_read(read, model.name)
     if stackless:
@@ -220,7 +224,14 @@ def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> Model
     master, state, grad = (DTYPE_BYTES[precision[k]] for k in ("master", "optimizer", "grad"))
     # Adam reads and writes the master weights and both moments and reads the gradient; with
     # mixed precision it also writes the 16-bit working copy of the weights.
-    per_param = 2 * master + 4 * state + grad + (DTYPE_BYTES[o.dtype] if o.mixed_precision else 0)
+    # a low-precision recipe keeps 16-bit weights beside its quantized copies (fp8 ones
+    # with fp8_param_gather)
+    weight_dtype = o.dtype
+    if o.low_precision_recipe != DEFAULT_RECIPE and not o.fp8_param_gather:
+        weight_dtype = AUTOCAST_DTYPE
+    per_param = (
+        2 * master + 4 * state + grad + (DTYPE_BYTES[weight_dtype] if o.mixed_precision else 0)
+    )
     layer_kinds = LayerKinds((kind, count) for kind, _, count in runs)
     _check_recompute_modules(o, [bound[kind] for kind, _, _ in runs])
     return ModelParts(
@@ -232,7 +243,7 @@ def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> Model
         optimizer_bytes_per_param=int(per_param),
         optimizer_dtype=precision["optimizer"],
         facts={
-            "weight_dtype": o.dtype,
+            "weight_dtype": weight_dtype,
             "grad_dtype": precision["grad"],
             "master_dtype": precision["master"],
             "optimizer_dtype": precision["optimizer"],

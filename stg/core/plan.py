@@ -25,6 +25,7 @@ from stg.core.layout import (
 from stg.core.options import GenerateOptions, OptionError
 from stg.core.precision import DTYPE_BYTES
 from stg.core.quantization import FORMAT_ONLY
+from stg.core.recipes import DEFAULT_RECIPE, PARAM_GATHER_RECIPES, RECIPES
 from stg.core.routing import ROUTINGS
 
 MAX_TAG = 500_000_000
@@ -329,6 +330,9 @@ def _check_phase(o: GenerateOptions) -> None:
         ("grad_reduce_dtype", o.grad_reduce_dtype is not None),
         ("virtual_stages", o.virtual_stages != 1),
         ("amax_history", o.amax_history != GenerateOptions.amax_history),
+        ("low_precision_recipe", o.low_precision_recipe != DEFAULT_RECIPE),
+        ("fp8_param_gather", o.fp8_param_gather),
+        ("fp8_dispatch", o.fp8_dispatch),
     )
     for name, given in training_only:
         _require(
@@ -565,6 +569,27 @@ def make_plan(o: GenerateOptions) -> ParallelPlan:
         and o.amax_history >= 1,
         f"amax_history={o.amax_history!r} must be a positive integer (Transformer Engine's "
         "amax history length per fp8 tensor; default 1024)",
+    )
+    _require(
+        o.low_precision_recipe in RECIPES,
+        f"low_precision_recipe={o.low_precision_recipe!r} must be one of {', '.join(RECIPES)}",
+    )
+    _require(
+        o.low_precision_recipe == DEFAULT_RECIPE or (o.dtype == "fp8" and not o.precision),
+        f"low_precision_recipe={o.low_precision_recipe} quantizes the GEMMs of a training run "
+        "computing in fp8: give dtype=fp8 and no precision plan",
+    )
+    _require(
+        not o.fp8_param_gather
+        or (o.low_precision_recipe in PARAM_GATHER_RECIPES and o.weight_sharded),
+        "fp8_param_gather keeps the weights in fp8 and gathers them so under FSDP: it needs "
+        f"weight_sharded=true and low_precision_recipe one of {', '.join(PARAM_GATHER_RECIPES)}",
+    )
+    _require(
+        not o.fp8_dispatch or (o.low_precision_recipe != DEFAULT_RECIPE and o.ep > 1),
+        "fp8_dispatch sends a mixture of experts' tokens to the experts in the format of "
+        "low_precision_recipe: it needs ep > 1 and low_precision_recipe one of "
+        f"{', '.join(r for r in RECIPES if r != DEFAULT_RECIPE)}",
     )
     _require(
         o.profile in GenerateOptions.PROFILES,

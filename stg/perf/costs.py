@@ -16,6 +16,7 @@ from typing import Any
 
 from stg.core.fp8 import QUANTIZE_ATTR, QUANTIZE_BYTES_PER_ELEMENT
 from stg.core.quantization import WEIGHT_FORMATS
+from stg.core.recipes import QUANTIZE_KERNEL_ATTR, QUANTIZE_OPERAND_ATTR, RECIPE_ATTR
 from stg.core.symbolic import DROPOUT_FLOPS
 from stg.core.workload import MICRO_BATCH_ATTR, STEP_ATTR, CollectiveType, Role, node_role
 from stg.errors import UserError
@@ -29,7 +30,7 @@ from stg.perf.kernel_time import (
     memory_kind,
 )
 from stg.perf.kernels import KernelTable, is_cast, kernel_name
-from stg.perf.system import System, normalize_dtype, op_class
+from stg.perf.system import PRESETS, System, normalize_dtype, op_class
 
 WIDE_DTYPES = frozenset({"fp32", "tf32"})
 NO_KERNELS = KernelTable()
@@ -214,6 +215,57 @@ def fp8_quantize_time(node: Any, system: System) -> float:
     return memory_bound_time(system.gpu, nbytes, "quantize") + system.kernel_overhead
 
 
+BLOCK_SCALED_ARCHS: dict[str, frozenset[str]] = {
+    "mxfp8": frozenset({"blackwell", "cdna4"}),
+    "nvfp4": frozenset({"blackwell"}),
+}
+"""Architectures whose tensor cores take a block-scaled recipe's operands: NVIDIA Blackwell
+(Transformer Engine runs ``MXFP8BlockScaling`` and ``NVFP4BlockScaling`` from compute
+capability 10.0: ``check_mxfp8_support``, ``check_nvfp4_support``) and, for MXFP8, AMD CDNA 4
+(MI355X matrix cores take the OCP MX formats with E8M0 scales, AMD CDNA 4 architecture white
+paper, 2025; NVFP4's E4M3 block scales are NVIDIA's)."""
+
+
+def recipe_gemm_dtype(system: System, recipe: str, dtype: str) -> str:
+    """The dtype an fp8 or fp4 GEMM of a low-precision training ``recipe``
+    (:mod:`stg.core.recipes`) runs in on ``system``: ``dtype`` where the tensor cores take it
+    (fp4: a peak for it), bf16 where an fp8 recipe meets a GPU without fp8 tensor cores (as
+    the default recipe does). Raises :class:`UserError` for a block-scaled recipe (mxfp8,
+    nvfp4) on an architecture without block-scaled tensor cores, or fp4 without an fp4 peak."""
+    archs = BLOCK_SCALED_ARCHS.get(recipe)
+    if archs is not None and system.arch not in archs:
+        have = sorted(n for n, p in PRESETS.items() if p.get("arch") in archs)
+        raise UserError(
+            f"low_precision_recipe={recipe} needs block-scaled tensor cores, which system "
+            f"{system.name!r} ({system.arch}) lacks; systems that have them: {', '.join(have)}"
+        )
+    if dtype == "fp4" and "fp4" not in system.peak_flops:
+        have = sorted(n for n, p in PRESETS.items() if "fp4" in p.get("peak_tflops", {}))
+        raise UserError(
+            f"low_precision_recipe={recipe} runs its GEMMs in fp4, and system {system.name!r} "
+            f"has no fp4 peak; systems with one: {', '.join(have)}"
+        )
+    if dtype == "fp8" and not _fp8_tensor_cores(system):
+        return "bf16"
+    return dtype
+
+
+def recipe_quantize_time(node: Any, system: System) -> float:
+    """Time of a low-precision recipe's quantize kernel (a node with ``quantize_kernel``):
+    its bytes at the measured rate of a fused cast with amax (``quantize``) and its launch;
+    nothing where the GPU runs the recipe's GEMMs in bf16, or for a weight's copies after the
+    first micro-batch (:func:`weight_cast_cached`: Transformer Engine caches them)."""
+    attrs = node.attrs
+    dtype = normalize_dtype(node.dtype or "fp8")
+    if recipe_gemm_dtype(system, str(attrs.get(RECIPE_ATTR, "")), dtype) != dtype:
+        return 0.0
+    if attrs.get(QUANTIZE_OPERAND_ATTR) == "weight" and weight_cast_cached(node):
+        return 0.0
+    seconds = memory_bound_time(system.gpu, node.tensor_size, "quantize")
+    # its FLOPs (a Hadamard transform's) at the SIMT rate, as other memory-bound kernels'
+    return max(seconds, node.num_ops / system.gpu.rate("fp32")) + system.kernel_overhead
+
+
 def compute_time(
     node: Any,
     system: System,
@@ -247,6 +299,9 @@ def compute_time(
         return max(seconds + system.kernel_overhead, EAGER_OP_HOST_S)
     if (getattr(node, "attrs", None) or {}).get("quantize") is not None:
         return quantize_time(node, system, default_dtype)
+    if (getattr(node, "attrs", None) or {}).get(QUANTIZE_KERNEL_ATTR) is not None:
+        seconds = recipe_quantize_time(node, system)
+        return max(seconds, EAGER_OP_HOST_S) if profile == "eager" and seconds else seconds
     if calibration is not None:  # measured kernel times first (stg bench calibrate)
         measured = calibration.node_time(node, default_dtype)
         if measured is not None:
@@ -265,9 +320,13 @@ def compute_time(
     gemm = attrs.get("gemm")
     attention = attrs.get("attention")
     stored_weight = gemm is not None and attrs.get("weight_dtype") is not None
+    recipe = attrs.get(RECIPE_ATTR) if gemm is not None else None
     if stored_weight:
         node_dtype = normalize_dtype(node.dtype or default_dtype)
         dtype_override = serving_gemm_dtype(system, node_dtype, default_dtype)
+    elif recipe is not None:
+        node_dtype = normalize_dtype(node.dtype or default_dtype)
+        dtype_override = recipe_gemm_dtype(system, str(recipe), node_dtype)
     kind = (
         "attention"
         if attention is not None
@@ -277,7 +336,7 @@ def compute_time(
     )
     if kind == "attention" and attention is None and memory_kind(name) == "softmax":
         kind = "other"  # unfused attention's softmax: a memory-bound kernel at its measured rate
-    dtype = dtype_override if stored_weight else node.dtype or default_dtype
+    dtype = dtype_override if stored_weight or recipe is not None else node.dtype or default_dtype
     # serving fp8 attention (FlashAttention-3, FlashInfer, cuDNN, AITER read an fp8 KV cache
     # and compute in fp8) where the tensor cores have fp8; training's stays in 16 bits
     fp8_attention = attrs.get("attention_dtype") == "fp8" and _fp8_tensor_cores(system)
@@ -291,6 +350,7 @@ def compute_time(
             speedup = kernel.speedup
         elif (
             dtype != default_dtype
+            and recipe is None
             and not table.native(kind, dtype)
             and not native_fp8(system, kind, dtype)
             and not fp8_attention

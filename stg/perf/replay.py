@@ -66,6 +66,7 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
+from stg.core.recipes import QUANTIZE_KERNEL_ATTR
 from stg.core.workload import (
     COMM_TYPES,
     MICRO_BATCH_ATTR,
@@ -1413,7 +1414,8 @@ def explain(
     """The iteration time split along its critical path: compute by kernel class
     (``gemm``, ``attention``, ``memory-bound``, ``recompute``, ``optimizer``, ``fp8 amax``
     for Transformer Engine's amax bookkeeping, and with ``system`` ``fp8 quantize`` for the
-    quantization that a GEMM node carries), exposed communication by role (``fp8 amax``,
+    quantization that a GEMM node carries; ``quantize`` for a low-precision recipe's quantize
+    nodes), exposed communication by role (``fp8 amax``,
     ``tp``, ``param``), collective type and group size (sends and receives: ``p2p``), and
     ``wait`` (time the chain waits on other ranks: pipeline bubble, stragglers). The parts add
     up to the iteration time."""
@@ -1439,6 +1441,8 @@ def explain(
                 key = "optimizer"
             elif role is Role.FP8_AMAX:
                 key = "fp8 amax"
+            elif QUANTIZE_KERNEL_ATTR in attrs:
+                key = "quantize"
             elif "attention" in attrs or op_class(
                 kernel_name(node), node.num_ops, node.tensor_size
             ) == ("attention"):

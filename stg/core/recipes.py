@@ -1,0 +1,281 @@
+"""Low-precision training recipes: the number format of the GEMMs of a ``--dtype fp8``
+training run and how the scales of its operands are found (``--low_precision_recipe``).
+
+A recipe quantizes the three operands of a linear layer, the input ``X``, the weight ``W``
+and the output gradient ``dY``, each into two copies: the *rowwise* copy, scaled along the
+reduction dimension of the forward (``Y = X·Wᵀ``) or input-gradient (``dX = dY·W``) GEMM,
+and the *columnwise* copy for the other GEMM that reads it (``dW = dYᵀ·X`` reads ``X`` and
+``dY`` along the token dimension; the input gradient reads ``W`` along its output
+dimension). Transformer Engine calls these the two *usages* of a quantized tensor
+(``transformer_engine/pytorch/tensor/quantized_tensor.py``, ``set_usage``). Sources, by
+recipe:
+
+- ``delayed``: TE ``recipe.DelayedScaling`` (:mod:`stg.core.fp8` models it; the GEMM node
+  carries the cast-transpose as ``fp8_quantize``): one fp32 scale per tensor from the amax
+  history, so the cast needs no pass of its own to find it.
+- ``tensorwise``: TE ``recipe.Float8CurrentScaling`` (``Float8CurrentScalingQuantizer``:
+  ``nvte_compute_amax``, then ``nvte_compute_scale_from_amax``, then the cast-transpose), as
+  torchao's ``Float8LinearConfig`` ``tensorwise`` recipe: one fp32 scale per tensor from the
+  tensor's own amax, found by a reduction over the whole tensor before the cast (the input is
+  read twice).
+- ``rowwise``: torchao's float8 ``rowwise`` recipe (``Float8LinearRecipeName.ROWWISE``:
+  axiswise scaling of every GEMM operand along its reduction dimension, fp32 scales): one
+  scale per row of each copy, a reduction along rows for the rowwise copy and one along
+  columns for the columnwise copy before the two casts, each of which reads the input.
+- ``blockwise``: DeepSeek-V3 technical report (arXiv 2412.19437), section 3.3.2: activations
+  and gradients in 1x128 tiles, weights in 128x128 blocks, one fp32 scale each, as TE's
+  ``recipe.Float8BlockScaling`` runs it (``x_block_scaling_dim=1``, ``w_block_scaling_dim=2``,
+  block length 128; ``quantize_transpose_vector_blockwise``,
+  ``quantize_transpose_square_blockwise``): a block's amax is found in the kernel that casts
+  it, both copies from one read.
+- ``mxfp8``: OCP Microscaling Formats (MX) Specification v1.0 (2023), section 5: 32-element
+  blocks with one E8M0 (8-bit) scale, E4M3 elements; TE ``recipe.MXFP8BlockScaling``, whose
+  ``quantize_mxfp8`` kernel writes the rowwise and columnwise copies from one read; weights
+  use the same 1x32 blocks along each copy's reduction dimension.
+- ``nvfp4``: NVIDIA, "Pretraining Large Language Models with NVFP4" (arXiv 2509.25149),
+  section 4: E2M1 elements with one E4M3 scale per 16 elements and one fp32 scale per tensor;
+  activations and gradients in 1x16 blocks, weights in 16x16 blocks (2D, so both copies share
+  one block grid); a 16x16 random Hadamard transform on the inputs of the weight-gradient GEMM
+  (the columnwise copies of ``X`` and ``dY``); stochastic rounding of the gradients (a rounding
+  mode: no bytes). TE ``recipe.NVFP4BlockScaling``: the per-tensor amax is a reduction over the
+  whole tensor before the cast (``nvte_compute_amax``; with the transform,
+  ``nvte_hadamard_transform_amax`` finds the amaxes before and after it in that one pass, and the
+  cast applies it on the way). The GEMMs run at the system's fp4 peak.
+
+Every quantize kernel reads the 16-bit input and writes what the recipe's definition says
+(elements and scales), so its bytes follow from the tensor's rows and columns alone
+(:func:`quantize_kernels`). A weight is quantized in the first micro-batch of an iteration
+and its copies reused after (TE's ``is_first_microbatch``, passed by Megatron-LM).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from stg.core.quantization import DTYPE_BITS
+
+DEFAULT_RECIPE = "delayed"
+
+RECIPE_ATTR = "low_precision_recipe"
+"""String attribute of the GEMM and quantize nodes of a recipe other than ``delayed``: the
+recipe's name (it decides the tensor cores a GEMM needs)."""
+QUANTIZE_KERNEL_ATTR = "quantize_kernel"
+"""String attribute of a recipe's quantize node: ``amax`` (a reduction that finds the scales
+before the cast) or ``cast`` (writes the quantized copies and their scales)."""
+QUANTIZE_OPERAND_ATTR = "quantize_operand"
+"""String attribute of a recipe's quantize node: the GEMM operand it quantizes, ``input``,
+``weight`` or ``grad_output`` (a weight's copies are cached after the first micro-batch)."""
+OPERANDS = ("input", "weight", "grad_output")
+
+HADAMARD_FLOPS_PER_ELEMENT = 2 * 16
+"""A 16-point random Hadamard transform is a dense 16x16 matrix product per 16 elements: 16
+multiply-adds per element (arXiv 2509.25149, section 4.2)."""
+
+SOURCE_BYTES = 2
+"""The quantized tensors are bf16 before the cast (the autocast dtype, :mod:`stg.core.fp8`)."""
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """The scale grid of a quantized copy: one scale per ``rows x cols`` block, ``cols`` along
+    the copy's reduction dimension (``cols`` 0: a whole row); ``None`` in place of a
+    :class:`Blocks` means one scale for the whole tensor."""
+
+    rows: int
+    cols: int
+
+    def count(self, rows: int, cols: int) -> int:
+        """Scales of a copy of ``rows`` rows whose reduction dimension holds ``cols``."""
+        along = -(-cols // self.cols) if self.cols else 1
+        return -(-rows // self.rows) * along
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A low-precision training recipe (see the module docstring)."""
+
+    name: str
+    dtype: str
+    """the GEMM operands' element dtype (fp8 E4M3/E5M2, fp4 E2M1)"""
+    activation: Blocks | None
+    """scale blocks of the input and output-gradient copies (None: one per tensor)"""
+    weight: Blocks | None
+    """scale blocks of the weight copies"""
+    scale_bits: int
+    tensor_scale_bits: int = 0
+    """a second-level scale per copy (NVFP4's fp32 tensor scale)"""
+    amax_reads: int = 0
+    """full reads of the input by reductions that find scales before the cast: one per tensor
+    amax, one per axis of axiswise scaling (0: found in the casting kernel)"""
+    cast_reads: int = 1
+    """reads of the input by the casts (1: one kernel writes both copies)"""
+    hadamard: bool = False
+    """a random Hadamard transform on the weight-gradient GEMM's inputs"""
+    tp_amax_reduction: bool = False
+    """the tensor amax of a sequence-parallel input or output gradient is all-reduced (MAX)
+    over the tensor-parallel group before the cast, so that every rank scales its rows alike
+    (TE ``module/linear.py``, ``_customize_quantizers_float8_current_scaling`` and
+    ``_customize_quantizers_nvfp4``: ``with_amax_reduction`` on the input quantizer of a
+    column-parallel and the output-gradient quantizer of a row-parallel linear)"""
+
+    @property
+    def element_bits(self) -> int:
+        return DTYPE_BITS[self.dtype]
+
+    def blocks(self, operand: str) -> Blocks | None:
+        return self.weight if operand == "weight" else self.activation
+
+    def copy_bytes(self, rows: int, cols: int) -> int:
+        """Bytes of the two quantized copies (rowwise and columnwise) of a tensor."""
+        return 2 * -(-rows * cols * self.element_bits // 8)
+
+    def scale_bytes(self, operand: str, rows: int, cols: int) -> int:
+        """Bytes of the scales of both copies of ``operand`` of ``rows x cols`` (``cols``
+        along the forward's reduction dimension): a per-tensor scale is shared by both copies
+        (TE's ``scale_inv``); block scales are kept per copy, the columnwise copy's blocks
+        running along the rows."""
+        blocks = self.blocks(operand)
+        if blocks is None:
+            scales = 1
+        else:
+            scales = blocks.count(rows, cols) + blocks.count(cols, rows)
+        tensor = 2 * self.tensor_scale_bits // 8
+        return -(-scales * self.scale_bits // 8) + tensor
+
+    def gathered_bytes(self, operand: str, rows: int, cols: int) -> int:
+        """Bytes of the rowwise copy of ``operand`` and its block scales, as a sequence-parallel
+        all-gather moves this rank's quantized rows (Transformer Engine gathers the quantized
+        tensor, ``gather_along_first_dim``; a per-tensor scale is known on every rank)."""
+        data = -(-rows * cols * self.element_bits // 8)
+        blocks = self.blocks(operand)
+        if blocks is None:
+            return data
+        return data + -(-blocks.count(rows, cols) * self.scale_bits // 8)
+
+    def weight_bytes_per_element(self, *, param: bool = False) -> float:
+        """:func:`weight_copy_bytes` per weight element where the weight's dimensions divide
+        its blocks, less the scales that do not grow with the elements (one per tensor, one
+        per row: about 0.1 % of the copies of a 4096 x 4096 weight)."""
+        copies = (1 if param else 2) * self.element_bits / 8
+        blocks = self.weight
+        if blocks is None or not blocks.cols:
+            return copies
+        return copies + 2 * self.scale_bits / 8 / (blocks.rows * blocks.cols)
+
+    def transformed(self, operand: str) -> bool:
+        """Whether the columnwise copy of ``operand`` is Hadamard-transformed (it feeds the
+        weight-gradient GEMM: the input and the output gradient)."""
+        return self.hadamard and operand != "weight"
+
+
+RECIPES: dict[str, Recipe] = {
+    r.name: r
+    for r in (
+        Recipe("delayed", "fp8", None, None, scale_bits=32),
+        Recipe(
+            "tensorwise", "fp8", None, None, scale_bits=32, amax_reads=1, tp_amax_reduction=True
+        ),
+        Recipe(
+            "rowwise", "fp8", Blocks(1, 0), Blocks(1, 0), scale_bits=32, amax_reads=2, cast_reads=2
+        ),
+        Recipe("blockwise", "fp8", Blocks(1, 128), Blocks(128, 128), scale_bits=32),
+        Recipe("mxfp8", "fp8", Blocks(1, 32), Blocks(1, 32), scale_bits=8),
+        Recipe(
+            "nvfp4",
+            "fp4",
+            Blocks(1, 16),
+            Blocks(16, 16),
+            scale_bits=8,
+            tensor_scale_bits=32,
+            amax_reads=1,
+            hadamard=True,
+            tp_amax_reduction=True,
+        ),
+    )
+}
+"""The recipes by the name ``--low_precision_recipe`` gives them."""
+
+
+@dataclass(frozen=True)
+class QuantizeKernel:
+    """One memory-bound kernel of a recipe's quantization of one tensor."""
+
+    kind: str
+    """``amax`` or ``cast`` (:data:`QUANTIZE_KERNEL_ATTR`)"""
+    tensor_size: int
+    """bytes read and written"""
+    num_ops: int
+
+
+def quantize_kernels(recipe: Recipe, operand: str, rows: int, cols: int) -> list[QuantizeKernel]:
+    """The kernels that quantize a bf16 ``operand`` of ``rows x cols`` (``cols`` along the
+    forward's reduction dimension) into the recipe's two copies: a reduction reading the
+    input per :attr:`Recipe.amax_reads` (none for ``delayed`` and block scalings), then the
+    cast, which reads it per :attr:`Recipe.cast_reads` and writes both copies and their scales.
+    One op per element read, plus the Hadamard transform's multiply-adds on the columnwise
+    copy where the recipe uses it (in the amax pass too: the columnwise scale is the
+    transformed tensor's)."""
+    elements = rows * cols
+    hadamard = HADAMARD_FLOPS_PER_ELEMENT * elements if recipe.transformed(operand) else 0
+    kernels = []
+    if recipe.amax_reads:
+        kernels.append(
+            QuantizeKernel(
+                "amax",
+                recipe.amax_reads * SOURCE_BYTES * elements,
+                recipe.amax_reads * elements + hadamard,
+            )
+        )
+    written = recipe.copy_bytes(rows, cols) + recipe.scale_bytes(operand, rows, cols)
+    kernels.append(
+        QuantizeKernel(
+            "cast",
+            recipe.cast_reads * SOURCE_BYTES * elements + written,
+            recipe.cast_reads * elements + hadamard,
+        )
+    )
+    return kernels
+
+
+def weight_copy_bytes(recipe: Recipe, rows: int, cols: int, *, param: bool = False) -> int:
+    """Bytes a rank keeps per weight of ``rows x cols`` besides its stored weight: both
+    quantized copies and their scales (cached across the micro-batches of an iteration), or
+    with ``param`` (fp8 weights, :data:`PARAM_GATHER_RECIPES`) the scales and the columnwise
+    copy alone, the rowwise copy being the stored weight."""
+    copies = recipe.copy_bytes(rows, cols) // (2 if param else 1)
+    return copies + recipe.scale_bytes("weight", rows, cols)
+
+
+PARAM_GATHER_RECIPES = ("tensorwise", "blockwise", "mxfp8")
+"""Recipes whose weights Megatron-LM keeps in fp8 and all-gathers in fp8
+(``--fp8-param-gather`` with ``--fp8-recipe`` tensorwise, blockwise or mxfp8; torchtitan's
+fp8 FSDP all-gather, ``enable_fsdp_float8_all_gather``, takes tensorwise only). The gather
+moves the rowwise copy and its scales."""
+
+
+def gathered_weight_bytes(recipe: Recipe, elements: int) -> int:
+    """Bytes of ``elements`` weight elements all-gathered in the recipe's format: the
+    elements and, for block scales, one scale per block (a per-tensor scale is found by an
+    amax all-reduce of its own, left out)."""
+    data = -(-elements * recipe.element_bits // 8)
+    blocks = recipe.weight
+    if blocks is None or not blocks.cols:
+        return data
+    return data + -(-elements * recipe.scale_bits // (8 * blocks.rows * blocks.cols))
+
+
+__all__ = [
+    "DEFAULT_RECIPE",
+    "OPERANDS",
+    "PARAM_GATHER_RECIPES",
+    "QUANTIZE_KERNEL_ATTR",
+    "QUANTIZE_OPERAND_ATTR",
+    "RECIPES",
+    "RECIPE_ATTR",
+    "Blocks",
+    "QuantizeKernel",
+    "Recipe",
+    "gathered_weight_bytes",
+    "quantize_kernels",
+    "weight_copy_bytes",
+]

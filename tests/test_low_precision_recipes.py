@@ -1,0 +1,522 @@
+"""Low-precision training recipes (``--low_precision_recipe``, stg/core/recipes.py).
+
+Each recipe quantizes the input, the weight and the output gradient of every linear layer of a
+``--dtype fp8`` training run into a rowwise and a columnwise copy; the kernels that do it are
+memory-bound nodes of the trace whose bytes follow from the recipe's definition. The closed
+forms below are written from the definitions (Transformer Engine's recipes, torchao's float8
+recipes, DeepSeek-V3's report, the OCP MX specification, NVIDIA's NVFP4 paper), not from
+stg's code, and compared with what the written rank files hold.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stg.cli import main
+from stg.core.options import GenerateOptions
+from stg.core.pipeline import build_workload
+from stg.host.registry import load_registry
+from stg.perf.costs import compute_time
+from stg.perf.kernel_time import gemm_time, memory_bound_time
+from stg.perf.system import load_system
+from stg.trace.reader import read_metadata, read_nodes
+from stg.trace.validate import validate_trace
+
+B, S, D, F, HEADS, KV, TP = 2, 1024, 512, 1536, 8, 4, 2
+LLAMA = {"model": "llama", "dmodel": D, "dff": F, "head": HEADS, "kvhead": KV, "seq": S,
+         "dvocal": 1024, "num_stacks": 1, "batch": B, "micro_batch": B,
+         "mixed_precision": True, "causal": True, "dtype": "fp8", "tp": TP}  # fmt: skip
+CLI = ["--model", "llama", "--dmodel", str(D), "--dff", str(F), "--head", str(HEADS),
+       "--kvhead", str(KV), "--seq", str(S), "--dvocal", "1024", "--num_stacks", "1",
+       "--batch", str(B), "--micro_batch", str(B), "--mixed_precision", "true",
+       "--causal", "true", "--dtype", "fp8", "--tp", str(TP)]  # fmt: skip
+
+ROWS, LOCAL = B * S, B * S // TP  # tokens; this rank's tokens under sequence parallelism
+HD = D // HEADS
+SITES = {
+    # (operand, forward op): (rows, cols), cols along the forward's reduction dimension.
+    # Inputs: the QKV and gate/up inputs once, this rank's rows (sequence parallelism).
+    ("input", "q"): (LOCAL, D),
+    ("input", "attn_out"): (ROWS, D // TP),
+    ("input", "gate"): (LOCAL, D),
+    ("input", "down"): (ROWS, F // TP),
+    # Weights as the GEMM reads them: this rank's columns.
+    ("weight", "q"): (D // TP, D),
+    ("weight", "k"): (KV * HD // TP, D),
+    ("weight", "v"): (KV * HD // TP, D),
+    ("weight", "attn_out"): (D, D // TP),
+    ("weight", "gate"): (F // TP, D),
+    ("weight", "up"): (F // TP, D),
+    ("weight", "down"): (D, F // TP),
+    # Output gradients, cols = the forward GEMM's output features.
+    ("grad_output", "q"): (ROWS, D // TP),
+    ("grad_output", "k"): (ROWS, KV * HD // TP),
+    ("grad_output", "v"): (ROWS, KV * HD // TP),
+    ("grad_output", "attn_out"): (LOCAL, D),
+    ("grad_output", "gate"): (ROWS, F // TP),
+    ("grad_output", "up"): (ROWS, F // TP),
+    ("grad_output", "down"): (LOCAL, D),
+}
+
+
+GEMMS = [rc for (operand, _), rc in SITES.items() if operand == "weight"]
+
+
+def _blocks(rows: int, cols: int, block_rows: int, block_cols: int) -> int:
+    """Scales of both copies for blocks of ``block_rows x block_cols`` (the dims here divide)."""
+    return 2 * (rows // block_rows) * (cols // block_cols)
+
+
+# Each recipe's kernels: {kind: bytes} for one bf16 tensor of rows x cols (2 bytes per element
+# read), from its definition.
+def tensorwise(operand: str, r: int, c: int) -> dict[str, int]:
+    # TE Float8CurrentScaling / torchao tensorwise: amax over the tensor (a read), then the
+    # cast-transpose (a read, two 1-byte copies) and one fp32 scale
+    n = r * c
+    return {"amax": 2 * n, "cast": 2 * n + 2 * n + 4}
+
+
+def rowwise(operand: str, r: int, c: int) -> dict[str, int]:
+    # torchao rowwise: a row amax and a column amax (two reads), two casts (two reads), two
+    # 1-byte copies, an fp32 scale per row of each copy (r for one, c for the other)
+    n = r * c
+    return {"amax": 4 * n, "cast": 4 * n + 2 * n + 4 * (r + c)}
+
+
+def blockwise(operand: str, r: int, c: int) -> dict[str, int]:
+    # DeepSeek-V3 3.3.2: 1x128 tiles (activations, gradients), 128x128 blocks (weights), fp32
+    # scales; both copies from one read
+    n = r * c
+    scales = _blocks(r, c, 128, 128) if operand == "weight" else _blocks(r, c, 1, 128)
+    return {"cast": 2 * n + 2 * n + 4 * scales}
+
+
+def mxfp8(operand: str, r: int, c: int) -> dict[str, int]:
+    # OCP MX v1.0: 32-element blocks, one E8M0 byte each, along each copy's reduction dim
+    n = r * c
+    return {"cast": 2 * n + 2 * n + _blocks(r, c, 1, 32)}
+
+
+def nvfp4(operand: str, r: int, c: int) -> dict[str, int]:
+    # arXiv 2509.25149: half-byte E2M1 elements, an E4M3 byte per 1x16 block (16x16 for
+    # weights), an fp32 tensor scale per copy, after a pass for the tensor amax
+    n = r * c
+    scales = _blocks(r, c, 16, 16) if operand == "weight" else _blocks(r, c, 1, 16)
+    return {"amax": 2 * n, "cast": 2 * n + n + scales + 2 * 4}
+
+
+CLOSED_FORMS: dict[str, Callable[[str, int, int], dict[str, int]]] = {
+    "tensorwise": tensorwise,
+    "rowwise": rowwise,
+    "blockwise": blockwise,
+    "mxfp8": mxfp8,
+    "nvfp4": nvfp4,
+}
+
+
+def _generate(tmp_path: Path, recipe: str, *extra: str) -> Path:
+    out = tmp_path / recipe
+    with pytest.raises(SystemExit) as done:
+        main(["generate", *CLI, "--low_precision_recipe", recipe, *extra, "--output_dir", str(out)])
+    assert done.value.code == 0
+    return out
+
+
+@pytest.mark.parametrize("recipe", list(CLOSED_FORMS))
+def test_quantize_nodes_in_the_written_trace_follow_the_recipe(tmp_path: Path, recipe: str) -> None:
+    out = _generate(tmp_path, recipe)
+    assert validate_trace(out).ok
+    nodes = read_nodes(out / "workload.0.et")
+    found: Counter[tuple[str, str, str]] = Counter()
+    for n in nodes:
+        if "quantize_kernel" in n.attrs:
+            op = n.name.rsplit("/", 1)[1].split(".", 1)[0]
+            found[n.attrs["quantize_operand"], op, n.attrs["quantize_kernel"]] += n.tensor_size
+            assert n.attrs["low_precision_recipe"] == recipe
+    expected = Counter()
+    for (operand, op), (r, c) in SITES.items():
+        for kind, nbytes in CLOSED_FORMS[recipe](operand, r, c).items():
+            expected[operand, op, kind] += nbytes
+    assert found == expected
+    options = json.loads(read_metadata(out / "workload.0.et")["attrs"]["options"])
+    assert options["low_precision_recipe"] == recipe
+    # current and block scalings keep no amax history: no delayed-scaling reductions
+    assert not any(n.name.endswith("fp8_amax_all_reduce") for n in nodes)
+
+
+def test_official_reader_decodes_the_quantize_nodes(tmp_path: Path) -> None:
+    et_def = pytest.importorskip("chakra.schema.protobuf.et_def_pb2")
+    protolib = pytest.importorskip("chakra.src.third_party.utils.protolib")
+    out = _generate(tmp_path, "nvfp4")
+    handle = protolib.openFileRd(str(out / "workload.0.et"))
+    assert protolib.decodeMessage(handle, et_def.GlobalMetadata())
+    kinds = Counter()
+    while True:
+        node = et_def.Node()
+        if not protolib.decodeMessage(handle, node):
+            break
+        attrs = {a.name: a for a in node.attr}
+        if "quantize_kernel" in attrs:
+            assert node.type == et_def.COMP_NODE
+            assert attrs["tensor_size"].uint64_val > 0 and attrs["num_ops"].int64_val > 0
+            kinds[attrs["quantize_kernel"].string_val] += 1
+    handle.close()
+    assert kinds == {"amax": len(SITES), "cast": len(SITES)}
+
+
+def _nodes(**given: Any) -> dict[str, Any]:
+    options = GenerateOptions(**{**LLAMA, **given})
+    workload = build_workload(options, load_registry(autoload=False))
+    return {n.name: n for n in workload.ranks[0].nodes()}
+
+
+@pytest.mark.parametrize(
+    ("recipe", "system", "dtype"),
+    [
+        ("tensorwise", "h100-80g", "fp8"),
+        ("rowwise", "h100-80g", "fp8"),
+        ("blockwise", "h100-80g", "fp8"),
+        ("mxfp8", "b200-180g", "fp8"),
+        ("nvfp4", "b200-180g", "fp4"),
+    ],
+)
+def test_gemm_runs_at_the_format_peak(recipe: str, system: str, dtype: str) -> None:
+    nodes = _nodes(low_precision_recipe=recipe)
+    gpu = load_system(system)
+    for name in ("mb0/layer0/fwd/gate", "mb0/layer0/bwd/down.grad_w2"):
+        node = nodes[name]
+        batch, m, n, k = node.attrs["gemm"]
+        assert node.dtype == dtype
+        assert compute_time(node, gpu, "fp8") == pytest.approx(
+            gemm_time(gpu.gpu, m, n, k, dtype, batch) + gpu.kernel_overhead
+        )
+        # no faster than the format's peak
+        assert compute_time(node, gpu, "fp8") >= 2 * batch * m * n * k / gpu.gpu.rate(dtype)
+    # a compute-bound GEMM runs at the format's peak (a tile's fixed overhead aside): on a
+    # B200 fp8 takes about half, fp4 about a quarter of bf16's time
+    big = 8192
+    ratio = gemm_time(gpu.gpu, big, big, big, dtype) / gemm_time(gpu.gpu, big, big, big, "bf16")
+    assert ratio == pytest.approx(gpu.peak("bf16") / gpu.peak(dtype), rel=0.1)
+
+
+def test_quantize_node_time_and_cached_weights() -> None:
+    nodes = _nodes(low_precision_recipe="mxfp8", batch=4)
+    b200 = load_system("b200-180g")
+    cast = nodes["mb0/layer0/fwd/gate.cast_input"]
+    assert compute_time(cast, b200, "fp8") == pytest.approx(
+        memory_bound_time(b200.gpu, cast.tensor_size, "quantize") + b200.kernel_overhead
+    )
+    # a weight's copies are cast in the first micro-batch and reused after it
+    assert compute_time(nodes["mb0/layer0/fwd/gate.cast_weight"], b200, "fp8") > 0
+    assert compute_time(nodes["mb1/layer0/fwd/gate.cast_weight"], b200, "fp8") == 0
+    # an fp8 recipe on a GPU without fp8 tensor cores: bf16 GEMMs, nothing quantized
+    tensorwise = _nodes(low_precision_recipe="tensorwise")
+    a100 = load_system("a100-80g")
+    assert compute_time(tensorwise["mb0/layer0/fwd/gate.cast_input"], a100, "fp8") == 0
+    gate = tensorwise["mb0/layer0/fwd/gate"]
+    _, m, n, k = gate.attrs["gemm"]
+    assert compute_time(gate, a100, "fp8") == pytest.approx(
+        gemm_time(a100.gpu, m, n, k, "bf16") + a100.kernel_overhead
+    )
+
+
+def test_gemms_wait_for_their_casts() -> None:
+    nodes = _nodes(low_precision_recipe="blockwise")
+    by_id = {n.id: n.name for n in nodes.values()}
+    deps = {by_id[d] for d in nodes["mb0/layer0/fwd/up"].data_deps}
+    assert {"mb0/layer0/fwd/gate.cast_input", "mb0/layer0/fwd/up.cast_weight"} <= deps
+    wgrad = {by_id[d] for d in nodes["mb0/layer0/bwd/down.grad_w2"].data_deps}
+    assert "mb0/layer0/bwd/down.cast_grad_output" in wgrad
+
+
+@pytest.mark.parametrize(
+    ("recipe", "system", "message"),
+    [
+        ("nvfp4", "h100-80g", "needs block-scaled tensor cores, which system 'h100-80g'"),
+        ("nvfp4", "mi355x-288g", "systems that have them: b200-180g, b300-288g, gb200-nvl72"),
+        ("mxfp8", "mi300x-192g", "mi355x-288g"),
+    ],
+)
+def test_a_system_without_the_format_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], recipe: str, system: str, message: str
+) -> None:
+    out = _generate(tmp_path, recipe)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as done:
+        main(["predict", str(out), "--system", system, "--predictor", "time"])
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and message in err
+
+
+def test_nvfp4_without_an_fp4_peak_is_refused() -> None:
+    from stg.errors import UserError
+    from stg.perf.costs import recipe_gemm_dtype
+
+    b200 = load_system("b200-180g")
+    fp8_only = type(b200)(**{**vars(b200), "peak_flops": {
+        k: v for k, v in b200.peak_flops.items() if k != "fp4"}})  # fmt: skip
+    with pytest.raises(UserError, match="has no fp4 peak; systems with one: b200-180g"):
+        recipe_gemm_dtype(fp8_only, "nvfp4", "fp4")
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        (["--low_precision_recipe", "fp8"], "must be one of delayed, tensorwise, rowwise"),
+        (["--low_precision_recipe", "mxfp8", "--dtype", "bf16"], "give dtype=fp8"),
+        (["--low_precision_recipe", "nvfp4", "--phase", "decode", "--dtype", "fp8"],
+         "is a training option"),
+    ],
+)  # fmt: skip
+def test_bad_recipe_options(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], given: list[str], message: str
+) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["generate", *given, "--output_dir", str(tmp_path / "out")])
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and message in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_default_recipe_is_todays_delayed_scaling() -> None:
+    default = GenerateOptions(**LLAMA)
+    assert default.low_precision_recipe == "delayed"
+    assert "low_precision_recipe" not in default.recorded()
+    mxfp8 = GenerateOptions(**LLAMA, low_precision_recipe="mxfp8")
+    assert mxfp8.recorded()["low_precision_recipe"] == "mxfp8"
+    nodes = _nodes()
+    assert not any("quantize_kernel" in n.attrs for n in nodes.values())
+    assert any("fp8_quantize" in n.attrs for n in nodes.values())
+
+
+@pytest.mark.parametrize("recipe", list(CLOSED_FORMS))
+def test_memory_keeps_16_bit_weights_and_the_quantized_copies(recipe: str) -> None:
+    from stg.predictors.memory import predict_memory
+
+    options = GenerateOptions(**LLAMA, low_precision_recipe=recipe)
+    workload = build_workload(options, load_registry(autoload=False))
+    report = predict_memory(workload, "b200-180g")["classes"][0]
+    copies = 0
+    for (operand, _), (r, c) in SITES.items():
+        if operand == "weight":  # what the recipe's cast writes: less its bf16 reads
+            reads = 2 if recipe == "rowwise" else 1  # torchao rowwise: a cast per copy
+            copies += CLOSED_FORMS[recipe](operand, r, c)["cast"] - reads * 2 * r * c
+    assert report["weights"] == 2 * report["parameters"] + copies
+    delayed = build_workload(GenerateOptions(**LLAMA), load_registry(autoload=False))
+    assert "low_precision_weight_bytes" not in delayed.rank_classes[0].facts
+
+
+def _gathers(**given: Any) -> dict[str, int]:
+    nodes = _nodes(tp=1, dp=4, batch=4, micro_batch=4, weight_sharded=True, **given)
+    return {
+        name: n.comm_size
+        for name, n in nodes.items()
+        if n.comm_type is not None and n.comm_type.name == "ALL_GATHER"
+    }
+
+
+def test_fsdp_gathers_bf16_weights_or_fp8_ones_with_fp8_param_gather() -> None:
+    # the default recipe's graph gathers 1 byte per element: the elements of each gather
+    elements = _gathers()
+    layer = [name for name in elements if "/layer0/" in name]
+    assert layer and any("/embedding/" in name for name in elements)
+    bf16 = _gathers(low_precision_recipe="tensorwise")
+    assert bf16 == {name: 2 * n for name, n in elements.items()}
+    # Megatron's --fp8-param-gather: the TE modules' weights in fp8 with their E8M0 scales
+    # (one byte per 32 elements); the embedding and the output layer stay bf16
+    fp8 = _gathers(low_precision_recipe="mxfp8", fp8_param_gather=True)
+    for name, n in elements.items():
+        assert fp8[name] == (n + -(-n // 32) if name in layer else 2 * n), name
+
+
+def test_fp8_param_gather_keeps_fp8_weights_in_memory() -> None:
+    from stg.predictors.memory import predict_memory
+
+    given = {"tp": 1, "dp": 4, "batch": 4, "micro_batch": 4, "weight_sharded": True}
+    options = GenerateOptions(**{**LLAMA, **given}, low_precision_recipe="blockwise",
+                              fp8_param_gather=True)  # fmt: skip
+    workload = build_workload(options, load_registry(autoload=False))
+    shard = workload.rank_classes[0].facts["shard_parameters"]
+    report = predict_memory(workload, "h100-80g")["classes"][0]
+    # fp8 weights (the shard); beside them each whole GEMM weight's columnwise copy and the
+    # fp32 scales of both copies' 128x128 blocks
+    copies = sum(r * c + 4 * _blocks(r, c, 128, 128) for r, c in (
+        (D, D), (KV * HD, D), (KV * HD, D), (D, D), (F, D), (F, D), (D, F)))  # fmt: skip
+    assert report["weights"] == shard + copies
+
+
+def test_fp8_param_gather_needs_fsdp_and_an_fp8_recipe(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for given in (
+        ["--low_precision_recipe", "nvfp4", "--weight_sharded", "true"],
+        ["--low_precision_recipe", "mxfp8"],
+    ):
+        with pytest.raises(SystemExit) as done:
+            main(["generate", "--dtype", "fp8", *given, "--fp8_param_gather", "true",
+                  "--output_dir", str(tmp_path / "out")])  # fmt: skip
+        assert done.value.code == 2
+        err = capsys.readouterr().err
+        assert "weight_sharded=true and low_precision_recipe one of tensorwise" in err
+
+
+def test_explain_names_the_quantize_nodes() -> None:
+    from stg.predictors.time import predict_time
+
+    options = GenerateOptions(**LLAMA, low_precision_recipe="mxfp8")
+    workload = build_workload(options, load_registry(autoload=False))
+    report = predict_time(workload, "b200-180g", explain=True)
+    parts = report["explain"]["breakdown_s"]
+    assert parts["compute: quantize"] > 0
+    assert sum(parts.values()) == pytest.approx(report["iteration_time_s"], rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("recipe", "per_element"),
+    [
+        ("delayed", 1),
+        ("tensorwise", 1),
+        ("blockwise", 1 + 4 / 128),  # an fp32 scale per 1x128 tile
+        ("mxfp8", 1 + 1 / 32),  # an E8M0 byte per 32 elements
+        ("nvfp4", 1 / 2 + 1 / 16),  # half-byte elements, an E4M3 byte per 16
+    ],
+)
+def test_sequence_parallel_gathers_move_the_quantized_rows(recipe: str, per_element: float) -> None:
+    nodes = _nodes(low_precision_recipe=recipe)
+    by_id = {n.id: n.name for n in nodes.values()}
+    for name, cast in (
+        ("mb0/layer0/fwd/all_gather_tp:attention_norm", "mb0/layer0/fwd/q.cast_input"),
+        ("mb0/layer0/bwd/all_gather_tp:grad_output", "mb0/layer0/bwd/down.cast_grad_output"),
+    ):
+        gather = nodes[name]
+        assert gather.comm_size == LOCAL * D * per_element
+        if recipe != "delayed":  # it gathers what the cast wrote
+            assert cast in {by_id[d] for d in gather.data_deps}
+
+
+@pytest.mark.parametrize("recipe", list(CLOSED_FORMS))
+def test_current_scaling_all_reduces_the_amax_of_gathered_rows(recipe: str) -> None:
+    nodes = _nodes(low_precision_recipe=recipe)
+    by_id = {n.id: n.name for n in nodes.values()}
+    reductions = {
+        name.rsplit("/", 1)[1]: n
+        for name, n in nodes.items()
+        if n.comm_type is not None and n.comm_type.name == "ALL_REDUCE" and "/layer0/" in name
+    }
+    if recipe not in ("tensorwise", "nvfp4"):  # block scales are local to a rank's rows
+        assert not reductions
+        return
+    # TE: the input of a column-parallel and the output gradient of a row-parallel linear
+    assert set(reductions) == {
+        "q.amax_all_reduce_input",
+        "gate.amax_all_reduce_input",
+        "attn_out.amax_all_reduce_grad_output",
+        "down.amax_all_reduce_grad_output",
+    }
+    tp_group = nodes["mb0/layer0/fwd/all_gather_tp:attention_norm"].comm_group
+    for name, node in reductions.items():
+        assert node.comm_size == 4 and node.comm_group == tp_group
+        op, operand = name.split(".amax_all_reduce_")
+        cast = next(n for n in nodes.values() if n.name.endswith(f"/{op}.cast_{operand}"))
+        assert node.name in {by_id[d] for d in cast.data_deps}
+
+
+def _collectives(kind: str, **given: Any) -> dict[str, Any]:
+    nodes = _nodes(**given)
+    return {
+        name: n
+        for name, n in nodes.items()
+        if n.comm_type is not None and n.comm_type.name == kind and "/layer0/" in name
+    }
+
+
+def test_collectives_outside_the_quantized_tensors_move_bf16() -> None:
+    # the delayed graph moves 1 byte per element: the elements of each collective; a recipe's
+    # sequence-parallel reduce-scatters move the GEMM outputs, bf16
+    elements = _collectives("REDUCE_SCATTER")
+    assert elements
+    recipe = _collectives("REDUCE_SCATTER", low_precision_recipe="mxfp8")
+    assert {k: n.comm_size for k, n in recipe.items()} == {
+        k: 2 * n.comm_size for k, n in elements.items()
+    }
+
+
+MOE = {"model": "moe", "dp": 2, "ep": 2, "tp": 1, "batch": 8, "micro_batch": 4}
+
+
+def test_fp8_dispatch_sends_the_tokens_in_the_recipe_format() -> None:
+    # DeepSeek-V3 3.3.3: the tokens before the up-projections and the gradients before the
+    # down-projection's backward travel in fp8 (1x128 tiles, fp32 scales); combines bf16
+    elements = _collectives("ALL_TO_ALL", **MOE)
+    dispatched = {"layer0/fwd/all_to_all_ep:dispatch",
+                  "layer0/bwd/all_to_all_ep:combine.grad_expert_down_1"}  # fmt: skip
+    in_micro_batch = {name.split("/", 1)[1] for name in elements}
+    assert dispatched < in_micro_batch and len(in_micro_batch) == 4
+    bf16 = _collectives("ALL_TO_ALL", **MOE, low_precision_recipe="blockwise")
+    fp8 = _collectives("ALL_TO_ALL", **MOE, low_precision_recipe="blockwise", fp8_dispatch=True)
+    for name, node in elements.items():
+        assert bf16[name].comm_size == 2 * node.comm_size
+        n = node.comm_size
+        fp8_bytes = n + 4 * n // 128  # an fp32 scale per 128 elements
+        assert fp8[name].comm_size == (
+            fp8_bytes if name.split("/", 1)[1] in dispatched else 2 * n
+        ), name
+
+
+def test_fp8_dispatch_needs_experts_and_a_recipe(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for given in (["--low_precision_recipe", "blockwise"], ["--ep", "2", "--model", "moe"]):
+        with pytest.raises(SystemExit) as done:
+            main(["generate", "--dtype", "fp8", *given, "--fp8_dispatch", "true",
+                  "--output_dir", str(tmp_path / "out")])  # fmt: skip
+        assert done.value.code == 2
+        assert "it needs ep > 1 and low_precision_recipe one of" in capsys.readouterr().err
+
+
+def test_fp4_gemms_read_half_a_byte_per_operand_element() -> None:
+    fp8, fp4 = _nodes(), _nodes(low_precision_recipe="nvfp4")
+    mxfp8 = _nodes(low_precision_recipe="mxfp8")
+    for name in ("mb0/layer0/fwd/q", "mb0/layer0/bwd/down.grad_w2"):
+        batch, m, n, k = fp8[name].attrs["gemm"]
+        assert fp4[name].tensor_size == fp8[name].tensor_size - batch * (m * k + k * n) // 2
+        assert mxfp8[name].tensor_size == fp8[name].tensor_size
+
+
+@pytest.mark.parametrize("recipe", list(CLOSED_FORMS))
+def test_memory_from_options_alone_agrees_with_the_workload(recipe: str) -> None:
+    # a trace read back (or options without a workload) gets the copies from the options:
+    # per element, exact where the dimensions divide the blocks; per-row and per-tensor
+    # scales left out
+    from stg.predictors.memory import predict_analytic, predict_memory
+
+    options = GenerateOptions(**LLAMA, low_precision_recipe=recipe)
+    workload = build_workload(options, load_registry(autoload=False))
+    built = predict_memory(workload, "b200-180g")["classes"][0]
+    alone = predict_analytic(options, "b200-180g")["classes"][0]
+    left_out = {
+        "tensorwise": 4 * len(GEMMS),  # an fp32 scale per weight
+        "rowwise": sum(4 * (r + c) for r, c in GEMMS),  # an fp32 scale per row of each copy
+        "nvfp4": 2 * 4 * len(GEMMS),  # an fp32 tensor scale per copy
+    }
+    assert built["weights"] - alone["weights"] == left_out.get(recipe, 0)
+
+
+def test_eager_quantize_kernels_pay_the_host_time_of_an_op() -> None:
+    from stg.perf.costs import EAGER_OP_HOST_S
+
+    nodes = _nodes(low_precision_recipe="tensorwise", profile="eager", batch=4)
+    h100 = load_system("h100-80g")
+    amax = nodes["mb0/layer0/fwd/q.amax_input"]
+    assert compute_time(amax, h100, "fp8") < EAGER_OP_HOST_S  # a small kernel
+    assert compute_time(amax, h100, "fp8", profile="eager") == EAGER_OP_HOST_S
+    cached = nodes["mb1/layer0/fwd/q.cast_weight"]  # reused, as under Megatron
+    assert compute_time(cached, h100, "fp8", profile="eager") == 0
