@@ -172,10 +172,21 @@ def serve(
         "--tokenize-rate",
         help="Prompt tokens tokenized per second before a request reaches a replica.",
     ),
-    iteration_overhead: str = typer.Option(
-        "0s",
+    iteration_overhead: str | None = typer.Option(
+        None,
         "--iteration-overhead",
-        help="Scheduler (CPU) time added to every iteration, e.g. 2ms.",
+        help="Scheduler (CPU) time added to every scheduler call, e.g. 2ms (default: the "
+        "--engine-profile's).",
+    ),
+    engine_profile: str = typer.Option(
+        "none",
+        "--engine-profile",
+        help="The engine's CPU costs and streaming, each from a measurement: none or vllm-0.6.",
+    ),
+    num_scheduler_steps: int = typer.Option(
+        1,
+        "--num-scheduler-steps",
+        help="Decode steps per scheduler call (vLLM's multi-step scheduling; --scheduler vllm).",
     ),
     preemption: str = typer.Option(
         "recompute",
@@ -257,14 +268,17 @@ def serve(
     from stg.explore.serve import EngineConfig, request_table, simulate, summary
     from stg.explore.serve import timeline as timeline_of
     from stg.explore.serve_cost import kv_transfer, replica_blocks, replica_pricer
+    from stg.explore.serve_profiles import engine_profile as engine_profile_of
     from stg.explore.serve_requests import generate, read_trace
     from stg.perf.system import HOST_LINK_BYTES_PER_S, load_system
 
-    overhead = (
-        parse_duration(iteration_overhead, "--iteration-overhead")
-        if iteration_overhead not in ("0", "0s")
-        else 0.0
-    )
+    profile = engine_profile_of(engine_profile)
+    if iteration_overhead is None:
+        overhead = profile.scheduler_overhead_s
+    elif iteration_overhead in ("0", "0s"):
+        overhead = 0.0
+    else:
+        overhead = parse_duration(iteration_overhead, "--iteration-overhead")
     ttft = parse_duration(slo_ttft, "--slo-ttft", unit_required=True) if slo_ttft else None
     tpot = parse_duration(slo_tpot, "--slo-tpot", unit_required=True) if slo_tpot else None
     if plot is not None:
@@ -293,6 +307,8 @@ def serve(
         prefill_replicas=prefill_replicas,
         preemption=preemption,
         swap_bandwidth=1.0,  # checked once the system is known
+        num_scheduler_steps=num_scheduler_steps,
+        stream_round_end=profile.stream_round_end,
         speculative_tokens=speculative,
         acceptance_rate=acceptance,
         seed=seed,
@@ -354,6 +370,9 @@ def serve(
         "gpus": tp * (replicas + prefill_replicas),
         "prefill_replicas": prefill_replicas,
         "max_num_batched_tokens": budget,
+        "engine_profile": profile.name,
+        "num_scheduler_steps": num_scheduler_steps,
+        "iteration_overhead_s": overhead,
         **summary(sim, slo_ttft=ttft, slo_tpot=tpot),
     }
     if requests_table is not None:

@@ -99,6 +99,10 @@ class EngineConfig:
     """``recompute`` or ``swap`` (the victim's blocks copied to host memory and back)"""
     swap_bandwidth: float = 0.0
     """bytes/s one GPU moves to or from host memory (``swap``)"""
+    num_scheduler_steps: int = 1
+    """decode steps per scheduler call (vLLM's multi-step scheduling, ``vllm`` scheduler)"""
+    stream_round_end: bool = False
+    """multi-step: a round's tokens reach the client at its end (vLLM v0.6.0), not per step"""
 
     def check(self, *, with_blocks: bool = True) -> None:
         """One error line for a value out of range (``with_blocks`` False: all but the
@@ -144,6 +148,20 @@ class EngineConfig:
         if self.prefill_replicas and self.scheduler == "static":
             raise UserError(
                 "--prefill-replicas: disaggregated serving needs --scheduler sarathi or vllm"
+            )
+        if self.num_scheduler_steps < 1:
+            raise UserError(
+                f"--num-scheduler-steps {self.num_scheduler_steps}: must be a positive integer"
+            )
+        if self.num_scheduler_steps > 1 and self.scheduler != "vllm":
+            raise UserError(
+                f"--num-scheduler-steps {self.num_scheduler_steps}: multi-step scheduling is "
+                "modelled for --scheduler vllm (whole prompts, single-step prefills)"
+            )
+        if self.num_scheduler_steps > 1 and (self.speculative_tokens or self.prefill_replicas):
+            raise UserError(
+                f"--num-scheduler-steps {self.num_scheduler_steps}: multi-step scheduling takes "
+                "neither --speculative nor --prefill-replicas"
             )
         if self.iteration_overhead_s < 0:
             raise UserError(f"--iteration-overhead {self.iteration_overhead_s}: must be >= 0")
@@ -232,6 +250,7 @@ class Replica:
         self.index = index
         self.draft = draft
         self.lookahead = config.speculative_tokens if draft is not None else 0
+        self.steps = config.num_scheduler_steps
         self.rng = np.random.default_rng([config.seed, index])
         self.role = role
         """``both`` (aggregated), ``prefill`` (hands requests off after their first token) or
@@ -318,7 +337,7 @@ class Replica:
             return back
         while self.swapped and len(self.running) < self.config.max_num_seqs:
             r = self.swapped[0]
-            if not self._grow(r, r.computed + 1 + self.lookahead):
+            if not self._grow(r, r.computed + self.steps + self.lookahead):
                 break
             self._copy(-(-r.computed // self.config.block_size))
             self.swapped.pop(0)
@@ -376,7 +395,7 @@ class Replica:
         for r in list(self.running):  # decode every running sequence, newest preempted first
             if r not in self.running:
                 continue
-            while not self._grow(r, r.computed + 1 + self.lookahead):
+            while not self._grow(r, r.computed + self.steps + self.lookahead):
                 victim = self.running[-1]
                 self._preempt(victim)
                 if victim is r:
@@ -467,6 +486,9 @@ class Replica:
                 f"replica {self.index} can schedule none of its {len(self.waiting)} waiting "
                 f"requests with {self.free} of {self.config.blocks} KV blocks free"
             )
+        if self.steps > 1 and all(n == 1 and r.generated > 0 for r, n in chosen):
+            self._round([r for r, _ in chosen])
+            return
         k = self.lookahead
         prefills = []
         decodes = []
@@ -527,6 +549,47 @@ class Replica:
                 self._release(r)
             self.running = []
             self.static_batch = []
+        self.clock = end
+        self._sample()
+
+    def _round(self, seqs: list[Request]) -> None:
+        """A multi-step round (vLLM's ``--num-scheduler-steps``): one scheduler call, then
+        ``steps`` decode steps of the same sequences, their blocks allocated up front (the
+        lookahead slots); a sequence that reaches its last token mid-round still runs every
+        step (its extra tokens are dropped). New requests wait for the round's end. Tokens are
+        streamed per step, or all at the round's end (``stream_round_end``)."""
+        pricer = self.pricer
+        d = len(seqs)
+        total = sum(r.computed for r in seqs)
+        positions = len({r.computed for r in seqs}) if pricer.uses_positions else 0
+        start = self.clock
+        ends = []
+        t = start + self.config.iteration_overhead_s + self.swap_s
+        for i in range(self.steps):
+            t += pricer.decode_time(d, -(-(total + d * (i + 1)) // d), positions)
+            ends.append(t)
+        end = ends[-1]
+        present = (
+            len(self.waiting)
+            + len(self.swapped)
+            + sum(1 for r in self.running if r.generated < r.output)
+        )
+        self.trace.iterations += self.steps
+        finished = []
+        for r in seqs:
+            emitted = min(self.steps, r.output - r.generated)
+            r.computed += self.steps
+            for i in range(emitted):
+                self._emit(r, end if self.config.stream_round_end else ends[i])
+            if r.generated >= r.output:  # it leaves with its last token
+                r.finish = r.last_emit
+                finished.append(r)
+        self.trace.area += (present - len(finished)) * (end - start) + sum(
+            r.finish - start for r in finished
+        )
+        for r in finished:
+            self.running.remove(r)
+            self._release(r)
         self.clock = end
         self._sample()
 
@@ -594,7 +657,7 @@ class Replica:
         replica is not in one."""
         if self.waiting or self.swapped or not self.running or self.role == "prefill":
             return False
-        if self.lookahead:
+        if self.lookahead or self.steps > 1:
             return False
         if self.config.scheduler == "static" and self.role == "both":
             return False
