@@ -42,11 +42,13 @@ def _predict(point: dict, *, engine_settings: bool) -> dict[str, np.ndarray]:
         block_size=16,
         memory_fraction=engine["gpu_memory_utilization"],
     )
-    served = [r for r in point["requests"] if r["output"] > 0]
+    # a request whose text came back empty (output 0, no first chunk) was still prefilled and
+    # sampled one token (end of sequence): it runs, and is left out of the percentiles
+    requests = point["requests"]
     stream = Stream(
-        np.array([r["arrival_s"] for r in served]),
-        np.array([r["prompt"] for r in served]),
-        np.array([r["output"] for r in served]),
+        np.array([r["arrival_s"] for r in requests]),
+        np.array([r["prompt"] for r in requests]),
+        np.array([max(r["output"], 1) for r in requests]),
     )
     profile = engine_profile(engine["profile"] if engine_settings else "none")
     config = EngineConfig(
@@ -58,7 +60,9 @@ def _predict(point: dict, *, engine_settings: bool) -> dict[str, np.ndarray]:
         iteration_overhead_s=profile.scheduler_overhead_s,
         stream_round_end=profile.stream_round_end,
     )
-    return request_table(simulate(stream, pricer, config))
+    table = request_table(simulate(stream, pricer, config))
+    answered = np.array([r["output"] > 0 for r in requests])
+    return {k: v[answered] for k, v in table.items()}
 
 
 def _rows(point: dict, table: dict[str, np.ndarray]) -> list[tuple[str, float, float]]:
