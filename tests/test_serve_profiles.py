@@ -99,6 +99,38 @@ def test_a_random_stream_under_multi_step_keeps_littles_law(pricer) -> None:
     assert (table["ttft_s"] > 0).all()
 
 
+def test_overlap_scheduling_delivers_outputs_one_iteration_late(pricer) -> None:
+    """SGLang's and TensorRT-LLM's overlap scheduler: the prefill's token reaches the client
+    at the end of the first decode step; the last token, with no iteration after it, at
+    once. A request finishing while another decodes leaves one step later."""
+    stream = Stream(np.array([0.0]), np.array([100]), np.array([3]))
+    for scheduler in ("sarathi", "vllm"):
+        sim = run(stream, pricer, scheduler=scheduler, output_lag=True)
+        prefill = pricer.price(Batch(((100, 100),), ()))
+        first, second = (pricer.decode_time(1, 100 + i) for i in (1, 2))
+        r = sim.requests[0]
+        assert r.first_token == pytest.approx(prefill + first, rel=1e-12)
+        assert r.finish == pytest.approx(prefill + first + second, rel=1e-12)
+    both = Stream(np.array([0.0, 0.0]), np.array([64, 64]), np.array([2, 9]))
+    plain = request_table(run(both, pricer, scheduler="sarathi"))
+    late = request_table(run(both, pricer, scheduler="sarathi", output_lag=True))
+    step = pricer.decode_time(1, 66)  # B decodes alone after A's last token
+    assert late["finish_s"][0] == pytest.approx(plain["finish_s"][0] + step, rel=1e-12)
+    assert late["finish_s"][1] == pytest.approx(plain["finish_s"][1], rel=1e-12)
+    assert (late["ttft_s"] > plain["ttft_s"]).all()
+
+
+def test_a_random_stream_under_overlap_scheduling_keeps_littles_law(pricer) -> None:
+    rng = np.random.default_rng(5)
+    n = 80
+    stream = Stream(
+        np.cumsum(rng.exponential(0.01, n)), rng.integers(16, 600, n), rng.integers(1, 90, n)
+    )
+    for scheduler in ("sarathi", "vllm"):
+        table = request_table(run(stream, pricer, scheduler=scheduler, output_lag=True))
+        assert (table["finish_s"] >= table["first_token_s"]).all()
+
+
 @pytest.mark.parametrize(
     ("config", "message"),
     [
@@ -115,7 +147,7 @@ def test_multi_step_refusals(config: dict, message: str) -> None:
 def test_profiles_name_their_source() -> None:
     assert engine_profile("vllm-0.6").scheduler_overhead_s == 4e-3
     assert all(p.source for p in PROFILES.values())
-    with pytest.raises(UserError, match=r"allowed values are none, vllm-0\.6"):
+    with pytest.raises(UserError, match=r"allowed values are none, vllm-0\.6, sglang, trtllm"):
         engine_profile("vllm-9")
 
 
@@ -150,6 +182,8 @@ def test_cli_engine_profile_and_steps() -> None:
         app, [*common, "--engine-profile", "vllm-0.6", "--iteration-overhead", "0s"]
     )
     assert json.loads(result.stdout)["iteration_overhead_s"] == 0.0
+    overlapped = json.loads(runner.invoke(app, [*common, "--engine-profile", "sglang"]).stdout)
+    assert overlapped["ttft_s"]["p50"] > plain["ttft_s"]["p50"]
     bad = runner.invoke(app, [*common, "--engine-profile", "trt"])
     assert bad.exit_code == 2
     assert bad.output.strip().splitlines()[-1].startswith("error: --engine-profile 'trt'")

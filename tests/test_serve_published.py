@@ -59,6 +59,7 @@ def _predict(point: dict, *, engine_settings: bool) -> dict[str, np.ndarray]:
         num_scheduler_steps=engine["num_scheduler_steps"] if engine_settings else 1,
         iteration_overhead_s=profile.scheduler_overhead_s,
         stream_round_end=profile.stream_round_end,
+        output_lag=profile.output_lag,
     )
     table = request_table(simulate(stream, pricer, config))
     answered = np.array([r["output"] > 0 for r in requests])

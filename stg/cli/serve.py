@@ -181,7 +181,8 @@ def serve(
     engine_profile: str = typer.Option(
         "none",
         "--engine-profile",
-        help="The engine's CPU costs and streaming, each from a measurement: none or vllm-0.6.",
+        help="The engine's CPU costs and streaming, each from a source: none, vllm-0.6, "
+        "sglang or trtllm.",
     ),
     num_scheduler_steps: int = typer.Option(
         1,
@@ -309,6 +310,7 @@ def serve(
         swap_bandwidth=1.0,  # checked once the system is known
         num_scheduler_steps=num_scheduler_steps,
         stream_round_end=profile.stream_round_end,
+        output_lag=profile.output_lag,
         speculative_tokens=speculative,
         acceptance_rate=acceptance,
         seed=seed,

@@ -103,6 +103,9 @@ class EngineConfig:
     """decode steps per scheduler call (vLLM's multi-step scheduling, ``vllm`` scheduler)"""
     stream_round_end: bool = False
     """multi-step: a round's tokens reach the client at its end (vLLM v0.6.0), not per step"""
+    output_lag: bool = False
+    """overlap scheduling: an iteration's first tokens and finishes reach the client at the
+    end of the next iteration's first step (its outputs are processed while that one runs)"""
 
     def check(self, *, with_blocks: bool = True) -> None:
         """One error line for a value out of range (``with_blocks`` False: all but the
@@ -251,6 +254,9 @@ class Replica:
         self.draft = draft
         self.lookahead = config.speculative_tokens if draft is not None else 0
         self.steps = config.num_scheduler_steps
+        self.late: list[tuple[Request, bool]] = []
+        """(request, whether its finish, else its first token) stamped in the last iteration
+        and delivered one iteration later (``output_lag``)"""
         self.rng = np.random.default_rng([config.seed, index])
         self.role = role
         """``both`` (aggregated), ``prefill`` (hands requests off after their first token) or
@@ -479,6 +485,7 @@ class Replica:
         """Run one iteration from the clock (the replica has work)."""
         self.swap_s = 0.0
         self.preempted_now = False
+        previous, self.late = self.late, []
         chosen = self._schedule()
         trace = self.trace
         if not chosen:
@@ -487,7 +494,7 @@ class Replica:
                 f"requests with {self.free} of {self.config.blocks} KV blocks free"
             )
         if self.steps > 1 and all(n == 1 and r.generated > 0 for r, n in chosen):
-            self._round([r for r, _ in chosen])
+            self._deliver(previous, self._round([r for r, _ in chosen]))
             return
         k = self.lookahead
         prefills = []
@@ -538,7 +545,7 @@ class Replica:
                     self._release(r)
                     self.handoffs.append((end, r))
         for r in finished:
-            r.finish = end
+            self._finish(r, end)
             if self.config.scheduler != "static" or self.role != "both":
                 self.running.remove(r)
                 self._release(r)
@@ -550,14 +557,16 @@ class Replica:
             self.running = []
             self.static_batch = []
         self.clock = end
+        self._deliver(previous, end)
         self._sample()
 
-    def _round(self, seqs: list[Request]) -> None:
+    def _round(self, seqs: list[Request]) -> float:
         """A multi-step round (vLLM's ``--num-scheduler-steps``): one scheduler call, then
         ``steps`` decode steps of the same sequences, their blocks allocated up front (the
         lookahead slots); a sequence that reaches its last token mid-round still runs every
         step (its extra tokens are dropped). New requests wait for the round's end. Tokens are
-        streamed per step, or all at the round's end (``stream_round_end``)."""
+        streamed per step, or all at the round's end (``stream_round_end``). Returns the end
+        of its first step."""
         pricer = self.pricer
         d = len(seqs)
         total = sum(r.computed for r in seqs)
@@ -582,7 +591,7 @@ class Replica:
             for i in range(emitted):
                 self._emit(r, end if self.config.stream_round_end else ends[i])
             if r.generated >= r.output:  # it leaves with its last token
-                r.finish = r.last_emit
+                self._finish(r, r.last_emit)
                 finished.append(r)
         self.trace.area += (present - len(finished)) * (end - start) + sum(
             r.finish - start for r in finished
@@ -592,6 +601,22 @@ class Replica:
             self._release(r)
         self.clock = end
         self._sample()
+        return ends[0]
+
+    def _finish(self, r: Request, t: float) -> None:
+        r.finish = t
+        if self.config.output_lag:
+            self.late.append((r, True))
+
+    def _deliver(self, previous: list[tuple[Request, bool]], t: float) -> None:
+        """The first tokens and finishes of the previous iteration reach the client at ``t``
+        (overlap scheduling); a finish moved later keeps its request in the system."""
+        for r, finish in previous:
+            if finish:
+                self.trace.area += t - r.finish
+                r.finish = t
+            else:
+                r.first_token = t
 
     def _draft_time(self, prefills: list[tuple[int, int]], contexts: list[int]) -> float:
         """The draft model's share of an iteration: it prefills the same prompt chunks and
@@ -629,6 +654,8 @@ class Replica:
     def _emit(self, r: Request, t: float) -> None:
         if r.generated == 0:
             r.first_token = t
+            if self.config.output_lag:
+                self.late.append((r, False))
         else:
             self.trace.itl_values.append(t - r.last_emit)
             self.trace.itl_weights.append(1)
@@ -713,6 +740,7 @@ class Replica:
             done += 1
         if done == 0:
             return False
+        previous, self.late = self.late, []
         for gap in first_gap:
             if not math.isnan(gap):
                 values.append(gap)
@@ -724,16 +752,19 @@ class Replica:
             r.computed += done
             if r.generated == 0:  # the last token of a chunked prompt
                 r.first_token = first_end
+                if self.config.output_lag:
+                    self.late.append((r, False))
             r.generated += done
             r.last_emit = clock
             self._grow(r, r.computed)
             if r.generated >= r.output:
                 finished.append(r)
         for r in finished:
-            r.finish = clock
+            self._finish(r, clock)
             running.remove(r)
             self._release(r)
         self.clock = clock
+        self._deliver(previous, first_end)
         self._sample()
         return True
 
@@ -742,6 +773,8 @@ class Replica:
         while self.has_work() and self.clock < until:
             if not self._decode_stretch(until):
                 self.step()
+        if not self.has_work():
+            self.late = []  # no next iteration: the outputs go out at once
 
 
 @dataclass
