@@ -26,12 +26,13 @@ memory (weights, KV cache and activations within the GPU). The search:
    the ceiling falls below the k-th best tokens/s found. A step's time grows with the batch
    only up to dips at kernel boundaries (the kernel model tiles a GEMM's rows by 64 to 256,
    and the decode attention splits the keys over the SMs), so no bisection on the batch is
-   exact. A replica of tensor parallelism alone (one stage, no expert split) in a prefill
-   or decode step is priced at every batch up to its cap (at most :data:`SCAN_UNITS`) by
-   :class:`stg.explore.serve_cost.IterationPricer`, the replay's own sum of node times
-   without building a workload; the batch of most tokens/s within the limit is then priced
-   by the serving predictor, which must agree. Other structures (a pipeline, an expert
-   split, a mixed step, a larger cap) keep the largest batch within the limit, bisected when
+   exact. A replica without an expert split or micro-batches (a pipeline of one micro-batch
+   included) in a prefill or decode step is priced at every batch up to its cap (at most
+   :data:`SCAN_UNITS`) by :class:`stg.explore.serve_cost.IterationPricer`, the replay's own
+   sum of node times without building a workload; the batch of most tokens/s within the
+   limit is then priced by the serving predictor, which must agree. Other structures (an
+   expert split, pp micro-batches, a mixed step, a larger cap) keep the largest batch
+   within the limit, bisected when
    the capped batch is over it (and the :data:`RESCAN_UNITS` batch steps above the bisected
    one priced too), or a smaller one on a 64-sequence tile where that gives more tokens/s.
 
@@ -420,22 +421,23 @@ def serving_search(
                 k = _largest(1, k, lambda k, s=shape, t=limit: s.bound(k * s.unit, hbm) <= t)
             entries.append((shape, shape.at(k * shape.unit, hbm)))
 
-    pricers: dict[tuple[int, str | None], Any] = {}
+    pricers: dict[tuple[int, int, str | None], Any] = {}
 
     def affine(shape: _Shape) -> Callable[[int], float] | None:
         """The step latency of ``shape`` at a replica batch, by the affine pricer (None
-        where it does not apply: a pipeline, an expert split, micro-batches, a mixed step,
-        or a replica the pricer refuses)."""
-        from stg.explore.serve_cost import Batch, replica_pricer
+        where it does not apply: an expert split, micro-batches, a mixed step, or a replica
+        the pricer refuses). A pipeline of one micro-batch passes its stages in turn
+        (:func:`stg.explore.serve_cost.pipeline_pricer`)."""
+        from stg.explore.serve_cost import Batch, pipeline_pricer
 
         o = shape.probe
-        if o.phase == "mixed" or o.pp > 1 or o.ep > 1 or shape.unit != o.dp:
+        if o.phase == "mixed" or o.ep > 1 or shape.unit != o.dp or o.micro_batches != 1:
             return None
-        key = (o.tp, o.kv_dtype)
+        key = (o.tp, o.pp, o.kv_dtype)
         if key not in pricers:
             one = replace(o, dp=1, batch=1, micro_batch=None, steps=1, context=None, phase="decode")
             try:
-                pricers[key] = replica_pricer(one, system, registry)
+                pricers[key] = pipeline_pricer(one, system, registry)
             except UserError:
                 pricers[key] = None
         pricer = pricers[key]
