@@ -52,9 +52,15 @@ PROFILES: dict[str, EngineProfile] = {
         # SchedulerConfig.multi_step_stream_outputs (default True) streams them per step
         # ("If False, then multi-step will stream outputs at the end of all steps")
         stream_round_end=True,
-        output_lag=False,
-        source="vLLM v0.6.0 (V0 engine): 4 ms GPU bubble per scheduler call (vllm#6854), "
-        "multi-step rounds streamed at their end",
+        # the async output processor combined with multi-step: "run sampler pythonization +
+        # process_model_outputs of the previous step concurrently with the GPU forward pass"
+        # (https://github.com/vllm-project/vllm/pull/7921), extended to "the last step of
+        # decode ... and also on the previous prompt executions"
+        # (https://github.com/vllm-project/vllm/pull/8050); both merged for the v0.6 line
+        output_lag=True,
+        source="vLLM v0.6 (V0 engine): 4 ms GPU bubble per scheduler call (vllm#6854), "
+        "multi-step rounds streamed at their end, outputs processed during the next "
+        "execution (vllm#7921, #8050)",
     ),
     "sglang": EngineProfile(
         name="sglang",
