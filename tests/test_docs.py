@@ -516,7 +516,7 @@ def test_serving_doc_commands_run_and_say_what_the_doc_says(doc_dir: Path) -> No
     for name, body in named_files(SERVING).items():
         (doc_dir / name).write_text(body, encoding="utf-8")
     commands = console_commands(SERVING)
-    assert len(commands) == 7
+    assert len(commands) == 10
     goodput = []
     for command in commands:
         if " search " in command:
@@ -536,6 +536,23 @@ def test_serving_doc_commands_run_and_say_what_the_doc_says(doc_dir: Path) -> No
     rows = (doc_dir / "per-request.csv").read_text().splitlines()
     assert rows[0].startswith("id,replica,arrival_s,prompt_tokens") and len(rows) == 5
     assert (doc_dir / "occupancy.csv").read_text().startswith("time_s,replica,kv_blocks_used")
+
+
+def test_serving_doc_engine_profiles_table() -> None:
+    """The engine-profile example's table is what its three commands print."""
+    commands = [c for c in console_commands(SERVING) if "--scheduler vllm --rate 20" in c]
+    assert len(commands) == 3
+    text = SERVING.read_text(encoding="utf-8")
+    for command in commands:
+        result = CliRunner().invoke(app, [*shlex.split(command)[1:], "--json"])
+        assert result.exit_code == 0, result.output
+        report = json.loads(result.stdout)
+        ttft, tpot = report["ttft_s"], report["tpot_s"]
+        cells = (
+            f"| {1e3 * ttft['p50']:.1f} ms / {1e3 * ttft['p99']:.1f} ms "
+            f"| {1e3 * tpot['p50']:.1f} ms / {1e3 * tpot['p90']:.1f} ms |"
+        )
+        assert cells in text, cells
 
 
 def test_serving_doc_capacity_plan_is_the_hand_search() -> None:

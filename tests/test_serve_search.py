@@ -122,7 +122,8 @@ def test_cli_limits_default_to_p99_ttft_and_p90_tpot() -> None:
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--pp", "2"], "--pp: a serving replica is priced on tensor parallelism alone"),
+        (["--ep", "2"], "--ep: a serving replica is priced on tensor and pipeline"),
+        (["--pp", "0"], "--pp takes positive integers"),
         (["--replica-batch", "8"], "--replica-batch is not searched by capacity planning"),
         (["--layouts", "mixed"], "--layouts 'mixed' is not allowed; allowed: aggregated"),
         (["--routing", "random"], "--routing 'random': allowed values are"),

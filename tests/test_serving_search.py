@@ -188,3 +188,34 @@ def test_moe_plans_split_experts_and_dense_plans_do_not(
     plans = [b["plan"] for b in json.loads(out)["best"]]
     assert {p["ep"] for p in plans} == {1, 2, 4}
     assert all(p["dp"] * p["ep"] == 4 and p["batch"] % (p["dp"] * p["ep"]) == 0 for p in plans)
+
+
+def test_a_batch_past_a_kernel_boundary_is_not_taken_for_the_best(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """At 516 µs per token, tp 2's steps at 34 and 35 sequences meet the limit but cost a
+    kernel tile more than at 33, which gives more tokens/s: the search prices every batch
+    (the affine pricer) and finds the exhaustive optimum, not the largest batch within the
+    limit, nor one on a 64-sequence tile."""
+    limit = 516e-6
+    registry = load_registry()
+    system = load_system("h100-80g")
+    serving = registry.predictors.get("serving")
+    kernels = list(registry.kernels)
+    exhaustive = []
+    for batch in range(1, 81):
+        options = GenerateOptions(**DECODE, tp=2, batch=batch)
+        report = serving.predict(build_workload(options, registry), system, kernels=kernels)
+        if report["time_per_output_token_s"] <= limit:
+            exhaustive.append((report["tokens_per_s"], batch))
+    tokens, batch = max(exhaustive)
+    assert batch < max(b for _, b in exhaustive)  # the largest batch within it is not the best
+
+    code, out, err = run(
+        capsys, "search", *flags(DECODE), "--gpus", 2, "--tp", 2, "--pp", 1,
+        "-s", "h100-80g", "--max-tpot", "516us", "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    top = json.loads(out)["best"][0]
+    assert (top["plan"]["tp"], top["plan"]["batch"]) == (2, batch)
+    assert top["tokens_per_s"] == pytest.approx(tokens, rel=1e-9)

@@ -580,12 +580,14 @@ def _capacity(
     for name, flag in {**TRAINING_AXES, "replica_batch_values": "--replica-batch"}.items():
         if values.pop(name) is not None:
             raise UserError(f"{flag} is not searched by capacity planning (phase=serve)")
-    for name, flag in (("pp_values", "--pp"), ("ep_values", "--ep")):
-        if values.pop(name) is not None:
-            raise UserError(
-                f"{flag}: a serving replica is priced on tensor parallelism alone (--tp); "
-                "capacity planning searches replicas instead"
-            )
+    if values.pop("ep_values") is not None:
+        raise UserError(
+            "--ep: a serving replica is priced on tensor and pipeline parallelism (--tp, --pp); "
+            "an MoE model's experts are split by --tp"
+        )
+    pps = _ints(values.pop("pp_values")) or [1]
+    if min(pps) < 1:
+        raise UserError("--pp takes positive integers")
     limits = Limits(
         ttft=_limit(values.pop("max_ttft"), "--max-ttft"),
         tpot=_limit(values.pop("max_tpot"), "--max-tpot"),
@@ -643,6 +645,7 @@ def _capacity(
             limits,
             max_gpus=gpus,
             tps=tps,
+            pps=pps,
             kv_dtypes=kv,
             budgets=budgets,
             layouts=layouts,
@@ -691,7 +694,7 @@ def _capacity(
         out.print("no layout meets the limits; raise them or allow more GPUs (--gpus)")
         raise typer.Exit(1)
     table = Table(title="cheapest layouts", title_justify="left")
-    for column in ("#", "GPUs", "tp", "kv", "budget", "layout", "replicas", "TTFT", "TPOT"):
+    for column in ("#", "GPUs", "tp", "pp", "kv", "budget", "layout", "replicas", "TTFT", "TPOT"):
         table.add_column(column, justify="right")
     for i, plan in enumerate(result.plans[:top], start=1):
         replicas = (
@@ -703,6 +706,7 @@ def _capacity(
             str(i),
             str(plan.gpus),
             str(plan.tp),
+            str(plan.pp),
             plan.kv_dtype,
             str(plan.max_num_batched_tokens),
             "disaggregated" if plan.prefill_replicas else "aggregated",

@@ -33,6 +33,7 @@ app = typer.Typer(add_completion=False)
 def _replica(
     model: str,
     tp: int,
+    pp: int,
     dtype: str,
     kv_dtype: str | None,
     num_stacks: int | None,
@@ -41,7 +42,13 @@ def _replica(
     """The serving options of one replica (a preset's dimensions resolved)."""
     from stg.core.options import GenerateOptions, resolve_model
 
-    values: dict[str, Any] = {"model": model, "tp": tp, "dtype": dtype, "causal": causal}
+    values: dict[str, Any] = {
+        "model": model,
+        "tp": tp,
+        "pp": pp,
+        "dtype": dtype,
+        "causal": causal,
+    }
     if kv_dtype is not None:
         values["kv_dtype"] = kv_dtype
     if num_stacks is not None:
@@ -86,6 +93,11 @@ def _replicas(report: dict[str, Any]) -> str:
     return f"{report['replicas']} replica(s)"
 
 
+def _stages(report: dict[str, Any]) -> str:
+    pp = report["pp"]
+    return f", pp {pp}: {report['virtual_engines']} virtual engines" if pp > 1 else ""
+
+
 def _text(report: dict[str, Any]) -> str:
     def ms(block: dict[str, float]) -> str:
         return " ".join(f"{k} {1e3 * v:,.1f} ms" for k, v in block.items())
@@ -95,7 +107,8 @@ def _text(report: dict[str, Any]) -> str:
     law = report["littles_law"]
     lines = [
         f"{report['requests']:,} requests on {_replicas(report)} of "
-        f"{report['model']} (tp {report['tp']}, {report['system']}), {report['scheduler']} "
+        f"{report['model']} (tp {report['tp']}{_stages(report)}, {report['system']}), "
+        f"{report['scheduler']} "
         f"scheduler, {report['routing']} routing, {report['simulated_s']:,.1f} s simulated",
         f"TTFT  {ms(report['ttft_s'])}",
         f"TPOT  {ms(report['tpot_s'])}",
@@ -120,6 +133,12 @@ def serve(
         "llama3-8b", "--model", help="A model or preset (see stg plugins list)."
     ),
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel GPUs per replica."),
+    pp: int = typer.Option(
+        1,
+        "--pp",
+        help="Pipeline stages per replica, run as vLLM V0 runs them: pp virtual engines, each "
+        "with its own scheduler and 1/pp of the KV cache.",
+    ),
     dtype: str = typer.Option("bf16", "--dtype", help="Weights and compute dtype."),
     kv_dtype: str | None = typer.Option(
         None, "--kv_dtype", help="KV-cache dtype (default: --dtype)."
@@ -172,10 +191,22 @@ def serve(
         "--tokenize-rate",
         help="Prompt tokens tokenized per second before a request reaches a replica.",
     ),
-    iteration_overhead: str = typer.Option(
-        "0s",
+    iteration_overhead: str | None = typer.Option(
+        None,
         "--iteration-overhead",
-        help="Scheduler (CPU) time added to every iteration, e.g. 2ms.",
+        help="Scheduler (CPU) time added to every scheduler call, e.g. 2ms (default: the "
+        "--engine-profile's).",
+    ),
+    engine_profile: str = typer.Option(
+        "none",
+        "--engine-profile",
+        help="The engine's CPU costs and streaming, each from a source: none, vllm-0.6, "
+        "sglang or trtllm.",
+    ),
+    num_scheduler_steps: int = typer.Option(
+        1,
+        "--num-scheduler-steps",
+        help="Decode steps per scheduler call (vLLM's multi-step scheduling; --scheduler vllm).",
     ),
     preemption: str = typer.Option(
         "recompute",
@@ -256,15 +287,23 @@ def serve(
     SLOs, KV-cache occupancy and preemptions of a request stream (docs/serving.md)."""
     from stg.explore.serve import EngineConfig, request_table, simulate, summary
     from stg.explore.serve import timeline as timeline_of
-    from stg.explore.serve_cost import kv_transfer, replica_blocks, replica_pricer
+    from stg.explore.serve_cost import (
+        kv_transfer,
+        pipeline_pricer,
+        replica_blocks,
+        replica_pricer,
+    )
+    from stg.explore.serve_profiles import engine_profile as engine_profile_of
     from stg.explore.serve_requests import generate, read_trace
     from stg.perf.system import HOST_LINK_BYTES_PER_S, load_system
 
-    overhead = (
-        parse_duration(iteration_overhead, "--iteration-overhead")
-        if iteration_overhead not in ("0", "0s")
-        else 0.0
-    )
+    profile = engine_profile_of(engine_profile)
+    if iteration_overhead is None:
+        overhead = profile.scheduler_overhead_s
+    elif iteration_overhead in ("0", "0s"):
+        overhead = 0.0
+    else:
+        overhead = parse_duration(iteration_overhead, "--iteration-overhead")
     ttft = parse_duration(slo_ttft, "--slo-ttft", unit_required=True) if slo_ttft else None
     tpot = parse_duration(slo_tpot, "--slo-tpot", unit_required=True) if slo_tpot else None
     if plot is not None:
@@ -293,6 +332,9 @@ def serve(
         prefill_replicas=prefill_replicas,
         preemption=preemption,
         swap_bandwidth=1.0,  # checked once the system is known
+        num_scheduler_steps=num_scheduler_steps,
+        stream_round_end=profile.stream_round_end,
+        output_lag=profile.output_lag,
         speculative_tokens=speculative,
         acceptance_rate=acceptance,
         seed=seed,
@@ -300,6 +342,12 @@ def serve(
     config.check(with_blocks=False)
     if speculative and draft is None:
         raise UserError("--speculative needs a draft model: --draft NAME (e.g. llama3-8b)")
+    if pp < 1:
+        raise UserError(f"--pp {pp}: must be a positive integer")
+    if pp > 1 and (speculative or prefill_replicas):
+        raise UserError(
+            f"--pp {pp}: a pipelined replica takes neither --speculative nor --prefill-replicas"
+        )
     if trace is not None:
         stream = read_trace(trace)
     else:
@@ -318,14 +366,14 @@ def serve(
         longest = int((stream.prompt + stream.output).max())
         budget = max(DEFAULT_BUDGET, longest) if scheduler == "vllm" else DEFAULT_BUDGET
     registry = get_registry()
-    base = _replica(model, tp, dtype, kv_dtype, num_stacks, causal)
+    base = _replica(model, tp, pp, dtype, kv_dtype, num_stacks, causal)
     system_ = load_system(system)
-    pricer = replica_pricer(base, system_, registry)
+    pricer = pipeline_pricer(base, system_, registry)
     drafter = None
     if speculative:
         assert draft is not None
         drafter = replica_pricer(
-            _replica(draft, tp, dtype, kv_dtype, None, causal), system_, registry
+            _replica(draft, tp, 1, dtype, kv_dtype, None, causal), system_, registry
         )
     blocks = replica_blocks(
         pricer,
@@ -342,8 +390,14 @@ def serve(
             f"--preemption swap: no host link bandwidth known for {system_.name}; give "
             "--swap-bandwidth GB/s"
         )
+    # vLLM V0 runs a pipeline of pp stages as pp virtual engines, each with its own
+    # scheduler and 1/pp of the blocks (Scheduler: num_gpu_blocks //= pipeline_parallel_size)
     config = replace(
-        config, blocks=blocks, max_num_batched_tokens=budget, swap_bandwidth=host or 0.0
+        config,
+        blocks=blocks // pp,
+        replicas=replicas * pp,
+        max_num_batched_tokens=budget,
+        swap_bandwidth=host or 0.0,
     )
     with progress_bar(err_console()) as progress:
         sim = simulate(stream, pricer, config, progress, kv_transfer(pricer), drafter)
@@ -351,10 +405,16 @@ def serve(
         "model": base.model if model == base.model else model,
         "tp": tp,
         "system": system_.name,
-        "gpus": tp * (replicas + prefill_replicas),
+        "gpus": tp * pp * (replicas + prefill_replicas),
         "prefill_replicas": prefill_replicas,
         "max_num_batched_tokens": budget,
+        "engine_profile": profile.name,
+        "num_scheduler_steps": num_scheduler_steps,
+        "iteration_overhead_s": overhead,
         **summary(sim, slo_ttft=ttft, slo_tpot=tpot),
+        "replicas": replicas,
+        "pp": pp,
+        "virtual_engines": replicas * pp,
     }
     if requests_table is not None:
         _write_table(requests_table, request_table(sim))

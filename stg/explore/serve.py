@@ -99,6 +99,13 @@ class EngineConfig:
     """``recompute`` or ``swap`` (the victim's blocks copied to host memory and back)"""
     swap_bandwidth: float = 0.0
     """bytes/s one GPU moves to or from host memory (``swap``)"""
+    num_scheduler_steps: int = 1
+    """decode steps per scheduler call (vLLM's multi-step scheduling, ``vllm`` scheduler)"""
+    stream_round_end: bool = False
+    """multi-step: a round's tokens reach the client at its end (vLLM v0.6.0), not per step"""
+    output_lag: bool = False
+    """overlap scheduling: an iteration's first tokens and finishes reach the client at the
+    end of the next iteration's first step (its outputs are processed while that one runs)"""
 
     def check(self, *, with_blocks: bool = True) -> None:
         """One error line for a value out of range (``with_blocks`` False: all but the
@@ -144,6 +151,20 @@ class EngineConfig:
         if self.prefill_replicas and self.scheduler == "static":
             raise UserError(
                 "--prefill-replicas: disaggregated serving needs --scheduler sarathi or vllm"
+            )
+        if self.num_scheduler_steps < 1:
+            raise UserError(
+                f"--num-scheduler-steps {self.num_scheduler_steps}: must be a positive integer"
+            )
+        if self.num_scheduler_steps > 1 and self.scheduler != "vllm":
+            raise UserError(
+                f"--num-scheduler-steps {self.num_scheduler_steps}: multi-step scheduling is "
+                "modelled for --scheduler vllm (whole prompts, single-step prefills)"
+            )
+        if self.num_scheduler_steps > 1 and (self.speculative_tokens or self.prefill_replicas):
+            raise UserError(
+                f"--num-scheduler-steps {self.num_scheduler_steps}: multi-step scheduling takes "
+                "neither --speculative nor --prefill-replicas"
             )
         if self.iteration_overhead_s < 0:
             raise UserError(f"--iteration-overhead {self.iteration_overhead_s}: must be >= 0")
@@ -232,6 +253,10 @@ class Replica:
         self.index = index
         self.draft = draft
         self.lookahead = config.speculative_tokens if draft is not None else 0
+        self.steps = config.num_scheduler_steps
+        self.late: list[tuple[Request, bool]] = []
+        """(request, whether its finish, else its first token) stamped in the last iteration
+        and delivered one iteration later (``output_lag``)"""
         self.rng = np.random.default_rng([config.seed, index])
         self.role = role
         """``both`` (aggregated), ``prefill`` (hands requests off after their first token) or
@@ -318,7 +343,7 @@ class Replica:
             return back
         while self.swapped and len(self.running) < self.config.max_num_seqs:
             r = self.swapped[0]
-            if not self._grow(r, r.computed + 1 + self.lookahead):
+            if not self._grow(r, r.computed + self.steps + self.lookahead):
                 break
             self._copy(-(-r.computed // self.config.block_size))
             self.swapped.pop(0)
@@ -376,7 +401,7 @@ class Replica:
         for r in list(self.running):  # decode every running sequence, newest preempted first
             if r not in self.running:
                 continue
-            while not self._grow(r, r.computed + 1 + self.lookahead):
+            while not self._grow(r, r.computed + self.steps + self.lookahead):
                 victim = self.running[-1]
                 self._preempt(victim)
                 if victim is r:
@@ -460,6 +485,7 @@ class Replica:
         """Run one iteration from the clock (the replica has work)."""
         self.swap_s = 0.0
         self.preempted_now = False
+        previous, self.late = self.late, []
         chosen = self._schedule()
         trace = self.trace
         if not chosen:
@@ -467,6 +493,9 @@ class Replica:
                 f"replica {self.index} can schedule none of its {len(self.waiting)} waiting "
                 f"requests with {self.free} of {self.config.blocks} KV blocks free"
             )
+        if self.steps > 1 and all(n == 1 and r.generated > 0 for r, n in chosen):
+            self._deliver(previous, self._round([r for r, _ in chosen]))
+            return
         k = self.lookahead
         prefills = []
         decodes = []
@@ -516,7 +545,7 @@ class Replica:
                     self._release(r)
                     self.handoffs.append((end, r))
         for r in finished:
-            r.finish = end
+            self._finish(r, end)
             if self.config.scheduler != "static" or self.role != "both":
                 self.running.remove(r)
                 self._release(r)
@@ -528,7 +557,66 @@ class Replica:
             self.running = []
             self.static_batch = []
         self.clock = end
+        self._deliver(previous, end)
         self._sample()
+
+    def _round(self, seqs: list[Request]) -> float:
+        """A multi-step round (vLLM's ``--num-scheduler-steps``): one scheduler call, then
+        ``steps`` decode steps of the same sequences, their blocks allocated up front (the
+        lookahead slots); a sequence that reaches its last token mid-round still runs every
+        step (its extra tokens are dropped). New requests wait for the round's end. Tokens are
+        streamed per step, or all at the round's end (``stream_round_end``). Returns the end
+        of its first step."""
+        pricer = self.pricer
+        d = len(seqs)
+        total = sum(r.computed for r in seqs)
+        positions = len({r.computed for r in seqs}) if pricer.uses_positions else 0
+        start = self.clock
+        ends = []
+        t = start + self.config.iteration_overhead_s + self.swap_s
+        for i in range(self.steps):
+            t += pricer.decode_time(d, -(-(total + d * (i + 1)) // d), positions)
+            ends.append(t)
+        end = ends[-1]
+        present = (
+            len(self.waiting)
+            + len(self.swapped)
+            + sum(1 for r in self.running if r.generated < r.output)
+        )
+        self.trace.iterations += self.steps
+        finished = []
+        for r in seqs:
+            emitted = min(self.steps, r.output - r.generated)
+            r.computed += self.steps
+            for i in range(emitted):
+                self._emit(r, end if self.config.stream_round_end else ends[i])
+            if r.generated >= r.output:  # it leaves with its last token
+                self._finish(r, r.last_emit)
+                finished.append(r)
+        self.trace.area += (present - len(finished)) * (end - start) + sum(
+            r.finish - start for r in finished
+        )
+        for r in finished:
+            self.running.remove(r)
+            self._release(r)
+        self.clock = end
+        self._sample()
+        return ends[0]
+
+    def _finish(self, r: Request, t: float) -> None:
+        r.finish = t
+        if self.config.output_lag:
+            self.late.append((r, True))
+
+    def _deliver(self, previous: list[tuple[Request, bool]], t: float) -> None:
+        """The first tokens and finishes of the previous iteration reach the client at ``t``
+        (overlap scheduling); a finish moved later keeps its request in the system."""
+        for r, finish in previous:
+            if finish:
+                self.trace.area += t - r.finish
+                r.finish = t
+            else:
+                r.first_token = t
 
     def _draft_time(self, prefills: list[tuple[int, int]], contexts: list[int]) -> float:
         """The draft model's share of an iteration: it prefills the same prompt chunks and
@@ -566,6 +654,8 @@ class Replica:
     def _emit(self, r: Request, t: float) -> None:
         if r.generated == 0:
             r.first_token = t
+            if self.config.output_lag:
+                self.late.append((r, False))
         else:
             self.trace.itl_values.append(t - r.last_emit)
             self.trace.itl_weights.append(1)
@@ -594,7 +684,7 @@ class Replica:
         replica is not in one."""
         if self.waiting or self.swapped or not self.running or self.role == "prefill":
             return False
-        if self.lookahead:
+        if self.lookahead or self.steps > 1:
             return False
         if self.config.scheduler == "static" and self.role == "both":
             return False
@@ -650,6 +740,7 @@ class Replica:
             done += 1
         if done == 0:
             return False
+        previous, self.late = self.late, []
         for gap in first_gap:
             if not math.isnan(gap):
                 values.append(gap)
@@ -661,16 +752,19 @@ class Replica:
             r.computed += done
             if r.generated == 0:  # the last token of a chunked prompt
                 r.first_token = first_end
+                if self.config.output_lag:
+                    self.late.append((r, False))
             r.generated += done
             r.last_emit = clock
             self._grow(r, r.computed)
             if r.generated >= r.output:
                 finished.append(r)
         for r in finished:
-            r.finish = clock
+            self._finish(r, clock)
             running.remove(r)
             self._release(r)
         self.clock = clock
+        self._deliver(previous, first_end)
         self._sample()
         return True
 
@@ -679,6 +773,8 @@ class Replica:
         while self.has_work() and self.clock < until:
             if not self._decode_stretch(until):
                 self.step()
+        if not self.has_work():
+            self.late = []  # no next iteration: the outputs go out at once
 
 
 @dataclass

@@ -303,6 +303,8 @@ class IterationPricer:
         except _NotAffine as exc:
             raise self._refusal(base, str(exc)) from None
         self._body: dict[tuple[int, int], float] = {}
+        self.stage_sends: tuple[int, int, int, int] | None = None
+        """a pipeline's sends per iteration: (count, bytes, bytes per token, dimension)"""
         self._head: dict[int, float] = {}
         self._attention: dict[tuple[int, int, int], float] = {}
         self._check(base, replay_time)
@@ -474,9 +476,11 @@ class IterationPricer:
         t = self._body.get(key)
         if t is None:
             x = self._regressors(*key)
-            t = self._body[key] = sum(
-                e.count * self._node_time(e.at(x), e.shape) for e in self._body_nodes
-            )
+            t = sum(e.count * self._node_time(e.at(x), e.shape) for e in self._body_nodes)
+            if self.stage_sends is not None:
+                count, fixed, per_token, dimension = self.stage_sends
+                t += count * send_time(fixed + per_token * tokens, dimension, self.system)
+            self._body[key] = t
         return t
 
     def head_time(self, sequences: int) -> float:
@@ -579,6 +583,64 @@ def replica_pricer(base: GenerateOptions, system: System, registry: Any) -> Iter
     return IterationPricer(base, system, table, build, replay_time)
 
 
+def pipeline_pricer(base: GenerateOptions, system: System, registry: Any) -> IterationPricer:
+    """The pricer of a replica of ``base.pp`` pipeline stages run as vLLM V0 runs them: a
+    sequence's iteration passes every stage in turn, so it costs the whole model's kernels at
+    ``tp`` (each stage runs its share of the layers) plus the ``pp - 1`` sends of its
+    activations between stages, read off the pipeline's own workload (their bytes linear in
+    the tokens, priced by :func:`stg.perf.costs.send_time` on the dimension the replay uses).
+    Checked like the tensor-parallel pricer: a prefill and a decode step of the pipeline,
+    one micro-batch each, against the replay of their workloads."""
+    from stg.core.pipeline import build_workload, validate_options
+    from stg.perf.costs import link_dimension
+    from stg.perf.kernels import kernel_table
+
+    pricer = replica_pricer(replace(base, pp=1), system, registry)
+    if base.pp == 1:
+        return pricer
+    table = kernel_table(list(registry.kernels), system.name)
+    serving = registry.predictors.get("serving")
+
+    def build(options: GenerateOptions) -> Workload:
+        validate_options(options, registry)
+        return build_workload(options, registry)
+
+    def sends(batch: int) -> list[Node]:
+        workload = build(
+            replace(base, phase="decode", batch=batch, context=CONTEXTS[0], steps=1,
+                    micro_batch=None, prefill_batch=0)
+        )  # fmt: skip
+        first = workload.rank_classes[0]
+        return [n for n in first.nodes if n.type is NodeType.COMM_SEND]
+
+    one, two = sends(1), sends(2)
+    if not one or len(one) != len(two):
+        raise UserError(f"pp {base.pp}: the pipeline's stages send nothing stg can price")
+    per_token = two[0].comm_size - one[0].comm_size
+    fixed = one[0].comm_size - per_token
+    peer = base.tp * base.dp * base.sp * base.ep  # the next stage's first rank
+    dimension = link_dimension(0, peer, system)
+    pricer.stage_sends = (base.pp - 1, fixed, per_token, dimension)
+    pricer._body.clear()  # the tensor-parallel check cached bodies without the sends
+    prompt, context = PROMPTS[1] - 3, CONTEXTS[1] + 5
+    for options, batch in (
+        (replace(base, phase="prefill", batch=2, seq=prompt), Batch(((prompt, prompt),) * 2, ())),
+        (
+            replace(base, phase="decode", batch=3, context=context, steps=1),
+            Batch((), (context + 1,) * 3),
+        ),
+    ):
+        workload = build(replace(options, micro_batch=None, prefill_batch=0))
+        want = float(serving.predict(workload, system, kernels=table)["time_s"])
+        got = pricer.price(batch)
+        if abs(got - want) > CHECK_TOLERANCE * want:
+            raise UserError(
+                f"pp {base.pp}: a {options.phase} step of the pipeline prices at {got:.9g} s, "
+                f"its replay at {want:.9g} s; stg predict prices its steps one at a time"
+            )
+    return pricer
+
+
 def replica_blocks(
     pricer: IterationPricer,
     base: GenerateOptions,
@@ -592,14 +654,32 @@ def replica_blocks(
     """KV-cache blocks per GPU of a replica whose largest iteration runs ``tokens`` tokens:
     the weights and activations come from the ``memory`` predictor's report of a prefill of
     that many tokens. A ``draft`` model of speculative decoding shares the GPUs: its weights
-    are held beside the target's and every block holds its keys and values too."""
+    are held beside the target's and every block holds its keys and values too. A pipeline
+    (``base.pp > 1``): every stage holds its own layers' weights and cache; the stage with
+    the fewest blocks decides."""
     if not 0 < memory_fraction <= 1:
         raise UserError(f"--gpu-memory-utilization {memory_fraction}: must be in (0, 1]")
     if block_size < 1:
         raise UserError(f"--block-size {block_size}: must be a positive integer")
     memory = registry.predictors.get("memory")
     largest = pricer._build(replace(base, phase="prefill", batch=1, seq=tokens, context=None))
-    first = memory.predict(largest, pricer.system)["classes"][0]
+    classes = memory.predict(largest, pricer.system)["classes"]
+    if base.pp > 1:
+        if draft is not None:
+            raise UserError("--speculative: a draft model beside a pipeline is not modelled")
+        # every stage holds its own layers' weights and cache: the fullest GPU decides
+        return min(
+            kv_blocks(
+                pricer.system.hbm_capacity,
+                int(c["weights"]),
+                int(c["activations"]),
+                int(c["kv_cache"]) // tokens,
+                block_size,
+                memory_fraction,
+            )
+            for c in classes
+        )
+    first = classes[0]
     weights = int(first["weights"]) + (draft.weight_bytes if draft is not None else 0)
     per_token = pricer.kv_bytes_per_token + (draft.kv_bytes_per_token if draft else 0)
     return kv_blocks(
@@ -617,6 +697,7 @@ __all__ = [
     "IterationPricer",
     "kv_blocks",
     "kv_transfer",
+    "pipeline_pricer",
     "replica_blocks",
     "replica_pricer",
 ]

@@ -1,6 +1,7 @@
 """Capacity planning for serving: the fewest GPUs that serve a request stream within SLOs.
 
-For every replica shape (tensor-parallel degree, KV-cache dtype, token budget per iteration)
+For every replica shape (tensor-parallel and pipeline degrees, KV-cache dtype, token budget
+per iteration)
 the search simulates the stream (:func:`stg.explore.serve.simulate`) on a growing number of
 replicas, aggregated or split into prefill and decode pools, and keeps the smallest count
 whose latency percentiles meet the limits (e.g. p99 TTFT under 2 s and p90 TPOT under
@@ -8,7 +9,9 @@ whose latency percentiles meet the limits (e.g. p99 TTFT under 2 s and p90 TPOT 
 doubling and then bisection; a disaggregated layout of ``n`` replicas tries every split of
 ``n`` into prefill and decode replicas. A shape whose weights leave no KV-cache block, or
 that the pricer refuses, is skipped with its reason. Plans come back cheapest first (GPUs,
-then the constrained percentiles).
+then the constrained percentiles). A replica of ``pp`` stages runs as vLLM V0 runs a
+pipeline: ``pp`` virtual engines, each with its own scheduler and ``1/pp`` of the KV blocks
+(:func:`stg.explore.serve_cost.pipeline_pricer`); it is planned aggregated only.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import numpy as np
 from stg.core.options import GenerateOptions
 from stg.errors import UserError
 from stg.explore.serve import EngineConfig, Simulation, request_table, simulate
-from stg.explore.serve_cost import kv_transfer, replica_blocks, replica_pricer
+from stg.explore.serve_cost import kv_transfer, pipeline_pricer, replica_blocks
 from stg.explore.serve_requests import Stream
 
 
@@ -60,15 +63,17 @@ class CapacityPlan:
     replicas: int
     prefill_replicas: int
     measured: dict[str, float]
+    pp: int = 1
 
     @property
     def gpus(self) -> int:
-        return self.tp * (self.replicas + self.prefill_replicas)
+        return self.tp * self.pp * (self.replicas + self.prefill_replicas)
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "gpus": self.gpus,
             "tp": self.tp,
+            "pp": self.pp,
             "kv_dtype": self.kv_dtype,
             "max_num_batched_tokens": self.max_num_batched_tokens,
             "layout": "disaggregated" if self.prefill_replicas else "aggregated",
@@ -153,22 +158,22 @@ class _ShapeResult:
 
 
 def _plan_shapes(
-    work: _Planning, shapes: Sequence[tuple[int, str | None, int]]
+    work: _Planning, shapes: Sequence[tuple[int, int, str | None, int]]
 ) -> list[_ShapeResult]:
     return [_plan_shape(work, *shape) for shape in shapes]
 
 
-def _plan_shape(work: _Planning, tp: int, kv: str | None, budget: int) -> _ShapeResult:
+def _plan_shape(work: _Planning, tp: int, pp: int, kv: str | None, budget: int) -> _ShapeResult:
     """The fewest replicas of one shape, aggregated and disaggregated, within the limits."""
     registry, system = _resolve(work)
     base, limits = work.base, work.limits
     out = _ShapeResult([], None, 0)
-    if tp > work.max_gpus:
+    if tp * pp > work.max_gpus:
         out.skipped = f"more GPUs per replica than {work.max_gpus}"
         return out
-    options = replace(base, tp=tp, kv_dtype=kv)
+    options = replace(base, tp=tp, pp=pp, kv_dtype=kv)
     try:
-        pricer = replica_pricer(options, system, registry)
+        pricer = pipeline_pricer(options, system, registry)
         blocks = replica_blocks(
             pricer,
             options,
@@ -180,11 +185,12 @@ def _plan_shape(work: _Planning, tp: int, kv: str | None, budget: int) -> _Shape
     except UserError as exc:
         out.skipped = str(exc)
         return out
-    if blocks < 1:
+    if blocks // pp < 1:
         out.skipped = "the weights and activations leave no KV-cache block"
         return out
-    config = replace(work.engine, blocks=blocks, max_num_batched_tokens=budget)
-    most = work.max_gpus // tp
+    # pp virtual engines per replica, each with 1/pp of the blocks (vLLM V0's Scheduler)
+    config = replace(work.engine, blocks=blocks // pp, max_num_batched_tokens=budget)
+    most = work.max_gpus // (tp * pp)
 
     def attempt(replicas: int, prefill: int) -> dict | None:
         """The percentiles of one layout if it meets the limits (None otherwise)."""
@@ -193,7 +199,7 @@ def _plan_shape(work: _Planning, tp: int, kv: str | None, budget: int) -> _Shape
             sim = simulate(
                 work.stream,
                 pricer,
-                replace(config, replicas=replicas, prefill_replicas=prefill),
+                replace(config, replicas=replicas * pp, prefill_replicas=prefill),
                 transfer_time=kv_transfer(pricer),
             )
         except UserError:
@@ -213,8 +219,8 @@ def _plan_shape(work: _Planning, tp: int, kv: str | None, budget: int) -> _Shape
 
         n = _smallest(most, aggregated)
         if n is not None:
-            out.plans.append(CapacityPlan(tp, kv_name, budget, n, 0, found[n]))
-    if "disaggregated" in work.layouts and most >= 2:
+            out.plans.append(CapacityPlan(tp, kv_name, budget, n, 0, found[n], pp))
+    if "disaggregated" in work.layouts and most >= 2 and pp == 1:
         split: dict[int, tuple[int, dict]] = {}
 
         def disaggregated(n: int) -> bool:
@@ -241,6 +247,7 @@ def serving_capacity(
     *,
     max_gpus: int,
     tps: Sequence[int] = (1, 2, 4, 8),
+    pps: Sequence[int] = (1,),
     kv_dtypes: Sequence[str | None] = (None,),
     budgets: Sequence[int] = (2048,),
     layouts: Sequence[str] = ("aggregated", "disaggregated"),
@@ -279,7 +286,9 @@ def serving_capacity(
         engine or EngineConfig(),
         memory_fraction,
     )
-    shapes = [(tp, kv, budget) for tp in tps for kv in kv_dtypes for budget in budgets]
+    shapes = [
+        (tp, pp, kv, budget) for tp in tps for pp in pps for kv in kv_dtypes for budget in budgets
+    ]
     report = None if progress is None else (lambda d, t: progress("replica shapes", d, t))
     _PLANNINGS[work.token] = (registry, system)
     own = runner is None
@@ -291,13 +300,15 @@ def serving_capacity(
         if own:
             runner.close()
     result = CapacityResult([])
-    for (tp, kv, budget), shape in zip(shapes, results, strict=True):
+    for (tp, pp, kv, budget), shape in zip(shapes, results, strict=True):
         result.simulations += shape.simulations
         result.plans.extend(shape.plans)
         if shape.skipped is not None:
-            result.skipped[f"tp {tp}, KV {kv or base.dtype}, budget {budget}"] = shape.skipped
+            stages = f", pp {pp}" if pp > 1 else ""
+            name = f"tp {tp}{stages}, KV {kv or base.dtype}, budget {budget}"
+            result.skipped[name] = shape.skipped
     result.plans.sort(
-        key=lambda p: (p.gpus, tuple(p.measured.values()), p.tp, p.max_num_batched_tokens)
+        key=lambda p: (p.gpus, tuple(p.measured.values()), p.tp, p.pp, p.max_num_batched_tokens)
     )
     return result
 

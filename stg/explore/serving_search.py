@@ -23,13 +23,18 @@ memory (weights, KV cache and activations within the GPU). The search:
    bound caps its batch further;
 4. prices the structures with the ``serving`` predictor in decreasing order of their tokens/s
    ceiling (``tokens / bound`` at the capped batch; it grows with the batch) and stops once
-   the ceiling falls below the k-th best tokens/s found. A structure's batch is the largest
-   within the limit (bisected when the capped batch is over it once priced: a step's time
-   grows with the batch, up to dips at kernel boundaries, so the :data:`RESCAN_UNITS` batch
-   steps above the bisected one are priced too and may meet the limit again), or a smaller
-   one on a
-   64-sequence tile where that gives more tokens/s: the kernel model tiles a GEMM's rows by
-   64 to 256, so a step just past a boundary costs a whole tile more.
+   the ceiling falls below the k-th best tokens/s found. A step's time grows with the batch
+   only up to dips at kernel boundaries (the kernel model tiles a GEMM's rows by 64 to 256,
+   and the decode attention splits the keys over the SMs), so no bisection on the batch is
+   exact. A replica without an expert split or micro-batches (a pipeline of one micro-batch
+   included) in a prefill or decode step is priced at every batch up to its cap (at most
+   :data:`SCAN_UNITS`) by :class:`stg.explore.serve_cost.IterationPricer`, the replay's own
+   sum of node times without building a workload; the batch of most tokens/s within the
+   limit is then priced by the serving predictor, which must agree. Other structures (an
+   expert split, pp micro-batches, a mixed step, a larger cap) keep the largest batch
+   within the limit, bisected when
+   the capped batch is over it (and the :data:`RESCAN_UNITS` batch steps above the bisected
+   one priced too), or a smaller one on a 64-sequence tile where that gives more tokens/s.
 
 With explicit batches (``ServingSpace.batch`` or ``replica_batch``) every such plan is a
 candidate of its own, pruned by memory and the bound and priced in the same order.
@@ -37,6 +42,7 @@ candidate of its own, pruned by memory and the bound and priced in the same orde
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -50,8 +56,11 @@ SERVING_PHASES = ("prefill", "decode", "mixed")
 # Sequences per rank and micro-batch on whose multiples the batch is also tried: GEMM kernels
 # tile their rows by 64 to 256 (stg.perf.kernel_time), so a step's time jumps past each.
 TILE_TOKENS = 64
-# Batch steps above the bisected largest batch that are priced as well (see serving_search)
+# Batch steps above the bisected largest batch that are priced as well, where the affine
+# pricer cannot scan every batch (see serving_search)
 RESCAN_UNITS = 64
+# The most batches of one structure the affine pricer scans (about 2 ms each)
+SCAN_UNITS = 1024
 
 
 @dataclass(frozen=True)
@@ -412,6 +421,58 @@ def serving_search(
                 k = _largest(1, k, lambda k, s=shape, t=limit: s.bound(k * s.unit, hbm) <= t)
             entries.append((shape, shape.at(k * shape.unit, hbm)))
 
+    pricers: dict[tuple[int, int, str | None], Any] = {}
+
+    def affine(shape: _Shape) -> Callable[[int], float] | None:
+        """The step latency of ``shape`` at a replica batch, by the affine pricer (None
+        where it does not apply: an expert split, micro-batches, a mixed step, or a replica
+        the pricer refuses). A pipeline of one micro-batch passes its stages in turn
+        (:func:`stg.explore.serve_cost.pipeline_pricer`)."""
+        from stg.explore.serve_cost import Batch, pipeline_pricer
+
+        o = shape.probe
+        if o.phase == "mixed" or o.ep > 1 or shape.unit != o.dp or o.micro_batches != 1:
+            return None
+        key = (o.tp, o.pp, o.kv_dtype)
+        if key not in pricers:
+            one = replace(o, dp=1, batch=1, micro_batch=None, steps=1, context=None, phase="decode")
+            try:
+                pricers[key] = pipeline_pricer(one, system, registry)
+            except UserError:
+                pricers[key] = None
+        pricer = pricers[key]
+        if pricer is None:
+            return None
+        if o.phase == "prefill":
+            return lambda b: pricer.price(Batch(((o.seq, o.seq),) * b, ()))
+        context = o.context or o.seq
+        steps = o.steps or 1
+        return lambda b: (
+            sum(pricer.price(Batch((), (context + 1 + i,) * b)) for i in range(steps)) / steps
+        )
+
+    def scanned(shape: _Shape, cap: int) -> ServingCandidate | None:
+        """The plan of most tokens/s within the limit over every batch up to ``cap`` units,
+        priced affinely and confirmed by the serving predictor; None where the pricer does
+        not apply or the predictor disagrees (then the bisection decides)."""
+        latency = affine(shape) if cap <= SCAN_UNITS else None
+        if latency is None:
+            return None
+        best_k, best_rate, best_s = 0, -1.0, math.inf
+        for k in range(1, cap + 1):
+            seconds = latency(k)
+            if limit is not None and seconds > limit:
+                continue
+            rate = _tokens(shape.at(k * shape.unit, hbm).options) / seconds
+            if rate >= best_rate:
+                best_k, best_rate, best_s = k, rate, seconds
+        if not best_k:
+            return ServingCandidate(shape.probe, math.inf)  # none within the limit
+        trial = shape.at(best_k * shape.unit, hbm)
+        if price(trial, count=False) and math.isclose(trial.latency_s, best_s, rel_tol=1e-6):
+            return trial
+        return None
+
     entries.sort(key=lambda e: (-e[1].ceiling(), e[1].bound_s))
     best: list[ServingCandidate] = []
     for n, (shape, candidate) in enumerate(entries):
@@ -436,6 +497,13 @@ def serving_search(
             return False
 
         cap = candidate.options.batch // shape.unit
+        exact = scanned(shape, cap)
+        if exact is not None:
+            if exact.report is None:
+                pruned["latency: predicted above the limit at every batch"] += 1
+            else:
+                _keep(best, exact, top)
+            continue
         most = cap
         if price(candidate, count=False):
             found[most] = candidate
