@@ -93,6 +93,7 @@ from stg.api import (
     expert_capacity,
     expert_zero_degree,
     group_of_rank,
+    held_activation_peak,
     is_hybrid,
     kernel_table,
     load_system,
@@ -548,6 +549,22 @@ def recompute_layer_bytes(
     return kept, largest
 
 
+def offloaded_activations(o: GenerateOptions, per_kind: Mapping[str, float]) -> float:
+    """The layers' saved activations on the device at their peak under CPU activation
+    offload (``cpu_offloading_num_layers``, one stage, one micro-batch in flight): the
+    first N layers' copies are freed once offloaded and come back before their backward, as
+    Transformer Engine schedules them (:func:`stg.api.held_activation_peak`: (L - N) layers'
+    when every layer keeps the same); ``per_kind``: one layer's bytes of each block kind."""
+    order = layer_kinds(o)
+    if not set(order) >= set(per_kind):
+        raise UserError(
+            f"the memory predictor orders the layers of {o.model} by block kind only for "
+            f"the built-in stacks; CPU offload of a stack of {', '.join(sorted(per_kind))} "
+            "layers is not modelled (allowed: cpu_offloading_num_layers=0)"
+        )
+    return held_activation_peak([per_kind[kind] for kind in order], o.cpu_offloading_num_layers)
+
+
 def _saved_matmul_inputs(
     o: GenerateOptions, recompute: str
 ) -> list[tuple[float, tuple[str, ...], bool]]:
@@ -953,6 +970,8 @@ def stage_memory(
         per_kind[kind] * in_flight_layers(stage, n, o.pp, m, o.pipeline_schedule, o.virtual_stages)
         for kind, n in kinds.items()
     )
+    if o.cpu_offloading_num_layers and kinds:
+        activations = offloaded_activations(o, per_kind)
     granular = recompute_layer_bytes(o, stage, kernels, system) if o.recompute_method else None
     if granular is not None:
         per_micro_batch, _ = granular

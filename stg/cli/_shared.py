@@ -434,6 +434,15 @@ SPECS: dict[str, tuple[str, _Spec]] = {
             metavar="NAMES",
         ),
     ),
+    "cpu_offloading_num_layers": (
+        _TRAINING,
+        _Spec(
+            "Copy the saved activations of the first N layers to host memory after their "
+            "forward and back before their backward, on a copy stream beside the compute "
+            "(Megatron's --cpu-offloading-num-layers; pp 1, no recompute). Default 0: off.",
+            metavar="N",
+        ),
+    ),
     "mixed_precision": (
         _TRAINING,
         _Spec("fp32 master weights and optimizer states.", parser=parse_bool, metavar=BOOL),
