@@ -265,3 +265,12 @@ def test_impossible_offload_options_are_refused_with_one_line(
     assert message in " ".join(result.output.split())
     assert len(result.output.strip().splitlines()) == 1
     assert not out.exists()
+
+
+def test_stg_predict_shows_the_exposed_copies() -> None:
+    args = ["predict", "--model", "debug", "--num_stacks", "4", "--system", "h100-80g"]
+    shown = CliRunner().invoke(app, [*args, "--cpu_offloading_num_layers", "2"])
+    assert shown.exit_code == 0, shown.output
+    assert "host copy" in shown.output
+    plain = CliRunner().invoke(app, args)
+    assert plain.exit_code == 0 and "host copy" not in plain.output

@@ -1419,6 +1419,7 @@ def print_reports(reports: Mapping[str, Mapping[str, Any]], source: str) -> None
             ranks = Table(
                 title="per rank (each row stands for identical ranks)", title_justify="left"
             )
+            copies = any("exposed_host_copy_s" in row for row in report["ranks"])
             for column in (
                 "rank",
                 "ranks",
@@ -1426,6 +1427,7 @@ def print_reports(reports: Mapping[str, Mapping[str, Any]], source: str) -> None
                 "compute",
                 "exposed comm",
                 "comm wait",
+                *(("exposed host copy",) if copies else ()),
                 "bubble",
             ):
                 ranks.add_column(column, justify="right")
@@ -1437,6 +1439,7 @@ def print_reports(reports: Mapping[str, Mapping[str, Any]], source: str) -> None
                     format_seconds(row["compute_s"]),
                     format_seconds(row["exposed_communication_s"]),
                     format_seconds(row["collective_wait_s"]),
+                    *((format_seconds(row.get("exposed_host_copy_s", 0.0)),) if copies else ()),
                     format_seconds(row["bubble_s"]),
                 )
             print_table(console, ranks)
