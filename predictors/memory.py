@@ -94,6 +94,7 @@ from stg.api import (
     KernelTable,
     Predictor,
     System,
+    check_offload,
     chunk_layer_counts,
     device_of,
     expert_capacity,
@@ -561,6 +562,7 @@ def offloaded_activations(o: GenerateOptions, per_kind: Mapping[str, float]) -> 
     first N layers' copies are freed once offloaded and come back before their backward, as
     Transformer Engine schedules them (:func:`stg.api.held_activation_peak`: (L - N) layers'
     when every layer keeps the same); ``per_kind``: one layer's bytes of each block kind."""
+    check_offload(o)
     order = layer_kinds(o)
     if not set(order) >= set(per_kind):
         raise UserError(

@@ -65,7 +65,7 @@ from stg.host.records import (
 
 if TYPE_CHECKING:
     from stg.core.layout import Layout
-    from stg.core.offload import held_activation_peak
+    from stg.core.offload import check_offload, held_activation_peak
     from stg.core.options import GenerateOptions, OptionError
     from stg.core.pipeline import build_workload, name_in_micro_batch
     from stg.core.plan import (
@@ -151,6 +151,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "name_in_micro_batch": ("stg.core.pipeline", "name_in_micro_batch"),
     "recompute_units": ("stg.core.plan", "recompute_units"),
     "held_activation_peak": ("stg.core.offload", "held_activation_peak"),
+    "check_offload": ("stg.core.offload", "check_offload"),
     "DTYPE_BYTES": ("stg.core.precision", "DTYPE_BYTES"),
     "precision_of": ("stg.core.precision", "precision_of"),
     "expert_capacity": ("stg.core.routing", "expert_capacity"),
@@ -298,6 +299,7 @@ __all__ = [
     "calibrated_time",
     "chakra_v001",
     "chakra_v004",
+    "check_offload",
     "check_size",
     "chunk_layer_counts",
     "collective_phases",

@@ -17,7 +17,7 @@ from workload_checks import check_runs_to_completion
 
 from stg.cli import app
 from stg.core.offload import held_activation_peak
-from stg.core.options import GenerateOptions
+from stg.core.options import GenerateOptions, OptionError
 from stg.core.pipeline import build_workload
 from stg.core.sizes import estimate_size
 from stg.core.workload import NodeType, Phase, node_micro_batch, node_part, node_phase
@@ -274,3 +274,9 @@ def test_stg_predict_shows_the_exposed_copies() -> None:
     assert "host copy" in shown.output
     plain = CliRunner().invoke(app, args)
     assert plain.exit_code == 0 and "host copy" not in plain.output
+
+
+def test_the_memory_predictor_refuses_what_generation_refuses() -> None:
+    o = options(cpu_offloading_num_layers=1, pp=2, num_stacks=4)
+    with pytest.raises(OptionError, match="no CPU offloading under pipeline parallelism"):
+        predict_memory_options(o, "h100-80g")

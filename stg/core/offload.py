@@ -36,6 +36,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from stg.core.options import GenerateOptions, OptionError
+from stg.core.plan import RECOMPUTE
 
 
 def offload_finished_before(layer: int, layers: int, offloaded: int) -> int | None:
@@ -79,11 +80,20 @@ def held_activation_peak(layer_bytes: Sequence[float], offloaded: int) -> float:
 
 
 def check_offload(
-    o: GenerateOptions, layers: int, recompute: str, order: Sequence[tuple[str, int, int]]
+    o: GenerateOptions,
+    layers: int | None = None,
+    recompute: str | None = None,
+    order: Sequence[tuple[str, int, int]] | None = None,
 ) -> None:
     """Refuse ``cpu_offloading_num_layers`` where Megatron-LM does (see the module doc) or
     where the schedule does not run each micro-batch's backward before the next forward;
-    ``layers``: the layers of the stack, ``order``: the schedule's steps on the one stage."""
+    ``layers``: the layers of the stack (default ``num_stacks``), ``recompute``: the
+    resolved recompute mode (default ``activation_recompute``), ``order``: the schedule's
+    steps on the one stage (None: not checked)."""
+    layers = o.num_stacks if layers is None else layers
+    recompute = (
+        RECOMPUTE.get(str(o.activation_recompute).lower()) if recompute is None else recompute
+    )
     n = o.cpu_offloading_num_layers
     name = "cpu_offloading_num_layers"
     if not isinstance(n, int) or isinstance(n, bool) or n < 0:
@@ -112,7 +122,7 @@ def check_offload(
             f"{name}={n}: the stack has {layers} layer(s) and at least one keeps its "
             f"activations on the GPU (Megatron-LM); allowed: {allowed}"
         )
-    steps = [direction for direction, _, _ in order]
+    steps = [direction for direction, _, _ in order or ()]
     if steps != ["F", "B"] * (len(steps) // 2):
         raise OptionError(
             f"{name}={n}: pipeline_schedule={o.pipeline_schedule} runs several forwards before "
