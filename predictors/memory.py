@@ -1076,7 +1076,8 @@ def eager_peak(
       the step has one micro-batch, since ``Optimizer.zero_grad`` frees them
       (``set_to_none=True``, its default since PyTorch 2.0) and autograd's AccumulateGrad
       allocates each only when the backward produces it (several micro-batches accumulate
-      into gradients the first one allocated);
+      into gradients the first one allocated; a layer's recompute runs once the gradients
+      of the layers after it exist, so with recompute all of them count, a bound);
     - the optimizer step: the gradients, the optimizer states and the master weights, no
       activations and, with mixed precision, no 16-bit weights (autocast's casts live from
       the forward until the backward frees them), plus the second moments' square roots
@@ -1086,7 +1087,8 @@ def eager_peak(
       ``torch/optim/adam.py`` ``_multi_tensor_adam`` (PyTorch 2.13), in the parameters'
       dtype (fp32 master weights with mixed precision), one element per optimized one.
     """
-    one_pass = o.micro_batches == 1 and not accumulates_grads
+    no_recompute = str(o.activation_recompute).lower() in ("none", "false")
+    one_pass = o.micro_batches == 1 and not accumulates_grads and no_recompute
     backward = replace(memory, gradients=0.0) if one_pass else memory
     moments = 4 if o.mixed_precision else weight_bytes
     casts = state.weights if o.mixed_precision else 0.0

@@ -49,6 +49,13 @@ def test_micro_batches_accumulate_into_gradients_that_stay() -> None:
     assert rank.peak == 18 * PSI + rank.activations + rank.buffers
 
 
+def test_with_recompute_the_gradients_of_later_layers_count() -> None:
+    """A layer's recompute runs once the layers after it have their gradients: all count."""
+    (rank,) = analytic_memory(replace(EAGER, seq=32768, activation_recompute="full"))
+    assert rank.gradients == 4 * PSI
+    assert rank.peak == 18 * PSI + rank.activations + rank.buffers
+
+
 def test_without_mixed_precision_the_square_roots_take_the_weights_dtype() -> None:
     """bf16 weights, gradients and moments (2 + 2 + 4 bytes) and 2-byte square roots; the
     weights are the parameters themselves and stay."""
