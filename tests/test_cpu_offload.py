@@ -280,3 +280,17 @@ def test_the_memory_predictor_refuses_what_generation_refuses() -> None:
     o = options(cpu_offloading_num_layers=1, pp=2, num_stacks=4)
     with pytest.raises(OptionError, match="no CPU offloading under pipeline parallelism"):
         predict_memory_options(o, "h100-80g")
+
+
+def test_explain_names_the_exposed_copies(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a slow link the critical path runs through the copies: --explain's parts still add
+    up to the iteration time, and the copies are a part of their own."""
+    monkeypatch.setitem(system_module.HOST_LINK_BYTES_PER_S, "hopper", 1e9)
+    registry = load_registry()
+    o = options(cpu_offloading_num_layers=2)
+    report = predict_time(
+        build_workload(o, registry), "h100-80g", kernels=list(registry.kernels), explain=True
+    )
+    parts = report["explain"]["breakdown_s"]
+    assert parts["host copy"] > 0.5 * report["iteration_time_s"]
+    assert sum(parts.values()) == pytest.approx(report["iteration_time_s"], rel=1e-9)

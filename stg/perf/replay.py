@@ -1446,8 +1446,8 @@ def explain(
     (``gemm``, ``attention``, ``memory-bound``, ``recompute``, ``optimizer``, ``fp8 amax``
     for Transformer Engine's amax bookkeeping, and with ``system`` ``fp8 quantize`` for the
     quantization that a GEMM node carries), exposed communication by role (``fp8 amax``,
-    ``tp``, ``param``), collective type and group size (sends and receives: ``p2p``; copies
-    to and from host memory: ``host copy``), and
+    ``tp``, ``param``), collective type and group size (sends and receives: ``p2p``),
+    copies to and from host memory (``host copy``), and
     ``wait`` (time the chain waits on other ranks: pipeline bubble, stragglers). The parts add
     up to the iteration time."""
     parts: dict[str, float] = {}
@@ -1498,7 +1498,7 @@ def explain(
         elif res.kind[i] in (SEND, RECV):
             comm["p2p"] = comm.get("p2p", 0.0) + spent
         elif res.kind[i] == COPY:
-            comm["host copy"] = comm.get("host copy", 0.0) + spent
+            parts["host copy"] = parts.get("host copy", 0.0) + spent
     total = replay_.iteration_time
     if total > clock:
         parts["wait"] = parts.get("wait", 0.0) + total - clock
