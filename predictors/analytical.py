@@ -724,6 +724,12 @@ def predict_options(
             f"the analytical predictor does not model {', '.join(overlaps)}; the time "
             "predictor's replay does (--predictor time)"
         )
+    if o.cpu_offloading_num_layers:
+        raise UserError(
+            f"the analytical predictor does not model cpu_offloading_num_layers="
+            f"{o.cpu_offloading_num_layers} (host copies beside the compute); the time "
+            "predictor's replay does (--predictor time)"
+        )
     world = o.world_size
     if system.capacity and world > system.capacity:
         raise UserError(f"{world} ranks do not fit system {system.name!r} ({system.capacity} GPUs)")

@@ -66,7 +66,13 @@ prefetched; the embedding and the LM head are units of their own, :func:`fsdp_un
 and, when larger than the transients above, the largest unit's gradients with FSDP2's
 reduce-scatter input in the reduce dtype (``foreach_reduce`` copies them in before it frees
 them; ``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``). No allocator
-fragmentation is added.
+fragmentation is added (docs/prediction.md, "The caching allocator").
+
+Eager PyTorch (``profile`` eager, :func:`eager_peak`) peaks at the larger of two moments:
+the start of the backward, without gradients in a step of one micro-batch (``zero_grad``
+sets them to None), and the optimizer step, with the gradients and the square roots of the
+second moments that the default foreach AdamW allocates, without activations or autocast's
+16-bit weight casts.
 
 FSDP2 (``weight_sharded``) as PyTorch runs it (:func:`fsdp_unsharded_state`): with
 ``reshard_after_forward`` resolved to never (the default under pipeline parallelism, as in
@@ -91,11 +97,13 @@ from stg.api import (
     KernelTable,
     Predictor,
     System,
+    check_offload,
     chunk_layer_counts,
     device_of,
     expert_capacity,
     expert_zero_degree,
     group_of_rank,
+    held_activation_peak,
     is_hybrid,
     kernel_table,
     load_system,
@@ -551,6 +559,23 @@ def recompute_layer_bytes(
     return kept, largest
 
 
+def offloaded_activations(o: GenerateOptions, per_kind: Mapping[str, float]) -> float:
+    """The layers' saved activations on the device at their peak under CPU activation
+    offload (``cpu_offloading_num_layers``, one stage, one micro-batch in flight): the
+    first N layers' copies are freed once offloaded and come back before their backward, as
+    Transformer Engine schedules them (:func:`stg.api.held_activation_peak`: (L - N) layers'
+    when every layer keeps the same); ``per_kind``: one layer's bytes of each block kind."""
+    check_offload(o)
+    order = layer_kinds(o)
+    if not set(order) >= set(per_kind):
+        raise UserError(
+            f"the memory predictor orders the layers of {o.model} by block kind only for "
+            f"the built-in stacks; CPU offload of a stack of {', '.join(sorted(per_kind))} "
+            "layers is not modelled (allowed: cpu_offloading_num_layers=0)"
+        )
+    return held_activation_peak([per_kind[kind] for kind in order], o.cpu_offloading_num_layers)
+
+
 def _saved_matmul_inputs(
     o: GenerateOptions, recompute: str
 ) -> list[tuple[float, tuple[str, ...], bool]]:
@@ -984,6 +1009,8 @@ def stage_memory(
         per_kind[kind] * in_flight_layers(stage, n, o.pp, m, o.pipeline_schedule, o.virtual_stages)
         for kind, n in kinds.items()
     )
+    if o.cpu_offloading_num_layers and kinds:
+        activations = offloaded_activations(o, per_kind)
     granular = recompute_layer_bytes(o, stage, kernels, system) if o.recompute_method else None
     if granular is not None:
         per_micro_batch, _ = granular
@@ -1052,7 +1079,7 @@ def stage_memory(
         # the gathered weights of the unit in use and of the one prefetched
         buffers += e_w * sum(sorted(units)[-2:])
     fp8_copies = fp8_weight_copy_bytes(o, kinds, system, has_head=has_head, kernels=kernels)
-    return RankMemory(
+    memory = RankMemory(
         stage=stage,
         parameters=parameters,
         weights=state.weights + fp8_copies + weight_copies + unsharded_weights,
@@ -1061,6 +1088,48 @@ def stage_memory(
         activations=activations,
         buffers=buffers,
     )
+    if is_eager(o):
+        memory = eager_peak(o, memory, state, k, e_w, accumulates_grads)
+    return memory
+
+
+def eager_peak(
+    o: GenerateOptions,
+    memory: RankMemory,
+    state: ModelState,
+    optimizer_bytes: int,
+    weight_bytes: int,
+    accumulates_grads: bool,
+) -> RankMemory:
+    """The larger of eager PyTorch's two peaks, each with what is alive then:
+
+    - the start of the backward (the loss's transients): ``memory`` less the gradients where
+      the step has one micro-batch, since ``Optimizer.zero_grad`` frees them
+      (``set_to_none=True``, its default since PyTorch 2.0) and autograd's AccumulateGrad
+      allocates each only when the backward produces it (several micro-batches accumulate
+      into gradients the first one allocated; a layer's recompute runs once the gradients
+      of the layers after it exist, so with recompute all of them count, a bound);
+    - the optimizer step: the gradients, the optimizer states and the master weights, no
+      activations and, with mixed precision, no 16-bit weights (autocast's casts live from
+      the forward until the backward frees them), plus the second moments' square roots
+      that PyTorch's default AdamW (``foreach``, the default for parameters on a GPU,
+      DTensor shards included) allocates as one list beside the states:
+      ``exp_avg_sq_sqrt = torch._foreach_sqrt(device_exp_avg_sqs)`` in
+      ``torch/optim/adam.py`` ``_multi_tensor_adam`` (PyTorch 2.13), in the parameters'
+      dtype (fp32 master weights with mixed precision), one element per optimized one.
+    """
+    no_recompute = str(o.activation_recompute).lower() in ("none", "false")
+    one_pass = o.micro_batches == 1 and not accumulates_grads and no_recompute
+    backward = replace(memory, gradients=0.0) if one_pass else memory
+    moments = 4 if o.mixed_precision else weight_bytes
+    casts = state.weights if o.mixed_precision else 0.0
+    step = replace(
+        memory,
+        weights=memory.weights - casts,
+        activations=0.0,
+        buffers=state.optimizer / optimizer_bytes * moments,
+    )
+    return step if step.peak > backward.peak else backward
 
 
 def analytic_memory(

@@ -65,6 +65,7 @@ from stg.host.records import (
 
 if TYPE_CHECKING:
     from stg.core.layout import Layout
+    from stg.core.offload import check_offload, held_activation_peak
     from stg.core.options import GenerateOptions, OptionError
     from stg.core.pipeline import build_workload, name_in_micro_batch
     from stg.core.plan import (
@@ -150,6 +151,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "estimate_size": ("stg.core.sizes", "estimate_size"),
     "name_in_micro_batch": ("stg.core.pipeline", "name_in_micro_batch"),
     "recompute_units": ("stg.core.plan", "recompute_units"),
+    "held_activation_peak": ("stg.core.offload", "held_activation_peak"),
+    "check_offload": ("stg.core.offload", "check_offload"),
     "DTYPE_BYTES": ("stg.core.precision", "DTYPE_BYTES"),
     "precision_of": ("stg.core.precision", "precision_of"),
     "RECIPES": ("stg.core.recipes", "RECIPES"),
@@ -299,6 +302,7 @@ __all__ = [
     "calibrated_time",
     "chakra_v001",
     "chakra_v004",
+    "check_offload",
     "check_size",
     "chunk_layer_counts",
     "collective_phases",
@@ -316,6 +320,7 @@ __all__ = [
     "generator_metadata",
     "group_of_rank",
     "group_shape",
+    "held_activation_peak",
     "hookimpl",
     "is_cast",
     "is_hybrid",

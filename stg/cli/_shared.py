@@ -434,6 +434,15 @@ SPECS: dict[str, tuple[str, _Spec]] = {
             metavar="NAMES",
         ),
     ),
+    "cpu_offloading_num_layers": (
+        _TRAINING,
+        _Spec(
+            "Copy the saved activations of the first N layers to host memory after their "
+            "forward and back before their backward, on a copy stream beside the compute "
+            "(Megatron's --cpu-offloading-num-layers; pp 1, no recompute). Default 0: off.",
+            metavar="N",
+        ),
+    ),
     "mixed_precision": (
         _TRAINING,
         _Spec("fp32 master weights and optimizer states.", parser=parse_bool, metavar=BOOL),
@@ -1442,6 +1451,7 @@ def print_reports(reports: Mapping[str, Mapping[str, Any]], source: str) -> None
             ranks = Table(
                 title="per rank (each row stands for identical ranks)", title_justify="left"
             )
+            copies = any("exposed_host_copy_s" in row for row in report["ranks"])
             for column in (
                 "rank",
                 "ranks",
@@ -1449,6 +1459,7 @@ def print_reports(reports: Mapping[str, Mapping[str, Any]], source: str) -> None
                 "compute",
                 "exposed comm",
                 "comm wait",
+                *(("exposed host copy",) if copies else ()),
                 "bubble",
             ):
                 ranks.add_column(column, justify="right")
@@ -1460,6 +1471,7 @@ def print_reports(reports: Mapping[str, Mapping[str, Any]], source: str) -> None
                     format_seconds(row["compute_s"]),
                     format_seconds(row["exposed_communication_s"]),
                     format_seconds(row["collective_wait_s"]),
+                    *((format_seconds(row.get("exposed_host_copy_s", 0.0)),) if copies else ()),
                     format_seconds(row["bubble_s"]),
                 )
             print_table(console, ranks)

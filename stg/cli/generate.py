@@ -367,7 +367,9 @@ def astra_sim_input_files(
             f"output_name={options.output_name!r} does not end in .%d.et; allowed: a name "
             "that does (or one without %d)"
         )
-    texts = astra_sim_inputs(system, options.world_size, options.dtype)
+    texts = astra_sim_inputs(
+        system, options.world_size, options.dtype, bool(options.cpu_offloading_num_layers)
+    )
     stem = comm_group_path(options.output_name).removesuffix(".json")
     names = {kind: stem + FILE_SUFFIXES[kind] for kind in texts}
     taken = set(output_paths(options.output_name, options.world_size, emitter.extension))

@@ -39,6 +39,7 @@ from stg.core.fp8 import (
     update_ops,
 )
 from stg.core.layout import UNFOLDED_AXIS_PARTS
+from stg.core.offload import offload_finished_before, reload_started_before
 from stg.core.options import OptionError
 from stg.core.plan import ParallelPlan, recompute_tags
 from stg.core.precision import DTYPE_BYTES
@@ -1188,6 +1189,9 @@ class ModelParts:
     facts: dict[str, object] = field(default_factory=dict)
     blocks: dict[str, BoundPart] = field(default_factory=dict)
     layer_kinds: Sequence[str] = ()
+    saved_layer_bytes: dict[str, int] = field(default_factory=dict)
+    """per block kind, the bytes one layer saves for its backward (one rank, one
+    micro-batch): what CPU activation offload copies (filled only when it is on)"""
 
     def layer(self, index: int) -> BoundPart:
         """The bound block of layer ``index``."""
@@ -1362,6 +1366,11 @@ def lower_stage(
     gathered: dict[str | int, Env] = {}
     reshard_after_forward = plan.options.reshards_after_forward
     pipelined = plan.stages > 1
+    # CPU activation offload (stg.core.offload): the copy nodes of each (layer, micro-batch)
+    offloaded = plan.options.cpu_offloading_num_layers
+    stack = sum(plan.layers_per_chunk)
+    offloads: dict[tuple[int, int], int] = {}
+    reloads: dict[tuple[int, int], int] = {}
 
     def gathers_for(owner: str | int, bp: BoundPart, ops: list[BoundOp], env: Env) -> list[BoundOp]:
         """``ops`` to run for ``owner``: without its weight all-gathers while its weights are
@@ -1439,12 +1448,18 @@ def lower_stage(
         return [owner for owner, bp in owners if bp.fp8_gemms]
 
     def forward(
-        owner: str | int, bp: BoundPart, env: Env, prefix: str, where: dict[str, Any]
+        owner: str | int,
+        bp: BoundPart,
+        env: Env,
+        prefix: str,
+        where: dict[str, Any],
+        after: int | None = None,
     ) -> None:
         """Forward of one part instance; its weights are gathered unless they still are.
-        ``where``: the typed attributes of its place (:func:`node_place`)."""
+        ``where``: the typed attributes of its place (:func:`node_place`); ``after``: a node
+        it waits for (an offload that frees memory for it)."""
         ops = gathers_for(owner, bp, bp.forward, env)
-        out.run(ops, env, prefix, where=where)
+        out.run(ops, env, prefix, after=after, where=where)
         note_gathered(owner, ops, env)
         if reshard_after_forward:
             gathered.pop(owner, None)
@@ -1467,6 +1482,27 @@ def lower_stage(
                 "attrs": {OP_ATTR: f"{verb}_{what}_c{boundary}", **node_place(phase, mb)},
             },
             deps,
+        )
+
+    def host_copy(kind: NodeType, layer: int, mb: int, deps: tuple[int, ...], ctrl: int) -> int:
+        """The device-to-host (MEM_STORE, after the layer's forward) or host-to-device
+        (MEM_LOAD, before its backward) copy of one layer's saved activations, after the
+        compute node ``ctrl``."""
+        offload = kind is NodeType.MEM_STORE
+        op = "activation_offload" if offload else "activation_reload"
+        phase = Phase.FORWARD if offload else Phase.BACKWARD
+        return out.add(
+            {
+                "name": f"mb{mb}/layer{layer}/{'fwd' if offload else 'bwd'}/{op}",
+                "type": kind,
+                "tensor_size": parts.saved_layer_bytes[parts.layer_kinds[layer]]
+                if parts.layer_kinds
+                else next(iter(parts.saved_layer_bytes.values())),
+                "dtype": None,
+                "attrs": {OP_ATTR: op, **node_place(phase, mb, layer)},
+            },
+            deps,
+            (ctrl,),
         )
 
     def rerun(
@@ -1506,6 +1542,10 @@ def lower_stage(
         ``ahead``: its forward was recomputed already, with the rest of its recompute group
         (``repeated`` then holds no forward op)."""
         env = saved.pop((owner, mb))
+        load = reloads.pop((owner, mb), None) if isinstance(owner, int) else None
+        if load is not None:  # the backward reads the reloaded copies of its saved tensors
+            made = [k for op in bp.forward if "weight_gather" not in op.tags for k in op.outputs]
+            env.update((k, (load,)) for k in (bp.input_key, *made) if k in env)
         part = owner
         again = node_place(Phase.RECOMPUTE, mb, part)
         back = node_place(Phase.BACKWARD, mb, part)
@@ -1582,14 +1622,21 @@ def lower_stage(
             for layer in plan.chunk_layers(gchunk):
                 bp = parts.layer(layer)
                 env = {bp.input_key: (x,)}  # type: ignore[dict-item]
+                freed = offload_finished_before(layer, stack, offloaded) if offloaded else None
                 forward(
                     layer,
                     bp,
                     env,
                     f"mb{mb}/layer{layer}/fwd/",
                     node_place(Phase.FORWARD, mb, layer),
+                    None if freed is None else offloads[(freed, mb)],
                 )
                 saved[(layer, mb)] = env
+                if layer < offloaded:
+                    assert out.last_comp is not None
+                    offloads[(layer, mb)] = host_copy(
+                        NodeType.MEM_STORE, layer, mb, (out.last_comp,), out.last_comp
+                    )
                 x = env[bp.output_key][0]  # type: ignore[index]
                 if region_end == layer:
                     amax_reduction(f"{region}fwd/", False, region_place)
@@ -1633,6 +1680,12 @@ def lower_stage(
             ahead: set[int] = set()  # layers whose recompute group ran already
             for layer in reversed(plan.chunk_layers(gchunk)):
                 bp = parts.layer(layer)
+                back = reload_started_before(layer, stack, offloaded) if offloaded else None
+                if back is not None:  # after the compute issued so far
+                    assert out.last_comp is not None
+                    reloads[(back, mb)] = host_copy(
+                        NodeType.MEM_LOAD, back, mb, (offloads.pop((back, mb)),), out.last_comp
+                    )
                 mode = "none" if layer in ahead else plan.layer_recompute(layer)
                 if (id(bp), mode) not in repeats:
                     repeats[(id(bp), mode)] = bp.repeated_before_backward(mode, modules)

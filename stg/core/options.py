@@ -274,6 +274,10 @@ class GenerateOptions:
     ``recompute_modules`` (Megatron-LM's ``--recompute-modules``; empty: ``core_attn``, the
     attention core, as Megatron's default): ``mlp`` (the dense MLP, from its input),
     ``layernorm`` (the norms, whose outputs are not kept).
+    ``cpu_offloading_num_layers`` (Megatron-LM's ``--cpu-offloading-num-layers``; 0, the
+    default, is off) copies the saved activations of the first N layers to host memory after
+    each layer's forward and back before its backward, on a copy stream beside the compute
+    (Transformer Engine's ``get_cpu_offload_context``): see :mod:`stg.core.offload`.
     ``placement`` maps ranks to the device groups of a hybrid cluster, as runs
     ``((group, ranks), ...)`` in rank order (empty: one device kind); each group's ranks run
     the precision plan's entries for that group (:func:`stg.core.precision.plan_for_group`).
@@ -337,6 +341,7 @@ class GenerateOptions:
     recompute_method: str | None = None
     recompute_num_layers: int | None = None
     recompute_modules: tuple[str, ...] = ()
+    cpu_offloading_num_layers: int = 0
     pipeline_schedule: str = "1f1b"
     virtual_stages: int = 1
     decoder_first_pipeline_num_layers: int | None = None
@@ -477,6 +482,7 @@ class GenerateOptions:
         "recompute_modules",
         "fp8_param_gather",
         "fp8_dispatch",
+        "cpu_offloading_num_layers",
         *OVERLAP_FIELDS,
         *PIPELINE_SPLIT_FIELDS,
     )

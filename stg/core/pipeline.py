@@ -19,6 +19,7 @@ from stg.core.lowering import (
     lower_stage,
 )
 from stg.core.modelinfo import saved_activations
+from stg.core.offload import check_offload
 from stg.core.options import GenerateOptions, OptionError, ReadOptions, check_options_read
 from stg.core.plan import ParallelPlan, make_plan
 from stg.core.precision import (
@@ -92,6 +93,9 @@ def validate_options(options: GenerateOptions, registry: Registry) -> ParallelPl
         raise OptionError(
             f"pipeline_schedule={options.pipeline_schedule} does not support virtual_stages > 1"
         )
+    if options.cpu_offloading_num_layers:
+        order = schedule.order(0, plan.stages, plan.micro_batches, plan.chunks_per_stage)
+        check_offload(options, sum(plan.layers_per_chunk), plan.recompute, order)
     return plan
 
 
@@ -234,12 +238,18 @@ def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> Model
     )
     layer_kinds = LayerKinds((kind, count) for kind, _, count in runs)
     _check_recompute_modules(o, [bound[kind] for kind, _, _ in runs])
+    offloaded = {
+        kind: layer_saved_bytes(bound[kind].part, binder, fused=o.attention == "fused")
+        for kind, _, _ in runs
+        if o.cpu_offloading_num_layers
+    }
     return ModelParts(
         bound["embedding"],
         bound[layer_kinds[0]] if layer_kinds else bound["block"],
         bound["head"],
         blocks={kind: bound[kind] for kind, _, _ in runs},
         layer_kinds=layer_kinds,
+        saved_layer_bytes=offloaded,
         optimizer_bytes_per_param=int(per_param),
         optimizer_dtype=precision["optimizer"],
         facts={

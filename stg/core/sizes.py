@@ -166,6 +166,7 @@ def _training_templates(model: object, plan: ParallelPlan, hybrid: bool) -> list
         per_mb += 2 * ((not first) + (not last))  # receives and sends, forward and backward
         if fp8:
             per_mb += 2 * AMAX_NODES  # the forward and the backward amax reduction
+        per_mb += 2 * o.cpu_offloading_num_layers  # an offloaded layer's two host copies
         counts[stage] += m * per_mb
     return counts
 

@@ -298,7 +298,9 @@ def _simulate_astra_sim(
         if emitter.name != ASTRA_SIM_FORMAT:
             raise UserError(f"ASTRA-sim reads {ASTRA_SIM_FORMAT} traces, not {emitter.name}")
         options = replace(options, output_name="workload.%d.et")
-        texts = astra_sim_inputs(system, options.world_size, options.dtype)
+        texts = astra_sim_inputs(
+            system, options.world_size, options.dtype, bool(options.cpu_offloading_num_layers)
+        )
         workload = workload or build_within_memory(options, registry)
         workload = with_durations(workload, system, kernels=registry.kernels)
         write_workload(workload, emitter, directory, options.output_name)

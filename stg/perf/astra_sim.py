@@ -21,7 +21,15 @@ Every key is one ASTRA-sim's parsers read, with the value type they read it as (
   as ASTRA-sim's HGX-H100-validated configuration
   (``examples/system/native_collectives/HGX-H100-validated.json``), but a collective in one
   chunk with one chunk active per dimension (:data:`ONE_CHUNK`);
-- remote memory: ``NO_MEMORY_EXPANSION`` (stg's traces have no memory load or store nodes).
+- remote memory: ``NO_MEMORY_EXPANSION``, unless the traces copy activations to and from
+  host memory (CPU activation offload: MEM_STORE and MEM_LOAD nodes, which ASTRA-sim sends to
+  its remote memory, ``Workload::issue_remote_mem``, and which ``NO_MEMORY_EXPANSION`` refuses
+  by exiting): then ``PER_NPU_MEMORY_EXPANSION``, a memory of each NPU's own that takes
+  ``remote-mem-latency + tensor_size / remote-mem-bw`` ns per node (``remote-mem-bw`` in
+  bytes per ns: the GPU's host link, :func:`stg.perf.system.host_link_bandwidth`; no
+  latency, as stg's replay). ASTRA-sim runs such a node in the slot of the rank's
+  communication (``HardwareResource``): unlike stg's replay, a copy and a collective do not
+  overlap there.
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ from typing import Any
 
 from stg.errors import UserError
 from stg.perf.hybrid import is_hybrid
-from stg.perf.system import NetworkDim, System
+from stg.perf.system import NetworkDim, System, host_link_bandwidth
 
 SWITCH_HOPS = 2
 """hops ASTRA-sim's analytical Switch counts for any send (``Switch::compute_hops_count``)"""
@@ -141,9 +149,12 @@ def system_config(system: System, world_size: int, dtype: str = "bf16") -> dict[
     }
 
 
-def memory_config() -> dict[str, str]:
-    """ASTRA-sim's remote-memory configuration: no memory expansion."""
-    return {"memory-type": "NO_MEMORY_EXPANSION"}
+def memory_config(host_link: float | None = None) -> dict[str, Any]:
+    """ASTRA-sim's remote-memory configuration: no memory expansion, or with ``host_link``
+    (bytes/s) each NPU's host memory behind a link of that bandwidth (see module doc)."""
+    if host_link is None:
+        return {"memory-type": "NO_MEMORY_EXPANSION"}
+    return {"memory-type": "PER_NPU_MEMORY_EXPANSION", "remote-mem-bw": _decimal(host_link / 1e9)}
 
 
 def format_network_yaml(config: Mapping[str, list[Any]]) -> str:
@@ -156,12 +167,16 @@ def format_network_yaml(config: Mapping[str, list[Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def astra_sim_inputs(system: System, world_size: int, dtype: str = "bf16") -> dict[str, str]:
-    """The text of the three files by kind (``system``, ``network``, ``memory``)."""
+def astra_sim_inputs(
+    system: System, world_size: int, dtype: str = "bf16", host_copies: bool = False
+) -> dict[str, str]:
+    """The text of the three files by kind (``system``, ``network``, ``memory``);
+    ``host_copies``: the traces copy to and from host memory (CPU activation offload)."""
+    host_link = host_link_bandwidth(system) if host_copies else None
     return {
         "system": _json_text(system_config(system, world_size, dtype)),
         "network": format_network_yaml(network_config(system, world_size)),
-        "memory": _json_text(memory_config()),
+        "memory": _json_text(memory_config(host_link)),
     }
 
 

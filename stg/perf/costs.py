@@ -30,7 +30,7 @@ from stg.perf.kernel_time import (
     memory_kind,
 )
 from stg.perf.kernels import KernelTable, is_cast, kernel_name
-from stg.perf.system import PRESETS, System, normalize_dtype, op_class
+from stg.perf.system import PRESETS, System, host_link_bandwidth, normalize_dtype, op_class
 
 WIDE_DTYPES = frozenset({"fp32", "tf32"})
 NO_KERNELS = KernelTable()
@@ -504,3 +504,14 @@ def send_time(size: int, dimension: int, system: System) -> float:
     if dimension < 0:
         return 0.0
     return comm_time.send_time(size, comm_time.Level.of(system.network[dimension]))
+
+
+def host_copy_time(size: int, system: System) -> float:
+    """A copy of ``size`` bytes between a GPU of ``system`` and host memory (CPU activation
+    offload's MEM_STORE and MEM_LOAD nodes): the bytes at the host link's bandwidth per
+    direction (:func:`stg.perf.system.host_link_bandwidth`, the GPU's PCIe from its data
+    sheet). No latency is added: a pinned-memory ``cudaMemcpyAsync`` of megabytes is
+    bandwidth-bound, and no data sheet gives one."""
+    if size <= 0:
+        return 0.0
+    return size / host_link_bandwidth(system)

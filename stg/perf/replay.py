@@ -9,7 +9,10 @@ the result. The ``time`` predictor (``predictors/time.py``) builds the problem, 
 
 Replay: each rank has a compute stream, a stream for pipeline sends, and one stream per
 communicator (NCCL process groups run on their own CUDA streams, so a tensor-parallel
-collective never waits behind a data-parallel gradient reduction, nor a send behind either);
+collective never waits behind a data-parallel gradient reduction, nor a send behind either),
+and one for copies to and from host memory (MEM_STORE and MEM_LOAD nodes, CPU activation
+offload: :data:`HOST_COPY_STREAM`, each copy at the host link's bandwidth,
+:func:`stg.perf.costs.host_copy_time`, beside the compute and the communication);
 a ready node is issued smallest id first when its stream is free. A collective occupies its
 communicator's stream on every member from when the member issues it; its transfer starts
 when the last member has issued it (matched per group in issue order). A receive occupies no
@@ -93,6 +96,7 @@ from stg.perf.costs import (
     compute_time,
     fp8_quantize_time,
     group_shape,
+    host_copy_time,
     link_dimension,
     native_fp8,
     send_phases,
@@ -102,8 +106,20 @@ from stg.perf.hybrid import device_of, group_of_rank, is_hybrid
 from stg.perf.kernels import KernelTable, kernel_name
 from stg.perf.system import System, op_class
 
-COMPUTE, COLL, SEND, RECV, INSTANT = 0, 1, 2, 3, 4
-KIND_NAMES = {COMPUTE: "compute", COLL: "collective", SEND: "send", RECV: "recv", INSTANT: "other"}
+COMPUTE, COLL, SEND, RECV, INSTANT, COPY = 0, 1, 2, 3, 4, 5
+KIND_NAMES = {
+    COMPUTE: "compute",
+    COLL: "collective",
+    SEND: "send",
+    RECV: "recv",
+    INSTANT: "other",
+    COPY: "host copy",
+}
+HOST_COPY_STREAM = -1
+"""The stream of a rank's copies to and from host memory (MEM_STORE, MEM_LOAD nodes: CPU
+activation offload, :mod:`stg.core.offload`): one stream for both directions, as Transformer
+Engine's offload stream, beside the compute."""
+HOST_COPIES = (NodeType.MEM_LOAD, NodeType.MEM_STORE)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -720,7 +736,7 @@ class _Sim:
                 children[j].append(i)
             pending[i] = len(deps)
             t = node.type
-            if t in (NodeType.COMP, NodeType.MEM_LOAD, NodeType.MEM_STORE):
+            if t is NodeType.COMP:
                 kind[i] = COMPUTE
                 known = memo.get(id(node))
                 if known is not None and known[0] is node:
@@ -740,6 +756,10 @@ class _Sim:
                     memo[id(node)] = (node, ckey, cost)
                 duration[i] = cost
                 cost_key[i] = ckey
+            elif t in HOST_COPIES:
+                kind[i] = COPY
+                stream[i] = HOST_COPY_STREAM
+                duration[i] = host_copy_time(node.tensor_size, device)
             elif t is NodeType.COMM_COLL:
                 if node.comm_group is None or node.comm_type is None:
                     raise TraceError(
@@ -991,7 +1011,7 @@ class _Sim:
             k = res.kind[i]
             self.ready_time[u][i] = t
             self.ready_cause[u][i] = cause
-            if k == COMPUTE or k == COLL or k == SEND:
+            if k == COMPUTE or k == COLL or k == SEND or k == COPY:
                 s = streams[u][i]
                 heapq.heappush(ready[u].setdefault(s, []), i)
                 touched.add((u, s))
@@ -1189,7 +1209,7 @@ class _Sim:
                 res = results[u]
                 res.end[i] = t
                 k = res.kind[i]
-                if k == COMPUTE or k == COLL or k == SEND:
+                if k == COMPUTE or k == COLL or k == SEND or k == COPY:
                     s = streams[u][i]
                     busy[u][s] = False
                     touched.add((u, s))
@@ -1317,9 +1337,13 @@ def _union_length(a: list[tuple[float, float]], b: list[tuple[float, float]]) ->
 
 
 def unit_breakdown(res: UnitResult, iteration_time: float) -> dict[str, float]:
-    """Compute, communication, exposed communication and idle (bubble) time of one unit."""
+    """Compute, communication, exposed communication and idle (bubble) time of one unit;
+    where it copies to or from host memory (CPU activation offload) also the copies' time
+    (``host_copy_s``) and the part of it that neither compute nor communication hides
+    (``exposed_host_copy_s``, out of the bubble)."""
     compute: list[tuple[float, float]] = []
     comm: list[tuple[float, float]] = []
+    copies: list[tuple[float, float]] = []
     waiting = 0.0
     for i, k in enumerate(res.kind):
         if k == COMPUTE:
@@ -1327,16 +1351,24 @@ def unit_breakdown(res: UnitResult, iteration_time: float) -> dict[str, float]:
         elif k == COLL or k == SEND:
             comm.append((res.transfer_start[i], res.end[i]))
             waiting += res.transfer_start[i] - res.start[i]
+        elif k == COPY:
+            copies.append((res.start[i], res.end[i]))
     compute_s = sum(e - s for s, e in compute)
     comm_s = sum(e - s for s, e in comm)
     busy = _union_length(compute, comm)
-    return {
+    out = {
         "compute_s": compute_s,
         "communication_s": comm_s,
         "exposed_communication_s": busy - compute_s,
         "collective_wait_s": waiting,
         "bubble_s": iteration_time - busy,
     }
+    if copies:
+        with_copies = _union_length(compute + comm, copies)
+        out["host_copy_s"] = sum(e - s for s, e in copies)
+        out["exposed_host_copy_s"] = with_copies - busy
+        out["bubble_s"] = iteration_time - with_copies
+    return out
 
 
 def critical_path(replay_: Replay) -> list[dict[str, Any]]:
@@ -1416,7 +1448,8 @@ def explain(
     for Transformer Engine's amax bookkeeping, and with ``system`` ``fp8 quantize`` for the
     quantization that a GEMM node carries; ``quantize`` for a low-precision recipe's quantize
     nodes), exposed communication by role (``fp8 amax``,
-    ``tp``, ``param``), collective type and group size (sends and receives: ``p2p``), and
+    ``tp``, ``param``), collective type and group size (sends and receives: ``p2p``),
+    copies to and from host memory (``host copy``), and
     ``wait`` (time the chain waits on other ranks: pipeline bubble, stragglers). The parts add
     up to the iteration time."""
     parts: dict[str, float] = {}
@@ -1468,6 +1501,8 @@ def explain(
             comm[key] = comm.get(key, 0.0) + spent
         elif res.kind[i] in (SEND, RECV):
             comm["p2p"] = comm.get("p2p", 0.0) + spent
+        elif res.kind[i] == COPY:
+            parts["host copy"] = parts.get("host copy", 0.0) + spent
     total = replay_.iteration_time
     if total > clock:
         parts["wait"] = parts.get("wait", 0.0) + total - clock

@@ -394,8 +394,20 @@ HOST_LINK_BYTES_PER_S = {
     "hopper": 64e9,
     "ampere": 32e9,
 }
-"""Bytes/s a GPU copies to or from host memory (a serving engine's swap preemption), by
-architecture."""
+"""Bytes/s a GPU copies to or from host memory (a serving engine's swap preemption, CPU
+activation offload), by architecture."""
+
+
+def host_link_bandwidth(system: System) -> float:
+    """Bytes/s one GPU of ``system`` copies to or from host memory, per direction
+    (:data:`HOST_LINK_BYTES_PER_S`); a one-line error where its architecture has none."""
+    arch = system.arch
+    if arch not in HOST_LINK_BYTES_PER_S:
+        raise UserError(
+            f"no host link bandwidth is known for {system.name} (a {arch} GPU); host copies "
+            f"are priced for {', '.join(sorted(HOST_LINK_BYTES_PER_S))} GPUs"
+        )
+    return HOST_LINK_BYTES_PER_S[arch]
 
 
 PRESETS: dict[str, dict[str, Any]] = {
