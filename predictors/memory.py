@@ -208,13 +208,14 @@ def head_size(o: GenerateOptions) -> int:
 
 
 def layer_kinds(o: GenerateOptions) -> list[str]:
-    """The block kind of every layer, as the built-in models stack them: ``deepseek``'s first
-    ``min(dense_layers, num_stacks - 1)`` layers are ``dense``, the others ``moe``
-    (models/deepseek.py); every layer of other models is ``block``."""
+    """The block kind of every layer, as the built-in models stack them: ``deepseek``'s and
+    ``moe``'s first ``min(dense_layers, num_stacks - 1)`` layers are ``dense``, the others
+    ``moe`` (deepseek) or ``block`` (models/deepseek.py, models/moe.py); every layer of other
+    models is ``block``."""
+    dense = max(0, min(o.dense_layers or 0, o.num_stacks - 1)) if is_moe(o) else 0
     if is_mla(o):
-        dense = max(0, min(o.dense_layers or 0, o.num_stacks - 1))
         return ["dense"] * dense + ["moe"] * (o.num_stacks - dense)
-    return ["block"] * o.num_stacks
+    return ["dense"] * dense + ["block"] * (o.num_stacks - dense)
 
 
 def stage_layer_kinds(o: GenerateOptions) -> list[dict[str, int]]:
@@ -319,7 +320,7 @@ def layer_parameters_per_rank(o: GenerateOptions, kind: str | None = None) -> in
     h·kv·d (d = dhead: h/a unless ``--dhead``), SwiGLU 3hF, two RMSNorms (2h), no biases.
     MoE layers (``moe``, ``deepseek``) hold E/ep routed experts' SwiGLUs (3hF each, split
     by etp: t unless ep folds), the router h·E (replicated) and ``shared_experts`` shared
-    SwiGLUs of F (split by t); DeepSeek's ``dense`` layers a SwiGLU of ``dense_dff``; its
+    SwiGLUs of F (split by t); their ``dense`` layers a SwiGLU of ``dense_dff``; DeepSeek's
     attention is :func:`mla_parameters_per_rank`. ``kind`` None: the model's MoE (or only) layer.
     """
     h, f, t = o.dmodel, o.dff, o.tp
@@ -333,7 +334,7 @@ def layer_parameters_per_rank(o: GenerateOptions, kind: str | None = None) -> in
         if kind == "dense":
             mlp = 3 * h * (o.dense_dff or f) // t
         elif is_moe(o):
-            shared = (o.shared_experts or 0) if is_mla(o) else 0
+            shared = o.shared_experts or 0
             routed = (o.experts // o.ep) * 3 * h * f // o.expert_tp
             mlp = routed + h * o.experts + shared * 3 * h * f // t
         else:
@@ -474,7 +475,7 @@ def activation_bytes_per_layer(
             slots = o.experts * capacity / (o.ep * o.expert_dp)  # this rank's routed slots
             sharded += (3 * e + silu_output) * slots * f * (t / o.expert_tp)
             replicated += e * slots * 2 * h * sp_divisor + e * 2 * sb * o.experts
-            shared = (o.shared_experts or 0) if is_mla(o) else 0
+            shared = o.shared_experts or 0
             sharded += (3 * e + silu_output) * shared * sb * f
         else:
             mlp = (3 * e + silu_output) * sb * f / t
@@ -688,7 +689,7 @@ def gemm_weights_per_rank(o: GenerateOptions, kind: str | None = None) -> dict[s
         weights["router"] = h * o.experts
         experts = (o.experts // o.ep) * h * f / o.expert_tp
         weights.update(dict.fromkeys(("expert_gate", "expert_up", "expert_down"), experts))
-        shared = (o.shared_experts or 0) if is_mla(o) else 0
+        shared = o.shared_experts or 0
         if shared:
             names = ("shared_gate", "shared_up", "shared_down")
             weights.update(dict.fromkeys(names, shared * h * f / t))
