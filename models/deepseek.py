@@ -306,6 +306,11 @@ def head(b: GraphBuilder, x: Tensor) -> Tensor:
     depth = int(b.options.get("mtp_depth") or 0)
     if not depth:
         return llama.head(b, x)
+    if b.options.get("tie_embeddings"):
+        raise UserError(
+            "tie_embeddings with mtp_depth is not built (the multi-token prediction modules "
+            "keep their own embedding copy); allowed: tie_embeddings false"
+        )
     vocab = {"dvocal": "tp"}
     lm_head = b.weight("lm_head", "dvocal dmodel", shard=vocab)
     loss = cross_entropy(b, x, lm_head)

@@ -21,7 +21,7 @@ from typing import Any
 
 from stg.api import AttentionSpan, GraphBuilder, Model, Tensor, hookimpl
 from stg.errors import UserError
-from stg.models.gpt import SOFTMAX_FLOPS, causal_scale, lm_head
+from stg.models.gpt import SOFTMAX_FLOPS, causal_scale, lm_head, tied
 
 ROPE_FLOPS = 3  # two multiplies and an add per element
 SWIGLU_FLOPS = 5  # silu (4) and the gate product (1)
@@ -41,7 +41,7 @@ def refuse_dropout(b: GraphBuilder) -> None:
 
 def embedding(b: GraphBuilder, x: None) -> Tensor:
     refuse_dropout(b)
-    wte = b.weight("wte", "dvocal dmodel", shard={"dvocal": "tp"})
+    wte = b.weight("wte", "dvocal dmodel", shard={"dvocal": "tp"}, tied=tied(b, "embedding"))
     return b.residual(b.gather(wte, b.tokens(), name="token_embedding"))
 
 

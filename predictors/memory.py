@@ -361,8 +361,9 @@ def count_parameters(options: Mapping[str, Any] | GenerateOptions) -> list[Stage
 
     GPT: vocabulary-parallel word embedding (V·h/t) and learned positions (s·h) on the first
     stage; final LayerNorm (2h) on the last; the LM head is tied to the word embedding, and a
-    separate copy (V·h/t) lives on the last stage when pp > 1. Llama: untied LM head (V·h/t),
-    final RMSNorm (h), no position embedding.
+    separate copy (V·h/t) lives on the last stage when pp > 1. Llama: untied LM head (V·h/t;
+    with ``tie_embeddings`` the embedding's, a copy on the last stage when pp > 1), final
+    RMSNorm (h), no position embedding.
     """
     o = as_options(options)
     h, v, t = o.dmodel, o.dvocal, o.tp
@@ -378,7 +379,7 @@ def count_parameters(options: Mapping[str, Any] | GenerateOptions) -> list[Stage
             embedding = v * h // t + (0 if llama else o.seq * h)
         if last:
             head = h if llama else 2 * h
-            if llama or o.pp > 1:
+            if (llama and not o.tie_embeddings) or o.pp > 1:  # tied: the embedding's at pp 1
                 head += v * h // t
             head += mtp_parameters_per_rank(o)
         held = sum(layer_parameters_per_rank(o, kind) * n for kind, n in counts.items())

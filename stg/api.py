@@ -64,7 +64,7 @@ from stg.host.records import (
 )
 
 if TYPE_CHECKING:
-    from stg.core.layout import Layout
+    from stg.core.layout import PIPELINE_ENDS, Layout
     from stg.core.options import GenerateOptions, OptionError
     from stg.core.pipeline import build_workload, name_in_micro_batch
     from stg.core.plan import (
@@ -139,6 +139,7 @@ if TYPE_CHECKING:
 
 _LAZY: dict[str, tuple[str, str | None]] = {
     "Layout": ("stg.core.layout", "Layout"),
+    "PIPELINE_ENDS": ("stg.core.layout", "PIPELINE_ENDS"),
     "GenerateOptions": ("stg.core.options", "GenerateOptions"),
     "OptionError": ("stg.core.options", "OptionError"),
     "build_workload": ("stg.core.pipeline", "build_workload"),
@@ -253,6 +254,7 @@ __all__ = [
     "DTYPE_BYTES",
     "EAGER_OP_HOST_S",
     "NODE_SEMANTICS",
+    "PIPELINE_ENDS",
     "AttentionSpan",
     "BenchOp",
     "Calibration",

@@ -275,8 +275,9 @@ def _by_hand(o: GenerateOptions) -> tuple[int, int]:
         active = total + moe_layers * (shared + o.kexperts * per_expert + h)
         total += moe_layers * (shared + o.experts * per_expert + h)
         return total, active
-    if o.model == "llama":
-        total = v * h + layers * (attention + 3 * h * f + 2 * h) + h + v * h
+    if o.model == "llama":  # the LM head is the embedding under tie_embeddings
+        head = 0 if o.tie_embeddings else v * h
+        total = v * h + layers * (attention + 3 * h * f + 2 * h) + h + head
         return total, total
     if o.model == "deepseek":
         ql, kl, r = o.q_lora_rank, o.kv_lora_rank, o.drope

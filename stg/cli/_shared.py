@@ -241,6 +241,15 @@ SPECS: dict[str, tuple[str, _Spec]] = {
             metavar=BOOL,
         ),
     ),
+    "tie_embeddings": (
+        _MODEL,
+        _Spec(
+            "One matrix for the word embedding and the LM head (MPT, Llama 3.2 1B/3B); with "
+            "pp > 1 a copy on the last stage, gradients all-reduced over the first and last.",
+            parser=parse_bool,
+            metavar=BOOL,
+        ),
+    ),
     "layer_pattern": (
         _MODEL,
         _Spec(
