@@ -18,7 +18,7 @@ from stg.api import Preset, hookimpl, load_presets
 
 FAMILIES = (
     "gpt", "llama", "llama4", "mixtral", "qwen3", "deepseek", "glm", "gpt-oss", "nemotron",
-    "bert", "roberta",
+    "mpt", "bert", "roberta",
 )  # fmt: skip
 """The families' files (``preset_data/<family>.toml``), in the order they register."""
 

@@ -178,6 +178,11 @@ def is_moe(o: GenerateOptions) -> bool:
     return name.startswith("moe") or name == "deepseek"
 
 
+def is_mpt(o: GenerateOptions) -> bool:
+    """MPT (the built-in ``mpt``): GPT's layout without biases or position embeddings."""
+    return o.model.lower().split(":")[-1] == "mpt"
+
+
 def is_mla(o: GenerateOptions) -> bool:
     """Multi-head latent attention (the built-in ``deepseek``)."""
     return o.model.lower().split(":")[-1] == "deepseek"
@@ -340,8 +345,10 @@ def layer_parameters_per_rank(o: GenerateOptions, kind: str | None = None) -> in
         else:
             mlp = 3 * h * f // t
         return attention + mlp + 2 * h
-    experts_per_rank = o.experts // o.ep if is_moe(o) else 1
     width = o.head * head_size(o)  # a·d: h unless --dhead
+    if is_mpt(o):  # no biases, LayerNorm weights only
+        return (4 * h * width + 2 * h * f) // t + 2 * h
+    experts_per_rank = o.experts // o.ep if is_moe(o) else 1
     attention = (3 * h * width + 3 * width) // t + width * h // t + h
     mlp = experts_per_rank * ((2 * h * f + f) // t + h)
     return attention + mlp + 4 * h
@@ -359,9 +366,10 @@ def routed_parameters_per_rank(o: GenerateOptions, kind: str | None = None) -> i
 def count_parameters(options: Mapping[str, Any] | GenerateOptions) -> list[StageParameters]:
     """Analytical parameter counts per rank of each pipeline stage (for GPT and Llama).
 
-    GPT: vocabulary-parallel word embedding (V·h/t) and learned positions (s·h) on the first
-    stage; final LayerNorm (2h) on the last; the LM head is tied to the word embedding, and a
-    separate copy (V·h/t) lives on the last stage when pp > 1. Llama: untied LM head (V·h/t;
+    GPT: vocabulary-parallel word embedding (V·h/t) and learned positions (s·h; none for MPT,
+    whose layers also have no biases) on the first stage; final LayerNorm (2h; h for MPT) on
+    the last; the LM head is tied to the word embedding, and a separate copy (V·h/t) lives on
+    the last stage when pp > 1 (MPT: as Llama's). Llama: untied LM head (V·h/t;
     with ``tie_embeddings`` the embedding's, a copy on the last stage when pp > 1), final
     RMSNorm (h), no position embedding.
     """
@@ -376,10 +384,11 @@ def count_parameters(options: Mapping[str, Any] | GenerateOptions) -> list[Stage
         embedding = 0
         head = 0
         if first:
-            embedding = v * h // t + (0 if llama else o.seq * h)
+            embedding = v * h // t + (0 if llama or is_mpt(o) else o.seq * h)
         if last:
-            head = h if llama else 2 * h
-            if (llama and not o.tie_embeddings) or o.pp > 1:  # tied: the embedding's at pp 1
+            head = h if llama or is_mpt(o) else 2 * h
+            untied = (llama or is_mpt(o)) and not o.tie_embeddings
+            if untied or o.pp > 1:  # tied: the embedding's at pp 1
                 head += v * h // t
             head += mtp_parameters_per_rank(o)
         held = sum(layer_parameters_per_rank(o, kind) * n for kind, n in counts.items())
@@ -845,10 +854,11 @@ def fsdp_unit_parameters(
     h, v, t = o.dmodel, o.dvocal, o.tp
     llama = model_family(o.model) == "llama"
     units = [layer_parameters_per_rank(o, kind) for kind, n in kinds.items() if n]
+    bare = llama or is_mpt(o)  # no position embedding, no norm bias
     if has_embedding:
-        units.append(v * h // t + (0 if llama else o.seq * h))
+        units.append(v * h // t + (0 if bare else o.seq * h))
     if has_head:
-        units.append((h if llama else 2 * h) + (v * h // t if llama or o.pp > 1 else 0))
+        units.append((h if bare else 2 * h) + (v * h // t if bare or o.pp > 1 else 0))
     return units
 
 

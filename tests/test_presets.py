@@ -41,6 +41,7 @@ AS_DATA = {
     "qwen3-1.7b", "qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen3-32b", "deepseek-v3.1", "kimi-k2",
     "deepseek-v3.2-exp", "gpt-oss-20b", "gpt-oss-120b", "nemotron-h-8b", "nemotron-h-56b",
     "llama4-scout", "llama4-maverick", "qwen3-next-80b-a3b", "glm-4.5", "glm-4.5-air",
+    "mpt-7b", "mpt-30b",
 }  # fmt: skip
 """The presets added as data (models/preset_data), each value with its source beside it."""
 NARAYANAN_TABLE_1 = {
@@ -224,6 +225,9 @@ PUBLISHED = {
     # layers of 512 routed experts and 1 shared, embedding and untied LM head
     "qwen3-next-80b-a3b": (79_674_286_848, 3_874_824_960),
     "nemotron-h-56b": (56_324_350_464, 56_324_350_464),
+    # MPT-7B: 50432·4096 (tied) + 32·(4·4096² + 2·4096·16384 + 2·4096) + 4096
+    "mpt-7b": (6_649_286_656, 6_649_286_656),
+    "mpt-30b": (29_957_200_896, 29_957_200_896),
     # Qwen3-8B: 2·151936·4096 + 4096 + 36·(4096·(32 + 8)·128·2 + 3·4096·12288 + 2·4096)
     "qwen3-8b": (8_190_726_144, 8_190_726_144),
 }
@@ -245,6 +249,10 @@ def _by_hand(o: GenerateOptions) -> tuple[int, int]:
             "roberta-mc": h * h + h + h + 1,  # pooler, one score per choice
         }.get(o.model, (h * h + h + 2 * h) + v * h + v)  # masked-LM head
         return encoder + head, encoder + head
+    if o.model == "mpt":  # no biases, LayerNorm weights only, no position embedding
+        layer = 4 * h * a * dh + 2 * h * f + 2 * h
+        total = v * h + layers * layer + h + (0 if o.tie_embeddings else v * h)
+        return total, total
     if o.model == "gpt":
         layer = 3 * h * a * dh + 3 * a * dh + a * dh * h + h + 2 * h * f + f + h + 4 * h
         total = v * h + s * h + layers * layer + 2 * h + v * h
@@ -366,7 +374,7 @@ def test_unknown_name_lists_models_and_presets() -> None:
     message = str(info.value)
     models = (
         "models bert, bert-qa, deepseek, gated-deltanet, gpt, hybrid, llama, mamba2, moe, "
-        "roberta, roberta-mc"
+        "mpt, roberta, roberta-mc"
     )
     assert message.startswith(f"unknown model 'llama9-7b'; allowed: {models}; ")
     assert "presets bert-base, bert-base-squad, bert-large, debug, deepseek-v3, " in message
@@ -546,7 +554,7 @@ def test_inspect_model_lists_models_and_presets() -> None:
     builtin = [m["name"] for m in listing["models"] if m["qualified"].startswith("symbolic-")]
     assert builtin == [
         "bert", "bert-qa", "deepseek", "gated-deltanet", "gpt", "hybrid", "llama", "mamba2",
-        "moe", "roberta", "roberta-mc",
+        "moe", "mpt", "roberta", "roberta-mc",
     ]  # fmt: skip
     presets = {p["name"]: p for p in listing["presets"]}
     assert list(presets) == BUILTIN
