@@ -84,6 +84,15 @@ def test_one_weight_without_pipeline_parallelism() -> None:
         "embedding/grad_all_reduce_dp:token_embedding.grad_wte"
     ]
     assert PIPELINE_ENDS not in json.dumps([n.name for n in tied.ranks[0].nodes()])
+    # the head's gradient of the weight adds to the embedding's before the one reduction:
+    # the all-reduce waits for it in every micro-batch
+    nodes = {n.id: n for n in tied.ranks[0].nodes()}
+    (reduce,) = wte_collectives(tied.ranks[0])
+    waits = sorted(nodes[d].name for d in reduce.data_deps)
+    assert waits == [
+        f"mb{mb}/{part}" for mb in (0, 1)
+        for part in ("embedding/bwd/token_embedding.grad_wte", "head/bwd/logits.grad_wte")
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize("pp", [2, 3])

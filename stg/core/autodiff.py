@@ -86,6 +86,11 @@ def build_backward(b: GraphBuilder, seed: Tensor | None, loss: Tensor | None = N
             g = grads.total(w, conform=False)
             if g is not None:
                 part.weight_grads[w] = g
+        held = {id(w) for w in part.weights}
+        for w in part.copies:  # a tied LM head on the embedding's stage: no weight of its own
+            g = grads.total(w, conform=False) if id(w) not in held else None
+            if g is not None:
+                part.copy_grads.append(g)
         for t in part.inputs:
             if t.kind == "input" and grads.contributions.get(_key(t)):
                 part.grad_input = grads.total(t, conform=True)
@@ -240,7 +245,7 @@ def build_grad_reduction(b: GraphBuilder, shard_optimizer_over: tuple[str, ...] 
     reduction."""
     part = b.part
     axes = b._axes(shard_optimizer_over)
-    tied = {id(w) for w in part.tied}
+    tied = {id(w) for w in part.tied} if b._pipelined else set()
     for w, g in part.weight_grads.items():
         flat = b._zero_axes_of(w.dims, w.sharding, axes)  # routed experts: over edp
         want = w.sharding.with_flat(flat) if flat else w.sharding

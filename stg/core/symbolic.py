@@ -227,6 +227,9 @@ class Part:
     under pipeline parallelism their gradients are all-reduced over the embedding group"""
     copies: list[Tensor] = field(default_factory=list)
     """weights that another part holds (a tied LM head's): counted there, once"""
+    copy_grads: list[Tensor] = field(default_factory=list)
+    """the gradients of ``copies`` that this part's backward computes without reducing them:
+    they add to the holder's gradient (a tied LM head's at pp 1)"""
 
 
 def _view_groups(
@@ -537,7 +540,6 @@ class GraphBuilder:
                 self.part.copies.append(tensor)
             if tied == "embedding" or self._pipelined:
                 self.part.weights.append(tensor)
-            if self._pipelined:
                 self.part.tied.append(tensor)
             return tensor
         if self.kv_cache is not None and any(d.name == "seq" for d in dim_tuple):
