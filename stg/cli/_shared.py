@@ -192,13 +192,21 @@ SPECS: dict[str, tuple[str, _Spec]] = {
     ),
     "shared_experts": (
         _MODEL,
-        _Spec("Shared experts beside the routed ones, used by every token (DeepSeek)."),
+        _Spec(
+            "Shared experts of dff beside the routed ones, used by every token (DeepSeek, "
+            "Llama 4, Qwen3-Next, GLM-4.5; moe, deepseek and hybrid E layers)."
+        ),
     ),
     "dense_layers": (
         _MODEL,
-        _Spec("Dense layers before the MoE layers (DeepSeek-V3: 3; at most num_stacks-1)."),
+        _Spec(
+            "Dense layers before the MoE layers (DeepSeek-V3, GLM-4.5: 3; at most num_stacks-1)."
+        ),
     ),
-    "dense_dff": (_MODEL, _Spec("FFN hidden size of the dense layers (default: dff).")),
+    "dense_dff": (
+        _MODEL,
+        _Spec("FFN hidden size of the dense layers and hybrid - layers (default: dff)."),
+    ),
     "q_lora_rank": (
         _MODEL,
         _Spec("Latent attention: rank of the query compression (unset: no compression)."),
