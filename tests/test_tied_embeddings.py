@@ -204,3 +204,15 @@ def test_llama32_presets_build_their_tied_embedding() -> None:
     h, v, kv, a, f = 2048, 128256, 8, 32, 8192
     layer = 2 * h * a * 64 + 2 * h * kv * 64 + 3 * h * f + 2 * h
     assert counts["parameters"] == v * h + 16 * layer + h == 1_235_814_400
+
+
+def test_analytical_predictor_prices_the_embedding_group() -> None:
+    """The analytical predictor finds the embedding group's members (first- and last-stage
+    rank) and prices its all-reduce: the tied run takes no less than the untied one."""
+    from stg.predictors.analytical import group_members, predict_options
+
+    o = GenerateOptions(**{**LLAMA, "pp": 3, "tie_embeddings": True})  # type: ignore[arg-type]
+    assert group_members((PIPELINE_ENDS,), o) == [0, 8]
+    tied = predict_options(o, "h100-80g", registry=REGISTRY)["iteration_time_s"]
+    untied = GenerateOptions(**{**LLAMA, "pp": 3})  # type: ignore[arg-type]
+    assert tied >= predict_options(untied, "h100-80g", registry=REGISTRY)["iteration_time_s"]
