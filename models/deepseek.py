@@ -277,18 +277,6 @@ def swiglu(b: GraphBuilder, x: Tensor, ffn: str, prefix: str = "") -> Tensor:
     return b.residual(down)
 
 
-def shared_experts(b: GraphBuilder, x: Tensor) -> Tensor:
-    """``shared_experts`` SwiGLU experts of ``dff`` that every token goes through."""
-    tp = {"dff": "tp"}
-    w1 = b.weight("shared_w1", "shared dmodel dff", shard=tp)
-    w3 = b.weight("shared_w3", "shared dmodel dff", shard=tp)
-    w2 = b.weight("shared_w2", "shared dff dmodel", shard=tp)
-    gate = b.einsum("bsh,nhf->bsnf", x, w1, name="shared_gate")
-    up = b.einsum("bsh,nhf->bsnf", x, w3, name="shared_up")
-    act = b.elementwise("shared_swiglu", gate, up, flops=llama.SWIGLU_FLOPS)
-    return b.residual(b.einsum("bsnf,nfh->bsh", act, w2, name="shared_down"))
-
-
 def dense_block(b: GraphBuilder, x: Tensor) -> Tensor:
     x = b.add(x, attention(b, b.rmsnorm(x, "attention_norm")), name="residual1")
     return b.add(x, swiglu(b, b.rmsnorm(x, "ffn_norm"), "dff_dense"), name="residual2")
@@ -296,11 +284,7 @@ def dense_block(b: GraphBuilder, x: Tensor) -> Tensor:
 
 def moe_block(b: GraphBuilder, x: Tensor) -> Tensor:
     x = b.add(x, attention(b, b.rmsnorm(x, "attention_norm")), name="residual1")
-    h = b.rmsnorm(x, "ffn_norm")
-    ffn = moe.moe_mlp(b, h)
-    if b.options.get("shared_experts"):
-        ffn = b.add(ffn, shared_experts(b, h), name="shared_sum")
-    return b.add(x, ffn, name="residual2")
+    return b.add(x, moe.experts_ffn(b, b.rmsnorm(x, "ffn_norm")), name="residual2")
 
 
 def cross_entropy(b: GraphBuilder, x: Tensor, lm_head: Tensor, prefix: str = "") -> Tensor:
@@ -322,6 +306,11 @@ def head(b: GraphBuilder, x: Tensor) -> Tensor:
     depth = int(b.options.get("mtp_depth") or 0)
     if not depth:
         return llama.head(b, x)
+    if b.options.get("tie_embeddings"):
+        raise UserError(
+            "tie_embeddings with mtp_depth is not built (the multi-token prediction modules "
+            "keep their own embedding copy); allowed: tie_embeddings false"
+        )
     vocab = {"dvocal": "tp"}
     lm_head = b.weight("lm_head", "dvocal dmodel", shard=vocab)
     loss = cross_entropy(b, x, lm_head)
@@ -350,14 +339,8 @@ def head(b: GraphBuilder, x: Tensor) -> Tensor:
     return loss
 
 
-def dense_layer_count(options: Mapping[str, Any]) -> int:
-    """The dense layers of a stack of ``num_stacks``: ``dense_layers``, at most
-    ``num_stacks - 1`` (one MoE layer at least)."""
-    return max(0, min(int(options.get("dense_layers") or 0), int(options["num_stacks"]) - 1))
-
-
 def stack(options: Mapping[str, Any]) -> list[tuple[str, Any, int]]:
-    dense = dense_layer_count(options)
+    dense = moe.dense_layer_count(options)
     return [("dense", dense_block, dense), ("moe", moe_block, int(options["num_stacks"]) - dense)]
 
 

@@ -38,10 +38,16 @@ def causal_scale(b: GraphBuilder, causal: bool | None = None) -> sympy.Expr:
     return sympy.Rational(1, 2) if causal else sympy.Integer(1)
 
 
+def tied(b: GraphBuilder, role: str) -> str | None:
+    """``role`` (``"embedding"`` or ``"copy"``: :meth:`~stg.api.GraphBuilder.weight`'s
+    ``tied``) where ``--tie_embeddings true`` shares the word embedding with the LM head."""
+    return role if b.options.get("tie_embeddings") else None
+
+
 def embedding(b: GraphBuilder, x: None) -> Tensor:
     # As in Megatron: with learned positions the word embedding is all-reduced, positions are
     # added on the whole sequence, and the sum is then split for sequence parallelism.
-    wte = b.weight("wte", "dvocal dmodel", shard={"dvocal": "tp"})
+    wte = b.weight("wte", "dvocal dmodel", shard={"dvocal": "tp"}, tied=tied(b, "embedding"))
     h = b.unpartial(b.gather(wte, b.tokens(), name="token_embedding"))
     h = b.elementwise("position_embedding", h, b.weight("wpe", "seq dmodel"), flops=1)
     if b.options.get("dropout") and b.options.get("phase", "training") == "training":
@@ -98,14 +104,17 @@ def block(b: GraphBuilder, x: Tensor) -> Tensor:
 
 
 def lm_head(b: GraphBuilder, x: Tensor, norm: str = "layernorm") -> Tensor:
-    """Final norm, LM head over the vocabulary-parallel weight, and cross-entropy loss."""
+    """Final norm, LM head over the vocabulary-parallel weight (the word embedding's under
+    ``--tie_embeddings true``), and cross-entropy loss."""
     h = getattr(b, norm)(x, "ln_f")
-    logits = b.einsum(
-        "bsh,vh->bsv",
-        h,
-        b.weight("lm_head", "dvocal dmodel", shard={"dvocal": "tp"}),
-        name="logits",
+    vocab = {"dvocal": "tp"}
+    copy = tied(b, "copy")
+    weight = (
+        b.weight("wte", "dvocal dmodel", vocab, copy)
+        if copy
+        else b.weight("lm_head", "dvocal dmodel", shard=vocab)
     )
+    logits = b.einsum("bsh,vh->bsv", h, weight, name="logits")
     return cross_entropy(b, logits)
 
 

@@ -11,8 +11,10 @@ letter layer (each: RMSNorm, the mixer or MLP, the residual add)
 ``*``  attention (Llama's grouped-query attention, :mod:`stg.models.llama`), with the
        window or chunk of ``--attention_window`` / ``--attention_chunk`` if given
 ``A``  attention over every earlier key (a global layer beside windowed or chunked ones)
-``-``  MLP: SwiGLU, or Nemotron-H's squared ReLU (two matrices) with ``--mlp_activation relu2``
-``E``  routed experts (:mod:`stg.models.moe`)
+``-``  MLP: SwiGLU, or Nemotron-H's squared ReLU (two matrices) with ``--mlp_activation relu2``,
+       of ``--dense_dff`` where given (else ``dff``)
+``E``  routed experts of ``dff`` (:mod:`stg.models.moe`), with ``--shared_experts`` beside
+       them where given
 ====== ==================================================================================
 
 A pattern shorter than ``--num_stacks`` repeats when its length divides it: Qwen3-Next's
@@ -59,19 +61,21 @@ def mlp_layer(b: GraphBuilder, x: Tensor) -> Tensor:
 
 def _mlp(b: GraphBuilder, x: Tensor) -> Tensor:
     h = b.rmsnorm(x, "ffn_norm")
+    ffn = "dff_dense" if b.options.get("dense_dff") else "dff"  # dff: the experts' size
     if b.options.get("mlp_activation") == "relu2":
-        tp = {"dff": "tp"}
-        up = b.einsum("bsh,hf->bsf", h, b.weight("w1", "dmodel dff", shard=tp), name="up")
-        up = b.elementwise("relu2", up, flops=RELU2_FLOPS)
-        down = b.einsum("bsf,fh->bsh", up, b.weight("w2", "dff dmodel", shard=tp), name="down")
+        tp = {ffn: "tp"}
+        w1 = b.weight("w1", f"dmodel {ffn}", shard=tp)
+        w2 = b.weight("w2", f"{ffn} dmodel", shard=tp)
+        up = b.elementwise("relu2", b.einsum("bsh,hf->bsf", h, w1, name="up"), flops=RELU2_FLOPS)
+        down = b.einsum("bsf,fh->bsh", up, w2, name="down")
         return b.add(x, b.residual(down), name="residual")
-    return b.add(x, llama.mlp(b, h), name="residual")
+    return b.add(x, llama.mlp(b, h, ffn), name="residual")
 
 
 def moe_layer(b: GraphBuilder, x: Tensor) -> Tensor:
-    """``E``: top-k routed SwiGLU experts."""
+    """``E``: top-k routed SwiGLU experts (and the shared experts, where given)."""
     with b.tag("graph_memory"):
-        return b.add(x, moe.moe_mlp(b, b.rmsnorm(x, "ffn_norm")), name="residual")
+        return b.add(x, moe.experts_ffn(b, b.rmsnorm(x, "ffn_norm")), name="residual")
 
 
 def deltanet_layer(b: GraphBuilder, x: Tensor) -> Tensor:

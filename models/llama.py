@@ -21,7 +21,7 @@ from typing import Any
 
 from stg.api import AttentionSpan, GraphBuilder, Model, Tensor, hookimpl
 from stg.errors import UserError
-from stg.models.gpt import SOFTMAX_FLOPS, causal_scale, lm_head
+from stg.models.gpt import SOFTMAX_FLOPS, causal_scale, lm_head, tied
 
 ROPE_FLOPS = 3  # two multiplies and an add per element
 SWIGLU_FLOPS = 5  # silu (4) and the gate product (1)
@@ -41,7 +41,7 @@ def refuse_dropout(b: GraphBuilder) -> None:
 
 def embedding(b: GraphBuilder, x: None) -> Tensor:
     refuse_dropout(b)
-    wte = b.weight("wte", "dvocal dmodel", shard={"dvocal": "tp"})
+    wte = b.weight("wte", "dvocal dmodel", shard={"dvocal": "tp"}, tied=tied(b, "embedding"))
     return b.residual(b.gather(wte, b.tokens(), name="token_embedding"))
 
 
@@ -108,14 +108,17 @@ def attention(b: GraphBuilder, x: Tensor, full: bool = False) -> Tensor:
     return b.residual(b.einsum("bsgrk,grkh->bsh", ctx, wo, name="attn_out"))
 
 
-def mlp(b: GraphBuilder, x: Tensor) -> Tensor:
+def mlp(b: GraphBuilder, x: Tensor, ffn: str = "dff") -> Tensor:
+    """The SwiGLU MLP of FFN size ``ffn`` (a dimension: ``dff``, or ``dff_dense`` for the
+    dense layers of a stack of MoE layers), column/row parallel over tp."""
+    tp = {ffn: "tp"}
     with b.tag("mlp"):  # re-run under --recompute_modules mlp
-        w1 = b.weight("w1", "dmodel dff", shard={"dff": "tp"})
+        w1 = b.weight("w1", f"dmodel {ffn}", shard=tp)
         gate = b.einsum("bsh,hf->bsf", x, w1, name="gate")
-        w3 = b.weight("w3", "dmodel dff", shard={"dff": "tp"})
+        w3 = b.weight("w3", f"dmodel {ffn}", shard=tp)
         up = b.einsum("bsh,hf->bsf", x, w3, name="up")
         act = b.elementwise("swiglu", gate, up, flops=SWIGLU_FLOPS)
-        w2 = b.weight("w2", "dff dmodel", shard={"dff": "tp"})
+        w2 = b.weight("w2", f"{ffn} dmodel", shard=tp)
         down = b.einsum("bsf,fh->bsh", act, w2, name="down")
         return b.residual(down)
 

@@ -8,11 +8,16 @@ all-to-alls that follow from that split (and, under expert tensor parallelism, t
 all-gather / reduce-scatter over etp).
 Each expert has a capacity of ``ceil(kexperts · tokens · capacity_factor / experts)`` tokens
 per micro-batch; its matmuls cost the full capacity (dropped or padded slots included).
+
+``--shared_experts N`` adds N SwiGLU experts of ``dff`` that every token goes through
+(DeepSeek, Llama 4, Qwen3-Next, GLM-4.5: one each), their output added to the routed
+experts'. The first ``--dense_layers`` layers (at most ``num_stacks - 1``) have a dense
+SwiGLU MLP of ``--dense_dff`` instead (GLM-4.5's ``first_k_dense_replace``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from stg.api import GraphBuilder, Model, Tensor, hookimpl
@@ -68,21 +73,73 @@ def moe_mlp(b: GraphBuilder, x: Tensor) -> Tensor:
     return b.residual(combined)
 
 
+def shared_experts(b: GraphBuilder, x: Tensor) -> Tensor:
+    """``shared_experts`` SwiGLU experts of ``dff`` that every token goes through, column/row
+    parallel over tp."""
+    tp = {"dff": "tp"}
+    w1 = b.weight("shared_w1", "shared dmodel dff", shard=tp)
+    w3 = b.weight("shared_w3", "shared dmodel dff", shard=tp)
+    w2 = b.weight("shared_w2", "shared dff dmodel", shard=tp)
+    gate = b.einsum("bsh,nhf->bsnf", x, w1, name="shared_gate")
+    up = b.einsum("bsh,nhf->bsnf", x, w3, name="shared_up")
+    act = b.elementwise("shared_swiglu", gate, up, flops=llama.SWIGLU_FLOPS)
+    return b.residual(b.einsum("bsnf,nfh->bsh", act, w2, name="shared_down"))
+
+
+def experts_ffn(b: GraphBuilder, x: Tensor) -> Tensor:
+    """The routed experts of :func:`moe_mlp`, plus the ``--shared_experts`` where given."""
+    ffn = moe_mlp(b, x)
+    if b.options.get("shared_experts"):
+        ffn = b.add(ffn, shared_experts(b, x), name="shared_sum")
+    return ffn
+
+
 def block(b: GraphBuilder, x: Tensor) -> Tensor:
     x = b.add(x, llama.attention(b, b.rmsnorm(x, "attention_norm")), name="residual1")
-    return b.add(x, moe_mlp(b, b.rmsnorm(x, "ffn_norm")), name="residual2")
+    return b.add(x, experts_ffn(b, b.rmsnorm(x, "ffn_norm")), name="residual2")
 
 
 def global_block(b: GraphBuilder, x: Tensor) -> Tensor:
     """An MoE layer whose attention sees every earlier key (``--full_attention_every``)."""
     h = b.rmsnorm(x, "attention_norm")
     x = b.add(x, llama.attention(b, h, full=True), name="residual1")
-    return b.add(x, moe_mlp(b, b.rmsnorm(x, "ffn_norm")), name="residual2")
+    return b.add(x, experts_ffn(b, b.rmsnorm(x, "ffn_norm")), name="residual2")
 
 
-def stack(options: Mapping[str, Any]) -> list[tuple[str, Any, int]]:
-    """The MoE layers: all alike, or local and global in turn (as gpt-oss's)."""
-    return llama.local_global_stack(options, block, global_block)
+def dense_block(b: GraphBuilder, x: Tensor) -> Tensor:
+    """One of the first ``--dense_layers`` layers: a SwiGLU MLP of ``dense_dff``."""
+    x = b.add(x, llama.attention(b, b.rmsnorm(x, "attention_norm")), name="residual1")
+    return b.add(x, llama.mlp(b, b.rmsnorm(x, "ffn_norm"), "dff_dense"), name="residual2")
+
+
+def dense_global_block(b: GraphBuilder, x: Tensor) -> Tensor:
+    """A dense layer whose attention sees every earlier key."""
+    h = b.rmsnorm(x, "attention_norm")
+    x = b.add(x, llama.attention(b, h, full=True), name="residual1")
+    return b.add(x, llama.mlp(b, b.rmsnorm(x, "ffn_norm"), "dff_dense"), name="residual2")
+
+
+def dense_layer_count(options: Mapping[str, Any]) -> int:
+    """The dense layers of a stack of ``num_stacks``: ``dense_layers``, at most
+    ``num_stacks - 1`` (one MoE layer at least)."""
+    return max(0, min(int(options.get("dense_layers") or 0), int(options["num_stacks"]) - 1))
+
+
+Layers = list[tuple[str, Callable[[GraphBuilder, Tensor], Tensor], int]]
+
+
+def stack(options: Mapping[str, Any]) -> Layers:
+    """The MoE layers: all alike, or local and global in turn (as gpt-oss's); the first
+    ``dense_layers`` of them dense (kinds ``dense`` and, for a global one, ``dense_global``)."""
+    layers = llama.local_global_stack(options, block, global_block)
+    dense = dense_layer_count(options)
+    if not dense:
+        return layers
+    if len(layers) == 1:  # one run of alike layers
+        kind, fn, count = layers[0]
+        return [("dense", dense_block, dense), (kind, fn, count - dense)]
+    swapped = {"local": ("dense", dense_block), "global": ("dense_global", dense_global_block)}
+    return [(*swapped[kind], 1) for kind, _, _ in layers[:dense]] + layers[dense:]
 
 
 @hookimpl

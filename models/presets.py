@@ -17,7 +17,8 @@ from importlib.resources import files
 from stg.api import Preset, hookimpl, load_presets
 
 FAMILIES = (
-    "gpt", "llama", "mixtral", "qwen3", "deepseek", "gpt-oss", "nemotron", "bert", "roberta",
+    "gpt", "llama", "llama4", "mixtral", "qwen3", "deepseek", "glm", "gpt-oss", "nemotron",
+    "mpt", "bert", "roberta",
 )  # fmt: skip
 """The families' files (``preset_data/<family>.toml``), in the order they register."""
 

@@ -51,6 +51,7 @@ from typing import Any
 
 import stg
 from stg.api import (
+    PIPELINE_ENDS,
     CollectiveType,
     GenerateOptions,
     KernelTable,
@@ -112,8 +113,9 @@ def degrees_of(options: GenerateOptions) -> dict[str, int]:
 
 def group_members(axes: Iterable[str], options: GenerateOptions) -> list[int]:
     """The ranks of rank 0's communicator over ``axes`` (mesh axes: on a folded expert
-    mesh, its pieces of the dense axes)."""
-    if options.ep_folded:
+    mesh, its pieces of the dense axes; along :data:`PIPELINE_ENDS`, its first- and
+    last-stage rank)."""
+    if options.ep_folded or PIPELINE_ENDS in axes:
         return list(layout_of(options).members(0, axes))
     degrees, stride = degrees_of(options), strides(options)
     members = [0]

@@ -189,6 +189,11 @@ def is_moe(o: GenerateOptions) -> bool:
     return name.startswith("moe") or name == "deepseek"
 
 
+def is_mpt(o: GenerateOptions) -> bool:
+    """MPT (the built-in ``mpt``): GPT's layout without biases or position embeddings."""
+    return o.model.lower().split(":")[-1] == "mpt"
+
+
 def is_mla(o: GenerateOptions) -> bool:
     """Multi-head latent attention (the built-in ``deepseek``)."""
     return o.model.lower().split(":")[-1] == "deepseek"
@@ -219,13 +224,14 @@ def head_size(o: GenerateOptions) -> int:
 
 
 def layer_kinds(o: GenerateOptions) -> list[str]:
-    """The block kind of every layer, as the built-in models stack them: ``deepseek``'s first
-    ``min(dense_layers, num_stacks - 1)`` layers are ``dense``, the others ``moe``
-    (models/deepseek.py); every layer of other models is ``block``."""
+    """The block kind of every layer, as the built-in models stack them: ``deepseek``'s and
+    ``moe``'s first ``min(dense_layers, num_stacks - 1)`` layers are ``dense``, the others
+    ``moe`` (deepseek) or ``block`` (models/deepseek.py, models/moe.py); every layer of other
+    models is ``block``."""
+    dense = max(0, min(o.dense_layers or 0, o.num_stacks - 1)) if is_moe(o) else 0
     if is_mla(o):
-        dense = max(0, min(o.dense_layers or 0, o.num_stacks - 1))
         return ["dense"] * dense + ["moe"] * (o.num_stacks - dense)
-    return ["block"] * o.num_stacks
+    return ["dense"] * dense + ["block"] * (o.num_stacks - dense)
 
 
 def stage_layer_kinds(o: GenerateOptions) -> list[dict[str, int]]:
@@ -330,7 +336,7 @@ def layer_parameters_per_rank(o: GenerateOptions, kind: str | None = None) -> in
     h·kv·d (d = dhead: h/a unless ``--dhead``), SwiGLU 3hF, two RMSNorms (2h), no biases.
     MoE layers (``moe``, ``deepseek``) hold E/ep routed experts' SwiGLUs (3hF each, split
     by etp: t unless ep folds), the router h·E (replicated) and ``shared_experts`` shared
-    SwiGLUs of F (split by t); DeepSeek's ``dense`` layers a SwiGLU of ``dense_dff``; its
+    SwiGLUs of F (split by t); their ``dense`` layers a SwiGLU of ``dense_dff``; DeepSeek's
     attention is :func:`mla_parameters_per_rank`. ``kind`` None: the model's MoE (or only) layer.
     """
     h, f, t = o.dmodel, o.dff, o.tp
@@ -344,14 +350,16 @@ def layer_parameters_per_rank(o: GenerateOptions, kind: str | None = None) -> in
         if kind == "dense":
             mlp = 3 * h * (o.dense_dff or f) // t
         elif is_moe(o):
-            shared = (o.shared_experts or 0) if is_mla(o) else 0
+            shared = o.shared_experts or 0
             routed = (o.experts // o.ep) * 3 * h * f // o.expert_tp
             mlp = routed + h * o.experts + shared * 3 * h * f // t
         else:
             mlp = 3 * h * f // t
         return attention + mlp + 2 * h
-    experts_per_rank = o.experts // o.ep if is_moe(o) else 1
     width = o.head * head_size(o)  # a·d: h unless --dhead
+    if is_mpt(o):  # no biases, LayerNorm weights only
+        return (4 * h * width + 2 * h * f) // t + 2 * h
+    experts_per_rank = o.experts // o.ep if is_moe(o) else 1
     attention = (3 * h * width + 3 * width) // t + width * h // t + h
     mlp = experts_per_rank * ((2 * h * f + f) // t + h)
     return attention + mlp + 4 * h
@@ -369,10 +377,12 @@ def routed_parameters_per_rank(o: GenerateOptions, kind: str | None = None) -> i
 def count_parameters(options: Mapping[str, Any] | GenerateOptions) -> list[StageParameters]:
     """Analytical parameter counts per rank of each pipeline stage (for GPT and Llama).
 
-    GPT: vocabulary-parallel word embedding (V·h/t) and learned positions (s·h) on the first
-    stage; final LayerNorm (2h) on the last; the LM head is tied to the word embedding, and a
-    separate copy (V·h/t) lives on the last stage when pp > 1. Llama: untied LM head (V·h/t),
-    final RMSNorm (h), no position embedding.
+    GPT: vocabulary-parallel word embedding (V·h/t) and learned positions (s·h; none for MPT,
+    whose layers also have no biases) on the first stage; final LayerNorm (2h; h for MPT) on
+    the last; the LM head is tied to the word embedding, and a separate copy (V·h/t) lives on
+    the last stage when pp > 1 (MPT: as Llama's). Llama: untied LM head (V·h/t;
+    with ``tie_embeddings`` the embedding's, a copy on the last stage when pp > 1), final
+    RMSNorm (h), no position embedding.
     """
     o = as_options(options)
     h, v, t = o.dmodel, o.dvocal, o.tp
@@ -385,10 +395,11 @@ def count_parameters(options: Mapping[str, Any] | GenerateOptions) -> list[Stage
         embedding = 0
         head = 0
         if first:
-            embedding = v * h // t + (0 if llama else o.seq * h)
+            embedding = v * h // t + (0 if llama or is_mpt(o) else o.seq * h)
         if last:
-            head = h if llama else 2 * h
-            if llama or o.pp > 1:
+            head = h if llama or is_mpt(o) else 2 * h
+            untied = (llama or is_mpt(o)) and not o.tie_embeddings
+            if untied or o.pp > 1:  # tied: the embedding's at pp 1
                 head += v * h // t
             head += mtp_parameters_per_rank(o)
         held = sum(layer_parameters_per_rank(o, kind) * n for kind, n in counts.items())
@@ -485,7 +496,7 @@ def activation_bytes_per_layer(
             slots = o.experts * capacity / (o.ep * o.expert_dp)  # this rank's routed slots
             sharded += (3 * e + silu_output) * slots * f * (t / o.expert_tp)
             replicated += e * slots * 2 * h * sp_divisor + e * 2 * sb * o.experts
-            shared = (o.shared_experts or 0) if is_mla(o) else 0
+            shared = o.shared_experts or 0
             sharded += (3 * e + silu_output) * shared * sb * f
         else:
             mlp = (3 * e + silu_output) * sb * f / t
@@ -716,7 +727,7 @@ def gemm_weights_per_rank(o: GenerateOptions, kind: str | None = None) -> dict[s
         weights["router"] = h * o.experts
         experts = (o.experts // o.ep) * h * f / o.expert_tp
         weights.update(dict.fromkeys(("expert_gate", "expert_up", "expert_down"), experts))
-        shared = (o.shared_experts or 0) if is_mla(o) else 0
+        shared = o.shared_experts or 0
         if shared:
             names = ("shared_gate", "shared_up", "shared_down")
             weights.update(dict.fromkeys(names, shared * h * f / t))
@@ -893,10 +904,11 @@ def fsdp_unit_parameters(
     h, v, t = o.dmodel, o.dvocal, o.tp
     llama = model_family(o.model) == "llama"
     units = [layer_parameters_per_rank(o, kind) for kind, n in kinds.items() if n]
+    bare = llama or is_mpt(o)  # no position embedding, no norm bias
     if has_embedding:
-        units.append(v * h // t + (0 if llama else o.seq * h))
+        units.append(v * h // t + (0 if bare else o.seq * h))
     if has_head:
-        units.append((h if llama else 2 * h) + (v * h // t if llama or o.pp > 1 else 0))
+        units.append((h if bare else 2 * h) + (v * h // t if bare or o.pp > 1 else 0))
     return units
 
 

@@ -64,7 +64,7 @@ from stg.host.records import (
 )
 
 if TYPE_CHECKING:
-    from stg.core.layout import Layout
+    from stg.core.layout import PIPELINE_ENDS, Layout
     from stg.core.offload import check_offload, held_activation_peak
     from stg.core.options import GenerateOptions, OptionError
     from stg.core.pipeline import build_workload, name_in_micro_batch
@@ -141,6 +141,7 @@ if TYPE_CHECKING:
 
 _LAZY: dict[str, tuple[str, str | None]] = {
     "Layout": ("stg.core.layout", "Layout"),
+    "PIPELINE_ENDS": ("stg.core.layout", "PIPELINE_ENDS"),
     "GenerateOptions": ("stg.core.options", "GenerateOptions"),
     "OptionError": ("stg.core.options", "OptionError"),
     "build_workload": ("stg.core.pipeline", "build_workload"),
@@ -258,6 +259,7 @@ __all__ = [
     "DTYPE_BYTES",
     "EAGER_OP_HOST_S",
     "NODE_SEMANTICS",
+    "PIPELINE_ENDS",
     "RECIPES",
     "AttentionSpan",
     "BenchOp",

@@ -187,7 +187,8 @@ def check_preset(
 
     The model's parameters as the template builds them (:func:`stg.core.modelinfo.
     model_parameters`; less dvocal·dmodel where the published model ties its LM head to the
-    embedding) must be within ``tolerance`` (relative) of ``published_parameters``, and its
+    embedding and the preset builds it untied, without ``tie_embeddings``) must be within
+    ``tolerance`` (relative) of ``published_parameters``, and its
     active parameters within ``active_tolerance`` (default ``tolerance``) of
     ``published_active_parameters``, where the preset states them. Then the preset is built
     and lowered with ``num_stacks`` 2 (or its own, if fewer), one micro-batch of one sample
@@ -204,7 +205,8 @@ def check_preset(
     record = registry.presets.get(name)
     full = GenerateOptions(**values)
     counts = model_parameters(registry.models.get(full.model), full, generate.symbol_values(full))
-    compared = counts["parameters"] - (full.dvocal * full.dmodel if record.tied_embeddings else 0)
+    untied_copy = record.tied_embeddings and not full.tie_embeddings  # the template's own head
+    compared = counts["parameters"] - (full.dvocal * full.dmodel if untied_copy else 0)
     checks = (
         ("parameters", compared, record.published_parameters, tolerance),
         (

@@ -212,7 +212,8 @@ def test_unknown_name_without_failures_is_unchanged() -> None:
     assert not registry.failures
     with pytest.raises(UnknownNameError) as info:
         registry.models.get("no-such-model")
-    allowed = "bert, bert-qa, deepseek, gated-deltanet, gpt, hybrid, llama, mamba2, moe, roberta, "
+    allowed = "bert, bert-qa, deepseek, gated-deltanet, gpt, hybrid, llama, mamba2, moe, mpt, "
+    allowed += "roberta, "
     allowed += "roberta-mc"
     assert str(info.value) == f"unknown model 'no-such-model'; allowed: {allowed}"
 

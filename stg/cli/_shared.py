@@ -192,13 +192,21 @@ SPECS: dict[str, tuple[str, _Spec]] = {
     ),
     "shared_experts": (
         _MODEL,
-        _Spec("Shared experts beside the routed ones, used by every token (DeepSeek)."),
+        _Spec(
+            "Shared experts of dff beside the routed ones, used by every token (DeepSeek, "
+            "Llama 4, Qwen3-Next, GLM-4.5; moe, deepseek and hybrid E layers)."
+        ),
     ),
     "dense_layers": (
         _MODEL,
-        _Spec("Dense layers before the MoE layers (DeepSeek-V3: 3; at most num_stacks-1)."),
+        _Spec(
+            "Dense layers before the MoE layers (DeepSeek-V3, GLM-4.5: 3; at most num_stacks-1)."
+        ),
     ),
-    "dense_dff": (_MODEL, _Spec("FFN hidden size of the dense layers (default: dff).")),
+    "dense_dff": (
+        _MODEL,
+        _Spec("FFN hidden size of the dense layers and hybrid - layers (default: dff)."),
+    ),
     "q_lora_rank": (
         _MODEL,
         _Spec("Latent attention: rank of the query compression (unset: no compression)."),
@@ -237,6 +245,15 @@ SPECS: dict[str, tuple[str, _Spec]] = {
         _MODEL,
         _Spec(
             "Gate attention's output by a sigmoid of a projection (Qwen3-Next).",
+            parser=parse_bool,
+            metavar=BOOL,
+        ),
+    ),
+    "tie_embeddings": (
+        _MODEL,
+        _Spec(
+            "One matrix for the word embedding and the LM head (MPT, Llama 3.2 1B/3B); with "
+            "pp > 1 a copy on the last stage, gradients all-reduced over the first and last.",
             parser=parse_bool,
             metavar=BOOL,
         ),

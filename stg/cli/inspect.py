@@ -261,7 +261,12 @@ def _preset_line(report: dict[str, Any], verbose: bool) -> str:
         counts.append(
             f"published {_published_billions(preset['published_parameters'])} parameters, "
             f"this template "
-            f"{_billions(totals['parameters'])}" + (tied if preset["tied_embeddings"] else "")
+            f"{_billions(totals['parameters'])}"
+            + (
+                tied
+                if preset["tied_embeddings"] and not preset["dims"].get("tie_embeddings")
+                else ""
+            )
         )
     if preset["published_active_parameters"]:
         counts.append(

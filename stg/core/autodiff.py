@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from stg.core.layout import PIPELINE_ENDS
 from stg.core.sharding import Sharding
 from stg.core.symbolic import GraphBuilder, Op, Tensor
+from stg.errors import UserError
 
 
 def _key(t: Tensor) -> int:
@@ -84,6 +86,11 @@ def build_backward(b: GraphBuilder, seed: Tensor | None, loss: Tensor | None = N
             g = grads.total(w, conform=False)
             if g is not None:
                 part.weight_grads[w] = g
+        held = {id(w) for w in part.weights}
+        for w in part.copies:  # a tied LM head on the embedding's stage: no weight of its own
+            g = grads.total(w, conform=False) if id(w) not in held else None
+            if g is not None:
+                part.copy_grads.append(g)
         for t in part.inputs:
             if t.kind == "input" and grads.contributions.get(_key(t)):
                 part.grad_input = grads.total(t, conform=True)
@@ -231,14 +238,27 @@ def build_grad_reduction(b: GraphBuilder, shard_optimizer_over: tuple[str, ...] 
     weight gradient (partial over the data axes) into the sharding of its weight; with ZeRO-1/2
     (``shard_optimizer_over``) a reduce-scatter into a flat split (``Sharding.flat``: the
     padded flat buffer, as DeepSpeed and Megatron's distributed optimizer shard it) instead,
-    and in the update phase the all-gather of the updated weight shards."""
+    and in the update phase the all-gather of the updated weight shards. The gradient of a
+    tied weight (``part.tied``: a word embedding and its LM-head copy on another stage) is
+    then all-reduced over the first and last pipeline stage (:data:`PIPELINE_ENDS`), as
+    Megatron-LM's ``_allreduce_word_embedding_grads`` does after the data-parallel
+    reduction."""
     part = b.part
     axes = b._axes(shard_optimizer_over)
+    tied = {id(w) for w in part.tied} if b._pipelined else set()
     for w, g in part.weight_grads.items():
         flat = b._zero_axes_of(w.dims, w.sharding, axes)  # routed experts: over edp
         want = w.sharding.with_flat(flat) if flat else w.sharding
         with b.phase("reduce"):
-            b.reshard(g, want)
+            reduced = b.reshard(g, want)
+            if id(w) in tied:
+                if flat:
+                    raise UserError(
+                        "tie_embeddings with pp > 1 and a sharded optimizer (zero 1 or 2) is "
+                        "not modelled; allowed: zero 0"
+                    )
+                embedding_group = b.reshard(reduced, want.with_partial({PIPELINE_ENDS}))
+                b.reshard(embedding_group, want)
         if flat:
             with b.phase("update"):
                 shard = Tensor(w.name, w.dims, want, w.dtype, kind="weight")

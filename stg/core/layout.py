@@ -31,6 +31,11 @@ UNFOLDED_AXIS_PARTS: Mapping[str, tuple[str, ...]] = {"etp": ("tp",), "edp": ("d
 over ``tp`` and hold the same shards on the ``dp·sp`` ranks (``edp``). A folded mesh
 (:func:`fold_mesh`) maps every named axis."""
 MAX_WORLD_SIZE = 2**24
+PIPELINE_ENDS = "pp_ends"
+"""A collective axis that is not a mesh axis: the first and the last pipeline stage (two
+ranks along ``pp``, one per stage at the ends), Megatron-LM's embedding group, over which
+the gradients of a tied word embedding and its LM-head copy are all-reduced. Ranks of the
+middle stages are in no group along it."""
 """The most ranks a layout numbers (16,777,216): every rank gets a file and per-rank tables,
 so a larger world is refused with one error line instead of running out of memory."""
 
@@ -175,7 +180,7 @@ class Layout:
                 continue
             ids = [0] * self.world_size
             for rank in range(self.world_size):
-                if ids[rank]:
+                if ids[rank] or (PIPELINE_ENDS in key and not self._at_pipeline_end(rank)):
                     continue
                 members = self.members(rank, key)
                 for member in members:
@@ -192,14 +197,20 @@ class Layout:
         return self.rank_order
 
     def degree(self, axis: str) -> int:
+        if axis == PIPELINE_ENDS:
+            return min(2, self.degree("pp"))
         return int(self.degrees.get(axis, 1))
+
+    def _at_pipeline_end(self, rank: int) -> bool:
+        return self.stage(rank) in (0, self.degree("pp") - 1)
 
     @property
     def world_size(self) -> int:
         return prod(self.degree(a) for a in self.axes)
 
     def _canonical(self, axes: Iterable[str]) -> tuple[str, ...]:
-        return tuple(a for a in self.axes if a in set(axes) and self.degree(a) > 1)
+        wanted = set(axes)
+        return tuple(a for a in (*self.axes, PIPELINE_ENDS) if a in wanted and self.degree(a) > 1)
 
     def coords(self, rank: int) -> dict[str, int]:
         """The mesh coordinate of a global rank."""
@@ -213,9 +224,14 @@ class Layout:
         return (rank // self._strides["pp"]) % self.degree("pp")
 
     def members(self, rank: int, axes: Iterable[str]) -> tuple[int, ...]:
-        """Sorted ranks that differ from ``rank`` only along ``axes``."""
+        """Sorted ranks that differ from ``rank`` only along ``axes`` (along
+        :data:`PIPELINE_ENDS`: its rank of the first and of the last stage)."""
         members = [rank]
         for axis in self._canonical(axes):
+            if axis == PIPELINE_ENDS:
+                last = self.degree("pp") - 1
+                members = [self.peer(m, stage) for m in members for stage in (0, last)]
+                continue
             base = rank - ((rank // self._strides[axis]) % self.degree(axis)) * self._strides[axis]
             members = [
                 m - (rank - base) + i * self._strides[axis]

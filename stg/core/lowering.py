@@ -784,6 +784,10 @@ class BoundPart:
     weight_copy_bytes: int = 0
     """bytes of a low-precision recipe's quantized weight copies and their scales, which the
     rank keeps across the micro-batches (:func:`stg.core.recipes.weight_copy_bytes`)"""
+    tied_keys: tuple[int, ...] = ()
+    """keys of the gradients of tied weights (``Part.tied``) and of the copies of them that
+    the part does not hold (``Part.copy_grads``): on one stage, the gradient reduction of the
+    holder waits for the copies' (a tied LM head's gradient adds to the embedding's)"""
 
     @property
     def fp8_gemms(self) -> int:
@@ -946,6 +950,8 @@ def bind_part(
             for site in sites
             if site.operand == "weight"
         ),
+        tuple(key(part.weight_grads[w]) for w in part.tied if w in part.weight_grads)
+        + tuple(key(g) for g in part.copy_grads),
     )
 
 
@@ -1347,6 +1353,7 @@ def lower_stage(
     repeats: dict[tuple[int, str], list[BoundOp]] = {}
     saved: dict[tuple[str | int, int], Env] = {}  # (layer or part name, micro-batch) -> env
     grads: dict[str | int, dict[int, list[int]]] = {}  # layer or part name -> grad nodes
+    copy_grads: list[int] = []  # nodes of a tied LM head's gradient on the embedding's stage
     final_nodes: list[int] = []
     backwards_left: dict[int, int] = {}
     for direction, _mb, chunk in order:
@@ -1578,8 +1585,13 @@ def lower_stage(
         store = grads.setdefault(owner, {})
         for k in bp.grad_keys:
             store.setdefault(k, []).extend(env.get(k, ()))
+        if owner == "head":
+            copy_grads.extend(n for k in bp.tied_keys for n in env.get(k, ()))
         if reduce_now:
             reduce_env: Env = {k: tuple(v) for k, v in grads.pop(owner).items()}
+            if owner == "embedding" and copy_grads:  # the tied head's gradient adds first
+                for k in bp.tied_keys:
+                    reduce_env[k] = (*reduce_env.get(k, ()), *copy_grads)
             if bp.reduce:
                 name = prefix.split("/", 1)[1]
                 out.run(

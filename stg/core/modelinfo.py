@@ -122,6 +122,13 @@ def routed_weights(part: Part) -> list[Tensor]:
     return list(routed.values())
 
 
+def own_weights(part: Part) -> list[Tensor]:
+    """The weights of ``part`` less the copies of another part's (a tied LM head's, on its
+    own pipeline stage): each parameter of the model once."""
+    copies = {id(w) for w in part.copies}
+    return [w for w in part.weights if id(w) not in copies]
+
+
 def active_parameters(part: Part) -> sympy.Expr:
     """Parameters one token uses: every weight, routed experts' weights (:func:`routed_weights`)
     counted for ``kexperts`` of their ``experts`` slices (the "active" count of mixtures of
@@ -129,14 +136,14 @@ def active_parameters(part: Part) -> sympy.Expr:
     routed = {id(t) for t in routed_weights(part)}
     share = KExperts / Experts
     total = sympy.Integer(0)
-    for w in part.weights:
+    for w in own_weights(part):
         total += w.numel * share if id(w) in routed else w.numel
     return total
 
 
 def describe_part(part: Part) -> dict[str, sympy.Expr]:
     return {
-        "parameters": sympy.simplify(sum((w.numel for w in part.weights), sympy.Integer(0))),
+        "parameters": sympy.simplify(sum((w.numel for w in own_weights(part)), sympy.Integer(0))),
         "active_parameters": sympy.simplify(active_parameters(part)),
         "forward_flops": sympy.simplify(
             sum((op_flops(op) for op in part.forward), sympy.Integer(0))
@@ -181,7 +188,7 @@ def model_parameters(
     counts = {"parameters": 0, "active_parameters": 0}
     for name, layers in model_units(model, options):
         part = build_unsharded(model, name, options)
-        total = sum((w.numel for w in part.weights), sympy.Integer(0))
+        total = sum((w.numel for w in own_weights(part)), sympy.Integer(0))
         for key, expr in (("parameters", total), ("active_parameters", active_parameters(part))):
             counts[key] += int(sympy.sympify(expr).xreplace(dict(values))) * layers
     return counts

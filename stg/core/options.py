@@ -221,7 +221,11 @@ class GenerateOptions:
     ``ssm_head_dim``, ``ssm_groups`` and ``ssm_chunk`` and gated DeltaNet's
     ``linear_key_heads``, ``linear_value_heads`` and ``linear_head_dim``. DeepSeek's sparse
     attention (DSA, DeepSeek-V3.2): ``index_topk`` keys per query picked by a lightning
-    indexer of ``index_heads`` heads of ``index_head_dim``.
+    indexer of ``index_heads`` heads of ``index_head_dim``. ``tie_embeddings`` shares one
+    matrix between the word embedding and the LM head (MPT, Gemma, Llama 3.2 1B/3B): one
+    weight with pp 1; with pp > 1 a copy on the last stage whose gradient, and the
+    embedding's, are all-reduced over the first and last stage, as Megatron-LM's embedding
+    group does (:data:`stg.core.layout.PIPELINE_ENDS`).
     ``amax_history`` is the length of Transformer Engine's amax history of every fp8 tensor
     (``DelayedScaling.amax_history_len``, default 1024): a training run with fp8 GEMMs under
     the ``megatron`` profile carries TE's delayed-scaling bookkeeping (:mod:`stg.core.fp8`),
@@ -323,6 +327,7 @@ class GenerateOptions:
     index_topk: int | None = None
     index_heads: int | None = None
     index_head_dim: int | None = None
+    tie_embeddings: bool | None = None
     dp: int = 1
     tp: int = 1
     sp: int = 1

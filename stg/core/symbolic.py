@@ -222,6 +222,14 @@ class Part:
     aux_losses: list[Tensor] = field(default_factory=list)
     """losses of the part besides the model's (:meth:`GraphBuilder.aux_loss`): the backward
     starts from each as from the loss"""
+    tied: list[Tensor] = field(default_factory=list)
+    """weights of a tied pair (:meth:`GraphBuilder.weight`'s ``tied``) held by this part:
+    under pipeline parallelism their gradients are all-reduced over the embedding group"""
+    copies: list[Tensor] = field(default_factory=list)
+    """weights that another part holds (a tied LM head's): counted there, once"""
+    copy_grads: list[Tensor] = field(default_factory=list)
+    """the gradients of ``copies`` that this part's backward computes without reducing them:
+    they add to the holder's gradient (a tied LM head's at pp 1)"""
 
 
 def _view_groups(
@@ -371,6 +379,11 @@ class GraphBuilder:
         self._names: dict[str, int] = {}
 
     # ----------------------------------------------------------------- helpers
+    @property
+    def _pipelined(self) -> bool:
+        """Whether the embedding and the head run on different pipeline stages (pp > 1)."""
+        return int(self.options.get("pp") or 1) > 1
+
     def _axes(self, axes: Iterable[str] | str | None) -> Axes:
         """The active mesh axes of named axes (``axis_parts`` maps a name to the mesh axes
         it is made of: ``etp`` to ``tp``, or on a folded mesh ``tp`` to ``tp.etp, tp.ep``)."""
@@ -502,10 +515,33 @@ class GraphBuilder:
         name: str,
         dims: str | Sequence[Dim | str],
         shard: Mapping[str, Iterable[str] | str] | None = None,
+        tied: str | None = None,
     ) -> Tensor:
         """A parameter. ``shard`` maps dimension names to the mesh axes that split them,
-        e.g. ``{"dff": "tp"}`` for a column-parallel weight."""
+        e.g. ``{"dff": "tp"}`` for a column-parallel weight. ``tied`` marks one matrix shared
+        by the embedding and the head (``--tie_embeddings``): ``"embedding"`` where it is
+        held, ``"copy"`` where the head reads it. Without pipeline parallelism the copy is
+        the embedding's weight (no parameters, gradient reduction or optimizer state of its
+        own: its gradient adds to the embedding's); with pp > 1 it is a weight of the last
+        stage, as Megatron-LM keeps one, and both gradients are all-reduced over the first
+        and last stage (:func:`stg.core.autodiff.build_grad_reduction`)."""
+        if tied not in (None, "embedding", "copy"):
+            raise ValueError(f"tied={tied!r}; allowed: None, 'embedding', 'copy'")
+        if tied and self.fsdp_axes:
+            raise UserError(
+                "tie_embeddings with weight_sharded (FSDP) is not modelled; allowed: "
+                "weight_sharded false"
+            )
         dim_tuple = self._dims(dims)
+        if tied:
+            sharding = Sharding(tuple(self._axes((shard or {}).get(d.name)) for d in dim_tuple))
+            tensor = Tensor(self._unique(name), dim_tuple, sharding, self.weight_dtype, "weight")
+            if tied == "copy":
+                self.part.copies.append(tensor)
+            if tied == "embedding" or self._pipelined:
+                self.part.weights.append(tensor)
+                self.part.tied.append(tensor)
+            return tensor
         if self.kv_cache is not None and any(d.name == "seq" for d in dim_tuple):
             return self.kv_cache.position_weight(self, name, dim_tuple, shard or {})
         sharding = Sharding(tuple(self._axes((shard or {}).get(d.name)) for d in dim_tuple))

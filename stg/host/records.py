@@ -45,6 +45,7 @@ MODEL_OPTIONS: tuple[str, ...] = (
     "index_topk",
     "index_heads",
     "index_head_dim",
+    "tie_embeddings",
 )
 """Options that only some models read (attention variants, hybrid stacks): one that is set
 while no part of the chosen model reads it is refused
@@ -377,17 +378,18 @@ class Preset:
     ``model`` is the registered model the preset builds (a name, an alias or ``dist:name``);
     ``dims`` the dimensions it fills (keys from ``PRESET_DIMS``: ``dmodel``, ``num_stacks``,
     ...; every value a positive integer, ``capacity_factor`` a positive number,
-    ``attention_sinks``, ``attention_output_gate`` and ``causal`` booleans, ``layer_pattern`` and
-    ``mlp_activation`` strings). Options given explicitly override them. ``source`` cites where
-    the numbers come from (the paper, its table, the released config). ``published_parameters``
-    and ``published_active_parameters`` are the parameter counts the source states (total, and
-    per token for mixtures of experts), as plain numbers (46.7e9), for comparison with what the
-    template builds; ``tied_embeddings`` says that the published model shares one matrix between
-    the word embedding and the LM head and counts it once (stg's built-in templates give the LM
-    head its own weight, dvocal·dmodel more). ``vocab_divisible_by`` pads the preset's
-    vocabulary, as Megatron-LM's ``--make-vocab-size-divisible-by`` does, to a multiple of
-    ``vocab_divisible_by · tp`` (GPT-3's 50,257 tokens: 50,304 at tp 1, 51,200 at tp 8), so that
-    every tensor-parallel degree divides it; an explicit ``--dvocal`` is kept.
+    ``attention_sinks``, ``attention_output_gate``, ``tie_embeddings`` and ``causal`` booleans,
+    ``layer_pattern`` and ``mlp_activation`` strings). Options given explicitly override them.
+    ``source`` cites where the numbers come from (the paper, its table, the released config).
+    ``published_parameters`` and ``published_active_parameters`` are the parameter counts the
+    source states (total, and per token for mixtures of experts), as plain numbers (46.7e9), for
+    comparison with what the template builds; ``tied_embeddings`` says that the published model
+    shares one matrix between the word embedding and the LM head and counts it once (a template
+    without ``tie_embeddings`` true in ``dims`` gives the LM head its own weight, dvocal·dmodel
+    more). ``vocab_divisible_by`` pads the preset's vocabulary, as Megatron-LM's
+    ``--make-vocab-size-divisible-by`` does, to a multiple of ``vocab_divisible_by · tp``
+    (GPT-3's 50,257 tokens: 50,304 at tp 1, 51,200 at tp 8), so that every tensor-parallel
+    degree divides it; an explicit ``--dvocal`` is kept.
     """
 
     name: str
@@ -427,7 +429,7 @@ class Preset:
                     f"preset {self.name!r}: dims key {key!r} is not allowed; allowed: "
                     f"{', '.join(PRESET_DIMS)}"
                 )
-            if key in ("attention_sinks", "attention_output_gate", "causal"):
+            if key in ("attention_sinks", "attention_output_gate", "causal", "tie_embeddings"):
                 if not isinstance(value, bool):
                     raise RecordError(
                         f"preset {self.name!r}: {key}={value!r} must be true or false"
