@@ -102,3 +102,14 @@ def test_help_with_a_plugin_of_records_skips_the_symbolic_core() -> None:
     modules = imported("-p", "stg_fake_good", "--help", env=env)
     assert "stg_fake_good" in modules
     assert not modules & {*SYMBOLIC, *PLUGINS}
+
+
+@pytest.mark.parametrize("command", ["predict", "generate", "search"])
+def test_help_that_lists_models_and_predictors_loads_none_of_them(command: str) -> None:
+    # {allowed:models} and {allowed:predictors} come from stg.host.deferred's table
+    modules = imported(command, "--help")
+    assert not modules & {*SYMBOLIC, *PLUGINS}
+    # the presets' TOML data is read without the symbolic core
+    assert {m for m in modules if m.startswith(("stg.models.", "stg.predictors."))} <= {
+        "stg.models.presets"
+    }
