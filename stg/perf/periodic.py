@@ -408,7 +408,7 @@ def replay_periodic(
     if total < built or (total > built and name_at is None):
         return None
     stages = len({u.stage for u in problem.units})
-    indexed = [_Indexed(u.nodes, mbs) for u, mbs in zip(problem.units, per_unit, strict=True)]
+    indexed: list[_Indexed] = []  # once a replay is worth trying
     for period in [only_period] if only_period else sorted({1, max(1, stages)}):
         if total % period or (built - total) % period:
             continue
@@ -420,6 +420,10 @@ def replay_periodic(
         # decays without ever repeating exactly, the full replay follows them)
         while keep + period <= built and (2 * (2 * keep + period) <= total or not only_if_cheaper):
             cut = cut_at(keep, stages, period, chunks)
+            if not indexed:
+                indexed = [
+                    _Indexed(u.nodes, mbs) for u, mbs in zip(problem.units, per_unit, strict=True)
+                ]
             costs = Costs()  # the two problems share most node objects
             try:
                 short = replay(
