@@ -87,8 +87,10 @@ class _Indexed:
     def __init__(self, nodes: Sequence[Any], micro_batch: list[int | None]) -> None:
         self.nodes = nodes
         self.micro_batch = micro_batch
+        self.position: Mapping[int, int] | range
+        """each node's position, by id (a range where every id is its position)"""
         if all(n.id == i for i, n in enumerate(nodes)):
-            self.position: Mapping[int, int] = _Identity()
+            self.position = range(len(nodes))
         else:
             self.position = {n.id: i for i, n in enumerate(nodes)}
         self.members: dict[int, list[int]] = {}
@@ -138,13 +140,6 @@ class _Indexed:
         self._index(own)
         self._index(mb)
         return self.by_key.get((mb, self.keys[k]))
-
-
-class _Identity(dict):  # type: ignore[type-arg]
-    """Node positions where every node's id is its position."""
-
-    def __missing__(self, key: int) -> int:
-        return key
 
 
 def _micro_batches(problem: Problem) -> tuple[list[list[int | None]], int | None]:
