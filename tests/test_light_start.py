@@ -118,5 +118,7 @@ def test_help_that_lists_models_and_predictors_loads_none_of_them(command: str) 
 def test_a_prediction_loads_only_the_model_and_predictor_it_uses() -> None:
     args = ["--model", "gpt", "--num_stacks", "2", "--predictor", "analytical", "--json"]
     modules = imported("predict", *args)
-    builtins = {m for m in modules if m.startswith(("stg.models.", "stg.predictors."))}
+    plugins = ("stg.models.", "stg.predictors.", "stg.emitters.")
+    builtins = {m for m in modules if m.startswith(plugins)}
     assert builtins == {"stg.models.gpt", "stg.models.presets", "stg.predictors.analytical"}
+    assert not modules & {*SCHEMAS, "google.protobuf"}  # no trace is written or read

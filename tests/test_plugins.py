@@ -335,9 +335,11 @@ def test_the_deferred_table_lists_what_each_module_registers(module_name: str) -
     module = importlib.import_module(module_name)
     registry = _load(module)
     (info,) = registry.plugins
-    assert dict(info.registered) == dict(DEFERRED_BUILTINS[module_name])
-    for catalog, names in info.registered.items():
-        assert all(not registry.catalog(catalog).lookup(n).aliases for n in names)
+    table = DEFERRED_BUILTINS[module_name]
+    assert dict(info.registered) == {catalog: tuple(names) for catalog, names in table.items()}
+    for catalog, names in table.items():
+        for name, aliases in names.items():
+            assert registry.catalog(catalog).lookup(name).aliases == aliases
 
 
 def test_deferred_builtins_register_as_if_loaded_eagerly() -> None:
@@ -345,9 +347,9 @@ def test_deferred_builtins_register_as_if_loaded_eagerly() -> None:
     eager = _load(*(importlib.import_module(n) for n in builtin_module_names()))
     assert [info.name for info in deferred.plugins] == [info.name for info in eager.plugins]
     for catalog in ("models", "predictors", "emitters", "schedules", "presets"):
-        names = [(e.name, e.plugin) for e in eager.catalog(catalog)]
+        names = [(e.name, e.plugin, e.aliases) for e in eager.catalog(catalog)]
         assert deferred.catalog(catalog).names() == eager.catalog(catalog).names()
-        assert [(e.name, e.plugin) for e in deferred.catalog(catalog)] == names
+        assert [(e.name, e.plugin, e.aliases) for e in deferred.catalog(catalog)] == names
         assert [e.item for e in deferred.catalog(catalog)] == [
             e.item for e in eager.catalog(catalog)
         ]
@@ -365,6 +367,9 @@ def test_a_deferred_module_loads_once_on_first_lookup(monkeypatch: pytest.Monkey
     assert registry.predictors.get("time").name == "time"
     registry.predictors.get("time")
     assert [n for n in imports if n in DEFERRED_BUILTINS] == ["stg.predictors.time"]
+    assert "v0.0.4" in registry.emitters  # an alias, known before the module loads
+    assert registry.emitters.get("v0.0.4").name == "chakra-v0.0.4"
+    assert imports[-1] == "stg.emitters.chakra_v004"
     # given again as a plugin object, the module is the same plugin, not a second "time"
     registry.add_plugin(importlib.import_module("stg.models.gpt"), "stg.models.gpt")
     assert registry.models.lookup("gpt").plugin == "stg.models.gpt"

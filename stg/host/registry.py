@@ -394,11 +394,12 @@ class Registry:
 
     def _defer(self, module_name: str) -> None:
         """Pending entries for what a deferred built-in module registers."""
-        registered = dict(DEFERRED_BUILTINS[module_name])
+        table = DEFERRED_BUILTINS[module_name]
+        registered = {catalog: tuple(names) for catalog, names in table.items()}
         info = PluginInfo(module_name, BUILTIN_DIST, stg.__version__, SOURCE_BUILTIN, registered)
-        for catalog, names in registered.items():
+        for catalog, names in table.items():
             entries = self.catalog(catalog)._entries
-            entries.extend(_Pending(n, (), *astuple_of(info)) for n in names)
+            entries.extend(_Pending(n, a, *astuple_of(info)) for n, a in names.items())
         self.plugins.append(info)
         self._deferred[module_name] = info
 
