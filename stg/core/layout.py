@@ -199,7 +199,8 @@ class Layout:
         return prod(self.degree(a) for a in self.axes)
 
     def _canonical(self, axes: Iterable[str]) -> tuple[str, ...]:
-        return tuple(a for a in self.axes if a in set(axes) and self.degree(a) > 1)
+        wanted = set(axes)
+        return tuple(a for a in self.axes if a in wanted and self.degree(a) > 1)
 
     def coords(self, rank: int) -> dict[str, int]:
         """The mesh coordinate of a global rank."""
