@@ -102,8 +102,6 @@ from stg.perf.kernels import KernelTable, kernel_name
 from stg.perf.system import System, op_class
 
 COMPUTE, COLL, SEND, RECV, INSTANT = 0, 1, 2, 3, 4
-_COMPUTE_TYPES = frozenset((NodeType.COMP, NodeType.MEM_LOAD, NodeType.MEM_STORE))
-"""node types that run on the compute stream"""
 KIND_NAMES = {COMPUTE: "compute", COLL: "collective", SEND: "send", RECV: "recv", INSTANT: "other"}
 
 
@@ -711,7 +709,6 @@ class _Sim:
         # units of one rank class share (the same objects) are keyed once
         cost_cache = self.cost_caches.setdefault(device.name, {})
         memo = self.compute_memo.setdefault(device.name, {})
-        compute_types = _COMPUTE_TYPES
         for i, node in enumerate(nodes):
             data, ctrl = node.data_deps, node.ctrl_deps
             deps = data if not ctrl and len(data) < 2 else set(data) | set(ctrl)
@@ -722,7 +719,7 @@ class _Sim:
                 children[j].append(i)
             pending[i] = len(deps)
             t = node.type
-            if t in compute_types:
+            if t in (NodeType.COMP, NodeType.MEM_LOAD, NodeType.MEM_STORE):
                 kind[i] = COMPUTE
                 known = memo.get(id(node))
                 if known is not None and known[0] is node:
