@@ -3,7 +3,8 @@
     python benchmarks/startup.py [--repeats 5] [--json]
 
 Runs, ``--repeats`` times each (default 5), in a fresh ``python`` process: ``import stg.cli``,
-``stg --help``, ``stg feed`` on a one-rank trace (``stg generate --model gpt --num_stacks 2``,
+``stg --help``, ``stg predict --help`` and ``stg generate --help`` (which list the models and
+predictors), ``stg feed`` on a one-rank trace (``stg generate --model gpt --num_stacks 2``,
 written once into a temporary directory) and ``stg
 predict --predictor analytical`` for GPT-3 175B on 1,024 A100s (tp 8, pp 16, dp 8, batch
 1,536, 192 micro-batches), and prints the median CPU time (user + system) of each, with the
@@ -52,6 +53,8 @@ def cases(trace: str) -> dict[str, list[str]]:
     return {
         "import stg.cli": ["--import-only"],
         "stg --help": ["--help"],
+        "stg predict --help": ["predict", "--help"],
+        "stg generate --help": ["generate", "--help"],
         "stg feed (1 rank)": ["feed", trace],
         "stg predict analytical 175B/1024": ["predict", *GPT3_1024],
     }

@@ -86,7 +86,8 @@ unsharded gradients of the stage count with the gradients.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
+from functools import lru_cache
 from typing import Any
 
 import stg
@@ -169,6 +170,7 @@ def as_options(options: Mapping[str, Any] | GenerateOptions) -> GenerateOptions:
     return GenerateOptions(**{k: v for k, v in options.items() if k in names})
 
 
+@lru_cache(maxsize=256)
 def model_family(model: str) -> str:
     """``llama`` (SwiGLU, RMSNorm, no dropout: also the built-in ``moe`` and ``deepseek``) or
     ``gpt`` (GELU MLP, LayerNorm, dropout)."""
@@ -1187,8 +1189,15 @@ def analytic_memory(
 # The predictor
 
 
+_RANK_MEMORY_FIELDS = tuple(f.name for f in fields(RankMemory))
+
+
 def _rank_memory_dict(memory: RankMemory) -> dict[str, Any]:
-    out = {k: (round(v) if isinstance(v, float) else v) for k, v in asdict(memory).items()}
+    # its fields are numbers: no deep copy (dataclasses.asdict) needed
+    out: dict[str, Any] = {}
+    for name in _RANK_MEMORY_FIELDS:
+        value = getattr(memory, name)
+        out[name] = round(value) if isinstance(value, float) else value
     out["peak"] = round(memory.peak)
     return out
 

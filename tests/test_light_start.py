@@ -102,3 +102,23 @@ def test_help_with_a_plugin_of_records_skips_the_symbolic_core() -> None:
     modules = imported("-p", "stg_fake_good", "--help", env=env)
     assert "stg_fake_good" in modules
     assert not modules & {*SYMBOLIC, *PLUGINS}
+
+
+@pytest.mark.parametrize("command", ["predict", "generate", "search"])
+def test_help_that_lists_models_and_predictors_loads_none_of_them(command: str) -> None:
+    # {allowed:models} and {allowed:predictors} come from stg.host.deferred's table
+    modules = imported(command, "--help")
+    assert not modules & {*SYMBOLIC, *PLUGINS, *SCHEMAS}
+    # the presets' TOML data is read without the symbolic core
+    assert {m for m in modules if m.startswith(("stg.models.", "stg.predictors."))} <= {
+        "stg.models.presets"
+    }
+
+
+def test_a_prediction_loads_only_the_model_and_predictor_it_uses() -> None:
+    args = ["--model", "gpt", "--num_stacks", "2", "--predictor", "analytical", "--json"]
+    modules = imported("predict", *args)
+    plugins = ("stg.models.", "stg.predictors.", "stg.emitters.")
+    builtins = {m for m in modules if m.startswith(plugins)}
+    assert builtins == {"stg.models.gpt", "stg.models.presets", "stg.predictors.analytical"}
+    assert not modules & {*SCHEMAS, "google.protobuf"}  # no trace is written or read

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import ast
+import importlib
 from pathlib import Path
 
 import pytest
 
 import stg
 from stg.errors import UnknownNameError, UserError
+from stg.host import registry as registry_module
+from stg.host.deferred import DEFERRED_BUILTINS
 from stg.host.records import Emitter, Kernel, Model, PipelineSchedule, Predictor
 from stg.host.registry import (
     BUILTIN_DIST,
@@ -151,7 +154,10 @@ def test_a_command_line_module_of_an_installed_distribution_has_its_version(
     registry = load_registry(["stg_fake_good"], autoload=False)
     info = registry.plugins[-1]
     assert (info.name, info.dist, info.version, info.source) == (
-        "stg_fake_good", "stg-fake-good", "1.0", "command line"
+        "stg_fake_good",
+        "stg-fake-good",
+        "1.0",
+        "command line",
     )
 
 
@@ -322,3 +328,73 @@ def test_core_never_imports_the_cli() -> None:
                 if any(n == "stg.cli" or n.startswith("stg.cli.") for n in names):
                     offenders.append(f"{path.relative_to(root)}:{node.lineno}")
     assert offenders == []
+
+
+@pytest.mark.parametrize("module_name", sorted(DEFERRED_BUILTINS))
+def test_the_deferred_table_lists_what_each_module_registers(module_name: str) -> None:
+    module = importlib.import_module(module_name)
+    registry = _load(module)
+    (info,) = registry.plugins
+    table = DEFERRED_BUILTINS[module_name]
+    assert dict(info.registered) == {catalog: tuple(names) for catalog, names in table.items()}
+    for catalog, names in table.items():
+        for name, aliases in names.items():
+            assert registry.catalog(catalog).lookup(name).aliases == aliases
+
+
+def test_deferred_builtins_register_as_if_loaded_eagerly() -> None:
+    deferred = load_registry(autoload=False)
+    eager = _load(*(importlib.import_module(n) for n in builtin_module_names()))
+    assert [info.name for info in deferred.plugins] == [info.name for info in eager.plugins]
+    for catalog in ("models", "predictors", "emitters", "schedules", "presets"):
+        names = [(e.name, e.plugin, e.aliases) for e in eager.catalog(catalog)]
+        assert deferred.catalog(catalog).names() == eager.catalog(catalog).names()
+        assert [(e.name, e.plugin, e.aliases) for e in deferred.catalog(catalog)] == names
+        assert [e.item for e in deferred.catalog(catalog)] == [
+            e.item for e in eager.catalog(catalog)
+        ]
+
+
+def test_a_deferred_module_loads_once_on_first_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
+    imports: list[str] = []
+    real_import = registry_module._import
+    monkeypatch.setattr(
+        registry_module, "_import", lambda name, **kw: imports.append(name) or real_import(name)
+    )
+    registry = load_registry(autoload=False)
+    assert "time" in registry.predictors and "gpt" in registry.models.names()
+    assert not [n for n in imports if n in DEFERRED_BUILTINS]
+    assert registry.predictors.get("time").name == "time"
+    registry.predictors.get("time")
+    assert [n for n in imports if n in DEFERRED_BUILTINS] == ["stg.predictors.time"]
+    assert "v0.0.4" in registry.emitters  # an alias, known before the module loads
+    assert registry.emitters.get("v0.0.4").name == "chakra-v0.0.4"
+    assert imports[-1] == "stg.emitters.chakra_v004"
+    # given again as a plugin object, the module is the same plugin, not a second "time"
+    registry.add_plugin(importlib.import_module("stg.models.gpt"), "stg.models.gpt")
+    assert registry.models.lookup("gpt").plugin == "stg.models.gpt"
+    assert len([e for e in registry.models if e.name == "gpt"]) == 1
+
+
+def test_a_deferred_module_that_fails_is_a_failure_like_any(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real_import = registry_module._import
+
+    def broken(name: str, **kw: object) -> object:
+        if name == "stg.models.llama":
+            return registry_module.PluginError("ImportError: no module named 'sympy'")
+        return real_import(name)
+
+    monkeypatch.setattr(registry_module, "_import", broken)
+    registry = load_registry(autoload=False)
+    assert "llama" in registry.models.names()  # listed before it is needed
+    with pytest.raises(
+        UnknownNameError, match=r"unknown model 'llama'.*stg\.models\.llama .* failed to load"
+    ):
+        registry.models.get("llama")
+    assert "llama" not in registry.models.names()
+    assert registry.models.get("gpt").name == "gpt"
+    (failure,) = registry.failures
+    assert (failure.name, failure.source) == ("stg.models.llama", "builtin")
+    assert "stg.models.llama" not in [info.name for info in registry.plugins]

@@ -1196,9 +1196,6 @@ def run_predictors(
     ``predict_options`` that names them also gets ``timeline``, ``calibration``, ``exact``,
     ``workload`` (where built for another predictor) and ``max_nodes`` (the most nodes of a
     workload it builds itself)."""
-    from stg.predictors import memory as memory_predictor
-    from stg.predictors import time as time_predictor
-
     reports: dict[str, dict[str, Any]] = {}
     for name in names:
         predictor = registry.predictors.get(name)
@@ -1237,6 +1234,10 @@ def run_predictors(
             reports[name] = predictor.predict(workload, system, **kwargs)
             continue
         assert trace is not None
+        # a trace is priced through these modules' own functions (the others load on use)
+        from stg.predictors import memory as memory_predictor
+        from stg.predictors import time as time_predictor
+
         nodes, groups, recorded = trace
         if predictor.predict is time_predictor.predict_time:
             tokens = None

@@ -19,6 +19,7 @@ import os
 import pkgutil
 import re
 import sys
+import threading
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -30,6 +31,7 @@ import pluggy
 import stg
 from stg.errors import UnknownNameError, UserError
 from stg.host import hookspecs
+from stg.host.deferred import DEFERRED_BUILTINS
 from stg.host.records import (
     BenchOp,
     Emitter,
@@ -108,6 +110,23 @@ class Registered(Generic[T]):
         return f"{self.dist or self.plugin}:{self.name}"
 
 
+@dataclass(frozen=True)
+class _Pending:
+    """A registration of a deferred built-in module (:mod:`stg.host.deferred`) not imported
+    yet: its name and provenance, without the item."""
+
+    name: str
+    aliases: tuple[str, ...]
+    plugin: str
+    dist: str | None
+    version: str | None
+    source: str
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.dist or self.plugin}:{self.name}"
+
+
 class Catalog(Generic[T]):
     """The items of one kind (models, emitters, ...) in registration order."""
 
@@ -116,16 +135,26 @@ class Catalog(Generic[T]):
         label: str,
         entries: Sequence[Registered[T]] = (),
         failures: Sequence[PluginFailure] = (),
+        load: Callable[[str], None] | None = None,
     ) -> None:
         self.label = label
-        self._entries: list[Registered[T]] = list(entries)
+        self._entries: list[Registered[T] | _Pending] = list(entries)
         # The registry's own list (shared, not copied): plugins that failed to load, named in
         # the error for an unknown name since one of them may have registered it.
         self._failures = failures
+        self._load = load
+        """imports a deferred module and puts its items in place of its pending entries"""
+
+    def _loaded(self) -> list[Registered[T]]:
+        """The entries, every deferred module among them loaded first."""
+        for entry in list(self._entries):
+            if isinstance(entry, _Pending) and self._load is not None:
+                self._load(entry.plugin)
+        return [e for e in self._entries if isinstance(e, Registered)]
 
     def entries(self) -> list[Registered[T]]:
         """Every registration, in load order (built-ins first)."""
-        return list(self._entries)
+        return self._loaded()
 
     def names(self) -> list[str]:
         """Registered names (not aliases), sorted, each once."""
@@ -135,7 +164,7 @@ class Catalog(Generic[T]):
         if not isinstance(name, str):
             return False
         try:
-            self.lookup(name)
+            self._match(name)  # a deferred module's name is known without importing it
         except UserError:
             return False
         return True
@@ -144,7 +173,7 @@ class Catalog(Generic[T]):
         return len(self._entries)
 
     def __iter__(self) -> Iterator[Registered[T]]:
-        return iter(self._entries)
+        return iter(self._loaded())
 
     def get(self, name: str) -> T:
         """The item called ``name`` (a name, an alias, or ``dist:name``)."""
@@ -152,6 +181,16 @@ class Catalog(Generic[T]):
 
     def lookup(self, name: str) -> Registered[T]:
         """Like :meth:`get`, returning the item with its provenance."""
+        match = self._match(name)
+        if isinstance(match, _Pending) and self._load is not None:
+            self._load(match.plugin)  # the entry is now the item, or gone if it failed
+            match = self._match(name)
+        if isinstance(match, _Pending):  # only while its own hooks run
+            raise RuntimeError(f"{self.label} {name!r} is used while its module loads")
+        return match
+
+    def _match(self, name: str) -> Registered[T] | _Pending:
+        """The one entry called ``name``, loaded or pending."""
         qualifier, _, base = name.rpartition(":")
         base = base.lower()
         candidates = self._entries
@@ -224,9 +263,15 @@ class Registry:
         self.commands: Catalog[CommandSet] = Catalog("command set", failures=failures)
         self.bench_ops: Catalog[BenchOp] = Catalog("bench operator", failures=failures)
         self.presets: Catalog[Preset] = Catalog("preset", failures=failures)
+        for name in ("models", "schedules", "kernels", "emitters", "predictors", "commands"):
+            self.catalog(name)._load = self._load_deferred
+        self.bench_ops._load = self.presets._load = self._load_deferred
         self._loaded_objects: set[int] = set()
         self._pm = pluggy.PluginManager("stg")
         self._pm.add_hookspecs(hookspecs)
+        self._deferred: dict[str, PluginInfo] = {}
+        """deferred built-in modules not imported yet (see :mod:`stg.host.deferred`)"""
+        self._lock = threading.RLock()
 
     def catalog(self, name: str) -> Catalog[Any]:
         """A catalog by attribute name (``"models"``, ``"emitters"``, ...)."""
@@ -258,6 +303,8 @@ class Registry:
         skip_if_empty: bool = False,
     ) -> bool:
         """Register one plugin object; on any error record a failure instead. True if loaded."""
+        if name in self._deferred and plugin is sys.modules.get(name):
+            self._load_deferred(name)  # a deferred built-in, given as an object
         if id(plugin) in self._loaded_objects:
             return True
         try:
@@ -321,8 +368,12 @@ class Registry:
             raise
 
     def load_builtins(self, reserved_commands: Collection[str] = ()) -> None:
-        """Register the built-in plugin modules (skipping helper modules without hooks)."""
+        """Register the built-in plugin modules (skipping helper modules without hooks); a
+        deferred one (:mod:`stg.host.deferred`) by its names only, imported on first use."""
         for module_name in builtin_module_names():
+            if module_name in DEFERRED_BUILTINS:
+                self._defer(module_name)
+                continue
             module = _import(module_name)
             if isinstance(module, PluginError):
                 self.failures.append(
@@ -340,6 +391,56 @@ class Registry:
                 reserved_commands=reserved_commands,
                 skip_if_empty=True,
             )
+
+    def _defer(self, module_name: str) -> None:
+        """Pending entries for what a deferred built-in module registers."""
+        table = DEFERRED_BUILTINS[module_name]
+        registered = {catalog: tuple(names) for catalog, names in table.items()}
+        info = PluginInfo(module_name, BUILTIN_DIST, stg.__version__, SOURCE_BUILTIN, registered)
+        for catalog, names in table.items():
+            entries = self.catalog(catalog)._entries
+            entries.extend(_Pending(n, a, *astuple_of(info)) for n, a in names.items())
+        self.plugins.append(info)
+        self._deferred[module_name] = info
+
+    def _load_deferred(self, module_name: str) -> None:
+        """Import a deferred built-in module and run its hooks: its items replace its pending
+        entries (in place, keeping the load order); where it fails, they go and the failure
+        is recorded, as for any plugin."""
+        with self._lock:
+            info = self._deferred.pop(module_name, None)
+            if info is None:
+                return
+            module = _import(module_name)
+            staged: dict[str, list[tuple[Any, str, tuple[str, ...]]]] = {}
+            error = str(module) if isinstance(module, PluginError) else None
+            if not isinstance(module, PluginError):
+                try:
+                    staged = self._collect(module, module_name, ()) or {}
+                except PluginError as exc:
+                    error = str(exc)
+                self._loaded_objects.add(id(module))
+            for catalog in {*info.registered, *staged}:
+                items = {name: (item, aliases) for item, name, aliases in staged.get(catalog, [])}
+                entries = self.catalog(catalog)._entries
+                kept: list[Any] = []
+                for entry in entries:
+                    if isinstance(entry, _Pending) and entry.plugin == module_name:
+                        if entry.name not in items:
+                            continue
+                        item, aliases = items.pop(entry.name)
+                        entry = Registered(item, entry.name, aliases, *astuple_of(info))
+                    kept.append(entry)
+                kept.extend(  # anything the table does not list
+                    Registered(item, name, aliases, *astuple_of(info))
+                    for name, (item, aliases) in items.items()
+                )
+                entries[:] = kept
+            if error is not None:
+                self.plugins.remove(info)
+                self.failures.append(
+                    PluginFailure(module_name, info.dist, info.version, info.source, error)
+                )
 
     def load_entry_points(self, reserved_commands: Collection[str] = ()) -> None:
         """Register the plugins of the entry-point group ``stg``, sorted by name."""
@@ -445,6 +546,11 @@ def load_registry(
 
 
 # -- helpers ------------------------------------------------------------------------------
+
+
+def astuple_of(info: PluginInfo) -> tuple[str, str | None, str | None, str]:
+    """A plugin's provenance as a registration records it: (plugin, dist, version, source)."""
+    return info.name, info.dist, info.version, info.source
 
 
 def _failed_plugins_note(failures: Sequence[PluginFailure]) -> str:

@@ -87,8 +87,10 @@ class _Indexed:
     def __init__(self, nodes: Sequence[Any], micro_batch: list[int | None]) -> None:
         self.nodes = nodes
         self.micro_batch = micro_batch
+        self.position: Mapping[int, int] | range
+        """each node's position, by id (a range where every id is its position)"""
         if all(n.id == i for i, n in enumerate(nodes)):
-            self.position: Mapping[int, int] = _Identity()
+            self.position = range(len(nodes))
         else:
             self.position = {n.id: i for i, n in enumerate(nodes)}
         self.members: dict[int, list[int]] = {}
@@ -138,13 +140,6 @@ class _Indexed:
         self._index(own)
         self._index(mb)
         return self.by_key.get((mb, self.keys[k]))
-
-
-class _Identity(dict):  # type: ignore[type-arg]
-    """Node positions where every node's id is its position."""
-
-    def __missing__(self, key: int) -> int:
-        return key
 
 
 def _micro_batches(problem: Problem) -> tuple[list[list[int | None]], int | None]:
@@ -408,7 +403,7 @@ def replay_periodic(
     if total < built or (total > built and name_at is None):
         return None
     stages = len({u.stage for u in problem.units})
-    indexed = [_Indexed(u.nodes, mbs) for u, mbs in zip(problem.units, per_unit, strict=True)]
+    indexed: list[_Indexed] = []  # once a replay is worth trying
     for period in [only_period] if only_period else sorted({1, max(1, stages)}):
         if total % period or (built - total) % period:
             continue
@@ -420,6 +415,10 @@ def replay_periodic(
         # decays without ever repeating exactly, the full replay follows them)
         while keep + period <= built and (2 * (2 * keep + period) <= total or not only_if_cheaper):
             cut = cut_at(keep, stages, period, chunks)
+            if not indexed:
+                indexed = [
+                    _Indexed(u.nodes, mbs) for u, mbs in zip(problem.units, per_unit, strict=True)
+                ]
             costs = Costs()  # the two problems share most node objects
             try:
                 short = replay(

@@ -1260,6 +1260,8 @@ class _Sim:
 
     def _check_finished(self) -> None:
         for res in self.results:
+            if min(res.end, default=0.0) >= 0:  # every node ended
+                continue
             for i, end in enumerate(res.end):
                 if end < 0:
                     node = res.unit.nodes[i]
