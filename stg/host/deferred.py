@@ -23,6 +23,7 @@ DEFERRED_BUILTINS: Mapping[str, Mapping[str, Mapping[str, tuple[str, ...]]]] = {
     "stg.models.llama": {"models": {"llama": ()}},
     "stg.models.mamba2": {"models": {"mamba2": ()}},
     "stg.models.moe": {"models": {"moe": ()}},
+    "stg.models.mpt": {"models": {"mpt": ()}},
     "stg.models.roberta": {"models": {"roberta": (), "roberta-mc": ()}},
     "stg.predictors.analytical": {"predictors": {"analytical": ()}},
     "stg.predictors.memory": {"predictors": {"memory": ()}},
