@@ -415,3 +415,28 @@ def test_measured_curve_json_mistakes(raw: dict, message: str) -> None:
         MeasuredCurve.from_dict(raw)
     good = {"collective": "all_reduce", "ranks": 2, "sizes": [1, 2], "seconds": [1.0, 2.0]}
     assert MeasuredCurve.from_dict(good).as_dict() == good
+
+
+# NVIDIA/nccl issue #1455 (description): 8x H100 SXM, all_reduce_perf -b 2G -e 4G -g <n>: the
+# ring "about 365-370 GBps when gpus from 2 to 8"; NVLS like the ring for 2 to 4 GPUs, then
+# "420, 440, 460, and 480 GBps when gpus increase from 4 to 5, 6, 7, and 8".
+H100_GROUP_SIZES = [
+    (2, Algorithm.RING, 367.5),
+    (3, Algorithm.RING, 367.5),
+    (4, Algorithm.RING, 367.5),
+    (5, Algorithm.NVLS, 420.0),
+    (6, Algorithm.NVLS, 440.0),
+    (7, Algorithm.NVLS, 460.0),
+    (8, Algorithm.NVLS, 480.0),
+]
+
+
+@pytest.mark.parametrize(("n", "algorithm", "published"), H100_GROUP_SIZES)
+def test_h100_bus_bandwidth_by_group_size(n: int, algorithm: Algorithm, published: float) -> None:
+    """NCCL's own choice on 2 to 8 GPUs of one H100 node at 2-4 GiB (the ring up to four GPUs,
+    NVLS from five) and its bus bandwidth, within 4 % of nccl issue #1455's figures."""
+    nvlink = levels("h100-80g")[0]
+    for size in (2 * 2**30, 4 * 2**30):
+        assert comm_time.choose(Kind.ALL_REDUCE, size, n, nvlink).algorithm is algorithm
+        bus = comm_time.bus_bandwidth(Kind.ALL_REDUCE, size, n, nvlink) / GB
+        assert bus == pytest.approx(published, rel=0.04), (n, size, bus)
