@@ -667,7 +667,10 @@ def spanning_candidates(
     node_nics = local * net.bandwidth
     intra_link = inner.link or "nvlink"
 
-    def timed(inner_bytes: float, inner_rate: float, net_bytes: float, net_rate: float) -> tuple:
+    def timed(
+        inner_bytes: float, inner_rate: float, net_bytes: float, net_rate: float
+    ) -> tuple[tuple[int, float], ...]:
+        """Seconds of the intra-node and of the inter-node bytes, by dimension."""
         return ((inner_index, inner_bytes / inner_rate), (net_index, net_bytes / net_rate))
 
     if kind is Kind.ALL_TO_ALL:
@@ -882,6 +885,7 @@ __all__ = [
     "Level",
     "MeasuredCurve",
     "Phase",
+    "Spanning",
     "bus_bandwidth",
     "bus_factor",
     "candidates",
@@ -896,4 +900,6 @@ __all__ = [
     "ramp",
     "send_parts",
     "send_time",
+    "spanning_candidates",
+    "spanning_parts",
 ]
