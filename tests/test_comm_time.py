@@ -7,12 +7,13 @@ import itertools
 import json
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from stg.core.workload import CollectiveType
-from stg.perf import comm_time
+from stg.perf import comm_time, costs
 from stg.perf.comm_time import LL, LL128, SIMPLE, Algorithm, Kind, Level, MeasuredCurve
 from stg.perf.system import load_system
 from stg.predictors.time import collective_time, group_shape
@@ -131,12 +132,119 @@ def test_placement_decides_the_level() -> None:
         Kind.ALL_REDUCE, size / 20, 2, spine
     )
     assert collective_time(CollectiveType.ALL_REDUCE, size, wide, a100) == pytest.approx(expected)
-    # a whole node in a data-parallel group: NVLink first, then each GPU's NIC on 1/8
+    # whole nodes in a data-parallel group: one NCCL algorithm over all 32 GPUs, its NVLink and
+    # NIC bytes pipelined, where running NVLink and then each GPU's NIC on 1/8 adds them up
     node = group_shape(range(32), a100)
     assert node == (8, 4, 1)
-    expected = comm_time.level_time(Kind.ALL_REDUCE, size, 8, Level.of(a100.network[0]))
-    expected += comm_time.level_time(Kind.ALL_REDUCE, size / 8, 4, rail)
-    assert collective_time(CollectiveType.ALL_REDUCE, size, node, a100) == pytest.approx(expected)
+    spanning = comm_time.spanning_parts(Kind.ALL_REDUCE, size, node, levels("a100-80g"))
+    assert spanning is not None
+    assert collective_time(CollectiveType.ALL_REDUCE, size, node, a100) == pytest.approx(
+        spanning[1] + spanning[2]
+    )
+    sequential = comm_time.level_time(Kind.ALL_REDUCE, size, 8, Level.of(a100.network[0]))
+    sequential += comm_time.level_time(Kind.ALL_REDUCE, size / 8, 4, rail)
+    assert collective_time(CollectiveType.ALL_REDUCE, size, node, a100) < 0.7 * sequential
+
+
+def _spanning(kind: Kind, size: float, shape: tuple[int, ...], name: str, algorithm: Algorithm):
+    return next(
+        c
+        for c in comm_time.spanning_candidates(kind, size, shape, levels(name))
+        if c.algorithm is algorithm and c.protocol is SIMPLE
+    )
+
+
+def test_a_ring_across_nodes_shares_each_node_s_nics() -> None:
+    """A ring over whole nodes: each GPU moves the bus bytes over NVLink, and a node's NICs
+    (one per GPU, 0.9 x 50 GB/s on the h100-80g preset) carry the same bus bytes together;
+    fewer GPUs per node leave fewer NICs for the ring's channels."""
+    size = 2**30
+    for local, nodes in ((8, 2), (4, 2), (8, 4)):
+        n = local * nodes
+        ring = _spanning(Kind.ALL_REDUCE, size, (local, nodes, 1), "h100-80g", Algorithm.RING)
+        bus = 2 * (n - 1) / n * size
+        assert dict(ring.seconds) == pytest.approx(
+            {0: bus / (450 * GB * 0.82), 1: bus / (local * 50 * GB * 0.9)}
+        )
+        assert ring.bottleneck == 1  # 8 x 45 GB/s of NICs < 369 GB/s of NVLink
+        # NCCL's latency: 2 nodes of network steps, the rest NVLink steps, x1.4 (plateau)
+        steps = (2 * (n - 1) - 2 * nodes) * 3.4e-6 + 2 * nodes * 9.6e-6
+        assert ring.latency == pytest.approx(1.4 * (SIMPLE.ring_base_s + steps))
+    gather = _spanning(Kind.ALL_GATHER, size, (8, 2, 1), "h100-80g", Algorithm.RING)
+    assert dict(gather.seconds)[1] == pytest.approx(15 / 16 * size / (8 * 45 * GB))
+
+
+def test_tree_and_nvls_tree_bytes_between_nodes() -> None:
+    """NCCL's tree sends ``S`` through each node's NICs between two nodes and about ``2 S``
+    through the interior nodes of a large double binary tree (``2 (nodes-1)/nodes · S``), while
+    each GPU's NVLink carries ``2 S`` (the chain); NVLSTree reduces inside the node through the
+    switch (``S`` at its rate) and runs the same tree at 0.70 of the NICs (NCCL's tuner)."""
+    size = 2**30
+    two = _spanning(Kind.ALL_REDUCE, size, (8, 2, 1), "h100-80g", Algorithm.TREE)
+    many = _spanning(Kind.ALL_REDUCE, size, (8, 16, 1), "h100-80g", Algorithm.TREE)
+    nics = 8 * 45 * GB * 0.92
+    assert dict(two.seconds)[1] == pytest.approx(size / nics)
+    assert dict(many.seconds)[1] == pytest.approx(2 * 15 / 16 * size / nics)
+    assert dict(two.seconds)[0] == pytest.approx(2 * size / (450 * GB * 0.82 * 0.92))
+    nvls = _spanning(Kind.ALL_REDUCE, size, (8, 2, 1), "h100-80g", Algorithm.NVLS_TREE)
+    assert dict(nvls.seconds) == pytest.approx(
+        {0: size / (450 * GB * 0.61), 1: size / (8 * 45 * GB * 0.70)}
+    )
+    assert nvls.latency == pytest.approx(23e-6 + 2 * 9.6e-6 * 19 / 14)
+    # what NCCL runs on two H100 nodes: NVLSTree; an A100 node has no NVLink SHARP
+    parts = comm_time.spanning_parts(Kind.ALL_REDUCE, size, (8, 2, 1), levels("h100-80g"))
+    assert parts == pytest.approx(
+        (1, nvls.latency, nvls.saturated() / comm_time.mid_size_efficiency(size))
+    )
+    kinds = {
+        c.algorithm
+        for c in comm_time.spanning_candidates(Kind.ALL_REDUCE, size, (8, 2, 1), levels("a100-80g"))
+    }
+    assert kinds == {Algorithm.RING, Algorithm.TREE}
+    # NVLS needs three GPUs of a node or more
+    kinds = {
+        c.algorithm
+        for c in comm_time.spanning_candidates(Kind.ALL_REDUCE, size, (2, 4, 1), levels("h100-80g"))
+    }
+    assert Algorithm.NVLS_TREE not in kinds
+
+
+def test_all_to_all_across_nodes_sends_over_both_links_at_once() -> None:
+    size = 2**30
+    h100 = load_system("h100-80g")
+    shape = (8, 2, 1)
+    # 7 of 16 peers over NVLink, 8 through the GPU's own NIC, all at once: the NIC sets the pace
+    expected = 9.6e-6 + 8 / 16 * size / (45 * GB)
+    assert collective_time(CollectiveType.ALL_TO_ALL, size, shape, h100) == pytest.approx(expected)
+    phases = costs.collective_phases(CollectiveType.ALL_TO_ALL, size, shape, h100)
+    assert [port for port, _, _ in phases] == ["nic"]
+    assert phases[0][1:] == pytest.approx((9.6e-6, 8 / 16 * size / (45 * GB)))
+
+
+def test_spanning_phases_add_up_to_the_collective_on_its_bottleneck_port() -> None:
+    h100 = load_system("h100-80g")
+    for kind in (CollectiveType.ALL_REDUCE, CollectiveType.REDUCE_SCATTER):
+        for size in (2**16, 2**24, 2**32):
+            phases = costs.collective_phases(kind, size, (8, 2, 1), h100)
+            assert len(phases) == 1
+            port, latency, transfer = phases[0]
+            assert port in ("nvlink", "nic")
+            total = collective_time(kind, size, (8, 2, 1), h100)
+            assert latency + transfer == pytest.approx(total)
+
+
+def test_dimensions_without_nccl_links_or_with_measured_curves_run_one_by_one() -> None:
+    """Plain alpha-beta dimensions and dimensions with a measured curve keep the
+    hierarchical decomposition (a curve measures its own dimension only)."""
+    plain = (Level(bandwidth=100 * GB, latency=2e-6), Level(bandwidth=10 * GB, latency=5e-6))
+    assert comm_time.spanning_candidates(Kind.ALL_REDUCE, 2**30, (4, 2), plain) == []
+    curve = MeasuredCurve("all_reduce", 8, (2**20, 2**30), (1e-4, 5e-3))
+    nvlink, rail, spine = levels("h100-80g")
+    measured = (replace(nvlink, measured=(curve,)), rail, spine)
+    assert comm_time.spanning_candidates(Kind.ALL_REDUCE, 2**30, (8, 2, 1), measured) == []
+    assert comm_time.collective_time(Kind.ALL_REDUCE, 2**30, (8, 2, 1), measured) == (
+        pytest.approx(5e-3 + comm_time.level_time(Kind.ALL_REDUCE, 2**27, 2, rail))
+    )
 
 
 # Published nccl-tests bus bandwidths (GB/s) for 8 GPUs of one node, large buffers.
@@ -307,3 +415,28 @@ def test_measured_curve_json_mistakes(raw: dict, message: str) -> None:
         MeasuredCurve.from_dict(raw)
     good = {"collective": "all_reduce", "ranks": 2, "sizes": [1, 2], "seconds": [1.0, 2.0]}
     assert MeasuredCurve.from_dict(good).as_dict() == good
+
+
+# NVIDIA/nccl issue #1455 (description): 8x H100 SXM, all_reduce_perf -b 2G -e 4G -g <n>: the
+# ring "about 365-370 GBps when gpus from 2 to 8"; NVLS like the ring for 2 to 4 GPUs, then
+# "420, 440, 460, and 480 GBps when gpus increase from 4 to 5, 6, 7, and 8".
+H100_GROUP_SIZES = [
+    (2, Algorithm.RING, 367.5),
+    (3, Algorithm.RING, 367.5),
+    (4, Algorithm.RING, 367.5),
+    (5, Algorithm.NVLS, 420.0),
+    (6, Algorithm.NVLS, 440.0),
+    (7, Algorithm.NVLS, 460.0),
+    (8, Algorithm.NVLS, 480.0),
+]
+
+
+@pytest.mark.parametrize(("n", "algorithm", "published"), H100_GROUP_SIZES)
+def test_h100_bus_bandwidth_by_group_size(n: int, algorithm: Algorithm, published: float) -> None:
+    """NCCL's own choice on 2 to 8 GPUs of one H100 node at 2-4 GiB (the ring up to four GPUs,
+    NVLS from five) and its bus bandwidth, within 4 % of nccl issue #1455's figures."""
+    nvlink = levels("h100-80g")[0]
+    for size in (2 * 2**30, 4 * 2**30):
+        assert comm_time.choose(Kind.ALL_REDUCE, size, n, nvlink).algorithm is algorithm
+        bus = comm_time.bus_bandwidth(Kind.ALL_REDUCE, size, n, nvlink) / GB
+        assert bus == pytest.approx(published, rel=0.04), (n, size, bus)

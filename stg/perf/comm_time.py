@@ -4,11 +4,12 @@ The sub-model of the time predictor for communication. A network is a list of di
 innermost first (:class:`stg.perf.system.NetworkDim`): NVLink inside a node, then the
 rail-optimised fabric that joins nodes (the GPUs with the same local index in a scalable unit
 share one leaf switch, their *rail*), then the spine above it. A group spans ``n_i`` ranks
-along dimension ``i`` (:func:`stg.predictors.time.group_shape`); a collective runs
-hierarchically, as NCCL does on such machines: the innermost dimension on the whole buffer,
-each outer one on the shard the inner ones leave (so a tensor-parallel group inside a node
-never touches a NIC, and a data-parallel group with one GPU per node moves everything over
-that GPU's rail at the NIC's bandwidth).
+along dimension ``i`` (:func:`stg.predictors.time.group_shape`). A group of several GPUs of
+each of several nodes runs one of NCCL's algorithms over all of them (**Across nodes** below);
+otherwise a collective runs dimension by dimension: the innermost on the whole buffer, each
+outer one on the shard the inner ones leave (so a tensor-parallel group inside a node never
+touches a NIC, and a data-parallel group with one GPU per node moves everything over that
+GPU's rail at the NIC's bandwidth).
 
 **One dimension** runs the collective the way NCCL does: NCCL's tuner picks an algorithm and a
 protocol (:func:`choose`), and the time is that choice's latency plus its bytes at its rate
@@ -68,12 +69,22 @@ an algorithm bandwidth that does not depend on ``n``, so eight top two and four.
 ``stg bench comms`` on the real machine: ``stg predict --calibration``); a curve replaces the
 model for its collective and group size (sends: ``send_recv``).
 
+**Across nodes.** NCCL does not decompose a collective by dimension: a group of ``local`` GPUs
+in each of ``nodes`` nodes runs one ring, tree or NVLSTree over all its ranks, and every chunk
+streams through the NVLink and the NIC hops at once (:func:`spanning_candidates`): the slower
+of the two sets the pace, not their sum. A ring's bus bytes cross each GPU's NVLinks and,
+together, the node's ``local`` NICs (the NIC bandwidth is shared by the ring's channels);
+the tree's NVLink chain carries ``2 S`` and the NICs ``2 (nodes-1)/nodes · S``; NVLSTree
+reduces inside the node through the switch and runs that tree between nodes at NCCL's 0.70;
+an all-to-all sends to the node's peers over NVLink and to the others through the GPU's own
+NIC at once. Latencies are NCCL's tuner's (intra- and inter-node steps of each algorithm).
+Groups with one GPU per node, plain alpha-beta dimensions and dimensions with measured curves
+keep the dimension-by-dimension decomposition.
+
 **Sends.** A send is one step of the link (NCCL's tuner gives point-to-point no base latency)
 and its bytes at ``B``. Not modelled: NCCL's point-to-point path's own bandwidth at large
 sizes (nccl-tests' sendrecv reaches about 195 GB/s on A100 NVLink where a send here runs at
-225; an all-to-all of 4 H100s 335 GB/s of bus bandwidth against 369), and, across nodes,
-NCCL's own inter-node algorithms (NVLS tree, rings through every NIC): the outer dimensions
-run the hierarchical decomposition above.
+225; an all-to-all of 4 H100s 335 GB/s of bus bandwidth against 369).
 
 **Concurrent transfers.** The times above are those of a transfer alone on its links. Each NCCL
 communicator (each process group) sets up its own channels, but they all run over the same
@@ -85,7 +96,8 @@ states that collectives of different process groups compete for NVLink bandwidth
 a fraction; and a NIC's line rate is shared by whatever crosses it (``ib_write_bw`` reaches the
 same 392 Gb/s of a 400 Gb/s NIC with one queue pair as with eight: NVIDIA/nccl issue #2409). So
 the time replay (:mod:`stg.predictors.time`) runs each transfer as its phases
-(:func:`collective_phases`, :func:`send_parts`: per dimension its latency, then its bytes) and
+(:func:`collective_phases`, :func:`send_parts`: per dimension its latency, then its bytes;
+an algorithm across nodes as one phase on the dimension that sets its pace) and
 lets the transfers whose bytes cross the same :func:`port` of a GPU at the same time share its
 bandwidth equally (each direction on its own: NVLink and InfiniBand are full duplex, and the
 bandwidths here are per direction). The latencies are not shared (they are handshakes and
@@ -415,6 +427,7 @@ class Algorithm(Enum):
     NVLS = "nvls"
     COLLNET = "collnet"
     P2P = "p2p"
+    NVLS_TREE = "nvls_tree"
 
 
 @dataclass(frozen=True)
@@ -556,6 +569,199 @@ def level_time(kind: Kind, buffer: float, n: int, level: Level) -> float:
     return latency + transfer
 
 
+# ---------------------------------------------------------------------------------------------
+# Groups that span a node's GPUs and several nodes: NCCL runs one algorithm over all of them
+# (NVIDIA/nccl v2.18.5-1 src/graph/tuning.cc, ncclTopoTuneModel), not one per dimension.
+
+INTRA_NODE_LINKS = ("nvlink", "pcie")
+"""Link kinds that join the GPUs of one node (NCCL's intra-node hardware, ``intraHw``)."""
+
+NET_OVERHEAD_S = 1.0e-6
+"""NCCL's network post overhead (tuning.cc ``getNetOverhead``: 1 us on Intel and other x86
+CPUs, 2 us on AMD), three times over for Simple: a ring step inside a multi-node ring takes at
+least that long (``intraLat = std::max(intraLat, netOverhead)``)."""
+
+RING_PLATEAU = 1.4
+"""tuning.cc ``ncclTopoGetAlgoTime``: a multi-node Simple ring all-reduce's latency times 1.4
+on sm80 and newer ("Plateau effect of ring"; 1.9 before sm80)."""
+
+NVLS_TREE_STEP_RATIO = 19.0 / 14.0
+"""tuning.cc ``hwLat``: NVLSTree's network step (19 us) over the Simple ring's (14 us); NVLSTree
+adds ``2 (nNodes - 1)`` of them to its 23 us ``baseLat``."""
+
+NVLS_TREE_EFFICIENCY = 0.70
+"""The fraction of the inter-node bandwidth NCCL's tuner gives NVLSTree (tuning.cc: ``ratio =
+.70 * nNodes / (2*(nNodes-1))``, the rest of the ratio being the tree's bytes per node)."""
+
+
+@dataclass(frozen=True)
+class Spanning:
+    """One of NCCL's algorithms over a group spanning ``local`` GPUs of a node and several
+    nodes: its latency, the bytes each GPU moves over its intra-node link (``moved``, the ramp's
+    argument) and, per network dimension, the seconds its bytes take there at the saturated
+    rate (``seconds``). The dimensions stream at once (NCCL pipelines every chunk through the
+    intra-node and the inter-node hops), so the slowest sets the pace."""
+
+    algorithm: Algorithm
+    protocol: Protocol
+    latency: float
+    moved: float
+    seconds: tuple[tuple[int, float], ...]
+
+    @property
+    def bottleneck(self) -> int:
+        """The dimension whose bytes take longest."""
+        return max(self.seconds, key=lambda item: item[1])[0]
+
+    def saturated(self) -> float:
+        """Seconds of the bytes at the saturated rates."""
+        return max(seconds for _, seconds in self.seconds)
+
+    def tuner_time(self) -> float:
+        return self.latency + self.saturated()
+
+
+def _spanned(
+    kind: Kind, shape: Sequence[int], levels: Sequence[Level]
+) -> tuple[int, list[int]] | None:
+    """The intra-node dimension and the network dimensions a group spans, where NCCL runs one
+    algorithm over all of them: the innermost spanned dimension joins a node's GPUs, every other
+    spanned one is a network (``link`` set), and none of them carries a measured curve of the
+    collective (a measured curve replaces the model of its own dimension)."""
+    if kind not in (Kind.ALL_REDUCE, Kind.REDUCE_SCATTER, Kind.ALL_GATHER, Kind.ALL_TO_ALL):
+        return None
+    spanned = [i for i, n in enumerate(shape) if n > 1 and i < len(levels)]
+    if len(spanned) < 2 or levels[spanned[0]].link not in INTRA_NODE_LINKS:
+        return None
+    if any(levels[i].link != "network" for i in spanned[1:]):
+        return None
+    if any(level.curve(kind.value, shape[i]) for i, level in enumerate(levels[: len(shape)])):
+        return None
+    return spanned[0], spanned[1:]
+
+
+def spanning_candidates(
+    kind: Kind, buffer: float, shape: Sequence[int], levels: Sequence[Level]
+) -> list[Spanning]:
+    """NCCL's algorithms for a group over ``shape`` that spans a node's GPUs and several nodes
+    (none where it does not: :func:`collective_time` then runs the dimensions one by one).
+    ``buffer`` as in :func:`level_time`. With ``local`` GPUs per node, ``nodes`` nodes and
+    ``n = local · nodes`` ranks; one NIC per GPU (the presets' DGX nodes), so a node's NICs carry
+    ``local`` times the network dimension's per-GPU bandwidth (the slowest network dimension
+    spanned, e.g. an oversubscribed spine):
+
+    - *ring* over all ``n`` ranks: each GPU moves the bus bytes over its intra-node link, and a
+      node's NICs together carry the same bus bytes (each of NCCL's channels leaves the node
+      once: the NIC bandwidth is shared by the ring's channels). Latency as NCCL's tuner:
+      ``nsteps - nInterSteps`` intra-node steps (at least the network post overhead) and
+      ``nInterSteps`` network steps (all-reduce ``2 nodes``, reduce-scatter and all-gather
+      ``nodes - 1``), the Simple all-reduce's times :data:`RING_PLATEAU`;
+    - *tree* (all-reduce): a chain through the node's GPUs and a double binary tree between
+      nodes; each GPU moves ``2 S`` over its intra-node link and a node's NICs carry
+      ``2 (nodes-1)/nodes · S`` (``S`` up and down between two nodes, ``2 S`` through an
+      interior node of a large tree: the search gives 2-node trees up to twice the inter-node
+      bandwidth inside the node, src/graph/search.cc); NCCL's multi-node tree bandwidths
+      (``.92``, LL ``/3.8``, LL128 ``120/128``) and ``treeCorrectionFactor``; latency
+      ``2 ((local-1) intraLat + log2(nodes) interLat)``;
+    - *NVLSTree* (all-reduce, Simple; NVLink SHARP nodes of three GPUs or more): NVLS inside each
+      node (``S`` at the switch's reduction rate, as on one node) and the tree between nodes
+      (``2 (nodes-1)/nodes · S`` through each node's NICs at :data:`NVLS_TREE_EFFICIENCY` of
+      their bandwidth); ``23 us + 2 (nodes-1)`` network steps of NVLSTree
+      (:data:`NVLS_TREE_STEP_RATIO`);
+    - *all-to-all*: sends to every peer at once; ``(local-1)/n · S`` over the intra-node link
+      and ``(n-local)/n · S`` through the GPU's own NIC.
+    """
+    span = _spanned(kind, shape, levels)
+    if span is None:
+        return []
+    inner_index, outer = span
+    inner = levels[inner_index]
+    local = shape[inner_index]
+    nodes = math.prod(shape[i] for i in outer)
+    net_index = min(outer, key=lambda i: levels[i].bandwidth)
+    net = levels[net_index]
+    n = local * nodes
+    node_nics = local * net.bandwidth
+    intra_link = inner.link or "nvlink"
+
+    def timed(
+        inner_bytes: float, inner_rate: float, net_bytes: float, net_rate: float
+    ) -> tuple[tuple[int, float], ...]:
+        """Seconds of the intra-node and of the inter-node bytes, by dimension."""
+        return ((inner_index, inner_bytes / inner_rate), (net_index, net_bytes / net_rate))
+
+    if kind is Kind.ALL_TO_ALL:
+        seconds = timed(
+            (local - 1) / n * buffer, inner.bandwidth, (n - local) / n * buffer, net.bandwidth
+        )
+        latency = max(inner.latency, net.latency)
+        return [Spanning(Algorithm.P2P, SIMPLE, latency, (n - 1) / n * buffer, seconds)]
+    choices: list[Spanning] = []
+    if kind is Kind.ALL_REDUCE:
+        nsteps, inter_steps = 2 * (n - 1), 2 * nodes
+    else:
+        nsteps, inter_steps = n - 1, nodes - 1
+    bus = bus_factor(kind, n) * buffer
+    for proto in PROTOCOLS:
+        overhead = NET_OVERHEAD_S * (3 if proto is SIMPLE else 1)
+        intra_step = max(inner.latency * proto.step_ratio[intra_link], overhead)
+        inter_step = net.latency * proto.step_ratio["network"]
+        latency = proto.ring_base_s + (nsteps - inter_steps) * intra_step + inter_steps * inter_step
+        if kind is Kind.ALL_REDUCE and proto is SIMPLE:
+            latency *= RING_PLATEAU
+        rate = proto.bandwidth
+        seconds = timed(bus, inner.bandwidth * rate, bus, node_nics * rate)
+        choices.append(Spanning(Algorithm.RING, proto, latency, bus, seconds))
+        if kind is not Kind.ALL_REDUCE:
+            continue
+        factor = proto.tree_bandwidth["network"] * tree_correction(proto, buffer)
+        intra_tree = inner.latency * proto.tree_step_ratio[intra_link]
+        inter_tree = net.latency * proto.tree_step_ratio["network"]
+        latency = proto.tree_base_s + 2 * (
+            (local - 1) * intra_tree + int(math.log2(nodes)) * inter_tree
+        )
+        between = 2 * (nodes - 1) / nodes * buffer
+        seconds = timed(2 * buffer, inner.bandwidth * factor, between, node_nics * factor)
+        choices.append(Spanning(Algorithm.TREE, proto, latency, 2 * buffer, seconds))
+    nvls = inner.link == "nvlink" and inner.sharp_efficiency > 0 and local >= NVLS_MIN_RANKS
+    if kind is Kind.ALL_REDUCE and nvls:
+        switch_rate = inner.line_bandwidth * inner.sharp_efficiency
+        between = 2 * (nodes - 1) / nodes * buffer
+        seconds = timed(buffer, switch_rate, between, node_nics * NVLS_TREE_EFFICIENCY)
+        latency = NVLS_LATENCY_S + 2 * (nodes - 1) * net.latency * NVLS_TREE_STEP_RATIO
+        choices.append(Spanning(Algorithm.NVLS_TREE, SIMPLE, latency, buffer, seconds))
+    return choices
+
+
+def spanning_parts(
+    kind: Kind,
+    buffer: float,
+    shape: Sequence[int],
+    levels: Sequence[Level],
+    algorithm: Algorithm | None = None,
+    protocol: Protocol | None = None,
+) -> tuple[int, float, float] | None:
+    """The algorithm NCCL runs over a group spanning a node's GPUs and several nodes, as
+    ``(bottleneck dimension, latency, transfer)`` seconds: the fastest of
+    :func:`spanning_candidates` (NCCL's tuner weighs the same latencies and bandwidths), or of
+    those of ``algorithm`` and ``protocol`` where given (a run that sets ``NCCL_ALGO`` or
+    ``NCCL_PROTO``), its bytes at :func:`mid_size_efficiency` of what each GPU moves over its
+    NVLinks where the protocol pipelines buffer slots (as :func:`ramp`); ``None`` where the
+    group does not span nodes that way or has no such candidate."""
+    choices = [
+        choice
+        for choice in spanning_candidates(kind, buffer, shape, levels)
+        if algorithm in (None, choice.algorithm) and protocol in (None, choice.protocol)
+    ]
+    if not choices:
+        return None
+    best = min(choices, key=Spanning.tuner_time)
+    inner = next(levels[i] for i, n in enumerate(shape) if n > 1)
+    pipelined = best.protocol is not LL and best.algorithm is not Algorithm.P2P
+    efficiency = mid_size_efficiency(best.moved) if pipelined and inner.link == "nvlink" else 1.0
+    return best.bottleneck, best.latency, best.saturated() / efficiency
+
+
 def collective_time(
     kind: Kind, size: float, shape: Sequence[int], levels: Sequence[Level]
 ) -> float:
@@ -563,15 +769,19 @@ def collective_time(
     ``i`` (inner first). ``size`` follows the Chakra convention: all-gather this rank's input
     shard; reduce-scatter and all-reduce the full buffer; all-to-all this rank's buffer.
 
-    Hierarchical: reduce-scatter runs inner to outer, each dimension on the shard left by the
-    inner ones; all-gather the same sizes outer to inner; all-reduce is a reduce-scatter and an
-    all-gather per dimension except where an all-reduce of the dimension's shard is faster (a
-    tree, or the switch's in-network reduction); all-to-all and broadcast move their buffer
-    over every dimension they span."""
+    A group spanning several GPUs of several nodes runs one NCCL algorithm over all of them
+    (:func:`spanning_parts`). Otherwise hierarchical: reduce-scatter runs inner to outer, each
+    dimension on the shard left by the inner ones; all-gather the same sizes outer to inner;
+    all-reduce is a reduce-scatter and an all-gather per dimension except where an all-reduce of
+    the dimension's shard is faster (a tree, or the switch's in-network reduction); all-to-all
+    and broadcast move their buffer over every dimension they span."""
     members = math.prod(shape) if shape else 1
     if members <= 1:
         return 0.0
     buffer = float(size) * members if kind is Kind.ALL_GATHER else float(size)
+    spanning = spanning_parts(kind, buffer, shape, levels)
+    if spanning is not None:
+        return spanning[1] + spanning[2]
     total = 0.0
     for n, level in zip(shape, levels, strict=False):
         if n <= 1:
@@ -649,7 +859,8 @@ def collective_phases(
     kind: Kind, size: float, shape: Sequence[int], levels: Sequence[Level]
 ) -> tuple[Phase, ...]:
     """The phases of :func:`collective_time` in the order they run (their latencies and
-    transfers add up to it): a reduce-scatter from the innermost dimension outwards, an
+    transfers add up to it): an algorithm over whole nodes (:func:`spanning_parts`) as one
+    phase on its bottleneck dimension; a reduce-scatter from the innermost dimension outwards, an
     all-gather from the outermost inwards (the same shards), an all-reduce as the reduce
     half of each inner dimension, the outermost dimension's whole all-reduce and the gather
     half of each inner dimension on the way back (a ring all-reduce is a reduce-scatter and
@@ -660,6 +871,9 @@ def collective_phases(
     if members <= 1:
         return ()
     buffer = float(size) * members if kind is Kind.ALL_GATHER else float(size)
+    spanning = spanning_parts(kind, buffer, shape, levels)
+    if spanning is not None:
+        return (Phase(*spanning),)
     phases: list[Phase] = []
     for i, (n, level) in enumerate(zip(shape, levels, strict=False)):
         if n <= 1:
@@ -688,6 +902,7 @@ __all__ = [
     "Level",
     "MeasuredCurve",
     "Phase",
+    "Spanning",
     "bus_bandwidth",
     "bus_factor",
     "candidates",
@@ -702,4 +917,6 @@ __all__ = [
     "ramp",
     "send_parts",
     "send_time",
+    "spanning_candidates",
+    "spanning_parts",
 ]

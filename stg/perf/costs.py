@@ -446,8 +446,9 @@ _COMM_KINDS = {
 def collective_time(kind: CollectiveType, size: int, shape: Sequence[int], system: System) -> float:
     """Time of one collective (:func:`stg.perf.comm_time.collective_time`); ``size`` follows
     the Chakra convention (all-gather: this rank's input shard; reduce-scatter, all-reduce:
-    the full buffer; all-to-all: this rank's buffer). A group spanning several network
-    dimensions runs hierarchically; each dimension takes the fastest of NCCL's ring, tree and
+    the full buffer; all-to-all: this rank's buffer). A group of several GPUs of several nodes
+    runs one of NCCL's algorithms over all of them; other groups spanning several network
+    dimensions run hierarchically; each dimension takes the fastest of NCCL's ring, tree and
     (where declared) in-network reduction, and of its protocols (on a dimension with a
     ``link``; a plain alpha-beta link has the ring and the tree only)."""
     levels = tuple(comm_time.Level.of(d) for d in system.network)
