@@ -14,7 +14,7 @@ time by exact arithmetic from the stated quantities:
 Nothing here is fitted to these points. Every plan must predict (a plan that validates must
 not raise); each entry's error is held to its ``guard`` (default :data:`DEFAULT_GUARD`), a
 band that catches regressions, not an accuracy claim. The table, with the mean and median
-|error|, is printed at the end of the run. The file takes about 45 s of one core; runs that
+|error|, is printed at the end of the run. The file takes a few minutes of one core; runs that
 stg cannot spell, and why, are the data file's ``not_reproducible``.
 """
 
@@ -124,7 +124,7 @@ def test_runs_are_well_formed(registry: Registry) -> None:
         assert entry["metric"] in ("tokens_per_s_per_gpu", "model_tflops_per_gpu"), entry["id"]
 
 
-@pytest.mark.slow  # about 45 s: 26 full-size plans, up to 1,024 GPUs (DeepSeek-V3: 13 s)
+@pytest.mark.slow  # 36 full-size plans, up to 1,024 GPUs
 def test_cluster_runs(registry: Registry, report_table: Callable[..., None]) -> None:
     """Every run predicts and stays within its guard; the table and its mean and median
     |error| go to the run's summary. One test, so that the statistics see every entry

@@ -962,11 +962,14 @@ def _te_fp8_recipe(
     (:mod:`stg.core.fp8`): the quantization before a GEMM recorded on it
     (``QUANTIZE_ATTR``, :func:`stg.core.fp8.quantize_elements`); every other fp8 kernel but
     the attention core moving its activations in the autocast dtype, bf16 (twice the bytes
-    counted in fp8); and the output layer's GEMMs (``output_layer``) in bf16."""
+    counted in fp8); the output layer's GEMMs (``output_layer``) in bf16; and the activations
+    that ranks exchange outside TE's fp8 GEMM inputs in bf16 (:func:`autocast_exchange`)."""
     widen = AUTOCAST_BYTES // DTYPE_BYTES["fp8"]
     out = []
     for op in ops:
-        if op.type is not NodeType.COMP or op.dtype != "fp8":
+        if autocast_exchange(op):
+            out.append(replace(op, dtype=AUTOCAST_DTYPE, comm_size=op.comm_size * widen))
+        elif op.type is not NodeType.COMP or op.dtype != "fp8":
             out.append(op)
         elif op.name in output_layer:
             out.append(replace(op, dtype=AUTOCAST_DTYPE, tensor_size=op.tensor_size * widen))
@@ -1108,6 +1111,25 @@ def _recipe_collectives(ops: list[BoundOp], recipe: Recipe, fp8_params: bool) ->
                 op = replace(op, comm_size=elements * AUTOCAST_BYTES, dtype=AUTOCAST_DTYPE)
         out.append(op)
     return out
+
+
+def autocast_exchange(op: BoundOp) -> bool:
+    """Whether a collective of an fp8 training part carries activations that Transformer
+    Engine holds in the autocast dtype (bf16), not fp8:
+
+    - an all-to-all: the expert-parallel dispatch and combine (and their gradients) move the
+      permuted hidden states, which TE's ``GroupedLinear`` quantizes only after they arrive
+      (Megatron-LM core_v0.15.0, ``megatron/core/transformer/moe/token_dispatcher.py``,
+      ``MoEAlltoAllTokenDispatcher.token_dispatch``: ``all_to_all`` of the permuted
+      ``hidden_states``; ``experts.py``, ``TEGroupedMLP.forward``: fp8 padding and
+      quantization inside the expert GEMMs);
+    - a collective over the context-parallel axis alone (``sp``): K and V gathered or passed
+      round the ring, and their gradients, feed the attention core, which runs in bf16
+      (DotProductAttention without ``fp8_dpa``; TransformerEngine v2.9,
+      ``transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py``)."""
+    if op.type is not NodeType.COMM_COLL or op.dtype != "fp8":
+        return False
+    return op.comm_type is CollectiveType.ALL_TO_ALL or op.group_axes == ("sp",)
 
 
 DDP_BUCKET_BYTES = 25 * 2**20
