@@ -94,8 +94,9 @@ def _replicas(report: dict[str, Any]) -> str:
 
 
 def _stages(report: dict[str, Any]) -> str:
-    pp = report["pp"]
-    return f", pp {pp}: {report['virtual_engines']} virtual engines" if pp > 1 else ""
+    pp, ep = report["pp"], report["ep"]
+    experts = f", ep {ep}" if ep > 1 else ""
+    return experts + (f", pp {pp}: {report['virtual_engines']} virtual engines" if pp > 1 else "")
 
 
 def _text(report: dict[str, Any]) -> str:
@@ -138,6 +139,12 @@ def serve(
         "--pp",
         help="Pipeline stages per replica, run as vLLM V0 runs them: pp virtual engines, each "
         "with its own scheduler and 1/pp of the KV cache.",
+    ),
+    ep: int = typer.Option(
+        1,
+        "--ep",
+        help="MoE models: split the experts over ep of the replica's tp GPUs, each expert's "
+        "FFN over tp/ep (vLLM's --enable-expert-parallel); must divide --tp.",
     ),
     dtype: str = typer.Option("bf16", "--dtype", help="Weights and compute dtype."),
     kv_dtype: str | None = typer.Option(
@@ -288,6 +295,7 @@ def serve(
     from stg.explore.serve import EngineConfig, request_table, simulate, summary
     from stg.explore.serve import timeline as timeline_of
     from stg.explore.serve_cost import (
+        expert_parallel,
         kv_transfer,
         pipeline_pricer,
         replica_blocks,
@@ -366,7 +374,9 @@ def serve(
         longest = int((stream.prompt + stream.output).max())
         budget = max(DEFAULT_BUDGET, longest) if scheduler == "vllm" else DEFAULT_BUDGET
     registry = get_registry()
-    base = _replica(model, tp, pp, dtype, kv_dtype, num_stacks, causal)
+    base = expert_parallel(
+        _replica(model, tp, pp, dtype, kv_dtype, num_stacks, causal), ep, registry
+    )
     system_ = load_system(system)
     pricer = pipeline_pricer(base, system_, registry)
     drafter = None
@@ -404,6 +414,7 @@ def serve(
     report = {
         "model": base.model if model == base.model else model,
         "tp": tp,
+        "ep": ep,
         "system": system_.name,
         "gpus": tp * pp * (replicas + prefill_replicas),
         "prefill_replicas": prefill_replicas,

@@ -258,11 +258,12 @@ class IterationPricer:
         build: Any,
         replay_time: Any,
     ) -> None:
-        if base.pp != 1 or base.sp != 1 or base.dp != 1 or base.ep != 1:
+        if base.pp != 1 or base.sp != 1 or base.dp != 1 or (base.ep != 1 and not base.ep_folded):
             raise UserError(
-                f"a serving replica is priced on tensor parallelism alone (--tp); got "
-                f"pp={base.pp} sp={base.sp} dp={base.dp} ep={base.ep} (allowed: 1 each; "
-                "replicas are --replicas)"
+                f"a serving replica is priced on tensor parallelism (--tp) and expert "
+                f"parallelism folded over its tp GPUs (--ep); got pp={base.pp} sp={base.sp} "
+                f"dp={base.dp} ep={base.ep} ep_layout={base.ep_layout} (allowed: 1 each, ep "
+                "with ep_layout=fold; replicas are --replicas)"
             )
         self.system = system
         self.kernels = kernels
@@ -533,6 +534,32 @@ class IterationPricer:
         return seconds
 
 
+def expert_parallel(options: GenerateOptions, ep: int, registry: Any) -> GenerateOptions:
+    """``options`` with the experts split over ``ep`` of the replica's ``tp`` GPUs, as vLLM's
+    ``--enable-expert-parallel`` splits them (its MoE layers' EP group is the TP group):
+    attention and the dense layers stay tensor-parallel over all ``tp``, each GPU holds
+    ``experts / ep`` experts, each expert's FFN split over ``tp / ep`` of them (stg's
+    ``ep_layout=fold`` with ``etp = tp/ep``; its collectives are the workload's own: every GPU
+    holds every token, so the experts' outputs are gathered over the ep GPUs).
+    ``ep`` 1 leaves the options as they are."""
+    if ep == 1:
+        return options
+    if ep < 1 or options.tp % ep:
+        raise UserError(
+            f"--ep {ep}: the experts split over the replica's tensor-parallel GPUs; allowed: "
+            f"a positive divisor of --tp {options.tp}"
+        )
+    from stg.explore.serving_search import uses_experts
+
+    if not uses_experts(replace(options, phase="decode"), registry):
+        raise UserError(f"--ep {ep}: model {options.model!r} has no experts to split")
+    if options.experts % ep:
+        raise UserError(
+            f"--ep {ep}: must divide the {options.experts} experts of {options.model!r}"
+        )
+    return replace(options, ep=ep, ep_layout="fold", etp=options.tp // ep)
+
+
 def kv_blocks(
     capacity_bytes: int,
     weight_bytes: int,
@@ -618,7 +645,7 @@ def pipeline_pricer(base: GenerateOptions, system: System, registry: Any) -> Ite
         raise UserError(f"pp {base.pp}: the pipeline's stages send nothing stg can price")
     per_token = two[0].comm_size - one[0].comm_size
     fixed = one[0].comm_size - per_token
-    peer = base.tp * base.dp * base.sp * base.ep  # the next stage's first rank
+    peer = base.world_size // base.pp  # the next stage's first rank
     dimension = link_dimension(0, peer, system)
     pricer.stage_sends = (base.pp - 1, fixed, per_token, dimension)
     pricer._body.clear()  # the tensor-parallel check cached bodies without the sends
@@ -679,22 +706,26 @@ def replica_blocks(
             )
             for c in classes
         )
-    first = classes[0]
-    weights = int(first["weights"]) + (draft.weight_bytes if draft is not None else 0)
+    # with the experts split (--ep) the GPUs hold different experts: the fullest one decides
+    extra = draft.weight_bytes if draft is not None else 0
     per_token = pricer.kv_bytes_per_token + (draft.kv_bytes_per_token if draft else 0)
-    return kv_blocks(
-        pricer.system.hbm_capacity,
-        weights,
-        int(first["activations"]),
-        per_token,
-        block_size,
-        memory_fraction,
+    return min(
+        kv_blocks(
+            pricer.system.hbm_capacity,
+            int(c["weights"]) + extra,
+            int(c["activations"]),
+            per_token,
+            block_size,
+            memory_fraction,
+        )
+        for c in classes
     )
 
 
 __all__ = [
     "Batch",
     "IterationPricer",
+    "expert_parallel",
     "kv_blocks",
     "kv_transfer",
     "pipeline_pricer",

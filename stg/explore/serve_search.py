@@ -1,8 +1,9 @@
 """Capacity planning for serving: the fewest GPUs that serve a request stream within SLOs.
 
-For every replica shape (tensor-parallel and pipeline degrees, KV-cache dtype, token budget
-per iteration)
-the search simulates the stream (:func:`stg.explore.serve.simulate`) on a growing number of
+For every replica shape (tensor-parallel and pipeline degrees, for an MoE model the experts
+split over ``ep`` of the ``tp`` GPUs (:func:`stg.explore.serve_cost.expert_parallel`),
+KV-cache dtype, token budget per iteration) the search simulates the stream
+(:func:`stg.explore.serve.simulate`) on a growing number of
 replicas, aggregated or split into prefill and decode pools, and keeps the smallest count
 whose latency percentiles meet the limits (e.g. p99 TTFT under 2 s and p90 TPOT under
 50 ms). More replicas never lengthen the queues a stream meets, so the count is found by
@@ -25,8 +26,14 @@ import numpy as np
 from stg.core.options import GenerateOptions
 from stg.errors import UserError
 from stg.explore.serve import EngineConfig, Simulation, request_table, simulate
-from stg.explore.serve_cost import kv_transfer, pipeline_pricer, replica_blocks
+from stg.explore.serve_cost import (
+    expert_parallel,
+    kv_transfer,
+    pipeline_pricer,
+    replica_blocks,
+)
 from stg.explore.serve_requests import Stream
+from stg.explore.serving_search import uses_experts
 
 
 @dataclass(frozen=True)
@@ -64,6 +71,8 @@ class CapacityPlan:
     prefill_replicas: int
     measured: dict[str, float]
     pp: int = 1
+    ep: int = 1
+    """experts split over ep of the tp GPUs (folded: the replica is still tp · pp GPUs)"""
 
     @property
     def gpus(self) -> int:
@@ -74,6 +83,7 @@ class CapacityPlan:
             "gpus": self.gpus,
             "tp": self.tp,
             "pp": self.pp,
+            "ep": self.ep,
             "kv_dtype": self.kv_dtype,
             "max_num_batched_tokens": self.max_num_batched_tokens,
             "layout": "disaggregated" if self.prefill_replicas else "aggregated",
@@ -158,12 +168,14 @@ class _ShapeResult:
 
 
 def _plan_shapes(
-    work: _Planning, shapes: Sequence[tuple[int, int, str | None, int]]
+    work: _Planning, shapes: Sequence[tuple[int, int, int, str | None, int]]
 ) -> list[_ShapeResult]:
     return [_plan_shape(work, *shape) for shape in shapes]
 
 
-def _plan_shape(work: _Planning, tp: int, pp: int, kv: str | None, budget: int) -> _ShapeResult:
+def _plan_shape(
+    work: _Planning, tp: int, pp: int, ep: int, kv: str | None, budget: int
+) -> _ShapeResult:
     """The fewest replicas of one shape, aggregated and disaggregated, within the limits."""
     registry, system = _resolve(work)
     base, limits = work.base, work.limits
@@ -171,8 +183,8 @@ def _plan_shape(work: _Planning, tp: int, pp: int, kv: str | None, budget: int) 
     if tp * pp > work.max_gpus:
         out.skipped = f"more GPUs per replica than {work.max_gpus}"
         return out
-    options = replace(base, tp=tp, pp=pp, kv_dtype=kv)
     try:
+        options = expert_parallel(replace(base, tp=tp, pp=pp, kv_dtype=kv), ep, registry)
         pricer = pipeline_pricer(options, system, registry)
         blocks = replica_blocks(
             pricer,
@@ -219,7 +231,7 @@ def _plan_shape(work: _Planning, tp: int, pp: int, kv: str | None, budget: int) 
 
         n = _smallest(most, aggregated)
         if n is not None:
-            out.plans.append(CapacityPlan(tp, kv_name, budget, n, 0, found[n], pp))
+            out.plans.append(CapacityPlan(tp, kv_name, budget, n, 0, found[n], pp, ep))
     if "disaggregated" in work.layouts and most >= 2 and pp == 1:
         split: dict[int, tuple[int, dict]] = {}
 
@@ -234,7 +246,9 @@ def _plan_shape(work: _Planning, tp: int, pp: int, kv: str | None, budget: int) 
         n = _smallest(most, lambda n: n >= 2 and disaggregated(n))
         if n is not None:
             prefill, measured = split[n]
-            out.plans.append(CapacityPlan(tp, kv_name, budget, n - prefill, prefill, measured))
+            out.plans.append(
+                CapacityPlan(tp, kv_name, budget, n - prefill, prefill, measured, ep=ep)
+            )
     return out
 
 
@@ -248,6 +262,7 @@ def serving_capacity(
     max_gpus: int,
     tps: Sequence[int] = (1, 2, 4, 8),
     pps: Sequence[int] = (1,),
+    eps: Sequence[int] = (1,),
     kv_dtypes: Sequence[str | None] = (None,),
     budgets: Sequence[int] = (2048,),
     layouts: Sequence[str] = ("aggregated", "disaggregated"),
@@ -258,7 +273,8 @@ def serving_capacity(
     plugins: Sequence[str] = (),
 ) -> CapacityResult:
     """The cheapest layouts of each replica shape that serve ``stream`` within ``limits``
-    on at most ``max_gpus`` GPUs (see the module docstring). The shapes are planned on
+    on at most ``max_gpus`` GPUs (see the module docstring). ``eps``: expert-parallel
+    degrees of an MoE model, each tried with every ``tp`` it divides. The shapes are planned on
     ``runner`` (an :class:`stg.explore.sweep.Engine`: a process pool or a Dask cluster whose
     workers load ``plugins``, those of ``registry``), or in this process; the result is the
     same."""
@@ -286,9 +302,22 @@ def serving_capacity(
         engine or EngineConfig(),
         memory_fraction,
     )
+    if max(eps) > 1 and not uses_experts(base, registry):
+        raise UserError(f"--ep {max(eps)}: model {base.model!r} has no experts to split")
     shapes = [
-        (tp, pp, kv, budget) for tp in tps for pp in pps for kv in kv_dtypes for budget in budgets
+        (tp, pp, ep, kv, budget)
+        for tp in tps
+        for pp in pps
+        for ep in eps
+        if tp % ep == 0
+        for kv in kv_dtypes
+        for budget in budgets
     ]
+    if not shapes:
+        raise UserError(
+            f"--ep {','.join(map(str, eps))}: the experts split over a replica's tp GPUs; "
+            f"allowed: divisors of a --tp value ({','.join(map(str, tps))})"
+        )
     report = None if progress is None else (lambda d, t: progress("replica shapes", d, t))
     _PLANNINGS[work.token] = (registry, system)
     own = runner is None
@@ -300,15 +329,22 @@ def serving_capacity(
         if own:
             runner.close()
     result = CapacityResult([])
-    for (tp, pp, kv, budget), shape in zip(shapes, results, strict=True):
+    for (tp, pp, ep, kv, budget), shape in zip(shapes, results, strict=True):
         result.simulations += shape.simulations
         result.plans.extend(shape.plans)
         if shape.skipped is not None:
-            stages = f", pp {pp}" if pp > 1 else ""
+            stages = (f", ep {ep}" if ep > 1 else "") + (f", pp {pp}" if pp > 1 else "")
             name = f"tp {tp}{stages}, KV {kv or base.dtype}, budget {budget}"
             result.skipped[name] = shape.skipped
     result.plans.sort(
-        key=lambda p: (p.gpus, tuple(p.measured.values()), p.tp, p.pp, p.max_num_batched_tokens)
+        key=lambda p: (
+            p.gpus,
+            tuple(p.measured.values()),
+            p.tp,
+            p.pp,
+            p.ep,
+            p.max_num_batched_tokens,
+        )
     )
     return result
 
