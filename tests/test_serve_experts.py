@@ -235,3 +235,19 @@ def test_cli_serve_reports_ep() -> None:
 
     report = json.loads(result.stdout)
     assert (report["ep"], report["tp"], report["gpus"]) == (2, 2, 2)
+
+
+def test_a_mixed_step_with_folded_experts_serves_one_prompt(registry, system) -> None:
+    """Folded over tp, ep splits no batch: a mixed iteration of one prompt is valid (the check
+    once asked dp·ep to divide its prompts, as if ep multiplied the replicas)."""
+    from stg.core.pipeline import validate_options
+
+    base = expert_parallel(replica(registry, "mixtral-8x7b", tp=2), 2, registry)
+    mixed = replace(
+        base, phase="mixed", batch=3, context=300, prefill_batch=1, chunk=128, prefill_context=0
+    )
+    validate_options(mixed, registry)
+    assert step_time(registry, system, mixed) > 0
+    multiplied = replace(mixed, ep_layout="multiply", etp=None, batch=4)
+    with pytest.raises(UserError, match="dp·ep=2 must divide prefill_batch=1"):
+        validate_options(multiplied, registry)
