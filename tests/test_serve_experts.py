@@ -251,3 +251,19 @@ def test_a_mixed_step_with_folded_experts_serves_one_prompt(registry, system) ->
     multiplied = replace(mixed, ep_layout="multiply", etp=None, batch=4)
     with pytest.raises(UserError, match="dp·ep=2 must divide prefill_batch=1"):
         validate_options(multiplied, registry)
+
+
+def test_a_pipeline_of_expert_parallel_stages_is_the_step_predictor(registry, system) -> None:
+    """Each stage is tp GPUs (ep folds over them): the next stage starts tp ranks on, in
+    the same 4-GPU NVLink domain (not 4 ranks on, across the network)."""
+    from stg.explore.serve_cost import pipeline_pricer
+
+    nvlink, *rest = system.network
+    system = replace(system, network=(replace(nvlink, size=4), *rest))
+    base = expert_parallel(replica(registry, "mixtral-8x7b", num_stacks=4, tp=2), 2, registry)
+    staged = replace(base, pp=2)
+    pricer = pipeline_pricer(staged, system, registry)
+    assert pricer.stage_sends is not None and pricer.stage_sends[0] == 1
+    prompt = 300
+    want = step_time(registry, system, replace(staged, phase="prefill", batch=1, seq=prompt))
+    assert pricer.price(Batch(((prompt, prompt),), ())) == pytest.approx(want, rel=1e-12)

@@ -247,7 +247,8 @@ def _rank_nodes(workload: Workload, system: System) -> list[tuple[Node, tuple[in
 
 class IterationPricer:
     """Seconds of one iteration of any :class:`Batch` on one replica (see the module
-    docstring). ``base``: the serving options of the replica (model, tp, dtypes); ``build``
+    docstring). ``base``: the serving options of the replica (model, tp, experts folded
+    over tp by :func:`expert_parallel`, dtypes); ``build``
     turns options into a workload; ``replay_time`` gives the step predictor's time of one."""
 
     def __init__(
@@ -683,7 +684,8 @@ def replica_blocks(
     that many tokens. A ``draft`` model of speculative decoding shares the GPUs: its weights
     are held beside the target's and every block holds its keys and values too. A pipeline
     (``base.pp > 1``): every stage holds its own layers' weights and cache; the stage with
-    the fewest blocks decides."""
+    the fewest blocks decides, as the GPU with the most weights does where ``--ep`` gives
+    the GPUs different experts."""
     if not 0 < memory_fraction <= 1:
         raise UserError(f"--gpu-memory-utilization {memory_fraction}: must be in (0, 1]")
     if block_size < 1:
