@@ -1,6 +1,7 @@
 """Expert parallelism in request-level serving: the experts of an MoE model split over ``ep``
-of a replica's ``tp`` GPUs (vLLM's ``--enable-expert-parallel``), priced per iteration with
-the all-to-alls of that iteration's tokens, and searched by capacity planning."""
+of a replica's ``tp`` GPUs (vLLM's ``--enable-expert-parallel``) or over ``ep`` data-parallel
+attention ranks of ``tp`` GPUs each, priced per iteration with the collectives of that
+iteration's tokens, and searched by capacity planning."""
 
 from __future__ import annotations
 
@@ -207,7 +208,28 @@ def test_cli_search_takes_ep() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        ([*SEARCH, "--ep", "4"], "error: --ep 4: the experts split over a replica's tp GPUs"),
+        ([*SEARCH, "--ep", "4"], "error: --ep 4: folded, the experts split over a replica's"),
+        ([*SEARCH, "--ep", "2", "--ep_layout", "x"], "error: --ep_layout 'x' is not allowed"),
+        (
+            [
+                "serve",
+                "--model",
+                "mixtral-8x7b",
+                "--num_stacks",
+                "2",
+                "--ep",
+                "2",
+                "--ep_layout",
+                "multiply",
+                "--prefill-replicas",
+                "1",
+            ],
+            "error: --ep 2 --ep_layout multiply: a replica of data-parallel attention ranks",
+        ),
+        (
+            ["serve", "--model", "mixtral-8x7b", "--num_stacks", "2", "--ep_layout", "dp"],
+            "error: --ep_layout 'dp': allowed values are fold, multiply",
+        ),
         (
             ["serve", "--model", "mixtral-8x7b", "--num_stacks", "2", "--tp", "2", "--ep", "3"],
             "error: --ep 3: the experts split over the replica's tensor-parallel GPUs",
@@ -267,3 +289,97 @@ def test_a_pipeline_of_expert_parallel_stages_is_the_step_predictor(registry, sy
     prompt = 300
     want = step_time(registry, system, replace(staged, phase="prefill", batch=1, seq=prompt))
     assert pricer.price(Batch(((prompt, prompt),), ())) == pytest.approx(want, rel=1e-12)
+
+
+# -- data-parallel attention (--ep_layout multiply) --------------------------------------------
+
+MULTIPLIED = [("mixtral-8x7b", 1, 2), ("mixtral-8x7b", 2, 4), ("qwen3-30b-a3b", 2, 2)]
+
+
+@pytest.mark.parametrize(("model", "tp", "ep"), MULTIPLIED)
+def test_an_attention_rank_is_the_step_predictor_of_every_rank_alike(
+    registry, system, model, tp, ep
+) -> None:
+    """An iteration of one data-parallel attention rank is priced as every one of the ep
+    ranks running the same batch: stg predict of ep times its sequences, the experts'
+    tokens moved by all-to-all."""
+    base = expert_parallel(replica(registry, model, tp=tp), ep, registry, "multiply")
+    assert (base.world_size, base.data_replicas) == (tp * ep, ep)
+    workload = build_workload(replace(base, batch=ep), registry)
+    kinds = {n.comm_type for n in workload.rank_classes[0].nodes}
+    assert CollectiveType.ALL_TO_ALL in kinds
+    pricer = replica_pricer(base, system, registry)
+    assert pricer.attention_ranks == ep
+    for batch, prompt in ((1, 300), (3, 77)):
+        options = replace(base, phase="prefill", batch=batch * ep, seq=prompt)
+        got = pricer.price(Batch(((prompt, prompt),) * batch, ()))
+        assert got == pytest.approx(step_time(registry, system, options), rel=1e-12)
+    for batch, context in ((1, 500), (5, 1234)):
+        options = replace(base, phase="decode", batch=batch * ep, context=context, steps=1)
+        got = pricer.price(Batch((), (context + 1,) * batch))
+        assert got == pytest.approx(step_time(registry, system, options), rel=1e-12)
+
+
+def test_attention_ranks_hold_all_the_attention_and_their_share_of_the_experts(
+    registry, system
+) -> None:
+    """Multiplied, each GPU holds the attention and dense layers whole (at tp 1) and half
+    the experts: more than tp 2 (which halves both), less than one GPU."""
+    one = replica(registry, "mixtral-8x7b", tp=1)
+    two = replica(registry, "mixtral-8x7b", tp=2)
+    weights = [
+        replica_pricer(o, system, registry).weight_bytes
+        for o in (one, expert_parallel(one, 2, registry, "multiply"), two)
+    ]
+    assert weights[0] > weights[1] > weights[2]
+
+
+def test_the_search_splits_the_experts_that_do_not_fit_one_gpu(registry, system) -> None:
+    """Mixtral 8x7B's 46.7B bf16 parameters (93 GB) leave no KV cache on one 80 GB GPU at
+    0.9 of its memory (72 GB); two attention ranks of one GPU each hold 1.6B parameters of
+    attention, embeddings and routers and half of the 45.1B in experts (48 GB): the only
+    plan is ep 2, two GPUs a replica, and it is the fewest replicas by direct simulation."""
+    base = replica(registry, "mixtral-8x7b", num_stacks=None)
+    stream = generate(
+        arrival="poisson", rate=5, duration=10, prompt="fixed:512", output="fixed:32", seed=0
+    )
+    limits = Limits(tpot=(90, 0.05))
+    result = serving_capacity(
+        stream, base, system, registry, limits, max_gpus=4, tps=(1,), eps=(1, 2),
+        ep_layouts=("multiply",), layouts=("aggregated",),
+    )  # fmt: skip
+    assert list(result.skipped) == ["tp 1, KV bf16, budget 2048"]
+    [plan] = result.plans
+    assert (plan.tp, plan.ep, plan.ep_layout, plan.gpus) == (1, 2, "multiply", 2 * plan.replicas)
+    options = expert_parallel(base, 2, registry, "multiply")
+    pricer = replica_pricer(options, system, registry)
+    blocks = replica_blocks(
+        pricer, options, registry, tokens=2048, block_size=16, memory_fraction=0.9
+    )
+    for replicas, meets in ((plan.replicas, True), (plan.replicas - 1, False)):
+        if replicas < 1:
+            continue
+        sim = simulate(
+            stream,
+            pricer,
+            EngineConfig(replicas=2 * replicas, blocks=blocks),
+            transfer_time=kv_transfer(pricer),
+        )
+        measured = limits.measure(sim)
+        assert limits.met(measured) is meets, (plan, replicas)
+        assert measured == plan.measured or not meets
+
+
+def test_cli_serves_data_parallel_attention_ranks() -> None:
+    args = [
+        "serve", "--model", "mixtral-8x7b", "--num_stacks", "2", "--ep", "2", "--ep_layout",
+        "multiply", "--replicas", "2", "--rate", "4", "--duration", "5",
+    ]  # fmt: skip
+    result = CliRunner().invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    import json
+
+    report = json.loads(result.stdout)
+    assert (report["gpus"], report["virtual_engines"], report["ep_layout"]) == (4, 4, "multiply")
+    text = CliRunner().invoke(app, args)
+    assert "ep 2 data-parallel attention: 4 virtual engines" in text.stdout

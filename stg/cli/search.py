@@ -576,14 +576,16 @@ def _capacity(
     from stg.cli import _plugins_of
     from stg.core.precision import DTYPE_BYTES
     from stg.explore.serve import EngineConfig
+    from stg.explore.serve_cost import EP_LAYOUTS
     from stg.explore.serve_defaults import DEFAULT_BUDGET, TOKENIZE_TOKENS_PER_S
     from stg.explore.serve_requests import generate
     from stg.explore.serve_search import Limits, serving_capacity
     from stg.explore.sweep import open_engine
     from stg.trace.parallel import resolve_jobs
 
+    ep_layouts = _words(values.pop("ep_layout_values"), EP_LAYOUTS, "--ep_layout") or ["fold"]
     for name, flag in {**TRAINING_AXES, "replica_batch_values": "--replica-batch"}.items():
-        if values.pop(name) is not None:
+        if name != "ep_layout_values" and values.pop(name) is not None:
             raise UserError(f"{flag} is not searched by capacity planning (phase=serve)")
     pps = _ints(values.pop("pp_values")) or [1]
     eps = _ints(values.pop("ep_values")) or [1]
@@ -648,6 +650,7 @@ def _capacity(
             tps=tps,
             pps=pps,
             eps=eps,
+            ep_layouts=ep_layouts,
             kv_dtypes=kv,
             budgets=budgets,
             layouts=layouts,
@@ -710,7 +713,7 @@ def _capacity(
             str(plan.gpus),
             str(plan.tp),
             str(plan.pp),
-            str(plan.ep),
+            f"{plan.ep} multiply" if plan.ep_layout == "multiply" else str(plan.ep),
             plan.kv_dtype,
             str(plan.max_num_batched_tokens),
             "disaggregated" if plan.prefill_replicas else "aggregated",

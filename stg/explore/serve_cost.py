@@ -259,13 +259,16 @@ class IterationPricer:
         build: Any,
         replay_time: Any,
     ) -> None:
-        if base.pp != 1 or base.sp != 1 or base.dp != 1 or (base.ep != 1 and not base.ep_folded):
+        if base.pp != 1 or base.sp != 1 or base.dp != 1:
             raise UserError(
-                f"a serving replica is priced on tensor parallelism (--tp) and expert "
-                f"parallelism folded over its tp GPUs (--ep); got pp={base.pp} sp={base.sp} "
-                f"dp={base.dp} ep={base.ep} ep_layout={base.ep_layout} (allowed: 1 each, ep "
-                "with ep_layout=fold; replicas are --replicas)"
+                f"a serving replica is priced on tensor and expert parallelism (--tp, --ep); "
+                f"got pp={base.pp} sp={base.sp} dp={base.dp} (allowed: 1 each; replicas are "
+                "--replicas)"
             )
+        self.attention_ranks = base.data_replicas
+        """ranks that run attention on batches of their own (``ep`` with the experts
+        multiplying the replica, else 1): every one priced as running this one's batch"""
+        ranks = self.attention_ranks
         self.system = system
         self.kernels = kernels
         self.dtype = base.dtype
@@ -276,19 +279,19 @@ class IterationPricer:
         c0, c1 = CONTEXTS
         p0, p1 = PROMPTS
         self._decode = decode
-        one = build(replace(decode, batch=1, context=c0))
-        two = build(replace(decode, batch=2, context=c0))
-        three = build(replace(decode, batch=3, context=c0))
-        far = build(replace(decode, batch=1, context=c1))
-        short = build(replace(prefill, batch=1, seq=p0))
-        long = build(replace(prefill, batch=1, seq=p1))
+        one = build(replace(decode, batch=ranks, context=c0))
+        two = build(replace(decode, batch=2 * ranks, context=c0))
+        three = build(replace(decode, batch=3 * ranks, context=c0))
+        far = build(replace(decode, batch=ranks, context=c1))
+        short = build(replace(prefill, batch=ranks, seq=p0))
+        long = build(replace(prefill, batch=ranks, seq=p1))
         chunked = build(
             replace(
                 base,
                 phase="mixed",
-                batch=1,
+                batch=ranks,
                 context=c0,
-                prefill_batch=1,
+                prefill_batch=ranks,
                 chunk=p0,
                 prefill_context=CHUNK_CONTEXT,
                 micro_batch=None,
@@ -405,9 +408,10 @@ class IterationPricer:
         self._attention_nodes = list(attention.values())
 
     def expert_slots(self, tokens: int) -> int:
-        """Slots of the fullest expert for one batch of ``tokens`` tokens (stg's routing model,
-        :func:`stg.core.routing.expert_capacity`): what an MoE layer's kernels are shaped by."""
-        group = Group("iteration", 1, tokens, tokens)
+        """Slots of the fullest expert for one batch of ``tokens`` tokens on every attention
+        rank (stg's routing model, :func:`stg.core.routing.expert_capacity`): what an MoE
+        layer's kernels are shaped by."""
+        group = Group("iteration", self.attention_ranks, tokens, tokens)
         return int(group_values(self._decode, group)[Capacity])
 
     def _regressors(self, tokens: int, positions: int) -> Any:
@@ -444,13 +448,14 @@ class IterationPricer:
         """Two steps it did not read, priced both ways: a prefill of two prompts and a
         decode step of three sequences."""
         prompt, context = PROMPTS[1] - 5, CONTEXTS[1] + 7
+        ranks = self.attention_ranks
         cases = (
             (
-                replace(base, phase="prefill", batch=2, seq=prompt),
+                replace(base, phase="prefill", batch=2 * ranks, seq=prompt),
                 Batch(((prompt, prompt),) * 2, ()),
             ),
             (
-                replace(base, phase="decode", batch=3, context=context, steps=1),
+                replace(base, phase="decode", batch=3 * ranks, context=context, steps=1),
                 Batch((), (context + 1,) * 3),
             ),
         )
@@ -535,20 +540,34 @@ class IterationPricer:
         return seconds
 
 
-def expert_parallel(options: GenerateOptions, ep: int, registry: Any) -> GenerateOptions:
-    """``options`` with the experts split over ``ep`` of the replica's ``tp`` GPUs, as vLLM's
-    ``--enable-expert-parallel`` splits them (its MoE layers' EP group is the TP group):
-    attention and the dense layers stay tensor-parallel over all ``tp``, each GPU holds
-    ``experts / ep`` experts, each expert's FFN split over ``tp / ep`` of them (stg's
-    ``ep_layout=fold`` with ``etp = tp/ep``; its collectives are the workload's own: every GPU
-    holds every token, so the experts' outputs are gathered over the ep GPUs).
-    ``ep`` 1 leaves the options as they are."""
+EP_LAYOUTS = ("fold", "multiply")
+"""How ``--ep`` places a serving replica's experts (see :func:`expert_parallel`)."""
+
+
+def expert_parallel(
+    options: GenerateOptions, ep: int, registry: Any, layout: str = "fold"
+) -> GenerateOptions:
+    """``options`` with an MoE model's experts split over ``ep`` GPUs; ``ep`` 1 leaves them
+    as they are.
+
+    ``fold`` (default): over ``ep`` of the replica's ``tp`` GPUs, as vLLM's
+    ``--enable-expert-parallel`` splits them over its tensor-parallel group: attention and
+    the dense layers stay tensor-parallel over all ``tp``, each GPU holds ``experts / ep``
+    experts, each expert's FFN split over ``tp / ep`` of them (stg's ``ep_layout=fold`` with
+    ``etp = tp/ep``; every GPU holds every token, so the experts' outputs are gathered over
+    the ep GPUs). ``multiply``: a replica of ``tp · ep`` GPUs whose attention is
+    data-parallel over ``ep`` ranks of ``tp`` GPUs, each with its own batch and KV cache,
+    the experts split over the ``ep`` ranks and their tokens moved by all-to-all (vLLM's
+    ``--data-parallel-size`` with expert parallelism, SGLang's DP attention; stg's
+    ``ep_layout=multiply``)."""
+    if layout not in EP_LAYOUTS:
+        raise UserError(f"--ep_layout {layout!r}: allowed values are {', '.join(EP_LAYOUTS)}")
     if ep == 1:
         return options
-    if ep < 1 or options.tp % ep:
+    if ep < 1 or (layout == "fold" and options.tp % ep):
         raise UserError(
             f"--ep {ep}: the experts split over the replica's tensor-parallel GPUs; allowed: "
-            f"a positive divisor of --tp {options.tp}"
+            f"a positive divisor of --tp {options.tp} (or --ep_layout multiply)"
         )
     from stg.explore.serving_search import uses_experts
 
@@ -558,6 +577,8 @@ def expert_parallel(options: GenerateOptions, ep: int, registry: Any) -> Generat
         raise UserError(
             f"--ep {ep}: must divide the {options.experts} experts of {options.model!r}"
         )
+    if layout == "multiply":
+        return replace(options, ep=ep, ep_layout="multiply", etp=None)
     return replace(options, ep=ep, ep_layout="fold", etp=options.tp // ep)
 
 
@@ -633,9 +654,11 @@ def pipeline_pricer(base: GenerateOptions, system: System, registry: Any) -> Ite
         validate_options(options, registry)
         return build_workload(options, registry)
 
+    ranks = pricer.attention_ranks
+
     def sends(batch: int) -> list[Node]:
         workload = build(
-            replace(base, phase="decode", batch=batch, context=CONTEXTS[0], steps=1,
+            replace(base, phase="decode", batch=batch * ranks, context=CONTEXTS[0], steps=1,
                     micro_batch=None, prefill_batch=0)
         )  # fmt: skip
         first = workload.rank_classes[0]
@@ -652,9 +675,12 @@ def pipeline_pricer(base: GenerateOptions, system: System, registry: Any) -> Ite
     pricer._body.clear()  # the tensor-parallel check cached bodies without the sends
     prompt, context = PROMPTS[1] - 3, CONTEXTS[1] + 5
     for options, batch in (
-        (replace(base, phase="prefill", batch=2, seq=prompt), Batch(((prompt, prompt),) * 2, ())),
         (
-            replace(base, phase="decode", batch=3, context=context, steps=1),
+            replace(base, phase="prefill", batch=2 * ranks, seq=prompt),
+            Batch(((prompt, prompt),) * 2, ()),
+        ),
+        (
+            replace(base, phase="decode", batch=3 * ranks, context=context, steps=1),
             Batch((), (context + 1,) * 3),
         ),
     ):
@@ -691,7 +717,9 @@ def replica_blocks(
     if block_size < 1:
         raise UserError(f"--block-size {block_size}: must be a positive integer")
     memory = registry.predictors.get("memory")
-    largest = pricer._build(replace(base, phase="prefill", batch=1, seq=tokens, context=None))
+    largest = pricer._build(
+        replace(base, phase="prefill", batch=pricer.attention_ranks, seq=tokens, context=None)
+    )
     classes = memory.predict(largest, pricer.system)["classes"]
     if base.pp > 1:
         if draft is not None:
@@ -725,6 +753,7 @@ def replica_blocks(
 
 
 __all__ = [
+    "EP_LAYOUTS",
     "Batch",
     "IterationPricer",
     "expert_parallel",
