@@ -178,7 +178,7 @@ def _own_parameters() -> list[inspect.Parameter]:
             "ep_values",
             "--ep",
             "Expert-parallel degrees (default: 1; MoE: divisors; --phase serve: 1, the experts "
-            "split over ep of each replica's tp GPUs).",
+            "split over ep GPUs as --ep_layout places them, fold by default).",
         ),
         _axis(
             "micro_batch_values",
@@ -189,7 +189,9 @@ def _own_parameters() -> list[inspect.Parameter]:
             "ep_layout_values",
             "--ep_layout",
             "Expert-parallel layouts: multiply, fold (Megatron's MoE parallel folding: ep·etp "
-            "divides dp·tp·cp; default: multiply, or fold where --etp is given).",
+            "divides dp·tp·cp; default: multiply, or fold where --etp is given; --phase serve: "
+            "fold, the experts over each replica's tp GPUs, multiply, data-parallel attention "
+            "ranks).",
             "--ep-layout",
         ),
         _axis("recompute_values", "--recompute", "none, selective, full (default: all)."),

@@ -38,6 +38,12 @@ KV cache read otherwise.
 
 A mixed workload of stg (``--phase mixed``) of one prefill group and one decode context is
 exactly such an iteration: every weight read once, the attention core once per group.
+
+An MoE model's experts may be split over ``ep`` GPUs (:func:`expert_parallel`): folded over
+the replica's ``tp`` GPUs, a replica is priced as above; with data-parallel attention
+(``multiply``) the pricer prices one attention rank's iteration as the step in which every
+one of the ``ep`` ranks runs that batch (its references built at ``ep`` times their
+sequences, the fullest expert's slots over all their tokens).
 """
 
 from __future__ import annotations
@@ -247,8 +253,8 @@ def _rank_nodes(workload: Workload, system: System) -> list[tuple[Node, tuple[in
 
 class IterationPricer:
     """Seconds of one iteration of any :class:`Batch` on one replica (see the module
-    docstring). ``base``: the serving options of the replica (model, tp, experts folded
-    over tp by :func:`expert_parallel`, dtypes); ``build``
+    docstring). ``base``: the serving options of the replica (model, tp, experts placed by
+    :func:`expert_parallel`, dtypes); ``build``
     turns options into a workload; ``replay_time`` gives the step predictor's time of one."""
 
     def __init__(
@@ -564,7 +570,9 @@ def expert_parallel(
         raise UserError(f"--ep_layout {layout!r}: allowed values are {', '.join(EP_LAYOUTS)}")
     if ep == 1:
         return options
-    if ep < 1 or (layout == "fold" and options.tp % ep):
+    if ep < 1:
+        raise UserError(f"--ep {ep}: must be a positive integer")
+    if layout == "fold" and options.tp % ep:
         raise UserError(
             f"--ep {ep}: the experts split over the replica's tensor-parallel GPUs; allowed: "
             f"a positive divisor of --tp {options.tp} (or --ep_layout multiply)"
