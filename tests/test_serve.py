@@ -110,7 +110,7 @@ def test_a_chunk_after_cached_tokens_costs_more_attention(pricer) -> None:
 
 
 def test_a_pipeline_or_mla_replica_is_refused(registry, system) -> None:
-    with pytest.raises(UserError, match="tensor parallelism alone"):
+    with pytest.raises(UserError, match="priced on tensor and expert parallelism"):
         replica_pricer(replica(registry, pp=2), system, registry)
     with pytest.raises(UserError, match="decode step runs q_absorb where its prefill runs"):
         replica_pricer(replica(registry, "deepseek"), system, registry)

@@ -122,8 +122,9 @@ def test_cli_limits_default_to_p99_ttft_and_p90_tpot() -> None:
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--ep", "2"], "--ep: a serving replica is priced on tensor and pipeline"),
-        (["--pp", "0"], "--pp takes positive integers"),
+        (["--ep", "2"], "--ep 2: model 'llama' has no experts to split"),
+        (["--ep", "0"], "--pp and --ep take positive integers"),
+        (["--pp", "0"], "--pp and --ep take positive integers"),
         (["--replica-batch", "8"], "--replica-batch is not searched by capacity planning"),
         (["--layouts", "mixed"], "--layouts 'mixed' is not allowed; allowed: aggregated"),
         (["--routing", "random"], "--routing 'random': allowed values are"),

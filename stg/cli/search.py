@@ -174,7 +174,12 @@ def _own_parameters() -> list[inspect.Parameter]:
         ),
         _axis("pp_values", "--pp", "Pipeline degrees (default: divisors of the GPU count)."),
         _axis("cp_values", "--cp", "Context-parallel degrees (default: 1)."),
-        _axis("ep_values", "--ep", "Expert-parallel degrees (default: 1; MoE: divisors)."),
+        _axis(
+            "ep_values",
+            "--ep",
+            "Expert-parallel degrees (default: 1; MoE: divisors; --phase serve: 1, the experts "
+            "split over ep GPUs as --ep_layout places them, fold by default).",
+        ),
         _axis(
             "micro_batch_values",
             "--micro-batch",
@@ -184,7 +189,9 @@ def _own_parameters() -> list[inspect.Parameter]:
             "ep_layout_values",
             "--ep_layout",
             "Expert-parallel layouts: multiply, fold (Megatron's MoE parallel folding: ep·etp "
-            "divides dp·tp·cp; default: multiply, or fold where --etp is given).",
+            "divides dp·tp·cp; default: multiply, or fold where --etp is given; --phase serve: "
+            "fold, the experts over each replica's tp GPUs, multiply, data-parallel attention "
+            "ranks).",
             "--ep-layout",
         ),
         _axis("recompute_values", "--recompute", "none, selective, full (default: all)."),
@@ -571,23 +578,21 @@ def _capacity(
     from stg.cli import _plugins_of
     from stg.core.precision import DTYPE_BYTES
     from stg.explore.serve import EngineConfig
+    from stg.explore.serve_cost import EP_LAYOUTS
     from stg.explore.serve_defaults import DEFAULT_BUDGET, TOKENIZE_TOKENS_PER_S
     from stg.explore.serve_requests import generate
     from stg.explore.serve_search import Limits, serving_capacity
     from stg.explore.sweep import open_engine
     from stg.trace.parallel import resolve_jobs
 
+    ep_layouts = _words(values.pop("ep_layout_values"), EP_LAYOUTS, "--ep_layout") or ["fold"]
     for name, flag in {**TRAINING_AXES, "replica_batch_values": "--replica-batch"}.items():
-        if values.pop(name) is not None:
+        if name != "ep_layout_values" and values.pop(name) is not None:
             raise UserError(f"{flag} is not searched by capacity planning (phase=serve)")
-    if values.pop("ep_values") is not None:
-        raise UserError(
-            "--ep: a serving replica is priced on tensor and pipeline parallelism (--tp, --pp); "
-            "an MoE model's experts are split by --tp"
-        )
     pps = _ints(values.pop("pp_values")) or [1]
-    if min(pps) < 1:
-        raise UserError("--pp takes positive integers")
+    eps = _ints(values.pop("ep_values")) or [1]
+    if min(pps) < 1 or min(eps) < 1:
+        raise UserError("--pp and --ep take positive integers")
     limits = Limits(
         ttft=_limit(values.pop("max_ttft"), "--max-ttft"),
         tpot=_limit(values.pop("max_tpot"), "--max-tpot"),
@@ -646,6 +651,8 @@ def _capacity(
             max_gpus=gpus,
             tps=tps,
             pps=pps,
+            eps=eps,
+            ep_layouts=ep_layouts,
             kv_dtypes=kv,
             budgets=budgets,
             layouts=layouts,
@@ -694,7 +701,8 @@ def _capacity(
         out.print("no layout meets the limits; raise them or allow more GPUs (--gpus)")
         raise typer.Exit(1)
     table = Table(title="cheapest layouts", title_justify="left")
-    for column in ("#", "GPUs", "tp", "pp", "kv", "budget", "layout", "replicas", "TTFT", "TPOT"):
+    columns = ("#", "GPUs", "tp", "pp", "ep", "kv", "budget", "layout", "replicas", "TTFT", "TPOT")
+    for column in columns:
         table.add_column(column, justify="right")
     for i, plan in enumerate(result.plans[:top], start=1):
         replicas = (
@@ -707,6 +715,7 @@ def _capacity(
             str(plan.gpus),
             str(plan.tp),
             str(plan.pp),
+            f"{plan.ep} multiply" if plan.ep_layout == "multiply" else str(plan.ep),
             plan.kv_dtype,
             str(plan.max_num_batched_tokens),
             "disaggregated" if plan.prefill_replicas else "aggregated",

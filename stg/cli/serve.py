@@ -94,8 +94,16 @@ def _replicas(report: dict[str, Any]) -> str:
 
 
 def _stages(report: dict[str, Any]) -> str:
-    pp = report["pp"]
-    return f", pp {pp}: {report['virtual_engines']} virtual engines" if pp > 1 else ""
+    pp, ep = report["pp"], report["ep"]
+    experts = f", ep {ep}" if ep > 1 else ""
+    if ep > 1 and report["ep_layout"] == "multiply":
+        experts += " data-parallel attention"
+    engines = report["virtual_engines"] // report["replicas"]
+    return (
+        experts
+        + (f", pp {pp}" if pp > 1 else "")
+        + (f": {report['virtual_engines']} virtual engines" if engines > 1 else "")
+    )
 
 
 def _text(report: dict[str, Any]) -> str:
@@ -138,6 +146,19 @@ def serve(
         "--pp",
         help="Pipeline stages per replica, run as vLLM V0 runs them: pp virtual engines, each "
         "with its own scheduler and 1/pp of the KV cache.",
+    ),
+    ep: int = typer.Option(
+        1,
+        "--ep",
+        help="MoE models: split the experts over ep GPUs (see --ep_layout).",
+    ),
+    ep_layout: str = typer.Option(
+        "fold",
+        "--ep_layout",
+        help="fold: the experts over ep of the replica's tp GPUs, each expert's FFN over "
+        "tp/ep (vLLM's --enable-expert-parallel; ep divides tp). multiply: a replica of "
+        "tp·ep GPUs, attention data-parallel over ep ranks of tp GPUs, each with its own "
+        "scheduler and KV cache (vLLM's --data-parallel-size with expert parallelism).",
     ),
     dtype: str = typer.Option("bf16", "--dtype", help="Weights and compute dtype."),
     kv_dtype: str | None = typer.Option(
@@ -288,6 +309,7 @@ def serve(
     from stg.explore.serve import EngineConfig, request_table, simulate, summary
     from stg.explore.serve import timeline as timeline_of
     from stg.explore.serve_cost import (
+        expert_parallel,
         kv_transfer,
         pipeline_pricer,
         replica_blocks,
@@ -348,6 +370,11 @@ def serve(
         raise UserError(
             f"--pp {pp}: a pipelined replica takes neither --speculative nor --prefill-replicas"
         )
+    if ep > 1 and ep_layout == "multiply" and (speculative or prefill_replicas):
+        raise UserError(
+            f"--ep {ep} --ep_layout multiply: a replica of data-parallel attention ranks takes "
+            "neither --speculative nor --prefill-replicas"
+        )
     if trace is not None:
         stream = read_trace(trace)
     else:
@@ -366,7 +393,9 @@ def serve(
         longest = int((stream.prompt + stream.output).max())
         budget = max(DEFAULT_BUDGET, longest) if scheduler == "vllm" else DEFAULT_BUDGET
     registry = get_registry()
-    base = _replica(model, tp, pp, dtype, kv_dtype, num_stacks, causal)
+    base = expert_parallel(
+        _replica(model, tp, pp, dtype, kv_dtype, num_stacks, causal), ep, registry, ep_layout
+    )
     system_ = load_system(system)
     pricer = pipeline_pricer(base, system_, registry)
     drafter = None
@@ -391,11 +420,13 @@ def serve(
             "--swap-bandwidth GB/s"
         )
     # vLLM V0 runs a pipeline of pp stages as pp virtual engines, each with its own
-    # scheduler and 1/pp of the blocks (Scheduler: num_gpu_blocks //= pipeline_parallel_size)
+    # scheduler and 1/pp of the blocks (Scheduler: num_gpu_blocks //= pipeline_parallel_size);
+    # data-parallel attention ranks (--ep_layout multiply) are engines of their own too
+    engines = pp * pricer.attention_ranks
     config = replace(
         config,
         blocks=blocks // pp,
-        replicas=replicas * pp,
+        replicas=replicas * engines,
         max_num_batched_tokens=budget,
         swap_bandwidth=host or 0.0,
     )
@@ -404,8 +435,10 @@ def serve(
     report = {
         "model": base.model if model == base.model else model,
         "tp": tp,
+        "ep": ep,
+        "ep_layout": ep_layout,
         "system": system_.name,
-        "gpus": tp * pp * (replicas + prefill_replicas),
+        "gpus": tp * pp * pricer.attention_ranks * (replicas + prefill_replicas),
         "prefill_replicas": prefill_replicas,
         "max_num_batched_tokens": budget,
         "engine_profile": profile.name,
@@ -414,7 +447,7 @@ def serve(
         **summary(sim, slo_ttft=ttft, slo_tpot=tpot),
         "replicas": replicas,
         "pp": pp,
-        "virtual_engines": replicas * pp,
+        "virtual_engines": replicas * engines,
     }
     if requests_table is not None:
         _write_table(requests_table, request_table(sim))

@@ -374,10 +374,11 @@ def _check_phase(o: GenerateOptions) -> None:
             f"micro_batch={o.micro_batch} is not allowed with phase=mixed: one continuously "
             "batched iteration runs all its requests at once (leave it unset)",
         )
-        replicas = o.dp * o.ep
+        replicas = o.data_replicas
         _require(
             o.prefill_batch % replicas == 0,
-            f"dp·ep={replicas} must divide prefill_batch={o.prefill_batch} "
+            f"{'dp' if o.ep_folded else 'dp·ep'}={replicas} must divide "
+            f"prefill_batch={o.prefill_batch} "
             "(each replica serves whole requests)",
         )
     else:

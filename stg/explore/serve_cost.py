@@ -38,6 +38,12 @@ KV cache read otherwise.
 
 A mixed workload of stg (``--phase mixed``) of one prefill group and one decode context is
 exactly such an iteration: every weight read once, the attention core once per group.
+
+An MoE model's experts may be split over ``ep`` GPUs (:func:`expert_parallel`): folded over
+the replica's ``tp`` GPUs, a replica is priced as above; with data-parallel attention
+(``multiply``) the pricer prices one attention rank's iteration as the step in which every
+one of the ``ep`` ranks runs that batch (its references built at ``ep`` times their
+sequences, the fullest expert's slots over all their tokens).
 """
 
 from __future__ import annotations
@@ -247,7 +253,8 @@ def _rank_nodes(workload: Workload, system: System) -> list[tuple[Node, tuple[in
 
 class IterationPricer:
     """Seconds of one iteration of any :class:`Batch` on one replica (see the module
-    docstring). ``base``: the serving options of the replica (model, tp, dtypes); ``build``
+    docstring). ``base``: the serving options of the replica (model, tp, experts placed by
+    :func:`expert_parallel`, dtypes); ``build``
     turns options into a workload; ``replay_time`` gives the step predictor's time of one."""
 
     def __init__(
@@ -258,12 +265,16 @@ class IterationPricer:
         build: Any,
         replay_time: Any,
     ) -> None:
-        if base.pp != 1 or base.sp != 1 or base.dp != 1 or base.ep != 1:
+        if base.pp != 1 or base.sp != 1 or base.dp != 1:
             raise UserError(
-                f"a serving replica is priced on tensor parallelism alone (--tp); got "
-                f"pp={base.pp} sp={base.sp} dp={base.dp} ep={base.ep} (allowed: 1 each; "
-                "replicas are --replicas)"
+                f"a serving replica is priced on tensor and expert parallelism (--tp, --ep); "
+                f"got pp={base.pp} sp={base.sp} dp={base.dp} (allowed: 1 each; replicas are "
+                "--replicas)"
             )
+        self.attention_ranks = base.data_replicas
+        """ranks that run attention on batches of their own (``ep`` with the experts
+        multiplying the replica, else 1): every one priced as running this one's batch"""
+        ranks = self.attention_ranks
         self.system = system
         self.kernels = kernels
         self.dtype = base.dtype
@@ -274,19 +285,19 @@ class IterationPricer:
         c0, c1 = CONTEXTS
         p0, p1 = PROMPTS
         self._decode = decode
-        one = build(replace(decode, batch=1, context=c0))
-        two = build(replace(decode, batch=2, context=c0))
-        three = build(replace(decode, batch=3, context=c0))
-        far = build(replace(decode, batch=1, context=c1))
-        short = build(replace(prefill, batch=1, seq=p0))
-        long = build(replace(prefill, batch=1, seq=p1))
+        one = build(replace(decode, batch=ranks, context=c0))
+        two = build(replace(decode, batch=2 * ranks, context=c0))
+        three = build(replace(decode, batch=3 * ranks, context=c0))
+        far = build(replace(decode, batch=ranks, context=c1))
+        short = build(replace(prefill, batch=ranks, seq=p0))
+        long = build(replace(prefill, batch=ranks, seq=p1))
         chunked = build(
             replace(
                 base,
                 phase="mixed",
-                batch=1,
+                batch=ranks,
                 context=c0,
-                prefill_batch=1,
+                prefill_batch=ranks,
                 chunk=p0,
                 prefill_context=CHUNK_CONTEXT,
                 micro_batch=None,
@@ -403,9 +414,10 @@ class IterationPricer:
         self._attention_nodes = list(attention.values())
 
     def expert_slots(self, tokens: int) -> int:
-        """Slots of the fullest expert for one batch of ``tokens`` tokens (stg's routing model,
-        :func:`stg.core.routing.expert_capacity`): what an MoE layer's kernels are shaped by."""
-        group = Group("iteration", 1, tokens, tokens)
+        """Slots of the fullest expert for one batch of ``tokens`` tokens on every attention
+        rank (stg's routing model, :func:`stg.core.routing.expert_capacity`): what an MoE
+        layer's kernels are shaped by."""
+        group = Group("iteration", self.attention_ranks, tokens, tokens)
         return int(group_values(self._decode, group)[Capacity])
 
     def _regressors(self, tokens: int, positions: int) -> Any:
@@ -442,13 +454,14 @@ class IterationPricer:
         """Two steps it did not read, priced both ways: a prefill of two prompts and a
         decode step of three sequences."""
         prompt, context = PROMPTS[1] - 5, CONTEXTS[1] + 7
+        ranks = self.attention_ranks
         cases = (
             (
-                replace(base, phase="prefill", batch=2, seq=prompt),
+                replace(base, phase="prefill", batch=2 * ranks, seq=prompt),
                 Batch(((prompt, prompt),) * 2, ()),
             ),
             (
-                replace(base, phase="decode", batch=3, context=context, steps=1),
+                replace(base, phase="decode", batch=3 * ranks, context=context, steps=1),
                 Batch((), (context + 1,) * 3),
             ),
         )
@@ -533,6 +546,50 @@ class IterationPricer:
         return seconds
 
 
+EP_LAYOUTS = ("fold", "multiply")
+"""How ``--ep`` places a serving replica's experts (see :func:`expert_parallel`)."""
+
+
+def expert_parallel(
+    options: GenerateOptions, ep: int, registry: Any, layout: str = "fold"
+) -> GenerateOptions:
+    """``options`` with an MoE model's experts split over ``ep`` GPUs; ``ep`` 1 leaves them
+    as they are.
+
+    ``fold`` (default): over ``ep`` of the replica's ``tp`` GPUs, as vLLM's
+    ``--enable-expert-parallel`` splits them over its tensor-parallel group: attention and
+    the dense layers stay tensor-parallel over all ``tp``, each GPU holds ``experts / ep``
+    experts, each expert's FFN split over ``tp / ep`` of them (stg's ``ep_layout=fold`` with
+    ``etp = tp/ep``; every GPU holds every token, so the experts' outputs are gathered over
+    the ep GPUs). ``multiply``: a replica of ``tp · ep`` GPUs whose attention is
+    data-parallel over ``ep`` ranks of ``tp`` GPUs, each with its own batch and KV cache,
+    the experts split over the ``ep`` ranks and their tokens moved by all-to-all (vLLM's
+    ``--data-parallel-size`` with expert parallelism, SGLang's DP attention; stg's
+    ``ep_layout=multiply``)."""
+    if layout not in EP_LAYOUTS:
+        raise UserError(f"--ep_layout {layout!r}: allowed values are {', '.join(EP_LAYOUTS)}")
+    if ep == 1:
+        return options
+    if ep < 1:
+        raise UserError(f"--ep {ep}: must be a positive integer")
+    if layout == "fold" and options.tp % ep:
+        raise UserError(
+            f"--ep {ep}: the experts split over the replica's tensor-parallel GPUs; allowed: "
+            f"a positive divisor of --tp {options.tp} (or --ep_layout multiply)"
+        )
+    from stg.explore.serving_search import uses_experts
+
+    if not uses_experts(replace(options, phase="decode"), registry):
+        raise UserError(f"--ep {ep}: model {options.model!r} has no experts to split")
+    if options.experts % ep:
+        raise UserError(
+            f"--ep {ep}: must divide the {options.experts} experts of {options.model!r}"
+        )
+    if layout == "multiply":
+        return replace(options, ep=ep, ep_layout="multiply", etp=None)
+    return replace(options, ep=ep, ep_layout="fold", etp=options.tp // ep)
+
+
 def kv_blocks(
     capacity_bytes: int,
     weight_bytes: int,
@@ -605,9 +662,11 @@ def pipeline_pricer(base: GenerateOptions, system: System, registry: Any) -> Ite
         validate_options(options, registry)
         return build_workload(options, registry)
 
+    ranks = pricer.attention_ranks
+
     def sends(batch: int) -> list[Node]:
         workload = build(
-            replace(base, phase="decode", batch=batch, context=CONTEXTS[0], steps=1,
+            replace(base, phase="decode", batch=batch * ranks, context=CONTEXTS[0], steps=1,
                     micro_batch=None, prefill_batch=0)
         )  # fmt: skip
         first = workload.rank_classes[0]
@@ -618,15 +677,18 @@ def pipeline_pricer(base: GenerateOptions, system: System, registry: Any) -> Ite
         raise UserError(f"pp {base.pp}: the pipeline's stages send nothing stg can price")
     per_token = two[0].comm_size - one[0].comm_size
     fixed = one[0].comm_size - per_token
-    peer = base.tp * base.dp * base.sp * base.ep  # the next stage's first rank
+    peer = base.world_size // base.pp  # the next stage's first rank
     dimension = link_dimension(0, peer, system)
     pricer.stage_sends = (base.pp - 1, fixed, per_token, dimension)
     pricer._body.clear()  # the tensor-parallel check cached bodies without the sends
     prompt, context = PROMPTS[1] - 3, CONTEXTS[1] + 5
     for options, batch in (
-        (replace(base, phase="prefill", batch=2, seq=prompt), Batch(((prompt, prompt),) * 2, ())),
         (
-            replace(base, phase="decode", batch=3, context=context, steps=1),
+            replace(base, phase="prefill", batch=2 * ranks, seq=prompt),
+            Batch(((prompt, prompt),) * 2, ()),
+        ),
+        (
+            replace(base, phase="decode", batch=3 * ranks, context=context, steps=1),
             Batch((), (context + 1,) * 3),
         ),
     ):
@@ -656,13 +718,16 @@ def replica_blocks(
     that many tokens. A ``draft`` model of speculative decoding shares the GPUs: its weights
     are held beside the target's and every block holds its keys and values too. A pipeline
     (``base.pp > 1``): every stage holds its own layers' weights and cache; the stage with
-    the fewest blocks decides."""
+    the fewest blocks decides, as the GPU with the most weights does where ``--ep`` gives
+    the GPUs different experts."""
     if not 0 < memory_fraction <= 1:
         raise UserError(f"--gpu-memory-utilization {memory_fraction}: must be in (0, 1]")
     if block_size < 1:
         raise UserError(f"--block-size {block_size}: must be a positive integer")
     memory = registry.predictors.get("memory")
-    largest = pricer._build(replace(base, phase="prefill", batch=1, seq=tokens, context=None))
+    largest = pricer._build(
+        replace(base, phase="prefill", batch=pricer.attention_ranks, seq=tokens, context=None)
+    )
     classes = memory.predict(largest, pricer.system)["classes"]
     if base.pp > 1:
         if draft is not None:
@@ -679,22 +744,27 @@ def replica_blocks(
             )
             for c in classes
         )
-    first = classes[0]
-    weights = int(first["weights"]) + (draft.weight_bytes if draft is not None else 0)
+    # with the experts split (--ep) the GPUs hold different experts: the fullest one decides
+    extra = draft.weight_bytes if draft is not None else 0
     per_token = pricer.kv_bytes_per_token + (draft.kv_bytes_per_token if draft else 0)
-    return kv_blocks(
-        pricer.system.hbm_capacity,
-        weights,
-        int(first["activations"]),
-        per_token,
-        block_size,
-        memory_fraction,
+    return min(
+        kv_blocks(
+            pricer.system.hbm_capacity,
+            int(c["weights"]) + extra,
+            int(c["activations"]),
+            per_token,
+            block_size,
+            memory_fraction,
+        )
+        for c in classes
     )
 
 
 __all__ = [
+    "EP_LAYOUTS",
     "Batch",
     "IterationPricer",
+    "expert_parallel",
     "kv_blocks",
     "kv_transfer",
     "pipeline_pricer",

@@ -1,8 +1,10 @@
 """Capacity planning for serving: the fewest GPUs that serve a request stream within SLOs.
 
-For every replica shape (tensor-parallel and pipeline degrees, KV-cache dtype, token budget
-per iteration)
-the search simulates the stream (:func:`stg.explore.serve.simulate`) on a growing number of
+For every replica shape (tensor-parallel and pipeline degrees, for an MoE model the experts
+split over ``ep`` GPUs, folded over the ``tp`` GPUs or multiplying the replica with
+data-parallel attention (:func:`stg.explore.serve_cost.expert_parallel`), KV-cache dtype,
+token budget per iteration) the search simulates the stream
+(:func:`stg.explore.serve.simulate`) on a growing number of
 replicas, aggregated or split into prefill and decode pools, and keeps the smallest count
 whose latency percentiles meet the limits (e.g. p99 TTFT under 2 s and p90 TPOT under
 50 ms). More replicas never lengthen the queues a stream meets, so the count is found by
@@ -11,7 +13,8 @@ doubling and then bisection; a disaggregated layout of ``n`` replicas tries ever
 that the pricer refuses, is skipped with its reason. Plans come back cheapest first (GPUs,
 then the constrained percentiles). A replica of ``pp`` stages runs as vLLM V0 runs a
 pipeline: ``pp`` virtual engines, each with its own scheduler and ``1/pp`` of the KV blocks
-(:func:`stg.explore.serve_cost.pipeline_pricer`); it is planned aggregated only.
+(:func:`stg.explore.serve_cost.pipeline_pricer`); so does a replica of ``ep`` data-parallel
+attention ranks (``ep`` virtual engines); both are planned aggregated only.
 """
 
 from __future__ import annotations
@@ -25,8 +28,15 @@ import numpy as np
 from stg.core.options import GenerateOptions
 from stg.errors import UserError
 from stg.explore.serve import EngineConfig, Simulation, request_table, simulate
-from stg.explore.serve_cost import kv_transfer, pipeline_pricer, replica_blocks
+from stg.explore.serve_cost import (
+    EP_LAYOUTS,
+    expert_parallel,
+    kv_transfer,
+    pipeline_pricer,
+    replica_blocks,
+)
 from stg.explore.serve_requests import Stream
+from stg.explore.serving_search import uses_experts
 
 
 @dataclass(frozen=True)
@@ -64,16 +74,27 @@ class CapacityPlan:
     prefill_replicas: int
     measured: dict[str, float]
     pp: int = 1
+    ep: int = 1
+    """GPUs the experts split over (see ``ep_layout``)"""
+    ep_layout: str = "fold"
+    """fold: ep of the tp GPUs (a replica of tp · pp GPUs); multiply: ep data-parallel
+    attention ranks of tp GPUs (tp · pp · ep GPUs)"""
+
+    @property
+    def attention_ranks(self) -> int:
+        return self.ep if self.ep_layout == "multiply" else 1
 
     @property
     def gpus(self) -> int:
-        return self.tp * self.pp * (self.replicas + self.prefill_replicas)
+        return self.tp * self.pp * self.attention_ranks * (self.replicas + self.prefill_replicas)
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "gpus": self.gpus,
             "tp": self.tp,
             "pp": self.pp,
+            "ep": self.ep,
+            "ep_layout": self.ep_layout,
             "kv_dtype": self.kv_dtype,
             "max_num_batched_tokens": self.max_num_batched_tokens,
             "layout": "disaggregated" if self.prefill_replicas else "aggregated",
@@ -158,21 +179,24 @@ class _ShapeResult:
 
 
 def _plan_shapes(
-    work: _Planning, shapes: Sequence[tuple[int, int, str | None, int]]
+    work: _Planning, shapes: Sequence[tuple[int, int, int, str, str | None, int]]
 ) -> list[_ShapeResult]:
     return [_plan_shape(work, *shape) for shape in shapes]
 
 
-def _plan_shape(work: _Planning, tp: int, pp: int, kv: str | None, budget: int) -> _ShapeResult:
+def _plan_shape(
+    work: _Planning, tp: int, pp: int, ep: int, layout: str, kv: str | None, budget: int
+) -> _ShapeResult:
     """The fewest replicas of one shape, aggregated and disaggregated, within the limits."""
     registry, system = _resolve(work)
     base, limits = work.base, work.limits
     out = _ShapeResult([], None, 0)
-    if tp * pp > work.max_gpus:
+    ranks = ep if layout == "multiply" else 1  # data-parallel attention ranks
+    if tp * pp * ranks > work.max_gpus:
         out.skipped = f"more GPUs per replica than {work.max_gpus}"
         return out
-    options = replace(base, tp=tp, pp=pp, kv_dtype=kv)
     try:
+        options = expert_parallel(replace(base, tp=tp, pp=pp, kv_dtype=kv), ep, registry, layout)
         pricer = pipeline_pricer(options, system, registry)
         blocks = replica_blocks(
             pricer,
@@ -188,9 +212,11 @@ def _plan_shape(work: _Planning, tp: int, pp: int, kv: str | None, budget: int) 
     if blocks // pp < 1:
         out.skipped = "the weights and activations leave no KV-cache block"
         return out
-    # pp virtual engines per replica, each with 1/pp of the blocks (vLLM V0's Scheduler)
+    # pp virtual engines per replica, each with 1/pp of the blocks (vLLM V0's Scheduler),
+    # and one per data-parallel attention rank
+    engines = pp * ranks
     config = replace(work.engine, blocks=blocks // pp, max_num_batched_tokens=budget)
-    most = work.max_gpus // (tp * pp)
+    most = work.max_gpus // (tp * pp * ranks)
 
     def attempt(replicas: int, prefill: int) -> dict | None:
         """The percentiles of one layout if it meets the limits (None otherwise)."""
@@ -199,7 +225,7 @@ def _plan_shape(work: _Planning, tp: int, pp: int, kv: str | None, budget: int) 
             sim = simulate(
                 work.stream,
                 pricer,
-                replace(config, replicas=replicas * pp, prefill_replicas=prefill),
+                replace(config, replicas=replicas * engines, prefill_replicas=prefill),
                 transfer_time=kv_transfer(pricer),
             )
         except UserError:
@@ -219,8 +245,8 @@ def _plan_shape(work: _Planning, tp: int, pp: int, kv: str | None, budget: int) 
 
         n = _smallest(most, aggregated)
         if n is not None:
-            out.plans.append(CapacityPlan(tp, kv_name, budget, n, 0, found[n], pp))
-    if "disaggregated" in work.layouts and most >= 2 and pp == 1:
+            out.plans.append(CapacityPlan(tp, kv_name, budget, n, 0, found[n], pp, ep, layout))
+    if "disaggregated" in work.layouts and most >= 2 and engines == 1:
         split: dict[int, tuple[int, dict]] = {}
 
         def disaggregated(n: int) -> bool:
@@ -234,7 +260,11 @@ def _plan_shape(work: _Planning, tp: int, pp: int, kv: str | None, budget: int) 
         n = _smallest(most, lambda n: n >= 2 and disaggregated(n))
         if n is not None:
             prefill, measured = split[n]
-            out.plans.append(CapacityPlan(tp, kv_name, budget, n - prefill, prefill, measured))
+            out.plans.append(
+                CapacityPlan(
+                    tp, kv_name, budget, n - prefill, prefill, measured, ep=ep, ep_layout=layout
+                )
+            )
     return out
 
 
@@ -248,6 +278,8 @@ def serving_capacity(
     max_gpus: int,
     tps: Sequence[int] = (1, 2, 4, 8),
     pps: Sequence[int] = (1,),
+    eps: Sequence[int] = (1,),
+    ep_layouts: Sequence[str] = ("fold",),
     kv_dtypes: Sequence[str | None] = (None,),
     budgets: Sequence[int] = (2048,),
     layouts: Sequence[str] = ("aggregated", "disaggregated"),
@@ -258,7 +290,10 @@ def serving_capacity(
     plugins: Sequence[str] = (),
 ) -> CapacityResult:
     """The cheapest layouts of each replica shape that serve ``stream`` within ``limits``
-    on at most ``max_gpus`` GPUs (see the module docstring). The shapes are planned on
+    on at most ``max_gpus`` GPUs (see the module docstring). ``eps``: expert-parallel
+    degrees of an MoE model, each tried in every layout of ``ep_layouts``
+    (:func:`stg.explore.serve_cost.expert_parallel`; folded, with every ``tp`` it divides).
+    The shapes are planned on
     ``runner`` (an :class:`stg.explore.sweep.Engine`: a process pool or a Dask cluster whose
     workers load ``plugins``, those of ``registry``), or in this process; the result is the
     same."""
@@ -286,9 +321,27 @@ def serving_capacity(
         engine or EngineConfig(),
         memory_fraction,
     )
+    if max(eps) > 1 and not uses_experts(base, registry):
+        raise UserError(f"--ep {max(eps)}: model {base.model!r} has no experts to split")
+    bad = sorted(set(ep_layouts) - set(EP_LAYOUTS))
+    if bad:
+        raise UserError(f"--ep_layout {bad}: allowed values are {', '.join(EP_LAYOUTS)}")
+    placements = sorted({(ep, layout if ep > 1 else "fold") for ep in eps for layout in ep_layouts})
     shapes = [
-        (tp, pp, kv, budget) for tp in tps for pp in pps for kv in kv_dtypes for budget in budgets
+        (tp, pp, ep, layout, kv, budget)
+        for tp in tps
+        for pp in pps
+        for ep, layout in placements
+        if layout == "multiply" or tp % ep == 0
+        for kv in kv_dtypes
+        for budget in budgets
     ]
+    if not shapes:
+        raise UserError(
+            f"--ep {','.join(map(str, eps))}: folded, the experts split over a replica's tp "
+            f"GPUs; allowed: divisors of a --tp value ({','.join(map(str, tps))}), or "
+            "--ep_layout multiply"
+        )
     report = None if progress is None else (lambda d, t: progress("replica shapes", d, t))
     _PLANNINGS[work.token] = (registry, system)
     own = runner is None
@@ -300,15 +353,24 @@ def serving_capacity(
         if own:
             runner.close()
     result = CapacityResult([])
-    for (tp, pp, kv, budget), shape in zip(shapes, results, strict=True):
+    for (tp, pp, ep, layout, kv, budget), shape in zip(shapes, results, strict=True):
         result.simulations += shape.simulations
         result.plans.extend(shape.plans)
         if shape.skipped is not None:
-            stages = f", pp {pp}" if pp > 1 else ""
+            experts = f", ep {ep}" + (" multiply" if layout == "multiply" else "")
+            stages = (experts if ep > 1 else "") + (f", pp {pp}" if pp > 1 else "")
             name = f"tp {tp}{stages}, KV {kv or base.dtype}, budget {budget}"
             result.skipped[name] = shape.skipped
     result.plans.sort(
-        key=lambda p: (p.gpus, tuple(p.measured.values()), p.tp, p.pp, p.max_num_batched_tokens)
+        key=lambda p: (
+            p.gpus,
+            tuple(p.measured.values()),
+            p.tp,
+            p.pp,
+            p.ep,
+            p.ep_layout,
+            p.max_num_batched_tokens,
+        )
     )
     return result
 
