@@ -428,6 +428,8 @@ def replay_periodic(
                 short = replay(
                     _reduced(problem, keep, built, indexed), *args, costs=costs, **options
                 )
+                for res in short.units:  # the path is walked in the longer replay alone
+                    res.cause = []
                 longer = problem
                 if keep + period < built:
                     longer = _reduced(problem, keep + period, built, indexed)
