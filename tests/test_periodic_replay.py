@@ -57,7 +57,21 @@ def _assert_matches_full(problem: Problem, **options: Any) -> bool:
     exact_path = critical_path(full)
     assert path[0]["first"] == exact_path[0]["first"]
     assert path[-1]["last"] == exact_path[-1]["last"]
+    # the repeated periods summarised: as many nodes and the same time per kind
+    assert _path_totals(path) == pytest.approx(_path_totals(exact_path), rel=RELATIVE)
     return True
+
+
+def _path_totals(path: list[dict[str, Any]]) -> dict[str, float]:
+    """Seconds per kind along a critical path and its nodes (``nodes``), a run of ``repeats``
+    counted that many times."""
+    totals: dict[str, float] = {"nodes": 0}
+    for run in path:
+        repeats = run.get("repeats", 1)
+        seconds = repeats * (run["end_s"] - run["start_s"])
+        totals[run["kind"]] = totals.get(run["kind"], 0.0) + seconds
+        totals["nodes"] += repeats * run["nodes"]
+    return totals
 
 
 SCHEDULES = st.sampled_from(
@@ -245,3 +259,20 @@ def test_stg_predict_exact_flag(capsys: pytest.CaptureFixture[str]) -> None:
     exact = _cli(capsys, *args, "--exact")
     assert (fast["replay"]["kind"], exact["replay"]["kind"]) == ("periodic", "full")
     assert fast["iteration_time_s"] == pytest.approx(exact["iteration_time_s"], rel=RELATIVE)
+
+
+def test_periodic_critical_path_does_not_grow_with_the_micro_batches() -> None:
+    """The path through the repeated periods is one period's runs with a repeat count: as
+    long for 96 micro-batches as for 48, and as long as the full replay's in nodes and time."""
+    lengths = []
+    for micro_batches in (48, 96):
+        options = dict(SMALL, num_stacks=4, pp=4, batch=micro_batches, micro_batch=1)
+        problem = problem_from_workload(_workload(**options), SYSTEM)
+        periodic = replay_periodic(problem, SYSTEM)
+        assert periodic is not None
+        assert _assert_matches_full(problem)
+        repeated = [run for run in periodic.critical_path if "repeats" in run]
+        assert repeated and all(run["period_s"] == periodic.period_time for run in repeated)
+        lengths.append((len(periodic.critical_path), repeated[0]["repeats"]))
+    assert lengths[0][0] == lengths[1][0]
+    assert lengths[1][1] - lengths[0][1] == 48

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from stg import hookimpl
 from stg.cli import main
+from stg.cli._shared import print_reports
 from stg.core.options import GenerateOptions, OptionError
 from stg.core.pipeline import build_workload, name_in_micro_batch, validate_options
 from stg.host.records import PipelineSchedule
@@ -329,3 +330,24 @@ def test_the_lowered_workload_is_refused_when_too_large(
 
 
 _TINY_FLAGS = [f"--{k}={v}" for k, v in TINY.items()] + ["--num_stacks=2"]
+
+
+def test_the_text_report_counts_a_summarised_path_whole(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A periodic replay's critical path gives its repeated period once (``repeats``); the
+    text report counts its runs that many times and splits the same time per kind as the
+    full replay's path."""
+    options = GenerateOptions(model="gpt", micro_batch=1, **SMALL, **PLANS["1f1b"])
+    fast = predict_time_options(options, SYSTEM, registry=REGISTRY)
+    exact = predict_time_options(options, SYSTEM, registry=REGISTRY, exact=True)
+    repeated = [run for run in fast["critical_path"] if "repeats" in run]
+    assert repeated and len(fast["critical_path"]) < len(exact["critical_path"])
+    lines = []
+    for report in (fast, exact):
+        print_reports({"time": report}, "plan")
+        out = " ".join(capsys.readouterr().out.split())
+        lines.append(out[out.index("critical path: ") :])
+    runs = sum(run.get("repeats", 1) for run in fast["critical_path"])
+    assert lines[0].startswith(f"critical path: {runs} runs of nodes;")
+    assert lines[0].split(";")[1] == lines[1].split(";")[1]

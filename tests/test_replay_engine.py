@@ -36,6 +36,7 @@ from stg.core.workload import (
     node_role,
 )
 from stg.host.registry import load_registry
+from stg.perf.replay import Costs, problem_from_workload, replay
 from stg.perf.system import load_system
 from stg.predictors.time import predict_time
 from stg.trace.reader import read_nodes
@@ -228,3 +229,15 @@ def test_the_official_reader_decodes_the_typed_attributes(tmp_path: Path) -> Non
         "role": {"int64_val"},
         "chunk": {"int64_val"},
     }
+
+
+def test_alike_compute_nodes_share_one_cost_key() -> None:
+    """The replay keeps each distinct compute cost key once (``Costs.keys``): alike nodes of
+    every micro-batch and layer hold one key object, not one tuple each."""
+    options = GenerateOptions(model="gpt", **TINY, num_stacks=4, pp=2, batch=8, micro_batch=1)
+    problem = problem_from_workload(build_workload(options, load_registry()), H100)
+    costs = Costs()
+    replay(problem, H100, costs=costs)
+    keys = [key for memo in costs.by_node.values() for _, key, _ in memo.values()]
+    assert len(keys) > 4 * len(costs.keys)
+    assert all(costs.keys[key] is key for key in keys)

@@ -1497,10 +1497,14 @@ def print_reports(reports: Mapping[str, Mapping[str, Any]], source: str) -> None
                 print_group_times(console, report)
             path = report["critical_path"]
             totals: dict[str, float] = {}
-            for run in path:
-                totals[run["kind"]] = totals.get(run["kind"], 0.0) + run["end_s"] - run["start_s"]
+            count = 0
+            for run in path:  # a periodic replay's run of ``repeats`` stands for that many
+                repeats = run.get("repeats", 1)
+                count += repeats
+                seconds = repeats * (run["end_s"] - run["start_s"])
+                totals[run["kind"]] = totals.get(run["kind"], 0.0) + seconds
             parts = ", ".join(f"{k} {format_seconds(v)}" for k, v in sorted(totals.items()))
-            runs = "1 run" if len(path) == 1 else f"{len(path)} runs"
+            runs = "1 run" if count == 1 else f"{count} runs"
             console.print(f"critical path: {runs} of nodes; {parts}")
             if "explain" in report:
                 explained = Table(

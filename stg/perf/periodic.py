@@ -12,9 +12,10 @@ same instants (within :data:`TOLERANCE` of the iteration time). Then each furthe
 ``T`` and the same sums of compute, communication and waits on every unit, and the iteration
 time and the per-unit breakdown (:func:`stg.perf.replay.unit_breakdown`) of the full problem
 are extrapolated from the two, and the critical path is the longer replay's with the further
-periods walked through (:func:`_extended_path`). Where the check fails (a state that never
-repeats, a reduced problem that is not the schedule's own), or the workload is too short for a
-saving, it returns None and the caller replays the whole problem.
+periods walked through, those it crosses alike summarised as one (:func:`_extended_path`).
+Where the check fails (a state that never repeats, a reduced problem that is not the
+schedule's own), or the workload is too short for a saving, it returns None and the caller
+replays the whole problem.
 
 Nodes are matched by their typed attributes (:data:`stg.core.workload.NODE_SEMANTICS`): the
 micro-batch, and within it the type, op, part, phase and role, counted in id order.
@@ -44,7 +45,6 @@ from stg.perf.replay import (
     Problem,
     Replay,
     Unit,
-    path_runs,
     replay,
     unit_breakdown,
 )
@@ -69,7 +69,11 @@ class PeriodicReplay:
     breakdowns: list[dict[str, float]]
     """per unit of the problem, as :func:`stg.perf.replay.unit_breakdown`"""
     critical_path: list[dict[str, Any]]
-    """as :func:`stg.perf.replay.critical_path`"""
+    """as :func:`stg.perf.replay.critical_path`, its repeated periods summarised: where the
+    path goes through the same nodes in every further period, one period's runs carry
+    ``repeats`` (n) and ``period_s`` (T): they stand for n copies of themselves, the k-th (from
+    0) k T later with the nodes k periods later; so the path's length does not grow with the
+    micro-batches"""
     period: int
     """micro-batches per period"""
     period_time: float
@@ -424,6 +428,8 @@ def replay_periodic(
                 short = replay(
                     _reduced(problem, keep, built, indexed), *args, costs=costs, **options
                 )
+                for res in short.units:  # the path is walked in the longer replay alone
+                    res.cause = []
                 longer = problem
                 if keep + period < built:
                     longer = _reduced(problem, keep + period, built, indexed)
@@ -456,8 +462,10 @@ def _extended_path(
     from its last node along what gated each node: the longer replay's, with the periods the
     full problem has beyond it in between. A node after the cut in copy ``c`` (``c`` periods
     later than in the longer replay) was gated by the copy ``c`` of what gated it there; where
-    that lies before the cut, by copy ``c - 1`` of its partner one period later. None where a
-    node has no such partner."""
+    that lies before the cut, by copy ``c - 1`` of its partner one period later. Where the walk
+    enters a copy at the node where it entered the one after, it crosses every copy down to 1
+    the same way: that copy's runs are given once, with ``repeats`` and ``period_s`` (see
+    :attr:`PeriodicReplay.critical_path`). None where a node has no such partner."""
     positions = [{n.id: i for i, n in enumerate(res.unit.nodes)} for res in long.units]
 
     def later(u: int, j: int) -> int:
@@ -499,22 +507,18 @@ def _extended_path(
         return []
     _, u, j = best
     copies = periods - 1 if partners[u][j][1] else 0
-    chain: list[tuple[int, str, str, float, float]] = []
+    # walked back from the last node: (unit, node, copies), latest first
+    walked: list[tuple[int, int, int]] = []
+    segment: list[tuple[int, int, int]] = []
+    """the nodes walked since the path last entered an earlier copy"""
+    repeated: list[tuple[int, int, int]] = []
+    repeats = 0
+    entry: tuple[int, int] | None = None
     limit = sum(len(mbs) for mbs in per_unit) * (periods + 1)  # nodes of the full problem
     try:
         while True:
-            res = long.units[u]
-            delay = copies * period_time
-            chain.append(
-                (
-                    res.unit.rank,
-                    KIND_NAMES[res.kind[j]],
-                    full_name(u, j, copies),
-                    res.start[j] + delay,
-                    res.end[j] + delay,
-                )
-            )
-            cause = res.cause[j]
+            segment.append((u, j, copies))
+            cause = long.units[u].cause[j]
             if cause is None:
                 break
             cu, cj = cause
@@ -523,13 +527,73 @@ def _extended_path(
                 if not partners[cu][cj][1]:
                     raise _NotPeriodic
                 copies -= 1
+                if copies and not repeats and entry == (cu, cj):
+                    # entered this copy where it entered the last one: the walk (which does
+                    # not depend on the copy, but for copy 0) repeats that copy's nodes in
+                    # every copy down to 1
+                    repeats = copies + 1
+                    repeated = [(su, sj, 1) for su, sj, _ in segment]
+                    copies = 0
+                else:
+                    walked.extend(segment)
+                segment = []
+                entry = (cu, cj)
             u, j = cu, cj
-            if len(chain) > limit:
+            if len(walked) + len(segment) > limit:
                 raise _NotPeriodic  # a cycle of causes
+        walked.extend(segment)
+        if not repeats:
+            return _runs(walked[::-1], long, full_name, period_time)
+        after = len(walked) - len(segment)
+        return [
+            *_runs(segment[::-1], long, full_name, period_time),
+            *(
+                dict(run, repeats=repeats, period_s=period_time)
+                for run in _runs(repeated[::-1], long, full_name, period_time)
+            ),
+            *_runs(walked[:after][::-1], long, full_name, period_time),
+        ]
     except _NotPeriodic:
         return None
-    chain.reverse()
-    return path_runs(chain)
+
+
+def _runs(
+    chain: Sequence[tuple[int, int, int]],
+    long: Replay,
+    full_name: Callable[[int, int, int], str],
+    period_time: float,
+) -> list[dict[str, Any]]:
+    """:func:`stg.perf.replay.path_runs` of a chain of (unit, node, copies) of the longer
+    replay, each node ``copies`` periods later; only the runs' first and last nodes named."""
+    runs: list[dict[str, Any]] = []
+    last: tuple[int, int, int] | None = None
+    for u, j, copies in chain:
+        res = long.units[u]
+        rank, kind = res.unit.rank, KIND_NAMES[res.kind[j]]
+        delay = copies * period_time
+        if runs and runs[-1]["rank"] == rank and runs[-1]["kind"] == kind:
+            run = runs[-1]
+            run["end_s"] = res.end[j] + delay
+            run["nodes"] += 1
+        else:
+            if runs and last is not None:
+                runs[-1]["last"] = full_name(*last)
+            name = full_name(u, j, copies)
+            runs.append(
+                {
+                    "rank": rank,
+                    "kind": kind,
+                    "start_s": res.start[j] + delay,
+                    "end_s": res.end[j] + delay,
+                    "nodes": 1,
+                    "first": name,
+                    "last": name,
+                }
+            )
+        last = (u, j, copies)
+    if runs and last is not None:
+        runs[-1]["last"] = full_name(*last)
+    return runs
 
 
 def _base(node: Any) -> tuple[Any, ...]:

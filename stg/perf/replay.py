@@ -609,6 +609,8 @@ class Costs:
     cost"""
     links: dict[tuple[int, ...], str | None] = field(default_factory=dict)
     """the outermost link of each group shape"""
+    keys: dict[Any, Any] = field(default_factory=dict)
+    """each distinct compute cost key, once: alike nodes share one key object"""
 
 
 @dataclass
@@ -672,6 +674,7 @@ class _Sim:
         self.cost_caches = costs.by_key
         self.compute_memo = costs.by_node
         self.link_cache = costs.links
+        self.interned_keys = costs.keys
         self.cost_key: list[list[Any]] = []
         self.comm_link: list[list[str | None]] = []
         self.share_links = share_links and not is_hybrid(system)
@@ -726,6 +729,7 @@ class _Sim:
         # units of one rank class share (the same objects) are keyed once
         cost_cache = self.cost_caches.setdefault(device.name, {})
         memo = self.compute_memo.setdefault(device.name, {})
+        interned = self.interned_keys
         for i, node in enumerate(nodes):
             data, ctrl = node.data_deps, node.ctrl_deps
             deps = data if not ctrl and len(data) < 2 else set(data) | set(ctrl)
@@ -743,6 +747,7 @@ class _Sim:
                     _, ckey, cost = known
                 else:
                     ckey = compute_cost_key(node)
+                    ckey = interned.setdefault(ckey, ckey)
                     cost = cost_cache.get(ckey)
                     if cost is None:
                         cost = cost_cache[ckey] = compute_time(
