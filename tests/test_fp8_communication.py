@@ -8,11 +8,13 @@ ranks is in the autocast dtype, bf16 (stg/core/lowering.py, ``_recipe_collective
   bf16, and so is a column-parallel GEMM's input gradient;
 - the sequence-parallel all-gathers before a TE GEMM move the quantized rows, 1 byte each;
   the embedding's and the output layer's (no TE modules) move bf16;
-- FSDP gathers bf16 weights;
+- FSDP gathers bf16 weights, the distributed optimizer bf16 parameters, and gradients are
+  reduced in fp32 (mixed precision) or bf16;
 - pipeline stages send the hidden states and their gradients in ``pipeline_dtype``, bf16.
 
 Before, delayed scaling (the default recipe) counted all of these but the MoE and context
-exchanges at 1 byte per element, and every recipe's pipeline sends too. The closed forms
+exchanges at 1 byte per element, and every recipe its pipeline sends, its optimizer's
+parameter gathers and (without mixed precision) its gradient reductions. The closed forms
 below count tokens and bytes from those rules, not from stg's code.
 """
 
@@ -79,17 +81,27 @@ def test_tensor_parallel_all_reduces_move_bf16(tmp_path: Path) -> None:
     assert moved["ALL_REDUCE"] == M * (1 + 2 * 4 + 1) * T * D * BF16
 
 
+LAYER = 2 * D * D + 2 * KV * (D // HEADS) * D + 3 * F * D + 2 * D  # q, o; k, v; MLP; norms
+WEIGHTS = V * D + 2 * LAYER + D + V * D  # embedding, two layers, final norm, output layer
+
+
+@pytest.mark.parametrize(("mixed", "grad_bytes"), [("true", 4), ("false", BF16)])
+def test_gradients_and_optimizer_gathers_are_never_fp8(
+    tmp_path: Path, mixed: str, grad_bytes: int
+) -> None:
+    # ZeRO-1 over dp 2, one micro-batch: every gradient reduce-scattered once (fp32 main
+    # gradients under mixed precision, else the parameters' bf16), every updated parameter
+    # shard all-gathered once in the parameters' dtype, bf16
+    moved = _rank0(tmp_path, "--dp", "2", "--zero", "1", "--batch", "2", "--micro_batch", "2",
+                   "--mixed_precision", mixed)  # fmt: skip
+    assert moved["REDUCE_SCATTER"] == WEIGHTS * grad_bytes
+    assert moved["ALL_GATHER"] == WEIGHTS // 2 * BF16
+
+
 def test_fsdp_gathers_bf16_weights(tmp_path: Path) -> None:
     # dp 2 with sharded weights, one micro-batch: the weights of each part (the embedding,
     # two layers, the head's norm and output layer) gathered forward and again backward,
     # the other rank's half, in bf16
     moved = _rank0(tmp_path, "--dp", "2", "--weight_sharded", "true", "--batch", "2",
                    "--micro_batch", "2")  # fmt: skip
-    q_o = 2 * D * D
-    k_v = 2 * KV * (D // HEADS) * D
-    mlp = 3 * F * D
-    norms = 2 * D
-    layer = q_o + k_v + mlp + norms
-    weights = V * D + 2 * layer + D + V * D
-    gathered = 2 * weights // 2
-    assert moved["ALL_GATHER"] == gathered * BF16
+    assert moved["ALL_GATHER"] == 2 * WEIGHTS // 2 * BF16

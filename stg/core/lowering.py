@@ -937,17 +937,21 @@ def bind_part(
         forward = _recipe_quantization(forward, sites, RECIPES[recipe], fp8_dispatch)
         backward = _recipe_quantization(backward, sites, RECIPES[recipe], fp8_dispatch)
 
+    update = bound(part.update, _any_collective)
     if te_recipe:
         # the output layer and the embedding are no TE modules: their weights stay bf16
         fp8_params = param_gather and bool(sites)
         forward = _recipe_collectives(forward, RECIPES[recipe], fp8_params, gathered_fp8)
         backward = _recipe_collectives(backward, RECIPES[recipe], fp8_params, gathered_fp8)
+        # gradients and the distributed optimizer's parameters are never fp8
+        reduce = _recipe_collectives(reduce, RECIPES[recipe], False)
+        update = _recipe_collectives(update, RECIPES[recipe], False)
     return BoundPart(
         part,
         forward,
         backward,
         reduce,
-        bound(part.update, _any_collective),
+        update,
         key(input_tensor) if input_tensor is not None else None,
         key(part.output) if part.output is not None else None,
         key(seed) if seed is not None else None,
@@ -1143,7 +1147,13 @@ def _recipe_collectives(
       without ``fp8_dpa``; TransformerEngine v2.9, ``transformer_engine/pytorch/attention/
       dot_product_attention/context_parallel.py``);
     - FSDP's weight all-gathers: the weights are bf16 parameters, or with ``fp8_params``
-      (Megatron's ``--fp8-param-gather``) the fp8 rowwise copy and its block scales.
+      (Megatron's ``--fp8-param-gather``) the fp8 rowwise copy and its block scales;
+    - the gradient reductions and the distributed optimizer's parameter all-gathers: Megatron
+      keeps them in the parameters' dtype, bf16 (or fp32 gradients with
+      ``--accumulate-allreduce-grads-in-fp32``, stg's ``--mixed_precision``), unless the
+      parameters are fp8 (core_v0.15.0, ``megatron/core/distributed/
+      distributed_data_parallel.py``: ``param_dtype = param.dtype``, ``torch.uint8`` for a
+      ``Float8Tensor``; ``grad_dtype = torch.float if grad_reduce_in_fp32 else param.dtype``).
 
     A quantized tensor is one :func:`_recipe_quantization` marked with the recipe, or under
     delayed scaling a tensor-parallel all-gather reading one of ``gathered_fp8``: TE
