@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -324,12 +325,13 @@ def _gathers(**given: Any) -> dict[str, int]:
 
 
 def test_fsdp_gathers_bf16_weights_or_fp8_ones_with_fp8_param_gather() -> None:
-    # the default recipe's graph gathers 1 byte per element: the elements of each gather
-    elements = _gathers()
+    # a bf16 run gathers 2 bytes per element: the elements of each gather
+    elements = {name: n // 2 for name, n in _gathers(dtype="bf16").items()}
     layer = [name for name in elements if "/layer0/" in name]
     assert layer and any("/embedding/" in name for name in elements)
-    bf16 = _gathers(low_precision_recipe="tensorwise")
-    assert bf16 == {name: 2 * n for name, n in elements.items()}
+    for recipe in ("delayed", "tensorwise"):
+        bf16 = _gathers(low_precision_recipe=recipe)
+        assert bf16 == {name: 2 * n for name, n in elements.items()}, recipe
     # Megatron's --fp8-param-gather: the TE modules' weights in fp8 with their E8M0 scales
     # (one byte per 32 elements); the embedding and the output layer stay bf16
     fp8 = _gathers(low_precision_recipe="mxfp8", fp8_param_gather=True)
@@ -439,14 +441,15 @@ def _collectives(kind: str, **given: Any) -> dict[str, Any]:
 
 
 def test_collectives_outside_the_quantized_tensors_move_bf16() -> None:
-    # the delayed graph moves 1 byte per element: the elements of each collective; a recipe's
-    # sequence-parallel reduce-scatters move the GEMM outputs, bf16
-    elements = _collectives("REDUCE_SCATTER")
-    assert elements
-    recipe = _collectives("REDUCE_SCATTER", low_precision_recipe="mxfp8")
-    assert {k: n.comm_size for k, n in recipe.items()} == {
-        k: 2 * n.comm_size for k, n in elements.items()
-    }
+    # every recipe's sequence-parallel reduce-scatters move the GEMM outputs, bf16: the bytes
+    # of a bf16 run
+    bf16 = _collectives("REDUCE_SCATTER", dtype="bf16")
+    assert bf16
+    for name in ("delayed", "mxfp8"):
+        recipe = _collectives("REDUCE_SCATTER", low_precision_recipe=name)
+        assert {k: n.comm_size for k, n in recipe.items()} == {
+            k: n.comm_size for k, n in bf16.items()
+        }, name
 
 
 MOE = {"model": "moe", "dp": 2, "ep": 2, "tp": 1, "batch": 8, "micro_batch": 4}
@@ -455,7 +458,10 @@ MOE = {"model": "moe", "dp": 2, "ep": 2, "tp": 1, "batch": 8, "micro_batch": 4}
 def test_fp8_dispatch_sends_the_tokens_in_the_recipe_format() -> None:
     # DeepSeek-V3 3.3.3: the tokens before the up-projections and the gradients before the
     # down-projection's backward travel in fp8 (1x128 tiles, fp32 scales); combines bf16
-    elements = _collectives("ALL_TO_ALL", **MOE)
+    elements = {
+        name: replace(node, comm_size=node.comm_size // 2)
+        for name, node in _collectives("ALL_TO_ALL", **MOE, dtype="bf16").items()
+    }
     dispatched = {"layer0/fwd/all_to_all_ep:dispatch",
                   "layer0/bwd/all_to_all_ep:combine.grad_expert_down_1"}  # fmt: skip
     in_micro_batch = {name.split("/", 1)[1] for name in elements}

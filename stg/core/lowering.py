@@ -892,6 +892,8 @@ def bind_part(
     modules = te_modules(part.forward, binder.local_dim)
     quantized: dict[str, int] = {}
     sites: list[QuantizeSite] = []
+    # tensors that TE gathers over tensor parallelism after quantizing them (delayed scaling)
+    gathered_fp8: frozenset[int] = frozenset()
     output_layer: frozenset[str] = frozenset()
     # training computing in fp8 throughout (not a precision plan's casts): TE's recipe
     te_recipe = bool(part.backward) and any(
@@ -902,6 +904,17 @@ def bind_part(
     elif te_recipe and recipe == DEFAULT_RECIPE:
         for module in modules:
             quantized.update(quantize_elements(module, part.forward, part.backward, binder.numel))
+            gathered_fp8 |= {
+                key(site.tensor)
+                for site in quantize_sites(
+                    module,
+                    part.forward,
+                    part.backward,
+                    binder.numel,
+                    lambda op: gemm_shape(op, binder),
+                )
+                if site.operand != "weight"
+            }
     elif te_recipe:
         for module in modules:
             sites += quantize_sites(
@@ -924,24 +937,28 @@ def bind_part(
         forward = _recipe_quantization(forward, sites, RECIPES[recipe], fp8_dispatch)
         backward = _recipe_quantization(backward, sites, RECIPES[recipe], fp8_dispatch)
 
-    if te_recipe and recipe != DEFAULT_RECIPE:
+    update = bound(part.update, _any_collective)
+    if te_recipe:
         # the output layer and the embedding are no TE modules: their weights stay bf16
         fp8_params = param_gather and bool(sites)
-        forward = _recipe_collectives(forward, RECIPES[recipe], fp8_params)
-        backward = _recipe_collectives(backward, RECIPES[recipe], fp8_params)
+        forward = _recipe_collectives(forward, RECIPES[recipe], fp8_params, gathered_fp8)
+        backward = _recipe_collectives(backward, RECIPES[recipe], fp8_params, gathered_fp8)
+        # gradients and the distributed optimizer's parameters are never fp8
+        reduce = _recipe_collectives(reduce, RECIPES[recipe], False)
+        update = _recipe_collectives(update, RECIPES[recipe], False)
     return BoundPart(
         part,
         forward,
         backward,
         reduce,
-        bound(part.update, _any_collective),
+        update,
         key(input_tensor) if input_tensor is not None else None,
         key(part.output) if part.output is not None else None,
         key(seed) if seed is not None else None,
         key(part.grad_input) if part.grad_input is not None else None,
         grads,
         stored,
-        binder.nbytes(boundary) if boundary is not None else 0,
+        _boundary_bytes(boundary, binder, te_recipe) if boundary is not None else 0,
         _zero_shard(part.weights, binder, shard_degree, shard_axes) if shard_degree > 1 else stored,
         sum(binder.unflat_numel(w) for w in part.weights),
         modules,
@@ -962,14 +979,12 @@ def _te_fp8_recipe(
     (:mod:`stg.core.fp8`): the quantization before a GEMM recorded on it
     (``QUANTIZE_ATTR``, :func:`stg.core.fp8.quantize_elements`); every other fp8 kernel but
     the attention core moving its activations in the autocast dtype, bf16 (twice the bytes
-    counted in fp8); the output layer's GEMMs (``output_layer``) in bf16; and the activations
-    that ranks exchange outside TE's fp8 GEMM inputs in bf16 (:func:`autocast_exchange`)."""
+    counted in fp8); and the output layer's GEMMs (``output_layer``) in bf16. Its collectives
+    are :func:`_recipe_collectives`'."""
     widen = AUTOCAST_BYTES // DTYPE_BYTES["fp8"]
     out = []
     for op in ops:
-        if autocast_exchange(op):
-            out.append(replace(op, dtype=AUTOCAST_DTYPE, comm_size=op.comm_size * widen))
-        elif op.type is not NodeType.COMP or op.dtype != "fp8":
+        if op.type is not NodeType.COMP or op.dtype != "fp8":
             out.append(op)
         elif op.name in output_layer:
             out.append(replace(op, dtype=AUTOCAST_DTYPE, tensor_size=op.tensor_size * widen))
@@ -1093,16 +1108,65 @@ def _recipe_quantization(
     return out
 
 
-def _recipe_collectives(ops: list[BoundOp], recipe: Recipe, fp8_params: bool) -> list[BoundOp]:
-    """``ops`` of a recipe's training part (built in fp8, 1 byte per element) with the
-    collectives that move no quantized tensor in bf16, as Transformer Engine and Megatron-LM
-    run them outside the GEMMs (sequence parallelism's reduce-scatters, MoE all-to-alls
-    without ``fp8_dispatch``, context parallelism's keys and values); FSDP's weight
-    all-gathers move bf16 weights too, or with ``fp8_params`` (Megatron's
-    ``--fp8-param-gather``) the fp8 rowwise copy and its block scales."""
+def _boundary_bytes(boundary: Tensor, binder: Binder, te_recipe: bool) -> int:
+    """Bytes of the hidden states a pipeline stage sends on (or the gradient it sends back):
+    in a training part computing in fp8, the autocast dtype, bf16, as Megatron-LM's
+    pipeline communicates them (core_v0.15.0, ``megatron/training/arguments.py``:
+    ``pipeline_dtype = args.params_dtype``; ``pipeline_parallel/p2p_communication.py``: the
+    receive buffers are ``torch.empty(..., dtype=config.pipeline_dtype)``)."""
+    if te_recipe and boundary.dtype == "fp8":
+        return binder.numel(boundary) * AUTOCAST_BYTES
+    return binder.nbytes(boundary)
+
+
+def _recipe_collectives(
+    ops: list[BoundOp],
+    recipe: Recipe,
+    fp8_params: bool,
+    gathered_fp8: frozenset[int] = frozenset(),
+) -> list[BoundOp]:
+    """``ops`` of a training part computing in fp8 (built in fp8, 1 byte per element) with
+    every collective that moves no quantized tensor in bf16, the autocast dtype, as
+    Transformer Engine and Megatron-LM run them outside the GEMMs:
+
+    - a row-parallel GEMM's output, reduce-scattered (sequence parallelism) or all-reduced,
+      and a column-parallel GEMM's input gradient, likewise: TE's GEMMs write
+      ``out_dtype=activation_dtype`` before the collective (TransformerEngine v2.9,
+      ``transformer_engine/pytorch/module/linear.py``, ``_Linear.forward``:
+      ``reduce_scatter_along_first_dim(out, ...)`` / ``allreduce(out, ...)``; the backward's
+      ``dgrad`` likewise); so do the embedding and the output layer, no TE modules;
+    - the MoE all-to-alls: the expert-parallel dispatch and combine (and their gradients)
+      move the permuted hidden states, which TE's ``GroupedLinear`` quantizes only after
+      they arrive (Megatron-LM core_v0.15.0, ``megatron/core/transformer/moe/
+      token_dispatcher.py``, ``MoEAlltoAllTokenDispatcher.token_dispatch``: ``all_to_all``
+      of the permuted ``hidden_states``; ``experts.py``, ``TEGroupedMLP.forward``), unless
+      the recipe dispatches quantized copies (``fp8_dispatch``, marked by
+      :func:`_recipe_quantization`);
+    - context parallelism's keys and values, gathered or passed round the ring, and their
+      gradients: they feed the attention core, which runs in bf16 (DotProductAttention
+      without ``fp8_dpa``; TransformerEngine v2.9, ``transformer_engine/pytorch/attention/
+      dot_product_attention/context_parallel.py``);
+    - FSDP's weight all-gathers: the weights are bf16 parameters, or with ``fp8_params``
+      (Megatron's ``--fp8-param-gather``) the fp8 rowwise copy and its block scales;
+    - the gradient reductions and the distributed optimizer's parameter all-gathers: Megatron
+      keeps them in the parameters' dtype, bf16 (or fp32 gradients with
+      ``--accumulate-allreduce-grads-in-fp32``, stg's ``--mixed_precision``), unless the
+      parameters are fp8 (core_v0.15.0, ``megatron/core/distributed/
+      distributed_data_parallel.py``: ``param_dtype = param.dtype``, ``torch.uint8`` for a
+      ``Float8Tensor``; ``grad_dtype = torch.float if grad_reduce_in_fp32 else param.dtype``).
+
+    A quantized tensor is one :func:`_recipe_quantization` marked with the recipe, or under
+    delayed scaling a tensor-parallel all-gather reading one of ``gathered_fp8``: TE
+    quantizes a sequence-parallel GEMM input (and a row-parallel GEMM's output gradient)
+    before gathering it (``_Linear.forward``: ``gather_along_first_dim(inputmat, tp_group,
+    quantizer=quantizer)``), 1 byte per element."""
     out = []
     for op in ops:
-        quantized = any(k == RECIPE_ATTR for k, _ in op.attrs)
+        quantized = any(k == RECIPE_ATTR for k, _ in op.attrs) or (
+            op.comm_type is CollectiveType.ALL_GATHER
+            and op.tensor_parallel
+            and any(k in gathered_fp8 for k in op.inputs)
+        )
         if op.type is NodeType.COMM_COLL and op.dtype == "fp8" and not quantized:
             elements = op.comm_size // DTYPE_BYTES["fp8"]
             if fp8_params and "weight_gather" in op.tags:
@@ -1111,25 +1175,6 @@ def _recipe_collectives(ops: list[BoundOp], recipe: Recipe, fp8_params: bool) ->
                 op = replace(op, comm_size=elements * AUTOCAST_BYTES, dtype=AUTOCAST_DTYPE)
         out.append(op)
     return out
-
-
-def autocast_exchange(op: BoundOp) -> bool:
-    """Whether a collective of an fp8 training part carries activations that Transformer
-    Engine holds in the autocast dtype (bf16), not fp8:
-
-    - an all-to-all: the expert-parallel dispatch and combine (and their gradients) move the
-      permuted hidden states, which TE's ``GroupedLinear`` quantizes only after they arrive
-      (Megatron-LM core_v0.15.0, ``megatron/core/transformer/moe/token_dispatcher.py``,
-      ``MoEAlltoAllTokenDispatcher.token_dispatch``: ``all_to_all`` of the permuted
-      ``hidden_states``; ``experts.py``, ``TEGroupedMLP.forward``: fp8 padding and
-      quantization inside the expert GEMMs);
-    - a collective over the context-parallel axis alone (``sp``): K and V gathered or passed
-      round the ring, and their gradients, feed the attention core, which runs in bf16
-      (DotProductAttention without ``fp8_dpa``; TransformerEngine v2.9,
-      ``transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py``)."""
-    if op.type is not NodeType.COMM_COLL or op.dtype != "fp8":
-        return False
-    return op.comm_type is CollectiveType.ALL_TO_ALL or op.group_axes == ("sp",)
 
 
 DDP_BUCKET_BYTES = 25 * 2**20
