@@ -381,10 +381,9 @@ def count_parameters(options: Mapping[str, Any] | GenerateOptions) -> list[Stage
 
     GPT: vocabulary-parallel word embedding (V·h/t) and learned positions (s·h; none for MPT,
     whose layers also have no biases) on the first stage; final LayerNorm (2h; h for MPT) on
-    the last; the LM head is tied to the word embedding, and a separate copy (V·h/t) lives on
-    the last stage when pp > 1 (MPT: as Llama's). Llama: untied LM head (V·h/t;
-    with ``tie_embeddings`` the embedding's, a copy on the last stage when pp > 1), final
-    RMSNorm (h), no position embedding.
+    the last. Llama: final RMSNorm (h), no position embedding. Both: an LM head of V·h/t on the
+    last stage as stg generates it; with ``tie_embeddings`` (Megatron's GPT default, MPT) the
+    embedding's at pp 1, a copy on the last stage when pp > 1.
     """
     o = as_options(options)
     h, v, t = o.dmodel, o.dvocal, o.tp
@@ -400,8 +399,7 @@ def count_parameters(options: Mapping[str, Any] | GenerateOptions) -> list[Stage
             embedding = v * h // t + (0 if llama or is_mpt(o) else o.seq * h)
         if last:
             head = h if llama or is_mpt(o) else 2 * h
-            untied = (llama or is_mpt(o)) and not o.tie_embeddings
-            if untied or o.pp > 1:  # tied: the embedding's at pp 1
+            if not o.tie_embeddings or o.pp > 1:  # tied: the embedding's at pp 1
                 head += v * h // t
             head += mtp_parameters_per_rank(o)
         held = sum(layer_parameters_per_rank(o, kind) * n for kind, n in counts.items())

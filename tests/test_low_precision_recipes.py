@@ -526,3 +526,17 @@ def test_eager_quantize_kernels_pay_the_host_time_of_an_op() -> None:
     assert compute_time(amax, h100, "fp8", profile="eager") == EAGER_OP_HOST_S
     cached = nodes["mb1/layer0/fwd/q.cast_weight"]  # reused, as under Megatron
     assert compute_time(cached, h100, "fp8", profile="eager") == 0
+
+
+@pytest.mark.parametrize("recipe", ["delayed", "blockwise"])
+def test_an_indexer_without_weights_is_no_linear_to_quantize(recipe: str) -> None:
+    """DeepSeek-V3.2's lightning indexer scores queries against keys with an einsum that reads
+    no weight: no Transformer Engine linear, so no quantize site (it raised StopIteration)."""
+    from stg.core.options import resolve_model
+
+    registry = load_registry(autoload=False)
+    given = dict(model="deepseek-v3.2-exp", ep=2, num_stacks=2, batch=2, seq=256, dtype="fp8",
+                 mixed_precision=True, low_precision_recipe=recipe)  # fmt: skip
+    values, _ = resolve_model(given, registry)
+    options = GenerateOptions(**values)
+    assert build_workload(options, registry).ranks[0].nodes()

@@ -147,6 +147,7 @@ def narayanan_options(entry: dict) -> GenerateOptions:
         dp=p["dp"],
         tp=p["tp"],
         pp=p["pp"],
+        tie_embeddings=True,  # Megatron-LM's GPT shares the embedding with the LM head
     )
 
 

@@ -73,7 +73,7 @@ def model_options(entry: dict, **kw: object) -> dict:
         batch=p.get("global_batch", 1),
         micro_batch=p.get("micro_batch"),
         virtual_stages=p.get("pipeline_interleaving", 1),
-        **kw,
+        **{"tie_embeddings": True, **kw},  # Megatron-LM's GPT shares the embedding and head
     )
 
 

@@ -238,7 +238,13 @@ def quantize_sites(
     output gradient before its first backward GEMM. None for the attention core (bf16)."""
     if "core_attention" in module.ops:
         return []
-    gemms = [op for op in forward if op.kind == "einsum" and op.name in module.ops]
+    gemms = [
+        op
+        for op in forward
+        if op.kind == "einsum"
+        and op.name in module.ops
+        and any(t.kind == "weight" for t in op.inputs)  # a TE linear's GEMM, not an indexer's
+    ]
     if not gemms:
         return []
     first = gemms[0]
