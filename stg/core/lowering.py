@@ -815,12 +815,41 @@ class BoundPart:
         self, recompute: str, modules: frozenset[str] = frozenset({"core_attention"})
     ) -> list[BoundOp]:
         """Forward ops run again before this part's backward: FSDP weight gathers, plus the
-        ops tagged ``modules`` (selective recompute; by default the attention core) or
-        everything (full recompute)."""
+        ops tagged ``modules`` (selective recompute; by default the attention core), the ops
+        torchtitan's op-level selective checkpointing recomputes (``selective_op``:
+        :func:`op_checkpoint_recomputes`) or everything (full recompute)."""
         if recompute == "full":
             return self.forward
+        if recompute == "selective_op":
+            return op_checkpoint_recomputes(self.forward)
         tags = {"weight_gather", *modules} if recompute == "selective" else {"weight_gather"}
         return [op for op in self.forward if op.tags & tags]
+
+
+def op_checkpoint_recomputes(forward: list[BoundOp]) -> list[BoundOp]:
+    """The ops of one checkpointed part's forward that torchtitan's selective activation
+    checkpointing with ``selective_ac_option = "op"`` runs again before its backward: every
+    compute op except the attention core and the odd-numbered matmuls in forward order (its
+    policy saves the outputs of ``aten.mm`` and the SDPA kernels, "except every second mm",
+    counting the part's matmuls from 1 in each checkpointed forward: pytorch/torchtitan
+    004b3148a (August 2024), ``torchtitan/parallelisms/parallelize_llama.py``,
+    ``_save_list`` and ``_custom_policy``), plus the FSDP gathers of the part's weights."""
+    repeated: list[BoundOp] = []
+    matmuls = 0
+    for op in forward:
+        if "weight_gather" in op.tags:
+            repeated.append(op)
+            continue
+        if op.type is not NodeType.COMP or "core_attention" in op.tags:
+            continue
+        if any(k == "attention" for k, _ in op.attrs):
+            continue
+        if any(k == "gemm" for k, _ in op.attrs):
+            matmuls += 1
+            if matmuls % 2 == 1:
+                continue
+        repeated.append(op)
+    return repeated
 
 
 def _flat_shard(weights: Iterable[Tensor], binder: Binder, degree: int) -> int:
