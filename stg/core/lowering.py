@@ -1584,6 +1584,25 @@ def lower_stage(
         )
         note_gathered(owner, repeated, env)
 
+    def prefetch(owner: str | int, bp: BoundPart, mb: int, after: int | None) -> None:
+        """The FSDP weight gathers of the part whose backward comes next, issued from the
+        pre-backward of the part before it (after ``after``), so that on the data-parallel
+        communicator they come ahead of that part's gradient reduce-scatter: FSDP2's default
+        backward prefetch (``FSDPParamGroup.pre_backward`` calls ``_backward_prefetch``, which
+        unshards the next group in reverse post-forward order: PyTorch v2.4.0,
+        torch/distributed/_composable/fsdp/_fsdp_param_group.py). Nothing where its weights
+        are still gathered."""
+        if owner in gathered or (owner, mb) not in saved:
+            return
+        ops = [op for op in bp.forward if "weight_gather" in op.tags]
+        if not ops:
+            return
+        env = saved[(owner, mb)]
+        where = node_place(Phase.RECOMPUTE, mb, owner)
+        name = f"layer{owner}" if isinstance(owner, int) else owner
+        out.run(ops, env, f"mb{mb}/{name}/recompute/", after=after, where=where)
+        note_gathered(owner, ops, env)
+
     def backward(
         owner: str | int,
         bp: BoundPart,
@@ -1594,11 +1613,13 @@ def lower_stage(
         reduce_now: bool,
         amax_after: str | None = None,
         ahead: bool = False,
+        following: tuple[str | int, BoundPart] | None = None,
     ) -> int | None:
         """Backward of one part instance; returns the node of the gradient it passes on.
         ``amax_after``: the name prefix of the backward amax reduction that follows it;
         ``ahead``: its forward was recomputed already, with the rest of its recompute group
-        (``repeated`` then holds no forward op)."""
+        (``repeated`` then holds no forward op); ``following``: the part whose backward comes
+        next, whose weight gathers it prefetches (:func:`prefetch`)."""
         env = saved.pop((owner, mb))
         load = reloads.pop((owner, mb), None) if isinstance(owner, int) else None
         if load is not None:  # the backward reads the reloaded copies of its saved tensors
@@ -1608,6 +1629,8 @@ def lower_stage(
         again = node_place(Phase.RECOMPUTE, mb, part)
         back = node_place(Phase.BACKWARD, mb, part)
         rerun(owner, bp, env, prefix, repeated, dy, again)
+        if following is not None:
+            prefetch(*following, mb, dy if dy is not None else out.last_comp)
         # a micro-batch before the last accumulates its weight gradients unsharded
         accumulate = pipelined and not reduce_now
 
@@ -1727,6 +1750,12 @@ def lower_stage(
                 first_fp8 = None
             bwd_region = f"{region}bwd/"
 
+            # the parts in backward order, each prefetching the gathers of the next
+            order: list[tuple[str | int, BoundPart]] = [
+                (layer, parts.layer(layer)) for layer in reversed(plan.chunk_layers(gchunk))
+            ]
+            if first:
+                order.append(("embedding", emb))
             if last:
                 dy = backward(
                     "head",
@@ -1737,11 +1766,12 @@ def lower_stage(
                     head.repeated_before_backward("none"),
                     reduce_now,
                     bwd_region if first_fp8 == "head" else None,
+                    following=order[0] if order else None,
                 )
             else:
                 dy = p2p(NodeType.COMM_RECV, "gradient", mb, gchunk, gchunk + 1, ())
             ahead: set[int] = set()  # layers whose recompute group ran already
-            for layer in reversed(plan.chunk_layers(gchunk)):
+            for index, layer in enumerate(reversed(plan.chunk_layers(gchunk))):
                 bp = parts.layer(layer)
                 back = reload_started_before(layer, stack, offloaded) if offloaded else None
                 if back is not None:  # after the compute issued so far
@@ -1784,6 +1814,7 @@ def lower_stage(
                     reduce_now,
                     bwd_region if first_fp8 == layer else None,
                     ahead=layer in ahead,
+                    following=order[index + 1] if index + 1 < len(order) else None,
                 )
             if first:
                 backward(
