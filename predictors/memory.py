@@ -455,8 +455,10 @@ def activation_bytes_per_layer(
     gate and up)."""
     o = as_options(options)
     recompute = recompute or o.activation_recompute
-    if recompute not in ("none", "selective", "full"):
-        raise UserError(f"activation_recompute={recompute!r}; allowed: none, selective, full")
+    if recompute not in ("none", "selective", "selective_op", "full"):
+        raise UserError(
+            f"activation_recompute={recompute!r}; allowed: none, selective, selective_op, full"
+        )
     b = micro_batch_size(o)
     s_local = o.seq / o.sp
     h, f, a, t = o.dmodel, o.dff, o.head, o.tp
@@ -467,6 +469,8 @@ def activation_bytes_per_layer(
     stats = norm_stats_bytes(o)  # validates the profile
     if recompute == "full":  # Megatron's and torch.utils.checkpoint's: the layer input
         return e * sbh / sp_divisor
+    if recompute == "selective_op":
+        return op_checkpoint_layer_bytes(o, kind)
     llama = model_family(o.model) == "llama"
     k = o.kexperts if is_moe(o) else 1
     kind = kind or ("moe" if is_mla(o) else "block")
@@ -537,6 +541,36 @@ def activation_bytes_per_layer(
     if o.precision:
         total += planned_activation_delta(o, recompute, kernels, system=system)
     return total
+
+
+def op_checkpoint_layer_bytes(o: GenerateOptions, kind: str | None = None) -> float:
+    """Bytes one rank keeps for one layer and micro-batch under torchtitan's op-level selective
+    checkpointing (``activation_recompute=selective_op``):
+    the checkpointed layer's input and the outputs its policy saves, those of the odd-numbered
+    matmuls (Q, V, the MLP's gate and down projections: s·b·(d·(a + kv) + F)/t and sbh) and of
+    the flash-attention kernel (its output, s·b·a·d/t, and the fp32 log-sum-exp). Modelled for
+    Llama-family dense layers with fused attention and no precision plan (torchtitan's models)."""
+    if model_family(o.model) != "llama" or is_mla(o) or is_moe(o) or kind == "moe":
+        raise UserError(
+            f"activation_recompute=selective_op: the memory of {o.model}'s layers under "
+            "torchtitan's op-level checkpointing is not modelled; allowed: Llama-family dense "
+            "models (or activation_recompute none, selective, full)"
+        )
+    if o.attention == "unfused" or o.precision:
+        raise UserError(
+            "activation_recompute=selective_op is modelled with fused attention and no precision "
+            "plan (torchtitan's): leave attention and precision at their defaults"
+        )
+    b = micro_batch_size(o)
+    sb = o.seq / o.sp * b
+    e = dtype_bytes(o.dtype)
+    t = o.tp
+    sp_divisor = t if (o.tpsp and t > 1) else 1
+    d = head_size(o)
+    f = (o.dense_dff or o.dff) if kind == "dense" else o.dff
+    replicated = e * 2 * sb * o.dmodel  # the layer's input, the down projection's output
+    sharded = e * sb * (d * (2 * o.head + o.kvhead) + f)
+    return replicated / sp_divisor + sharded / t + FUSED_STATS_BYTES * o.head * sb / t
 
 
 def recompute_layer_bytes(
@@ -1066,13 +1100,15 @@ def stage_memory(
     buffers = 0.0
     if granular is not None:
         buffers += granular[1]
-    elif kinds and o.activation_recompute in ("full", "selective"):
-        # the largest layer recomputed: all its activations (full) or its attention scores
+    elif kinds and o.activation_recompute in ("full", "selective", "selective_op"):
+        # the largest layer recomputed: all its activations (full), its attention scores or
+        # what op-level checkpointing does not keep
+        partial = o.activation_recompute in ("selective", "selective_op")
         buffers += max(
             activation_bytes_per_layer(
                 o, recompute="none", kernels=kernels, kind=kind, system=system
             )
-            - (per_kind[kind] if o.activation_recompute == "selective" else 0)
+            - (per_kind[kind] if partial else 0)
             for kind in kinds
         )
     # the cross entropy's transients (eager: its backward's fp32 gradients; Megatron: the

@@ -258,7 +258,7 @@ BAD = [
     (dict(pipeline_schedule="interleaved", pp=2, micro_batch=8), "divisible by pp=2"),
     (
         dict(activation_recompute="some"),
-        "activation_recompute='some' must be one of none, selective, full",
+        "activation_recompute='some' must be one of none, selective, selective_op, full",
     ),
     (dict(model="bart"), "unknown model 'bart'"),
     (dict(pipeline_schedule="zb"), "unknown pipeline schedule 'zb'"),

@@ -339,7 +339,7 @@ def test_predict_memory_needs_options() -> None:
 
 
 def test_bad_recompute_is_a_user_error() -> None:
-    with pytest.raises(UserError, match="allowed: none, selective, full"):
+    with pytest.raises(UserError, match="allowed: none, selective, selective_op, full"):
         activation_bytes_per_layer(gpt(activation_recompute="sometimes"))
 
 

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 TRUE_WORDS = ("true", "t", "yes", "y", "1")
 FALSE_WORDS = ("false", "f", "no", "n", "0")
-RECOMPUTE_VALUES = ("none", "selective", "full")
+RECOMPUTE_VALUES = ("none", "selective", "selective_op", "full")
 BOOL = "true|false"
 """Metavar of the original STG's booleans, which take a value (``--tpsp false``)."""
 SCHEMA_FORMATS = {"v0.0.4": "chakra-v0.0.4", "v0.0.1": "chakra-v0.0.1", "json": "json"}
@@ -60,7 +60,8 @@ def parse_bool(value: str) -> bool:
 
 
 def parse_recompute(value: str) -> str:
-    """``none|selective|full``; ``true`` means full and ``false`` none (the original flag)."""
+    """``none|selective|selective_op|full``; ``true`` means full and ``false`` none (the
+    original flag)."""
     word = value.strip().lower()
     if word in RECOMPUTE_VALUES:
         return word
@@ -419,7 +420,9 @@ SPECS: dict[str, tuple[str, _Spec]] = {
     "activation_recompute": (
         _TRAINING,
         _Spec(
-            "Activation recomputation: none, selective, full (true = full, false = none).",
+            "Activation recomputation: none, selective (Megatron's modules), selective_op "
+            "(torchtitan's op-level checkpointing: every op but the attention core and "
+            "every other matmul), full (true = full, false = none).",
             parser=parse_recompute,
             metavar="MODE",
         ),

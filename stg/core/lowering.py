@@ -815,12 +815,41 @@ class BoundPart:
         self, recompute: str, modules: frozenset[str] = frozenset({"core_attention"})
     ) -> list[BoundOp]:
         """Forward ops run again before this part's backward: FSDP weight gathers, plus the
-        ops tagged ``modules`` (selective recompute; by default the attention core) or
-        everything (full recompute)."""
+        ops tagged ``modules`` (selective recompute; by default the attention core), the ops
+        torchtitan's op-level selective checkpointing recomputes (``selective_op``:
+        :func:`op_checkpoint_recomputes`) or everything (full recompute)."""
         if recompute == "full":
             return self.forward
+        if recompute == "selective_op":
+            return op_checkpoint_recomputes(self.forward)
         tags = {"weight_gather", *modules} if recompute == "selective" else {"weight_gather"}
         return [op for op in self.forward if op.tags & tags]
+
+
+def op_checkpoint_recomputes(forward: list[BoundOp]) -> list[BoundOp]:
+    """The ops of one checkpointed part's forward that torchtitan's selective activation
+    checkpointing with ``selective_ac_option = "op"`` runs again before its backward: every
+    compute op except the attention core and the odd-numbered matmuls in forward order (its
+    policy saves the outputs of ``aten.mm`` and the SDPA kernels, "except every second mm",
+    counting the part's matmuls from 1 in each checkpointed forward: pytorch/torchtitan
+    004b3148a (August 2024), ``torchtitan/parallelisms/parallelize_llama.py``,
+    ``_save_list`` and ``_custom_policy``), plus the FSDP gathers of the part's weights."""
+    repeated: list[BoundOp] = []
+    matmuls = 0
+    for op in forward:
+        if "weight_gather" in op.tags:
+            repeated.append(op)
+            continue
+        if op.type is not NodeType.COMP or "core_attention" in op.tags:
+            continue
+        if any(k == "attention" for k, _ in op.attrs):
+            continue
+        if any(k == "gemm" for k, _ in op.attrs):
+            matmuls += 1
+            if matmuls % 2 == 1:
+                continue
+        repeated.append(op)
+    return repeated
 
 
 def _flat_shard(weights: Iterable[Tensor], binder: Binder, degree: int) -> int:
@@ -1600,6 +1629,25 @@ def lower_stage(
         )
         note_gathered(owner, repeated, env)
 
+    def prefetch(owner: str | int, bp: BoundPart, mb: int, after: int | None) -> None:
+        """The FSDP weight gathers of the part whose backward comes next, issued from the
+        pre-backward of the part before it (after ``after``), so that on the data-parallel
+        communicator they come ahead of that part's gradient reduce-scatter: FSDP2's default
+        backward prefetch (``FSDPParamGroup.pre_backward`` calls ``_backward_prefetch``, which
+        unshards the next group in reverse post-forward order: PyTorch v2.4.0,
+        torch/distributed/_composable/fsdp/_fsdp_param_group.py). Nothing where its weights
+        are still gathered."""
+        if owner in gathered or (owner, mb) not in saved:
+            return
+        ops = [op for op in bp.forward if "weight_gather" in op.tags]
+        if not ops:
+            return
+        env = saved[(owner, mb)]
+        where = node_place(Phase.RECOMPUTE, mb, owner)
+        name = f"layer{owner}" if isinstance(owner, int) else owner
+        out.run(ops, env, f"mb{mb}/{name}/recompute/", after=after, where=where)
+        note_gathered(owner, ops, env)
+
     def backward(
         owner: str | int,
         bp: BoundPart,
@@ -1610,11 +1658,13 @@ def lower_stage(
         reduce_now: bool,
         amax_after: str | None = None,
         ahead: bool = False,
+        following: tuple[str | int, BoundPart] | None = None,
     ) -> int | None:
         """Backward of one part instance; returns the node of the gradient it passes on.
         ``amax_after``: the name prefix of the backward amax reduction that follows it;
         ``ahead``: its forward was recomputed already, with the rest of its recompute group
-        (``repeated`` then holds no forward op)."""
+        (``repeated`` then holds no forward op); ``following``: the part whose backward comes
+        next, whose weight gathers it prefetches (:func:`prefetch`)."""
         env = saved.pop((owner, mb))
         load = reloads.pop((owner, mb), None) if isinstance(owner, int) else None
         if load is not None:  # the backward reads the reloaded copies of its saved tensors
@@ -1624,6 +1674,8 @@ def lower_stage(
         again = node_place(Phase.RECOMPUTE, mb, part)
         back = node_place(Phase.BACKWARD, mb, part)
         rerun(owner, bp, env, prefix, repeated, dy, again)
+        if following is not None:
+            prefetch(*following, mb, dy if dy is not None else out.last_comp)
         # a micro-batch before the last accumulates its weight gradients unsharded
         accumulate = pipelined and not reduce_now
 
@@ -1743,6 +1795,12 @@ def lower_stage(
                 first_fp8 = None
             bwd_region = f"{region}bwd/"
 
+            # the parts in backward order, each prefetching the gathers of the next
+            order: list[tuple[str | int, BoundPart]] = [
+                (layer, parts.layer(layer)) for layer in reversed(plan.chunk_layers(gchunk))
+            ]
+            if first:
+                order.append(("embedding", emb))
             if last:
                 dy = backward(
                     "head",
@@ -1753,11 +1811,12 @@ def lower_stage(
                     head.repeated_before_backward("none"),
                     reduce_now,
                     bwd_region if first_fp8 == "head" else None,
+                    following=order[0] if order else None,
                 )
             else:
                 dy = p2p(NodeType.COMM_RECV, "gradient", mb, gchunk, gchunk + 1, ())
             ahead: set[int] = set()  # layers whose recompute group ran already
-            for layer in reversed(plan.chunk_layers(gchunk)):
+            for index, layer in enumerate(reversed(plan.chunk_layers(gchunk))):
                 bp = parts.layer(layer)
                 back = reload_started_before(layer, stack, offloaded) if offloaded else None
                 if back is not None:  # after the compute issued so far
@@ -1800,6 +1859,7 @@ def lower_stage(
                     reduce_now,
                     bwd_region if first_fp8 == layer else None,
                     ahead=layer in ahead,
+                    following=order[index + 1] if index + 1 < len(order) else None,
                 )
             if first:
                 backward(

@@ -277,7 +277,10 @@ class GenerateOptions:
     and keeps every activation of the others. Selective recompute re-runs the modules of
     ``recompute_modules`` (Megatron-LM's ``--recompute-modules``; empty: ``core_attn``, the
     attention core, as Megatron's default): ``mlp`` (the dense MLP, from its input),
-    ``layernorm`` (the norms, whose outputs are not kept).
+    ``layernorm`` (the norms, whose outputs are not kept). ``selective_op`` is torchtitan's
+    op-level selective checkpointing (``selective_ac_option = "op"``): each layer re-runs
+    every op but the attention core and the odd-numbered matmuls, whose outputs it keeps
+    (:func:`stg.core.lowering.op_checkpoint_recomputes`).
     ``cpu_offloading_num_layers`` (Megatron-LM's ``--cpu-offloading-num-layers``; 0, the
     default, is off) copies the saved activations of the first N layers to host memory after
     each layer's forward and back before its backward, on a copy stream beside the compute

@@ -33,6 +33,7 @@ RECOMPUTE = {
     "none": "none",
     "false": "none",
     "selective": "selective",
+    "selective_op": "selective_op",
     "full": "full",
     "true": "full",
 }
@@ -599,7 +600,8 @@ def make_plan(o: GenerateOptions) -> ParallelPlan:
     recompute = RECOMPUTE.get(str(o.activation_recompute).lower())
     _require(
         recompute is not None,
-        f"activation_recompute={o.activation_recompute!r} must be one of none, selective, full",
+        f"activation_recompute={o.activation_recompute!r} must be one of none, selective, "
+        "selective_op, full",
     )
     _check_recompute_layers(o, recompute)
     _check_recompute_modules(o, recompute)

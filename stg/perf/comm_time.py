@@ -733,6 +733,23 @@ def spanning_candidates(
     return choices
 
 
+def spanning_byte_rate(kind: Kind, shape: Sequence[int], levels: Sequence[Level]) -> float | None:
+    """Bytes/s each GPU moves through its own links while a ring, tree or NVLSTree spans the
+    node's GPUs and several nodes (:func:`spanning_candidates`), alone on its links; ``None``
+    for any other collective or group. Every GPU of such a ring forwards the bus bytes over its
+    NVLinks at the pace the node's ``local`` NICs allow together, so it moves
+    ``min(intra-node bandwidth, local · NIC bandwidth)``: the whole node's NIC rate, where a
+    group with one GPU per node moves one NIC's."""
+    if kind not in (Kind.ALL_REDUCE, Kind.REDUCE_SCATTER, Kind.ALL_GATHER):
+        return None
+    span = _spanned(kind, shape, levels)
+    if span is None:
+        return None
+    inner_index, outer = span
+    network = min(levels[i].bandwidth for i in outer)
+    return min(levels[inner_index].bandwidth, shape[inner_index] * network)
+
+
 def spanning_parts(
     kind: Kind,
     buffer: float,
@@ -917,6 +934,7 @@ __all__ = [
     "ramp",
     "send_parts",
     "send_time",
+    "spanning_byte_rate",
     "spanning_candidates",
     "spanning_parts",
 ]

@@ -474,6 +474,16 @@ def collective_phases(
     )
 
 
+def spanning_byte_rate(kind: CollectiveType, shape: Sequence[int], system: System) -> float | None:
+    """Bytes/s each GPU moves while a collective over a group of several GPUs of each of
+    several nodes runs one of NCCL's algorithms over all of them
+    (:func:`stg.perf.comm_time.spanning_byte_rate`); ``None`` for other groups."""
+    if kind not in _COMM_KINDS:
+        return None
+    levels = tuple(comm_time.Level.of(d) for d in system.network)
+    return comm_time.spanning_byte_rate(_COMM_KINDS[kind], shape, levels)
+
+
 def send_phases(size: int, dimension: int, system: System) -> tuple[tuple[str, float, float], ...]:
     """:func:`send_time` as one phase ``(port, latency, transfer)`` (none for a send to the
     same rank)."""

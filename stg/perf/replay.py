@@ -101,6 +101,7 @@ from stg.perf.costs import (
     native_fp8,
     send_phases,
     send_time,
+    spanning_byte_rate,
 )
 from stg.perf.hybrid import device_of, group_of_rank, is_hybrid
 from stg.perf.kernels import KernelTable, kernel_name
@@ -176,6 +177,36 @@ def contended_system(system: System, link: str, sms_taken: int, hbm_per_wire: fl
         peak_flops={d: rate * share for d, rate in system.peak_flops.items()},
         hbm_bandwidth=max(0.1 * system.hbm_bandwidth, system.hbm_bandwidth - hbm_per_wire * wire),
     )
+
+
+SPANNING = "+nodes"
+"""Suffix of the contention key of a collective that runs one NCCL algorithm over several GPUs
+of each of several nodes (:func:`contention_link`)."""
+
+
+def spanning_contended_system(system: System, link: str, bytes_per_s: float) -> System:
+    """The system as a compute kernel sees it while a ring, tree or NVLSTree over several GPUs
+    of several nodes runs with the network's channels (``NCCL_CHANNELS[link]`` SMs) and moves
+    ``bytes_per_s`` through the GPU (:func:`stg.perf.costs.spanning_byte_rate`: the node's NIC
+    rate, not one NIC's), ``HBM_BYTES_PER_WIRE_BYTE`` bytes of HBM for each."""
+    gpu = contended_system(system, link, NCCL_CHANNELS[link], 0.0)
+    hbm = max(
+        0.1 * system.hbm_bandwidth, system.hbm_bandwidth - HBM_BYTES_PER_WIRE_BYTE * bytes_per_s
+    )
+    return dataclasses.replace(gpu, hbm_bandwidth=hbm)
+
+
+def contention_link(
+    kind: CollectiveType, shape: Sequence[int], system: System
+) -> tuple[str | None, float | None]:
+    """The contention key of a collective over a group of ``shape`` and, for one that runs an
+    NCCL algorithm over several GPUs of several nodes, the bytes/s it moves through each GPU:
+    ``(outermost link, None)``, or ``(outermost link + SPANNING + rate, rate)``."""
+    link = outermost_link(shape, system)
+    rate = spanning_byte_rate(kind, shape, system)
+    if link is None or link not in NCCL_CHANNELS or rate is None:
+        return link, None
+    return f"{link}{SPANNING}{rate:.6g}", rate
 
 
 def outermost_link(shape: Sequence[int], system: System) -> str | None:
@@ -607,8 +638,10 @@ class Costs:
     by_node: dict[str, dict[int, tuple[Any, Any, float]]] = field(default_factory=dict)
     """per device and compute node object (by id, the node kept alive here): its cost key and
     cost"""
-    links: dict[tuple[int, ...], str | None] = field(default_factory=dict)
-    """the outermost link of each group shape"""
+    links: dict[tuple[Any, tuple[int, ...]], tuple[str | None, float | None]] = field(
+        default_factory=dict
+    )
+    """the contention key of each collective kind and group shape (:func:`contention_link`)"""
     keys: dict[Any, Any] = field(default_factory=dict)
     """each distinct compute cost key, once: alike nodes share one key object"""
 
@@ -797,9 +830,17 @@ class _Sim:
                 else:
                     steps[i] = fixed_steps(duration[i])
                 if not is_hybrid(system):
-                    link = self.link_cache.get(shape, False)
-                    if link is False:
-                        link = self.link_cache[shape] = outermost_link(shape, system)
+                    lkey = (node.comm_type, shape)
+                    contention = self.link_cache.get(lkey)
+                    if contention is None:
+                        contention = self.link_cache[lkey] = contention_link(
+                            node.comm_type, shape, system
+                        )
+                    link, rate = contention
+                    if rate is not None and link not in self.contended:
+                        self.contended[link] = spanning_contended_system(
+                            system, outermost_link(shape, system) or "network", rate
+                        )
                     comm_link[i] = link
                 coll_key[i] = (unit.group_keys.get(i, ("group", node.comm_group)), participants)
                 coll_needed[i] = len(participants)
