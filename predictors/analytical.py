@@ -346,6 +346,33 @@ def _part_cost(nodes: list[Any], price: Any) -> PartCost:
     return PartCost(schedule_part(nodes, cost), compute, flops, model)
 
 
+def _prefetched_cost(
+    nodes: list[Any], price: Any, reductions: Mapping[tuple[str, ...], float] | None = None
+) -> PartCost:
+    """A part's forward or backward under FSDP, whose weight all-gathers run ahead on their
+    communicator's stream while the part before it computes: in the forward as soon as the
+    stream is free (they wait for no compute), in the backward from the pre-backward of the
+    part before it (FSDP2's ``_backward_prefetch``, PyTorch v2.4.0; stg.core.lowering's
+    ``prefetch``). In the steady state of equal layers a layer takes the longer of its own
+    work and everything on its gathers' communicators: the gathers and the gradient
+    reduce-scatters it issues there (in the part, or per iteration in ``reductions``, seconds
+    per communicator), which share the gathers' stream."""
+    gathers = [
+        n
+        for n in nodes
+        if n.type is NodeType.COMM_COLL and n.comm_type in GATHERS and "dp" in n.group_axes
+    ]
+    if not gathers:
+        return _part_cost(nodes, price)
+    skip = {n.id for n in gathers}
+    rest = _part_cost([n for n in nodes if n.id not in skip], price)
+    streams = {n.group_axes for n in gathers}
+    busy = sum(
+        price(n) for n in nodes if n.type is NodeType.COMM_COLL and n.group_axes in streams
+    ) + sum(seconds for axes, seconds in (reductions or {}).items() if axes in streams)
+    return PartCost(max(rest.time, busy), rest.compute, rest.flops, rest.model_flops)
+
+
 @dataclasses.dataclass
 class _Index:
     """A rank class's nodes by part: the first micro-batch's ``(part, phase)`` (without
@@ -461,21 +488,29 @@ def stack_options(o: GenerateOptions) -> GenerateOptions:
     return dataclasses.replace(o, dp=dp, batch=micro * micro_batches, micro_batch=micro)
 
 
-def _stage_layers(rank_class: Any, pricer: Any, reductions: Any) -> list[LayerCost]:
+def _stage_layers(
+    rank_class: Any, pricer: Any, reductions: Any, part_cost: Any = _part_cost
+) -> list[LayerCost]:
     """The layers a stage's rank class holds, in order, each priced as it is."""
     parts = _index(rank_class).parts
     indices = sorted(
         {n for part, _ in parts if part.startswith("layer") and (n := part[5:]).isdigit()},
         key=int,
     )
-    return [
-        LayerCost(
-            _part_cost(parts.get((f"layer{i}", "fwd"), []), pricer),
-            _part_cost(parts.get((f"layer{i}", "bwd"), []), pricer),
-            reductions(rank_class, f"layer{i}", after=False),
+    out = []
+    for i in indices:
+        reduced = reductions(rank_class, f"layer{i}", after=False)
+        bwd_nodes = parts.get((f"layer{i}", "bwd"), [])
+        out.append(
+            LayerCost(
+                part_cost(parts.get((f"layer{i}", "fwd"), []), pricer),
+                part_cost(bwd_nodes, pricer, reduced)
+                if part_cost is _prefetched_cost
+                else part_cost(bwd_nodes, pricer),
+                reduced,
+            )
         )
-        for i in indices
-    ]
+    return out
 
 
 def analyse(
@@ -505,6 +540,7 @@ def analyse(
         two = _build(reduced_options(o, 2, parameters_only=True), registry)
         dp_r = reduced_dp(o)
     sharded = bool(o.zero or o.weight_sharded)
+    bwd_cost = fwd_cost = _prefetched_cost if o.weight_sharded else _part_cost
     pricer = _Pricer(o, system, kernels, dp_r / o.dp if sharded else 1.0)
     first, last = one.rank_classes[0], one.rank_classes[-1]
     first2, last2 = two.rank_classes[0], two.rank_classes[-1]
@@ -513,7 +549,7 @@ def analyse(
         return _index(rank_class).parts.get((part, phase), [])
 
     if kept_nodes is not None:
-        kept = _part_cost(kept_nodes.get(("layer0", "bwd"), []), pricer)
+        kept = bwd_cost(kept_nodes.get(("layer0", "bwd"), []), pricer)
     elif workload is not None and o.recompute_method:
         # a layer that is not recomputed, wherever the workload holds one
         plain = [u.start for _, mode, u in recompute_units(o) if mode != "full"]
@@ -521,7 +557,7 @@ def analyse(
             nodes = _index(rank_class).parts
             layer = next((i for i in plain if (f"layer{i}", "bwd") in nodes), None)
             if layer is not None:
-                kept = _part_cost(nodes[(f"layer{layer}", "bwd")], pricer)
+                kept = bwd_cost(nodes[(f"layer{layer}", "bwd")], pricer)
                 break
 
     layer = "layer0"
@@ -603,15 +639,17 @@ def analyse(
         ]
     stage_layers = None
     if unlike and workload is not None:
-        stage_layers = [_stage_layers(c, pricer, reductions) for c in stages]
+        stage_layers = [_stage_layers(c, pricer, reductions, bwd_cost) for c in stages]
     return Parts(
         stage_layers=stage_layers,
         stage_optimizer=stage_optimizer,
         stage_after=stage_after,
-        layer_fwd=_part_cost(pick(first, layer, "fwd"), pricer),
-        layer_bwd=_part_cost(pick(first, layer, "bwd"), pricer),
+        layer_fwd=fwd_cost(pick(first, layer, "fwd"), pricer),
+        layer_bwd=_prefetched_cost(pick(first, layer, "bwd"), pricer, layer_red)
+        if o.weight_sharded
+        else _part_cost(pick(first, layer, "bwd"), pricer),
         embedding_fwd=_part_cost(pick(first, "embedding", "fwd"), pricer),
-        embedding_bwd=_part_cost(pick(first, "embedding", "bwd"), pricer),
+        embedding_bwd=bwd_cost(pick(first, "embedding", "bwd"), pricer),
         head_fwd=_part_cost(pick(last, "head", "fwd"), pricer),
         head_bwd=_part_cost(pick(last, "head", "bwd"), pricer),
         p2p_bytes=p2p,
