@@ -10,7 +10,7 @@ order, data deps for data flow, ctrl deps for the schedule and collective issue 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from math import prod
@@ -55,6 +55,7 @@ from stg.core.recipes import (
     quantize_kernels,
     weight_copy_bytes,
 )
+from stg.core.schedules import ep_overlap_groups
 from stg.core.symbolic import Dim, Op, Part, Tensor, is_routed_expert
 from stg.core.workload import (
     CHUNK_ATTR,
@@ -1565,11 +1566,12 @@ def lower_stage(
         reduce_now: bool,
         amax_after: str | None = None,
         ahead: bool = False,
+        gchunk: int = 0,
     ) -> int | None:
         """Backward of one part instance; returns the node of the gradient it passes on.
         ``amax_after``: the name prefix of the backward amax reduction that follows it;
         ``ahead``: its forward was recomputed already, with the rest of its recompute group
-        (``repeated`` then holds no forward op)."""
+        (``repeated`` then holds no forward op); ``gchunk``: the model chunk it belongs to."""
         env = saved.pop((owner, mb))
         load = reloads.pop((owner, mb), None) if isinstance(owner, int) else None
         if load is not None:  # the backward reads the reloaded copies of its saved tensors
@@ -1628,7 +1630,10 @@ def lower_stage(
                 final_nodes.extend(n for nodes in reduce_env.values() for n in nodes)
         return env[bp.grad_input_key][0] if bp.grad_input_key is not None else None
 
-    for direction, mb, chunk in order:
+    def schedule_step(direction: str, mb: int, chunk: int) -> Iterator[None]:
+        """The nodes of one schedule step, one part at a time: it yields after the step's
+        prelude (the embedding or head part, or the receive) and after each layer, then
+        runs to its end (the other end part, or the send)."""
         gchunk = chunk * plan.stages + stage
         first, last = gchunk == 0, gchunk == chunks - 1
         out.start_step()
@@ -1653,6 +1658,7 @@ def lower_stage(
                     amax_reduction(f"{region}fwd/", False, region_place)
             else:
                 x = p2p(NodeType.COMM_RECV, "activation", mb, gchunk - 1, gchunk - 1, ())
+            yield
             for layer in plan.chunk_layers(gchunk):
                 bp = parts.layer(layer)
                 env = {bp.input_key: (x,)}  # type: ignore[dict-item]
@@ -1674,6 +1680,7 @@ def lower_stage(
                 x = env[bp.output_key][0]  # type: ignore[index]
                 if region_end == layer:
                     amax_reduction(f"{region}fwd/", False, region_place)
+                yield
             if last:
                 env = {head.input_key: (x,)}  # type: ignore[dict-item]
                 forward(
@@ -1708,9 +1715,11 @@ def lower_stage(
                     head.repeated_before_backward("none"),
                     reduce_now,
                     bwd_region if first_fp8 == "head" else None,
+                    gchunk=gchunk,
                 )
             else:
                 dy = p2p(NodeType.COMM_RECV, "gradient", mb, gchunk, gchunk + 1, ())
+            yield
             ahead: set[int] = set()  # layers whose recompute group ran already
             for layer in reversed(plan.chunk_layers(gchunk)):
                 bp = parts.layer(layer)
@@ -1755,7 +1764,9 @@ def lower_stage(
                     reduce_now,
                     bwd_region if first_fp8 == layer else None,
                     ahead=layer in ahead,
+                    gchunk=gchunk,
                 )
+                yield
             if first:
                 backward(
                     "embedding",
@@ -1766,12 +1777,30 @@ def lower_stage(
                     emb.repeated_before_backward("none"),
                     reduce_now,
                     bwd_region if first_fp8 == "embedding" else None,
+                    gchunk=gchunk,
                 )
             else:
                 assert dy is not None
                 p2p(NodeType.COMM_SEND, "gradient", mb, gchunk - 1, gchunk - 1, (dy,))
         if progress is not None:
             progress()
+
+    if plan.options.overlap_moe_ep_comm:
+        groups = ep_overlap_groups(order)
+    else:
+        groups = [(one,) for one in order]
+    for group in groups:
+        if len(group) == 1:
+            for _ in schedule_step(*group[0]):
+                pass
+        else:
+            fwd, bwd = group
+            run_combined(
+                schedule_step(*fwd),
+                schedule_step(*bwd),
+                len(plan.chunk_layers(fwd[2] * plan.stages + stage)),
+                len(plan.chunk_layers(bwd[2] * plan.stages + stage)),
+            )
 
     updated = sum(bp.optimizer_parameters for _, bp in held)
     # num_ops and tensor_size are both proportional to ``updated``: a stage with nothing to
@@ -1822,6 +1851,33 @@ def lower_stage(
             **parts.facts,
         },
     )
+
+
+def run_combined(
+    forward: Iterator[None], backward: Iterator[None], forward_layers: int, backward_layers: int
+) -> None:
+    """Lay out a forward step and a backward step of other micro-batches as one combined step
+    (Megatron-core's ``TransformerModelChunkSchedulePlan.run``, the schedule of
+    ``--overlap-moe-expert-parallel-comm``): both preludes, then forward layer ``i`` beside
+    backward layer ``L - 1 - i``, the unpaired layers, and both ends. Each pair lays out the
+    backward layer first, as Megatron issues its combine backward first: on the expert-parallel
+    communicator the backward's all-to-alls then precede the forward's, and the compute of
+    either runs while the other waits for its all-to-all (data deps only, no step barrier).
+    ``forward`` and ``backward`` yield after their prelude and after each layer."""
+    next(forward)
+    next(backward)
+    paired = min(forward_layers, backward_layers)
+    for _ in range(paired):
+        next(backward)
+        next(forward)
+    for _ in range(backward_layers - paired):
+        next(backward)
+    for _ in range(forward_layers - paired):
+        next(forward)
+    for _ in forward:
+        pass
+    for _ in backward:
+        pass
 
 
 def _weight_copy_fact(held: list[tuple[str, BoundPart]]) -> dict[str, int]:
