@@ -107,13 +107,18 @@ def test_groups_follow_megatrons_combined_1f1b() -> None:
     assert [s for s in flat if s[0] == "B"] == [s for s in order if s[0] == "B"]
 
 
-def test_paired_all_to_alls_hide_behind_the_other_micro_batch() -> None:
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+def test_paired_all_to_alls_hide_behind_the_other_micro_batch(dtype: str) -> None:
     """Compute much longer than the all-to-alls: without the overlap each all-to-all stalls
     the compute stream; with it, the paired steps' all-to-alls run while the other
     micro-batch computes, and only the unpaired steps' (micro-batch 0's forward, the last
-    backward) stay exposed. The iteration saves at most the all-to-all time it hides."""
-    off = replay(problem_from_workload(_workload(), PLAIN), PLAIN)
-    on = replay(problem_from_workload(_workload(overlap_moe_ep_comm=True), PLAIN), PLAIN)
+    backward) stay exposed. The iteration saves at most the all-to-all time it hides. fp8
+    (Transformer Engine's delayed scaling): the amax reductions wait for the combined step's
+    end and gate neither micro-batch inside it."""
+    off = replay(problem_from_workload(_workload(dtype=dtype), PLAIN), PLAIN)
+    on = replay(
+        problem_from_workload(_workload(dtype=dtype, overlap_moe_ep_comm=True), PLAIN), PLAIN
+    )
     before, after = _all_to_alls(off.units[0]), _all_to_alls(on.units[0])
     paired, exposed = before[True]
     assert paired > 0 and exposed > 0.9 * paired
@@ -155,6 +160,16 @@ def test_combined_steps_keep_their_data_and_issue_order() -> None:
     ]
     first_pair = [name for name in ep if name.startswith(("mb1/", "mb0/")) and "bwd" in name]
     assert first_pair[0].startswith("mb0/layer1/bwd/")
+
+
+def test_amax_reductions_follow_the_combined_step() -> None:
+    """Megatron-core wraps a combined step in one fp8 autocast under delayed scaling: the
+    backward's amax reduction comes after the paired forward's layers, not between them."""
+    nodes = _workload(dtype="fp8", overlap_moe_ep_comm=True).rank_classes[0].nodes
+    by_name = {n.name: n.id for n in nodes}
+    forward_layers = [n.id for n in nodes if n.name.startswith("mb1/layer") and "/fwd/" in n.name]
+    assert by_name["mb0/chunk0/bwd/fp8_amax_concat"] > max(forward_layers)
+    assert by_name["mb1/chunk0/fwd/fp8_amax_concat"] > max(forward_layers)
 
 
 def test_same_options_without_the_overlap_keep_their_bytes(tmp_path: Path) -> None:

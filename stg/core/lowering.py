@@ -1400,6 +1400,8 @@ def lower_stage(
     offloaded = plan.options.cpu_offloading_num_layers
     stack = sum(plan.layers_per_chunk)
     offloads: dict[tuple[int, int], int] = {}
+    # amax reductions held back to the end of a combined step (overlap_moe_ep_comm)
+    deferred_amax: list[tuple[str, bool, dict[str, Any]]] | None = None
     reloads: dict[tuple[int, int], int] = {}
 
     def gathers_for(owner: str | int, bp: BoundPart, ops: list[BoundOp], env: Env) -> list[BoundOp]:
@@ -1422,7 +1424,11 @@ def lower_stage(
         """One reduction of the forward or backward amaxes after the kernels issued so far:
         concatenation, MAX all-reduce (none on a one-rank group), fused history and scale
         update; the compute stream waits for it (TE's all-reduce is synchronous). ``where``:
-        the typed attributes of its place (:func:`node_place`)."""
+        the typed attributes of its place (:func:`node_place`). Inside a combined step it
+        waits for the step's end (``deferred_amax``)."""
+        if deferred_amax is not None:
+            deferred_amax.append((prefix, backward, where))
+            return
         elements = amax_buffer_elements(fp8_gemms, backward)
         history = plan.options.amax_history
 
@@ -1794,13 +1800,20 @@ def lower_stage(
             for _ in schedule_step(*group[0]):
                 pass
         else:
+            # Megatron-core wraps a combined step in one fp8 autocast under delayed scaling
+            # (combined_forward_backward_step, combined_1f1b.py): its amax reductions follow
+            # the whole step, so neither micro-batch's compute waits for the other's
             fwd, bwd = group
+            deferred_amax = []
             run_combined(
                 schedule_step(*fwd),
                 schedule_step(*bwd),
                 len(plan.chunk_layers(fwd[2] * plan.stages + stage)),
                 len(plan.chunk_layers(bwd[2] * plan.stages + stage)),
             )
+            held_back, deferred_amax = deferred_amax, None
+            for args in held_back:
+                amax_reduction(*args)
 
     updated = sum(bp.optimizer_parameters for _, bp in held)
     # num_ops and tensor_size are both proportional to ``updated``: a stage with nothing to
