@@ -10,7 +10,7 @@ order, data deps for data flow, ctrl deps for the schedule and collective issue 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from math import prod
@@ -1400,6 +1400,8 @@ def lower_stage(
     offloaded = plan.options.cpu_offloading_num_layers
     stack = sum(plan.layers_per_chunk)
     offloads: dict[tuple[int, int], int] = {}
+    # the all-to-alls a combined step interleaves at (overlap_moe_ep_comm)
+    split_at_all_to_alls = plan.options.overlap_moe_ep_comm
     # amax reductions held back to the end of a combined step (overlap_moe_ep_comm)
     deferred_amax: list[tuple[str, bool, dict[str, Any]]] | None = None
     reloads: dict[tuple[int, int], int] = {}
@@ -1490,12 +1492,15 @@ def lower_stage(
         prefix: str,
         where: dict[str, Any],
         after: int | None = None,
-    ) -> None:
+    ) -> Iterator[str]:
         """Forward of one part instance; its weights are gathered unless they still are.
         ``where``: the typed attributes of its place (:func:`node_place`); ``after``: a node
-        it waits for (an offload that frees memory for it)."""
+        it waits for (an offload that frees memory for it). Under ``overlap_moe_ep_comm`` it
+        pauses after each all-to-all (:func:`all_to_all_segments`)."""
         ops = gathers_for(owner, bp, bp.forward, env)
-        out.run(ops, env, prefix, after=after, where=where)
+        for segment in all_to_all_segments(ops, split_at_all_to_alls):
+            out.run(segment, env, prefix, after=after, where=where)
+            yield PAUSE
         note_gathered(owner, ops, env)
         if reshard_after_forward:
             gathered.pop(owner, None)
@@ -1573,11 +1578,12 @@ def lower_stage(
         amax_after: str | None = None,
         ahead: bool = False,
         gchunk: int = 0,
-    ) -> int | None:
+    ) -> Generator[str, None, int | None]:
         """Backward of one part instance; returns the node of the gradient it passes on.
         ``amax_after``: the name prefix of the backward amax reduction that follows it;
         ``ahead``: its forward was recomputed already, with the rest of its recompute group
-        (``repeated`` then holds no forward op); ``gchunk``: the model chunk it belongs to."""
+        (``repeated`` then holds no forward op); ``gchunk``: the model chunk it belongs to.
+        Under ``overlap_moe_ep_comm`` it pauses after each all-to-all."""
         env = saved.pop((owner, mb))
         load = reloads.pop((owner, mb), None) if isinstance(owner, int) else None
         if load is not None:  # the backward reads the reloaded copies of its saved tensors
@@ -1607,7 +1613,9 @@ def lower_stage(
                 start = end + 1
             out.run(ops(bp.backward[start:]), env, f"{prefix}bwd/", where=back)
         else:
-            out.run(ops(bp.backward), env, f"{prefix}bwd/", where=back)
+            for segment in all_to_all_segments(ops(bp.backward), split_at_all_to_alls):
+                out.run(segment, env, f"{prefix}bwd/", where=back)
+                yield PAUSE
         if reduce_now or not pipelined:  # resharded after its backward
             gathered.pop(owner, None)
         if amax_after is not None:  # the first fp8 module of the chunk's autocast
@@ -1636,10 +1644,11 @@ def lower_stage(
                 final_nodes.extend(n for nodes in reduce_env.values() for n in nodes)
         return env[bp.grad_input_key][0] if bp.grad_input_key is not None else None
 
-    def schedule_step(direction: str, mb: int, chunk: int) -> Iterator[None]:
-        """The nodes of one schedule step, one part at a time: it yields after the step's
-        prelude (the embedding or head part, or the receive) and after each layer, then
-        runs to its end (the other end part, or the send)."""
+    def schedule_step(direction: str, mb: int, chunk: int) -> Iterator[str]:
+        """The nodes of one schedule step, one part at a time: it yields ``PART_END`` after
+        the step's prelude (the embedding or head part, or the receive) and after each layer,
+        ``PAUSE`` after each all-to-all of a layer (under ``overlap_moe_ep_comm``), then runs
+        to its end (the other end part, or the send)."""
         gchunk = chunk * plan.stages + stage
         first, last = gchunk == 0, gchunk == chunks - 1
         out.start_step()
@@ -1651,7 +1660,7 @@ def lower_stage(
             region_place = node_place(Phase.FORWARD, mb, chunk=gchunk)
             if first:
                 env: Env = {}
-                forward(
+                yield from forward(
                     "embedding",
                     emb,
                     env,
@@ -1664,12 +1673,12 @@ def lower_stage(
                     amax_reduction(f"{region}fwd/", False, region_place)
             else:
                 x = p2p(NodeType.COMM_RECV, "activation", mb, gchunk - 1, gchunk - 1, ())
-            yield
+            yield PART_END
             for layer in plan.chunk_layers(gchunk):
                 bp = parts.layer(layer)
                 env = {bp.input_key: (x,)}  # type: ignore[dict-item]
                 freed = offload_finished_before(layer, stack, offloaded) if offloaded else None
-                forward(
+                yield from forward(
                     layer,
                     bp,
                     env,
@@ -1686,10 +1695,10 @@ def lower_stage(
                 x = env[bp.output_key][0]  # type: ignore[index]
                 if region_end == layer:
                     amax_reduction(f"{region}fwd/", False, region_place)
-                yield
+                yield PART_END
             if last:
                 env = {head.input_key: (x,)}  # type: ignore[dict-item]
-                forward(
+                yield from forward(
                     "head",
                     head,
                     env,
@@ -1712,7 +1721,7 @@ def lower_stage(
             bwd_region = f"{region}bwd/"
 
             if last:
-                dy = backward(
+                dy = yield from backward(
                     "head",
                     head,
                     mb,
@@ -1725,7 +1734,7 @@ def lower_stage(
                 )
             else:
                 dy = p2p(NodeType.COMM_RECV, "gradient", mb, gchunk, gchunk + 1, ())
-            yield
+            yield PART_END
             ahead: set[int] = set()  # layers whose recompute group ran already
             for layer in reversed(plan.chunk_layers(gchunk)):
                 bp = parts.layer(layer)
@@ -1760,7 +1769,7 @@ def lower_stage(
                         x = env[ebp.output_key][0]  # type: ignore[index]
                         ahead.add(earlier)
                     saved[(layer, mb)][bp.input_key] = (x,)  # type: ignore[index]
-                dy = backward(
+                dy = yield from backward(
                     layer,
                     bp,
                     mb,
@@ -1772,9 +1781,9 @@ def lower_stage(
                     ahead=layer in ahead,
                     gchunk=gchunk,
                 )
-                yield
+                yield PART_END
             if first:
-                backward(
+                yield from backward(
                     "embedding",
                     emb,
                     mb,
@@ -1866,27 +1875,59 @@ def lower_stage(
     )
 
 
+PAUSE = "pause"
+"""What a schedule step's generator yields after an all-to-all (and after each part)."""
+PART_END = "part"
+"""What a schedule step's generator yields after its prelude and after each layer."""
+
+
+def all_to_all_segments(ops: list[BoundOp], split: bool) -> list[list[BoundOp]]:
+    """``ops`` cut after each all-to-all (the MoE dispatch and combine) where ``split``, so
+    that a combined step can lay out the other micro-batch's work between them; else whole."""
+    if not split:
+        return [ops]
+    segments: list[list[BoundOp]] = [[]]
+    for op in ops:
+        segments[-1].append(op)
+        if op.comm_type is CollectiveType.ALL_TO_ALL:
+            segments.append([])
+    return [segment for segment in segments if segment]
+
+
 def run_combined(
-    forward: Iterator[None], backward: Iterator[None], forward_layers: int, backward_layers: int
+    forward: Iterator[str], backward: Iterator[str], forward_layers: int, backward_layers: int
 ) -> None:
     """Lay out a forward step and a backward step of other micro-batches as one combined step
-    (Megatron-core's ``TransformerModelChunkSchedulePlan.run``, the schedule of
-    ``--overlap-moe-expert-parallel-comm``): both preludes, then forward layer ``i`` beside
-    backward layer ``L - 1 - i``, the unpaired layers, and both ends. Each pair lays out the
-    backward layer first, as Megatron issues its combine backward first: on the expert-parallel
-    communicator the backward's all-to-alls then precede the forward's, and the compute of
-    either runs while the other waits for its all-to-all (data deps only, no step barrier).
-    ``forward`` and ``backward`` yield after their prelude and after each layer."""
-    next(forward)
-    next(backward)
+    (Megatron-core's ``TransformerModelChunkSchedulePlan.run`` and
+    ``TransformerLayerSchedulePlan.run``, the schedule of ``--overlap-moe-expert-parallel-comm``):
+    both preludes, then forward layer ``i`` beside backward layer ``L - 1 - i``, the unpaired
+    layers, and both ends. Within a pair the two alternate at each all-to-all, backward first,
+    as Megatron issues them: the backward's combine, the forward's compute up to its dispatch,
+    the backward's expert MLP and dispatch, the forward's expert MLP and combine, then the
+    rest of each. On the expert-parallel communicator that is Megatron's order (combine
+    backward, dispatch forward, dispatch backward, combine forward), and each micro-batch's
+    compute runs while the other's all-to-all moves (data deps only, no step barrier).
+    ``forward`` and ``backward`` yield ``PAUSE`` after each all-to-all and ``PART_END`` after
+    their prelude and after each layer."""
+
+    def to_part_end(step: Iterator[str]) -> None:
+        while next(step) != PART_END:
+            pass
+
+    to_part_end(forward)
+    to_part_end(backward)
     paired = min(forward_layers, backward_layers)
     for _ in range(paired):
-        next(backward)
-        next(forward)
+        forward_done = backward_done = False
+        while not (forward_done and backward_done):
+            if not backward_done:
+                backward_done = next(backward) == PART_END
+            if not forward_done:
+                forward_done = next(forward) == PART_END
     for _ in range(backward_layers - paired):
-        next(backward)
+        to_part_end(backward)
     for _ in range(forward_layers - paired):
-        next(forward)
+        to_part_end(forward)
     for _ in forward:
         pass
     for _ in backward:
