@@ -367,6 +367,17 @@ SPECS: dict[str, tuple[str, _Spec]] = {
             metavar=BOOL,
         ),
     ),
+    "overlap_moe_ep_comm": (
+        _PARALLEL,
+        _Spec(
+            "MoE expert-parallel all-to-alls of one micro-batch's forward hidden behind another's "
+            "backward compute and vice versa: combined 1F1B steps (Megatron's "
+            "--overlap-moe-expert-parallel-comm; needs ep > 1, and with pp > 1 "
+            "pipeline_schedule=interleaved; default off, as there).",
+            parser=parse_bool,
+            metavar=BOOL,
+        ),
+    ),
     "rank_order": (_PARALLEL, _Spec("Mesh axes, fastest-varying first.", metavar="AXES")),
     "pipeline_schedule": (
         _PARALLEL,

@@ -10,7 +10,7 @@ order, data deps for data flow, ctrl deps for the schedule and collective issue 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from math import prod
@@ -55,6 +55,7 @@ from stg.core.recipes import (
     quantize_kernels,
     weight_copy_bytes,
 )
+from stg.core.schedules import ep_overlap_groups
 from stg.core.symbolic import Dim, Op, Part, Tensor, is_routed_expert
 from stg.core.workload import (
     CHUNK_ATTR,
@@ -1473,6 +1474,10 @@ def lower_stage(
     offloaded = plan.options.cpu_offloading_num_layers
     stack = sum(plan.layers_per_chunk)
     offloads: dict[tuple[int, int], int] = {}
+    # the all-to-alls a combined step interleaves at (overlap_moe_ep_comm)
+    split_at_all_to_alls = plan.options.overlap_moe_ep_comm
+    # amax reductions held back to the end of a combined step (overlap_moe_ep_comm)
+    deferred_amax: list[tuple[str, bool, dict[str, Any]]] | None = None
     reloads: dict[tuple[int, int], int] = {}
 
     def gathers_for(owner: str | int, bp: BoundPart, ops: list[BoundOp], env: Env) -> list[BoundOp]:
@@ -1495,7 +1500,11 @@ def lower_stage(
         """One reduction of the forward or backward amaxes after the kernels issued so far:
         concatenation, MAX all-reduce (none on a one-rank group), fused history and scale
         update; the compute stream waits for it (TE's all-reduce is synchronous). ``where``:
-        the typed attributes of its place (:func:`node_place`)."""
+        the typed attributes of its place (:func:`node_place`). Inside a combined step it
+        waits for the step's end (``deferred_amax``)."""
+        if deferred_amax is not None:
+            deferred_amax.append((prefix, backward, where))
+            return
         elements = amax_buffer_elements(fp8_gemms, backward)
         history = plan.options.amax_history
 
@@ -1557,12 +1566,15 @@ def lower_stage(
         prefix: str,
         where: dict[str, Any],
         after: int | None = None,
-    ) -> None:
+    ) -> Iterator[str]:
         """Forward of one part instance; its weights are gathered unless they still are.
         ``where``: the typed attributes of its place (:func:`node_place`); ``after``: a node
-        it waits for (an offload that frees memory for it)."""
+        it waits for (an offload that frees memory for it). Under ``overlap_moe_ep_comm`` it
+        pauses after each all-to-all (:func:`all_to_all_segments`)."""
         ops = gathers_for(owner, bp, bp.forward, env)
-        out.run(ops, env, prefix, after=after, where=where)
+        for segment in all_to_all_segments(ops, split_at_all_to_alls):
+            out.run(segment, env, prefix, after=after, where=where)
+            yield PAUSE
         note_gathered(owner, ops, env)
         if reshard_after_forward:
             gathered.pop(owner, None)
@@ -1659,12 +1671,14 @@ def lower_stage(
         amax_after: str | None = None,
         ahead: bool = False,
         following: tuple[str | int, BoundPart] | None = None,
-    ) -> int | None:
+        gchunk: int = 0,
+    ) -> Generator[str, None, int | None]:
         """Backward of one part instance; returns the node of the gradient it passes on.
         ``amax_after``: the name prefix of the backward amax reduction that follows it;
         ``ahead``: its forward was recomputed already, with the rest of its recompute group
         (``repeated`` then holds no forward op); ``following``: the part whose backward comes
-        next, whose weight gathers it prefetches (:func:`prefetch`)."""
+        next, whose weight gathers it prefetches (:func:`prefetch`); ``gchunk``: the model
+        chunk it belongs to. Under ``overlap_moe_ep_comm`` it pauses after each all-to-all."""
         env = saved.pop((owner, mb))
         load = reloads.pop((owner, mb), None) if isinstance(owner, int) else None
         if load is not None:  # the backward reads the reloaded copies of its saved tensors
@@ -1696,7 +1710,9 @@ def lower_stage(
                 start = end + 1
             out.run(ops(bp.backward[start:]), env, f"{prefix}bwd/", where=back)
         else:
-            out.run(ops(bp.backward), env, f"{prefix}bwd/", where=back)
+            for segment in all_to_all_segments(ops(bp.backward), split_at_all_to_alls):
+                out.run(segment, env, f"{prefix}bwd/", where=back)
+                yield PAUSE
         if reduce_now or not pipelined:  # resharded after its backward
             gathered.pop(owner, None)
         if amax_after is not None:  # the first fp8 module of the chunk's autocast
@@ -1725,7 +1741,11 @@ def lower_stage(
                 final_nodes.extend(n for nodes in reduce_env.values() for n in nodes)
         return env[bp.grad_input_key][0] if bp.grad_input_key is not None else None
 
-    for direction, mb, chunk in order:
+    def schedule_step(direction: str, mb: int, chunk: int) -> Iterator[str]:
+        """The nodes of one schedule step, one part at a time: it yields ``PART_END`` after
+        the step's prelude (the embedding or head part, or the receive) and after each layer,
+        ``PAUSE`` after each all-to-all of a layer (under ``overlap_moe_ep_comm``), then runs
+        to its end (the other end part, or the send)."""
         gchunk = chunk * plan.stages + stage
         first, last = gchunk == 0, gchunk == chunks - 1
         out.start_step()
@@ -1737,7 +1757,7 @@ def lower_stage(
             region_place = node_place(Phase.FORWARD, mb, chunk=gchunk)
             if first:
                 env: Env = {}
-                forward(
+                yield from forward(
                     "embedding",
                     emb,
                     env,
@@ -1750,11 +1770,12 @@ def lower_stage(
                     amax_reduction(f"{region}fwd/", False, region_place)
             else:
                 x = p2p(NodeType.COMM_RECV, "activation", mb, gchunk - 1, gchunk - 1, ())
+            yield PART_END
             for layer in plan.chunk_layers(gchunk):
                 bp = parts.layer(layer)
                 env = {bp.input_key: (x,)}  # type: ignore[dict-item]
                 freed = offload_finished_before(layer, stack, offloaded) if offloaded else None
-                forward(
+                yield from forward(
                     layer,
                     bp,
                     env,
@@ -1771,9 +1792,10 @@ def lower_stage(
                 x = env[bp.output_key][0]  # type: ignore[index]
                 if region_end == layer:
                     amax_reduction(f"{region}fwd/", False, region_place)
+                yield PART_END
             if last:
                 env = {head.input_key: (x,)}  # type: ignore[dict-item]
-                forward(
+                yield from forward(
                     "head",
                     head,
                     env,
@@ -1796,13 +1818,13 @@ def lower_stage(
             bwd_region = f"{region}bwd/"
 
             # the parts in backward order, each prefetching the gathers of the next
-            order: list[tuple[str | int, BoundPart]] = [
+            backward_order: list[tuple[str | int, BoundPart]] = [
                 (layer, parts.layer(layer)) for layer in reversed(plan.chunk_layers(gchunk))
             ]
             if first:
-                order.append(("embedding", emb))
+                backward_order.append(("embedding", emb))
             if last:
-                dy = backward(
+                dy = yield from backward(
                     "head",
                     head,
                     mb,
@@ -1811,10 +1833,12 @@ def lower_stage(
                     head.repeated_before_backward("none"),
                     reduce_now,
                     bwd_region if first_fp8 == "head" else None,
-                    following=order[0] if order else None,
+                    following=backward_order[0] if backward_order else None,
+                    gchunk=gchunk,
                 )
             else:
                 dy = p2p(NodeType.COMM_RECV, "gradient", mb, gchunk, gchunk + 1, ())
+            yield PART_END
             ahead: set[int] = set()  # layers whose recompute group ran already
             for index, layer in enumerate(reversed(plan.chunk_layers(gchunk))):
                 bp = parts.layer(layer)
@@ -1849,7 +1873,7 @@ def lower_stage(
                         x = env[ebp.output_key][0]  # type: ignore[index]
                         ahead.add(earlier)
                     saved[(layer, mb)][bp.input_key] = (x,)  # type: ignore[index]
-                dy = backward(
+                dy = yield from backward(
                     layer,
                     bp,
                     mb,
@@ -1859,10 +1883,14 @@ def lower_stage(
                     reduce_now,
                     bwd_region if first_fp8 == layer else None,
                     ahead=layer in ahead,
-                    following=order[index + 1] if index + 1 < len(order) else None,
+                    following=(
+                        backward_order[index + 1] if index + 1 < len(backward_order) else None
+                    ),
+                    gchunk=gchunk,
                 )
+                yield PART_END
             if first:
-                backward(
+                yield from backward(
                     "embedding",
                     emb,
                     mb,
@@ -1871,12 +1899,37 @@ def lower_stage(
                     emb.repeated_before_backward("none"),
                     reduce_now,
                     bwd_region if first_fp8 == "embedding" else None,
+                    gchunk=gchunk,
                 )
             else:
                 assert dy is not None
                 p2p(NodeType.COMM_SEND, "gradient", mb, gchunk - 1, gchunk - 1, (dy,))
         if progress is not None:
             progress()
+
+    if plan.options.overlap_moe_ep_comm:
+        groups = ep_overlap_groups(order)
+    else:
+        groups = [(one,) for one in order]
+    for group in groups:
+        if len(group) == 1:
+            for _ in schedule_step(*group[0]):
+                pass
+        else:
+            # Megatron-core wraps a combined step in one fp8 autocast under delayed scaling
+            # (combined_forward_backward_step, combined_1f1b.py): its amax reductions follow
+            # the whole step, so neither micro-batch's compute waits for the other's
+            fwd, bwd = group
+            deferred_amax = []
+            run_combined(
+                schedule_step(*fwd),
+                schedule_step(*bwd),
+                len(plan.chunk_layers(fwd[2] * plan.stages + stage)),
+                len(plan.chunk_layers(bwd[2] * plan.stages + stage)),
+            )
+            held_back, deferred_amax = deferred_amax, None
+            for args in held_back:
+                amax_reduction(*args)
 
     updated = sum(bp.optimizer_parameters for _, bp in held)
     # num_ops and tensor_size are both proportional to ``updated``: a stage with nothing to
@@ -1927,6 +1980,65 @@ def lower_stage(
             **parts.facts,
         },
     )
+
+
+PAUSE = "pause"
+"""What a schedule step's generator yields after an all-to-all (and after each part)."""
+PART_END = "part"
+"""What a schedule step's generator yields after its prelude and after each layer."""
+
+
+def all_to_all_segments(ops: list[BoundOp], split: bool) -> list[list[BoundOp]]:
+    """``ops`` cut after each all-to-all (the MoE dispatch and combine) where ``split``, so
+    that a combined step can lay out the other micro-batch's work between them; else whole."""
+    if not split:
+        return [ops]
+    segments: list[list[BoundOp]] = [[]]
+    for op in ops:
+        segments[-1].append(op)
+        if op.comm_type is CollectiveType.ALL_TO_ALL:
+            segments.append([])
+    return [segment for segment in segments if segment]
+
+
+def run_combined(
+    forward: Iterator[str], backward: Iterator[str], forward_layers: int, backward_layers: int
+) -> None:
+    """Lay out a forward step and a backward step of other micro-batches as one combined step
+    (Megatron-core's ``TransformerModelChunkSchedulePlan.run`` and
+    ``TransformerLayerSchedulePlan.run``, the schedule of ``--overlap-moe-expert-parallel-comm``):
+    both preludes, then forward layer ``i`` beside backward layer ``L - 1 - i``, the unpaired
+    layers, and both ends. Within a pair the two alternate at each all-to-all, backward first,
+    as Megatron issues them: the backward's combine, the forward's compute up to its dispatch,
+    the backward's expert MLP and dispatch, the forward's expert MLP and combine, then the
+    rest of each. On the expert-parallel communicator that is Megatron's order (combine
+    backward, dispatch forward, dispatch backward, combine forward), and each micro-batch's
+    compute runs while the other's all-to-all moves (data deps only, no step barrier).
+    ``forward`` and ``backward`` yield ``PAUSE`` after each all-to-all and ``PART_END`` after
+    their prelude and after each layer."""
+
+    def to_part_end(step: Iterator[str]) -> None:
+        while next(step) != PART_END:
+            pass
+
+    to_part_end(forward)
+    to_part_end(backward)
+    paired = min(forward_layers, backward_layers)
+    for _ in range(paired):
+        forward_done = backward_done = False
+        while not (forward_done and backward_done):
+            if not backward_done:
+                backward_done = next(backward) == PART_END
+            if not forward_done:
+                forward_done = next(forward) == PART_END
+    for _ in range(backward_layers - paired):
+        to_part_end(backward)
+    for _ in range(forward_layers - paired):
+        to_part_end(forward)
+    for _ in forward:
+        pass
+    for _ in backward:
+        pass
 
 
 def _weight_copy_fact(held: list[tuple[str, BoundPart]]) -> dict[str, int]:

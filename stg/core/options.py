@@ -345,6 +345,7 @@ class GenerateOptions:
     cp_comm_type: str = "p2p"
     overlap_param_gather: bool = False
     tp_comm_overlap: bool = False
+    overlap_moe_ep_comm: bool = False
     activation_recompute: str = "none"
     recompute_method: str | None = None
     recompute_num_layers: int | None = None
@@ -394,9 +395,10 @@ class GenerateOptions:
     CP_COMM_TYPES = ("p2p", "all_gather")
     PROFILES = ("megatron", "eager")
     PHASES = ("training", "prefill", "decode", "mixed")
-    OVERLAP_FIELDS = ("overlap_param_gather", "tp_comm_overlap")
-    """Overlap options (read by the time predictor); left out of a trace's metadata while
-    off, so traces generated without them keep their bytes."""
+    OVERLAP_FIELDS = ("overlap_param_gather", "tp_comm_overlap", "overlap_moe_ep_comm")
+    """Overlap options (read by the time predictor; ``overlap_moe_ep_comm`` is laid out in the
+    trace's dependencies); left out of a trace's metadata while off, so traces generated without
+    them keep their bytes."""
     INFERENCE_FIELDS = (
         "phase",
         "context",

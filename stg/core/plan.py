@@ -168,6 +168,35 @@ class ParallelPlan:
         return range(first, min(first + size, start + self.layers_per_chunk[chunk]))
 
 
+def _check_moe_ep_overlap(o: GenerateOptions) -> None:
+    """``overlap_moe_ep_comm`` where Megatron-core allows it (``TransformerConfig``'s checks in
+    megatron/core/transformer/transformer_config.py, NVIDIA/Megatron-LM at d98e8a6): expert
+    parallelism, no full recompute, virtual pipeline stages (the interleaved schedule) with
+    pp > 1; a training step (it pairs a forward with a backward)."""
+    if not o.overlap_moe_ep_comm:
+        return
+    _require(
+        not o.inference,
+        f"overlap_moe_ep_comm=true pairs a training forward with a backward: phase={o.phase} "
+        "is not allowed; allowed: phase=training",
+    )
+    _require(
+        o.ep > 1,
+        f"overlap_moe_ep_comm=true hides expert-parallel all-to-alls: ep={o.ep} is not allowed; "
+        "allowed: ep > 1",
+    )
+    _require(
+        o.activation_recompute != "full",
+        "overlap_moe_ep_comm=true is not allowed with activation_recompute=full "
+        "(Megatron-core refuses full recompute with it); allowed: none, selective",
+    )
+    _require(
+        o.pp == 1 or o.pipeline_schedule == "interleaved",
+        f"overlap_moe_ep_comm=true with pp={o.pp} needs virtual pipeline stages: "
+        f"pipeline_schedule={o.pipeline_schedule} is not allowed; allowed: interleaved (or pp=1)",
+    )
+
+
 def _require(condition: bool, message: str) -> None:
     if not condition:
         raise OptionError(message)
@@ -667,6 +696,7 @@ def make_plan(o: GenerateOptions) -> ParallelPlan:
         f"tp_comm_overlap=true is Transformer Engine's userbuffers overlap: profile={o.profile} "
         "is not allowed; allowed: profile=megatron",
     )
+    _check_moe_ep_overlap(o)
     folded = _check_ep_layout(o)
     _require(o.kexperts <= o.experts, f"kexperts={o.kexperts} must not exceed experts={o.experts}")
     _require(o.capacity_factor > 0, f"capacity_factor={o.capacity_factor} must be positive")

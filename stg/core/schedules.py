@@ -60,6 +60,25 @@ def interleaved(stage: int, stages: int, micro_batches: int, chunks: int) -> lis
     return order
 
 
+def ep_overlap_groups(order: list[Step]) -> list[tuple[Step, ...]]:
+    """A stage's ``order`` as Megatron-core runs it under ``--overlap-moe-expert-parallel-comm``
+    (``combined_1f1b.py`` and ``schedules.py``, NVIDIA/Megatron-LM at d98e8a6): one more
+    warm-up forward than the schedule has (``get_pp_rank_microbatches``: "one extra micro-batch
+    forward step before the 1f1b stages ... to ensure the forward and backward computations are
+    independent"; with pp = 1, micro-batch 0's forward alone), then each steady-state forward
+    paired with the backward the schedule runs next, as one combined step ``(F, B)``, then the
+    remaining backwards alone. Forwards and backwards keep their own order."""
+    forwards = [s for s in order if s[0] == "F"]
+    backwards = [s for s in order if s[0] == "B"]
+    # the schedule's warm-up forwards and the forward its steady state starts with
+    alone = next((i for i, s in enumerate(order) if s[0] == "B"), len(order))
+    paired = min(len(forwards) - alone, len(backwards))
+    groups: list[tuple[Step, ...]] = [(f,) for f in forwards[:alone]]
+    groups.extend((forwards[alone + k], backwards[k]) for k in range(paired))
+    groups.extend((b,) for b in backwards[paired:])
+    return groups
+
+
 @hookimpl
 def stg_register_parallelisms(register):  # type: ignore[no-untyped-def]
     register(
