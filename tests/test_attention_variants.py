@@ -10,6 +10,7 @@ import pytest
 import sympy
 from chakra.schema.protobuf import et_def_pb2
 from chakra.src.third_party.utils import protolib
+from consumers import assert_ranks_decode_and_feed
 from typer.testing import CliRunner
 
 from stg.api import AttentionSpan
@@ -253,18 +254,7 @@ def test_span_traces_validate_decode_and_feed(tmp_path: Path, kw: dict) -> None:
     runner = CliRunner()
     result = runner.invoke(app, ["validate", str(out)])
     assert result.exit_code == 0, result.output
-    ranks = sorted(out.glob("workload.*.et"))
-    assert ranks
-    for path in ranks:
-        ids = []
-        with path.open("rb") as f:
-            assert protolib.decodeMessage(f, et_def_pb2.GlobalMetadata())
-            node = et_def_pb2.Node()
-            while protolib.decodeMessage(f, node):
-                ids.append(node.id)
-                node = et_def_pb2.Node()
-        issued = [nid for kind, nid in replay(ETFeeder(path)) if kind == "issue"]
-        assert sorted(issued) == sorted(ids)
+    assert_ranks_decode_and_feed(out)
     result = runner.invoke(app, ["feed", str(out), "--json"])
     assert result.exit_code == 0, result.output
 

@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from chakra.schema.protobuf import et_def_pb2
-from chakra.src.third_party.utils import protolib
+from consumers import assert_ranks_decode_and_feed
 from typer.testing import CliRunner
 
 from stg.cli import app
@@ -35,8 +34,6 @@ from stg.perf.periodic import replay_periodic
 from stg.perf.replay import UnitResult
 from stg.perf.system import System, load_system
 from stg.predictors.time import problem_from_workload, replay
-from stg.trace.feeder import ETFeeder
-from stg.trace.feeder import replay as feed
 
 REGISTRY = load_registry(autoload=False)
 H100 = load_system("h100-80g")
@@ -195,16 +192,7 @@ def test_same_options_without_the_overlap_keep_their_bytes(tmp_path: Path) -> No
     for command in (["validate", str(out)], ["feed", str(out), "--json"]):
         result = runner.invoke(app, command)
         assert result.exit_code == 0, result.output
-    for path in sorted(out.glob("workload.*.et")):
-        ids = []
-        with path.open("rb") as f:
-            assert protolib.decodeMessage(f, et_def_pb2.GlobalMetadata())
-            node = et_def_pb2.Node()
-            while protolib.decodeMessage(f, node):
-                ids.append(node.id)
-                node = et_def_pb2.Node()
-        issued = [nid for kind, nid in feed(ETFeeder(path)) if kind == "issue"]
-        assert sorted(issued) == sorted(ids)
+    assert_ranks_decode_and_feed(out)
     result = runner.invoke(app, ["predict", str(out), "--system", "h100-80g", "--json"])
     assert result.exit_code == 0, result.output
     from_trace = json.loads(result.output)["time"]["iteration_time_s"]

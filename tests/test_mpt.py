@@ -7,8 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from chakra.schema.protobuf import et_def_pb2
-from chakra.src.third_party.utils import protolib
+from consumers import assert_ranks_decode_and_feed
 from typer.testing import CliRunner
 
 from stg.cli import app
@@ -17,7 +16,6 @@ from stg.core.options import GenerateOptions, resolve_model
 from stg.core.pipeline import build_workload, symbol_values
 from stg.host.registry import load_registry
 from stg.predictors.memory import count_parameters
-from stg.trace.feeder import ETFeeder, replay
 from stg.trace.reader import read_nodes
 
 REGISTRY = load_registry(autoload=False)
@@ -116,16 +114,7 @@ def test_mpt_traces_validate_decode_and_feed(tmp_path: Path) -> None:
     runner = CliRunner()
     result = runner.invoke(app, ["validate", str(out)])
     assert result.exit_code == 0, result.output
-    for path in sorted(out.glob("workload.*.et")):
-        ids = []
-        with path.open("rb") as f:
-            assert protolib.decodeMessage(f, et_def_pb2.GlobalMetadata())
-            node = et_def_pb2.Node()
-            while protolib.decodeMessage(f, node):
-                ids.append(node.id)
-                node = et_def_pb2.Node()
-        issued = [nid for kind, nid in replay(ETFeeder(path)) if kind == "issue"]
-        assert sorted(issued) == sorted(ids)
+    assert_ranks_decode_and_feed(out)
     result = runner.invoke(app, ["feed", str(out), "--json"])
     assert result.exit_code == 0, result.output
 

@@ -7,8 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from chakra.schema.protobuf import et_def_pb2
-from chakra.src.third_party.utils import protolib
+from consumers import assert_ranks_decode_and_feed
 from typer.testing import CliRunner
 
 from stg.cli import app
@@ -17,7 +16,6 @@ from stg.core.pipeline import build_workload
 from stg.core.workload import NodeType
 from stg.host.registry import load_registry
 from stg.predictors.memory import predict_memory
-from stg.trace.feeder import ETFeeder, replay
 from stg.trace.reader import read_nodes
 
 HYBRID = dict(
@@ -219,18 +217,7 @@ def test_hybrid_traces_validate_decode_and_feed(tmp_path: Path, kw: dict) -> Non
     runner = CliRunner()
     result = runner.invoke(app, ["validate", str(out)])
     assert result.exit_code == 0, result.output
-    ranks = sorted(out.glob("workload.*.et"))
-    assert ranks
-    for path in ranks:
-        ids = []
-        with path.open("rb") as f:
-            assert protolib.decodeMessage(f, et_def_pb2.GlobalMetadata())
-            node = et_def_pb2.Node()
-            while protolib.decodeMessage(f, node):
-                ids.append(node.id)
-                node = et_def_pb2.Node()
-        issued = [nid for kind, nid in replay(ETFeeder(path)) if kind == "issue"]
-        assert sorted(issued) == sorted(ids)
+    assert_ranks_decode_and_feed(out)
     result = runner.invoke(app, ["feed", str(out), "--json"])
     assert result.exit_code == 0, result.output
 

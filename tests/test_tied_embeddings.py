@@ -9,8 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from chakra.schema.protobuf import et_def_pb2
-from chakra.src.third_party.utils import protolib
+from consumers import assert_ranks_decode_and_feed
 from typer.testing import CliRunner
 
 from stg.cli import app
@@ -21,7 +20,6 @@ from stg.core.pipeline import build_workload, symbol_values
 from stg.core.workload import NodeType
 from stg.host.registry import load_registry
 from stg.predictors.memory import count_parameters, predict_analytic, predict_memory
-from stg.trace.feeder import ETFeeder, replay
 from stg.trace.reader import read_nodes
 
 REGISTRY = load_registry(autoload=False)
@@ -152,16 +150,7 @@ def test_tied_traces_validate_decode_and_feed(tmp_path: Path) -> None:
     assert runner.invoke(app, args).exit_code == 0
     result = runner.invoke(app, ["validate", str(out)])
     assert result.exit_code == 0, result.output
-    for path in sorted(out.glob("workload.*.et")):
-        ids = []
-        with path.open("rb") as f:
-            assert protolib.decodeMessage(f, et_def_pb2.GlobalMetadata())
-            node = et_def_pb2.Node()
-            while protolib.decodeMessage(f, node):
-                ids.append(node.id)
-                node = et_def_pb2.Node()
-        issued = [nid for kind, nid in replay(ETFeeder(path)) if kind == "issue"]
-        assert sorted(issued) == sorted(ids)
+    assert_ranks_decode_and_feed(out)
     result = runner.invoke(app, ["feed", str(out), "--json"])
     assert result.exit_code == 0, result.output
     # the time predictor prices the embedding group's all-reduce (a group of two ranks)
