@@ -287,6 +287,14 @@ def reduced_dp(o: GenerateOptions) -> int:
     return o.dp if o.ep_folded else min(o.dp, 2)
 
 
+def reduced_micro_batch(o: GenerateOptions, per_replica: int | None = None) -> int:
+    """The global micro-batch of the reduced workloads: ``per_replica`` samples (default:
+    ``o``'s) on each of the :func:`reduced_dp` replicas (times ep, unless ep folds over dp)."""
+    dp = reduced_dp(o)
+    per_replica = per_replica or (o.micro_batch or o.batch) // o.data_replicas
+    return per_replica * (dp if o.ep_folded else dp * o.ep)
+
+
 def reduced_options(
     o: GenerateOptions, layers_per_stage: int, parameters_only: bool = False
 ) -> GenerateOptions:
@@ -295,8 +303,7 @@ def reduced_options(
     parameter and so no optimizer step: more configurations share that workload)."""
     pp = min(o.pp, 2)
     dp = reduced_dp(o)
-    per_replica = 1 if parameters_only else (o.micro_batch or o.batch) // o.data_replicas
-    micro = per_replica * (dp if o.ep_folded else dp * o.ep)
+    micro = reduced_micro_batch(o, 1 if parameters_only else None)
     values = o.as_dict()
     if parameters_only:
         values.update(activation_recompute="none", precision=(), recompute_modules=())
@@ -481,16 +488,12 @@ def stack_options(o: GenerateOptions) -> GenerateOptions:
     """The options of the small workload that holds every layer of ``o`` on its own stages:
     the same pipeline split, schedule and micro-batch per replica, the replicas of
     :func:`reduced_dp`, and as few micro-batches as the schedule allows."""
-    dp = reduced_dp(o)
-    per_replica = (o.micro_batch or o.batch) // o.data_replicas
-    micro = per_replica * (dp if o.ep_folded else dp * o.ep)
+    micro = reduced_micro_batch(o)
     micro_batches = o.pp if o.pipeline_schedule == "interleaved" else 1
-    return dataclasses.replace(o, dp=dp, batch=micro * micro_batches, micro_batch=micro)
+    return dataclasses.replace(o, dp=reduced_dp(o), batch=micro * micro_batches, micro_batch=micro)
 
 
-def _stage_layers(
-    rank_class: Any, pricer: Any, reductions: Any, part_cost: Any = _part_cost
-) -> list[LayerCost]:
+def _stage_layers(rank_class: Any, reductions: Any, layer_cost: Any) -> list[LayerCost]:
     """The layers a stage's rank class holds, in order, each priced as it is."""
     parts = _index(rank_class).parts
     indices = sorted(
@@ -500,16 +503,9 @@ def _stage_layers(
     out = []
     for i in indices:
         reduced = reductions(rank_class, f"layer{i}", after=False)
-        bwd_nodes = parts.get((f"layer{i}", "bwd"), [])
-        out.append(
-            LayerCost(
-                part_cost(parts.get((f"layer{i}", "fwd"), []), pricer),
-                part_cost(bwd_nodes, pricer, reduced)
-                if part_cost is _prefetched_cost
-                else part_cost(bwd_nodes, pricer),
-                reduced,
-            )
-        )
+        fwd = layer_cost(parts.get((f"layer{i}", "fwd"), []))
+        bwd = layer_cost(parts.get((f"layer{i}", "bwd"), []), reduced)
+        out.append(LayerCost(fwd, bwd, reduced))
     return out
 
 
@@ -540,8 +536,14 @@ def analyse(
         two = _build(reduced_options(o, 2, parameters_only=True), registry)
         dp_r = reduced_dp(o)
     sharded = bool(o.zero or o.weight_sharded)
-    bwd_cost = fwd_cost = _prefetched_cost if o.weight_sharded else _part_cost
     pricer = _Pricer(o, system, kernels, dp_r / o.dp if sharded else 1.0)
+
+    def layer_cost(nodes: list[Any], reductions: Any = None) -> PartCost:
+        """A part of the layers (or the embedding); under FSDP its gathers run ahead."""
+        if o.weight_sharded:
+            return _prefetched_cost(nodes, pricer, reductions)
+        return _part_cost(nodes, pricer)
+
     first, last = one.rank_classes[0], one.rank_classes[-1]
     first2, last2 = two.rank_classes[0], two.rank_classes[-1]
 
@@ -549,7 +551,7 @@ def analyse(
         return _index(rank_class).parts.get((part, phase), [])
 
     if kept_nodes is not None:
-        kept = bwd_cost(kept_nodes.get(("layer0", "bwd"), []), pricer)
+        kept = layer_cost(kept_nodes.get(("layer0", "bwd"), []))
     elif workload is not None and o.recompute_method:
         # a layer that is not recomputed, wherever the workload holds one
         plain = [u.start for _, mode, u in recompute_units(o) if mode != "full"]
@@ -557,7 +559,7 @@ def analyse(
             nodes = _index(rank_class).parts
             layer = next((i for i in plain if (f"layer{i}", "bwd") in nodes), None)
             if layer is not None:
-                kept = bwd_cost(nodes[(f"layer{layer}", "bwd")], pricer)
+                kept = layer_cost(nodes[(f"layer{layer}", "bwd")])
                 break
 
     layer = "layer0"
@@ -639,17 +641,15 @@ def analyse(
         ]
     stage_layers = None
     if unlike and workload is not None:
-        stage_layers = [_stage_layers(c, pricer, reductions, bwd_cost) for c in stages]
+        stage_layers = [_stage_layers(c, reductions, layer_cost) for c in stages]
     return Parts(
         stage_layers=stage_layers,
         stage_optimizer=stage_optimizer,
         stage_after=stage_after,
-        layer_fwd=fwd_cost(pick(first, layer, "fwd"), pricer),
-        layer_bwd=_prefetched_cost(pick(first, layer, "bwd"), pricer, layer_red)
-        if o.weight_sharded
-        else _part_cost(pick(first, layer, "bwd"), pricer),
+        layer_fwd=layer_cost(pick(first, layer, "fwd")),
+        layer_bwd=layer_cost(pick(first, layer, "bwd"), layer_red),
         embedding_fwd=_part_cost(pick(first, "embedding", "fwd"), pricer),
-        embedding_bwd=bwd_cost(pick(first, "embedding", "bwd"), pricer),
+        embedding_bwd=layer_cost(pick(first, "embedding", "bwd")),
         head_fwd=_part_cost(pick(last, "head", "fwd"), pricer),
         head_bwd=_part_cost(pick(last, "head", "bwd"), pricer),
         p2p_bytes=p2p,
