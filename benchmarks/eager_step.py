@@ -32,6 +32,22 @@ MODELS: dict[str, tuple[str, int, int, int, int, int, int]] = {
     "llama-3b": ("llama", 3072, 28, 24, 8, 8192, 128256),
     "gpt-1.3b": ("gpt", 2048, 24, 16, 16, 8192, 50304),
     "gpt-2.7b": ("gpt", 2560, 32, 32, 32, 10240, 50304),
+    # mixtures of experts (stg's ``moe`` template: Llama attention, routed SwiGLU experts),
+    # a few layers of each published shape so that one GPU holds weights and AdamW states;
+    # the expert FFN width is ``ffn``, experts and top-k in MOE below
+    "qwen3-30b-a3b-4l": ("moe", 2048, 4, 32, 4, 768, 151936),
+    "olmoe-1b-7b-8l": ("moe", 2048, 8, 16, 16, 1024, 50304),
+    "mixtral-8x7b-2l": ("moe", 4096, 2, 32, 8, 14336, 32000),
+}
+GROUPED_MM = True
+"""Run the experts with ``torch._grouped_mm`` (else a loop of one GEMM per expert)."""
+
+MOE: dict[str, tuple[int, int, int]] = {
+    # name: (experts, experts per token, head size); shapes from each model's config.json:
+    # Qwen/Qwen3-30B-A3B, allenai/OLMoE-1B-7B-0924, mistralai/Mixtral-8x7B-v0.1
+    "qwen3-30b-a3b-4l": (128, 8, 128),
+    "olmoe-1b-7b-8l": (64, 8, 128),
+    "mixtral-8x7b-2l": (8, 2, 128),
 }
 
 
@@ -45,10 +61,49 @@ def build(
     ffn: int,
     vocab: int,
     seq: int,
+    moe: tuple[int, int, int] | None = None,
 ) -> Any:
     nn = torch.nn
     F = torch.nn.functional
-    dh = d // heads
+    dh = d // heads if moe is None else moe[2]
+
+    class Experts(nn.Module):
+        """Token-choice top-k routing without dropping (softmax router, top-k renormalised),
+        tokens sorted by expert and every expert's SwiGLU run by ``torch._grouped_mm`` over
+        the stacked weights, outputs weighted and added back per token."""
+
+        def __init__(self, experts: int, k: int) -> None:
+            super().__init__()
+            self.experts, self.k = experts, k
+            self.router = nn.Linear(d, experts, bias=False)
+            # stored [experts, out, in] and used transposed, as torchtitan's experts
+            self.w13 = nn.Parameter(torch.randn(experts, 2 * ffn, d) * d**-0.5)
+            self.w2 = nn.Parameter(torch.randn(experts, d, ffn) * ffn**-0.5)
+
+        def forward(self, h: Any) -> Any:
+            shape = h.shape
+            x = h.reshape(-1, d).to(torch.bfloat16)
+            probs = torch.softmax(self.router(x).float(), -1)
+            weights, chosen = torch.topk(probs, self.k, -1)
+            weights = (weights / weights.sum(-1, keepdim=True)).to(x.dtype)
+            order = torch.argsort(chosen.view(-1), stable=True)
+            token = order // self.k
+            counts = torch.bincount(chosen.view(-1), minlength=self.experts)
+            offsets = torch.cumsum(counts, 0).to(torch.int32)
+            routed = x.index_select(0, token)
+            w13 = self.w13.to(x.dtype).transpose(-2, -1)
+            w2 = self.w2.to(x.dtype).transpose(-2, -1)
+            if GROUPED_MM:
+                gate, up = torch._grouped_mm(routed, w13, offs=offsets).chunk(2, -1)
+                y = torch._grouped_mm(F.silu(gate) * up, w2, offs=offsets)
+            else:  # one GEMM per expert, as Hugging Face's eager MoE layers run them
+                parts = []
+                for e, rows in enumerate(routed.split(counts.tolist())):
+                    gate, up = (rows @ w13[e]).chunk(2, -1)
+                    parts.append((F.silu(gate) * up) @ w2[e])
+                y = torch.cat(parts)
+            y = y * weights.view(-1, 1).index_select(0, order)
+            return torch.zeros_like(x).index_add_(0, token, y).view(shape)
 
     class Block(nn.Module):
         def __init__(self) -> None:
@@ -63,6 +118,8 @@ def build(
             if family == "gpt":
                 self.fc1 = nn.Linear(d, ffn)
                 self.fc2 = nn.Linear(ffn, d)
+            elif moe is not None:
+                self.experts = Experts(moe[0], moe[1])
             else:
                 self.gate = nn.Linear(d, ffn, bias=False)
                 self.up = nn.Linear(d, ffn, bias=False)
@@ -86,6 +143,8 @@ def build(
             h = self.norm2(x)
             if family == "gpt":
                 return x + self.fc2(F.gelu(self.fc1(h), approximate="tanh"))
+            if moe is not None:
+                return x + self.experts(h)
             return x + self.down(F.silu(self.gate(h)) * self.up(h))
 
     class Model(nn.Module):
@@ -96,7 +155,7 @@ def build(
             self.blocks = nn.ModuleList(Block() for _ in range(layers))
             self.norm = nn.LayerNorm(d) if family == "gpt" else nn.RMSNorm(d)
             self.head = nn.Linear(d, vocab, bias=False)
-            if family == "llama":
+            if family in ("llama", "moe"):
                 pos = torch.arange(seq, dtype=torch.float32)
                 inv = 1.0 / (500000 ** (torch.arange(0, dh, 2, dtype=torch.float32) / dh))
                 angles = torch.outer(pos, inv)
@@ -118,10 +177,16 @@ def build(
     return Model()
 
 
+def system_of(device: str) -> str:
+    """The stg system preset of a CUDA device name."""
+    return "h200-141g" if "H200" in device else "h100-80g"
+
+
 def measure(torch: Any, name: str, tokens: int) -> dict[str, Any]:
     family, d, layers, heads, kv, ffn, vocab = MODELS[name]
     torch.manual_seed(0)
-    model = build(torch, family, d, layers, heads, kv, ffn, vocab, tokens).cuda()
+    moe = MOE.get(name)
+    model = build(torch, family, d, layers, heads, kv, ffn, vocab, tokens, moe).cuda()
     params = sum(p.numel() for p in model.parameters())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     data = torch.randint(0, vocab, (1, tokens + 1), device="cuda")
@@ -170,9 +235,15 @@ def measure(torch: Any, name: str, tokens: int) -> dict[str, Any]:
         "bf16",
         "--profile",
         "eager",
+        "--causal",
+        "true",
         "--system",
-        "h100-80g",
+        system_of(torch.cuda.get_device_name(0)),
     ]
+    if moe is not None:
+        experts, k, dhead = moe
+        options += ["--experts", str(experts), "--kexperts", str(k), "--dhead", str(dhead)]
+        options += ["--moe_routing", "dropless"]
     return {
         "model": name,
         "tokens": tokens,
@@ -183,6 +254,7 @@ def measure(torch: Any, name: str, tokens: int) -> dict[str, Any]:
         "device": torch.cuda.get_device_name(0),
         "torch": torch.__version__,
         "stg_options": options,
+        **({"experts_impl": "torch._grouped_mm" if GROUPED_MM else "loop"} if moe else {}),
     }
 
 
@@ -191,7 +263,14 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--tokens", default="1024,2048,4096,8192")
+    parser.add_argument(
+        "--expert-loop",
+        action="store_true",
+        help="run a mixture's experts one GEMM each instead of torch._grouped_mm",
+    )
     args = parser.parse_args()
+    global GROUPED_MM
+    GROUPED_MM = not args.expert_loop
     unknown = [m for m in args.models.split(",") if m not in MODELS]
     if unknown:
         print(f"unknown model {unknown[0]!r}; allowed: {', '.join(MODELS)}", file=sys.stderr)

@@ -17,6 +17,11 @@ fields as ``data/kernels/`` (its README), so that the kernel sub-models of
   scale + causal-mask + softmax (one kernel, as Megatron's ``ScaledUpperTriangMaskedSoftmax``;
   here compiled by ``torch.compile``) against eager ``torch.softmax``, and an fp8 cast with
   its amax (Transformer Engine's cast) eager and fused;
+- ``PREFIX-grouped.jsonl``: the experts' GEMMs of a mixture of experts, bf16, as
+  ``torch._grouped_mm`` (one kernel over every expert's rows) and ``torch.bmm`` (the same
+  groups as one batched GEMM), for each local expert count and rows per expert of the
+  Qwen3-30B-A3B, Qwen3-235B-A22B, OLMoE, Mixtral and DeepSeek-V3 shapes (gate and up fused:
+  ``[rows, d] x [d, 2f]``; down: ``[rows, f] x [f, d]``);
 - ``PREFIX-clock.jsonl`` (plain JSON lines): the SM clock, power and temperature that
   ``nvidia-smi`` reads while a bf16 GEMM runs for 20 s (the sustained clock of
   ``stg.perf.system``'s ``sustained_clock_ghz``), with the GEMM's rate cold and hot.
@@ -224,6 +229,87 @@ def gemms(bench: Bench, quick: bool) -> None:
         if index % 20 == 0:
             print(f"gemm {index}/{len(cases)} {_smi()}", flush=True)
     bench.write("gemm", lines)
+
+
+# name: (hidden, expert FFN) from each model's config.json
+EXPERT_SHAPES = {
+    "qwen3-30b-a3b": (2048, 768),
+    "qwen3-235b-a22b": (4096, 1536),
+    "olmoe-1b-7b": (2048, 1024),
+    "mixtral-8x7b": (4096, 14336),
+    "deepseek-v3": (7168, 2048),
+}
+
+
+def grouped(bench: Bench, quick: bool) -> None:
+    """Expert GEMMs: ``torch._grouped_mm`` and ``torch.bmm`` over equal groups."""
+    torch = bench.torch
+    lines = [bench.header("grouped", False)]
+    groups_list = (4, 16) if quick else (1, 4, 8, 16, 64)
+    rows_list = (256, 2048) if quick else (64, 256, 1024, 4096, 16384)
+    for name, (d, f) in EXPERT_SHAPES.items():
+        for groups in groups_list:
+            for rows in rows_list:
+                for matrix, k, n in (("fc1", d, 2 * f), ("fc2", f, d)):
+                    if groups * rows * max(k, n) * 2 > 8 * 2**30 or groups * k * n * 2 > 8 * 2**30:
+                        continue
+                    a = torch.randn(groups * rows, k, device="cuda", dtype=torch.bfloat16)
+                    # [groups, n, k] used transposed (column-major), as torchtitan's experts
+                    w = torch.randn(groups, n, k, device="cuda", dtype=torch.bfloat16).mT
+                    offsets = torch.arange(1, groups + 1, device="cuda", dtype=torch.int32) * rows
+                    a3 = a.view(groups, rows, k)
+                    impls = {
+                        "torch._grouped_mm": lambda a=a, w=w, o=offsets: torch._grouped_mm(
+                            a, w, offs=o
+                        ),
+                        "torch.bmm": lambda a3=a3, w=w: torch.bmm(a3, w),
+                    }
+                    for op, fn in impls.items():
+                        try:
+                            warm, measured, reps = bench.time_calls(fn)
+                        except RuntimeError as error:
+                            print(f"skip {op} {name} g{groups} r{rows}: {str(error)[:80]}")
+                            continue
+                        median = statistics.median(measured)
+                        flops = 2.0 * groups * rows * k * n
+                        nbytes = 2 * (groups * rows * k + groups * k * n + groups * rows * n)
+                        lines.append(
+                            {
+                                "op_name": op,
+                                "id": f"0|0|{len(lines) - 1}",
+                                "config": {
+                                    "build": None,
+                                    "input": {
+                                        "args": [
+                                            _spec("bfloat16", [groups * rows, k]),
+                                            _spec("bfloat16", [groups, k, n]),
+                                        ],
+                                        "kwargs": {"groups": groups},
+                                    },
+                                },
+                                "metric": {
+                                    "forward": {"warmup.time": warm, "measure.time": measured}
+                                },
+                                "extra": {
+                                    "family": "grouped",
+                                    "role": f"{name}/{matrix}",
+                                    "groups": groups,
+                                    "m": rows,
+                                    "k": k,
+                                    "n": n,
+                                    "dtype": "bfloat16",
+                                    "flops": flops,
+                                    "bytes": nbytes,
+                                    "median_ms": median,
+                                    "tflops": flops / median / 1e9,
+                                    "reps_per_event": reps,
+                                },
+                            }
+                        )
+                    del a, w, a3, impls
+            torch.cuda.empty_cache()
+        print(f"grouped {name} done {_smi()}", flush=True)
+    bench.write("grouped", lines)
 
 
 def attention(bench: Bench, quick: bool) -> None:
@@ -657,6 +743,7 @@ def main() -> int:
         "gemm": lambda: gemms(bench, args.quick),
         "attention": lambda: attention(bench, args.quick),
         "elementwise": lambda: elementwise(bench, args.quick),
+        "grouped": lambda: grouped(bench, args.quick),
     }
     for step in args.only.split(","):
         started = time.time()
