@@ -22,6 +22,7 @@ from stg.core.workload import MICRO_BATCH_ATTR, STEP_ATTR, CollectiveType, Role,
 from stg.errors import UserError
 from stg.perf import comm_time
 from stg.perf.calibration import Calibration
+from stg.perf.eager import eager_time
 from stg.perf.kernel_time import (
     attention_kernel_for,
     attention_time,
@@ -410,8 +411,8 @@ def compute_time(
         memory = node.tensor_size / (system.hbm_bandwidth * system.memory_efficiency)
         seconds = max(flops, memory)
     seconds += system.kernel_overhead
-    if profile == "eager":
-        seconds = max(seconds, EAGER_OP_HOST_S)
+    if profile == "eager":  # the ops eager PyTorch dispatches for the node (stg.perf.eager)
+        seconds = eager_time(node, system, seconds, EAGER_OP_HOST_S)
     return seconds
 
 
