@@ -156,7 +156,7 @@ def megatron_softmax_kind(row: int | None, dtype: str) -> str:
 
 def megatron_fused_time(node: Any, system: System) -> float | None:
     """The time of a node that Megatron-LM / Transformer Engine fuse into a neighbour, or
-    None for a node that runs as its own kernel. The eager profile fuses nothing.
+    None for a node that runs as its own kernel. (The eager profile: :mod:`stg.perf.eager`.)
 
     - A forward bias add (``*_bias``: Megatron's ``bias_gelu`` and ``bias_dropout_add``
       fusions, and the GEMM epilogue of Transformer Engine's Linear for the QKV biases) costs
@@ -284,7 +284,8 @@ def compute_time(
     unless their FLOPs take longer at the sustained SIMT rate. A node without a shape (a
     foreign trace) gets the roofline with the system's ``compute_efficiency`` per op class.
     Each kernel then pays its launch: ``kernel_overhead`` of the system (Megatron), or at
-    least the eager host time per op (eager).
+    least the eager host time of the ops eager PyTorch dispatches for it (eager,
+    :mod:`stg.perf.eager`, with autocast's copies).
 
     A matmul whose output is fp32 in a workload that computes in a narrower dtype is a
     narrow matmul accumulating into fp32 (Megatron's weight gradients into fp32 main
