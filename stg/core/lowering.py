@@ -14,7 +14,7 @@ from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Se
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from math import prod
-from typing import Any, overload
+from typing import Any, NamedTuple, overload
 
 import sympy
 
@@ -1304,6 +1304,59 @@ class ModelParts:
 Env = dict[int, tuple[int, ...]]
 
 
+class _RunOp(NamedTuple):
+    """What :meth:`_Nodes.run` lays out for one op of a run, less where the run starts:
+    the node's fields (its name less the run's prefix, its attributes less its place), the
+    input keys that earlier ops of the run do not produce (looked up in the run's ``env``)
+    and the earlier ops of the run that produce the others (offsets from the run's first
+    node, sorted, distinct)."""
+
+    name: str
+    type: NodeType
+    costs: tuple[Any, ...]
+    """``num_ops`` to ``runtime`` of :class:`NodeTemplate`, in its field order"""
+    attrs: dict[str, Any]
+    role: int | None
+    outside: tuple[int, ...]
+    inside: tuple[int, ...]
+    outputs: tuple[int, ...]
+
+
+def _run_ops(ops: Sequence[BoundOp], op_prefix: str) -> tuple[_RunOp, ...]:
+    """The :class:`_RunOp` of each of ``ops``, laid out as one run."""
+    producer: dict[int, int] = {}
+    planned = []
+    for i, op in enumerate(ops):
+        attrs = dict(op.attrs)
+        attrs[OP_ATTR] = op_prefix + op.name
+        role = op_role(op) if op.group_axes else None
+        planned.append(
+            _RunOp(
+                op.name,
+                op.type,
+                (
+                    op.num_ops,
+                    op.tensor_size,
+                    op.comm_type,
+                    op.comm_size,
+                    op.group_axes,
+                    None,  # peer_stage
+                    None,  # comm_tag
+                    op.dtype,
+                    0,  # runtime
+                ),
+                attrs,
+                None if role is None else int(role),
+                tuple(k for k in op.inputs if k not in producer),
+                tuple(sorted({producer[k] for k in op.inputs if k in producer})),
+                op.outputs,
+            )
+        )
+        for k in op.outputs:
+            producer[k] = i
+    return tuple(planned)
+
+
 @dataclass
 class _Nodes:
     """Accumulates the node templates of one stage in execution order."""
@@ -1312,6 +1365,11 @@ class _Nodes:
     last_comp: int | None = None
     step_pending: int | None = None
     last_coll: dict[tuple[str, ...], int] = field(default_factory=dict)
+    _planned: dict[tuple[tuple[int, ...], str], tuple[Sequence[BoundOp], tuple[_RunOp, ...]]] = (
+        field(default_factory=dict)
+    )
+    """each run's ops laid out once (:func:`_run_ops`), by their ids (the ops are kept, so
+    that no id is reused) and ``op_prefix``"""
 
     def start_step(self) -> None:
         self.step_pending = self.last_comp
@@ -1352,14 +1410,75 @@ class _Nodes:
         """Append ``ops``; ``after``: ops that depend on nothing appended here wait for that
         node (a recompute starts when the layer's gradient arrives, not during the forward).
         ``where``: the typed attributes of their place (:func:`node_place`); ``op_prefix``:
-        what ``prefix`` adds to the op names after the last ``/``."""
-        first = len(self.nodes)
-        for op in ops:
-            deps = [d for k in op.inputs for d in env.get(k, ())]
-            extra = () if after is None or any(d >= first for d in deps) else (after,)
-            nid = self.add(_fields(op, prefix, where, op_prefix), deps, extra)
-            for k in op.outputs:
+        what ``prefix`` adds to the op names after the last ``/``.
+
+        The same as :meth:`add` of each op in turn, its data deps the nodes ``env`` maps its
+        inputs to (``env`` then maps its outputs to it) and ``after`` its ctrl dep, but each
+        run of the same ops is planned once (:func:`_run_ops`): a node's deps on earlier
+        nodes of its run are offsets, and every node ``env`` names precedes the run."""
+        if not isinstance(ops, (list, tuple)):
+            ops = tuple(ops)
+        cache_key = (tuple(map(id, ops)), op_prefix)
+        cached = self._planned.get(cache_key)
+        if cached is None:
+            cached = self._planned[cache_key] = (ops, _run_ops(ops, op_prefix))
+        nodes = self.nodes
+        first = len(nodes)
+        pending = self.step_pending
+        last_coll = self.last_coll
+        last_comp = self.last_comp
+        comm_coll, comp = NodeType.COMM_COLL, NodeType.COMP
+        nid = first
+        for name, node_type, costs, attrs, role, outside, inside, outputs in cached[1]:
+            if not outside:
+                deps = ()
+            elif len(outside) == 1:  # most ops: one input from before the run
+                deps = env.get(outside[0], ())
+                if len(deps) > 1 or type(deps) is not tuple:
+                    deps = tuple(sorted(set(deps)))
+            else:
+                deps = tuple(sorted({d for k in outside for d in env.get(k, ())}))
+            if inside:  # after every node before the run
+                if len(inside) == 1:
+                    deps += (first + inside[0],)
+                else:
+                    deps += tuple([first + j for j in inside])
+                ctrl = []
+            elif after is not None and after not in deps:
+                ctrl = [after]
+            else:
+                ctrl = []
+            if pending is not None:
+                if pending not in deps and pending not in ctrl:
+                    ctrl.append(pending)
+                pending = None
+            if node_type is comm_coll:
+                axes = costs[4]
+                previous = last_coll.get(axes)
+                if previous is not None and previous not in deps and previous not in ctrl:
+                    ctrl.append(previous)
+                last_coll[axes] = nid
+            elif node_type is comp:
+                last_comp = nid
+            node_attrs = {**attrs, **where} if where else attrs.copy()
+            if role is not None:
+                node_attrs[ROLE_ATTR] = role
+            nodes.append(
+                NodeTemplate(
+                    nid,
+                    prefix + name,
+                    node_type,
+                    deps,
+                    tuple(ctrl) if ctrl else (),
+                    *costs,
+                    node_attrs,
+                )
+            )
+            for k in outputs:
                 env[k] = (nid,)
+            nid += 1
+        self.step_pending = pending
+        self.last_comp = last_comp
 
 
 def node_place(
@@ -1393,30 +1512,6 @@ def op_role(op: BoundOp) -> Role | None:
         if op.comm_type is CollectiveType.REDUCE_SCATTER:
             return Role.TP_REDUCE_SCATTER
     return None
-
-
-def _fields(
-    op: BoundOp, prefix: str, where: Mapping[str, Any] | None = None, op_prefix: str = ""
-) -> dict:
-    attrs = dict(op.attrs)
-    attrs[OP_ATTR] = op_prefix + op.name
-    if where:
-        attrs.update(where)
-    if op.group_axes:
-        role = op_role(op)
-        if role is not None:
-            attrs[ROLE_ATTR] = int(role)
-    return {
-        "name": f"{prefix}{op.name}",
-        "type": op.type,
-        "num_ops": op.num_ops,
-        "tensor_size": op.tensor_size,
-        "comm_type": op.comm_type,
-        "comm_size": op.comm_size,
-        "group_axes": op.group_axes,
-        "dtype": op.dtype,
-        "attrs": attrs,
-    }
 
 
 def mark_param_gathers(nodes: list[NodeTemplate], first: int, step: int) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import warnings
 from collections.abc import Callable
 from dataclasses import replace
@@ -416,6 +417,23 @@ def build_workload(
     which must be the schedule's own order for that many micro-batches (else ValueError);
     the rest (parameters, the optimizer, the metadata's options and ``micro_batches``) is the
     whole iteration's, and the metadata records ``lowered_micro_batches``."""
+    # hundreds of thousands of nodes, none in a reference cycle: the cyclic collector would
+    # only scan them, again and again as they pile up
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _build_workload(options, registry, progress, lowered_micro_batches)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _build_workload(
+    options: GenerateOptions,
+    registry: Registry,
+    progress: Progress | None,
+    lowered_micro_batches: int | None,
+) -> Workload:
     plan = validate_options(options, registry)
     model = registry.models.get(options.model)
     if options.inference:  # prefill, decode, mixed: forward only, with a KV cache
