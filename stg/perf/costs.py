@@ -74,9 +74,10 @@ def eager_moe_routing_time(node: Any, system: System) -> float | None:
     """Seconds of a mixture's dispatch or combine node (:data:`MOE_DISPATCH_OP`,
     :data:`MOE_COMBINE_OP` and their gradients) as eager PyTorch runs them
     (``benchmarks/eager_step.py``'s ``Experts``: rows sorted by expert), kernel by kernel; None
-    for another node, and for those that run no kernel of their own in eager PyTorch (the
-    dispatch's gradient to the gates, which only index; the sum of the dispatched rows'
-    gradients) or that are priced as other memory-bound nodes.
+    for any other node, which is priced as usual. That includes the dispatch's gradient to
+    the gates and the sum of the dispatched rows' two gradients, which stay generic
+    memory-bound nodes although eager PyTorch runs neither (its dispatch only indexes by the
+    gates; its fused gate-and-up GEMM concatenates the two gradients instead of adding them).
 
     - dispatch: ``index_select`` of the routed rows (each read and written, ``gather``);
     - its gradient to the tokens: ``index_add_`` of the routed rows' gradients into the

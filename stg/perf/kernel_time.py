@@ -101,7 +101,8 @@ MEMORY_KERNEL_SPEED: dict[str, float] = {
     # written at a median 3.81 TB/s, bf16 and fp32 alike, of the H200's 4.27 TB/s streaming
     "gather": 3.81 / (4.8 * 0.89),
     # the same data: ``y * w`` with one gate weight per row (``w`` of shape [rows, 1]), whose
-    # broadcast PyTorch runs in its non-vectorized elementwise kernel: 1.66 TB/s bf16
+    # broadcast PyTorch runs in its non-vectorized elementwise kernel: 1.66 TB/s bf16 (fp32
+    # rows reach 2.69 TB/s; mixtures train their routing in 16 bits, so this is the figure)
     "row_scale": 1.66 / (4.8 * 0.89),
     # weight-streaming grouped GEMMs (see GROUPED_GEMM_COMPUTE_SPEED): torch._grouped_mm of 64
     # rows per group over 8-64 groups moving >= 400 MB, median 3.02 TB/s of A, B and C
