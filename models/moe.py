@@ -24,7 +24,10 @@ from stg.api import GraphBuilder, Model, Tensor, hookimpl
 from stg.models import llama
 
 ROUTER_FLOPS = 6  # softmax over experts and top-k selection, per router logit
-COMBINE_FLOPS = 2  # scale by the gate weight and accumulate, per expert output element
+DISPATCH_FLOPS = 1  # one copy per routed element (its token gradient: one add)
+COMBINE_FLOPS = 2  # scale by the gate weight and accumulate, per routed element
+# (stg.perf.costs prices the eager dispatch and combine by their routed elements: num_ops over
+# these, MOE_OPS_PER_ROUTED_ELEMENT there)
 
 
 def moe_mlp(b: GraphBuilder, x: Tensor) -> Tensor:
@@ -37,12 +40,17 @@ def moe_mlp(b: GraphBuilder, x: Tensor) -> Tensor:
         backward_flops=ROUTER_FLOPS,
     )
     token_axes = b.axes_of(x, "batch", "seq")
+    # routed rows per token (k, or more where experts are shaped for the fullest one): the
+    # dispatch's ops are per element of its first input, the tokens
+    per_token = (
+        b.dim("experts").size * b.dim("capacity").size / (b.dim("batch").size * b.dim("seq").size)
+    )
     dispatched = b.custom(
         "dispatch",
         [x, gates],
         "experts capacity dmodel",
-        flops=1,
-        backward_flops=1,
+        flops=DISPATCH_FLOPS * per_token,
+        backward_flops=(DISPATCH_FLOPS * per_token, 1),
         grad_inputs=(0, 1),
         out_shard={"capacity": token_axes},
     )

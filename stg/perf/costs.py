@@ -24,11 +24,14 @@ from stg.perf import comm_time
 from stg.perf.calibration import Calibration
 from stg.perf.eager import eager_time
 from stg.perf.kernel_time import (
+    DTYPE_BYTES,
     attention_kernel_for,
     attention_time,
     gemm_time,
+    grouped_gemm_time,
     memory_bound_time,
     memory_kind,
+    scatter_add_time,
 )
 from stg.perf.kernels import KernelTable, is_cast, kernel_name
 from stg.perf.system import PRESETS, System, host_link_bandwidth, normalize_dtype, op_class
@@ -51,6 +54,61 @@ second (8 + 12), ``sqrt`` into a temporary (8), its ``div_`` and ``add_`` (8 + 8
 ``addcdiv_`` update (16): 80 B per parameter, where a fused Adam (Megatron's, apex's) reads
 the parameter, gradient and both moments once and writes three of them: 28 B. The generated
 ``optimizer_step`` node counts the fused bytes; the eager profile prices this factor of them."""
+
+
+EXPERT_GEMM_OPS = frozenset({"expert_gate", "expert_up", "expert_down"})
+"""The ops of a mixture's routed experts (``models/moe.py``): batched GEMMs over the experts,
+which eager PyTorch runs as one grouped GEMM each (``torch._grouped_mm``), their gradients
+too (``expert_gate.grad_dispatch``, ``expert_gate.grad_w1``)."""
+
+MOE_DISPATCH_OP = "dispatch"
+MOE_COMBINE_OP = "combine"
+MOE_GATES_OP = "router_topk"
+MOE_OPS_PER_ROUTED_ELEMENT = {MOE_DISPATCH_OP: 1, MOE_COMBINE_OP: 2}
+"""The ops ``models/moe.py`` declares per routed element (a token's row sent to one expert,
+one value of it) for its dispatch (a copy; its token gradient: an add) and its combine (a
+scale by the gate weight and an add), forward and backward: a node's routed elements are its
+``num_ops`` over this."""
+
+
+def eager_moe_routing_time(node: Any, system: System) -> float | None:
+    """Seconds of a mixture's dispatch or combine node (:data:`MOE_DISPATCH_OP`,
+    :data:`MOE_COMBINE_OP` and their gradients) as eager PyTorch runs them
+    (``benchmarks/eager_step.py``'s ``Experts``: rows sorted by expert), kernel by kernel; None
+    for any other node, which is priced as usual. That includes the dispatch's gradient to
+    the gates and the sum of the dispatched rows' two gradients, which stay generic
+    memory-bound nodes although eager PyTorch runs neither (its dispatch only indexes by the
+    gates; its fused gate-and-up GEMM concatenates the two gradients instead of adding them).
+
+    - dispatch: ``index_select`` of the routed rows (each read and written, ``gather``);
+    - its gradient to the tokens: ``index_add_`` of the routed rows' gradients into the
+      tokens' (one atomic add per element, :func:`stg.perf.kernel_time.scatter_add_time`);
+    - combine: the rows scaled by their gate weight (``row_scale``), then ``index_add_``;
+    - its gradient to the rows: the tokens' gradient gathered per row (``gather``), scaled
+      by the gate weight (``row_scale``);
+    - its gradient to the gates: the gradient times the rows (read two, write one) and its
+      sum over each row (read one), streaming.
+    """
+    op = kernel_name(node)
+    base, _, grad_of = op.partition(".grad_")
+    per_element = MOE_OPS_PER_ROUTED_ELEMENT.get(base)
+    if per_element is None or (base == MOE_DISPATCH_OP and grad_of in (MOE_GATES_OP, "sum")):
+        return None
+    dtype = normalize_dtype(node.dtype or "bf16")
+    routed = node.num_ops / per_element
+    rows = routed * DTYPE_BYTES.get(dtype, 2)  # the routed rows' bytes
+    gpu = system.gpu
+    if base == MOE_DISPATCH_OP:
+        if not grad_of:
+            return memory_bound_time(gpu, 2 * rows, "gather", dtype)
+        return max(scatter_add_time(gpu, routed, dtype), memory_bound_time(gpu, rows))
+    if not grad_of:
+        scaled = memory_bound_time(gpu, 2 * rows, "row_scale", dtype)
+        return scaled + max(scatter_add_time(gpu, routed, dtype), memory_bound_time(gpu, rows))
+    if grad_of == MOE_GATES_OP:
+        return memory_bound_time(gpu, 4 * rows, "stream", dtype)
+    gathered = memory_bound_time(gpu, 2 * rows, "gather", dtype)
+    return gathered + memory_bound_time(gpu, 2 * rows, "row_scale", dtype)
 
 
 def attention_impl(profile: str, system: System) -> str:
@@ -308,6 +366,10 @@ def compute_time(
         measured = calibration.node_time(node, default_dtype)
         if measured is not None:
             return measured
+    if profile == "eager":
+        routing = eager_moe_routing_time(node, system)
+        if routing is not None:
+            return max(routing + system.kernel_overhead, EAGER_OP_HOST_S)
     table = kernels if kernels is not None else NO_KERNELS
     name = kernel_name(node)
     if table and node.dtype and is_cast(name):
@@ -395,7 +457,10 @@ def compute_time(
         # a convolution (implicit GEMM) moves its tensor_size, not its window matrix
         # ... and a serving weight format's GEMM its weights at their stored width and scales
         nbytes = node.tensor_size if attrs.get("implicit_gemm") or stored_weight else None
-        seconds = gemm_time(gpu, m, n, k, dtype, batch, nbytes) / speedup
+        if profile == "eager" and name.split(".", 1)[0] in EXPERT_GEMM_OPS and nbytes is None:
+            seconds = grouped_gemm_time(gpu, batch, m, n, k, dtype) / speedup
+        else:
+            seconds = gemm_time(gpu, m, n, k, dtype, batch, nbytes) / speedup
         if dtype == "fp8":
             seconds += fp8_quantize_time(node, system)
     elif kind == "other":

@@ -96,9 +96,30 @@ MEMORY_KERNEL_SPEED: dict[str, float] = {
     # (tests/data/kernels/h100-fusion.jsonl, fp8_cast_amax/fused; 0.55 of 3.35 TB/s), where
     # the cast alone streams at 2.99 TB/s
     "quantize": 1.83 / 3.35 / 0.89,
+    # H200 data (tests/data/kernels/h200-moe-routing.jsonl, PyTorch 2.11): ``index_select`` of
+    # 64k-262k rows of 2,048-4,096 values (a mixture's dispatch) moves each row read and
+    # written at a median 3.81 TB/s, bf16 and fp32 alike, of the H200's 4.27 TB/s streaming
+    "gather": 3.81 / (4.8 * 0.89),
+    # the same data: ``y * w`` with one gate weight per row (``w`` of shape [rows, 1]), whose
+    # broadcast PyTorch runs in its non-vectorized elementwise kernel: 1.66 TB/s bf16 (fp32
+    # rows reach 2.69 TB/s; mixtures train their routing in 16 bits, so this is the figure)
+    "row_scale": 1.66 / (4.8 * 0.89),
+    # weight-streaming grouped GEMMs (see GROUPED_GEMM_COMPUTE_SPEED): torch._grouped_mm of 64
+    # rows per group over 8-64 groups moving >= 400 MB, median 3.02 TB/s of A, B and C
+    # (tests/data/kernels/h200-grouped.jsonl, 15 cases of five models' expert shapes)
+    "grouped_gemm": 3.02 / (4.8 * 0.89),
 }
 """Bandwidth of a memory-bound kernel class relative to a streaming kernel (forward; large
 tensors). A system's streaming efficiency is its ``memory_efficiency``."""
+
+SCATTER_ADD_ELEMENTS_PER_SM_CLOCK: dict[int, float] = {2: 0.487, 4: 0.586}
+"""Elements per SM per clock (at the data sheet's peak clock) that PyTorch's ``index_add_``
+adds into its target, by element width in bytes: one atomic add per element, bound by the
+atomics' rate, not by HBM. H200 data (tests/data/kernels/h200-moe-routing.jsonl, PyTorch
+2.11): 64k-262k rows of 2,048-4,096 values added into a zeroed [rows / k, d] tensor (k 2 or
+8) ran at a median 118 G elements/s in bf16 (0.24 TB/s of source) and 142 G/s in fp32, on 132
+SMs at 1.83 GHz; the same at every size. A streaming kernel would have moved those bytes in a
+fifth (fp32) to a ninth (bf16) of the time."""
 
 SOFTMAX_16BIT_ELEMENTS_PER_SM_CLOCK = 256e9 / (132 * 1.83e9)
 """PyTorch's softmax over 16-bit inputs is bound by its SMs, not by HBM: H100 data, bf16
@@ -107,6 +128,14 @@ softmax over 8192 columns, 1.02 TB/s forward = 256 G elements/s on 132 SMs at 1.
 132 SMs, 1.43x the bandwidth) ran it at 1.08 TB/s (tests/data/kernels/h200-elementwise.jsonl),
 where a bandwidth-bound kernel would have gained 43 %. Rows of 32-bit values run at the
 ``softmax`` bandwidth share instead."""
+
+GROUPED_GEMM_COMPUTE_SPEED = 0.956
+"""Rate of a grouped GEMM (``torch._grouped_mm``: one CUTLASS kernel over every expert's rows)
+over the tile model's cuBLAS rate where it is compute-bound: H200 data
+(tests/data/kernels/h200-grouped.jsonl), the torch._grouped_mm cases of >= 1,024 rows per group
+and >= 4,096 rows in all (133 cases: five models' expert shapes, 1-64 groups), median of
+:func:`gemm_time` over the measured time 0.956. With few rows per group the kernel streams
+every expert's weights instead, at the ``grouped_gemm`` bandwidth share."""
 
 ATTENTION_BLOCK_ROWS = 128
 """Query rows per CTA of FlashAttention-2 and cuDNN's fused attention (block size Br)."""
@@ -342,9 +371,42 @@ def gemm_time(
     matrix)."""
     if min(m, n, k, batch) <= 0:
         return 0.0
-    per_sm = gpu.rate(dtype) / gpu.sm_count
     width = DTYPE_BYTES[dtype]
-    out_width = max(width, 2)
+    memory = ((m * k + k * n) * width + m * n * max(width, 2)) * batch
+    if nbytes is not None:
+        memory = nbytes
+    return max(_gemm_tile_time(gpu, m, n, k, dtype, batch), gpu.stream_time(memory))
+
+
+def grouped_gemm_time(gpu: Gpu, groups: int, m: int, n: int, k: int, dtype: str = "bf16") -> float:
+    """Seconds of a grouped GEMM over ``groups`` experts of ``[m, k] x [k, n]`` each (a
+    mixture's experts as ``torch._grouped_mm`` runs them): the tile model's time at the
+    grouped kernel's rate (:data:`GROUPED_GEMM_COMPUTE_SPEED`), bounded below by its A, B and C
+    streamed at the ``grouped_gemm`` bandwidth share (few rows per expert: every expert's
+    weights are read for little work)."""
+    if min(m, n, k, groups) <= 0:
+        return 0.0
+    width = DTYPE_BYTES[dtype]
+    memory = ((m * k + k * n) * width + m * n * max(width, 2)) * groups
+    compute = _gemm_tile_time(gpu, m, n, k, dtype, groups, split_k=False)
+    compute /= GROUPED_GEMM_COMPUTE_SPEED
+    return max(compute, gpu.stream_time(memory, "grouped_gemm"))
+
+
+def scatter_add_time(gpu: Gpu, elements: float, dtype: str = "bf16") -> float:
+    """Seconds of PyTorch's ``index_add_`` adding ``elements`` values into their target rows
+    with atomics (:data:`SCATTER_ADD_ELEMENTS_PER_SM_CLOCK`)."""
+    width = 4 if DTYPE_BYTES.get(dtype, 2) >= 4 else 2
+    rate = gpu.sm_count * gpu.peak_clock_ghz * 1e9 * SCATTER_ADD_ELEMENTS_PER_SM_CLOCK[width]
+    return elements / rate
+
+
+def _gemm_tile_time(
+    gpu: Gpu, m: int, n: int, k: int, dtype: str, batch: int, split_k: bool = True
+) -> float:
+    """The tile model's time of ``batch`` GEMMs (waves of CTA tiles; split-K where
+    ``split_k``), no memory bound."""
+    per_sm = gpu.rate(dtype) / gpu.sm_count
     best = math.inf
     for tile_m, tile_n in ARCH_GEMM_TILES.get(gpu.arch, GEMM_TILES):
         tiles = math.ceil(m / tile_m) * math.ceil(n / tile_n) * batch
@@ -356,12 +418,9 @@ def gemm_time(
                 t += gpu.stream_time(2 * 4 * m * n * batch * split)
             best = min(best, t)
             split *= 2
-            if tiles * split > 2 * gpu.sm_count or k // split < SPLIT_K_MIN:
+            if not split_k or tiles * split > 2 * gpu.sm_count or k // split < SPLIT_K_MIN:
                 break
-    memory = (m * k + k * n) * width * batch + m * n * out_width * batch
-    if nbytes is not None:
-        memory = nbytes
-    return max(best, gpu.stream_time(memory))
+    return best
 
 
 AttentionImpl = Literal["flash2", "cudnn", "ck", "aiter", "unfused"]
