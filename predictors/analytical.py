@@ -60,7 +60,6 @@ from stg.api import (
     Predictor,
     Role,
     System,
-    build_workload,
     chunk_layer_counts,
     collective_time,
     compute_time,
@@ -680,6 +679,8 @@ def _build(options: GenerateOptions, registry: Any) -> Any:
 
 @lru_cache(maxsize=2048)
 def _cached_build(options: GenerateOptions, registry_id: int) -> Any:
+    from stg.api import build_workload  # the pipeline and lowering load on the first build
+
     return build_workload(options, _REGISTRIES[registry_id])
 
 

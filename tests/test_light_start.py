@@ -122,3 +122,16 @@ def test_a_prediction_loads_only_the_model_and_predictor_it_uses() -> None:
     builtins = {m for m in modules if m.startswith(plugins)}
     assert builtins == {"stg.models.gpt", "stg.models.presets", "stg.predictors.analytical"}
     assert not modules & {*SCHEMAS, "google.protobuf"}  # no trace is written or read
+
+
+def test_an_analytical_prediction_as_json_loads_no_console_and_no_worker_pool() -> None:
+    # rich renders tables and the progress bar of a build; --jobs serves a trace's readers
+    args = ["--model", "gpt", "--num_stacks", "2", "--predictor", "analytical", "--json"]
+    modules = imported("predict", *args)
+    assert not {m for m in modules if m == "rich" or m.startswith("rich.")}
+    assert not modules & {"stg.trace.parallel", "concurrent.futures", "multiprocessing"}
+
+
+def test_the_analytical_predictor_loads_the_pipeline_only_to_build() -> None:
+    modules = imported("--exec", "import stg.predictors.analytical")
+    assert not modules & {"stg.core.pipeline", "stg.core.lowering", "stg.core.autodiff"}
