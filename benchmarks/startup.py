@@ -11,7 +11,9 @@ predict --predictor analytical`` for GPT-3 175B on 1,024 A100s (tp 8, pp 16, dp 
 number of modules the command imported and whether sympy was among them.
 
 Installed plugins load as they would for a user (set ``STG_DISABLE_PLUGIN_AUTOLOAD=1`` to
-measure stg alone). It also runs against an older stg
+measure stg alone). The analytical prediction reads the one- and two-layer workloads it
+prices from the cache on disk after its first run, as a user's repeated predictions do (set
+``STG_CACHE_DIR=`` to measure their builds every time). It also runs against an older stg
 (``PYTHONPATH=old/tree python benchmarks/startup.py``).
 """
 
