@@ -13,7 +13,8 @@ is used only when it is exactly what a build would give now:
 
 The folder is ``$STG_CACHE_DIR`` (empty: no cache), else ``$XDG_CACHE_HOME/stg`` or
 ``~/.cache/stg``, under ``reduced-workloads/``; it keeps the :data:`MAX_ENTRIES` newest
-entries. A folder that cannot be read or written only costs the build.
+entries. A folder that cannot be read or written only costs the build. Entries are pickles:
+like Python's bytecode cache, the folder is trusted as the user's own.
 """
 
 from __future__ import annotations
@@ -43,7 +44,12 @@ def cache_folder() -> Path | None:
     given = os.environ.get(CACHE_ENV)
     if given is not None:
         return Path(given) / SUBFOLDER if given else None
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    base = os.environ.get("XDG_CACHE_HOME")
+    if not base:
+        home = os.path.expanduser("~")
+        if home == "~":  # no home folder known: no cache rather than one in the cwd
+            return None
+        base = os.path.join(home, ".cache")
     return Path(base) / "stg" / SUBFOLDER
 
 

@@ -165,3 +165,14 @@ def test_a_report_from_workloads_read_back_is_the_same(
         builds.append(len(built))
     assert builds[0] > 0 and builds[1] == builds[0]
     assert reports[1] == reports[0]
+
+
+def test_the_default_folder_is_the_users_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(cache.CACHE_ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", "/somewhere/cache")
+    assert cache.cache_folder() == Path("/somewhere/cache/stg/reduced-workloads")
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", "/home/someone")
+    assert cache.cache_folder() == Path("/home/someone/.cache/stg/reduced-workloads")
+    monkeypatch.setattr(os.path, "expanduser", lambda path: path)  # no home folder known
+    assert cache.cache_folder() is None
