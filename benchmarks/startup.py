@@ -72,7 +72,8 @@ def run_once(args: list[str], env: dict[str, str] | None = None) -> tuple[float,
     to the environment), and its probe."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run(
-        [sys.executable, "-c", PROBE, *args],
+        # -P: not the working directory first on sys.path, which would shadow PYTHONPATH's stg
+        [sys.executable, "-P", "-c", PROBE, *args],
         capture_output=True,
         text=True,
         check=False,
