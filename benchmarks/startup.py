@@ -11,7 +11,9 @@ predict --predictor analytical`` for GPT-3 175B on 1,024 A100s (tp 8, pp 16, dp 
 number of modules the command imported and whether sympy was among them.
 
 Installed plugins load as they would for a user (set ``STG_DISABLE_PLUGIN_AUTOLOAD=1`` to
-measure stg alone). It also runs against an older stg
+measure stg alone). The analytical prediction reads the one- and two-layer workloads it
+prices from the cache on disk after its first run, as a user's repeated predictions do; the
+row after it builds them every time (``STG_CACHE_DIR=``). It also runs against an older stg
 (``PYTHONPATH=old/tree python benchmarks/startup.py``).
 """
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -29,6 +32,9 @@ GPT3_1024 = [
     "--model", "gpt3-175b", "--tp", "8", "--pp", "16", "--dp", "8",
     "--batch", "1536", "--micro_batch", "8", "--predictor", "analytical", "--json",
 ]  # fmt: skip
+
+NO_CACHE = "  the same, no cache (builds)"
+"""The analytical row again with ``STG_CACHE_DIR=`` (its reduced workloads built each time)."""
 
 # Runs the CLI (or only imports it), then reports the modules imported, on stderr's last line.
 PROBE = """
@@ -57,14 +63,21 @@ def cases(trace: str) -> dict[str, list[str]]:
         "stg generate --help": ["generate", "--help"],
         "stg feed (1 rank)": ["feed", trace],
         "stg predict analytical 175B/1024": ["predict", *GPT3_1024],
+        NO_CACHE: ["predict", *GPT3_1024],
     }
 
 
-def run_once(args: list[str]) -> tuple[float, dict]:
-    """CPU seconds (user + system) of one fresh process running ``args``, and its probe."""
+def run_once(args: list[str], env: dict[str, str] | None = None) -> tuple[float, dict]:
+    """CPU seconds (user + system) of one fresh process running ``args`` (with ``env`` added
+    to the environment), and its probe."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run(
-        [sys.executable, "-c", PROBE, *args], capture_output=True, text=True, check=False
+        # -P: not the working directory first on sys.path, which would shadow PYTHONPATH's stg
+        [sys.executable, "-P", "-c", PROBE, *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, **(env or {})},
     )
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
@@ -74,9 +87,9 @@ def run_once(args: list[str]) -> tuple[float, dict]:
     return cpu, json.loads(line[len("STARTUP ") :])
 
 
-def _median(args: list[str], repeats: int) -> tuple[float, dict]:
+def _median(args: list[str], repeats: int, env: dict[str, str] | None = None) -> tuple[float, dict]:
     """The median CPU seconds of ``repeats`` runs of ``args``, and the last run's probe."""
-    runs = [run_once(args) for _ in range(repeats)]
+    runs = [run_once(args, env) for _ in range(repeats)]
     return statistics.median(cpu for cpu, _ in runs), runs[-1][1]
 
 
@@ -89,7 +102,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="stg-startup-") as tmp:
         generate = ["generate", "--model", "gpt", "--num_stacks", "2", "--output_dir", tmp]
         run_once(generate)
-        measured = {label: _median(args, ns.repeats) for label, args in cases(tmp).items()}
+        measured = {
+            label: _median(args, ns.repeats, {"STG_CACHE_DIR": ""} if label == NO_CACHE else None)
+            for label, args in cases(tmp).items()
+        }
     for label, (cpu, probe) in measured.items():
         results[label] = {"cpu_s": cpu, "modules": probe["modules"], "sympy": probe["sympy"]}
     if ns.json:

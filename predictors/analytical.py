@@ -60,7 +60,6 @@ from stg.api import (
     Predictor,
     Role,
     System,
-    build_workload,
     chunk_layer_counts,
     collective_time,
     compute_time,
@@ -81,6 +80,7 @@ from stg.api import (
     send_time,
 )
 from stg.errors import UserError
+from stg.predictors import _workload_cache as workload_cache
 
 AXES_ORDER_DEFAULT = "tp,sp,ep,dp,pp"
 GATHERS = (CollectiveType.ALL_GATHER, CollectiveType.GATHER)
@@ -680,7 +680,15 @@ def _build(options: GenerateOptions, registry: Any) -> Any:
 
 @lru_cache(maxsize=2048)
 def _cached_build(options: GenerateOptions, registry_id: int) -> Any:
-    return build_workload(options, _REGISTRIES[registry_id])
+    registry = _REGISTRIES[registry_id]
+    plugins = [(p.name, p.dist, p.version, p.source) for p in registry.plugins]
+
+    def build() -> Any:
+        from stg.api import build_workload  # the pipeline and lowering load on the first build
+
+        return build_workload(options, registry)
+
+    return workload_cache.cached(workload_cache.entry_key(options, plugins), build)
 
 
 # ---------------------------------------------------------------------------------------------

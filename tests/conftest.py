@@ -23,6 +23,15 @@ def fake_dists(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
         del sys.modules[name]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_cache_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Caches on disk (the analytical predictor's reduced workloads) go to a folder of the
+    test session, for the processes the tests start too, not to the user's."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("STG_CACHE_DIR", str(tmp_path_factory.mktemp("stg-cache")))
+        yield
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The tests marked slow first: pytest-xdist hands tests out in this order, so each slow
     one starts on a worker of its own while the others share out the rest."""

@@ -120,5 +120,30 @@ def test_a_prediction_loads_only_the_model_and_predictor_it_uses() -> None:
     modules = imported("predict", *args)
     plugins = ("stg.models.", "stg.predictors.", "stg.emitters.")
     builtins = {m for m in modules if m.startswith(plugins)}
-    assert builtins == {"stg.models.gpt", "stg.models.presets", "stg.predictors.analytical"}
+    assert builtins == {
+        "stg.models.gpt",
+        "stg.models.presets",
+        "stg.predictors.analytical",
+        "stg.predictors._workload_cache",  # its reduced workloads on disk
+    }
     assert not modules & {*SCHEMAS, "google.protobuf"}  # no trace is written or read
+
+
+def test_an_analytical_prediction_as_json_loads_no_console_and_no_worker_pool() -> None:
+    # rich renders tables and the progress bar of a build; --jobs serves a trace's readers
+    args = ["--model", "gpt", "--num_stacks", "2", "--predictor", "analytical", "--json"]
+    modules = imported("predict", *args)
+    assert not {m for m in modules if m == "rich" or m.startswith("rich.")}
+    assert not modules & {"stg.trace.parallel", "concurrent.futures", "multiprocessing"}
+    # Besides sympy and mpmath (the symbolic core's, about 490 modules: stg.perf.costs and
+    # the model import it), 351 modules on Python 3.11: about 205 of the standard library,
+    # 50 of stg, 52 of pydantic (typer's coercion of every option), 27 of typer, 13 of
+    # pluggy and the installed plugins; 400 leaves room for another Python, not for a new
+    # library on this path
+    rest = {m for m in modules if m.partition(".")[0] not in ("sympy", "mpmath")}
+    assert len(rest) <= 400, sorted(rest)
+
+
+def test_the_analytical_predictor_loads_the_pipeline_only_to_build() -> None:
+    modules = imported("--exec", "import stg.predictors.analytical")
+    assert not modules & {"stg.core.pipeline", "stg.core.lowering", "stg.core.autodiff"}

@@ -195,9 +195,10 @@ def predict(**values: Any) -> None:
     jobs = values.pop("jobs")
     comm_group_file = values.pop("comm_group_file")
     max_nodes = values.pop("max_nodes")
-    from stg.trace.parallel import resolve_jobs
+    if jobs:  # 0 (every core) needs no check, nor the worker pool's imports
+        from stg.trace.parallel import resolve_jobs
 
-    resolve_jobs(jobs)
+        resolve_jobs(jobs)
     given = {k: v for k, v in values.items() if v is not None}
     registry = get_registry()
     system = load_system(system_spec)
@@ -210,7 +211,6 @@ def predict(**values: Any) -> None:
     names = _check_predictor_name(predictor, registry)
     if timeline is not None:
         check_writable_file("--timeline", Path(timeline))
-    console = err_console()
     if path is not None:
         if given:
             raise UserError(
@@ -256,7 +256,7 @@ def predict(**values: Any) -> None:
         needed = any(registry.predictors.get(n).needs != "options" for n in names)
         if needed or calibration is not None:
             check_workload_size(options, registry, max_nodes)
-            with progress_bar(console) as progress:
+            with progress_bar(err_console()) as progress:
                 workload = gen.build_workload(options, registry, progress=progress)
         with _os_errors():
             reports = run_predictors(
@@ -300,12 +300,11 @@ def _coverage(calibration: Any, nodes: list[Any], dtype: str) -> dict[str, Any]:
     return coverage(calibration, compute, dtype)
 
 
+_PARAMETERS = _own_parameters() + _generation_parameters()
 predict.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-    _own_parameters() + _generation_parameters(), return_annotation=None
+    _PARAMETERS, return_annotation=None
 )
-predict.__annotations__ = {
-    p.name: p.annotation for p in _own_parameters() + _generation_parameters()
-} | {"return": None}
+predict.__annotations__ = {p.name: p.annotation for p in _PARAMETERS} | {"return": None}
 app.command("predict")(predict)
 
 

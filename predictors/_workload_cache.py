@@ -1,0 +1,157 @@
+"""A cache on disk of the small workloads that the analytical predictor builds and prices.
+
+Building a one- or two-layer workload runs the symbolic core (sympy) and lowering; a process
+that finds the workload here reads it back instead (a pickle of a few tens of kB). An entry
+is used only when it is exactly what a build would give now:
+
+- its key is the workload's options, the Python version and the plugins of the registry
+  (name, distribution, version, source), so another option or plugin is another entry;
+- it records every module file the storing process had loaded (path, modification time in
+  ns, size: the check Python makes of its own bytecode cache) and is ignored once any of
+  them changed or went away, so an edit of stg, a model or a library rebuilds it. A build
+  reads no other file (no built-in model or plugin reads data when it builds).
+
+The folder is ``$STG_CACHE_DIR`` (empty: no cache), else ``$XDG_CACHE_HOME/stg`` or
+``~/.cache/stg``, under ``reduced-workloads/``; it keeps the :data:`MAX_ENTRIES` newest
+entries. A folder that cannot be read or written only costs the build. Entries are pickles:
+like Python's bytecode cache, the folder is trusted as the user's own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import sys
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, TypeVar
+
+CACHE_ENV = "STG_CACHE_DIR"
+SUBFOLDER = "reduced-workloads"
+FORMAT = 1
+"""Bumped when the layout of an entry changes."""
+MAX_ENTRIES = 256
+"""Entries kept (each about 100 kB with its list of module files); the oldest go first."""
+
+T = TypeVar("T")
+Manifest = tuple[tuple[str, int, int], ...]
+
+
+def cache_folder() -> Path | None:
+    """Where entries go, or None where ``$STG_CACHE_DIR`` is set empty."""
+    given = os.environ.get(CACHE_ENV)
+    if given is not None:
+        return Path(given) / SUBFOLDER if given else None
+    base = os.environ.get("XDG_CACHE_HOME")
+    if not base:
+        home = os.path.expanduser("~")
+        if home == "~":  # no home folder known: no cache rather than one in the cwd
+            return None
+        base = os.path.join(home, ".cache")
+    return Path(base) / "stg" / SUBFOLDER
+
+
+def entry_key(options: Any, plugins: Iterable[tuple[object, ...]]) -> str:
+    """The name of the entry of a workload built from ``options`` with these plugins."""
+    identity = repr((FORMAT, sys.version, repr(options), tuple(plugins)))
+    return hashlib.sha256(identity.encode()).hexdigest()
+
+
+def loaded_files() -> Manifest:
+    """Every file of a loaded module, with its modification time and size."""
+    out = set()
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if not isinstance(path, str):
+            continue
+        path = os.path.abspath(path)  # a script's own may be relative to where it ran
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        out.add((path, st.st_mtime_ns, st.st_size))
+    return tuple(sorted(out))
+
+
+def unchanged(manifest: Manifest) -> bool:
+    """Whether every file of ``manifest`` is still there, as it was."""
+    for path, mtime_ns, size in manifest:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return False
+        if st.st_mtime_ns != mtime_ns or st.st_size != size:
+            return False
+    return True
+
+
+def load(key: str) -> Any | None:
+    """The object stored under ``key``, or None (no entry, or one made by other code)."""
+    folder = cache_folder()
+    if folder is None:
+        return None
+    try:
+        with open(folder / f"{key}.pickle", "rb") as f:
+            fmt, manifest, payload = pickle.load(f)
+        if fmt != FORMAT or not unchanged(manifest):
+            return None
+        return pickle.loads(payload)
+    except Exception:  # a missing, partial or foreign entry is a miss, whatever it raises
+        return None
+
+
+def store(key: str, value: Any) -> None:
+    """Store ``value`` under ``key`` with the files of the modules loaded now (atomically;
+    a folder that cannot be written is skipped)."""
+    folder = cache_folder()
+    if folder is None:
+        return
+    try:
+        payload = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # a plugin's object that cannot be pickled: built each time
+        return
+    entry = (FORMAT, loaded_files(), payload)
+    tmp = None
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".", suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            pickle.dump(entry, f, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, folder / f"{key}.pickle")
+        tmp = None
+        _prune(folder)
+    except OSError:
+        pass
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+
+def _prune(folder: Path) -> None:
+    """Remove the oldest entries beyond :data:`MAX_ENTRIES`."""
+    entries = []
+    for path in folder.glob("*.pickle"):
+        try:
+            entries.append((path.stat().st_mtime_ns, path))
+        except OSError:
+            continue
+    entries.sort(reverse=True)
+    for _, path in entries[MAX_ENTRIES:]:
+        try:
+            path.unlink()
+        except OSError:
+            pass
+
+
+def cached(key: str, build: Callable[[], T]) -> T:
+    """The object stored under ``key``, else ``build()``, stored."""
+    value = load(key)
+    if value is None:
+        value = build()
+        store(key, value)
+    return value
