@@ -98,6 +98,7 @@ from stg.api import (
     KernelTable,
     Predictor,
     System,
+    bf16_kind,
     check_offload,
     chunk_layer_counts,
     device_of,
@@ -108,6 +109,7 @@ from stg.api import (
     is_hybrid,
     kernel_table,
     load_system,
+    model_kind,
     native_fp8,
     normalize_dtype,
     precision_of,
@@ -229,11 +231,13 @@ def layer_kinds(o: GenerateOptions) -> list[str]:
     """The block kind of every layer, as the built-in models stack them: ``deepseek``'s and
     ``moe``'s first ``min(dense_layers, num_stacks - 1)`` layers are ``dense``, the others
     ``moe`` (deepseek) or ``block`` (models/deepseek.py, models/moe.py); every layer of other
-    models is ``block``."""
+    models is ``block``. A layer that ``first_last_layers_bf16`` keeps out of the recipe is
+    of the bf16 kind of its own (:func:`stg.api.bf16_kind`), as stg generate names it."""
     dense = max(0, min(o.dense_layers or 0, o.num_stacks - 1)) if is_moe(o) else 0
-    if is_mla(o):
-        return ["dense"] * dense + ["moe"] * (o.num_stacks - dense)
-    return ["dense"] * dense + ["block"] * (o.num_stacks - dense)
+    kinds = ["dense"] * dense + ["moe" if is_mla(o) else "block"] * (o.num_stacks - dense)
+    first, last = o.bf16_layers
+    total = len(kinds)
+    return [bf16_kind(k) if i < first or i >= total - last else k for i, k in enumerate(kinds)]
 
 
 def stage_layer_kinds(o: GenerateOptions) -> list[dict[str, int]]:
@@ -342,7 +346,7 @@ def layer_parameters_per_rank(o: GenerateOptions, kind: str | None = None) -> in
     attention is :func:`mla_parameters_per_rank`. ``kind`` None: the model's MoE (or only) layer.
     """
     h, f, t = o.dmodel, o.dff, o.tp
-    kind = kind or ("moe" if is_mla(o) else "block")
+    kind = model_kind(kind)[0] if kind else ("moe" if is_mla(o) else "block")
     if model_family(o.model) == "llama":
         d = head_size(o)
         if is_mla(o):
@@ -370,7 +374,7 @@ def layer_parameters_per_rank(o: GenerateOptions, kind: str | None = None) -> in
 def routed_parameters_per_rank(o: GenerateOptions, kind: str | None = None) -> int:
     """The routed experts' parameters of one layer (of block ``kind``) held by one rank:
     E/ep SwiGLUs of 3hF split by etp (none in dense layers and models)."""
-    kind = kind or ("moe" if is_mla(o) else "block")
+    kind = model_kind(kind)[0] if kind else ("moe" if is_mla(o) else "block")
     if kind == "dense" or not is_moe(o) or model_family(o.model) != "llama":
         return 0
     return (o.experts // o.ep) * 3 * o.dmodel * o.dff // o.expert_tp
@@ -473,7 +477,7 @@ def activation_bytes_per_layer(
         return op_checkpoint_layer_bytes(o, kind)
     llama = model_family(o.model) == "llama"
     k = o.kexperts if is_moe(o) else 1
-    kind = kind or ("moe" if is_mla(o) else "block")
+    kind = model_kind(kind)[0] if kind else ("moe" if is_mla(o) else "block")
     # eager: silu(gate) * up, MulBackward0 saves both factors (both require grad): the SiLU
     # output is kept beside up (and gate, which SiluBackward0 saves as its input)
     silu_output = e if is_eager(o) else 0
@@ -550,6 +554,7 @@ def op_checkpoint_layer_bytes(o: GenerateOptions, kind: str | None = None) -> fl
     matmuls (Q, V, the MLP's gate and down projections: s·b·(d·(a + kv) + F)/t and sbh) and of
     the flash-attention kernel (its output, s·b·a·d/t, and the fp32 log-sum-exp). Modelled for
     Llama-family dense layers with fused attention and no precision plan (torchtitan's models)."""
+    kind = model_kind(kind)[0] if kind else kind
     if model_family(o.model) != "llama" or is_mla(o) or is_moe(o) or kind == "moe":
         raise UserError(
             f"activation_recompute=selective_op: the memory of {o.model}'s layers under "
@@ -730,7 +735,7 @@ def gemm_weights_per_rank(o: GenerateOptions, kind: str | None = None) -> dict[s
     :func:`layer_parameters_per_rank` less the norms and biases."""
     h, f, a, t = o.dmodel, o.dff, o.head, o.tp
     d = head_size(o)
-    kind = kind or ("moe" if is_mla(o) else "block")
+    kind = model_kind(kind)[0] if kind else ("moe" if is_mla(o) else "block")
     if model_family(o.model) != "llama":
         width = a * d
         return {
@@ -904,12 +909,17 @@ def recipe_weight_copy_bytes(o: GenerateOptions, kinds: Mapping[str, int]) -> fl
     """Bytes of a low-precision recipe's quantized weight copies and scales on one rank, from
     the options: every GEMM weight of the ``kinds`` layers
     (:func:`gemm_weights_per_rank`) at the recipe's bytes per element
-    (``Recipe.weight_bytes_per_element``; the output layer stays bf16). A generated workload
+    (``Recipe.weight_bytes_per_element``; the output layer and the layers that
+    ``first_last_layers_bf16`` keeps in bf16 have none). A generated workload
     states the exact figure per stage (the fact ``low_precision_weight_bytes``)."""
     if o.inference or o.low_precision_recipe == GenerateOptions.low_precision_recipe:
         return 0.0
     per_element = RECIPES[o.low_precision_recipe].weight_bytes_per_element(param=o.fp8_param_gather)
-    elements = sum(n * sum(gemm_weights_per_rank(o, kind).values()) for kind, n in kinds.items())
+    elements = sum(
+        n * sum(gemm_weights_per_rank(o, kind).values())
+        for kind, n in kinds.items()
+        if not model_kind(kind)[1]  # layers kept in bf16 quantize nothing
+    )
     return per_element * elements
 
 

@@ -46,13 +46,25 @@ Every quantize kernel reads the 16-bit input and writes what the recipe's defini
 (elements and scales), so its bytes follow from the tensor's rows and columns alone
 (:func:`quantize_kernels`). A weight is quantized in the first micro-batch of an iteration
 and its copies reused after (TE's ``is_first_microbatch``, passed by Megatron-LM).
+
+Layers kept in bf16 (``--first_last_layers_bf16``): Megatron-LM (``--first-last-layers-bf16``,
+``--num-layers-at-start-in-bf16``, ``--num-layers-at-end-in-bf16``, defaults off, 1 and 1;
+``megatron/training/arguments.py`` and ``megatron/core/fp8_utils.py``
+``is_first_last_bf16_layer`` at core_v0.15.0) runs the first and last layers of the stack
+outside the quantization context, as the NVFP4 paper keeps a few blocks, mostly the last ones,
+in BF16 (arXiv 2509.25149, section 4.1). Megatron refuses it under delayed scaling (its layers
+then share one autocast, ``transformer_config.py``). Such a layer is a block kind of its own,
+:func:`bf16_kind` of the model's, built in bf16 (:func:`split_bf16_layers`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from stg.core.quantization import DTYPE_BITS
+from stg.errors import UserError
 
 DEFAULT_RECIPE = "delayed"
 
@@ -264,7 +276,62 @@ def gathered_weight_bytes(recipe: Recipe, elements: int) -> int:
     return data + -(-elements * recipe.scale_bits // (8 * blocks.rows * blocks.cols))
 
 
+BF16_KIND_SUFFIX = "_bf16"
+"""The block kind of a layer kept in bf16 is the model's kind with this suffix."""
+
+Function = TypeVar("Function")
+
+
+def bf16_kind(kind: str) -> str:
+    """The block kind of a layer of ``kind`` kept in bf16."""
+    return kind + BF16_KIND_SUFFIX
+
+
+def model_kind(kind: str) -> tuple[str, bool]:
+    """The model's block kind of a layer kind, and whether the layer is kept in bf16
+    (:func:`bf16_kind`)."""
+    if kind.endswith(BF16_KIND_SUFFIX):
+        return kind[: -len(BF16_KIND_SUFFIX)], True
+    return kind, False
+
+
+def split_bf16_layers(
+    runs: Sequence[tuple[str, Function, int]], first: int, last: int
+) -> tuple[tuple[str, Function, int], ...]:
+    """The runs ``(kind, block function, count)`` of a stack with its first ``first`` and last
+    ``last`` layers as runs of :func:`bf16_kind` (same block function): a layer of global
+    index ``i`` of ``L`` when ``i < first`` or ``i >= L - last``. Unchanged for (0, 0)."""
+    if not first and not last:
+        return tuple(runs)
+    for kind, _, _ in runs:
+        if model_kind(kind)[1]:
+            raise UserError(
+                f"first_last_layers_bf16: the model's block kind {kind!r} ends in "
+                f"{BF16_KIND_SUFFIX!r}, which names the layers kept in bf16"
+            )
+    total = sum(count for _, _, count in runs)
+    out: list[tuple[str, Function, int]] = []
+    start = 0
+    for kind, function, count in runs:
+        head = min(max(first - start, 0), count)  # layers [0, head) of the run: the first ones
+        tail = min(max(total - last - start, head), count)  # [tail, count): the last ones
+        for name, n in (
+            (bf16_kind(kind), head),
+            (kind, tail - head),
+            (bf16_kind(kind), count - tail),
+        ):
+            if not n:
+                continue
+            if out and out[-1][0] == name:
+                out[-1] = (name, function, out[-1][2] + n)
+            else:
+                out.append((name, function, n))
+        start += count
+    return tuple(out)
+
+
 __all__ = [
+    "BF16_KIND_SUFFIX",
     "DEFAULT_RECIPE",
     "OPERANDS",
     "PARAM_GATHER_RECIPES",
@@ -275,7 +342,10 @@ __all__ = [
     "Blocks",
     "QuantizeKernel",
     "Recipe",
+    "bf16_kind",
     "gathered_weight_bytes",
+    "model_kind",
     "quantize_kernels",
+    "split_bf16_layers",
     "weight_copy_bytes",
 ]
