@@ -49,7 +49,10 @@ A precision plan's fp8 GEMMs that run natively (a GPU with fp8 tensor cores,
 (:func:`planned_activation_delta`) and keep fp8 weight copies, counted with the weights
 (:func:`fp8_weight_copy_bytes`). A low-precision recipe (``--low_precision_recipe``) keeps
 16-bit weights and, beside them, each GEMM weight's two quantized copies with their scales,
-which a generated workload states per stage (the fact ``low_precision_weight_bytes``).
+which a generated workload states per stage (the fact ``low_precision_weight_bytes``), for
+the layers it quantizes (not those ``first_last_layers_bf16`` keeps in bf16). Transformer
+Engine's ``--dtype fp8`` layers (:func:`te_autocast`) keep their activations in bf16 and each
+linear layer's input as the recipe's quantized copy (:func:`quantized_input_delta`).
 
 Recompute of some layers only (``recompute_method``, :func:`recompute_layer_bytes`): a
 recomputed unit (one layer, or a uniform group) keeps its first layer's input, any other
@@ -466,17 +469,18 @@ def activation_bytes_per_layer(
     b = micro_batch_size(o)
     s_local = o.seq / o.sp
     h, f, a, t = o.dmodel, o.dff, o.head, o.tp
-    e = dtype_bytes(o.dtype)
+    stats = norm_stats_bytes(o)  # validates the profile
+    e = activation_element_bytes(o)
     sp_divisor = t if (o.tpsp and t > 1) else 1
     sbh = s_local * b * h
     sb = s_local * b
-    stats = norm_stats_bytes(o)  # validates the profile
     if recompute == "full":  # Megatron's and torch.utils.checkpoint's: the layer input
         return e * sbh / sp_divisor
     if recompute == "selective_op":
         return op_checkpoint_layer_bytes(o, kind)
     llama = model_family(o.model) == "llama"
     k = o.kexperts if is_moe(o) else 1
+    layer_kind = kind
     kind = model_kind(kind)[0] if kind else ("moe" if is_mla(o) else "block")
     # eager: silu(gate) * up, MulBackward0 saves both factors (both require grad): the SiLU
     # output is kept beside up (and gate, which SiluBackward0 saves as its input)
@@ -544,7 +548,7 @@ def activation_bytes_per_layer(
             total += FUSED_STATS_BYTES * a * s_local * b / t
     if o.precision:
         total += planned_activation_delta(o, recompute, kernels, system=system)
-    return total
+    return total + quantized_input_delta(o, recompute, layer_kind)
 
 
 def op_checkpoint_layer_bytes(o: GenerateOptions, kind: str | None = None) -> float:
@@ -624,6 +628,87 @@ def offloaded_activations(o: GenerateOptions, per_kind: Mapping[str, float]) -> 
             "layers is not modelled (allowed: cpu_offloading_num_layers=0)"
         )
     return held_activation_peak([per_kind[kind] for kind in order], o.cpu_offloading_num_layers)
+
+
+def te_autocast(o: GenerateOptions) -> bool:
+    """Whether Transformer Engine runs the layers of a ``--dtype fp8`` training run: under
+    the ``megatron`` profile without a precision plan, with any low-precision recipe (its
+    default, delayed scaling, included). Its GEMMs quantize their operands; everything else
+    computes and is kept in the autocast dtype, bf16 (Megatron-LM's ``--bf16`` around
+    ``fp8_autocast``; stg generate counts those kernels in bf16 too)."""
+    return not o.inference and o.dtype == "fp8" and not o.precision and not is_eager(o)
+
+
+def activation_element_bytes(o: GenerateOptions) -> int:
+    """Bytes per element of the activations a layer keeps: bf16 under
+    :func:`te_autocast` (the linear layers' quantized inputs are
+    :func:`quantized_input_delta`), else the workload's dtype."""
+    return DTYPE_BYTES["bf16"] if te_autocast(o) else dtype_bytes(o.dtype)
+
+
+def quantized_input_delta(o: GenerateOptions, recompute: str, kind: str | None = None) -> float:
+    """Bytes per layer (of block ``kind``) and micro-batch that the linear layers' saved
+    inputs change under :func:`te_autocast` against bf16 copies: each keeps
+    ``Recipe.saved_input_bytes`` per element (a quantized copy with its block scales, not the
+    bf16 input; torchao's ``rowwise`` keeps the bf16 input), at the element counts of
+    :func:`activation_bytes_per_layer`. Where the modules come from (Megatron-LM
+    ``gpt_layer_specs.py`` and ``moe_module_specs.py``, core_v0.15.0, Transformer Engine
+    backend): the QKV and dense MLP inputs are a fused norm-and-linear's norm output
+    (:attr:`Recipe.gathered_norm_output_copies` under sequence parallelism); multi-head
+    latent attention's norm output is read by two linear layers (the query's and the KV
+    down-projection), each keeping a copy, and its up-projections fuse the latents' norms;
+    an MoE layer's norm output stays bf16 for the router (a torch linear) and gets a copy
+    for the shared experts, its routed experts (grouped linears) keep their dispatched tokens
+    and SwiGLU products quantized. A fused attention kernel keeps its bf16 output beside the
+    projection's copy. None for a layer kept in bf16 (``first_last_layers_bf16``), under
+    full recompute (only the layer input is kept) and ``selective_op`` (torchtitan's)."""
+    if not te_autocast(o) or recompute in ("full", "selective_op"):
+        return 0.0
+    kind, bf16_layer = model_kind(kind) if kind else ("moe" if is_mla(o) else "block", False)
+    if bf16_layer:
+        return 0.0
+    recipe = RECIPES[o.low_precision_recipe]
+    one = recipe.saved_input_bytes()
+    e = activation_element_bytes(o)
+    b = micro_batch_size(o)
+    t = o.tp
+    sp_divisor = t if (o.tpsp and t > 1) else 1
+    sb = o.seq / o.sp * b
+    sbh = sb * o.dmodel
+    norm_output = recipe.saved_input_bytes(
+        recipe.gathered_norm_output_copies if sp_divisor > 1 else 1
+    )
+    modules = set(o.recompute_modules or ("core_attn",)) if recompute == "selective" else set()
+    fused_output = o.attention != "unfused" and "core_attn" not in modules
+    d = head_size(o)
+    # (elements, bytes per element kept, bf16 copy kept too)
+    inputs: list[tuple[float, float, bool]] = []
+    if is_mla(o):
+        c = o.kv_lora_rank if o.kv_lora_rank is not None else 4 * d
+        inputs.append((sbh / sp_divisor, 2 * one, False))  # the query's and KV down-projections
+        inputs.append((sb * c, one, False))  # the KV latent after its norm
+        if o.q_lora_rank:
+            inputs.append((sb * o.q_lora_rank, one, False))  # the query latent after its norm
+    elif "layernorm" not in modules:
+        inputs.append((sbh / sp_divisor, norm_output, False))  # QKV input
+    inputs.append((sb * o.head * d / t, one, fused_output))  # the projection's input
+    llama = model_family(o.model) == "llama"
+    if llama and is_moe(o) and kind != "dense":
+        tokens = (o.micro_batch or o.batch) * o.seq
+        slots = o.experts * expert_capacity(o, tokens) / (o.ep * o.expert_dp)
+        shared = o.shared_experts or 0
+        inputs.append((slots * o.dmodel, one, False))  # dispatched tokens
+        inputs.append((slots * o.dff / o.expert_tp, one, False))  # SwiGLU products
+        if shared:
+            inputs.append((sbh / sp_divisor, one, True))  # the router's bf16 input beside
+            inputs.append((shared * sb * o.dff / t, one, False))
+    elif "mlp" not in modules:
+        if "layernorm" not in modules:
+            inputs.append((sbh / sp_divisor, norm_output, False))  # MLP input
+        ffn = (o.dense_dff or o.dff) if kind == "dense" else o.dff
+        k = o.kexperts if is_moe(o) and not llama else 1
+        inputs.append((k * sb * ffn / t, one, False))  # the down-projection's (fc2's) input
+    return sum(n * (kept + (e if bf16 else 0) - e) for n, kept, bf16 in inputs)
 
 
 def _saved_matmul_inputs(
@@ -1073,7 +1158,7 @@ def stage_memory(
         held_layers = in_flight_layers(stage, 1, o.pp, m, o.pipeline_schedule, o.virtual_stages)
         activations = held_layers * per_micro_batch
     b = micro_batch_size(o)
-    e = dtype_bytes(o.dtype)
+    e = activation_element_bytes(o)
     t = o.tp
     sp_divisor = t if (o.tpsp and t > 1) else 1
     sb = o.seq / o.sp * b

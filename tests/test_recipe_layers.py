@@ -16,7 +16,20 @@ from typing import Any
 
 import pytest
 from consumers import assert_ranks_decode_and_feed
-from test_low_precision_recipes import CLI, CLOSED_FORMS, LLAMA, SITES
+from test_low_precision_recipes import (
+    CLI,
+    CLOSED_FORMS,
+    HD,
+    HEADS,
+    KV,
+    LLAMA,
+    SITES,
+    TP,
+    B,
+    D,
+    F,
+    S,
+)
 
 from stg.cli import main
 from stg.core.options import GenerateOptions
@@ -240,3 +253,96 @@ def test_a_serving_phase_refuses_the_option(
     assert done.value.code == 2
     err = capsys.readouterr().err
     assert "first_last_layers_bf16=True is a training option" in err and err.count("\n") == 1
+
+
+# Saved activations under Transformer Engine (--dtype fp8, megatron profile): everything
+# outside the GEMMs in bf16; a linear layer keeps one quantized copy of its input (TE 2.9
+# module/linear.py, layernorm_linear.py), not the bf16 one; torchao's rowwise keeps bf16.
+SAVED_INPUT = {"delayed": 1.0, "tensorwise": 1.0, "rowwise": 2.0, "blockwise": 1 + 4 / 128,
+               "mxfp8": 1 + 1 / 32, "nvfp4": 0.5 + 1 / 16}  # fmt: skip
+
+
+def _llama_layer_bytes(recipe: str | None, tpsp: bool = True) -> float:
+    """One layer's saved bytes (one rank, one micro-batch) of LLAMA with fused attention."""
+    sb = B * S
+    rows = sb / TP if tpsp else sb  # sequence-parallel tensors: this rank's rows
+    attn = sb * HEADS * HD / TP  # the attention output, the projection's input
+    bf16 = 2 * 2 * rows * D  # the two norms' inputs
+    bf16 += 2 * sb * HD * (HEADS + 2 * KV) / TP  # Q, K, V
+    bf16 += 2 * attn  # the fused kernel's output, kept for its backward
+    bf16 += 2 * 2 * sb * F / TP  # gate and up, the SwiGLU's inputs
+    lse = 4 * HEADS * sb / TP
+    if recipe is None:  # a layer kept in bf16
+        return bf16 + 2 * (2 * rows * D + sb * F / TP) + lse
+    q = SAVED_INPUT[recipe]
+    # NVFP4 keeps both copies of a norm output that sequence parallelism gathers
+    norm_output = 2 * q if recipe == "nvfp4" and tpsp else q
+    return bf16 + norm_output * 2 * rows * D + q * (attn + sb * F / TP) + lse
+
+
+@pytest.mark.parametrize("tpsp", [True, False])
+@pytest.mark.parametrize("recipe", list(SAVED_INPUT))
+def test_saved_activations_hold_the_recipes_quantized_inputs(recipe: str, tpsp: bool) -> None:
+    from stg.predictors.memory import activation_bytes_per_layer
+
+    given = {**LLAMA, "num_stacks": LAYERS, "low_precision_recipe": recipe, "tpsp": tpsp}
+    if recipe != "delayed":
+        given |= {"first_last_layers_bf16": True, "num_layers_at_start_in_bf16": START,
+                  "num_layers_at_end_in_bf16": END}  # fmt: skip
+    options = GenerateOptions(**given)  # type: ignore[arg-type]
+    assert activation_bytes_per_layer(options, kind="block") == pytest.approx(
+        _llama_layer_bytes(recipe, tpsp)
+    )
+    assert activation_bytes_per_layer(options, kind="block_bf16") == pytest.approx(
+        _llama_layer_bytes(None, tpsp)
+    )
+    # full recompute keeps the bf16 layer input alone
+    rows = B * S / TP if tpsp else B * S
+    assert activation_bytes_per_layer(options, kind="block", recompute="full") == 2 * rows * D
+
+
+def test_stage_activations_from_the_workload_and_options_count_each_layer_as_it_runs() -> None:
+    from stg.predictors.memory import predict_analytic, predict_memory
+
+    given = {**LLAMA, "num_stacks": LAYERS, "low_precision_recipe": "nvfp4"}
+    kept = {**given, "first_last_layers_bf16": True, "num_layers_at_start_in_bf16": START,
+            "num_layers_at_end_in_bf16": END}  # fmt: skip
+    registry = load_registry(autoload=False)
+    reports = {}
+    for name, options in (("quantized", given), ("bf16 ends", kept)):
+        o = GenerateOptions(**options)  # type: ignore[arg-type]
+        built = predict_memory(build_workload(o, registry), "b200-180g")["classes"][0]
+        assert predict_analytic(o, "b200-180g")["classes"][0]["activations"] == pytest.approx(
+            built["activations"]
+        )
+        reports[name] = built["activations"]
+    # one micro-batch in flight (pp 1): the bf16 layers keep their bf16 GEMM inputs
+    change = len(BF16) * (_llama_layer_bytes(None) - _llama_layer_bytes("nvfp4"))
+    assert reports["bf16 ends"] - reports["quantized"] == pytest.approx(change, abs=1)
+
+
+def test_an_moe_layer_keeps_its_router_input_in_bf16_and_its_experts_inputs_quantized() -> None:
+    from stg.api import expert_capacity
+    from stg.predictors.memory import activation_bytes_per_layer
+
+    h, f, s, tp, experts, k = 512, 1024, 1024, 2, 8, 2
+    o = GenerateOptions(model="moe", dmodel=h, dff=f, head=8, kvhead=4, seq=s, dvocal=1024,
+                        num_stacks=4, batch=4, micro_batch=4, experts=experts, kexperts=k,
+                        shared_experts=1, tp=tp, ep=2, dp=2, dtype="fp8",
+                        mixed_precision=True, low_precision_recipe="mxfp8",
+                        first_last_layers_bf16=True)  # fmt: skip
+    q = 1 + 1 / 32  # an E4M3 copy with one E8M0 scale per 32 elements
+    sb = s * 4 / o.data_replicas
+    capacity = expert_capacity(o, 4 * s)
+    assert capacity == k * 4 * s // experts  # balanced, capacity factor 1
+    slots = experts * capacity / (o.ep * o.expert_dp)  # this rank's routed token slots
+    change = (
+        (q - 2) * sb * h / tp  # the QKV input (the norm output of a fused norm-and-linear)
+        + q * sb * h / tp  # the projection's copy beside the attention's bf16 output
+        + q * sb * h / tp  # the shared expert's copy beside the router's bf16 input
+        + (q - 2) * slots * h  # the dispatched tokens (the grouped linear's input)
+        + (q - 2) * slots * f / o.expert_tp  # the experts' SwiGLU products
+        + (q - 2) * sb * f / tp  # the shared expert's SwiGLU product
+    )
+    quantized = activation_bytes_per_layer(o, kind="block")
+    assert quantized - activation_bytes_per_layer(o, kind="block_bf16") == pytest.approx(change)

@@ -129,6 +129,17 @@ class Recipe:
     (TE ``module/linear.py``, ``_customize_quantizers_float8_current_scaling`` and
     ``_customize_quantizers_nvfp4``: ``with_amax_reduction`` on the input quantizer of a
     column-parallel and the output-gradient quantizer of a row-parallel linear)"""
+    keeps_bf16_input: bool = False
+    """a linear layer keeps its bf16 input for the backward and quantizes it again there
+    (torchao's float8 linear, ``matmul_with_hp_or_float8_args.forward``:
+    ``ctx.save_for_backward(input_hp, weight_hp_t)``, pytorch/ao at 7ca1bfb); otherwise
+    Transformer Engine keeps a quantized copy instead (:meth:`saved_input_bytes`)"""
+    gathered_norm_output_copies: int = 1
+    """quantized copies of a fused norm-and-linear's norm output (the QKV and MLP inputs) that
+    TE keeps for the backward where sequence parallelism gathers it: TE 2.9
+    ``module/layernorm_linear.py`` drops the rowwise usage only of MXFP8 and blockwise
+    tensors or without the gather, and quantizes tensor-scaled fp8 in the rowwise usage alone
+    for the gather, so NVFP4 keeps both"""
 
     @property
     def element_bits(self) -> int:
@@ -174,6 +185,23 @@ class Recipe:
             return copies
         return copies + 2 * self.scale_bits / 8 / (blocks.rows * blocks.cols)
 
+    def saved_input_bytes(self, copies: int = 1) -> float:
+        """Bytes per element of a linear layer's input kept from the forward for its
+        weight-gradient GEMM: the bf16 input where :attr:`keeps_bf16_input`, else ``copies``
+        quantized copies of it with their block scales, and not the bf16 input (TE 2.9
+        ``module/linear.py``: ``inputmat.update_usage(rowwise_usage=False,
+        columnwise_usage=True)``, or the rowwise usage alone for tensor-scaled fp8 gathered
+        by sequence parallelism; ``module/grouped_linear.py`` likewise). An activation
+        block's scales are as many in the columnwise copy (its blocks run along the tokens);
+        a per-tensor scale is left out."""
+        if self.keeps_bf16_input:
+            return SOURCE_BYTES
+        per_copy = self.element_bits / 8
+        blocks = self.activation
+        if blocks is not None and blocks.cols:
+            per_copy += self.scale_bits / 8 / (blocks.rows * blocks.cols)
+        return copies * per_copy
+
     def transformed(self, operand: str) -> bool:
         """Whether the columnwise copy of ``operand`` is Hadamard-transformed (it feeds the
         weight-gradient GEMM: the input and the output gradient)."""
@@ -188,7 +216,14 @@ RECIPES: dict[str, Recipe] = {
             "tensorwise", "fp8", None, None, scale_bits=32, amax_reads=1, tp_amax_reduction=True
         ),
         Recipe(
-            "rowwise", "fp8", Blocks(1, 0), Blocks(1, 0), scale_bits=32, amax_reads=2, cast_reads=2
+            "rowwise",
+            "fp8",
+            Blocks(1, 0),
+            Blocks(1, 0),
+            scale_bits=32,
+            amax_reads=2,
+            cast_reads=2,
+            keeps_bf16_input=True,
         ),
         Recipe("blockwise", "fp8", Blocks(1, 128), Blocks(128, 128), scale_bits=32),
         Recipe("mxfp8", "fp8", Blocks(1, 32), Blocks(1, 32), scale_bits=8),
@@ -202,6 +237,7 @@ RECIPES: dict[str, Recipe] = {
             amax_reads=1,
             hadamard=True,
             tp_amax_reduction=True,
+            gathered_norm_output_copies=2,
         ),
     )
 }
