@@ -346,3 +346,21 @@ def test_an_moe_layer_keeps_its_router_input_in_bf16_and_its_experts_inputs_quan
     )
     quantized = activation_bytes_per_layer(o, kind="block")
     assert quantized - activation_bytes_per_layer(o, kind="block_bf16") == pytest.approx(change)
+
+
+def test_a_model_without_a_layer_stack_refuses_the_option() -> None:
+    from stg.core.recipes import split_bf16_layers
+    from stg.errors import UserError
+
+    assert split_bf16_layers((), 0, 0) == ()
+    with pytest.raises(UserError, match="the model has no layer stack whose first and last"):
+        split_bf16_layers((), 1, 1)
+    # runs of two kinds: the first layer and the last two of a 1 + 4 stack
+    runs = (("dense", "d", 1), ("moe", "m", 4))
+    assert split_bf16_layers(runs, 1, 2) == (
+        ("dense_bf16", "d", 1),
+        ("moe", "m", 2),
+        ("moe_bf16", "m", 2),
+    )
+    # the whole stack (Megatron allows each count up to num_layers // pp)
+    assert split_bf16_layers(runs, 2, 4) == (("dense_bf16", "d", 1), ("moe_bf16", "m", 4))

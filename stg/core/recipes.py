@@ -339,6 +339,11 @@ def split_bf16_layers(
     index ``i`` of ``L`` when ``i < first`` or ``i >= L - last``. Unchanged for (0, 0)."""
     if not first and not last:
         return tuple(runs)
+    if not runs:
+        raise UserError(
+            "first_last_layers_bf16: the model has no layer stack whose first and last layers "
+            "could be kept in bf16 (leave it off)"
+        )
     for kind, _, _ in runs:
         if model_kind(kind)[1]:
             raise UserError(
