@@ -45,7 +45,8 @@ recipe:
 Every quantize kernel reads the 16-bit input and writes what the recipe's definition says
 (elements and scales), so its bytes follow from the tensor's rows and columns alone
 (:func:`quantize_kernels`). A weight is quantized in the first micro-batch of an iteration
-and its copies reused after (TE's ``is_first_microbatch``, passed by Megatron-LM).
+and its copies reused after (TE's ``is_first_microbatch``, passed by Megatron-LM). What a
+linear layer keeps of its input for the backward is :meth:`Recipe.saved_input_bytes`.
 
 Layers kept in bf16 (``--first_last_layers_bf16``): Megatron-LM (``--first-last-layers-bf16``,
 ``--num-layers-at-start-in-bf16``, ``--num-layers-at-end-in-bf16``, defaults off, 1 and 1;
