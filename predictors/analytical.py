@@ -474,9 +474,11 @@ class _Pricer:
 
 def unlike_layers(o: GenerateOptions, registry: Any) -> bool:
     """Whether the layers of ``o``'s stack differ: several block kinds in the model's stack
-    (DeepSeek's dense and MoE layers, a hybrid pattern), or a windowed or chunked attention
-    span on all but every k-th layer."""
+    (DeepSeek's dense and MoE layers, a hybrid pattern), a windowed or chunked attention
+    span on all but every k-th layer, or layers kept in bf16 under a low-precision recipe."""
     if o.full_attention_every and (o.attention_window or o.attention_chunk):
+        return True
+    if any(o.bf16_layers):  # first_last_layers_bf16: bf16 layers beside quantized ones
         return True
     model = registry.models.get(o.model) if registry is not None else None
     if model is None:

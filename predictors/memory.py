@@ -49,7 +49,10 @@ A precision plan's fp8 GEMMs that run natively (a GPU with fp8 tensor cores,
 (:func:`planned_activation_delta`) and keep fp8 weight copies, counted with the weights
 (:func:`fp8_weight_copy_bytes`). A low-precision recipe (``--low_precision_recipe``) keeps
 16-bit weights and, beside them, each GEMM weight's two quantized copies with their scales,
-which a generated workload states per stage (the fact ``low_precision_weight_bytes``).
+which a generated workload states per stage (the fact ``low_precision_weight_bytes``), for
+the layers it quantizes (not those ``first_last_layers_bf16`` keeps in bf16). Transformer
+Engine's ``--dtype fp8`` layers (:func:`te_autocast`) keep their activations in bf16 and each
+linear layer's input as the recipe's quantized copy (:func:`quantized_input_delta`).
 
 Recompute of some layers only (``recompute_method``, :func:`recompute_layer_bytes`): a
 recomputed unit (one layer, or a uniform group) keeps its first layer's input, any other
@@ -98,6 +101,7 @@ from stg.api import (
     KernelTable,
     Predictor,
     System,
+    bf16_kind,
     check_offload,
     chunk_layer_counts,
     device_of,
@@ -108,6 +112,7 @@ from stg.api import (
     is_hybrid,
     kernel_table,
     load_system,
+    model_kind,
     native_fp8,
     normalize_dtype,
     precision_of,
@@ -229,11 +234,13 @@ def layer_kinds(o: GenerateOptions) -> list[str]:
     """The block kind of every layer, as the built-in models stack them: ``deepseek``'s and
     ``moe``'s first ``min(dense_layers, num_stacks - 1)`` layers are ``dense``, the others
     ``moe`` (deepseek) or ``block`` (models/deepseek.py, models/moe.py); every layer of other
-    models is ``block``."""
+    models is ``block``. A layer that ``first_last_layers_bf16`` keeps out of the recipe is
+    of the bf16 kind of its own (:func:`stg.api.bf16_kind`), as stg generate names it."""
     dense = max(0, min(o.dense_layers or 0, o.num_stacks - 1)) if is_moe(o) else 0
-    if is_mla(o):
-        return ["dense"] * dense + ["moe"] * (o.num_stacks - dense)
-    return ["dense"] * dense + ["block"] * (o.num_stacks - dense)
+    kinds = ["dense"] * dense + ["moe" if is_mla(o) else "block"] * (o.num_stacks - dense)
+    first, last = o.bf16_layers
+    total = len(kinds)
+    return [bf16_kind(k) if i < first or i >= total - last else k for i, k in enumerate(kinds)]
 
 
 def stage_layer_kinds(o: GenerateOptions) -> list[dict[str, int]]:
@@ -342,7 +349,7 @@ def layer_parameters_per_rank(o: GenerateOptions, kind: str | None = None) -> in
     attention is :func:`mla_parameters_per_rank`. ``kind`` None: the model's MoE (or only) layer.
     """
     h, f, t = o.dmodel, o.dff, o.tp
-    kind = kind or ("moe" if is_mla(o) else "block")
+    kind = model_kind(kind)[0] if kind else ("moe" if is_mla(o) else "block")
     if model_family(o.model) == "llama":
         d = head_size(o)
         if is_mla(o):
@@ -370,7 +377,7 @@ def layer_parameters_per_rank(o: GenerateOptions, kind: str | None = None) -> in
 def routed_parameters_per_rank(o: GenerateOptions, kind: str | None = None) -> int:
     """The routed experts' parameters of one layer (of block ``kind``) held by one rank:
     E/ep SwiGLUs of 3hF split by etp (none in dense layers and models)."""
-    kind = kind or ("moe" if is_mla(o) else "block")
+    kind = model_kind(kind)[0] if kind else ("moe" if is_mla(o) else "block")
     if kind == "dense" or not is_moe(o) or model_family(o.model) != "llama":
         return 0
     return (o.experts // o.ep) * 3 * o.dmodel * o.dff // o.expert_tp
@@ -462,18 +469,19 @@ def activation_bytes_per_layer(
     b = micro_batch_size(o)
     s_local = o.seq / o.sp
     h, f, a, t = o.dmodel, o.dff, o.head, o.tp
-    e = dtype_bytes(o.dtype)
+    stats = norm_stats_bytes(o)  # validates the profile
+    e = activation_element_bytes(o)
     sp_divisor = t if (o.tpsp and t > 1) else 1
     sbh = s_local * b * h
     sb = s_local * b
-    stats = norm_stats_bytes(o)  # validates the profile
     if recompute == "full":  # Megatron's and torch.utils.checkpoint's: the layer input
         return e * sbh / sp_divisor
     if recompute == "selective_op":
         return op_checkpoint_layer_bytes(o, kind)
     llama = model_family(o.model) == "llama"
     k = o.kexperts if is_moe(o) else 1
-    kind = kind or ("moe" if is_mla(o) else "block")
+    layer_kind = kind
+    kind = model_kind(kind)[0] if kind else ("moe" if is_mla(o) else "block")
     # eager: silu(gate) * up, MulBackward0 saves both factors (both require grad): the SiLU
     # output is kept beside up (and gate, which SiluBackward0 saves as its input)
     silu_output = e if is_eager(o) else 0
@@ -540,7 +548,7 @@ def activation_bytes_per_layer(
             total += FUSED_STATS_BYTES * a * s_local * b / t
     if o.precision:
         total += planned_activation_delta(o, recompute, kernels, system=system)
-    return total
+    return total + quantized_input_delta(o, recompute, layer_kind)
 
 
 def op_checkpoint_layer_bytes(o: GenerateOptions, kind: str | None = None) -> float:
@@ -550,6 +558,7 @@ def op_checkpoint_layer_bytes(o: GenerateOptions, kind: str | None = None) -> fl
     matmuls (Q, V, the MLP's gate and down projections: s·b·(d·(a + kv) + F)/t and sbh) and of
     the flash-attention kernel (its output, s·b·a·d/t, and the fp32 log-sum-exp). Modelled for
     Llama-family dense layers with fused attention and no precision plan (torchtitan's models)."""
+    kind = model_kind(kind)[0] if kind else kind
     if model_family(o.model) != "llama" or is_mla(o) or is_moe(o) or kind == "moe":
         raise UserError(
             f"activation_recompute=selective_op: the memory of {o.model}'s layers under "
@@ -619,6 +628,87 @@ def offloaded_activations(o: GenerateOptions, per_kind: Mapping[str, float]) -> 
             "layers is not modelled (allowed: cpu_offloading_num_layers=0)"
         )
     return held_activation_peak([per_kind[kind] for kind in order], o.cpu_offloading_num_layers)
+
+
+def te_autocast(o: GenerateOptions) -> bool:
+    """Whether Transformer Engine runs the layers of a ``--dtype fp8`` training run: under
+    the ``megatron`` profile without a precision plan, with any low-precision recipe (its
+    default, delayed scaling, included). Its GEMMs quantize their operands; everything else
+    computes and is kept in the autocast dtype, bf16 (Megatron-LM's ``--bf16`` around
+    ``fp8_autocast``; stg generate counts those kernels in bf16 too)."""
+    return not o.inference and o.dtype == "fp8" and not o.precision and not is_eager(o)
+
+
+def activation_element_bytes(o: GenerateOptions) -> int:
+    """Bytes per element of the activations a layer keeps: bf16 under
+    :func:`te_autocast` (the linear layers' quantized inputs are
+    :func:`quantized_input_delta`), else the workload's dtype."""
+    return DTYPE_BYTES["bf16"] if te_autocast(o) else dtype_bytes(o.dtype)
+
+
+def quantized_input_delta(o: GenerateOptions, recompute: str, kind: str | None = None) -> float:
+    """Bytes per layer (of block ``kind``) and micro-batch that the linear layers' saved
+    inputs change under :func:`te_autocast` against bf16 copies: each keeps
+    ``Recipe.saved_input_bytes`` per element (a quantized copy with its block scales, not the
+    bf16 input; torchao's ``rowwise`` keeps the bf16 input), at the element counts of
+    :func:`activation_bytes_per_layer`. Where the modules come from (Megatron-LM
+    ``gpt_layer_specs.py`` and ``moe_module_specs.py``, core_v0.15.0, Transformer Engine
+    backend): the QKV and dense MLP inputs are a fused norm-and-linear's norm output
+    (:attr:`Recipe.gathered_norm_output_copies` under sequence parallelism); multi-head
+    latent attention's norm output is read by two linear layers (the query's and the KV
+    down-projection), each keeping a copy, and its up-projections fuse the latents' norms;
+    an MoE layer's norm output stays bf16 for the router (a torch linear) and gets a copy
+    for the shared experts, its routed experts (grouped linears) keep their dispatched tokens
+    and SwiGLU products quantized. A fused attention kernel keeps its bf16 output beside the
+    projection's copy. None for a layer kept in bf16 (``first_last_layers_bf16``), under
+    full recompute (only the layer input is kept) and ``selective_op`` (torchtitan's)."""
+    if not te_autocast(o) or recompute in ("full", "selective_op"):
+        return 0.0
+    kind, bf16_layer = model_kind(kind) if kind else ("moe" if is_mla(o) else "block", False)
+    if bf16_layer:
+        return 0.0
+    recipe = RECIPES[o.low_precision_recipe]
+    one = recipe.saved_input_bytes()
+    e = activation_element_bytes(o)
+    b = micro_batch_size(o)
+    t = o.tp
+    sp_divisor = t if (o.tpsp and t > 1) else 1
+    sb = o.seq / o.sp * b
+    sbh = sb * o.dmodel
+    norm_output = recipe.saved_input_bytes(
+        recipe.gathered_norm_output_copies if sp_divisor > 1 else 1
+    )
+    modules = set(o.recompute_modules or ("core_attn",)) if recompute == "selective" else set()
+    fused_output = o.attention != "unfused" and "core_attn" not in modules
+    d = head_size(o)
+    # (elements, bytes per element kept, bf16 copy kept too)
+    inputs: list[tuple[float, float, bool]] = []
+    if is_mla(o):
+        c = o.kv_lora_rank if o.kv_lora_rank is not None else 4 * d
+        inputs.append((sbh / sp_divisor, 2 * one, False))  # the query's and KV down-projections
+        inputs.append((sb * c, one, False))  # the KV latent after its norm
+        if o.q_lora_rank:
+            inputs.append((sb * o.q_lora_rank, one, False))  # the query latent after its norm
+    elif "layernorm" not in modules:
+        inputs.append((sbh / sp_divisor, norm_output, False))  # QKV input
+    inputs.append((sb * o.head * d / t, one, fused_output))  # the projection's input
+    llama = model_family(o.model) == "llama"
+    if llama and is_moe(o) and kind != "dense":
+        tokens = (o.micro_batch or o.batch) * o.seq
+        slots = o.experts * expert_capacity(o, tokens) / (o.ep * o.expert_dp)
+        shared = o.shared_experts or 0
+        inputs.append((slots * o.dmodel, one, False))  # dispatched tokens
+        inputs.append((slots * o.dff / o.expert_tp, one, False))  # SwiGLU products
+        if shared:
+            inputs.append((sbh / sp_divisor, one, True))  # the router's bf16 input beside
+            inputs.append((shared * sb * o.dff / t, one, False))
+    elif "mlp" not in modules:
+        if "layernorm" not in modules:
+            inputs.append((sbh / sp_divisor, norm_output, False))  # MLP input
+        ffn = (o.dense_dff or o.dff) if kind == "dense" else o.dff
+        k = o.kexperts if is_moe(o) and not llama else 1
+        inputs.append((k * sb * ffn / t, one, False))  # the down-projection's (fc2's) input
+    return sum(n * (kept + (e if bf16 else 0) - e) for n, kept, bf16 in inputs)
 
 
 def _saved_matmul_inputs(
@@ -730,7 +820,7 @@ def gemm_weights_per_rank(o: GenerateOptions, kind: str | None = None) -> dict[s
     :func:`layer_parameters_per_rank` less the norms and biases."""
     h, f, a, t = o.dmodel, o.dff, o.head, o.tp
     d = head_size(o)
-    kind = kind or ("moe" if is_mla(o) else "block")
+    kind = model_kind(kind)[0] if kind else ("moe" if is_mla(o) else "block")
     if model_family(o.model) != "llama":
         width = a * d
         return {
@@ -904,12 +994,17 @@ def recipe_weight_copy_bytes(o: GenerateOptions, kinds: Mapping[str, int]) -> fl
     """Bytes of a low-precision recipe's quantized weight copies and scales on one rank, from
     the options: every GEMM weight of the ``kinds`` layers
     (:func:`gemm_weights_per_rank`) at the recipe's bytes per element
-    (``Recipe.weight_bytes_per_element``; the output layer stays bf16). A generated workload
+    (``Recipe.weight_bytes_per_element``; the output layer and the layers that
+    ``first_last_layers_bf16`` keeps in bf16 have none). A generated workload
     states the exact figure per stage (the fact ``low_precision_weight_bytes``)."""
     if o.inference or o.low_precision_recipe == GenerateOptions.low_precision_recipe:
         return 0.0
     per_element = RECIPES[o.low_precision_recipe].weight_bytes_per_element(param=o.fp8_param_gather)
-    elements = sum(n * sum(gemm_weights_per_rank(o, kind).values()) for kind, n in kinds.items())
+    elements = sum(
+        n * sum(gemm_weights_per_rank(o, kind).values())
+        for kind, n in kinds.items()
+        if not model_kind(kind)[1]  # layers kept in bf16 quantize nothing
+    )
     return per_element * elements
 
 
@@ -1063,7 +1158,7 @@ def stage_memory(
         held_layers = in_flight_layers(stage, 1, o.pp, m, o.pipeline_schedule, o.virtual_stages)
         activations = held_layers * per_micro_batch
     b = micro_batch_size(o)
-    e = dtype_bytes(o.dtype)
+    e = activation_element_bytes(o)
     t = o.tp
     sp_divisor = t if (o.tpsp and t > 1) else 1
     sb = o.seq / o.sp * b

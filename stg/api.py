@@ -75,7 +75,7 @@ if TYPE_CHECKING:
         recompute_units,
     )
     from stg.core.precision import DTYPE_BYTES, precision_of
-    from stg.core.recipes import RECIPES
+    from stg.core.recipes import RECIPES, bf16_kind, model_kind
     from stg.core.routing import expert_capacity
     from stg.core.sharding import Sharding
     from stg.core.sizes import check_size, estimate_size
@@ -157,6 +157,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "DTYPE_BYTES": ("stg.core.precision", "DTYPE_BYTES"),
     "precision_of": ("stg.core.precision", "precision_of"),
     "RECIPES": ("stg.core.recipes", "RECIPES"),
+    "bf16_kind": ("stg.core.recipes", "bf16_kind"),
+    "model_kind": ("stg.core.recipes", "model_kind"),
     "expert_capacity": ("stg.core.routing", "expert_capacity"),
     "Sharding": ("stg.core.sharding", "Sharding"),
     "AttentionSpan": ("stg.core.symbolic", "AttentionSpan"),
@@ -300,6 +302,7 @@ __all__ = [
     "__version__",
     "attention_impl",
     "attention_time",
+    "bf16_kind",
     "build_workload",
     "calibrated_time",
     "chakra_v001",
@@ -336,6 +339,7 @@ __all__ = [
     "load_system",
     "memory_bound_time",
     "memory_kind",
+    "model_kind",
     "name_in_micro_batch",
     "native_fp8",
     "node_chunk",

@@ -568,6 +568,33 @@ SPECS: dict[str, tuple[str, _Spec]] = {
             metavar=BOOL,
         ),
     ),
+    "first_last_layers_bf16": (
+        _TRAINING,
+        _Spec(
+            "With --low_precision_recipe other than delayed: run the first "
+            "--num_layers_at_start_in_bf16 and the last --num_layers_at_end_in_bf16 layers in "
+            "bf16 (no quantize nodes, no quantized weight copies), as Megatron-LM's "
+            "--first-last-layers-bf16 and the NVFP4 paper's bf16 layers (default off).",
+            parser=parse_bool,
+            metavar=BOOL,
+        ),
+    ),
+    "num_layers_at_start_in_bf16": (
+        _TRAINING,
+        _Spec(
+            "With --first_last_layers_bf16: layers at the start of the stack kept in bf16, "
+            "0 to num_stacks // pp (default 1, as Megatron-LM's).",
+            metavar="N",
+        ),
+    ),
+    "num_layers_at_end_in_bf16": (
+        _TRAINING,
+        _Spec(
+            "With --first_last_layers_bf16: layers at the end of the stack kept in bf16, "
+            "0 to num_stacks // pp (default 1, as Megatron-LM's).",
+            metavar="N",
+        ),
+    ),
     "phase": (
         _SERVING,
         _Spec(

@@ -238,6 +238,10 @@ class GenerateOptions:
     ``fp8_dispatch`` sends a mixture of experts' tokens (and, backward, the down-projection's
     output gradients) to the experts in the recipe's format, as DeepSeek-V3 trains, instead
     of bf16.
+    ``first_last_layers_bf16`` (Megatron-LM's ``--first-last-layers-bf16``) keeps the first
+    ``num_layers_at_start_in_bf16`` and the last ``num_layers_at_end_in_bf16`` layers of the
+    stack (Megatron's defaults: 1 and 1) of such a run out of the recipe: their GEMMs run in
+    bf16, with no quantize nodes and no quantized weight copies (:attr:`bf16_layers`).
     ``reshard_after_forward`` is FSDP2's (``fully_shard``) policy for the gathered weights of
     ``weight_sharded`` runs, with torchtitan's values (``fsdp_reshard_after_forward``):
     ``always`` frees them after a layer's forward (gathered again before its backward),
@@ -370,6 +374,9 @@ class GenerateOptions:
     low_precision_recipe: str = "delayed"
     fp8_param_gather: bool = False
     fp8_dispatch: bool = False
+    first_last_layers_bf16: bool = False
+    num_layers_at_start_in_bf16: int = 1
+    num_layers_at_end_in_bf16: int = 1
     placement: tuple[tuple[str, int], ...] = ()
     rank_order: str = "tp,sp,ep,dp,pp"
     phase: str = "training"
@@ -492,6 +499,7 @@ class GenerateOptions:
         "recompute_modules",
         "fp8_param_gather",
         "fp8_dispatch",
+        "first_last_layers_bf16",
         "cpu_offloading_num_layers",
         *OVERLAP_FIELDS,
         *PIPELINE_SPLIT_FIELDS,
@@ -521,12 +529,25 @@ class GenerateOptions:
             and self.low_precision_recipe == "delayed"
         )
 
+    BF16_LAYER_COUNTS = ("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16")
+    """The layer counts of ``first_last_layers_bf16``, read (and recorded) only with it."""
+
+    @property
+    def bf16_layers(self) -> tuple[int, int]:
+        """(first, last) layers of the stack kept in bf16 under a low-precision recipe: a
+        layer of global index ``i`` of ``L`` is when ``i < first`` or ``i >= L - last``
+        (Megatron-LM ``fp8_utils.is_first_last_bf16_layer``); (0, 0) without
+        ``first_last_layers_bf16``."""
+        if not self.first_last_layers_bf16:
+            return (0, 0)
+        return (self.num_layers_at_start_in_bf16, self.num_layers_at_end_in_bf16)
+
     def recorded(self) -> dict[str, object]:
         """The options a trace's metadata records: where the files go is not part of the
         workload (same options, same bytes anywhere); unset options, options that are off
         (:attr:`OFF_UNRECORDED`), ``reshard_after_forward`` and ``cp_comm_type`` at their
-        defaults, ``low_precision_recipe`` at its default (``delayed``),
-        ``amax_history`` without TE's delayed scaling
+        defaults, ``low_precision_recipe`` at its default (``delayed``), the layer counts of
+        ``first_last_layers_bf16`` without it, ``amax_history`` without TE's delayed scaling
         (:attr:`te_delayed_scaling`), ``moe_routing`` at its default and the other kind of
         run's fields (inference fields in training, overlap fields in serving) are left out."""
         other = self.OVERLAP_FIELDS if self.inference else self.INFERENCE_FIELDS
@@ -540,5 +561,6 @@ class GenerateOptions:
             and not (k == "reshard_after_forward" and v == "default")
             and not (k == "cp_comm_type" and v == "p2p")
             and not (k == "low_precision_recipe" and v == "delayed")
+            and not (k in self.BF16_LAYER_COUNTS and not self.first_last_layers_bf16)
             and not (k == "moe_routing" and v == "capacity")
         }

@@ -32,7 +32,7 @@ from stg.core.precision import (
     plan_groups,
     unmatched_patterns,
 )
-from stg.core.recipes import DEFAULT_RECIPE
+from stg.core.recipes import DEFAULT_RECIPE, model_kind, split_bf16_layers
 from stg.core.routing import expert_capacity
 from stg.core.symbolic import (
     Capacity,
@@ -141,7 +141,7 @@ def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> Model
     precision = plan.precision
     zero_axes = plan.zero_axes if o.zero in (1, 2) else ()
     read = ReadOptions(o.as_dict())
-    runs = model.layer_runs(read)
+    runs = split_bf16_layers(model.layer_runs(read), *o.bf16_layers)
     stackless = not runs  # no layer stack: the head receives the embedding's output
     functions = {"embedding": model.embedding, "head": model.head}
     functions.update((kind, function) for kind, function, _ in runs)
@@ -151,7 +151,7 @@ def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> Model
             active_axes=plan.active_axes,
             data_axes=plan.data_axes,
             seq_axes=plan.seq_axes,
-            dtype=o.dtype,
+            dtype=AUTOCAST_DTYPE if o.first_last_layers_bf16 and model_kind(name)[1] else o.dtype,
             grad_dtype=precision["grad"],
             shard_weights_over=plan.zero_axes if o.weight_sharded else (),
             precision=normalize_plan(o.precision),

@@ -363,6 +363,7 @@ def _check_phase(o: GenerateOptions) -> None:
         ("low_precision_recipe", o.low_precision_recipe != DEFAULT_RECIPE),
         ("fp8_param_gather", o.fp8_param_gather),
         ("fp8_dispatch", o.fp8_dispatch),
+        ("first_last_layers_bf16", o.first_last_layers_bf16),
     )
     for name, given in training_only:
         _require(
@@ -417,6 +418,45 @@ def _check_phase(o: GenerateOptions) -> None:
             _require(
                 value == default, f"{name}={value} applies to phase=mixed only (not {o.phase})"
             )
+
+
+def _check_bf16_layers(o: GenerateOptions) -> None:
+    """``first_last_layers_bf16`` and its layer counts, as Megatron-LM checks them
+    (``transformer_config.py``, core_v0.15.0): not under delayed scaling, each count between 0
+    and the layers per pipeline stage, ``num_stacks // pp``."""
+    for name in GenerateOptions.BF16_LAYER_COUNTS:
+        value = getattr(o, name)
+        _require(
+            isinstance(value, int) and not isinstance(value, bool),
+            f"{name}={value!r} must be an integer",
+        )
+        _require(
+            o.first_last_layers_bf16 or value == getattr(GenerateOptions, name),
+            f"{name}={value} counts the layers that first_last_layers_bf16 keeps in bf16: "
+            "give first_last_layers_bf16=true",
+        )
+    if not o.first_last_layers_bf16:
+        return
+    _require(
+        o.low_precision_recipe != DEFAULT_RECIPE,
+        "first_last_layers_bf16 keeps layers out of a low-precision recipe: it needs "
+        "low_precision_recipe one of "
+        f"{', '.join(r for r in RECIPES if r != DEFAULT_RECIPE)} (Megatron-LM refuses it "
+        "under delayed scaling)",
+    )
+    _require(
+        not o.fp8_param_gather,
+        "first_last_layers_bf16 with fp8_param_gather (bf16 weights in some layers, fp8 in "
+        "the others) is not modelled: leave one of them off",
+    )
+    most = o.num_stacks // o.pp
+    for name in GenerateOptions.BF16_LAYER_COUNTS:
+        value = getattr(o, name)
+        _require(
+            0 <= value <= most,
+            f"{name}={value} must be between 0 and the layers per pipeline stage, "
+            f"num_stacks // pp = {most}",
+        )
 
 
 def _check_recompute_layers(o: GenerateOptions, recompute: str | None) -> None:
@@ -622,6 +662,7 @@ def make_plan(o: GenerateOptions) -> ParallelPlan:
         "low_precision_recipe: it needs ep > 1 and low_precision_recipe one of "
         f"{', '.join(r for r in RECIPES if r != DEFAULT_RECIPE)}",
     )
+    _check_bf16_layers(o)
     _require(
         o.profile in GenerateOptions.PROFILES,
         f"profile={o.profile!r} must be one of {', '.join(GenerateOptions.PROFILES)}",

@@ -45,14 +45,27 @@ recipe:
 Every quantize kernel reads the 16-bit input and writes what the recipe's definition says
 (elements and scales), so its bytes follow from the tensor's rows and columns alone
 (:func:`quantize_kernels`). A weight is quantized in the first micro-batch of an iteration
-and its copies reused after (TE's ``is_first_microbatch``, passed by Megatron-LM).
+and its copies reused after (TE's ``is_first_microbatch``, passed by Megatron-LM). What a
+linear layer keeps of its input for the backward is :meth:`Recipe.saved_input_bytes`.
+
+Layers kept in bf16 (``--first_last_layers_bf16``): Megatron-LM (``--first-last-layers-bf16``,
+``--num-layers-at-start-in-bf16``, ``--num-layers-at-end-in-bf16``, defaults off, 1 and 1;
+``megatron/training/arguments.py`` and ``megatron/core/fp8_utils.py``
+``is_first_last_bf16_layer`` at core_v0.15.0) runs the first and last layers of the stack
+outside the quantization context, as the NVFP4 paper keeps a few blocks, mostly the last ones,
+in BF16 (arXiv 2509.25149, section 4.1). Megatron refuses it under delayed scaling (its layers
+then share one autocast, ``transformer_config.py``). Such a layer is a block kind of its own,
+:func:`bf16_kind` of the model's, built in bf16 (:func:`split_bf16_layers`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from stg.core.quantization import DTYPE_BITS
+from stg.errors import UserError
 
 DEFAULT_RECIPE = "delayed"
 
@@ -117,6 +130,17 @@ class Recipe:
     (TE ``module/linear.py``, ``_customize_quantizers_float8_current_scaling`` and
     ``_customize_quantizers_nvfp4``: ``with_amax_reduction`` on the input quantizer of a
     column-parallel and the output-gradient quantizer of a row-parallel linear)"""
+    keeps_bf16_input: bool = False
+    """a linear layer keeps its bf16 input for the backward and quantizes it again there
+    (torchao's float8 linear, ``matmul_with_hp_or_float8_args.forward``:
+    ``ctx.save_for_backward(input_hp, weight_hp_t)``, pytorch/ao at 7ca1bfb); otherwise
+    Transformer Engine keeps a quantized copy instead (:meth:`saved_input_bytes`)"""
+    gathered_norm_output_copies: int = 1
+    """quantized copies of a fused norm-and-linear's norm output (the QKV and MLP inputs) that
+    TE keeps for the backward where sequence parallelism gathers it: TE 2.9
+    ``module/layernorm_linear.py`` drops the rowwise usage only of MXFP8 and blockwise
+    tensors or without the gather, and quantizes tensor-scaled fp8 in the rowwise usage alone
+    for the gather, so NVFP4 keeps both"""
 
     @property
     def element_bits(self) -> int:
@@ -162,6 +186,23 @@ class Recipe:
             return copies
         return copies + 2 * self.scale_bits / 8 / (blocks.rows * blocks.cols)
 
+    def saved_input_bytes(self, copies: int = 1) -> float:
+        """Bytes per element of a linear layer's input kept from the forward for its
+        weight-gradient GEMM: the bf16 input where :attr:`keeps_bf16_input`, else ``copies``
+        quantized copies of it with their block scales, and not the bf16 input (TE 2.9
+        ``module/linear.py``: ``inputmat.update_usage(rowwise_usage=False,
+        columnwise_usage=True)``, or the rowwise usage alone for tensor-scaled fp8 gathered
+        by sequence parallelism; ``module/grouped_linear.py`` likewise). An activation
+        block's scales are as many in the columnwise copy (its blocks run along the tokens);
+        a per-tensor scale is left out."""
+        if self.keeps_bf16_input:
+            return SOURCE_BYTES
+        per_copy = self.element_bits / 8
+        blocks = self.activation
+        if blocks is not None and blocks.cols:
+            per_copy += self.scale_bits / 8 / (blocks.rows * blocks.cols)
+        return copies * per_copy
+
     def transformed(self, operand: str) -> bool:
         """Whether the columnwise copy of ``operand`` is Hadamard-transformed (it feeds the
         weight-gradient GEMM: the input and the output gradient)."""
@@ -176,7 +217,14 @@ RECIPES: dict[str, Recipe] = {
             "tensorwise", "fp8", None, None, scale_bits=32, amax_reads=1, tp_amax_reduction=True
         ),
         Recipe(
-            "rowwise", "fp8", Blocks(1, 0), Blocks(1, 0), scale_bits=32, amax_reads=2, cast_reads=2
+            "rowwise",
+            "fp8",
+            Blocks(1, 0),
+            Blocks(1, 0),
+            scale_bits=32,
+            amax_reads=2,
+            cast_reads=2,
+            keeps_bf16_input=True,
         ),
         Recipe("blockwise", "fp8", Blocks(1, 128), Blocks(128, 128), scale_bits=32),
         Recipe("mxfp8", "fp8", Blocks(1, 32), Blocks(1, 32), scale_bits=8),
@@ -190,6 +238,7 @@ RECIPES: dict[str, Recipe] = {
             amax_reads=1,
             hadamard=True,
             tp_amax_reduction=True,
+            gathered_norm_output_copies=2,
         ),
     )
 }
@@ -264,7 +313,67 @@ def gathered_weight_bytes(recipe: Recipe, elements: int) -> int:
     return data + -(-elements * recipe.scale_bits // (8 * blocks.rows * blocks.cols))
 
 
+BF16_KIND_SUFFIX = "_bf16"
+"""The block kind of a layer kept in bf16 is the model's kind with this suffix."""
+
+Function = TypeVar("Function")
+
+
+def bf16_kind(kind: str) -> str:
+    """The block kind of a layer of ``kind`` kept in bf16."""
+    return kind + BF16_KIND_SUFFIX
+
+
+def model_kind(kind: str) -> tuple[str, bool]:
+    """The model's block kind of a layer kind, and whether the layer is kept in bf16
+    (:func:`bf16_kind`)."""
+    if kind.endswith(BF16_KIND_SUFFIX):
+        return kind[: -len(BF16_KIND_SUFFIX)], True
+    return kind, False
+
+
+def split_bf16_layers(
+    runs: Sequence[tuple[str, Function, int]], first: int, last: int
+) -> tuple[tuple[str, Function, int], ...]:
+    """The runs ``(kind, block function, count)`` of a stack with its first ``first`` and last
+    ``last`` layers as runs of :func:`bf16_kind` (same block function): a layer of global
+    index ``i`` of ``L`` when ``i < first`` or ``i >= L - last``. Unchanged for (0, 0)."""
+    if not first and not last:
+        return tuple(runs)
+    if not runs:
+        raise UserError(
+            "first_last_layers_bf16: the model has no layer stack whose first and last layers "
+            "could be kept in bf16 (leave it off)"
+        )
+    for kind, _, _ in runs:
+        if model_kind(kind)[1]:
+            raise UserError(
+                f"first_last_layers_bf16: the model's block kind {kind!r} ends in "
+                f"{BF16_KIND_SUFFIX!r}, which names the layers kept in bf16"
+            )
+    total = sum(count for _, _, count in runs)
+    out: list[tuple[str, Function, int]] = []
+    start = 0
+    for kind, function, count in runs:
+        head = min(max(first - start, 0), count)  # layers [0, head) of the run: the first ones
+        tail = min(max(total - last - start, head), count)  # [tail, count): the last ones
+        for name, n in (
+            (bf16_kind(kind), head),
+            (kind, tail - head),
+            (bf16_kind(kind), count - tail),
+        ):
+            if not n:
+                continue
+            if out and out[-1][0] == name:
+                out[-1] = (name, function, out[-1][2] + n)
+            else:
+                out.append((name, function, n))
+        start += count
+    return tuple(out)
+
+
 __all__ = [
+    "BF16_KIND_SUFFIX",
     "DEFAULT_RECIPE",
     "OPERANDS",
     "PARAM_GATHER_RECIPES",
@@ -275,7 +384,10 @@ __all__ = [
     "Blocks",
     "QuantizeKernel",
     "Recipe",
+    "bf16_kind",
     "gathered_weight_bytes",
+    "model_kind",
     "quantize_kernels",
+    "split_bf16_layers",
     "weight_copy_bytes",
 ]
