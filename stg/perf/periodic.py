@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stg.core.workload import (
+    PHASE_ATTR,
     NodeType,
     Phase,
     node_micro_batch,
@@ -627,9 +628,21 @@ def unit_flops(unit: Unit) -> tuple[int, int]:
     """The (hardware, model) FLOPs of one rank of ``unit``: every compute node's, and those of
     the nodes that are not recomputation."""
     hardware = model = 0
+    comp = NodeType.COMP
+    recomputed: dict[int | str, bool] = {}
+    """per phase code: whether it is the recomputation's (a code's meaning looked up once)"""
     for node in unit.nodes:
-        if node.type is NodeType.COMP and node.num_ops > 0:
-            hardware += node.num_ops
-            if node_phase(node) is not Phase.RECOMPUTE:
-                model += node.num_ops
+        if node.type is comp:
+            ops = node.num_ops
+            if ops > 0:
+                hardware += ops
+                code = node.attrs.get(PHASE_ATTR) if getattr(node, "attrs", None) else None
+                if type(code) is int or type(code) is str:
+                    again = recomputed.get(code)
+                    if again is None:
+                        again = recomputed[code] = node_phase(node) is Phase.RECOMPUTE
+                    if not again:
+                        model += ops
+                else:
+                    model += ops
     return hardware, model
