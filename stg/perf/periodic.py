@@ -30,7 +30,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from stg.core.workload import (
+    LAYER_ATTR,
+    OP_ATTR,
+    PART_ATTR,
     PHASE_ATTR,
+    ROLE_ATTR,
     NodeType,
     Phase,
     node_micro_batch,
@@ -89,7 +93,12 @@ class _Indexed:
     """One unit's nodes with their micro-batch, the positions of each micro-batch's nodes, and
     (worked out per micro-batch where needed) each node's key."""
 
-    def __init__(self, nodes: Sequence[Any], micro_batch: list[int | None]) -> None:
+    def __init__(
+        self,
+        nodes: Sequence[Any],
+        micro_batch: list[int | None],
+        shared: dict[tuple[Any, ...], tuple[Any, ...]] | None = None,
+    ) -> None:
         self.nodes = nodes
         self.micro_batch = micro_batch
         self.position: Mapping[int, int] | range
@@ -111,12 +120,31 @@ class _Indexed:
         self.indexed: set[int] = set()
         self.bases: dict[int, tuple[Any, ...]] = {}
         """each node's :func:`_base` (by position), worked out once"""
+        self.shared = {} if shared is None else shared
+        """:func:`_base` by the raw values of the attributes it reads and their types (a pure
+        function of them): alike nodes of every micro-batch (and unit) share one entry"""
 
     def base(self, i: int) -> tuple[Any, ...]:
         """:func:`_base` of the node at position ``i``."""
         found = self.bases.get(i)
         if found is None:
-            found = self.bases[i] = _base(self.nodes[i])
+            node = self.nodes[i]
+            attrs = getattr(node, "attrs", None)
+            if not attrs:
+                found = self.bases[i] = _base(node)
+                return found
+            # alike nodes of every micro-batch have the same raw values (and their types: a
+            # bool equals an int but is no code), each distinct set worked out once
+            layer, part = attrs.get(LAYER_ATTR), attrs.get(PART_ATTR)
+            phase, role = attrs.get(PHASE_ATTR), attrs.get(ROLE_ATTR)
+            raw = (
+                node.type, attrs.get(OP_ATTR), layer, part, phase, role,
+                type(layer), type(part), type(phase), type(role),
+            )  # fmt: skip
+            found = self.shared.get(raw)
+            if found is None:
+                found = self.shared[raw] = _base(node)
+            self.bases[i] = found
         return found
 
     def _index(self, mb: int) -> None:
@@ -169,7 +197,10 @@ def reduced_problem(problem: Problem, keep: int) -> Problem:
     per_unit, total = _micro_batches(problem)
     if total is None:
         raise ValueError("the problem's units do not declare the same micro-batches")
-    indexed = [_Indexed(u.nodes, mbs) for u, mbs in zip(problem.units, per_unit, strict=True)]
+    shared: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+    indexed = [
+        _Indexed(u.nodes, mbs, shared) for u, mbs in zip(problem.units, per_unit, strict=True)
+    ]
     return _reduced(problem, keep, total, indexed)
 
 
@@ -421,8 +452,10 @@ def replay_periodic(
         while keep + period <= built and (2 * (2 * keep + period) <= total or not only_if_cheaper):
             cut = cut_at(keep, stages, period, chunks)
             if not indexed:
+                shared: dict[tuple[Any, ...], tuple[Any, ...]] = {}
                 indexed = [
-                    _Indexed(u.nodes, mbs) for u, mbs in zip(problem.units, per_unit, strict=True)
+                    _Indexed(u.nodes, mbs, shared)
+                    for u, mbs in zip(problem.units, per_unit, strict=True)
                 ]
             costs = Costs()  # the two problems share most node objects
             try:

@@ -1099,6 +1099,9 @@ class _Sim:
         # per unit: the transfers in flight whose NCCL kernels slow its compute (contention)
         contending: list[list[_Flow]] = [[] for _ in units]
         comm_link = self.comm_link
+        tails: dict[int, tuple[float, ...]] = {}
+        """per transfer plan (by id: each is kept alive in self.steps): the seconds of the
+        steps after each step at full bandwidth"""
 
         def start_flow(
             members: list[tuple[int, int]], ends: list[tuple[int, int]], steps: Steps, t: float
@@ -1124,19 +1127,28 @@ class _Sim:
                     heappush(heap, (t, tick(), pu, pi))
                 return
             port, seconds = steps[f.step]
-            f.tail = sum(s for _, s in steps[f.step + 1 :])
+            tail = tails.get(id(steps))
+            if tail is None:
+                tail = tails[id(steps)] = tuple(
+                    sum(s for _, s in steps[k + 1 :]) for k in range(len(steps))
+                )
+            f.tail = tail[f.step]
             f.version += 1
             if port is None:
                 f.finish = t + seconds
                 heappush(heap, (f.finish, tick(), -1 - f.index, f.version))
                 return
-            f.resources = tuple((x, port, d) for x, d in f.ends)
-            for key in f.resources:
-                users.setdefault(key, []).append(f)
+            resources = f.resources = tuple([(x, port, d) for x, d in f.ends])
+            for key in resources:
+                sharing = users.get(key)
+                if sharing is None:
+                    users[key] = [f]
+                else:
+                    sharing.append(f)
             f.remaining = seconds
             f.since = t
             f.rate = 0.0
-            reshare(f.resources, t)
+            reshare(resources, t)
 
         def reshare(keys: tuple[tuple[int, str, int], ...], t: float) -> None:
             """Each transfer on these ports drains at its fair share from ``t`` on: the
@@ -1280,7 +1292,14 @@ class _Sim:
                     if not left:
                         if cause is None:
                             cause = (u, i)
-                        make_ready(u, c, t, cause)
+                        if kinds[u][c] == COMPUTE:  # make_ready's commonest case, inline
+                            ready_times[u][c] = t
+                            ready_causes[u][c] = cause
+                            s = streams[u][c]
+                            heappush(ready[u][s], c)
+                            touched.add((s == 0, u, s))
+                        else:
+                            make_ready(u, c, t, cause)
             if len(touched) == 1:
                 _, u, stream = touched.pop()
                 dispatch(u, stream, t)
