@@ -653,9 +653,49 @@ class UnitResult:
 
 
 @dataclass
+class EngineState:
+    """Everything a replay's future depends on, copied at the end of one instant (after its
+    events and the nodes it starts): per unit and node the arrays the replay fills in and the
+    dependencies still pending; the events ahead (``heap``: (time, unit, node) of node ends,
+    (time, -1 - flow, 0) of transfers' steps, in the order they are taken); per unit and
+    stream the ready nodes (ascending), whether it is busy and what ran on it last; the sends
+    and receives waiting for their partner; each communicator's collectives issued per unit
+    and the collectives half issued; the transfers in flight with their state (``flows``:
+    by index, (members, ends, steps, step, finish, tail, remaining, since, rate, resources,
+    link, contends)), each port's users and each unit's contending transfers, in order."""
+
+    time: float
+    heap: list[tuple[float, int, int]]
+    pending: list[list[int]]
+    start: list[list[float]]
+    end: list[list[float]]
+    transfer_start: list[list[float]]
+    duration: list[list[float]]
+    cause: list[list[tuple[int, int] | None]]
+    ready_time: list[list[float]]
+    ready_cause: list[list[tuple[int, int] | None]]
+    ready: list[list[list[int]]]
+    busy: list[list[bool]]
+    last_on_stream: list[list[tuple[int, int] | None]]
+    mailbox: dict[Any, list[tuple[float, int, int]]]
+    waiting: dict[Any, list[tuple[int, int]]]
+    coll_seq: dict[tuple[int, Any], int]
+    instances: dict[Any, tuple[tuple[tuple[int, int], ...], float, tuple[int, int] | None]]
+    flows: dict[int, tuple[Any, ...]]
+    users: dict[tuple[int, str, int], list[int]]
+    contending: list[list[int]]
+
+
+@dataclass
 class Replay:
     units: list[UnitResult]
     iteration_time: float
+    states: list[EngineState] = field(default_factory=list)
+    """the engine's state at the end of the instants asked for (``replay``'s ``states_at``)"""
+    prepared: Any = None
+    """with ``states``: the per-node costs, streams and matching keys the replay ran with
+    (``stream``, ``steps``, ``comm_link``, ``coll_key``, ``coll_needed``, ``p2p_key``,
+    ``cost_key`` and ``children``, each per unit)"""
 
 
 class _Sim:
@@ -1024,7 +1064,9 @@ class _Sim:
         attrs = getattr(self.results[u].unit.nodes[i], "attrs", None) or {}
         return "gemm" in attrs
 
-    def run(self) -> Replay:
+    def run(self, states_at: Sequence[tuple[int, int]] = ()) -> Replay:
+        """Replay; ``states_at``: (unit, node) pairs in the order they start, at the end of
+        whose instant the engine's state is copied (:class:`EngineState`)."""
         units = self.problem.units
         results = self.results
         heap: list[tuple[float, int, int, int]] = []
@@ -1257,6 +1299,57 @@ class _Sim:
                 transfer_starts[u][i] = t
                 heappush(heap, (t + durations[u][i], tick(), u, i))
 
+        states: list[EngineState] = []
+        watched = 0
+
+        def state(t: float) -> EngineState:
+            events = []
+            for when, _, u, i in sorted(heap):
+                if u >= 0:
+                    events.append((when, u, i))
+                elif i == flows[-1 - u].version:  # else superseded by a new rate
+                    events.append((when, u, 0))
+            active = {
+                f.index: (
+                    tuple(f.members),
+                    tuple(f.ends),
+                    f.steps,
+                    f.step,
+                    f.finish,
+                    f.tail,
+                    f.remaining,
+                    f.since,
+                    f.rate,
+                    f.resources,
+                    f.link,
+                    tuple(f.contends),
+                )
+                for f in flows
+                if f.step < len(f.steps)
+            }
+            return EngineState(
+                time=t,
+                heap=events,
+                pending=[list(x) for x in pending],
+                start=[list(x) for x in starts],
+                end=[list(x) for x in ends_at],
+                transfer_start=[list(x) for x in transfer_starts],
+                duration=[list(x) for x in durations],
+                cause=[list(x) for x in causes],
+                ready_time=[list(x) for x in ready_times],
+                ready_cause=[list(x) for x in ready_causes],
+                ready=[[sorted(q) for q in per_unit] for per_unit in ready],
+                busy=[list(x) for x in busy],
+                last_on_stream=[list(x) for x in last_on_stream],
+                mailbox={k: list(q) for k, q in mailbox.items() if q},
+                waiting={k: list(q) for k, q in waiting.items() if q},
+                coll_seq=dict(coll_seq),
+                instances={k: (tuple(v[0]), v[1], v[2]) for k, v in instances.items()},
+                flows=active,
+                users={k: [f.index for f in v] for k, v in users.items()},
+                contending=[[f.index for f in x] for x in contending],
+            )
+
         for _, u, stream in sorted(touched):
             dispatch(u, stream, 0.0)
         touched.clear()
@@ -1307,9 +1400,17 @@ class _Sim:
                 for _, u, stream in sorted(touched):
                     dispatch(u, stream, t)
                 touched.clear()
+            while (
+                watched < len(states_at)
+                and starts[states_at[watched][0]][states_at[watched][1]] >= 0
+            ):
+                watched += 1
+                states.append(state(t))
         self._check_finished()
         end = max((max(r.end, default=0.0) for r in results), default=0.0)
-        return Replay(results, end)
+        if not states_at:
+            return Replay(results, end)
+        return Replay(results, end, states, self)
 
     def _contended(self, u: int, i: int, link: str) -> float:
         """Duration of compute node ``i`` of unit ``u`` while NCCL runs over ``link``."""
@@ -1361,6 +1462,7 @@ def replay(
     tp_comm_overlap: bool = False,
     share_links: bool = True,
     costs: Costs | None = None,
+    states_at: Sequence[tuple[int, int]] = (),
 ) -> Replay:
     """Simulate every unit of ``problem`` on ``system`` (ops priced with ``kernels`` under
     execution ``profile``); ``overlap_param_gather`` and ``tp_comm_overlap``: Megatron's
@@ -1368,7 +1470,9 @@ def replay(
     :meth:`_Sim._overlap_tp_collectives`). ``share_links`` False runs every transfer at its
     ports' full bandwidth whatever else is in flight (the model without bandwidth sharing, for
     comparison). ``costs``: the node costs worked out by an earlier replay with the same
-    arguments (of a problem sharing node objects, as two reduced ones), filled in further."""
+    arguments (of a problem sharing node objects, as two reduced ones), filled in further.
+    ``states_at``: (unit, node) pairs, in the order they start: the engine's state at the end
+    of the instant each starts (:class:`EngineState`, in the result's ``states``)."""
     # millions of small lists and tuples, none cyclic: the cyclic collector only costs time
     enabled = gc.isenabled()
     gc.disable()
@@ -1384,7 +1488,7 @@ def replay(
             tp_comm_overlap,
             share_links,
             costs,
-        ).run()
+        ).run(states_at)
     finally:
         if enabled:
             gc.enable()
