@@ -584,7 +584,7 @@ class _Check:
         """Every node not finished at ``a`` and its node one period later at ``b``: the same
         costs, stream, matching keys, progress (issued, transfer started, ready: when and
         after what) and dependencies not finished; none other at ``b``; in the same order on
-        each stream."""
+        each stream. (Compared a column at a time: the same lists, where most are equal.)"""
         a, b, sim, close, tolerance = self.a, self.b, self.sim, self.close, self.tolerance
         later, moved = self.shift.later[u], self.shift.ref
         lnodes, lpos = self.shift.long_nodes[u], self.shift.long_pos[u]
@@ -592,40 +592,36 @@ class _Check:
         a_end, b_end = a.end[u], b.end[u]
         a_pending, b_pending = a.pending[u], b.pending[u]
         a_start, b_start = a.start[u], b.start[u]
-        a_issued, b_issued = a.transfer_start[u], b.transfer_start[u]
-        a_duration, b_duration = a.duration[u], b.duration[u]
-        if len(opened) != sum(1 for e in b_end if e < 0):
+        kind, stream = self.long.units[u].kind, sim.stream[u]
+        # one to one: ``later`` is, and maps the nodes not finished onto those at ``b``
+        theirs = [later[j] for j in opened]
+        if None in theirs or len(opened) != sum(1 for e in b_end if e < 0):
             return False
-        kind, stream, steps = self.long.units[u].kind, sim.stream[u], sim.steps[u]
-        link, cost = sim.comm_link[u], sim.cost_key[u]
-        coll_key, coll_needed, p2p = sim.coll_key[u], sim.coll_needed[u], sim.p2p_key[u]
-        by_position = isinstance(lpos, range) or all(n.id == j for j, n in enumerate(lnodes))
-
-        def long_deps(j: int) -> set[int]:
-            return {lpos[d] for d in (*lnodes[j].data_deps, *lnodes[j].ctrl_deps)}
-
-        def short_deps(j: int) -> set[int]:
-            found = rewritten.get(j)
-            return long_deps(j) if found is None else found
-
+        ms: list[int] = theirs  # type: ignore[assignment]
+        if any(b_end[m] >= 0 for m in ms):
+            return False
+        for column in (kind, stream, sim.cost_key[u]):
+            if [column[j] for j in opened] != [column[m] for m in ms]:
+                return False
+        a_duration, b_duration = a.duration[u], b.duration[u]
+        durations = [a_duration[j] for j in opened], [b_duration[m] for m in ms]
+        if durations[0] != durations[1] and any(
+            abs(x - y) > tolerance for x, y in zip(*durations, strict=True)
+        ):
+            return False
+        # in the same order: the ready queue of each stream, and the receives and instant
+        # nodes made ready together (pushed as events in order)
         last: dict[int | None, int] = {}
-        for j in opened:
-            m = later[j]
-            # in the same order: the ready queue of each stream, and the receives and instant
-            # nodes made ready together (pushed as events in order)
-            k = kind[j]
-            order = stream[j] if k in STREAMED else None
-            if m is None or m <= last.get(order, -1) or b_end[m] >= 0:
+        for j, m in zip(opened, ms, strict=True):
+            order = stream[j] if kind[j] in STREAMED else None
+            if m <= last.get(order, -1):
                 return False
             last[order] = m
-            if (
-                k != kind[m]
-                or stream[j] != stream[m]
-                or cost[j] != cost[m]
-                or abs(a_duration[j] - b_duration[m]) > tolerance
-            ):
-                return False
-            if k != COMPUTE and (
+        steps, link, p2p = sim.steps[u], sim.comm_link[u], sim.p2p_key[u]
+        coll_key, coll_needed = sim.coll_key[u], sim.coll_needed[u]
+        a_issued, b_issued = a.transfer_start[u], b.transfer_start[u]
+        for j, m in zip(opened, ms, strict=True):
+            if kind[j] != COMPUTE and (
                 steps[j] != steps[m]
                 or link[j] != link[m]
                 or coll_key.get(j) != coll_key.get(m)
@@ -635,48 +631,71 @@ class _Check:
             ):
                 return False
             x, y = a_start[j], b_start[m]
-            if (x < 0) != (y < 0):
-                return False
-            if x >= 0:
-                if not close(x, y) or moved(a.cause[u][j]) != b.cause[u][m]:
+            if x >= 0 or y >= 0:  # issued: when, after what, its transfer since when
+                if x < 0 or y < 0 or not close(x, y) or moved(a.cause[u][j]) != b.cause[u][m]:
                     return False
                 x, y = a_issued[j], b_issued[m]
                 if (x < 0) != (y < 0) or (x >= 0 and not close(x, y)):
                     return False
+
+        def long_deps(j: int) -> set[int]:
+            return {lpos[d] for d in (*lnodes[j].data_deps, *lnodes[j].ctrl_deps)}
+
+        def short_deps(j: int) -> set[int]:
+            found = rewritten.get(j)
+            return long_deps(j) if found is None else found
+
+        by_position = isinstance(lpos, range) or all(n.id == j for j, n in enumerate(lnodes))
+        if by_position:
+            # the commonest case at once: the same dependencies one period later (then the
+            # ones not finished correspond too: the nodes not finished do, one to one)
+            pairs = [(j, m) for j, m in zip(opened, ms, strict=True) if j not in rewritten]
+            if (
+                [a_pending[j] for j, _ in pairs] == [b_pending[m] for _, m in pairs]
+                and [[later[d] for d in lnodes[j].data_deps] for j, _ in pairs]
+                == [list(lnodes[m].data_deps) for _, m in pairs]
+                and [[later[d] for d in lnodes[j].ctrl_deps] for j, _ in pairs]
+                == [list(lnodes[m].ctrl_deps) for _, m in pairs]
+            ):
+                for j, m in pairs:
+                    if not a_pending[j] and not self.ready_alike(u, j, m):
+                        return False
+                opened, ms = list(rewritten), [later[j] for j in rewritten]  # type: ignore[misc]
+        for j, m in zip(opened, ms, strict=True):
             if j not in rewritten:
                 pending = a_pending[j]
-                if (pending == 0) != (b_pending[m] == 0):
-                    return False
-                if by_position:
+                if by_position and pending == b_pending[m]:
                     # the same dependencies one period later: the ones not finished
                     # correspond too (the nodes not finished do, one to one)
                     node, other = lnodes[j], lnodes[m]
                     if [later[d] for d in node.data_deps] == list(other.data_deps) and [
                         later[d] for d in node.ctrl_deps
                     ] == list(other.ctrl_deps):
-                        if pending != b_pending[m]:
-                            return False
                         if not pending and not self.ready_alike(u, j, m):
                             return False
                         continue
             mine = {d for d in short_deps(j) if a_end[d] < 0}
-            theirs = {d for d in long_deps(m) if b_end[d] < 0}
-            if (j not in rewritten and a_pending[j] != len(mine)) or b_pending[m] != len(theirs):
+            theirs_deps = {d for d in long_deps(m) if b_end[d] < 0}
+            if (j not in rewritten and a_pending[j] != len(mine)) or b_pending[m] != len(
+                theirs_deps
+            ):
                 return False
-            if not mine or not theirs:
-                if mine or theirs or not self.ready_alike(u, j, m):
+            if not mine or not theirs_deps:
+                if mine or theirs_deps or not self.ready_alike(u, j, m):
                     return False
                 continue
             # the dependencies not finished, one period later: the same, but for those that
             # another reaches back to (a node waiting for a dropped one waits for its kept
             # ancestors, some of them before others)
             shifted = {later[d] for d in mine}
-            if shifted != theirs:
-                extra_mine = {d for d in mine if later[d] not in theirs}
-                extra_theirs = theirs - shifted
+            if shifted != theirs_deps:
+                extra_mine = {d for d in mine if later[d] not in theirs_deps}
+                extra_theirs = theirs_deps - shifted
                 mine -= _implied(extra_mine, mine, short_deps, lambda d: a_end[d] < 0)
-                theirs -= _implied(extra_theirs, theirs, long_deps, lambda d: b_end[d] < 0)
-                if {later[d] for d in mine} != theirs:
+                theirs_deps -= _implied(
+                    extra_theirs, theirs_deps, long_deps, lambda d: b_end[d] < 0
+                )
+                if {later[d] for d in mine} != theirs_deps:
                     return False
         return True
 
