@@ -425,8 +425,20 @@ class _Shift:
         self, long: Problem, short: Problem, indexed: Sequence[_Indexed], period: int
     ) -> None:
         self.long_nodes = [u.nodes for u in long.units]
-        self.long_pos = [{n.id: j for j, n in enumerate(u.nodes)} for u in long.units]
-        self.short_pos = [{n.id: j for j, n in enumerate(u.nodes)} for u in short.units]
+        self.long_pos: list[Mapping[int, int]] = []
+        """per unit: each node's position in the longer problem, by id"""
+        self.kept: list[bytearray] = []
+        """per unit and position in the longer problem: whether the shorter one has the node"""
+        for lunit, sunit in zip(long.units, short.units, strict=True):
+            nodes = lunit.nodes
+            by_id: Mapping[int, int] = range(len(nodes))
+            if any(n.id != j for j, n in enumerate(nodes)):
+                by_id = {n.id: j for j, n in enumerate(nodes)}
+            kept = bytearray(len(nodes))
+            for n in sunit.nodes:
+                kept[by_id[n.id]] = 1
+            self.long_pos.append(by_id)
+            self.kept.append(kept)
         self.later: list[list[int | None]] = []
         """per unit and position in the longer problem: that of its node one period later"""
         for unit, index in zip(long.units, indexed, strict=True):
@@ -553,11 +565,10 @@ class _Check:
         for u, (lunit, sunit) in enumerate(
             zip(self.long_problem.units, self.short_problem.units, strict=True)
         ):
-            lnodes, lpos, spos = lunit.nodes, shift.long_pos[u], shift.short_pos[u]
+            lnodes, lpos, kept = lunit.nodes, shift.long_pos[u], shift.kept[u]
             a_end, a_pending = a.end[u], a.pending[u]
-            for j, node in enumerate(lnodes):
-                if a_pending[j] == 0 and node.id not in spos:
-                    return False
+            if any(not left and not k for left, k in zip(a_pending, kept, strict=True)):
+                return False
             rewritten: dict[int, set[int]] = {}
             opened: list[int] = []
             for snode in sunit.nodes:
@@ -574,7 +585,7 @@ class _Check:
                 group = lnodes[j].comm_group
                 if group not in seen:
                     seen.add(group)
-                    if lnodes[j].id not in spos:
+                    if not kept[j]:
                         return False
             self.rewritten.append(rewritten)
             self.opened.append(opened)
@@ -591,7 +602,8 @@ class _Check:
         opened, rewritten = self.opened[u], self.rewritten[u]
         a_end, b_end = a.end[u], b.end[u]
         a_pending, b_pending = a.pending[u], b.pending[u]
-        a_start, b_start = a.start[u], b.start[u]
+        a_live, b_live = a.live[u], b.live[u]
+        none = (-1.0, -1.0, 0.0, None)
         kind, stream = self.long.units[u].kind, sim.stream[u]
         # one to one: ``later`` is, and maps the nodes not finished onto those at ``b``
         theirs = [later[j] for j in opened]
@@ -603,8 +615,11 @@ class _Check:
         for column in (kind, stream, sim.cost_key[u]):
             if [column[j] for j in opened] != [column[m] for m in ms]:
                 return False
-        a_duration, b_duration = a.duration[u], b.duration[u]
-        durations = [a_duration[j] for j in opened], [b_duration[m] for m in ms]
+        prepared = sim.initial_duration[u]
+        durations = (
+            [a_live[j][2] if j in a_live else prepared[j] for j in opened],
+            [b_live[m][2] if m in b_live else prepared[m] for m in ms],
+        )
         if durations[0] != durations[1] and any(
             abs(x - y) > tolerance for x, y in zip(*durations, strict=True)
         ):
@@ -619,7 +634,6 @@ class _Check:
             last[order] = m
         steps, link, p2p = sim.steps[u], sim.comm_link[u], sim.p2p_key[u]
         coll_key, coll_needed = sim.coll_key[u], sim.coll_needed[u]
-        a_issued, b_issued = a.transfer_start[u], b.transfer_start[u]
         for j, m in zip(opened, ms, strict=True):
             if kind[j] != COMPUTE and (
                 steps[j] != steps[m]
@@ -630,12 +644,14 @@ class _Check:
                 or (j in p2p and not self.same_key(p2p[j], p2p[m]))
             ):
                 return False
-            x, y = a_start[j], b_start[m]
+            x, x_issued, _, x_cause = a_live.get(j, none)[:4]
+            y, y_issued, _, y_cause = b_live.get(m, none)[:4]
             if x >= 0 or y >= 0:  # issued: when, after what, its transfer since when
-                if x < 0 or y < 0 or not close(x, y) or moved(a.cause[u][j]) != b.cause[u][m]:
+                if x < 0 or y < 0 or not close(x, y) or moved(x_cause) != y_cause:
                     return False
-                x, y = a_issued[j], b_issued[m]
-                if (x < 0) != (y < 0) or (x >= 0 and not close(x, y)):
+                if (x_issued < 0) != (y_issued < 0) or (
+                    x_issued >= 0 and not close(x_issued, y_issued)
+                ):
                     return False
 
         def long_deps(j: int) -> set[int]:
@@ -645,7 +661,7 @@ class _Check:
             found = rewritten.get(j)
             return long_deps(j) if found is None else found
 
-        by_position = isinstance(lpos, range) or all(n.id == j for j, n in enumerate(lnodes))
+        by_position = isinstance(lpos, range)
         if by_position:
             # the commonest case at once: the same dependencies one period later (then the
             # ones not finished correspond too: the nodes not finished do, one to one)
@@ -702,10 +718,12 @@ class _Check:
     def ready_alike(self, u: int, j: int, m: int) -> bool:
         """Node ``j``, ready at ``a``, became so as node ``m`` at ``b``: one period earlier,
         after the node one period earlier."""
-        a, b = self.a, self.b
+        x, y = self.a.live[u].get(j), self.b.live[u].get(m)
         return (
-            self.close(a.ready_time[u][j], b.ready_time[u][m])
-            and self.shift.ref(a.ready_cause[u][j]) == b.ready_cause[u][m]
+            x is not None
+            and y is not None
+            and self.close(x[4], y[4])
+            and self.shift.ref(x[5]) == y[5]
         )
 
     def events(self) -> bool:
@@ -861,7 +879,7 @@ def _read_off(
         n = len(sunit.nodes)
         kind, duration = [0] * n, [0.0] * n
         start, end, transfer = [0.0] * n, [0.0] * n, [0.0] * n
-        a_end, a_start, a_transfer = a.end[u], a.start[u], a.transfer_start[u]
+        a_end, a_live = a.end[u], a.live[u]
         for q, node in enumerate(sunit.nodes):
             j = lpos[node.id]
             kind[q] = res.kind[j]
@@ -873,9 +891,10 @@ def _read_off(
             assert m is not None  # checked by _state_matches
             duration[q] = res.duration[m]
             end[q] = res.end[m] - span
-            start[q] = a_start[j] if a_start[j] >= 0 else res.start[m] - span
-            if a_transfer[j] >= 0:
-                transfer[q] = a_transfer[j]
+            began, issued = a_live[j][:2] if j in a_live else (-1.0, -1.0)
+            start[q] = began if began >= 0 else res.start[m] - span
+            if issued >= 0:
+                transfer[q] = issued
             else:
                 transfer[q] = res.transfer_start[m] - span if res.transfer_start[m] >= 0 else -1.0
         units.append(UnitResult(sunit, kind, duration, start, end, transfer, []))
@@ -992,7 +1011,7 @@ def replay_periodic(
                 shorter = _reduced(problem, keep, built, indexed)
                 anchors: list[tuple[int, int]] = []
                 if not options.get("overlap_param_gather") and not options.get("tp_comm_overlap"):
-                    anchors = _anchors(longer, indexed, [cut - period, cut, cut + period])
+                    anchors = _anchors(longer, indexed, [cut - period, cut])
                 long = replay(longer, *args, costs=costs, states_at=anchors, **options)
                 short = None
                 if len(long.states) == len(anchors) > 1:

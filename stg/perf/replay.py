@@ -655,25 +655,24 @@ class UnitResult:
 @dataclass
 class EngineState:
     """Everything a replay's future depends on, copied at the end of one instant (after its
-    events and the nodes it starts): per unit and node the arrays the replay fills in and the
-    dependencies still pending; the events ahead (``heap``: (time, unit, node) of node ends,
-    (time, -1 - flow, 0) of transfers' steps, in the order they are taken); per unit and
-    stream the ready nodes (ascending), whether it is busy and what ran on it last; the sends
-    and receives waiting for their partner; each communicator's collectives issued per unit
-    and the collectives half issued; the transfers in flight with their state (``flows``:
-    by index, (members, ends, steps, step, finish, tail, remaining, since, rate, resources,
-    link, contends)), each port's users and each unit's contending transfers, in order."""
+    events and the nodes it starts): per unit and node the dependencies still pending and
+    whether it ended (``end``: its end, or -1); per unit the nodes ready but not ended
+    (``live``: by position, (start, transfer start, duration, cause, ready time, ready
+    cause), start and transfer start -1 until set; the others not ended keep their
+    prepared duration, :attr:`Replay.prepared`'s ``initial_duration``); the events ahead
+    (``heap``: (time, unit, node) of node ends, (time, -1 - flow, 0) of transfers' steps, in
+    the order they are taken); per unit and stream the ready nodes (ascending), whether it is
+    busy and what ran on it last; the sends and receives waiting for their partner; each
+    communicator's collectives issued per unit and the collectives half issued; the transfers
+    in flight with their state (``flows``: by index, (members, ends, steps, step, finish,
+    tail, remaining, since, rate, resources, link, contends)), each port's users and each
+    unit's contending transfers, in order."""
 
     time: float
     heap: list[tuple[float, int, int]]
     pending: list[list[int]]
-    start: list[list[float]]
     end: list[list[float]]
-    transfer_start: list[list[float]]
-    duration: list[list[float]]
-    cause: list[list[tuple[int, int] | None]]
-    ready_time: list[list[float]]
-    ready_cause: list[list[tuple[int, int] | None]]
+    live: list[dict[int, tuple[Any, ...]]]
     ready: list[list[list[int]]]
     busy: list[list[bool]]
     last_on_stream: list[list[tuple[int, int] | None]]
@@ -695,7 +694,7 @@ class Replay:
     prepared: Any = None
     """with ``states``: the per-node costs, streams and matching keys the replay ran with
     (``stream``, ``steps``, ``comm_link``, ``coll_key``, ``coll_needed``, ``p2p_key``,
-    ``cost_key`` and ``children``, each per unit)"""
+    ``cost_key``, ``children`` and ``initial_duration``, each per unit)"""
 
 
 class _Sim:
@@ -1301,6 +1300,8 @@ class _Sim:
 
         states: list[EngineState] = []
         watched = 0
+        if states_at:
+            self.initial_duration = [list(x) for x in durations]
 
         def state(t: float) -> EngineState:
             events = []
@@ -1327,17 +1328,23 @@ class _Sim:
                 for f in flows
                 if f.step < len(f.steps)
             }
+            live = []
+            for u, (left, ended) in enumerate(zip(pending, ends_at, strict=True)):
+                s, ts, d, c = starts[u], transfer_starts[u], durations[u], causes[u]
+                rt, rc = ready_times[u], ready_causes[u]
+                live.append(
+                    {
+                        j: (s[j], ts[j], d[j], c[j], rt[j], rc[j])
+                        for j, n in enumerate(left)
+                        if not n and ended[j] < 0
+                    }
+                )
             return EngineState(
                 time=t,
                 heap=events,
                 pending=[list(x) for x in pending],
-                start=[list(x) for x in starts],
                 end=[list(x) for x in ends_at],
-                transfer_start=[list(x) for x in transfer_starts],
-                duration=[list(x) for x in durations],
-                cause=[list(x) for x in causes],
-                ready_time=[list(x) for x in ready_times],
-                ready_cause=[list(x) for x in ready_causes],
+                live=live,
                 ready=[[sorted(q) for q in per_unit] for per_unit in ready],
                 busy=[list(x) for x in busy],
                 last_on_stream=[list(x) for x in last_on_stream],
