@@ -11,6 +11,7 @@ drifts from period to period) and test the fallback; ``SMALL`` (dmodel 1024) rep
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -21,10 +22,29 @@ from hypothesis import strategies as st
 from stg.cli import main
 from stg.core.options import GenerateOptions, OptionError
 from stg.core.pipeline import build_workload
-from stg.core.workload import Workload
+from stg.core.workload import NodeType, Workload, node_micro_batch
 from stg.host.registry import load_registry
-from stg.perf.periodic import reduced_problem, replay_periodic
-from stg.perf.replay import Problem, critical_path, problem_from_nodes, replay, unit_breakdown
+from stg.perf.periodic import (
+    TOLERANCE,
+    _anchors,
+    _Indexed,
+    _micro_batches,
+    _reduced,
+    _Shift,
+    _short_from_long,
+    cut_at,
+    first_keep,
+    reduced_problem,
+    replay_periodic,
+)
+from stg.perf.replay import (
+    Problem,
+    Replay,
+    critical_path,
+    problem_from_nodes,
+    replay,
+    unit_breakdown,
+)
 from stg.perf.system import load_system
 from stg.predictors.time import predict_time, problem_from_workload
 
@@ -276,3 +296,114 @@ def test_periodic_critical_path_does_not_grow_with_the_micro_batches() -> None:
         lengths.append((len(periodic.critical_path), repeated[0]["repeats"]))
     assert lengths[0][0] == lengths[1][0]
     assert lengths[1][1] - lengths[0][1] == 48
+
+
+def _single_replay(
+    problem: Problem, period: int = 1, chunks: int = 1, **options: Any
+) -> tuple[Replay | None, Problem, Problem]:
+    """The shorter reduced problem's replay read off the longer one's (as replay_periodic
+    first tries), with the two reduced problems."""
+    per_unit, built = _micro_batches(problem)
+    assert built is not None
+    stages = len({u.stage for u in problem.units})
+    keep = first_keep(stages, period, chunks)
+    cut = cut_at(keep, stages, period, chunks)
+    indexed = [_Indexed(u.nodes, mbs) for u, mbs in zip(problem.units, per_unit, strict=True)]
+    longer = _reduced(problem, keep + period, built, indexed)
+    shorter = _reduced(problem, keep, built, indexed)
+    anchors = _anchors(longer, indexed, [cut - period, cut, cut + period])
+    long = replay(longer, SYSTEM, states_at=anchors, **options)
+    assert len(long.states) == 3
+    shift = _Shift(longer, shorter, indexed, period)
+    tolerance = TOLERANCE * long.iteration_time
+    return _short_from_long(long, longer, shorter, shift, tolerance), longer, shorter
+
+
+SINGLE_CASES = {
+    "1f1b-pp4": dict(num_stacks=4, pp=4, dp=1, tp=1, batch=24, micro_batch=1),
+    "1f1b-pp4-dp2": dict(num_stacks=4, pp=4, dp=2, tp=1, batch=48, micro_batch=2),
+    "1f1b-full-recompute": dict(
+        num_stacks=4, pp=4, dp=1, tp=1, batch=24, micro_batch=1, activation_recompute="full"
+    ),
+    "interleaved": dict(
+        num_stacks=8, pp=2, dp=1, tp=1, batch=24, micro_batch=1,
+        pipeline_schedule="interleaved", virtual_stages=2,
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("options", SINGLE_CASES.values(), ids=SINGLE_CASES.keys())
+def test_the_shorter_replay_read_off_the_longer_ones_states_is_its_replay(
+    options: dict[str, Any],
+) -> None:
+    """Where the engine's state one period apart repeats, the shorter problem's replay is
+    the longer one's with that period taken out: every node's instants as the engine gives
+    them when it replays the shorter problem itself."""
+    problem = problem_from_workload(_workload(**SMALL, **options), SYSTEM)
+    chunks = int(options.get("virtual_stages", 1))
+    period = options["pp"] if chunks > 1 else 1
+    read, _, shorter = _single_replay(problem, period, chunks)
+    assert read is not None
+    real = replay(shorter, SYSTEM)
+    assert read.iteration_time == pytest.approx(real.iteration_time, rel=1e-12)
+    scale = 1e-12 * real.iteration_time
+    for x, y in zip(read.units, real.units, strict=True):
+        assert x.kind == y.kind
+        for name in ("start", "end", "transfer_start", "duration"):
+            for a, b in zip(getattr(x, name), getattr(y, name), strict=True):
+                assert a == pytest.approx(b, abs=scale), name
+    # and replay_periodic answers from that one replay, as the full replay does
+    periodic = replay_periodic(problem, SYSTEM, only_if_cheaper=False, chunks=chunks)
+    assert periodic is not None and periodic.replays == 1
+    assert _assert_matches_full(problem)
+
+
+def test_the_single_replay_check_rejects_a_state_that_does_not_repeat() -> None:
+    """The last micro-batch of the longer reduced problem computes twice as much (a steady
+    state that is not one): at the instants compared, its nodes stand one period later for
+    those of the micro-batch before, whose costs differ, so the check fails (the same plan
+    unchanged passes it); replay_periodic then gives the full replay's figures, or none."""
+    problem = problem_from_workload(_workload(**SMALL, **SINGLE_CASES["1f1b-pp4"]), SYSTEM)
+    assert _single_replay(problem)[0] is not None
+    heavier = first_keep(4, 1)  # the longer reduced problem's last micro-batch
+    units = [
+        dataclasses.replace(
+            unit,
+            nodes=[
+                dataclasses.replace(n, num_ops=2 * n.num_ops)
+                if n.type is NodeType.COMP and node_micro_batch(n) == heavier
+                else n
+                for n in unit.nodes
+            ],
+        )
+        for unit in problem.units
+    ]
+    changed = Problem(units, problem.unit_of_rank, problem.comm_groups, problem.world_size)
+    assert _single_replay(changed)[0] is None
+    _assert_matches_full(changed)
+
+
+def test_the_single_replay_check_rejects_a_schedule_without_a_steady_state() -> None:
+    """GPipe runs every backward after every forward, in reverse: one more micro-batch
+    delays the backward of every other, so the engine's state one period apart never
+    repeats (nor do the two reduced replays line up)."""
+    options = dict(num_stacks=4, pp=4, dp=1, tp=1, batch=24, micro_batch=1)
+    problem = problem_from_workload(
+        _workload(**SMALL, **options, pipeline_schedule="gpipe"), SYSTEM
+    )
+    assert _single_replay(problem)[0] is None
+    assert replay_periodic(problem, SYSTEM, only_if_cheaper=False) is None
+
+
+def test_overlapped_parameter_gathers_replay_both_reduced_problems() -> None:
+    """With --overlap-param-gather the engine moves the gathers' dependencies beyond the
+    nodes' own (every forward of a part waits for its gather), which the state check does
+    not compare: the shorter problem is replayed too, and the figures are the full ones."""
+    options = dict(
+        SMALL, num_stacks=4, pp=4, dp=2, tp=1, batch=48, micro_batch=2, zero=1,
+        overlap_param_gather=True,
+    )  # fmt: skip
+    problem = problem_from_workload(_workload(**options), SYSTEM)
+    periodic = replay_periodic(problem, SYSTEM, only_if_cheaper=False, overlap_param_gather=True)
+    assert periodic is not None and periodic.replays == 2
+    assert _assert_matches_full(problem, overlap_param_gather=True)

@@ -2,7 +2,7 @@
 
 After its fill, a pipeline schedule repeats a *period* (1F1B and GPipe: one micro-batch;
 interleaved: one group of ``stages`` micro-batches) on every stage with the same dependencies,
-until its drain. :func:`replay_periodic` replays two reduced problems (:func:`reduced_problem`:
+until its drain. :func:`replay_periodic` compares two reduced problems (:func:`reduced_problem`:
 the first ``k`` and ``k + p`` micro-batches of the workload, its end of iteration kept: the
 gradient reductions and the optimizer depend on the last micro-batches' nodes) and *checks*
 that the second is the first with one period inserted: every node of micro-batch ``x >= c``
@@ -17,6 +17,36 @@ Where the check fails (a state that never repeats, a reduced problem that is not
 schedule's own), or the workload is too short for a saving, it returns None and the caller
 replays the whole problem.
 
+One replay, not two: the engine replays only the longer problem, copying its whole state
+(:class:`stg.perf.replay.EngineState`) at the start of two micro-batches one period apart on
+the first unit, instants ``a`` and ``b = a + T``, and reads the shorter problem's replay off it
+(:func:`_short_from_long`) where it proves that this is what the engine would give:
+
+1. Up to ``a``, the shorter problem replays as the longer one: every node in which they
+   differ (the longer one's last period, dropped; a node whose dependencies the reduction
+   moved to kept ancestors, in either) has not become ready by ``a``, and the communicators'
+   streams are numbered alike. The engine being deterministic, both run the same events in
+   the same order until ``a`` and have the same state there (but for the pending counts of
+   the nodes whose dependencies differ, counted from the shorter problem's own).
+2. That state, with every node reference moved one period later (:class:`_Shift`: a one-to-
+   one correspondence of the nodes not finished) and every instant ``T`` later, is the
+   longer replay's state at ``b``: the nodes not finished, with the same costs, streams,
+   matching keys, progress and dependencies not finished (less those another of them
+   reaches back to), none other; the events ahead in the same order and ties; the ready
+   queues, occupation and last node of every stream; the sends and receives waiting for
+   their partner; each communicator's collectives issued per unit and those half issued; the
+   transfers in flight with their step, remaining bytes, rate and ports, each port's users
+   and each unit's contending transfers, in order. From equal states the engine does the
+   same, so from ``a`` the shorter problem runs as the longer one does from ``b``, ``T``
+   earlier: each node not finished at ``a`` as its correspondent at ``b`` (:func:`_read_off`).
+
+The shorter replay so read off then goes through the same check against the longer one as a
+replayed one would. Instants are compared within :data:`TOLERANCE`: the argument is exact in
+real arithmetic, and the rounding of a later start is what the two-replay check accepts too.
+Where the states differ (or a workload replays with ``overlap_param_gather`` or
+``tp_comm_overlap``, whose engine edits the dependencies beyond the nodes' own), the shorter
+problem is replayed.
+
 Nodes are matched by their typed attributes (:data:`stg.core.workload.NODE_SEMANTICS`): the
 micro-batch, and within it the type, op, part, phase and role, counted in id order.
 """
@@ -24,12 +54,18 @@ micro-batch, and within it the type, op, part, phase and role, counted in id ord
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from stg.core.workload import (
+    LAYER_ATTR,
+    OP_ATTR,
+    PART_ATTR,
+    PHASE_ATTR,
+    ROLE_ATTR,
     NodeType,
     Phase,
     node_micro_batch,
@@ -40,11 +76,17 @@ from stg.core.workload import (
 )
 from stg.errors import TraceError
 from stg.perf.replay import (
+    COLL,
+    COMPUTE,
+    COPY,
     KIND_NAMES,
+    SEND,
     Costs,
+    EngineState,
     Problem,
     Replay,
     Unit,
+    UnitResult,
     replay,
     unit_breakdown,
 )
@@ -63,7 +105,7 @@ Key = tuple[Any, ...]
 @dataclass
 class PeriodicReplay:
     """The full problem's iteration time and per-unit breakdowns, extrapolated from two
-    reduced replays that differ by one verified period."""
+    reduced problems' replays that differ by one verified period."""
 
     iteration_time: float
     breakdowns: list[dict[str, float]]
@@ -82,13 +124,21 @@ class PeriodicReplay:
     flops: list[tuple[int, int]]
     """per unit of the problem: (hardware, model) FLOPs of one of its ranks over the whole
     iteration (model FLOPs leave out recomputation)"""
+    replays: int = 2
+    """the engine runs it took: 1 where the shorter replay was read off the longer one's
+    states (:func:`_short_from_long`), else 2"""
 
 
 class _Indexed:
     """One unit's nodes with their micro-batch, the positions of each micro-batch's nodes, and
     (worked out per micro-batch where needed) each node's key."""
 
-    def __init__(self, nodes: Sequence[Any], micro_batch: list[int | None]) -> None:
+    def __init__(
+        self,
+        nodes: Sequence[Any],
+        micro_batch: list[int | None],
+        shared: dict[tuple[Any, ...], tuple[Any, ...]] | None = None,
+    ) -> None:
         self.nodes = nodes
         self.micro_batch = micro_batch
         self.position: Mapping[int, int] | range
@@ -110,12 +160,31 @@ class _Indexed:
         self.indexed: set[int] = set()
         self.bases: dict[int, tuple[Any, ...]] = {}
         """each node's :func:`_base` (by position), worked out once"""
+        self.shared = {} if shared is None else shared
+        """:func:`_base` by the raw values of the attributes it reads and their types (a pure
+        function of them): alike nodes of every micro-batch (and unit) share one entry"""
 
     def base(self, i: int) -> tuple[Any, ...]:
         """:func:`_base` of the node at position ``i``."""
         found = self.bases.get(i)
         if found is None:
-            found = self.bases[i] = _base(self.nodes[i])
+            node = self.nodes[i]
+            attrs = getattr(node, "attrs", None)
+            if not attrs:
+                found = self.bases[i] = _base(node)
+                return found
+            # alike nodes of every micro-batch have the same raw values (and their types: a
+            # bool equals an int but is no code), each distinct set worked out once
+            layer, part = attrs.get(LAYER_ATTR), attrs.get(PART_ATTR)
+            phase, role = attrs.get(PHASE_ATTR), attrs.get(ROLE_ATTR)
+            raw = (
+                node.type, attrs.get(OP_ATTR), layer, part, phase, role,
+                type(layer), type(part), type(phase), type(role),
+            )  # fmt: skip
+            found = self.shared.get(raw)
+            if found is None:
+                found = self.shared[raw] = _base(node)
+            self.bases[i] = found
         return found
 
     def _index(self, mb: int) -> None:
@@ -168,7 +237,10 @@ def reduced_problem(problem: Problem, keep: int) -> Problem:
     per_unit, total = _micro_batches(problem)
     if total is None:
         raise ValueError("the problem's units do not declare the same micro-batches")
-    indexed = [_Indexed(u.nodes, mbs) for u, mbs in zip(problem.units, per_unit, strict=True)]
+    shared: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+    indexed = [
+        _Indexed(u.nodes, mbs, shared) for u, mbs in zip(problem.units, per_unit, strict=True)
+    ]
     return _reduced(problem, keep, total, indexed)
 
 
@@ -341,6 +413,511 @@ def _aligned(
     return period_time, partners
 
 
+class _Shift:
+    """The correspondence the state check verifies: each node of the longer problem to the
+    node in the same place one period later (the k-th node of micro-batch ``x`` of a unit to
+    the k-th of ``x + period``, where both hold as many; a node outside the micro-batches to
+    itself), and the positions of both problems' nodes. Any one-to-one correspondence would
+    do: the check compares what the engine sees of the nodes paired (their costs, streams,
+    matching keys and dependencies), not their names."""
+
+    def __init__(
+        self, long: Problem, short: Problem, indexed: Sequence[_Indexed], period: int
+    ) -> None:
+        self.long_nodes = [u.nodes for u in long.units]
+        self.long_pos: list[Mapping[int, int]] = []
+        """per unit: each node's position in the longer problem, by id"""
+        self.kept: list[bytearray] = []
+        """per unit and position in the longer problem: whether the shorter one has the node"""
+        for lunit, sunit in zip(long.units, short.units, strict=True):
+            nodes = lunit.nodes
+            by_id: Mapping[int, int] = range(len(nodes))
+            if any(n.id != j for j, n in enumerate(nodes)):
+                by_id = {n.id: j for j, n in enumerate(nodes)}
+            kept = bytearray(len(nodes))
+            for n in sunit.nodes:
+                kept[by_id[n.id]] = 1
+            self.long_pos.append(by_id)
+            self.kept.append(kept)
+        self.later: list[list[int | None]] = []
+        """per unit and position in the longer problem: that of its node one period later"""
+        for unit, index in zip(long.units, indexed, strict=True):
+            position, micro_batch = index.position, index.micro_batch
+            later: list[int | None] = [None] * len(unit.nodes)
+            members: dict[int, list[int]] = {}
+            for j, node in enumerate(unit.nodes):
+                mb = micro_batch[position[node.id]]
+                if mb is None:
+                    later[j] = j
+                else:
+                    members.setdefault(mb, []).append(j)
+            for mb, here in members.items():
+                there = members.get(mb + period)
+                if there is not None and len(there) == len(here):
+                    for j, k in zip(here, there, strict=True):
+                        later[j] = k
+            self.later.append(later)
+
+    def ref(self, ref: tuple[int, int] | None) -> tuple[int, int] | bool | None:
+        """A (unit, node) reference one period later; False where it has none."""
+        if ref is None:
+            return None
+        moved = self.later[ref[0]][ref[1]]
+        return False if moved is None else (ref[0], moved)
+
+
+def _short_from_long(
+    long: Replay, long_problem: Problem, short_problem: Problem, shift: _Shift, tolerance: float
+) -> Replay | None:
+    """The replay of ``short_problem`` (one period fewer) read off ``long``, or None.
+
+    ``long`` carries the engine's state at two instants (:class:`stg.perf.replay.EngineState`),
+    ``a`` and ``b`` (``T`` later). Where, up to ``a``, every node that differs between the two
+    problems (the shorter one's last micro-batches dropped, dependencies moved to their kept
+    ancestors) is untouched, the shorter problem replays as the longer one until ``a``, and
+    has there the same state (its pending counts taken from its own dependencies). Where
+    that state is the longer replay's at ``b`` with every node reference moved one period
+    later and every instant ``T`` later (the nodes not finished, their pending dependencies,
+    costs, streams and matching keys, the events ahead in their order, the ready queues, the
+    streams' occupation, the waiting sends and receives, the collectives' issue counts and
+    half-issued ones, the transfers in flight with their remaining bytes and rates, the
+    ports' users), the engine, deterministic, does from ``a`` on in the shorter problem what
+    it does from ``b`` on in the longer one, ``T`` earlier: each node not finished at ``a``
+    runs as its alike one period later does, ``T`` earlier."""
+    if len(long.states) < 2 or long.prepared is None:
+        return None
+    for a, b in itertools.pairwise(long.states):
+        short = _state_matches(long, long_problem, short_problem, shift, a, b, tolerance)
+        if short is not None:
+            return short
+    return None
+
+
+def _state_matches(
+    long: Replay,
+    long_problem: Problem,
+    short_problem: Problem,
+    shift: _Shift,
+    a: EngineState,
+    b: EngineState,
+    tolerance: float,
+) -> Replay | None:
+    """The shorter problem's replay where its state at ``a`` is the longer one's at ``b`` one
+    period earlier (see :func:`_short_from_long`), else None."""
+    span = b.time - a.time
+    if span <= 0:
+        return None
+    check = _Check(long, long_problem, short_problem, shift, a, b, span, tolerance)
+    if not check.prefix():
+        return None
+    for u in range(len(long_problem.units)):
+        if not check.unit(u):
+            return None
+    if not (check.events() and check.streams() and check.messages() and check.collectives()):
+        return None
+    return _read_off(long, short_problem, shift, a, span)
+
+
+class _Check:
+    """The comparisons of :func:`_state_matches`, each a part of the state: ``a`` (of the
+    shorter problem, read as the longer one's) against ``b`` one period later."""
+
+    def __init__(
+        self,
+        long: Replay,
+        long_problem: Problem,
+        short_problem: Problem,
+        shift: _Shift,
+        a: EngineState,
+        b: EngineState,
+        span: float,
+        tolerance: float,
+    ) -> None:
+        self.long, self.sim = long, long.prepared
+        self.long_problem, self.short_problem = long_problem, short_problem
+        self.shift, self.a, self.b = shift, a, b
+        self.span, self.tolerance = span, tolerance
+        self.keys: dict[Any, Any] = {}
+        """each matching key (send and receive) of ``a`` to its one of ``b``"""
+        self.back: dict[Any, Any] = {}
+        self.rewritten: list[dict[int, set[int]]] = []
+        """per unit: the shorter problem's nodes whose dependencies differ (dependencies moved
+        to kept ancestors), by position in the longer one: those dependencies"""
+        self.opened: list[list[int]] = []
+        """per unit: the shorter problem's nodes not finished at ``a``, by position in the
+        longer one"""
+        self.flows: dict[int, int] = {}
+        """each transfer in flight at ``a`` to its one at ``b``"""
+
+    def close(self, x: float, y: float) -> bool:
+        """``y`` is the instant ``x``, one period later."""
+        return abs(y - x - self.span) <= self.tolerance
+
+    def same_key(self, x: Any, y: Any) -> bool:
+        """Matching keys correspond one to one."""
+        return self.keys.setdefault(x, y) == y and self.back.setdefault(y, x) == x
+
+    def prefix(self) -> bool:
+        """The shorter problem replays as the longer one up to ``a``: every node that differs
+        (dropped, or with other dependencies) is untouched there and the communicators'
+        streams are numbered alike."""
+        a, shift = self.a, self.shift
+        for u, (lunit, sunit) in enumerate(
+            zip(self.long_problem.units, self.short_problem.units, strict=True)
+        ):
+            lnodes, lpos, kept = lunit.nodes, shift.long_pos[u], shift.kept[u]
+            a_end, a_pending = a.end[u], a.pending[u]
+            if any(not left and not k for left, k in zip(a_pending, kept, strict=True)):
+                return False
+            rewritten: dict[int, set[int]] = {}
+            opened: list[int] = []
+            for snode in sunit.nodes:
+                j = lpos[snode.id]
+                if snode is not lnodes[j]:
+                    deps = {lpos[d] for d in (*snode.data_deps, *snode.ctrl_deps)}
+                    if a_pending[j] == 0 or all(a_end[d] >= 0 for d in deps):
+                        return False
+                    rewritten[j] = deps
+                if a_end[j] < 0:
+                    opened.append(j)
+            seen: set[Any] = set()
+            for j in self.sim.coll_key[u]:  # in node order
+                group = lnodes[j].comm_group
+                if group not in seen:
+                    seen.add(group)
+                    if not kept[j]:
+                        return False
+            self.rewritten.append(rewritten)
+            self.opened.append(opened)
+        return True
+
+    def unit(self, u: int) -> bool:
+        """Every node not finished at ``a`` and its node one period later at ``b``: the same
+        costs, stream, matching keys, progress (issued, transfer started, ready: when and
+        after what) and dependencies not finished; none other at ``b``; in the same order on
+        each stream. (Compared a column at a time: the same lists, where most are equal.)"""
+        a, b, sim, close, tolerance = self.a, self.b, self.sim, self.close, self.tolerance
+        later, moved = self.shift.later[u], self.shift.ref
+        lnodes, lpos = self.shift.long_nodes[u], self.shift.long_pos[u]
+        opened, rewritten = self.opened[u], self.rewritten[u]
+        a_end, b_end = a.end[u], b.end[u]
+        a_pending, b_pending = a.pending[u], b.pending[u]
+        a_live, b_live = a.live[u], b.live[u]
+        none = (-1.0, -1.0, 0.0, None)
+        kind, stream = self.long.units[u].kind, sim.stream[u]
+        # one to one: ``later`` is, and maps the nodes not finished onto those at ``b``
+        theirs = [later[j] for j in opened]
+        if None in theirs or len(opened) != sum(1 for e in b_end if e < 0):
+            return False
+        ms: list[int] = theirs  # type: ignore[assignment]
+        if any(b_end[m] >= 0 for m in ms):
+            return False
+        for column in (kind, stream, sim.cost_key[u]):
+            if [column[j] for j in opened] != [column[m] for m in ms]:
+                return False
+        prepared = sim.initial_duration[u]
+        durations = (
+            [a_live[j][2] if j in a_live else prepared[j] for j in opened],
+            [b_live[m][2] if m in b_live else prepared[m] for m in ms],
+        )
+        if durations[0] != durations[1] and any(
+            abs(x - y) > tolerance for x, y in zip(*durations, strict=True)
+        ):
+            return False
+        # in the same order: the ready queue of each stream, and the receives and instant
+        # nodes made ready together (pushed as events in order)
+        last: dict[int | None, int] = {}
+        for j, m in zip(opened, ms, strict=True):
+            order = stream[j] if kind[j] in STREAMED else None
+            if m <= last.get(order, -1):
+                return False
+            last[order] = m
+        steps, link, p2p = sim.steps[u], sim.comm_link[u], sim.p2p_key[u]
+        coll_key, coll_needed = sim.coll_key[u], sim.coll_needed[u]
+        for j, m in zip(opened, ms, strict=True):
+            if kind[j] != COMPUTE and (
+                steps[j] != steps[m]
+                or link[j] != link[m]
+                or coll_key.get(j) != coll_key.get(m)
+                or coll_needed.get(j) != coll_needed.get(m)
+                or (j in p2p) != (m in p2p)
+                or (j in p2p and not self.same_key(p2p[j], p2p[m]))
+            ):
+                return False
+            x, x_issued, _, x_cause = a_live.get(j, none)[:4]
+            y, y_issued, _, y_cause = b_live.get(m, none)[:4]
+            if x >= 0 or y >= 0:  # issued: when, after what, its transfer since when
+                if x < 0 or y < 0 or not close(x, y) or moved(x_cause) != y_cause:
+                    return False
+                if (x_issued < 0) != (y_issued < 0) or (
+                    x_issued >= 0 and not close(x_issued, y_issued)
+                ):
+                    return False
+
+        def long_deps(j: int) -> set[int]:
+            return {lpos[d] for d in (*lnodes[j].data_deps, *lnodes[j].ctrl_deps)}
+
+        def short_deps(j: int) -> set[int]:
+            found = rewritten.get(j)
+            return long_deps(j) if found is None else found
+
+        by_position = isinstance(lpos, range)
+        if by_position:
+            # the commonest case at once: the same dependencies one period later (then the
+            # ones not finished correspond too: the nodes not finished do, one to one)
+            pairs = [(j, m) for j, m in zip(opened, ms, strict=True) if j not in rewritten]
+            if (
+                [a_pending[j] for j, _ in pairs] == [b_pending[m] for _, m in pairs]
+                and [[later[d] for d in lnodes[j].data_deps] for j, _ in pairs]
+                == [list(lnodes[m].data_deps) for _, m in pairs]
+                and [[later[d] for d in lnodes[j].ctrl_deps] for j, _ in pairs]
+                == [list(lnodes[m].ctrl_deps) for _, m in pairs]
+            ):
+                for j, m in pairs:
+                    if not a_pending[j] and not self.ready_alike(u, j, m):
+                        return False
+                opened, ms = list(rewritten), [later[j] for j in rewritten]  # type: ignore[misc]
+        for j, m in zip(opened, ms, strict=True):
+            if j not in rewritten:
+                pending = a_pending[j]
+                if by_position and pending == b_pending[m]:
+                    # the same dependencies one period later: the ones not finished
+                    # correspond too (the nodes not finished do, one to one)
+                    node, other = lnodes[j], lnodes[m]
+                    if [later[d] for d in node.data_deps] == list(other.data_deps) and [
+                        later[d] for d in node.ctrl_deps
+                    ] == list(other.ctrl_deps):
+                        if not pending and not self.ready_alike(u, j, m):
+                            return False
+                        continue
+            mine = {d for d in short_deps(j) if a_end[d] < 0}
+            theirs_deps = {d for d in long_deps(m) if b_end[d] < 0}
+            if (j not in rewritten and a_pending[j] != len(mine)) or b_pending[m] != len(
+                theirs_deps
+            ):
+                return False
+            if not mine or not theirs_deps:
+                if mine or theirs_deps or not self.ready_alike(u, j, m):
+                    return False
+                continue
+            # the dependencies not finished, one period later: the same, but for those that
+            # another reaches back to (a node waiting for a dropped one waits for its kept
+            # ancestors, some of them before others)
+            shifted = {later[d] for d in mine}
+            if shifted != theirs_deps:
+                extra_mine = {d for d in mine if later[d] not in theirs_deps}
+                extra_theirs = theirs_deps - shifted
+                mine -= _implied(extra_mine, mine, short_deps, lambda d: a_end[d] < 0)
+                theirs_deps -= _implied(
+                    extra_theirs, theirs_deps, long_deps, lambda d: b_end[d] < 0
+                )
+                if {later[d] for d in mine} != theirs_deps:
+                    return False
+        return True
+
+    def ready_alike(self, u: int, j: int, m: int) -> bool:
+        """Node ``j``, ready at ``a``, became so as node ``m`` at ``b``: one period earlier,
+        after the node one period earlier."""
+        x, y = self.a.live[u].get(j), self.b.live[u].get(m)
+        return (
+            x is not None
+            and y is not None
+            and self.close(x[4], y[4])
+            and self.shift.ref(x[5]) == y[5]
+        )
+
+    def events(self) -> bool:
+        """The events ahead in the same order (ties alike), and the transfers in flight: the
+        same members and steps, at the same step, ending as far ahead, with as much left at
+        the same rate; the ports' users and each unit's contending transfers in order."""
+        a, b, close, tolerance, moved = self.a, self.b, self.close, self.tolerance, self.shift.ref
+        if len(a.heap) != len(b.heap) or len(a.flows) != len(b.flows):
+            return False
+        flows = self.flows
+        previous: tuple[float, float] | None = None
+        for (ta, ua, ia), (tb, ub, ib) in zip(a.heap, b.heap, strict=True):
+            if not close(ta, tb) or (ua < 0) != (ub < 0):
+                return False
+            if previous is not None and (previous[0] == ta) != (previous[1] == tb):
+                return False
+            previous = (ta, tb)
+            if ua >= 0:
+                if moved((ua, ia)) != (ub, ib):
+                    return False
+            elif flows.setdefault(-1 - ua, -1 - ub) != -1 - ub:
+                return False
+        by_members = {f[0]: index for index, f in b.flows.items()}
+        for index, fa in a.flows.items():
+            other = by_members.get(tuple(moved(r) for r in fa[0]))
+            if other is None or flows.setdefault(index, other) != other:
+                return False
+            fb = b.flows[other]
+            _, ends, steps, step, finish, tail, left, since, rate, ports, link, slows = fa
+            if (
+                ends != fb[1]
+                or steps != fb[2]
+                or step != fb[3]
+                or not close(finish, fb[4])
+                or abs(tail - fb[5]) > tolerance
+                or ports != fb[9]
+                or link != fb[10]
+                or slows != fb[11]
+            ):
+                return False
+            # the bytes moving now: what is left, since when, at what share (a latency step
+            # moves none)
+            if ports and (
+                abs(left - fb[6]) > tolerance or not close(since, fb[7]) or rate != fb[8]
+            ):
+                return False
+        if len(set(flows.values())) != len(flows):
+            return False
+        if a.users.keys() != b.users.keys():
+            return False
+        for key, users in a.users.items():
+            if [flows.get(f) for f in users] != b.users[key]:
+                return False
+        for ca, cb in zip(a.contending, b.contending, strict=True):
+            if [flows.get(f) for f in ca] != cb:
+                return False
+        return True
+
+    def streams(self) -> bool:
+        """Each stream's ready nodes, occupation and last node (a cause)."""
+        a, b, moved = self.a, self.b, self.shift.ref
+        for u, later in enumerate(self.shift.later):
+            if a.busy[u] != b.busy[u]:
+                return False
+            for qa, qb in zip(a.ready[u], b.ready[u], strict=True):
+                if [later[j] for j in qa] != qb:
+                    return False
+            for ra, rb in zip(a.last_on_stream[u], b.last_on_stream[u], strict=True):
+                if moved(ra) != rb:
+                    return False
+        return True
+
+    def messages(self) -> bool:
+        """The sends completed before their receive, and the receives waiting for their
+        send, under the matching keys that correspond."""
+        a, b, moved, keys = self.a, self.b, self.shift.ref, self.keys
+        if len(a.mailbox) != len(b.mailbox) or len(a.waiting) != len(b.waiting):
+            return False
+        for key, entries in a.mailbox.items():
+            # its receive is not finished: its key corresponds to one (see ``unit``)
+            other = b.mailbox.get(keys[key]) if key in keys else None
+            if other is None or len(other) != len(entries):
+                return False
+            for (t, su, si), (tb, sb, ib) in zip(entries, other, strict=True):
+                if moved((su, si)) != (sb, ib) or not self.close(t, tb):
+                    return False
+        for key, waiting in a.waiting.items():
+            if key not in keys or b.waiting.get(keys[key]) != [moved(r) for r in waiting]:
+                return False
+        return True
+
+    def collectives(self) -> bool:
+        """Per communicator, the collectives each unit issued (as many more for each by
+        ``b``: the same pairing ahead), and those half issued: the same members, issued
+        last at the same instant, after the same node."""
+        a, b, moved = self.a, self.b, self.shift.ref
+        offset: dict[Any, int] = {}
+        for unit_group in a.coll_seq.keys() | b.coll_seq.keys():
+            issued = b.coll_seq.get(unit_group, 0) - a.coll_seq.get(unit_group, 0)
+            if offset.setdefault(unit_group[1], issued) != issued:
+                return False
+        if len(a.instances) != len(b.instances):
+            return False
+        for (group, seq), (members, at, cause) in a.instances.items():
+            other = b.instances.get((group, seq + offset.get(group, 0)))
+            if (
+                other is None
+                or tuple(moved(r) for r in members) != other[0]
+                or not self.close(at, other[1])
+                or moved(cause) != other[2]
+            ):
+                return False
+        return True
+
+
+STREAMED = frozenset({COMPUTE, COLL, SEND, COPY})
+"""The kinds of node that run on a stream (the others are made ready as events)."""
+
+
+def _implied(
+    candidates: set[int],
+    deps: set[int],
+    parents: Callable[[int], set[int]],
+    running: Callable[[int], bool],
+) -> set[int]:
+    """Those of ``candidates`` (among ``deps``) that another of ``deps`` reaches back to
+    through nodes not finished: a node waits for such a dependency anyway (it ends before
+    the other starts)."""
+    found: set[int] = set()
+    seen: set[int] = set()
+    stack = [p for d in deps for p in parents(d) if running(p)]
+    while stack and len(found) < len(candidates):
+        x = stack.pop()
+        if x in seen:
+            continue
+        seen.add(x)
+        if x in candidates:
+            found.add(x)
+        stack.extend(p for p in parents(x) if running(p))
+    return found
+
+
+def _read_off(
+    long: Replay, short_problem: Problem, shift: _Shift, a: EngineState, span: float
+) -> Replay:
+    """The shorter problem's replay: its nodes finished at ``a`` as in ``long``, the others as
+    their alikes one period later, ``span`` earlier (causes left out: the path is walked in
+    the longer replay)."""
+    units = []
+    for u, sunit in enumerate(short_problem.units):
+        res = long.units[u]
+        lpos = shift.long_pos[u]
+        n = len(sunit.nodes)
+        kind, duration = [0] * n, [0.0] * n
+        start, end, transfer = [0.0] * n, [0.0] * n, [0.0] * n
+        a_end, a_live = a.end[u], a.live[u]
+        for q, node in enumerate(sunit.nodes):
+            j = lpos[node.id]
+            kind[q] = res.kind[j]
+            if a_end[j] >= 0:
+                duration[q], start[q], end[q] = res.duration[j], res.start[j], res.end[j]
+                transfer[q] = res.transfer_start[j]
+                continue
+            m = shift.later[u][j]
+            assert m is not None  # checked by _state_matches
+            duration[q] = res.duration[m]
+            end[q] = res.end[m] - span
+            began, issued = a_live[j][:2] if j in a_live else (-1.0, -1.0)
+            start[q] = began if began >= 0 else res.start[m] - span
+            if issued >= 0:
+                transfer[q] = issued
+            else:
+                transfer[q] = res.transfer_start[m] - span if res.transfer_start[m] >= 0 else -1.0
+        units.append(UnitResult(sunit, kind, duration, start, end, transfer, []))
+    iteration = max((max(r.end, default=0.0) for r in units), default=0.0)
+    return Replay(units, iteration)
+
+
+def _anchors(
+    problem: Problem, indexed: Sequence[_Indexed], micro_batches: Sequence[int]
+) -> list[tuple[int, int]]:
+    """(0, position in ``problem``) of the first node of each of ``micro_batches`` on the first
+    unit (the instants whose states are compared), none where one is missing."""
+    index = indexed[0]
+    position = {n.id: j for j, n in enumerate(problem.units[0].nodes)}
+    found = []
+    for mb in micro_batches:
+        members = index.members.get(mb)
+        if mb < 0 or not members or index.nodes[members[0]].id not in position:
+            return []
+        found.append((0, position[index.nodes[members[0]].id]))
+    return found
+
+
 def drain_micro_batches(stages: int, chunks: int = 1) -> int:
     """The micro-batches the fill (and, alike, the drain) of a pipeline schedule spans on its
     first stage: one per stage for 1F1B and GPipe; for an interleaved schedule of ``chunks``
@@ -385,10 +962,11 @@ def replay_periodic(
     **options: Any,
 ) -> PeriodicReplay | None:
     """The iteration time, per-unit breakdowns and critical path of ``problem`` from two
-    reduced replays one verified period apart (see the module docstring); ``args`` and
-    ``options`` go to :func:`stg.perf.replay.replay`. None where the check fails, or
-    (``only_if_cheaper``) the two reduced replays would take more than half the whole one:
-    replay it whole.
+    reduced problems one verified period apart (see the module docstring: the longer one
+    replayed, the shorter one read off its states where they repeat, else replayed too);
+    ``args`` and ``options`` go to :func:`stg.perf.replay.replay`. None where the check
+    fails, or (``only_if_cheaper``) the two reduced replays would take more than half the
+    whole one: replay it whole.
 
     ``micro_batches``: the iteration has that many micro-batches, of which ``problem`` holds
     the schedule of only its first ones (a workload lowered for fewer micro-batches:
@@ -420,20 +998,32 @@ def replay_periodic(
         while keep + period <= built and (2 * (2 * keep + period) <= total or not only_if_cheaper):
             cut = cut_at(keep, stages, period, chunks)
             if not indexed:
+                shared: dict[tuple[Any, ...], tuple[Any, ...]] = {}
                 indexed = [
-                    _Indexed(u.nodes, mbs) for u, mbs in zip(problem.units, per_unit, strict=True)
+                    _Indexed(u.nodes, mbs, shared)
+                    for u, mbs in zip(problem.units, per_unit, strict=True)
                 ]
             costs = Costs()  # the two problems share most node objects
             try:
-                short = replay(
-                    _reduced(problem, keep, built, indexed), *args, costs=costs, **options
-                )
-                for res in short.units:  # the path is walked in the longer replay alone
-                    res.cause = []
                 longer = problem
                 if keep + period < built:
                     longer = _reduced(problem, keep + period, built, indexed)
-                long = replay(longer, *args, costs=costs, **options)
+                shorter = _reduced(problem, keep, built, indexed)
+                anchors: list[tuple[int, int]] = []
+                if not options.get("overlap_param_gather") and not options.get("tp_comm_overlap"):
+                    anchors = _anchors(longer, indexed, [cut - period, cut])
+                long = replay(longer, *args, costs=costs, states_at=anchors, **options)
+                short = None
+                if len(long.states) == len(anchors) > 1:
+                    shift = _Shift(longer, shorter, indexed, period)
+                    tolerance = TOLERANCE * max(long.iteration_time, 1e-300)
+                    short = _short_from_long(long, longer, shorter, shift, tolerance)
+                single = short is not None
+                long.states, long.prepared = [], None
+                if short is None:
+                    short = replay(shorter, *args, costs=costs, **options)
+                for res in short.units:  # the path is walked in the longer replay alone
+                    res.cause = []
             except (_NotPeriodic, TraceError):
                 break
             found = _aligned(short, long, indexed, period, cut)
@@ -443,7 +1033,9 @@ def replay_periodic(
                     long, found[1], indexed, per_unit, period, periods, found[0], name_at
                 )
                 if path is not None:
-                    return _extrapolate(short, long, total, keep, period, found[0], path)
+                    result = _extrapolate(short, long, total, keep, period, found[0], path)
+                    result.replays = 1 if single else 2
+                    return result
             keep *= 2
     return None
 
@@ -627,9 +1219,21 @@ def unit_flops(unit: Unit) -> tuple[int, int]:
     """The (hardware, model) FLOPs of one rank of ``unit``: every compute node's, and those of
     the nodes that are not recomputation."""
     hardware = model = 0
+    comp = NodeType.COMP
+    recomputed: dict[int | str, bool] = {}
+    """per phase code: whether it is the recomputation's (a code's meaning looked up once)"""
     for node in unit.nodes:
-        if node.type is NodeType.COMP and node.num_ops > 0:
-            hardware += node.num_ops
-            if node_phase(node) is not Phase.RECOMPUTE:
-                model += node.num_ops
+        if node.type is comp:
+            ops = node.num_ops
+            if ops > 0:
+                hardware += ops
+                code = node.attrs.get(PHASE_ATTR) if getattr(node, "attrs", None) else None
+                if type(code) is int or type(code) is str:
+                    again = recomputed.get(code)
+                    if again is None:
+                        again = recomputed[code] = node_phase(node) is Phase.RECOMPUTE
+                    if not again:
+                        model += ops
+                else:
+                    model += ops
     return hardware, model

@@ -138,13 +138,6 @@ HBM_BYTES_PER_WIRE_BYTE = 3
 chunk it receives is reduced with the local one (a read) and written."""
 
 
-def _comm_first(unit_stream: tuple[int, int]) -> tuple[bool, int, int]:
-    """Dispatch order at one instant: communication streams before the compute stream, so
-    that a kernel starting together with a collective sees it running."""
-    u, stream = unit_stream
-    return (stream == 0, u, stream)
-
-
 def contended_systems(system: System) -> dict[str, System]:
     """Per link kind of the system's network: the system as a compute kernel sees it while a
     NCCL collective runs over that kind of link concurrently (the contention model). NCCL's
@@ -660,9 +653,48 @@ class UnitResult:
 
 
 @dataclass
+class EngineState:
+    """Everything a replay's future depends on, copied at the end of one instant (after its
+    events and the nodes it starts): per unit and node the dependencies still pending and
+    whether it ended (``end``: its end, or -1); per unit the nodes ready but not ended
+    (``live``: by position, (start, transfer start, duration, cause, ready time, ready
+    cause), start and transfer start -1 until set; the others not ended keep their
+    prepared duration, :attr:`Replay.prepared`'s ``initial_duration``); the events ahead
+    (``heap``: (time, unit, node) of node ends, (time, -1 - flow, 0) of transfers' steps, in
+    the order they are taken); per unit and stream the ready nodes (ascending), whether it is
+    busy and what ran on it last; the sends and receives waiting for their partner; each
+    communicator's collectives issued per unit and the collectives half issued; the transfers
+    in flight with their state (``flows``: by index, (members, ends, steps, step, finish,
+    tail, remaining, since, rate, resources, link, contends)), each port's users and each
+    unit's contending transfers, in order."""
+
+    time: float
+    heap: list[tuple[float, int, int]]
+    pending: list[list[int]]
+    end: list[list[float]]
+    live: list[dict[int, tuple[Any, ...]]]
+    ready: list[list[list[int]]]
+    busy: list[list[bool]]
+    last_on_stream: list[list[tuple[int, int] | None]]
+    mailbox: dict[Any, list[tuple[float, int, int]]]
+    waiting: dict[Any, list[tuple[int, int]]]
+    coll_seq: dict[tuple[int, Any], int]
+    instances: dict[Any, tuple[tuple[tuple[int, int], ...], float, tuple[int, int] | None]]
+    flows: dict[int, tuple[Any, ...]]
+    users: dict[tuple[int, str, int], list[int]]
+    contending: list[list[int]]
+
+
+@dataclass
 class Replay:
     units: list[UnitResult]
     iteration_time: float
+    states: list[EngineState] = field(default_factory=list)
+    """the engine's state at the end of the instants asked for (``replay``'s ``states_at``)"""
+    prepared: Any = None
+    """with ``states``: the per-node costs, streams and matching keys the replay ran with
+    (``stream``, ``steps``, ``comm_link``, ``coll_key``, ``coll_needed``, ``p2p_key``,
+    ``cost_key``, ``children`` and ``initial_duration``, each per unit)"""
 
 
 class _Sim:
@@ -763,21 +795,23 @@ class _Sim:
         cost_cache = self.cost_caches.setdefault(device.name, {})
         memo = self.compute_memo.setdefault(device.name, {})
         interned = self.interned_keys
+        comp, memo_get, find = NodeType.COMP, memo.get, position.get
         for i, node in enumerate(nodes):
             data, ctrl = node.data_deps, node.ctrl_deps
-            deps = data if not ctrl and len(data) < 2 else set(data) | set(ctrl)
-            for dep in deps:
-                j = position.get(dep)
+            if ctrl or len(data) > 1:
+                data = set(data) | set(ctrl) if ctrl else set(data)
+            for dep in data:
+                j = find(dep)
                 if j is None:
                     raise TraceError(f"rank {unit.rank}: node {node.id} depends on missing {dep}")
                 children[j].append(i)
-            pending[i] = len(deps)
+            pending[i] = len(data)
             t = node.type
-            if t is NodeType.COMP:
+            if t is comp:
                 kind[i] = COMPUTE
-                known = memo.get(id(node))
+                known = memo_get(id(node))
                 if known is not None and known[0] is node:
-                    _, ckey, cost = known
+                    ckey, cost = known[1], known[2]
                 else:
                     ckey = compute_cost_key(node)
                     ckey = interned.setdefault(ckey, ckey)
@@ -1029,59 +1063,72 @@ class _Sim:
         attrs = getattr(self.results[u].unit.nodes[i], "attrs", None) or {}
         return "gemm" in attrs
 
-    def run(self) -> Replay:
+    def run(self, states_at: Sequence[tuple[int, int]] = ()) -> Replay:
+        """Replay; ``states_at``: (unit, node) pairs in the order they start, at the end of
+        whose instant the engine's state is copied (:class:`EngineState`)."""
         units = self.problem.units
         results = self.results
         heap: list[tuple[float, int, int, int]] = []
-        counter = 0
-        # streams (self.stream): compute, pipeline sends, and one per communicator, as NCCL
-        # process groups run on their own CUDA streams: a tensor-parallel collective never
+        # the hot loop works on plain per-unit lists bound once (no attribute or method look-
+        # ups per event); streams (self.stream) are indexed directly: 0 compute, 1 pipeline
+        # sends, 2 + k the k-th communicator's, and HOST_COPY_STREAM (-1) the last entry.
+        # NCCL process groups run on their own CUDA streams: a tensor-parallel collective never
         # queues behind a data-parallel gradient reduction, nor a send behind either
-        ready: list[dict[int, list[int]]] = [{} for _ in units]
-        busy: list[dict[int, bool]] = [{} for _ in units]
-        last_on_stream: list[dict[int, tuple[int, int]]] = [{} for _ in units]
         streams = self.stream
+        width = [max(s, default=0) + 2 for s in streams]
+        ready: list[list[list[int]]] = [[[] for _ in range(w)] for w in width]
+        busy: list[list[bool]] = [[False] * w for w in width]
+        last_on_stream: list[list[tuple[int, int] | None]] = [[None] * w for w in width]
+        kinds = [r.kind for r in results]
+        starts = [r.start for r in results]
+        ends_at = [r.end for r in results]
+        causes = [r.cause for r in results]
+        durations = [r.duration for r in results]
+        transfer_starts = [r.transfer_start for r in results]
+        ready_times, ready_causes = self.ready_time, self.ready_cause
+        children, pending = self.children, self.pending
+        p2p_keys, coll_keys, coll_needed = self.p2p_key, self.coll_key, self.coll_needed
+        all_steps = self.steps
         mailbox: dict[tuple[int, int, int, int], deque[tuple[float, int, int]]] = {}
         waiting: dict[tuple[int, int, int, int], deque[tuple[int, int]]] = {}
         coll_seq: dict[tuple[int, Any], int] = {}
         instances: dict[Any, list[Any]] = {}
-        touched: set[tuple[int, int]] = set()
+        touched: set[tuple[bool, int, int]] = set()
+        """the streams that may start a node at this instant, as (stream is compute, unit,
+        stream): sorted, the dispatch order: communication streams before the compute stream,
+        so that a kernel starting together with a collective sees it running"""
         heappush, heappop = heapq.heappush, heapq.heappop
-        tick = itertools.count(counter + 1)
-
-        def push(time: float, u: int, i: int) -> None:
-            heappush(heap, (time, next(tick), u, i))
+        tick = itertools.count(1).__next__
 
         def make_ready(u: int, i: int, t: float, cause: tuple[int, int] | None) -> None:
-            res = results[u]
-            k = res.kind[i]
-            self.ready_time[u][i] = t
-            self.ready_cause[u][i] = cause
-            if k == COMPUTE or k == COLL or k == SEND or k == COPY:
+            k = kinds[u][i]
+            ready_times[u][i] = t
+            ready_causes[u][i] = cause
+            if k < RECV or k == COPY:
                 s = streams[u][i]
-                heapq.heappush(ready[u].setdefault(s, []), i)
-                touched.add((u, s))
+                heappush(ready[u][s], i)
+                touched.add((s == 0, u, s))
             elif k == RECV:
-                res.start[i] = t
-                key = self.p2p_key[u][i]
+                starts[u][i] = t
+                key = p2p_keys[u][i]
                 box = mailbox.get(key)
                 if box:
                     sent, su, si = box.popleft()
                     if sent > t:
-                        res.cause[i] = (su, si)
-                        push(sent, u, i)
+                        causes[u][i] = (su, si)
+                        heappush(heap, (sent, tick(), u, i))
                     else:
-                        res.cause[i] = cause
-                        push(t, u, i)
+                        causes[u][i] = cause
+                        heappush(heap, (t, tick(), u, i))
                 else:
                     waiting.setdefault(key, deque()).append((u, i))
             else:
-                res.start[i] = t
-                res.cause[i] = cause
-                push(t, u, i)
+                starts[u][i] = t
+                causes[u][i] = cause
+                heappush(heap, (t, tick(), u, i))
 
         for u in range(len(results)):
-            for i, count in enumerate(self.pending[u]):
+            for i, count in enumerate(pending[u]):
                 if count == 0:
                     make_ready(u, i, 0.0, None)
 
@@ -1093,6 +1140,9 @@ class _Sim:
         # per unit: the transfers in flight whose NCCL kernels slow its compute (contention)
         contending: list[list[_Flow]] = [[] for _ in units]
         comm_link = self.comm_link
+        tails: dict[int, tuple[float, ...]] = {}
+        """per transfer plan (by id: each is kept alive in self.steps): the seconds of the
+        steps after each step at full bandwidth"""
 
         def start_flow(
             members: list[tuple[int, int]], ends: list[tuple[int, int]], steps: Steps, t: float
@@ -1114,24 +1164,32 @@ class _Sim:
                 for pu in f.contends:
                     contending[pu].remove(f)
                 for pu, pi in f.members:
-                    pres = results[pu]
-                    pres.duration[pi] = t - pres.transfer_start[pi]
-                    push(t, pu, pi)
+                    durations[pu][pi] = t - transfer_starts[pu][pi]
+                    heappush(heap, (t, tick(), pu, pi))
                 return
             port, seconds = steps[f.step]
-            f.tail = sum(s for _, s in steps[f.step + 1 :])
+            tail = tails.get(id(steps))
+            if tail is None:
+                tail = tails[id(steps)] = tuple(
+                    sum(s for _, s in steps[k + 1 :]) for k in range(len(steps))
+                )
+            f.tail = tail[f.step]
             f.version += 1
             if port is None:
                 f.finish = t + seconds
-                push(f.finish, -1 - f.index, f.version)
+                heappush(heap, (f.finish, tick(), -1 - f.index, f.version))
                 return
-            f.resources = tuple((x, port, d) for x, d in f.ends)
-            for key in f.resources:
-                users.setdefault(key, []).append(f)
+            resources = f.resources = tuple([(x, port, d) for x, d in f.ends])
+            for key in resources:
+                sharing = users.get(key)
+                if sharing is None:
+                    users[key] = [f]
+                else:
+                    sharing.append(f)
             f.remaining = seconds
             f.since = t
             f.rate = 0.0
-            reshare(f.resources, t)
+            reshare(resources, t)
 
         def reshare(keys: tuple[tuple[int, str, int], ...], t: float) -> None:
             """Each transfer on these ports drains at its fair share from ``t`` on: the
@@ -1150,7 +1208,7 @@ class _Sim:
                     g.rate = rate
                     g.version += 1
                     g.finish = t + g.remaining / rate
-                    push(g.finish, -1 - g.index, g.version)
+                    heappush(heap, (g.finish, tick(), -1 - g.index, g.version))
 
         def step_done(f: _Flow, t: float) -> None:
             if f.resources:
@@ -1165,7 +1223,7 @@ class _Sim:
             next_step(f, t)
 
         def compute_duration(u: int, i: int, t: float) -> float:
-            free = results[u].duration[i]
+            free = durations[u][i]
             # per link: when the NCCL kernels running over it finish, as projected now (the
             # current step at its share, the rest at full bandwidth)
             until: dict[str, float] = {}
@@ -1187,20 +1245,26 @@ class _Sim:
             return worst
 
         def dispatch(u: int, stream: int, t: float) -> None:
-            if busy[u].get(stream) or not ready[u].get(stream):
+            queue = ready[u][stream]
+            if not queue or busy[u][stream]:
                 return
-            i = heapq.heappop(ready[u][stream])
-            res = results[u]
+            i = heappop(queue)
             busy[u][stream] = True
-            res.start[i] = t
-            if t > self.ready_time[u][i] and stream in last_on_stream[u]:
-                res.cause[i] = last_on_stream[u][stream]
+            starts[u][i] = t
+            last = last_on_stream[u][stream]
+            if last is not None and t > ready_times[u][i]:
+                causes[u][i] = last
             else:
-                res.cause[i] = self.ready_cause[u][i]
+                causes[u][i] = ready_causes[u][i]
             last_on_stream[u][stream] = (u, i)
-            k = res.kind[i]
-            if k == COLL:
-                group_key = self.coll_key[u][i]
+            k = kinds[u][i]
+            if k == COMPUTE:
+                transfer_starts[u][i] = t
+                if contending[u]:
+                    durations[u][i] = compute_duration(u, i, t)
+                heappush(heap, (t + durations[u][i], tick(), u, i))
+            elif k == COLL:
+                group_key = coll_keys[u][i]
                 seq_key = (u, group_key)
                 seq = coll_seq.get(seq_key, 0)
                 coll_seq[seq_key] = seq + 1
@@ -1211,36 +1275,89 @@ class _Sim:
                 inst[0].append((u, i))
                 if t >= inst[1]:
                     inst[1] = t
-                    inst[2] = res.cause[i]
-                if len(inst[0]) == self.coll_needed[u][i]:
+                    inst[2] = causes[u][i]
+                if len(inst[0]) == coll_needed[u][i]:
                     del instances[instance_key]
                     begin = inst[1]
                     members = inst[0]
                     for pu, pi in members:
-                        pres = results[pu]
-                        pres.transfer_start[pi] = begin
-                        pres.cause[pi] = inst[2]
-                    plans = [self.steps[pu][pi] or () for pu, pi in members]
+                        transfer_starts[pu][pi] = begin
+                        causes[pu][pi] = inst[2]
+                    plans = [all_steps[pu][pi] or () for pu, pi in members]
                     if all(plan == plans[0] for plan in plans):
                         ends = [(pu, d) for pu, _ in members for d in (0, 1)]
                         start_flow(members, ends, plans[0], begin)
                     else:  # members that price it differently (tp overlap): each its own
                         for (pu, pi), plan in zip(members, plans, strict=True):
                             start_flow([(pu, pi)], [(pu, 0), (pu, 1)], plan, begin)
-            elif k == COMPUTE:
-                res.transfer_start[i] = t
-                if contending[u]:
-                    res.duration[i] = compute_duration(u, i, t)
-                push(t + res.duration[i], u, i)
             elif k == SEND:
-                res.transfer_start[i] = t
-                dst = self.p2p_key[u][i][1]
-                start_flow([(u, i)], [(u, 0), (dst, 1)], self.steps[u][i] or (), t)
+                transfer_starts[u][i] = t
+                dst = p2p_keys[u][i][1]
+                start_flow([(u, i)], [(u, 0), (dst, 1)], all_steps[u][i] or (), t)
             else:
-                res.transfer_start[i] = t
-                push(t + res.duration[i], u, i)
+                transfer_starts[u][i] = t
+                heappush(heap, (t + durations[u][i], tick(), u, i))
 
-        for u, stream in sorted(touched, key=_comm_first):
+        states: list[EngineState] = []
+        watched = 0
+        if states_at:
+            self.initial_duration = [list(x) for x in durations]
+
+        def state(t: float) -> EngineState:
+            events = []
+            for when, _, u, i in sorted(heap):
+                if u >= 0:
+                    events.append((when, u, i))
+                elif i == flows[-1 - u].version:  # else superseded by a new rate
+                    events.append((when, u, 0))
+            active = {
+                f.index: (
+                    tuple(f.members),
+                    tuple(f.ends),
+                    f.steps,
+                    f.step,
+                    f.finish,
+                    f.tail,
+                    f.remaining,
+                    f.since,
+                    f.rate,
+                    f.resources,
+                    f.link,
+                    tuple(f.contends),
+                )
+                for f in flows
+                if f.step < len(f.steps)
+            }
+            live = []
+            for u, (left, ended) in enumerate(zip(pending, ends_at, strict=True)):
+                s, ts, d, c = starts[u], transfer_starts[u], durations[u], causes[u]
+                rt, rc = ready_times[u], ready_causes[u]
+                live.append(
+                    {
+                        j: (s[j], ts[j], d[j], c[j], rt[j], rc[j])
+                        for j, n in enumerate(left)
+                        if not n and ended[j] < 0
+                    }
+                )
+            return EngineState(
+                time=t,
+                heap=events,
+                pending=[list(x) for x in pending],
+                end=[list(x) for x in ends_at],
+                live=live,
+                ready=[[sorted(q) for q in per_unit] for per_unit in ready],
+                busy=[list(x) for x in busy],
+                last_on_stream=[list(x) for x in last_on_stream],
+                mailbox={k: list(q) for k, q in mailbox.items() if q},
+                waiting={k: list(q) for k, q in waiting.items() if q},
+                coll_seq=dict(coll_seq),
+                instances={k: (tuple(v[0]), v[1], v[2]) for k, v in instances.items()},
+                flows=active,
+                users={k: [f.index for f in v] for k, v in users.items()},
+                contending=[[f.index for f in x] for x in contending],
+            )
+
+        for _, u, stream in sorted(touched):
             dispatch(u, stream, 0.0)
         touched.clear()
         while heap:
@@ -1252,38 +1369,55 @@ class _Sim:
                     if i == f.version:
                         step_done(f, t)
                     continue
-                res = results[u]
-                res.end[i] = t
-                k = res.kind[i]
-                if k == COMPUTE or k == COLL or k == SEND or k == COPY:
+                ends_at[u][i] = t
+                k = kinds[u][i]
+                if k < RECV or k == COPY:
                     s = streams[u][i]
                     busy[u][s] = False
-                    touched.add((u, s))
+                    touched.add((s == 0, u, s))
                     if k == SEND:
-                        key = self.p2p_key[u][i]
+                        key = p2p_keys[u][i]
                         queue = waiting.get(key)
                         if queue:
                             ru, ri = queue.popleft()
-                            results[ru].cause[ri] = (u, i)
-                            push(t, ru, ri)
+                            causes[ru][ri] = (u, i)
+                            heappush(heap, (t, tick(), ru, ri))
                         else:
                             mailbox.setdefault(key, deque()).append((t, u, i))
-                pend = self.pending[u]
-                for c in self.children[u][i]:
-                    pend[c] -= 1
-                    if pend[c] == 0:
-                        make_ready(u, c, t, (u, i))
+                pend = pending[u]
+                cause = None
+                for c in children[u][i]:
+                    left = pend[c] - 1
+                    pend[c] = left
+                    if not left:
+                        if cause is None:
+                            cause = (u, i)
+                        if kinds[u][c] == COMPUTE:  # make_ready's commonest case, inline
+                            ready_times[u][c] = t
+                            ready_causes[u][c] = cause
+                            s = streams[u][c]
+                            heappush(ready[u][s], c)
+                            touched.add((s == 0, u, s))
+                        else:
+                            make_ready(u, c, t, cause)
             if len(touched) == 1:
-                ((u, stream),) = touched
+                _, u, stream = touched.pop()
                 dispatch(u, stream, t)
-                touched.clear()
             elif touched:
-                for u, stream in sorted(touched, key=_comm_first):
+                for _, u, stream in sorted(touched):
                     dispatch(u, stream, t)
                 touched.clear()
+            while (
+                watched < len(states_at)
+                and starts[states_at[watched][0]][states_at[watched][1]] >= 0
+            ):
+                watched += 1
+                states.append(state(t))
         self._check_finished()
         end = max((max(r.end, default=0.0) for r in results), default=0.0)
-        return Replay(results, end)
+        if not states_at:
+            return Replay(results, end)
+        return Replay(results, end, states, self)
 
     def _contended(self, u: int, i: int, link: str) -> float:
         """Duration of compute node ``i`` of unit ``u`` while NCCL runs over ``link``."""
@@ -1335,6 +1469,7 @@ def replay(
     tp_comm_overlap: bool = False,
     share_links: bool = True,
     costs: Costs | None = None,
+    states_at: Sequence[tuple[int, int]] = (),
 ) -> Replay:
     """Simulate every unit of ``problem`` on ``system`` (ops priced with ``kernels`` under
     execution ``profile``); ``overlap_param_gather`` and ``tp_comm_overlap``: Megatron's
@@ -1342,7 +1477,9 @@ def replay(
     :meth:`_Sim._overlap_tp_collectives`). ``share_links`` False runs every transfer at its
     ports' full bandwidth whatever else is in flight (the model without bandwidth sharing, for
     comparison). ``costs``: the node costs worked out by an earlier replay with the same
-    arguments (of a problem sharing node objects, as two reduced ones), filled in further."""
+    arguments (of a problem sharing node objects, as two reduced ones), filled in further.
+    ``states_at``: (unit, node) pairs, in the order they start: the engine's state at the end
+    of the instant each starts (:class:`EngineState`, in the result's ``states``)."""
     # millions of small lists and tuples, none cyclic: the cyclic collector only costs time
     enabled = gc.isenabled()
     gc.disable()
@@ -1358,7 +1495,7 @@ def replay(
             tp_comm_overlap,
             share_links,
             costs,
-        ).run()
+        ).run(states_at)
     finally:
         if enabled:
             gc.enable()
