@@ -4,15 +4,16 @@ Like Calculon's llm-optimal-execution, the search enumerates the plans (dp, tp, 
 micro-batch, recompute, ZeRO / FSDP, schedule and virtual stages) whose degrees multiply to
 the GPU count, then:
 
-1. drops those the divisibility rules reject (:func:`stg.core.pipeline.validate_options`);
-2. drops those whose peak memory (the memory predictor's closed forms) exceeds the GPU;
-3. bounds the time of the rest from below in closed form: no plan runs faster than its model
+1. bounds the time of each from below in closed form: no plan runs faster than its model
    FLOPs at the GPU's peak, stretched by the pipeline's fill and drain,
    ``T ≥ W / (N · peak) · (1 + (p - 1) / (m · v))`` (W: the FLOPs of one iteration without
    recomputation, the same for every plan; N GPUs; p stages, m micro-batches, v chunks);
-   plans are priced by the analytical predictor in increasing order of that bound, and the
-   search stops when the bound exceeds the k-th best time found;
-4. prices the best candidates again with the full DAG predictor (``time``) and ranks them by
+2. in increasing order of that bound, drops the plans the divisibility rules reject
+   (:func:`stg.core.pipeline.validate_options`) and those whose peak memory (the memory
+   predictor's closed forms) exceeds the GPU, and prices the rest by the analytical
+   predictor; it stops when the bound exceeds the k-th best time found (the plans after it
+   are neither checked nor priced: none of them can be among the k best);
+3. prices the best candidates again with the full DAG predictor (``time``) and ranks them by
    that.
 """
 
@@ -299,49 +300,41 @@ def _resolve(work: _Work) -> tuple[Any, Any]:
     return _SEARCHES[work.token]
 
 
-def _check_plans(work: _Work, options: Sequence[GenerateOptions]) -> list[tuple[str, Any]]:
-    """The closed forms of each plan: ``("", memory report)`` where it fits, else
-    ``(why it is pruned, None)``."""
+def _evaluate_plans(work: _Work, options: Sequence[GenerateOptions]) -> list[tuple[str, Any, Any]]:
+    """Each plan's closed forms, then its fast price: ``("", memory report, report)``, or
+    ``(why it is pruned, None, None)`` (divisibility, memory, or the fast predictor's
+    refusal)."""
     from stg.core.pipeline import validate_options
     from stg.explore.space import normalize_reason
 
     registry, system = _resolve(work)
     kernels = list(registry.kernels)
     memory = registry.predictors.get("memory")
-    out: list[tuple[str, Any]] = []
+    record = registry.predictors.get(work.fast)
+    out: list[tuple[str, Any, Any]] = []
     for o in options:
         try:
             validate_options(o, registry)
         except UserError as exc:
-            out.append((f"divisibility: {normalize_reason(str(exc))}", None))
+            out.append((f"divisibility: {normalize_reason(str(exc))}", None, None))
             continue
         mem = _call(memory.predict_options, o, system, kernels=kernels)
-        fits = mem.get("fits")
-        out.append(("", mem) if fits else ("memory: peak above the GPU's capacity", None))
-    return out
-
-
-def _price_plans(work: _Work, options: Sequence[GenerateOptions]) -> list[tuple[str, Any]]:
-    """The fast predictor's report of each plan: ``("", report)``, or ``(why not, None)``."""
-    from stg.explore.space import normalize_reason
-
-    registry, system = _resolve(work)
-    record = registry.predictors.get(work.fast)
-    out: list[tuple[str, Any]] = []
-    for o in options:
+        if not mem.get("fits"):
+            out.append(("memory: peak above the GPU's capacity", None, None))
+            continue
         try:
             report = _call(
                 record.predict_options,
                 o,
                 system,
                 registry=registry,
-                kernels=list(registry.kernels),
+                kernels=kernels,
                 explain=True,
             )
         except UserError as exc:
-            out.append((f"analytical: {normalize_reason(str(exc))}", None))
+            out.append((f"analytical: {normalize_reason(str(exc))}", None, None))
             continue
-        out.append(("", report))
+        out.append(("", mem, report))
     return out
 
 
@@ -391,6 +384,24 @@ def _refine_plans(work: _Work, options: Sequence[GenerateOptions]) -> list[Any]:
             )
         )
     return out
+
+
+SAME_REPLAY = {"time"}
+"""The full predictors whose reports are functions of a plan's lowered workload (its nodes,
+communicators and ranks) and of the options dtype, profile, batch, seq, virtual stages and
+the overlaps: plans that lower alike are replayed once."""
+
+
+def refine_key(options: GenerateOptions, full: str) -> GenerateOptions:
+    """The plan whose DAG prediction ``options`` shares (itself, but for what the lowering
+    treats alike). ZeRO-1 and ZeRO-2 differ only in the memory they keep: Megatron's
+    distributed optimizer reduce-scatters the gradients and all-gathers the weights in both,
+    and :func:`stg.core.pipeline.build_parts` lowers them alike; only the memory predictor
+    reads which (tests/test_search_exact.py checks that their workloads and time reports are
+    the same)."""
+    if full in SAME_REPLAY and options.zero == 2:
+        return replace(options, zero=1)
+    return options
 
 
 def search(
@@ -448,6 +459,33 @@ def search(
         del _SEARCHES[work.token]
 
 
+def _reference(base: GenerateOptions) -> GenerateOptions:
+    """``base`` on one GPU, one micro-batch, without recompute, sharding or pipeline: its
+    model FLOPs are every plan's (a plan's extra FLOPs, recompute's, only add to them)."""
+    return replace(
+        base,
+        dp=1,
+        tp=1,
+        pp=1,
+        sp=1,
+        ep=1,
+        micro_batch=base.batch,
+        activation_recompute="none",
+        recompute_method=None,
+        recompute_num_layers=None,
+        recompute_modules=(),
+        zero=0,
+        weight_sharded=False,
+        pipeline_schedule="1f1b",
+        virtual_stages=1,
+        ep_layout=None,
+        etp=None,
+        account_for_embedding_in_pipeline_split=False,
+        account_for_loss_in_pipeline_split=False,
+        decoder_last_pipeline_num_layers=None,
+    )
+
+
 def _search(
     base: GenerateOptions,
     gpus: int,
@@ -467,57 +505,27 @@ def _search(
 
     everything = plans(base, gpus, space, scale_up=scale_up_size(system))
     pruned: Counter[str] = Counter()
-    feasible: list[tuple[GenerateOptions, dict[str, Any]]] = []
-    checked = runner.map(_check_plans, work, everything, report("closed forms"))
-    for o, (reason, mem) in zip(everything, checked, strict=True):
-        if reason:
-            pruned[reason] += 1
-        else:
-            feasible.append((o, mem))
-    if not feasible:
-        return SearchResult([], len(everything), pruned, 0, 0)
     # W: model FLOPs of one iteration, the same for every plan: tp = pp = 1, no recompute
-    reference = replace(
-        feasible[0][0],
-        dp=1,
-        tp=1,
-        pp=1,
-        sp=1,
-        ep=1,
-        micro_batch=feasible[0][0].batch,
-        activation_recompute="none",
-        recompute_method=None,
-        recompute_num_layers=None,
-        recompute_modules=(),
-        zero=0,
-        weight_sharded=False,
-        pipeline_schedule="1f1b",
-        virtual_stages=1,
-        ep_layout=None,
-        etp=None,
-        account_for_embedding_in_pipeline_split=False,
-        account_for_loss_in_pipeline_split=False,
-        decoder_last_pipeline_num_layers=None,
-    )
     fast_record = registry.predictors.get(work.fast)
     work_flops = _call(
         fast_record.predict_options,
-        reference,
+        _reference(base),
         system,
         registry=registry,
         kernels=list(registry.kernels),
     )["model_flops"]
     peak = system.peak(base.dtype)
     candidates = []
-    for o, mem in feasible:
+    for o in everything:
         fill = 1 + (o.pp - 1) / (o.micro_batches * o.virtual_stages)
-        candidates.append(Candidate(o, work_flops / (gpus * peak) * fill, memory=mem))
+        candidates.append(Candidate(o, work_flops / (gpus * peak) * fill))
     candidates.sort(key=lambda c: c.bound_s)
     keep = max(top, refine)
     best: list[Candidate] = []
     priced = 0
-    # in order of the bound, a batch at a time (one plan where the work runs here); the
-    # plans of a batch past the stop are priced in vain, never counted: the same result
+    # in order of the bound, a batch at a time (one plan where the work runs here): each plan
+    # checked by the closed forms, then priced; the plans of a batch past the stop are
+    # evaluated in vain, never counted: the same result on any engine
     batch = 1 if runner.workers == 1 and runner.client is None else 64 * runner.workers
     n = 0
     stopped = False
@@ -527,8 +535,8 @@ def _search(
         group = candidates[n : n + batch]
         if len(best) >= keep and group[0].bound_s > best[keep - 1].time_s:
             break
-        prices = runner.map(_price_plans, work, [c.options for c in group])
-        for candidate, (reason, analytical) in zip(group, prices, strict=True):
+        evaluated = runner.map(_evaluate_plans, work, [c.options for c in group])
+        for candidate, (reason, memory, analytical) in zip(group, evaluated, strict=True):
             if len(best) >= keep and candidate.bound_s > best[keep - 1].time_s:
                 stopped = True
                 break
@@ -536,6 +544,7 @@ def _search(
             if reason:
                 pruned[reason] += 1
                 continue
+            candidate.memory = memory
             candidate.analytical = analytical
             priced += 1
             best.append(candidate)
@@ -548,12 +557,18 @@ def _search(
     refined = 0
     if refine > 0 and work.full:
         chosen = best[:refine]
+        # plans the DAG predictor cannot tell apart are replayed once
+        keys = [refine_key(c.options, work.full) for c in chosen]
+        firsts = {k: c.options for k, c in reversed(list(zip(keys, chosen, strict=True)))}
+        distinct = list(dict.fromkeys(keys))
         reports = runner.map(
-            _refine_plans, work, [c.options for c in chosen], report("DAG predictor")
+            _refine_plans, work, [firsts[k] for k in distinct], report("DAG predictor")
         )
-        for candidate, dag in zip(chosen, reports, strict=True):
+        replayed = dict(zip(distinct, reports, strict=True))
+        for candidate, key in zip(chosen, keys, strict=True):
+            dag = replayed[key]
             if dag is not None:
-                candidate.dag = dag
+                candidate.dag = dict(dag)
                 refined += 1
         best[:refine] = sorted(chosen, key=lambda c: c.time_s)
     return SearchResult(best[:top], len(everything), pruned, priced, refined)

@@ -1,0 +1,141 @@
+"""``stg search`` is exact: the plans it prices in order of its bound, checking each by the
+closed forms as it comes, are the k best of pricing every plan; the plans it replays once
+for several (ZeRO-1 and ZeRO-2) have the same workload and DAG prediction; its best plan is
+that of refining every plan."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from stg.api import GenerateOptions, build_workload
+from stg.core.pipeline import validate_options
+from stg.errors import UserError
+from stg.explore import search as search_module
+from stg.explore.search import SearchSpace, plans, refine_key, search
+from stg.host.registry import load_registry
+from stg.perf.system import load_system
+
+LLAMA = dict(
+    model="llama", dvocal=1024, dmodel=512, dff=2048, head=8, kvhead=8, seq=256, num_stacks=8,
+    batch=32,
+)  # fmt: skip
+WIDE = dict(
+    model="llama", num_stacks=8, dmodel=4096, dff=16384, head=32, kvhead=8, seq=2048, batch=32
+)
+"""The model of tests/test_search_jobs.py, whose compute the bound stops in time."""
+SPACE = SearchSpace(recompute=("none", "full"), virtual_stages=(2,))
+"""Every sharding, 1F1B and interleaved: 8 GPUs give a few hundred plans."""
+
+
+@pytest.fixture(scope="module")
+def registry() -> Any:
+    return load_registry()
+
+
+def _price_everything(
+    base: GenerateOptions, gpus: int, system: Any, registry: Any
+) -> list[tuple[float, float, GenerateOptions]]:
+    """(analytical time, the search's lower bound, plan) of every plan that fits."""
+    kernels = list(registry.kernels)
+    memory = registry.predictors.get("memory")
+    analytical = registry.predictors.get("analytical")
+    reference = search_module._reference(base)
+    work = analytical.predict_options(reference, system, registry=registry, kernels=kernels)
+    unit = work["model_flops"] / (gpus * system.peak(base.dtype))
+    out = []
+    for o in plans(base, gpus, SPACE):
+        try:
+            validate_options(o, registry)
+        except UserError:
+            continue
+        if not memory.predict_options(o, system, kernels=kernels)["fits"]:
+            continue
+        report = analytical.predict_options(o, system, registry=registry, kernels=kernels)
+        bound = unit * (1 + (o.pp - 1) / (o.micro_batches * o.virtual_stages))
+        out.append((report["iteration_time_s"], bound, o))
+    return out
+
+
+@pytest.mark.parametrize("gpus", [4, 8])
+def test_the_search_keeps_the_k_best_of_pricing_every_plan(registry: Any, gpus: int) -> None:
+    system = load_system("h100-80g")
+    base = GenerateOptions(**WIDE)  # type: ignore[arg-type]
+    everything = _price_everything(base, gpus, system, registry)
+    # the stop is sound: no plan is faster than its bound
+    assert all(bound <= time for time, bound, _ in everything)
+    top = 4
+    result = search(base, gpus, system, registry, space=SPACE, top=top, refine=0)
+    assert result.enumerated == len(plans(base, gpus, SPACE))
+    assert result.pruned["lower bound above the best times"] > 0  # the stop was reached
+    assert result.priced < len(everything)
+    found = [c.time_s for c in result.best]
+    assert found == sorted(t for t, _, _ in everything)[:top]
+    fastest = min(everything, key=lambda row: row[0])
+    assert result.best[0].options == fastest[2]
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        dict(LLAMA, dp=2, tp=2, pp=2, micro_batch=8),
+        dict(LLAMA, dp=4, pp=2, micro_batch=8, pipeline_schedule="interleaved", virtual_stages=2),
+        dict(model="moe", batch=16, dp=4, ep=2, micro_batch=8),
+    ],
+    ids=["llama-tp-pp", "llama-interleaved", "moe-ep"],
+)
+def test_zero_1_and_2_lower_alike_and_replay_alike(registry: Any, model: dict[str, Any]) -> None:
+    """What :func:`refine_key` relies on: the workloads of ZeRO-1 and ZeRO-2 differ only in
+    the options they record (the memory predictor's), so the time predictor's reports are
+    the same."""
+    one = GenerateOptions(**{**model, "zero": 1})  # type: ignore[arg-type]
+    two = replace(one, zero=2)
+    assert refine_key(two, "time") == one and refine_key(two, "other") == two
+    first, second = build_workload(one, registry), build_workload(two, registry)
+    assert first.comm_groups == second.comm_groups and first.layout == second.layout
+    assert [g.rank_class.index for g in first.ranks] == [g.rank_class.index for g in second.ranks]
+    for a, b in zip(first.rank_classes, second.rank_classes, strict=True):
+        assert (a.stage, a.nodes) == (b.stage, b.nodes)
+        assert {**a.facts, "zero": 0} == {**b.facts, "zero": 0}
+    options = ({**w.metadata["options"], "zero": 0} for w in (first, second))
+    assert next(options) == next(options)
+    system = load_system("h100-80g")
+    time = registry.predictors.get("time")
+    kernels = list(registry.kernels)
+    reports = [
+        time.predict_options(o, system, registry=registry, kernels=kernels) for o in (one, two)
+    ]
+    assert reports[0] == reports[1]
+
+
+def test_refinement_replays_a_plan_once_and_keeps_the_best_of_refining_every_plan(
+    registry: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Refining every plan (``refine`` above the plans that fit) picks the same best plan as
+    the default refinement of the best five; every refined time is the time predictor's own
+    for that plan, and ZeRO-1 and ZeRO-2 twins are replayed once."""
+    system = load_system("h100-80g")
+    base = GenerateOptions(**LLAMA)  # type: ignore[arg-type]
+    space = replace(SPACE, schedules=("1f1b",), recompute=("none",))
+    replayed: list[GenerateOptions] = []
+    refine_plans = search_module._refine_plans
+
+    def counting(work: Any, options: list[GenerateOptions]) -> list[Any]:
+        replayed.extend(options)
+        return refine_plans(work, options)
+
+    monkeypatch.setattr(search_module, "_refine_plans", counting)
+    default = search(base, 4, system, registry, space=space)
+    assert len(replayed) < default.refined == 5
+    replayed.clear()
+    every = search(base, 4, system, registry, space=space, refine=1000, top=1000)
+    assert every.refined == every.priced == len(every.best)
+    assert len(replayed) == len({refine_key(o, "time") for o in replayed})
+    assert every.best[0].options == default.best[0].options
+    time = registry.predictors.get("time")
+    kernels = list(registry.kernels)
+    for candidate in every.best:
+        own = time.predict_options(candidate.options, system, registry=registry, kernels=kernels)
+        assert candidate.time_s == own["iteration_time_s"]
