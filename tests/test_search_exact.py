@@ -26,8 +26,8 @@ WIDE = dict(
     model="llama", num_stacks=8, dmodel=4096, dff=16384, head=32, kvhead=8, seq=2048, batch=32
 )
 """The model of tests/test_search_jobs.py, whose compute the bound stops in time."""
-SPACE = SearchSpace(recompute=("none", "full"), virtual_stages=(2,))
-"""Every sharding, 1F1B and interleaved: 8 GPUs give a few hundred plans."""
+SPACE = SearchSpace(virtual_stages=(2,))
+"""Every recompute and sharding, 1F1B and interleaved: 8 GPUs give a few hundred plans."""
 
 
 @pytest.fixture(scope="module")
@@ -42,9 +42,8 @@ def _price_everything(
     kernels = list(registry.kernels)
     memory = registry.predictors.get("memory")
     analytical = registry.predictors.get("analytical")
-    reference = search_module._reference(base)
-    work = analytical.predict_options(reference, system, registry=registry, kernels=kernels)
-    unit = work["model_flops"] / (gpus * system.peak(base.dtype))
+    work = search_module._work_flops(base, system, registry, "analytical")
+    assert work["none"] < work["selective"] < work["full"]
     out = []
     for o in plans(base, gpus, SPACE):
         try:
@@ -54,7 +53,8 @@ def _price_everything(
         if not memory.predict_options(o, system, kernels=kernels)["fits"]:
             continue
         report = analytical.predict_options(o, system, registry=registry, kernels=kernels)
-        bound = unit * (1 + (o.pp - 1) / (o.micro_batches * o.virtual_stages))
+        flops = work[o.activation_recompute] / (gpus * system.peak(base.dtype))
+        bound = flops * (1 + (o.pp - 1) / (o.micro_batches * o.virtual_stages))
         out.append((report["iteration_time_s"], bound, o))
     return out
 
@@ -64,8 +64,9 @@ def test_the_search_keeps_the_k_best_of_pricing_every_plan(registry: Any, gpus: 
     system = load_system("h100-80g")
     base = GenerateOptions(**WIDE)  # type: ignore[arg-type]
     everything = _price_everything(base, gpus, system, registry)
-    # the stop is sound: no plan is faster than its bound
+    # the stop is sound: no plan is faster than its bound, recompute's FLOPs included
     assert all(bound <= time for time, bound, _ in everything)
+    assert {o.activation_recompute for _, _, o in everything} == {"none", "selective", "full"}
     top = 4
     result = search(base, gpus, system, registry, space=SPACE, top=top, refine=0)
     assert result.enumerated == len(plans(base, gpus, SPACE))

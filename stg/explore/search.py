@@ -4,10 +4,11 @@ Like Calculon's llm-optimal-execution, the search enumerates the plans (dp, tp, 
 micro-batch, recompute, ZeRO / FSDP, schedule and virtual stages) whose degrees multiply to
 the GPU count, then:
 
-1. bounds the time of each from below in closed form: no plan runs faster than its model
-   FLOPs at the GPU's peak, stretched by the pipeline's fill and drain,
-   ``T ≥ W / (N · peak) · (1 + (p - 1) / (m · v))`` (W: the FLOPs of one iteration without
-   recomputation, the same for every plan; N GPUs; p stages, m micro-batches, v chunks);
+1. bounds the time of each from below in closed form: no plan runs faster than its FLOPs at
+   the GPU's peak, stretched by the pipeline's fill and drain,
+   ``T ≥ W / (N · peak) · (1 + (p - 1) / (m · v))`` (W: the FLOPs of one iteration, the same
+   for every plan of a recompute: the model's, and the forwards full or selective recompute
+   adds; N GPUs; p stages, m micro-batches, v chunks);
 2. in increasing order of that bound, drops the plans the divisibility rules reject
    (:func:`stg.core.pipeline.validate_options`) and those whose peak memory (the memory
    predictor's closed forms) exceeds the GPU, and prices the rest by the analytical
@@ -486,6 +487,28 @@ def _reference(base: GenerateOptions) -> GenerateOptions:
     )
 
 
+def _work_flops(base: GenerateOptions, system: Any, registry: Any, fast: str) -> dict[str, float]:
+    """W of the bound, by recompute: the FLOPs of one iteration on one GPU (tp = pp = 1: no
+    padding of the vocabulary to tp), without recompute (``none``: the model FLOPs, the
+    same for every plan) and with full and selective recompute of every layer, which add
+    their forwards (the fast predictor's hardware FLOPs; a plan that recomputes only some
+    layers, the block method, is bounded by ``none``'s). Where the fast predictor gives no
+    hardware FLOPs or refuses a recompute, that recompute is bounded by ``none``'s."""
+    record = registry.predictors.get(fast)
+    kernels = list(registry.kernels)
+    reference = _reference(base)
+    model = _call(record.predict_options, reference, system, registry=registry, kernels=kernels)
+    out = {"none": float(model["model_flops"])}
+    for recompute, modules in (("full", ()), ("selective", base.recompute_modules)):
+        plan = replace(reference, activation_recompute=recompute, recompute_modules=modules)
+        try:
+            report = _call(record.predict_options, plan, system, registry=registry, kernels=kernels)
+        except UserError:
+            report = {}
+        out[recompute] = max(out["none"], float(report.get("hardware_flops") or 0.0))
+    return out
+
+
 def _search(
     base: GenerateOptions,
     gpus: int,
@@ -505,20 +528,14 @@ def _search(
 
     everything = plans(base, gpus, space, scale_up=scale_up_size(system))
     pruned: Counter[str] = Counter()
-    # W: model FLOPs of one iteration, the same for every plan: tp = pp = 1, no recompute
-    fast_record = registry.predictors.get(work.fast)
-    work_flops = _call(
-        fast_record.predict_options,
-        _reference(base),
-        system,
-        registry=registry,
-        kernels=list(registry.kernels),
-    )["model_flops"]
+    work_flops = _work_flops(base, system, registry, work.fast)
     peak = system.peak(base.dtype)
     candidates = []
     for o in everything:
         fill = 1 + (o.pp - 1) / (o.micro_batches * o.virtual_stages)
-        candidates.append(Candidate(o, work_flops / (gpus * peak) * fill))
+        recompute = o.activation_recompute if o.recompute_method is None else "none"
+        flops = work_flops.get(recompute, work_flops["none"])
+        candidates.append(Candidate(o, flops / (gpus * peak) * fill))
     candidates.sort(key=lambda c: c.bound_s)
     keep = max(top, refine)
     best: list[Candidate] = []
