@@ -14,7 +14,7 @@ from stg.api import GenerateOptions, build_workload
 from stg.core.pipeline import validate_options
 from stg.errors import UserError
 from stg.explore import search as search_module
-from stg.explore.search import SearchSpace, plans, refine_key, search
+from stg.explore.search import SearchSpace, plans, search, twin_key
 from stg.host.registry import load_registry
 from stg.perf.system import load_system
 
@@ -88,12 +88,13 @@ def test_the_search_keeps_the_k_best_of_pricing_every_plan(registry: Any, gpus: 
     ids=["llama-tp-pp", "llama-interleaved", "moe-ep"],
 )
 def test_zero_1_and_2_lower_alike_and_replay_alike(registry: Any, model: dict[str, Any]) -> None:
-    """What :func:`refine_key` relies on: the workloads of ZeRO-1 and ZeRO-2 differ only in
-    the options they record (the memory predictor's), so the time predictor's reports are
-    the same."""
+    """What :func:`twin_key` relies on: the workloads of ZeRO-1 and ZeRO-2 differ only in
+    the options they record (the memory predictor's), so the time and analytical predictors'
+    reports are the same."""
     one = GenerateOptions(**{**model, "zero": 1})  # type: ignore[arg-type]
     two = replace(one, zero=2)
-    assert refine_key(two, "time") == one and refine_key(two, "other") == two
+    assert twin_key(two, "time") == twin_key(two, "analytical") == one
+    assert twin_key(two, "other") == two
     first, second = build_workload(one, registry), build_workload(two, registry)
     assert first.comm_groups == second.comm_groups and first.layout == second.layout
     assert [g.rank_class.index for g in first.ranks] == [g.rank_class.index for g in second.ranks]
@@ -105,10 +106,13 @@ def test_zero_1_and_2_lower_alike_and_replay_alike(registry: Any, model: dict[st
     system = load_system("h100-80g")
     time = registry.predictors.get("time")
     kernels = list(registry.kernels)
-    reports = [
-        time.predict_options(o, system, registry=registry, kernels=kernels) for o in (one, two)
-    ]
-    assert reports[0] == reports[1]
+    analytical = registry.predictors.get("analytical")
+    for predictor, extra in ((time, {}), (analytical, {"explain": True})):
+        first_report, second_report = (
+            predictor.predict_options(o, system, registry=registry, kernels=kernels, **extra)
+            for o in (one, two)
+        )
+        assert first_report == second_report
 
 
 def test_refinement_replays_a_plan_once_and_keeps_the_best_of_refining_every_plan(
@@ -133,7 +137,7 @@ def test_refinement_replays_a_plan_once_and_keeps_the_best_of_refining_every_pla
     replayed.clear()
     every = search(base, 4, system, registry, space=space, refine=1000, top=1000)
     assert every.refined == every.priced == len(every.best)
-    assert len(replayed) == len({refine_key(o, "time") for o in replayed})
+    assert len(replayed) == len({twin_key(o, "time") for o in replayed})
     assert every.best[0].options == default.best[0].options
     time = registry.predictors.get("time")
     kernels = list(registry.kernels)

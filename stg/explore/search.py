@@ -301,6 +301,48 @@ def _resolve(work: _Work) -> tuple[Any, Any]:
     return _SEARCHES[work.token]
 
 
+TWIN_PREDICTORS = frozenset({"analytical", "time"})
+"""Predictors whose reports are functions of a plan's lowered workload and of options other
+than which of ZeRO-1 and ZeRO-2 it runs (the analytical one reads only whether a plan shards
+its optimizer states): plans that differ only in that are priced, and replayed, once."""
+
+
+def twin_key(options: GenerateOptions, predictor: str) -> GenerateOptions:
+    """The plan whose report of ``predictor`` ``options`` shares: itself, but ZeRO-2 as
+    ZeRO-1 for :data:`TWIN_PREDICTORS`. The two differ only in the memory they keep:
+    Megatron's distributed optimizer reduce-scatters the gradients and all-gathers the weights
+    in both, :func:`stg.core.pipeline.build_parts` lowers them alike, and only the memory
+    predictor reads which (tests/test_search_exact.py checks that their workloads and both
+    predictors' reports are the same)."""
+    if predictor in TWIN_PREDICTORS and options.zero == 2:
+        return replace(options, zero=1)
+    return options
+
+
+_PRICED: dict[str, Any] = {"token": None, "reports": {}}
+"""The fast reports this process gave in the search of ``token``, by :func:`twin_key`."""
+
+
+def _fast_report(work: _Work, o: GenerateOptions, registry: Any, system: Any) -> Any:
+    """The fast predictor's report of ``o`` with its breakdown (that of its twin where this
+    process priced it already)."""
+    if _PRICED["token"] != work.token:
+        _PRICED.update(token=work.token, reports={})
+    key = twin_key(o, work.fast)
+    reports = _PRICED["reports"]
+    if key not in reports:
+        record = registry.predictors.get(work.fast)
+        reports[key] = _call(
+            record.predict_options,
+            o,
+            system,
+            registry=registry,
+            kernels=list(registry.kernels),
+            explain=True,
+        )
+    return reports[key]
+
+
 def _evaluate_plans(work: _Work, options: Sequence[GenerateOptions]) -> list[tuple[str, Any, Any]]:
     """Each plan's closed forms, then its fast price: ``("", memory report, report)``, or
     ``(why it is pruned, None, None)`` (divisibility, memory, or the fast predictor's
@@ -311,7 +353,6 @@ def _evaluate_plans(work: _Work, options: Sequence[GenerateOptions]) -> list[tup
     registry, system = _resolve(work)
     kernels = list(registry.kernels)
     memory = registry.predictors.get("memory")
-    record = registry.predictors.get(work.fast)
     out: list[tuple[str, Any, Any]] = []
     for o in options:
         try:
@@ -324,14 +365,7 @@ def _evaluate_plans(work: _Work, options: Sequence[GenerateOptions]) -> list[tup
             out.append(("memory: peak above the GPU's capacity", None, None))
             continue
         try:
-            report = _call(
-                record.predict_options,
-                o,
-                system,
-                registry=registry,
-                kernels=kernels,
-                explain=True,
-            )
+            report = _fast_report(work, o, registry, system)
         except UserError as exc:
             out.append((f"analytical: {normalize_reason(str(exc))}", None, None))
             continue
@@ -387,24 +421,6 @@ def _refine_plans(work: _Work, options: Sequence[GenerateOptions]) -> list[Any]:
     return out
 
 
-SAME_REPLAY = {"time"}
-"""The full predictors whose reports are functions of a plan's lowered workload (its nodes,
-communicators and ranks) and of the options dtype, profile, batch, seq, virtual stages and
-the overlaps: plans that lower alike are replayed once."""
-
-
-def refine_key(options: GenerateOptions, full: str) -> GenerateOptions:
-    """The plan whose DAG prediction ``options`` shares (itself, but for what the lowering
-    treats alike). ZeRO-1 and ZeRO-2 differ only in the memory they keep: Megatron's
-    distributed optimizer reduce-scatters the gradients and all-gathers the weights in both,
-    and :func:`stg.core.pipeline.build_parts` lowers them alike; only the memory predictor
-    reads which (tests/test_search_exact.py checks that their workloads and time reports are
-    the same)."""
-    if full in SAME_REPLAY and options.zero == 2:
-        return replace(options, zero=1)
-    return options
-
-
 def search(
     base: GenerateOptions,
     gpus: int,
@@ -458,6 +474,7 @@ def search(
             return _search(base, gpus, system, registry, space, top, refine, progress, runner, work)
     finally:
         del _SEARCHES[work.token]
+        _PRICED.update(token=None, reports={})
 
 
 def _reference(base: GenerateOptions) -> GenerateOptions:
@@ -575,7 +592,7 @@ def _search(
     if refine > 0 and work.full:
         chosen = best[:refine]
         # plans the DAG predictor cannot tell apart are replayed once
-        keys = [refine_key(c.options, work.full) for c in chosen]
+        keys = [twin_key(c.options, work.full) for c in chosen]
         firsts = {k: c.options for k, c in reversed(list(zip(keys, chosen, strict=True)))}
         distinct = list(dict.fromkeys(keys))
         reports = runner.map(
