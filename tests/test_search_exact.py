@@ -144,3 +144,26 @@ def test_refinement_replays_a_plan_once_and_keeps_the_best_of_refining_every_pla
     for candidate in every.best:
         own = time.predict_options(candidate.options, system, registry=registry, kernels=kernels)
         assert candidate.time_s == own["iteration_time_s"]
+
+
+def test_the_twins_memo_is_per_search_and_bounded(registry: Any) -> None:
+    """Each search's fast reports are kept apart (another system, another price) and a
+    long-lived worker keeps those of its last few searches only."""
+    plan = GenerateOptions(**{**LLAMA, "dp": 2, "micro_batch": 16, "zero": 2})  # type: ignore[arg-type]
+    times = []
+    for i, name in enumerate(["h100-80g", "a100-80g"] * 3):
+        system = load_system(name)
+        work = search_module._Work(f"t{i}", (), name, system.as_dict(), "analytical", "time")
+        search_module._SEARCHES[work.token] = (registry, system)
+        try:
+            times.append(
+                search_module._fast_report(work, plan, registry, system)["iteration_time_s"]
+            )
+        finally:
+            del search_module._SEARCHES[work.token]
+    assert times[0::2] == [times[0]] * 3 and times[1::2] == [times[1]] * 3
+    assert times[0] < times[1]  # an H100 is faster than an A100
+    assert set(search_module._PRICED) == {"t2", "t3", "t4", "t5"}  # the last four
+    search(GenerateOptions(**LLAMA), 2, load_system("h100-80g"), registry, space=SPACE, refine=0)  # type: ignore[arg-type]
+    assert set(search_module._PRICED) <= {"t3", "t4", "t5"}  # a search drops its own
+    search_module._PRICED.clear()

@@ -319,17 +319,20 @@ def twin_key(options: GenerateOptions, predictor: str) -> GenerateOptions:
     return options
 
 
-_PRICED: dict[str, Any] = {"token": None, "reports": {}}
-"""The fast reports this process gave in the search of ``token``, by :func:`twin_key`."""
+_PRICED: dict[str, dict[GenerateOptions, Any]] = {}
+"""token -> the fast reports this process gave in that search, by :func:`twin_key` (a
+worker keeps those of its last :data:`_PRICED_SEARCHES` searches)."""
+_PRICED_SEARCHES = 4
 
 
 def _fast_report(work: _Work, o: GenerateOptions, registry: Any, system: Any) -> Any:
     """The fast predictor's report of ``o`` with its breakdown (that of its twin where this
     process priced it already)."""
-    if _PRICED["token"] != work.token:
-        _PRICED.update(token=work.token, reports={})
+    if work.token not in _PRICED:
+        for token in list(_PRICED)[: 1 - _PRICED_SEARCHES]:
+            _PRICED.pop(token, None)
+    reports = _PRICED.setdefault(work.token, {})
     key = twin_key(o, work.fast)
-    reports = _PRICED["reports"]
     if key not in reports:
         record = registry.predictors.get(work.fast)
         reports[key] = _call(
@@ -474,7 +477,7 @@ def search(
             return _search(base, gpus, system, registry, space, top, refine, progress, runner, work)
     finally:
         del _SEARCHES[work.token]
-        _PRICED.update(token=None, reports={})
+        _PRICED.pop(work.token, None)
 
 
 def _reference(base: GenerateOptions) -> GenerateOptions:
