@@ -167,3 +167,25 @@ def test_the_twins_memo_is_per_search_and_bounded(registry: Any) -> None:
     search(GenerateOptions(**LLAMA), 2, load_system("h100-80g"), registry, space=SPACE, refine=0)  # type: ignore[arg-type]
     assert set(search_module._PRICED) <= {"t3", "t4", "t5"}  # a search drops its own
     search_module._PRICED.clear()
+
+
+def test_a_reference_the_fast_predictor_refuses_bounds_nothing(
+    registry: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without W (the fast predictor refuses the one-GPU reference) every plan is priced:
+    the same best plans, none pruned by the bound."""
+    system = load_system("h100-80g")
+    base = GenerateOptions(**WIDE)  # type: ignore[arg-type]
+    space = replace(SPACE, recompute=("none",), schedules=("1f1b",))
+    bounded = search(base, 8, system, registry, space=space, top=2, refine=0)
+    assert bounded.pruned["lower bound above the best times"] > 0
+
+    def refused(options: GenerateOptions) -> GenerateOptions:
+        return replace(options, pp=16)  # more stages than the 8 layers
+
+    monkeypatch.setattr(search_module, "_reference", refused)
+    assert search_module._work_flops(base, system, registry, "analytical") == {"none": 0.0}
+    unbounded = search(base, 8, system, registry, space=space, top=2, refine=0)
+    assert "lower bound above the best times" not in unbounded.pruned
+    assert [c.options for c in unbounded.best] == [c.options for c in bounded.best]
+    assert all(c.bound_s == 0.0 for c in unbounded.best)

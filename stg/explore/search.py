@@ -513,11 +513,15 @@ def _work_flops(base: GenerateOptions, system: Any, registry: Any, fast: str) ->
     same for every plan) and with full and selective recompute of every layer, which add
     their forwards (the fast predictor's hardware FLOPs; a plan that recomputes only some
     layers, the block method, is bounded by ``none``'s). Where the fast predictor gives no
-    hardware FLOPs or refuses a recompute, that recompute is bounded by ``none``'s."""
+    hardware FLOPs or refuses a recompute, that recompute is bounded by ``none``'s; where it
+    refuses the reference itself, every plan is bounded by 0 (and priced)."""
     record = registry.predictors.get(fast)
     kernels = list(registry.kernels)
     reference = _reference(base)
-    model = _call(record.predict_options, reference, system, registry=registry, kernels=kernels)
+    try:
+        model = _call(record.predict_options, reference, system, registry=registry, kernels=kernels)
+    except UserError:
+        return {"none": 0.0}
     out = {"none": float(model["model_flops"])}
     for recompute, modules in (("full", ()), ("selective", base.recompute_modules)):
         plan = replace(reference, activation_recompute=recompute, recompute_modules=modules)
