@@ -189,3 +189,18 @@ def test_a_reference_the_fast_predictor_refuses_bounds_nothing(
     assert "lower bound above the best times" not in unbounded.pruned
     assert [c.options for c in unbounded.best] == [c.options for c in bounded.best]
     assert all(c.bound_s == 0.0 for c in unbounded.best)
+
+
+def test_refining_every_plan_of_the_engine_tests_case_keeps_the_default_best(
+    registry: Any,
+) -> None:
+    """tests/test_search_jobs.py's search (8 GPUs, ZeRO 0 and 1, no or full recompute):
+    replaying every plan that fits picks the plan the default refinement picks."""
+    system = load_system("h100-80g")
+    base = GenerateOptions(**WIDE)  # type: ignore[arg-type]
+    space = SearchSpace(sharding=("0", "1"), recompute=("none", "full"))
+    default = search(base, 8, system, registry, space=space, top=2, refine=2)
+    every = search(base, 8, system, registry, space=space, top=1000, refine=1000)
+    assert every.refined == every.priced > default.priced
+    assert every.best[0].options == default.best[0].options
+    assert every.best[0].time_s == default.best[0].time_s
