@@ -1,7 +1,7 @@
 """``stg search`` is exact: the plans it prices in order of its bound, checking each by the
-closed forms as it comes, are the k best of pricing every plan; the plans it replays once
-for several (ZeRO-1 and ZeRO-2) have the same workload and DAG prediction; its best plan is
-that of refining every plan."""
+closed forms as it comes, are the k best of pricing every plan; the plans it prices and
+replays once for two (ZeRO-1 and ZeRO-2) have the same workload and the same analytical and
+DAG predictions; its best plan is that of refining every plan."""
 
 from __future__ import annotations
 
