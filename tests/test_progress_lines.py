@@ -102,7 +102,8 @@ def test_search_and_sweep_print_lines(
     code, out, err = run(capsys, *search)
     assert code == 0, err
     assert out == quiet_out
-    assert re.search(r"^search: plans checked by closed forms: ([\d,]+) of \1 \(100%\)", err, re.M)
+    considered = r"^search: plans considered for analytical pricing: ([\d,]+) of \1 \(100%\)"
+    assert re.search(considered, err, re.M)
     assert "search: best plans re-priced by the DAG predictor: 1 of 1 (100%)" in err
     code, out, err = run(
         capsys, "sweep", "--model", "debug", "--batch", "16", "--dp", "1,2", "-o",

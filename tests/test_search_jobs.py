@@ -10,7 +10,7 @@ from stg.cli import main
 SEARCH = [
     "search", "--model", "llama", "--num_stacks", "8", "--dmodel", "4096", "--dff", "16384",
     "--head", "32", "--kvhead", "8", "--seq", "2048", "--batch", "32", "--gpus", "8",
-    "--zero", "0,1", "--recompute", "none,full", "--refine", "1", "--top", "2",
+    "--zero", "0,1", "--recompute", "none,full", "--refine", "2", "--top", "2",
 ]  # fmt: skip
 
 

@@ -4,15 +4,17 @@ Like Calculon's llm-optimal-execution, the search enumerates the plans (dp, tp, 
 micro-batch, recompute, ZeRO / FSDP, schedule and virtual stages) whose degrees multiply to
 the GPU count, then:
 
-1. drops those the divisibility rules reject (:func:`stg.core.pipeline.validate_options`);
-2. drops those whose peak memory (the memory predictor's closed forms) exceeds the GPU;
-3. bounds the time of the rest from below in closed form: no plan runs faster than its model
-   FLOPs at the GPU's peak, stretched by the pipeline's fill and drain,
-   ``T ≥ W / (N · peak) · (1 + (p - 1) / (m · v))`` (W: the FLOPs of one iteration without
-   recomputation, the same for every plan; N GPUs; p stages, m micro-batches, v chunks);
-   plans are priced by the analytical predictor in increasing order of that bound, and the
-   search stops when the bound exceeds the k-th best time found;
-4. prices the best candidates again with the full DAG predictor (``time``) and ranks them by
+1. bounds the time of each from below in closed form: no plan runs faster than its FLOPs at
+   the GPU's peak, stretched by the pipeline's fill and drain,
+   ``T ≥ W / (N · peak) · (1 + (p - 1) / (m · v))`` (W: the FLOPs of one iteration, the same
+   for every plan of a recompute: the model's, and the forwards full or selective recompute
+   adds; N GPUs; p stages, m micro-batches, v chunks);
+2. in increasing order of that bound, drops the plans the divisibility rules reject
+   (:func:`stg.core.pipeline.validate_options`) and those whose peak memory (the memory
+   predictor's closed forms) exceeds the GPU, and prices the rest by the analytical
+   predictor; it stops when the bound exceeds the k-th best time found (the plans after it
+   are neither checked nor priced: none of them can be among the k best);
+3. prices the best candidates again with the full DAG predictor (``time``) and ranks them by
    that.
 """
 
@@ -299,49 +301,78 @@ def _resolve(work: _Work) -> tuple[Any, Any]:
     return _SEARCHES[work.token]
 
 
-def _check_plans(work: _Work, options: Sequence[GenerateOptions]) -> list[tuple[str, Any]]:
-    """The closed forms of each plan: ``("", memory report)`` where it fits, else
-    ``(why it is pruned, None)``."""
+TWIN_PREDICTORS = frozenset({"analytical", "time"})
+"""Predictors whose reports are functions of a plan's lowered workload and of options other
+than which of ZeRO-1 and ZeRO-2 it runs (the analytical one reads only whether a plan shards
+its optimizer states): plans that differ only in that are priced, and replayed, once."""
+
+
+def twin_key(options: GenerateOptions, predictor: str) -> GenerateOptions:
+    """The plan whose report of ``predictor`` ``options`` shares: itself, but ZeRO-2 as
+    ZeRO-1 for :data:`TWIN_PREDICTORS`. The two differ only in the memory they keep:
+    Megatron's distributed optimizer reduce-scatters the gradients and all-gathers the weights
+    in both, :func:`stg.core.pipeline.build_parts` lowers them alike, and only the memory
+    predictor reads which (tests/test_search_exact.py checks that their workloads and both
+    predictors' reports are the same)."""
+    if predictor in TWIN_PREDICTORS and options.zero == 2:
+        return replace(options, zero=1)
+    return options
+
+
+_PRICED: dict[str, dict[GenerateOptions, Any]] = {}
+"""token -> the fast reports this process gave in that search, by :func:`twin_key` (a
+worker keeps those of its last :data:`_PRICED_SEARCHES` searches)."""
+_PRICED_SEARCHES = 4
+
+
+def _fast_report(work: _Work, o: GenerateOptions, registry: Any, system: Any) -> Any:
+    """The fast predictor's report of ``o`` with its breakdown (that of its twin where this
+    process priced it already)."""
+    if work.token not in _PRICED:
+        for token in list(_PRICED)[: 1 - _PRICED_SEARCHES]:
+            _PRICED.pop(token, None)
+    reports = _PRICED.setdefault(work.token, {})
+    key = twin_key(o, work.fast)
+    if key not in reports:
+        record = registry.predictors.get(work.fast)
+        reports[key] = _call(
+            record.predict_options,
+            o,
+            system,
+            registry=registry,
+            kernels=list(registry.kernels),
+            explain=True,
+        )
+    return reports[key]
+
+
+def _evaluate_plans(work: _Work, options: Sequence[GenerateOptions]) -> list[tuple[str, Any, Any]]:
+    """Each plan's closed forms, then its fast price: ``("", memory report, report)``, or
+    ``(why it is pruned, None, None)`` (divisibility, memory, or the fast predictor's
+    refusal)."""
     from stg.core.pipeline import validate_options
     from stg.explore.space import normalize_reason
 
     registry, system = _resolve(work)
     kernels = list(registry.kernels)
     memory = registry.predictors.get("memory")
-    out: list[tuple[str, Any]] = []
+    out: list[tuple[str, Any, Any]] = []
     for o in options:
         try:
             validate_options(o, registry)
         except UserError as exc:
-            out.append((f"divisibility: {normalize_reason(str(exc))}", None))
+            out.append((f"divisibility: {normalize_reason(str(exc))}", None, None))
             continue
         mem = _call(memory.predict_options, o, system, kernels=kernels)
-        fits = mem.get("fits")
-        out.append(("", mem) if fits else ("memory: peak above the GPU's capacity", None))
-    return out
-
-
-def _price_plans(work: _Work, options: Sequence[GenerateOptions]) -> list[tuple[str, Any]]:
-    """The fast predictor's report of each plan: ``("", report)``, or ``(why not, None)``."""
-    from stg.explore.space import normalize_reason
-
-    registry, system = _resolve(work)
-    record = registry.predictors.get(work.fast)
-    out: list[tuple[str, Any]] = []
-    for o in options:
-        try:
-            report = _call(
-                record.predict_options,
-                o,
-                system,
-                registry=registry,
-                kernels=list(registry.kernels),
-                explain=True,
-            )
-        except UserError as exc:
-            out.append((f"analytical: {normalize_reason(str(exc))}", None))
+        if not mem.get("fits"):
+            out.append(("memory: peak above the GPU's capacity", None, None))
             continue
-        out.append(("", report))
+        try:
+            report = _fast_report(work, o, registry, system)
+        except UserError as exc:
+            out.append((f"analytical: {normalize_reason(str(exc))}", None, None))
+            continue
+        out.append(("", mem, report))
     return out
 
 
@@ -446,6 +477,60 @@ def search(
             return _search(base, gpus, system, registry, space, top, refine, progress, runner, work)
     finally:
         del _SEARCHES[work.token]
+        _PRICED.pop(work.token, None)
+
+
+def _reference(base: GenerateOptions) -> GenerateOptions:
+    """``base`` on one GPU, one micro-batch, without recompute, sharding or pipeline: its
+    model FLOPs are every plan's (a plan's extra FLOPs, recompute's, only add to them)."""
+    return replace(
+        base,
+        dp=1,
+        tp=1,
+        pp=1,
+        sp=1,
+        ep=1,
+        micro_batch=base.batch,
+        activation_recompute="none",
+        recompute_method=None,
+        recompute_num_layers=None,
+        recompute_modules=(),
+        zero=0,
+        weight_sharded=False,
+        pipeline_schedule="1f1b",
+        virtual_stages=1,
+        ep_layout=None,
+        etp=None,
+        account_for_embedding_in_pipeline_split=False,
+        account_for_loss_in_pipeline_split=False,
+        decoder_last_pipeline_num_layers=None,
+    )
+
+
+def _work_flops(base: GenerateOptions, system: Any, registry: Any, fast: str) -> dict[str, float]:
+    """W of the bound, by recompute: the FLOPs of one iteration on one GPU (tp = pp = 1: no
+    padding of the vocabulary to tp), without recompute (``none``: the model FLOPs, the
+    same for every plan) and with full and selective recompute of every layer, which add
+    their forwards (the fast predictor's hardware FLOPs; a plan that recomputes only some
+    layers, the block method, is bounded by ``none``'s). Where the fast predictor gives no
+    hardware FLOPs or refuses a recompute, that recompute is bounded by ``none``'s; where it
+    refuses the reference itself, every plan is bounded by 0 (and priced)."""
+    record = registry.predictors.get(fast)
+    kernels = list(registry.kernels)
+    reference = _reference(base)
+    try:
+        model = _call(record.predict_options, reference, system, registry=registry, kernels=kernels)
+    except UserError:
+        return {"none": 0.0}
+    out = {"none": float(model["model_flops"])}
+    for recompute, modules in (("full", ()), ("selective", base.recompute_modules)):
+        plan = replace(reference, activation_recompute=recompute, recompute_modules=modules)
+        try:
+            report = _call(record.predict_options, plan, system, registry=registry, kernels=kernels)
+        except UserError:
+            report = {}
+        out[recompute] = max(out["none"], float(report.get("hardware_flops") or 0.0))
+    return out
 
 
 def _search(
@@ -467,57 +552,21 @@ def _search(
 
     everything = plans(base, gpus, space, scale_up=scale_up_size(system))
     pruned: Counter[str] = Counter()
-    feasible: list[tuple[GenerateOptions, dict[str, Any]]] = []
-    checked = runner.map(_check_plans, work, everything, report("closed forms"))
-    for o, (reason, mem) in zip(everything, checked, strict=True):
-        if reason:
-            pruned[reason] += 1
-        else:
-            feasible.append((o, mem))
-    if not feasible:
-        return SearchResult([], len(everything), pruned, 0, 0)
-    # W: model FLOPs of one iteration, the same for every plan: tp = pp = 1, no recompute
-    reference = replace(
-        feasible[0][0],
-        dp=1,
-        tp=1,
-        pp=1,
-        sp=1,
-        ep=1,
-        micro_batch=feasible[0][0].batch,
-        activation_recompute="none",
-        recompute_method=None,
-        recompute_num_layers=None,
-        recompute_modules=(),
-        zero=0,
-        weight_sharded=False,
-        pipeline_schedule="1f1b",
-        virtual_stages=1,
-        ep_layout=None,
-        etp=None,
-        account_for_embedding_in_pipeline_split=False,
-        account_for_loss_in_pipeline_split=False,
-        decoder_last_pipeline_num_layers=None,
-    )
-    fast_record = registry.predictors.get(work.fast)
-    work_flops = _call(
-        fast_record.predict_options,
-        reference,
-        system,
-        registry=registry,
-        kernels=list(registry.kernels),
-    )["model_flops"]
+    work_flops = _work_flops(base, system, registry, work.fast)
     peak = system.peak(base.dtype)
     candidates = []
-    for o, mem in feasible:
+    for o in everything:
         fill = 1 + (o.pp - 1) / (o.micro_batches * o.virtual_stages)
-        candidates.append(Candidate(o, work_flops / (gpus * peak) * fill, memory=mem))
+        recompute = o.activation_recompute if o.recompute_method is None else "none"
+        flops = work_flops.get(recompute, work_flops["none"])
+        candidates.append(Candidate(o, flops / (gpus * peak) * fill))
     candidates.sort(key=lambda c: c.bound_s)
     keep = max(top, refine)
     best: list[Candidate] = []
     priced = 0
-    # in order of the bound, a batch at a time (one plan where the work runs here); the
-    # plans of a batch past the stop are priced in vain, never counted: the same result
+    # in order of the bound, a batch at a time (one plan where the work runs here): each plan
+    # checked by the closed forms, then priced; the plans of a batch past the stop are
+    # evaluated in vain, never counted: the same result on any engine
     batch = 1 if runner.workers == 1 and runner.client is None else 64 * runner.workers
     n = 0
     stopped = False
@@ -527,8 +576,8 @@ def _search(
         group = candidates[n : n + batch]
         if len(best) >= keep and group[0].bound_s > best[keep - 1].time_s:
             break
-        prices = runner.map(_price_plans, work, [c.options for c in group])
-        for candidate, (reason, analytical) in zip(group, prices, strict=True):
+        evaluated = runner.map(_evaluate_plans, work, [c.options for c in group])
+        for candidate, (reason, memory, analytical) in zip(group, evaluated, strict=True):
             if len(best) >= keep and candidate.bound_s > best[keep - 1].time_s:
                 stopped = True
                 break
@@ -536,6 +585,7 @@ def _search(
             if reason:
                 pruned[reason] += 1
                 continue
+            candidate.memory = memory
             candidate.analytical = analytical
             priced += 1
             best.append(candidate)
@@ -548,12 +598,18 @@ def _search(
     refined = 0
     if refine > 0 and work.full:
         chosen = best[:refine]
+        # plans the DAG predictor cannot tell apart are replayed once
+        keys = [twin_key(c.options, work.full) for c in chosen]
+        firsts = {k: c.options for k, c in reversed(list(zip(keys, chosen, strict=True)))}
+        distinct = list(dict.fromkeys(keys))
         reports = runner.map(
-            _refine_plans, work, [c.options for c in chosen], report("DAG predictor")
+            _refine_plans, work, [firsts[k] for k in distinct], report("DAG predictor")
         )
-        for candidate, dag in zip(chosen, reports, strict=True):
+        replayed = dict(zip(distinct, reports, strict=True))
+        for candidate, key in zip(chosen, keys, strict=True):
+            dag = replayed[key]
             if dag is not None:
-                candidate.dag = dag
+                candidate.dag = dict(dag)
                 refined += 1
         best[:refine] = sorted(chosen, key=lambda c: c.time_s)
     return SearchResult(best[:top], len(everything), pruned, priced, refined)
