@@ -43,7 +43,8 @@ def test_a_later_process_reads_the_reduced_workloads_back(tmp_path: Path) -> Non
     second = predict_in_a_new_process(tmp_path)
     assert first["built"] and not second["built"]
     assert second["report"] == first["report"]  # floats and all, through JSON's repr
-    assert len(list((tmp_path / cache.SUBFOLDER).glob("*.pickle"))) == 2  # 1 and 2 layers
+    # 1 and 2 layers, and the model's count of block kinds
+    assert len(list((tmp_path / cache.SUBFOLDER).glob("*.pickle"))) == 3
 
 
 @pytest.fixture
@@ -158,12 +159,18 @@ def test_a_report_from_workloads_read_back_is_the_same(
     build = stg.api.build_workload
     built: list[object] = []
     monkeypatch.setattr(stg.api, "build_workload", lambda *a: built.append(1) or build(*a))
-    reports, builds = [], []
+    get = registry.models.get
+    models: list[object] = []  # the model is used (imported) for its stack only to build
+    monkeypatch.setattr(registry.models, "get", lambda name: models.append(name) or get(name))
+    reports, builds, lookups = [], [], []
     for _ in range(2):
         analytical._cached_build.cache_clear()  # a new process: only the disk remembers
+        analytical._cached_layer_kinds.cache_clear()
         reports.append(analytical.predict_options(options, "a100-80g", registry=registry))
         builds.append(len(built))
+        lookups.append(len(models))
     assert builds[0] > 0 and builds[1] == builds[0]
+    assert lookups[0] > 0 and lookups[1] == lookups[0]
     assert reports[1] == reports[0]
 
 
