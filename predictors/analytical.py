@@ -690,8 +690,9 @@ def _cached_build(options: GenerateOptions, registry_id: int) -> Any:
 
 
 def _layer_kinds(options: GenerateOptions, registry: Any) -> int:
-    """How many block kinds the model's layer stack for ``options`` has: read from the cache
-    beside the workloads where it is there (the model is not imported), else from the model."""
+    """How many block kinds the model's layer stack for ``options`` has. A deferred built-in
+    model not imported yet is not imported for it where the cache beside the workloads has
+    it; an imported model counts at once (no entry per plan of a search)."""
     _REGISTRIES[id(registry)] = registry
     return _cached_layer_kinds(options, id(registry))
 
@@ -704,6 +705,8 @@ def _cached_layer_kinds(options: GenerateOptions, registry_id: int) -> int:
         model = registry.models.get(options.model)
         return len({kind for kind, _, _ in model.layer_runs(options.as_dict())})
 
+    if not registry.models.pending(options.model):
+        return count()
     key = workload_cache.entry_key(("layer kinds", options), _plugins(registry))
     return workload_cache.cached(key, count)
 
