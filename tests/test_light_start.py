@@ -135,11 +135,11 @@ def test_an_analytical_prediction_as_json_loads_no_console_and_no_worker_pool() 
     modules = imported("predict", *args)
     assert not {m for m in modules if m == "rich" or m.startswith("rich.")}
     assert not modules & {"stg.trace.parallel", "concurrent.futures", "multiprocessing"}
-    # Besides sympy and mpmath (the symbolic core's, about 490 modules: stg.perf.costs and
-    # the model import it), 351 modules on Python 3.11: about 205 of the standard library,
-    # 50 of stg, 52 of pydantic (typer's coercion of every option), 27 of typer, 13 of
-    # pluggy and the installed plugins; 400 leaves room for another Python, not for a new
-    # library on this path
+    # Besides sympy and mpmath (the symbolic core's, about 490 modules: the model imports it
+    # where the reduced workloads are built, not read from the cache), 351 modules on Python
+    # 3.11: about 205 of the standard library, 50 of stg, 52 of pydantic (typer's coercion of
+    # every option), 27 of typer, 13 of pluggy and the installed plugins; 400 leaves room for
+    # another Python, not for a new library on this path
     rest = {m for m in modules if m.partition(".")[0] not in ("sympy", "mpmath")}
     assert len(rest) <= 400, sorted(rest)
 
