@@ -12,14 +12,16 @@ number of modules the command imported and whether sympy was among them.
 
 Installed plugins load as they would for a user (set ``STG_DISABLE_PLUGIN_AUTOLOAD=1`` to
 measure stg alone). The analytical prediction reads the one- and two-layer workloads it
-prices from the cache on disk after its first run, as a user's repeated predictions do; the
-row after it builds them every time (``STG_CACHE_DIR=``). It also runs against an older stg
+prices from a cache folder that an unmeasured run filled, as a user's repeated predictions do;
+the rows after it build them every time (``STG_CACHE_DIR=``), and build and store them in an
+empty cache folder (a first run). It also runs against an older stg
 (``PYTHONPATH=old/tree python benchmarks/startup.py``).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import resource
@@ -27,14 +29,19 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 
 GPT3_1024 = [
     "--model", "gpt3-175b", "--tp", "8", "--pp", "16", "--dp", "8",
     "--batch", "1536", "--micro_batch", "8", "--predictor", "analytical", "--json",
 ]  # fmt: skip
 
+WARM_CACHE = "stg predict analytical 175B/1024"
+"""Reads its reduced workloads from a cache folder that a run before the measured ones filled."""
 NO_CACHE = "  the same, no cache (builds)"
 """The analytical row again with ``STG_CACHE_DIR=`` (its reduced workloads built each time)."""
+COLD_CACHE = "  the same, empty cache (stores)"
+"""The analytical row again with ``STG_CACHE_DIR`` a new empty folder each run."""
 
 # Runs the CLI (or only imports it), then reports the modules imported, on stderr's last line.
 PROBE = """
@@ -62,8 +69,9 @@ def cases(trace: str) -> dict[str, list[str]]:
         "stg predict --help": ["predict", "--help"],
         "stg generate --help": ["generate", "--help"],
         "stg feed (1 rank)": ["feed", trace],
-        "stg predict analytical 175B/1024": ["predict", *GPT3_1024],
+        WARM_CACHE: ["predict", *GPT3_1024],
         NO_CACHE: ["predict", *GPT3_1024],
+        COLD_CACHE: ["predict", *GPT3_1024],
     }
 
 
@@ -87,9 +95,10 @@ def run_once(args: list[str], env: dict[str, str] | None = None) -> tuple[float,
     return cpu, json.loads(line[len("STARTUP ") :])
 
 
-def _median(args: list[str], repeats: int, env: dict[str, str] | None = None) -> tuple[float, dict]:
-    """The median CPU seconds of ``repeats`` runs of ``args``, and the last run's probe."""
-    runs = [run_once(args, env) for _ in range(repeats)]
+def _median(args: list[str], repeats: int, env: Callable[[], dict[str, str]]) -> tuple[float, dict]:
+    """The median CPU seconds of ``repeats`` runs of ``args`` (each with ``env()`` added to
+    the environment), and the last run's probe."""
+    runs = [run_once(args, env()) for _ in range(repeats)]
     return statistics.median(cpu for cpu, _ in runs), runs[-1][1]
 
 
@@ -102,9 +111,19 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="stg-startup-") as tmp:
         generate = ["generate", "--model", "gpt", "--num_stacks", "2", "--output_dir", tmp]
         run_once(generate)
+        warm = {"STG_CACHE_DIR": os.path.join(tmp, "cache")}
+        run_once(cases(tmp)[WARM_CACHE], warm)  # fills it
+        fresh = itertools.count()
+
+        def env_of(label: str) -> Callable[[], dict[str, str]]:
+            if label == NO_CACHE:
+                return lambda: {"STG_CACHE_DIR": ""}
+            if label == COLD_CACHE:  # a folder of its own for each run
+                return lambda: {"STG_CACHE_DIR": os.path.join(tmp, f"cache-{next(fresh)}")}
+            return lambda: warm
+
         measured = {
-            label: _median(args, ns.repeats, {"STG_CACHE_DIR": ""} if label == NO_CACHE else None)
-            for label, args in cases(tmp).items()
+            label: _median(args, ns.repeats, env_of(label)) for label, args in cases(tmp).items()
         }
     for label, (cpu, probe) in measured.items():
         results[label] = {"cpu_s": cpu, "modules": probe["modules"], "sympy": probe["sympy"]}

@@ -1,11 +1,14 @@
-"""A cache on disk of the small workloads that the analytical predictor builds and prices.
+"""A cache on disk of the small workloads that the analytical predictor builds and prices,
+and of the model's count of block kinds that chooses which ones it builds.
 
 Building a one- or two-layer workload runs the symbolic core (sympy) and lowering; a process
-that finds the workload here reads it back instead (a pickle of a few tens of kB). An entry
-is used only when it is exactly what a build would give now:
+that finds the workload here reads it back instead (a pickle of a few tens of kB), and with
+the count beside it imports neither the model nor sympy. An entry is used only when it is
+exactly what a build would give now:
 
-- its key is the workload's options, the Python version and the plugins of the registry
-  (name, distribution, version, source), so another option or plugin is another entry;
+- its key is the workload's options (the run's, for the count), the Python version and the
+  plugins of the registry (name, distribution, version, source), so another option or
+  plugin is another entry;
 - it records every module file the storing process had loaded (path, modification time in
   ns, size: the check Python makes of its own bytecode cache) and is ignored once any of
   them changed or went away, so an edit of stg, a model or a library rebuilds it. A build

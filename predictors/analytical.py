@@ -480,10 +480,9 @@ def unlike_layers(o: GenerateOptions, registry: Any) -> bool:
         return True
     if any(o.bf16_layers):  # first_last_layers_bf16: bf16 layers beside quantized ones
         return True
-    model = registry.models.get(o.model) if registry is not None else None
-    if model is None:
+    if registry is None:
         return False
-    return len({kind for kind, _, _ in model.layer_runs(o.as_dict())}) > 1
+    return _layer_kinds(o, registry) > 1
 
 
 def stack_options(o: GenerateOptions) -> GenerateOptions:
@@ -683,14 +682,41 @@ def _build(options: GenerateOptions, registry: Any) -> Any:
 @lru_cache(maxsize=2048)
 def _cached_build(options: GenerateOptions, registry_id: int) -> Any:
     registry = _REGISTRIES[registry_id]
-    plugins = [(p.name, p.dist, p.version, p.source) for p in registry.plugins]
 
     def build() -> Any:
         from stg.api import build_workload  # the pipeline and lowering load on the first build
 
         return build_workload(options, registry)
 
-    return workload_cache.cached(workload_cache.entry_key(options, plugins), build)
+    return workload_cache.cached(workload_cache.entry_key(options, _plugins(registry)), build)
+
+
+def _layer_kinds(options: GenerateOptions, registry: Any) -> int:
+    """How many block kinds the model's layer stack for ``options`` has. A deferred built-in
+    model not imported yet is not imported for it where the cache beside the workloads has
+    it; an imported model counts at once (no entry per plan of a search)."""
+    _REGISTRIES[id(registry)] = registry
+    return _cached_layer_kinds(options, id(registry))
+
+
+@lru_cache(maxsize=2048)
+def _cached_layer_kinds(options: GenerateOptions, registry_id: int) -> int:
+    registry = _REGISTRIES[registry_id]
+
+    def count() -> int:
+        model = registry.models.get(options.model)
+        return len({kind for kind, _, _ in model.layer_runs(options.as_dict())})
+
+    if not registry.models.pending(options.model):
+        return count()
+    key = workload_cache.entry_key(("layer kinds", options), _plugins(registry))
+    return workload_cache.cached(key, count)
+
+
+def _plugins(registry: Any) -> list[tuple[object, ...]]:
+    """What a cache entry's key names of the registry: each plugin's name, distribution,
+    version and source."""
+    return [(p.name, p.dist, p.version, p.source) for p in registry.plugins]
 
 
 # ---------------------------------------------------------------------------------------------

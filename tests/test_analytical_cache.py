@@ -43,7 +43,8 @@ def test_a_later_process_reads_the_reduced_workloads_back(tmp_path: Path) -> Non
     second = predict_in_a_new_process(tmp_path)
     assert first["built"] and not second["built"]
     assert second["report"] == first["report"]  # floats and all, through JSON's repr
-    assert len(list((tmp_path / cache.SUBFOLDER).glob("*.pickle"))) == 2  # 1 and 2 layers
+    # 1 and 2 layers, and the model's count of block kinds
+    assert len(list((tmp_path / cache.SUBFOLDER).glob("*.pickle"))) == 3
 
 
 @pytest.fixture
@@ -154,16 +155,23 @@ def test_a_report_from_workloads_read_back_is_the_same(
     from stg.host.registry import load_registry
     from stg.predictors import analytical
 
-    registry = load_registry(autoload=False)
     build = stg.api.build_workload
     built: list[object] = []
     monkeypatch.setattr(stg.api, "build_workload", lambda *a: built.append(1) or build(*a))
-    reports, builds = [], []
+    models: list[object] = []  # the model is looked up (imported) for its stack only to build
+    reports, builds, lookups = [], [], []
     for _ in range(2):
-        analytical._cached_build.cache_clear()  # a new process: only the disk remembers
+        # a new process: only the disk remembers, and the built-in models are not imported
+        analytical._cached_build.cache_clear()
+        analytical._cached_layer_kinds.cache_clear()
+        registry = load_registry(autoload=False)
+        get = registry.models.get
+        monkeypatch.setattr(registry.models, "get", lambda n, get=get: models.append(n) or get(n))
         reports.append(analytical.predict_options(options, "a100-80g", registry=registry))
         builds.append(len(built))
+        lookups.append(len(models))
     assert builds[0] > 0 and builds[1] == builds[0]
+    assert lookups[0] > 0 and lookups[1] == lookups[0]
     assert reports[1] == reports[0]
 
 
@@ -176,3 +184,16 @@ def test_the_default_folder_is_the_users_cache(monkeypatch: pytest.MonkeyPatch) 
     assert cache.cache_folder() == Path("/home/someone/.cache/stg/reduced-workloads")
     monkeypatch.setattr(os.path, "expanduser", lambda path: path)  # no home folder known
     assert cache.cache_folder() is None
+
+
+def test_an_imported_model_counts_its_block_kinds_without_an_entry(folder: Path) -> None:
+    from stg.api import GenerateOptions
+    from stg.host.registry import load_registry
+    from stg.predictors import analytical
+
+    registry = load_registry(autoload=False)
+    registry.models.get("deepseek")  # imported, as in a search after its first plan
+    analytical._cached_layer_kinds.cache_clear()
+    options = GenerateOptions(model="deepseek", num_stacks=4, dense_layers=1, batch=8)
+    assert analytical.unlike_layers(options, registry)  # dense and MoE layers
+    assert not list(folder.glob("*.pickle"))  # none per plan of a search

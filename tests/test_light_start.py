@@ -115,9 +115,9 @@ def test_help_that_lists_models_and_predictors_loads_none_of_them(command: str) 
     }
 
 
-def test_a_prediction_loads_only_the_model_and_predictor_it_uses() -> None:
+def test_a_prediction_loads_only_the_model_and_predictor_it_uses(tmp_path: Path) -> None:
     args = ["--model", "gpt", "--num_stacks", "2", "--predictor", "analytical", "--json"]
-    modules = imported("predict", *args)
+    modules = imported("predict", *args, env={"STG_CACHE_DIR": str(tmp_path)})  # it builds
     plugins = ("stg.models.", "stg.predictors.", "stg.emitters.")
     builtins = {m for m in modules if m.startswith(plugins)}
     assert builtins == {
@@ -135,11 +135,11 @@ def test_an_analytical_prediction_as_json_loads_no_console_and_no_worker_pool() 
     modules = imported("predict", *args)
     assert not {m for m in modules if m == "rich" or m.startswith("rich.")}
     assert not modules & {"stg.trace.parallel", "concurrent.futures", "multiprocessing"}
-    # Besides sympy and mpmath (the symbolic core's, about 490 modules: stg.perf.costs and
-    # the model import it), 351 modules on Python 3.11: about 205 of the standard library,
-    # 50 of stg, 52 of pydantic (typer's coercion of every option), 27 of typer, 13 of
-    # pluggy and the installed plugins; 400 leaves room for another Python, not for a new
-    # library on this path
+    # Besides sympy and mpmath (the symbolic core's, about 490 modules: the model imports it
+    # where the reduced workloads are built, not read from the cache), 351 modules on Python
+    # 3.11: about 205 of the standard library, 50 of stg, 52 of pydantic (typer's coercion of
+    # every option), 27 of typer, 13 of pluggy and the installed plugins; 400 leaves room for
+    # another Python, not for a new library on this path
     rest = {m for m in modules if m.partition(".")[0] not in ("sympy", "mpmath")}
     assert len(rest) <= 400, sorted(rest)
 
@@ -147,3 +147,34 @@ def test_an_analytical_prediction_as_json_loads_no_console_and_no_worker_pool() 
 def test_the_analytical_predictor_loads_the_pipeline_only_to_build() -> None:
     modules = imported("--exec", "import stg.predictors.analytical")
     assert not modules & {"stg.core.pipeline", "stg.core.lowering", "stg.core.autodiff"}
+
+
+GPT3_1024 = [
+    "--model", "gpt3-175b", "--tp", "8", "--pp", "16", "--dp", "8",
+    "--batch", "1536", "--micro_batch", "8", "--predictor", "analytical", "--json",
+]  # fmt: skip
+
+
+def test_an_analytical_prediction_from_the_cache_imports_no_model_and_no_sympy(
+    tmp_path: Path,
+) -> None:
+    env = {"STG_CACHE_DIR": str(tmp_path)}
+    first = imported("predict", *GPT3_1024, env=env)  # builds its reduced workloads
+    assert "stg.models.gpt" in first and "sympy" in first
+    modules = imported("predict", *GPT3_1024, env=env)  # reads them back
+    models = {m for m in modules if m.startswith("stg.models.")}
+    assert models == {"stg.models.presets"}  # the preset's dimensions, no model template
+    assert not modules & {*SYMBOLIC, "mpmath", "stg.core.lowering", "stg.core.autodiff"}
+
+
+def test_every_deferred_built_in_model_has_a_layer_stack() -> None:
+    # stg.core.validation checks a deferred model's options without importing it on this
+    from stg.host.deferred import DEFERRED_BUILTINS
+    from stg.host.registry import load_registry
+
+    registry = load_registry(autoload=False)
+    names = [n for table in DEFERRED_BUILTINS.values() for n in table.get("models", {})]
+    assert names
+    for name in names:
+        model = registry.models.get(name)
+        assert model.block is not None or model.stack is not None, name

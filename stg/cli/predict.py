@@ -245,10 +245,10 @@ def predict(**values: Any) -> None:
     else:
         if comm_group_file is not None:
             raise UserError("--comm_group_file names the comm-group file of a trace PATH")
-        from stg.core import pipeline as gen
+        from stg.core.validation import validate_options
 
         options = with_placement(options_from_cli(values), system)
-        gen.validate_options(options, registry)
+        validate_options(options, registry)
         if options.inference and predictor == "all" and "serving" in registry.predictors:
             names = [*names, "serving"]  # TTFT, time per output token, tokens/s
         workload = None
@@ -256,8 +256,10 @@ def predict(**values: Any) -> None:
         needed = any(registry.predictors.get(n).needs != "options" for n in names)
         if needed or calibration is not None:
             check_workload_size(options, registry, max_nodes)
+            from stg.core.pipeline import build_workload
+
             with progress_bar(err_console()) as progress:
-                workload = gen.build_workload(options, registry, progress=progress)
+                workload = build_workload(options, registry, progress=progress)
         with _os_errors():
             reports = run_predictors(
                 names,

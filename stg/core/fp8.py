@@ -42,8 +42,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from stg.core.symbolic import Dim, Op, Tensor
+if TYPE_CHECKING:
+    from stg.core.symbolic import Dim, Op, Tensor
 
 AMAX_HISTORY_DEFAULT = 1024
 """``DelayedScaling.amax_history_len``'s default (TE 1.x and 2.x; Megatron-LM's own default
@@ -220,7 +222,7 @@ class QuantizeSite:
     cols: int
 
 
-GemmShape = Callable[[Op], tuple[int, int, int, int]]
+GemmShape = Callable[["Op"], tuple[int, int, int, int]]
 
 
 def quantize_sites(

@@ -132,7 +132,7 @@ def resolve_model(
         given["model"] = MODEL_ALIASES[name]
         return given, None
     try:
-        registry.models.lookup(name)
+        registry.models.check(name)  # imported only when it is built
         return given, None  # a model template: the name stays
     except UnknownNameError:
         pass
@@ -145,7 +145,7 @@ def resolve_model(
         ) from None
     preset = entry.item
     try:
-        registry.models.lookup(preset.model)
+        registry.models.check(preset.model)
     except UnknownNameError:
         raise UnknownNameError(
             f"preset {name!r} ({entry.qualified}) builds model {preset.model!r}, which is not "

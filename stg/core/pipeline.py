@@ -20,7 +20,6 @@ from stg.core.lowering import (
     lower_stage,
 )
 from stg.core.modelinfo import saved_activations
-from stg.core.offload import check_offload
 from stg.core.options import GenerateOptions, OptionError, ReadOptions, check_options_read
 from stg.core.plan import ParallelPlan, make_plan
 from stg.core.precision import (
@@ -55,6 +54,7 @@ from stg.core.symbolic import (
     SharedExperts,
     Tensor,
 )
+from stg.core.validation import validate_options
 from stg.core.workload import RankGraph, Workload, node_micro_batch
 from stg.errors import UserError
 from stg.host.records import Model, PipelineSchedule
@@ -63,41 +63,6 @@ if TYPE_CHECKING:
     from stg.host.registry import Registry
 
 Progress = Callable[[str, int, int], None]
-
-
-def validate_options(options: GenerateOptions, registry: Registry) -> ParallelPlan:
-    """Check every option (names against the registry, degrees against the model) and return
-    the plan. Raises :class:`~stg.core.options.OptionError` (or UnknownNameError) on bad input."""
-    model = registry.models.get(options.model)
-    schedule = registry.schedules.get(options.pipeline_schedule)
-    plan = make_plan(options)
-    if model.block is None and model.stack is None:  # no layer stack: no stages, no layers
-        if options.inference:
-            raise OptionError(
-                f"model {model.name!r} has no layer stack to serve token by token: "
-                f"phase={options.phase} is not allowed; allowed: phase=training"
-            )
-        if options.pp > 1 or options.virtual_stages > 1:
-            raise OptionError(
-                f"model {model.name!r} has no layer stack to split into pipeline stages: "
-                f"pp={options.pp}, virtual_stages={options.virtual_stages} are not allowed; "
-                "allowed: pp=1, virtual_stages=1"
-            )
-        if plan.recompute != "none":
-            raise OptionError(
-                f"model {model.name!r} has no layer stack to recompute: "
-                f"activation_recompute={options.activation_recompute} is not allowed; "
-                "allowed: none"
-            )
-        plan = replace(plan, layers_per_chunk=(0,))
-    if options.virtual_stages > 1 and not schedule.supports_chunks:
-        raise OptionError(
-            f"pipeline_schedule={options.pipeline_schedule} does not support virtual_stages > 1"
-        )
-    if options.cpu_offloading_num_layers:
-        order = schedule.order(0, plan.stages, plan.micro_batches, plan.chunks_per_stage)
-        check_offload(options, sum(plan.layers_per_chunk), plan.recompute, order)
-    return plan
 
 
 def symbol_values(options: GenerateOptions) -> dict[Any, int]:

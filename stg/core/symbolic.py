@@ -17,6 +17,7 @@ from typing import Protocol
 
 import sympy
 
+from stg.core.dropout import DROPOUT_BACKWARD_FLOPS, DROPOUT_FLOPS, MASK_DTYPE
 from stg.core.layout import DENSE_AXES, EXPERT_AXES, UNFOLDED_AXIS_PARTS
 from stg.core.precision import precision_of
 from stg.core.quantization import Scaling, WeightFormat, weight_format
@@ -42,13 +43,6 @@ model of dense and MoE layers; the shared experts of an MoE layer."""
 
 ONE = sympy.Integer(1)
 ZERO = sympy.Integer(0)
-MASK_DTYPE = "int8"
-"""A dropout mask's storage: 1 byte per element (torch.bool; Megatron-LM's fused
-bias-dropout-add keeps the same)."""
-DROPOUT_FLOPS = 3
-"""Per element forward: compare a random draw with p, apply the mask, scale by 1/(1 - p)."""
-DROPOUT_BACKWARD_FLOPS = 2
-"""Per element backward: the output gradient times the mask, times 1/(1 - p)."""
 
 
 @dataclass(frozen=True)

@@ -175,6 +175,16 @@ class Catalog(Generic[T]):
     def __iter__(self) -> Iterator[Registered[T]]:
         return iter(self._loaded())
 
+    def check(self, name: str) -> None:
+        """Raise what :meth:`lookup` raises for a name that is unknown or ambiguous, without
+        importing a deferred module (its names are known from :mod:`stg.host.deferred`)."""
+        self._match(name)
+
+    def pending(self, name: str) -> bool:
+        """Whether the item called ``name`` belongs to a deferred built-in module not imported
+        yet (an unknown or ambiguous name raises as :meth:`lookup` does)."""
+        return isinstance(self._match(name), _Pending)
+
     def get(self, name: str) -> T:
         """The item called ``name`` (a name, an alias, or ``dist:name``)."""
         return self.lookup(name).item

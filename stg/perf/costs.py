@@ -14,10 +14,10 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from stg.core.dropout import DROPOUT_FLOPS
 from stg.core.fp8 import QUANTIZE_ATTR, QUANTIZE_BYTES_PER_ELEMENT
 from stg.core.quantization import WEIGHT_FORMATS
 from stg.core.recipes import QUANTIZE_KERNEL_ATTR, QUANTIZE_OPERAND_ATTR, RECIPE_ATTR
-from stg.core.symbolic import DROPOUT_FLOPS
 from stg.core.workload import MICRO_BATCH_ATTR, STEP_ATTR, CollectiveType, Role, node_role
 from stg.errors import UserError
 from stg.perf import comm_time
