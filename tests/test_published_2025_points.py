@@ -23,6 +23,7 @@ from test_cluster_runs import DEFAULT_GUARD, HEADER, run_options, table_row
 
 from stg.core.options import GenerateOptions, resolve_model
 from stg.core.pipeline import build_workload
+from stg.explore.serve_profiles import engine_profile
 from stg.host.registry import Registry, load_registry
 from stg.predictors.serving import predict_serving
 from stg.predictors.time import predict_time
@@ -55,6 +56,7 @@ def test_points_are_well_formed(registry: Registry) -> None:
             assert entry["fp8_recipe"] in ("current", "mxfp8"), entry["id"]
     for entry in SERVING:
         assert serving_options(entry, registry, "decode").world_size == entry["gpus"]
+        engine_profile(entry.get("engine_profile", "none"))  # a known profile
     for entry in (*TRAINING, *SERVING):
         assert entry["source"].startswith("https://") and entry["table"], entry["id"]
 
@@ -86,14 +88,31 @@ def serving_options(entry: dict, registry: Registry, phase: str) -> GenerateOpti
     return GenerateOptions(**values, phase=phase, precision=plan)
 
 
+def engine_idle_s(entry: dict) -> float:
+    """The engine's GPU idle time over the run: one scheduler call per step (the prefill and
+    ``output - 1`` decode steps), each costing the entry's engine profile's
+    ``scheduler_overhead_s``."""
+    profile = engine_profile(entry.get("engine_profile", "none"))
+    return entry["output"] * profile.scheduler_overhead_s
+
+
 def predicted_latency(entry: dict, registry: Registry) -> float:
-    """TTFT + (output - 1) x TPOT (see the data file's field notes)."""
+    """TTFT + (output - 1) x TPOT + the engine's idle time (the data file's field notes)."""
     reports = {}
     for phase in ("prefill", "decode"):
         workload = build_workload(serving_options(entry, registry, phase), registry)
         reports[phase] = predict_serving(workload, entry["system"])
     tpot = reports["decode"]["time_per_output_token_s"]
-    return reports["prefill"]["ttft_s"] + (entry["output"] - 1) * tpot
+    return reports["prefill"]["ttft_s"] + (entry["output"] - 1) * tpot + engine_idle_s(entry)
+
+
+def test_engine_idle_time_follows_the_profile() -> None:
+    """OCI's 2024 points ran vLLM's V0 engine: 128 steps of 4 ms idle each (vllm-0.6); AMD's
+    vLLM 0.10.2 points name no profile and add nothing."""
+    oci = next(e for e in SERVING if e["id"] == "oci-llama3.1-405b-fp8-tp8-bs1")
+    amd = next(e for e in SERVING if e["id"] == "amd-vllm0102-llama3.1-70b-fp8-tp8-bs1")
+    assert engine_idle_s(oci) == pytest.approx(128 * 4e-3)
+    assert engine_idle_s(amd) == 0.0
 
 
 @pytest.mark.slow  # about half a minute: 70B and 405B serving steps
@@ -113,6 +132,9 @@ def test_mi300x_serving_latencies(registry: Registry, report_table: Callable[...
         lines.append(line)
         if not passed:
             problems.append(line)
-    lines.append(summary(errors) + " (target 15%; MI300X clock from AMD's measured GEMMs)")
+    lines.append(
+        summary(errors) + " (target 15%; MI300X clock from AMD's measured GEMMs; "
+        "engine idle time from the row's engine profile)"
+    )
     report_table("MI300X serving latencies (tests/data/serving/mi300x_latency.json)", lines)
     assert not problems, "\n".join(problems)
