@@ -38,7 +38,9 @@ bandwidth, 0.47 of 900 (coreweave/nccl-tests pull request #43). Infinity Fabric:
 model of a gfx94x xGMI link is 48 of its 64 GB/s per direction after protocol and CRC overheads
 (ROCm/rccl issue #1210, ``ncclTopoXGMISpeed``), 0.75 of the link rate; RCCL inherits NCCL's
 tuning model and treats xGMI as NVLink, hence ``link: nvlink``, without NVLS (AMD's GPUs
-connect point to point, no switch). Scale-out NICs reach 0.9 of their line rate and
+connect point to point, no switch). Against AMD's published rccl-tests all-reduce of 8 MI300X
+(RCCL 2.22.3; tests/test_rccl_curves.py) this is 15 % slow at 1-256 KiB, within 6 % from 64 MiB
+up and up to 86 % slow between 512 KiB and 32 MiB. Scale-out NICs reach 0.9 of their line rate and
 latencies are NCCL's (``hwLat``), as for the h100-80g preset.
 
 Compute efficiencies of unshaped nodes: the h100-80g preset's for Blackwell (the same
