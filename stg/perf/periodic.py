@@ -47,6 +47,29 @@ Where the states differ (or a workload replays with ``overlap_param_gather`` or
 ``tp_comm_overlap``, whose engine edits the dependencies beyond the nodes' own), the shorter
 problem is replayed.
 
+The fewest micro-batches (:func:`state_keep`: the fill in whole periods, ``c``, and a period,
+the longer problem a period more, ``pp + 2`` for 1F1B against :func:`first_keep`'s ``2 pp +
+2``): where the longer problem is the workload itself (one lowered for them, whose drain is
+its schedule's), the state check alone proves the period, the states compared at the start
+of micro-batches ``c`` and ``c + p``. Call ``P_n`` the schedule with ``n`` periods more than
+the shorter one, ``P_1`` the longer replay. Up to ``b`` every ``P_n`` (``n >= 1``) replays as
+``P_1`` (the nodes in which they differ are those that differ between ``P_0`` and ``P_1``,
+one period later, untouched at ``b`` as these are at ``a``), and its state at ``b`` is
+``P_{n-1}``'s at ``a`` one period later; so from ``b`` on ``P_n`` runs as ``P_{n-1}`` does from
+``a``, ``T`` later. By induction ``P_n`` is ``P_1`` up to ``b``, then ``n - 1`` copies of what
+``P_1`` does between ``a`` and ``b``, then the rest of ``P_1``, each a period later: the
+iteration time adds ``T`` per period, every per-unit sum (and union of busy intervals) the
+same difference between the two replays, and a node not finished at ``a`` in ``P_1`` stands
+for itself and its alikes in the further periods (the critical path's walk,
+:func:`_extended_path`). No node-by-node match (:func:`_aligned`), which needs the micro-
+batches before the cut to run alike in both replays, so the drain at least ``pp``
+micro-batches after the cut. A reduced longer problem does not serve: its drain waits for the
+kept ancestors of its dropped nodes, which can be more than the schedule of as many
+micro-batches waits for (with context parallelism a backward's gather comes to wait for the
+compute before the dropped forward's gather), and two such replays can repeat alike where the
+workload does not; there, and where the state differs, the longer :func:`first_keep` is
+tried.
+
 Nodes are matched by their typed attributes (:data:`stg.core.workload.NODE_SEMANTICS`): the
 micro-batch, and within it the type, op, part, phase and role, counted in id order.
 """
