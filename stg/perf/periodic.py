@@ -1031,7 +1031,11 @@ def replay_periodic(
     shorter replays' micro-batches that failed the check already (the same replays of a
     workload lowered for fewer micro-batches): only longer ones are tried. ``chunks``: model
     chunks per stage (an interleaved schedule's virtual stages), whose fill and drain span
-    more micro-batches (:func:`drain_micro_batches`)."""
+    more micro-batches (:func:`drain_micro_batches`).
+
+    Where ``problem`` holds :func:`state_keep` micro-batches and a period (a workload lowered
+    for them), that shorter replay is tried first, proved by the state check alone; then
+    :func:`first_keep`'s, doubled while the check fails."""
     per_unit, built = _micro_batches(problem)
     if built is None:
         return None
@@ -1161,12 +1165,11 @@ def _extended_path(
     whether it runs a period later there than its partner in the shorter one (after the cut,
     or not finished at the first instant the state check compared). A shifted node in copy
     ``c`` (``c`` periods later than in the longer replay) was gated by the copy ``c`` of what
-    gated it there; where that is not shifted, by copy ``c - 1`` of its alike one period later
-    (``c - 2`` of the one two periods later where that one is not shifted either, and so on).
-    Where the walk enters a copy at the node where it entered the one after, a period apart,
-    it crosses every copy down to 1 the same way: that copy's runs are given once, with
-    ``repeats`` and ``period_s`` (see :attr:`PeriodicReplay.critical_path`). None where a node
-    has no alike a period later."""
+    gated it there; where that is not shifted, by copy ``c - 1`` of its alike one period later.
+    Where the walk enters a copy at the node where it entered the one after, it crosses every
+    copy down to 1 the same way: that copy's runs are given once, with ``repeats`` and
+    ``period_s`` (see :attr:`PeriodicReplay.critical_path`). None where a node has no shifted
+    alike a period later."""
     positions = [{n.id: i for i, n in enumerate(res.unit.nodes)} for res in long.units]
 
     def later(u: int, j: int) -> int:
@@ -1224,17 +1227,10 @@ def _extended_path(
                 break
             cu, cj = cause
             if copies and not shifted[cu][cj]:
-                step = 0
-                while copies and not shifted[cu][cj]:
-                    cj = later(cu, cj)
-                    copies -= 1
-                    step += 1
-                if step > 1:  # no entry a period after the last: no repetition found here
-                    walked.extend(segment)
-                    segment = []
-                    entry = None
-                    u, j = cu, cj
-                    continue
+                cj = later(cu, cj)
+                if not shifted[cu][cj]:
+                    raise _NotPeriodic
+                copies -= 1
                 if copies and not repeats and entry == (cu, cj):
                     # entered this copy where it entered the last one: the walk (which does
                     # not depend on the copy, but for copy 0) repeats that copy's nodes in
