@@ -66,6 +66,7 @@ from stg.api import (
     replay,
     replay_periodic,
     send_time,
+    state_keep,
     tree_all_reduce_time,
 )
 from stg.api import replay_engine as engine
@@ -452,19 +453,28 @@ def lowered_micro_batches(options: GenerateOptions, system: System) -> list[tupl
     """(micro-batches to lower, period) for each periodic replay worth trying on a workload
     lowered for its fill, two periods and its drain instead of the whole workload, in order:
     the period of one micro-batch (unless the stages hold several model chunks), then that
-    of one micro-batch per stage; each where the lowered build and its two replays cost at
-    most what the whole build and replay cost. None for a run that is not a training
+    of one micro-batch per stage; for each, first the fewest micro-batches whose steady state
+    the state check proves (:func:`stg.perf.periodic.state_keep`: not with overlapped
+    parameter gathers or tensor-parallel communication, whose dependencies the check does not
+    compare), then those the two replays matched micro-batch by micro-batch need
+    (:func:`stg.perf.periodic.first_keep`); each where the lowered build and its two replays
+    cost at most what the whole build and replay cost. None for a run that is not a training
     pipeline of one device kind."""
     if options.inference or is_hybrid(system):
         return []
     stages, total = options.pp, options.micro_batches
-    periods = [stages] if options.virtual_stages > 1 else list(dict.fromkeys((1, stages)))
+    chunks = options.virtual_stages
+    read_off = not options.overlap_param_gather and not options.tp_comm_overlap
+    periods = [stages] if chunks > 1 else list(dict.fromkeys((1, stages)))
     out = []
     for period in periods:
-        keep = first_keep(stages, period, options.virtual_stages)
-        if total % period or keep + period >= total or 3 * keep + 2 * period > 2 * total:
-            continue
-        out.append((keep + period, period))
+        keeps = [first_keep(stages, period, chunks)]
+        if read_off:
+            keeps.insert(0, state_keep(stages, period, chunks))
+        for keep in keeps:
+            if total % period or keep + period >= total or 3 * keep + 2 * period > 2 * total:
+                continue
+            out.append((keep + period, period))
     return out
 
 

@@ -120,7 +120,7 @@ if TYPE_CHECKING:
     from stg.perf.hybrid import HybridSystem, device_of, group_of_rank, is_hybrid
     from stg.perf.kernel_time import attention_time, gemm_time, memory_bound_time, memory_kind
     from stg.perf.kernels import KernelTable, is_cast, kernel_name, kernel_table
-    from stg.perf.periodic import first_keep, replay_periodic, unit_flops
+    from stg.perf.periodic import first_keep, replay_periodic, state_keep, unit_flops
     from stg.perf.replay import (
         Problem,
         Replay,
@@ -221,6 +221,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "replay": ("stg.perf.replay", "replay"),
     "replay_periodic": ("stg.perf.periodic", "replay_periodic"),
     "first_keep": ("stg.perf.periodic", "first_keep"),
+    "state_keep": ("stg.perf.periodic", "state_keep"),
     "unit_flops": ("stg.perf.periodic", "unit_flops"),
     "System": ("stg.perf.system", "System"),
     "load_system": ("stg.perf.system", "load_system"),
@@ -361,6 +362,7 @@ __all__ = [
     "replay_periodic",
     "send_phases",
     "send_time",
+    "state_keep",
     "tree_all_reduce_time",
     "unit_flops",
     "write_comm_groups",

@@ -96,16 +96,17 @@ def test_the_lowered_prediction_is_the_exact_one(plan: dict[str, Any]) -> None:
 
 def test_most_plans_replay_only_a_lowered_workload() -> None:
     """The fast path is taken, not only fallen back from: a 1F1B pipeline of 40
-    micro-batches lowers 10 of them and replays 9 and 10."""
+    micro-batches at pp 4 lowers 6 of them (the fill, two periods) and replays them once, the
+    shorter replay of 5 read off its states."""
     options = GenerateOptions(model="gpt", micro_batch=1, **SMALL, **PLANS["1f1b"])
     report = predict_time_options(options, SYSTEM, registry=REGISTRY)
     assert report["replay"] == {
         "kind": "periodic",
         "micro_batches": 40,
-        "replayed_micro_batches": 9,
+        "replayed_micro_batches": 5,
         "period_micro_batches": 1,
         "period_s": pytest.approx(report["replay"]["period_s"]),
-        "lowered_micro_batches": 10,
+        "lowered_micro_batches": 6,
     }
     exact = predict_time_options(options, SYSTEM, registry=REGISTRY, exact=True)
     assert exact["replay"] == {"kind": "full"}
@@ -115,9 +116,10 @@ def test_most_plans_replay_only_a_lowered_workload() -> None:
 def test_an_interleaved_pipeline_replays_only_a_lowered_workload() -> None:
     """Interleaved 1F1B's fill spans more micro-batches than its stages (Megatron's warm-up of
     2 * (pp - 1) + (v - 1) * pp forward chunks on the first stage: 10 chunks, 5 micro-batches
-    at pp 4, v 2): the reduced replays keep 20 and 24 micro-batches, with the cut at 12, so
-    the check holds and the figures are the exact ones (a fill of one micro-batch per stage
-    failed the check and replayed all 40)."""
+    at pp 4, v 2, in whole periods 8): the replays keep 12 and 16 micro-batches, their states
+    compared at the start of micro-batches 8 and 12, so the check holds and the figures are
+    the exact ones (a fill of one micro-batch per stage failed the check and replayed all
+    40)."""
     options = GenerateOptions(
         model="gpt", micro_batch=1, **SMALL, num_stacks=8, pp=4, dp=1, tp=1, batch=40,
         pipeline_schedule="interleaved", virtual_stages=2,
@@ -126,10 +128,10 @@ def test_an_interleaved_pipeline_replays_only_a_lowered_workload() -> None:
     assert report["replay"] == {
         "kind": "periodic",
         "micro_batches": 40,
-        "replayed_micro_batches": 20,
+        "replayed_micro_batches": 12,
         "period_micro_batches": 4,
         "period_s": pytest.approx(report["replay"]["period_s"]),
-        "lowered_micro_batches": 24,
+        "lowered_micro_batches": 16,
     }
     exact = predict_time(build_workload(options, REGISTRY), SYSTEM, exact=True)
     _assert_same_report(report, exact)
@@ -209,7 +211,7 @@ def test_stg_predict_lowers_from_options(capsys: pytest.CaptureFixture[str]) -> 
     args += ["--dvocal", "128", "--pp", "4", "--batch", "40", "--micro_batch", "1"]
     fast = _cli_time(capsys, *args)
     exact = _cli_time(capsys, *args, "--exact")
-    assert fast["replay"]["lowered_micro_batches"] == 10
+    assert fast["replay"]["lowered_micro_batches"] == 6
     assert exact["replay"] == {"kind": "full"}
     _assert_same_report(fast, exact)
 

@@ -47,6 +47,29 @@ Where the states differ (or a workload replays with ``overlap_param_gather`` or
 ``tp_comm_overlap``, whose engine edits the dependencies beyond the nodes' own), the shorter
 problem is replayed.
 
+The fewest micro-batches (:func:`state_keep`: the fill in whole periods, ``c``, and a period,
+the longer problem a period more, ``pp + 2`` for 1F1B against :func:`first_keep`'s ``2 pp +
+2``): where the longer problem is the workload itself (one lowered for them, whose drain is
+its schedule's), the state check alone proves the period, the states compared at the start
+of micro-batches ``c`` and ``c + p``. Call ``P_n`` the schedule with ``n`` periods more than
+the shorter one, ``P_1`` the longer replay. Up to ``b`` every ``P_n`` (``n >= 1``) replays as
+``P_1`` (the nodes in which they differ are those that differ between ``P_0`` and ``P_1``,
+one period later, untouched at ``b`` as these are at ``a``), and its state at ``b`` is
+``P_{n-1}``'s at ``a`` one period later; so from ``b`` on ``P_n`` runs as ``P_{n-1}`` does from
+``a``, ``T`` later. By induction ``P_n`` is ``P_1`` up to ``b``, then ``n - 1`` copies of what
+``P_1`` does between ``a`` and ``b``, then the rest of ``P_1``, each a period later: the
+iteration time adds ``T`` per period, every per-unit sum (and union of busy intervals) the
+same difference between the two replays, and a node not finished at ``a`` in ``P_1`` stands
+for itself and its alikes in the further periods (the critical path's walk,
+:func:`_extended_path`). No node-by-node match (:func:`_aligned`), which needs the micro-
+batches before the cut to run alike in both replays, so the drain at least ``pp``
+micro-batches after the cut. A reduced longer problem does not serve: its drain waits for the
+kept ancestors of its dropped nodes, which can be more than the schedule of as many
+micro-batches waits for (with context parallelism a backward's gather comes to wait for the
+compute before the dropped forward's gather), and two such replays can repeat alike where the
+workload does not; there, and where the state differs, the longer :func:`first_keep` is
+tried.
+
 Nodes are matched by their typed attributes (:data:`stg.core.workload.NODE_SEMANTICS`): the
 micro-batch, and within it the type, op, part, phase and role, counted in id order.
 """
@@ -56,7 +79,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from bisect import bisect_left
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -468,8 +491,10 @@ class _Shift:
 
 def _short_from_long(
     long: Replay, long_problem: Problem, short_problem: Problem, shift: _Shift, tolerance: float
-) -> Replay | None:
-    """The replay of ``short_problem`` (one period fewer) read off ``long``, or None.
+) -> tuple[Replay, list[list[bool]]] | None:
+    """The replay of ``short_problem`` (one period fewer) read off ``long``, with per unit and
+    node of ``long`` whether it is not finished at ``a`` (it runs a period later than its
+    partner in the shorter replay, its alike a period earlier), or None.
 
     ``long`` carries the engine's state at two instants (:class:`stg.perf.replay.EngineState`),
     ``a`` and ``b`` (``T`` later). Where, up to ``a``, every node that differs between the two
@@ -489,7 +514,7 @@ def _short_from_long(
     for a, b in itertools.pairwise(long.states):
         short = _state_matches(long, long_problem, short_problem, shift, a, b, tolerance)
         if short is not None:
-            return short
+            return short, [[end < 0 for end in ends] for ends in a.end]
     return None
 
 
@@ -944,6 +969,35 @@ def cut_at(keep: int, stages: int, period: int, chunks: int = 1) -> int:
     return period * ((keep - _whole_periods(drain_micro_batches(stages, chunks), period)) // period)
 
 
+def state_keep(stages: int, period: int, chunks: int = 1) -> int:
+    """The micro-batches of the shortest reduced replay whose period the state check can
+    prove (:func:`_short_from_long`): the fill (:func:`drain_micro_batches`, in whole periods)
+    and one period, so that the first unit starts micro-batch ``c`` (its first after the
+    fill) in the steady state. The longer replay adds one period: ``c + 2 period`` in all,
+    against :func:`first_keep`'s ``2 c + 2 period`` where the two replays are matched
+    micro-batch by micro-batch (:func:`_aligned`), whose drain must leave the cut alone."""
+    return _whole_periods(drain_micro_batches(stages, chunks), period) + period
+
+
+def state_anchor(keep: int, stages: int, period: int, chunks: int = 1) -> int:
+    """The micro-batch ``c`` at whose start on the first unit the state check compares the
+    shorter replay of ``keep`` micro-batches with the longer one a period later: the first
+    after the fill, or the cut's period (:func:`cut_at`) where that is later."""
+    fill = _whole_periods(drain_micro_batches(stages, chunks), period)
+    return max(fill, cut_at(keep, stages, period, chunks) - period)
+
+
+def _keeps(stages: int, period: int, chunks: int, smallest: bool) -> Iterator[int]:
+    """The shorter replays' micro-batches tried in turn: :func:`state_keep` where the state
+    check applies to it (``smallest``), then :func:`first_keep`, doubled on each failure."""
+    if smallest:
+        yield state_keep(stages, period, chunks)
+    keep = first_keep(stages, period, chunks)
+    while True:
+        yield keep
+        keep *= 2
+
+
 def _whole_periods(micro_batches: int, period: int) -> int:
     """``micro_batches`` rounded up to whole periods (an interleaved period is a group of
     micro-batches that goes through every chunk together)."""
@@ -977,7 +1031,11 @@ def replay_periodic(
     shorter replays' micro-batches that failed the check already (the same replays of a
     workload lowered for fewer micro-batches): only longer ones are tried. ``chunks``: model
     chunks per stage (an interleaved schedule's virtual stages), whose fill and drain span
-    more micro-batches (:func:`drain_micro_batches`)."""
+    more micro-batches (:func:`drain_micro_batches`).
+
+    Where ``problem`` holds :func:`state_keep` micro-batches and a period (a workload lowered
+    for them), that shorter replay is tried first, proved by the state check alone; then
+    :func:`first_keep`'s, doubled while the check fails."""
     per_unit, built = _micro_batches(problem)
     if built is None:
         return None
@@ -986,63 +1044,114 @@ def replay_periodic(
         return None
     stages = len({u.stage for u in problem.units})
     indexed: list[_Indexed] = []  # once a replay is worth trying
+    read_off = not options.get("overlap_param_gather") and not options.get("tp_comm_overlap")
     for period in [only_period] if only_period else sorted({1, max(1, stages)}):
         if total % period or (built - total) % period:
             continue
-        keep = first_keep(stages, period, chunks)
-        while checked and keep <= checked.get(period, 0):
-            keep *= 2
         # the two reduced replays cost about 2 * keep + period micro-batches: worth it where
         # that is at most half the full replay (should the check fail, as where a transient
         # decays without ever repeating exactly, the full replay follows them)
-        while keep + period <= built and (2 * (2 * keep + period) <= total or not only_if_cheaper):
-            cut = cut_at(keep, stages, period, chunks)
+        # the smallest keep only where its longer replay is the problem itself (a workload
+        # lowered for it): a reduced problem's drain waits for the kept ancestors of its
+        # dropped nodes, more than the schedule of as many micro-batches may (as where a
+        # backward's gather follows the dropped forward's on the communicator's stream and
+        # comes to wait for the compute before it too), and the check would compare two
+        # drains alike in that, not the problem's
+        smallest = read_off and state_keep(stages, period, chunks) + period == built
+        for keep in _keeps(stages, period, chunks, smallest):
+            if checked and keep <= checked.get(period, 0):
+                continue
+            if keep + period > built or (2 * (2 * keep + period) > total and only_if_cheaper):
+                break
             if not indexed:
                 shared: dict[tuple[Any, ...], tuple[Any, ...]] = {}
                 indexed = [
                     _Indexed(u.nodes, mbs, shared)
                     for u, mbs in zip(problem.units, per_unit, strict=True)
                 ]
-            costs = Costs()  # the two problems share most node objects
             try:
-                longer = problem
-                if keep + period < built:
-                    longer = _reduced(problem, keep + period, built, indexed)
-                shorter = _reduced(problem, keep, built, indexed)
-                anchors: list[tuple[int, int]] = []
-                if not options.get("overlap_param_gather") and not options.get("tp_comm_overlap"):
-                    anchors = _anchors(longer, indexed, [cut - period, cut])
-                long = replay(longer, *args, costs=costs, states_at=anchors, **options)
-                short = None
-                if len(long.states) == len(anchors) > 1:
-                    shift = _Shift(longer, shorter, indexed, period)
-                    tolerance = TOLERANCE * max(long.iteration_time, 1e-300)
-                    short = _short_from_long(long, longer, shorter, shift, tolerance)
-                single = short is not None
-                long.states, long.prepared = [], None
-                if short is None:
-                    short = replay(shorter, *args, costs=costs, **options)
-                for res in short.units:  # the path is walked in the longer replay alone
-                    res.cause = []
+                result = _try_keep(
+                    problem, args, options, indexed, per_unit, built, total, keep, period,
+                    stages, chunks, read_off, name_at,
+                )  # fmt: skip
             except (_NotPeriodic, TraceError):
                 break
-            found = _aligned(short, long, indexed, period, cut)
-            if found is not None:
-                periods = (total - keep) // period
-                path = _extended_path(
-                    long, found[1], indexed, per_unit, period, periods, found[0], name_at
-                )
-                if path is not None:
-                    result = _extrapolate(short, long, total, keep, period, found[0], path)
-                    result.replays = 1 if single else 2
-                    return result
-            keep *= 2
+            if result is not None:
+                return result
     return None
+
+
+def _try_keep(
+    problem: Problem,
+    args: tuple[Any, ...],
+    options: Mapping[str, Any],
+    indexed: list[_Indexed],
+    per_unit: list[list[int | None]],
+    built: int,
+    total: int,
+    keep: int,
+    period: int,
+    stages: int,
+    chunks: int,
+    read_off: bool,
+    name_at: NameAt | None,
+) -> PeriodicReplay | None:
+    """:func:`replay_periodic` with the shorter reduced replay of ``keep`` micro-batches, None
+    where the check fails (:class:`_NotPeriodic` or a :class:`TraceError` where the reduced
+    problems are no schedule of theirs). With a ``keep`` below :func:`first_keep` (the longer
+    problem then ``problem`` itself), only the state check can prove the period: the shorter
+    replay is read off the longer one's states and the nodes that run a period later in the
+    longer one are those not finished at the first instant compared. With a longer one, the
+    two replays (the shorter one read off where the states repeat) are matched micro-batch by
+    micro-batch (:func:`_aligned`)."""
+    cut = cut_at(keep, stages, period, chunks)
+    costs = Costs()  # the two problems share most node objects
+    longer = problem
+    if keep + period < built:
+        longer = _reduced(problem, keep + period, built, indexed)
+    shorter = _reduced(problem, keep, built, indexed)
+    anchors: list[tuple[int, int]] = []
+    if read_off:
+        first = state_anchor(keep, stages, period, chunks)
+        anchors = _anchors(longer, indexed, [first, first + period])
+    long = replay(longer, *args, costs=costs, states_at=anchors, **options)
+    found = None
+    if len(long.states) == len(anchors) > 1:
+        shift = _Shift(longer, shorter, indexed, period)
+        tolerance = TOLERANCE * max(long.iteration_time, 1e-300)
+        found = _short_from_long(long, longer, shorter, shift, tolerance)
+    long.states, long.prepared = [], None
+    smallest = keep < first_keep(stages, period, chunks)
+    shifted: Sequence[Sequence[bool]]
+    if found is not None and smallest:
+        # the full problem is the longer one up to the second instant, the span between the
+        # two repeated, and the rest of the longer one: a node not finished at the first
+        # instant runs as its alike a period later does, a period later (see _extended_path)
+        short, shifted = found
+        period_time = long.iteration_time - short.iteration_time
+    elif smallest:
+        return None  # the micro-batches before the cut would not run as in the longer one
+    else:
+        short = found[0] if found is not None else replay(shorter, *args, costs=costs, **options)
+        for res in short.units:  # the path is walked in the longer replay alone
+            res.cause = []
+        aligned = _aligned(short, long, indexed, period, cut)
+        if aligned is None:
+            return None
+        period_time = aligned[0]
+        shifted = [[partner[1] for partner in unit] for unit in aligned[1]]
+    periods = (total - keep) // period
+    path = _extended_path(long, shifted, indexed, per_unit, period, periods, period_time, name_at)
+    if path is None:
+        return None
+    result = _extrapolate(short, long, total, keep, period, period_time, path)
+    result.replays = 1 if found is not None else 2
+    return result
 
 
 def _extended_path(
     long: Replay,
-    partners: list[list[Partner]],
+    shifted: Sequence[Sequence[bool]],
     indexed: Sequence[_Indexed],
     per_unit: list[list[int | None]],
     period: int,
@@ -1052,12 +1161,15 @@ def _extended_path(
 ) -> list[dict[str, Any]] | None:
     """The full problem's critical path (:func:`stg.perf.replay.critical_path`), walked back
     from its last node along what gated each node: the longer replay's, with the periods the
-    full problem has beyond it in between. A node after the cut in copy ``c`` (``c`` periods
-    later than in the longer replay) was gated by the copy ``c`` of what gated it there; where
-    that lies before the cut, by copy ``c - 1`` of its partner one period later. Where the walk
-    enters a copy at the node where it entered the one after, it crosses every copy down to 1
-    the same way: that copy's runs are given once, with ``repeats`` and ``period_s`` (see
-    :attr:`PeriodicReplay.critical_path`). None where a node has no such partner."""
+    full problem has beyond it in between. ``shifted``: per unit and node of the longer replay,
+    whether it runs a period later there than its partner in the shorter one (after the cut,
+    or not finished at the first instant the state check compared). A shifted node in copy
+    ``c`` (``c`` periods later than in the longer replay) was gated by the copy ``c`` of what
+    gated it there; where that is not shifted, by copy ``c - 1`` of its alike one period later.
+    Where the walk enters a copy at the node where it entered the one after, it crosses every
+    copy down to 1 the same way: that copy's runs are given once, with ``repeats`` and
+    ``period_s`` (see :attr:`PeriodicReplay.critical_path`). None where a node has no shifted
+    alike a period later."""
     positions = [{n.id: i for i, n in enumerate(res.unit.nodes)} for res in long.units]
 
     def later(u: int, j: int) -> int:
@@ -1098,7 +1210,7 @@ def _extended_path(
     if best is None:
         return []
     _, u, j = best
-    copies = periods - 1 if partners[u][j][1] else 0
+    copies = periods - 1 if shifted[u][j] else 0
     # walked back from the last node: (unit, node, copies), latest first
     walked: list[tuple[int, int, int]] = []
     segment: list[tuple[int, int, int]] = []
@@ -1114,9 +1226,9 @@ def _extended_path(
             if cause is None:
                 break
             cu, cj = cause
-            if copies and not partners[cu][cj][1]:
+            if copies and not shifted[cu][cj]:
                 cj = later(cu, cj)
-                if not partners[cu][cj][1]:
+                if not shifted[cu][cj]:
                     raise _NotPeriodic
                 copies -= 1
                 if copies and not repeats and entry == (cu, cj):
