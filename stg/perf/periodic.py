@@ -452,6 +452,9 @@ class _Shift:
         """per unit: each node's position in the longer problem, by id"""
         self.kept: list[bytearray] = []
         """per unit and position in the longer problem: whether the shorter one has the node"""
+        self.topological: list[bool] = []
+        """per unit: whether every node of both problems depends only on nodes at lower
+        positions of the longer one (as lowering makes them: a node after what it waits for)"""
         for lunit, sunit in zip(long.units, short.units, strict=True):
             nodes = lunit.nodes
             by_id: Mapping[int, int] = range(len(nodes))
@@ -462,6 +465,15 @@ class _Shift:
                 kept[by_id[n.id]] = 1
             self.long_pos.append(by_id)
             self.kept.append(kept)
+            self.topological.append(
+                all(
+                    by_id[d] < j
+                    for unit in (lunit, sunit)
+                    for n in unit.nodes
+                    for j in (by_id[n.id],)
+                    for d in (*n.data_deps, *n.ctrl_deps)
+                )
+            )
         self.later: list[list[int | None]] = []
         """per unit and position in the longer problem: that of its node one period later"""
         for unit, index in zip(long.units, indexed, strict=True):
@@ -732,9 +744,10 @@ class _Check:
             if shifted != theirs_deps:
                 extra_mine = {d for d in mine if later[d] not in theirs_deps}
                 extra_theirs = theirs_deps - shifted
-                mine -= _implied(extra_mine, mine, short_deps, lambda d: a_end[d] < 0)
+                topological = self.shift.topological[u]
+                mine -= _implied(extra_mine, mine, short_deps, lambda d: a_end[d] < 0, topological)
                 theirs_deps -= _implied(
-                    extra_theirs, theirs_deps, long_deps, lambda d: b_end[d] < 0
+                    extra_theirs, theirs_deps, long_deps, lambda d: b_end[d] < 0, topological
                 )
                 if {later[d] for d in mine} != theirs_deps:
                     return False
@@ -873,13 +886,18 @@ def _implied(
     deps: set[int],
     parents: Callable[[int], set[int]],
     running: Callable[[int], bool],
+    topological: bool = False,
 ) -> set[int]:
     """Those of ``candidates`` (among ``deps``) that another of ``deps`` reaches back to
     through nodes not finished: a node waits for such a dependency anyway (it ends before
-    the other starts)."""
+    the other starts). ``topological``: every node's dependencies lie at lower positions, so
+    no node below the lowest candidate leads back to one and the walk stops there."""
+    if not candidates:
+        return set()
+    floor = min(candidates) if topological else -1
     found: set[int] = set()
     seen: set[int] = set()
-    stack = [p for d in deps for p in parents(d) if running(p)]
+    stack = [p for d in deps for p in parents(d) if p >= floor and running(p)]
     while stack and len(found) < len(candidates):
         x = stack.pop()
         if x in seen:
@@ -887,7 +905,7 @@ def _implied(
         seen.add(x)
         if x in candidates:
             found.add(x)
-        stack.extend(p for p in parents(x) if running(p))
+        stack.extend(p for p in parents(x) if p >= floor and running(p))
     return found
 
 
