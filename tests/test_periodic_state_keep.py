@@ -200,3 +200,25 @@ def test_a_reduced_longer_replay_is_not_read_off_at_the_fewest() -> None:
         for key, value in b.items():
             if isinstance(value, float):
                 assert a[key] == pytest.approx(value, abs=RELATIVE * scale), key
+
+
+def test_implied_dependencies_walk_no_lower_than_the_lowest_candidate() -> None:
+    """``_implied`` finds the same candidates with and without the topological floor, and the
+    floor keeps the walk off nodes below the lowest candidate."""
+    from stg.perf.periodic import _implied
+
+    # 0 -> 1 -> 2 -> 4, 3 -> 4, 1 -> 3; node 5 waits for 2, 3 and 4
+    parents = {0: set(), 1: {0}, 2: {1}, 3: {1}, 4: {2, 3}, 5: {2, 3, 4}}
+    visited: list[int] = []
+
+    def walk(x: int) -> set[int]:
+        visited.append(x)
+        return parents[x]
+
+    for candidates in ({2}, {3}, {2, 3}, {1}):
+        plain = _implied(candidates, {2, 3, 4}, parents.__getitem__, lambda d: True)
+        visited.clear()
+        floored = _implied(candidates, {2, 3, 4}, walk, lambda d: True, topological=True)
+        assert floored == plain
+        assert all(x >= min(candidates) for x in visited[3:])  # past the deps themselves
+    assert _implied({2, 3}, {2, 3, 4}, parents.__getitem__, lambda d: True) == {2, 3}
