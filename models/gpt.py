@@ -55,6 +55,11 @@ def embedding(b: GraphBuilder, x: None) -> Tensor:
     return h
 
 
+def head_bias(b: GraphBuilder, name: str) -> Tensor:
+    """A bias of the per-head Q, K or V projection (split over tp with the heads)."""
+    return b.weight(name, "head dhead", shard={"head": "tp"})
+
+
 def attention(b: GraphBuilder, x: Tensor, causal: bool | None = None) -> Tensor:
     """Multi-head attention with biases; ``causal``: masked (None: as ``--causal`` says)."""
     q = b.einsum(
@@ -66,12 +71,16 @@ def attention(b: GraphBuilder, x: Tensor, causal: bool | None = None) -> Tensor:
     v = b.einsum(
         "bsh,hak->bsak", x, b.weight("wv", "dmodel head dhead", shard={"head": "tp"}), name="v"
     )
-    q = b.elementwise("q_bias", q, b.weight("bq", "head dhead", shard={"head": "tp"}))
-    k = b.elementwise("k_bias", k, b.weight("bk", "head dhead", shard={"head": "tp"}))
-    v = b.elementwise("v_bias", v, b.weight("bv", "head dhead", shard={"head": "tp"}))
+    # a bias add's backward needs only the incoming gradient: nothing is saved for it
+    # (Transformer Engine v2.10's Linear adds the bias in its GEMM and saves only its input)
+    q = b.elementwise("q_bias", q, head_bias(b, "bq"), backward_reads="nothing")
+    k = b.elementwise("k_bias", k, head_bias(b, "bk"), backward_reads="nothing")
+    v = b.elementwise("v_bias", v, head_bias(b, "bv"), backward_reads="nothing")
     with b.tag("core_attention"):
         scores = b.einsum("bsak,btak->bast", q, k, name="scores", scale=causal_scale(b, causal))
-        probs = b.elementwise("softmax", scores, flops=SOFTMAX_FLOPS, reduce=(-1,))
+        probs = b.elementwise(
+            "softmax", scores, flops=SOFTMAX_FLOPS, reduce=(-1,), backward_reads="output"
+        )
         probs = dropout(b, probs, "attn_dropout")
         ctx = b.einsum("bast,btak->bsak", probs, v, name="context", scale=causal_scale(b, causal))
     o = b.einsum(
@@ -80,7 +89,9 @@ def attention(b: GraphBuilder, x: Tensor, causal: bool | None = None) -> Tensor:
         b.weight("wo", "head dhead dmodel", shard={"head": "tp"}),
         name="attn_out",
     )
-    o = b.elementwise("attn_out_bias", b.residual(o), b.weight("bo", "dmodel"))
+    o = b.elementwise(
+        "attn_out_bias", b.residual(o), b.weight("bo", "dmodel"), backward_reads="nothing"
+    )
     return dropout(b, o, "attn_out_bias_dropout")
 
 
@@ -89,12 +100,16 @@ def mlp(b: GraphBuilder, x: Tensor) -> Tensor:
         u = b.einsum(
             "bsh,hf->bsf", x, b.weight("w1", "dmodel dff", shard={"dff": "tp"}), name="fc1"
         )
-        u = b.elementwise("fc1_bias", u, b.weight("b1", "dff", shard={"dff": "tp"}))
+        u = b.elementwise(
+            "fc1_bias", u, b.weight("b1", "dff", shard={"dff": "tp"}), backward_reads="nothing"
+        )
         u = b.elementwise("gelu", u, flops=GELU_FLOPS)
         d = b.einsum(
             "bsf,fh->bsh", u, b.weight("w2", "dff dmodel", shard={"dff": "tp"}), name="fc2"
         )
-        d = b.elementwise("fc2_bias", b.residual(d), b.weight("b2", "dmodel"))
+        d = b.elementwise(
+            "fc2_bias", b.residual(d), b.weight("b2", "dmodel"), backward_reads="nothing"
+        )
         return dropout(b, d, "fc2_bias_dropout")
 
 

@@ -66,7 +66,11 @@ def softmax(b: GraphBuilder, scores: Tensor, heads: str = "kvhead qgroup") -> Te
     The sink costs 2 FLOPs per row forward (its exp and the add) and 2 backward for its
     gradient (``-p_sink`` times the row's ``Σ dP·P``, which the softmax backward has)."""
     if not b.options.get("attention_sinks"):
-        return b.elementwise("softmax", scores, flops=SOFTMAX_FLOPS, reduce=(-1,))
+        # its backward needs only its output (Megatron-LM core 0.20.0's fused softmax
+        # save_for_backward(softmax_results), PyTorch's SoftmaxBackward0 its result)
+        return b.elementwise(
+            "softmax", scores, flops=SOFTMAX_FLOPS, reduce=(-1,), backward_reads="output"
+        )
     sinks = b.weight("sinks", heads, shard={heads.split()[0]: "tp"})
     per_row = 2 / scores.dims[-1].size  # per element of a row of keys
     return b.custom(
@@ -90,8 +94,10 @@ def attention(b: GraphBuilder, x: Tensor, full: bool = False) -> Tensor:
     )
     k = b.einsum("bsh,hgk->bsgk", x, b.weight("wk", "dmodel kvhead dhead", shard=tp), name="k")
     v = b.einsum("bsh,hgk->bsgk", x, b.weight("wv", "dmodel kvhead dhead", shard=tp), name="v")
-    q = b.elementwise("rope_q", q, flops=ROPE_FLOPS)
-    k = b.elementwise("rope_k", k, flops=ROPE_FLOPS)
+    # RoPE is a fixed rotation: its backward rotates the gradient back and keeps no input
+    # (Transformer Engine v2.10's FusedRoPEFunc saves only the frequencies)
+    q = b.elementwise("rope_q", q, flops=ROPE_FLOPS, backward_reads="nothing")
+    k = b.elementwise("rope_k", k, flops=ROPE_FLOPS, backward_reads="nothing")
     with b.tag("core_attention"):
         scores = b.einsum(
             "bsgrk,btgk->bgrst", q, k, name="scores", scale=causal_scale(b), span=span

@@ -30,10 +30,11 @@ from stg.trace.feeder import ETFeeder, replay
 from stg.trace.reader import read_nodes
 from stg.trace.validate import validate_trace
 
-# GPT, unfused attention, no dropout: stg's layer saves its input, both norms' outputs, Q, K,
-# V before and after their biases, the scores and the softmax, the context, the projection,
-# the residual, FC1 before and after its bias, the GELU and FC2: e·(13·s·b·h + 2·a·s²·b +
-# 3·s·b·F) bytes per layer and micro-batch
+# GPT, unfused attention, no dropout: what Megatron-LM's layer saves and Transformer Engine's
+# offload copies (every tensor saved for the backward, TE v2.10 cpu_offload.py): its input,
+# both LayerNorms' outputs, the MLP's input (the residual), Q, K, V after their biases (the
+# bias add saves nothing), the softmax output (not its input), the context, the GELU's input
+# and output: e·(8·s·b·h + a·s²·b + 2·s·b·F) bytes per layer and micro-batch
 SMALL = dict(
     model="gpt", dvocal=1024, dmodel=256, dff=1024, head=8, kvhead=8, seq=128, batch=8,
     micro_batch=4, attention="unfused", num_stacks=4,
@@ -47,7 +48,7 @@ def options(**kw: object) -> GenerateOptions:
 
 def saved_layer_bytes(o: GenerateOptions) -> int:
     b, s, h, f, a = o.micro_batch or o.batch, o.seq, o.dmodel, o.dff, o.head
-    return 2 * (13 * s * b * h + 2 * a * s * s * b + 3 * s * b * f)
+    return 2 * (8 * s * b * h + a * s * s * b + 2 * s * b * f)
 
 
 def written(tmp_path: Path, args: list[str]) -> Path:
@@ -294,3 +295,49 @@ def test_explain_names_the_exposed_copies(monkeypatch: pytest.MonkeyPatch) -> No
     parts = report["explain"]["breakdown_s"]
     assert parts["host copy"] > 0.5 * report["iteration_time_s"]
     assert sum(parts.values()) == pytest.approx(report["iteration_time_s"], rel=1e-9)
+
+
+def megatron_layer_bytes(o: GenerateOptions) -> float:
+    """What one Megatron-LM layer saves for its backward with Transformer Engine (no
+    dropout), per rank and micro-batch: the two norms' inputs and outputs (split over tp
+    under sequence parallelism: the column-parallel GEMMs save their local input and gather
+    it again), Q, K, V after bias and RoPE (TE v2.10's FusedRoPEFunc saves only the
+    frequencies) and the projection input, the MLP's GELU input and output (GPT) or gate,
+    up and SwiGLU product (Llama); unfused: the softmax output (Megatron's fused softmax
+    saves only its result), fused: the fp32 log-sum-exp per query row and head."""
+    b, s, h, f, a, t = o.micro_batch or o.batch, o.seq, o.dmodel, o.dff, o.head, o.tp
+    kv, d, e = o.kvhead, o.dmodel // o.head, 2
+    norms = 4 * s * b * h / (t if o.tpsp else 1)
+    if o.model == "gpt":
+        sharded = 4 * s * b * h + 2 * s * b * f
+    else:
+        sharded = s * b * d * (2 * a + 2 * kv) + 3 * s * b * f
+    core = e * a * s * s * b if o.attention == "unfused" else 4 * a * s * b
+    return e * (norms + sharded / t) + core / t
+
+
+@pytest.mark.parametrize("model", ["gpt", "llama"])
+@pytest.mark.parametrize("attention", ["fused", "unfused"])
+@pytest.mark.parametrize("tp", [1, 2])
+def test_the_copies_carry_what_the_memory_predictor_frees(
+    tmp_path: Path, model: str, attention: str, tp: int
+) -> None:
+    """An offloaded layer's copy carries the bytes Megatron-LM's layer saves (a closed form
+    from the sources), and the memory predictor frees exactly that, from options and from
+    the built workload alike (the copies once carried the graph's pre-bias and pre-RoPE
+    tensors, the scores beside the softmax and gathered norm outputs)."""
+    kw = {**SMALL, "model": model, "attention": attention, "tp": tp, "kvhead": 2}
+    if model == "gpt":
+        kw["kvhead"] = kw["head"]
+    plain = GenerateOptions(**kw)  # type: ignore[arg-type]
+    o = GenerateOptions(**kw, cpu_offloading_num_layers=1)  # type: ignore[arg-type]
+    expected = megatron_layer_bytes(o)
+    nodes = read_nodes(written(tmp_path, cli_args(o)) / "workload.0.et")
+    assert {n.tensor_size for n in nodes if n.type in (STORE, LOAD)} == {expected}
+    registry = load_registry()
+    for predict in (
+        lambda x: predict_memory_options(x, "h100-80g"),
+        lambda x: predict_memory(build_workload(x, registry), "h100-80g"),
+    ):
+        before, after = (predict(x)["classes"][0]["activations"] for x in (plain, o))
+        assert before - after == pytest.approx(expected, rel=1e-12)

@@ -20,6 +20,7 @@ from stg.core.options import GenerateOptions
 from stg.core.pipeline import build_workload
 from stg.core.workload import Node, NodeType, Role, node_role
 from stg.host.registry import load_registry
+from stg.perf import eager as eager_module
 from stg.perf.costs import EAGER_OP_HOST_S, compute_time
 from stg.perf.eager import EAGER_OPS, ONE_OP, eager_ops, eager_time
 from stg.perf.system import load_system
@@ -197,3 +198,37 @@ def test_an_op_without_a_count_is_one_op() -> None:
     node = dataclasses.replace(_op("llama", "swiglu"), attrs={"op": "conv_state_update"})
     assert eager_ops(node) == ONE_OP
     assert eager_time(node, H100, 1e-9, EAGER_OP_HOST_S) == EAGER_OP_HOST_S
+
+
+def test_expert_weights_are_copied_to_bf16_and_their_gradients_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """benchmarks/eager_step.py's ``Experts`` copies its fp32 stacked expert weights to bf16
+    every forward (``w13``: gate and up, E·2F·d; ``w2``: E·d·F) and autograd copies their
+    gradients back to fp32: each expert GEMM and its weight gradient pays its E·d·F share
+    over its kernel; the router (an ``nn.Linear`` under autocast) copies its input, weight
+    and fp32 logits."""
+    experts, d, ffn, tokens = 16, 2048, 1024, 2048
+    moe = {"model": "moe", "dmodel": d, "dff": ffn, "head": 16, "kvhead": 4, "dhead": 128,
+           "dvocal": 1024, "num_stacks": 1, "seq": tokens, "batch": 1, "experts": experts,
+           "kexperts": 2, "moe_routing": "dropless", "mixed_precision": True, "dtype": "bf16",
+           "profile": "eager", "causal": True}  # fmt: skip
+    workload = build_workload(GenerateOptions(**moe), load_registry(autoload=False))
+    nodes = {
+        n.attrs["op"]: n
+        for n in workload.ranks[0].nodes()
+        if n.type is NodeType.COMP and n.attrs.get("layer") == 0
+    }
+    copy = H100.kernel_overhead, 6 / (H100.hbm_bandwidth * H100.memory_efficiency)
+    share = copy[0] + copy[1] * experts * d * ffn
+    ops = ("expert_gate", "expert_up", "expert_down", "expert_gate.grad_w1",
+           "expert_up.grad_w3", "expert_down.grad_w2", "router")  # fmt: skip
+    priced = {op: compute_time(nodes[op], H100, profile="eager") for op in ops}
+    with monkeypatch.context() as patch:
+        patch.setattr(eager_module, "EAGER_OPS", {})  # each node one op of its own kernel
+        kernels = {op: compute_time(nodes[op], H100, profile="eager") for op in ops}
+    for op in ops[:-1]:
+        assert priced[op] == pytest.approx(kernels[op] + share), op
+    casts = 3 * copy[0] + copy[1] * (tokens * d + d * experts + tokens * experts)
+    expected = max(kernels["router"] + casts, 4 * EAGER_OP_HOST_S)
+    assert priced["router"] == pytest.approx(expected)

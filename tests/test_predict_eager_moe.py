@@ -11,7 +11,8 @@ mixture's routing and expert GEMMs are. The guard is on the mixtures' per-token 
 mixture adds kernels the model prices coarsely: its SwiGLU over strided halves of the fused
 gate-and-up output, the router's top-k and sort). Before the experts were priced as grouped
 GEMMs and the routing as eager PyTorch runs it, Qwen3-30B-A3B's and OLMoE's were 20 % and 26 %
-too fast.
+too fast; before the fp32 expert weights' copies to bf16 (and their gradients' back) were
+priced, the 1,024-token steps were 11-19 % too fast.
 """
 
 from __future__ import annotations
@@ -85,9 +86,10 @@ def test_eager_moe_steps(
     assert set(per_token) == {"qwen3-30b-a3b-4l", "olmoe-1b-7b-8l", "mixtral-8x7b-2l"}
     assert statistics.mean(abs(e) for e in per_token.values()) <= 0.10, per_token
     assert all(abs(e) <= 0.15 for e in per_token.values()), per_token
-    # the whole steps: their fixed part (the optimizer, the weights' casts) is too fast on the
-    # dense models as well, at 1,024 tokens by up to 30 % (h200-eager-steps.jsonl)
-    assert all(abs(e) < 0.25 for e in errors.values()), errors
+    # the whole steps: with the expert weights' casts priced (stg.perf.eager) within 11 %
+    # (at 1,024 tokens they were 11-19 % too fast without); the dense models' fixed part is
+    # too fast by up to 30 % (h200-eager-steps.jsonl)
+    assert all(abs(e) < 0.15 for e in errors.values()), errors
 
 
 def test_eager_dense_steps_on_the_h200(

@@ -123,8 +123,8 @@ def _options(name: str, registry=REGISTRY, **given) -> GenerateOptions:
     return GenerateOptions(**values)
 
 
-def _counts(name: str) -> dict[str, int]:
-    o = _options(name)
+def _counts(name: str, **given) -> dict[str, int]:
+    o = _options(name, **given)
     return model_parameters(REGISTRY.models.get(o.model), o, symbol_values(o))
 
 
@@ -235,7 +235,8 @@ PUBLISHED = {
 
 def _by_hand(o: GenerateOptions) -> tuple[int, int]:
     """Parameters (total, active) of the built-in templates from their configuration:
-    GPT: learned positions, biases, LayerNorms, its own LM head; Llama and MoE: GQA with head
+    GPT: learned positions, biases, LayerNorms, the LM head its own weight unless tied; Llama
+    and MoE: GQA with head
     size dhead, SwiGLU (3·h·F per expert), RMSNorms, a router h·E, an untied LM head."""
     h, f, v, s, layers = o.dmodel, o.dff, o.dvocal, o.seq, o.num_stacks
     a, kv = o.head, o.kvhead
@@ -255,7 +256,7 @@ def _by_hand(o: GenerateOptions) -> tuple[int, int]:
         return total, total
     if o.model == "gpt":
         layer = 3 * h * a * dh + 3 * a * dh + a * dh * h + h + 2 * h * f + f + h + 4 * h
-        total = v * h + s * h + layers * layer + 2 * h + v * h
+        total = v * h + s * h + layers * layer + 2 * h + (0 if o.tie_embeddings else v * h)
         return total, total
     attention = 2 * h * a * dh + 2 * h * kv * dh
     attention += a if o.attention_sinks else 0  # a learned sink logit per head
@@ -320,15 +321,22 @@ def test_template_counts_are_the_closed_forms(name: str) -> None:
         assert (counts["parameters"], counts["active_parameters"]) == PUBLISHED[name]
 
 
-def test_tied_presets_compare_without_their_untied_head() -> None:
-    """GPT-3 and Megatron's GPTs count the word embedding once (their LM head is it); stg's
-    GPT has its own LM head, so the comparison leaves out V·h: Narayanan's formula exactly."""
+def test_tied_presets_build_one_matrix_for_embedding_and_head() -> None:
+    """GPT-3 and Megatron's GPTs count the word embedding once: their LM head is it
+    (Megatron-LM ties them unless --untie-embeddings-and-output-weights), and the presets
+    build it so: the template's count is Narayanan's formula exactly (plus the final
+    LayerNorm); untied, the template holds V·h more, which the comparison leaves out."""
     o = _options("gpt-145.6b")
+    assert o.tie_embeddings
     result = check_preset("gpt-145.6b", REGISTRY)
     L, h, V, s = o.num_stacks, o.dmodel, o.dvocal, o.seq
     narayanan = 12 * L * h * h + 13 * L * h + (V + s) * h  # Narayanan et al. 2021, eq. (P)
-    assert result["compared"] == result["parameters"] - V * h == narayanan + 2 * h
+    assert result["compared"] == result["parameters"] == narayanan + 2 * h
+    untied = _counts("gpt-145.6b", tie_embeddings=False)["parameters"]
+    assert untied == narayanan + 2 * h + V * h
     assert REGISTRY.presets.get("gpt3-175b").tied_embeddings
+    assert _options("gpt3-175b").tie_embeddings
+    assert not _options("debug").tie_embeddings  # stg's own debug model, no source ties it
     assert not REGISTRY.presets.get("llama3-8b").tied_embeddings
 
 

@@ -81,7 +81,10 @@ def build_backward(b: GraphBuilder, seed: Tensor | None, loss: Tensor | None = N
                 dy = grads.total(op.output, conform=op.kind != "collective" and not keep_partial)
                 if dy is None:
                     continue
+            first = len(part.backward)
             _backward_op(b, op, dy, grads)
+            for grad_op in part.backward[first:]:
+                grad_op.grad_of = op
         for w in part.weights:
             g = grads.total(w, conform=False)
             if g is not None:

@@ -86,14 +86,26 @@ def build_unsharded(model: Model, part_name: str, options: GenerateOptions) -> P
 
 
 def saved_activations(part: Part) -> list[Tensor]:
-    """Forward tensors that the backward reads: what stays in memory between the two."""
+    """Forward tensors that the backward reads: what stays in memory between the two. The
+    backward of an op that needs only its output (a softmax) or nothing (a bias add, RoPE,
+    :attr:`stg.core.symbolic.Op.backward_reads`) keeps that, not the inputs it reads."""
     forward = {id(op.output): op.output for op in part.forward}
     forward.update({id(op.mask): op.mask for op in part.forward if op.mask is not None})
     forward.update({id(t): t for t in part.inputs if t.kind in {"input", "index", "data"}})
     seen: dict[int, Tensor] = {}
     for op in part.backward:
+        source = op.grad_of
+        if source is not None and source.backward_reads == "output":
+            seen.setdefault(id(source.output), source.output)
+        unneeded = (
+            {id(t.base or t) for t in source.inputs}
+            if source is not None and source.backward_reads != "inputs"
+            else set()
+        )
         for t in op.inputs:
             base = t.base or t
+            if id(base) in unneeded:
+                continue
             if base.footprint is not None and id(base.footprint) in forward:
                 base = base.footprint  # a window view keeps its input, not the windows
             if id(base) in forward and base.kind != "weight":

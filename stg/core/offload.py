@@ -23,10 +23,15 @@ layers and ``N`` offloaded:
   its event);
 - offloads and reloads share one stream (``OffloadSynchronizer.offload_stream``).
 
-What is copied: the tensors a layer saves for its backward (TE's saved-tensor hooks; weights,
-``torch.nn.Parameter``, are never offloaded, and weight offloading is deprecated in TE and
-does nothing). TE skips tensors under 256 Ki elements (``_check_if_offload``); stg copies every
-saved activation of the layer. Megatron-LM refuses CPU offloading with pipeline parallelism
+What is copied: every tensor a layer saves for its backward (TE's saved-tensor hooks catch
+each ``save_for_backward`` inside the layer's forward; ``torch.nn.Parameter`` weights are never
+offloaded, weight offloading is deprecated in TE and does nothing; v2.10 has no size floor,
+the 256 Ki-element one came in v2.12). stg copies the layer's saved bytes
+(:func:`stg.core.pipeline.layer_saved_bytes`): what Megatron-LM's kernels keep, the bytes the
+memory predictor frees per offloaded layer. A bias add and RoPE save nothing (TE's ``Linear``
+adds the bias in its GEMM, ``FusedRoPEFunc`` saves only the frequencies), a softmax its
+output, a column-parallel GEMM under sequence parallelism its local input.
+Megatron-LM refuses CPU offloading with pipeline parallelism
 and with activation recompute, and needs ``N < num_layers``
 (``TransformerConfig.__post_init__``); stg refuses the same.
 """

@@ -55,7 +55,7 @@ from stg.core.symbolic import (
     Tensor,
 )
 from stg.core.validation import validate_options
-from stg.core.workload import RankGraph, Workload, node_micro_batch
+from stg.core.workload import CollectiveType, RankGraph, Workload, node_micro_batch
 from stg.errors import UserError
 from stg.host.records import Model, PipelineSchedule
 
@@ -266,20 +266,38 @@ GRAPH_MEMORY_TAG = "graph_memory"
 
 def layer_saved_bytes(part: Part, binder: Binder, fused: bool) -> int:
     """Bytes one rank keeps from a layer's forward for its backward; with ``fused`` attention
-    the score and probability matrices inside the attention core are not kept (the fused
-    kernel recomputes them from Q, K, V and its fp32 log-sum-exp per query row and head)."""
+    the score and probability matrices (and a dropout's mask) inside the attention core are
+    not kept (the fused kernel recomputes them from Q, K, V, its fp32 log-sum-exp per query
+    row and head, and its RNG state). An input gathered over tp (sequence parallelism) is
+    kept as this rank's shard and gathered again in the backward (Megatron-LM core 0.20.0's
+    ``LinearWithGradAccumulationAndAsyncCommunication`` and Transformer Engine v2.10's
+    ``Linear`` save the local input under ``sequence_parallel``)."""
     kept = saved_activations(part)
+    tp = binder.mesh_axes("tp")
+
+    def nbytes(t: Any) -> int:
+        gather = t.producer
+        if (
+            tp
+            and gather is not None
+            and gather.kind == "collective"
+            and gather.collective is CollectiveType.ALL_GATHER
+            and gather.axes == tp
+        ):
+            return binder.nbytes(gather.inputs[0])
+        return binder.nbytes(t)
+
     if not fused:
-        return sum(binder.nbytes(t) for t in kept)
+        return sum(nbytes(t) for t in kept)
     core = [op for op in part.forward if "core_attention" in op.tags]
-    produced = {id(op.output) for op in core}
+    produced = {id(op.output) for op in core} | {id(op.mask) for op in core if op.mask}
     read_outside = {id(t.base or t) for op in part.forward if op not in core for t in op.inputs}
     scores = next((op.output for op in core if op.kind == "einsum"), None)
     total = 0
     for t in kept:
         if id(t) in produced and id(t) not in read_outside:
-            continue  # scores, probabilities: only the fused kernel reads them
-        total += binder.nbytes(t)
+            continue  # scores, probabilities, dropout masks: only the fused kernel reads them
+        total += nbytes(t)
         if id(t) in produced and scores is not None:  # the output, and its log-sum-exp rows
             keys = binder.local_dim(scores.dims[-1], scores.sharding.dims[-1])
             total += 4 * binder.numel(scores) // keys

@@ -161,6 +161,10 @@ class Tensor:
         return sympy.Mul(*(d.size for d in self.dims))
 
 
+BACKWARD_READS = ("inputs", "output", "nothing")
+"""The values of :attr:`Op.backward_reads`."""
+
+
 @dataclass(eq=False)
 class Op:
     """One op. ``kind`` is einsum, elementwise, add, gather, custom or collective.
@@ -194,6 +198,14 @@ class Op:
     span: AttentionSpan | None = None
     """an attention einsum's keys per query when they are fewer than causal masking's
     (:class:`AttentionSpan`); its ``scale`` is that span's fraction"""
+    backward_reads: str = "inputs"
+    """what of its forward an elementwise op's backward needs kept (the backward op reads
+    the inputs either way): ``inputs``; ``output`` (a softmax: its gradient is computed from
+    its output, PyTorch's ``SoftmaxBackward0`` and Megatron's fused softmax save only that);
+    ``nothing`` (an op linear in its inputs with constant coefficients, a bias add or RoPE's
+    rotation: the backward needs only the incoming gradient, so nothing is saved)"""
+    grad_of: Op | None = None
+    """for a backward op, the forward op whose gradient it computes"""
 
 
 @dataclass
@@ -817,6 +829,7 @@ class GraphBuilder:
         reduce: Sequence[str | int] = (),
         out_dtype: str | None = None,
         keep_partial: bool = False,
+        backward_reads: str = "inputs",
     ) -> Tensor:
         """An elementwise op on ``x`` (others broadcast from the right, e.g. a norm's weight).
 
@@ -824,7 +837,12 @@ class GraphBuilder:
         ``reduce`` lists dimensions the op reduces over (softmax, norms), by name or position
         (negative counts from the end): they must not be split, so they are gathered first.
         ``keep_partial``: the op is linear (a cast), so a partial sum stays partial through it.
+        ``backward_reads``: what the backward needs kept (:attr:`Op.backward_reads`).
         """
+        if backward_reads not in BACKWARD_READS:
+            raise ValueError(
+                f"backward_reads={backward_reads!r}; allowed: {', '.join(BACKWARD_READS)}"
+            )
         n = len(x.dims)
         reduce_idx = tuple(
             sorted(
@@ -863,6 +881,7 @@ class GraphBuilder:
                 backward_flops_per_element=bwd,
                 reduce_dims=reduce_idx,
                 grad_inputs=tuple(range(1 + len(others))),
+                backward_reads=backward_reads,
             )
         )
 

@@ -32,6 +32,10 @@ and 72 per GPT layer, where stg has 42 and 53 nodes. Where these came from:
   embedding's output is, and ``x + bf16`` promotes). ``F.linear`` with a bias is one
   ``addmm`` (the bias add is in the GEMM); its backward sums the bias gradient. A first
   gradient accumulation into ``.grad`` (set to None by ``zero_grad``) takes the tensor: no op.
+- **From the eager model's code** (``benchmarks/eager_step.py``, ``Experts``): a mixture's
+  router and expert GEMMs with their copies of the fp32 stacked expert weights to bf16 and
+  of their gradients back (:func:`_moe`; a profiled Qwen3-30B-A3B layer on the H200 spends
+  2.6 ms per step in such copies, tests/data/kernels/h200-moe-layer.jsonl).
 """
 
 from __future__ import annotations
@@ -179,9 +183,35 @@ def _gpt() -> Iterator[tuple[str, EagerOps]]:
     yield from _head("ln_f", bias=True)
 
 
+def _moe() -> Iterator[tuple[str, EagerOps]]:
+    """``eager_step.build``'s ``Experts`` (the ``torch._grouped_mm`` path the H200 steps ran,
+    tests/data/eager/h200-eager-moe-steps.jsonl): the fp32 norm output is copied to bf16
+    once (``x.to``) for the router and the experts; the router, an ``nn.Linear`` under
+    autocast, casts its weight and its logits go back to fp32 (``.float()``); the stacked
+    fp32 expert weights are copied to bf16 every forward (``self.w13.to``, ``self.w2.to``)
+    and autograd copies their gradients back to fp32. ``w13`` holds gate and up: one copy,
+    one ``_grouped_mm`` for both (and, backward, one for the input's and one for the
+    weight's gradient after the ``cat`` that joins the two halves' gradients), so
+    ``expert_gate`` counts the ops and ``expert_up`` prices its half of the copies."""
+    # x.to(bf16), the weight's cast, mm, .float(); backward the logits' gradient to bf16,
+    # mm, x's gradient back to fp32 (after index_select's is added to it); the weight's
+    yield "router", EagerOps(4, ("input", "weight", "output"))
+    yield "router.grad_ffn_norm", EagerOps(3, ("input", "output"))
+    yield "router.grad_router", EagerOps(2, ("output",))
+    yield "expert_gate", EagerOps(2, ("weight",))  # w13's copy, _grouped_mm
+    yield "expert_up", EagerOps(0, ("weight",))
+    yield "expert_down", EagerOps(2, ("weight",))  # w2's copy, _grouped_mm
+    yield "expert_down.grad_swiglu", EagerOps(1)
+    yield "expert_down.grad_w2", EagerOps(2, ("output",))  # _grouped_mm, copy to fp32
+    yield "expert_gate.grad_dispatch", EagerOps(2)  # cat of the halves' gradients, _grouped_mm
+    yield "expert_up.grad_dispatch", EagerOps(0)
+    yield "expert_gate.grad_w1", EagerOps(2, ("output",))  # _grouped_mm, copy to fp32
+    yield "expert_up.grad_w3", EagerOps(0, ("output",))
+
+
 def _table() -> dict[str, EagerOps]:
     table: dict[str, EagerOps] = {}
-    for op, ops in (*_llama(), *_gpt()):
+    for op, ops in (*_llama(), *_gpt(), *_moe()):
         if table.setdefault(op, ops) != ops:
             raise AssertionError(f"two counts for {op}: {table[op]} and {ops}")
     return table
