@@ -15,6 +15,7 @@ import functools
 import pytest
 from workload_checks import check_runs_to_completion
 
+from stg.core.lowering import FSDP_COPY_IN, FSDP_COPY_OUT
 from stg.core.options import GenerateOptions
 from stg.core.pipeline import build_workload
 from stg.core.sharding import Sharding, plan_reshard
@@ -89,10 +90,14 @@ def collectives(w, prefix: str) -> list[tuple[str, int, tuple[str, ...]]]:
 
 
 def model_flops(w) -> int:
-    """FLOPs over all ranks, without the optimizer step."""
+    """FLOPs over all ranks, without the optimizer step and FSDP2's copies (one op per
+    element copied, no model arithmetic)."""
+    not_model = {"optimizer_step", FSDP_COPY_OUT, FSDP_COPY_IN}
     per_class = {
         c.index: sum(
-            n.num_ops for n in c.nodes if n.type is NodeType.COMP and n.name != "optimizer_step"
+            n.num_ops
+            for n in c.nodes
+            if n.type is NodeType.COMP and n.name.rsplit("/", 1)[-1] not in not_model
         )
         for c in w.rank_classes
     }

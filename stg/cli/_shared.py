@@ -568,6 +568,17 @@ SPECS: dict[str, tuple[str, _Spec]] = {
             metavar=BOOL,
         ),
     ),
+    "megatron_fsdp": (
+        _TRAINING,
+        _Spec(
+            "With --weight_sharded true: shard as Megatron-LM's FSDP (--use-megatron-fsdp), "
+            "whose parameters and gradients live in its collective buffers, instead of "
+            "PyTorch's FSDP2 with its copy kernels around each all-gather and reduce-scatter "
+            "(default off: FSDP2).",
+            parser=parse_bool,
+            metavar=BOOL,
+        ),
+    ),
     "first_last_layers_bf16": (
         _TRAINING,
         _Spec(

@@ -808,9 +808,15 @@ class BoundPart:
                 ends.add(last)
         return sorted(ends)
 
-    def without_weight_gathers(self, ops: list[BoundOp]) -> list[BoundOp]:
-        """``ops`` less the FSDP all-gathers of this part's weights (already gathered)."""
-        return [op for op in ops if "weight_gather" not in op.tags]
+    def without_weight_gathers(self, ops: list[BoundOp], held: Iterable[int]) -> list[BoundOp]:
+        """``ops`` less the FSDP all-gathers of this part's weights, and their copy-outs,
+        whose outputs ``held`` already has (a prefetched gather leaves its copy-out to run)."""
+        done = set(held)
+        return [
+            op
+            for op in ops
+            if "weight_gather" not in op.tags or not all(k in done for k in op.outputs)
+        ]
 
     def repeated_before_backward(
         self, recompute: str, modules: frozenset[str] = frozenset({"core_attention"})
@@ -887,6 +893,7 @@ def bind_part(
     recipe: str = DEFAULT_RECIPE,
     param_gather: bool = False,
     fp8_dispatch: bool = False,
+    fsdp2_copies: bool = True,
 ) -> BoundPart:
     """Bind ``part``; ``shard_degree`` is the degree over which ZeRO or FSDP shards its
     gradients and optimizer states (1: not sharded), over the mesh axes ``shard_axes`` where
@@ -899,7 +906,9 @@ def bind_part(
     ``recipe`` is the low-precision recipe of a training part computing in fp8
     (:mod:`stg.core.recipes`), whose FSDP weight gathers move bf16, or with ``param_gather``
     the recipe's fp8 copies (:func:`stg.core.recipes.gathered_weight_bytes`), and whose MoE
-    dispatch moves bf16 tokens, or with ``fp8_dispatch`` their quantized copies."""
+    dispatch moves bf16 tokens, or with ``fp8_dispatch`` their quantized copies;
+    ``fsdp2_copies``: FSDP's weight collectives come with FSDP2's copy kernels
+    (:func:`fsdp_copies`; Megatron-FSDP has none)."""
     shapes: dict[str, tuple[int, ...]] = {}
     grads = tuple(key(g) for g in part.weight_grads.values())
     input_tensor = next((t for t in part.inputs if t.kind == "input"), None)
@@ -976,6 +985,8 @@ def bind_part(
         # gradients and the distributed optimizer's parameters are never fp8
         reduce = _recipe_collectives(reduce, RECIPES[recipe], False)
         update = _recipe_collectives(update, RECIPES[recipe], False)
+    if fsdp2_copies:
+        forward, backward = fsdp_copies(forward, backward)
     return BoundPart(
         part,
         forward,
@@ -1147,6 +1158,83 @@ def _boundary_bytes(boundary: Tensor, binder: Binder, te_recipe: bool) -> int:
     if te_recipe and boundary.dtype == "fp8":
         return binder.numel(boundary) * AUTOCAST_BYTES
     return binder.nbytes(boundary)
+
+
+FSDP_COPY_OUT = "fsdp_copy_out"
+"""FSDP2's copy-out after a weight all-gather: ``foreach_all_gather_copy_out`` splits the
+gathered buffer into the unsharded parameters (``torch.split_with_sizes_copy``), on the compute
+stream (``FSDPParamGroup.wait_for_unshard``; torch/distributed/fsdp/_fully_shard/
+_fsdp_collectives.py and _fsdp_param_group.py, PyTorch 2.4-2.13)."""
+
+FSDP_COPY_IN = "fsdp_copy_in"
+"""FSDP2's reduce-scatter copy-in: ``foreach_reduce`` concatenates the unsharded gradients,
+cast to the reduce dtype, into the reduce-scatter's input buffer (``torch._chunk_cat``) on the
+compute stream before the reduce-scatter stream waits for it (``foreach_reduce``,
+torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, PyTorch 2.4-2.13)."""
+
+
+def fsdp_copies(
+    forward: list[BoundOp], backward: list[BoundOp]
+) -> tuple[list[BoundOp], list[BoundOp]]:
+    """``forward`` and ``backward`` with FSDP2's memory-bound copy kernels around its weight
+    collectives (:data:`FSDP_COPY_OUT`, :data:`FSDP_COPY_IN`), one op per element written. A
+    copy-out reads the gathered buffer and writes the parameters: twice the gathered bytes
+    (the all-gather's shard times its flat degree); the ops that read a gathered weight wait
+    for it. A copy-in reads the
+    unsharded gradients, which have the parameters' dtype (MixedPrecisionPolicy's
+    ``param_dtype``: the gathered dtype, bf16 under a float8 all-gather, whose gradients
+    torchao keeps in the high precision), and writes the reduce-scatter's whole padded buffer
+    in the reduce dtype. Both carry the tag of their collective, so they are repeated,
+    dropped or held back with it."""
+    copied: dict[int, int] = {}
+    param_bytes: int | None = None
+    for op in forward:
+        if op.type is NodeType.COMM_COLL and "weight_gather" in op.tags and op.outputs:
+            for k in op.outputs:
+                copied[k] = -op.outputs[0] - 15  # no tensor's key (see _recipe_quantization)
+            if param_bytes is None:
+                param_bytes = max(DTYPE_BYTES[op.dtype or "bf16"], DTYPE_BYTES["bf16"])
+
+    def with_copies(ops: list[BoundOp]) -> list[BoundOp]:
+        out: list[BoundOp] = []
+        for op in ops:
+            if op.type is NodeType.COMM_COLL and "weight_grad_reduce" in op.tags and op.inputs:
+                elements = op.comm_size // DTYPE_BYTES[op.dtype or "fp32"]
+                width = param_bytes or DTYPE_BYTES[op.dtype or "fp32"]
+                done = -op.inputs[0] - 15
+                out.append(
+                    BoundOp(
+                        FSDP_COPY_IN,
+                        NodeType.COMP,
+                        op.inputs,
+                        (done,),
+                        num_ops=elements,  # one op per element written (the cast)
+                        tensor_size=op.comm_size + elements * width,
+                        tags=op.tags,
+                        dtype=op.dtype,
+                    )
+                )
+                op = replace(op, inputs=(*op.inputs, done))
+            waits = tuple(dict.fromkeys(copied[k] for k in op.inputs if k in copied))
+            if waits and op.type is not NodeType.COMM_COLL:
+                op = replace(op, inputs=(*op.inputs, *(w for w in waits if w not in op.inputs)))
+            out.append(op)
+            if op.type is NodeType.COMM_COLL and "weight_gather" in op.tags and op.outputs:
+                out.append(
+                    BoundOp(
+                        FSDP_COPY_OUT,
+                        NodeType.COMP,
+                        op.outputs,
+                        (copied[op.outputs[0]],),
+                        num_ops=op.comm_size * op.flat // DTYPE_BYTES[op.dtype or "bf16"],
+                        tensor_size=2 * op.comm_size * op.flat,
+                        tags=op.tags,
+                        dtype=op.dtype,
+                    )
+                )
+        return out
+
+    return with_copies(forward), with_copies(backward)
 
 
 def _recipe_collectives(
@@ -1582,7 +1670,7 @@ def lower_stage(
         if held is None:
             return ops
         env.update(held)
-        return bp.without_weight_gathers(ops)
+        return bp.without_weight_gathers(ops, held)
 
     def note_gathered(owner: str | int, ops: list[BoundOp], env: Env) -> None:
         if owner in gathered:
@@ -1746,7 +1834,9 @@ def lower_stage(
         are still gathered."""
         if owner in gathered or (owner, mb) not in saved:
             return
-        ops = [op for op in bp.forward if "weight_gather" in op.tags]
+        ops = [
+            op for op in bp.forward if "weight_gather" in op.tags and op.type is NodeType.COMM_COLL
+        ]
         if not ops:
             return
         env = saved[(owner, mb)]

@@ -242,6 +242,12 @@ class GenerateOptions:
     ``num_layers_at_start_in_bf16`` and the last ``num_layers_at_end_in_bf16`` layers of the
     stack (Megatron's defaults: 1 and 1) of such a run out of the recipe: their GEMMs run in
     bf16, with no quantize nodes and no quantized weight copies (:attr:`bf16_layers`).
+    ``megatron_fsdp`` makes ``weight_sharded`` Megatron-LM's FSDP (Megatron-FSDP,
+    ``--use-megatron-fsdp``) instead of PyTorch's FSDP2: its parameters are views into the
+    gathered buckets and its gradients live in its reduce-scatter buffers
+    (``megatron_fsdp/param_and_grad_buffer.py``: ``p.data`` set to the bucket's items), so
+    FSDP2's copy kernels around the collectives (``fsdp_copy_out``, ``fsdp_copy_in``) do not
+    run.
     ``reshard_after_forward`` is FSDP2's (``fully_shard``) policy for the gathered weights of
     ``weight_sharded`` runs, with torchtitan's values (``fsdp_reshard_after_forward``):
     ``always`` frees them after a layer's forward (gathered again before its backward),
@@ -374,6 +380,7 @@ class GenerateOptions:
     low_precision_recipe: str = "delayed"
     fp8_param_gather: bool = False
     fp8_dispatch: bool = False
+    megatron_fsdp: bool = False
     first_last_layers_bf16: bool = False
     num_layers_at_start_in_bf16: int = 1
     num_layers_at_end_in_bf16: int = 1
@@ -499,6 +506,7 @@ class GenerateOptions:
         "recompute_modules",
         "fp8_param_gather",
         "fp8_dispatch",
+        "megatron_fsdp",
         "first_last_layers_bf16",
         "cpu_offloading_num_layers",
         *OVERLAP_FIELDS,

@@ -165,6 +165,7 @@ def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> Model
             recipe=o.low_precision_recipe,
             param_gather=o.fp8_param_gather,
             fp8_dispatch=o.fp8_dispatch,
+            fsdp2_copies=not o.megatron_fsdp,
         )
     check_options_read(read, model.name)
     if stackless:

@@ -363,6 +363,7 @@ def _check_phase(o: GenerateOptions) -> None:
         ("low_precision_recipe", o.low_precision_recipe != DEFAULT_RECIPE),
         ("fp8_param_gather", o.fp8_param_gather),
         ("fp8_dispatch", o.fp8_dispatch),
+        ("megatron_fsdp", o.megatron_fsdp),
         ("first_last_layers_bf16", o.first_last_layers_bf16),
     )
     for name, given in training_only:
@@ -661,6 +662,11 @@ def make_plan(o: GenerateOptions) -> ParallelPlan:
         "fp8_dispatch sends a mixture of experts' tokens to the experts in the format of "
         "low_precision_recipe: it needs ep > 1 and low_precision_recipe one of "
         f"{', '.join(r for r in RECIPES if r != DEFAULT_RECIPE)}",
+    )
+    _require(
+        not o.megatron_fsdp or o.weight_sharded,
+        "megatron_fsdp picks Megatron-LM's FSDP for the weight sharding: it needs "
+        "weight_sharded=true (or zero=3)",
     )
     _check_bf16_layers(o)
     _require(
