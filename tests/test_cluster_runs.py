@@ -14,8 +14,9 @@ time by exact arithmetic from the stated quantities:
 Nothing here is fitted to these points. Every plan must predict (a plan that validates must
 not raise); each entry's error is held to its ``guard`` (default :data:`DEFAULT_GUARD`), a
 band that catches regressions, not an accuracy claim. The table, with the mean and median
-|error|, is printed at the end of the run. The file takes a few minutes of one core; runs that
-stg cannot spell, and why, are the data file's ``not_reproducible``.
+|error|, is printed at the end of the run. Every plan must also fit its GPUs per the memory
+predictor (:data:`OVER_MEMORY` lists the exceptions and why). The file takes a few minutes of
+one core; runs that stg cannot spell, and why, are the data file's ``not_reproducible``.
 """
 
 from __future__ import annotations
@@ -122,6 +123,42 @@ def test_runs_are_well_formed(registry: Registry) -> None:
         assert options.world_size == entry["gpus"], f"{entry['id']}: plan is not on its GPUs"
         assert entry["source"].startswith("https://"), entry["id"]
         assert entry["metric"] in ("tokens_per_s_per_gpu", "model_tflops_per_gpu"), entry["id"]
+
+
+OVER_MEMORY = {
+    "nemo2407-gpt3-175b-128gpu-fp8": "NeMo's distributed optimizer is not spelled: stg refuses "
+    "GPT-3's tied embeddings with pp > 1 under zero 1 or 2, so every rank holds the whole "
+    "optimizer state of its stage",
+    "nemo2407-gpt3-175b-512gpu-fp8": "as the 128-GPU run: the distributed optimizer is not "
+    "spelled (tied embeddings with pp > 1)",
+    "mb2509-deepseek-v3-1024gpu-ep64-fp8": "stg spells the plan with dp 1 (ep 64 takes every "
+    "rank of a stage), so neither Megatron's distributed optimizer over data-parallel 64 (the "
+    "dense weights) and expert-DP 2 (the experts) nor the recipe's recompute of the mla_up_proj "
+    "and mlp modules on H100 is spelled",
+    "mb2511-qwen3-30b-a3b-16gpu-ep8-fp8": "the table's MBS 2 over VP 24 keeps more micro-batches "
+    "of activations in flight than 80 GB hold without recompute; the Megatron-Bridge v0.2.0 "
+    "recipe (qwen3_30b_a3b_pretrain_config) asks for full recompute, which stg (as Megatron-core) "
+    "refuses beside the all-to-all overlap the row spells: what the run recomputed is not resolved",
+}
+"""Runs whose plan, as stg spells it, does not fit their GPUs per the memory predictor, and why.
+Each must still not fit (one that starts to fit leaves this list)."""
+
+
+def test_plans_fit_their_gpus(registry: Registry) -> None:
+    """A plan that ran fits its GPUs: the memory predictor's peak of every rank is within the
+    preset's HBM (as ``stg predict --predictor memory`` reports it), except :data:`OVER_MEMORY`."""
+    assert set(OVER_MEMORY) <= {e["id"] for e in RUNS}, "OVER_MEMORY names an unknown run"
+    memory = registry.predictors.get("memory")
+    wrong = []
+    for entry in RUNS:
+        options = run_options(entry, registry)
+        report = memory.predict_options(
+            options, entry["system"], kernels=list(registry.kernels), registry=registry
+        )
+        peak = f"{report['peak_bytes'] / 2**30:.1f} GiB of {report['capacity_bytes'] / 2**30:.0f}"
+        if report["fits"] == (entry["id"] in OVER_MEMORY):
+            wrong.append(f"{entry['id']}: peak {peak}, fits={report['fits']}")
+    assert not wrong, "\n".join(wrong)
 
 
 @pytest.mark.slow  # 36 full-size plans, up to 1,024 GPUs
