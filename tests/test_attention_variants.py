@@ -8,8 +8,6 @@ from pathlib import Path
 
 import pytest
 import sympy
-from chakra.schema.protobuf import et_def_pb2
-from chakra.src.third_party.utils import protolib
 from consumers import assert_ranks_decode_and_feed
 from typer.testing import CliRunner
 
@@ -22,7 +20,6 @@ from stg.host.registry import load_registry
 from stg.perf.kernel_time import attention_time, masked_kv_blocks
 from stg.perf.system import load_system
 from stg.predictors.time import predict_time
-from stg.trace.feeder import ETFeeder, replay
 from stg.trace.reader import read_nodes
 
 LLAMA = dict(
@@ -378,16 +375,7 @@ def test_sparse_attention_traces_validate_decode_and_feed(tmp_path: Path) -> Non
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     assert runner.invoke(app, ["validate", str(tmp_path / "out")]).exit_code == 0
-    for path in sorted((tmp_path / "out").glob("workload.*.et")):
-        ids = []
-        with path.open("rb") as f:
-            assert protolib.decodeMessage(f, et_def_pb2.GlobalMetadata())
-            node = et_def_pb2.Node()
-            while protolib.decodeMessage(f, node):
-                ids.append(node.id)
-                node = et_def_pb2.Node()
-        issued = [nid for kind, nid in replay(ETFeeder(path)) if kind == "issue"]
-        assert sorted(issued) == sorted(ids)
+    assert_ranks_decode_and_feed(tmp_path / "out")
     assert runner.invoke(app, ["feed", str(tmp_path / "out")]).exit_code == 0
 
 
