@@ -105,11 +105,17 @@ def mxfp8(operand: str, r: int, c: int) -> dict[str, int]:
 
 
 def nvfp4(operand: str, r: int, c: int) -> dict[str, int]:
-    # arXiv 2509.25149: half-byte E2M1 elements, an E4M3 byte per 1x16 block (16x16 for
-    # weights), an fp32 tensor scale per copy, after a pass for the tensor amax
+    # arXiv 2509.25149 as Transformer Engine 2.9 runs it: half-byte E2M1 elements, an E4M3
+    # byte per 16 elements of each copy (a weight's 16x16 block scales are stored per 1x16), an
+    # fp32 tensor scale per copy, after a pass for the tensor amax. A weight's copies come from
+    # one read; an input's or gradient's rowwise copy is cast alone, and its columnwise copy,
+    # Hadamard-transformed, by a second kernel that reads the input again (these shapes fit
+    # the fused transform-and-cast kernel)
     n = r * c
-    scales = _blocks(r, c, 16, 16) if operand == "weight" else _blocks(r, c, 1, 16)
-    return {"amax": 2 * n, "cast": 2 * n + n + scales + 2 * 4}
+    copy = n // 2 + n // 16 + 4
+    if operand == "weight":
+        return {"amax": 2 * n, "cast": 2 * n + 2 * copy}
+    return {"amax": 2 * n, "cast": 2 * n + copy, "hadamard_cast": 2 * n + copy}
 
 
 CLOSED_FORMS: dict[str, Callable[[str, int, int], dict[str, int]]] = {
@@ -168,7 +174,8 @@ def test_official_reader_decodes_the_quantize_nodes(tmp_path: Path) -> None:
             assert attrs["tensor_size"].uint64_val > 0 and attrs["num_ops"].int64_val > 0
             kinds[attrs["quantize_kernel"].string_val] += 1
     handle.close()
-    assert kinds == {"amax": len(SITES), "cast": len(SITES)}
+    transformed = sum(operand != "weight" for operand, _ in SITES)
+    assert kinds == {"amax": len(SITES), "cast": len(SITES), "hadamard_cast": transformed}
 
 
 def _nodes(**given: Any) -> dict[str, Any]:
@@ -394,9 +401,11 @@ def test_explain_names_the_quantize_nodes() -> None:
 def test_sequence_parallel_gathers_move_the_quantized_rows(recipe: str, per_element: float) -> None:
     nodes = _nodes(low_precision_recipe=recipe)
     by_id = {n.id: n.name for n in nodes.values()}
+    # the last kernel of the quantization: nvfp4's columnwise cast of the transformed copy
+    last = "hadamard_cast" if recipe == "nvfp4" else "cast"
     for name, cast in (
-        ("mb0/layer0/fwd/all_gather_tp:attention_norm", "mb0/layer0/fwd/q.cast_input"),
-        ("mb0/layer0/bwd/all_gather_tp:grad_output", "mb0/layer0/bwd/down.cast_grad_output"),
+        ("mb0/layer0/fwd/all_gather_tp:attention_norm", f"mb0/layer0/fwd/q.{last}_input"),
+        ("mb0/layer0/bwd/all_gather_tp:grad_output", f"mb0/layer0/bwd/down.{last}_grad_output"),
     ):
         gather = nodes[name]
         assert gather.comm_size == LOCAL * D * per_element

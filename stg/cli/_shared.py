@@ -568,6 +568,26 @@ SPECS: dict[str, tuple[str, _Spec]] = {
             metavar=BOOL,
         ),
     ),
+    "nvfp4_disable_rht": (
+        _TRAINING,
+        _Spec(
+            "With --low_precision_recipe nvfp4: no random Hadamard transform on the "
+            "weight-gradient GEMM's inputs (Transformer Engine's NVTE_NVFP4_DISABLE_RHT; "
+            "default off: transformed).",
+            parser=parse_bool,
+            metavar=BOOL,
+        ),
+    ),
+    "nvfp4_disable_stochastic_rounding": (
+        _TRAINING,
+        _Spec(
+            "With --low_precision_recipe nvfp4: round the gradients to nearest instead of "
+            "stochastically (Transformer Engine's NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING; "
+            "default off: stochastic).",
+            parser=parse_bool,
+            metavar=BOOL,
+        ),
+    ),
     "megatron_fsdp": (
         _TRAINING,
         _Spec(

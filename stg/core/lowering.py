@@ -46,6 +46,7 @@ from stg.core.precision import DTYPE_BYTES
 from stg.core.quantization import DTYPE_BITS
 from stg.core.recipes import (
     DEFAULT_RECIPE,
+    HADAMARD_FLOPS_ATTR,
     QUANTIZE_KERNEL_ATTR,
     QUANTIZE_OPERAND_ATTR,
     RECIPE_ATTR,
@@ -890,7 +891,7 @@ def bind_part(
     gradient_buckets: bool = False,
     shard_axes: frozenset[str] = frozenset(),
     cp_comm_type: str = "p2p",
-    recipe: str = DEFAULT_RECIPE,
+    recipe: Recipe = RECIPES[DEFAULT_RECIPE],
     param_gather: bool = False,
     fp8_dispatch: bool = False,
     fsdp2_copies: bool = True,
@@ -940,7 +941,7 @@ def bind_part(
     )
     if te_recipe and part.name == "head":
         output_layer = native_fp8_gemms([*part.forward, *part.backward])
-    elif te_recipe and recipe == DEFAULT_RECIPE:
+    elif te_recipe and recipe.name == DEFAULT_RECIPE:
         for module in modules:
             quantized.update(quantize_elements(module, part.forward, part.backward, binder.numel))
             gathered_fp8 |= {
@@ -973,18 +974,18 @@ def bind_part(
         forward = _te_fp8_recipe(forward, quantized, output_layer)
         backward = _te_fp8_recipe(backward, quantized, output_layer)
     if sites:
-        forward = _recipe_quantization(forward, sites, RECIPES[recipe], fp8_dispatch)
-        backward = _recipe_quantization(backward, sites, RECIPES[recipe], fp8_dispatch)
+        forward = _recipe_quantization(forward, sites, recipe, fp8_dispatch)
+        backward = _recipe_quantization(backward, sites, recipe, fp8_dispatch)
 
     update = bound(part.update, _any_collective)
     if te_recipe:
         # the output layer and the embedding are no TE modules: their weights stay bf16
         fp8_params = param_gather and bool(sites)
-        forward = _recipe_collectives(forward, RECIPES[recipe], fp8_params, gathered_fp8)
-        backward = _recipe_collectives(backward, RECIPES[recipe], fp8_params, gathered_fp8)
+        forward = _recipe_collectives(forward, recipe, fp8_params, gathered_fp8)
+        backward = _recipe_collectives(backward, recipe, fp8_params, gathered_fp8)
         # gradients and the distributed optimizer's parameters are never fp8
-        reduce = _recipe_collectives(reduce, RECIPES[recipe], False)
-        update = _recipe_collectives(update, RECIPES[recipe], False)
+        reduce = _recipe_collectives(reduce, recipe, False)
+        update = _recipe_collectives(update, recipe, False)
     if fsdp2_copies:
         forward, backward = fsdp_copies(forward, backward)
     return BoundPart(
@@ -1004,7 +1005,7 @@ def bind_part(
         sum(binder.unflat_numel(w) for w in part.weights),
         modules,
         sum(
-            weight_copy_bytes(RECIPES[recipe], site.rows, site.cols, param=param_gather)
+            weight_copy_bytes(recipe, site.rows, site.cols, param=param_gather)
             for site in sites
             if site.operand == "weight"
         ),
@@ -1081,8 +1082,12 @@ def _recipe_quantization(
             # ids nor negated ids (context_parallel_attention takes -id - 1)
             done = -source - 3 - 3 * (i % 4)
             reads: tuple[int, ...] = (source,)
-            for kernel in quantize_kernels(recipe, site.operand, site.rows, site.cols):
-                produced = done if kernel.kind == "cast" else done - 1
+            kernels = quantize_kernels(recipe, site.operand, site.rows, site.cols)
+            for kernel in kernels:
+                # one stream: each kernel waits for the one before; the last one is the copies'
+                produced = done if kernel is kernels[-1] else done - 1
+                flops = kernel.hadamard_flops
+                transform = ((HADAMARD_FLOPS_ATTR, flops),) if flops else ()
                 if (
                     kernel.kind == "cast"
                     and recipe.tp_amax_reduction
@@ -1117,6 +1122,7 @@ def _recipe_quantization(
                             (QUANTIZE_KERNEL_ATTR, kernel.kind),
                             (QUANTIZE_OPERAND_ATTR, site.operand),
                             (RECIPE_ATTR, recipe.name),
+                            *transform,
                         ),
                     )
                 )

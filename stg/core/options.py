@@ -238,6 +238,10 @@ class GenerateOptions:
     ``fp8_dispatch`` sends a mixture of experts' tokens (and, backward, the down-projection's
     output gradients) to the experts in the recipe's format, as DeepSeek-V3 trains, instead
     of bf16.
+    ``nvfp4_disable_rht`` and ``nvfp4_disable_stochastic_rounding`` turn off the ``nvfp4``
+    recipe's random Hadamard transform and stochastic rounding, as Transformer Engine's
+    ``NVTE_NVFP4_DISABLE_RHT`` and ``NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING`` do
+    (:func:`stg.core.recipes.training_recipe`).
     ``first_last_layers_bf16`` (Megatron-LM's ``--first-last-layers-bf16``) keeps the first
     ``num_layers_at_start_in_bf16`` and the last ``num_layers_at_end_in_bf16`` layers of the
     stack (Megatron's defaults: 1 and 1) of such a run out of the recipe: their GEMMs run in
@@ -380,6 +384,8 @@ class GenerateOptions:
     low_precision_recipe: str = "delayed"
     fp8_param_gather: bool = False
     fp8_dispatch: bool = False
+    nvfp4_disable_rht: bool = False
+    nvfp4_disable_stochastic_rounding: bool = False
     megatron_fsdp: bool = False
     first_last_layers_bf16: bool = False
     num_layers_at_start_in_bf16: int = 1
@@ -506,6 +512,8 @@ class GenerateOptions:
         "recompute_modules",
         "fp8_param_gather",
         "fp8_dispatch",
+        "nvfp4_disable_rht",
+        "nvfp4_disable_stochastic_rounding",
         "megatron_fsdp",
         "first_last_layers_bf16",
         "cpu_offloading_num_layers",

@@ -31,7 +31,7 @@ from stg.core.precision import (
     plan_groups,
     unmatched_patterns,
 )
-from stg.core.recipes import DEFAULT_RECIPE, model_kind, split_bf16_layers
+from stg.core.recipes import DEFAULT_RECIPE, model_kind, split_bf16_layers, training_recipe
 from stg.core.routing import expert_capacity
 from stg.core.symbolic import (
     Capacity,
@@ -162,7 +162,11 @@ def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> Model
             # a whole network in one part: its gradients reduced in DDP's buckets
             gradient_buckets=stackless and plan.zero_degree == 1,
             cp_comm_type=o.cp_comm_type,
-            recipe=o.low_precision_recipe,
+            recipe=training_recipe(
+                o.low_precision_recipe,
+                disable_rht=o.nvfp4_disable_rht,
+                disable_stochastic_rounding=o.nvfp4_disable_stochastic_rounding,
+            ),
             param_gather=o.fp8_param_gather,
             fp8_dispatch=o.fp8_dispatch,
             fsdp2_copies=not o.megatron_fsdp,

@@ -663,6 +663,17 @@ def make_plan(o: GenerateOptions) -> ParallelPlan:
         "low_precision_recipe: it needs ep > 1 and low_precision_recipe one of "
         f"{', '.join(r for r in RECIPES if r != DEFAULT_RECIPE)}",
     )
+    for option, feature in (
+        ("nvfp4_disable_rht", "hadamard"),
+        ("nvfp4_disable_stochastic_rounding", "stochastic_rounding"),
+    ):
+        having = [name for name, recipe in RECIPES.items() if getattr(recipe, feature)]
+        _require(
+            not getattr(o, option) or o.low_precision_recipe in having,
+            f"{option} turns off a part of the low_precision_recipe that "
+            f"{o.low_precision_recipe} does not have: it needs low_precision_recipe one of "
+            f"{', '.join(having)}",
+        )
     _require(
         not o.megatron_fsdp or o.weight_sharded,
         "megatron_fsdp picks Megatron-LM's FSDP for the weight sharding: it needs "

@@ -35,12 +35,35 @@ recipe:
 - ``nvfp4``: NVIDIA, "Pretraining Large Language Models with NVFP4" (arXiv 2509.25149),
   section 4: E2M1 elements with one E4M3 scale per 16 elements and one fp32 scale per tensor;
   activations and gradients in 1x16 blocks, weights in 16x16 blocks (2D, so both copies share
-  one block grid); a 16x16 random Hadamard transform on the inputs of the weight-gradient GEMM
-  (the columnwise copies of ``X`` and ``dY``); stochastic rounding of the gradients (a rounding
-  mode: no bytes). TE ``recipe.NVFP4BlockScaling``: the per-tensor amax is a reduction over the
-  whole tensor before the cast (``nvte_compute_amax``; with the transform,
-  ``nvte_hadamard_transform_amax`` finds the amaxes before and after it in that one pass, and the
-  cast applies it on the way). The GEMMs run at the system's fp4 peak.
+  one block grid); a 16x16 random Hadamard transform (RHT) on the inputs of the
+  weight-gradient GEMM (the columnwise copies of ``X`` and ``dY``); stochastic rounding (SR) of
+  the gradients. As Transformer Engine 2.9 runs it (``recipe.NVFP4BlockScaling``:
+  ``fp4_quant_fwd_inp`` RHT, ``fp4_quant_fwd_weight`` 2D, ``fp4_quant_bwd_grad`` RHT and SR;
+  ``NVFP4Quantizer::quantize_impl`` in ``pytorch/csrc/quantizer.cpp``):
+
+  - the per-tensor amax is a reduction over the whole tensor before the cast
+    (``nvte_compute_amax``); with the RHT, ``nvte_hadamard_transform_amax`` finds the amax of
+    the input and that of the transformed transpose in that one read, the transform on tensor
+    cores (``wmma`` m16n16k16 bf16);
+  - without the RHT one kernel writes both copies from one read (``nvte_quantize_v2``); with it
+    the rowwise copy is cast alone, and the columnwise copy by a second kernel that reads the
+    input again, transforms it on tensor cores and casts it
+    (``nvte_hadamard_transform_cast_fusion_columnwise``) where the input is bf16 of rows a
+    multiple of 64 and columns a multiple of 128, or else by the transform alone
+    (``nvte_hadamard_transform``, writing a bf16 transposed copy) and a cast of that copy;
+  - stochastic rounding rounds four elements with one 32-bit random word
+    (``cvt.rs.satfinite.e2m1x4.f32``) drawn from Philox4x32-10 (cuRANDDx, ``PhiloxRounds<10>``;
+    ``util/nvfp4_transpose.cuh``, ``hadamard_transform_cast_fusion.cu``): its cost is the
+    random-number generation, integer ops in the casts, no bytes;
+  - the 2D weight scales are stored as 1D ones, one E4M3 per 1x16 of each copy, the 16 rows of
+    a block holding the same value (``NVFP4Quantizer::get_scale_shape`` does not depend on
+    ``with_2d_quantization``; ``nvfp4_transpose_kernel_2D`` writes ``cols / 16`` scales per
+    row), so 2D scaling moves the bytes of 1D scaling;
+  - ``NVTE_NVFP4_DISABLE_RHT`` and ``NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING`` (the recipe's
+    ``disable_rht``, ``disable_stochastic_rounding``) turn the RHT and SR off:
+    :func:`training_recipe`.
+
+  The GEMMs run at the system's fp4 peak.
 
 Every quantize kernel reads the 16-bit input and writes what the recipe's definition says
 (elements and scales), so its bytes follow from the tensor's rows and columns alone
@@ -61,7 +84,7 @@ then share one autocast, ``transformer_config.py``). Such a layer is a block kin
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from stg.core.quantization import DTYPE_BITS
@@ -74,7 +97,13 @@ RECIPE_ATTR = "low_precision_recipe"
 recipe's name (it decides the tensor cores a GEMM needs)."""
 QUANTIZE_KERNEL_ATTR = "quantize_kernel"
 """String attribute of a recipe's quantize node: ``amax`` (a reduction that finds the scales
-before the cast) or ``cast`` (writes the quantized copies and their scales)."""
+before the cast), ``cast`` (writes the quantized copies and their scales; only the rowwise copy
+where the recipe transforms the columnwise one), ``hadamard`` (the transform alone, writing a
+bf16 transposed copy) or ``hadamard_cast`` (writes the transformed columnwise copy and its
+scales, transforming it on the way unless a ``hadamard`` kernel did)."""
+HADAMARD_FLOPS_ATTR = "hadamard_flops"
+"""Integer attribute of a quantize node that runs a Hadamard transform: the FLOPs of it among
+``num_ops``, which Transformer Engine runs on tensor cores."""
 QUANTIZE_OPERAND_ATTR = "quantize_operand"
 """String attribute of a recipe's quantize node: the GEMM operand it quantizes, ``input``,
 ``weight`` or ``grad_output`` (a weight's copies are cached after the first micro-batch)."""
@@ -83,6 +112,20 @@ OPERANDS = ("input", "weight", "grad_output")
 HADAMARD_FLOPS_PER_ELEMENT = 2 * 16
 """A 16-point random Hadamard transform is a dense 16x16 matrix product per 16 elements: 16
 multiply-adds per element (arXiv 2509.25149, section 4.2)."""
+FUSED_HADAMARD_ROWS, FUSED_HADAMARD_COLS = 64, 128
+"""Transformer Engine 2.9 transforms and casts a columnwise copy in one kernel where the bf16
+input's rows are a multiple of 64 and its columns of 128 (``quantizer.cpp``,
+``eligible_for_rht_cast_fusion``)."""
+PHILOX_ROUNDS = 10
+"""Rounds of the Philox4x32 generator that stochastic rounding draws from (TE 2.9:
+``curanddx::PhiloxRounds<10>``)."""
+PHILOX_ROUND_OPS = 10
+"""Integer ops of one Philox4x32 round: two 32x32-bit multiplies each giving a high and a low
+word (four instructions), four XORs and the two-word key bump (Salmon et al., "Parallel Random
+Numbers: As Easy as 1, 2, 3", SC 2011, section 5)."""
+ELEMENTS_PER_PHILOX = 4 * 4
+"""Elements rounded with one Philox4x32 call: four 32-bit words, one per four elements
+(``cvt.rs.satfinite.e2m1x4.f32``; TE 2.9 ``nvfp4_transpose.cuh``, ``get_rbits``)."""
 
 SOURCE_BYTES = 2
 """The quantized tensors are bf16 before the cast (the autocast dtype, :mod:`stg.core.fp8`)."""
@@ -124,6 +167,8 @@ class Recipe:
     """reads of the input by the casts (1: one kernel writes both copies)"""
     hadamard: bool = False
     """a random Hadamard transform on the weight-gradient GEMM's inputs"""
+    stochastic_rounding: bool = False
+    """the output gradient's copies are rounded stochastically"""
     tp_amax_reduction: bool = False
     """the tensor amax of a sequence-parallel input or output gradient is all-reduced (MAX)
     over the tensor-parallel group before the cast, so that every rank scales its rows alike
@@ -152,6 +197,14 @@ class Recipe:
     def copy_bytes(self, rows: int, cols: int) -> int:
         """Bytes of the two quantized copies (rowwise and columnwise) of a tensor."""
         return 2 * -(-rows * cols * self.element_bits // 8)
+
+    def copy_scale_bytes(self, operand: str, rows: int, cols: int, *, columnwise: bool) -> int:
+        """Bytes of the block scales and the second-level tensor scale of one copy of
+        ``operand`` (a recipe that casts its copies apart: block scales, :attr:`hadamard`)."""
+        blocks = self.blocks(operand)
+        assert blocks is not None
+        scales = blocks.count(cols, rows) if columnwise else blocks.count(rows, cols)
+        return -(-scales * self.scale_bits // 8) + self.tensor_scale_bits // 8
 
     def scale_bytes(self, operand: str, rows: int, cols: int) -> int:
         """Bytes of the scales of both copies of ``operand`` of ``rows x cols`` (``cols``
@@ -208,6 +261,10 @@ class Recipe:
         weight-gradient GEMM: the input and the output gradient)."""
         return self.hadamard and operand != "weight"
 
+    def rounds_stochastically(self, operand: str) -> bool:
+        """Whether the copies of ``operand`` are rounded stochastically (the gradients)."""
+        return self.stochastic_rounding and operand == "grad_output"
+
 
 RECIPES: dict[str, Recipe] = {
     r.name: r
@@ -232,11 +289,12 @@ RECIPES: dict[str, Recipe] = {
             "nvfp4",
             "fp4",
             Blocks(1, 16),
-            Blocks(16, 16),
+            Blocks(1, 16),  # 16x16 values, stored per 1x16 (module docstring)
             scale_bits=8,
             tensor_scale_bits=32,
             amax_reads=1,
             hadamard=True,
+            stochastic_rounding=True,
             tp_amax_reduction=True,
             gathered_norm_output_copies=2,
         ),
@@ -245,44 +303,93 @@ RECIPES: dict[str, Recipe] = {
 """The recipes by the name ``--low_precision_recipe`` gives them."""
 
 
+def training_recipe(
+    name: str, *, disable_rht: bool = False, disable_stochastic_rounding: bool = False
+) -> Recipe:
+    """The recipe ``name`` with the random Hadamard transform and stochastic rounding turned
+    off where asked, as Transformer Engine's ``NVTE_NVFP4_DISABLE_RHT`` and
+    ``NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING`` do (``recipe.NVFP4BlockScaling``)."""
+    recipe = RECIPES[name]
+    return replace(
+        recipe,
+        hadamard=recipe.hadamard and not disable_rht,
+        stochastic_rounding=recipe.stochastic_rounding and not disable_stochastic_rounding,
+    )
+
+
 @dataclass(frozen=True)
 class QuantizeKernel:
     """One memory-bound kernel of a recipe's quantization of one tensor."""
 
     kind: str
-    """``amax`` or ``cast`` (:data:`QUANTIZE_KERNEL_ATTR`)"""
+    """``amax``, ``cast``, ``hadamard`` or ``hadamard_cast`` (:data:`QUANTIZE_KERNEL_ATTR`)"""
     tensor_size: int
     """bytes read and written"""
     num_ops: int
+    hadamard_flops: int = 0
+    """the Hadamard transform's FLOPs among ``num_ops`` (on tensor cores)"""
+
+
+def random_bit_ops(elements: int) -> int:
+    """Integer ops of the Philox4x32-10 calls that round ``elements`` stochastically."""
+    return -(-elements // ELEMENTS_PER_PHILOX) * PHILOX_ROUNDS * PHILOX_ROUND_OPS
+
+
+def fused_hadamard_cast(rows: int, cols: int) -> bool:
+    """Whether Transformer Engine transforms and casts the columnwise copy of a bf16 tensor of
+    ``rows x cols`` in one kernel (:data:`FUSED_HADAMARD_ROWS`)."""
+    return rows % FUSED_HADAMARD_ROWS == 0 and cols % FUSED_HADAMARD_COLS == 0
 
 
 def quantize_kernels(recipe: Recipe, operand: str, rows: int, cols: int) -> list[QuantizeKernel]:
     """The kernels that quantize a bf16 ``operand`` of ``rows x cols`` (``cols`` along the
-    forward's reduction dimension) into the recipe's two copies: a reduction reading the
-    input per :attr:`Recipe.amax_reads` (none for ``delayed`` and block scalings), then the
-    cast, which reads it per :attr:`Recipe.cast_reads` and writes both copies and their scales.
-    One op per element read, plus the Hadamard transform's multiply-adds on the columnwise
-    copy where the recipe uses it (in the amax pass too: the columnwise scale is the
-    transformed tensor's)."""
+    forward's reduction dimension) into the recipe's two copies, in their order: a reduction
+    reading the input per :attr:`Recipe.amax_reads` (none for ``delayed`` and block scalings),
+    then the cast, which reads it per :attr:`Recipe.cast_reads` and writes both copies and
+    their scales. Where the recipe transforms the columnwise copy (:meth:`Recipe.transformed`),
+    the amax pass transforms it too, the cast writes the rowwise copy alone and a
+    ``hadamard_cast`` kernel (after a ``hadamard`` one where :func:`fused_hadamard_cast` does
+    not hold) the columnwise copy. One op per element read, the transform's multiply-adds
+    (:attr:`QuantizeKernel.hadamard_flops`) and stochastic rounding's random-number
+    generation (:func:`random_bit_ops`, per copy written)."""
     elements = rows * cols
-    hadamard = HADAMARD_FLOPS_PER_ELEMENT * elements if recipe.transformed(operand) else 0
+    read = SOURCE_BYTES * elements
+    transformed = recipe.transformed(operand)
+    hadamard = HADAMARD_FLOPS_PER_ELEMENT * elements if transformed else 0
+    rounding = random_bit_ops(elements) if recipe.rounds_stochastically(operand) else 0
     kernels = []
     if recipe.amax_reads:
         kernels.append(
             QuantizeKernel(
                 "amax",
-                recipe.amax_reads * SOURCE_BYTES * elements,
+                recipe.amax_reads * read,
                 recipe.amax_reads * elements + hadamard,
+                hadamard,
             )
         )
-    written = recipe.copy_bytes(rows, cols) + recipe.scale_bytes(operand, rows, cols)
-    kernels.append(
-        QuantizeKernel(
-            "cast",
-            recipe.cast_reads * SOURCE_BYTES * elements + written,
-            recipe.cast_reads * elements + hadamard,
+    if not transformed:
+        written = recipe.copy_bytes(rows, cols) + recipe.scale_bytes(operand, rows, cols)
+        kernels.append(
+            QuantizeKernel(
+                "cast",
+                recipe.cast_reads * read + written,
+                recipe.cast_reads * elements + 2 * rounding,
+            )
         )
-    )
+        return kernels
+    copy = recipe.copy_bytes(rows, cols) // 2
+    rowwise = copy + recipe.copy_scale_bytes(operand, rows, cols, columnwise=False)
+    columnwise = copy + recipe.copy_scale_bytes(operand, rows, cols, columnwise=True)
+    kernels.append(QuantizeKernel("cast", read + rowwise, elements + rounding))
+    if fused_hadamard_cast(rows, cols):
+        kernels.append(
+            QuantizeKernel(
+                "hadamard_cast", read + columnwise, elements + hadamard + rounding, hadamard
+            )
+        )
+    else:
+        kernels.append(QuantizeKernel("hadamard", 2 * read, hadamard, hadamard))
+        kernels.append(QuantizeKernel("hadamard_cast", read + columnwise, elements + rounding))
     return kernels
 
 
@@ -375,6 +482,7 @@ def split_bf16_layers(
 __all__ = [
     "BF16_KIND_SUFFIX",
     "DEFAULT_RECIPE",
+    "HADAMARD_FLOPS_ATTR",
     "OPERANDS",
     "PARAM_GATHER_RECIPES",
     "QUANTIZE_KERNEL_ATTR",
@@ -389,5 +497,6 @@ __all__ = [
     "model_kind",
     "quantize_kernels",
     "split_bf16_layers",
+    "training_recipe",
     "weight_copy_bytes",
 ]

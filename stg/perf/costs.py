@@ -17,7 +17,12 @@ from typing import Any
 from stg.core.dropout import DROPOUT_FLOPS
 from stg.core.fp8 import QUANTIZE_ATTR, QUANTIZE_BYTES_PER_ELEMENT
 from stg.core.quantization import WEIGHT_FORMATS
-from stg.core.recipes import QUANTIZE_KERNEL_ATTR, QUANTIZE_OPERAND_ATTR, RECIPE_ATTR
+from stg.core.recipes import (
+    HADAMARD_FLOPS_ATTR,
+    QUANTIZE_KERNEL_ATTR,
+    QUANTIZE_OPERAND_ATTR,
+    RECIPE_ATTR,
+)
 from stg.core.workload import MICRO_BATCH_ATTR, STEP_ATTR, CollectiveType, Role, node_role
 from stg.errors import UserError
 from stg.perf import comm_time
@@ -321,8 +326,12 @@ def recipe_quantize_time(node: Any, system: System) -> float:
     if attrs.get(QUANTIZE_OPERAND_ATTR) == "weight" and weight_cast_cached(node):
         return 0.0
     seconds = memory_bound_time(system.gpu, node.tensor_size, "quantize")
-    # its FLOPs (a Hadamard transform's) at the SIMT rate, as other memory-bound kernels'
-    return max(seconds, node.num_ops / system.gpu.rate("fp32")) + system.kernel_overhead
+    # a Hadamard transform's FLOPs on tensor cores (TE's wmma / UMMA kernels), its other ops
+    # (one per element, stochastic rounding's random numbers) at the SIMT rate
+    hadamard = int(attrs.get(HADAMARD_FLOPS_ATTR, 0))
+    simt = (node.num_ops - hadamard) / system.gpu.rate("fp32")
+    tensor = hadamard / system.gpu.rate("bf16")
+    return max(seconds, simt, tensor) + system.kernel_overhead
 
 
 def compute_time(
