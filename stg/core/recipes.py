@@ -122,7 +122,7 @@ PHILOX_ROUNDS = 10
 PHILOX_ROUND_OPS = 10
 """Integer ops of one Philox4x32 round: two 32x32-bit multiplies each giving a high and a low
 word (four instructions), four XORs and the two-word key bump (Salmon et al., "Parallel Random
-Numbers: As Easy as 1, 2, 3", SC 2011, section 5)."""
+Numbers: As Easy as 1, 2, 3", SC 2011: Philox; Random123's ``philox4x32round``)."""
 ELEMENTS_PER_PHILOX = 4 * 4
 """Elements rounded with one Philox4x32 call: four 32-bit words, one per four elements
 (``cvt.rs.satfinite.e2m1x4.f32``; TE 2.9 ``nvfp4_transpose.cuh``, ``get_rbits``)."""
