@@ -1,12 +1,15 @@
 """Plans per CPU second of ``stg search`` for GPT-3 175B on 1,024 A100s (batch 1,536).
 
-Run: ``python benchmarks/search_speed.py [--refine N ...] [--tree DIR] [--repeat R]``
+Run: ``python benchmarks/search_speed.py [--refine N ...] [--tree DIR] [--repeat R] [--plans K]``
 (default ``--refine 5 0``). Each search runs in a fresh process (``--jobs 1``: the pricing in
 that process), so that its CPU time (user + system of the child, from
 ``resource.getrusage(RUSAGE_CHILDREN)``) is its own; the figure is the plans the search
 enumerated over that CPU time, as the issue counts them. ``--tree DIR`` also runs another
 checkout of stg (e.g. ``git archive REV | tar -x -C DIR``) in turn with this one, so that both
-share the machine's load; ``--repeat`` runs each search that many times.
+share the machine's load; ``--repeat`` runs each search that many times. ``--plans K`` then
+prices the K best plans of the analytical pass with the DAG predictor one at a time (in a
+fresh process, as ``--refine K`` does), each with its CPU seconds, its replay (periodic: the
+micro-batches lowered and replayed) and both prices: where a refinement's CPU time goes.
 """
 
 from __future__ import annotations
@@ -49,17 +52,67 @@ def measure(refine: int, tree: str | None = None) -> dict[str, float | int | str
     }
 
 
+def refine_each(plans: int) -> None:
+    """The CPU seconds of refining each of the ``plans`` best plans of the analytical pass
+    (one JSON line each), in this process: run by :func:`main` in a fresh one."""
+    import time
+
+    from stg.cli._shared import options_from_cli
+    from stg.explore.search import search
+    from stg.host.registry import load_registry
+    from stg.perf.system import load_system
+
+    flags = dict(zip(COMMAND[1::2], COMMAND[2::2], strict=False))
+    registry = load_registry()
+    system = load_system(flags["--system"])
+    base = options_from_cli({"model": flags["--model"], "batch": int(flags["--batch"])})
+    gpus = int(flags["--gpus"])
+    result = search(base, gpus, system, registry, top=plans, refine=0, jobs=1)
+    predictor = registry.predictors.get("time")
+    kernels = list(registry.kernels)
+    for rank, candidate in enumerate(result.best, start=1):
+        before = time.process_time()
+        report = predictor.predict_options(
+            candidate.options, system, registry=registry, kernels=kernels
+        )
+        cpu = time.process_time() - before
+        replay = report.get("replay", {})
+        print(
+            json.dumps(
+                {
+                    "rank": rank,
+                    "plan": json.dumps(candidate.plan(), sort_keys=True),
+                    "refine_cpu_s": round(cpu, 2),
+                    "replay": replay.get("kind"),
+                    "lowered_micro_batches": replay.get("lowered_micro_batches"),
+                    "replayed_micro_batches": replay.get("replayed_micro_batches"),
+                    "analytical_s": round(candidate.time_s, 4),
+                    "dag_s": round(report["iteration_time_s"], 4),
+                }
+            ),
+            flush=True,
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--refine", type=int, nargs="*", default=[5, 0])
     parser.add_argument("--tree", help="another stg checkout to measure in turn with this one")
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--plans", type=int, default=0, help="refine each of the K best alone")
+    parser.add_argument("--refine-each", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.refine_each:
+        refine_each(args.refine_each)
+        return
     trees = [None] if args.tree is None else [args.tree, None]
     for _ in range(args.repeat):
         for refine in args.refine:
             for tree in trees:
                 print(json.dumps(measure(refine, tree)), flush=True)
+    if args.plans:
+        child = [sys.executable, __file__, "--refine", "--refine-each", str(args.plans)]
+        subprocess.run(child, check=True)
 
 
 if __name__ == "__main__":
