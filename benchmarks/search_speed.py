@@ -9,7 +9,8 @@ checkout of stg (e.g. ``git archive REV | tar -x -C DIR``) in turn with this one
 share the machine's load; ``--repeat`` runs each search that many times. ``--plans K`` then
 prices the K best plans of the analytical pass with the DAG predictor one at a time (in a
 fresh process, as ``--refine K`` does), each with its CPU seconds, its replay (periodic: the
-micro-batches lowered and replayed) and both prices: where a refinement's CPU time goes.
+micro-batches lowered and replayed) and both prices, then the CPU seconds of replaying every
+micro-batch instead (``exact``, run second): where a refinement's CPU time goes.
 """
 
 from __future__ import annotations
@@ -76,6 +77,11 @@ def refine_each(plans: int) -> None:
             candidate.options, system, registry=registry, kernels=kernels
         )
         cpu = time.process_time() - before
+        before = time.process_time()
+        predictor.predict_options(
+            candidate.options, system, registry=registry, kernels=kernels, exact=True
+        )
+        exact = time.process_time() - before
         replay = report.get("replay", {})
         print(
             json.dumps(
@@ -83,6 +89,7 @@ def refine_each(plans: int) -> None:
                     "rank": rank,
                     "plan": json.dumps(candidate.plan(), sort_keys=True),
                     "refine_cpu_s": round(cpu, 2),
+                    "full_replay_cpu_s": round(exact, 2),
                     "replay": replay.get("kind"),
                     "lowered_micro_batches": replay.get("lowered_micro_batches"),
                     "replayed_micro_batches": replay.get("replayed_micro_batches"),
