@@ -5,12 +5,15 @@ Run: ``python benchmarks/search_speed.py [--refine N ...] [--tree DIR] [--repeat
 that process), so that its CPU time (user + system of the child, from
 ``resource.getrusage(RUSAGE_CHILDREN)``) is its own; the figure is the plans the search
 enumerated over that CPU time, as the issue counts them. ``--tree DIR`` also runs another
-checkout of stg (e.g. ``git archive REV | tar -x -C DIR``) in turn with this one, so that both
-share the machine's load; ``--repeat`` runs each search that many times. ``--plans K`` then
-prices the K best plans of the analytical pass with the DAG predictor one at a time (in a
-fresh process, as ``--refine K`` does), each with its CPU seconds, its replay (periodic: the
-micro-batches lowered and replayed) and both prices, then the CPU seconds of replaying every
-micro-batch instead (``exact``, run second): where a refinement's CPU time goes.
+checkout of stg (e.g. ``git archive REV | tar -x -C DIR``) in turn with this one, so that
+both share the machine's load: its own ``stg`` and built-in plugins (``models/``,
+``emitters/``, ``predictors/``, which the editable install would otherwise take from this
+checkout; the installed plugin distributions stay this checkout's); ``--repeat`` runs each
+search that many times. ``--plans K`` then prices the K best plans of the analytical pass
+with the DAG predictor one at a time (in a fresh process, as ``--refine K`` does), each with
+its CPU seconds, its replay (periodic: the micro-batches lowered and replayed) and both
+prices, then the CPU seconds of replaying every micro-batch instead (``exact``, run second):
+where a refinement's CPU time goes.
 """
 
 from __future__ import annotations
@@ -22,20 +25,57 @@ import resource
 import subprocess
 import sys
 
+PLUGIN_PACKAGES = ("models", "emitters", "predictors")
+"""The built-in plugin packages, ``stg.<name>`` from the checkout's ``<name>/`` folder."""
+
 COMMAND = [
     "search", "--model", "gpt3-175b", "--gpus", "1024", "--batch", "1536",
     "--system", "a100-80g", "--jobs", "1", "--json",
 ]  # fmt: skip
 
 
+def use_tree_packages(tree: str) -> None:
+    """Import the built-in plugin packages of the checkout ``tree`` (whose ``stg`` is the one
+    imported) from its folders: the editable install maps ``stg.predictors`` and the others to
+    this checkout's folders, which a ``PYTHONPATH`` before it does not change."""
+    import importlib.util
+
+    import stg
+
+    for name in PLUGIN_PACKAGES:
+        folder = os.path.join(tree, name)
+        spec = importlib.util.spec_from_file_location(
+            f"stg.{name}", os.path.join(folder, "__init__.py"), submodule_search_locations=[folder]
+        )
+        if spec is None or spec.loader is None:
+            raise SystemExit(f"error: {tree!r} has no {name}/ package")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+        setattr(stg, name, module)
+
+
+def stg_command(args: list[str], tree: str | None = None) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment that run ``stg args`` from the checkout ``tree``
+    (its ``stg`` and built-in plugins), else from the installed stg."""
+    env = dict(os.environ)
+    if tree is None:
+        return [sys.executable, "-m", "stg", *args], env
+    tree = os.path.abspath(tree)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [tree, env.get("PYTHONPATH")]))
+    here = os.path.dirname(os.path.abspath(__file__))
+    boot = (
+        f"import sys; sys.path.insert(1, {here!r}); import search_speed; "
+        f"search_speed.use_tree_packages({tree!r}); from stg.cli import main; main(sys.argv[1:])"
+    )
+    return [sys.executable, "-c", boot, *args], env
+
+
 def measure(refine: int, tree: str | None = None) -> dict[str, float | int | str | None]:
     """One search in a child process (of the checkout ``tree``, else the installed stg): CPU
     seconds, plans enumerated and the best plan."""
-    env = dict(os.environ)
-    if tree is not None:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [tree, env.get("PYTHONPATH")]))
+    args, env = stg_command([*COMMAND, "--refine", str(refine)], tree)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    args = [sys.executable, "-m", "stg", *COMMAND, "--refine", str(refine)]
     done = subprocess.run(args, capture_output=True, text=True, check=True, env=env, cwd=tree)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
