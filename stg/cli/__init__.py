@@ -270,10 +270,12 @@ def _root(
     """Generate Chakra execution traces of distributed transformer training."""
 
 
+from stg.cli._coercion import light_coercion  # noqa: E402
 from stg.cli._shared import allowed_values_in_help, plain_flags_in_help  # noqa: E402
 
 plain_flags_in_help()
 allowed_values_in_help()
+light_coercion()
 
 
 def main(argv: Sequence[str] | None = None) -> None:
