@@ -1,4 +1,4 @@
-"""stg.cli._coercion decides only what typer's pydantic adapters would decide the same way."""
+"""stg.cli._shared.light_coercion decides only what typer's pydantic adapters decide alike."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typer.models import OptionInfo
 from typer.testing import CliRunner
 
 from stg.cli import app
-from stg.cli._coercion import UNDECIDED, coerce_values, handles
+from stg.cli._shared import UNDECIDED, coerce_values, handles
 
 _coercion = pytest.importorskip("typer._coercion")  # typer >= 0.29 coerces through pydantic
 

@@ -7,6 +7,7 @@ commands that need them (benchmarks/startup.py measures the CPU time of the same
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import subprocess
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from stg.cli import app
+from stg.cli import app, builtin_command_names
 
 FAKE_DISTS = Path(__file__).parent / "fake_dists"
 
@@ -135,7 +136,7 @@ def test_an_analytical_prediction_as_json_loads_no_console_and_no_worker_pool() 
     modules = imported("predict", *args)
     assert not {m for m in modules if m == "rich" or m.startswith("rich.")}
     assert not modules & {"stg.trace.parallel", "concurrent.futures", "multiprocessing"}
-    # typer's coercion of the options through pydantic: stg.cli._coercion decides them
+    # typer's coercion of the options through pydantic: stg.cli._shared.light_coercion decides them
     assert not {m for m in modules if m.partition(".")[0] in ("pydantic", "pydantic_core")}
     # Besides sympy and mpmath (the symbolic core's, about 490 modules: the model imports it
     # where the reduced workloads are built, not read from the cache), about 300 modules on
@@ -187,3 +188,33 @@ def test_every_deferred_built_in_model_has_a_layer_stack() -> None:
     for name in names:
         model = registry.models.get(name)
         assert model.block is not None or model.stack is not None, name
+
+
+def test_the_root_help_lists_the_commands_without_importing_them() -> None:
+    modules = imported("--help")
+    commands = {f"stg.cli.{name.replace('-', '_')}" for name in builtin_command_names()}
+    assert not modules & commands
+    assert not modules & {"stg.core.options", "stg.trace.feeder", "stg.explore.search"}
+
+
+def test_the_command_summaries_are_the_commands_first_paragraphs() -> None:
+    from stg.cli import COMMAND_SUMMARIES, _builtin_command
+
+    assert sorted(COMMAND_SUMMARIES) == sorted(builtin_command_names())
+    for name, summary in COMMAND_SUMMARIES.items():
+        command = _builtin_command(name)
+        text = inspect.cleandoc(command.short_help or command.help or "")
+        assert summary == text.split("\n\n")[0], name
+        assert not (command.hidden or command.deprecated or command.rich_help_panel), name
+
+
+def test_the_root_help_is_the_same_as_from_the_commands_themselves(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    runner = CliRunner()
+    listed = runner.invoke(app, ["--help"], env={"COLUMNS": "100"})
+    monkeypatch.setattr("stg.cli.COMMAND_SUMMARIES", {})  # every command built to be listed
+    built = runner.invoke(app, ["--help"], env={"COLUMNS": "100"})
+    assert listed.exit_code == built.exit_code == 0
+    assert listed.output == built.output
+    assert "predict" in listed.output and "Predict iteration time" in listed.output
