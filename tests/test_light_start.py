@@ -175,6 +175,8 @@ def test_an_analytical_prediction_from_the_cache_imports_no_model_and_no_sympy(
     models = {m for m in modules if m.startswith("stg.models.")}
     assert models == {"stg.models.presets"}  # the preset's dimensions, no model template
     assert not modules & {*SYMBOLIC, "mpmath", "stg.core.lowering", "stg.core.autodiff"}
+    # statistics (with fractions and decimal) only for a calibration table's fits
+    assert not modules & {"statistics", "fractions", "decimal"}
 
 
 def test_every_deferred_built_in_model_has_a_layer_stack() -> None:
