@@ -220,3 +220,21 @@ def test_the_root_help_is_the_same_as_from_the_commands_themselves(
     assert listed.exit_code == built.exit_code == 0
     assert listed.output == built.output
     assert "predict" in listed.output and "Predict iteration time" in listed.output
+
+
+def test_the_bench_operators_load_only_for_stg_bench() -> None:
+    # stg.bench.ops brings the benchmark configs and calibration tables (stg.perf.calibration)
+    modules = imported(
+        "--exec",
+        "from stg.host.registry import load_registry; "
+        "registry = load_registry(autoload=False); "
+        "assert 'torch.nn.Linear' in registry.bench_ops.names()",
+    )
+    assert not modules & {"stg.bench.ops", "stg.bench.config", "stg.perf.calibration"}
+    modules = imported(
+        "--exec",
+        "from stg.host.registry import load_registry; "
+        "registry = load_registry(autoload=False); "
+        "assert registry.bench_ops.get('torch.nn.Linear').name == 'torch.nn.Linear'",  # PARAM's
+    )
+    assert "stg.bench.ops" in modules

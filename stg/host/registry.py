@@ -201,8 +201,8 @@ class Catalog(Generic[T]):
 
     def _match(self, name: str) -> Registered[T] | _Pending:
         """The one entry called ``name``, loaded or pending."""
-        qualifier, _, base = name.rpartition(":")
-        base = base.lower()
+        qualifier, _, given = name.rpartition(":")
+        base = given.lower()
         candidates = self._entries
         if qualifier:
             wanted = normalize_dist(qualifier)
@@ -212,7 +212,10 @@ class Catalog(Generic[T]):
                 if (e.dist is not None and normalize_dist(e.dist) == wanted)
                 or e.plugin == qualifier
             ]
-        matches = [e for e in candidates if e.name == base]
+        # bench operators keep PARAM's spelling (torch.nn.Linear); other names are lower-case
+        matches = [e for e in candidates if e.name in (given, base)]
+        if len({e.name for e in matches}) > 1:
+            matches = [e for e in matches if e.name == given]
         if not matches:
             matches = [e for e in candidates if base in e.aliases]
         if len(matches) == 1:
