@@ -121,9 +121,8 @@ def test_a_prediction_loads_only_the_model_and_predictor_it_uses(tmp_path: Path)
     modules = imported("predict", *args, env={"STG_CACHE_DIR": str(tmp_path)})  # it builds
     plugins = ("stg.models.", "stg.predictors.", "stg.emitters.")
     builtins = {m for m in modules if m.startswith(plugins)}
-    assert builtins == {
+    assert builtins == {  # a model, not a preset: stg.models.presets reads no preset file
         "stg.models.gpt",
-        "stg.models.presets",
         "stg.predictors.analytical",
         "stg.predictors._workload_cache",  # its reduced workloads on disk
     }
@@ -238,3 +237,29 @@ def test_the_bench_operators_load_only_for_stg_bench() -> None:
         "assert registry.bench_ops.get('torch.nn.Linear').name == 'torch.nn.Linear'",  # PARAM's
     )
     assert "stg.bench.ops" in modules
+
+
+def test_the_preset_files_are_read_when_the_presets_are_first_read() -> None:
+    import stg
+    from stg.host.records import Preset
+    from stg.host.registry import load_registry
+
+    class Plugin:  # registers one preset after the built-ins
+        @stg.hookimpl
+        def stg_register_presets(self, register):  # type: ignore[no-untyped-def]
+            register(Preset("tiny-gpt", "gpt", {"num_stacks": 2}, source="a test"))
+
+    registry = load_registry(autoload=False, plugins=[Plugin()])
+    assert not registry.failures
+    (info,) = [p for p in registry.plugins if p.name == "stg.models.presets"]
+    assert info.registered == {}  # not read yet
+    registry.models.check("gpt")  # a model's name: the presets are not needed
+    assert [p for p in registry.plugins if p.name == "stg.models.presets"] == [info]
+    names = [e.name for e in registry.presets]
+    assert "gpt3-175b" in names and names[-1] == "tiny-gpt"  # the built-ins' in their place
+    (info,) = [p for p in registry.plugins if p.name == "stg.models.presets"]
+    assert info.registered["presets"] == tuple(names[:-1])
+    modules = imported("--exec", "import stg.host.registry as r; r.load_registry().presets")
+    assert "stg.models.presets" not in modules
+    modules = imported("--exec", "import stg.host.registry as r; r.load_registry().presets.names()")
+    assert "stg.models.presets" in modules
