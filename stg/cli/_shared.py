@@ -1785,7 +1785,7 @@ def format_bytes(size: int) -> str:
 # typer (0.29 and later) coerces each option's value through a pydantic ``TypeAdapter`` that it
 # builds on the option's first use: a command imports pydantic (76 modules, about 50 ms of CPU)
 # and builds an adapter for every option it declares, given or not (about a hundred for ``stg
-# predict``, another 25 ms).
+# predict``, another 10 ms).
 # :func:`light_coercion` makes typer's options first try the values whose result is certain: a
 # ``str`` for a ``str`` option, a bool for a bool flag, an ASCII decimal within the option's
 # bounds for an ``int`` or ``float`` option, whatever an option's ``parser`` returns, and lists
