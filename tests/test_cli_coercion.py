@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -93,13 +94,42 @@ def test_common_command_line_values_are_decided() -> None:
     assert coerce_values(int, info, "\u0663") is UNDECIDED  # int() reads it, pydantic does not
 
 
-def test_paths_files_and_tuples_stay_with_typer() -> None:
-    from pathlib import Path
+@pytest.mark.parametrize(
+    "info",
+    [OptionInfo(), OptionInfo(exists=True, dir_okay=False), OptionInfo(file_okay=False)],
+    ids=["plain", "an existing file", "a folder"],
+)
+def test_a_path_decided_is_typers_path_with_typers_checks(
+    info: OptionInfo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "file.et").write_text("")
+    values = [
+        "sub", "sub/file.et", "./sub", "sub/", "sub//file.et", "missing/x", "-", ".", "",
+        str(tmp_path / "sub" / "file.et"), Path("sub"), 3,
+    ]  # fmt: skip
+    decided = 0
+    for value in values:
+        try:
+            ours = coerce_values(Path, info, value)
+        except Exception as exc:  # typer's own check of the path, as typer words it
+            assert _typer_result(Path, info, value) == ("error", f"{type(exc).__name__}: {exc}")
+            continue
+        if ours is not UNDECIDED:
+            decided += 1
+            assert _typer_result(Path, info, value) == ("value", ours), value
+            assert type(ours) is type(_typer_result(Path, info, value)[1])
+    assert decided >= 1
 
+
+def test_files_tuples_and_other_path_types_stay_with_typer() -> None:
     info = OptionInfo()
-    assert not handles(Path, info)
+    assert handles(Path, info)
+    assert not handles(Path, OptionInfo(path_type=str))
     assert not handles(tuple[int, int], info)
     assert handles(Path, OptionInfo(parser=Path))  # typer runs a parser before anything
+    assert coerce_values(Path, info, "a//b") is UNDECIDED  # typer names it as given
 
 
 @pytest.mark.parametrize(

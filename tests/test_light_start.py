@@ -81,6 +81,7 @@ def test_read_commands_skip_the_symbolic_core(trace: str, command: list[str]) ->
     modules = imported(*command, trace)
     assert not modules & {*SYMBOLIC, *PLUGINS, "stg.api", "stg.trace.proto.chakra_v001_pb2"}
     assert "stg.trace.proto.chakra_v004_pb2" in modules  # the trace's own schema
+    assert "pydantic" not in modules  # its PATH argument is typer's Path without pydantic
 
 
 def test_records_of_the_public_api_load_without_the_symbolic_core() -> None:

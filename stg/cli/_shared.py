@@ -1788,10 +1788,11 @@ def format_bytes(size: int) -> str:
 # predict``, another 10 ms).
 # :func:`light_coercion` makes typer's options first try the values whose result is certain: a
 # ``str`` for a ``str`` option, a bool for a bool flag, an ASCII decimal within the option's
-# bounds for an ``int`` or ``float`` option, whatever an option's ``parser`` returns, and lists
-# of these. Any other value, and any value typer would refuse, goes through typer's own adapter,
-# so every result and every error message stays typer's (tests/test_cli_coercion.py compares
-# the two on each kind of value).
+# bounds for an ``int`` or ``float`` option, a path already in its normal form for a ``Path``
+# option (typer's own checks then run on it), whatever an option's ``parser`` returns, and
+# lists of these. Any other value, and any value typer would refuse, goes through typer's own
+# adapter, so every result and every error message stays typer's (tests/test_cli_coercion.py
+# compares the two on each kind of value).
 
 UNDECIDED = object()
 """What :func:`coerce_certain` returns for a value that typer's adapter must coerce."""
@@ -1806,15 +1807,26 @@ DECIMAL = re.compile(r"[-+]?[0-9]{1,18}(\.[0-9]{1,18})?([eE][-+]?[0-9]{1,3})?", 
 LEAVES = (str, bool, int, float)
 
 
-def coerce_certain(annotation: Any, info: Any, value: Any) -> Any:
+def coerce_certain(
+    annotation: Any, info: Any, value: Any, param: Any = None, ctx: Any = None
+) -> Any:
     """What typer's adapter for ``annotation`` (one value, not a list) with parameter info
-    ``info`` returns for ``value``, where that is certain without it; else
-    :data:`UNDECIDED`."""
+    ``info`` returns for ``value`` (of option ``param`` in context ``ctx``), where that is
+    certain without it; else :data:`UNDECIDED`."""
     if info.parser is not None:  # typer runs the parser first, whatever the annotation
         try:
             return info.parser(value)
         except (ValueError, AssertionError):  # pydantic words these as a validation error
             return UNDECIDED
+    if _plain_path(annotation, info):
+        # pydantic makes a str a Path; typer then checks it and names the path as given
+        if type(value) is not str or not value or str(Path(value)) != value:
+            return UNDECIDED
+        try:
+            from typer._param_types import coerce_cli_path
+        except ImportError:
+            return UNDECIDED
+        return coerce_cli_path(Path(value), info, path_type=Path, param=param, ctx=ctx)
     if annotation is str:
         return value if type(value) is str else UNDECIDED
     if annotation is bool:
@@ -1842,24 +1854,31 @@ def coerce_certain(annotation: Any, info: Any, value: Any) -> Any:
     return number
 
 
+def _plain_path(annotation: Any, info: Any) -> bool:
+    """A ``Path`` option whose value typer makes a ``Path`` (no other path type)."""
+    return annotation is Path and getattr(info, "path_type", None) in (None, Path)
+
+
 def handles(annotation: Any, info: Any) -> bool:
     """Whether :func:`coerce_certain` may decide the values of such an option (a list of
-    them included); files, paths, choices, tuples and dates always go to typer."""
+    them included); files, other path types, choices, tuples and dates always go to typer."""
     if get_origin(annotation) is list:
         args = get_args(annotation)
         return len(args) == 1 and handles(args[0], info)
-    return info.parser is not None or annotation in LEAVES
+    return info.parser is not None or annotation in LEAVES or _plain_path(annotation, info)
 
 
-def coerce_values(annotation: Any, info: Any, value: Any) -> Any:
+def coerce_values(
+    annotation: Any, info: Any, value: Any, param: Any = None, ctx: Any = None
+) -> Any:
     """:func:`coerce_certain` for an option's value, a list option's included (typer gives
     a list back)."""
     if get_origin(annotation) is not list:
-        return coerce_certain(annotation, info, value)
+        return coerce_certain(annotation, info, value, param, ctx)
     if not isinstance(value, (list, tuple)):
         value = [value]
     (item_annotation,) = get_args(annotation)
-    items = [coerce_certain(item_annotation, info, item) for item in value]
+    items = [coerce_certain(item_annotation, info, item, param, ctx) for item in value]
     return UNDECIDED if any(item is UNDECIDED for item in items) else items
 
 
@@ -1883,7 +1902,7 @@ def light_coercion() -> None:
         descriptor: Any
 
         def _coerce_value(self, value: Any, param: Any, ctx: Any) -> Any:
-            result = coerce_values(self.annotation, self.parameter_info, value)
+            result = coerce_values(self.annotation, self.parameter_info, value, param, ctx)
             if result is UNDECIDED:
                 full = build_runtime_param(self.descriptor)
                 return full._coerce_value(value, param=param, ctx=ctx)
