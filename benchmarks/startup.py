@@ -8,7 +8,9 @@ predictors), ``stg feed`` on a one-rank trace (``stg generate --model gpt --num_
 written once into a temporary directory) and ``stg
 predict --predictor analytical`` for GPT-3 175B on 1,024 A100s (tp 8, pp 16, dp 8, batch
 1,536, 192 micro-batches), and prints the median CPU time (user + system) of each, with the
-number of modules the command imported and whether sympy was among them.
+number of modules the command imported, how many of them had no current bytecode cache (so
+were compiled from source in every run: ``PYTHONDONTWRITEBYTECODE`` set, or a tree that
+cannot be written) and whether sympy was among them.
 
 Installed plugins load as they would for a user (set ``STG_DISABLE_PLUGIN_AUTOLOAD=1`` to
 measure stg alone). The analytical prediction reads the one- and two-layer workloads it
@@ -45,11 +47,23 @@ COLD_CACHE = "  the same, empty cache (stores)"
 
 # Runs the CLI (or only imports it), then reports the modules imported, on stderr's last line.
 PROBE = """
-import atexit, json, sys
+import atexit, json, os, sys
+def from_source():
+    count = 0
+    for module in list(sys.modules.values()):
+        spec = getattr(module, "__spec__", None)
+        origin, cached = getattr(spec, "origin", None), getattr(spec, "cached", None)
+        if not (isinstance(origin, str) and origin.endswith(".py") and cached):
+            continue
+        try:
+            count += os.stat(cached).st_mtime_ns < os.stat(origin).st_mtime_ns
+        except OSError:
+            count += 1
+    return count
 def report():
     mods = sorted(sys.modules)
     sys.stderr.write("\\nSTARTUP " + json.dumps({"modules": len(mods),
-                     "sympy": "sympy" in sys.modules}) + "\\n")
+                     "sympy": "sympy" in sys.modules, "from_source": from_source()}) + "\\n")
 atexit.register(report)
 args = sys.argv[1:]
 if args == ["--import-only"]:
@@ -126,13 +140,21 @@ def main() -> None:
             label: _median(args, ns.repeats, env_of(label)) for label, args in cases(tmp).items()
         }
     for label, (cpu, probe) in measured.items():
-        results[label] = {"cpu_s": cpu, "modules": probe["modules"], "sympy": probe["sympy"]}
+        results[label] = {"cpu_s": cpu, **probe}
     if ns.json:
         print(json.dumps(results, indent=2))
         return
-    print(f"{'command':36} {'CPU s (median)':>15} {'modules':>8}  sympy")
+    print(f"{'command':36} {'CPU s (median)':>15} {'modules':>8} {'compiled':>9}  sympy")
     for label, r in results.items():
-        print(f"{label:36} {r['cpu_s']:15.3f} {r['modules']:8d}  {'yes' if r['sympy'] else 'no'}")
+        print(
+            f"{label:36} {r['cpu_s']:15.3f} {r['modules']:8d} {r['from_source']:9d}  "
+            f"{'yes' if r['sympy'] else 'no'}"
+        )
+    if any(r["from_source"] for r in results.values()):
+        print(
+            "compiled: modules without a current bytecode cache, compiled from source in every "
+            "run (PYTHONDONTWRITEBYTECODE set, or a read-only tree): the CPU times include it"
+        )
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ commands that need them (benchmarks/startup.py measures the CPU time of the same
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import subprocess
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from stg.cli import app
+from stg.cli import app, builtin_command_names
 
 FAKE_DISTS = Path(__file__).parent / "fake_dists"
 
@@ -80,6 +81,7 @@ def test_read_commands_skip_the_symbolic_core(trace: str, command: list[str]) ->
     modules = imported(*command, trace)
     assert not modules & {*SYMBOLIC, *PLUGINS, "stg.api", "stg.trace.proto.chakra_v001_pb2"}
     assert "stg.trace.proto.chakra_v004_pb2" in modules  # the trace's own schema
+    assert "pydantic" not in modules  # its PATH argument is typer's Path without pydantic
 
 
 def test_records_of_the_public_api_load_without_the_symbolic_core() -> None:
@@ -120,9 +122,8 @@ def test_a_prediction_loads_only_the_model_and_predictor_it_uses(tmp_path: Path)
     modules = imported("predict", *args, env={"STG_CACHE_DIR": str(tmp_path)})  # it builds
     plugins = ("stg.models.", "stg.predictors.", "stg.emitters.")
     builtins = {m for m in modules if m.startswith(plugins)}
-    assert builtins == {
+    assert builtins == {  # a model, not a preset: stg.models.presets reads no preset file
         "stg.models.gpt",
-        "stg.models.presets",
         "stg.predictors.analytical",
         "stg.predictors._workload_cache",  # its reduced workloads on disk
     }
@@ -135,13 +136,22 @@ def test_an_analytical_prediction_as_json_loads_no_console_and_no_worker_pool() 
     modules = imported("predict", *args)
     assert not {m for m in modules if m == "rich" or m.startswith("rich.")}
     assert not modules & {"stg.trace.parallel", "concurrent.futures", "multiprocessing"}
+    # typer's coercion of the options through pydantic: stg.cli._shared.light_coercion decides them
+    assert not {m for m in modules if m.partition(".")[0] in ("pydantic", "pydantic_core")}
     # Besides sympy and mpmath (the symbolic core's, about 490 modules: the model imports it
-    # where the reduced workloads are built, not read from the cache), 351 modules on Python
-    # 3.11: about 205 of the standard library, 50 of stg, 52 of pydantic (typer's coercion of
-    # every option), 27 of typer, 13 of pluggy and the installed plugins; 400 leaves room for
-    # another Python, not for a new library on this path
+    # where the reduced workloads are built, not read from the cache), 290 modules on Python
+    # 3.11: 188 of the standard library, 52 of stg, 26 of typer, 13 of pluggy and the
+    # installed plugins; 330 leaves room for another Python, not for a new library on this
+    # path
     rest = {m for m in modules if m.partition(".")[0] not in ("sympy", "mpmath")}
-    assert len(rest) <= 400, sorted(rest)
+    assert len(rest) <= 330, sorted(rest)
+
+
+@pytest.mark.parametrize("command", ["predict", "generate"])
+def test_a_commands_help_builds_no_pydantic_adapter(command: str) -> None:
+    # typer would coerce the root's -p/--plugin through pydantic before the command's --help
+    modules = imported(command, "--help")
+    assert not {m for m in modules if m.partition(".")[0] in ("pydantic", "pydantic_core")}
 
 
 def test_the_analytical_predictor_loads_the_pipeline_only_to_build() -> None:
@@ -165,6 +175,8 @@ def test_an_analytical_prediction_from_the_cache_imports_no_model_and_no_sympy(
     models = {m for m in modules if m.startswith("stg.models.")}
     assert models == {"stg.models.presets"}  # the preset's dimensions, no model template
     assert not modules & {*SYMBOLIC, "mpmath", "stg.core.lowering", "stg.core.autodiff"}
+    # statistics (with fractions and decimal) only for a calibration table's fits
+    assert not modules & {"statistics", "fractions", "decimal"}
 
 
 def test_every_deferred_built_in_model_has_a_layer_stack() -> None:
@@ -178,3 +190,77 @@ def test_every_deferred_built_in_model_has_a_layer_stack() -> None:
     for name in names:
         model = registry.models.get(name)
         assert model.block is not None or model.stack is not None, name
+
+
+def test_the_root_help_lists_the_commands_without_importing_them() -> None:
+    modules = imported("--help")
+    commands = {f"stg.cli.{name.replace('-', '_')}" for name in builtin_command_names()}
+    assert not modules & commands
+    assert not modules & {"stg.core.options", "stg.trace.feeder", "stg.explore.search"}
+
+
+def test_the_command_summaries_are_the_commands_first_paragraphs() -> None:
+    from stg.cli import COMMAND_SUMMARIES, _builtin_command
+
+    assert sorted(COMMAND_SUMMARIES) == sorted(builtin_command_names())
+    for name, summary in COMMAND_SUMMARIES.items():
+        command = _builtin_command(name)
+        text = inspect.cleandoc(command.short_help or command.help or "")
+        assert summary == text.split("\n\n")[0], name
+        assert not (command.hidden or command.deprecated or command.rich_help_panel), name
+
+
+def test_the_root_help_is_the_same_as_from_the_commands_themselves(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    runner = CliRunner()
+    listed = runner.invoke(app, ["--help"], env={"COLUMNS": "100"})
+    monkeypatch.setattr("stg.cli.COMMAND_SUMMARIES", {})  # every command built to be listed
+    built = runner.invoke(app, ["--help"], env={"COLUMNS": "100"})
+    assert listed.exit_code == built.exit_code == 0
+    assert listed.output == built.output
+    assert "predict" in listed.output and "Predict iteration time" in listed.output
+
+
+def test_the_bench_operators_load_only_for_stg_bench() -> None:
+    # stg.bench.ops brings the benchmark configs and calibration tables (stg.perf.calibration)
+    modules = imported(
+        "--exec",
+        "from stg.host.registry import load_registry; "
+        "registry = load_registry(autoload=False); "
+        "assert 'torch.nn.Linear' in registry.bench_ops.names()",
+    )
+    assert not modules & {"stg.bench.ops", "stg.bench.config", "stg.perf.calibration"}
+    modules = imported(
+        "--exec",
+        "from stg.host.registry import load_registry; "
+        "registry = load_registry(autoload=False); "
+        "assert registry.bench_ops.get('torch.nn.Linear').name == 'torch.nn.Linear'",  # PARAM's
+    )
+    assert "stg.bench.ops" in modules
+
+
+def test_the_preset_files_are_read_when_the_presets_are_first_read() -> None:
+    import stg
+    from stg.host.records import Preset
+    from stg.host.registry import load_registry
+
+    class Plugin:  # registers one preset after the built-ins
+        @stg.hookimpl
+        def stg_register_presets(self, register):  # type: ignore[no-untyped-def]
+            register(Preset("tiny-gpt", "gpt", {"num_stacks": 2}, source="a test"))
+
+    registry = load_registry(autoload=False, plugins=[Plugin()])
+    assert not registry.failures
+    (info,) = [p for p in registry.plugins if p.name == "stg.models.presets"]
+    assert info.registered == {}  # not read yet
+    registry.models.check("gpt")  # a model's name: the presets are not needed
+    assert [p for p in registry.plugins if p.name == "stg.models.presets"] == [info]
+    names = [e.name for e in registry.presets]
+    assert "gpt3-175b" in names and names[-1] == "tiny-gpt"  # the built-ins' in their place
+    (info,) = [p for p in registry.plugins if p.name == "stg.models.presets"]
+    assert info.registered["presets"] == tuple(names[:-1])
+    modules = imported("--exec", "import stg.host.registry as r; r.load_registry().presets")
+    assert "stg.models.presets" not in modules
+    modules = imported("--exec", "import stg.host.registry as r; r.load_registry().presets.names()")
+    assert "stg.models.presets" in modules

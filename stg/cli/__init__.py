@@ -24,7 +24,7 @@ import typer.main
 from typer import _click
 from typer._click.exceptions import ClickException, NoArgsIsHelpError, UsageError
 from typer._click.globals import get_current_context
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from stg.errors import UserError, is_write_fault
 
@@ -36,6 +36,34 @@ if TYPE_CHECKING:
 PLUGINS_KEY = "stg.plugins"
 REGISTRY_KEY = "stg.registry"
 COMMAND_REGISTRY_KEY = "stg.command_registry"
+LISTING_KEY = "stg.listing_commands"
+
+COMMAND_SUMMARIES: dict[str, str] = {
+    "bench": "PARAM-compatible benchmarks of this machine, and calibration of the predictors.",
+    "convert": "Convert a trace (every rank file, plus the comm-group file) to another format.\n"
+    "v0.0.4 <-> json is lossless; v0.0.1 drops what that schema cannot hold. Never overwrites\n"
+    "a different trace without --force (re-running the same conversion is fine).",
+    "feed": "Feed traces in dependency order and report issue statistics per rank.",
+    "generate": "Generate the workload of one training iteration (or, with --phase, of serving:\n"
+    "prefill, decode or a mixed batch) and write it as trace files.",
+    "inspect": "Inspect traces, models and systems.",
+    "plan": "Search plans: stg plan precision finds a per-op precision plan.",
+    "plugins": "Inspect the loaded plugins.",
+    "predict": "Predict iteration time (and MFU, exposed communication, bubble) and peak memory.",
+    "search": "Find the fastest parallel plans that fit in memory (serving: the plans of most\n"
+    "tokens per second within a latency limit).",
+    "serve": "Simulate an inference cluster request by request.",
+    "simulate": "Run ASTRA-sim on a trace and print each rank's finish time and exposed "
+    "communication\nbeside stg predict's for the same trace and system.",
+    "sweep": "Predict every configuration of a design space; write a results table.",
+    "validate": "Check every rank file of a trace: ids, deps, cycles, attribute types, send/recv "
+    "pairs,\ncollective sequences, the comm-group file and, by default, ASTRA-sim's consumption "
+    "rules\n(--consumer). Exit 1 on any violation, 2 on unusable input (a file that is not a\n"
+    "readable trace, a partial rank set).",
+}
+"""The first paragraph of each built-in command's help, all that ``stg --help`` shows of it:
+the list is made without importing the commands' modules (tests/test_light_start.py checks
+this table against them)."""
 
 
 @cache
@@ -171,11 +199,21 @@ class StgGroup(TyperGroup):
         if command is not None:
             return command
         if cmd_name in builtin_command_names():
+            summary = COMMAND_SUMMARIES.get(cmd_name)
+            if summary is not None and ctx.meta.get(LISTING_KEY):
+                return TyperCommand(cmd_name, help=summary)  # listed, never run
             return _builtin_command(cmd_name)
         for entry in _command_registry(ctx).commands:
             if cmd_name in entry.item.names:
                 return typer.main.get_group(entry.item.app).commands[cmd_name]
         return None
+
+    def format_help(self, ctx: _click.Context, formatter: Any) -> None:
+        ctx.meta[LISTING_KEY] = True  # the commands are listed from COMMAND_SUMMARIES
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            del ctx.meta[LISTING_KEY]
 
     def main(
         self,
@@ -270,10 +308,15 @@ def _root(
     """Generate Chakra execution traces of distributed transformer training."""
 
 
-from stg.cli._shared import allowed_values_in_help, plain_flags_in_help  # noqa: E402
+from stg.cli._shared import (  # noqa: E402
+    allowed_values_in_help,
+    light_coercion,
+    plain_flags_in_help,
+)
 
 plain_flags_in_help()
 allowed_values_in_help()
+light_coercion()
 
 
 def main(argv: Sequence[str] | None = None) -> None:

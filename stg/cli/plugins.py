@@ -26,6 +26,7 @@ _KIND_LABELS = {
 def plugins_report() -> dict[str, Any]:
     """The plugin listing as JSON-ready data: loaded plugins, then failures, in load order."""
     registry = get_registry()
+    registry.load_unlisted()  # the presets' names are known once their files are read
     return {
         "plugins": [
             {

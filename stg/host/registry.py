@@ -13,6 +13,7 @@ registrations are kept and everything else still loads. Setting
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import os
@@ -52,6 +53,11 @@ ENTRY_POINT_GROUP = "stg"
 BUILTIN_DIST = "symbolic-tensor-graph"
 BUILTIN_PACKAGES = ("stg.models", "stg.emitters", "stg.predictors")
 BUILTIN_MODULES = ("stg.core.schedules", "stg.bench.ops")
+
+UNLISTED_BUILTINS: Mapping[str, str] = {"stg.models.presets": "presets"}
+"""Built-in plugin modules whose names are listed nowhere (the presets are data files), by the
+one catalog they register into: imported, and their hooks run, when that catalog is first
+read, so a run that names no preset parses none."""
 
 SOURCE_BUILTIN = "builtin"
 SOURCE_ENTRY_POINT = "entry point"
@@ -127,6 +133,14 @@ class _Pending:
         return f"{self.dist or self.plugin}:{self.name}"
 
 
+@dataclass(frozen=True)
+class _Unlisted:
+    """The place in a catalog of what an unlisted built-in module (:data:`UNLISTED_BUILTINS`)
+    registers, not imported yet."""
+
+    plugin: str
+
+
 class Catalog(Generic[T]):
     """The items of one kind (models, emitters, ...) in registration order."""
 
@@ -138,7 +152,7 @@ class Catalog(Generic[T]):
         load: Callable[[str], None] | None = None,
     ) -> None:
         self.label = label
-        self._entries: list[Registered[T] | _Pending] = list(entries)
+        self._entries: list[Registered[T] | _Pending | _Unlisted] = list(entries)
         # The registry's own list (shared, not copied): plugins that failed to load, named in
         # the error for an unknown name since one of them may have registered it.
         self._failures = failures
@@ -148,9 +162,16 @@ class Catalog(Generic[T]):
     def _loaded(self) -> list[Registered[T]]:
         """The entries, every deferred module among them loaded first."""
         for entry in list(self._entries):
-            if isinstance(entry, _Pending) and self._load is not None:
+            if isinstance(entry, _Pending | _Unlisted) and self._load is not None:
                 self._load(entry.plugin)
         return [e for e in self._entries if isinstance(e, Registered)]
+
+    def _listed(self) -> list[Registered[T] | _Pending]:
+        """The entries whose names are known, the unlisted modules' loaded first."""
+        for entry in list(self._entries):
+            if isinstance(entry, _Unlisted) and self._load is not None:
+                self._load(entry.plugin)
+        return [e for e in self._entries if not isinstance(e, _Unlisted)]
 
     def entries(self) -> list[Registered[T]]:
         """Every registration, in load order (built-ins first)."""
@@ -158,7 +179,7 @@ class Catalog(Generic[T]):
 
     def names(self) -> list[str]:
         """Registered names (not aliases), sorted, each once."""
-        return sorted({entry.name for entry in self._entries})
+        return sorted({entry.name for entry in self._listed()})
 
     def __contains__(self, name: object) -> bool:
         if not isinstance(name, str):
@@ -170,7 +191,7 @@ class Catalog(Generic[T]):
         return True
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._listed())
 
     def __iter__(self) -> Iterator[Registered[T]]:
         return iter(self._loaded())
@@ -201,9 +222,9 @@ class Catalog(Generic[T]):
 
     def _match(self, name: str) -> Registered[T] | _Pending:
         """The one entry called ``name``, loaded or pending."""
-        qualifier, _, base = name.rpartition(":")
-        base = base.lower()
-        candidates = self._entries
+        qualifier, _, given = name.rpartition(":")
+        base = given.lower()
+        candidates = self._listed()
         if qualifier:
             wanted = normalize_dist(qualifier)
             candidates = [
@@ -212,7 +233,10 @@ class Catalog(Generic[T]):
                 if (e.dist is not None and normalize_dist(e.dist) == wanted)
                 or e.plugin == qualifier
             ]
-        matches = [e for e in candidates if e.name == base]
+        # bench operators keep PARAM's spelling (torch.nn.Linear); other names are lower-case
+        matches = [e for e in candidates if e.name in (given, base)]
+        if len({e.name for e in matches}) > 1:
+            matches = [e for e in matches if e.name == given]
         if not matches:
             matches = [e for e in candidates if base in e.aliases]
         if len(matches) == 1:
@@ -329,17 +353,11 @@ class Registry:
                 )
             return False
         self._loaded_objects.add(id(plugin))
-        registered: dict[str, tuple[str, ...]] = {}
         for catalog, items in staged.items():
             for item, names, aliases in items:
                 entry = Registered(item, names, aliases, name, dist, version, source)
                 self.catalog(catalog)._entries.append(entry)
-            if items:
-                if catalog == "commands":
-                    registered[catalog] = tuple(n for it in items for n in it[0].names)
-                else:
-                    registered[catalog] = tuple(it[1] for it in items)
-        self.plugins.append(PluginInfo(name, dist, version, source, registered))
+        self.plugins.append(PluginInfo(name, dist, version, source, _registered(staged)))
         return True
 
     def _collect(
@@ -381,7 +399,7 @@ class Registry:
         """Register the built-in plugin modules (skipping helper modules without hooks); a
         deferred one (:mod:`stg.host.deferred`) by its names only, imported on first use."""
         for module_name in builtin_module_names():
-            if module_name in DEFERRED_BUILTINS:
+            if module_name in DEFERRED_BUILTINS or module_name in UNLISTED_BUILTINS:
                 self._defer(module_name)
                 continue
             module = _import(module_name)
@@ -403,15 +421,24 @@ class Registry:
             )
 
     def _defer(self, module_name: str) -> None:
-        """Pending entries for what a deferred built-in module registers."""
-        table = DEFERRED_BUILTINS[module_name]
+        """Pending entries for what a deferred built-in module registers (one unlisted
+        entry for an unlisted module, whose names are known once it loads)."""
+        table = DEFERRED_BUILTINS.get(module_name, {})
         registered = {catalog: tuple(names) for catalog, names in table.items()}
         info = PluginInfo(module_name, BUILTIN_DIST, stg.__version__, SOURCE_BUILTIN, registered)
         for catalog, names in table.items():
             entries = self.catalog(catalog)._entries
             entries.extend(_Pending(n, a, *astuple_of(info)) for n, a in names.items())
+        if module_name in UNLISTED_BUILTINS:
+            self.catalog(UNLISTED_BUILTINS[module_name])._entries.append(_Unlisted(module_name))
         self.plugins.append(info)
         self._deferred[module_name] = info
+
+    def load_unlisted(self) -> None:
+        """Import the unlisted built-in modules not imported yet, so that every plugin's
+        :attr:`PluginInfo.registered` is complete (``stg plugins list``)."""
+        for module_name in [n for n in self._deferred if n in UNLISTED_BUILTINS]:
+            self._load_deferred(module_name)
 
     def _load_deferred(self, module_name: str) -> None:
         """Import a deferred built-in module and run its hooks: its items replace its pending
@@ -430,11 +457,19 @@ class Registry:
                 except PluginError as exc:
                     error = str(exc)
                 self._loaded_objects.add(id(module))
-            for catalog in {*info.registered, *staged}:
+            unlisted = UNLISTED_BUILTINS.get(module_name)
+            for catalog in {*info.registered, *staged, *([unlisted] if unlisted else [])}:
                 items = {name: (item, aliases) for item, name, aliases in staged.get(catalog, [])}
                 entries = self.catalog(catalog)._entries
                 kept: list[Any] = []
                 for entry in entries:
+                    if isinstance(entry, _Unlisted) and entry.plugin == module_name:
+                        kept.extend(  # in its place: the load order is kept
+                            Registered(item, name, aliases, *astuple_of(info))
+                            for name, (item, aliases) in items.items()
+                        )
+                        items.clear()
+                        continue
                     if isinstance(entry, _Pending) and entry.plugin == module_name:
                         if entry.name not in items:
                             continue
@@ -451,6 +486,9 @@ class Registry:
                 self.failures.append(
                     PluginFailure(module_name, info.dist, info.version, info.source, error)
                 )
+            elif unlisted:  # what it registered is known now
+                known = dataclasses.replace(info, registered=_registered(staged))
+                self.plugins[self.plugins.index(info)] = known
 
     def load_entry_points(self, reserved_commands: Collection[str] = ()) -> None:
         """Register the plugins of the entry-point group ``stg``, sorted by name."""
@@ -572,6 +610,20 @@ def _failed_plugins_note(failures: Sequence[PluginFailure]) -> str:
         why = (failure.error.strip().splitlines() or [""])[0]
         notes.append(f"plugin {failure.name}{origin} failed to load: {why}")
     return f" ({'; '.join(notes)})" if notes else ""
+
+
+def _registered(
+    staged: Mapping[str, Sequence[tuple[Any, str, tuple[str, ...]]]],
+) -> dict[str, tuple[str, ...]]:
+    """What a plugin's hooks registered, by catalog (:attr:`PluginInfo.registered`)."""
+    registered: dict[str, tuple[str, ...]] = {}
+    for catalog, items in staged.items():
+        if items:
+            if catalog == "commands":
+                registered[catalog] = tuple(n for it in items for n in it[0].names)
+            else:
+                registered[catalog] = tuple(it[1] for it in items)
+    return registered
 
 
 def _one_line(exc: BaseException) -> str:

@@ -45,7 +45,6 @@ import dataclasses
 import itertools
 import json
 import math
-import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -263,6 +262,8 @@ def fit_model(
     latency = coef[0]
     per_flop = 0.0 if memory else coef[1]
     per_byte = coef[1] if memory else coef[2]
+    import statistics  # with fractions and decimal: only a fit needs it
+
     errors = [abs((latency + f * per_flop + b * per_byte) / t - 1) for f, b, t in distinct if t > 0]
     work = [b if memory else f for f, b, _ in distinct]
     return FittedModel(
