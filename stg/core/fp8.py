@@ -38,8 +38,8 @@ logic is in 1.x ``fp8.py``):
   delayed-scaling ``Float8Quantizer`` in the first micro-batch (Megatron passes
   ``is_first_microbatch``) and caches the ``Float8Tensor`` in ``_fp8_workspaces`` for the
   others: the fp8 data for the forward GEMM, its fp8 transpose for the input-gradient GEMM
-  (columnwise usage; kept unless ``nvte_is_non_tn_fp8_gemm_supported``, sm100 to sm119 and
-  sm130 up: not Hopper or Ada) and one fp32 ``scale_inv``. The memory predictor counts them
+  (columnwise usage; dropped where ``nvte_is_non_tn_fp8_gemm_supported``, sm100 to sm119 and
+  sm130 up, kept on Hopper and Ada) and one fp32 ``scale_inv``. The memory predictor counts them
   (``Recipe.copy_bytes`` and ``Recipe.scale_bytes`` of :mod:`stg.core.recipes`' ``delayed``).
 - Overlap: none. The all-reduce is synchronous (``reduce_tensor_across_group_op_max``,
   ``async_op=False``) and the update kernel that follows it reads its result, so the
