@@ -74,7 +74,7 @@ def test_delayed_and_current_scaling_keep_the_same_weight_bytes() -> None:
         assert [c["optimizer"] for c in delayed] == [c["optimizer"] for c in tensorwise]
 
 
-def test_a_mixture_of_experts_counts_every_expert_weight_once() -> None:
+def test_a_mixture_of_experts_keeps_the_copies_that_current_scaling_keeps() -> None:
     registry = load_registry(autoload=False)
     values, _ = resolve_model(
         {"model": "qwen3-30b-a3b", "num_stacks": 1, "seq": 128, "batch": 4, "micro_batch": 4,
