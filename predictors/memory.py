@@ -47,10 +47,12 @@ norms' fp32 per-row statistics and each SwiGLU's SiLU output (:func:`activation_
 A precision plan's fp8 GEMMs that run natively (a GPU with fp8 tensor cores,
 :func:`stg.api.native_fp8`, as Transformer Engine runs them) save their inputs in 1 byte
 (:func:`planned_activation_delta`) and keep fp8 weight copies, counted with the weights
-(:func:`fp8_weight_copy_bytes`). A low-precision recipe (``--low_precision_recipe``) keeps
-16-bit weights and, beside them, each GEMM weight's two quantized copies with their scales,
-which a generated workload states per stage (the fact ``low_precision_weight_bytes``), for
-the layers it quantizes (not those ``first_last_layers_bf16`` keeps in bf16). Transformer
+(:func:`fp8_weight_copy_bytes`). A low-precision recipe (``--low_precision_recipe``, its
+default, delayed scaling, included: :func:`te_autocast`) keeps 16-bit weights and, beside them,
+each GEMM weight's two quantized copies with their scales (:func:`recipe_weight_copy_bytes`),
+which a generated workload states per stage (the fact ``low_precision_weight_bytes``; the
+options give delayed scaling's), for the layers it quantizes (not those
+``first_last_layers_bf16`` keeps in bf16). Transformer
 Engine's ``--dtype fp8`` layers (:func:`te_autocast`) keep their activations in bf16 and each
 linear layer's input as the recipe's quantized copy (:func:`quantized_input_delta`).
 
@@ -981,11 +983,23 @@ def padded_shard(units: Iterable[int], shard: int) -> int:
     return sum(-(-int(u) // shard) for u in units)
 
 
+def runs_recipe(o: GenerateOptions) -> bool:
+    """Whether a low-precision recipe quantizes the GEMMs of this training run: one named
+    (``--low_precision_recipe``), or the default, delayed scaling, under
+    :func:`te_autocast`."""
+    if o.inference:
+        return False
+    return o.low_precision_recipe != GenerateOptions.low_precision_recipe or te_autocast(o)
+
+
 def recipe_weight_dtype(o: GenerateOptions) -> str:
-    """The dtype a training run stores its weights in: bf16 under a low-precision recipe other
-    than the default (Transformer Engine's modules keep 16-bit weights beside their quantized
-    copies), fp8 with ``fp8_param_gather``, else ``dtype``."""
-    if o.low_precision_recipe != GenerateOptions.low_precision_recipe and not o.fp8_param_gather:
+    """The dtype a training run stores its weights in: bf16 under a low-precision recipe
+    (:func:`runs_recipe`, delayed scaling included), fp8 with ``fp8_param_gather``, else
+    ``dtype``. Megatron-LM keeps its parameters in bf16 (``Float16Module`` under ``--bf16``,
+    which ``--fp8-format`` runs inside) unless ``--fp8-param-gather`` builds them in fp8
+    (``fp8_model_init``; ``megatron/training/training.py``, ``megatron/core/fp8_utils.py``
+    at core_v0.15.0); Transformer Engine's modules quantize them into copies beside them."""
+    if runs_recipe(o) and not o.fp8_param_gather:
         return "bf16"
     return o.dtype
 
@@ -996,16 +1010,29 @@ def recipe_weight_copy_bytes(o: GenerateOptions, kinds: Mapping[str, int]) -> fl
     (:func:`gemm_weights_per_rank`) at the recipe's bytes per element
     (``Recipe.weight_bytes_per_element``; the output layer and the layers that
     ``first_last_layers_bf16`` keeps in bf16 have none). A generated workload
-    states the exact figure per stage (the fact ``low_precision_weight_bytes``)."""
-    if o.inference or o.low_precision_recipe == GenerateOptions.low_precision_recipe:
+    states the exact figure per stage (the fact ``low_precision_weight_bytes``), except under
+    delayed scaling, whose GEMM nodes carry their casts (:mod:`stg.core.fp8`): its figure is
+    exact here, each weight's fp8 copy and transpose and their one fp32 scale
+    (``Recipe.copy_bytes`` and ``Recipe.scale_bytes``; :mod:`stg.core.recipes`)."""
+    if not runs_recipe(o):
         return 0.0
-    per_element = RECIPES[o.low_precision_recipe].weight_bytes_per_element(param=o.fp8_param_gather)
-    elements = sum(
-        n * sum(gemm_weights_per_rank(o, kind).values())
+    recipe = RECIPES[o.low_precision_recipe]
+    quantized = [
+        (n, gemm_weights_per_rank(o, kind))
         for kind, n in kinds.items()
         if not model_kind(kind)[1]  # layers kept in bf16 quantize nothing
-    )
-    return per_element * elements
+    ]
+    if o.low_precision_recipe == GenerateOptions.low_precision_recipe:
+        return sum(
+            n
+            * sum(
+                recipe.copy_bytes(1, round(w)) + recipe.scale_bytes("weight", 1, round(w))
+                for w in weights.values()
+            )
+            for n, weights in quantized
+        )
+    per_element = recipe.weight_bytes_per_element(param=o.fp8_param_gather)
+    return per_element * sum(n * sum(weights.values()) for n, weights in quantized)
 
 
 def precision_bytes(
@@ -1376,6 +1403,11 @@ def _class_memory(
     if "precision" in facts:  # a device group's own precision plan (hybrid clusters)
         o = replace(o, precision=tuple(tuple(e) for e in facts["precision"]))
     sharded = facts.get("shard_parameters")
+    weight_dtype = facts.get("weight_dtype")
+    if runs_recipe(o):
+        # the workload's weight tensors, and so its fact, are fp8 under delayed scaling (a
+        # graph computing in fp8); the recipe keeps 16-bit weights beside its copies
+        weight_dtype = recipe_weight_dtype(o)
     return stage_memory(
         o,
         stage=rank_class.stage,
@@ -1383,7 +1415,7 @@ def _class_memory(
         layers=int(facts["layers"]),
         has_embedding=bool(facts["has_embedding"]),
         has_head=bool(facts["has_head"]),
-        weight_dtype=facts.get("weight_dtype"),
+        weight_dtype=weight_dtype,
         grad_dtype=facts.get("grad_dtype"),
         kernels=table,
         sharded_parameters=int(sharded) if sharded is not None else None,
@@ -1548,6 +1580,7 @@ __all__ = [
     "recipe_weight_copy_bytes",
     "recipe_weight_dtype",
     "runs_natively",
+    "runs_recipe",
     "stage_memory",
     "total_parameters",
 ]

@@ -32,6 +32,15 @@ logic is in 1.x ``fp8.py``):
   tensor x data x context parallel ranks (``parallel_state.py``; passed as ``fp8_group`` by
   ``fp8_utils.get_fp8_context``); with ``--tp-only-amax-red`` the tensor x context parallel
   ranks. Never across pipeline stages.
+- Weights (TE 2.9, ``module/linear.py`` and ``module/base.py`` ``get_weight_workspace``;
+  ``tensor/float8_tensor.py``): the parameters stay bf16 (Megatron-LM's ``Float16Module``
+  unless ``--fp8-param-gather``). A linear layer quantizes its weight with the
+  delayed-scaling ``Float8Quantizer`` in the first micro-batch (Megatron passes
+  ``is_first_microbatch``) and caches the ``Float8Tensor`` in ``_fp8_workspaces`` for the
+  others: the fp8 data for the forward GEMM, its fp8 transpose for the input-gradient GEMM
+  (columnwise usage; dropped where ``nvte_is_non_tn_fp8_gemm_supported``, sm100 to sm119 and
+  sm130 up, kept on Hopper and Ada) and one fp32 ``scale_inv``. The memory predictor counts them
+  (``Recipe.copy_bytes`` and ``Recipe.scale_bytes`` of :mod:`stg.core.recipes`' ``delayed``).
 - Overlap: none. The all-reduce is synchronous (``reduce_tensor_across_group_op_max``,
   ``async_op=False``) and the update kernel that follows it reads its result, so the
   compute stream waits for it (TE's fp8 attention under context parallelism requires this

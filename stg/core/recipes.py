@@ -12,7 +12,9 @@ recipe:
 
 - ``delayed``: TE ``recipe.DelayedScaling`` (:mod:`stg.core.fp8` models it; the GEMM node
   carries the cast-transpose as ``fp8_quantize``): one fp32 scale per tensor from the amax
-  history, so the cast needs no pass of its own to find it.
+  history, so the cast needs no pass of its own to find it. Its weight copies are
+  ``tensorwise``'s (both are ``Float8Tensor``: the fp8 data, its transpose, one fp32
+  ``scale_inv``; :mod:`stg.core.fp8`).
 - ``tensorwise``: TE ``recipe.Float8CurrentScaling`` (``Float8CurrentScalingQuantizer``:
   ``nvte_compute_amax``, then ``nvte_compute_scale_from_amax``, then the cast-transpose), as
   torchao's ``Float8LinearConfig`` ``tensorwise`` recipe: one fp32 scale per tensor from the
