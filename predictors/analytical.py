@@ -30,7 +30,9 @@ node of every micro-batch it composes per-layer costs in closed form:
   ``max_j (r_j + Σ_{j..k} c)`` (r_j: when layer j's backward ends), so its exposed tail after
   the stage's last backward is ``max(0, max_j (r_j + Σ_{l ≥ j} c_l) - r_last)``. Stage i
   ends its last backward ``Σ_{j<i} (B_j + t_p2p)`` before stage 0 does (the drain of 1F1B).
-  The optimizer step follows, then ZeRO-1/2's all-gather of the updated shards.
+  A tied embedding's all-reduce over the embedding group queues behind its part's
+  data-parallel reduction. The optimizer step follows, then ZeRO-1/2's all-gather of the
+  updated shards.
 
 Ranks of a communicator are placed by ``rank_order`` (fastest axis first), so a collective
 spans the network dimensions that rank 0's group spans, as in the DAG predictor.
@@ -439,6 +441,8 @@ class _Pricer:
             size = node.comm_size
             if node.comm_type in GATHERS and "dp" in node.group_axes:
                 size = size * self.gather_scale  # a shard of dp_r ways priced at dp ways
+            elif PIPELINE_ENDS in node.group_axes and self.o.zero == 2:
+                size = size * self.gather_scale  # ZeRO-2: the tied gradient's dp_r-way shard
             return collective_time(node.comm_type, size, self.shape(node.group_axes), self.system)
         if node.type in (NodeType.COMP, NodeType.MEM_LOAD, NodeType.MEM_STORE):
             if scale != 1.0:
@@ -731,6 +735,23 @@ def _tail(ready: Sequence[float], costs: Sequence[float]) -> float:
     return finish
 
 
+def _issue(
+    ready: dict[tuple[str, ...], list[tuple[float, float]]],
+    tied: list[tuple[dict[tuple[str, ...], int], float]],
+    reductions: Mapping[tuple[str, ...], float],
+    at: float,
+) -> None:
+    """Queue a part's reductions (``ready``: per communicator, in order) issued at ``at``;
+    its all-reduce over the embedding group (a tied embedding's) goes to ``tied`` with the
+    queues' lengths up to the part's own reductions, which it waits for (Megatron-LM's
+    ``finalize_model_grads``: ``finish_grad_sync``, then ``_allreduce_word_embedding_grads``)."""
+    for axes, cost in reductions.items():
+        if PIPELINE_ENDS not in axes:
+            ready.setdefault(axes, []).append((at, cost))
+    upto = {axes: len(ready[axes]) for axes in reductions if PIPELINE_ENDS not in axes}
+    tied.extend((upto, cost) for axes, cost in reductions.items() if PIPELINE_ENDS in axes)
+
+
 def _optimizer_of(parts: Parts, s: int, p: int, layers: int) -> tuple[PartCost, float]:
     """Stage ``s``'s optimizer step and the ZeRO all-gathers after it."""
     if parts.stage_optimizer is not None and parts.stage_after is not None:
@@ -871,18 +892,20 @@ def predict_options(
         start = end_backward - bwd[s].time
         clock = start
         ready: dict[tuple[str, ...], list[tuple[float, float]]] = {}
+        tied: list[tuple[dict[tuple[str, ...], int], float]] = []
         if s == p - 1:
             clock += parts.head_bwd.time
-            for axes, c in parts.head_reductions.items():
-                ready.setdefault(axes, []).append((clock, c))
+            _issue(ready, tied, parts.head_reductions, clock)
         for layer_bwd, layer_reductions in layer_drains[s]:
             clock += layer_bwd.time
             for axes, c in layer_reductions.items():
                 ready.setdefault(axes, []).append((clock, c))
         if s == 0:
             clock += parts.embedding_bwd.time
-            for axes, c in parts.embedding_reductions.items():
-                ready.setdefault(axes, []).append((clock, c))
+            _issue(ready, tied, parts.embedding_reductions, clock)
+        for upto, cost in tied:  # the embedding group's all-reduce, after the dp reduction
+            reduced = [_tail(*zip(*ready[axes][:n], strict=True)) for axes, n in upto.items()]
+            ready.setdefault((PIPELINE_ENDS,), []).append((max(reduced, default=clock), cost))
         finish = end_backward
         if parts.serial_reductions:
             # in the last micro-batch each layer's backward waits for the previous layer's

@@ -162,7 +162,6 @@ def test_tied_traces_validate_decode_and_feed(tmp_path: Path) -> None:
     ("kw", "message"),
     [
         (dict(weight_sharded="true"), "tie_embeddings with weight_sharded \\(FSDP\\) is not"),
-        (dict(pp=2, zero=1), "tie_embeddings with pp > 1 and a sharded optimizer"),
         (dict(model="bert", kvhead=4), "tie_embeddings=true does not apply to model 'bert'"),
         (dict(model="deepseek", mtp_depth=1, experts=4, kexperts=2, dhead=16),
          "tie_embeddings with mtp_depth is not built"),

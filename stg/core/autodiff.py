@@ -15,7 +15,6 @@ from collections import defaultdict
 from stg.core.layout import PIPELINE_ENDS
 from stg.core.sharding import Sharding
 from stg.core.symbolic import GraphBuilder, Op, Tensor
-from stg.errors import UserError
 
 
 def _key(t: Tensor) -> int:
@@ -236,33 +235,52 @@ def _needs_grad(t: Tensor) -> bool:
     return t.kind in {"activation", "weight", "input"}
 
 
+OWN_BUCKET = "own_bucket"
+"""The tag of the once-per-iteration collectives of a weight that Megatron-LM's distributed
+optimizer keeps in a bucket of its own (``_does_param_require_new_bucket`` in
+``megatron/core/distributed/param_and_grad_buffer.py``, core_v0.15.0: a shared embedding),
+so that the first and the last pipeline stage shard it alike: lowering fuses them with no
+other collective."""
+
+
 def build_grad_reduction(b: GraphBuilder, shard_optimizer_over: tuple[str, ...] = ()) -> None:
     """Append the once-per-iteration collectives: in the reduce phase, those that turn each
     weight gradient (partial over the data axes) into the sharding of its weight; with ZeRO-1/2
     (``shard_optimizer_over``) a reduce-scatter into a flat split (``Sharding.flat``: the
     padded flat buffer, as DeepSpeed and Megatron's distributed optimizer shard it) instead,
-    and in the update phase the all-gather of the updated weight shards. The gradient of a
-    tied weight (``part.tied``: a word embedding and its LM-head copy on another stage) is
-    then all-reduced over the first and last pipeline stage (:data:`PIPELINE_ENDS`), as
-    Megatron-LM's ``_allreduce_word_embedding_grads`` does after the data-parallel
-    reduction."""
+    and in the update phase the all-gather of the updated weight shards.
+
+    The gradient of a tied weight (``part.tied``: a word embedding and its LM-head copy on
+    another stage) is then all-reduced over the first and last pipeline stage
+    (:data:`PIPELINE_ENDS`), as Megatron-LM's ``finalize_model_grads`` does after the
+    data-parallel reduction (``finish_grad_sync``, then ``_allreduce_word_embedding_grads``,
+    core_v0.15.0): the whole gradient (``main_grad``), also when the distributed optimizer
+    has just reduce-scattered it and only this rank's shard of it is summed over the data
+    ranks. ZeRO-2 holds only that shard (Megatron-FSDP's ``optim_grads``, whose embedding
+    all-reduce takes the gradient's local shard: ``_allreduce_embedding_grad``,
+    ``use_megatron_fsdp``), which is then what is all-reduced. With ZeRO-1/2 the tied weight
+    is its own bucket (:data:`OWN_BUCKET`): its own reduce-scatter and all-gather of the
+    updated shards."""
     part = b.part
+    grads_sharded = b.options.get("zero") == 2
     axes = b._axes(shard_optimizer_over)
     tied = {id(w) for w in part.tied} if b._pipelined else set()
     for w, g in part.weight_grads.items():
         flat = b._zero_axes_of(w.dims, w.sharding, axes)  # routed experts: over edp
         want = w.sharding.with_flat(flat) if flat else w.sharding
-        with b.phase("reduce"):
+        own_bucket = (OWN_BUCKET,) if flat and id(w) in tied else ()
+        with b.phase("reduce"), b.tag(*own_bucket):
             reduced = b.reshard(g, want)
             if id(w) in tied:
-                if flat:
-                    raise UserError(
-                        "tie_embeddings with pp > 1 and a sharded optimizer (zero 1 or 2) is "
-                        "not modelled; allowed: zero 0"
+                held = w.sharding if flat and not grads_sharded else want
+                if held != want:  # the whole buffer, this rank's summed shard in it
+                    main_grad = b.reinterpret(
+                        reduced, w.dims, held.with_partial({PIPELINE_ENDS}), g.name
                     )
-                embedding_group = b.reshard(reduced, want.with_partial({PIPELINE_ENDS}))
-                b.reshard(embedding_group, want)
+                else:
+                    main_grad = b.reshard(reduced, held.with_partial({PIPELINE_ENDS}))
+                b.reshard(main_grad, held)
         if flat:
-            with b.phase("update"):
+            with b.phase("update"), b.tag(*own_bucket):
                 shard = Tensor(w.name, w.dims, want, w.dtype, kind="weight")
                 b.reshard(shard, w.sharding)

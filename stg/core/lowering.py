@@ -18,6 +18,7 @@ from typing import Any, NamedTuple, overload
 
 import sympy
 
+from stg.core.autodiff import OWN_BUCKET
 from stg.core.fp8 import (
     ALL_REDUCE,
     AMAX_AXES,
@@ -757,7 +758,10 @@ def _weight_collective(op: BoundOp) -> object | None:
 
 
 def _any_collective(op: BoundOp) -> object | None:
-    return (op.comm_type, op.group_axes) if op.type is NodeType.COMM_COLL else None
+    """One group per kind of collective of a part, less those of a bucket of their own."""
+    if op.type is not NodeType.COMM_COLL:
+        return None
+    return (op.comm_type, op.group_axes, OWN_BUCKET in op.tags)
 
 
 @dataclass
