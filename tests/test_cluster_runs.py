@@ -130,11 +130,6 @@ def test_runs_are_well_formed(registry: Registry) -> None:
 
 
 OVER_MEMORY = {
-    "nemo2407-gpt3-175b-128gpu-fp8": "NeMo's distributed optimizer is not spelled: stg refuses "
-    "GPT-3's tied embeddings with pp > 1 under zero 1 or 2, so every rank holds the whole "
-    "optimizer state of its stage",
-    "nemo2407-gpt3-175b-512gpu-fp8": "as the 128-GPU run: the distributed optimizer is not "
-    "spelled (tied embeddings with pp > 1)",
     "mb2509-deepseek-v3-1024gpu-ep64-fp8": "stg spells the plan with dp 1 (ep 64 takes every "
     "rank of a stage), so neither Megatron's distributed optimizer over data-parallel 64 (the "
     "dense weights) and expert-DP 2 (the experts) nor the recipe's recompute of the mla_up_proj "
