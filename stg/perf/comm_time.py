@@ -558,7 +558,7 @@ def ring_ramp(share: float) -> float:
     its ``1/n`` of the buffer). :data:`MID_SIZE_EFFICIENCY` was measured on 8 GPUs, whose
     share of a buffer ``S`` is ``S / 8``: a share is read at ``8 · share``. At a given buffer
     two GPUs (chunks of half the buffer) ramp faster than eight (chunks of an eighth): the
-    4-GPU H100 curve of tests/data/nccl/published.jsonl, predicted, not fitted."""
+    4-GPU H100 curve of tests/data/nccl/published.jsonl (no constant is fitted to it)."""
     return mid_size_efficiency(share * NVLS_CURVE_RANKS)
 
 
