@@ -180,6 +180,15 @@ def test_every_gap_and_calibration_group_has_rows() -> None:
     assert set(CALIBRATION) | set(KNOWN_GAPS) <= groups
 
 
+def test_groups_smaller_than_a_node_are_counted() -> None:
+    """The 4-GPU H100 curve (a ring's chunks are a quarter of the buffer: it ramps faster than
+    eight GPUs) is an acceptance group, not a gap: it is predicted, nothing is fitted to it."""
+    groups = by_group(points())
+    group = ("h100-80g", "all_reduce", 4)
+    assert len(groups[group]) >= 10
+    assert role(group) == "acceptance"
+
+
 def test_measured_curves(report_table: Callable[[str, list[str]], None]) -> None:
     everything = points()
     groups = by_group(everything)

@@ -52,18 +52,19 @@ latency-plus-bandwidth line (a 16 MiB all-reduce on 8 GPUs reaches about 60 % of
 bandwidth its latency leaves room for). Each channel streams its share of the bytes a GPU
 moves through a pipeline of NCCL's buffer slots (``NCCL_STEPS``), chunked smaller the fewer
 bytes there are (``src/enqueue.cc``, the chunk-size loops of ``computeColl``), so the
-fraction of the plateau reached is a function of the bytes each GPU moves:
-:func:`mid_size_efficiency` of ``moved`` (:func:`ramp`), measured on one machine (an 8-GPU H200
-NVLS all-reduce, where each GPU moves its buffer once) and applied on NVLink to the protocols
-that pipeline buffer slots step by step around the group (Simple, LL128; LL flags every 8-byte
-line and runs at its own quarter rate from the first line; sends and all-to-all, point to
-point, have no ring of steps to fill). The same curve predicts an H100's NVLS and an A100's ring
-all-reduce (another GPU, switch and algorithm) within a few percent
-(``tests/test_nccl_curves.py``). **Group size inside a node**: at a given buffer a larger
-ring moves more bytes per GPU (``2(n-1)/n``), so its bytes run further up the ramp (against
-this, NCCL's per-step latency grows with ``n``, and on the A100 the two cancel between 2 and
-16 MiB); on an H100 eight GPUs also switch to NVLS, whose bus bandwidth is ``2(n-1)/n`` times
-an algorithm bandwidth that does not depend on ``n``, so eight top two and four.
+fraction of the plateau reached is a function of the bytes each GPU puts through that pipeline:
+:func:`mid_size_efficiency` (:func:`ramp`), measured on one machine (an 8-GPU H200 NVLS
+all-reduce, where each GPU reduces and multicasts its eighth of the buffer) and applied on
+NVLink to the protocols that pipeline buffer slots step by step around the group (Simple,
+LL128; LL flags every 8-byte line and runs at its own quarter rate from the first line; sends
+and all-to-all, point to point, have no ring of steps to fill). **Group size inside a node**:
+a ring (all-reduce, reduce-scatter, all-gather) cuts the buffer into one chunk per rank and
+moves one chunk per step, so its pipeline holds the share ``S / n`` as NVLS's does, read on the
+8-GPU curve at ``8 · S / n`` (:func:`ring_ramp`): at a given buffer two or four GPUs ramp
+faster than eight (the 4-GPU H100 curve and the 8-GPU A100 ring of
+``tests/test_nccl_curves.py``, neither fitted), while NCCL's per-step latency grows with ``n``;
+on an H100 five GPUs or more switch to NVLS, whose bus bandwidth is ``2(n-1)/n`` times an
+algorithm bandwidth that does not depend on ``n``, so eight top two and four at large buffers.
 
 **Measured curves.** A dimension may carry measured curves (:class:`MeasuredCurve`, from
 ``stg bench comms`` on the real machine: ``stg predict --calibration``); a curve replaces the
@@ -442,6 +443,9 @@ class Choice:
     moved: float
     rate: float
     tuner_rate: float
+    share: float = 0.0
+    """bytes each GPU moves per step of a ring that cuts the buffer into one chunk per rank
+    (all-reduce, reduce-scatter, all-gather): ``buffer / n``; 0 for the others"""
 
     def tuner_time(self) -> float:
         """The time NCCL's tuner gives this choice (``ncclTopoGetAlgoTime``)."""
@@ -467,6 +471,11 @@ def nccl_nvls_rate(n: int, level: Level) -> float:
     return n * NVLS_SPEEDS[-1] * 1e9 * NVLS_BUS_RATIO
 
 
+SHARED_RINGS = (Kind.ALL_REDUCE, Kind.REDUCE_SCATTER, Kind.ALL_GATHER)
+"""Collectives whose NCCL ring moves one chunk per rank of the buffer per step (a broadcast's
+and a reduce's ring forwards the whole of each chunk)."""
+
+
 def candidates(kind: Kind, buffer: float, n: int, level: Level) -> list[Choice]:
     """Every algorithm and protocol NCCL may run for this collective on one dimension (see the
     module docstring), ``buffer`` as in :func:`level_time`."""
@@ -488,7 +497,10 @@ def candidates(kind: Kind, buffer: float, n: int, level: Level) -> list[Choice]:
             continue
         steps = 2 * (n - 1) if kind is Kind.ALL_REDUCE else n - 1
         moved = bus_factor(kind, n) * buffer
-        choices.append(Choice(Algorithm.RING, proto, base_ring + steps * step, moved, rate, rate))
+        # a ring cuts the buffer into one chunk per rank and moves one chunk per step
+        share = buffer / n if kind in SHARED_RINGS else 0.0
+        latency = base_ring + steps * step
+        choices.append(Choice(Algorithm.RING, proto, latency, moved, rate, rate, share))
         if kind is Kind.ALL_REDUCE:
             # NCCL's tree is a chain inside a node and a double binary tree across nodes
             chain = level.link in ("nvlink", "pcie")
@@ -520,17 +532,34 @@ def choose(kind: Kind, buffer: float, n: int, level: Level) -> Choice:
 
 
 def ramp(choice: Choice, level: Level, ranks: int = NVLS_CURVE_RANKS) -> float:
-    """The fraction of its saturated rate ``choice`` reaches: :func:`mid_size_efficiency` of
-    the bytes each GPU moves, on NVLink, for the collectives whose protocol pipelines NCCL's
-    buffer slots step by step around the group (Simple, LL128); the LL protocol (a flag in
-    every 8-byte line) runs at its own rate from the first line, and so do point-to-point
-    transfers (sends, all-to-all): no ring of dependent steps to fill. NVLS over ``ranks``
-    GPUs: :func:`nvls_share_ramp`."""
+    """The fraction of its saturated rate ``choice`` reaches on NVLink, for the collectives whose
+    protocol pipelines NCCL's buffer slots step by step (Simple, LL128); the LL protocol (a flag
+    in every 8-byte line) runs at its own rate from the first line, and so do point-to-point
+    transfers (sends, all-to-all): no ring of dependent steps to fill. A ring that moves one
+    chunk per rank of the buffer per step: :func:`ring_ramp` of that chunk (``Choice.share``);
+    NVLS over ``ranks`` GPUs: :func:`nvls_share_ramp`; any other (the tree's chain, a
+    broadcast's ring) :func:`mid_size_efficiency` of the bytes each GPU moves."""
     if level.link != "nvlink" or choice.protocol is LL or choice.algorithm is Algorithm.P2P:
         return 1.0
     if choice.algorithm is Algorithm.NVLS:
         return nvls_share_ramp(choice.moved, ranks)
+    if choice.share > 0:
+        return ring_ramp(choice.share)
     return mid_size_efficiency(choice.moved)
+
+
+def ring_ramp(share: float) -> float:
+    """The ramp of a ring whose GPUs each move ``share`` bytes per step: NCCL's ring all-reduce,
+    reduce-scatter and all-gather cut each channel's part of the buffer into one chunk per rank
+    and move one chunk per step (NVIDIA/nccl v2.18.5-1 src/collectives/device/all_reduce.h,
+    ``runRing``: ``loopSize = nChannels*nranks*chunkSize``, ``realChunkSize = min(chunkSize,
+    divUp(size-gridOffset, nChannels*nranks))``), so the pipeline a GPU fills holds the
+    buffer's share ``S / n``, as an NVLS all-reduce's does (each GPU reduces and multicasts
+    its ``1/n`` of the buffer). :data:`MID_SIZE_EFFICIENCY` was measured on 8 GPUs, whose
+    share of a buffer ``S`` is ``S / 8``: a share is read at ``8 · share``. At a given buffer
+    two GPUs (chunks of half the buffer) ramp faster than eight (chunks of an eighth): the
+    4-GPU H100 curve of tests/data/nccl/published.jsonl (no constant is fitted to it)."""
+    return mid_size_efficiency(share * NVLS_CURVE_RANKS)
 
 
 def nvls_share_ramp(buffer: float, ranks: int) -> float:
@@ -539,8 +568,9 @@ def nvls_share_ramp(buffer: float, ranks: int) -> float:
     switches, so the pipeline it fills holds ``buffer / ranks`` bytes. Beyond the 8 GPUs the
     curve was measured on (:data:`MID_SIZE_EFFICIENCY`), it is read at the buffer whose share of
     8 is that: a whole GB200 NVL72 rack (72 GPUs, 18 NVLink switch chips) ramps that much more
-    slowly (tests/data/nccl/nvl72.jsonl). Fewer GPUs keep the measured curve (no measurement
-    of a faster ramp)."""
+    slowly (tests/data/nccl/nvl72.jsonl). Fewer GPUs keep the measured curve: the 5-GPU NVLS
+    bus bandwidth of NVIDIA/nccl issue #1455 (420 GB/s at 2-4 GiB) is already below the
+    plateau the model gives it, so no faster ramp is measured there."""
     return mid_size_efficiency(buffer * NVLS_CURVE_RANKS / max(ranks, NVLS_CURVE_RANKS))
 
 
@@ -932,6 +962,7 @@ __all__ = [
     "nccl_nvls_rate",
     "port",
     "ramp",
+    "ring_ramp",
     "send_parts",
     "send_time",
     "spanning_byte_rate",
