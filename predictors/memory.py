@@ -49,9 +49,11 @@ A precision plan's fp8 GEMMs that run natively (a GPU with fp8 tensor cores,
 (:func:`planned_activation_delta`) and keep fp8 weight copies, counted with the weights
 (:func:`fp8_weight_copy_bytes`). A low-precision recipe (``--low_precision_recipe``, its
 default, delayed scaling, included: :func:`te_autocast`) keeps 16-bit weights and, beside them,
-each GEMM weight's two quantized copies with their scales (:func:`recipe_weight_copy_bytes`),
-which a generated workload states per stage (the fact ``low_precision_weight_bytes``; the
-options give delayed scaling's), for the layers it quantizes (not those
+each GEMM weight's two quantized copies with their scales (:func:`recipe_weight_copy_bytes`;
+one on Blackwell for per-tensor scaled fp8, whose one copy serves both usages), which a
+generated workload states per stage (the fact ``low_precision_weight_bytes``, both copies
+whatever the GPU: :func:`stated_weight_copy_bytes`; the options give delayed scaling's), for
+the layers it quantizes (not those
 ``first_last_layers_bf16`` keeps in bf16). Transformer
 Engine's ``--dtype fp8`` layers (:func:`te_autocast`) keep their activations in bf16 and each
 linear layer's input as the recipe's quantized copy (:func:`quantized_input_delta`).
@@ -157,11 +159,13 @@ fp32 ones, at the head, before any layer's recompute. fp32 logits need no copy."
 # Transformer Engine's fp8 GEMMs on a GPU with fp8 tensor cores (stg.perf.costs.native_fp8).
 FP8_WEIGHT_COPY_BYTES = 2
 """Bytes per weight element of a planned fp8 GEMM that Transformer Engine keeps besides the
-16-bit weight: its fp8 copy for the forward GEMM (rowwise usage) and the fp8 transpose for the
-input-gradient GEMM (columnwise usage), which Hopper and Ada hold as a second, physically
+16-bit weight on Hopper and Ada: its fp8 copy for the forward GEMM (rowwise usage) and the fp8
+transpose for the input-gradient GEMM (columnwise usage), held as a second, physically
 transposed tensor (TE docs, features/low_precision_training/performance_considerations:
-"Handling transposes", Table 2, and "Memory usage"; NVIDIA/TransformerEngine issue #1261).
-Megatron passes ``is_first_microbatch``, so TE casts once per iteration and caches both."""
+"Handling transposes", Table 2, and "Memory usage"; NVIDIA/TransformerEngine issue #1261);
+half of it on Blackwell, whose fp8 GEMMs read the one copy in either layout
+(``stg.core.recipes.NON_TN_FP8_GEMM_ARCHS``). Megatron passes ``is_first_microbatch``, so TE
+casts once per iteration and caches them."""
 
 
 def dtype_bytes(dtype: str) -> int:
@@ -872,11 +876,12 @@ def fp8_weight_copy_bytes(
 ) -> float:
     """Bytes of Transformer Engine's fp8 weight copies on one rank: every GEMM the plan puts
     in fp8 on a GPU with fp8 tensor cores keeps :data:`FP8_WEIGHT_COPY_BYTES` per weight
-    element beside its 16-bit weight, for each of the ``kinds`` layers (and the LM head's
-    ``logits`` GEMM, V·h/t, with ``has_head``). One copy per layer: Megatron caches it
-    across micro-batches; an eager loop with one micro-batch in flight holds one too. A
-    kernel plugin's fp8 GEMM (in ``kernels``) replaces Transformer Engine's: its record
-    prices the saved inputs (``bytes_per_element``) and declares no weight copies."""
+    element beside its 16-bit weight (half on Blackwell), for each of the ``kinds`` layers
+    (and the LM head's ``logits`` GEMM, V·h/t, with ``has_head``). One copy per layer:
+    Megatron caches it across micro-batches; an eager loop with one micro-batch in flight
+    holds one too. A kernel plugin's fp8 GEMM (in ``kernels``) replaces Transformer Engine's:
+    its record prices the saved inputs (``bytes_per_element``) and declares no weight
+    copies."""
     if not o.precision or system is None or not native_fp8(system, "gemm", "fp8"):
         return 0.0
     if kernels is not None and kernels.get("gemm", "fp8") is not None:
@@ -892,7 +897,9 @@ def fp8_weight_copy_bytes(
     )
     if has_head and fp8("logits"):
         elements += o.dvocal * o.dmodel / o.tp
-    return FP8_WEIGHT_COPY_BYTES * elements
+    delayed = RECIPES[GenerateOptions.low_precision_recipe]  # TE's default recipe
+    copies = delayed.cached_weight_copies(arch=system.arch)
+    return FP8_WEIGHT_COPY_BYTES * copies // delayed.cached_weight_copies() * elements
 
 
 def in_flight_layers(
@@ -1004,16 +1011,20 @@ def recipe_weight_dtype(o: GenerateOptions) -> str:
     return o.dtype
 
 
-def recipe_weight_copy_bytes(o: GenerateOptions, kinds: Mapping[str, int]) -> float:
-    """Bytes of a low-precision recipe's quantized weight copies and scales on one rank, from
-    the options: every GEMM weight of the ``kinds`` layers
+def recipe_weight_copy_bytes(
+    o: GenerateOptions, kinds: Mapping[str, int], arch: str | None = None
+) -> float:
+    """Bytes of a low-precision recipe's quantized weight copies and scales on one rank of a
+    GPU of ``arch``, from the options: every GEMM weight of the ``kinds`` layers
     (:func:`gemm_weights_per_rank`) at the recipe's bytes per element
-    (``Recipe.weight_bytes_per_element``; the output layer and the layers that
-    ``first_last_layers_bf16`` keeps in bf16 have none). A generated workload
-    states the exact figure per stage (the fact ``low_precision_weight_bytes``), except under
-    delayed scaling, whose GEMM nodes carry their casts (:mod:`stg.core.fp8`): its figure is
-    exact here, each weight's fp8 copy and transpose and their one fp32 scale
-    (``Recipe.copy_bytes`` and ``Recipe.scale_bytes``; :mod:`stg.core.recipes`)."""
+    (``Recipe.weight_bytes_per_element``: both usages' copies, or one where a per-tensor
+    scaled fp8 tensor serves both, on Blackwell, ``Recipe.shares_usages``; the output layer
+    and the layers that ``first_last_layers_bf16`` keeps in bf16 have none). A generated
+    workload states the figure per stage (the fact ``low_precision_weight_bytes``,
+    :func:`stated_weight_copy_bytes`), except under delayed scaling, whose GEMM nodes carry
+    their casts (:mod:`stg.core.fp8`): its figure is exact here, each weight's fp8 copies and
+    their one fp32 scale (``Recipe.copy_bytes`` and ``Recipe.scale_bytes``;
+    :mod:`stg.core.recipes`)."""
     if not runs_recipe(o):
         return 0.0
     recipe = RECIPES[o.low_precision_recipe]
@@ -1023,16 +1034,32 @@ def recipe_weight_copy_bytes(o: GenerateOptions, kinds: Mapping[str, int]) -> fl
         if not model_kind(kind)[1]  # layers kept in bf16 quantize nothing
     ]
     if o.low_precision_recipe == GenerateOptions.low_precision_recipe:
+        copies = recipe.cached_weight_copies(arch=arch)
         return sum(
             n
             * sum(
-                recipe.copy_bytes(1, round(w)) + recipe.scale_bytes("weight", 1, round(w))
+                copies * recipe.copy_bytes(1, round(w)) // 2
+                + recipe.scale_bytes("weight", 1, round(w))
                 for w in weights.values()
             )
             for n, weights in quantized
         )
-    per_element = recipe.weight_bytes_per_element(param=o.fp8_param_gather)
+    per_element = recipe.weight_bytes_per_element(param=o.fp8_param_gather, arch=arch)
     return per_element * sum(n * sum(weights.values()) for n, weights in quantized)
+
+
+def stated_weight_copy_bytes(o: GenerateOptions, stated: float, arch: str | None) -> float:
+    """A workload's ``low_precision_weight_bytes`` on a GPU of ``arch``. The workload states
+    the copies of both usages (what a GPU whose fp8 GEMMs take the TN layout alone keeps,
+    ``stg.core.recipes.weight_copy_bytes``), whatever GPU it is predicted for; where one
+    per-tensor scaled fp8 tensor serves both usages (Blackwell, ``Recipe.shares_usages``) the
+    figure is scaled by the ratio of the recipe's bytes per element, which scales the one fp32
+    scale per weight too (2 of its 4 bytes left out, or all 4 with ``fp8_param_gather``)."""
+    recipe = RECIPES[o.low_precision_recipe]
+    if not recipe.shares_usages(arch):
+        return stated
+    both = recipe.weight_bytes_per_element(param=o.fp8_param_gather)
+    return stated * recipe.weight_bytes_per_element(param=o.fp8_param_gather, arch=arch) / both
 
 
 def precision_bytes(
@@ -1132,14 +1159,18 @@ def stage_memory(
     ``layer_bytes``: what one layer of each of these kinds keeps per micro-batch, from the
     graph, for layers that are not a transformer's (Mamba-2, gated DeltaNet, hybrid).
     ``weight_copies``: the quantized weight copies and scales of a low-precision recipe
-    (``--low_precision_recipe``), from the graph, counted with the weights (default: from the
-    options, :func:`recipe_weight_copy_bytes`)."""
+    (``--low_precision_recipe``), from the graph, counted with the weights as ``system``
+    keeps them (:func:`stated_weight_copy_bytes`; default: from the options,
+    :func:`recipe_weight_copy_bytes`)."""
     o = as_options(options)
     if not kinds:
         kinds = {"moe" if is_mla(o) else "block": layers} if layers else {}
     e_w, e_g, k = precision_bytes(o, weight_dtype, grad_dtype)
+    arch = system.arch if system is not None else None
     if weight_copies is None:
-        weight_copies = recipe_weight_copy_bytes(o, kinds)
+        weight_copies = recipe_weight_copy_bytes(o, kinds, arch)
+    else:
+        weight_copies = stated_weight_copy_bytes(o, weight_copies, arch)
     zero = zero_stage(o)
     shard = o.dp * o.sp
     state = model_state_bytes(
@@ -1582,5 +1613,6 @@ __all__ = [
     "runs_natively",
     "runs_recipe",
     "stage_memory",
+    "stated_weight_copy_bytes",
     "total_parameters",
 ]

@@ -317,6 +317,12 @@ def test_memory_keeps_16_bit_weights_and_the_quantized_copies(recipe: str) -> No
         if operand == "weight":  # what the recipe's cast writes: less its bf16 reads
             reads = 2 if recipe == "rowwise" else 1  # torchao rowwise: a cast per copy
             copies += CLOSED_FORMS[recipe](operand, r, c)["cast"] - reads * 2 * r * c
+    if recipe == "tensorwise":
+        # on Blackwell one per-tensor scaled fp8 copy serves both usages (Transformer Engine
+        # v2.9 and v2.18 pytorch/csrc/quantizer.cpp, Float8CurrentScalingQuantizer::
+        # create_tensor: no transpose where nvte_is_non_tn_fp8_gemm_supported()): the
+        # workload's two copies halve, their one fp32 scale with them
+        copies //= 2
     assert report["weights"] == 2 * report["parameters"] + copies
     delayed = build_workload(GenerateOptions(**LLAMA), load_registry(autoload=False))
     assert "low_precision_weight_bytes" not in delayed.rank_classes[0].facts
@@ -518,7 +524,9 @@ def test_memory_from_options_alone_agrees_with_the_workload(recipe: str) -> None
     built = predict_memory(workload, "b200-180g")["classes"][0]
     alone = predict_analytic(options, "b200-180g")["classes"][0]
     left_out = {
-        "tensorwise": 4 * len(GEMMS),  # an fp32 scale per weight
+        # an fp32 scale per weight, which the workload's figure halves on Blackwell with the
+        # copy it drops (stg.predictors.memory.stated_weight_copy_bytes)
+        "tensorwise": 2 * len(GEMMS),
         "rowwise": sum(4 * (r + c) for r, c in GEMMS),  # an fp32 scale per row of each copy
         "nvfp4": 2 * 4 * len(GEMMS),  # an fp32 tensor scale per copy
     }

@@ -7,7 +7,8 @@ reduction dimension of the forward (``Y = X·Wᵀ``) or input-gradient (``dX = d
 and the *columnwise* copy for the other GEMM that reads it (``dW = dYᵀ·X`` reads ``X`` and
 ``dY`` along the token dimension; the input gradient reads ``W`` along its output
 dimension). Transformer Engine calls these the two *usages* of a quantized tensor
-(``transformer_engine/pytorch/tensor/quantized_tensor.py``, ``set_usage``). Sources, by
+(``transformer_engine/pytorch/tensor/quantized_tensor.py``, ``set_usage``); on Blackwell one
+per-tensor scaled fp8 tensor serves both (:data:`NON_TN_FP8_GEMM_ARCHS`). Sources, by
 recipe:
 
 - ``delayed``: TE ``recipe.DelayedScaling`` (:mod:`stg.core.fp8` models it; the GEMM node
@@ -132,6 +133,21 @@ ELEMENTS_PER_PHILOX = 4 * 4
 SOURCE_BYTES = 2
 """The quantized tensors are bf16 before the cast (the autocast dtype, :mod:`stg.core.fp8`)."""
 
+NON_TN_FP8_GEMM_ARCHS = frozenset({"blackwell"})
+"""Architectures whose fp8 GEMMs read an operand in either layout, so that one per-tensor
+scaled fp8 tensor serves both usages: Transformer Engine's ``is_non_tn_fp8_gemm_supported``
+(compute capability 10.x, 11.x or 13.0 and up; stg's ``blackwell`` systems are B200, B300,
+GB200 and GB300, 10.0 and 10.3; the RTX parts, 12.x, are not among them). There TE's
+``Float8Quantizer`` and ``Float8CurrentScalingQuantizer`` write no transpose
+(``pytorch/csrc/quantizer.cpp``, ``with_transpose = columnwise_usage &&
+!nvte_is_non_tn_fp8_gemm_supported()``) and ``Float8TensorStorage.update_usage`` drops it, at
+v2.9 (70f5366) and v2.18 (27486e0); TE docs, low_precision_training/fp8_current_scaling,
+"Transpose handling": "The rowwise and columnwise tensors share the same physical memory
+layout". Block scales are laid along one dimension, so a block-scaled tensor keeps both
+copies everywhere (TE docs, mxfp8 and nvfp4, "Handling transposes"; blockwise on Blackwell
+keeps its two fp8 copies and converts only their scales to MXFP8's for each GEMM,
+``convert_block_scaling_to_mxfp8_tensor`` in ``pytorch/csrc/extensions/gemm.cpp``)."""
+
 
 @dataclass(frozen=True)
 class Blocks:
@@ -231,11 +247,26 @@ class Recipe:
             return data
         return data + -(-blocks.count(rows, cols) * self.scale_bits // 8)
 
-    def weight_bytes_per_element(self, *, param: bool = False) -> float:
+    def shares_usages(self, arch: str | None) -> bool:
+        """Whether one quantized tensor serves both usages on a GPU of ``arch``: per-tensor
+        scaled fp8 on an architecture of :data:`NON_TN_FP8_GEMM_ARCHS` (``None``: a GPU whose
+        fp8 GEMMs take the TN layout alone, as Hopper's)."""
+        return self.dtype == "fp8" and self.weight is None and arch in NON_TN_FP8_GEMM_ARCHS
+
+    def cached_weight_copies(self, *, param: bool = False, arch: str | None = None) -> int:
+        """Quantized copies of a weight's elements a rank caches besides its stored weight:
+        the rowwise and the columnwise copy, or one where they are one tensor
+        (:meth:`shares_usages`); with ``param`` (fp8 weights) the stored weight is the rowwise
+        copy and is not counted."""
+        copies = 1 if self.shares_usages(arch) else 2
+        return copies - 1 if param else copies
+
+    def weight_bytes_per_element(self, *, param: bool = False, arch: str | None = None) -> float:
         """:func:`weight_copy_bytes` per weight element where the weight's dimensions divide
         its blocks, less the scales that do not grow with the elements (one per tensor, one
-        per row: about 0.1 % of the copies of a 4096 x 4096 weight)."""
-        copies = (1 if param else 2) * self.element_bits / 8
+        per row: about 0.1 % of the copies of a 4096 x 4096 weight), on a GPU of ``arch``
+        (:meth:`cached_weight_copies`)."""
+        copies = self.cached_weight_copies(param=param, arch=arch) * self.element_bits / 8
         blocks = self.weight
         if blocks is None or not blocks.cols:
             return copies
@@ -399,7 +430,9 @@ def weight_copy_bytes(recipe: Recipe, rows: int, cols: int, *, param: bool = Fal
     """Bytes a rank keeps per weight of ``rows x cols`` besides its stored weight: both
     quantized copies and their scales (cached across the micro-batches of an iteration), or
     with ``param`` (fp8 weights, :data:`PARAM_GATHER_RECIPES`) the scales and the columnwise
-    copy alone, the rowwise copy being the stored weight."""
+    copy alone, the rowwise copy being the stored weight. These are the copies of a GPU whose
+    fp8 GEMMs take the TN layout alone (Hopper); where one copy serves both usages
+    (:meth:`Recipe.shares_usages`) a rank keeps :meth:`Recipe.cached_weight_copies` of them."""
     copies = recipe.copy_bytes(rows, cols) // (2 if param else 1)
     return copies + recipe.scale_bytes("weight", rows, cols)
 
@@ -485,6 +518,7 @@ __all__ = [
     "BF16_KIND_SUFFIX",
     "DEFAULT_RECIPE",
     "HADAMARD_FLOPS_ATTR",
+    "NON_TN_FP8_GEMM_ARCHS",
     "OPERANDS",
     "PARAM_GATHER_RECIPES",
     "QUANTIZE_KERNEL_ATTR",

@@ -1,0 +1,134 @@
+"""The quantized weight copies a low-precision recipe keeps, by GPU architecture.
+
+Transformer Engine caches each GEMM weight's quantized copies across the micro-batches of an
+iteration (``_fp8_workspaces``; Megatron-LM passes ``is_first_microbatch``). Per-tensor scaled
+fp8 (delayed and tensorwise) keeps the rowwise fp8 data and its transpose for the
+input-gradient GEMM on Hopper, but on Blackwell, whose fp8 GEMMs read either layout, the data
+alone serves both usages: ``Float8Quantizer`` and ``Float8CurrentScalingQuantizer``
+``create_tensor`` write no transpose where ``nvte_is_non_tn_fp8_gemm_supported()``
+(``pytorch/csrc/quantizer.cpp``) and ``Float8TensorStorage.update_usage`` drops it, at TE v2.9
+(70f5366) and v2.18 (27486e0). Block scales run along one dimension, so blockwise, MXFP8 and
+NVFP4 keep both copies with their scales on either GPU (blockwise on Blackwell converts only
+its scales to MXFP8's, per GEMM: ``convert_block_scaling_to_mxfp8_tensor``). The closed forms
+below count, per weight of ``r x c`` elements on this rank, the copies' bytes and scales.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from stg.core.options import GenerateOptions
+from stg.core.pipeline import build_workload
+from stg.host.registry import load_registry
+from stg.predictors.memory import predict_analytic, predict_memory
+
+D, F, HEADS, KV, TP = 512, 1536, 8, 4, 2
+HD = D // HEADS
+LLAMA: dict[str, Any] = {"model": "llama", "dmodel": D, "dff": F, "head": HEADS, "kvhead": KV,
+                         "seq": 1024, "dvocal": 1024, "num_stacks": 1, "batch": 2,
+                         "micro_batch": 2, "mixed_precision": True, "causal": True,
+                         "dtype": "fp8", "tp": TP}  # fmt: skip
+WEIGHTS = [  # (rows, cols) of one TP rank's GEMM weights, cols along the forward's reduction
+    (D // TP, D),  # q
+    (KV * HD // TP, D),  # k
+    (KV * HD // TP, D),  # v
+    (D, D // TP),  # attn_out
+    (F // TP, D),  # gate
+    (F // TP, D),  # up
+    (D, F // TP),  # down
+]
+ELEMENTS = sum(r * c for r, c in WEIGHTS)
+HOPPER, BLACKWELL = "h100-80g", "b200-180g"
+
+
+def per_weight(recipe: str, arch_system: str, r: int, c: int) -> int:
+    """Bytes a rank caches for one weight of ``r x c``: elements of each copy, and scales."""
+    n = r * c
+    if recipe in ("delayed", "tensorwise"):  # fp8 data (+ transpose on Hopper), one fp32 scale
+        return (2 * n if arch_system == HOPPER else n) + 4
+    if recipe == "blockwise":  # two fp8 copies, one fp32 scale per 128x128 block of each
+        return 2 * n + 2 * 4 * (r // 128) * (c // 128)
+    if recipe == "mxfp8":  # two fp8 copies, one E8M0 byte per 32 elements of each
+        return 2 * n + 2 * n // 32
+    assert recipe == "nvfp4"  # two E2M1 copies, an E4M3 byte per 16, an fp32 scale each
+    return 2 * (n // 2 + n // 16 + 4)
+
+
+def closed_form(recipe: str, system: str) -> int:
+    return sum(per_weight(recipe, system, r, c) for r, c in WEIGHTS)
+
+
+CASES = [
+    ("delayed", HOPPER),
+    ("delayed", BLACKWELL),
+    ("tensorwise", HOPPER),
+    ("tensorwise", BLACKWELL),
+    ("blockwise", HOPPER),
+    ("blockwise", BLACKWELL),
+    ("mxfp8", BLACKWELL),  # block-scaled tensor cores: Blackwell only
+    ("nvfp4", BLACKWELL),
+]
+PER_TENSOR_SCALES = 4 * len(WEIGHTS)
+"""The per-tensor fp32 scales: the options count the copies per element and leave them out
+except under delayed scaling (predictors/memory.py, ``recipe_weight_copy_bytes``)."""
+
+
+def _copies(report: dict[str, Any]) -> float:
+    (rank,) = report["classes"]
+    return rank["weights"] - 2 * rank["parameters"]  # bf16 weights beside the copies
+
+
+@pytest.mark.parametrize(("recipe", "system"), CASES)
+def test_copies_from_the_options(recipe: str, system: str) -> None:
+    options = GenerateOptions(**LLAMA, low_precision_recipe=recipe)
+    left_out = {"tensorwise": PER_TENSOR_SCALES, "nvfp4": 2 * PER_TENSOR_SCALES}.get(recipe, 0)
+    assert _copies(predict_analytic(options, system)) == closed_form(recipe, system) - left_out
+
+
+@pytest.mark.parametrize(("recipe", "system"), CASES)
+def test_copies_from_a_generated_workload(recipe: str, system: str) -> None:
+    options = GenerateOptions(**LLAMA, low_precision_recipe=recipe)
+    workload = build_workload(options, load_registry(autoload=False))
+    copies = _copies(predict_memory(workload, system))
+    if recipe == "tensorwise" and system == BLACKWELL:
+        # the workload states both usages' copies (any GPU); Blackwell's are half of them,
+        # their one fp32 scale per weight halved too (stated_weight_copy_bytes)
+        assert copies == closed_form(recipe, system) - PER_TENSOR_SCALES // 2
+    else:
+        assert copies == closed_form(recipe, system)
+
+
+def test_the_workload_states_both_usages_whatever_the_gpu() -> None:
+    options = GenerateOptions(**LLAMA, low_precision_recipe="tensorwise")
+    workload = build_workload(options, load_registry(autoload=False))
+    stated = workload.rank_classes[0].facts["low_precision_weight_bytes"]
+    assert stated == closed_form("tensorwise", HOPPER)
+
+
+def test_fp8_weights_need_no_copy_on_blackwell() -> None:
+    # --fp8_param_gather: the stored fp8 weight is the rowwise copy; Hopper adds its transpose
+    # (1 byte per element) and Blackwell nothing (one fp32 scale per weight: 4 bytes on Hopper
+    # from the workload, left out by the options and scaled away with the copy on Blackwell)
+    given = {**LLAMA, "low_precision_recipe": "tensorwise", "fp8_param_gather": True,
+             "weight_sharded": True, "dp": 2}  # fmt: skip
+    options = GenerateOptions(**given)
+    workload = build_workload(options, load_registry(autoload=False))
+    for report, scales in (
+        (lambda system: predict_memory(workload, system), PER_TENSOR_SCALES),
+        (lambda system: predict_analytic(options, system), 0),
+    ):
+        (hopper,) = report(HOPPER)["classes"]
+        (blackwell,) = report(BLACKWELL)["classes"]
+        assert hopper["parameters"] == blackwell["parameters"]
+        assert hopper["weights"] - blackwell["weights"] == ELEMENTS + scales
+
+
+def test_a_precision_plans_fp8_copies_halve_on_blackwell() -> None:
+    # a bf16 run whose plan puts the MLP in fp8: Transformer Engine's delayed-scaling copies
+    plan = (("gate", "fp8"), ("up", "fp8"), ("down", "fp8"))
+    options = GenerateOptions(**{**LLAMA, "dtype": "bf16"}, precision=plan)
+    mlp = sum(r * c for r, c in WEIGHTS[4:])
+    assert _copies(predict_analytic(options, HOPPER)) == 2 * mlp
+    assert _copies(predict_analytic(options, BLACKWELL)) == mlp
