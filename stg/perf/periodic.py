@@ -465,15 +465,7 @@ class _Shift:
                 kept[by_id[n.id]] = 1
             self.long_pos.append(by_id)
             self.kept.append(kept)
-            self.topological.append(
-                all(
-                    by_id[d] < j
-                    for unit in (lunit, sunit)
-                    for n in unit.nodes
-                    for j in (by_id[n.id],)
-                    for d in (*n.data_deps, *n.ctrl_deps)
-                )
-            )
+            self.topological.append(_topological(nodes, sunit.nodes, by_id))
         self.later: list[list[int | None]] = []
         """per unit and position in the longer problem: that of its node one period later"""
         for unit, index in zip(long.units, indexed, strict=True):
@@ -499,6 +491,34 @@ class _Shift:
             return None
         moved = self.later[ref[0]][ref[1]]
         return False if moved is None else (ref[0], moved)
+
+
+def _topological(
+    long_nodes: Sequence[Any], short_nodes: Sequence[Any], by_id: Mapping[int, int]
+) -> bool:
+    """Whether every node of both problems depends only on nodes at lower positions of the
+    longer one (``by_id``: each node's position there). The shorter problem's nodes that are
+    the longer one's own (the same objects) are checked once, as the longer one's."""
+    identity = isinstance(by_id, range)
+    for j, node in enumerate(long_nodes):
+        deps = node.data_deps
+        if node.ctrl_deps:
+            deps = (*deps, *node.ctrl_deps)
+        if not deps:
+            continue
+        if identity:
+            if max(deps) >= j or min(deps) < 0:
+                return False
+        elif max([by_id[d] for d in deps]) >= j:
+            return False
+    for node in short_nodes:
+        j = by_id[node.id]
+        if long_nodes[j] is node:
+            continue
+        deps = (*node.data_deps, *node.ctrl_deps)
+        if deps and max([by_id[d] for d in deps]) >= j:
+            return False
+    return True
 
 
 def _short_from_long(
