@@ -282,11 +282,17 @@ def _reduced(problem: Problem, keep: int, total: int, indexed: Sequence[_Indexed
         for mb in range(keep):
             kept.extend(index.members.get(mb, ()))
         kept.sort()
+        # _end_deps applies to the micro-batches whose alike ``shift`` later is dropped
+        ending_from = max(keep - shift, 0) if shift else keep
         for i in kept:
             mb = mbs[i]
             node = nodes[i]
-            deps = (*node.data_deps, *node.ctrl_deps)
-            ending = _end_deps(index, i, keep, shift, total)
+            deps = node.data_deps
+            if node.ctrl_deps:
+                deps = (*deps, *node.ctrl_deps)
+            ending = (
+                () if mb is None or mb < ending_from else _end_deps(index, i, keep, shift, total)
+            )
             if ending:
                 deps = (*deps, *(d for d in ending if d not in deps))
             for d in deps:
@@ -939,18 +945,17 @@ def _read_off(
     for u, sunit in enumerate(short_problem.units):
         res = long.units[u]
         lpos = shift.long_pos[u]
-        n = len(sunit.nodes)
-        kind, duration = [0] * n, [0.0] * n
-        start, end, transfer = [0.0] * n, [0.0] * n, [0.0] * n
-        a_end, a_live = a.end[u], a.live[u]
-        for q, node in enumerate(sunit.nodes):
-            j = lpos[node.id]
-            kind[q] = res.kind[j]
-            if a_end[j] >= 0:
-                duration[q], start[q], end[q] = res.duration[j], res.start[j], res.end[j]
-                transfer[q] = res.transfer_start[j]
-                continue
-            m = shift.later[u][j]
+        at = [lpos[node.id] for node in sunit.nodes]
+        # the nodes finished at ``a`` as in ``long`` (most of them), column by column
+        kind = [res.kind[j] for j in at]
+        duration = [res.duration[j] for j in at]
+        start = [res.start[j] for j in at]
+        end = [res.end[j] for j in at]
+        transfer = [res.transfer_start[j] for j in at]
+        a_end, a_live, later = a.end[u], a.live[u], shift.later[u]
+        for q in [q for q, j in enumerate(at) if a_end[j] < 0]:
+            j = at[q]
+            m = later[j]
             assert m is not None  # checked by _state_matches
             duration[q] = res.duration[m]
             end[q] = res.end[m] - span
