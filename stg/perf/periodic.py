@@ -85,13 +85,13 @@ from typing import Any
 
 from stg.core.workload import (
     LAYER_ATTR,
+    MICRO_BATCH_ATTR,
     OP_ATTR,
     PART_ATTR,
     PHASE_ATTR,
     ROLE_ATTR,
     NodeType,
     Phase,
-    node_micro_batch,
     node_op,
     node_part,
     node_phase,
@@ -166,18 +166,24 @@ class _Indexed:
         self.micro_batch = micro_batch
         self.position: Mapping[int, int] | range
         """each node's position, by id (a range where every id is its position)"""
-        if all(n.id == i for i, n in enumerate(nodes)):
+        ids = [n.id for n in nodes]
+        if ids == list(range(len(nodes))):
             self.position = range(len(nodes))
         else:
-            self.position = {n.id: i for i, n in enumerate(nodes)}
+            self.position = {n: i for i, n in enumerate(ids)}
         self.members: dict[int, list[int]] = {}
         self.unbatched: list[int] = []
         """positions of the nodes outside the micro-batches"""
+        members, unbatched = self.members, self.unbatched
         for i, mb in enumerate(micro_batch):
             if mb is None:
-                self.unbatched.append(i)
+                unbatched.append(i)
             else:
-                self.members.setdefault(mb, []).append(i)
+                found = members.get(mb)
+                if found is None:
+                    members[mb] = [i]
+                else:
+                    found.append(i)
         self.keys: dict[int, Key] = {}
         self.by_key: dict[tuple[int, Key], int] = {}
         self.indexed: set[int] = set()
@@ -241,7 +247,7 @@ class _Indexed:
 def _micro_batches(problem: Problem) -> tuple[list[list[int | None]], int | None]:
     """Each unit's nodes' micro-batches, and how many micro-batches there are (None unless
     every unit has the same number, from 0)."""
-    per_unit = [[node_micro_batch(n) for n in unit.nodes] for unit in problem.units]
+    per_unit = [_declared_micro_batches(unit.nodes) for unit in problem.units]
     counts = set()
     for mbs in per_unit:
         declared = {mb for mb in mbs if mb is not None}
@@ -249,6 +255,19 @@ def _micro_batches(problem: Problem) -> tuple[list[list[int | None]], int | None
             return per_unit, None
         counts.add(len(declared))
     return per_unit, (counts.pop() if len(counts) == 1 else None)
+
+
+def _declared_micro_batches(nodes: Sequence[Any]) -> list[int | None]:
+    """Each node's :func:`stg.core.workload.node_micro_batch`, inline (once per node)."""
+    out: list[int | None] = []
+    append = out.append
+    for node in nodes:
+        value = (getattr(node, "attrs", None) or _NO_ATTRS).get(MICRO_BATCH_ATTR)
+        append(value if type(value) is int else None)
+    return out
+
+
+_NO_ATTRS: Mapping[str, Any] = {}
 
 
 def reduced_problem(problem: Problem, keep: int) -> Problem:
