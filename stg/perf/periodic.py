@@ -482,27 +482,33 @@ class _Shift:
         positions of the longer one (as lowering makes them: a node after what it waits for)"""
         for lunit, sunit in zip(long.units, short.units, strict=True):
             nodes = lunit.nodes
+            ids = [n.id for n in nodes]
             by_id: Mapping[int, int] = range(len(nodes))
-            if any(n.id != j for j, n in enumerate(nodes)):
-                by_id = {n.id: j for j, n in enumerate(nodes)}
+            if ids != list(by_id):
+                by_id = {i: j for j, i in enumerate(ids)}
             kept = bytearray(len(nodes))
-            for n in sunit.nodes:
-                kept[by_id[n.id]] = 1
+            for j in [by_id[n.id] for n in sunit.nodes]:
+                kept[j] = 1
             self.long_pos.append(by_id)
             self.kept.append(kept)
             self.topological.append(_topological(nodes, sunit.nodes, by_id))
         self.later: list[list[int | None]] = []
         """per unit and position in the longer problem: that of its node one period later"""
         for unit, index in zip(long.units, indexed, strict=True):
-            position, micro_batch = index.position, index.micro_batch
             later: list[int | None] = [None] * len(unit.nodes)
-            members: dict[int, list[int]] = {}
-            for j, node in enumerate(unit.nodes):
-                mb = micro_batch[position[node.id]]
-                if mb is None:
+            if unit.nodes is index.nodes:  # the longer problem is the whole one
+                members = index.members
+                for j in index.unbatched:
                     later[j] = j
-                else:
-                    members.setdefault(mb, []).append(j)
+            else:
+                position, micro_batch = index.position, index.micro_batch
+                members = {}
+                for j, node in enumerate(unit.nodes):
+                    mb = micro_batch[position[node.id]]
+                    if mb is None:
+                        later[j] = j
+                    else:
+                        members.setdefault(mb, []).append(j)
             for mb, here in members.items():
                 there = members.get(mb + period)
                 if there is not None and len(there) == len(here):
