@@ -296,35 +296,33 @@ def _reduced(problem: Problem, keep: int, total: int, indexed: Sequence[_Indexed
         frontier: dict[int, tuple[int, ...]] = {}
 
         kept_nodes = []
-        group_keys: dict[int, Any] = {}
         kept = list(index.unbatched)
         for mb in range(keep):
             kept.extend(index.members.get(mb, ()))
         kept.sort()
+        dropped = {
+            nodes[k].id for mb, members in index.members.items() if mb >= keep for k in members
+        }
         # _end_deps applies to the micro-batches whose alike ``shift`` later is dropped
         ending_from = max(keep - shift, 0) if shift else keep
         for i in kept:
             mb = mbs[i]
             node = nodes[i]
-            deps = node.data_deps
-            if node.ctrl_deps:
-                deps = (*deps, *node.ctrl_deps)
             ending = (
                 () if mb is None or mb < ending_from else _end_deps(index, i, keep, shift, total)
             )
+            if not ending and dropped.isdisjoint(node.data_deps):
+                if not node.ctrl_deps or dropped.isdisjoint(node.ctrl_deps):
+                    kept_nodes.append(node)  # waits for no dropped node: as it is
+                    continue
+            deps = node.data_deps
+            if node.ctrl_deps:
+                deps = (*deps, *node.ctrl_deps)
             if ending:
                 deps = (*deps, *(d for d in ending if d not in deps))
-            for d in deps:
-                m = mbs[position[d]]
-                if m is not None and m >= keep:
-                    break
-            else:
-                if ending:
-                    node = dataclasses.replace(node, data_deps=deps, ctrl_deps=())
-                if i in unit.group_keys:
-                    group_keys[len(kept_nodes)] = unit.group_keys[i]
-                kept_nodes.append(node)
-                continue
+                if dropped.isdisjoint(deps):
+                    kept_nodes.append(dataclasses.replace(node, data_deps=deps, ctrl_deps=()))
+                    continue
             new_deps: dict[int, None] = {}
             for d in deps:
                 k = position[d]
@@ -339,9 +337,13 @@ def _reduced(problem: Problem, keep: int, total: int, indexed: Sequence[_Indexed
                         if partner is None:
                             raise _NotPeriodic
                         new_deps[nodes[partner].id] = None
-            if i in unit.group_keys:
-                group_keys[len(kept_nodes)] = unit.group_keys[i]
             kept_nodes.append(dataclasses.replace(node, data_deps=tuple(new_deps), ctrl_deps=()))
+        # the k-th kept node is the k-th of ``kept``
+        group_keys: dict[int, Any] = {}
+        for i in sorted(unit.group_keys):
+            k = bisect_left(kept, i)
+            if k < len(kept) and kept[k] == i:
+                group_keys[k] = unit.group_keys[i]
         units.append(dataclasses.replace(unit, nodes=kept_nodes, group_keys=group_keys))
     return Problem(units, problem.unit_of_rank, problem.comm_groups, problem.world_size)
 
