@@ -697,7 +697,8 @@ class _Check:
         kind, stream = self.long.units[u].kind, sim.stream[u]
         # one to one: ``later`` is, and maps the nodes not finished onto those at ``b``
         theirs = [later[j] for j in opened]
-        if None in theirs or len(opened) != sum(1 for e in b_end if e < 0):
+        # an end is -1 until the node ends (instants are never negative)
+        if None in theirs or len(opened) != b_end.count(-1.0):
             return False
         ms: list[int] = theirs  # type: ignore[assignment]
         if any(b_end[m] >= 0 for m in ms):
@@ -734,8 +735,11 @@ class _Check:
                 or (j in p2p and not self.same_key(p2p[j], p2p[m]))
             ):
                 return False
-            x, x_issued, _, x_cause = a_live.get(j, none)[:4]
-            y, y_issued, _, y_cause = b_live.get(m, none)[:4]
+            at_a, at_b = a_live.get(j), b_live.get(m)
+            if at_a is None and at_b is None:  # neither ready: neither issued
+                continue
+            x, x_issued, _, x_cause = (at_a or none)[:4]
+            y, y_issued, _, y_cause = (at_b or none)[:4]
             if x >= 0 or y >= 0:  # issued: when, after what, its transfer since when
                 if x < 0 or y < 0 or not close(x, y) or moved(x_cause) != y_cause:
                     return False
