@@ -492,12 +492,14 @@ def problem_from_workload(workload: Workload, system: System) -> Problem:
             templates.sort(key=lambda t: t.id)
         # only communication nodes differ between ranks: resolve just those
         nodes = templates.copy()
-        keys = {}
-        for i in [i for i, t in enumerate(templates) if t.type in COMM_TYPES]:
-            t = templates[i]
-            nodes[i] = rep.resolve(t)
-            if t.type is NodeType.COMM_COLL:
-                keys[i] = tuple(sorted(t.group_axes))
+        comm = [i for i, t in enumerate(templates) if t.type in COMM_TYPES]
+        for i, node in zip(comm, rep.resolve_many([templates[i] for i in comm]), strict=True):
+            nodes[i] = node
+        keys = {
+            i: tuple(sorted(templates[i].group_axes))
+            for i in comm
+            if templates[i].type is NodeType.COMM_COLL
+        }
         units.append(
             Unit(
                 index=index,
@@ -1216,7 +1218,7 @@ class _Sim:
                     if g.index in seen:
                         continue
                     seen.add(g.index)
-                    rate = 1.0 / max(len(users[k]) for k in g.resources)
+                    rate = 1.0 / max([len(users[k]) for k in g.resources])
                     if rate == g.rate:
                         continue
                     g.remaining = max(0.0, g.remaining - (t - g.since) * g.rate)
@@ -1284,6 +1286,10 @@ class _Sim:
                 seq_key = (u, group_key)
                 seq = coll_seq.get(seq_key, 0)
                 coll_seq[seq_key] = seq + 1
+                if coll_needed[u][i] == 1:  # a group within this unit (its ranks): issued now
+                    transfer_starts[u][i] = t
+                    start_flow([(u, i)], [(u, 0), (u, 1)], all_steps[u][i] or (), t)
+                    return
                 instance_key = (group_key, seq)
                 inst = instances.get(instance_key)
                 if inst is None:
@@ -1419,10 +1425,12 @@ class _Sim:
                             make_ready(u, c, t, cause)
             if len(touched) == 1:
                 _, u, stream = touched.pop()
-                dispatch(u, stream, t)
+                if ready[u][stream] and not busy[u][stream]:
+                    dispatch(u, stream, t)
             elif touched:
                 for _, u, stream in sorted(touched):
-                    dispatch(u, stream, t)
+                    if ready[u][stream] and not busy[u][stream]:
+                        dispatch(u, stream, t)
                 touched.clear()
             while (
                 watched < len(states_at)
