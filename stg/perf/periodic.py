@@ -1179,7 +1179,9 @@ def _try_keep(
     two replays (the shorter one read off where the states repeat) are matched micro-batch by
     micro-batch (:func:`_aligned`)."""
     cut = cut_at(keep, stages, period, chunks)
-    costs = Costs()  # the two problems share most node objects
+    smallest = keep < first_keep(stages, period, chunks)
+    # the two problems share most node objects; the smallest keep replays only the longer one
+    costs = Costs(nodes_again=not smallest)
     longer = problem
     if keep + period < built:
         longer = _reduced(problem, keep + period, built, indexed)
@@ -1195,7 +1197,6 @@ def _try_keep(
         tolerance = TOLERANCE * max(long.iteration_time, 1e-300)
         found = _short_from_long(long, longer, shorter, shift, tolerance)
     long.states, long.prepared = [], None
-    smallest = keep < first_keep(stages, period, chunks)
     shifted: Sequence[Sequence[bool]]
     if found is not None and smallest:
         # the full problem is the longer one up to the second instant, the span between the

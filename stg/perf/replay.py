@@ -64,7 +64,7 @@ import gc
 import heapq
 import itertools
 import operator
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -633,13 +633,15 @@ class Costs:
     """per device: the cost of each compute cost key and collective"""
     by_node: dict[str, dict[int, tuple[Any, Any, float]]] = field(default_factory=dict)
     """per device and compute node object (by id, the node kept alive here): its cost key and
-    cost"""
+    cost; of every compute node where ``nodes_again``, else of those several units share"""
     links: dict[tuple[Any, tuple[int, ...]], tuple[str | None, float | None]] = field(
         default_factory=dict
     )
     """the contention key of each collective kind and group shape (:func:`contention_link`)"""
     keys: dict[Any, Any] = field(default_factory=dict)
     """each distinct compute cost key, once: alike nodes share one key object"""
+    nodes_again: bool = True
+    """a later replay may run the same node objects (then ``by_node`` keeps every one)"""
 
 
 @dataclass
@@ -743,6 +745,10 @@ class _Sim:
         self.compute_memo = costs.by_node
         self.link_cache = costs.links
         self.interned_keys = costs.keys
+        self.remember_nodes = costs.nodes_again
+        classes = Counter(u.rank_class for u in problem.units if u.rank_class is not None)
+        self.shared_classes = {c for c, units in classes.items() if units > 1}
+        """the rank classes of several units (which share their compute node objects)"""
         self.cost_key: list[list[Any]] = []
         self.comm_link: list[list[str | None]] = []
         self.share_links = share_links and not is_hybrid(system)
@@ -797,6 +803,7 @@ class _Sim:
         # units of one rank class share (the same objects) are keyed once
         cost_cache = self.cost_caches.setdefault(device.name, {})
         memo = self.compute_memo.setdefault(device.name, {})
+        remember = self.remember_nodes or unit.rank_class in self.shared_classes
         interned = self.interned_keys
         comp, memo_get, find = NodeType.COMP, memo.get, position.get
         intern, cached_cost = interned.setdefault, cost_cache.get
@@ -813,7 +820,7 @@ class _Sim:
             t = node.type
             if t is comp:
                 kind[i] = COMPUTE
-                known = memo_get(id(node))
+                known = memo_get(id(node)) if memo else None
                 if known is not None and known[0] is node:
                     ckey, cost = known[1], known[2]
                 else:
@@ -843,7 +850,8 @@ class _Sim:
                             self.profile,
                             self.calibration,
                         )
-                    memo[id(node)] = (node, ckey, cost)
+                    if remember:
+                        memo[id(node)] = (node, ckey, cost)
                 duration[i] = cost
                 cost_key[i] = ckey
             elif t in HOST_COPIES:
