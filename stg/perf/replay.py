@@ -740,7 +740,8 @@ class _Sim:
         self.contended = contended_systems(system)
         """per link kind: the GPU as a compute kernel sees it while NCCL runs over that link"""
         self.contended_cost: dict[tuple[Any, str], float] = {}
-        costs = Costs() if costs is None else costs
+        # none given: no later replay sees these costs
+        costs = Costs(nodes_again=False) if costs is None else costs
         self.cost_caches = costs.by_key
         self.compute_memo = costs.by_node
         self.link_cache = costs.links
