@@ -199,3 +199,19 @@ def test_build_workload_leaves_the_collector_as_it_found_it(enabled: bool) -> No
         assert gc.isenabled() is enabled
     finally:
         (gc.enable if was else gc.disable)()
+
+
+def test_resolve_many_is_resolve_of_each_template() -> None:
+    """``RankGraph.resolve_many`` (communicators and peers looked up once per call) gives
+    what ``resolve`` gives node by node, on every rank: collectives, sends and receives."""
+    options = GenerateOptions(
+        model="gpt", dmodel=64, dff=256, head=4, kvhead=4, num_stacks=4, seq=32, dvocal=64,
+        tp=2, pp=2, dp=2, batch=8, micro_batch=2,
+    )  # fmt: skip
+    workload = build_workload(options, load_registry(autoload=False))
+    kinds = set()
+    for graph in workload.ranks:
+        templates = list(graph.rank_class.nodes)
+        assert graph.resolve_many(templates) == [graph.resolve(t) for t in templates]
+        kinds.update(t.type for t in templates)
+    assert {NodeType.COMM_COLL, NodeType.COMM_SEND, NodeType.COMM_RECV} <= kinds

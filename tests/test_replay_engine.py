@@ -24,6 +24,7 @@ from stg.core.options import GenerateOptions
 from stg.core.pipeline import build_workload
 from stg.core.workload import (
     NODE_SEMANTICS,
+    NodeType,
     Phase,
     RankClass,
     RankGraph,
@@ -36,7 +37,7 @@ from stg.core.workload import (
     node_role,
 )
 from stg.host.registry import load_registry
-from stg.perf.replay import Costs, problem_from_workload, replay
+from stg.perf.replay import Costs, Problem, Unit, problem_from_workload, replay
 from stg.perf.system import load_system
 from stg.predictors.time import predict_time
 from stg.trace.reader import read_nodes
@@ -241,3 +242,40 @@ def test_alike_compute_nodes_share_one_cost_key() -> None:
     keys = [key for memo in costs.by_node.values() for _, key, _ in memo.values()]
     assert len(keys) > 4 * len(costs.keys)
     assert all(costs.keys[key] is key for key in keys)
+
+
+def test_node_costs_are_kept_only_where_a_replay_may_reuse_them() -> None:
+    """``Costs(nodes_again=False)`` (no later replay of the same node objects) keeps no cost
+    per node object where each unit has its own rank class, and still keeps those of a rank
+    class that several units share; the replay is the same either way."""
+    options = GenerateOptions(model="gpt", **TINY, num_stacks=4, pp=2, dp=2, batch=8)
+    workload = build_workload(options, load_registry())
+    problem = problem_from_workload(workload, H100)
+    assert len({u.rank_class for u in problem.units}) == len(problem.units)
+    kept, once = Costs(), Costs(nodes_again=False)
+    first, second = replay(problem, H100, costs=kept), replay(problem, H100, costs=once)
+    assert [r.end for r in first.units] == [r.end for r in second.units]
+    assert any(kept.by_node.values()) and not any(once.by_node.values())
+    # the two data-parallel ranks of a one-stage plan as two units of one rank class
+    options = GenerateOptions(model="gpt", **TINY, num_stacks=2, dp=2, batch=4)
+    COMM = (NodeType.COMM_COLL, NodeType.COMM_SEND, NodeType.COMM_RECV)
+    graphs = list(build_workload(options, load_registry()).ranks)
+    # as problem_from_workload makes them: the compute nodes are the class's own objects
+    units = [
+        Unit(k, g.rank, (g.rank,), [g.resolve(t) if t.type in COMM else t for t in own], 0, 0)
+        for k, g in enumerate(graphs)
+        for own in [g.rank_class.nodes]
+    ]
+    for unit, graph in zip(units, graphs, strict=True):
+        assert graph.rank_class is graphs[0].rank_class
+        unit.group_keys = {
+            i: tuple(sorted(t.group_axes))
+            for i, t in enumerate(graph.rank_class.nodes)
+            if t.type is NodeType.COMM_COLL
+        }
+    groups = graphs[0].layout.comm_groups
+    split = Problem(units, {g.rank: k for k, g in enumerate(graphs)}, groups, len(graphs))
+    once = Costs(nodes_again=False)
+    replay(split, H100, costs=once)
+    shared = sum(t.type is NodeType.COMP for t in graphs[0].rank_class.nodes)
+    assert sum(len(memo) for memo in once.by_node.values()) == shared

@@ -7,7 +7,7 @@ only what differs between ranks of a class: communicator ids and send/recv peers
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any
@@ -301,15 +301,39 @@ class RankGraph:
 
     def resolve(self, template: NodeTemplate) -> Node:
         """The concrete node of this rank for one template of its class."""
+        return self._resolve(template, None, None)
+
+    def resolve_many(self, templates: Iterable[NodeTemplate]) -> list[Node]:
+        """:meth:`resolve` of each of ``templates``, each communicator and peer looked up
+        once."""
+        groups: dict[tuple[str, ...], int] = {}
+        peers: dict[int | None, int] = {}
+        return [self._resolve(t, groups, peers) for t in templates]
+
+    def _resolve(
+        self,
+        template: NodeTemplate,
+        groups: dict[tuple[str, ...], int] | None,
+        peers: dict[int | None, int] | None,
+    ) -> Node:
+        """:meth:`resolve`, the communicators and peers found so far in ``groups`` and
+        ``peers`` (None: none kept)."""
         group = src = dst = None
         if template.type is NodeType.COMM_COLL:
-            group = self.layout.group_id(self.rank, template.group_axes)
-        elif template.type is NodeType.COMM_SEND:
-            src = self.rank
-            dst = self.layout.peer(self.rank, template.peer_stage)
-        elif template.type is NodeType.COMM_RECV:
-            src = self.layout.peer(self.rank, template.peer_stage)
-            dst = self.rank
+            group = None if groups is None else groups.get(template.group_axes)
+            if group is None:
+                group = self.layout.group_id(self.rank, template.group_axes)
+                if groups is not None:
+                    groups[template.group_axes] = group
+        elif template.type is NodeType.COMM_SEND or template.type is NodeType.COMM_RECV:
+            peer = None if peers is None else peers.get(template.peer_stage)
+            if peer is None:
+                peer = self.layout.peer(self.rank, template.peer_stage)
+                if peers is not None:
+                    peers[template.peer_stage] = peer
+            src, dst = (self.rank, peer)
+            if template.type is NodeType.COMM_RECV:
+                src, dst = peer, self.rank
         return Node(
             id=template.id,
             name=template.name,

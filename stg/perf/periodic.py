@@ -85,13 +85,13 @@ from typing import Any
 
 from stg.core.workload import (
     LAYER_ATTR,
+    MICRO_BATCH_ATTR,
     OP_ATTR,
     PART_ATTR,
     PHASE_ATTR,
     ROLE_ATTR,
     NodeType,
     Phase,
-    node_micro_batch,
     node_op,
     node_part,
     node_phase,
@@ -166,18 +166,24 @@ class _Indexed:
         self.micro_batch = micro_batch
         self.position: Mapping[int, int] | range
         """each node's position, by id (a range where every id is its position)"""
-        if all(n.id == i for i, n in enumerate(nodes)):
+        ids = [n.id for n in nodes]
+        if ids == list(range(len(nodes))):
             self.position = range(len(nodes))
         else:
-            self.position = {n.id: i for i, n in enumerate(nodes)}
+            self.position = {n: i for i, n in enumerate(ids)}
         self.members: dict[int, list[int]] = {}
         self.unbatched: list[int] = []
         """positions of the nodes outside the micro-batches"""
+        members, unbatched = self.members, self.unbatched
         for i, mb in enumerate(micro_batch):
             if mb is None:
-                self.unbatched.append(i)
+                unbatched.append(i)
             else:
-                self.members.setdefault(mb, []).append(i)
+                found = members.get(mb)
+                if found is None:
+                    members[mb] = [i]
+                else:
+                    found.append(i)
         self.keys: dict[int, Key] = {}
         self.by_key: dict[tuple[int, Key], int] = {}
         self.indexed: set[int] = set()
@@ -241,7 +247,7 @@ class _Indexed:
 def _micro_batches(problem: Problem) -> tuple[list[list[int | None]], int | None]:
     """Each unit's nodes' micro-batches, and how many micro-batches there are (None unless
     every unit has the same number, from 0)."""
-    per_unit = [[node_micro_batch(n) for n in unit.nodes] for unit in problem.units]
+    per_unit = [_declared_micro_batches(unit.nodes) for unit in problem.units]
     counts = set()
     for mbs in per_unit:
         declared = {mb for mb in mbs if mb is not None}
@@ -249,6 +255,19 @@ def _micro_batches(problem: Problem) -> tuple[list[list[int | None]], int | None
             return per_unit, None
         counts.add(len(declared))
     return per_unit, (counts.pop() if len(counts) == 1 else None)
+
+
+def _declared_micro_batches(nodes: Sequence[Any]) -> list[int | None]:
+    """Each node's :func:`stg.core.workload.node_micro_batch`, inline (once per node)."""
+    out: list[int | None] = []
+    append = out.append
+    for node in nodes:
+        value = (getattr(node, "attrs", None) or _NO_ATTRS).get(MICRO_BATCH_ATTR)
+        append(value if type(value) is int else None)
+    return out
+
+
+_NO_ATTRS: Mapping[str, Any] = {}
 
 
 def reduced_problem(problem: Problem, keep: int) -> Problem:
@@ -277,29 +296,33 @@ def _reduced(problem: Problem, keep: int, total: int, indexed: Sequence[_Indexed
         frontier: dict[int, tuple[int, ...]] = {}
 
         kept_nodes = []
-        group_keys: dict[int, Any] = {}
         kept = list(index.unbatched)
         for mb in range(keep):
             kept.extend(index.members.get(mb, ()))
         kept.sort()
+        dropped = {
+            nodes[k].id for mb, members in index.members.items() if mb >= keep for k in members
+        }
+        # _end_deps applies to the micro-batches whose alike ``shift`` later is dropped
+        ending_from = max(keep - shift, 0) if shift else keep
         for i in kept:
             mb = mbs[i]
             node = nodes[i]
-            deps = (*node.data_deps, *node.ctrl_deps)
-            ending = _end_deps(index, i, keep, shift, total)
+            ending = (
+                () if mb is None or mb < ending_from else _end_deps(index, i, keep, shift, total)
+            )
+            if not ending and dropped.isdisjoint(node.data_deps):
+                if not node.ctrl_deps or dropped.isdisjoint(node.ctrl_deps):
+                    kept_nodes.append(node)  # waits for no dropped node: as it is
+                    continue
+            deps = node.data_deps
+            if node.ctrl_deps:
+                deps = (*deps, *node.ctrl_deps)
             if ending:
                 deps = (*deps, *(d for d in ending if d not in deps))
-            for d in deps:
-                m = mbs[position[d]]
-                if m is not None and m >= keep:
-                    break
-            else:
-                if ending:
-                    node = dataclasses.replace(node, data_deps=deps, ctrl_deps=())
-                if i in unit.group_keys:
-                    group_keys[len(kept_nodes)] = unit.group_keys[i]
-                kept_nodes.append(node)
-                continue
+                if dropped.isdisjoint(deps):
+                    kept_nodes.append(dataclasses.replace(node, data_deps=deps, ctrl_deps=()))
+                    continue
             new_deps: dict[int, None] = {}
             for d in deps:
                 k = position[d]
@@ -314,9 +337,13 @@ def _reduced(problem: Problem, keep: int, total: int, indexed: Sequence[_Indexed
                         if partner is None:
                             raise _NotPeriodic
                         new_deps[nodes[partner].id] = None
-            if i in unit.group_keys:
-                group_keys[len(kept_nodes)] = unit.group_keys[i]
             kept_nodes.append(dataclasses.replace(node, data_deps=tuple(new_deps), ctrl_deps=()))
+        # the k-th kept node is the k-th of ``kept``
+        group_keys: dict[int, Any] = {}
+        for i in sorted(unit.group_keys):
+            k = bisect_left(kept, i)
+            if k < len(kept) and kept[k] == i:
+                group_keys[k] = unit.group_keys[i]
         units.append(dataclasses.replace(unit, nodes=kept_nodes, group_keys=group_keys))
     return Problem(units, problem.unit_of_rank, problem.comm_groups, problem.world_size)
 
@@ -457,35 +484,33 @@ class _Shift:
         positions of the longer one (as lowering makes them: a node after what it waits for)"""
         for lunit, sunit in zip(long.units, short.units, strict=True):
             nodes = lunit.nodes
+            ids = [n.id for n in nodes]
             by_id: Mapping[int, int] = range(len(nodes))
-            if any(n.id != j for j, n in enumerate(nodes)):
-                by_id = {n.id: j for j, n in enumerate(nodes)}
+            if ids != list(by_id):
+                by_id = {i: j for j, i in enumerate(ids)}
             kept = bytearray(len(nodes))
-            for n in sunit.nodes:
-                kept[by_id[n.id]] = 1
+            for j in [by_id[n.id] for n in sunit.nodes]:
+                kept[j] = 1
             self.long_pos.append(by_id)
             self.kept.append(kept)
-            self.topological.append(
-                all(
-                    by_id[d] < j
-                    for unit in (lunit, sunit)
-                    for n in unit.nodes
-                    for j in (by_id[n.id],)
-                    for d in (*n.data_deps, *n.ctrl_deps)
-                )
-            )
+            self.topological.append(_topological(nodes, sunit.nodes, by_id))
         self.later: list[list[int | None]] = []
         """per unit and position in the longer problem: that of its node one period later"""
         for unit, index in zip(long.units, indexed, strict=True):
-            position, micro_batch = index.position, index.micro_batch
             later: list[int | None] = [None] * len(unit.nodes)
-            members: dict[int, list[int]] = {}
-            for j, node in enumerate(unit.nodes):
-                mb = micro_batch[position[node.id]]
-                if mb is None:
+            if unit.nodes is index.nodes:  # the longer problem is the whole one
+                members = index.members
+                for j in index.unbatched:
                     later[j] = j
-                else:
-                    members.setdefault(mb, []).append(j)
+            else:
+                position, micro_batch = index.position, index.micro_batch
+                members = {}
+                for j, node in enumerate(unit.nodes):
+                    mb = micro_batch[position[node.id]]
+                    if mb is None:
+                        later[j] = j
+                    else:
+                        members.setdefault(mb, []).append(j)
             for mb, here in members.items():
                 there = members.get(mb + period)
                 if there is not None and len(there) == len(here):
@@ -499,6 +524,34 @@ class _Shift:
             return None
         moved = self.later[ref[0]][ref[1]]
         return False if moved is None else (ref[0], moved)
+
+
+def _topological(
+    long_nodes: Sequence[Any], short_nodes: Sequence[Any], by_id: Mapping[int, int]
+) -> bool:
+    """Whether every node of both problems depends only on nodes at lower positions of the
+    longer one (``by_id``: each node's position there). The shorter problem's nodes that are
+    the longer one's own (the same objects) are checked once, as the longer one's."""
+    identity = isinstance(by_id, range)
+    for j, node in enumerate(long_nodes):
+        deps = node.data_deps
+        if node.ctrl_deps:
+            deps = (*deps, *node.ctrl_deps)
+        if not deps:
+            continue
+        if identity:
+            if max(deps) >= j or min(deps) < 0:
+                return False
+        elif max([by_id[d] for d in deps]) >= j:
+            return False
+    for node in short_nodes:
+        j = by_id[node.id]
+        if long_nodes[j] is node:
+            continue
+        deps = (*node.data_deps, *node.ctrl_deps)
+        if deps and max([by_id[d] for d in deps]) >= j:
+            return False
+    return True
 
 
 def _short_from_long(
@@ -644,7 +697,8 @@ class _Check:
         kind, stream = self.long.units[u].kind, sim.stream[u]
         # one to one: ``later`` is, and maps the nodes not finished onto those at ``b``
         theirs = [later[j] for j in opened]
-        if None in theirs or len(opened) != sum(1 for e in b_end if e < 0):
+        # an end is -1 until the node ends (instants are never negative)
+        if None in theirs or len(opened) != b_end.count(-1.0):
             return False
         ms: list[int] = theirs  # type: ignore[assignment]
         if any(b_end[m] >= 0 for m in ms):
@@ -681,8 +735,11 @@ class _Check:
                 or (j in p2p and not self.same_key(p2p[j], p2p[m]))
             ):
                 return False
-            x, x_issued, _, x_cause = a_live.get(j, none)[:4]
-            y, y_issued, _, y_cause = b_live.get(m, none)[:4]
+            at_a, at_b = a_live.get(j), b_live.get(m)
+            if at_a is None and at_b is None:  # neither ready: neither issued
+                continue
+            x, x_issued, _, x_cause = (at_a or none)[:4]
+            y, y_issued, _, y_cause = (at_b or none)[:4]
             if x >= 0 or y >= 0:  # issued: when, after what, its transfer since when
                 if x < 0 or y < 0 or not close(x, y) or moved(x_cause) != y_cause:
                     return False
@@ -919,18 +976,17 @@ def _read_off(
     for u, sunit in enumerate(short_problem.units):
         res = long.units[u]
         lpos = shift.long_pos[u]
-        n = len(sunit.nodes)
-        kind, duration = [0] * n, [0.0] * n
-        start, end, transfer = [0.0] * n, [0.0] * n, [0.0] * n
-        a_end, a_live = a.end[u], a.live[u]
-        for q, node in enumerate(sunit.nodes):
-            j = lpos[node.id]
-            kind[q] = res.kind[j]
-            if a_end[j] >= 0:
-                duration[q], start[q], end[q] = res.duration[j], res.start[j], res.end[j]
-                transfer[q] = res.transfer_start[j]
-                continue
-            m = shift.later[u][j]
+        at = [lpos[node.id] for node in sunit.nodes]
+        # the nodes finished at ``a`` as in ``long`` (most of them), column by column
+        kind = [res.kind[j] for j in at]
+        duration = [res.duration[j] for j in at]
+        start = [res.start[j] for j in at]
+        end = [res.end[j] for j in at]
+        transfer = [res.transfer_start[j] for j in at]
+        a_end, a_live, later = a.end[u], a.live[u], shift.later[u]
+        for q in [q for q, j in enumerate(at) if a_end[j] < 0]:
+            j = at[q]
+            m = later[j]
             assert m is not None  # checked by _state_matches
             duration[q] = res.duration[m]
             end[q] = res.end[m] - span
@@ -1123,7 +1179,9 @@ def _try_keep(
     two replays (the shorter one read off where the states repeat) are matched micro-batch by
     micro-batch (:func:`_aligned`)."""
     cut = cut_at(keep, stages, period, chunks)
-    costs = Costs()  # the two problems share most node objects
+    smallest = keep < first_keep(stages, period, chunks)
+    # the two problems share most node objects; the smallest keep replays only the longer one
+    costs = Costs(nodes_again=not smallest)
     longer = problem
     if keep + period < built:
         longer = _reduced(problem, keep + period, built, indexed)
@@ -1139,7 +1197,6 @@ def _try_keep(
         tolerance = TOLERANCE * max(long.iteration_time, 1e-300)
         found = _short_from_long(long, longer, shorter, shift, tolerance)
     long.states, long.prepared = [], None
-    smallest = keep < first_keep(stages, period, chunks)
     shifted: Sequence[Sequence[bool]]
     if found is not None and smallest:
         # the full problem is the longer one up to the second instant, the span between the

@@ -63,10 +63,10 @@ import dataclasses
 import gc
 import heapq
 import itertools
-from collections import deque
+import operator
+from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import pairwise
 from typing import Any
 
 from stg.core.recipes import QUANTIZE_KERNEL_ATTR
@@ -436,14 +436,13 @@ def problem_from_workload(workload: Workload, system: System) -> Problem:
     class_axes: dict[int, list[tuple[str, ...]]] = {}
     class_peers: dict[int, list[int]] = {}
     for rc in workload.rank_classes:
-        axes = sorted(
-            {t.group_axes for t in rc.nodes if t.type is NodeType.COMM_COLL and t.group_axes}
-        )
+        comm = [t for t in rc.nodes if t.type in COMM_TYPES]
+        axes = sorted({t.group_axes for t in comm if t.type is NodeType.COMM_COLL and t.group_axes})
         class_axes[rc.index] = axes
         class_peers[rc.index] = sorted(
             {
                 t.peer_stage
-                for t in rc.nodes
+                for t in comm
                 if t.type in (NodeType.COMM_SEND, NodeType.COMM_RECV) and t.peer_stage is not None
             }
         )
@@ -488,14 +487,18 @@ def problem_from_workload(workload: Workload, system: System) -> Problem:
     for index, members in enumerate(ordered):
         rep = graphs[min(members)]
         templates = list(rep.rank_class.nodes)
-        if any(a.id >= b.id for a, b in pairwise(templates)):
+        ids = [t.id for t in templates]
+        if any(map(operator.ge, ids, ids[1:])):
             templates.sort(key=lambda t: t.id)
         # only communication nodes differ between ranks: resolve just those
-        nodes = [rep.resolve(t) if t.type in COMM_TYPES else t for t in templates]
+        nodes = templates.copy()
+        comm = [i for i, t in enumerate(templates) if t.type in COMM_TYPES]
+        for i, node in zip(comm, rep.resolve_many([templates[i] for i in comm]), strict=True):
+            nodes[i] = node
         keys = {
-            i: tuple(sorted(t.group_axes))
-            for i, t in enumerate(templates)
-            if t.type is NodeType.COMM_COLL
+            i: tuple(sorted(templates[i].group_axes))
+            for i in comm
+            if templates[i].type is NodeType.COMM_COLL
         }
         units.append(
             Unit(
@@ -630,13 +633,15 @@ class Costs:
     """per device: the cost of each compute cost key and collective"""
     by_node: dict[str, dict[int, tuple[Any, Any, float]]] = field(default_factory=dict)
     """per device and compute node object (by id, the node kept alive here): its cost key and
-    cost"""
+    cost; of every compute node where ``nodes_again``, else of those several units share"""
     links: dict[tuple[Any, tuple[int, ...]], tuple[str | None, float | None]] = field(
         default_factory=dict
     )
     """the contention key of each collective kind and group shape (:func:`contention_link`)"""
     keys: dict[Any, Any] = field(default_factory=dict)
     """each distinct compute cost key, once: alike nodes share one key object"""
+    nodes_again: bool = True
+    """a later replay may run the same node objects (then ``by_node`` keeps every one)"""
 
 
 @dataclass
@@ -735,11 +740,16 @@ class _Sim:
         self.contended = contended_systems(system)
         """per link kind: the GPU as a compute kernel sees it while NCCL runs over that link"""
         self.contended_cost: dict[tuple[Any, str], float] = {}
-        costs = Costs() if costs is None else costs
+        # none given: no later replay sees these costs
+        costs = Costs(nodes_again=False) if costs is None else costs
         self.cost_caches = costs.by_key
         self.compute_memo = costs.by_node
         self.link_cache = costs.links
         self.interned_keys = costs.keys
+        self.remember_nodes = costs.nodes_again
+        classes = Counter(u.rank_class for u in problem.units if u.rank_class is not None)
+        self.shared_classes = {c for c, units in classes.items() if units > 1}
+        """the rank classes of several units (which share their compute node objects)"""
         self.cost_key: list[list[Any]] = []
         self.comm_link: list[list[str | None]] = []
         self.share_links = share_links and not is_hybrid(system)
@@ -794,8 +804,10 @@ class _Sim:
         # units of one rank class share (the same objects) are keyed once
         cost_cache = self.cost_caches.setdefault(device.name, {})
         memo = self.compute_memo.setdefault(device.name, {})
+        remember = self.remember_nodes or unit.rank_class in self.shared_classes
         interned = self.interned_keys
         comp, memo_get, find = NodeType.COMP, memo.get, position.get
+        intern, cached_cost = interned.setdefault, cost_cache.get
         for i, node in enumerate(nodes):
             data, ctrl = node.data_deps, node.ctrl_deps
             if ctrl or len(data) > 1:
@@ -809,13 +821,27 @@ class _Sim:
             t = node.type
             if t is comp:
                 kind[i] = COMPUTE
-                known = memo_get(id(node))
+                known = memo_get(id(node)) if memo else None
                 if known is not None and known[0] is node:
                     ckey, cost = known[1], known[2]
                 else:
-                    ckey = compute_cost_key(node)
-                    ckey = interned.setdefault(ckey, ckey)
-                    cost = cost_cache.get(ckey)
+                    # compute_cost_key, inline: this runs once per compute node of every unit
+                    attrs = node.attrs
+                    op, step = attrs.get(OP_ATTR), attrs.get(STEP_ATTR)
+                    micro_batch = attrs.get(MICRO_BATCH_ATTR)
+                    ckey = (
+                        op if type(op) is str and op else node.name,
+                        attrs.get(ROLE_ATTR),
+                        type(step) is int or (type(micro_batch) is int and micro_batch != 0),
+                        node.num_ops,
+                        node.tensor_size,
+                        node.dtype,
+                        getattr(node, "runtime", 0),
+                        attrs.get("gemm"),
+                        attrs.get("attention"),
+                    )
+                    ckey = intern(ckey, ckey)
+                    cost = cached_cost(ckey)
                     if cost is None:
                         cost = cost_cache[ckey] = compute_time(
                             node,
@@ -825,7 +851,8 @@ class _Sim:
                             self.profile,
                             self.calibration,
                         )
-                    memo[id(node)] = (node, ckey, cost)
+                    if remember:
+                        memo[id(node)] = (node, ckey, cost)
                 duration[i] = cost
                 cost_key[i] = ckey
             elif t in HOST_COPIES:
@@ -1200,7 +1227,7 @@ class _Sim:
                     if g.index in seen:
                         continue
                     seen.add(g.index)
-                    rate = 1.0 / max(len(users[k]) for k in g.resources)
+                    rate = 1.0 / max([len(users[k]) for k in g.resources])
                     if rate == g.rate:
                         continue
                     g.remaining = max(0.0, g.remaining - (t - g.since) * g.rate)
@@ -1268,6 +1295,10 @@ class _Sim:
                 seq_key = (u, group_key)
                 seq = coll_seq.get(seq_key, 0)
                 coll_seq[seq_key] = seq + 1
+                if coll_needed[u][i] == 1:  # a group within this unit (its ranks): issued now
+                    transfer_starts[u][i] = t
+                    start_flow([(u, i)], [(u, 0), (u, 1)], all_steps[u][i] or (), t)
+                    return
                 instance_key = (group_key, seq)
                 inst = instances.get(instance_key)
                 if inst is None:
@@ -1360,6 +1391,8 @@ class _Sim:
         for _, u, stream in sorted(touched):
             dispatch(u, stream, 0.0)
         touched.clear()
+        touched_add = touched.add
+        compute_stream = [(True, u, 0) for u in range(len(results))]
         while heap:
             t = heap[0][0]
             while heap and heap[0][0] == t:
@@ -1395,17 +1428,18 @@ class _Sim:
                         if kinds[u][c] == COMPUTE:  # make_ready's commonest case, inline
                             ready_times[u][c] = t
                             ready_causes[u][c] = cause
-                            s = streams[u][c]
-                            heappush(ready[u][s], c)
-                            touched.add((s == 0, u, s))
+                            heappush(ready[u][0], c)  # a compute node's stream is 0
+                            touched_add(compute_stream[u])
                         else:
                             make_ready(u, c, t, cause)
             if len(touched) == 1:
                 _, u, stream = touched.pop()
-                dispatch(u, stream, t)
+                if ready[u][stream] and not busy[u][stream]:
+                    dispatch(u, stream, t)
             elif touched:
                 for _, u, stream in sorted(touched):
-                    dispatch(u, stream, t)
+                    if ready[u][stream] and not busy[u][stream]:
+                        dispatch(u, stream, t)
                 touched.clear()
             while (
                 watched < len(states_at)
@@ -1506,19 +1540,19 @@ def replay(
 
 
 def _union_length(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
-    intervals = sorted(a + b)
+    intervals = a + b
+    if not intervals:
+        return 0.0
+    intervals.sort()
     total = 0.0
-    cur_start = cur_end = None
-    for s, e in intervals:
-        if cur_end is None or s > cur_end:
-            if cur_end is not None:
-                total += cur_end - cur_start
+    cur_start, cur_end = intervals[0]
+    for s, e in intervals[1:]:
+        if s > cur_end:
+            total += cur_end - cur_start
             cur_start, cur_end = s, e
         elif e > cur_end:
             cur_end = e
-    if cur_end is not None:
-        total += cur_end - cur_start
-    return total
+    return total + (cur_end - cur_start)
 
 
 def unit_breakdown(res: UnitResult, iteration_time: float) -> dict[str, float]:
@@ -1530,16 +1564,17 @@ def unit_breakdown(res: UnitResult, iteration_time: float) -> dict[str, float]:
     comm: list[tuple[float, float]] = []
     copies: list[tuple[float, float]] = []
     waiting = 0.0
+    start, end, transfer_start = res.start, res.end, res.transfer_start
     for i, k in enumerate(res.kind):
         if k == COMPUTE:
-            compute.append((res.start[i], res.end[i]))
+            compute.append((start[i], end[i]))
         elif k == COLL or k == SEND:
-            comm.append((res.transfer_start[i], res.end[i]))
-            waiting += res.transfer_start[i] - res.start[i]
+            comm.append((transfer_start[i], end[i]))
+            waiting += transfer_start[i] - start[i]
         elif k == COPY:
-            copies.append((res.start[i], res.end[i]))
-    compute_s = sum(e - s for s, e in compute)
-    comm_s = sum(e - s for s, e in comm)
+            copies.append((start[i], end[i]))
+    compute_s = sum([e - s for s, e in compute])
+    comm_s = sum([e - s for s, e in comm])
     busy = _union_length(compute, comm)
     out = {
         "compute_s": compute_s,
