@@ -43,6 +43,15 @@ connect point to point, no switch). Against AMD's published rccl-tests all-reduc
 up and up to 86 % slow between 512 KiB and 32 MiB. Scale-out NICs reach 0.9 of their line rate and
 latencies are NCCL's (``hwLat``), as for the h100-80g preset.
 
+**Host memory (Grace).** A GB200 or GB300 NVL72 rack is 36 Grace-Blackwell superchips: one
+Grace CPU and two GPUs each, the GPUs reaching the Grace's LPDDR5X (not HBM: 480 GB at up to
+512 GB/s per Grace) over NVLink-C2C, 900 GB/s both ways, 450 GB/s per direction, which the two
+GPUs share. A copy to or from host memory (CPU activation offload, ``host_link_gbps``) runs
+while the other GPU of the superchip makes the same copy (every rank runs the same schedule),
+so each GPU gets 225 GB/s per direction; two GPUs writing (or reading) at once move 450 GB/s,
+within the LPDDR5X's 512, so the link bounds the copy, not the memory. stg prices the copies;
+it does not check that the offloaded activations fit the Grace's 480 GB (240 GB per GPU).
+
 Compute efficiencies of unshaped nodes: the h100-80g preset's for Blackwell (the same
 Transformer Engine software lineage), the a100-80g preset's for AMD (as :mod:`stg.perf.devices`
 does for GPUs without a measurement); AMD's streaming at 0.79 of HBM bandwidth, the 4.2 of
@@ -66,6 +75,16 @@ ULTRA_BLOG = (
     "(developer.nvidia.com/blog, 2025-08)"
 )
 AMD_PAGE = "AMD Instinct {0} data sheet (amd.com/en/products/accelerators/instinct), peak table"
+
+# NVLink-C2C per Grace-Blackwell superchip: 900 GB/s bidirectional, 450 per direction, shared
+# by its 2 GPUs (NVIDIA GB200 NVL72 page, specifications: GB200 Grace Blackwell Superchip,
+# 1 Grace CPU : 2 Blackwell GPUs, NVLink-C2C 900 GB/s; LPDDR5X up to 480 GB at up to 512 GB/s)
+GRACE_C2C_GBPS_PER_GPU = 900 / 2 / 2
+GRACE_SOURCE = (
+    "225 GB/s per GPU per direction: NVLink-C2C 900 GB/s bidirectional per superchip (450 per "
+    "direction) shared by its two GPUs, which copy at once; the Grace's LPDDR5X (up to 480 GB at "
+    "up to 512 GB/s) carries both GPUs' 450 GB/s"
+)
 
 B200_STREAM_EFFICIENCY = 6.721 / 8.0
 """2^28 fp16 elements added (6 bytes each) at 6.721 TB/s on a B200 (NVIDIA/cccl pull request
@@ -285,6 +304,7 @@ ACCELERATOR_PRESETS: dict[str, dict[str, Any]] = {
         "arch": "blackwell",
         "tdp_w": 1200,
         **BLACKWELL_EFFICIENCY,
+        "host_link_gbps": GRACE_C2C_GBPS_PER_GPU,
         "network": [nvlink5(72, NVLS_NVL72), scale_out(50)],
         "sources": {
             "memory_efficiency": BLACKWELL_STREAM_SOURCE,
@@ -298,6 +318,7 @@ ACCELERATOR_PRESETS: dict[str, dict[str, Any]] = {
             "sustained_clock_ghz": scaled_clock_source(1200, 148),
             "tdp_w": "GB200's B200 configured to 1,200 W (glennklockwood.com/garden/processors/"
             "B200, from NVIDIA's Blackwell datasheet)",
+            "host_link_gbps": f"{GB200_PAGE}: " + GRACE_SOURCE,
             "network": f"{NVLINK5_SOURCES}; {GB200_PAGE}: 72 GPUs, 130 TB/s NVLink; NVLS "
             "0.47: 423-429 GB/s all-reduce algorithm bandwidth over 72 ranks at 4-8 GiB "
             "(coreweave/nccl-tests pull request #43); NVIDIA DGX SuperPOD GB200 reference "
@@ -326,6 +347,7 @@ ACCELERATOR_PRESETS: dict[str, dict[str, Any]] = {
         "arch": "blackwell",
         "tdp_w": 1400,
         **BLACKWELL_EFFICIENCY,
+        "host_link_gbps": GRACE_C2C_GBPS_PER_GPU,
         "network": [nvlink5(72, NVLS_NVL72), scale_out(100)],
         "sources": {
             "memory_efficiency": BLACKWELL_STREAM_SOURCE,
@@ -338,6 +360,8 @@ ACCELERATOR_PRESETS: dict[str, dict[str, Any]] = {
             "per clock)",
             "sustained_clock_ghz": scaled_clock_source(1400, 160),
             "tdp_w": "GB300: 1,400 W per GPU (Verda's per-GPU table)",
+            "host_link_gbps": f"{GB300_PAGE}: 36 Grace CPUs, 72 GPUs, the GB200's Grace and "
+            f"NVLink-C2C ({GB200_PAGE}): " + GRACE_SOURCE,
             "network": f"{NVLINK5_SOURCES}; NVLS as measured on a GB200 NVL72 rack (the same "
             "switch trays; no GB300 measurement); {GB300_PAGE}: 72 ConnectX-8 SuperNICs, "
             "800 Gb/s",

@@ -48,6 +48,10 @@ A system is a JSON object (stdlib ``json``; no YAML dependency). Units are in th
   rack-scale NVLink domain of 72): ranks fill it first. Optional per dimension: ``link``,
   ``oversubscription``, ``sharp_efficiency`` and ``measured`` (curves from ``stg bench comms``:
   :class:`stg.perf.comm_time.MeasuredCurve`), see :mod:`stg.perf.comm_time`.
+- ``host_link_gbps`` (optional, 10^9 B/s): what one GPU copies to or from host memory per
+  direction while every GPU of its host copies at once (CPU activation offload, a serving
+  engine's swap): a GB200/GB300 NVL72 superchip's NVLink-C2C to its Grace, shared by its two
+  GPUs. Where omitted, the architecture's PCIe x16 (:data:`HOST_LINK_BYTES_PER_S`).
 - ``sources`` (optional): where each figure comes from, by key (presets cite their data
   sheets here; ``stg inspect system NAME --json`` shows them).
 
@@ -155,6 +159,9 @@ class System:
     arch: str = "hopper"
     tdp_w: float = 700.0
     power_limit_w: float | None = None
+    host_link: float | None = None
+    """bytes/s one GPU copies to or from host memory, per direction, while every GPU of its
+    host copies at once (None: its architecture's PCIe, :data:`HOST_LINK_BYTES_PER_S`)"""
     sources: Mapping[str, str] = field(default_factory=dict)
     """where each figure comes from, by key (a preset's data sheets)"""
 
@@ -239,6 +246,7 @@ class System:
             "arch": self.arch,
             "tdp_w": _num(self.tdp_w),
             **({} if self.power_limit_w is None else {"power_limit_w": _num(self.power_limit_w)}),
+            **({} if self.host_link is None else {"host_link_gbps": _num(self.host_link / 1e9)}),
             "network": [
                 {
                     "name": d.name,
@@ -399,8 +407,12 @@ activation offload), by architecture."""
 
 
 def host_link_bandwidth(system: System) -> float:
-    """Bytes/s one GPU of ``system`` copies to or from host memory, per direction
-    (:data:`HOST_LINK_BYTES_PER_S`); a one-line error where its architecture has none."""
+    """Bytes/s one GPU of ``system`` copies to or from host memory, per direction: the
+    system's ``host_link_gbps`` where it gives one (a Grace-Blackwell superchip's NVLink-C2C),
+    else its architecture's PCIe (:data:`HOST_LINK_BYTES_PER_S`); a one-line error where
+    neither is known."""
+    if system.host_link is not None:
+        return system.host_link
     arch = system.arch
     if arch not in HOST_LINK_BYTES_PER_S:
         raise UserError(
@@ -591,6 +603,7 @@ KNOWN_KEYS = frozenset(
         "arch",
         "tdp_w",
         "power_limit_w",
+        "host_link_gbps",
         "sources",
     }
 )
@@ -689,6 +702,11 @@ def system_from_dict(data: object, source: str = "system") -> System:
             f"{source}: kernel_overhead_us", data.get("kernel_overhead_us", 0), allow_zero=True
         )
         * 1e-6,
+        host_link=(
+            None
+            if data.get("host_link_gbps") is None
+            else _positive(f"{source}: host_link_gbps", data["host_link_gbps"]) * 1e9
+        ),
         sources=_sources(data.get("sources", {}), source),
         **_gpu_fields(data, source),
     )
