@@ -6,8 +6,11 @@ file's ``host_link_gbps``, and the time predictor's copies, in closed form."""
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import pytest
+from test_cluster_runs import run_options
 
 from stg.core.options import GenerateOptions
 from stg.core.pipeline import build_workload
@@ -20,7 +23,10 @@ from stg.perf.system import (
     load_system,
     system_from_dict,
 )
+from stg.predictors.memory import predict_memory
 from stg.predictors.time import predict_time
+
+BLACKWELL_RUNS = Path(__file__).parent / "data" / "runs" / "blackwell_runs.json"
 
 C2C_BIDIRECTIONAL = 900e9  # NVIDIA GB200 NVL72 specifications: NVLink-C2C 900 GB/s
 GPUS_PER_GRACE = 2  # one Grace CPU, two Blackwell GPUs per superchip
@@ -66,3 +72,17 @@ def test_time_predictor_prices_offload_over_the_c2c_link() -> None:
     halved = dataclasses.replace(system, host_link=112.5e9)
     slower = predict_time(workload, halved, kernels=kernels)["ranks"][0]
     assert slower["host_copy_s"] == pytest.approx(2 * rank["host_copy_s"])
+
+
+def test_blackwell_offload_runs_fit_their_hbm() -> None:
+    """Megatron-Bridge's Llama 3 70B FSDP runs on GB200/GB300 NVL72 ran, offloading 40 and 20
+    of their 80 layers' activations to the Grace (tests/data/runs/blackwell_runs.json): the
+    memory predictor finds each within its GPU's HBM."""
+    rows = json.loads(BLACKWELL_RUNS.read_text())
+    offloading = [e for e in rows["entries"] if e["options"].get("cpu_offloading_num_layers")]
+    assert {e["system"] for e in offloading} == {"gb200-nvl72", "gb300-nvl72"}
+    registry = load_registry(autoload=False)
+    for entry in offloading:
+        o = run_options(entry, registry)
+        report = predict_memory(build_workload(o, registry), entry["system"])
+        assert report["fits"], (entry["id"], report["peak_bytes"] / 2**30)
