@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 from test_cluster_runs import run_options
+from typer.testing import CliRunner
 
+from stg.cli import app
 from stg.core.options import GenerateOptions
 from stg.core.pipeline import build_workload
 from stg.host.registry import load_registry
@@ -86,3 +88,17 @@ def test_blackwell_offload_runs_fit_their_hbm() -> None:
         o = run_options(entry, registry)
         report = predict_memory(build_workload(o, registry), entry["system"])
         assert report["fits"], (entry["id"], report["peak_bytes"] / 2**30)
+
+
+def test_serving_swaps_to_the_grace_at_the_c2c_share() -> None:
+    """vLLM's swap preemption on a GB200 NVL72 copies over the same link: without
+    --swap-bandwidth its copies take 64/225 of what they take at a PCIe Gen5 64 GB/s."""
+    args = ["serve", "--model", "llama3-8b", "--system", "gb200-nvl72", "--rate", "20"]
+    args += ["--duration", "2", "--prompt", "fixed:2000", "--output", "fixed:1000"]
+    args += ["--preemption", "swap", "--gpu-memory-utilization", "0.1", "--json"]
+    default = CliRunner().invoke(app, args)
+    assert default.exit_code == 0, default.output
+    pcie = CliRunner().invoke(app, [*args, "--swap-bandwidth", "64"])
+    swapped, over_pcie = json.loads(default.stdout), json.loads(pcie.stdout)
+    assert swapped["swapped_blocks"] == over_pcie["swapped_blocks"] > 0
+    assert swapped["swap_s"] == pytest.approx(over_pcie["swap_s"] * 64 / 225)

@@ -237,7 +237,8 @@ def serve(
     swap_bandwidth: float | None = typer.Option(
         None,
         "--swap-bandwidth",
-        help="GB/s one GPU copies to or from host memory (default: its PCIe link, one way).",
+        help="GB/s one GPU copies to or from host memory (default: the system's host link one "
+        "way: PCIe, or NVLink-C2C to the Grace on GB200/GB300 NVL72).",
     ),
     speculative: int = typer.Option(
         0, "--speculative", help="Speculative decoding: draft tokens verified per step (0: off)."
@@ -413,7 +414,8 @@ def serve(
         memory_fraction=gpu_memory_utilization,
         draft=drafter,
     )
-    host = swap_bandwidth * 1e9 if swap_bandwidth else HOST_LINK_BYTES_PER_S.get(system_.gpu.arch)
+    default_host = system_.host_link or HOST_LINK_BYTES_PER_S.get(system_.gpu.arch)
+    host = swap_bandwidth * 1e9 if swap_bandwidth else default_host
     if preemption == "swap" and not host:
         raise UserError(
             f"--preemption swap: no host link bandwidth known for {system_.name}; give "
