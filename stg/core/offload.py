@@ -31,6 +31,11 @@ the 256 Ki-element one came in v2.12). stg copies the layer's saved bytes
 memory predictor frees per offloaded layer. A bias add and RoPE save nothing (TE's ``Linear``
 adds the bias in its GEMM, ``FusedRoPEFunc`` saves only the frequencies), a softmax its
 output, a column-parallel GEMM under sequence parallelism its local input.
+Where the copies go: host memory over the GPU's host link, which the predictors price
+(``stg.perf.system.host_link_bandwidth``): PCIe to an x86 host, or on GB200/GB300 NVL72 the
+superchip's NVLink-C2C to its Grace's LPDDR5X, shared by its two GPUs (docs/systems.md). What
+the host holds, the first N layers' saved bytes of the micro-batch in flight, is not checked
+against its capacity.
 Megatron-LM refuses CPU offloading with pipeline parallelism
 and with activation recompute, and needs ``N < num_layers``
 (``TransformerConfig.__post_init__``); stg refuses the same.
