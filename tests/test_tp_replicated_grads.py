@@ -111,6 +111,28 @@ def test_one_tp_all_reduce_per_stage_after_the_dp_reduction(
         assert all(n.comm_size == layer_bytes for n in layers)
 
 
+@pytest.mark.parametrize("megatron_fsdp", [False, True])
+def test_fsdp(megatron_fsdp: bool) -> None:
+    """``--weight_sharded``: Megatron-FSDP all-reduces this rank's shard of them
+    (``grad._local_tensor``) once per stage; PyTorch FSDP2 each part's shard after the part's
+    reduce-scatter (one all-reduce per layer, and the head's final norm)."""
+    o = GenerateOptions(
+        **{**GPT, "pp": 1, "tp": 2, "weight_sharded": True, "megatron_fsdp": megatron_fsdp}
+    )  # type: ignore[arg-type]
+    nodes = build_workload(o, load_registry(autoload=False)).ranks[0].nodes()
+    tp = [
+        n
+        for n in nodes
+        if n.type is NodeType.COMM_COLL and node_micro_batch(n) is None and "tp" in n.name
+    ]
+    shard = (PER_LAYER * LAYERS + FINAL_NORM) // DP
+    if megatron_fsdp:
+        assert [n.comm_size for n in tp] == [shard * GRAD_BYTES]
+    else:
+        assert len(tp) == LAYERS + 1
+        assert sum(n.comm_size for n in tp) == shard * GRAD_BYTES
+
+
 def test_without_sequence_parallelism_nothing_is_reduced_over_tp(tmp_path: Path) -> None:
     """With tensor parallelism but no sequence parallelism every tp rank computes the whole
     gradient of a layer norm: no tp collective in the gradient reduction."""

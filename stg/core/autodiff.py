@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from stg.core.layout import PIPELINE_ENDS
-from stg.core.sharding import Sharding
+from stg.core.sharding import NO_AXES, Sharding
 from stg.core.symbolic import GraphBuilder, Op, Tensor
 
 
@@ -276,13 +276,15 @@ def build_grad_reduction(b: GraphBuilder, shard_optimizer_over: tuple[str, ...] 
     A gradient partial over the tensor-parallel group of a weight not split over it is reduced
     over the data axes with the others, then all-reduced over the tensor-parallel group
     (:data:`TP_REPLICATED_GRAD`): the whole gradient (``main_grad``), also under ZeRO-1, where
-    only this rank's shard of it is summed over the data ranks; under ZeRO-2 (Megatron-FSDP)
-    only that shard (``grad._local_tensor``)."""
+    only this rank's shard of it is summed over the data ranks; under ZeRO-2 and Megatron-FSDP
+    only that shard (``grad._local_tensor``). PyTorch FSDP2 keeps each part's all-reduce."""
     part = b.part
     grads_sharded = b.options.get("zero") == 2
     axes = b._axes(shard_optimizer_over)
     tied = {id(w) for w in part.tied} if b._pipelined else set()
-    tensor_parallel = b._axes("tp")
+    # PyTorch FSDP2 reduces them in the backward (below, per part); Megatron-FSDP at the end
+    fsdp2 = bool(b.fsdp_axes) and not b.options.get("megatron_fsdp")
+    tensor_parallel = NO_AXES if fsdp2 else b._axes("tp")
     for w, g in part.weight_grads.items():
         flat = b._zero_axes_of(w.dims, w.sharding, axes)  # routed experts: over edp
         want = w.sharding.with_flat(flat) if flat else w.sharding
