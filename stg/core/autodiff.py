@@ -14,7 +14,7 @@ from collections import defaultdict
 
 from stg.core.layout import PIPELINE_ENDS
 from stg.core.sharding import NO_AXES, Sharding
-from stg.core.symbolic import GraphBuilder, Op, Tensor
+from stg.core.symbolic import GraphBuilder, Op, Tensor, is_routed_expert
 
 
 def _key(t: Tensor) -> int:
@@ -289,7 +289,9 @@ def build_grad_reduction(b: GraphBuilder, shard_optimizer_over: tuple[str, ...] 
         flat = b._zero_axes_of(w.dims, w.sharding, axes)  # routed experts: over edp
         want = w.sharding.with_flat(flat) if flat else w.sharding
         own_bucket = (OWN_BUCKET,) if flat and id(w) in tied else ()
-        replicated = (g.sharding.partial & tensor_parallel) - w.sharding.partial
+        replicated = NO_AXES  # routed experts: their tp pieces are expert data parallelism
+        if not is_routed_expert(w.dims, w.sharding):
+            replicated = (g.sharding.partial & tensor_parallel) - w.sharding.partial
         with b.phase("reduce"), b.tag(*own_bucket):
             reduced = b.reshard(g, want.with_partial(want.partial | replicated))
         if replicated:
