@@ -273,6 +273,9 @@ class Parts:
     """per model chunk and micro-batch: fp8 amax reductions (Transformer Engine's delayed
     scaling, once per chunk forward and backward; their buffer sized on the reduced
     workload's layers, a few bytes more or less on a latency-bound all-reduce)"""
+    stage_tp_replicated: list[float] = dataclasses.field(default_factory=list)
+    """per stage, seconds of its one tensor-parallel all-reduce of the gradients of weights
+    replicated over tensor parallelism (after its data-parallel reductions; none: empty)"""
     layer_bwd_kept: PartCost | None = None
     """under ``recompute_method``: the backward of a layer that is not recomputed
     (``layer_bwd`` is then a recomputed one's)"""
@@ -647,7 +650,14 @@ def analyse(
     stage_layers = None
     if unlike and workload is not None:
         stage_layers = [_stage_layers(c, reductions, layer_cost) for c in stages]
+    if workload is not None:
+        tp_replicated = [_tp_replicated_time(c, pricer) for c in stages]
+    else:
+        tp_replicated = _reduced_tp_replicated_times(
+            o, pricer, one_p.rank_classes[0], one_p.rank_classes[-1], first2, dp_r
+        )
     return Parts(
+        stage_tp_replicated=tp_replicated,
         stage_layers=stage_layers,
         stage_optimizer=stage_optimizer,
         stage_after=stage_after,
@@ -673,6 +683,49 @@ def analyse(
         chunk_bwd=_part_cost(pick(first, "chunk0", "bwd"), pricer),
         layer_bwd_kept=kept,
     )
+
+
+def _tp_replicated_nodes(rank_class: Any) -> list[Any]:
+    """The stage's once-per-iteration all-reduces outside every part: the tensor-parallel
+    all-reduce of the gradients of weights replicated over it (Megatron-LM's
+    ``_allreduce_non_tensor_model_parallel_grads``, after ``finish_grad_sync``)."""
+    return [
+        n
+        for n in _index(rank_class).iteration.get("", [])
+        if n.comm_type is CollectiveType.ALL_REDUCE and node_role(n) is None
+    ]
+
+
+def _tp_replicated_time(rank_class: Any, pricer: Any) -> float:
+    return sum(pricer(n) for n in _tp_replicated_nodes(rank_class))
+
+
+def _reduced_tp_replicated_times(
+    o: GenerateOptions, pricer: Any, first: Any, last: Any, first2: Any, dp_r: int
+) -> list[float]:
+    """Each stage's all-reduce of :func:`_tp_replicated_nodes`, from the reduced workloads of
+    one (``first``, ``last``) and two layers per stage (``first2``): the coalesced buffer
+    holds each layer's share (two layers minus one), plus the embedding's on stage 0 and the
+    head's on the last; under ZeRO-2 a dp-th of each (the dp_r-th of the reduced workload)."""
+    one, two, tail = (_tp_replicated_nodes(c) for c in (first, first2, last))
+    if not one:
+        return []
+    per_layer = sum(n.comm_size for n in two) - sum(n.comm_size for n in one)
+    head_stem = sum(n.comm_size for n in tail) - per_layer
+    embedding_stem = sum(n.comm_size for n in one) - per_layer
+    scale = dp_r / o.dp if o.zero == 2 else 1.0
+    chunk_layers = chunk_layer_counts(o)
+    p, v = o.pp, o.virtual_stages
+    times = []
+    for s in range(p):
+        size = per_layer * sum(chunk_layers[c] for c in range(s, p * v, p))
+        if s == 0:
+            size += embedding_stem
+        if s == p - 1 and p > 1:
+            size += head_stem
+        node = dataclasses.replace(one[0], comm_size=round(size * scale))
+        times.append(pricer(node))
+    return times
 
 
 _REGISTRIES: dict[int, Any] = {}
@@ -920,6 +973,8 @@ def predict_options(
             }
         for queue in ready.values():
             finish = max(finish, _tail([r for r, _ in queue], [c for _, c in queue]))
+        if parts.stage_tp_replicated:  # after every data-parallel reduction of the stage
+            finish += parts.stage_tp_replicated[s]
         optimizer, after = _optimizer_of(parts, s, p, layers[s])
         end = finish + optimizer.time + after
         ends.append(end)

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections import defaultdict
 
 from stg.core.layout import PIPELINE_ENDS
-from stg.core.sharding import Sharding
-from stg.core.symbolic import GraphBuilder, Op, Tensor
+from stg.core.sharding import NO_AXES, Sharding
+from stg.core.symbolic import GraphBuilder, Op, Tensor, is_routed_expert
 
 
 def _key(t: Tensor) -> int:
@@ -243,6 +243,17 @@ so that the first and the last pipeline stage shard it alike: lowering fuses the
 other collective."""
 
 
+TP_REPLICATED_GRAD = "tp_replicated_grad"
+"""The tag of the tensor-parallel all-reduce of a gradient that is partial over the
+tensor-parallel group although its weight is not split over it (sequence parallelism's layer
+norms, biases and routers: Megatron-LM's ``sequence_parallel`` parameters). Megatron-LM
+reduces these gradients over the data-parallel ranks in their buckets like any other, then,
+after ``finish_grad_sync``, all-reduces all of them over the tensor-parallel group in one
+coalesced all-reduce per iteration (``_allreduce_non_tensor_model_parallel_grads`` in
+``megatron/core/distributed/finalize_model_grads.py``, core_v0.15.0): lowering fuses the tagged
+all-reduces of a stage's parts into that one collective before the optimizer step."""
+
+
 def build_grad_reduction(b: GraphBuilder, shard_optimizer_over: tuple[str, ...] = ()) -> None:
     """Append the once-per-iteration collectives: in the reduce phase, those that turn each
     weight gradient (partial over the data axes) into the sharding of its weight; with ZeRO-1/2
@@ -260,17 +271,38 @@ def build_grad_reduction(b: GraphBuilder, shard_optimizer_over: tuple[str, ...] 
     all-reduce takes the gradient's local shard: ``_allreduce_embedding_grad``,
     ``use_megatron_fsdp``), which is then what is all-reduced. With ZeRO-1/2 the tied weight
     is its own bucket (:data:`OWN_BUCKET`): its own reduce-scatter and all-gather of the
-    updated shards."""
+    updated shards.
+
+    A gradient partial over the tensor-parallel group of a weight not split over it is reduced
+    over the data axes with the others, then all-reduced over the tensor-parallel group
+    (:data:`TP_REPLICATED_GRAD`): the whole gradient (``main_grad``), also under ZeRO-1, where
+    only this rank's shard of it is summed over the data ranks; under ZeRO-2 and Megatron-FSDP
+    only that shard (``grad._local_tensor``). PyTorch FSDP2 keeps each part's all-reduce."""
     part = b.part
     grads_sharded = b.options.get("zero") == 2
     axes = b._axes(shard_optimizer_over)
     tied = {id(w) for w in part.tied} if b._pipelined else set()
+    # PyTorch FSDP2 reduces them in the backward (below, per part); Megatron-FSDP at the end
+    fsdp2 = bool(b.fsdp_axes) and not b.options.get("megatron_fsdp")
+    tensor_parallel = NO_AXES if fsdp2 else b._axes("tp")
     for w, g in part.weight_grads.items():
         flat = b._zero_axes_of(w.dims, w.sharding, axes)  # routed experts: over edp
         want = w.sharding.with_flat(flat) if flat else w.sharding
         own_bucket = (OWN_BUCKET,) if flat and id(w) in tied else ()
+        replicated = NO_AXES  # routed experts: their tp pieces are expert data parallelism
+        if not is_routed_expert(w.dims, w.sharding):
+            replicated = (g.sharding.partial & tensor_parallel) - w.sharding.partial
         with b.phase("reduce"), b.tag(*own_bucket):
-            reduced = b.reshard(g, want)
+            reduced = b.reshard(g, want.with_partial(want.partial | replicated))
+        if replicated:
+            held = w.sharding if flat and not grads_sharded else want
+            with b.phase("reduce"), b.tag(TP_REPLICATED_GRAD):
+                if held != want:  # the whole buffer, this rank's summed shard in it
+                    reduced = b.reinterpret(
+                        reduced, w.dims, held.with_partial(held.partial | replicated), g.name
+                    )
+                reduced = b.reshard(reduced, held)
+        with b.phase("reduce"), b.tag(*own_bucket):
             if id(w) in tied:
                 held = w.sharding if flat and not grads_sharded else want
                 if held != want:  # the whole buffer, this rank's summed shard in it

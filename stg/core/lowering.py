@@ -18,7 +18,7 @@ from typing import Any, NamedTuple, overload
 
 import sympy
 
-from stg.core.autodiff import OWN_BUCKET
+from stg.core.autodiff import OWN_BUCKET, TP_REPLICATED_GRAD
 from stg.core.fp8 import (
     ALL_REDUCE,
     AMAX_AXES,
@@ -794,6 +794,9 @@ class BoundPart:
     """keys of the gradients of tied weights (``Part.tied``) and of the copies of them that
     the part does not hold (``Part.copy_grads``): on one stage, the gradient reduction of the
     holder waits for the copies' (a tied LM head's gradient adds to the embedding's)"""
+    tp_replicated_reduce: list[BoundOp] = field(default_factory=list)
+    """the tensor-parallel all-reduce of the gradients of weights replicated over it
+    (:data:`stg.core.autodiff.TP_REPLICATED_GRAD`), which lowering fuses over the stage"""
 
     @property
     def fp8_gemms(self) -> int:
@@ -929,10 +932,14 @@ def bind_part(
         fused = fuse_attention(ops, binder, shapes) if fused_attention else ops
         return fuse(_mark_flat(bind_ops(fused, binder), ops, binder), group_of)
 
+    # sequence parallelism's replicated weights: their tensor-parallel all-reduce, once per
+    # stage (lower_stage); their data-parallel reduction stays in the buckets
+    own_reduce = [op for op in part.reduce if TP_REPLICATED_GRAD not in op.tags]
+    tp_replicated = [op for op in part.reduce if TP_REPLICATED_GRAD in op.tags]
     if gradient_buckets:
-        reduce = ddp_buckets(_mark_flat(bind_ops(part.reduce, binder), part.reduce, binder))
+        reduce = ddp_buckets(_mark_flat(bind_ops(own_reduce, binder), own_reduce, binder))
     else:
-        reduce = bound(part.reduce, _any_collective)
+        reduce = bound(own_reduce, _any_collective)
     modules = te_modules(part.forward, binder.local_dim)
     quantized: dict[str, int] = {}
     sites: list[QuantizeSite] = []
@@ -1015,6 +1022,7 @@ def bind_part(
         ),
         tuple(key(part.weight_grads[w]) for w in part.tied if w in part.weight_grads)
         + tuple(key(g) for g in part.copy_grads),
+        [op for op in bound(tp_replicated, _any_collective) if op.type is NodeType.COMM_COLL],
     )
 
 
@@ -1645,6 +1653,7 @@ def lower_stage(
     grads: dict[str | int, dict[int, list[int]]] = {}  # layer or part name -> grad nodes
     copy_grads: list[int] = []  # nodes of a tied LM head's gradient on the embedding's stage
     final_nodes: list[int] = []
+    tp_replicated: list[BoundOp] = []  # each reduced part instance's TP_REPLICATED_GRAD ops
     backwards_left: dict[int, int] = {}
     for direction, _mb, chunk in order:
         if direction == "B":
@@ -1918,6 +1927,7 @@ def lower_stage(
         if owner == "head":
             copy_grads.extend(n for k in bp.tied_keys for n in env.get(k, ()))
         if reduce_now:
+            tp_replicated.extend(bp.tp_replicated_reduce)
             reduce_env: Env = {k: tuple(v) for k, v in grads.pop(owner).items()}
             if owner == "embedding" and copy_grads:  # the tied head's gradient adds first
                 for k in bp.tied_keys:
@@ -2126,6 +2136,12 @@ def lower_stage(
             for args in held_back:
                 amax_reduction(*args)
 
+    by_group: dict[tuple[object, ...], list[BoundOp]] = {}
+    for op in tp_replicated:
+        by_group.setdefault((op.comm_type, op.group_axes), []).append(op)
+    reduced = list(final_nodes)
+    for members in by_group.values():
+        final_nodes.append(out.add(_tp_replicated_all_reduce(members), reduced))
     updated = sum(bp.optimizer_parameters for _, bp in held)
     # num_ops and tensor_size are both proportional to ``updated``: a stage with nothing to
     # update gets a free node (tensor_size 0), never 0 ops over > 0 bytes (ASTRA-sim's roofline)
@@ -2175,6 +2191,25 @@ def lower_stage(
             **parts.facts,
         },
     )
+
+
+def _tp_replicated_all_reduce(members: list[BoundOp]) -> dict[str, Any]:
+    """The node fields of a stage's one all-reduce over the tensor-parallel group of the
+    gradients of the weights replicated over it (``members``: each part instance's, all of one
+    kind and group), after
+    every data-parallel reduction of the stage and before its optimizer step, as
+    Megatron-LM's ``finalize_model_grads`` runs ``_allreduce_non_tensor_model_parallel_grads``
+    after ``finish_grad_sync`` (core_v0.15.0): one coalesced buffer of all of them."""
+    first = members[0]
+    return {
+        "name": f"grad_all_reduce_{'_'.join(first.group_axes)}:tp_replicated",
+        "type": NodeType.COMM_COLL,
+        "comm_type": first.comm_type,
+        "comm_size": _fused_comm_size(members),
+        "group_axes": first.group_axes,
+        "dtype": first.dtype,
+        "attrs": {OP_ATTR: "grad_all_reduce_tp_replicated", **node_place(Phase.BACKWARD)},
+    }
 
 
 PAUSE = "pause"
