@@ -446,7 +446,14 @@ class _Pricer:
                 size = size * self.gather_scale  # a shard of dp_r ways priced at dp ways
             elif PIPELINE_ENDS in node.group_axes and self.o.zero == 2:
                 size = size * self.gather_scale  # ZeRO-2: the tied gradient's dp_r-way shard
-            return collective_time(node.comm_type, size, self.shape(node.group_axes), self.system)
+            shape = self.shape(node.group_axes)
+            # collective times memoised on the system object too (a search prices the same
+            # collective for many plans)
+            times = self.system.__dict__.setdefault("_analytical_collectives", {})
+            key = (node.comm_type, size, shape)
+            if key not in times:
+                times[key] = collective_time(node.comm_type, size, shape, self.system)
+            return times[key]
         if node.type in (NodeType.COMP, NodeType.MEM_LOAD, NodeType.MEM_STORE):
             if scale != 1.0:
                 node = dataclasses.replace(

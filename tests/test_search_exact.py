@@ -82,6 +82,30 @@ def test_the_search_keeps_the_k_best_of_pricing_every_plan(registry: Any, gpus: 
     "model",
     [
         dict(LLAMA, dp=2, tp=2, pp=2, micro_batch=8),
+        dict(model="gpt", dvocal=1024, dmodel=256, dff=1024, head=4, kvhead=4, seq=128,
+             num_stacks=4, batch=16, dp=2, pp=2, micro_batch=4, tie_embeddings=True),
+    ],
+    ids=["sequence-parallel", "tied-across-stages"],
+)  # fmt: skip
+def test_zero_1_and_2_are_not_twins_where_a_gradient_is_all_reduced_after_its_shard(
+    registry: Any, model: dict[str, Any]
+) -> None:
+    """ZeRO-1 all-reduces the whole buffer of sequence parallelism's replicated weights (over
+    tp) and of a tied embedding (over the pipeline ends), ZeRO-2 only its shard: their
+    workloads differ, so neither predictor's report is shared."""
+    one = GenerateOptions(**{**model, "zero": 1})  # type: ignore[arg-type]
+    two = replace(one, zero=2)
+    assert twin_key(two, "time") == two and twin_key(two, "analytical") == two
+    first, second = build_workload(one, registry), build_workload(two, registry)
+    assert any(
+        a.nodes != b.nodes for a, b in zip(first.rank_classes, second.rank_classes, strict=True)
+    )
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        dict(LLAMA, dp=2, tp=2, pp=2, micro_batch=8, tpsp=False),
         dict(LLAMA, dp=4, pp=2, micro_batch=8, pipeline_schedule="interleaved", virtual_stages=2),
         dict(model="moe", batch=16, dp=4, ep=2, micro_batch=8),
     ],

@@ -309,14 +309,25 @@ its optimizer states): plans that differ only in that are priced, and replayed, 
 
 def twin_key(options: GenerateOptions, predictor: str) -> GenerateOptions:
     """The plan whose report of ``predictor`` ``options`` shares: itself, but ZeRO-2 as
-    ZeRO-1 for :data:`TWIN_PREDICTORS`. The two differ only in the memory they keep:
-    Megatron's distributed optimizer reduce-scatters the gradients and all-gathers the weights
-    in both, :func:`stg.core.pipeline.build_parts` lowers them alike, and only the memory
+    ZeRO-1 for :data:`TWIN_PREDICTORS` where the two lower alike (:func:`zero_stages_alike`).
+    They then differ only in the memory they keep: Megatron's distributed optimizer
+    reduce-scatters the gradients and all-gathers the weights in both, and only the memory
     predictor reads which (tests/test_search_exact.py checks that their workloads and both
     predictors' reports are the same)."""
-    if predictor in TWIN_PREDICTORS and options.zero == 2:
+    if predictor in TWIN_PREDICTORS and options.zero == 2 and zero_stages_alike(options):
         return replace(options, zero=1)
     return options
+
+
+def zero_stages_alike(options: GenerateOptions) -> bool:
+    """Whether ZeRO-1 and ZeRO-2 lower ``options`` alike: not where a gradient is all-reduced
+    after its data-parallel reduce-scatter, which ZeRO-1 does on the whole buffer and ZeRO-2 on
+    its shard (stg.core.autodiff.build_grad_reduction): the tensor-parallel all-reduce of
+    sequence parallelism's replicated weights, and a tied embedding's over the first and last
+    pipeline stage."""
+    sequence_parallel = options.tp > 1 and options.tpsp
+    tied_across_stages = bool(options.tie_embeddings) and options.pp > 1
+    return not (sequence_parallel or tied_across_stages)
 
 
 _PRICED: dict[str, dict[GenerateOptions, Any]] = {}
