@@ -6,9 +6,10 @@ that finds the workload here reads it back instead (a pickle of a few tens of kB
 the count beside it imports neither the model nor sympy. An entry is used only when it is
 exactly what a build would give now:
 
-- its key is the workload's options (the run's, for the count), the Python version and the
-  plugins of the registry (name, distribution, version, source), so another option or
-  plugin is another entry;
+- its key is the workload's options (the run's, for the count), the Python version, the
+  plugins of the registry (name, distribution, version, source) and the folder this module
+  was loaded from (:data:`INSTALLATION`), so another option, plugin or installation of stg
+  (another checkout, another virtual environment) is another entry;
 - it records every module file the storing process had loaded (path, modification time in
   ns, size: the check Python makes of its own bytecode cache) and is ignored once any of
   them changed or went away, so an edit of stg, a model or a library rebuilds it. A build
@@ -38,6 +39,11 @@ FORMAT = 1
 MAX_ENTRIES = 256
 """Entries kept (each about 100 kB with its list of module files); the oldest go first."""
 
+INSTALLATION = os.path.dirname(os.path.abspath(__file__))
+"""Where these built-in predictors are installed: two installations sharing the cache folder
+(say two versions in two environments) keep their own entries, as each entry's list of module
+files only tells whether the installation that stored it changed."""
+
 T = TypeVar("T")
 Manifest = tuple[tuple[str, int, int], ...]
 
@@ -58,7 +64,7 @@ def cache_folder() -> Path | None:
 
 def entry_key(options: Any, plugins: Iterable[tuple[object, ...]]) -> str:
     """The name of the entry of a workload built from ``options`` with these plugins."""
-    identity = repr((FORMAT, sys.version, repr(options), tuple(plugins)))
+    identity = repr((FORMAT, sys.version, INSTALLATION, repr(options), tuple(plugins)))
     return hashlib.sha256(identity.encode()).hexdigest()
 
 

@@ -93,6 +93,23 @@ def test_the_key_holds_the_options_and_the_plugins() -> None:
     assert cache.entry_key("options", [plugin]) == cache.entry_key("options", [plugin])
 
 
+def test_another_installation_keeps_its_own_entries(
+    folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another checkout or environment of stg sharing the folder neither reads nor replaces
+    this one's entries (each entry's module files are those of the installation that stored
+    it, unchanged though another one's code differs)."""
+    here = cache.INSTALLATION
+    key = cache.entry_key("options", [])
+    cache.store(key, "built here")
+    monkeypatch.setattr(cache, "INSTALLATION", "/elsewhere/stg/predictors")
+    other = cache.entry_key("options", [])
+    assert other != key and cache.load(other) is None
+    assert cache.cached(other, lambda: "built there") == "built there"
+    monkeypatch.setattr(cache, "INSTALLATION", here)
+    assert cache.load(key) == "built here"
+
+
 def test_a_broken_entry_is_built_again(folder: Path) -> None:
     key = cache.entry_key("options", [])
     folder.mkdir(parents=True)
