@@ -244,6 +244,24 @@ def test_all_to_all_bus_bandwidth_across_nodes_is_one_nic_per_gpu() -> None:
         assert bus((8, nodes, 1)) == pytest.approx(nodes / (nodes - 1) * nic, rel=0.07), nodes
 
 
+def test_all_to_all_over_rail_and_spine_crosses_the_nic_once() -> None:
+    """One GPU in each of eight nodes over two rail groups of four (shape 1 x 4 x 2): NCCL sends
+    to all seven peers at once, and the 7/8 of the buffer that leaves the GPU crosses its one
+    NIC once (rail and spine peers alike), in one step of latency: not a rail all-to-all of the
+    whole buffer followed by a spine one (3/4 + 1/2 of it, two latencies)."""
+    h100 = load_system("h100-80g")
+    size = 2**30
+    shape = (1, 4, 2)
+    expected = 9.6e-6 + 7 / 8 * size / (45 * GB)
+    assert collective_time(CollectiveType.ALL_TO_ALL, size, shape, h100) == pytest.approx(expected)
+    phases = costs.collective_phases(CollectiveType.ALL_TO_ALL, size, shape, h100)
+    assert [port for port, _, _ in phases] == ["nic"]
+    assert phases[0][1:] == pytest.approx((9.6e-6, 7 / 8 * size / (45 * GB)))
+    # eight GPUs of each of those nodes: the same bytes leave through each GPU's NIC
+    wide = collective_time(CollectiveType.ALL_TO_ALL, size, (8, 4, 2), h100)
+    assert wide == pytest.approx(9.6e-6 + 56 / 64 * size / (45 * GB))
+
+
 def test_all_to_all_with_fewer_nics_than_gpus() -> None:
     """NVIDIA/nccl issue #1138 (tests/data/nccl/published.jsonl): 2 nodes of 8 A100s with four
     200 Gb/s NICs per node, NCCL 2.18.6, a 4 GiB all-to-all at 19.83 GB/s of bus bandwidth. No
