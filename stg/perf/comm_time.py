@@ -658,7 +658,7 @@ def _spanned(
     algorithm over all of them: the innermost spanned dimension joins a node's GPUs, every other
     spanned one is a network (``link`` set), and none of them carries a measured curve of the
     collective (a measured curve replaces the model of its own dimension)."""
-    if kind not in (Kind.ALL_REDUCE, Kind.REDUCE_SCATTER, Kind.ALL_GATHER, Kind.ALL_TO_ALL):
+    if kind not in (Kind.ALL_REDUCE, Kind.REDUCE_SCATTER, Kind.ALL_GATHER):
         return None
     spanned = [i for i, n in enumerate(shape) if n > 1 and i < len(levels)]
     if len(spanned) < 2 or levels[spanned[0]].link not in INTRA_NODE_LINKS:
@@ -698,9 +698,10 @@ def spanning_candidates(
       (``2 (nodes-1)/nodes · S`` through each node's NICs at :data:`NVLS_TREE_EFFICIENCY` of
       their bandwidth); ``23 us + 2 (nodes-1)`` network steps of NVLSTree
       (:data:`NVLS_TREE_STEP_RATIO`);
-    - *all-to-all*: sends to every peer at once; ``(local-1)/n · S`` over the intra-node link
-      and ``(n-local)/n · S`` through the GPU's own NIC.
+    - *all-to-all*: :func:`all_to_all_spanning`.
     """
+    if kind is Kind.ALL_TO_ALL:
+        return all_to_all_spanning(buffer, shape, levels)
     span = _spanned(kind, shape, levels)
     if span is None:
         return []
@@ -720,12 +721,6 @@ def spanning_candidates(
         """Seconds of the intra-node and of the inter-node bytes, by dimension."""
         return ((inner_index, inner_bytes / inner_rate), (net_index, net_bytes / net_rate))
 
-    if kind is Kind.ALL_TO_ALL:
-        seconds = timed(
-            (local - 1) / n * buffer, inner.bandwidth, (n - local) / n * buffer, net.bandwidth
-        )
-        latency = max(inner.latency, net.latency)
-        return [Spanning(Algorithm.P2P, SIMPLE, latency, (n - 1) / n * buffer, seconds)]
     choices: list[Spanning] = []
     if kind is Kind.ALL_REDUCE:
         nsteps, inter_steps = 2 * (n - 1), 2 * nodes
@@ -761,6 +756,43 @@ def spanning_candidates(
         latency = NVLS_LATENCY_S + 2 * (nodes - 1) * net.latency * NVLS_TREE_STEP_RATIO
         choices.append(Spanning(Algorithm.NVLS_TREE, SIMPLE, latency, buffer, seconds))
     return choices
+
+
+def all_to_all_spanning(
+    buffer: float, shape: Sequence[int], levels: Sequence[Level]
+) -> list[Spanning]:
+    """NCCL's all-to-all over a group that leaves the node through the GPU's NIC and spans
+    several GPUs of the node too, or several network dimensions (a rail and the spine): one
+    group of a send and a receive per peer, all at once, not a collective per dimension. Each
+    GPU keeps ``1/n`` of its buffer ``S``, sends ``(local-1)/n · S`` over its intra-node link and
+    ``(n-local)/n · S`` through its own NIC whichever network dimension the peer is across (the
+    rail and the spine go through that NIC, :data:`PORTS`), at the slowest network dimension
+    spanned; both links stream at once, one step of latency. An NCCL maintainer's rule,
+    NVIDIA/nccl-tests issue #130: the bus bandwidth is the network bandwidth per GPU with one
+    GPU per node and ``N/(N-1)`` times it over ``N`` nodes of several GPUs. Empty for a group on
+    one dimension (:func:`level_parts` prices it), over a plain alpha-beta link, or over a
+    dimension with a measured all-to-all curve."""
+    spanned = [i for i, n in enumerate(shape) if n > 1 and i < len(levels)]
+    measured = enumerate(levels[: len(shape)])
+    if any(level.curve(Kind.ALL_TO_ALL.value, shape[i]) for i, level in measured):
+        return []
+    inner = [i for i in spanned[:1] if levels[i].link in INTRA_NODE_LINKS]
+    outer = spanned[len(inner) :]
+    if not outer or any(levels[i].link != "network" for i in outer):
+        return []
+    if not inner and len(outer) < 2:
+        return []
+    local = shape[inner[0]] if inner else 1
+    n = local * math.prod(shape[i] for i in outer)
+    net_index = min(outer, key=lambda i: levels[i].bandwidth)
+    net = levels[net_index]
+    seconds = [(net_index, (n - local) / n * buffer / net.bandwidth)]
+    latency = net.latency
+    if inner:
+        intra = levels[inner[0]]
+        seconds.insert(0, (inner[0], (local - 1) / n * buffer / intra.bandwidth))
+        latency = max(intra.latency, net.latency)
+    return [Spanning(Algorithm.P2P, SIMPLE, latency, (n - 1) / n * buffer, tuple(seconds))]
 
 
 def spanning_byte_rate(kind: Kind, shape: Sequence[int], levels: Sequence[Level]) -> float | None:
@@ -950,6 +982,7 @@ __all__ = [
     "MeasuredCurve",
     "Phase",
     "Spanning",
+    "all_to_all_spanning",
     "bus_bandwidth",
     "bus_factor",
     "candidates",
