@@ -2201,14 +2201,15 @@ def _tp_replicated_all_reduce(members: list[BoundOp]) -> dict[str, Any]:
     Megatron-LM's ``finalize_model_grads`` runs ``_allreduce_non_tensor_model_parallel_grads``
     after ``finish_grad_sync`` (core_v0.15.0): one coalesced buffer of all of them."""
     first = members[0]
+    op = f"grad_all_reduce_{'_'.join(first.group_axes)}_replicated"  # its name: no op written
     return {
-        "name": f"grad_all_reduce_{'_'.join(first.group_axes)}:tp_replicated",
+        "name": op,
         "type": NodeType.COMM_COLL,
         "comm_type": first.comm_type,
         "comm_size": _fused_comm_size(members),
         "group_axes": first.group_axes,
         "dtype": first.dtype,
-        "attrs": {OP_ATTR: "grad_all_reduce_tp_replicated", **node_place(Phase.BACKWARD)},
+        "attrs": {OP_ATTR: op, **node_place(Phase.BACKWARD)},
     }
 
 

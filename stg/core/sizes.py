@@ -149,6 +149,7 @@ def _training_templates(model: object, plan: ParallelPlan, hybrid: bool) -> list
         return skipped
 
     counts = [1] * plan.stages  # the optimizer step
+    replicated: set[int] = set()  # stages with one tp all-reduce of replicated gradients
     for chunk in range(plan.chunks):
         stage = plan.chunk_stage(chunk)
         first, last = chunk == 0, chunk == plan.chunks - 1
@@ -157,17 +158,25 @@ def _training_templates(model: object, plan: ParallelPlan, hybrid: bool) -> list
             bp = parts.blocks.get(kind, parts.block)
             per_mb += layers * (forward(bp) + backward(bp, plan.recompute))
             counts[stage] += layers * once(bp, plan.recompute)
+            if layers and bp.tp_replicated_reduce:
+                replicated.add(stage)
         if first:
             per_mb += forward(parts.embedding) + backward(parts.embedding, "none")
             counts[stage] += once(parts.embedding, "none")
+            if parts.embedding.tp_replicated_reduce:
+                replicated.add(stage)
         if last:
             per_mb += forward(parts.head) + backward(parts.head, "none")
             counts[stage] += once(parts.head, "none")
+            if parts.head.tp_replicated_reduce:
+                replicated.add(stage)
         per_mb += 2 * ((not first) + (not last))  # receives and sends, forward and backward
         if fp8:
             per_mb += 2 * AMAX_NODES  # the forward and the backward amax reduction
         per_mb += 2 * o.cpu_offloading_num_layers  # an offloaded layer's two host copies
         counts[stage] += m * per_mb
+    for stage in replicated:
+        counts[stage] += 1
     return counts
 
 
