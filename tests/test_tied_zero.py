@@ -19,7 +19,7 @@ from math import lcm
 from pathlib import Path
 
 import pytest
-from consumers import assert_ranks_decode_and_feed
+from consumers import assert_trace_checks_out_and_predicts_as_options
 from typer.testing import CliRunner
 
 from stg.cli import app
@@ -98,19 +98,7 @@ def test_written_trace_validates_decodes_and_predicts_as_the_options(tmp_path: P
     out = tmp_path / "out"
     plan = dict(pp=4, zero=1)
     generate(out, **plan)
-    runner = CliRunner()
-    result = runner.invoke(app, ["validate", "--consumer", "astra-sim", str(out)])
-    assert result.exit_code == 0, result.output
-    assert_ranks_decode_and_feed(out)
-    options = [a for k, v in {**GPT, **plan}.items() for a in (f"--{k}", str(v).lower())]
-    reports = []
-    for source in ([str(out)], options):
-        result = runner.invoke(app, ["predict", *source, "--system", "h100-80g", "--json"])
-        assert result.exit_code == 0, result.output
-        reports.append(json.loads(result.output))
-    from_trace, from_options = reports
-    assert from_trace["time"]["iteration_time_s"] == from_options["time"]["iteration_time_s"]
-    assert from_trace["memory"]["peak_bytes"] == from_options["memory"]["peak_bytes"]
+    assert_trace_checks_out_and_predicts_as_options(out, {**GPT, **plan})
 
 
 @pytest.mark.parametrize("zero", [1, 2])
