@@ -294,8 +294,10 @@ def build_grad_reduction(b: GraphBuilder, shard_optimizer_over: tuple[str, ...] 
             replicated = (g.sharding.partial & tensor_parallel) - w.sharding.partial
         with b.phase("reduce"), b.tag(*own_bucket):
             reduced = b.reshard(g, want.with_partial(want.partial | replicated))
+        # what Megatron all-reduces after the dp reduction: the whole main_grad under ZeRO-1,
+        # the shard under ZeRO-2 (and where nothing is sharded, the gradient itself)
+        held = w.sharding if flat and not grads_sharded else want
         if replicated:
-            held = w.sharding if flat and not grads_sharded else want
             with b.phase("reduce"), b.tag(TP_REPLICATED_GRAD):
                 if held != want:  # the whole buffer, this rank's summed shard in it
                     reduced = b.reinterpret(
@@ -304,7 +306,6 @@ def build_grad_reduction(b: GraphBuilder, shard_optimizer_over: tuple[str, ...] 
                 reduced = b.reshard(reduced, held)
         with b.phase("reduce"), b.tag(*own_bucket):
             if id(w) in tied:
-                held = w.sharding if flat and not grads_sharded else want
                 if held != want:  # the whole buffer, this rank's summed shard in it
                     main_grad = b.reinterpret(
                         reduced, w.dims, held.with_partial({PIPELINE_ENDS}), g.name

@@ -160,16 +160,12 @@ def _training_templates(model: object, plan: ParallelPlan, hybrid: bool) -> list
             counts[stage] += layers * once(bp, plan.recompute)
             if layers and bp.tp_replicated_reduce:
                 replicated.add(stage)
-        if first:
-            per_mb += forward(parts.embedding) + backward(parts.embedding, "none")
-            counts[stage] += once(parts.embedding, "none")
-            if parts.embedding.tp_replicated_reduce:
-                replicated.add(stage)
-        if last:
-            per_mb += forward(parts.head) + backward(parts.head, "none")
-            counts[stage] += once(parts.head, "none")
-            if parts.head.tp_replicated_reduce:
-                replicated.add(stage)
+        for end, bp in ((first, parts.embedding), (last, parts.head)):
+            if end:
+                per_mb += forward(bp) + backward(bp, "none")
+                counts[stage] += once(bp, "none")
+                if bp.tp_replicated_reduce:
+                    replicated.add(stage)
         per_mb += 2 * ((not first) + (not last))  # receives and sends, forward and backward
         if fp8:
             per_mb += 2 * AMAX_NODES  # the forward and the backward amax reduction
