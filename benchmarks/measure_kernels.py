@@ -22,6 +22,13 @@ fields as ``data/kernels/`` (its README), so that the kernel sub-models of
   groups as one batched GEMM), for each local expert count and rows per expert of the
   Qwen3-30B-A3B, Qwen3-235B-A22B, OLMoE, Mixtral and DeepSeek-V3 shapes (gate and up fused:
   ``[rows, d] x [d, 2f]``; down: ``[rows, f] x [f, d]``);
+- ``PREFIX-scaled.jsonl``: fp8 e4m3 GEMMs (``torch._scaled_mm``, bf16 out) under each scaling
+  of the low-precision recipes of ``stg.core.recipes`` that Hopper's tensor cores run:
+  ``tensorwise`` (one fp32 scale per operand), ``rowwise`` (one per row of A and column of B),
+  ``blockwise`` (DeepSeek-V3's 1x128 tiles of A and 128x128 blocks of B, as the forward and
+  input-gradient GEMMs) and ``blockwise_1x128`` (1x128 tiles of both, as the weight-gradient
+  GEMM), over a grid (m, k, n in 1024, 4096, 16384) and the Llama 3 8B/70B layer GEMMs at tp 1
+  and 8, 8k tokens; a scaling the installed PyTorch or cuBLAS refuses is a line with its error;
 - ``PREFIX-clock.jsonl`` (plain JSON lines): the SM clock, power and temperature that
   ``nvidia-smi`` reads while a bf16 GEMM runs for 20 s (the sustained clock of
   ``stg.perf.system``'s ``sustained_clock_ghz``), with the GEMM's rate cold and hot.
@@ -229,6 +236,102 @@ def gemms(bench: Bench, quick: bool) -> None:
         if index % 20 == 0:
             print(f"gemm {index}/{len(cases)} {_smi()}", flush=True)
     bench.write("gemm", lines)
+
+
+FP8 = "float8_e4m3fn"
+SCALINGS = ("tensorwise", "rowwise", "blockwise", "blockwise_1x128")
+
+
+def _scales(torch: Any, scaling: str, m: int, k: int, n: int, outer_major: bool) -> tuple:
+    """fp32 scales of A [m, k] and B [k, n] for ``scaling``; block scales laid out with the
+    outer dimension's stride 1 where ``outer_major`` (the layout cuBLAS's block-scaled fp8
+    GEMM on Hopper asks for), else row-major."""
+
+    def make(rows: int, cols: int) -> Any:
+        if outer_major:
+            return torch.rand(cols, rows, device="cuda", dtype=torch.float32).add_(0.5).t()
+        return torch.rand(rows, cols, device="cuda", dtype=torch.float32).add_(0.5)
+
+    blocks = -(-k // 128)
+    if scaling == "tensorwise":
+        one = torch.ones((), device="cuda")
+        return one, one
+    if scaling == "rowwise":
+        return make(m, 1).contiguous(), make(1, n).contiguous()
+    if scaling == "blockwise":
+        return make(m, blocks), make(blocks, -(-n // 128))
+    return make(m, blocks), make(blocks, n)
+
+
+def scaled(bench: Bench, quick: bool) -> None:
+    """fp8 GEMMs under each recipe scaling (see the module docstring)."""
+    torch = bench.torch
+    sizes = (1024, 4096) if quick else (1024, 4096, 16384)
+    cases: list[tuple[str, str, int, int, int]] = [("reference", "", 8192, 8192, 8192)]
+    cases += [("grid", "", m, k, n) for m in sizes for k in sizes for n in sizes]
+    cases += [
+        ("model", role, m, k, n)
+        for role, m, k, n in _model_gemms(4096 if quick else 8192)
+        if role.split("/")[0] in ("llama3-8b", "llama3-70b")
+        and role.split("/")[1] in ("tp1", "tp8")
+    ]
+    lines = [bench.header("scaled", False)]
+    for index, (family, role, m, k, n) in enumerate(cases):
+        a8 = torch.randn(m, k, device="cuda", dtype=torch.bfloat16).to(torch.float8_e4m3fn)
+        b8 = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).to(torch.float8_e4m3fn).t()
+        for scaling in SCALINGS:
+            extra: dict[str, Any] = {"family": family, "role": role, "m": m, "k": k, "n": n}
+            extra |= {"dtype": "float8_e4m3fn", "scaling": scaling}
+            measured: list = []
+            warm: list = []
+            errors = []
+            for outer_major in (True, False) if scaling.startswith("blockwise") else (False,):
+                sa, sb = _scales(torch, scaling, m, k, n, outer_major)
+                fn = lambda a=a8, b=b8, sa=sa, sb=sb: torch._scaled_mm(  # noqa: E731
+                    a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16
+                )
+                try:
+                    fn()
+                    torch.cuda.synchronize()
+                    warm, measured, reps = bench.time_calls(fn)
+                except Exception as error:  # recorded: the scaling is refused
+                    errors.append(
+                        f"{'outer-major' if outer_major else 'row-major'} scales: "
+                        f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
+                    )
+                    continue
+                extra["scale_layout"] = "outer-major" if outer_major else "row-major"
+                break
+            if errors:
+                extra["errors"] = errors
+            if measured:
+                median = statistics.median(measured)
+                flops = 2.0 * m * n * k
+                extra |= {
+                    "flops": flops,
+                    "median_ms": median,
+                    "tflops": flops / median / 1e9,
+                    "reps_per_event": reps,
+                }
+            lines.append(
+                {
+                    "op_name": "torch._scaled_mm",
+                    "id": f"0|0|{len(lines) - 1}",
+                    "config": {
+                        "build": None,
+                        "input": {
+                            "args": [_spec(FP8, [m, k]), _spec(FP8, [k, n])],
+                            "kwargs": {"scaling": scaling},
+                        },
+                    },
+                    "metric": {"forward": {"warmup.time": warm, "measure.time": measured}},
+                    "extra": extra,
+                }
+            )
+        del a8, b8
+        if index % 10 == 0:
+            print(f"scaled {index}/{len(cases)} {_smi()}", flush=True)
+    bench.write("scaled", lines)
 
 
 # name: (hidden, expert FFN) from each model's config.json
@@ -744,6 +847,7 @@ def main() -> int:
         "attention": lambda: attention(bench, args.quick),
         "elementwise": lambda: elementwise(bench, args.quick),
         "grouped": lambda: grouped(bench, args.quick),
+        "scaled": lambda: scaled(bench, args.quick),
     }
     for step in args.only.split(","):
         started = time.time()
