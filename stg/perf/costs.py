@@ -36,6 +36,7 @@ from stg.perf.kernel_time import (
     grouped_gemm_time,
     memory_bound_time,
     memory_kind,
+    recipe_gemm_speed,
     scatter_add_time,
 )
 from stg.perf.kernels import KernelTable, is_cast, kernel_name
@@ -470,6 +471,8 @@ def compute_time(
             seconds = grouped_gemm_time(gpu, batch, m, n, k, dtype) / speedup
         else:
             seconds = gemm_time(gpu, m, n, k, dtype, batch, nbytes) / speedup
+        if recipe is not None and dtype == "fp8" and kernel is None:
+            seconds /= recipe_gemm_speed(system.arch, str(recipe))
         if dtype == "fp8":
             seconds += fp8_quantize_time(node, system)
     elif kind == "other":

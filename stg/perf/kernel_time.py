@@ -137,6 +137,26 @@ and >= 4,096 rows in all (133 cases: five models' expert shapes, 1-64 groups), m
 :func:`gemm_time` over the measured time 0.956. With few rows per group the kernel streams
 every expert's weights instead, at the ``grouped_gemm`` bandwidth share."""
 
+RECIPE_GEMM_SPEED: dict[str, dict[str, float]] = {
+    "hopper": {"rowwise": 0.978, "blockwise": 0.880},
+}
+"""Rate of an fp8 GEMM under a low-precision recipe's scaling over the same GEMM with one
+scale per operand (tensorwise, delayed), per architecture where measured: H200 data
+(tests/data/kernels/h200-scaled.jsonl: ``torch._scaled_mm``, PyTorch 2.11.0, CUDA 13.0), the
+Llama 3 8B/70B layer GEMMs at tp 1 and 8 and 8k tokens with every side >= 4096 (27 shapes),
+each scaling timed right after the tensorwise one on the same operands; medians 0.978 with
+one fp32 scale per row of A and column of B (torchao's rowwise) and 0.880 with DeepSeek-V3's
+1x128 tiles of A and 128x128 blocks of B (cuBLAS applies the block scales in the main loop).
+Elsewhere 1.0: Blackwell's tensor cores take block scales natively (MXFP8, NVFP4), and
+Transformer Engine runs a blockwise recipe there through MXFP8 GEMMs (:mod:`stg.core.recipes`);
+no such measurement of another architecture is at hand."""
+
+
+def recipe_gemm_speed(arch: str, recipe: str) -> float:
+    """:data:`RECIPE_GEMM_SPEED` of ``recipe`` on ``arch``: 1.0 where none is measured."""
+    return RECIPE_GEMM_SPEED.get(arch, {}).get(recipe, 1.0)
+
+
 ATTENTION_BLOCK_ROWS = 128
 """Query rows per CTA of FlashAttention-2 and cuDNN's fused attention (block size Br)."""
 
