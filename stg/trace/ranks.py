@@ -4,7 +4,10 @@
 (:func:`stg.trace.decode.comm_summary`, spread over ``jobs`` processes) and keeps per rank
 only its *fingerprint* (a hash of its node sequence less the values of peer and communicator
 ids), the communicator of each collective and the peer of each send and receive, in file
-order. Ranks with equal fingerprints form a *class*: they run the same nodes and differ only
+order. Without the compiled decoder (``STG_DECODER=python``, or no build) the reference reader
+summarises each rank from its decoded nodes instead (:func:`reference_summary`), so that
+prediction groups ranks, and reports, the same either way. Ranks with equal fingerprints form a
+*class*: they run the same nodes and differ only
 in whom they talk to, as the ranks of one rank class of a generated workload do.
 :class:`TraceRanks` also reads any rank's whole nodes on demand (it is a mapping from rank to
 its nodes), so the time predictor replays one representative per class and decodes no other
@@ -13,12 +16,13 @@ rank (:func:`stg.perf.replay.problem_from_trace`).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from stg.core.workload import Node
+from stg.core.workload import Node, NodeType
 from stg.errors import TraceError
 from stg.trace.parallel import file_sizes, map_ranks
 
@@ -105,17 +109,60 @@ def _summarize(path: Path) -> RankSummary | None:
     return RankSummary(out["nodes"], out["fingerprint"], out["colls"], out["sends"], out["recvs"])
 
 
+PEER_FIELDS = frozenset({"comm_group", "comm_src", "comm_dst"})
+"""The fields a fingerprint leaves out: whom a node talks to (the compiled decoder leaves out
+the values of ``pg_name``, ``comm_src`` and ``comm_dst``, the same three)."""
+_HASHED_FIELDS = tuple(f.name for f in fields(Node) if f.name not in PEER_FIELDS | {"attrs"})
+
+
+def reference_summary(path: Path) -> RankSummary | None:
+    """:class:`RankSummary` of one rank file from the reference reader's nodes: the
+    fingerprint hashes each node's fields but its peers and communicator (attributes in file
+    order), so ranks share a class exactly when their decoded nodes are equal up to those. None
+    for a file the reference cannot read, or with a collective lacking its communicator or type
+    or a send or receive lacking its peer (as the compiled summary)."""
+    from stg.trace.reader import iter_nodes
+
+    digest = hashlib.blake2b(digest_size=16)
+    colls: list[int] = []
+    sends: list[int] = []
+    recvs: list[int] = []
+    count = 0
+    try:
+        for node in iter_nodes(path):
+            count += 1
+            if node.type is NodeType.COMM_COLL:
+                if node.comm_group is None or node.comm_type is None:
+                    return None
+                colls.append(node.comm_group)
+            elif node.type is NodeType.COMM_SEND:
+                if node.comm_dst is None:
+                    return None
+                sends.append(node.comm_dst)
+            elif node.type is NodeType.COMM_RECV:
+                if node.comm_src is None:
+                    return None
+                recvs.append(node.comm_src)
+            values = [getattr(node, name) for name in _HASHED_FIELDS]
+            digest.update(repr((values, tuple(node.attrs.items()))).encode())
+    except (TraceError, OSError, EOFError, ValueError):
+        return None
+    if count == 0:
+        return None
+    return RankSummary(count, digest.digest(), colls, sends, recvs)
+
+
 def read_ranks(files: Sequence[Path], jobs: int | None = None) -> TraceRanks:
     """Summarise every rank file (``files[rank]``) with up to ``jobs`` processes (None or 0:
-    every core). A rank file that the fast decoder hands back, or that has a collective
+    every core; through the reference reader where the compiled decoder is off). A rank file
+    that the fast decoder hands back, or that has a collective
     without communicator or a send or receive without peer, leaves the trace without
     summaries (``fast`` False): prediction then reads every rank, and reports what is wrong
     as before."""
     from stg.trace import decode
 
-    if not decode.enabled():
-        return TraceRanks(files, [None] * len(files))
+    summarize = _summarize if decode.enabled() else reference_summary
     summaries: list[Any] = []
-    for summary in map_ranks(_summarize, list(files), jobs, sizes=file_sizes(files)):
+    for summary in map_ranks(summarize, list(files), jobs, sizes=file_sizes(files)):
         summaries.append(summary)
     return TraceRanks(files, summaries)
