@@ -502,6 +502,16 @@ SPECS: dict[str, tuple[str, _Spec]] = {
             metavar="fused|unfused",
         ),
     ),
+    "attention_backend": (
+        _TRAINING,
+        _Spec(
+            "Fused attention kernel of a training run (Megatron's --attention-backend): auto "
+            "(the stack's choice: cuDNN's on Hopper and Blackwell under --profile megatron), "
+            "flash (the flash-attn package, FlashAttention-2; as with NVTE_FUSED_ATTN=0) or "
+            "fused (cuDNN; AITER on AMD).",
+            metavar="auto|flash|fused",
+        ),
+    ),
     "dropout": (
         _TRAINING,
         _Spec(

@@ -282,6 +282,13 @@ class GenerateOptions:
     ``cp_comm_type`` is how context parallelism (``sp``) moves keys and values, Megatron's
     ``--cp-comm-type``: ``p2p`` (a ring overlapped with the attention steps, the default) or
     ``all_gather`` (:func:`stg.core.lowering.context_parallel_attention`).
+    ``attention_backend`` is which fused attention kernel the training stack runs, Megatron-LM's
+    ``--attention-backend`` (Transformer Engine's ``NVTE_FLASH_ATTN`` / ``NVTE_FUSED_ATTN``):
+    ``auto`` (the stack's own choice per architecture,
+    :data:`stg.perf.kernel_time.ATTENTION_CHOICE`), ``flash`` (the flash-attn package:
+    FlashAttention-2; Composable Kernel's on AMD) or ``fused`` (the vendor library: cuDNN;
+    AITER on AMD). Every fused attention node then carries it
+    (:mod:`stg.core.attention_backend`).
     Full recompute (``activation_recompute=full``) checkpoints every layer on its own unless
     Megatron-LM's ``recompute_method`` and ``recompute_num_layers`` say otherwise
     (:meth:`stg.core.plan.ParallelPlan.layer_recompute`): ``uniform`` cuts each model chunk
@@ -377,6 +384,7 @@ class GenerateOptions:
     grad_reduce_dtype: str | None = None
     causal: bool = False
     attention: str = "fused"
+    attention_backend: str = "auto"
     dropout: float = 0.0
     profile: str = "megatron"
     precision: tuple[tuple[str, str], ...] = ()
@@ -404,6 +412,7 @@ class GenerateOptions:
     output_name: str = "workload.%d.et"
 
     ATTENTION = ("fused", "unfused")
+    ATTENTION_BACKENDS = ("auto", "flash", "fused")
     RECOMPUTE_METHODS = ("uniform", "block")
     RECOMPUTE_MODULES: ClassVar[Mapping[str, str]] = MappingProxyType(
         {"core_attn": "core_attention", "mlp": "mlp", "layernorm": "layernorm"}
@@ -561,11 +570,12 @@ class GenerateOptions:
     def recorded(self) -> dict[str, object]:
         """The options a trace's metadata records: where the files go is not part of the
         workload (same options, same bytes anywhere); unset options, options that are off
-        (:attr:`OFF_UNRECORDED`), ``reshard_after_forward`` and ``cp_comm_type`` at their
-        defaults, ``low_precision_recipe`` at its default (``delayed``), the layer counts of
-        ``first_last_layers_bf16`` without it, ``amax_history`` without TE's delayed scaling
-        (:attr:`te_delayed_scaling`), ``moe_routing`` at its default and the other kind of
-        run's fields (inference fields in training, overlap fields in serving) are left out."""
+        (:attr:`OFF_UNRECORDED`), ``reshard_after_forward``, ``cp_comm_type`` and
+        ``attention_backend`` at their defaults, ``low_precision_recipe`` at its default
+        (``delayed``), the layer counts of ``first_last_layers_bf16`` without it,
+        ``amax_history`` without TE's delayed scaling (:attr:`te_delayed_scaling`),
+        ``moe_routing`` at its default and the other kind of run's fields (inference fields in
+        training, overlap fields in serving) are left out."""
         other = self.OVERLAP_FIELDS if self.inference else self.INFERENCE_FIELDS
         return {
             k: v
@@ -576,6 +586,7 @@ class GenerateOptions:
             and not (k == "amax_history" and not self.te_delayed_scaling)
             and not (k == "reshard_after_forward" and v == "default")
             and not (k == "cp_comm_type" and v == "p2p")
+            and not (k == "attention_backend" and v == "auto")
             and not (k == "low_precision_recipe" and v == "delayed")
             and not (k in self.BF16_LAYER_COUNTS and not self.first_last_layers_bf16)
             and not (k == "moe_routing" and v == "capacity")

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from stg.core.attention_backend import with_attention_backend
 from stg.core.autodiff import build_backward, build_grad_reduction
 from stg.core.fp8 import AMAX_AXES, AUTOCAST_DTYPE, MODEL_PARALLEL_AMAX_AXES
 from stg.core.layout import Layout
@@ -171,6 +172,7 @@ def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> Model
             fp8_dispatch=o.fp8_dispatch,
             fsdp2_copies=not o.megatron_fsdp,
         )
+        bound[name] = with_attention_backend(bound[name], o.attention_backend)
     check_options_read(read, model.name)
     if stackless:
         bound["block"] = bind_part(Part("block"), binder, None)

@@ -629,6 +629,17 @@ def make_plan(o: GenerateOptions) -> ParallelPlan:
         o.attention in GenerateOptions.ATTENTION,
         f"attention={o.attention!r} must be one of {', '.join(GenerateOptions.ATTENTION)}",
     )
+    backends = GenerateOptions.ATTENTION_BACKENDS
+    _require(
+        o.attention_backend in backends,
+        f"attention_backend={o.attention_backend!r} must be one of {', '.join(backends)}",
+    )
+    _require(
+        o.attention_backend == "auto" or (o.attention == "fused" and o.phase == "training"),
+        f"attention_backend={o.attention_backend} picks the fused attention kernel of a training "
+        f"stack (Megatron's --attention-backend): it needs attention=fused and phase=training, "
+        f"not attention={o.attention}, phase={o.phase}",
+    )
     _require(
         isinstance(o.dropout, int | float)
         and not isinstance(o.dropout, bool)

@@ -14,6 +14,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from stg.core.attention_backend import ATTENTION_BACKEND_ATTR
 from stg.core.dropout import DROPOUT_FLOPS
 from stg.core.fp8 import QUANTIZE_ATTR, QUANTIZE_BYTES_PER_ELEMENT
 from stg.core.quantization import WEIGHT_FORMATS
@@ -117,12 +118,13 @@ def eager_moe_routing_time(node: Any, system: System) -> float | None:
     return gathered + memory_bound_time(gpu, 2 * rows, "row_scale", dtype)
 
 
-def attention_impl(profile: str, system: System) -> str:
+def attention_impl(profile: str, system: System, backend: str = "auto") -> str:
     """The fused attention kernel a training stack runs on the system's architecture
     (:func:`stg.perf.kernel_time.attention_kernel_for`): Megatron with Transformer Engine uses
     cuDNN's fused attention on Hopper and Blackwell, FlashAttention-2 on Ampere, AITER's on
-    AMD; eager PyTorch's SDPA runs FlashAttention-2 (Composable Kernel's on AMD)."""
-    return attention_kernel_for(system.arch, profile)
+    AMD; eager PyTorch's SDPA runs FlashAttention-2 (Composable Kernel's on AMD); a node's
+    ``attention_backend`` (``flash``, ``fused``) overrides that choice."""
+    return attention_kernel_for(system.arch, profile, backend)
 
 
 def native_fp8(system: System, kind: str, dtype: str) -> bool:
@@ -434,7 +436,7 @@ def compute_time(
     gpu = system.gpu
     if attention is not None and len(attention) >= 7:
         batch, heads, s_q, s_kv, head_dim, causal, backward = attention[:7]
-        impl = attention_impl(profile, system)
+        impl = attention_impl(profile, system, str(attrs.get(ATTENTION_BACKEND_ATTR, "auto")))
         if dtype not in ("bf16", "fp16", "fp8") or (
             dtype == "fp8" and kernel is None and not fp8_attention
         ):

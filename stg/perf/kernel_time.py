@@ -294,10 +294,25 @@ preference on sm_90 and sm_100), FlashAttention-2 on Ampere and Ada, AITER's ker
 NVIDIA, Composable Kernel's on ROCm). Volta and Turing have no fused kernel (unfused)."""
 
 
-def attention_kernel_for(arch: str, profile: str) -> str:
+ATTENTION_BACKEND_KERNELS: dict[str, dict[str, str]] = {
+    "nvidia": {"flash": "flash2", "fused": "cudnn"},
+    "amd": {"flash": "ck", "fused": "aiter"},
+}
+"""The kernel of each attention backend a run names (Megatron-LM's ``--attention-backend``,
+Transformer Engine's ``NVTE_FLASH_ATTN`` / ``NVTE_FUSED_ATTN``; :mod:`stg.core.attention_backend`)
+by vendor: ``flash`` is the flash-attn package (FlashAttention-2 on NVIDIA; its ROCm backend is
+Composable Kernel's), ``fused`` the vendor library (cuDNN; AITER in TE's ROCm build)."""
+
+AMD_ARCHS = ("cdna3", "cdna4")
+
+
+def attention_kernel_for(arch: str, profile: str, backend: str = "auto") -> str:
     """The fused attention kernel that ``profile`` (``megatron``, ``eager``) runs on ``arch``:
-    :data:`ATTENTION_CHOICE`; ``flash2`` where the architecture has no entry (Volta and
-    Turing price it unfused, having no fused kernel)."""
+    the run's ``backend`` (``flash``, ``fused``: :data:`ATTENTION_BACKEND_KERNELS`) where it
+    names one, else :data:`ATTENTION_CHOICE`; ``flash2`` where the architecture has no entry
+    (Volta and Turing price it unfused, having no fused kernel)."""
+    if backend != "auto":
+        return ATTENTION_BACKEND_KERNELS["amd" if arch in AMD_ARCHS else "nvidia"][backend]
     return ATTENTION_CHOICE.get(arch, {}).get(profile, "flash2")
 
 
