@@ -214,7 +214,8 @@ def is_mla(o: GenerateOptions) -> bool:
 
 def is_eager(o: GenerateOptions) -> bool:
     """Whether the stack runs eager PyTorch (``--profile eager``), not Megatron-LM with
-    Transformer Engine (``megatron``, the default)."""
+    Transformer Engine (``megatron``, the default) or fused kernels of ``torch.compile``
+    (``compiled``), whose activations are counted as Megatron's."""
     if o.profile not in GenerateOptions.PROFILES:
         allowed = ", ".join(GenerateOptions.PROFILES)
         raise UserError(f"profile={o.profile!r}; allowed: {allowed}")

@@ -525,8 +525,9 @@ SPECS: dict[str, tuple[str, _Spec]] = {
         _TRAINING,
         _Spec(
             "How the training stack executes, for predictions: megatron (fused kernels, "
-            "asynchronous launches) or eager (eager PyTorch, one launch per op).",
-            metavar="megatron|eager",
+            "asynchronous launches), eager (eager PyTorch, one launch per op) or compiled "
+            "(torch.compile as torchtitan runs it: fused kernels, SDPA's FlashAttention-2).",
+            metavar="megatron|eager|compiled",
         ),
     ),
     "precision": (

@@ -181,8 +181,10 @@ class GenerateOptions:
     forward and one backward, no score matrix in memory; every current stack) or ``unfused``
     (scores, softmax and context as separate kernels through memory). ``profile`` names how
     the training stack executes, for predictors: ``megatron`` (Megatron-LM / Transformer
-    Engine: fused kernels, asynchronous launches) or ``eager`` (eager PyTorch: one kernel per
-    op, each paying the host's launch cost). ``dropout`` is the training dropout rate p of
+    Engine: fused kernels, asynchronous launches), ``eager`` (eager PyTorch: one kernel per
+    op, each paying the host's launch cost) or ``compiled`` (PyTorch under ``torch.compile``,
+    as torchtitan's ``--training.compile``: fused kernels as Megatron's, attention by SDPA's
+    backend, FlashAttention-2 up to Hopper). ``dropout`` is the training dropout rate p of
     the models whose architecture has dropout (GPT, BERT, RoBERTa): hidden dropout after the
     attention projection and after the MLP (Megatron's fused bias-dropout-add), on the
     embedding, and on the attention probabilities (Megatron's ``--hidden-dropout`` and
@@ -422,7 +424,7 @@ class GenerateOptions:
     EP_LAYOUTS = ("multiply", "fold")
     RESHARD_AFTER_FORWARD = ("default", "always", "never")
     CP_COMM_TYPES = ("p2p", "all_gather")
-    PROFILES = ("megatron", "eager")
+    PROFILES = ("megatron", "eager", "compiled")
     PHASES = ("training", "prefill", "decode", "mixed")
     OVERLAP_FIELDS = ("overlap_param_gather", "tp_comm_overlap", "overlap_moe_ep_comm")
     """Overlap options (read by the time predictor; ``overlap_moe_ep_comm`` is laid out in the

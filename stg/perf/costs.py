@@ -46,6 +46,12 @@ from stg.perf.system import PRESETS, System, host_link_bandwidth, normalize_dtyp
 WIDE_DTYPES = frozenset({"fp32", "tf32"})
 NO_KERNELS = KernelTable()
 
+FUSED_PROFILES = frozenset({"megatron", "compiled"})
+"""Profiles whose elementwise chains run fused: Megatron-LM's and Transformer Engine's fused
+kernels, or Inductor's Triton kernels under ``torch.compile`` (``compiled``), priced alike
+(:func:`megatron_fused_time`, :func:`megatron_softmax_kind`); their attention kernels differ
+(:func:`attention_impl`)."""
+
 EAGER_OP_HOST_S = 27.7e-6
 """Host time of one eager PyTorch op with autograd (dispatch, autograd bookkeeping, launch):
 median forward time of the small (<= 1 MiB) elementwise cases with requires_grad inputs in
@@ -122,7 +128,8 @@ def attention_impl(profile: str, system: System, backend: str = "auto") -> str:
     """The fused attention kernel a training stack runs on the system's architecture
     (:func:`stg.perf.kernel_time.attention_kernel_for`): Megatron with Transformer Engine uses
     cuDNN's fused attention on Hopper and Blackwell, FlashAttention-2 on Ampere, AITER's on
-    AMD; eager PyTorch's SDPA runs FlashAttention-2 (Composable Kernel's on AMD); a node's
+    AMD; eager PyTorch's SDPA runs FlashAttention-2 (Composable Kernel's on AMD), as
+    torchtitan's (``compiled``) does on all but Blackwell, where it prefers cuDNN's; a node's
     ``attention_backend`` (``flash``, ``fused``) overrides that choice."""
     return attention_kernel_for(system.arch, profile, backend)
 
@@ -388,7 +395,7 @@ def compute_time(
         cast = table.cast_kernel(node.dtype)
         if cast is not None:
             return cast.cast_alpha * node.num_ops + cast.cast_beta
-    if profile == "megatron":
+    if profile in FUSED_PROFILES:
         fused = megatron_fused_time(node, system)
         if fused is not None:
             return fused
@@ -480,7 +487,7 @@ def compute_time(
     elif kind == "other":
         simt = node.num_ops / gpu.rate("fp32") if node.num_ops > 0 else 0.0
         memory_class = memory_kind(name)
-        if memory_class == "softmax" and profile == "megatron":
+        if memory_class == "softmax" and profile in FUSED_PROFILES:
             memory_class = megatron_softmax_kind(attrs.get("row"), dtype)
         memory = memory_bound_time(gpu, node.tensor_size, memory_class, dtype)
         seconds = max(simt, memory)

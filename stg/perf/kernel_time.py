@@ -280,18 +280,23 @@ FUSED_ATTENTION["cdna4"] = {
 }
 
 ATTENTION_CHOICE: dict[str, dict[str, str]] = {
-    "hopper": {"megatron": "cudnn", "eager": "flash2"},
-    "ampere": {"megatron": "flash2", "eager": "flash2"},
-    "ada": {"megatron": "flash2", "eager": "flash2"},
-    "blackwell": {"megatron": "cudnn", "eager": "flash2"},
-    "cdna3": {"megatron": "aiter", "eager": "ck"},
-    "cdna4": {"megatron": "aiter", "eager": "ck"},
+    "hopper": {"megatron": "cudnn", "eager": "flash2", "compiled": "flash2"},
+    "ampere": {"megatron": "flash2", "eager": "flash2", "compiled": "flash2"},
+    "ada": {"megatron": "flash2", "eager": "flash2", "compiled": "flash2"},
+    "blackwell": {"megatron": "cudnn", "eager": "flash2", "compiled": "cudnn"},
+    "cdna3": {"megatron": "aiter", "eager": "ck", "compiled": "ck"},
+    "cdna4": {"megatron": "aiter", "eager": "ck", "compiled": "ck"},
 }
 """The fused attention kernel each training stack runs per architecture: Megatron-LM with
 Transformer Engine runs cuDNN's fused attention on Hopper and Blackwell (TE's backend
 preference on sm_90 and sm_100), FlashAttention-2 on Ampere and Ada, AITER's kernels on ROCm
 (TE's ROCm fused attention); eager PyTorch's SDPA runs its flash backend (FlashAttention-2 on
-NVIDIA, Composable Kernel's on ROCm). Volta and Turing have no fused kernel (unfused)."""
+NVIDIA, Composable Kernel's on ROCm). Volta and Turing have no fused kernel (unfused).
+torchtitan (``compiled``) calls SDPA under ``sdpa_kernel([FLASH_ATTENTION, EFFICIENT_ATTENTION,
+MATH], set_priority=True)``, with ``CUDNN_ATTENTION`` put first only on compute capability 10.0
+(``torchtitan/models/attention.py``, ``ScaledDotProductAttention._init_backend``, at e7c0cae,
+2025-06): FlashAttention-2 on Hopper too, SDPA's flash backend being FlashAttention-2 until
+PyTorch 2.12's opt-in ``activate_flash_attention_impl`` (pytorch/pytorch issue #131309)."""
 
 
 ATTENTION_BACKEND_KERNELS: dict[str, dict[str, str]] = {
@@ -307,7 +312,8 @@ AMD_ARCHS = ("cdna3", "cdna4")
 
 
 def attention_kernel_for(arch: str, profile: str, backend: str = "auto") -> str:
-    """The fused attention kernel that ``profile`` (``megatron``, ``eager``) runs on ``arch``:
+    """The fused attention kernel that ``profile`` (``megatron``, ``eager``, ``compiled``) runs
+    on ``arch``:
     the run's ``backend`` (``flash``, ``fused``: :data:`ATTENTION_BACKEND_KERNELS`) where it
     names one, else :data:`ATTENTION_CHOICE`; ``flash2`` where the architecture has no entry
     (Volta and Turing price it unfused, having no fused kernel)."""
