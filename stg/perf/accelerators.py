@@ -52,6 +52,9 @@ so each GPU gets 225 GB/s per direction; two GPUs writing (or reading) at once m
 within the LPDDR5X's 512, so the link bounds the copy, not the memory. stg prices the copies;
 it does not check that the offloaded activations fit the Grace's 480 GB (240 GB per GPU).
 
+GEMMs with a shape run at 0.81 of the clock-scaled peak on Blackwell, not Hopper's 0.88
+(:data:`stg.perf.kernel_time.BLACKWELL_GEMM_PIPE_EFFICIENCY`: published B200 cuBLAS rates; the
+B200's clock above was measured under attention, which draws less power than a GEMM).
 Compute efficiencies of unshaped nodes: the h100-80g preset's for Blackwell (the same
 Transformer Engine software lineage), the a100-80g preset's for AMD (as :mod:`stg.perf.devices`
 does for GPUs without a measurement); AMD's streaming at 0.79 of HBM bandwidth, the 4.2 of

@@ -54,6 +54,21 @@ GEMM_PIPE_EFFICIENCY = 0.88
 """Fraction of the clock-scaled tensor-core peak that cuBLAS reaches on large GEMMs: H100 data,
 bf16 grid cases with m, n, k >= 4096, median 654 TFLOP/s, over 989.4 · 1.38/1.83 = 746."""
 
+BLACKWELL_GEMM_PIPE_EFFICIENCY = 0.81
+""":data:`GEMM_PIPE_EFFICIENCY` of Blackwell (B200, B300, GB200, GB300) at the preset's sustained
+clock: 0.88 times the median, 0.918, of five published cuBLAS bf16 GEMMs on a B200 with every
+side >= 4096 over the tile model at 0.88 (tests/data/kernels/blackwell-published.jsonl):
+``torch.mm`` at 4096^3, 6144^3 and 8192^3, 1.41, 1.45 and 1.42 PFLOP/s (pytorch/ao pull request
+#2427), 16384 x 6144 x 4096 at 1.51 (vllm-project/vllm pull request #19566, ``torch-bf16``) and
+8192^3 at 1.61 (NVIDIA's Tilus tutorial, under Nsight Compute). The first four are short runs
+(5 profiled iterations; Triton's benchmark harness) that a B200 starts at up to 1.965 GHz, above
+the preset's clock (1.58 GHz after ~0.1 s back to back), so the sustained rate is, if anything,
+lower. fp8 runs at twice the bf16 rate per clock, as the data sheet has it
+(1.95-1.96x at 4096^3 in OpenXLA's sm_100 matmul table, the same file)."""
+
+ARCH_GEMM_PIPE_EFFICIENCY: dict[str, float] = {"blackwell": BLACKWELL_GEMM_PIPE_EFFICIENCY}
+"""GEMM pipeline efficiency per architecture where it is not :data:`GEMM_PIPE_EFFICIENCY`."""
+
 FP32_SIMT_EFFICIENCY = 0.76
 """Fraction of the fp32 (CUDA-core) peak a large strict-fp32 GEMM reaches: H100 data, fp32
 grid cases with all dimensions >= 4096, median 50.8 of 66.9 TFLOP/s."""
@@ -226,9 +241,10 @@ FUSED_ATTENTION["turing"] = {}
 # - flash2 (FlashAttention-2, PyTorch SDPA's flash backend: its sm_80 code on sm_100): cuDNN's
 #   SDPA ran a 506k-token attention 2.86x faster (546.8 -> 191.2 ms, B200;
 #   sgl-project/sglang pull request #33655), so cuDNN's fractions / 2.86.
-# No backward figure at hand for any of them: each backward is its forward times the
-# backward-over-forward ratio measured for cuDNN on Hopper (0.658/0.822 at d 128, 0.554/0.606
-# at d 64, H100 data). Overheads as measured on Hopper.
+# Each backward is its forward times the backward-over-forward ratio measured for cuDNN on Hopper
+# (0.658/0.822 at d 128, 0.554/0.606 at d 64, H100 data), which cuDNN's own on a B200 matches
+# within 5 % at d 128 (0.78-0.81, causal, 8k-32k; NVIDIA/cudnn-frontend's SDPA training
+# benchmark, tests/data/kernels/blackwell-published.jsonl). Overheads as measured on Hopper.
 _HOPPER_BACKWARD_RATIO = {64: 0.554 / 0.606, 128: 0.658 / 0.822}
 
 
@@ -364,12 +380,17 @@ class Gpu:
         """Operations per second that the best kernel sustains on large problems."""
         peak = self.peak_flops[dtype]
         if dtype in TENSOR_DTYPES:
-            return peak * self.clock_scale * GEMM_PIPE_EFFICIENCY
+            return peak * self.clock_scale * self.gemm_efficiency
         return peak * FP32_SIMT_EFFICIENCY
 
     @property
     def clock_scale(self) -> float:
         return self.sustained_clock_ghz / self.peak_clock_ghz
+
+    @property
+    def gemm_efficiency(self) -> float:
+        """Fraction of the clock-scaled tensor-core peak that cuBLAS sustains on large GEMMs."""
+        return ARCH_GEMM_PIPE_EFFICIENCY.get(self.arch, GEMM_PIPE_EFFICIENCY)
 
     @property
     def attention_kernels(self) -> dict[str, AttentionKernel]:
