@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from stg.core.modelinfo import build_unsharded, saved_activations
 from stg.core.options import GenerateOptions, OptionError
 from stg.core.pipeline import build_workload
 from stg.core.workload import NodeType, node_op
@@ -113,3 +114,19 @@ def test_the_copies_lengthen_the_predicted_step(registry) -> None:
 def test_refused_where_megatron_has_no_such_sort(registry, kw, allowed) -> None:
     with pytest.raises(OptionError, match=allowed):
         build_workload(options(moe_sort_by_expert=True, **kw), registry)
+
+
+def test_the_copies_keep_no_more_activations(registry) -> None:
+    # Megatron's sort leaves nothing for autograd (a copy's gradient is a copy back): the
+    # experts keep the sorted rows instead of the unsorted ones, as many bytes
+    saved = {}
+    for sort in (False, True):
+        part = build_unsharded(
+            registry.models.get("moe"), "block", options(moe_sort_by_expert=sort)
+        )
+        saved[sort] = {t.name: t for t in saved_activations(part)}
+    # the experts read the sorted rows, the combine the unsorted output: same shapes
+    swapped = {"dispatch": "expert_sort", "expert_down": "expert_unsort"}
+    assert set(saved[True]) == {swapped.get(name, name) for name in saved[False]}
+    for before, after in swapped.items():
+        assert saved[True][after].dims == saved[False][before].dims
