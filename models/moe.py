@@ -28,6 +28,28 @@ DISPATCH_FLOPS = 1  # one copy per routed element (its token gradient: one add)
 COMBINE_FLOPS = 2  # scale by the gate weight and accumulate, per routed element
 # (stg.perf.costs prices the eager dispatch and combine by their routed elements: num_ops over
 # these, MOE_OPS_PER_ROUTED_ELEMENT there)
+SORT_FLOPS = 0  # a copy: no arithmetic (stg.perf.costs prices the sorts' bytes, MOE_SORT_OPS)
+
+
+def sorted_by_expert(b: GraphBuilder, rows: Tensor, name: str) -> Tensor:
+    """``rows`` copied into another order of the experts' slots under ``--moe_sort_by_expert``
+    where each expert-parallel rank holds several experts; ``rows`` itself otherwise.
+
+    Megatron-core's alltoall token dispatcher (megatron/core/transformer/moe/token_dispatcher.py
+    at core_v0.14.0, ``MoEAlltoAllTokenDispatcher``) receives the routed rows ordered by source
+    rank, then by expert, and copies them into local-expert order before the experts
+    (``dispatch_postprocess``: ``transpose(0, 1).contiguous()`` of the padded slots, or
+    ``sort_chunks_by_idxs`` dropless) and back before the return all-to-all
+    (``combine_preprocess``), when ``num_local_experts > 1``; autograd copies each gradient
+    back. One copy of a rank's routed rows each: the dispatch side's runs here before its
+    all-to-all, on as many bytes as arrive (every rank sends and receives its share of slots)."""
+    options = b.options
+    ep = int(options.get("ep") or 1)
+    if not options.get("moe_sort_by_expert") or int(options.get("experts") or 1) <= ep:
+        return rows
+    return b.elementwise(
+        name, rows, flops=SORT_FLOPS, backward_flops=SORT_FLOPS, backward_reads="nothing"
+    )
 
 
 def moe_mlp(b: GraphBuilder, x: Tensor) -> Tensor:
@@ -54,6 +76,7 @@ def moe_mlp(b: GraphBuilder, x: Tensor) -> Tensor:
         grad_inputs=(0, 1),
         out_shard={"capacity": token_axes},
     )
+    dispatched = sorted_by_expert(b, dispatched, "expert_sort")
     ep = {"experts": "ep", "dff": "etp"}
     gate = b.einsum(
         "ech,ehf->ecf",
@@ -70,7 +93,7 @@ def moe_mlp(b: GraphBuilder, x: Tensor) -> Tensor:
     )
     combined = b.custom(
         "combine",
-        [down, gates],
+        [sorted_by_expert(b, down, "expert_unsort"), gates],
         "batch seq dmodel",
         flops=COMBINE_FLOPS,
         backward_flops=COMBINE_FLOPS,

@@ -380,6 +380,17 @@ SPECS: dict[str, tuple[str, _Spec]] = {
             metavar=BOOL,
         ),
     ),
+    "moe_sort_by_expert": (
+        _PARALLEL,
+        _Spec(
+            "Copy the tokens an expert-parallel all-to-all brings into local-expert order, and "
+            "back before the return all-to-all, forward and backward (Megatron-core's alltoall "
+            "token dispatcher, moe_token_dispatcher_type alltoall; needs ep > 1 and "
+            "profile=megatron; default off: one permutation each way, as the flex dispatcher).",
+            parser=parse_bool,
+            metavar=BOOL,
+        ),
+    ),
     "rank_order": (_PARALLEL, _Spec("Mesh axes, fastest-varying first.", metavar="AXES")),
     "pipeline_schedule": (
         _PARALLEL,

@@ -328,6 +328,7 @@ class GenerateOptions:
     kexperts: int = 2
     capacity_factor: float = 1.0
     moe_routing: str = "capacity"
+    moe_sort_by_expert: bool = False
     shared_experts: int | None = None
     dense_layers: int | None = None
     dense_dff: int | None = None
@@ -523,6 +524,7 @@ class GenerateOptions:
         "recompute_modules",
         "fp8_param_gather",
         "fp8_dispatch",
+        "moe_sort_by_expert",
         "nvfp4_disable_rht",
         "nvfp4_disable_stochastic_rounding",
         "megatron_fsdp",

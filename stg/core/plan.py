@@ -197,6 +197,23 @@ def _check_moe_ep_overlap(o: GenerateOptions) -> None:
     )
 
 
+def _check_moe_sort_by_expert(o: GenerateOptions) -> None:
+    """``moe_sort_by_expert`` where it means something: the sort is Megatron-core's (the
+    ``megatron`` profile), of the tokens an expert-parallel all-to-all brings (``ep > 1``)."""
+    if not o.moe_sort_by_expert:
+        return
+    _require(
+        o.ep > 1,
+        f"moe_sort_by_expert=true sorts the tokens an expert-parallel all-to-all brings: "
+        f"ep={o.ep} is not allowed; allowed: ep > 1",
+    )
+    _require(
+        o.profile == "megatron",
+        f"moe_sort_by_expert=true is Megatron-core's alltoall token dispatcher: "
+        f"profile={o.profile} is not allowed; allowed: profile=megatron",
+    )
+
+
 def _require(condition: bool, message: str) -> None:
     if not condition:
         raise OptionError(message)
@@ -766,6 +783,7 @@ def make_plan(o: GenerateOptions) -> ParallelPlan:
         "is not allowed; allowed: profile=megatron",
     )
     _check_moe_ep_overlap(o)
+    _check_moe_sort_by_expert(o)
     folded = _check_ep_layout(o)
     _require(o.kexperts <= o.experts, f"kexperts={o.kexperts} must not exceed experts={o.experts}")
     _require(o.capacity_factor > 0, f"capacity_factor={o.capacity_factor} must be positive")

@@ -84,6 +84,23 @@ scale by the gate weight and an add), forward and backward: a node's routed elem
 ``num_ops`` over this."""
 
 
+MOE_SORT_OPS = frozenset({"expert_sort", "expert_unsort"})
+"""The copies ``models/moe.py`` declares under ``--moe_sort_by_expert`` (Megatron-core's
+alltoall token dispatcher putting the routed rows in local-expert order and back)."""
+
+
+def moe_sort_time(node: Any, system: System) -> float | None:
+    """Seconds of a :data:`MOE_SORT_OPS` copy or of its gradient (a copy back), None for any
+    other node: the rows read and written once at the streaming rate. A copy's gradient reads
+    the output gradient and writes the input gradient; the generic backward node also counts
+    the forward input, which the copy's backward does not read (a third of its bytes)."""
+    base, _, grad_of = kernel_name(node).partition(".grad_")
+    if base not in MOE_SORT_OPS:
+        return None
+    moved = node.tensor_size * 2 / 3 if grad_of else node.tensor_size
+    return memory_bound_time(system.gpu, moved, "stream", node.dtype or "bf16")
+
+
 def eager_moe_routing_time(node: Any, system: System) -> float | None:
     """Seconds of a mixture's dispatch or combine node (:data:`MOE_DISPATCH_OP`,
     :data:`MOE_COMBINE_OP` and their gradients) as eager PyTorch runs them
@@ -399,6 +416,9 @@ def compute_time(
         fused = megatron_fused_time(node, system)
         if fused is not None:
             return fused
+        sort = moe_sort_time(node, system)
+        if sort is not None:
+            return sort + system.kernel_overhead
     attrs = getattr(node, "attrs", None) or {}
     gemm = attrs.get("gemm")
     attention = attrs.get("attention")
