@@ -132,3 +132,57 @@ def test_a_precision_plans_fp8_copies_halve_on_blackwell() -> None:
     mlp = sum(r * c for r, c in WEIGHTS[4:])
     assert _copies(predict_analytic(options, HOPPER)) == 2 * mlp
     assert _copies(predict_analytic(options, BLACKWELL)) == mlp
+
+
+def _quantize_nodes(recipe: str) -> list[Any]:
+    options = GenerateOptions(**LLAMA, low_precision_recipe=recipe)
+    workload = build_workload(options, load_registry(autoload=False))
+    return list(workload.ranks[0].nodes())
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "blockwise", "mxfp8"])
+def test_cast_writes_one_copy_in_time_where_one_serves_both(recipe: str) -> None:
+    """The time of a recipe's cast follows the copies it writes: on Blackwell a per-tensor
+    fp8 cast writes the data alone (no transpose), so its input's bf16 read and one fp8 copy
+    (3 bytes per element, not the trace's 4); block-scaled casts write both copies on either
+    GPU. The trace states both usages' copies whatever the GPU."""
+    from stg.core.recipes import QUANTIZE_KERNEL_ATTR
+    from stg.perf.costs import recipe_quantize_time
+    from stg.perf.kernel_time import memory_bound_time
+    from stg.perf.system import load_system
+
+    casts = [
+        n
+        for n in _quantize_nodes(recipe)
+        if n.attrs.get(QUANTIZE_KERNEL_ATTR) == "cast"
+        and recipe_quantize_time(n, load_system(BLACKWELL)) > 0
+    ]
+    assert casts
+    for system in (HOPPER, BLACKWELL) if recipe != "mxfp8" else (BLACKWELL,):
+        gpu = load_system(system)
+        for node in casts:
+            written = node.tensor_size
+            if recipe == "tensorwise" and system == BLACKWELL:
+                written -= node.num_ops  # one fp8 byte per element not written
+            expected = memory_bound_time(gpu.gpu, written, "quantize") + gpu.kernel_overhead
+            assert recipe_quantize_time(node, gpu) == pytest.approx(expected)
+
+
+def test_delayed_cast_transpose_writes_no_transpose_on_blackwell() -> None:
+    """Delayed scaling's cast before an fp8 GEMM (``fp8_quantize`` elements): 2 + 1 + 1 bytes
+    per element on Hopper (bf16 read, fp8 data and its transpose), 2 + 1 on Blackwell."""
+    from stg.core.fp8 import QUANTIZE_ATTR
+    from stg.perf.costs import fp8_quantize_time
+    from stg.perf.kernel_time import memory_bound_time
+    from stg.perf.system import load_system
+
+    nodes = [n for n in _quantize_nodes("delayed") if QUANTIZE_ATTR in n.attrs]
+    assert nodes
+    for system, per_element in ((HOPPER, 4), (BLACKWELL, 3)):
+        gpu = load_system(system)
+        for node in nodes:
+            expected = (
+                memory_bound_time(gpu.gpu, node.attrs[QUANTIZE_ATTR] * per_element, "quantize")
+                + gpu.kernel_overhead
+            )
+            assert fp8_quantize_time(node, gpu) == pytest.approx(expected)

@@ -20,9 +20,11 @@ from stg.core.fp8 import QUANTIZE_ATTR, QUANTIZE_BYTES_PER_ELEMENT
 from stg.core.quantization import WEIGHT_FORMATS
 from stg.core.recipes import (
     HADAMARD_FLOPS_ATTR,
+    NON_TN_FP8_GEMM_ARCHS,
     QUANTIZE_KERNEL_ATTR,
     QUANTIZE_OPERAND_ATTR,
     RECIPE_ATTR,
+    RECIPES,
 )
 from stg.core.workload import MICRO_BATCH_ATTR, STEP_ATTR, CollectiveType, Role, node_role
 from stg.errors import UserError
@@ -296,13 +298,17 @@ def fp8_quantize_time(node: Any, system: System) -> float:
     """The time of the fp8 quantization that runs right before an fp8 GEMM node (its
     ``fp8_quantize`` elements, :data:`stg.core.fp8.QUANTIZE_ATTR`): Transformer Engine's
     cast-transpose with its amax, a kernel of its own, at the measured rate of a fused fp8
-    cast with amax (``quantize``); 0 for a node without one. Part of the node's
-    :func:`compute_time` where the GEMM runs natively in fp8."""
+    cast with amax (``quantize``), writing no transpose on an architecture whose fp8 GEMMs take
+    either layout (:data:`stg.core.recipes.NON_TN_FP8_GEMM_ARCHS`); 0 for a node without one.
+    Part of the node's :func:`compute_time` where the GEMM runs natively in fp8."""
     attrs = getattr(node, "attrs", None) or {}
     quantized = attrs.get(QUANTIZE_ATTR)
     if type(quantized) is not int or quantized <= 0:
         return 0.0
-    nbytes = quantized * QUANTIZE_BYTES_PER_ELEMENT
+    per_element = QUANTIZE_BYTES_PER_ELEMENT
+    if system.arch in NON_TN_FP8_GEMM_ARCHS:
+        per_element -= 1  # one fp8 tensor serves both usages: no transpose written
+    nbytes = quantized * per_element
     return memory_bound_time(system.gpu, nbytes, "quantize") + system.kernel_overhead
 
 
@@ -343,7 +349,9 @@ def recipe_gemm_dtype(system: System, recipe: str, dtype: str) -> str:
 
 def recipe_quantize_time(node: Any, system: System) -> float:
     """Time of a low-precision recipe's quantize kernel (a node with ``quantize_kernel``):
-    its bytes at the measured rate of a fused cast with amax (``quantize``) and its launch;
+    its bytes at the measured rate of a fused cast with amax (``quantize``) and its launch,
+    a per-tensor fp8 cast writing one copy, not the trace's two, where one tensor serves both
+    usages (:meth:`stg.core.recipes.Recipe.shares_usages`: Blackwell);
     nothing where the GPU runs the recipe's GEMMs in bf16, or for a weight's copies after the
     first micro-batch (:func:`weight_cast_cached`: Transformer Engine caches them)."""
     attrs = node.attrs
@@ -352,7 +360,16 @@ def recipe_quantize_time(node: Any, system: System) -> float:
         return 0.0
     if attrs.get(QUANTIZE_OPERAND_ATTR) == "weight" and weight_cast_cached(node):
         return 0.0
-    seconds = memory_bound_time(system.gpu, node.tensor_size, "quantize")
+    nbytes = node.tensor_size
+    recipe = RECIPES.get(str(attrs.get(RECIPE_ATTR, "")))
+    if (
+        recipe is not None
+        and attrs.get(QUANTIZE_KERNEL_ATTR) == "cast"
+        and recipe.shares_usages(system.arch)
+    ):
+        # the trace states both copies; on this GPU the cast writes one (no transpose)
+        nbytes -= -(-node.num_ops * recipe.element_bits // 8)
+    seconds = memory_bound_time(system.gpu, nbytes, "quantize")
     # a Hadamard transform's FLOPs on tensor cores (TE's wmma / UMMA kernels), its other ops
     # (one per element, stochastic rounding's random numbers) at the SIMT rate
     hadamard = int(attrs.get(HADAMARD_FLOPS_ATTR, 0))
