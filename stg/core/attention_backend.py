@@ -14,8 +14,10 @@ than ``auto`` puts the choice on every fused attention node as the attribute
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
-from stg.core.lowering import BoundOp, BoundPart
+if TYPE_CHECKING:  # the predictors read the attribute's name without loading lowering (sympy)
+    from stg.core.lowering import BoundOp, BoundPart
 
 ATTENTION_BACKEND_ATTR = "attention_backend"
 """Node attribute naming the fused attention kernel family (``flash`` or ``fused``)."""
