@@ -479,9 +479,6 @@ class _Shift:
         """per unit: each node's position in the longer problem, by id"""
         self.kept: list[bytearray] = []
         """per unit and position in the longer problem: whether the shorter one has the node"""
-        self.topological: list[bool] = []
-        """per unit: whether every node of both problems depends only on nodes at lower
-        positions of the longer one (as lowering makes them: a node after what it waits for)"""
         for lunit, sunit in zip(long.units, short.units, strict=True):
             nodes = lunit.nodes
             ids = [n.id for n in nodes]
@@ -493,7 +490,6 @@ class _Shift:
                 kept[j] = 1
             self.long_pos.append(by_id)
             self.kept.append(kept)
-            self.topological.append(_topological(nodes, sunit.nodes, by_id))
         self.later: list[list[int | None]] = []
         """per unit and position in the longer problem: that of its node one period later"""
         for unit, index in zip(long.units, indexed, strict=True):
@@ -526,32 +522,11 @@ class _Shift:
         return False if moved is None else (ref[0], moved)
 
 
-def _topological(
-    long_nodes: Sequence[Any], short_nodes: Sequence[Any], by_id: Mapping[int, int]
-) -> bool:
+def _topological(long_ordered: bool, rewritten: Mapping[int, set[int]]) -> bool:
     """Whether every node of both problems depends only on nodes at lower positions of the
-    longer one (``by_id``: each node's position there). The shorter problem's nodes that are
-    the longer one's own (the same objects) are checked once, as the longer one's."""
-    identity = isinstance(by_id, range)
-    for j, node in enumerate(long_nodes):
-        deps = node.data_deps
-        if node.ctrl_deps:
-            deps = (*deps, *node.ctrl_deps)
-        if not deps:
-            continue
-        if identity:
-            if max(deps) >= j or min(deps) < 0:
-                return False
-        elif max([by_id[d] for d in deps]) >= j:
-            return False
-    for node in short_nodes:
-        j = by_id[node.id]
-        if long_nodes[j] is node:
-            continue
-        deps = (*node.data_deps, *node.ctrl_deps)
-        if deps and max([by_id[d] for d in deps]) >= j:
-            return False
-    return True
+    longer one: the longer one's nodes (``long_ordered``, as the engine found them) and the
+    shorter one's that differ from them (``rewritten``: their dependencies, by position)."""
+    return long_ordered and all(not deps or max(deps) < j for j, deps in rewritten.items())
 
 
 def _short_from_long(
@@ -755,6 +730,7 @@ class _Check:
             found = rewritten.get(j)
             return long_deps(j) if found is None else found
 
+        topological = _topological(sim.ordered[u], rewritten)
         by_position = isinstance(lpos, range)
         if by_position:
             # the commonest case at once: the same dependencies one period later (then the
@@ -801,7 +777,6 @@ class _Check:
             if shifted != theirs_deps:
                 extra_mine = {d for d in mine if later[d] not in theirs_deps}
                 extra_theirs = theirs_deps - shifted
-                topological = self.shift.topological[u]
                 mine -= _implied(extra_mine, mine, short_deps, lambda d: a_end[d] < 0, topological)
                 theirs_deps -= _implied(
                     extra_theirs, theirs_deps, long_deps, lambda d: b_end[d] < 0, topological

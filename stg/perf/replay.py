@@ -727,6 +727,8 @@ class _Sim:
         self.results: list[UnitResult] = []
         self.children: list[list[list[int]]] = []
         self.pending: list[list[int]] = []
+        self.ordered: list[bool] = []
+        """per unit: whether every node depends only on nodes at lower positions"""
         self.ready_time: list[list[float]] = []
         self.ready_cause: list[list[tuple[int, int] | None]] = []
         self.coll_key: list[dict[int, Any]] = []
@@ -778,11 +780,7 @@ class _Sim:
     def _prepare(self, unit: Unit) -> None:
         nodes = unit.nodes
         n = len(nodes)
-        position = {node.id: i for i, node in enumerate(nodes)}
-        if len(position) != n:
-            raise TraceError(f"rank {unit.rank}: duplicate node ids")
-        children: list[list[int]] = [[] for _ in range(n)]
-        pending = [0] * n
+        children, pending, ordered = _dependencies(nodes, unit.rank)
         kind = [INSTANT] * n
         duration = [0.0] * n
         coll_key: dict[int, Any] = {}
@@ -806,18 +804,9 @@ class _Sim:
         memo = self.compute_memo.setdefault(device.name, {})
         remember = self.remember_nodes or unit.rank_class in self.shared_classes
         interned = self.interned_keys
-        comp, memo_get, find = NodeType.COMP, memo.get, position.get
+        comp, memo_get = NodeType.COMP, memo.get
         intern, cached_cost = interned.setdefault, cost_cache.get
         for i, node in enumerate(nodes):
-            data, ctrl = node.data_deps, node.ctrl_deps
-            if ctrl or len(data) > 1:
-                data = set(data) | set(ctrl) if ctrl else set(data)
-            for dep in data:
-                j = find(dep)
-                if j is None:
-                    raise TraceError(f"rank {unit.rank}: node {node.id} depends on missing {dep}")
-                children[j].append(i)
-            pending[i] = len(data)
             t = node.type
             if t is comp:
                 kind[i] = COMPUTE
@@ -947,6 +936,7 @@ class _Sim:
                 )
         self.children.append(children)
         self.pending.append(pending)
+        self.ordered.append(ordered)
         self.ready_time.append([0.0] * n)
         self.ready_cause.append([None] * n)
         self.coll_key.append(coll_key)
@@ -1490,6 +1480,61 @@ class _Sim:
                         f"replay deadlocked: rank {res.unit.rank} node {node.id} "
                         f"({node.name!r}) {state}"
                     )
+
+
+def _dependencies(nodes: Sequence[Any], rank: int) -> tuple[list[list[int]], list[int], bool]:
+    """Per position: the positions of the nodes that wait for it (ascending) and how many
+    distinct nodes it waits for; and whether every node waits only for nodes at lower
+    positions."""
+    n = len(nodes)
+    ids = [node.id for node in nodes]
+    if ids == list(range(n)):  # as lowering makes them
+        try:
+            found = _earlier_dependencies(nodes)
+        except TypeError:  # an id that is no int
+            found = None
+        if found is not None:
+            return found[0], found[1], True
+    position = {node_id: i for i, node_id in enumerate(ids)}
+    if len(position) != n:
+        raise TraceError(f"rank {rank}: duplicate node ids")
+    children: list[list[int]] = [[] for _ in range(n)]
+    pending = [0] * n
+    ordered = True
+    for i, node in enumerate(nodes):
+        data = set(node.data_deps).union(node.ctrl_deps)
+        for dep in data:
+            j = position.get(dep)
+            if j is None:
+                raise TraceError(f"rank {rank}: node {node.id} depends on missing {dep}")
+            if j >= i:
+                ordered = False
+            children[j].append(i)
+        pending[i] = len(data)
+    return children, pending, ordered
+
+
+def _earlier_dependencies(nodes: Sequence[Any]) -> tuple[list[list[int]], list[int]] | None:
+    """:func:`_dependencies` where every node's id is its position, None unless every node
+    waits only for nodes before it."""
+    children: list[list[int]] = [[] for _ in nodes]
+    pending = [0] * len(nodes)
+    for i, node in enumerate(nodes):
+        data, ctrl = node.data_deps, node.ctrl_deps
+        # distinct: the commonest shapes (two data deps, one data and one ctrl dep) at a glance
+        if ctrl:
+            if len(ctrl) == 1 and len(data) == 1 and data[0] != ctrl[0]:
+                data = (data[0], ctrl[0])
+            else:
+                data = set(data).union(ctrl)
+        elif len(data) > 1 and (len(data) != 2 or data[0] == data[1]):
+            data = set(data)
+        for dep in data:
+            if not 0 <= dep < i:
+                return None
+            children[dep].append(i)
+        pending[i] = len(data)
+    return children, pending
 
 
 def replay(
