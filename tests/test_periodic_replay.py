@@ -469,6 +469,33 @@ def test_the_single_replay_check_rejects_a_state_that_does_not_repeat() -> None:
     _assert_matches_full(changed)
 
 
+def test_a_shorter_problem_out_of_the_longer_ones_order_is_not_read_off() -> None:
+    """The shorter replay is read off column by column, the longer problem's less the nodes it
+    lacks: only where the shorter problem's nodes are in the longer one's order (as reduced
+    problems keep them); another order is replayed instead."""
+    problem = problem_from_workload(_workload(**SMALL, **SINGLE_CASES["1f1b-pp4"]), SYSTEM)
+    per_unit, built = _micro_batches(problem)
+    assert built is not None
+    keep = first_keep(4, 1)
+    indexed = [_Indexed(u.nodes, mbs) for u, mbs in zip(problem.units, per_unit, strict=True)]
+    longer = _reduced(problem, keep + 1, built, indexed)
+    shorter = _reduced(problem, keep, built, indexed)
+    anchors = _anchors(longer, indexed, [cut_at(keep, 4, 1) - 1, cut_at(keep, 4, 1)])
+    long = replay(longer, SYSTEM, states_at=anchors)
+    tolerance = TOLERANCE * long.iteration_time
+    shift = _Shift(longer, shorter, indexed, 1)
+    assert shift.in_order
+    assert _short_from_long(long, longer, shorter, shift, tolerance) is not None
+    # the first two nodes (finished long before the instants compared) swapped
+    first = shorter.units[0]
+    swapped = dataclasses.replace(first, nodes=[first.nodes[1], first.nodes[0], *first.nodes[2:]])
+    units = [swapped, *shorter.units[1:]]
+    other = Problem(units, shorter.unit_of_rank, shorter.comm_groups, shorter.world_size)
+    shift = _Shift(longer, other, indexed, 1)
+    assert not shift.in_order
+    assert _short_from_long(long, longer, other, shift, tolerance) is None
+
+
 def test_the_single_replay_check_rejects_a_schedule_without_a_steady_state() -> None:
     """GPipe runs every backward after every forward, in reverse: one more micro-batch
     delays the backward of every other, so the engine's state one period apart never

@@ -79,7 +79,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from bisect import bisect_left
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -479,6 +479,9 @@ class _Shift:
         """per unit: each node's position in the longer problem, by id"""
         self.kept: list[bytearray] = []
         """per unit and position in the longer problem: whether the shorter one has the node"""
+        self.in_order = True
+        """the shorter problem's nodes are in the longer one's order (as reduced problems keep
+        them): its columns are the longer one's, less the nodes it lacks"""
         for lunit, sunit in zip(long.units, short.units, strict=True):
             nodes = lunit.nodes
             ids = [n.id for n in nodes]
@@ -486,8 +489,10 @@ class _Shift:
             if ids != list(by_id):
                 by_id = {i: j for j, i in enumerate(ids)}
             kept = bytearray(len(nodes))
-            for j in [by_id[n.id] for n in sunit.nodes]:
+            at = [by_id[n.id] for n in sunit.nodes]
+            for j in at:
                 kept[j] = 1
+            self.in_order = self.in_order and at == sorted(at)
             self.long_pos.append(by_id)
             self.kept.append(kept)
         self.later: list[list[int | None]] = []
@@ -549,7 +554,7 @@ def _short_from_long(
     ports' users), the engine, deterministic, does from ``a`` on in the shorter problem what
     it does from ``b`` on in the longer one, ``T`` earlier: each node not finished at ``a``
     runs as its alike one period later does, ``T`` earlier."""
-    if len(long.states) < 2 or long.prepared is None:
+    if len(long.states) < 2 or long.prepared is None or not shift.in_order:
         return None
     for a, b in itertools.pairwise(long.states):
         short = _state_matches(long, long_problem, short_problem, shift, a, b, tolerance)
@@ -580,7 +585,7 @@ def _state_matches(
             return None
     if not (check.events() and check.streams() and check.messages() and check.collectives()):
         return None
-    return _read_off(long, short_problem, shift, a, span)
+    return _read_off(long, short_problem, shift, a, span, check.opened)
 
 
 class _Check:
@@ -942,36 +947,47 @@ def _implied(
 
 
 def _read_off(
-    long: Replay, short_problem: Problem, shift: _Shift, a: EngineState, span: float
+    long: Replay,
+    short_problem: Problem,
+    shift: _Shift,
+    a: EngineState,
+    span: float,
+    opened: Sequence[Sequence[int]],
 ) -> Replay:
-    """The shorter problem's replay: its nodes finished at ``a`` as in ``long``, the others as
-    their alikes one period later, ``span`` earlier (causes left out: the path is walked in
-    the longer replay)."""
+    """The shorter problem's replay: its nodes finished at ``a`` as in ``long``, the others
+    (``opened``: per unit, their positions in the longer problem) as their alikes one period
+    later, ``span`` earlier (causes left out: the path is walked in the longer replay)."""
     units = []
     for u, sunit in enumerate(short_problem.units):
         res = long.units[u]
-        lpos = shift.long_pos[u]
-        at = [lpos[node.id] for node in sunit.nodes]
-        # the nodes finished at ``a`` as in ``long`` (most of them), column by column
-        kind = [res.kind[j] for j in at]
-        duration = [res.duration[j] for j in at]
-        start = [res.start[j] for j in at]
-        end = [res.end[j] for j in at]
-        transfer = [res.transfer_start[j] for j in at]
-        a_end, a_live, later = a.end[u], a.live[u], shift.later[u]
-        for q in [q for q, j in enumerate(at) if a_end[j] < 0]:
-            j = at[q]
+        # by position in the longer problem: the nodes finished at ``a`` as in ``long`` (most
+        # of them), the others read off; then the shorter problem's (in the same order)
+        duration, start = res.duration.copy(), res.start.copy()
+        end, transfer = res.end.copy(), res.transfer_start.copy()
+        a_live, later = a.live[u], shift.later[u]
+        for j in opened[u]:
             m = later[j]
             assert m is not None  # checked by _state_matches
-            duration[q] = res.duration[m]
-            end[q] = res.end[m] - span
+            duration[j] = res.duration[m]
+            end[j] = res.end[m] - span
             began, issued = a_live[j][:2] if j in a_live else (-1.0, -1.0)
-            start[q] = began if began >= 0 else res.start[m] - span
+            start[j] = began if began >= 0 else res.start[m] - span
             if issued >= 0:
-                transfer[q] = issued
+                transfer[j] = issued
             else:
-                transfer[q] = res.transfer_start[m] - span if res.transfer_start[m] >= 0 else -1.0
-        units.append(UnitResult(sunit, kind, duration, start, end, transfer, []))
+                transfer[j] = res.transfer_start[m] - span if res.transfer_start[m] >= 0 else -1.0
+        kept = shift.kept[u]
+        units.append(
+            UnitResult(
+                sunit,
+                list(itertools.compress(res.kind, kept)),
+                list(itertools.compress(duration, kept)),
+                list(itertools.compress(start, kept)),
+                list(itertools.compress(end, kept)),
+                list(itertools.compress(transfer, kept)),
+                [],
+            )
+        )
     iteration = max((max(r.end, default=0.0) for r in units), default=0.0)
     return Replay(units, iteration)
 
@@ -1194,7 +1210,7 @@ def _try_keep(
     path = _extended_path(long, shifted, indexed, per_unit, period, periods, period_time, name_at)
     if path is None:
         return None
-    result = _extrapolate(short, long, total, keep, period, period_time, path)
+    result = _extrapolate(short, long, total, keep, period, period_time, path, indexed)
     result.replays = 1 if found is not None else 2
     return result
 
@@ -1362,6 +1378,7 @@ def _extrapolate(
     period: int,
     period_time: float,
     path: list[dict[str, Any]],
+    indexed: Sequence[_Indexed],
 ) -> PeriodicReplay:
     periods = (total - keep) // period
     iteration = short.iteration_time + periods * period_time
@@ -1371,20 +1388,30 @@ def _extrapolate(
         second = unit_breakdown(l_res, long.iteration_time)
         breakdowns.append({k: first[k] + periods * (second[k] - first[k]) for k in first})
     flops = []
-    for s_res, l_res in zip(short.units, long.units, strict=True):
-        (s_hw, s_model), (l_hw, l_model) = unit_flops(s_res.unit), unit_flops(l_res.unit)
-        flops.append((s_hw + periods * (l_hw - s_hw), s_model + periods * (l_model - s_model)))
+    for l_res, index in zip(long.units, indexed, strict=True):
+        # the longer problem is the shorter one and micro-batches keep to keep + period (alike
+        # nodes: the reduction keeps their FLOPs and phase); integer sums, in any order
+        l_hw, l_model = unit_flops(l_res.unit)
+        members = index.members
+        added = [index.nodes[k] for mb in range(keep, keep + period) for k in members.get(mb, ())]
+        d_hw, d_model = _flops(added)
+        flops.append((l_hw - d_hw + periods * d_hw, l_model - d_model + periods * d_model))
     return PeriodicReplay(iteration, breakdowns, path, period, period_time, keep, total, flops)
 
 
 def unit_flops(unit: Unit) -> tuple[int, int]:
     """The (hardware, model) FLOPs of one rank of ``unit``: every compute node's, and those of
     the nodes that are not recomputation."""
+    return _flops(unit.nodes)
+
+
+def _flops(nodes: Iterable[Any]) -> tuple[int, int]:
+    """:func:`unit_flops` of ``nodes``."""
     hardware = model = 0
     comp = NodeType.COMP
     recomputed: dict[int | str, bool] = {}
     """per phase code: whether it is the recomputation's (a code's meaning looked up once)"""
-    for node in unit.nodes:
+    for node in nodes:
         if node.type is comp:
             ops = node.num_ops
             if ops > 0:

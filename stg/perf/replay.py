@@ -60,6 +60,7 @@ cast is paid, and compute costs are cached per node name.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import heapq
 import itertools
@@ -1585,10 +1586,12 @@ def replay(
 
 
 def _union_length(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    """The length of the union of the intervals of ``a`` and ``b``: its pieces' lengths added
+    in order."""
     intervals = a + b
     if not intervals:
         return 0.0
-    intervals.sort()
+    intervals.sort(key=_interval_start)  # the pieces do not depend on how ties are ordered
     total = 0.0
     cur_start, cur_end = intervals[0]
     for s, e in intervals[1:]:
@@ -1600,26 +1603,33 @@ def _union_length(a: list[tuple[float, float]], b: list[tuple[float, float]]) ->
     return total + (cur_end - cur_start)
 
 
+_interval_start = operator.itemgetter(0)
+
+_IS_COMPUTE = bytes(k == COMPUTE for k in range(256))
+_IS_TRANSFER = bytes(k in (COLL, SEND) for k in range(256))
+"""per node kind: whether it is compute, a collective or a send (``bytes.translate`` tables)"""
+
+
 def unit_breakdown(res: UnitResult, iteration_time: float) -> dict[str, float]:
     """Compute, communication, exposed communication and idle (bubble) time of one unit;
     where it copies to or from host memory (CPU activation offload) also the copies' time
     (``host_copy_s``) and the part of it that neither compute nor communication hides
     (``exposed_host_copy_s``, out of the bubble)."""
-    compute: list[tuple[float, float]] = []
-    comm: list[tuple[float, float]] = []
-    copies: list[tuple[float, float]] = []
-    waiting = 0.0
-    start, end, transfer_start = res.start, res.end, res.transfer_start
-    for i, k in enumerate(res.kind):
-        if k == COMPUTE:
-            compute.append((start[i], end[i]))
-        elif k == COLL or k == SEND:
-            comm.append((transfer_start[i], end[i]))
-            waiting += transfer_start[i] - start[i]
-        elif k == COPY:
-            copies.append((start[i], end[i]))
-    compute_s = sum([e - s for s, e in compute])
-    comm_s = sum([e - s for s, e in comm])
+    kinds = bytes(res.kind)
+    start, end = res.start, res.end
+    # the nodes of each kind, in node order, a column at a time; sums in node order
+    mask = kinds.translate(_IS_COMPUTE)
+    compute_start = list(itertools.compress(start, mask))
+    compute_end = list(itertools.compress(end, mask))
+    mask = kinds.translate(_IS_TRANSFER)
+    comm_start = list(itertools.compress(res.transfer_start, mask))
+    comm_end = list(itertools.compress(end, mask))
+    issued = itertools.compress(start, mask)
+    compute = list(zip(compute_start, compute_end, strict=True))
+    comm = list(zip(comm_start, comm_end, strict=True))
+    compute_s = sum(map(operator.sub, compute_end, compute_start))
+    comm_s = sum(map(operator.sub, comm_end, comm_start))
+    waiting = functools.reduce(operator.add, map(operator.sub, comm_start, issued), 0.0)
     busy = _union_length(compute, comm)
     out = {
         "compute_s": compute_s,
@@ -1628,7 +1638,8 @@ def unit_breakdown(res: UnitResult, iteration_time: float) -> dict[str, float]:
         "collective_wait_s": waiting,
         "bubble_s": iteration_time - busy,
     }
-    if copies:
+    if COPY in kinds:
+        copies = [(start[i], end[i]) for i, k in enumerate(kinds) if k == COPY]
         with_copies = _union_length(compute + comm, copies)
         out["host_copy_s"] = sum(e - s for s, e in copies)
         out["exposed_host_copy_s"] = with_copies - busy
