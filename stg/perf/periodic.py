@@ -78,6 +78,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import operator
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -676,48 +677,63 @@ class _Check:
         none = (-1.0, -1.0, 0.0, None)
         kind, stream = self.long.units[u].kind, sim.stream[u]
         # one to one: ``later`` is, and maps the nodes not finished onto those at ``b``
-        theirs = [later[j] for j in opened]
+        theirs = _at(later, opened)
         # an end is -1 until the node ends (instants are never negative)
         if None in theirs or len(opened) != b_end.count(-1.0):
             return False
         ms: list[int] = theirs  # type: ignore[assignment]
-        if any(b_end[m] >= 0 for m in ms):
+        if ms and max(map(b_end.__getitem__, ms)) >= 0:
             return False
-        for column in (kind, stream, sim.cost_key[u]):
-            if [column[j] for j in opened] != [column[m] for m in ms]:
+        kinds = _at(kind, opened)
+        if kinds != _at(kind, ms):
+            return False
+        for column in (stream, sim.cost_key[u]):
+            if _at(column, opened) != _at(column, ms):
                 return False
-        prepared = sim.initial_duration[u]
-        durations = (
-            [a_live[j][2] if j in a_live else prepared[j] for j in opened],
-            [b_live[m][2] if m in b_live else prepared[m] for m in ms],
-        )
+        # the durations: as prepared, or as the engine has them once ready
+        a_duration, b_duration = sim.initial_duration[u].copy(), sim.initial_duration[u].copy()
+        for j, live in a_live.items():
+            a_duration[j] = live[2]
+        for m, live in b_live.items():
+            b_duration[m] = live[2]
+        durations = (_at(a_duration, opened), _at(b_duration, ms))
         if durations[0] != durations[1] and any(
             abs(x - y) > tolerance for x, y in zip(*durations, strict=True)
         ):
             return False
         # in the same order: the ready queue of each stream, and the receives and instant
-        # nodes made ready together (pushed as events in order)
-        last: dict[int | None, int] = {}
-        for j, m in zip(opened, ms, strict=True):
-            order = stream[j] if kind[j] in STREAMED else None
-            if m <= last.get(order, -1):
-                return False
-            last[order] = m
+        # nodes made ready together (pushed as events in order); at once where ``later``
+        # keeps the order of all of them
+        if not all(map(operator.lt, ms, itertools.islice(ms, 1, None))):
+            last: dict[int | None, int] = {}
+            for j, m in zip(opened, ms, strict=True):
+                order = stream[j] if kind[j] in STREAMED else None
+                if m <= last.get(order, -1):
+                    return False
+                last[order] = m
+        # the communication nodes: the same transfer, contention and matching keys (a column
+        # at a time)
         steps, link, p2p = sim.steps[u], sim.comm_link[u], sim.p2p_key[u]
         coll_key, coll_needed = sim.coll_key[u], sim.coll_needed[u]
-        for j, m in zip(opened, ms, strict=True):
-            if kind[j] != COMPUTE and (
-                steps[j] != steps[m]
-                or link[j] != link[m]
-                or coll_key.get(j) != coll_key.get(m)
-                or coll_needed.get(j) != coll_needed.get(m)
-                or (j in p2p) != (m in p2p)
-                or (j in p2p and not self.same_key(p2p[j], p2p[m]))
-            ):
+        communication = [k != COMPUTE for k in kinds]
+        cj = list(itertools.compress(opened, communication))
+        cm = list(itertools.compress(ms, communication))
+        for column in (steps, link):
+            if _at(column, cj) != _at(column, cm):
                 return False
+        for lookup in (coll_key, coll_needed):
+            if list(map(lookup.get, cj)) != list(map(lookup.get, cm)):
+                return False
+        sent_or_received = list(map(p2p.__contains__, cj))
+        if sent_or_received != list(map(p2p.__contains__, cm)):
+            return False
+        for j, m in itertools.compress(zip(cj, cm, strict=True), sent_or_received):
+            if not self.same_key(p2p[j], p2p[m]):
+                return False
+        # the nodes ready at either instant: issued alike
+        ready = map(operator.or_, map(a_live.__contains__, opened), map(b_live.__contains__, ms))
+        for j, m in itertools.compress(zip(opened, ms, strict=True), ready):
             at_a, at_b = a_live.get(j), b_live.get(m)
-            if at_a is None and at_b is None:  # neither ready: neither issued
-                continue
             x, x_issued, _, x_cause = (at_a or none)[:4]
             y, y_issued, _, y_cause = (at_b or none)[:4]
             if x >= 0 or y >= 0:  # issued: when, after what, its transfer since when
@@ -740,16 +756,19 @@ class _Check:
         if by_position:
             # the commonest case at once: the same dependencies one period later (then the
             # ones not finished correspond too: the nodes not finished do, one to one)
-            pairs = [(j, m) for j, m in zip(opened, ms, strict=True) if j not in rewritten]
+            unchanged = [not r for r in map(rewritten.__contains__, opened)]
+            js = list(itertools.compress(opened, unchanged))
+            pms = list(itertools.compress(ms, unchanged))
+            mine_nodes, their_nodes = _at(lnodes, js), _at(lnodes, pms)
             if (
-                [a_pending[j] for j, _ in pairs] == [b_pending[m] for _, m in pairs]
-                and [[later[d] for d in lnodes[j].data_deps] for j, _ in pairs]
-                == [list(lnodes[m].data_deps) for _, m in pairs]
-                and [[later[d] for d in lnodes[j].ctrl_deps] for j, _ in pairs]
-                == [list(lnodes[m].ctrl_deps) for _, m in pairs]
+                _at(a_pending, js) == _at(b_pending, pms)
+                and _later_deps(DATA_DEPS, mine_nodes, their_nodes, later)
+                and _later_deps(CTRL_DEPS, mine_nodes, their_nodes, later)
             ):
-                for j, m in pairs:
-                    if not a_pending[j] and not self.ready_alike(u, j, m):
+                # those ready (none pending, not finished): ready alike
+                ready_at_a = map(a_live.__contains__, js)
+                for j, m in itertools.compress(zip(js, pms, strict=True), ready_at_a):
+                    if not self.ready_alike(u, j, m):
                         return False
                 opened, ms = list(rewritten), [later[j] for j in rewritten]  # type: ignore[misc]
         for j, m in zip(opened, ms, strict=True):
@@ -912,6 +931,28 @@ class _Check:
             ):
                 return False
         return True
+
+
+def _at(column: Sequence[Any], positions: Iterable[int]) -> list[Any]:
+    """``column``'s values at ``positions``, in their order."""
+    return list(map(column.__getitem__, positions))
+
+
+DATA_DEPS, CTRL_DEPS = operator.attrgetter("data_deps"), operator.attrgetter("ctrl_deps")
+
+
+def _later_deps(
+    deps: Callable[[Any], Sequence[int]],
+    nodes: Sequence[Any],
+    others: Sequence[Any],
+    later: Sequence[int | None],
+) -> bool:
+    """Whether each of ``others`` has as dependencies (``deps``, by position) those of its
+    node of ``nodes``, each one period later, in the same order."""
+    mine, theirs = list(map(deps, nodes)), list(map(deps, others))
+    return list(map(len, mine)) == list(map(len, theirs)) and _at(
+        later, itertools.chain.from_iterable(mine)
+    ) == list(itertools.chain.from_iterable(theirs))
 
 
 STREAMED = frozenset({COMPUTE, COLL, SEND, COPY})

@@ -1354,11 +1354,16 @@ class _Sim:
             for u, (left, ended) in enumerate(zip(pending, ends_at, strict=True)):
                 s, ts, d, c = starts[u], transfer_starts[u], durations[u], causes[u]
                 rt, rc = ready_times[u], ready_causes[u]
+                # the nodes ready (none pending) and not ended (-1), found a column at a time
+                ready_not_ended = map(
+                    operator.and_,
+                    map(operator.not_, left),
+                    map(operator.lt, ended, itertools.repeat(0.0)),
+                )
                 live.append(
                     {
                         j: (s[j], ts[j], d[j], c[j], rt[j], rc[j])
-                        for j, n in enumerate(left)
-                        if not n and ended[j] < 0
+                        for j in itertools.compress(range(len(left)), ready_not_ended)
                     }
                 )
             return EngineState(
