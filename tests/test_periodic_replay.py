@@ -520,3 +520,30 @@ def test_overlapped_parameter_gathers_replay_both_reduced_problems() -> None:
     periodic = replay_periodic(problem, SYSTEM, only_if_cheaper=False, overlap_param_gather=True)
     assert periodic is not None and periodic.replays == 2
     assert _assert_matches_full(problem, overlap_param_gather=True)
+
+
+def test_a_problem_too_short_for_a_saving_reads_only_its_first_unit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where the first unit's micro-batches leave no reduced replay worth trying (here 8
+    micro-batches on 4 stages), replay_periodic answers None without reading the other units'
+    micro-batches; with more micro-batches it reads every unit and extrapolates."""
+    import stg.perf.periodic as periodic
+
+    read: list[int] = []
+    declared = periodic._declared_micro_batches
+
+    def counting(nodes: Any) -> list[int | None]:
+        read.append(len(nodes))
+        return declared(nodes)
+
+    monkeypatch.setattr(periodic, "_declared_micro_batches", counting)
+    options = dict(SMALL, num_stacks=4, pp=4, dp=1, tp=1, micro_batch=1)
+    short = problem_from_workload(_workload(**options, batch=8), SYSTEM)
+    assert len(short.units) == 4
+    assert replay_periodic(short, SYSTEM) is None
+    assert len(read) == 1
+    read.clear()
+    long = problem_from_workload(_workload(**options, batch=48), SYSTEM)
+    assert replay_periodic(long, SYSTEM) is not None
+    assert len(read) == len(long.units)

@@ -245,10 +245,15 @@ class _Indexed:
         return self.by_key.get((mb, self.keys[k]))
 
 
-def _micro_batches(problem: Problem) -> tuple[list[list[int | None]], int | None]:
+def _micro_batches(
+    problem: Problem, first: list[int | None] | None = None
+) -> tuple[list[list[int | None]], int | None]:
     """Each unit's nodes' micro-batches, and how many micro-batches there are (None unless
-    every unit has the same number, from 0)."""
-    per_unit = [_declared_micro_batches(unit.nodes) for unit in problem.units]
+    every unit has the same number, from 0); ``first``: the first unit's, where known."""
+    per_unit = [
+        first if first is not None and u == 0 else _declared_micro_batches(unit.nodes)
+        for u, unit in enumerate(problem.units)
+    ]
     counts = set()
     for mbs in per_unit:
         declared = {mb for mb in mbs if mb is not None}
@@ -1142,33 +1147,38 @@ def replay_periodic(
     Where ``problem`` holds :func:`state_keep` micro-batches and a period (a workload lowered
     for them), that shorter replay is tried first, proved by the state check alone; then
     :func:`first_keep`'s, doubled while the check fails."""
-    per_unit, built = _micro_batches(problem)
-    if built is None:
+    if not problem.units:
+        return None
+    stages = len({u.stage for u in problem.units})
+    read_off = not options.get("overlap_param_gather") and not options.get("tp_comm_overlap")
+    periods = [only_period] if only_period else sorted({1, max(1, stages)})
+    # the first unit's micro-batches (every unit's must be the same): where they leave no
+    # replay worth trying, the others are not looked at
+    first = _declared_micro_batches(problem.units[0].nodes)
+    declared = {mb for mb in first if mb is not None}
+    built = len(declared)
+    if not declared or max(declared) + 1 != built:
         return None
     total = built if micro_batches is None else micro_batches
     if total < built or (total > built and name_at is None):
         return None
-    stages = len({u.stage for u in problem.units})
-    indexed: list[_Indexed] = []  # once a replay is worth trying
-    read_off = not options.get("overlap_param_gather") and not options.get("tp_comm_overlap")
-    for period in [only_period] if only_period else sorted({1, max(1, stages)}):
+    tries = []
+    for period in periods:
         if total % period or (built - total) % period:
             continue
-        # the two reduced replays cost about 2 * keep + period micro-batches: worth it where
-        # that is at most half the full replay (should the check fail, as where a transient
-        # decays without ever repeating exactly, the full replay follows them)
-        # the smallest keep only where its longer replay is the problem itself (a workload
-        # lowered for it): a reduced problem's drain waits for the kept ancestors of its
-        # dropped nodes, more than the schedule of as many micro-batches may (as where a
-        # backward's gather follows the dropped forward's on the communicator's stream and
-        # comes to wait for the compute before it too), and the check would compare two
-        # drains alike in that, not the problem's
-        smallest = read_off and state_keep(stages, period, chunks) + period == built
-        for keep in _keeps(stages, period, chunks, smallest):
-            if checked and keep <= checked.get(period, 0):
-                continue
-            if keep + period > built or (2 * (2 * keep + period) > total and only_if_cheaper):
-                break
+        keeps = _keeps_worth_trying(
+            stages, period, chunks, read_off, built, total, checked, only_if_cheaper
+        )
+        if keeps:
+            tries.append((period, keeps))
+    if not tries:
+        return None
+    per_unit, counted = _micro_batches(problem, first)
+    if counted != built:
+        return None
+    indexed: list[_Indexed] = []  # once a replay is worth trying
+    for period, keeps in tries:
+        for keep in keeps:
             if not indexed:
                 shared: dict[tuple[Any, ...], tuple[Any, ...]] = {}
                 indexed = [
@@ -1185,6 +1195,38 @@ def replay_periodic(
             if result is not None:
                 return result
     return None
+
+
+def _keeps_worth_trying(
+    stages: int,
+    period: int,
+    chunks: int,
+    read_off: bool,
+    built: int,
+    total: int,
+    checked: Mapping[int, int] | None,
+    only_if_cheaper: bool,
+) -> list[int]:
+    """The shorter replays' micro-batches to try with ``period`` (:func:`_keeps`), in order,
+    on a problem of ``built`` micro-batches standing for ``total``: those not ``checked``
+    already, whose longer replay fits in the problem and (``only_if_cheaper``) whose two
+    reduced replays, about ``2 keep + period`` micro-batches, cost at most half the full
+    replay (should the check fail, as where a transient decays without ever repeating
+    exactly, the full replay follows them).
+
+    The smallest keep only where its longer replay is the problem itself (a workload lowered
+    for it): a reduced problem's drain waits for the kept ancestors of its dropped nodes, more
+    than the schedule of as many micro-batches may (as where a backward's gather follows the
+    dropped forward's on the communicator's stream and comes to wait for the compute before
+    it too), and the check would compare two drains alike in that, not the problem's."""
+    smallest = read_off and state_keep(stages, period, chunks) + period == built
+    found = []
+    for keep in _keeps(stages, period, chunks, smallest):
+        if checked and keep <= checked.get(period, 0):
+            continue
+        if keep + period > built or (2 * (2 * keep + period) > total and only_if_cheaper):
+            return found
+        found.append(keep)
 
 
 def _try_keep(
