@@ -1399,11 +1399,15 @@ class _Sim:
                         step_done(f, t)
                     continue
                 ends_at[u][i] = t
-                k = kinds[u][i]
-                if k < RECV or k == COPY:
+                unit_kinds = kinds[u]
+                k = unit_kinds[i]
+                if k == COMPUTE:  # the commonest case: the compute stream (0) is free
+                    busy[u][0] = False
+                    touched_add(compute_stream[u])
+                elif k < RECV or k == COPY:
                     s = streams[u][i]
                     busy[u][s] = False
-                    touched.add((s == 0, u, s))
+                    touched_add((s == 0, u, s))
                     if k == SEND:
                         key = p2p_keys[u][i]
                         queue = waiting.get(key)
@@ -1421,7 +1425,7 @@ class _Sim:
                     if not left:
                         if cause is None:
                             cause = (u, i)
-                        if kinds[u][c] == COMPUTE:  # make_ready's commonest case, inline
+                        if unit_kinds[c] == COMPUTE:  # make_ready's commonest case, inline
                             ready_times[u][c] = t
                             ready_causes[u][c] = cause
                             heappush(ready[u][0], c)  # a compute node's stream is 0
@@ -1430,8 +1434,23 @@ class _Sim:
                             make_ready(u, c, t, cause)
             if len(touched) == 1:
                 _, u, stream = touched.pop()
-                if ready[u][stream] and not busy[u][stream]:
+                queue = ready[u][stream]
+                if not queue or busy[u][stream]:
+                    pass
+                elif stream or contending[u]:
                     dispatch(u, stream, t)
+                else:  # dispatch's commonest case, inline: a compute node, nothing contending
+                    i = heappop(queue)
+                    busy[u][0] = True
+                    starts[u][i] = t
+                    last = last_on_stream[u][0]
+                    if last is not None and t > ready_times[u][i]:
+                        causes[u][i] = last
+                    else:
+                        causes[u][i] = ready_causes[u][i]
+                    last_on_stream[u][0] = (u, i)
+                    transfer_starts[u][i] = t
+                    heappush(heap, (t + durations[u][i], tick(), u, i))
             elif touched:
                 for _, u, stream in sorted(touched):
                     if ready[u][stream] and not busy[u][stream]:
