@@ -547,3 +547,27 @@ def test_a_problem_too_short_for_a_saving_reads_only_its_first_unit(
     long = problem_from_workload(_workload(**options, batch=48), SYSTEM)
     assert replay_periodic(long, SYSTEM) is not None
     assert len(read) == len(long.units)
+
+
+@pytest.mark.parametrize("options", SINGLE_CASES.values(), ids=SINGLE_CASES.keys())
+def test_a_reduced_problem_from_the_engines_dependency_lists_is_the_same(
+    options: dict[str, Any],
+) -> None:
+    """Given the engine's dependency lists of the whole problem, the reduction looks only at
+    the nodes that wait for a dropped one (and those that take end-of-iteration dependencies):
+    the same problem, node for node, as looking at every kept node."""
+    problem = problem_from_workload(_workload(**SMALL, **options), SYSTEM)
+    per_unit, built = _micro_batches(problem)
+    assert built is not None
+    indexed = [_Indexed(u.nodes, mbs) for u, mbs in zip(problem.units, per_unit, strict=True)]
+    children = replay(problem, SYSTEM, states_at=_anchors(problem, indexed, [0, 1])).prepared
+    assert children is not None
+    for keep in (built - 1, built // 2, 1):
+        plain = _reduced(problem, keep, built, indexed)
+        fast = _reduced(problem, keep, built, indexed, children.children)
+        for unit, a, b in zip(problem.units, plain.units, fast.units, strict=True):
+            assert a.nodes == b.nodes
+            assert a.group_keys == b.group_keys
+            # the same nodes kept as they are (the same objects), the others rewritten
+            whole = {id(n) for n in unit.nodes}
+            assert [id(n) in whole for n in a.nodes] == [id(n) in whole for n in b.nodes]

@@ -292,26 +292,46 @@ def reduced_problem(problem: Problem, keep: int) -> Problem:
     return _reduced(problem, keep, total, indexed)
 
 
-def _reduced(problem: Problem, keep: int, total: int, indexed: Sequence[_Indexed]) -> Problem:
+def _reduced(
+    problem: Problem,
+    keep: int,
+    total: int,
+    indexed: Sequence[_Indexed],
+    children: Sequence[Sequence[Sequence[int]]] | None = None,
+) -> Problem:
+    """:func:`reduced_problem` with each unit's nodes indexed; ``children``: per unit and
+    position in ``problem``, the positions of the nodes that wait for it (the engine's), where
+    known: only the dropped nodes' are then looked at for the nodes that wait for one."""
     shift = total - keep
     units: list[Unit] = []
-    for unit, index in zip(problem.units, indexed, strict=True):
+    for u, (unit, index) in enumerate(zip(problem.units, indexed, strict=True)):
         mbs = index.micro_batch
         nodes = index.nodes
         position = index.position
         frontier: dict[int, tuple[int, ...]] = {}
 
-        kept_nodes = []
-        kept = list(index.unbatched)
-        for mb in range(keep):
-            kept.extend(index.members.get(mb, ()))
-        kept.sort()
-        dropped = {
-            nodes[k].id for mb, members in index.members.items() if mb >= keep for k in members
-        }
+        gone = sorted(k for mb, members in index.members.items() if mb >= keep for k in members)
+        """the dropped nodes' positions"""
+        kept_mask = bytearray(b"\x01") * len(nodes)
+        for k in gone:
+            kept_mask[k] = 0
+        kept = list(itertools.compress(range(len(nodes)), kept_mask))
+        kept_nodes = list(itertools.compress(nodes, kept_mask))
+        """as they are, but for those rewritten below (the k-th kept node is the k-th of
+        ``kept``)"""
+        dropped = {nodes[k].id for k in gone}
         # _end_deps applies to the micro-batches whose alike ``shift`` later is dropped
         ending_from = max(keep - shift, 0) if shift else keep
-        for i in kept:
+        rewrite: Iterable[int] = kept
+        """the kept nodes that may wait for a dropped one or have _end_deps"""
+        if children is not None:
+            below = children[u]
+            rewrite = sorted(
+                {c for k in gone for c in below[k] if kept_mask[c]}.union(
+                    *(index.members.get(mb, ()) for mb in range(ending_from, keep))
+                )
+            )
+        for i in rewrite:
             mb = mbs[i]
             node = nodes[i]
             ending = (
@@ -319,15 +339,15 @@ def _reduced(problem: Problem, keep: int, total: int, indexed: Sequence[_Indexed
             )
             if not ending and dropped.isdisjoint(node.data_deps):
                 if not node.ctrl_deps or dropped.isdisjoint(node.ctrl_deps):
-                    kept_nodes.append(node)  # waits for no dropped node: as it is
-                    continue
+                    continue  # waits for no dropped node: as it is
+            at = i - bisect_left(gone, i)
             deps = node.data_deps
             if node.ctrl_deps:
                 deps = (*deps, *node.ctrl_deps)
             if ending:
                 deps = (*deps, *(d for d in ending if d not in deps))
                 if dropped.isdisjoint(deps):
-                    kept_nodes.append(dataclasses.replace(node, data_deps=deps, ctrl_deps=()))
+                    kept_nodes[at] = dataclasses.replace(node, data_deps=deps, ctrl_deps=())
                     continue
             new_deps: dict[int, None] = {}
             for d in deps:
@@ -343,13 +363,11 @@ def _reduced(problem: Problem, keep: int, total: int, indexed: Sequence[_Indexed
                         if partner is None:
                             raise _NotPeriodic
                         new_deps[nodes[partner].id] = None
-            kept_nodes.append(dataclasses.replace(node, data_deps=tuple(new_deps), ctrl_deps=()))
-        # the k-th kept node is the k-th of ``kept``
+            kept_nodes[at] = dataclasses.replace(node, data_deps=tuple(new_deps), ctrl_deps=())
         group_keys: dict[int, Any] = {}
         for i in sorted(unit.group_keys):
-            k = bisect_left(kept, i)
-            if k < len(kept) and kept[k] == i:
-                group_keys[k] = unit.group_keys[i]
+            if kept_mask[i]:
+                group_keys[i - bisect_left(gone, i)] = unit.group_keys[i]
         units.append(dataclasses.replace(unit, nodes=kept_nodes, group_keys=group_keys))
     return Problem(units, problem.unit_of_rank, problem.comm_groups, problem.world_size)
 
@@ -1259,12 +1277,15 @@ def _try_keep(
     longer = problem
     if keep + period < built:
         longer = _reduced(problem, keep + period, built, indexed)
-    shorter = _reduced(problem, keep, built, indexed)
     anchors: list[tuple[int, int]] = []
     if read_off:
         first = state_anchor(keep, stages, period, chunks)
         anchors = _anchors(longer, indexed, [first, first + period])
     long = replay(longer, *args, costs=costs, states_at=anchors, **options)
+    # where the longer problem is the whole one, the engine's dependency lists are by its
+    # positions: the shorter problem looks only at the nodes that wait for a dropped one
+    children = long.prepared.children if long.prepared and longer is problem else None
+    shorter = _reduced(problem, keep, built, indexed, children)
     found = None
     if len(long.states) == len(anchors) > 1:
         shift = _Shift(longer, shorter, indexed, period)
