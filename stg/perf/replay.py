@@ -436,17 +436,33 @@ def problem_from_workload(workload: Workload, system: System) -> Problem:
         groups.setdefault(gid, members)
     class_axes: dict[int, list[tuple[str, ...]]] = {}
     class_peers: dict[int, list[int]] = {}
+    # per rank class, worked out once for its units: its templates in id order, the positions
+    # of its communication nodes (only those differ between ranks) and each collective's key
+    class_templates: dict[int, tuple[list[Any], list[int], dict[int, tuple[str, ...]]]] = {}
+    sorted_axes: dict[tuple[str, ...], tuple[str, ...]] = {}
     for rc in workload.rank_classes:
-        comm = [t for t in rc.nodes if t.type in COMM_TYPES]
-        axes = sorted({t.group_axes for t in comm if t.type is NodeType.COMM_COLL and t.group_axes})
-        class_axes[rc.index] = axes
-        class_peers[rc.index] = sorted(
-            {
-                t.peer_stage
-                for t in comm
-                if t.type in (NodeType.COMM_SEND, NodeType.COMM_RECV) and t.peer_stage is not None
-            }
-        )
+        templates = list(rc.nodes)
+        ids = [t.id for t in templates]
+        if any(map(operator.ge, ids, ids[1:])):
+            templates.sort(key=lambda t: t.id)
+        comm = [i for i, t in enumerate(templates) if t.type in COMM_TYPES]
+        keys: dict[int, tuple[str, ...]] = {}
+        axes: set[tuple[str, ...]] = set()
+        stages: set[int] = set()
+        for i in comm:
+            t = templates[i]
+            if t.type is NodeType.COMM_COLL:
+                key = sorted_axes.get(t.group_axes)
+                if key is None:
+                    key = sorted_axes[t.group_axes] = tuple(sorted(t.group_axes))
+                keys[i] = key
+                if t.group_axes:
+                    axes.add(t.group_axes)
+            elif t.peer_stage is not None:  # a send or a receive
+                stages.add(t.peer_stage)
+        class_templates[rc.index] = (templates, comm, keys)
+        class_axes[rc.index] = sorted(axes)
+        class_peers[rc.index] = sorted(stages)
     shapes: dict[int, tuple[int, ...]] = {}
     initial: dict[int, Any] = {}
     neighbours: dict[int, list[Sequence[int]]] = {}
@@ -487,20 +503,10 @@ def problem_from_workload(workload: Workload, system: System) -> Problem:
     unit_of_rank: dict[int, int] = {}
     for index, members in enumerate(ordered):
         rep = graphs[min(members)]
-        templates = list(rep.rank_class.nodes)
-        ids = [t.id for t in templates]
-        if any(map(operator.ge, ids, ids[1:])):
-            templates.sort(key=lambda t: t.id)
-        # only communication nodes differ between ranks: resolve just those
+        templates, comm, keys = class_templates[rep.rank_class.index]
         nodes = templates.copy()
-        comm = [i for i, t in enumerate(templates) if t.type in COMM_TYPES]
         for i, node in zip(comm, rep.resolve_many([templates[i] for i in comm]), strict=True):
             nodes[i] = node
-        keys = {
-            i: tuple(sorted(templates[i].group_axes))
-            for i in comm
-            if templates[i].type is NodeType.COMM_COLL
-        }
         units.append(
             Unit(
                 index=index,
@@ -509,7 +515,7 @@ def problem_from_workload(workload: Workload, system: System) -> Problem:
                 nodes=nodes,
                 rank_class=rep.rank_class.index,
                 stage=rep.rank_class.stage,
-                group_keys=keys,
+                group_keys=dict(keys),
             )
         )
         for r in members:
