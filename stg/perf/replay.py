@@ -813,6 +813,8 @@ class _Sim:
         interned = self.interned_keys
         comp, memo_get = NodeType.COMP, memo.get
         intern, cached_cost = interned.setdefault, cost_cache.get
+        collectives: dict[tuple[int, CollectiveType, int], tuple[Any, ...]] = {}
+        """each collective's communicator, type and size priced once (:meth:`_collective`)"""
         for i, node in enumerate(nodes):
             t = node.type
             if t is comp:
@@ -856,52 +858,20 @@ class _Sim:
                 stream[i] = HOST_COPY_STREAM
                 duration[i] = host_copy_time(node.tensor_size, device)
             elif t is NodeType.COMM_COLL:
-                if node.comm_group is None or node.comm_type is None:
+                group = node.comm_group
+                if group is None or node.comm_type is None:
                     raise TraceError(
                         f"rank {unit.rank}: collective {node.id} lacks its group or type"
                     )
-                participants = self._participants(node.comm_group)
-                shape = self.shape_cache[node.comm_group]
-                key = (node.comm_type, node.comm_size, shape)
-                if is_hybrid(system):
-                    key = (node.comm_type, node.comm_size, node.comm_group)
-                if key not in cost_cache:
-                    cost_cache[key] = (
-                        system.collective_time(  # type: ignore[attr-defined]
-                            node.comm_type,
-                            node.comm_size,
-                            self.problem.comm_groups[node.comm_group],
-                        )
-                        if is_hybrid(system)
-                        else collective_time(node.comm_type, node.comm_size, shape, system)
-                    )
+                signature = (group, node.comm_type, node.comm_size)
+                priced = collectives.get(signature)
+                if priced is None:
+                    priced = collectives[signature] = self._collective(node, cost_cache)
+                participants, duration[i], steps[i], comm_link[i] = priced
                 kind[i] = COLL
-                duration[i] = cost_cache[key]
-                if self.share_links:
-                    plan = steps_cache.get(key)
-                    if plan is None:
-                        plan = steps_cache[key] = transfer_steps(
-                            collective_phases(node.comm_type, node.comm_size, shape, system)
-                        )
-                    steps[i] = plan
-                else:
-                    steps[i] = fixed_steps(duration[i])
-                if not is_hybrid(system):
-                    lkey = (node.comm_type, shape)
-                    contention = self.link_cache.get(lkey)
-                    if contention is None:
-                        contention = self.link_cache[lkey] = contention_link(
-                            node.comm_type, shape, system
-                        )
-                    link, rate = contention
-                    if rate is not None and link not in self.contended:
-                        self.contended[link] = spanning_contended_system(
-                            system, outermost_link(shape, system) or "network", rate
-                        )
-                    comm_link[i] = link
-                coll_key[i] = (unit.group_keys.get(i, ("group", node.comm_group)), participants)
+                coll_key[i] = (unit.group_keys.get(i, ("group", group)), participants)
                 coll_needed[i] = len(participants)
-                stream[i] = group_streams.setdefault(node.comm_group, 2 + len(group_streams))
+                stream[i] = group_streams.setdefault(group, 2 + len(group_streams))
             elif t is NodeType.COMM_SEND:
                 if node.comm_dst is None or node.comm_dst not in unit_of:
                     raise TraceError(f"rank {unit.rank}: send {node.id} has no valid destination")
@@ -964,6 +934,49 @@ class _Sim:
                 cause=[None] * n,
             )
         )
+
+    def _collective(
+        self, node: Any, cost_cache: dict[Any, float]
+    ) -> tuple[tuple[int, ...], float, Steps, str | None]:
+        """A collective's participating units, duration, transfer steps and contention key
+        (``cost_cache``: its device's costs), from its communicator, type and size."""
+        system = self.system
+        participants = self._participants(node.comm_group)
+        shape = self.shape_cache[node.comm_group]
+        key = (node.comm_type, node.comm_size, shape)
+        if is_hybrid(system):
+            key = (node.comm_type, node.comm_size, node.comm_group)
+        if key not in cost_cache:
+            cost_cache[key] = (
+                system.collective_time(  # type: ignore[attr-defined]
+                    node.comm_type,
+                    node.comm_size,
+                    self.problem.comm_groups[node.comm_group],
+                )
+                if is_hybrid(system)
+                else collective_time(node.comm_type, node.comm_size, shape, system)
+            )
+        duration = cost_cache[key]
+        if self.share_links:
+            plan = self.steps_cache.get(key)
+            if plan is None:
+                plan = self.steps_cache[key] = transfer_steps(
+                    collective_phases(node.comm_type, node.comm_size, shape, system)
+                )
+        else:
+            plan = fixed_steps(duration)
+        link = None
+        if not is_hybrid(system):
+            lkey = (node.comm_type, shape)
+            contention = self.link_cache.get(lkey)
+            if contention is None:
+                contention = self.link_cache[lkey] = contention_link(node.comm_type, shape, system)
+            link, rate = contention
+            if rate is not None and link not in self.contended:
+                self.contended[link] = spanning_contended_system(
+                    system, outermost_link(shape, system) or "network", rate
+                )
+        return participants, duration, plan, link
 
     def _gather_before_forward(self, u: int) -> None:
         """Megatron's ``--overlap-param-gather``, in the steady state: the parameter
