@@ -101,3 +101,22 @@ def test_the_union_of_intervals_does_not_depend_on_the_order_of_ties(
     intervals: list[tuple[float, float]],
 ) -> None:
     assert _union_length(intervals[::2], intervals[1::2]) == _union(intervals)
+
+
+def test_the_critical_chain_ends_at_the_first_node_that_ends_last() -> None:
+    """Ties for the last end: the first unit's, and within it the first node's."""
+    from stg.perf.replay import Replay, critical_chain
+
+    def result(end: list[float], cause: list[tuple[int, int] | None]) -> UnitResult:
+        n = len(end)
+        unit = Unit(0, 0, (0,), [])
+        return UnitResult(unit, [COMPUTE] * n, [0.0] * n, [0.0] * n, end, [0.0] * n, cause)
+
+    units = [
+        result([1.0, 3.0, 2.0, 3.0], [None, (0, 0), None, None]),
+        result([3.0, 0.5], [None, None]),
+        result([], []),
+    ]
+    assert critical_chain(Replay(units, 3.0)) == [(0, 0), (0, 1)]
+    assert critical_chain(Replay([units[2], units[1], units[0]], 3.0)) == [(1, 0)]
+    assert critical_chain(Replay([units[2]], 0.0)) == []

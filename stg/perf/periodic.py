@@ -1340,16 +1340,22 @@ def _extended_path(
     copy down to 1 the same way: that copy's runs are given once, with ``repeats`` and
     ``period_s`` (see :attr:`PeriodicReplay.critical_path`). None where a node has no shifted
     alike a period later."""
-    positions = [{n.id: i for i, n in enumerate(res.unit.nodes)} for res in long.units]
+    positions: dict[int, Mapping[int, int]] = {}
+    """per unit, where the walk needs it: each node's position in the longer replay, by id"""
 
     def later(u: int, j: int) -> int:
         """The longer replay's node one period after node ``j`` of unit ``u``."""
         index = indexed[u]
-        k = index.position[long.units[u].unit.nodes[j].id]
+        nodes = long.units[u].unit.nodes
+        k = index.position[nodes[j].id]
         mb = index.micro_batch[k]
         if mb is None:
             raise _NotPeriodic
         full = index.same_in(k, mb + period)
+        if u not in positions:
+            positions[u] = (
+                index.position if nodes is index.nodes else {n.id: i for i, n in enumerate(nodes)}
+            )
         if full is None or index.nodes[full].id not in positions[u]:
             raise _NotPeriodic
         return positions[u][index.nodes[full].id]
@@ -1374,9 +1380,10 @@ def _extended_path(
 
     best: tuple[float, int, int] | None = None  # as critical_chain: the first that ends last
     for unit, res in enumerate(long.units):
-        for i, end in enumerate(res.end):
-            if best is None or end > best[0]:
-                best = (end, unit, i)
+        if res.end:
+            last = max(res.end)
+            if best is None or last > best[0]:
+                best = (last, unit, res.end.index(last))
     if best is None:
         return []
     _, u, j = best

@@ -1735,9 +1735,10 @@ def critical_chain(replay_: Replay) -> list[tuple[int, int]]:
     back from the last to end)."""
     best: tuple[float, int, int] | None = None
     for u, res in enumerate(replay_.units):
-        for i, end in enumerate(res.end):
-            if best is None or end > best[0]:
-                best = (end, u, i)
+        if res.end:
+            last = max(res.end)
+            if best is None or last > best[0]:
+                best = (last, u, res.end.index(last))
     chain: list[tuple[int, int]] = []
     seen: set[tuple[int, int]] = set()
     current = (best[1], best[2]) if best is not None else None
