@@ -469,6 +469,33 @@ def test_the_single_replay_check_rejects_a_state_that_does_not_repeat() -> None:
     _assert_matches_full(changed)
 
 
+def test_a_shorter_problem_out_of_the_longer_ones_order_is_not_read_off() -> None:
+    """The shorter replay is read off column by column, the longer problem's less the nodes it
+    lacks: only where the shorter problem's nodes are in the longer one's order (as reduced
+    problems keep them); another order is replayed instead."""
+    problem = problem_from_workload(_workload(**SMALL, **SINGLE_CASES["1f1b-pp4"]), SYSTEM)
+    per_unit, built = _micro_batches(problem)
+    assert built is not None
+    keep = first_keep(4, 1)
+    indexed = [_Indexed(u.nodes, mbs) for u, mbs in zip(problem.units, per_unit, strict=True)]
+    longer = _reduced(problem, keep + 1, built, indexed)
+    shorter = _reduced(problem, keep, built, indexed)
+    anchors = _anchors(longer, indexed, [cut_at(keep, 4, 1) - 1, cut_at(keep, 4, 1)])
+    long = replay(longer, SYSTEM, states_at=anchors)
+    tolerance = TOLERANCE * long.iteration_time
+    shift = _Shift(longer, shorter, indexed, 1)
+    assert shift.in_order
+    assert _short_from_long(long, longer, shorter, shift, tolerance) is not None
+    # the first two nodes (finished long before the instants compared) swapped
+    first = shorter.units[0]
+    swapped = dataclasses.replace(first, nodes=[first.nodes[1], first.nodes[0], *first.nodes[2:]])
+    units = [swapped, *shorter.units[1:]]
+    other = Problem(units, shorter.unit_of_rank, shorter.comm_groups, shorter.world_size)
+    shift = _Shift(longer, other, indexed, 1)
+    assert not shift.in_order
+    assert _short_from_long(long, longer, other, shift, tolerance) is None
+
+
 def test_the_single_replay_check_rejects_a_schedule_without_a_steady_state() -> None:
     """GPipe runs every backward after every forward, in reverse: one more micro-batch
     delays the backward of every other, so the engine's state one period apart never
@@ -493,3 +520,54 @@ def test_overlapped_parameter_gathers_replay_both_reduced_problems() -> None:
     periodic = replay_periodic(problem, SYSTEM, only_if_cheaper=False, overlap_param_gather=True)
     assert periodic is not None and periodic.replays == 2
     assert _assert_matches_full(problem, overlap_param_gather=True)
+
+
+def test_a_problem_too_short_for_a_saving_reads_only_its_first_unit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where the first unit's micro-batches leave no reduced replay worth trying (here 8
+    micro-batches on 4 stages), replay_periodic answers None without reading the other units'
+    micro-batches; with more micro-batches it reads every unit and extrapolates."""
+    import stg.perf.periodic as periodic
+
+    read: list[int] = []
+    declared = periodic._declared_micro_batches
+
+    def counting(nodes: Any) -> list[int | None]:
+        read.append(len(nodes))
+        return declared(nodes)
+
+    monkeypatch.setattr(periodic, "_declared_micro_batches", counting)
+    options = dict(SMALL, num_stacks=4, pp=4, dp=1, tp=1, micro_batch=1)
+    short = problem_from_workload(_workload(**options, batch=8), SYSTEM)
+    assert len(short.units) == 4
+    assert replay_periodic(short, SYSTEM) is None
+    assert len(read) == 1
+    read.clear()
+    long = problem_from_workload(_workload(**options, batch=48), SYSTEM)
+    assert replay_periodic(long, SYSTEM) is not None
+    assert len(read) == len(long.units)
+
+
+@pytest.mark.parametrize("options", SINGLE_CASES.values(), ids=SINGLE_CASES.keys())
+def test_a_reduced_problem_from_the_engines_dependency_lists_is_the_same(
+    options: dict[str, Any],
+) -> None:
+    """Given the engine's dependency lists of the whole problem, the reduction looks only at
+    the nodes that wait for a dropped one (and those that take end-of-iteration dependencies):
+    the same problem, node for node, as looking at every kept node."""
+    problem = problem_from_workload(_workload(**SMALL, **options), SYSTEM)
+    per_unit, built = _micro_batches(problem)
+    assert built is not None
+    indexed = [_Indexed(u.nodes, mbs) for u, mbs in zip(problem.units, per_unit, strict=True)]
+    children = replay(problem, SYSTEM, states_at=_anchors(problem, indexed, [0, 1])).prepared
+    assert children is not None
+    for keep in (built - 1, built // 2, 1):
+        plain = _reduced(problem, keep, built, indexed)
+        fast = _reduced(problem, keep, built, indexed, children.children)
+        for unit, a, b in zip(problem.units, plain.units, fast.units, strict=True):
+            assert a.nodes == b.nodes
+            assert a.group_keys == b.group_keys
+            # the same nodes kept as they are (the same objects), the others rewritten
+            whole = {id(n) for n in unit.nodes}
+            assert [id(n) in whole for n in a.nodes] == [id(n) in whole for n in b.nodes]

@@ -225,26 +225,25 @@ def test_implied_dependencies_walk_no_lower_than_the_lowest_candidate() -> None:
 
 
 def test_topological_checks_both_problems_against_the_longer_ones_positions() -> None:
-    """``_topological``: every dependency at a lower position of the longer problem, for its
-    nodes and for the shorter one's (those it rewrote checked on their own), by position or by
-    id where ids are not positions."""
+    """``_topological``: every dependency at a lower position of the longer problem: its
+    nodes as the engine found them (``_dependencies``), and the shorter one's rewritten ones
+    by the positions of their dependencies."""
     from stg.core.workload import NodeTemplate
     from stg.perf.periodic import _topological
+    from stg.perf.replay import _dependencies
 
     comp = NodeType.COMP
     chain = [NodeTemplate(i, f"n{i}", comp, data_deps=(i - 1,) if i else ()) for i in range(4)]
-    positions = range(4)
-    assert _topological(chain, chain[:3], positions)
+    ordered = _dependencies(chain, 0)[2]
+    assert ordered and _topological(ordered, {})
     back = dataclasses.replace(chain[1], ctrl_deps=(3,))
-    assert not _topological([chain[0], back, *chain[2:]], chain[:1], positions)
-    rewritten = dataclasses.replace(chain[2], data_deps=(0,), ctrl_deps=(3,))
-    assert not _topological(chain, [chain[0], chain[1], rewritten], positions)
-    assert _topological(chain, [chain[0], dataclasses.replace(chain[2], data_deps=(0,))], positions)
+    assert not _topological(_dependencies([chain[0], back, *chain[2:]], 0)[2], {})
+    assert not _topological(ordered, {2: {0, 3}})  # a rewritten node after a later one
+    assert _topological(ordered, {2: {0}})
     # ids 10, 11, 12, 13 at positions 0..3
-    by_id = {10 + i: i for i in range(4)}
     renamed = [
         NodeTemplate(10 + i, f"n{i}", comp, data_deps=(9 + i,) if i else ()) for i in range(4)
     ]
-    assert _topological(renamed, renamed, by_id)
+    assert _topological(_dependencies(renamed, 0)[2], {})
     late = dataclasses.replace(renamed[1], data_deps=(12,))
-    assert not _topological(renamed, [renamed[0], late], by_id)
+    assert not _topological(_dependencies([renamed[0], late, *renamed[2:]], 0)[2], {})

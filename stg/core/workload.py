@@ -288,6 +288,9 @@ class RankClass:
     facts: Mapping[str, Any] = field(default_factory=dict)
 
 
+_COLLECTIVE, _SEND, _RECV = NodeType.COMM_COLL, NodeType.COMM_SEND, NodeType.COMM_RECV
+
+
 @dataclass(frozen=True, slots=True)
 class RankGraph:
     """One rank's graph: a view of its :class:`RankClass` bound to a global rank."""
@@ -308,7 +311,8 @@ class RankGraph:
         once."""
         groups: dict[tuple[str, ...], int] = {}
         peers: dict[int | None, int] = {}
-        return [self._resolve(t, groups, peers) for t in templates]
+        resolve = self._resolve
+        return [resolve(t, groups, peers) for t in templates]
 
     def _resolve(
         self,
@@ -319,38 +323,41 @@ class RankGraph:
         """:meth:`resolve`, the communicators and peers found so far in ``groups`` and
         ``peers`` (None: none kept)."""
         group = src = dst = None
-        if template.type is NodeType.COMM_COLL:
-            group = None if groups is None else groups.get(template.group_axes)
+        kind = template.type
+        if kind is _COLLECTIVE:
+            axes = template.group_axes
+            group = None if groups is None else groups.get(axes)
             if group is None:
-                group = self.layout.group_id(self.rank, template.group_axes)
+                group = self.layout.group_id(self.rank, axes)
                 if groups is not None:
-                    groups[template.group_axes] = group
-        elif template.type is NodeType.COMM_SEND or template.type is NodeType.COMM_RECV:
-            peer = None if peers is None else peers.get(template.peer_stage)
+                    groups[axes] = group
+        elif kind is _SEND or kind is _RECV:
+            stage = template.peer_stage
+            peer = None if peers is None else peers.get(stage)
             if peer is None:
-                peer = self.layout.peer(self.rank, template.peer_stage)
+                peer = self.layout.peer(self.rank, stage)
                 if peers is not None:
-                    peers[template.peer_stage] = peer
-            src, dst = (self.rank, peer)
-            if template.type is NodeType.COMM_RECV:
-                src, dst = peer, self.rank
+                    peers[stage] = peer
+            src, dst = (peer, self.rank) if kind is _RECV else (self.rank, peer)
+        # positional, in Node's field order: a frozen dataclass's keywords cost more
         return Node(
-            id=template.id,
-            name=template.name,
-            type=template.type,
-            data_deps=template.data_deps,
-            ctrl_deps=template.ctrl_deps,
-            num_ops=template.num_ops,
-            tensor_size=template.tensor_size,
-            comm_type=template.comm_type,
-            comm_size=template.comm_size,
-            comm_group=group,
-            comm_src=src,
-            comm_dst=dst,
-            comm_tag=template.comm_tag,
-            runtime=template.runtime,
-            dtype=template.dtype,
-            attrs=template.attrs,
+            template.id,
+            template.name,
+            kind,
+            template.data_deps,
+            template.ctrl_deps,
+            template.num_ops,
+            template.tensor_size,
+            template.comm_type,
+            template.comm_size,
+            group,
+            src,
+            dst,
+            template.comm_tag,
+            template.runtime,
+            False,  # is_cpu_op
+            template.dtype,
+            template.attrs,
         )
 
     def nodes(self) -> Iterator[Node]:

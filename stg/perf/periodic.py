@@ -78,8 +78,9 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import operator
 from bisect import bisect_left
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -244,10 +245,15 @@ class _Indexed:
         return self.by_key.get((mb, self.keys[k]))
 
 
-def _micro_batches(problem: Problem) -> tuple[list[list[int | None]], int | None]:
+def _micro_batches(
+    problem: Problem, first: list[int | None] | None = None
+) -> tuple[list[list[int | None]], int | None]:
     """Each unit's nodes' micro-batches, and how many micro-batches there are (None unless
-    every unit has the same number, from 0)."""
-    per_unit = [_declared_micro_batches(unit.nodes) for unit in problem.units]
+    every unit has the same number, from 0); ``first``: the first unit's, where known."""
+    per_unit = [
+        first if first is not None and u == 0 else _declared_micro_batches(unit.nodes)
+        for u, unit in enumerate(problem.units)
+    ]
     counts = set()
     for mbs in per_unit:
         declared = {mb for mb in mbs if mb is not None}
@@ -286,26 +292,46 @@ def reduced_problem(problem: Problem, keep: int) -> Problem:
     return _reduced(problem, keep, total, indexed)
 
 
-def _reduced(problem: Problem, keep: int, total: int, indexed: Sequence[_Indexed]) -> Problem:
+def _reduced(
+    problem: Problem,
+    keep: int,
+    total: int,
+    indexed: Sequence[_Indexed],
+    children: Sequence[Sequence[Sequence[int]]] | None = None,
+) -> Problem:
+    """:func:`reduced_problem` with each unit's nodes indexed; ``children``: per unit and
+    position in ``problem``, the positions of the nodes that wait for it (the engine's), where
+    known: only the dropped nodes' are then looked at for the nodes that wait for one."""
     shift = total - keep
     units: list[Unit] = []
-    for unit, index in zip(problem.units, indexed, strict=True):
+    for u, (unit, index) in enumerate(zip(problem.units, indexed, strict=True)):
         mbs = index.micro_batch
         nodes = index.nodes
         position = index.position
         frontier: dict[int, tuple[int, ...]] = {}
 
-        kept_nodes = []
-        kept = list(index.unbatched)
-        for mb in range(keep):
-            kept.extend(index.members.get(mb, ()))
-        kept.sort()
-        dropped = {
-            nodes[k].id for mb, members in index.members.items() if mb >= keep for k in members
-        }
+        gone = sorted(k for mb, members in index.members.items() if mb >= keep for k in members)
+        """the dropped nodes' positions"""
+        kept_mask = bytearray(b"\x01") * len(nodes)
+        for k in gone:
+            kept_mask[k] = 0
+        kept = list(itertools.compress(range(len(nodes)), kept_mask))
+        kept_nodes = list(itertools.compress(nodes, kept_mask))
+        """as they are, but for those rewritten below (the k-th kept node is the k-th of
+        ``kept``)"""
+        dropped = {nodes[k].id for k in gone}
         # _end_deps applies to the micro-batches whose alike ``shift`` later is dropped
         ending_from = max(keep - shift, 0) if shift else keep
-        for i in kept:
+        rewrite: Iterable[int] = kept
+        """the kept nodes that may wait for a dropped one or have _end_deps"""
+        if children is not None:
+            below = children[u]
+            rewrite = sorted(
+                {c for k in gone for c in below[k] if kept_mask[c]}.union(
+                    *(index.members.get(mb, ()) for mb in range(ending_from, keep))
+                )
+            )
+        for i in rewrite:
             mb = mbs[i]
             node = nodes[i]
             ending = (
@@ -313,15 +339,15 @@ def _reduced(problem: Problem, keep: int, total: int, indexed: Sequence[_Indexed
             )
             if not ending and dropped.isdisjoint(node.data_deps):
                 if not node.ctrl_deps or dropped.isdisjoint(node.ctrl_deps):
-                    kept_nodes.append(node)  # waits for no dropped node: as it is
-                    continue
+                    continue  # waits for no dropped node: as it is
+            at = i - bisect_left(gone, i)
             deps = node.data_deps
             if node.ctrl_deps:
                 deps = (*deps, *node.ctrl_deps)
             if ending:
                 deps = (*deps, *(d for d in ending if d not in deps))
                 if dropped.isdisjoint(deps):
-                    kept_nodes.append(dataclasses.replace(node, data_deps=deps, ctrl_deps=()))
+                    kept_nodes[at] = dataclasses.replace(node, data_deps=deps, ctrl_deps=())
                     continue
             new_deps: dict[int, None] = {}
             for d in deps:
@@ -337,13 +363,11 @@ def _reduced(problem: Problem, keep: int, total: int, indexed: Sequence[_Indexed
                         if partner is None:
                             raise _NotPeriodic
                         new_deps[nodes[partner].id] = None
-            kept_nodes.append(dataclasses.replace(node, data_deps=tuple(new_deps), ctrl_deps=()))
-        # the k-th kept node is the k-th of ``kept``
+            kept_nodes[at] = dataclasses.replace(node, data_deps=tuple(new_deps), ctrl_deps=())
         group_keys: dict[int, Any] = {}
         for i in sorted(unit.group_keys):
-            k = bisect_left(kept, i)
-            if k < len(kept) and kept[k] == i:
-                group_keys[k] = unit.group_keys[i]
+            if kept_mask[i]:
+                group_keys[i - bisect_left(gone, i)] = unit.group_keys[i]
         units.append(dataclasses.replace(unit, nodes=kept_nodes, group_keys=group_keys))
     return Problem(units, problem.unit_of_rank, problem.comm_groups, problem.world_size)
 
@@ -479,9 +503,9 @@ class _Shift:
         """per unit: each node's position in the longer problem, by id"""
         self.kept: list[bytearray] = []
         """per unit and position in the longer problem: whether the shorter one has the node"""
-        self.topological: list[bool] = []
-        """per unit: whether every node of both problems depends only on nodes at lower
-        positions of the longer one (as lowering makes them: a node after what it waits for)"""
+        self.in_order = True
+        """the shorter problem's nodes are in the longer one's order (as reduced problems keep
+        them): its columns are the longer one's, less the nodes it lacks"""
         for lunit, sunit in zip(long.units, short.units, strict=True):
             nodes = lunit.nodes
             ids = [n.id for n in nodes]
@@ -489,11 +513,12 @@ class _Shift:
             if ids != list(by_id):
                 by_id = {i: j for j, i in enumerate(ids)}
             kept = bytearray(len(nodes))
-            for j in [by_id[n.id] for n in sunit.nodes]:
+            at = [by_id[n.id] for n in sunit.nodes]
+            for j in at:
                 kept[j] = 1
+            self.in_order = self.in_order and at == sorted(at)
             self.long_pos.append(by_id)
             self.kept.append(kept)
-            self.topological.append(_topological(nodes, sunit.nodes, by_id))
         self.later: list[list[int | None]] = []
         """per unit and position in the longer problem: that of its node one period later"""
         for unit, index in zip(long.units, indexed, strict=True):
@@ -526,32 +551,11 @@ class _Shift:
         return False if moved is None else (ref[0], moved)
 
 
-def _topological(
-    long_nodes: Sequence[Any], short_nodes: Sequence[Any], by_id: Mapping[int, int]
-) -> bool:
+def _topological(long_ordered: bool, rewritten: Mapping[int, set[int]]) -> bool:
     """Whether every node of both problems depends only on nodes at lower positions of the
-    longer one (``by_id``: each node's position there). The shorter problem's nodes that are
-    the longer one's own (the same objects) are checked once, as the longer one's."""
-    identity = isinstance(by_id, range)
-    for j, node in enumerate(long_nodes):
-        deps = node.data_deps
-        if node.ctrl_deps:
-            deps = (*deps, *node.ctrl_deps)
-        if not deps:
-            continue
-        if identity:
-            if max(deps) >= j or min(deps) < 0:
-                return False
-        elif max([by_id[d] for d in deps]) >= j:
-            return False
-    for node in short_nodes:
-        j = by_id[node.id]
-        if long_nodes[j] is node:
-            continue
-        deps = (*node.data_deps, *node.ctrl_deps)
-        if deps and max([by_id[d] for d in deps]) >= j:
-            return False
-    return True
+    longer one: the longer one's nodes (``long_ordered``, as the engine found them) and the
+    shorter one's that differ from them (``rewritten``: their dependencies, by position)."""
+    return long_ordered and all(not deps or max(deps) < j for j, deps in rewritten.items())
 
 
 def _short_from_long(
@@ -574,7 +578,7 @@ def _short_from_long(
     ports' users), the engine, deterministic, does from ``a`` on in the shorter problem what
     it does from ``b`` on in the longer one, ``T`` earlier: each node not finished at ``a``
     runs as its alike one period later does, ``T`` earlier."""
-    if len(long.states) < 2 or long.prepared is None:
+    if len(long.states) < 2 or long.prepared is None or not shift.in_order:
         return None
     for a, b in itertools.pairwise(long.states):
         short = _state_matches(long, long_problem, short_problem, shift, a, b, tolerance)
@@ -605,7 +609,7 @@ def _state_matches(
             return None
     if not (check.events() and check.streams() and check.messages() and check.collectives()):
         return None
-    return _read_off(long, short_problem, shift, a, span)
+    return _read_off(long, short_problem, shift, a, span, check.opened)
 
 
 class _Check:
@@ -696,48 +700,63 @@ class _Check:
         none = (-1.0, -1.0, 0.0, None)
         kind, stream = self.long.units[u].kind, sim.stream[u]
         # one to one: ``later`` is, and maps the nodes not finished onto those at ``b``
-        theirs = [later[j] for j in opened]
+        theirs = _at(later, opened)
         # an end is -1 until the node ends (instants are never negative)
         if None in theirs or len(opened) != b_end.count(-1.0):
             return False
         ms: list[int] = theirs  # type: ignore[assignment]
-        if any(b_end[m] >= 0 for m in ms):
+        if ms and max(map(b_end.__getitem__, ms)) >= 0:
             return False
-        for column in (kind, stream, sim.cost_key[u]):
-            if [column[j] for j in opened] != [column[m] for m in ms]:
+        kinds = _at(kind, opened)
+        if kinds != _at(kind, ms):
+            return False
+        for column in (stream, sim.cost_key[u]):
+            if _at(column, opened) != _at(column, ms):
                 return False
-        prepared = sim.initial_duration[u]
-        durations = (
-            [a_live[j][2] if j in a_live else prepared[j] for j in opened],
-            [b_live[m][2] if m in b_live else prepared[m] for m in ms],
-        )
+        # the durations: as prepared, or as the engine has them once ready
+        a_duration, b_duration = sim.initial_duration[u].copy(), sim.initial_duration[u].copy()
+        for j, live in a_live.items():
+            a_duration[j] = live[2]
+        for m, live in b_live.items():
+            b_duration[m] = live[2]
+        durations = (_at(a_duration, opened), _at(b_duration, ms))
         if durations[0] != durations[1] and any(
             abs(x - y) > tolerance for x, y in zip(*durations, strict=True)
         ):
             return False
         # in the same order: the ready queue of each stream, and the receives and instant
-        # nodes made ready together (pushed as events in order)
-        last: dict[int | None, int] = {}
-        for j, m in zip(opened, ms, strict=True):
-            order = stream[j] if kind[j] in STREAMED else None
-            if m <= last.get(order, -1):
-                return False
-            last[order] = m
+        # nodes made ready together (pushed as events in order); at once where ``later``
+        # keeps the order of all of them
+        if not all(map(operator.lt, ms, itertools.islice(ms, 1, None))):
+            last: dict[int | None, int] = {}
+            for j, m in zip(opened, ms, strict=True):
+                order = stream[j] if kind[j] in STREAMED else None
+                if m <= last.get(order, -1):
+                    return False
+                last[order] = m
+        # the communication nodes: the same transfer, contention and matching keys (a column
+        # at a time)
         steps, link, p2p = sim.steps[u], sim.comm_link[u], sim.p2p_key[u]
         coll_key, coll_needed = sim.coll_key[u], sim.coll_needed[u]
-        for j, m in zip(opened, ms, strict=True):
-            if kind[j] != COMPUTE and (
-                steps[j] != steps[m]
-                or link[j] != link[m]
-                or coll_key.get(j) != coll_key.get(m)
-                or coll_needed.get(j) != coll_needed.get(m)
-                or (j in p2p) != (m in p2p)
-                or (j in p2p and not self.same_key(p2p[j], p2p[m]))
-            ):
+        communication = [k != COMPUTE for k in kinds]
+        cj = list(itertools.compress(opened, communication))
+        cm = list(itertools.compress(ms, communication))
+        for column in (steps, link):
+            if _at(column, cj) != _at(column, cm):
                 return False
+        for lookup in (coll_key, coll_needed):
+            if list(map(lookup.get, cj)) != list(map(lookup.get, cm)):
+                return False
+        sent_or_received = list(map(p2p.__contains__, cj))
+        if sent_or_received != list(map(p2p.__contains__, cm)):
+            return False
+        for j, m in itertools.compress(zip(cj, cm, strict=True), sent_or_received):
+            if not self.same_key(p2p[j], p2p[m]):
+                return False
+        # the nodes ready at either instant: issued alike
+        ready = map(operator.or_, map(a_live.__contains__, opened), map(b_live.__contains__, ms))
+        for j, m in itertools.compress(zip(opened, ms, strict=True), ready):
             at_a, at_b = a_live.get(j), b_live.get(m)
-            if at_a is None and at_b is None:  # neither ready: neither issued
-                continue
             x, x_issued, _, x_cause = (at_a or none)[:4]
             y, y_issued, _, y_cause = (at_b or none)[:4]
             if x >= 0 or y >= 0:  # issued: when, after what, its transfer since when
@@ -755,20 +774,24 @@ class _Check:
             found = rewritten.get(j)
             return long_deps(j) if found is None else found
 
+        topological = _topological(sim.ordered[u], rewritten)
         by_position = isinstance(lpos, range)
         if by_position:
             # the commonest case at once: the same dependencies one period later (then the
             # ones not finished correspond too: the nodes not finished do, one to one)
-            pairs = [(j, m) for j, m in zip(opened, ms, strict=True) if j not in rewritten]
+            unchanged = [not r for r in map(rewritten.__contains__, opened)]
+            js = list(itertools.compress(opened, unchanged))
+            pms = list(itertools.compress(ms, unchanged))
+            mine_nodes, their_nodes = _at(lnodes, js), _at(lnodes, pms)
             if (
-                [a_pending[j] for j, _ in pairs] == [b_pending[m] for _, m in pairs]
-                and [[later[d] for d in lnodes[j].data_deps] for j, _ in pairs]
-                == [list(lnodes[m].data_deps) for _, m in pairs]
-                and [[later[d] for d in lnodes[j].ctrl_deps] for j, _ in pairs]
-                == [list(lnodes[m].ctrl_deps) for _, m in pairs]
+                _at(a_pending, js) == _at(b_pending, pms)
+                and _later_deps(DATA_DEPS, mine_nodes, their_nodes, later)
+                and _later_deps(CTRL_DEPS, mine_nodes, their_nodes, later)
             ):
-                for j, m in pairs:
-                    if not a_pending[j] and not self.ready_alike(u, j, m):
+                # those ready (none pending, not finished): ready alike
+                ready_at_a = map(a_live.__contains__, js)
+                for j, m in itertools.compress(zip(js, pms, strict=True), ready_at_a):
+                    if not self.ready_alike(u, j, m):
                         return False
                 opened, ms = list(rewritten), [later[j] for j in rewritten]  # type: ignore[misc]
         for j, m in zip(opened, ms, strict=True):
@@ -801,7 +824,6 @@ class _Check:
             if shifted != theirs_deps:
                 extra_mine = {d for d in mine if later[d] not in theirs_deps}
                 extra_theirs = theirs_deps - shifted
-                topological = self.shift.topological[u]
                 mine -= _implied(extra_mine, mine, short_deps, lambda d: a_end[d] < 0, topological)
                 theirs_deps -= _implied(
                     extra_theirs, theirs_deps, long_deps, lambda d: b_end[d] < 0, topological
@@ -934,6 +956,28 @@ class _Check:
         return True
 
 
+def _at(column: Sequence[Any], positions: Iterable[int]) -> list[Any]:
+    """``column``'s values at ``positions``, in their order."""
+    return list(map(column.__getitem__, positions))
+
+
+DATA_DEPS, CTRL_DEPS = operator.attrgetter("data_deps"), operator.attrgetter("ctrl_deps")
+
+
+def _later_deps(
+    deps: Callable[[Any], Sequence[int]],
+    nodes: Sequence[Any],
+    others: Sequence[Any],
+    later: Sequence[int | None],
+) -> bool:
+    """Whether each of ``others`` has as dependencies (``deps``, by position) those of its
+    node of ``nodes``, each one period later, in the same order."""
+    mine, theirs = list(map(deps, nodes)), list(map(deps, others))
+    return list(map(len, mine)) == list(map(len, theirs)) and _at(
+        later, itertools.chain.from_iterable(mine)
+    ) == list(itertools.chain.from_iterable(theirs))
+
+
 STREAMED = frozenset({COMPUTE, COLL, SEND, COPY})
 """The kinds of node that run on a stream (the others are made ready as events)."""
 
@@ -967,36 +1011,47 @@ def _implied(
 
 
 def _read_off(
-    long: Replay, short_problem: Problem, shift: _Shift, a: EngineState, span: float
+    long: Replay,
+    short_problem: Problem,
+    shift: _Shift,
+    a: EngineState,
+    span: float,
+    opened: Sequence[Sequence[int]],
 ) -> Replay:
-    """The shorter problem's replay: its nodes finished at ``a`` as in ``long``, the others as
-    their alikes one period later, ``span`` earlier (causes left out: the path is walked in
-    the longer replay)."""
+    """The shorter problem's replay: its nodes finished at ``a`` as in ``long``, the others
+    (``opened``: per unit, their positions in the longer problem) as their alikes one period
+    later, ``span`` earlier (causes left out: the path is walked in the longer replay)."""
     units = []
     for u, sunit in enumerate(short_problem.units):
         res = long.units[u]
-        lpos = shift.long_pos[u]
-        at = [lpos[node.id] for node in sunit.nodes]
-        # the nodes finished at ``a`` as in ``long`` (most of them), column by column
-        kind = [res.kind[j] for j in at]
-        duration = [res.duration[j] for j in at]
-        start = [res.start[j] for j in at]
-        end = [res.end[j] for j in at]
-        transfer = [res.transfer_start[j] for j in at]
-        a_end, a_live, later = a.end[u], a.live[u], shift.later[u]
-        for q in [q for q, j in enumerate(at) if a_end[j] < 0]:
-            j = at[q]
+        # by position in the longer problem: the nodes finished at ``a`` as in ``long`` (most
+        # of them), the others read off; then the shorter problem's (in the same order)
+        duration, start = res.duration.copy(), res.start.copy()
+        end, transfer = res.end.copy(), res.transfer_start.copy()
+        a_live, later = a.live[u], shift.later[u]
+        for j in opened[u]:
             m = later[j]
             assert m is not None  # checked by _state_matches
-            duration[q] = res.duration[m]
-            end[q] = res.end[m] - span
+            duration[j] = res.duration[m]
+            end[j] = res.end[m] - span
             began, issued = a_live[j][:2] if j in a_live else (-1.0, -1.0)
-            start[q] = began if began >= 0 else res.start[m] - span
+            start[j] = began if began >= 0 else res.start[m] - span
             if issued >= 0:
-                transfer[q] = issued
+                transfer[j] = issued
             else:
-                transfer[q] = res.transfer_start[m] - span if res.transfer_start[m] >= 0 else -1.0
-        units.append(UnitResult(sunit, kind, duration, start, end, transfer, []))
+                transfer[j] = res.transfer_start[m] - span if res.transfer_start[m] >= 0 else -1.0
+        kept = shift.kept[u]
+        units.append(
+            UnitResult(
+                sunit,
+                list(itertools.compress(res.kind, kept)),
+                list(itertools.compress(duration, kept)),
+                list(itertools.compress(start, kept)),
+                list(itertools.compress(end, kept)),
+                list(itertools.compress(transfer, kept)),
+                [],
+            )
+        )
     iteration = max((max(r.end, default=0.0) for r in units), default=0.0)
     return Replay(units, iteration)
 
@@ -1110,33 +1165,38 @@ def replay_periodic(
     Where ``problem`` holds :func:`state_keep` micro-batches and a period (a workload lowered
     for them), that shorter replay is tried first, proved by the state check alone; then
     :func:`first_keep`'s, doubled while the check fails."""
-    per_unit, built = _micro_batches(problem)
-    if built is None:
+    if not problem.units:
+        return None
+    stages = len({u.stage for u in problem.units})
+    read_off = not options.get("overlap_param_gather") and not options.get("tp_comm_overlap")
+    periods = [only_period] if only_period else sorted({1, max(1, stages)})
+    # the first unit's micro-batches (every unit's must be the same): where they leave no
+    # replay worth trying, the others are not looked at
+    first = _declared_micro_batches(problem.units[0].nodes)
+    declared = {mb for mb in first if mb is not None}
+    built = len(declared)
+    if not declared or max(declared) + 1 != built:
         return None
     total = built if micro_batches is None else micro_batches
     if total < built or (total > built and name_at is None):
         return None
-    stages = len({u.stage for u in problem.units})
-    indexed: list[_Indexed] = []  # once a replay is worth trying
-    read_off = not options.get("overlap_param_gather") and not options.get("tp_comm_overlap")
-    for period in [only_period] if only_period else sorted({1, max(1, stages)}):
+    tries = []
+    for period in periods:
         if total % period or (built - total) % period:
             continue
-        # the two reduced replays cost about 2 * keep + period micro-batches: worth it where
-        # that is at most half the full replay (should the check fail, as where a transient
-        # decays without ever repeating exactly, the full replay follows them)
-        # the smallest keep only where its longer replay is the problem itself (a workload
-        # lowered for it): a reduced problem's drain waits for the kept ancestors of its
-        # dropped nodes, more than the schedule of as many micro-batches may (as where a
-        # backward's gather follows the dropped forward's on the communicator's stream and
-        # comes to wait for the compute before it too), and the check would compare two
-        # drains alike in that, not the problem's
-        smallest = read_off and state_keep(stages, period, chunks) + period == built
-        for keep in _keeps(stages, period, chunks, smallest):
-            if checked and keep <= checked.get(period, 0):
-                continue
-            if keep + period > built or (2 * (2 * keep + period) > total and only_if_cheaper):
-                break
+        keeps = _keeps_worth_trying(
+            stages, period, chunks, read_off, built, total, checked, only_if_cheaper
+        )
+        if keeps:
+            tries.append((period, keeps))
+    if not tries:
+        return None
+    per_unit, counted = _micro_batches(problem, first)
+    if counted != built:
+        return None
+    indexed: list[_Indexed] = []  # once a replay is worth trying
+    for period, keeps in tries:
+        for keep in keeps:
             if not indexed:
                 shared: dict[tuple[Any, ...], tuple[Any, ...]] = {}
                 indexed = [
@@ -1153,6 +1213,38 @@ def replay_periodic(
             if result is not None:
                 return result
     return None
+
+
+def _keeps_worth_trying(
+    stages: int,
+    period: int,
+    chunks: int,
+    read_off: bool,
+    built: int,
+    total: int,
+    checked: Mapping[int, int] | None,
+    only_if_cheaper: bool,
+) -> list[int]:
+    """The shorter replays' micro-batches to try with ``period`` (:func:`_keeps`), in order,
+    on a problem of ``built`` micro-batches standing for ``total``: those not ``checked``
+    already, whose longer replay fits in the problem and (``only_if_cheaper``) whose two
+    reduced replays, about ``2 keep + period`` micro-batches, cost at most half the full
+    replay (should the check fail, as where a transient decays without ever repeating
+    exactly, the full replay follows them).
+
+    The smallest keep only where its longer replay is the problem itself (a workload lowered
+    for it): a reduced problem's drain waits for the kept ancestors of its dropped nodes, more
+    than the schedule of as many micro-batches may (as where a backward's gather follows the
+    dropped forward's on the communicator's stream and comes to wait for the compute before
+    it too), and the check would compare two drains alike in that, not the problem's."""
+    smallest = read_off and state_keep(stages, period, chunks) + period == built
+    found = []
+    for keep in _keeps(stages, period, chunks, smallest):
+        if checked and keep <= checked.get(period, 0):
+            continue
+        if keep + period > built or (2 * (2 * keep + period) > total and only_if_cheaper):
+            return found
+        found.append(keep)
 
 
 def _try_keep(
@@ -1185,12 +1277,15 @@ def _try_keep(
     longer = problem
     if keep + period < built:
         longer = _reduced(problem, keep + period, built, indexed)
-    shorter = _reduced(problem, keep, built, indexed)
     anchors: list[tuple[int, int]] = []
     if read_off:
         first = state_anchor(keep, stages, period, chunks)
         anchors = _anchors(longer, indexed, [first, first + period])
     long = replay(longer, *args, costs=costs, states_at=anchors, **options)
+    # where the longer problem is the whole one, the engine's dependency lists are by its
+    # positions: the shorter problem looks only at the nodes that wait for a dropped one
+    children = long.prepared.children if long.prepared and longer is problem else None
+    shorter = _reduced(problem, keep, built, indexed, children)
     found = None
     if len(long.states) == len(anchors) > 1:
         shift = _Shift(longer, shorter, indexed, period)
@@ -1219,7 +1314,7 @@ def _try_keep(
     path = _extended_path(long, shifted, indexed, per_unit, period, periods, period_time, name_at)
     if path is None:
         return None
-    result = _extrapolate(short, long, total, keep, period, period_time, path)
+    result = _extrapolate(short, long, total, keep, period, period_time, path, indexed)
     result.replays = 1 if found is not None else 2
     return result
 
@@ -1245,16 +1340,22 @@ def _extended_path(
     copy down to 1 the same way: that copy's runs are given once, with ``repeats`` and
     ``period_s`` (see :attr:`PeriodicReplay.critical_path`). None where a node has no shifted
     alike a period later."""
-    positions = [{n.id: i for i, n in enumerate(res.unit.nodes)} for res in long.units]
+    positions: dict[int, Mapping[int, int]] = {}
+    """per unit, where the walk needs it: each node's position in the longer replay, by id"""
 
     def later(u: int, j: int) -> int:
         """The longer replay's node one period after node ``j`` of unit ``u``."""
         index = indexed[u]
-        k = index.position[long.units[u].unit.nodes[j].id]
+        nodes = long.units[u].unit.nodes
+        k = index.position[nodes[j].id]
         mb = index.micro_batch[k]
         if mb is None:
             raise _NotPeriodic
         full = index.same_in(k, mb + period)
+        if u not in positions:
+            positions[u] = (
+                index.position if nodes is index.nodes else {n.id: i for i, n in enumerate(nodes)}
+            )
         if full is None or index.nodes[full].id not in positions[u]:
             raise _NotPeriodic
         return positions[u][index.nodes[full].id]
@@ -1279,9 +1380,10 @@ def _extended_path(
 
     best: tuple[float, int, int] | None = None  # as critical_chain: the first that ends last
     for unit, res in enumerate(long.units):
-        for i, end in enumerate(res.end):
-            if best is None or end > best[0]:
-                best = (end, unit, i)
+        if res.end:
+            last = max(res.end)
+            if best is None or last > best[0]:
+                best = (last, unit, res.end.index(last))
     if best is None:
         return []
     _, u, j = best
@@ -1387,6 +1489,7 @@ def _extrapolate(
     period: int,
     period_time: float,
     path: list[dict[str, Any]],
+    indexed: Sequence[_Indexed],
 ) -> PeriodicReplay:
     periods = (total - keep) // period
     iteration = short.iteration_time + periods * period_time
@@ -1396,20 +1499,30 @@ def _extrapolate(
         second = unit_breakdown(l_res, long.iteration_time)
         breakdowns.append({k: first[k] + periods * (second[k] - first[k]) for k in first})
     flops = []
-    for s_res, l_res in zip(short.units, long.units, strict=True):
-        (s_hw, s_model), (l_hw, l_model) = unit_flops(s_res.unit), unit_flops(l_res.unit)
-        flops.append((s_hw + periods * (l_hw - s_hw), s_model + periods * (l_model - s_model)))
+    for l_res, index in zip(long.units, indexed, strict=True):
+        # the longer problem is the shorter one and micro-batches keep to keep + period (alike
+        # nodes: the reduction keeps their FLOPs and phase); integer sums, in any order
+        l_hw, l_model = unit_flops(l_res.unit)
+        members = index.members
+        added = [index.nodes[k] for mb in range(keep, keep + period) for k in members.get(mb, ())]
+        d_hw, d_model = _flops(added)
+        flops.append((l_hw - d_hw + periods * d_hw, l_model - d_model + periods * d_model))
     return PeriodicReplay(iteration, breakdowns, path, period, period_time, keep, total, flops)
 
 
 def unit_flops(unit: Unit) -> tuple[int, int]:
     """The (hardware, model) FLOPs of one rank of ``unit``: every compute node's, and those of
     the nodes that are not recomputation."""
+    return _flops(unit.nodes)
+
+
+def _flops(nodes: Iterable[Any]) -> tuple[int, int]:
+    """:func:`unit_flops` of ``nodes``."""
     hardware = model = 0
     comp = NodeType.COMP
     recomputed: dict[int | str, bool] = {}
     """per phase code: whether it is the recomputation's (a code's meaning looked up once)"""
-    for node in unit.nodes:
+    for node in nodes:
         if node.type is comp:
             ops = node.num_ops
             if ops > 0:

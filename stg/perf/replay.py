@@ -60,6 +60,7 @@ cast is paid, and compute costs are cached per node name.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import heapq
 import itertools
@@ -435,17 +436,33 @@ def problem_from_workload(workload: Workload, system: System) -> Problem:
         groups.setdefault(gid, members)
     class_axes: dict[int, list[tuple[str, ...]]] = {}
     class_peers: dict[int, list[int]] = {}
+    # per rank class, worked out once for its units: its templates in id order, the positions
+    # of its communication nodes (only those differ between ranks) and each collective's key
+    class_templates: dict[int, tuple[list[Any], list[int], dict[int, tuple[str, ...]]]] = {}
+    sorted_axes: dict[tuple[str, ...], tuple[str, ...]] = {}
     for rc in workload.rank_classes:
-        comm = [t for t in rc.nodes if t.type in COMM_TYPES]
-        axes = sorted({t.group_axes for t in comm if t.type is NodeType.COMM_COLL and t.group_axes})
-        class_axes[rc.index] = axes
-        class_peers[rc.index] = sorted(
-            {
-                t.peer_stage
-                for t in comm
-                if t.type in (NodeType.COMM_SEND, NodeType.COMM_RECV) and t.peer_stage is not None
-            }
-        )
+        templates = list(rc.nodes)
+        ids = [t.id for t in templates]
+        if any(map(operator.ge, ids, ids[1:])):
+            templates.sort(key=lambda t: t.id)
+        comm = [i for i, t in enumerate(templates) if t.type in COMM_TYPES]
+        keys: dict[int, tuple[str, ...]] = {}
+        axes: set[tuple[str, ...]] = set()
+        stages: set[int] = set()
+        for i in comm:
+            t = templates[i]
+            if t.type is NodeType.COMM_COLL:
+                key = sorted_axes.get(t.group_axes)
+                if key is None:
+                    key = sorted_axes[t.group_axes] = tuple(sorted(t.group_axes))
+                keys[i] = key
+                if t.group_axes:
+                    axes.add(t.group_axes)
+            elif t.peer_stage is not None:  # a send or a receive
+                stages.add(t.peer_stage)
+        class_templates[rc.index] = (templates, comm, keys)
+        class_axes[rc.index] = sorted(axes)
+        class_peers[rc.index] = sorted(stages)
     shapes: dict[int, tuple[int, ...]] = {}
     initial: dict[int, Any] = {}
     neighbours: dict[int, list[Sequence[int]]] = {}
@@ -486,20 +503,10 @@ def problem_from_workload(workload: Workload, system: System) -> Problem:
     unit_of_rank: dict[int, int] = {}
     for index, members in enumerate(ordered):
         rep = graphs[min(members)]
-        templates = list(rep.rank_class.nodes)
-        ids = [t.id for t in templates]
-        if any(map(operator.ge, ids, ids[1:])):
-            templates.sort(key=lambda t: t.id)
-        # only communication nodes differ between ranks: resolve just those
+        templates, comm, keys = class_templates[rep.rank_class.index]
         nodes = templates.copy()
-        comm = [i for i, t in enumerate(templates) if t.type in COMM_TYPES]
         for i, node in zip(comm, rep.resolve_many([templates[i] for i in comm]), strict=True):
             nodes[i] = node
-        keys = {
-            i: tuple(sorted(templates[i].group_axes))
-            for i in comm
-            if templates[i].type is NodeType.COMM_COLL
-        }
         units.append(
             Unit(
                 index=index,
@@ -508,7 +515,7 @@ def problem_from_workload(workload: Workload, system: System) -> Problem:
                 nodes=nodes,
                 rank_class=rep.rank_class.index,
                 stage=rep.rank_class.stage,
-                group_keys=keys,
+                group_keys=dict(keys),
             )
         )
         for r in members:
@@ -727,6 +734,8 @@ class _Sim:
         self.results: list[UnitResult] = []
         self.children: list[list[list[int]]] = []
         self.pending: list[list[int]] = []
+        self.ordered: list[bool] = []
+        """per unit: whether every node depends only on nodes at lower positions"""
         self.ready_time: list[list[float]] = []
         self.ready_cause: list[list[tuple[int, int] | None]] = []
         self.coll_key: list[dict[int, Any]] = []
@@ -778,11 +787,7 @@ class _Sim:
     def _prepare(self, unit: Unit) -> None:
         nodes = unit.nodes
         n = len(nodes)
-        position = {node.id: i for i, node in enumerate(nodes)}
-        if len(position) != n:
-            raise TraceError(f"rank {unit.rank}: duplicate node ids")
-        children: list[list[int]] = [[] for _ in range(n)]
-        pending = [0] * n
+        children, pending, ordered = _dependencies(nodes, unit.rank)
         kind = [INSTANT] * n
         duration = [0.0] * n
         coll_key: dict[int, Any] = {}
@@ -806,18 +811,11 @@ class _Sim:
         memo = self.compute_memo.setdefault(device.name, {})
         remember = self.remember_nodes or unit.rank_class in self.shared_classes
         interned = self.interned_keys
-        comp, memo_get, find = NodeType.COMP, memo.get, position.get
+        comp, memo_get = NodeType.COMP, memo.get
         intern, cached_cost = interned.setdefault, cost_cache.get
+        collectives: dict[tuple[int, CollectiveType, int], tuple[Any, ...]] = {}
+        """each collective's communicator, type and size priced once (:meth:`_collective`)"""
         for i, node in enumerate(nodes):
-            data, ctrl = node.data_deps, node.ctrl_deps
-            if ctrl or len(data) > 1:
-                data = set(data) | set(ctrl) if ctrl else set(data)
-            for dep in data:
-                j = find(dep)
-                if j is None:
-                    raise TraceError(f"rank {unit.rank}: node {node.id} depends on missing {dep}")
-                children[j].append(i)
-            pending[i] = len(data)
             t = node.type
             if t is comp:
                 kind[i] = COMPUTE
@@ -860,52 +858,20 @@ class _Sim:
                 stream[i] = HOST_COPY_STREAM
                 duration[i] = host_copy_time(node.tensor_size, device)
             elif t is NodeType.COMM_COLL:
-                if node.comm_group is None or node.comm_type is None:
+                group = node.comm_group
+                if group is None or node.comm_type is None:
                     raise TraceError(
                         f"rank {unit.rank}: collective {node.id} lacks its group or type"
                     )
-                participants = self._participants(node.comm_group)
-                shape = self.shape_cache[node.comm_group]
-                key = (node.comm_type, node.comm_size, shape)
-                if is_hybrid(system):
-                    key = (node.comm_type, node.comm_size, node.comm_group)
-                if key not in cost_cache:
-                    cost_cache[key] = (
-                        system.collective_time(  # type: ignore[attr-defined]
-                            node.comm_type,
-                            node.comm_size,
-                            self.problem.comm_groups[node.comm_group],
-                        )
-                        if is_hybrid(system)
-                        else collective_time(node.comm_type, node.comm_size, shape, system)
-                    )
+                signature = (group, node.comm_type, node.comm_size)
+                priced = collectives.get(signature)
+                if priced is None:
+                    priced = collectives[signature] = self._collective(node, cost_cache)
+                participants, duration[i], steps[i], comm_link[i] = priced
                 kind[i] = COLL
-                duration[i] = cost_cache[key]
-                if self.share_links:
-                    plan = steps_cache.get(key)
-                    if plan is None:
-                        plan = steps_cache[key] = transfer_steps(
-                            collective_phases(node.comm_type, node.comm_size, shape, system)
-                        )
-                    steps[i] = plan
-                else:
-                    steps[i] = fixed_steps(duration[i])
-                if not is_hybrid(system):
-                    lkey = (node.comm_type, shape)
-                    contention = self.link_cache.get(lkey)
-                    if contention is None:
-                        contention = self.link_cache[lkey] = contention_link(
-                            node.comm_type, shape, system
-                        )
-                    link, rate = contention
-                    if rate is not None and link not in self.contended:
-                        self.contended[link] = spanning_contended_system(
-                            system, outermost_link(shape, system) or "network", rate
-                        )
-                    comm_link[i] = link
-                coll_key[i] = (unit.group_keys.get(i, ("group", node.comm_group)), participants)
+                coll_key[i] = (unit.group_keys.get(i, ("group", group)), participants)
                 coll_needed[i] = len(participants)
-                stream[i] = group_streams.setdefault(node.comm_group, 2 + len(group_streams))
+                stream[i] = group_streams.setdefault(group, 2 + len(group_streams))
             elif t is NodeType.COMM_SEND:
                 if node.comm_dst is None or node.comm_dst not in unit_of:
                     raise TraceError(f"rank {unit.rank}: send {node.id} has no valid destination")
@@ -947,6 +913,7 @@ class _Sim:
                 )
         self.children.append(children)
         self.pending.append(pending)
+        self.ordered.append(ordered)
         self.ready_time.append([0.0] * n)
         self.ready_cause.append([None] * n)
         self.coll_key.append(coll_key)
@@ -967,6 +934,49 @@ class _Sim:
                 cause=[None] * n,
             )
         )
+
+    def _collective(
+        self, node: Any, cost_cache: dict[Any, float]
+    ) -> tuple[tuple[int, ...], float, Steps, str | None]:
+        """A collective's participating units, duration, transfer steps and contention key
+        (``cost_cache``: its device's costs), from its communicator, type and size."""
+        system = self.system
+        participants = self._participants(node.comm_group)
+        shape = self.shape_cache[node.comm_group]
+        key = (node.comm_type, node.comm_size, shape)
+        if is_hybrid(system):
+            key = (node.comm_type, node.comm_size, node.comm_group)
+        if key not in cost_cache:
+            cost_cache[key] = (
+                system.collective_time(  # type: ignore[attr-defined]
+                    node.comm_type,
+                    node.comm_size,
+                    self.problem.comm_groups[node.comm_group],
+                )
+                if is_hybrid(system)
+                else collective_time(node.comm_type, node.comm_size, shape, system)
+            )
+        duration = cost_cache[key]
+        if self.share_links:
+            plan = self.steps_cache.get(key)
+            if plan is None:
+                plan = self.steps_cache[key] = transfer_steps(
+                    collective_phases(node.comm_type, node.comm_size, shape, system)
+                )
+        else:
+            plan = fixed_steps(duration)
+        link = None
+        if not is_hybrid(system):
+            lkey = (node.comm_type, shape)
+            contention = self.link_cache.get(lkey)
+            if contention is None:
+                contention = self.link_cache[lkey] = contention_link(node.comm_type, shape, system)
+            link, rate = contention
+            if rate is not None and link not in self.contended:
+                self.contended[link] = spanning_contended_system(
+                    system, outermost_link(shape, system) or "network", rate
+                )
+        return participants, duration, plan, link
 
     def _gather_before_forward(self, u: int) -> None:
         """Megatron's ``--overlap-param-gather``, in the steady state: the parameter
@@ -1363,11 +1373,16 @@ class _Sim:
             for u, (left, ended) in enumerate(zip(pending, ends_at, strict=True)):
                 s, ts, d, c = starts[u], transfer_starts[u], durations[u], causes[u]
                 rt, rc = ready_times[u], ready_causes[u]
+                # the nodes ready (none pending) and not ended (-1), found a column at a time
+                ready_not_ended = map(
+                    operator.and_,
+                    map(operator.not_, left),
+                    map(operator.lt, ended, itertools.repeat(0.0)),
+                )
                 live.append(
                     {
                         j: (s[j], ts[j], d[j], c[j], rt[j], rc[j])
-                        for j, n in enumerate(left)
-                        if not n and ended[j] < 0
+                        for j in itertools.compress(range(len(left)), ready_not_ended)
                     }
                 )
             return EngineState(
@@ -1403,11 +1418,15 @@ class _Sim:
                         step_done(f, t)
                     continue
                 ends_at[u][i] = t
-                k = kinds[u][i]
-                if k < RECV or k == COPY:
+                unit_kinds = kinds[u]
+                k = unit_kinds[i]
+                if k == COMPUTE:  # the commonest case: the compute stream (0) is free
+                    busy[u][0] = False
+                    touched_add(compute_stream[u])
+                elif k < RECV or k == COPY:
                     s = streams[u][i]
                     busy[u][s] = False
-                    touched.add((s == 0, u, s))
+                    touched_add((s == 0, u, s))
                     if k == SEND:
                         key = p2p_keys[u][i]
                         queue = waiting.get(key)
@@ -1425,7 +1444,7 @@ class _Sim:
                     if not left:
                         if cause is None:
                             cause = (u, i)
-                        if kinds[u][c] == COMPUTE:  # make_ready's commonest case, inline
+                        if unit_kinds[c] == COMPUTE:  # make_ready's commonest case, inline
                             ready_times[u][c] = t
                             ready_causes[u][c] = cause
                             heappush(ready[u][0], c)  # a compute node's stream is 0
@@ -1434,8 +1453,23 @@ class _Sim:
                             make_ready(u, c, t, cause)
             if len(touched) == 1:
                 _, u, stream = touched.pop()
-                if ready[u][stream] and not busy[u][stream]:
+                queue = ready[u][stream]
+                if not queue or busy[u][stream]:
+                    pass
+                elif stream or contending[u]:
                     dispatch(u, stream, t)
+                else:  # dispatch's commonest case, inline: a compute node, nothing contending
+                    i = heappop(queue)
+                    busy[u][0] = True
+                    starts[u][i] = t
+                    last = last_on_stream[u][0]
+                    if last is not None and t > ready_times[u][i]:
+                        causes[u][i] = last
+                    else:
+                        causes[u][i] = ready_causes[u][i]
+                    last_on_stream[u][0] = (u, i)
+                    transfer_starts[u][i] = t
+                    heappush(heap, (t + durations[u][i], tick(), u, i))
             elif touched:
                 for _, u, stream in sorted(touched):
                     if ready[u][stream] and not busy[u][stream]:
@@ -1492,6 +1526,61 @@ class _Sim:
                     )
 
 
+def _dependencies(nodes: Sequence[Any], rank: int) -> tuple[list[list[int]], list[int], bool]:
+    """Per position: the positions of the nodes that wait for it (ascending) and how many
+    distinct nodes it waits for; and whether every node waits only for nodes at lower
+    positions."""
+    n = len(nodes)
+    ids = [node.id for node in nodes]
+    if ids == list(range(n)):  # as lowering makes them
+        try:
+            found = _earlier_dependencies(nodes)
+        except TypeError:  # an id that is no int
+            found = None
+        if found is not None:
+            return found[0], found[1], True
+    position = {node_id: i for i, node_id in enumerate(ids)}
+    if len(position) != n:
+        raise TraceError(f"rank {rank}: duplicate node ids")
+    children: list[list[int]] = [[] for _ in range(n)]
+    pending = [0] * n
+    ordered = True
+    for i, node in enumerate(nodes):
+        data = set(node.data_deps).union(node.ctrl_deps)
+        for dep in data:
+            j = position.get(dep)
+            if j is None:
+                raise TraceError(f"rank {rank}: node {node.id} depends on missing {dep}")
+            if j >= i:
+                ordered = False
+            children[j].append(i)
+        pending[i] = len(data)
+    return children, pending, ordered
+
+
+def _earlier_dependencies(nodes: Sequence[Any]) -> tuple[list[list[int]], list[int]] | None:
+    """:func:`_dependencies` where every node's id is its position, None unless every node
+    waits only for nodes before it."""
+    children: list[list[int]] = [[] for _ in nodes]
+    pending = [0] * len(nodes)
+    for i, node in enumerate(nodes):
+        data, ctrl = node.data_deps, node.ctrl_deps
+        # distinct: the commonest shapes (two data deps, one data and one ctrl dep) at a glance
+        if ctrl:
+            if len(ctrl) == 1 and len(data) == 1 and data[0] != ctrl[0]:
+                data = (data[0], ctrl[0])
+            else:
+                data = set(data).union(ctrl)
+        elif len(data) > 1 and (len(data) != 2 or data[0] == data[1]):
+            data = set(data)
+        for dep in data:
+            if not 0 <= dep < i:
+                return None
+            children[dep].append(i)
+        pending[i] = len(data)
+    return children, pending
+
+
 def replay(
     problem: Problem,
     system: System,
@@ -1540,10 +1629,12 @@ def replay(
 
 
 def _union_length(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    """The length of the union of the intervals of ``a`` and ``b``: its pieces' lengths added
+    in order."""
     intervals = a + b
     if not intervals:
         return 0.0
-    intervals.sort()
+    intervals.sort(key=_interval_start)  # the pieces do not depend on how ties are ordered
     total = 0.0
     cur_start, cur_end = intervals[0]
     for s, e in intervals[1:]:
@@ -1555,26 +1646,33 @@ def _union_length(a: list[tuple[float, float]], b: list[tuple[float, float]]) ->
     return total + (cur_end - cur_start)
 
 
+_interval_start = operator.itemgetter(0)
+
+_IS_COMPUTE = bytes(k == COMPUTE for k in range(256))
+_IS_TRANSFER = bytes(k in (COLL, SEND) for k in range(256))
+"""per node kind: whether it is compute, a collective or a send (``bytes.translate`` tables)"""
+
+
 def unit_breakdown(res: UnitResult, iteration_time: float) -> dict[str, float]:
     """Compute, communication, exposed communication and idle (bubble) time of one unit;
     where it copies to or from host memory (CPU activation offload) also the copies' time
     (``host_copy_s``) and the part of it that neither compute nor communication hides
     (``exposed_host_copy_s``, out of the bubble)."""
-    compute: list[tuple[float, float]] = []
-    comm: list[tuple[float, float]] = []
-    copies: list[tuple[float, float]] = []
-    waiting = 0.0
-    start, end, transfer_start = res.start, res.end, res.transfer_start
-    for i, k in enumerate(res.kind):
-        if k == COMPUTE:
-            compute.append((start[i], end[i]))
-        elif k == COLL or k == SEND:
-            comm.append((transfer_start[i], end[i]))
-            waiting += transfer_start[i] - start[i]
-        elif k == COPY:
-            copies.append((start[i], end[i]))
-    compute_s = sum([e - s for s, e in compute])
-    comm_s = sum([e - s for s, e in comm])
+    kinds = bytes(res.kind)
+    start, end = res.start, res.end
+    # the nodes of each kind, in node order, a column at a time; sums in node order
+    mask = kinds.translate(_IS_COMPUTE)
+    compute_start = list(itertools.compress(start, mask))
+    compute_end = list(itertools.compress(end, mask))
+    mask = kinds.translate(_IS_TRANSFER)
+    comm_start = list(itertools.compress(res.transfer_start, mask))
+    comm_end = list(itertools.compress(end, mask))
+    issued = itertools.compress(start, mask)
+    compute = list(zip(compute_start, compute_end, strict=True))
+    comm = list(zip(comm_start, comm_end, strict=True))
+    compute_s = sum(map(operator.sub, compute_end, compute_start))
+    comm_s = sum(map(operator.sub, comm_end, comm_start))
+    waiting = functools.reduce(operator.add, map(operator.sub, comm_start, issued), 0.0)
     busy = _union_length(compute, comm)
     out = {
         "compute_s": compute_s,
@@ -1583,7 +1681,8 @@ def unit_breakdown(res: UnitResult, iteration_time: float) -> dict[str, float]:
         "collective_wait_s": waiting,
         "bubble_s": iteration_time - busy,
     }
-    if copies:
+    if COPY in kinds:
+        copies = [(start[i], end[i]) for i, k in enumerate(kinds) if k == COPY]
         with_copies = _union_length(compute + comm, copies)
         out["host_copy_s"] = sum(e - s for s, e in copies)
         out["exposed_host_copy_s"] = with_copies - busy
@@ -1636,9 +1735,10 @@ def critical_chain(replay_: Replay) -> list[tuple[int, int]]:
     back from the last to end)."""
     best: tuple[float, int, int] | None = None
     for u, res in enumerate(replay_.units):
-        for i, end in enumerate(res.end):
-            if best is None or end > best[0]:
-                best = (end, u, i)
+        if res.end:
+            last = max(res.end)
+            if best is None or last > best[0]:
+                best = (last, u, res.end.index(last))
     chain: list[tuple[int, int]] = []
     seen: set[tuple[int, int]] = set()
     current = (best[1], best[2]) if best is not None else None
