@@ -457,7 +457,7 @@ def context_parallel_attention(
         for op in [*forward, *backward]
         if comm_type == "p2p" and attends_gathered(op) and _ring_splits(op, cp)
     }
-    consumers = [k for op in [*forward, *backward] if op.name not in ring for k in op.inputs]
+    consumers = {k for op in [*forward, *backward] if op.name not in ring for k in op.inputs}
     # gathers only the ring attends to are its transfers; so are its gradients' reductions
     ringed = {k for k in gathered if k not in consumers}
     reductions = {
@@ -477,7 +477,7 @@ def context_parallel_attention(
 
     out_forward: list[BoundOp] = []
     for op in forward:
-        if op.outputs and op.outputs[0] in ringed:
+        if op.outputs and op.outputs[0] in ringed and gathers[op.outputs[0]] is op:
             continue
         if op.name in ring and all(k in ringed for k in op.inputs if k in gathered):
             out_forward.extend(
@@ -497,7 +497,7 @@ def context_parallel_attention(
             dkv = [reductions[k] for k in op.outputs if k in ring_grads]
             out_backward.extend(_ring_backward(op, kv, dkv, cp))
             continue
-        # only the local chunks are saved: K and V are gathered (or passed round) again
+        # only the local chunks are saved: K and V are gathered again
         again = {k: -k for k in op.inputs if k in gathered}  # keys no tensor has (ids > 0)
         out_backward.extend(replace(gathers[k], outputs=(again[k],)) for k in again)
         out_backward.append(replace(op, inputs=tuple(again.get(k, k) for k in op.inputs)))
