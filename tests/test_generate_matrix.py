@@ -173,7 +173,21 @@ def test_context_parallel_exchanges_k_and_v(registry):
     ]
     kinds = [(n.comm_type.name, n.comm_size) for n in nodes]
     shard = B * s * h * e // sp
+    # the p2p ring at cp 2 (Transformer Engine): one transfer of K and V (one buffer) beside
+    # step 0; the backward passes them round again, then their gradients (the bytes of a
+    # reduce-scatter of both)
     assert kinds == [
+        ("ALL_GATHER", 2 * shard),
+        ("ALL_GATHER", 2 * shard),
+        ("REDUCE_SCATTER", 4 * shard),
+    ]
+    options = GenerateOptions(**{**SMALL, "model": "gpt", "sp": sp, "cp_comm_type": "all_gather"})
+    nodes = [
+        n
+        for n in build_workload(options, registry).ranks[0].rank_class.nodes
+        if "/layer0/" in n.name and n.group_axes == ("sp",)
+    ]
+    assert [(n.comm_type.name, n.comm_size) for n in nodes] == [
         ("ALL_GATHER", shard),
         ("ALL_GATHER", shard),
         # Transformer Engine keeps only the local K and V chunks: gathered again backward

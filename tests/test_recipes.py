@@ -76,13 +76,17 @@ def test_causal_attention_flops_are_total_over_cp_per_rank(model: str, cp: int) 
     ]
     assert per_rank == [total // cp] * cp
     assert total % cp == 0
-    # the ring (p2p) runs the same work in two kernels per pass: step 0 on the rank's own
-    # keys (1/cp of it), then the steps on the others' keys
+    # the ring (p2p) runs the same work in cp kernels per pass: the step on the rank's own
+    # keys (1/cp of it; first forward, last backward), then one per other chunk, alike
     ring = attention_nodes(model, s, cp, "p2p")
     for r in range(cp):
         steps = {name: n.num_ops for (rank, name), n in ring.items() if rank == r}
-        assert sum(steps.values()) == per_rank[r]
-        assert steps["core_attention.local_kv"] == nodes[(r, "core_attention")].num_ops // cp
+        assert sum(steps.values()) == per_rank[r] and len(steps) == 2 * cp
+        assert steps["core_attention.step0"] == nodes[(r, "core_attention")].num_ops // cp
+        own = nodes[(r, "core_attention.grad")].num_ops // cp
+        assert steps[f"core_attention.grad.step{cp - 1}"] == own
+        others = [steps[f"core_attention.step{i}"] for i in range(1, cp)]
+        assert max(others) - min(others) <= 1
 
 
 @pytest.mark.parametrize("model", ["gpt", "llama"])
@@ -260,48 +264,106 @@ def _layer0(comm_type: str, cp: int = 2) -> dict[str, Any]:
     o = GenerateOptions(**LLAMA, seq=2048, batch=B, micro_batch=B, sp=cp, causal=True,
                         cp_comm_type=comm_type)  # fmt: skip
     w = build_workload(o, load_registry(autoload=False))
-    return {n.name: n for n in w.ranks[0].nodes() if n.name.startswith("mb0/layer0/")}
+    sp_group = w.layout.group_id(0, ("sp",))
+    return {
+        n.name: n
+        for n in w.ranks[0].nodes()
+        if n.name.startswith("mb0/layer0/") and n.comm_group in (None, sp_group)
+    }
 
 
-def _sp_gathers(nodes: dict[str, Any], phase: str) -> list[Any]:
+def _sp_collectives(
+    nodes: dict[str, Any], phase: str, kind: CollectiveType = CollectiveType.ALL_GATHER
+) -> list[Any]:
+    """Layer 0's collectives of ``kind`` over the context-parallel group in ``phase``."""
     return [
         n
         for name, n in nodes.items()
-        if f"/{phase}/" in name and n.type is NodeType.COMM_COLL
-        and n.comm_type is CollectiveType.ALL_GATHER and "all_gather_sp" in name
-    ]  # fmt: skip
+        if f"/{phase}/" in name and n.type is NodeType.COMM_COLL and n.comm_type is kind
+    ]
 
 
 @pytest.mark.parametrize("comm_type", ["p2p", "all_gather"])
 def test_keys_and_values_travel_again_for_the_backward(comm_type: str) -> None:
-    """Transformer Engine saves only the rank's own K and V chunks: the all-gather variant
-    gathers them again before the backward, the ring passes them round again."""
+    """Transformer Engine saves only the rank's own K and V chunks (the ring: the last one it
+    received): the all-gather variant gathers them again before the backward, the ring
+    passes them round again; either moves the bytes of the forward's gathers."""
     nodes = _layer0(comm_type)
-    forward, backward = _sp_gathers(nodes, "fwd"), _sp_gathers(nodes, "bwd")
-    assert len(forward) == len(backward) == 2  # K and V
-    assert sorted(n.comm_size for n in forward) == sorted(n.comm_size for n in backward)
+    forward, backward = _sp_collectives(nodes, "fwd"), _sp_collectives(nodes, "bwd")
+    assert forward and backward
+    assert sum(n.comm_size for n in forward) == sum(n.comm_size for n in backward)
     grads = [n for n in nodes.values() if "attention" in n.attrs and n.attrs["attention"][6]]
     gathered = {n.id for n in backward}
     assert any(gathered & set(n.data_deps) for n in grads)
 
 
-def test_ring_overlaps_the_first_step_with_the_transfer() -> None:
-    """p2p: step 0 attends to the rank's own keys and does not wait for the others'; the
-    other steps do. all_gather: the one kernel waits for the gather."""
-    ring = _layer0("p2p")
-    gathered = {n.id for n in _sp_gathers(ring, "fwd")}
-    local = ring["mb0/layer0/fwd/core_attention.local_kv"]
-    remote = ring["mb0/layer0/fwd/core_attention.remote_kv"]
-    assert not gathered & set(local.data_deps)
-    assert gathered <= set(remote.data_deps) and local.id in remote.data_deps
-    assert local.attrs["attention"][2:4] == (1024, 1024)  # causal over the own two chunks
-    assert remote.attrs["attention"][2:6] == (1024, 512, 64, 0)  # two full chunk blocks
-    whole = _layer0("all_gather")["mb0/layer0/fwd/core_attention"]
-    assert gathered <= set(whole.data_deps)
+@pytest.mark.parametrize("cp", [2, 4])
+def test_the_ring_moves_what_the_all_gather_variant_moves(cp: int) -> None:
+    """Per pass and kind the ring's transfers over the cp group add up to the all-gather
+    variant's collectives (K and V gathered; their gradients reduce-scattered), in one
+    transfer per step that forwards a chunk (the backward's: cp - 1 of each)."""
+    ring, gather = _layer0("p2p", cp), _layer0("all_gather", cp)
+    for phase in ("fwd", "bwd"):
+        for kind in (CollectiveType.ALL_GATHER, CollectiveType.REDUCE_SCATTER):
+            moved = [n.comm_size for n in _sp_collectives(ring, phase, kind)]
+            whole = [n.comm_size for n in _sp_collectives(gather, phase, kind)]
+            assert sum(moved) == sum(whole)
+            if whole:
+                assert len(moved) == cp - 1 and max(moved) - min(moved) <= 1
+
+
+def test_ring_overlaps_each_step_with_the_next_transfer() -> None:
+    """p2p, forward (TE's ``AttnFuncWithCPAndKVP2P.forward``): step 0 attends to the rank's
+    own keys; the transfer of chunk i forwards chunk i - 1, issued before step i - 1's
+    kernel; step i waits for it and for step i - 1. all_gather: the one kernel waits for
+    the gathers."""
+    cp = 4
+    ring = _layer0("p2p", cp)
+    steps = [ring[f"mb0/layer0/fwd/core_attention.step{i}"] for i in range(cp)]
+    sends = [ring[f"mb0/layer0/fwd/core_attention.send_kv{i}"] for i in range(1, cp)]
+    assert {n.id for n in sends}.isdisjoint(steps[0].data_deps)
+    for i in range(1, cp):
+        send = sends[i - 1]
+        assert send.id < steps[i - 1].id and send.id in steps[i].data_deps
+        assert steps[i - 1].id in steps[i].data_deps
+        assert i == 1 or sends[i - 2].id in send.data_deps
+    assert steps[0].attrs["attention"][2:4] == (512, 512)  # causal over the own two chunks
+    for step in steps[1:]:
+        assert step.attrs["attention"][2:6] == (512, 256, 64, 0)  # two full chunk blocks
+    gather = _layer0("all_gather", cp)
+    whole = gather["mb0/layer0/fwd/core_attention"]
+    assert {n.id for n in _sp_collectives(gather, "fwd")} <= set(whole.data_deps)
+
+
+def test_ring_backward_returns_the_gradients_step_by_step() -> None:
+    """p2p, backward (TE's ``AttnFuncWithCPAndKVP2P.backward``): the steps reversed (the
+    rank's own causal chunks last); transfer i sends on step i's chunk (none after the
+    last) and, from step 1 on, the K/V gradient accumulated for step i - 1's chunk, both
+    once step i - 1 is done and beside step i; no reduce-scatter after the last step: the
+    rank's gradient is the last transfer's plus the last step's share."""
+    cp = 4
+    ring = _layer0("p2p", cp)
+    name = "mb0/layer0/bwd/core_attention.grad"
+    steps = [ring[f"{name}.step{i}"] for i in range(cp)]
+    sends = [ring[f"{name}.send_kv{i}"] for i in range(1, cp)]
+    returns = [ring[f"{name}.send_dkv{i}"] for i in range(1, cp)]
+    assert all(n.comm_type is CollectiveType.REDUCE_SCATTER for n in returns)
+    for i in range(1, cp):
+        assert sends[i - 1].id in steps[i].data_deps
+        assert steps[i - 1].id in returns[i - 1].data_deps
+        assert returns[i - 1].id < steps[i].id  # runs beside step i
+        assert returns[i - 1].id not in steps[i].data_deps
+        if i > 1:
+            assert steps[i - 2].id in sends[i - 1].data_deps
+    assert steps[-1].attrs["attention"][5] == 1 and steps[0].attrs["attention"][5] == 0
+    done = ring[f"{name}.dkv"]
+    assert set(done.data_deps) == {steps[-1].id, returns[-1].id}
+    assert (done.num_ops, done.tensor_size) == (0, 0)
+    assert max(n.id for n in ring.values() if n.type is NodeType.COMM_COLL) < done.id
 
 
 def test_ring_hides_a_transfer_between_nodes() -> None:
-    """cp 2 across two nodes (tp 8 fills a node): the ring hides the gather of K and V over
+    """cp 2 across two nodes (tp 8 fills a node): the ring hides the transfer of K and V over
     the network behind step 0, which the all-gather variant waits for."""
     system = load_system("h100-80g")
     o = dict(**GPT, seq=16384, batch=B, micro_batch=B, tp=8, sp=2, causal=True)

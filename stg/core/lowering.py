@@ -403,29 +403,40 @@ def causal_split(scores: Op, binder: Binder) -> int:
 
 
 # How context parallelism moves keys and values (Megatron-LM's ``--cp-comm-type``, run by
-# Transformer Engine 2.x, ``attention/dot_product_attention/context_parallel.py``):
+# Transformer Engine 2.x, ``attention/dot_product_attention/context_parallel.py``, read at
+# NVIDIA/TransformerEngine d0067d0):
 #
 # - ``p2p`` (Megatron's default; ``AttnFuncWithCPAndKVP2P``): the ranks pass their K and V
-#   chunks around a ring; attention runs in ``cp`` steps, each on the chunk at hand, while the
-#   next chunk travels. Step 0 attends to the rank's own keys; the backward passes K and V
-#   around again (only the local chunk is saved) with the gradients of the chunks already done,
-#   and waits for the last of those.
+#   chunks (one buffer, ``torch.cat((k, v))``) around a ring; attention runs in ``cp`` steps.
+#   Forward step ``i`` first waits for the chunk sent at step ``i - 1``, then sends it on to
+#   the next rank (``flash_attn_p2p_communicate``) and attends to it while it travels; step 0
+#   attends to the rank's own keys. The backward saves only the last chunk and passes K and V
+#   round again in the other direction, the steps reversed (the diagonal, the rank's own
+#   keys, last); from step 1 on each transfer also carries the K/V gradient accumulated so
+#   far for the chunk of the step before (the last carries only that), and after each step
+#   the rank adds its own share to the gradient received beside it.
 # - ``all_gather`` (``AttnFuncWithCPAndKVAllGather``): K and V are all-gathered before the
 #   attention, again before its backward, and their gradients reduce-scattered after it.
 #
-# stg writes a ring as the all-gather of K and V (the same bytes: each rank receives the other
-# ``cp - 1`` chunks) running beside the first step, and the remaining steps as one kernel after
-# it: exact at cp 2; from cp 3 on, the real ring hides each transfer behind the step before,
-# where stg hides the whole gather behind step 0 only.
+# stg writes each ring transfer as a collective over the cp group that moves one chunk per
+# rank, as the ring's send and receive do: an all-gather of 1/(cp-1) of the all-gather
+# variant's K/V (ring all-gather: each rank receives ``cp - 1`` shards), and for the gradients
+# a reduce-scatter of 1/(cp-1) of its buffer, so the ring moves the variant's bytes in all.
+
+RING_KEY_STRIDE = 1 << 64
+"""The ring's intermediate buffers have keys ``key + n * RING_KEY_STRIDE`` (``n >= 1``, ``key``
+a key of the attention op): tensor keys are addresses, and every key derived from one is
+within 16 of an address or its negation, so these are no other key."""
 
 
 def context_parallel_attention(
     forward: list[BoundOp], backward: list[BoundOp], comm_type: str, cp: int
 ) -> tuple[list[BoundOp], list[BoundOp]]:
     """The fused attention of a part under context parallelism (``sp``) as ``comm_type``
-    (``GenerateOptions.CP_COMM_TYPES``; see the comment above) runs it: K and V gathered
-    again before the backward (both variants), and under ``p2p`` each pass split into the
-    step on the local keys, beside the gather, and the steps on the others' keys after it."""
+    (``GenerateOptions.CP_COMM_TYPES``; see the comment above) runs it: ``all_gather``
+    gathers K and V again before the backward; ``p2p`` runs each pass as the ring's steps and
+    transfers (:func:`_ring_forward`, :func:`_ring_backward`), its transfers replacing the
+    gathers and the gradients' reduce-scatters."""
     gathered = {
         op.outputs[0]: op.inputs[0]
         for op in forward
@@ -435,74 +446,225 @@ def context_parallel_attention(
     }
     if not gathered:
         return forward, backward
+    gathers = {op.outputs[0]: op for op in forward if op.outputs and op.outputs[0] in gathered}
 
     def attends_gathered(op: BoundOp) -> bool:
         attrs = dict(op.attrs)
         return "attention" in attrs and any(k in gathered for k in op.inputs)
 
+    ring = {
+        op.name
+        for op in [*forward, *backward]
+        if comm_type == "p2p" and attends_gathered(op) and _ring_splits(op, cp)
+    }
+    consumers = {k for op in [*forward, *backward] if op.name not in ring for k in op.inputs}
+    # gathers only the ring attends to are its transfers; so are its gradients' reductions
+    ringed = {k for k in gathered if k not in consumers}
+    reductions = {
+        op.inputs[0]: op
+        for op in backward
+        if op.type is NodeType.COMM_COLL
+        and op.comm_type is CollectiveType.REDUCE_SCATTER
+        and op.group_axes == ("sp",)
+    }
+    ring_grads = {
+        k
+        for op in backward
+        if op.name in ring and all(g in ringed for g in op.inputs if g in gathered)
+        for k in op.outputs
+        if k in reductions
+    }
+
     out_forward: list[BoundOp] = []
     for op in forward:
-        if comm_type == "p2p" and attends_gathered(op):
-            out_forward.extend(_ring_steps(op, gathered, cp))
+        if op.outputs and op.outputs[0] in ringed and gathers[op.outputs[0]] is op:
+            continue
+        if op.name in ring and all(k in ringed for k in op.inputs if k in gathered):
+            out_forward.extend(
+                _ring_forward(op, [gathers[k] for k in op.inputs if k in gathered], cp)
+            )
         else:
             out_forward.append(op)
-    gathers = {op.outputs[0]: op for op in forward if op.outputs and op.outputs[0] in gathered}
     out_backward: list[BoundOp] = []
     for op in backward:
+        if op.inputs and op.inputs[0] in ring_grads and reductions[op.inputs[0]] is op:
+            continue
         if not attends_gathered(op):
             out_backward.append(op)
             continue
-        # only the local chunks are saved: K and V are gathered (or passed round) again
+        if any(k in ring_grads for k in op.outputs):
+            kv = [gathers[k] for k in op.inputs if k in gathered]
+            dkv = [reductions[k] for k in op.outputs if k in ring_grads]
+            out_backward.extend(_ring_backward(op, kv, dkv, cp))
+            continue
+        # only the local chunks are saved: K and V are gathered again
         again = {k: -k for k in op.inputs if k in gathered}  # keys no tensor has (ids > 0)
         out_backward.extend(replace(gathers[k], outputs=(again[k],)) for k in again)
-        op = replace(op, inputs=tuple(again.get(k, k) for k in op.inputs))
-        if comm_type == "p2p":
-            local = {again[k]: gathered[k] for k in again}
-            out_backward.extend(_ring_steps(op, local, cp))
-        else:
-            out_backward.append(op)
+        out_backward.append(replace(op, inputs=tuple(again.get(k, k) for k in op.inputs)))
     return out_forward, out_backward
 
 
-def _ring_steps(op: BoundOp, local: Mapping[int, int], cp: int) -> list[BoundOp]:
-    """A fused attention pass ``op`` over gathered keys as two kernels: the ring's step 0 on
-    the rank's own keys (``local`` maps a gathered key to the local one), then its other
-    steps. Under load-balanced causal masking a rank holds chunks ``i`` and ``2·cp-1-i``:
-    step 0 is causal over those two (2 of the rank's ``2·cp`` chunk blocks), every other
-    step computes two full blocks (TE: both query chunks against the peer's first, or the
-    second against both), as a non-causal ``s_q x (cp-1)·s_q/2`` attention. Without masking
-    step 0 is ``s_q x s_kv/cp``, the rest ``s_q x (cp-1)·s_kv/cp``. FLOPs and bytes split
-    in the same shares."""
+def _ring_splits(op: BoundOp, cp: int) -> bool:
+    """Whether the attention ``op`` splits into the ring's steps: unmasked, or causal under
+    Megatron's load balancing (:func:`causal_split`) with an even number of queries."""
+    attrs = dict(op.attrs)
+    causal, s_q = attrs["attention"][5], attrs["attention"][2]
+    return not causal or (attrs.get("causal_split", 1) == cp and s_q % 2 == 0)
+
+
+def _shares(total: int, parts: int) -> list[int]:
+    """``total`` in ``parts`` near-equal integer shares (the larger first) that sum to it."""
+    return [total // parts + (i < total % parts) for i in range(parts)]
+
+
+def _ring_steps(op: BoundOp, cp: int, local_first: bool) -> list[BoundOp]:
+    """The attention pass ``op`` as the ring's ``cp`` kernels in order, without their
+    inputs and outputs: the step on the rank's own keys (first, or last with
+    ``local_first`` false: the backward) and one per other chunk. Under load-balanced causal
+    masking a rank holds chunks ``i`` and ``2·cp-1-i``: its own step is causal over those
+    two (2 of the rank's ``2·cp`` chunk blocks), every other step computes two full blocks
+    (TE: both query chunks against the peer's first, or the second against both), a
+    non-causal ``s_q x s_q/2`` attention. Without masking every step is ``s_q x s_kv/cp``.
+    FLOPs and bytes split in the same shares."""
     attrs = dict(op.attrs)
     batch, heads, s_q, s_kv, head_dim, causal, backward = attrs["attention"]
-    if causal and (attrs.get("causal_split", 1) != cp or s_q % 2):
-        return [op]  # no load-balanced causal split: keep the one kernel
     local_kv = s_q if causal else s_kv // cp
-    remote_kv = (cp - 1) * s_q // 2 if causal else s_kv - local_kv
-    rest = {k: v for k, v in attrs.items() if k not in ("attention", "causal_split")}
-    first_ops, first_bytes = op.num_ops // cp, op.tensor_size // cp
-    partial = -op.outputs[0] - 1  # step 0's partial output (odd: no id, no negated id)
-    step0 = replace(
+    remote_kv = s_q // 2 if causal else s_kv // cp
+    rest = tuple((k, v) for k, v in attrs.items() if k not in ("attention", "causal_split"))
+    own_ops, own_bytes = op.num_ops // cp, op.tensor_size // cp
+    own = replace(
         op,
-        name=f"{op.name}.local_kv",
-        inputs=tuple(local.get(k, k) for k in op.inputs),
-        outputs=(partial,),
-        num_ops=first_ops,
-        tensor_size=first_bytes,
-        attrs=(
-            *rest.items(),
-            ("attention", (batch, heads, s_q, local_kv, head_dim, causal, backward)),
-        ),
+        num_ops=own_ops,
+        tensor_size=own_bytes,
+        attrs=(*rest, ("attention", (batch, heads, s_q, local_kv, head_dim, causal, backward))),
     )
-    others = replace(
-        op,
-        name=f"{op.name}.remote_kv",
-        inputs=(*op.inputs, partial),
-        num_ops=op.num_ops - first_ops,
-        tensor_size=op.tensor_size - first_bytes,
-        attrs=(*rest.items(), ("attention", (batch, heads, s_q, remote_kv, head_dim, 0, backward))),
+    remote_shape = ("attention", (batch, heads, s_q, remote_kv, head_dim, 0, backward))
+    others = [
+        replace(op, num_ops=flops, tensor_size=nbytes, attrs=(*rest, remote_shape))
+        for flops, nbytes in zip(
+            _shares(op.num_ops - own_ops, cp - 1),
+            _shares(op.tensor_size - own_bytes, cp - 1),
+            strict=True,
+        )
+    ]
+    return [own, *others] if local_first else [*others, own]
+
+
+def _ring_transfers(
+    sources: list[BoundOp], name: str, inputs: list[tuple[int, ...]], outputs: list[int]
+) -> list[list[BoundOp]]:
+    """Per ring transfer (``inputs[i]`` to ``outputs[i]``), the collectives that move one
+    share of the collectives ``sources`` (one per dtype: the ring sends one buffer) as
+    ``name`` with the transfer's number."""
+    by_dtype: dict[str | None, list[BoundOp]] = {}
+    for op in sources:
+        by_dtype.setdefault(op.dtype, []).append(op)
+    steps = len(outputs)
+    shares = {
+        dtype: _shares(sum(op.comm_size for op in ops), steps) for dtype, ops in by_dtype.items()
+    }
+    return [
+        [
+            replace(
+                ops[0],
+                name=f"{name}{n + 1}" + (f".{dtype}" if len(by_dtype) > 1 else ""),
+                inputs=inputs[n],
+                outputs=(outputs[n],),
+                comm_size=shares[dtype][n],
+            )
+            for dtype, ops in by_dtype.items()
+        ]
+        for n in range(steps)
+    ]
+
+
+def _ring_forward(op: BoundOp, gathers: list[BoundOp], cp: int) -> list[BoundOp]:
+    """The forward attention ``op`` as the p2p ring runs it, from the all-gathers of K and V
+    it read (``gathers``): step 0 on the rank's own keys; the transfer of chunk ``i``
+    (``i >= 1``) forwards chunk ``i - 1`` and runs beside step ``i - 1``; step ``i`` waits
+    for it and for step ``i - 1`` (its partial output, corrected with the softmax
+    statistics)."""
+    gathered = {g.outputs[0]: g.inputs[0] for g in gathers}
+    queries = tuple(k for k in op.inputs if k not in gathered)
+    base = op.outputs[0]
+    chunk = [_ring_key(base, 2 * i + 1) for i in range(cp)]  # chunk[i]: step i's keys
+    partial = [_ring_key(base, 2 * i + 2) for i in range(cp - 1)] + [base]
+    transfers = _ring_transfers(
+        gathers,
+        f"{op.name}.send_kv",
+        [tuple(g.inputs[0] for g in gathers), *((chunk[i],) for i in range(1, cp - 1))],
+        chunk[1:],
     )
-    return [step0, others]
+    out: list[BoundOp] = []
+    for i, step in enumerate(_ring_steps(op, cp, local_first=True)):
+        if i + 1 < cp:  # sent on before the step's kernel starts
+            out.extend(transfers[i])
+        keys = tuple(gathered.values()) if i == 0 else (chunk[i], partial[i - 1])
+        outputs = op.outputs if i == cp - 1 else (partial[i],)
+        out.append(
+            replace(step, name=f"{op.name}.step{i}", inputs=(*queries, *keys), outputs=outputs)
+        )
+    return out
+
+
+def _ring_backward(
+    op: BoundOp, gathers: list[BoundOp], reductions: list[BoundOp], cp: int
+) -> list[BoundOp]:
+    """The attention backward ``op`` as the p2p ring runs it, from the all-gathers of K and
+    V it read (``gathers``) and the reduce-scatters of their gradients (``reductions``):
+    step ``i`` attends to the chunk the transfer of step ``i - 1`` brought (step 0: the
+    chunk saved in the forward; the rank's own chunk last) while transfer ``i`` sends it
+    on, with the gradient of step ``i - 1``'s chunk (received beside step ``i - 1`` plus
+    that step's share); the last transfer carries only that gradient, and the rank's K/V
+    gradient is the one it brings plus the last step's share, an add that stg, as for
+    every step's, does not price (a node of no cost)."""
+    gathered = {g.outputs[0] for g in gathers}
+    grads = {r.inputs[0] for r in reductions}
+    queries = tuple(k for k in op.inputs if k not in gathered)
+    base = op.outputs[0]
+    chunk = [_ring_key(base, 3 * i + 1) for i in range(cp)]  # chunk[i]: step i's keys
+    grad = [_ring_key(base, 3 * i + 2) for i in range(cp)]  # grad[i]: received beside step i
+    partial = [_ring_key(base, 3 * i + 3) for i in range(cp)]  # step i's output
+    saved = tuple(g.inputs[0] for g in gathers)
+    # a transfer is one buffer, K and V with the gradient, sent once the step before is done
+    sends = _ring_transfers(
+        gathers,
+        f"{op.name}.send_kv",
+        [saved, *((chunk[i], partial[i - 1]) for i in range(1, cp - 1))],
+        chunk[1:],
+    )
+    returns = _ring_transfers(
+        reductions,
+        f"{op.name}.send_dkv",
+        [(partial[0],), *((grad[i], partial[i]) for i in range(1, cp - 1))],
+        grad[1:],
+    )
+    out: list[BoundOp] = []
+    for i, step in enumerate(_ring_steps(op, cp, local_first=False)):
+        if i + 1 < cp:
+            out.extend(sends[i])
+        if i > 0:
+            out.extend(returns[i - 1])
+        keys = saved if i == 0 else (chunk[i], partial[i - 1])
+        outputs = tuple(k for k in op.outputs if k not in grads)
+        outputs = (*outputs, partial[i]) if i == cp - 1 else (partial[i],)
+        out.append(
+            replace(step, name=f"{op.name}.step{i}", inputs=(*queries, *keys), outputs=outputs)
+        )
+    out.append(
+        BoundOp(
+            f"{op.name}.dkv",
+            NodeType.COMP,
+            (partial[-1], grad[-1]),
+            tuple(r.outputs[0] for r in reductions),
+        )
+    )
+    return out
+
+
+def _ring_key(key: int, n: int) -> int:
+    """The ``n``-th (``n >= 1``) intermediate key of the ring of the op with key ``key``."""
+    return key + n * RING_KEY_STRIDE
 
 
 def kv_append_bytes(op: Op, binder: Binder) -> int:
@@ -1091,7 +1253,7 @@ def _recipe_quantization(
         for i, site in anchor.get(j, []):
             source = key(site.tensor)
             # keys of no tensor: ids are multiples of 16, so -id - 3 ... -id - 14 are neither
-            # ids nor negated ids (context_parallel_attention takes -id - 1)
+            # ids nor negated ids (context_parallel_attention takes -id and keys above 2**64)
             done = -source - 3 - 3 * (i % 4)
             reads: tuple[int, ...] = (source,)
             kernels = quantize_kernels(recipe, site.operand, site.rows, site.cols)
