@@ -14,7 +14,7 @@ import json
 import math
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -129,8 +129,12 @@ def test_gemm_model(kernels: KernelSet, report_table: Callable[[str, list[str]],
 
 def test_gemm_model_physics() -> None:
     a100 = load_system("a100-80g").gpu
-    large = 2 * 8192**3 / gemm_time(a100, 8192, 8192, 8192)
-    assert 0.8 * 312e12 < large < 0.95 * 312e12  # cuBLAS on A100: ~85-90 % of peak
+    boost = replace(a100, sustained_clock_ghz=a100.peak_clock_ghz)
+    large = 2 * 8192**3 / gemm_time(boost, 8192, 8192, 8192)
+    # short cuBLAS runs on an A100 (near its boost clock): 83-87 % of peak; under sustained
+    # load less (tests/data/kernels/a100-published.jsonl)
+    assert 0.8 * 312e12 < large < 0.95 * 312e12
+    assert 2 * 8192**3 / gemm_time(a100, 8192, 8192, 8192) < large
     # wave quantisation: one row more than a full wave of tiles costs a partial second wave
     one_wave = gemm_time(H100, 132 * 128, 256, 8192)
     assert gemm_time(H100, 132 * 128 + 1, 256, 8192) > 1.2 * one_wave

@@ -32,9 +32,10 @@ fp16 rate (a framework dequantizes); int8 on V100 (no int8 tensor cores) at the 
 4x fp32 (four 8-bit multiply-adds per 32-bit lane and clock), which is half its fp16 tensor
 rate: int8 there is allowed but slower than fp16.
 
-Efficiencies and the kernel overhead are those of the A100 preset (GEMMs 0.8, attention 0.6,
-other 0.8, streaming 0.8 of the memory bandwidth, 2 us per kernel): no kernel measurement of
-these GPUs is at hand. No sustained-clock measurement either, so ``sustained_clock_ghz`` is
+Efficiencies and the kernel overhead are the A100 preset's earlier estimates (GEMMs 0.8,
+attention 0.6, other 0.8, streaming 0.8 of the memory bandwidth, 2 us per kernel; the
+a100-80g preset now streams at a measured 0.87): no kernel measurement of these GPUs is at
+hand. No sustained-clock measurement either, so ``sustained_clock_ghz`` is
 the boost clock; the 70-72 W T4 and L4 do throttle below it under sustained tensor load, so
 their predictions are optimistic.
 
