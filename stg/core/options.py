@@ -64,10 +64,15 @@ class ReadOptions(Mapping[str, Any]):
         return len(self._values)
 
 
+MODEL_READ_SWITCHES = ("moe_sort_by_expert",)
+"""Switches that only some models' layers read (a mixture of experts' dispatch), checked as
+:data:`MODEL_OPTIONS` are but not settable by a preset."""
+
+
 def check_options_read(options: ReadOptions, model: str) -> None:
-    """Refuse an option of :data:`MODEL_OPTIONS` that is set but that no part of ``model``
-    read: it would do nothing."""
-    for name in MODEL_OPTIONS:
+    """Refuse an option of :data:`MODEL_OPTIONS` or :data:`MODEL_READ_SWITCHES` that is set
+    but that no part of ``model`` read: it would do nothing."""
+    for name in (*MODEL_OPTIONS, *MODEL_READ_SWITCHES):
         value = options._values.get(name)
         if value is not None and value is not False and name not in options.read:
             shown = str(value).lower() if isinstance(value, bool) else value
