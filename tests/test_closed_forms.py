@@ -275,6 +275,9 @@ def test_fused_attention_keeps_the_flops_and_drops_the_scores(
     passes = [n for n in forward if n.attrs["attention"][5] == 1]
     steps = 1 if cp_comm_type == "all_gather" else cp
     assert passes and len(forward) == steps * len(passes)
+    backward = [n for n in core if n.attrs["attention"][6] == 1]
+    backward_passes = [n for n in backward if n.attrs["attention"][5] == 1]
+    assert backward_passes and len(backward) == steps * len(backward_passes)
     pass_bytes = 0
     for n in forward:
         batch, heads, s_q, s_kv, d, causal, _ = n.attrs["attention"]
