@@ -244,7 +244,10 @@ class GenerateOptions:
     a run in fp8 and gathers them in fp8 under FSDP (``weight_sharded``), instead of bf16.
     ``fp8_dispatch`` sends a mixture of experts' tokens (and, backward, the down-projection's
     output gradients) to the experts in the recipe's format, as DeepSeek-V3 trains, instead
-    of bf16.
+    of bf16. ``moe_sort_by_expert`` adds the copies of Megatron-core's alltoall token
+    dispatcher, which put the rows an expert-parallel all-to-all brings in local-expert order
+    and back (:func:`stg.models.moe.sorted_by_expert`; needs ``ep`` > 1, the ``megatron``
+    profile and a model with experts).
     ``nvfp4_disable_rht`` and ``nvfp4_disable_stochastic_rounding`` turn off the ``nvfp4``
     recipe's random Hadamard transform and stochastic rounding, as Transformer Engine's
     ``NVTE_NVFP4_DISABLE_RHT`` and ``NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING`` do
