@@ -141,3 +141,15 @@ def test_bad_backend_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 2 and not out
     assert err.count("\n") == 1 and err.startswith("error: ")
     assert "auto, flash, fused" in err
+
+
+def test_refused_on_a_model_without_fused_attention(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A state-space stack runs no attention kernel: a named backend would do nothing."""
+    mamba = ["--model", "mamba2", "--dmodel", "256", "--num_stacks", "2", "--seq", "256",
+             "--batch", "2", "--attention_backend", "flash"]  # fmt: skip
+    out_dir = tmp_path / "trace"
+    code, _, err = run(capsys, "generate", *mamba, "--output_dir", str(out_dir))
+    assert code == 2 and err.count("\n") == 1
+    assert "does not apply to model 'mamba2'" in err and not out_dir.exists()

@@ -248,23 +248,49 @@ def test_comm_bytes_helper_counts_sends(registry):
 
 @pytest.mark.parametrize("model", ["gpt", "llama"])
 @pytest.mark.parametrize("recompute", ["none", "selective", "full"])
-def test_fused_attention_keeps_the_flops_and_drops_the_scores(registry, model, recompute):
-    kw = dict(model=model, tp=2, sp=2, activation_recompute=recompute, causal=True)
+@pytest.mark.parametrize("cp_comm_type", ["p2p", "all_gather"])
+def test_fused_attention_keeps_the_flops_and_drops_the_scores(
+    registry, model, recompute, cp_comm_type
+):
+    cp = 2
+    kw = dict(
+        model=model,
+        tp=2,
+        sp=cp,
+        activation_recompute=recompute,
+        causal=True,
+        cp_comm_type=cp_comm_type,
+    )
     unfused = build(registry, **kw)
     fused = build(registry, **kw, attention="fused")
     assert total_flops(fused) == total_flops(unfused)
     s = SMALL["seq"]
     nodes = [n for g in fused.ranks for n in g.nodes()]
-    core = [n for n in nodes if n.name.rsplit("/", 1)[-1].startswith("core_attention")]
+    core = [n for n in nodes if "attention" in n.attrs]
     assert core and not any(n.name.rsplit("/", 1)[-1] in ATTENTION for n in nodes)
-    forward = [n for n in core if n.name.endswith("/core_attention")]
+    forward = [n for n in core if n.attrs["attention"][6] == 0]
+    # one causal kernel per forward pass: the whole pass (all_gather) or the ring's step on the
+    # rank's own chunks (p2p), whose other cp - 1 steps attend to half a rank's queries' worth
+    # of keys each, unmasked
+    passes = [n for n in forward if n.attrs["attention"][5] == 1]
+    steps = 1 if cp_comm_type == "all_gather" else cp
+    assert passes and len(forward) == steps * len(passes)
+    backward = [n for n in core if n.attrs["attention"][6] == 1]
+    backward_passes = [n for n in backward if n.attrs["attention"][5] == 1]
+    assert backward_passes and len(backward) == steps * len(backward_passes)
+    pass_bytes = 0
     for n in forward:
-        batch, heads, s_q, s_kv, d, causal, backward = n.attrs["attention"]
-        assert (causal, backward) == (1, 0) and s_kv == s
-        # bf16 Q and the output (s_q rows of every query head; a causal kernel masks each
-        # query head's own triangle), K and V (s_kv rows of the kv heads under GQA), fp32
-        # softmax statistics; no score matrix
+        batch, heads, s_q, s_kv, d, causal, _ = n.attrs["attention"]
+        assert s_q == s // cp
+        if cp_comm_type == "all_gather":
+            assert s_kv == s
+        else:
+            assert s_kv == (s_q if causal else s_q // 2)
         assert heads == SMALL["head"] // 2  # tp 2
-        kv_heads = (SMALL["kvhead"] if model == "llama" else SMALL["head"]) // 2
-        tokens = 2 * batch * d * (2 * heads * s_q + 2 * kv_heads * s_kv)
-        assert n.tensor_size == tokens + 4 * batch * heads * s_q
+        pass_bytes += n.tensor_size
+    # per pass: bf16 Q and the output (s_q rows of every query head; a causal kernel masks each
+    # query head's own triangle), K and V (all s keys of the kv heads under GQA), fp32 softmax
+    # statistics; no score matrix; the ring's steps share them
+    kv_heads = (SMALL["kvhead"] if model == "llama" else SMALL["head"]) // 2
+    tokens = 2 * batch * d * (2 * heads * s_q + 2 * kv_heads * s)
+    assert pass_bytes == len(passes) * (tokens + 4 * batch * heads * s_q)

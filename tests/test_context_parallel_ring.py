@@ -85,3 +85,25 @@ def test_no_ring_transfer_is_on_the_critical_path(cp: int) -> None:
 )
 def test_ring_hides_transfers_as_well_at_cp_8_as_at_cp_2() -> None:
     assert _network_share(8) < 1.5 * _network_share(2)
+
+
+@pytest.mark.parametrize("mask", [dict(attention_window=64), dict(attention_chunk=64)])
+def test_a_masked_attention_is_gathered_not_ringed(mask: dict) -> None:
+    """Transformer Engine's ring runs no sliding window (``attn_forward_func_with_cp`` asserts
+    ``cp_comm_type`` a2a or all_gather for one): a masked attention under ``p2p`` keeps the
+    gathered K/V and one kernel per pass, as ``all_gather`` writes it, priced with its mask."""
+
+    def attention(comm_type: str) -> list[tuple]:
+        options = GenerateOptions(model="llama", dvocal=512, dmodel=64, dff=256, head=8,
+                                  kvhead=4, num_stacks=2, seq=512, batch=2, micro_batch=2,
+                                  sp=2, causal=True, cp_comm_type=comm_type, **mask)  # fmt: skip
+        workload = build_workload(options, load_registry(autoload=False))
+        return [
+            (n.attrs["attention"], n.attrs.get("causal_split"), n.num_ops, n.tensor_size)
+            for n in workload.rank_classes[0].nodes
+            if "attention" in n.attrs
+        ]
+
+    ring = attention("p2p")
+    assert ring and all(split == 2 for _, split, _, _ in ring)
+    assert ring == attention("all_gather")

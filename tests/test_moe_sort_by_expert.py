@@ -116,6 +116,11 @@ def test_refused_where_megatron_has_no_such_sort(registry, kw, allowed) -> None:
         build_workload(options(moe_sort_by_expert=True, **kw), registry)
 
 
+def test_refused_on_a_model_without_experts(registry) -> None:
+    with pytest.raises(OptionError, match="does not apply to model 'llama'"):
+        build_workload(options(moe_sort_by_expert=True, model="llama"), registry)
+
+
 def test_the_copies_keep_no_more_activations(registry) -> None:
     # Megatron's sort leaves nothing for autograd (a copy's gradient is a copy back): the
     # experts keep the sorted rows instead of the unsorted ones, as many bytes

@@ -38,3 +38,8 @@ def with_attention_backend(part: BoundPart, backend: str) -> BoundPart:
         ]
 
     return replace(part, forward=tagged(part.forward), backward=tagged(part.backward))
+
+
+def runs_fused_attention(part: BoundPart) -> bool:
+    """Whether ``part`` has a fused attention node (one with an ``attention`` shape)."""
+    return any(name == "attention" for op in part.forward for name, _ in op.attrs)

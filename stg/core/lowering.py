@@ -506,8 +506,13 @@ def context_parallel_attention(
 
 def _ring_splits(op: BoundOp, cp: int) -> bool:
     """Whether the attention ``op`` splits into the ring's steps: unmasked, or causal under
-    Megatron's load balancing (:func:`causal_split`) with an even number of queries."""
+    Megatron's load balancing (:func:`causal_split`) with an even number of queries; not
+    under a sliding window, chunked or top-k mask, which Transformer Engine's ring does not run
+    (``attn_forward_func_with_cp`` asserts ``a2a`` or ``all_gather`` for a window), so K and
+    V are gathered as under ``all_gather``."""
     attrs = dict(op.attrs)
+    if any(attrs.get(mask) for mask in ("attention_window", "attention_chunk", "attention_topk")):
+        return False
     causal, s_q = attrs["attention"][5], attrs["attention"][2]
     return not causal or (attrs.get("causal_split", 1) == cp and s_q % 2 == 0)
 

@@ -64,10 +64,15 @@ class ReadOptions(Mapping[str, Any]):
         return len(self._values)
 
 
+MODEL_READ_SWITCHES = ("moe_sort_by_expert",)
+"""Switches that only some models' layers read (a mixture of experts' dispatch), checked as
+:data:`MODEL_OPTIONS` are but not settable by a preset."""
+
+
 def check_options_read(options: ReadOptions, model: str) -> None:
-    """Refuse an option of :data:`MODEL_OPTIONS` that is set but that no part of ``model``
-    read: it would do nothing."""
-    for name in MODEL_OPTIONS:
+    """Refuse an option of :data:`MODEL_OPTIONS` or :data:`MODEL_READ_SWITCHES` that is set
+    but that no part of ``model`` read: it would do nothing."""
+    for name in (*MODEL_OPTIONS, *MODEL_READ_SWITCHES):
         value = options._values.get(name)
         if value is not None and value is not False and name not in options.read:
             shown = str(value).lower() if isinstance(value, bool) else value
@@ -239,7 +244,10 @@ class GenerateOptions:
     a run in fp8 and gathers them in fp8 under FSDP (``weight_sharded``), instead of bf16.
     ``fp8_dispatch`` sends a mixture of experts' tokens (and, backward, the down-projection's
     output gradients) to the experts in the recipe's format, as DeepSeek-V3 trains, instead
-    of bf16.
+    of bf16. ``moe_sort_by_expert`` adds the copies of Megatron-core's alltoall token
+    dispatcher, which put the rows an expert-parallel all-to-all brings in local-expert order
+    and back (:func:`stg.models.moe.sorted_by_expert`; needs ``ep`` > 1, the ``megatron``
+    profile and a model with experts).
     ``nvfp4_disable_rht`` and ``nvfp4_disable_stochastic_rounding`` turn off the ``nvfp4``
     recipe's random Hadamard transform and stochastic rounding, as Transformer Engine's
     ``NVTE_NVFP4_DISABLE_RHT`` and ``NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING`` do

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from stg.core.attention_backend import with_attention_backend
+from stg.core.attention_backend import runs_fused_attention, with_attention_backend
 from stg.core.autodiff import build_backward, build_grad_reduction
 from stg.core.fp8 import AMAX_AXES, AUTOCAST_DTYPE, MODEL_PARALLEL_AMAX_AXES
 from stg.core.layout import Layout
@@ -174,6 +174,11 @@ def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> Model
         )
         bound[name] = with_attention_backend(bound[name], o.attention_backend)
     check_options_read(read, model.name)
+    if o.attention_backend != "auto" and not any(map(runs_fused_attention, bound.values())):
+        raise OptionError(
+            f"attention_backend={o.attention_backend} does not apply to model {model.name!r}: "
+            "none of its layers runs fused attention (leave it auto)"
+        )
     if stackless:
         bound["block"] = bind_part(Part("block"), binder, None)
     facts: dict[str, object] = {}
