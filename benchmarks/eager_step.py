@@ -281,7 +281,7 @@ def main() -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     if not torch.cuda.is_available():
-        print("eager_step.py needs a CUDA GPU; none is visible", file=sys.stderr)
+        print("error: eager_step.py needs a CUDA GPU; none is visible", file=sys.stderr)
         return 2
     with args.out.open("w") as out:
         for name in args.models.split(","):

@@ -835,7 +835,7 @@ def main() -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     if not torch.cuda.is_available():
-        print("measure_kernels.py needs a CUDA GPU; none is visible", file=sys.stderr)
+        print("error: measure_kernels.py needs a CUDA GPU; none is visible", file=sys.stderr)
         return 2
     torch.manual_seed(0)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -119,7 +119,7 @@ def main() -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     if not torch.cuda.is_available():
-        print("profile_moe_layer.py needs a CUDA GPU; none is visible", file=sys.stderr)
+        print("error: profile_moe_layer.py needs a CUDA GPU; none is visible", file=sys.stderr)
         return 2
     device = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}
     args.out.mkdir(parents=True, exist_ok=True)

@@ -315,7 +315,8 @@ preference on sm_90 and sm_100), FlashAttention-2 on Ampere and Ada, AITER's ker
 (TE's ROCm fused attention); eager PyTorch's SDPA runs its flash backend (FlashAttention-2 on
 NVIDIA, Composable Kernel's on ROCm). Volta and Turing have no fused kernel (unfused).
 torchtitan (``compiled``) calls SDPA under ``sdpa_kernel([FLASH_ATTENTION, EFFICIENT_ATTENTION,
-MATH], set_priority=True)``, with ``CUDNN_ATTENTION`` put first only on compute capability 10.0
+MATH], set_priority=True)``, with ``CUDNN_ATTENTION`` put first only from compute capability
+10.0 on (Blackwell: B200 and GB200 10.0, B300 and GB300 10.3)
 (``torchtitan/models/attention.py``, ``ScaledDotProductAttention._init_backend``, at e7c0cae,
 2025-06): FlashAttention-2 on Hopper too, SDPA's flash backend being FlashAttention-2 until
 PyTorch 2.12's opt-in ``activate_flash_attention_impl`` (pytorch/pytorch issue #131309)."""
