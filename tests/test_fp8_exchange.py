@@ -15,7 +15,7 @@ import pytest
 
 from stg.core.options import GenerateOptions
 from stg.core.pipeline import build_workload
-from stg.core.workload import CollectiveType, NodeType
+from stg.core.workload import MICRO_BATCH_ATTR, CollectiveType, NodeType, node_role
 from stg.host.registry import load_registry
 
 MOE = {"model": "moe", "dmodel": 256, "dff": 128, "head": 4, "kvhead": 2, "seq": 256,
@@ -32,12 +32,19 @@ def _collectives(options: dict[str, Any], dtype: str) -> dict[str, Any]:
     return {n.name: n for n in workload.ranks[0].nodes() if n.type is NodeType.COMM_COLL}
 
 
+EXCHANGES = (CollectiveType.ALL_TO_ALL, CollectiveType.ALL_GATHER, CollectiveType.REDUCE_SCATTER)
+
+
 def _exchanges(options: dict[str, Any], dtype: str) -> dict[str, Any]:
-    """The all-to-alls and the context-parallel collectives of one rank's micro-batches."""
+    """The activations one rank's micro-batches exchange: the all-to-alls, and the
+    context-parallel ring's gathers and reduce-scatters (there is no tensor or sequence
+    parallelism here), by their typed attributes; no bookkeeping (amax) reductions."""
     return {
         name: node
         for name, node in _collectives(options, dtype).items()
-        if name.startswith("mb") and (node.comm_type is CollectiveType.ALL_TO_ALL or "_sp:" in name)
+        if MICRO_BATCH_ATTR in node.attrs
+        and node_role(node) is None
+        and node.comm_type in EXCHANGES
     }
 
 
