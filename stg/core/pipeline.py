@@ -56,7 +56,7 @@ from stg.core.symbolic import (
     Tensor,
 )
 from stg.core.validation import validate_options
-from stg.core.workload import CollectiveType, RankGraph, Workload, node_micro_batch
+from stg.core.workload import CollectiveType, NodeType, RankGraph, Workload, node_micro_batch
 from stg.errors import UserError
 from stg.host.records import Model, PipelineSchedule
 
@@ -179,6 +179,12 @@ def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> Model
             f"attention_backend={o.attention_backend} does not apply to model {model.name!r}: "
             "none of its layers runs fused attention (leave it auto)"
         )
+    for switch in ("fp8_dispatch", "overlap_moe_ep_comm"):
+        if getattr(o, switch) and not any(map(_dispatches_to_experts, bound.values())):
+            raise OptionError(
+                f"{switch}=true does not apply to model {model.name!r}: none of its layers "
+                "sends tokens to experts over an all-to-all (leave it false)"
+            )
     if stackless:
         bound["block"] = bind_part(Part("block"), binder, None)
     facts: dict[str, object] = {}
@@ -394,6 +400,15 @@ def _check_within_device_group(
             "within one device group: choose degrees (and --rank_order) so that each group "
             "holds whole tp x sp x ep groups"
         )
+
+
+def _dispatches_to_experts(part: Any) -> bool:
+    """Whether a bound part moves tokens over an all-to-all (a mixture's expert dispatch):
+    what ``fp8_dispatch`` quantizes and ``overlap_moe_ep_comm`` hides."""
+    return any(
+        op.type is NodeType.COMM_COLL and op.comm_type is CollectiveType.ALL_TO_ALL
+        for op in part.forward
+    )
 
 
 def build_workload(
