@@ -823,21 +823,7 @@ class _Sim:
                 if known is not None and known[0] is node:
                     ckey, cost = known[1], known[2]
                 else:
-                    # compute_cost_key, inline: this runs once per compute node of every unit
-                    attrs = node.attrs
-                    op, step = attrs.get(OP_ATTR), attrs.get(STEP_ATTR)
-                    micro_batch = attrs.get(MICRO_BATCH_ATTR)
-                    ckey = (
-                        op if type(op) is str and op else node.name,
-                        attrs.get(ROLE_ATTR),
-                        type(step) is int or (type(micro_batch) is int and micro_batch != 0),
-                        node.num_ops,
-                        node.tensor_size,
-                        node.dtype,
-                        getattr(node, "runtime", 0),
-                        attrs.get("gemm"),
-                        attrs.get("attention"),
-                    )
+                    ckey = compute_cost_key(node)
                     ckey = intern(ckey, ckey)
                     cost = cached_cost(ckey)
                     if cost is None:
