@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from stg.bench import MissingDependencyError, require
+from stg.bench import MissingDependencyError, require_cuda
 
 # name: (family, dmodel, layers, heads, kv heads, ffn, vocab)
 MODELS: dict[str, tuple[str, int, int, int, int, int, int]] = {
@@ -276,12 +276,9 @@ def main() -> int:
         print(f"unknown model {unknown[0]!r}; allowed: {', '.join(MODELS)}", file=sys.stderr)
         return 2
     try:
-        torch = require("torch", "eager_step.py")
+        torch = require_cuda("eager_step.py")
     except MissingDependencyError as error:
         print(f"error: {error}", file=sys.stderr)
-        return 2
-    if not torch.cuda.is_available():
-        print("error: eager_step.py needs a CUDA GPU; none is visible", file=sys.stderr)
         return 2
     with args.out.open("w") as out:
         for name in args.models.split(","):

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from stg.bench import MissingDependencyError, require
+from stg.bench import MissingDependencyError, require_cuda
 
 REPEATS = 20
 LAUNCHES = 100
@@ -153,12 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefix", default="h200")
     args = parser.parse_args(argv)
     try:
-        torch = require("torch", "measure_host_sync.py")
+        torch = require_cuda("measure_host_sync.py")
     except MissingDependencyError as error:
         print(f"error: {error}", file=sys.stderr)
-        return 2
-    if not torch.cuda.is_available():
-        print("error: measure_host_sync.py needs a CUDA GPU", file=sys.stderr)
         return 2
     torch.manual_seed(0)
     lines: list[dict[str, Any]] = [

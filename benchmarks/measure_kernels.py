@@ -54,7 +54,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from stg.bench import MissingDependencyError, require
+from stg.bench import MissingDependencyError, require_cuda
 
 WARMUP = 3
 ITERATIONS = 10
@@ -830,12 +830,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=20.0)
     args = parser.parse_args()
     try:
-        torch = require("torch", "measure_kernels.py")
+        torch = require_cuda("measure_kernels.py")
     except MissingDependencyError as error:
         print(f"error: {error}", file=sys.stderr)
-        return 2
-    if not torch.cuda.is_available():
-        print("error: measure_kernels.py needs a CUDA GPU; none is visible", file=sys.stderr)
         return 2
     torch.manual_seed(0)
     args.out.mkdir(parents=True, exist_ok=True)

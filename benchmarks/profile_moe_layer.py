@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from eager_step import MODELS, MOE, build
 
-from stg.bench import MissingDependencyError, require
+from stg.bench import MissingDependencyError, require_cuda
 
 PROFILED_CALLS = 3
 ROUTING_CASES = [
@@ -114,12 +114,9 @@ def main() -> int:
     parser.add_argument("--prefix", default="gpu")
     args = parser.parse_args()
     try:
-        torch = require("torch", "profile_moe_layer.py")
+        torch = require_cuda("profile_moe_layer.py")
     except MissingDependencyError as error:
         print(f"error: {error}", file=sys.stderr)
-        return 2
-    if not torch.cuda.is_available():
-        print("error: profile_moe_layer.py needs a CUDA GPU; none is visible", file=sys.stderr)
         return 2
     device = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}
     args.out.mkdir(parents=True, exist_ok=True)

@@ -82,5 +82,5 @@ def test_without_a_gpu_the_script_says_so_in_one_line(
         pytest.skip("a GPU is present")
     assert _script().main(["--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert err == "error: measure_host_sync.py needs a CUDA GPU\n"
+    assert err == "error: measure_host_sync.py needs a CUDA GPU; none is visible\n"
     assert not list(tmp_path.iterdir())

@@ -622,3 +622,33 @@ def test_an_indexer_without_weights_is_no_linear_to_quantize(recipe: str) -> Non
     values, _ = resolve_model(given, registry)
     options = GenerateOptions(**values)
     assert build_workload(options, registry).ranks[0].nodes()
+
+
+H100_SCALED = Path(__file__).parent / "data" / "kernels" / "h100-scaled.jsonl"
+
+
+def test_hopper_recipe_speeds_hold_on_an_h100() -> None:
+    """The same measurement on an H100 (h100-scaled.jsonl, taken after the H200's constants
+    were set, PyTorch 2.11.0, CUDA 13.0): each recipe's median speed over tensorwise is within
+    0.01 of the H200's, and the fp8 GEMM model with those speeds prices the 27 large
+    model-shape GEMMs of each scaling within 3 % (median)."""
+    h100 = load_system("h100-80g")
+    rates: dict[tuple[str, int, int, int], dict[str, float]] = {}
+    errors: dict[str, list[float]] = {}
+    for line in H100_SCALED.read_text().splitlines():
+        e = json.loads(line).get("extra")
+        if not e or "tflops" not in e or e["family"] != "model":
+            continue
+        if min(e["m"], e["k"], e["n"]) < 4096:
+            continue
+        key = (e["role"], e["m"], e["k"], e["n"])
+        rates.setdefault(key, {})[e["scaling"]] = e["tflops"]
+        speed = recipe_gemm_speed(h100.arch, e["scaling"])
+        predicted_ms = gemm_time(h100.gpu, e["m"], e["n"], e["k"], "fp8") / speed * 1e3
+        errors.setdefault(e["scaling"], []).append(predicted_ms / e["median_ms"] - 1)
+    assert len(rates) == 27
+    for recipe, speed in RECIPE_GEMM_SPEED["hopper"].items():
+        ratios = sorted(r[recipe] / r["tensorwise"] for r in rates.values())
+        assert ratios[len(ratios) // 2] == pytest.approx(speed, abs=0.01)
+    for scaling, values in errors.items():
+        assert abs(sorted(values)[len(values) // 2]) < 0.03, scaling

@@ -54,4 +54,13 @@ def require(module: str, what: str) -> ModuleType:
         ) from None
 
 
-__all__ = ["EXTRA_HINT", "MissingDependencyError", "require"]
+def require_cuda(what: str) -> ModuleType:
+    """Import torch and check that it sees a CUDA GPU, or raise one line saying which is
+    missing (a GPU-only measurement script)."""
+    torch = require("torch", what)
+    if not torch.cuda.is_available():
+        raise MissingDependencyError(f"{what} needs a CUDA GPU; none is visible")
+    return torch
+
+
+__all__ = ["EXTRA_HINT", "MissingDependencyError", "require", "require_cuda"]
