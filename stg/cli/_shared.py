@@ -536,9 +536,19 @@ SPECS: dict[str, tuple[str, _Spec]] = {
         _TRAINING,
         _Spec(
             "How the training stack executes, for predictions: megatron (fused kernels, "
-            "asynchronous launches), eager (eager PyTorch, one launch per op) or compiled "
-            "(torch.compile as torchtitan runs it: fused kernels, SDPA's FlashAttention-2).",
-            metavar="megatron|eager|compiled",
+            "asynchronous launches), eager (eager PyTorch, one launch per op), compiled "
+            "(torch.compile as torchtitan runs it: fused kernels, SDPA's FlashAttention-2) or "
+            "torchtitan (torchtitan's Llama in eager PyTorch, 2024: its rotary embedding in "
+            "fp32, repeat_kv copies, unfused SwiGLU and fp32 logits as the kernels they are).",
+            metavar="megatron|eager|compiled|torchtitan",
+        ),
+    ),
+    "norm_type": (
+        _TRAINING,
+        _Spec(
+            "torchtitan's model.norm_type under --profile torchtitan: fused_rmsnorm (its "
+            "Triton kernel, the default) or rmsnorm (RMSNorm as separate fp32 ops).",
+            metavar="fused_rmsnorm|rmsnorm",
         ),
     ),
     "precision": (

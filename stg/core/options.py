@@ -38,6 +38,7 @@ UNSET_OPTIONS: tuple[str, ...] = (
     "etp",
     "recompute_method",
     "recompute_num_layers",
+    "norm_type",
     *MODEL_OPTIONS,
 )
 """Options whose default ``None`` means "unset" (each model says what that means): a
@@ -189,7 +190,11 @@ class GenerateOptions:
     Engine: fused kernels, asynchronous launches), ``eager`` (eager PyTorch: one kernel per
     op, each paying the host's launch cost) or ``compiled`` (PyTorch under ``torch.compile``,
     as torchtitan's ``--training.compile``: fused kernels as Megatron's, attention by SDPA's
-    backend, FlashAttention-2 up to Hopper). ``dropout`` is the training dropout rate p of
+    backend, FlashAttention-2 up to Hopper) or ``torchtitan`` (torchtitan's Llama in eager
+    PyTorch without autocast, as at pytorch/torchtitan 1ea476e9f: fused kernels where it has
+    them, its unfused elementwise ops as the kernels they are, :mod:`stg.core.torchtitan`;
+    ``norm_type`` is then its ``model.norm_type``, ``fused_rmsnorm`` by default or ``rmsnorm``,
+    RMSNorm as separate fp32 ops). ``dropout`` is the training dropout rate p of
     the models whose architecture has dropout (GPT, BERT, RoBERTa): hidden dropout after the
     attention projection and after the MLP (Megatron's fused bias-dropout-add), on the
     embedding, and on the attention probabilities (Megatron's ``--hidden-dropout`` and
@@ -398,6 +403,7 @@ class GenerateOptions:
     attention_backend: str = "auto"
     dropout: float = 0.0
     profile: str = "megatron"
+    norm_type: str | None = None
     precision: tuple[tuple[str, str], ...] = ()
     amax_history: int = 1024
     low_precision_recipe: str = "delayed"
@@ -433,7 +439,7 @@ class GenerateOptions:
     EP_LAYOUTS = ("multiply", "fold")
     RESHARD_AFTER_FORWARD = ("default", "always", "never")
     CP_COMM_TYPES = ("p2p", "all_gather")
-    PROFILES = ("megatron", "eager", "compiled")
+    PROFILES = ("megatron", "eager", "compiled", "torchtitan")
     PHASES = ("training", "prefill", "decode", "mixed")
     OVERLAP_FIELDS = ("overlap_param_gather", "tp_comm_overlap", "overlap_moe_ep_comm")
     """Overlap options (read by the time predictor; ``overlap_moe_ep_comm`` is laid out in the

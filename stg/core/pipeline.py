@@ -55,6 +55,7 @@ from stg.core.symbolic import (
     SharedExperts,
     Tensor,
 )
+from stg.core.torchtitan import NORM_TYPES, with_torchtitan_kernels
 from stg.core.validation import validate_options
 from stg.core.workload import CollectiveType, NodeType, RankGraph, Workload, node_micro_batch
 from stg.errors import UserError
@@ -173,6 +174,8 @@ def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> Model
             fsdp2_copies=not o.megatron_fsdp,
         )
         bound[name] = with_attention_backend(bound[name], o.attention_backend)
+        if o.profile == "torchtitan":
+            bound[name] = with_torchtitan_kernels(bound[name], binder, o.norm_type or NORM_TYPES[0])
     check_options_read(read, model.name)
     if o.attention_backend != "auto" and not any(map(runs_fused_attention, bound.values())):
         raise OptionError(

@@ -27,6 +27,7 @@ from stg.core.precision import DTYPE_BYTES
 from stg.core.quantization import FORMAT_ONLY
 from stg.core.recipes import DEFAULT_RECIPE, PARAM_GATHER_RECIPES, RECIPES
 from stg.core.routing import ROUTINGS
+from stg.core.torchtitan import NORM_TYPES
 
 MAX_TAG = 500_000_000
 RECOMPUTE = {
@@ -194,6 +195,44 @@ def _check_moe_ep_overlap(o: GenerateOptions) -> None:
         o.pp == 1 or o.pipeline_schedule == "interleaved",
         f"overlap_moe_ep_comm=true with pp={o.pp} needs virtual pipeline stages: "
         f"pipeline_schedule={o.pipeline_schedule} is not allowed; allowed: interleaved (or pp=1)",
+    )
+
+
+def _check_torchtitan(o: GenerateOptions) -> None:
+    """``profile=torchtitan`` where stg holds what it runs (torchtitan's Llama trained in
+    bf16, attention by SDPA: :mod:`stg.core.torchtitan`), and ``norm_type`` only with it."""
+    if o.norm_type is not None:
+        _require(
+            o.profile == "torchtitan",
+            f"norm_type={o.norm_type} is torchtitan's model.norm_type: profile={o.profile} is "
+            "not allowed; allowed: profile=torchtitan",
+        )
+        _require(
+            o.norm_type in NORM_TYPES,
+            f"norm_type={o.norm_type!r} must be one of {', '.join(NORM_TYPES)}",
+        )
+    if o.profile != "torchtitan":
+        return
+    _require(
+        o.model == "llama",
+        f"profile=torchtitan prices torchtitan's Llama: model={o.model} is not allowed; "
+        "allowed: model=llama (or a Llama preset)",
+    )
+    _require(
+        not o.inference,
+        f"profile=torchtitan is a training stack: phase={o.phase} is not allowed; "
+        "allowed: phase=training",
+    )
+    _require(
+        o.dtype == "bf16" and not o.precision,
+        f"profile=torchtitan trains in bf16 (FSDP2 mixed precision, no float8): "
+        f"dtype={o.dtype}{' with a precision plan' if o.precision else ''} is not allowed; "
+        "allowed: dtype=bf16 without a precision plan",
+    )
+    _require(
+        o.attention == "fused",
+        f"profile=torchtitan runs attention by SDPA's fused kernels: attention={o.attention} "
+        "is not allowed; allowed: attention=fused",
     )
 
 
@@ -784,6 +823,7 @@ def make_plan(o: GenerateOptions) -> ParallelPlan:
     )
     _check_moe_ep_overlap(o)
     _check_moe_sort_by_expert(o)
+    _check_torchtitan(o)
     folded = _check_ep_layout(o)
     _require(o.kexperts <= o.experts, f"kexperts={o.kexperts} must not exceed experts={o.experts}")
     _require(o.capacity_factor > 0, f"capacity_factor={o.capacity_factor} must be positive")

@@ -26,6 +26,7 @@ from stg.core.recipes import (
     RECIPE_ATTR,
     RECIPES,
 )
+from stg.core.torchtitan import EAGER_KERNEL_BYTES_ATTR, EAGER_KERNELS_ATTR
 from stg.core.workload import MICRO_BATCH_ATTR, STEP_ATTR, CollectiveType, Role, node_role
 from stg.errors import UserError
 from stg.perf import comm_time
@@ -33,6 +34,7 @@ from stg.perf.calibration import Calibration
 from stg.perf.eager import eager_time
 from stg.perf.kernel_time import (
     DTYPE_BYTES,
+    MEMORY_KERNEL_SPEED,
     attention_kernel_for,
     attention_time,
     gemm_time,
@@ -59,6 +61,11 @@ EAGER_OP_HOST_S = 27.7e-6
 median forward time of the small (<= 1 MiB) elementwise cases with requires_grad inputs in
 the H100 kernel measurements (data/kernels/h100-elementwise.jsonl), where the GPU is idle
 most of the time. An eager step cannot issue kernels faster than this."""
+
+EAGER_OPTIMIZER_PROFILES = frozenset({"eager", "torchtitan"})
+"""Profiles whose optimizer is PyTorch's ``foreach`` AdamW (:data:`EAGER_ADAMW_BYTES_FACTOR`):
+eager training scripts', and torchtitan's (``torch.optim.AdamW(..., foreach=True)``,
+pytorch/torchtitan 1ea476e9f ``train.py:96-98``)."""
 
 EAGER_ADAMW_BYTES_FACTOR = 80 / 28
 """Bytes PyTorch's default AdamW moves over a fused Adam's. ``torch.optim.AdamW`` (``foreach``,
@@ -406,10 +413,13 @@ def compute_time(
     """
     if node.num_ops <= 0 and node.tensor_size <= 0:
         return getattr(node, "runtime", 0) * 1e-6
-    if profile == "eager" and node_role(node) is Role.OPTIMIZER_STEP:
+    if profile in EAGER_OPTIMIZER_PROFILES and node_role(node) is Role.OPTIMIZER_STEP:
         nbytes = node.tensor_size * EAGER_ADAMW_BYTES_FACTOR
         seconds = memory_bound_time(system.gpu, nbytes, "stream", node.dtype or "fp32")
         return max(seconds + system.kernel_overhead, EAGER_OP_HOST_S)
+    eager_kernels = eager_kernels_time(node, system)
+    if eager_kernels is not None:
+        return eager_kernels
     if (getattr(node, "attrs", None) or {}).get("quantize") is not None:
         return quantize_time(node, system, default_dtype)
     if (getattr(node, "attrs", None) or {}).get(QUANTIZE_KERNEL_ATTR) is not None:
@@ -537,7 +547,36 @@ def compute_time(
     seconds += system.kernel_overhead
     if profile == "eager":  # the ops eager PyTorch dispatches for the node (stg.perf.eager)
         seconds = eager_time(node, system, seconds, EAGER_OP_HOST_S)
+    elif profile == "torchtitan":  # eager PyTorch: at least one op dispatched per node
+        seconds = max(seconds, EAGER_OP_HOST_S)
     return seconds
+
+
+def eager_kernels_time(node: Any, system: System) -> float | None:
+    """Seconds of a node that lists the eager kernels it runs (:data:`EAGER_KERNELS_ATTR` and
+    :data:`EAGER_KERNEL_BYTES_ATTR`, :mod:`stg.core.torchtitan`), None for any other node:
+    each kernel its bytes at its class's streaming rate (:func:`memory_bound_time`) and its
+    launch, or the eager host time of as many ops where that is longer."""
+    attrs = getattr(node, "attrs", None) or {}
+    kinds, sizes = attrs.get(EAGER_KERNELS_ATTR), attrs.get(EAGER_KERNEL_BYTES_ATTR)
+    if not kinds and not sizes:
+        return None
+    if len(kinds or ()) != len(sizes or ()):
+        raise UserError(
+            f"node {getattr(node, 'name', '?')!r}: {EAGER_KERNELS_ATTR} and "
+            f"{EAGER_KERNEL_BYTES_ATTR} must list the same kernels"
+        )
+    device = 0.0
+    for entry, nbytes in zip(kinds, sizes, strict=True):
+        kind, _, dtype = str(entry).partition(":")
+        if kind not in MEMORY_KERNEL_SPEED:
+            raise UserError(
+                f"node {getattr(node, 'name', '?')!r}: eager kernel class {kind!r}; allowed: "
+                f"{', '.join(MEMORY_KERNEL_SPEED)}"
+            )
+        seconds = memory_bound_time(system.gpu, nbytes, kind, normalize_dtype(dtype or "bf16"))
+        device += seconds + system.kernel_overhead
+    return max(device, len(sizes) * EAGER_OP_HOST_S)
 
 
 def group_shape(ranks: Iterable[int], system: System) -> tuple[int, ...]:

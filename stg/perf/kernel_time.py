@@ -302,12 +302,15 @@ FUSED_ATTENTION["cdna4"] = {
 }
 
 ATTENTION_CHOICE: dict[str, dict[str, str]] = {
-    "hopper": {"megatron": "cudnn", "eager": "flash2", "compiled": "flash2"},
-    "ampere": {"megatron": "flash2", "eager": "flash2", "compiled": "flash2"},
-    "ada": {"megatron": "flash2", "eager": "flash2", "compiled": "flash2"},
-    "blackwell": {"megatron": "cudnn", "eager": "flash2", "compiled": "cudnn"},
-    "cdna3": {"megatron": "aiter", "eager": "ck", "compiled": "ck"},
-    "cdna4": {"megatron": "aiter", "eager": "ck", "compiled": "ck"},
+    arch: {**choice, "torchtitan": choice["eager"]}
+    for arch, choice in {
+        "hopper": {"megatron": "cudnn", "eager": "flash2", "compiled": "flash2"},
+        "ampere": {"megatron": "flash2", "eager": "flash2", "compiled": "flash2"},
+        "ada": {"megatron": "flash2", "eager": "flash2", "compiled": "flash2"},
+        "blackwell": {"megatron": "cudnn", "eager": "flash2", "compiled": "cudnn"},
+        "cdna3": {"megatron": "aiter", "eager": "ck", "compiled": "ck"},
+        "cdna4": {"megatron": "aiter", "eager": "ck", "compiled": "ck"},
+    }.items()
 }
 """The fused attention kernel each training stack runs per architecture: Megatron-LM with
 Transformer Engine runs cuDNN's fused attention on Hopper and Blackwell (TE's backend
@@ -319,7 +322,10 @@ MATH], set_priority=True)``, with ``CUDNN_ATTENTION`` put first only from comput
 10.0 on (Blackwell: B200 and GB200 10.0, B300 and GB300 10.3)
 (``torchtitan/models/attention.py``, ``ScaledDotProductAttention._init_backend``, at e7c0cae,
 2025-06): FlashAttention-2 on Hopper too, SDPA's flash backend being FlashAttention-2 until
-PyTorch 2.12's opt-in ``activate_flash_attention_impl`` (pytorch/pytorch issue #131309)."""
+PyTorch 2.12's opt-in ``activate_flash_attention_impl`` (pytorch/pytorch issue #131309).
+torchtitan's eager Llama of 2024 (``torchtitan``: ``F.scaled_dot_product_attention`` with no
+backend chosen, pytorch/torchtitan 1ea476e9f ``torchtitan/models/llama/model.py:204``) runs
+SDPA's own choice, as eager PyTorch does."""
 
 
 ATTENTION_BACKEND_KERNELS: dict[str, dict[str, str]] = {
