@@ -767,7 +767,12 @@ def all_to_all_spanning(
     GPU keeps ``1/n`` of its buffer ``S``, sends ``(local-1)/n · S`` over its intra-node link and
     ``(n-local)/n · S`` through its own NIC whichever network dimension the peer is across (the
     rail and the spine go through that NIC, :data:`PORTS`), at the slowest network dimension
-    spanned; both links stream at once, one step of latency. An NCCL maintainer's rule,
+    spanned; both links stream at once, one step of latency. All peers at once is NCCL's
+    schedule (NVIDIA/nccl v2.27.7-1): ``scheduleP2pTasksToPlan`` (src/enqueue.cc) fills one
+    kernel plan with every round its work budget holds, ``ncclP2pChannelBaseForRound``
+    (src/include/channel.h) gives the GPUs of each destination node a channel of their own, and
+    a channel runs ``NCCL_MAX_DEV_WORK_P2P_PER_BATCH`` (8, src/include/device.h) peers at once,
+    so no round of peers waits for another. An NCCL maintainer's rule,
     NVIDIA/nccl-tests issue #130: the bus bandwidth is the network bandwidth per GPU with one
     GPU per node and ``N/(N-1)`` times it over ``N`` nodes of several GPUs. Empty for a group on
     one dimension (:func:`level_parts` prices it), over a plain alpha-beta link, or over a
