@@ -19,6 +19,11 @@ sequence tokens per GPU):
 - ``logits_loss``: ``Transformer.forward``'s ``self.output(h).float()`` and the
   ``cross_entropy`` of ``train.py`` on the fp32 logits.
 
+With ``--kernels``, ``PREFIX-torchtitan-kernels.jsonl`` instead: each op's forward and backward
+at the Llama 3 8B shapes under ``torch.profiler`` (input shapes recorded), one row per aten op
+and input shapes with its self device microseconds per call (the kernels it launched itself)
+and its calls per run: what each eager kernel of those ops costs on its own.
+
 Each row gives the bytes the op's tensors take by definition (what a memory-bound model
 prices) and the median GPU milliseconds of its forward and of its backward over ``REPEATS``
 runs after warm-ups, timed with CUDA events behind a long ``torch.cuda._sleep`` so that the
@@ -87,8 +92,45 @@ def time_op(
     return statistics.median(forward), statistics.median(backward)
 
 
-def measure(torch: Any, name: str, case: dict[str, int]) -> list[dict[str, Any]]:
-    """The rows of one model's shapes."""
+def profile_op(
+    torch: Any, make: Callable[[], tuple[list[Any], Callable[..., Any]]]
+) -> list[dict[str, Any]]:
+    """Per aten op and input shapes: self device microseconds per call of the op's forward
+    and backward, profiled over ``REPEATS`` runs after warm-ups."""
+
+    def once(inputs: list[Any], fn: Callable[..., Any]) -> None:
+        out = fn(*inputs)
+        result = out if isinstance(out, tuple) else (out,)
+        grads = [torch.randn_like(r) if r.dim() else None for r in result]
+        torch.autograd.backward(result, grads)
+
+    for _ in range(3):
+        once(*make())
+    torch.cuda.synchronize()
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
+        for _ in range(REPEATS):
+            once(*make())
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages(group_by_input_shape=True):
+        if not e.key.startswith("aten::") or e.self_device_time_total <= 0:
+            continue
+        rows.append(
+            {
+                "aten": e.key,
+                "input_shapes": str(e.input_shapes),
+                "calls_per_run": e.count / REPEATS,
+                "self_device_us_per_call": e.self_device_time_total / e.count,
+            }
+        )
+    return rows
+
+
+def measure(
+    torch: Any, name: str, case: dict[str, int], kernels: bool = False
+) -> list[dict[str, Any]]:
+    """The rows of one model's shapes (``kernels``: per aten op, :func:`profile_op`)."""
     bf16, dev = torch.bfloat16, "cuda"
     t, d, h, kv, f, v = (case[k] for k in ("tokens", "dim", "heads", "kv_heads", "ffn", "vocab"))
     hd = d // h
@@ -154,6 +196,9 @@ def measure(torch: Any, name: str, case: dict[str, int]) -> list[dict[str, Any]]
         )
     rows = []
     for op, make, nbytes in ops:
+        if kernels:
+            rows += [{"model": name, "op": op, **r} for r in profile_op(torch, make)]
+            continue
         fwd, bwd = time_op(torch, make)
         timed = {"forward_ms": fwd, "backward_ms": bwd}
         rows.append({"model": name, "op": op, **case, "bytes": nbytes, **timed})
@@ -165,6 +210,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--prefix", default="gpu")
+    parser.add_argument("--kernels", action="store_true", help="per aten op, Llama 3 8B only")
     args = parser.parse_args()
     try:
         torch = require_cuda("measure_torchtitan_ops.py")
@@ -178,10 +224,12 @@ def main() -> int:
         "cpu": cpu_model(),
         "source": "benchmarks/measure_torchtitan_ops.py",
     }
-    with (args.out / f"{args.prefix}-torchtitan-ops.jsonl").open("w") as out:
+    what = "kernels" if args.kernels else "ops"
+    cases = {"llama3-8b": CASES["llama3-8b"]} if args.kernels else CASES
+    with (args.out / f"{args.prefix}-torchtitan-{what}.jsonl").open("w") as out:
         out.write(json.dumps(machine) + "\n")
-        for name, case in CASES.items():
-            for row in measure(torch, name, case):
+        for name, case in cases.items():
+            for row in measure(torch, name, case, args.kernels):
                 out.write(json.dumps(row) + "\n")
                 out.flush()
     return 0

@@ -58,7 +58,9 @@ if TYPE_CHECKING:  # the predictors read the attributes' names without loading l
 
 EAGER_KERNELS_ATTR = "eager_kernels"
 """Node attribute: the kernels eager PyTorch runs for the node, one ``class:dtype`` string each
-(class a memory-bound kernel class of :mod:`stg.perf.kernel_time`: ``stream``, ``softmax``)."""
+(class a memory-bound kernel class of :mod:`stg.perf.kernel_time`'s ``MEMORY_KERNEL_SPEED``:
+``stream``, and the classes measured for these kernels on an H100: ``convert``, ``broadcast``,
+``broadcast16``, ``reduce``, ``log_softmax``, ``log_softmax_backward``)."""
 
 EAGER_KERNEL_BYTES_ATTR = "eager_kernel_bytes"
 """Node attribute: the bytes each of :data:`EAGER_KERNELS_ATTR`'s kernels reads and writes."""
@@ -91,9 +93,9 @@ class Kernel:
 def rope_kernels(n: int, freqs: int, width: int, backward: bool) -> list[Kernel]:
     """``apply_rotary_emb`` on one tensor of ``n`` elements of ``width`` bytes, against
     ``freqs`` bytes of ``freqs_cis``: forward or backward."""
-    to_fp32 = Kernel("_to_copy", n * (width + FP32), "fp32")
+    to_fp32 = Kernel("_to_copy", n * (width + FP32), "fp32", "convert")
     multiply = Kernel("mul", 2 * n * FP32 + freqs, "fp32")  # n/2 complex64 in and out
-    to_narrow = Kernel("_to_copy", n * (FP32 + width))
+    to_narrow = Kernel("_to_copy", n * (FP32 + width), kind="convert")
     if not backward:
         return [to_fp32, multiply, to_narrow]
     return [to_fp32, Kernel("clone", 2 * freqs, "fp32"), multiply, to_narrow]
@@ -105,7 +107,10 @@ def repeat_kv_kernels(kv: int, group: int, width: int, backward: bool) -> list[K
     if group <= 1:
         return []
     moved = kv * width + kv * group * width
-    return [Kernel("sum" if backward else "clone", moved) for _ in ("k", "v")]
+    # the copy reads its source broadcast over the group; the sum reduces over it
+    if backward:
+        return [Kernel("sum", moved, kind="reduce") for _ in ("k", "v")]
+    return [Kernel("clone", moved, kind="broadcast16") for _ in ("k", "v")]
 
 
 def swiglu_kernels(n: int, width: int, grad_of: str | None) -> list[Kernel]:
@@ -131,32 +136,32 @@ def rmsnorm_kernels(
     weight = d * weight_width
     if grad_of is None:
         return [
-            Kernel("_to_copy", n * width + f32, "fp32"),
+            Kernel("_to_copy", n * width + f32, "fp32", "convert"),
             Kernel("pow", 2 * f32, "fp32"),
-            Kernel("mean", f32 + row, "fp32"),
+            Kernel("mean", f32 + row, "fp32", "reduce"),
             Kernel("add", 2 * row, "fp32"),
             Kernel("rsqrt", 2 * row, "fp32"),
-            Kernel("mul", 2 * f32 + row, "fp32"),
-            Kernel("_to_copy", f32 + n * width),
-            Kernel("mul", 2 * n * width + weight),
+            Kernel("mul", 2 * f32 + row, "fp32", "broadcast"),
+            Kernel("_to_copy", f32 + n * width, kind="convert"),
+            Kernel("mul", 2 * n * width + weight, kind="broadcast16"),
         ]
     if grad_of == "weight":
         return [Kernel("mul", 3 * n * width), Kernel("sum", n * width + weight)]
     return [
-        Kernel("mul", 2 * n * width + weight),
-        Kernel("_to_copy", n * width + f32, "fp32"),
+        Kernel("mul", 2 * n * width + weight, kind="broadcast16"),
+        Kernel("_to_copy", n * width + f32, "fp32", "convert"),
         Kernel("mul", 3 * f32, "fp32"),  # gradient times x: the rsqrt's gradient
-        Kernel("mul", 2 * f32 + row, "fp32"),  # gradient times rsqrt: x's first gradient
-        Kernel("sum", f32 + row, "fp32"),
+        Kernel("mul", 2 * f32 + row, "fp32", "broadcast"),  # times rsqrt: x's first gradient
+        Kernel("sum", f32 + row, "fp32", "reduce"),
         Kernel("pow", 2 * row, "fp32"),  # rsqrt's backward, per row
         Kernel("mul", 2 * row, "fp32"),
         Kernel("mul", 3 * row, "fp32"),
-        Kernel("div", row + f32, "fp32"),  # mean's backward: the expanded gradient / d
+        Kernel("div", row + f32, "fp32", "broadcast"),  # mean's backward: expanded gradient / d
         Kernel("pow", 2 * f32, "fp32"),  # pow's backward: 2·x.pow(1)·gradient
         Kernel("mul", 2 * f32, "fp32"),
         Kernel("mul", 3 * f32, "fp32"),
         Kernel("add", 3 * f32, "fp32"),  # x.float()'s two gradients
-        Kernel("_to_copy", f32 + n * width),
+        Kernel("_to_copy", f32 + n * width, kind="convert"),
     ]
 
 
@@ -165,15 +170,15 @@ def cross_entropy_kernels(n: int, rows: int, width: int, backward: bool) -> list
     f32 = FP32 * n
     if not backward:
         return [
-            Kernel("_to_copy", n * width + f32, "fp32"),
-            Kernel("_log_softmax", 2 * f32, "fp32", "softmax"),
+            Kernel("_to_copy", n * width + f32, "fp32", "convert"),
+            Kernel("_log_softmax", 2 * f32, "fp32", "log_softmax"),
             # the target's log-probability of each row and the targets; loss, total weight
             Kernel("nll_loss_forward", rows * (FP32 + INT64) + 2 * FP32, "fp32"),
         ]
     return [
         Kernel("nll_loss_backward", f32 + rows * (FP32 + INT64), "fp32"),
-        Kernel("_log_softmax_backward_data", 3 * f32, "fp32", "softmax"),
-        Kernel("_to_copy", f32 + n * width),
+        Kernel("_log_softmax_backward_data", 3 * f32, "fp32", "log_softmax_backward"),
+        Kernel("_to_copy", f32 + n * width, kind="convert"),
     ]
 
 

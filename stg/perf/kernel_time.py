@@ -123,6 +123,24 @@ MEMORY_KERNEL_SPEED: dict[str, float] = {
     # rows per group over 8-64 groups moving >= 400 MB, median 3.02 TB/s of A, B and C
     # (tests/data/kernels/h200-grouped.jsonl, 15 cases of five models' expert shapes)
     "grouped_gemm": 3.02 / (4.8 * 0.89),
+    # eager PyTorch's kernels of torchtitan's Llama, each on its own at the Llama 3 8B shapes of
+    # 8,192 tokens (tests/data/kernels/h100-torchtitan-kernels.jsonl: torch.profiler self
+    # device time per aten call, PyTorch 2.11, H100 SXM at 3.35 TB/s; stg.core.torchtitan):
+    # a contiguous bf16 <-> fp32 copy (aten::copy_ of [8192, 4096], [1, 8192, 32, 128] and
+    # [8192, 128256]) moves 2.31-2.38 TB/s
+    "convert": 2.32 / (3.35 * 0.89),
+    # an fp32 product with a per-row vector (aten::mul of [8192, 4096] by [8192, 1]): 2.34 TB/s
+    "broadcast": 2.34 / (3.35 * 0.89),
+    # a bf16 product with a per-column vector (aten::mul of [8192, 4096] by the [4096] weight):
+    # 1.49 TB/s; repeat_kv's copy of a source broadcast over the group (aten::copy_ into
+    # [1, 8192, 8, 4, 128]) runs at 1.21 TB/s, which this prices 23 % fast
+    "broadcast16": 1.49 / (3.35 * 0.89),
+    # an fp32 mean over rows of 4,096 (aten::mean of [8192, 4096], dim -1): 2.46 TB/s
+    "reduce": 2.46 / (3.35 * 0.89),
+    # _log_softmax of fp32 rows of 128,256 logits: 5.55 ms for 8.4 GB, 1.51 TB/s; its backward
+    # (_log_softmax_backward_data, three tensors): 5.70 ms for 12.6 GB, 2.21 TB/s
+    "log_softmax": 1.51 / (3.35 * 0.89),
+    "log_softmax_backward": 2.21 / (3.35 * 0.89),
 }
 """Bandwidth of a memory-bound kernel class relative to a streaming kernel (forward; large
 tensors). A system's streaming efficiency is its ``memory_efficiency``."""
