@@ -16,9 +16,10 @@ exactly what a build would give now:
   reads no other file (no built-in model or plugin reads data when it builds).
 
 The folder is ``$STG_CACHE_DIR`` (empty: no cache), else ``$XDG_CACHE_HOME/stg`` or
-``~/.cache/stg``, under ``reduced-workloads/``; it keeps the :data:`MAX_ENTRIES` newest
-entries. A folder that cannot be read or written only costs the build. Entries are pickles:
-like Python's bytecode cache, the folder is trusted as the user's own.
+``~/.cache/stg``, under ``reduced-workloads/``; once it holds an eighth more than
+:data:`MAX_ENTRIES` entries (as counted by the storing process), the newest
+:data:`MAX_ENTRIES` are kept. A folder that cannot be read or written only costs the build.
+Entries are pickles: like Python's bytecode cache, the folder is trusted as the user's own.
 """
 
 from __future__ import annotations
@@ -68,8 +69,24 @@ def entry_key(options: Any, plugins: Iterable[tuple[object, ...]]) -> str:
     return hashlib.sha256(identity.encode()).hexdigest()
 
 
+_manifest: tuple[tuple[str, ...], Manifest] | None = None
+""":func:`loaded_files` as last computed, with the names of the modules loaded then."""
+_counted: dict[Path, int] = {}
+"""Per folder: its entries as this process counted them and stored since."""
+
+
 def loaded_files() -> Manifest:
-    """Every file of a loaded module, with its modification time and size."""
+    """Every file of a loaded module, with its modification time and size (found again only
+    once the loaded modules change: a search stores dozens of entries with the same ones)."""
+    global _manifest
+    names = tuple(sys.modules)
+    if _manifest is not None and _manifest[0] == names:
+        return _manifest[1]
+    _manifest = (names, _loaded_files())
+    return _manifest[1]
+
+
+def _loaded_files() -> Manifest:
     out = set()
     for module in list(sys.modules.values()):
         path = getattr(module, "__file__", None)
@@ -130,7 +147,7 @@ def store(key: str, value: Any) -> None:
             pickle.dump(entry, f, protocol=pickle.HIGHEST_PROTOCOL)
         os.replace(tmp, folder / f"{key}.pickle")
         tmp = None
-        _prune(folder)
+        _prune_if_full(folder)
     except OSError:
         pass
     finally:
@@ -141,8 +158,18 @@ def store(key: str, value: Any) -> None:
                 pass
 
 
-def _prune(folder: Path) -> None:
-    """Remove the oldest entries beyond :data:`MAX_ENTRIES`."""
+def _prune_if_full(folder: Path) -> None:
+    """:func:`_prune` once the folder holds an eighth more than :data:`MAX_ENTRIES` entries:
+    counted once per process, then one more per store."""
+    count = _counted.get(folder)
+    count = len(list(folder.glob("*.pickle"))) if count is None else count + 1
+    if count > MAX_ENTRIES + MAX_ENTRIES // 8:
+        count = _prune(folder)
+    _counted[folder] = count
+
+
+def _prune(folder: Path) -> int:
+    """Remove the oldest entries beyond :data:`MAX_ENTRIES`; the entries left."""
     entries = []
     for path in folder.glob("*.pickle"):
         try:
@@ -155,6 +182,7 @@ def _prune(folder: Path) -> None:
             path.unlink()
         except OSError:
             pass
+    return min(len(entries), MAX_ENTRIES)
 
 
 def cached(key: str, build: Callable[[], T]) -> T:

@@ -214,3 +214,33 @@ def test_an_imported_model_counts_its_block_kinds_without_an_entry(folder: Path)
     options = GenerateOptions(model="deepseek", num_stacks=4, dense_layers=1, batch=8)
     assert analytical.unlike_layers(options, registry)  # dense and MoE layers
     assert not list(folder.glob("*.pickle"))  # none per plan of a search
+
+
+def test_pruning_waits_for_an_eighth_more_than_the_limit(
+    folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store prunes the folder only once it holds MAX_ENTRIES + MAX_ENTRIES // 8 entries
+    and more (a search stores dozens of entries; listing the folder each time cost more
+    than the stores), then down to the MAX_ENTRIES newest."""
+    monkeypatch.setattr(cache, "MAX_ENTRIES", 8)
+    keys = [cache.entry_key(f"options {i}", []) for i in range(10)]
+    for i, key in enumerate(keys[:9]):
+        cache.store(key, i)
+        os.utime(folder / f"{key}.pickle", ns=(i * 10**9, i * 10**9))
+    assert len(list(folder.glob("*.pickle"))) == 9
+    cache.store(keys[9], 9)
+    assert sorted(p.stem for p in folder.glob("*.pickle")) == sorted(keys[2:])
+
+
+def test_the_manifest_is_found_again_once_a_module_is_loaded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = cache.loaded_files()
+    assert cache.loaded_files() is first  # nothing loaded since: not listed again
+    (tmp_path / "stg_cache_probe_module.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "stg_cache_probe_module", raising=False)
+    __import__("stg_cache_probe_module")
+    again = cache.loaded_files()
+    assert any(path.endswith("stg_cache_probe_module.py") for path, _, _ in again)
+    assert not any(path.endswith("stg_cache_probe_module.py") for path, _, _ in first)
