@@ -12,6 +12,7 @@ import pytest
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 SCRIPTS = [
     "eager_step.py",
+    "measure_expert_streams.py",
     "measure_kernels.py",
     "profile_moe_layer.py",
     "measure_torchtitan_ops.py",
