@@ -138,3 +138,33 @@ def test_slice_view_concat_in_a_plugin_model(kw):
     names = [n.name for cls in w.rank_classes for n in cls.nodes]
     assert not any(n.endswith(("/q_part", "/merge", "/half")) for n in names)  # views cost no node
     assert any(n.endswith("/cat") for n in names)
+
+
+def test_a_gradient_op_carries_the_position_of_the_input_it_differentiates():
+    """``Op.grad_wrt``: each op that computes the gradient of one input of a forward op (named
+    ``<op>.grad_<input>`` by convention, which nothing downstream has to parse) carries that
+    input's position, whatever the op kind: einsum, elementwise with a broadcast weight, and
+    the reshards of sequence parallelism inside them."""
+    b = builder()
+    x = b.residual_input()
+    h = b.rmsnorm(x, "norm")
+    u = b.einsum("bsh,hf->bsf", h, b.weight("w1", "dmodel dff", shard={"dff": "tp"}))
+    g = b.einsum("bsh,hf->bsf", h, b.weight("w3", "dmodel dff", shard={"dff": "tp"}))
+    a = b.elementwise("swiglu", u, g, flops=4)
+    y = b.einsum("bsf,fh->bsh", a, b.weight("w2", "dff dmodel", shard={"dff": "tp"}))
+    b.output(y)
+    seed = b.input("dy", "batch seq dmodel", {"batch": ("dp", "ep"), "seq": ("sp", "tp")})
+    seed.kind = "grad"
+    build_backward(b, seed)
+    named = 0
+    for op in b.part.backward:
+        forward = op.grad_of
+        if forward is None:
+            continue
+        for i, t in enumerate(forward.inputs):
+            if op.name == f"{forward.name}.grad_{t.name}":
+                assert op.grad_wrt == i, op.name
+                named += 1
+    assert named >= 8  # norm: x and weight; three einsums: 2 each; swiglu: gate and up
+    swiglu = {op.grad_wrt for op in b.part.backward if op.grad_of and op.grad_of.name == "swiglu"}
+    assert swiglu >= {0, 1}

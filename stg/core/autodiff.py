@@ -105,12 +105,13 @@ def _backward_op(b: GraphBuilder, op: Op, dy: Tensor | None, grads: _Grads) -> N
         assert dy is not None
         x = op.inputs[0]
         target = grad_sharding(x)
-        if x.kind == "weight":  # FSDP: reduce-scatter now, leave the other data axes partial
-            target = target.with_partial(dy.sharding.partial - x.sharding.axes())
-            with b.tag("weight_grad_reduce"):
+        with b.gradient_wrt(0):
+            if x.kind == "weight":  # FSDP: reduce-scatter now, leave the other data axes partial
+                target = target.with_partial(dy.sharding.partial - x.sharding.axes())
+                with b.tag("weight_grad_reduce"):
+                    grads.add(x, b.reshard(dy, target))
+            else:
                 grads.add(x, b.reshard(dy, target))
-        else:
-            grads.add(x, b.reshard(dy, target))
     elif op.kind == "einsum":
         assert dy is not None
         lhs, out_letters = op.spec.split("->")
@@ -126,52 +127,55 @@ def _backward_op(b: GraphBuilder, op: Op, dy: Tensor | None, grads: _Grads) -> N
                 spec = ",".join([out_letters, *(lt for lt, _ in others)]) + "->" + letters[i]
                 operands = [dy, *(t for _, t in others)]
             out_dtype = b.grad_dtype if x.kind == "weight" else None
-            grads.add(
-                x,
-                b.einsum(
+            with b.gradient_wrt(i):
+                grad = b.einsum(
                     spec,
                     *operands,
                     name=f"{name}.grad_{x.name}",
                     scale=op.scale,
                     out_dtype=out_dtype,
                     span=op.span,
-                ),
-            )
+                )
+            grads.add(x, grad)
     elif op.kind == "elementwise" and op.mask is not None:  # dropout: dy times the mask
         assert dy is not None
         x = op.inputs[0]
         if _needs_grad(x):
-            g = b.elementwise(
-                f"{name}.grad_{x.name}",
-                dy,
-                op.mask,
-                flops=op.backward_flops_per_element,
-                backward_flops=0,
-            )
-            grads.add(x, b.reshard(g, grad_sharding(x)))
+            with b.gradient_wrt(0):
+                g = b.elementwise(
+                    f"{name}.grad_{x.name}",
+                    dy,
+                    op.mask,
+                    flops=op.backward_flops_per_element,
+                    backward_flops=0,
+                )
+                grads.add(x, b.reshard(g, grad_sharding(x)))
     elif op.kind == "elementwise":
         assert dy is not None
         x = op.inputs[0]
-        full = [t for t in op.inputs if t.dims == x.dims and _needs_grad(t)]
+        full = [(i, t) for i, t in enumerate(op.inputs) if t.dims == x.dims and _needs_grad(t)]
         reduce_names = list(op.reduce_dims)
         share = op.backward_flops_per_element / max(len(full), 1)
         through_cast = b.weight_grads_through_casts and op.output.kind == "weight"
-        for t in full:
-            g = b.elementwise(
-                f"{name}.grad_{t.name}",
-                dy,
-                *op.inputs,
-                flops=share,
-                backward_flops=0,
-                reduce=reduce_names,
-                out_dtype=b.grad_dtype if t.kind == "weight" else None,
-                keep_partial=through_cast,
-            )
-            grads.add(t, g if through_cast else b.reshard(g, grad_sharding(t)))
-        for t in op.inputs:
+        for i, t in full:
+            with b.gradient_wrt(i):
+                g = b.elementwise(
+                    f"{name}.grad_{t.name}",
+                    dy,
+                    *op.inputs,
+                    flops=share,
+                    backward_flops=0,
+                    reduce=reduce_names,
+                    out_dtype=b.grad_dtype if t.kind == "weight" else None,
+                    keep_partial=through_cast,
+                )
+                grads.add(t, g if through_cast else b.reshard(g, grad_sharding(t)))
+        for i, t in enumerate(op.inputs):
             if t.dims != x.dims and _needs_grad(t):
                 dtype = b.grad_dtype if t.kind == "weight" else None
-                grads.add(t, b.reduce_to(f"{name}.grad_{t.name}", dy, t, x, flops=2, dtype=dtype))
+                with b.gradient_wrt(i):
+                    g = b.reduce_to(f"{name}.grad_{t.name}", dy, t, x, flops=2, dtype=dtype)
+                grads.add(t, g)
     elif op.kind == "view":
         # the gradient of a reshape or slice is the same memory seen the other way (a slice's
         # gradient accumulates in place into the full buffer)
@@ -180,25 +184,31 @@ def _backward_op(b: GraphBuilder, op: Op, dy: Tensor | None, grads: _Grads) -> N
         if _needs_grad(x) and op.grad_inputs:  # a detached view passes no gradient
             if op.spec == "windows":  # the data gradient writes x's bytes (implicit GEMM)
                 dy.footprint = x
-            grads.add(x, b.reinterpret(dy, x.dims, grad_sharding(x), name=f"{name}.grad"))
+            with b.gradient_wrt(0):
+                grads.add(x, b.reinterpret(dy, x.dims, grad_sharding(x), name=f"{name}.grad"))
     elif op.kind == "concat":
         assert dy is not None
         index = op.reduce_dims[0]
-        for t in op.inputs:
+        for i, t in enumerate(op.inputs):
             if _needs_grad(t):
-                grads.add(
-                    t, b.slice(dy, dy.dims[index].name, t.dims[index], name=f"{name}.grad_{t.name}")
-                )
+                with b.gradient_wrt(i):
+                    part = b.slice(
+                        dy, dy.dims[index].name, t.dims[index], name=f"{name}.grad_{t.name}"
+                    )
+                grads.add(t, part)
     elif op.kind == "add":
         assert dy is not None
-        for t in op.inputs:
+        for i, t in enumerate(op.inputs):
             if _needs_grad(t):
-                grads.add(t, b.reshard(dy, grad_sharding(t)))
+                with b.gradient_wrt(i):
+                    grads.add(t, b.reshard(dy, grad_sharding(t)))
     elif op.kind == "gather":
         assert dy is not None
         table = op.inputs[0]
-        source = b.reshard(dy, grad_sharding(op.output))
-        grads.add(table, b.scatter_add(f"{name}.grad_{table.name}", source, op.inputs[1], table))
+        with b.gradient_wrt(0):
+            source = b.reshard(dy, grad_sharding(op.output))
+            grad = b.scatter_add(f"{name}.grad_{table.name}", source, op.inputs[1], table)
+        grads.add(table, grad)
     elif op.kind == "custom":
         saved = op.inputs if dy is None else (*op.inputs, dy)
         for j, i in enumerate(op.grad_inputs):
@@ -218,14 +228,15 @@ def _backward_op(b: GraphBuilder, op: Op, dy: Tensor | None, grads: _Grads) -> N
                     for a in axes
                 }
                 sharding = sharding.with_partial(summed - sharding.axes())
-            g = b.custom(
-                f"{name}.grad_{t.name}",
-                saved,
-                t.dims,
-                flops=op.grad_flops[j] if op.grad_flops else op.backward_flops_per_element,
-                backward_flops=0,
-                out_sharding=sharding,
-            )
+            with b.gradient_wrt(i):
+                g = b.custom(
+                    f"{name}.grad_{t.name}",
+                    saved,
+                    t.dims,
+                    flops=op.grad_flops[j] if op.grad_flops else op.backward_flops_per_element,
+                    backward_flops=0,
+                    out_sharding=sharding,
+                )
             grads.add(t, g)
     else:  # pragma: no cover - every op kind is handled above
         raise AssertionError(f"no backward rule for op kind {op.kind!r}")

@@ -206,6 +206,9 @@ class Op:
     rotation: the backward needs only the incoming gradient, so nothing is saved)"""
     grad_of: Op | None = None
     """for a backward op, the forward op whose gradient it computes"""
+    grad_wrt: int | None = None
+    """for a backward op, the position in ``grad_of``'s inputs of the input whose gradient it
+    computes or carries (:meth:`GraphBuilder.gradient_wrt`)"""
 
 
 @dataclass
@@ -381,6 +384,7 @@ class GraphBuilder:
         self.dims = {**self.dims, **_optional_dims(self.options, self.dims["dhead"].size)}
         self._phase = "forward"
         self._tags: frozenset[str] = frozenset()
+        self._grad_wrt: int | None = None
         self._reshard_cache: dict[tuple[int, Sharding], Tensor] = {}
         self._names: dict[str, int] = {}
 
@@ -433,6 +437,7 @@ class GraphBuilder:
     def _emit(self, op: Op) -> Tensor:
         op.phase = self._phase
         op.tags = self._tags
+        op.grad_wrt = self._grad_wrt
         op.output.producer = op
         phases = {"forward": self.part.forward, "backward": self.part.backward}
         phases.update(reduce=self.part.reduce, update=self.part.update)
@@ -453,6 +458,17 @@ class GraphBuilder:
             yield
         finally:
             self._tags = saved
+
+    @contextmanager
+    def gradient_wrt(self, index: int) -> Iterator[None]:
+        """Mark the ops built inside the block as the gradient of the ``index``-th input of the
+        forward op being differentiated (their :attr:`Op.grad_wrt`)."""
+        saved = self._grad_wrt
+        self._grad_wrt = index
+        try:
+            yield
+        finally:
+            self._grad_wrt = saved
 
     @contextmanager
     def phase(self, phase: str) -> Iterator[None]:

@@ -195,13 +195,11 @@ def _size(binder: Binder, op: Op, tensor_index: int, dim: str) -> int:
 
 
 def _grad_target(grad: Op, forward: Op) -> int:
-    """Which input of ``forward`` ``grad`` computes the gradient of (``autodiff`` names a
-    gradient ``<op>.grad_<input>``)."""
-    suffix = grad.name[len(forward.name) + len(".grad_") :]
-    for i, t in enumerate(forward.inputs):
-        if t.name == suffix:
-            return i
-    raise ValueError(f"{grad.name}: not the gradient of an input of {forward.name}")
+    """Which input of ``forward`` ``grad`` computes the gradient of (its typed
+    :attr:`~stg.core.symbolic.Op.grad_wrt`, set by :mod:`stg.core.autodiff`)."""
+    if grad.grad_wrt is None or not 0 <= grad.grad_wrt < len(forward.inputs):
+        raise ValueError(f"{grad.name}: not the gradient of an input of {forward.name}")
+    return grad.grad_wrt
 
 
 def op_kernels(
