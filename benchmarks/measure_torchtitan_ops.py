@@ -59,15 +59,16 @@ CASES: dict[str, dict[str, int]] = {
 }
 
 
-def gpu_ms(torch: Any, run: Callable[[], Any]) -> float:
-    """GPU milliseconds of ``run`` queued behind a sleep kernel (the host ahead)."""
+def gpu_ms(torch: Any, run: Callable[..., Any], *args: Any) -> tuple[float, Any]:
+    """GPU milliseconds of ``run(*args)`` queued behind a sleep kernel (the host ahead), and
+    what it returned."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda._sleep(SLEEP_CYCLES)
     start.record()
-    run()
+    value = run(*args)
     end.record()
     torch.cuda.synchronize()
-    return start.elapsed_time(end)
+    return start.elapsed_time(end), value
 
 
 def time_op(
@@ -78,14 +79,10 @@ def time_op(
     forward, backward = [], []
     for repeat in range(REPEATS + 3):
         inputs, fn = make()
-        out: list[Any] = []
-        f_ms = gpu_ms(torch, lambda fn=fn, inputs=inputs, out=out: out.append(fn(*inputs)))
-        result = out[0] if isinstance(out[0], tuple) else (out[0],)
+        f_ms, out = gpu_ms(torch, fn, *inputs)
+        result = out if isinstance(out, tuple) else (out,)
         grads = [torch.randn_like(r) if r.dim() else None for r in result]
-        b_ms = gpu_ms(
-            torch,
-            lambda r=result, g=grads: torch.autograd.backward(r, g),  # type: ignore[misc]
-        )
+        b_ms, _ = gpu_ms(torch, torch.autograd.backward, result, grads)
         if repeat >= 3:
             forward.append(f_ms)
             backward.append(b_ms)

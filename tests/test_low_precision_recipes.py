@@ -215,29 +215,47 @@ def test_gemm_runs_at_the_format_peak(recipe: str, system: str, dtype: str) -> N
 
 
 SCALED = Path(__file__).parent / "data" / "kernels" / "h200-scaled.jsonl"
+H100_SCALED = Path(__file__).parent / "data" / "kernels" / "h100-scaled.jsonl"
 
 
-def _scaled_rates() -> dict[tuple[str, str, int, int, int], dict[str, float]]:
-    """Measured TFLOP/s per case (family, role, m, k, n) and scaling (h200-scaled.jsonl)."""
-    rates: dict[tuple[str, str, int, int, int], dict[str, float]] = {}
-    for line in SCALED.read_text().splitlines():
-        extra = json.loads(line).get("extra")
-        if extra and "tflops" in extra:
-            key = (extra["family"], extra["role"], extra["m"], extra["k"], extra["n"])
-            rates.setdefault(key, {})[extra["scaling"]] = extra["tflops"]
-    return rates
+def _large_model_gemms(path: Path) -> list[dict]:
+    """The measured cases of a ``*-scaled.jsonl`` file that the recipe speeds come from: the
+    model-shape GEMMs with every side >= 4096, each under every scaling."""
+    cases = [json.loads(line).get("extra") for line in path.read_text().splitlines()]
+    return [
+        e
+        for e in cases
+        if e and "tflops" in e and e["family"] == "model" and min(e["m"], e["k"], e["n"]) >= 4096
+    ]
+
+
+def _speed_ratios(path: Path) -> list[dict[str, float]]:
+    """Per large model-shape GEMM of ``path``: each scaling's rate over tensorwise's."""
+    rates: dict[tuple[str, int, int, int], dict[str, float]] = {}
+    for e in _large_model_gemms(path):
+        rates.setdefault((e["role"], e["m"], e["k"], e["n"]), {})[e["scaling"]] = e["tflops"]
+    return [{s: r[s] / r["tensorwise"] for s in r} for r in rates.values()]
+
+
+def _median_model_errors(path: Path, system_name: str) -> dict[str, float]:
+    """Per scaling, the median error of the fp8 GEMM model with the recipe speeds over the
+    large model-shape GEMMs of ``path``."""
+    system = load_system(system_name)
+    errors: dict[str, list[float]] = {}
+    for e in _large_model_gemms(path):
+        speed = recipe_gemm_speed(system.arch, e["scaling"])
+        predicted_ms = gemm_time(system.gpu, e["m"], e["n"], e["k"], "fp8") / speed * 1e3
+        errors.setdefault(e["scaling"], []).append(predicted_ms / e["median_ms"] - 1)
+    return {s: sorted(v)[len(v) // 2] for s, v in errors.items()}
 
 
 def test_recipe_gemm_speeds_are_the_h200_medians() -> None:
     """The Hopper entries of RECIPE_GEMM_SPEED are the medians they cite: the model-shape
     GEMMs with every side >= 4096, each scaling's rate over tensorwise's on the same shape."""
-    rates = _scaled_rates()
-    big = [
-        r for (family, _, *sides), r in rates.items() if family == "model" and min(sides) >= 4096
-    ]
+    big = _speed_ratios(SCALED)
     assert len(big) == 27
     for recipe, speed in RECIPE_GEMM_SPEED["hopper"].items():
-        ratios = sorted(r[recipe] / r["tensorwise"] for r in big)
+        ratios = sorted(r[recipe] for r in big)
         assert ratios[len(ratios) // 2] == pytest.approx(speed, abs=5e-4)
     # the block scales cost more than the row scales, which cost little
     assert RECIPE_GEMM_SPEED["hopper"]["blockwise"] < RECIPE_GEMM_SPEED["hopper"]["rowwise"] < 1
@@ -251,17 +269,7 @@ def test_recipe_gemm_time_against_the_h200_measurement() -> None:
     set: each scaling's median error within 10 %, and within 3 points of tensorwise's (the
     block scales' cost is the recipe's; without it blockwise would be 12 % further off)."""
     h200 = load_system("h200-141g")
-    errors: dict[str, list[float]] = {}
-    for line in SCALED.read_text().splitlines():
-        e = json.loads(line).get("extra")
-        if not e or "tflops" not in e or e["family"] != "model":
-            continue
-        if min(e["m"], e["k"], e["n"]) < 4096:
-            continue
-        speed = recipe_gemm_speed(h200.arch, e["scaling"])
-        predicted_ms = gemm_time(h200.gpu, e["m"], e["n"], e["k"], "fp8") / speed * 1e3
-        errors.setdefault(e["scaling"], []).append(predicted_ms / e["median_ms"] - 1)
-    median = {s: sorted(v)[len(v) // 2] for s, v in errors.items()}
+    median = _median_model_errors(SCALED, "h200-141g")
     assert set(median) == {"tensorwise", "rowwise", "blockwise"}
     for scaling in ("rowwise", "blockwise"):
         assert abs(median[scaling]) < 0.10
@@ -624,31 +632,17 @@ def test_an_indexer_without_weights_is_no_linear_to_quantize(recipe: str) -> Non
     assert build_workload(options, registry).ranks[0].nodes()
 
 
-H100_SCALED = Path(__file__).parent / "data" / "kernels" / "h100-scaled.jsonl"
-
-
 def test_hopper_recipe_speeds_hold_on_an_h100() -> None:
     """The same measurement on an H100 (h100-scaled.jsonl, taken after the H200's constants
     were set, PyTorch 2.11.0, CUDA 13.0): each recipe's median speed over tensorwise is within
     0.01 of the H200's, and the fp8 GEMM model with those speeds prices the 27 large
     model-shape GEMMs of each scaling within 3 % (median)."""
-    h100 = load_system("h100-80g")
-    rates: dict[tuple[str, int, int, int], dict[str, float]] = {}
-    errors: dict[str, list[float]] = {}
-    for line in H100_SCALED.read_text().splitlines():
-        e = json.loads(line).get("extra")
-        if not e or "tflops" not in e or e["family"] != "model":
-            continue
-        if min(e["m"], e["k"], e["n"]) < 4096:
-            continue
-        key = (e["role"], e["m"], e["k"], e["n"])
-        rates.setdefault(key, {})[e["scaling"]] = e["tflops"]
-        speed = recipe_gemm_speed(h100.arch, e["scaling"])
-        predicted_ms = gemm_time(h100.gpu, e["m"], e["n"], e["k"], "fp8") / speed * 1e3
-        errors.setdefault(e["scaling"], []).append(predicted_ms / e["median_ms"] - 1)
-    assert len(rates) == 27
+    big = _speed_ratios(H100_SCALED)
+    assert len(big) == 27
     for recipe, speed in RECIPE_GEMM_SPEED["hopper"].items():
-        ratios = sorted(r[recipe] / r["tensorwise"] for r in rates.values())
+        ratios = sorted(r[recipe] for r in big)
         assert ratios[len(ratios) // 2] == pytest.approx(speed, abs=0.01)
-    for scaling, values in errors.items():
-        assert abs(sorted(values)[len(values) // 2]) < 0.03, scaling
+    median = _median_model_errors(H100_SCALED, "h100-80g")
+    assert set(median) == {"tensorwise", "rowwise", "blockwise"}
+    for scaling, error in median.items():
+        assert abs(error) < 0.03, scaling

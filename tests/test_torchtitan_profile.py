@@ -181,12 +181,15 @@ def test_each_eager_kernel_is_a_memory_bound_kernel_with_its_launch() -> None:
 
 
 def test_eager_kernels_survive_the_trace(tmp_path: Path, registry) -> None:  # type: ignore[no-untyped-def]
-    """A trace written and read back prices the kernels as the workload in memory does."""
+    """A trace written and read back meets ASTRA-sim's rules (``stg validate``) and prices the
+    kernels as the workload in memory does."""
     out = tmp_path / "tt"
     args = ["generate", "--output_dir", str(out), "--profile", "torchtitan",
             "--norm_type", "rmsnorm", *(f"--{k}={v}" for k, v in SMALL.items())]  # fmt: skip
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
+    checked = CliRunner().invoke(app, ["validate", "--consumer", "astra-sim", str(out)])
+    assert checked.exit_code == 0, checked.output
     read = {n.name: n for n in read_nodes(out / "workload.0.et")}
     memory = _comp_nodes(
         GenerateOptions(**SMALL, profile="torchtitan", norm_type="rmsnorm"), registry

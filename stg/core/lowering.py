@@ -644,6 +644,7 @@ def _ring_backward(
         [(partial[0],), *((grad[i], partial[i]) for i in range(1, cp - 1))],
         grad[1:],
     )
+    kept = tuple(k for k in op.outputs if k not in grads)  # the queries' gradients
     out: list[BoundOp] = []
     for i, step in enumerate(_ring_steps(op, cp, local_first=False)):
         if i + 1 < cp:
@@ -651,8 +652,7 @@ def _ring_backward(
         if i > 0:
             out.extend(returns[i - 1])
         keys = saved if i == 0 else (chunk[i], partial[i - 1])
-        outputs = tuple(k for k in op.outputs if k not in grads)
-        outputs = (*outputs, partial[i]) if i == cp - 1 else (partial[i],)
+        outputs = (*kept, partial[i]) if i == cp - 1 else (partial[i],)
         out.append(
             replace(step, name=f"{op.name}.step{i}", inputs=(*queries, *keys), outputs=outputs)
         )
