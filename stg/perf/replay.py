@@ -1203,14 +1203,21 @@ class _Sim:
                 heappush(heap, (f.finish, tick(), -1 - f.index, f.version))
                 return
             resources = f.resources = tuple([(x, port, d) for x, d in f.ends])
+            alone = True
             for key in resources:
                 sharing = users.get(key)
                 if sharing is None:
                     users[key] = [f]
                 else:
                     sharing.append(f)
+                    alone = False
             f.remaining = seconds
             f.since = t
+            if alone:  # what reshare gives a transfer that has its ports to itself
+                f.rate = 1.0
+                f.finish = t + seconds
+                heappush(heap, (f.finish, tick(), -1 - f.index, f.version))
+                return
             f.rate = 0.0
             reshare(resources, t)
 
@@ -1237,12 +1244,16 @@ class _Sim:
             if f.resources:
                 keys = f.resources
                 f.resources = ()
+                shared = False
                 for key in keys:
                     sharing = users[key]
                     sharing.remove(f)
-                    if not sharing:
+                    if sharing:
+                        shared = True
+                    else:
                         del users[key]
-                reshare(keys, t)
+                if shared:
+                    reshare(keys, t)
             next_step(f, t)
 
         def compute_duration(u: int, i: int, t: float) -> float:
@@ -1327,6 +1338,7 @@ class _Sim:
 
         states: list[EngineState] = []
         watched = 0
+        watch_count = len(states_at)
         if states_at:
             self.initial_duration = [list(x) for x in durations]
 
@@ -1462,8 +1474,7 @@ class _Sim:
                         dispatch(u, stream, t)
                 touched.clear()
             while (
-                watched < len(states_at)
-                and starts[states_at[watched][0]][states_at[watched][1]] >= 0
+                watched < watch_count and starts[states_at[watched][0]][states_at[watched][1]] >= 0
             ):
                 watched += 1
                 states.append(state(t))
