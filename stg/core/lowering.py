@@ -1586,10 +1586,16 @@ class _RunOp(NamedTuple):
 
     name: str
     type: NodeType
-    costs: tuple[Any, ...]
-    """``num_ops`` to ``runtime`` of :class:`NodeTemplate`, in its field order"""
+    num_ops: int
+    tensor_size: int
+    comm_type: CollectiveType | None
+    comm_size: int
+    group_axes: tuple[str, ...]
+    dtype: str | None
     attrs: dict[str, Any]
     role: int | None
+    only_outside: int | None
+    """the one input key from before the run, where there is exactly one"""
     outside: tuple[int, ...]
     inside: tuple[int, ...]
     outputs: tuple[int, ...]
@@ -1603,24 +1609,21 @@ def _run_ops(ops: Sequence[BoundOp], op_prefix: str) -> tuple[_RunOp, ...]:
         attrs = dict(op.attrs)
         attrs[OP_ATTR] = op_prefix + op.name
         role = op_role(op) if op.group_axes else None
+        outside = tuple(k for k in op.inputs if k not in producer)
         planned.append(
             _RunOp(
                 op.name,
                 op.type,
-                (
-                    op.num_ops,
-                    op.tensor_size,
-                    op.comm_type,
-                    op.comm_size,
-                    op.group_axes,
-                    None,  # peer_stage
-                    None,  # comm_tag
-                    op.dtype,
-                    0,  # runtime
-                ),
+                op.num_ops,
+                op.tensor_size,
+                op.comm_type,
+                op.comm_size,
+                op.group_axes,
+                op.dtype,
                 attrs,
                 None if role is None else int(role),
-                tuple(k for k in op.inputs if k not in producer),
+                outside[0] if len(outside) == 1 else None,
+                outside,
                 tuple(sorted({producer[k] for k in op.inputs if k in producer})),
                 op.outputs,
             )
@@ -1695,60 +1698,88 @@ class _Nodes:
         cached = self._planned.get(cache_key)
         if cached is None:
             cached = self._planned[cache_key] = (ops, _run_ops(ops, op_prefix))
+        if not where:
+            where = {}
+        elif type(where) is not dict:
+            where = dict(where)
         nodes = self.nodes
+        append = nodes.append
         first = len(nodes)
         pending = self.step_pending
         last_coll = self.last_coll
         last_comp = self.last_comp
+        env_get = env.get
+        new = object.__new__
         comm_coll, comp = NodeType.COMM_COLL, NodeType.COMP
         nid = first
-        for name, node_type, costs, attrs, role, outside, inside, outputs in cached[1]:
-            if not outside:
-                deps = ()
-            elif len(outside) == 1:  # most ops: one input from before the run
-                deps = env.get(outside[0], ())
+        made: list[tuple[int]] = []  # each node of the run as its dependents name it
+        made_append = made.append
+        for (
+            name, node_type, num_ops, tensor_size, comm_type, comm_size, group_axes, dtype,
+            attrs, role, only_outside, outside, inside, outputs,
+        ) in cached[1]:  # fmt: skip
+            if only_outside is not None:  # most ops: one input from before the run
+                deps = env_get(only_outside, ())
                 if len(deps) > 1 or type(deps) is not tuple:
                     deps = tuple(sorted(set(deps)))
+            elif outside:
+                deps = ()
+                for k in outside:
+                    found = env_get(k)
+                    if found:
+                        deps += found if type(found) is tuple else tuple(found)
+                # sorted and distinct: most often already (one node, or two in order)
+                if len(deps) > 2 or (len(deps) == 2 and deps[0] >= deps[1]):
+                    deps = tuple(sorted(set(deps)))
             else:
-                deps = tuple(sorted({d for k in outside for d in env.get(k, ())}))
+                deps = ()
             if inside:  # after every node before the run
                 if len(inside) == 1:
-                    deps += (first + inside[0],)
+                    deps += made[inside[0]]
                 else:
-                    deps += tuple([first + j for j in inside])
-                ctrl = []
-            elif after is not None and after not in deps:
-                ctrl = [after]
+                    deps += tuple(map(first.__add__, inside))
+                ctrl = ()
+            elif after is None or after in deps:
+                ctrl = ()
             else:
-                ctrl = []
+                ctrl = (after,)
             if pending is not None:
                 if pending not in deps and pending not in ctrl:
-                    ctrl.append(pending)
+                    ctrl += (pending,)
                 pending = None
             if node_type is comm_coll:
-                axes = costs[4]
-                previous = last_coll.get(axes)
+                previous = last_coll.get(group_axes)
                 if previous is not None and previous not in deps and previous not in ctrl:
-                    ctrl.append(previous)
-                last_coll[axes] = nid
+                    ctrl += (previous,)
+                last_coll[group_axes] = nid
             elif node_type is comp:
                 last_comp = nid
-            node_attrs = {**attrs, **where} if where else attrs.copy()
+            node_attrs = attrs | where
             if role is not None:
                 node_attrs[ROLE_ATTR] = role
-            nodes.append(
-                NodeTemplate(
-                    nid,
-                    prefix + name,
-                    node_type,
-                    deps,
-                    tuple(ctrl) if ctrl else (),
-                    *costs,
-                    node_attrs,
-                )
-            )
+            # every field set in turn: half the time of calling the dataclass, whose
+            # __init__ does nothing else (a field left out fails the equality with add's)
+            node = new(NodeTemplate)
+            node.id = nid
+            node.name = prefix + name
+            node.type = node_type
+            node.data_deps = deps
+            node.ctrl_deps = ctrl
+            node.num_ops = num_ops
+            node.tensor_size = tensor_size
+            node.comm_type = comm_type
+            node.comm_size = comm_size
+            node.group_axes = group_axes
+            node.peer_stage = None
+            node.comm_tag = None
+            node.dtype = dtype
+            node.runtime = 0
+            node.attrs = node_attrs
+            append(node)
+            own = (nid,)
+            made_append(own)
             for k in outputs:
-                env[k] = (nid,)
+                env[k] = own
             nid += 1
         self.step_pending = pending
         self.last_comp = last_comp
@@ -1827,6 +1858,16 @@ def lower_stage(
             backwards_left[chunk] = backwards_left.get(chunk, 0) + 1
     held = stage_parts(stage, plan, parts)
     modules = recompute_tags(plan.options)
+    # the layers of each model chunk on this stage, and each layer's bound part, recompute
+    # mode and recompute group: looked up once, read by every micro-batch's steps
+    chunk_layers = {
+        gchunk: plan.chunk_layers(gchunk)
+        for gchunk in range(stage, plan.chunks_per_stage * plan.stages, plan.stages)
+    }
+    stage_layers = [layer for layers in chunk_layers.values() for layer in layers]
+    layer_part = {layer: parts.layer(layer) for layer in stage_layers}
+    layer_recompute = {layer: plan.layer_recompute(layer) for layer in stage_layers}
+    recompute_group = {layer: plan.recompute_group(layer) for layer in stage_layers}
     # Transformer Engine's delayed scaling: every amax of the rank's fp8 modules (all its
     # chunks) is reduced and every history rolled at each reduction
     # (the Megatron / TE profile; eager PyTorch has no TE modules)
@@ -1858,8 +1899,22 @@ def lower_stage(
         env.update(held)
         return bp.without_weight_gathers(ops, held)
 
-    def note_gathered(owner: str | int, ops: list[BoundOp], env: Env) -> None:
+    # per part (by id; ``parts`` holds them all): whether its forward gathers weights (FSDP)
+    # and its weight all-gathers that a backward prefetches, each found once
+    gathers: dict[int, bool] = {}
+    gather_collectives: dict[int, list[BoundOp]] = {}
+    # per part (by id): its backward less the gradient reductions a micro-batch before the
+    # last leaves out (it accumulates its weight gradients unsharded)
+    accumulating: dict[int, list[BoundOp]] = {}
+
+    def note_gathered(owner: str | int, bp: BoundPart, ops: list[BoundOp], env: Env) -> None:
+        """Keep the nodes that gathered ``owner``'s weights in ``ops`` (some of its forward)."""
         if owner in gathered:
+            return
+        found = gathers.get(id(bp))
+        if found is None:
+            found = gathers[id(bp)] = any("weight_gather" in op.tags for op in bp.forward)
+        if not found:
             return
         keys = [k for op in ops if "weight_gather" in op.tags for k in op.outputs]
         if keys:
@@ -1920,7 +1975,7 @@ def lower_stage(
     def fp8_owners(gchunk: int) -> list[str | int]:
         """The part instances of a model chunk that hold fp8 GEMMs, in forward order."""
         owners: list[tuple[str | int, BoundPart]] = [
-            (layer, parts.layer(layer)) for layer in plan.chunk_layers(gchunk)
+            (layer, layer_part[layer]) for layer in chunk_layers[gchunk]
         ]
         if gchunk == 0:
             owners.insert(0, ("embedding", emb))
@@ -1944,7 +1999,7 @@ def lower_stage(
         for segment in all_to_all_segments(ops, split_at_all_to_alls):
             out.run(segment, env, prefix, after=after, where=where)
             yield PAUSE
-        note_gathered(owner, ops, env)
+        note_gathered(owner, bp, ops, env)
         if reshard_after_forward:
             gathered.pop(owner, None)
 
@@ -2008,7 +2063,7 @@ def lower_stage(
             after=dy if dy is not None else out.last_comp,
             where=where,
         )
-        note_gathered(owner, repeated, env)
+        note_gathered(owner, bp, repeated, env)
 
     def prefetch(owner: str | int, bp: BoundPart, mb: int, after: int | None) -> None:
         """The FSDP weight gathers of the part whose backward comes next, issued from the
@@ -2020,16 +2075,20 @@ def lower_stage(
         are still gathered."""
         if owner in gathered or (owner, mb) not in saved:
             return
-        ops = [
-            op for op in bp.forward if "weight_gather" in op.tags and op.type is NodeType.COMM_COLL
-        ]
+        ops = gather_collectives.get(id(bp))
+        if ops is None:
+            ops = gather_collectives[id(bp)] = [
+                op
+                for op in bp.forward
+                if "weight_gather" in op.tags and op.type is NodeType.COMM_COLL
+            ]
         if not ops:
             return
         env = saved[(owner, mb)]
         where = node_place(Phase.RECOMPUTE, mb, owner)
         name = f"layer{owner}" if isinstance(owner, int) else owner
         out.run(ops, env, f"mb{mb}/{name}/recompute/", after=after, where=where)
-        note_gathered(owner, ops, env)
+        note_gathered(owner, bp, ops, env)
 
     def backward(
         owner: str | int,
@@ -2065,10 +2124,19 @@ def lower_stage(
         accumulate = pipelined and not reduce_now
 
         def ops(run: list[BoundOp]) -> list[BoundOp]:
-            return [op for op in run if not (accumulate and "weight_grad_reduce" in op.tags)]
+            if not accumulate:
+                return run
+            if run is not bp.backward:
+                return [op for op in run if "weight_grad_reduce" not in op.tags]
+            kept = accumulating.get(id(bp))
+            if kept is None:
+                kept = accumulating[id(bp)] = [
+                    op for op in run if "weight_grad_reduce" not in op.tags
+                ]
+            return kept
 
         recomputed = fp8_gemms > 0 and isinstance(owner, int)
-        recomputed = recomputed and plan.layer_recompute(owner) == "full"
+        recomputed = recomputed and layer_recompute[owner] == "full"  # type: ignore[index]
         if recomputed and not ahead:  # the recompute forward's autocast exits: a reduction
             amax_reduction(f"{prefix}recompute/", False, again)
         if dy is not None:
@@ -2088,9 +2156,13 @@ def lower_stage(
             gathered.pop(owner, None)
         if amax_after is not None:  # the first fp8 module of the chunk's autocast
             amax_reduction(amax_after, True, node_place(Phase.BACKWARD, mb, chunk=gchunk))
-        store = grads.setdefault(owner, {})
+        store = grads.get(owner)
+        if store is None:
+            store = grads[owner] = {k: [] for k in bp.grad_keys}
         for k in bp.grad_keys:
-            store.setdefault(k, []).extend(env.get(k, ()))
+            found = env.get(k)
+            if found:
+                store[k].extend(found)
         if owner == "head":
             copy_grads.extend(n for k in bp.tied_keys for n in env.get(k, ()))
         if reduce_now:
@@ -2143,8 +2215,8 @@ def lower_stage(
             else:
                 x = p2p(NodeType.COMM_RECV, "activation", mb, gchunk - 1, gchunk - 1, ())
             yield PART_END
-            for layer in plan.chunk_layers(gchunk):
-                bp = parts.layer(layer)
+            for layer in chunk_layers[gchunk]:
+                bp = layer_part[layer]
                 env = {bp.input_key: (x,)}  # type: ignore[dict-item]
                 freed = offload_finished_before(layer, stack, offloaded) if offloaded else None
                 yield from forward(
@@ -2185,13 +2257,13 @@ def lower_stage(
             # the backward of the chunk's first fp8 module ends with the backward reduction
             # (under full recompute each recomputed module reduces itself instead)
             first_fp8 = owners[0] if owners else None
-            if isinstance(first_fp8, int) and plan.layer_recompute(first_fp8) == "full":
+            if isinstance(first_fp8, int) and layer_recompute[first_fp8] == "full":
                 first_fp8 = None
             bwd_region = f"{region}bwd/"
 
             # the parts in backward order, each prefetching the gathers of the next
             backward_order: list[tuple[str | int, BoundPart]] = [
-                (layer, parts.layer(layer)) for layer in reversed(plan.chunk_layers(gchunk))
+                (layer, layer_part[layer]) for layer in reversed(chunk_layers[gchunk])
             ]
             if first:
                 backward_order.append(("embedding", emb))
@@ -2212,24 +2284,24 @@ def lower_stage(
                 dy = p2p(NodeType.COMM_RECV, "gradient", mb, gchunk, gchunk + 1, ())
             yield PART_END
             ahead: set[int] = set()  # layers whose recompute group ran already
-            for index, layer in enumerate(reversed(plan.chunk_layers(gchunk))):
-                bp = parts.layer(layer)
+            for index, layer in enumerate(reversed(chunk_layers[gchunk])):
+                bp = layer_part[layer]
                 back = reload_started_before(layer, stack, offloaded) if offloaded else None
                 if back is not None:  # after the compute issued so far
                     assert out.last_comp is not None
                     reloads[(back, mb)] = host_copy(
                         NodeType.MEM_LOAD, back, mb, (offloads.pop((back, mb)),), out.last_comp
                     )
-                mode = "none" if layer in ahead else plan.layer_recompute(layer)
+                mode = "none" if layer in ahead else layer_recompute[layer]
                 if (id(bp), mode) not in repeats:
                     repeats[(id(bp), mode)] = bp.repeated_before_backward(mode, modules)
-                group = plan.recompute_group(layer)
+                group = recompute_group[layer]
                 if len(group) > 1 and layer == group[-1]:
                     # Megatron's uniform method: the group's forward runs again from its
                     # checkpointed input before the backward of its last layer
                     x = None
                     for earlier in group[:-1]:
-                        ebp = parts.layer(earlier)
+                        ebp = layer_part[earlier]
                         env = saved[(earlier, mb)]
                         if x is not None:
                             env[ebp.input_key] = (x,)  # type: ignore[index]
@@ -2296,8 +2368,8 @@ def lower_stage(
             run_combined(
                 schedule_step(*fwd),
                 schedule_step(*bwd),
-                len(plan.chunk_layers(fwd[2] * plan.stages + stage)),
-                len(plan.chunk_layers(bwd[2] * plan.stages + stage)),
+                len(chunk_layers[fwd[2] * plan.stages + stage]),
+                len(chunk_layers[bwd[2] * plan.stages + stage]),
             )
             held_back, deferred_amax = deferred_amax, None
             for args in held_back:

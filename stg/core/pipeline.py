@@ -6,6 +6,7 @@ import gc
 import warnings
 from collections.abc import Callable
 from dataclasses import replace
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from stg.core.attention_backend import runs_fused_attention, with_attention_backend
@@ -501,7 +502,8 @@ def _build_workload(
     used_axes: list[tuple[str, ...]] = []
     stage_axes: list[set[tuple[str, ...]]] = []
     for cls in classes:
-        axes_here = {n.group_axes for n in cls.nodes if n.group_axes}
+        # the distinct axes first, in C (one pass over a stage's ~10^5 nodes), then the empty out
+        axes_here = {a for a in set(map(attrgetter("group_axes"), cls.nodes)) if a}
         stage_axes.append(axes_here)
         for axes in sorted(axes_here):
             if axes not in used_axes:
