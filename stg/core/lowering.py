@@ -61,6 +61,7 @@ from stg.core.schedules import ep_overlap_groups
 from stg.core.symbolic import Dim, Op, Part, Tensor, is_routed_expert
 from stg.core.workload import (
     CHUNK_ATTR,
+    LAYER_ATTR,
     MICRO_BATCH_ATTR,
     OP_ATTR,
     PHASE_ATTR,
@@ -108,6 +109,7 @@ class Binder:
         parts = axis_parts or UNFOLDED_AXIS_PARTS
         self.axis_parts = {k: frozenset(v) for k, v in parts.items()}
         self._dims: dict[sympy.Expr, int] = {}
+        self._fractions: dict[sympy.Expr | int, Fraction] = {}
 
     def mesh_axes(self, name: str) -> frozenset[str]:
         """The active mesh axes of a named axis (``tp``; on a folded mesh its pieces)."""
@@ -136,8 +138,11 @@ class Binder:
 
     def fraction(self, expr: sympy.Expr | int) -> Fraction:
         """A scale (an einsum's computed fraction) as an exact number for this run."""
-        value = sympy.sympify(expr).xreplace(self.values)
-        return Fraction(str(sympy.nsimplify(value)))
+        cached = self._fractions.get(expr)
+        if cached is None:  # a few distinct scales, each asked for by many ops
+            value = sympy.sympify(expr).xreplace(self.values)
+            cached = self._fractions[expr] = Fraction(str(sympy.nsimplify(value)))
+        return cached
 
     def flat_degree(self, t: Tensor) -> int:
         """How many pieces a flat split (``Sharding.flat``) cuts ``t`` into (1: none)."""
@@ -1594,11 +1599,22 @@ class _RunOp(NamedTuple):
     dtype: str | None
     attrs: dict[str, Any]
     role: int | None
+    shape: int
+    """how the deps are found: :data:`_AFTER_ONE_BEFORE_ONE`, :data:`_AFTER_ONE` or 0 (any
+    other inputs)"""
     only_outside: int | None
     """the one input key from before the run, where there is exactly one"""
+    only_inside: int
+    """the one earlier op of the run it depends on, where there is exactly one"""
     outside: tuple[int, ...]
     inside: tuple[int, ...]
     outputs: tuple[int, ...]
+
+
+_AFTER_ONE_BEFORE_ONE = 1
+"""a run op's inputs: one key from before the run and the output of one earlier op of it"""
+_AFTER_ONE = 2
+"""a run op's inputs: the output of one earlier op of the run, nothing from before it"""
 
 
 def _run_ops(ops: Sequence[BoundOp], op_prefix: str) -> tuple[_RunOp, ...]:
@@ -1610,6 +1626,10 @@ def _run_ops(ops: Sequence[BoundOp], op_prefix: str) -> tuple[_RunOp, ...]:
         attrs[OP_ATTR] = op_prefix + op.name
         role = op_role(op) if op.group_axes else None
         outside = tuple(k for k in op.inputs if k not in producer)
+        inside = tuple(sorted({producer[k] for k in op.inputs if k in producer}))
+        shape = 0
+        if len(inside) == 1 and len(outside) <= 1:
+            shape = _AFTER_ONE_BEFORE_ONE if outside else _AFTER_ONE
         planned.append(
             _RunOp(
                 op.name,
@@ -1622,15 +1642,22 @@ def _run_ops(ops: Sequence[BoundOp], op_prefix: str) -> tuple[_RunOp, ...]:
                 op.dtype,
                 attrs,
                 None if role is None else int(role),
+                shape,
                 outside[0] if len(outside) == 1 else None,
+                inside[0] if len(inside) == 1 else -1,
                 outside,
-                tuple(sorted({producer[k] for k in op.inputs if k in producer})),
+                inside,
                 op.outputs,
             )
         )
         for k in op.outputs:
             producer[k] = i
     return tuple(planned)
+
+
+RunPlans = dict[tuple[tuple[int, ...], str], tuple[Sequence[BoundOp], tuple[_RunOp, ...]]]
+""":func:`_run_ops` of runs, by the ids of their ops (the ops are kept, so that no id is
+reused) and ``op_prefix``"""
 
 
 @dataclass
@@ -1641,11 +1668,8 @@ class _Nodes:
     last_comp: int | None = None
     step_pending: int | None = None
     last_coll: dict[tuple[str, ...], int] = field(default_factory=dict)
-    _planned: dict[tuple[tuple[int, ...], str], tuple[Sequence[BoundOp], tuple[_RunOp, ...]]] = (
-        field(default_factory=dict)
-    )
-    """each run's ops laid out once (:func:`_run_ops`), by their ids (the ops are kept, so
-    that no id is reused) and ``op_prefix``"""
+    planned: RunPlans = field(default_factory=dict)
+    """each run's ops laid out once (:func:`_run_ops`); several stages may share it"""
 
     def start_step(self) -> None:
         self.step_pending = self.last_comp
@@ -1695,9 +1719,9 @@ class _Nodes:
         if not isinstance(ops, (list, tuple)):
             ops = tuple(ops)
         cache_key = (tuple(map(id, ops)), op_prefix)
-        cached = self._planned.get(cache_key)
+        cached = self.planned.get(cache_key)
         if cached is None:
-            cached = self._planned[cache_key] = (ops, _run_ops(ops, op_prefix))
+            cached = self.planned[cache_key] = (ops, _run_ops(ops, op_prefix))
         if not where:
             where = {}
         elif type(where) is not dict:
@@ -1714,35 +1738,49 @@ class _Nodes:
         nid = first
         made: list[tuple[int]] = []  # each node of the run as its dependents name it
         made_append = made.append
+        after_one_before_one, after_one = _AFTER_ONE_BEFORE_ONE, _AFTER_ONE
         for (
             name, node_type, num_ops, tensor_size, comm_type, comm_size, group_axes, dtype,
-            attrs, role, only_outside, outside, inside, outputs,
+            attrs, role, shape, only_outside, only_inside, outside, inside, outputs,
         ) in cached[1]:  # fmt: skip
-            if only_outside is not None:  # most ops: one input from before the run
-                deps = env_get(only_outside, ())
-                if len(deps) > 1 or type(deps) is not tuple:
-                    deps = tuple(sorted(set(deps)))
-            elif outside:
-                deps = ()
-                for k in outside:
-                    found = env_get(k)
-                    if found:
-                        deps += found if type(found) is tuple else tuple(found)
-                # sorted and distinct: most often already (one node, or two in order)
-                if len(deps) > 2 or (len(deps) == 2 and deps[0] >= deps[1]):
-                    deps = tuple(sorted(set(deps)))
-            else:
-                deps = ()
-            if inside:  # after every node before the run
-                if len(inside) == 1:
-                    deps += made[inside[0]]
+            if shape == after_one_before_one:  # most ops
+                found = env_get(only_outside)
+                if found is None:
+                    deps = made[only_inside]
+                elif len(found) == 1 and type(found) is tuple:
+                    deps = found + made[only_inside]
                 else:
-                    deps += tuple(map(first.__add__, inside))
+                    deps = tuple(sorted(set(found))) + made[only_inside]
                 ctrl = ()
-            elif after is None or after in deps:
+            elif shape == after_one:
+                deps = made[only_inside]
                 ctrl = ()
             else:
-                ctrl = (after,)
+                if only_outside is not None:
+                    deps = env_get(only_outside, ())
+                    if len(deps) > 1 or type(deps) is not tuple:
+                        deps = tuple(sorted(set(deps)))
+                elif outside:
+                    deps = ()
+                    for k in outside:
+                        found = env_get(k)
+                        if found:
+                            deps += found if type(found) is tuple else tuple(found)
+                    # sorted and distinct: most often already (one node, or two in order)
+                    if len(deps) > 2 or (len(deps) == 2 and deps[0] >= deps[1]):
+                        deps = tuple(sorted(set(deps)))
+                else:
+                    deps = ()
+                if only_inside >= 0:  # after every node before the run
+                    deps += made[only_inside]
+                    ctrl = ()
+                elif inside:
+                    deps += tuple(map(first.__add__, inside))
+                    ctrl = ()
+                elif after is None or after in deps:
+                    ctrl = ()
+                else:
+                    ctrl = (after,)
             if pending is not None:
                 if pending not in deps and pending not in ctrl:
                     ctrl += (pending,)
@@ -1798,7 +1836,9 @@ def node_place(
     where: dict[str, Any] = {PHASE_ATTR: int(phase)}
     if micro_batch is not None:
         where[MICRO_BATCH_ATTR] = micro_batch
-    if part is not None:
+    if type(part) is int:  # a layer (part_attrs' own, without the call)
+        where[LAYER_ATTR] = part
+    elif part is not None:
         where.update(part_attrs(part))
     if step is not None:
         where[STEP_ATTR] = step
@@ -1839,10 +1879,12 @@ def lower_stage(
     order: list[tuple[str, int, int]],
     progress: Callable[[], None] | None = None,
     amax_axes: tuple[str, ...] = AMAX_AXES,
+    run_plans: RunPlans | None = None,
 ) -> RankClass:
     """All node templates of one pipeline stage for one iteration; ``amax_axes``: the mesh
-    axes of the fp8 amax reduction group (:mod:`stg.core.fp8`)."""
-    out = _Nodes()
+    axes of the fp8 amax reduction group (:mod:`stg.core.fp8`); ``run_plans``: the runs laid
+    out so far, shared by the stages of one build (most run the same parts' ops)."""
+    out = _Nodes() if run_plans is None else _Nodes(planned=run_plans)
     chunks = plan.chunks
     block, emb, head = parts.block, parts.embedding, parts.head
     # per block kind and recompute mode: ops re-run before its backward
@@ -2051,17 +2093,20 @@ def lower_stage(
         prefix: str,
         repeated: list[BoundOp],
         dy: int | None,
-        where: dict[str, Any],
+        mb: int,
     ) -> None:
-        """The forward ops of one part instance run again before its backward, once the
-        gradient ``dy`` has arrived (a recompute starts then, not during the forward)."""
+        """The forward ops of one part instance run again before its backward (of
+        micro-batch ``mb``), once the gradient ``dy`` has arrived (a recompute starts then,
+        not during the forward)."""
         repeated = gathers_for(owner, bp, repeated, env)
+        if not repeated:  # nothing recomputed (gathered weights are still handed over)
+            return
         out.run(
             repeated,
             env,
             f"{prefix}recompute/",
             after=dy if dy is not None else out.last_comp,
-            where=where,
+            where=node_place(Phase.RECOMPUTE, mb, owner),
         )
         note_gathered(owner, bp, repeated, env)
 
@@ -2115,9 +2160,8 @@ def lower_stage(
             made = [k for op in bp.forward if "weight_gather" not in op.tags for k in op.outputs]
             env.update((k, (load,)) for k in (bp.input_key, *made) if k in env)
         part = owner
-        again = node_place(Phase.RECOMPUTE, mb, part)
         back = node_place(Phase.BACKWARD, mb, part)
-        rerun(owner, bp, env, prefix, repeated, dy, again)
+        rerun(owner, bp, env, prefix, repeated, dy, mb)
         if following is not None:
             prefetch(*following, mb, dy if dy is not None else out.last_comp)
         # a micro-batch before the last accumulates its weight gradients unsharded
@@ -2138,7 +2182,7 @@ def lower_stage(
         recomputed = fp8_gemms > 0 and isinstance(owner, int)
         recomputed = recomputed and layer_recompute[owner] == "full"  # type: ignore[index]
         if recomputed and not ahead:  # the recompute forward's autocast exits: a reduction
-            amax_reduction(f"{prefix}recompute/", False, again)
+            amax_reduction(f"{prefix}recompute/", False, node_place(Phase.RECOMPUTE, mb, part))
         if dy is not None:
             env[bp.seed_key] = (dy,)  # type: ignore[index]
         if recomputed:  # each recomputed fp8 module reduces after its backward
@@ -2312,7 +2356,7 @@ def lower_stage(
                             f"mb{mb}/layer{earlier}/",
                             ebp.repeated_before_backward("full"),
                             dy,
-                            node_place(Phase.RECOMPUTE, mb, earlier),
+                            mb,
                         )
                         x = env[ebp.output_key][0]  # type: ignore[index]
                         ahead.add(earlier)

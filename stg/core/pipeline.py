@@ -18,6 +18,7 @@ from stg.core.lowering import (
     BoundPart,
     LayerKinds,
     ModelParts,
+    RunPlans,
     bind_part,
     lower_stage,
 )
@@ -479,6 +480,7 @@ def _build_workload(
     total_steps = sum(len(o) for o in orders) * len(variant_parts)
     done = 0
     classes = []
+    run_plans: RunPlans = {}
     for stage in range(stages):
 
         def tick() -> None:
@@ -488,7 +490,7 @@ def _build_workload(
                 progress("lowering", done, total_steps)
 
         for k, parts in enumerate(variant_parts):
-            cls = lower_stage(stage, plan, parts, orders[stage], tick, amax_axes)
+            cls = lower_stage(stage, plan, parts, orders[stage], tick, amax_axes, run_plans)
             if rank_groups:  # one class per (precision variant, stage)
                 names = [g for g, p in group_plans.items() if p == variants[k]]
                 cls = replace(
