@@ -1655,9 +1655,17 @@ def _run_ops(ops: Sequence[BoundOp], op_prefix: str) -> tuple[_RunOp, ...]:
     return tuple(planned)
 
 
-RunPlans = dict[tuple[tuple[int, ...], str], tuple[Sequence[BoundOp], tuple[_RunOp, ...]]]
-""":func:`_run_ops` of runs, by the ids of their ops (the ops are kept, so that no id is
-reused) and ``op_prefix``"""
+class _RunPlan(NamedTuple):
+    """One run of ops laid out once: the ops (kept, so that no id of theirs is reused), each
+    op's :class:`_RunOp`, and the group axes its ops name (those the nodes will carry)."""
+
+    ops: Sequence[BoundOp]
+    ops_laid_out: tuple[_RunOp, ...]
+    group_axes: frozenset[tuple[str, ...]]
+
+
+RunPlans = dict[tuple[tuple[int, ...], str], _RunPlan]
+"""each run's :class:`_RunPlan`, by the ids of its ops and ``op_prefix``"""
 
 
 @dataclass
@@ -1670,6 +1678,8 @@ class _Nodes:
     last_coll: dict[tuple[str, ...], int] = field(default_factory=dict)
     planned: RunPlans = field(default_factory=dict)
     """each run's ops laid out once (:func:`_run_ops`); several stages may share it"""
+    group_axes: set[tuple[str, ...]] = field(default_factory=set)
+    """the (non-empty) group axes of the nodes so far"""
 
     def start_step(self) -> None:
         self.step_pending = self.last_comp
@@ -1685,6 +1695,8 @@ class _Nodes:
                 ctrl.append(self.step_pending)
             self.step_pending = None
         node_type = template_fields["type"]
+        if template_fields.get("group_axes"):
+            self.group_axes.add(template_fields["group_axes"])
         if node_type is NodeType.COMM_COLL:
             axes = template_fields["group_axes"]
             previous = self.last_coll.get(axes)
@@ -1721,7 +1733,10 @@ class _Nodes:
         cache_key = (tuple(map(id, ops)), op_prefix)
         cached = self.planned.get(cache_key)
         if cached is None:
-            cached = self.planned[cache_key] = (ops, _run_ops(ops, op_prefix))
+            axes = frozenset(op.group_axes for op in ops if op.group_axes)
+            cached = self.planned[cache_key] = _RunPlan(ops, _run_ops(ops, op_prefix), axes)
+        if cached.group_axes:
+            self.group_axes |= cached.group_axes
         if not where:
             where = {}
         elif type(where) is not dict:
@@ -1742,7 +1757,7 @@ class _Nodes:
         for (
             name, node_type, num_ops, tensor_size, comm_type, comm_size, group_axes, dtype,
             attrs, role, shape, only_outside, only_inside, outside, inside, outputs,
-        ) in cached[1]:  # fmt: skip
+        ) in cached.ops_laid_out:  # fmt: skip
             if shape == after_one_before_one:  # most ops
                 found = env_get(only_outside)
                 if found is None:
@@ -1880,10 +1895,12 @@ def lower_stage(
     progress: Callable[[], None] | None = None,
     amax_axes: tuple[str, ...] = AMAX_AXES,
     run_plans: RunPlans | None = None,
+    group_axes: set[tuple[str, ...]] | None = None,
 ) -> RankClass:
     """All node templates of one pipeline stage for one iteration; ``amax_axes``: the mesh
     axes of the fp8 amax reduction group (:mod:`stg.core.fp8`); ``run_plans``: the runs laid
-    out so far, shared by the stages of one build (most run the same parts' ops)."""
+    out so far, shared by the stages of one build (most run the same parts' ops);
+    ``group_axes``, where given, gets the (non-empty) group axes of the stage's nodes."""
     out = _Nodes() if run_plans is None else _Nodes(planned=run_plans)
     chunks = plan.chunks
     block, emb, head = parts.block, parts.embedding, parts.head
@@ -2454,6 +2471,8 @@ def lower_stage(
                 where=node_place(Phase.OPTIMIZER, part=prefix.rstrip("/")),
             )
             mark_param_gathers(out.nodes, first_update, step)
+    if group_axes is not None:
+        group_axes.update(out.group_axes)
     return RankClass(
         index=stage,
         stage=stage,
