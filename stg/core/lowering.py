@@ -1689,7 +1689,9 @@ class _Nodes:
     ) -> int:
         nid = len(self.nodes)
         deps = tuple(sorted(set(data_deps)))
-        ctrl: list[int] = [c for c in dict.fromkeys(ctrl_deps) if c not in deps]
+        ctrl: list[int] = (
+            [c for c in dict.fromkeys(ctrl_deps) if c not in deps] if ctrl_deps else []
+        )
         if self.step_pending is not None:
             if self.step_pending not in deps and self.step_pending not in ctrl:
                 ctrl.append(self.step_pending)
@@ -1708,6 +1710,46 @@ class _Nodes:
         )
         if node_type is NodeType.COMP:
             self.last_comp = nid
+        return nid
+
+    def transfer(
+        self,
+        name: str,
+        kind: NodeType,
+        comm_size: int,
+        peer_stage: int,
+        comm_tag: int,
+        attrs: dict[str, Any],
+        data_deps: Iterable[int],
+    ) -> int:
+        """:meth:`add` of a send or receive (no group, no ctrl deps of its own, no dtype),
+        without the dict of its fields."""
+        nid = len(self.nodes)
+        deps = tuple(sorted(set(data_deps)))
+        ctrl: tuple[int, ...] = ()
+        if self.step_pending is not None:
+            if self.step_pending not in deps:
+                ctrl = (self.step_pending,)
+            self.step_pending = None
+        self.nodes.append(
+            NodeTemplate(
+                nid,
+                name,
+                kind,
+                deps,
+                ctrl,
+                0,
+                0,
+                None,
+                comm_size,
+                (),
+                peer_stage,
+                comm_tag,
+                None,
+                0,
+                attrs,
+            )
+        )
         return nid
 
     def run(
@@ -1945,6 +1987,9 @@ def lower_stage(
     offloads: dict[tuple[int, int], int] = {}
     # the all-to-alls a combined step interleaves at (overlap_moe_ep_comm)
     split_at_all_to_alls = plan.options.overlap_moe_ep_comm
+    # only run_combined reads what the steps and parts yield, and combined steps exist only
+    # under overlap_moe_ep_comm: otherwise they run through without pausing
+    pausing = split_at_all_to_alls
     # amax reductions held back to the end of a combined step (overlap_moe_ep_comm)
     deferred_amax: list[tuple[str, bool, dict[str, Any]]] | None = None
     reloads: dict[tuple[int, int], int] = {}
@@ -2057,7 +2102,8 @@ def lower_stage(
         ops = gathers_for(owner, bp, bp.forward, env)
         for segment in all_to_all_segments(ops, split_at_all_to_alls):
             out.run(segment, env, prefix, after=after, where=where)
-            yield PAUSE
+            if pausing:
+                yield PAUSE
         note_gathered(owner, bp, ops, env)
         if reshard_after_forward:
             gathered.pop(owner, None)
@@ -2069,16 +2115,14 @@ def lower_stage(
         direction = "F" if what == "activation" else "B"
         verb = "send" if kind is NodeType.COMM_SEND else "recv"
         phase = Phase.FORWARD if direction == "F" else Phase.BACKWARD
-        return out.add(
-            {
-                "name": f"mb{mb}/{verb}_{what}_c{boundary}",
-                "type": kind,
-                "comm_size": block.boundary_bytes,
-                "peer_stage": plan.chunk_stage(peer),
-                "comm_tag": send_tag(direction, mb, boundary, chunks),
-                "dtype": None,
-                "attrs": {OP_ATTR: f"{verb}_{what}_c{boundary}", **node_place(phase, mb)},
-            },
+        op = f"{verb}_{what}_c{boundary}"
+        return out.transfer(
+            f"mb{mb}/{op}",
+            kind,
+            block.boundary_bytes,
+            plan.chunk_stage(peer),
+            send_tag(direction, mb, boundary, chunks),
+            {OP_ATTR: op, PHASE_ATTR: int(phase), MICRO_BATCH_ATTR: mb},  # node_place's
             deps,
         )
 
@@ -2212,7 +2256,8 @@ def lower_stage(
         else:
             for segment in all_to_all_segments(ops(bp.backward), split_at_all_to_alls):
                 out.run(segment, env, f"{prefix}bwd/", where=back)
-                yield PAUSE
+                if pausing:
+                    yield PAUSE
         if reduce_now or not pipelined:  # resharded after its backward
             gathered.pop(owner, None)
         if amax_after is not None:  # the first fp8 module of the chunk's autocast
@@ -2275,7 +2320,8 @@ def lower_stage(
                     amax_reduction(f"{region}fwd/", False, region_place)
             else:
                 x = p2p(NodeType.COMM_RECV, "activation", mb, gchunk - 1, gchunk - 1, ())
-            yield PART_END
+            if pausing:
+                yield PART_END
             for layer in chunk_layers[gchunk]:
                 bp = layer_part[layer]
                 env = {bp.input_key: (x,)}  # type: ignore[dict-item]
@@ -2297,7 +2343,8 @@ def lower_stage(
                 x = env[bp.output_key][0]  # type: ignore[index]
                 if region_end == layer:
                     amax_reduction(f"{region}fwd/", False, region_place)
-                yield PART_END
+                if pausing:
+                    yield PART_END
             if last:
                 env = {head.input_key: (x,)}  # type: ignore[dict-item]
                 yield from forward(
@@ -2343,7 +2390,8 @@ def lower_stage(
                 )
             else:
                 dy = p2p(NodeType.COMM_RECV, "gradient", mb, gchunk, gchunk + 1, ())
-            yield PART_END
+            if pausing:
+                yield PART_END
             ahead: set[int] = set()  # layers whose recompute group ran already
             for index, layer in enumerate(reversed(chunk_layers[gchunk])):
                 bp = layer_part[layer]
@@ -2393,7 +2441,8 @@ def lower_stage(
                     ),
                     gchunk=gchunk,
                 )
-                yield PART_END
+                if pausing:
+                    yield PART_END
             if first:
                 yield from backward(
                     "embedding",
