@@ -110,6 +110,7 @@ class Binder:
         self.axis_parts = {k: frozenset(v) for k, v in parts.items()}
         self._dims: dict[sympy.Expr, int] = {}
         self._fractions: dict[sympy.Expr | int, Fraction] = {}
+        self._local: dict[tuple[sympy.Expr | int, frozenset[str]], int] = {}
 
     def mesh_axes(self, name: str) -> frozenset[str]:
         """The active mesh axes of a named axis (``tp``; on a folded mesh its pieces)."""
@@ -128,12 +129,19 @@ class Binder:
         return cached
 
     def local_dim(self, d: Dim, axes: Iterable[str]) -> int:
+        # a tensor's axes are a frozenset: its sizes, a few distinct ones, are kept
+        key = (d.size, axes) if type(axes) is frozenset else None
+        cached = None if key is None else self._local.get(key)
+        if cached is not None:
+            return cached
         axes = sorted(axes)
         split = prod(self.degrees[a] for a in axes)
         size = self.size(d)
         if size % split:
             who = "·".join(axes)
             raise OptionError(f"{who}={split} must divide {DIM_OPTION.get(d.name, d.name)}={size}")
+        if key is not None:
+            self._local[key] = size // split
         return size // split
 
     def fraction(self, expr: sympy.Expr | int) -> Fraction:
