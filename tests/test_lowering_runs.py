@@ -141,10 +141,12 @@ def test_planned_runs_lay_out_the_nodes_of_op_by_op_runs(
     assert planned.comm_groups == op_by_op.comm_groups
 
 
-def test_a_run_reads_its_inputs_from_before_it_and_from_itself() -> None:
+@pytest.mark.parametrize("container", [list, tuple])
+def test_a_run_reads_its_inputs_from_before_it_and_from_itself(container: type) -> None:
     """Deps on nodes before a run (sorted, distinct, from lists too), on earlier ops of the
     run, ``after`` only for ops with no dep inside the run, the step's pending ctrl dep once,
-    and each collective after the previous one on its axes."""
+    and each collective after the previous one on its axes; the ops in a list or in a tuple
+    (whose plan a second run finds by its id)."""
 
     def op(name: str, inputs: tuple[int, ...], output: int, coll: bool = False) -> BoundOp:
         if coll:
@@ -154,12 +156,14 @@ def test_a_run_reads_its_inputs_from_before_it_and_from_itself() -> None:
             )  # fmt: skip
         return BoundOp(name, NodeType.COMP, inputs, (output,), num_ops=1, tensor_size=4)
 
-    ops = [
-        op("a", (100, 101), 200),
-        op("b", (200, 102), 201, coll=True),
-        op("c", (103,), 202),
-        op("d", (201, 202, 100), 203, coll=True),
-    ]
+    ops = container(
+        [
+            op("a", (100, 101), 200),
+            op("b", (200, 102), 201, coll=True),
+            op("c", (103,), 202),
+            op("d", (201, 202, 100), 203, coll=True),
+        ]
+    )
     results = []
     for run in (lowering._Nodes.run, run_op_by_op):
         out = lowering._Nodes()
@@ -171,7 +175,12 @@ def test_a_run_reads_its_inputs_from_before_it_and_from_itself() -> None:
             env: Env = {100: (3, 1, 3), 101: (2,), 102: [4, 0], 103: ()}  # type: ignore[dict-item]
             run(out, ops, env, f"r{repeat}/", after=5, where={"micro_batch": repeat})
         results.append(out.nodes)
+        if run is lowering._Nodes.run:
+            laid_out = out
     planned, op_by_op = results
+    # the plan of a tuple is found by the tuple's id too, that of a list by its ops' only
+    assert list(laid_out.tuple_plans) == ([(id(ops), "")] if container is tuple else [])
+    assert len(laid_out.planned) == 1
     assert [(n, list(n.attrs.items())) for n in planned] == [
         (n, list(n.attrs.items())) for n in op_by_op
     ]

@@ -996,7 +996,7 @@ class BoundPart:
                 ends.add(last)
         return sorted(ends)
 
-    def without_weight_gathers(self, ops: list[BoundOp], held: Iterable[int]) -> list[BoundOp]:
+    def without_weight_gathers(self, ops: Sequence[BoundOp], held: Iterable[int]) -> list[BoundOp]:
         """``ops`` less the FSDP all-gathers of this part's weights, and their copy-outs,
         whose outputs ``held`` already has (a prefetched gather leaves its copy-out to run)."""
         done = set(held)
@@ -1688,6 +1688,12 @@ class _Nodes:
     """each run's ops laid out once (:func:`_run_ops`); several stages may share it"""
     group_axes: set[tuple[str, ...]] = field(default_factory=set)
     """the (non-empty) group axes of the nodes so far"""
+    tuple_plans: dict[tuple[int, str], tuple[tuple[BoundOp, ...], _RunPlan]] = field(
+        default_factory=dict
+    )
+    """the plan of each tuple of ops run so far, by the tuple's id (kept, so that the id is
+    not reused) and ``op_prefix``: a tuple's ops cannot change, so they need not be looked
+    up one by one"""
 
     def start_step(self) -> None:
         self.step_pending = self.last_comp
@@ -1760,6 +1766,15 @@ class _Nodes:
         )
         return nid
 
+    def _plan(self, ops: Sequence[BoundOp], op_prefix: str) -> _RunPlan:
+        """The plan of a run of ``ops``, laid out the first time they are run."""
+        cache_key = (tuple(map(id, ops)), op_prefix)
+        cached = self.planned.get(cache_key)
+        if cached is None:
+            axes = frozenset(op.group_axes for op in ops if op.group_axes)
+            cached = self.planned[cache_key] = _RunPlan(ops, _run_ops(ops, op_prefix), axes)
+        return cached
+
     def run(
         self,
         ops: Iterable[BoundOp],
@@ -1778,13 +1793,15 @@ class _Nodes:
         inputs to (``env`` then maps its outputs to it) and ``after`` its ctrl dep, but each
         run of the same ops is planned once (:func:`_run_ops`): a node's deps on earlier
         nodes of its run are offsets, and every node ``env`` names precedes the run."""
-        if not isinstance(ops, (list, tuple)):
-            ops = tuple(ops)
-        cache_key = (tuple(map(id, ops)), op_prefix)
-        cached = self.planned.get(cache_key)
-        if cached is None:
-            axes = frozenset(op.group_axes for op in ops if op.group_axes)
-            cached = self.planned[cache_key] = _RunPlan(ops, _run_ops(ops, op_prefix), axes)
+        if type(ops) is tuple:
+            known = self.tuple_plans.get((id(ops), op_prefix))
+            if known is not None and known[0] is ops:
+                cached = known[1]
+            else:
+                cached = self._plan(ops, op_prefix)
+                self.tuple_plans[(id(ops), op_prefix)] = (ops, cached)
+        else:
+            cached = self._plan(ops if isinstance(ops, list) else tuple(ops), op_prefix)
         if cached.group_axes:
             self.group_axes |= cached.group_axes
         if not where:
@@ -1955,7 +1972,7 @@ def lower_stage(
     chunks = plan.chunks
     block, emb, head = parts.block, parts.embedding, parts.head
     # per block kind and recompute mode: ops re-run before its backward
-    repeats: dict[tuple[int, str], list[BoundOp]] = {}
+    repeats: dict[tuple[int, str], tuple[BoundOp, ...]] = {}
     saved: dict[tuple[str | int, int], Env] = {}  # (layer or part name, micro-batch) -> env
     grads: dict[str | int, dict[int, list[int]]] = {}  # layer or part name -> grad nodes
     copy_grads: list[int] = []  # nodes of a tied LM head's gradient on the embedding's stage
@@ -2002,7 +2019,9 @@ def lower_stage(
     deferred_amax: list[tuple[str, bool, dict[str, Any]]] | None = None
     reloads: dict[tuple[int, int], int] = {}
 
-    def gathers_for(owner: str | int, bp: BoundPart, ops: list[BoundOp], env: Env) -> list[BoundOp]:
+    def gathers_for(
+        owner: str | int, bp: BoundPart, ops: Sequence[BoundOp], env: Env
+    ) -> Sequence[BoundOp]:
         """``ops`` to run for ``owner``: without its weight all-gathers while its weights are
         still gathered (``env`` then gets the nodes that gathered them)."""
         held = gathered.get(owner)
@@ -2014,12 +2033,22 @@ def lower_stage(
     # per part (by id; ``parts`` holds them all): whether its forward gathers weights (FSDP)
     # and its weight all-gathers that a backward prefetches, each found once
     gathers: dict[int, bool] = {}
-    gather_collectives: dict[int, list[BoundOp]] = {}
+    gather_collectives: dict[int, tuple[BoundOp, ...]] = {}
     # per part (by id): its backward less the gradient reductions a micro-batch before the
     # last leaves out (it accumulates its weight gradients unsharded)
-    accumulating: dict[int, list[BoundOp]] = {}
+    accumulating: dict[int, tuple[BoundOp, ...]] = {}
+    # each part's op lists as tuples, made once: a run finds the plan of a tuple by its id
+    # (like the recompute lists above, the ops a part has when first run: nothing changes
+    # a bound part's lists)
+    as_tuples: dict[int, tuple[list[BoundOp], tuple[BoundOp, ...]]] = {}
 
-    def note_gathered(owner: str | int, bp: BoundPart, ops: list[BoundOp], env: Env) -> None:
+    def ops_tuple(ops: list[BoundOp]) -> tuple[BoundOp, ...]:
+        known = as_tuples.get(id(ops))
+        if known is None:  # the list is kept, so that its id is not reused
+            known = as_tuples[id(ops)] = (ops, tuple(ops))
+        return known[1]
+
+    def note_gathered(owner: str | int, bp: BoundPart, ops: Sequence[BoundOp], env: Env) -> None:
         """Keep the nodes that gathered ``owner``'s weights in ``ops`` (some of its forward)."""
         if owner in gathered:
             return
@@ -2107,7 +2136,7 @@ def lower_stage(
         ``where``: the typed attributes of its place (:func:`node_place`); ``after``: a node
         it waits for (an offload that frees memory for it). Under ``overlap_moe_ep_comm`` it
         pauses after each all-to-all (:func:`all_to_all_segments`)."""
-        ops = gathers_for(owner, bp, bp.forward, env)
+        ops = gathers_for(owner, bp, ops_tuple(bp.forward), env)
         for segment in all_to_all_segments(ops, split_at_all_to_alls):
             out.run(segment, env, prefix, after=after, where=where)
             if pausing:
@@ -2160,7 +2189,7 @@ def lower_stage(
         bp: BoundPart,
         env: Env,
         prefix: str,
-        repeated: list[BoundOp],
+        repeated: Sequence[BoundOp],
         dy: int | None,
         mb: int,
     ) -> None:
@@ -2191,11 +2220,11 @@ def lower_stage(
             return
         ops = gather_collectives.get(id(bp))
         if ops is None:
-            ops = gather_collectives[id(bp)] = [
+            ops = gather_collectives[id(bp)] = tuple(
                 op
                 for op in bp.forward
                 if "weight_gather" in op.tags and op.type is NodeType.COMM_COLL
-            ]
+            )
         if not ops:
             return
         env = saved[(owner, mb)]
@@ -2210,7 +2239,7 @@ def lower_stage(
         mb: int,
         prefix: str,
         dy: int | None,
-        repeated: list[BoundOp],
+        repeated: Sequence[BoundOp],
         reduce_now: bool,
         amax_after: str | None = None,
         ahead: bool = False,
@@ -2236,16 +2265,16 @@ def lower_stage(
         # a micro-batch before the last accumulates its weight gradients unsharded
         accumulate = pipelined and not reduce_now
 
-        def ops(run: list[BoundOp]) -> list[BoundOp]:
+        def ops(run: Sequence[BoundOp]) -> Sequence[BoundOp]:
             if not accumulate:
                 return run
             if run is not bp.backward:
                 return [op for op in run if "weight_grad_reduce" not in op.tags]
             kept = accumulating.get(id(bp))
             if kept is None:
-                kept = accumulating[id(bp)] = [
+                kept = accumulating[id(bp)] = tuple(
                     op for op in run if "weight_grad_reduce" not in op.tags
-                ]
+                )
             return kept
 
         recomputed = fp8_gemms > 0 and isinstance(owner, int)
@@ -2262,7 +2291,8 @@ def lower_stage(
                 start = end + 1
             out.run(ops(bp.backward[start:]), env, f"{prefix}bwd/", where=back)
         else:
-            for segment in all_to_all_segments(ops(bp.backward), split_at_all_to_alls):
+            whole = ops(bp.backward) if accumulate else ops_tuple(bp.backward)
+            for segment in all_to_all_segments(whole, split_at_all_to_alls):
                 out.run(segment, env, f"{prefix}bwd/", where=back)
                 if pausing:
                     yield PAUSE
@@ -2411,7 +2441,7 @@ def lower_stage(
                     )
                 mode = "none" if layer in ahead else layer_recompute[layer]
                 if (id(bp), mode) not in repeats:
-                    repeats[(id(bp), mode)] = bp.repeated_before_backward(mode, modules)
+                    repeats[(id(bp), mode)] = tuple(bp.repeated_before_backward(mode, modules))
                 group = recompute_group[layer]
                 if len(group) > 1 and layer == group[-1]:
                     # Megatron's uniform method: the group's forward runs again from its
@@ -2427,7 +2457,7 @@ def lower_stage(
                             ebp,
                             env,
                             f"mb{mb}/layer{earlier}/",
-                            ebp.repeated_before_backward("full"),
+                            ops_tuple(ebp.repeated_before_backward("full")),
                             dy,
                             mb,
                         )
@@ -2578,7 +2608,7 @@ PART_END = "part"
 """What a schedule step's generator yields after its prelude and after each layer."""
 
 
-def all_to_all_segments(ops: list[BoundOp], split: bool) -> list[list[BoundOp]]:
+def all_to_all_segments(ops: Sequence[BoundOp], split: bool) -> list[Sequence[BoundOp]]:
     """``ops`` cut after each all-to-all (the MoE dispatch and combine) where ``split``, so
     that a combined step can lay out the other micro-batch's work between them; else whole."""
     if not split:
