@@ -1746,7 +1746,7 @@ class _Nodes:
                 ctrl = (self.step_pending,)
             self.step_pending = None
         self.nodes.append(
-            NodeTemplate(
+            NodeTemplate(  # positional, in its field order: keywords cost more
                 nid,
                 name,
                 kind,
