@@ -4,18 +4,24 @@ Run: ``python benchmarks/lowering_speed.py [--repeat N] [--tree DIR ...]``.
 
 Rows:
 
-- ``predict``: ``build_workload(options, registry, lowered_micro_batches=34)`` of GPT-3 175B
+- ``predict``: ``build_workload(options, registry, lowered_micro_batches=N)`` of GPT-3 175B
   on 1,024 A100s (tensor parallelism 8, pipeline parallelism 16 with 1F1B, data parallelism
   8, 192 micro-batches of 8 samples: Brown et al.'s batch of 1,536), what ``stg predict``
-  builds for its periodic replay (``predictors/time.py``): 16 stages, 201,967 nodes.
+  builds for its periodic replay: ``N`` is the first count that
+  ``predictors/time.py``'s ``lowered_micro_batches`` tries (18 at c3b3e91: 16 stages,
+  106,942 nodes).
+- ``refine``: the same for a plan that ``stg search --refine 5`` prices with the replay:
+  tensor parallelism 4, pipeline parallelism 8 interleaved over 4 model chunks per stage,
+  data parallelism 32, 48 micro-batches of 32 samples (32 lowered at c3b3e91: 8 stages,
+  192,050 nodes).
 - ``generate``: ``build_workload`` of GPT-3 175B at tensor parallelism 8, pipeline
   parallelism 16 and 32 micro-batches of one sample (128 ranks, 1.5 million nodes over the
   ranks, 190,000 in the 16 rank classes).
 - ``stg generate``: that plan written by ``stg generate`` (129 files, 235 MiB): the whole
   process, imports and writing included.
 
-A ``build_workload`` row is the best of ``--repeat`` builds (default 3) in one child process
-after a first build (imports, the bound parts' caches), timed with ``time.process_time``
+A ``build_workload`` row is the median and the least of ``--repeat`` builds (default 5) in one
+child process after a first build (imports, sympy's caches), timed with ``time.process_time``
 (user + system CPU of the process; the garbage collector as the caller leaves it, on for
 ``generate`` as in ``stg generate``, off for ``predict`` as ``predict_time_options`` turns it);
 the ``stg generate`` row is the best of ``--repeat`` processes (``os.wait4``'s user + system
@@ -42,30 +48,42 @@ GPT3_175B = dict(
     dvocal=51200, tp=8,
 )  # fmt: skip
 PREDICT = dict(GPT3_175B, pp=16, dp=8, micro_batch=8, batch=1536)
+REFINE = dict(
+    GPT3_175B, tp=4, pp=8, dp=32, micro_batch=32, batch=1536, pipeline_schedule="interleaved",
+    virtual_stages=4,
+)  # fmt: skip
 GENERATE = dict(GPT3_175B, pp=16, dp=1, micro_batch=1, batch=32)
-PREDICT_LOWERED = 34  # what predictors/time.py lowers for this run: fill, two periods, drain
+PREDICTED = "predicted"
+"""``lowered``: the micro-batches ``stg predict`` lowers for the run (its first try)"""
 
 BUILD = """
-import gc, json, sys, time
+import gc, json, statistics, sys, time
 import stg.core.lowering
 from stg.core.options import GenerateOptions
 from stg.core.pipeline import build_workload
 from stg.host.registry import load_registry
 options, lowered, repeat, collect = json.loads(sys.argv[1])
 options = GenerateOptions(**options)
+if lowered == "predicted":
+    from stg.api import load_system
+    from stg.predictors.time import lowered_micro_batches
+    lowered = lowered_micro_batches(options, load_system("a100-80g"))[0][0]
 registry = load_registry(autoload=False)
 if not collect:
     gc.disable()
 workload = build_workload(options, registry, lowered_micro_batches=lowered)
 nodes = sum(len(c.nodes) for c in workload.rank_classes)
 del workload
-best = float("inf")
+times = []
 for _ in range(repeat):
     start = time.process_time()
     workload = build_workload(options, registry, lowered_micro_batches=lowered)
-    best = min(best, time.process_time() - start)
+    times.append(time.process_time() - start)
     del workload
-print(json.dumps({"cpu_s": best, "nodes": nodes, "module": stg.core.lowering.__file__}))
+print(json.dumps({
+    "median_s": statistics.median(times), "best_s": min(times), "nodes": nodes,
+    "lowered": lowered, "module": stg.core.lowering.__file__,
+}))
 """
 
 
@@ -81,9 +99,10 @@ def child_env(tree: str) -> dict[str, str]:
 
 
 def build_row(
-    options: dict[str, object], lowered: int | None, repeat: int, collect: bool, tree: str
+    options: dict[str, object], lowered: int | str | None, repeat: int, collect: bool, tree: str
 ) -> dict[str, object]:
-    """One child process timing ``build_workload``: its best CPU seconds and node count."""
+    """One child process timing ``build_workload``: its median and least CPU seconds, node
+    count and micro-batches lowered."""
     args = json.dumps([options, lowered, repeat, collect])
     done = subprocess.run(
         [sys.executable, "-c", BUILD, args],
@@ -124,23 +143,29 @@ def generate_row(options: dict[str, object], repeat: int, tree: str) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--repeat", type=int, default=3, help="builds or processes per row")
+    parser.add_argument("--repeat", type=int, default=5, help="builds or processes per row")
     parser.add_argument(
         "--tree", action="append", default=[], help="another checkout to time (repeatable)"
     )
     ns = parser.parse_args()
     for tree in [CHECKOUT, *ns.tree]:
         label = "this checkout" if tree == CHECKOUT else tree
-        predict = build_row(PREDICT, PREDICT_LOWERED, ns.repeat, False, tree)
-        print(
-            f"{label}: predict  build_workload, 175B, {PREDICT_LOWERED} lowered micro-batches: "
-            f"{predict['cpu_s']:.3f} CPU s ({predict['nodes']:,} nodes; {predict['module']})",
-            flush=True,
-        )
+        for name, options, what in (
+            ("predict ", PREDICT, "175B 1F1B, 192 micro-batches"),
+            ("refine  ", REFINE, "175B interleaved, 48 micro-batches"),
+        ):
+            got = build_row(options, PREDICTED, ns.repeat, False, tree)
+            print(
+                f"{label}: {name} build_workload, {what}, {got['lowered']} lowered: "
+                f"median {got['median_s']:.3f} CPU s, best {got['best_s']:.3f} "
+                f"({got['nodes']:,} nodes; {got['module']})",
+                flush=True,
+            )
         generate = build_row(GENERATE, None, ns.repeat, True, tree)
         print(
             f"{label}: generate build_workload, 175B tp8 pp16, 32 micro-batches: "
-            f"{generate['cpu_s']:.3f} CPU s ({generate['nodes']:,} nodes)",
+            f"median {generate['median_s']:.3f} CPU s, best {generate['best_s']:.3f} "
+            f"({generate['nodes']:,} nodes)",
             flush=True,
         )
         cpu = generate_row(GENERATE, ns.repeat, tree)

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from stg.core import lowering
+from stg.core.layout import PIPELINE_ENDS
 from stg.core.lowering import BoundOp, Env, op_role
 from stg.core.options import GenerateOptions, OptionError
 from stg.core.pipeline import build_workload
@@ -140,10 +141,12 @@ def test_planned_runs_lay_out_the_nodes_of_op_by_op_runs(
     assert planned.comm_groups == op_by_op.comm_groups
 
 
-def test_a_run_reads_its_inputs_from_before_it_and_from_itself() -> None:
+@pytest.mark.parametrize("container", [list, tuple])
+def test_a_run_reads_its_inputs_from_before_it_and_from_itself(container: type) -> None:
     """Deps on nodes before a run (sorted, distinct, from lists too), on earlier ops of the
     run, ``after`` only for ops with no dep inside the run, the step's pending ctrl dep once,
-    and each collective after the previous one on its axes."""
+    and each collective after the previous one on its axes; the ops in a list or in a tuple
+    (whose plan a second run finds by its id)."""
 
     def op(name: str, inputs: tuple[int, ...], output: int, coll: bool = False) -> BoundOp:
         if coll:
@@ -153,12 +156,14 @@ def test_a_run_reads_its_inputs_from_before_it_and_from_itself() -> None:
             )  # fmt: skip
         return BoundOp(name, NodeType.COMP, inputs, (output,), num_ops=1, tensor_size=4)
 
-    ops = [
-        op("a", (100, 101), 200),
-        op("b", (200, 102), 201, coll=True),
-        op("c", (103,), 202),
-        op("d", (201, 202, 100), 203, coll=True),
-    ]
+    ops = container(
+        [
+            op("a", (100, 101), 200),
+            op("b", (200, 102), 201, coll=True),
+            op("c", (103,), 202),
+            op("d", (201, 202, 100), 203, coll=True),
+        ]
+    )
     results = []
     for run in (lowering._Nodes.run, run_op_by_op):
         out = lowering._Nodes()
@@ -170,7 +175,12 @@ def test_a_run_reads_its_inputs_from_before_it_and_from_itself() -> None:
             env: Env = {100: (3, 1, 3), 101: (2,), 102: [4, 0], 103: ()}  # type: ignore[dict-item]
             run(out, ops, env, f"r{repeat}/", after=5, where={"micro_batch": repeat})
         results.append(out.nodes)
+        if run is lowering._Nodes.run:
+            laid_out = out
     planned, op_by_op = results
+    # the plan of a tuple is found by the tuple's id too, that of a list by its ops' only
+    assert list(laid_out.tuple_plans) == ([(id(ops), "")] if container is tuple else [])
+    assert len(laid_out.planned) == 1
     assert [(n, list(n.attrs.items())) for n in planned] == [
         (n, list(n.attrs.items())) for n in op_by_op
     ]
@@ -215,3 +225,41 @@ def test_resolve_many_is_resolve_of_each_template() -> None:
         assert graph.resolve_many(templates) == [graph.resolve(t) for t in templates]
         kinds.update(t.type for t in templates)
     assert {NodeType.COMM_COLL, NodeType.COMM_SEND, NodeType.COMM_RECV} <= kinds
+
+
+GROUPED: dict[str, dict[str, Any]] = {
+    "1f1b": dict(GPT, dp=2, tp=2, pp=4, batch=32, micro_batch=2),
+    "tied embedding over the pipeline ends, zero 2": dict(
+        LLAMA, dp=2, pp=4, batch=16, micro_batch=2, zero=2, tie_embeddings=True
+    ),
+    "fp8 amax over dp and tp": dict(
+        GPT, dp=2, tp=2, pp=2, batch=16, micro_batch=4, precision=FP8, activation_recompute="full"
+    ),
+}
+GROUPED["device groups"] = dict(
+    GPT, dp=2, tp=2, pp=2, tpsp=False, batch=8, micro_batch=2,
+    precision=(("a:fc1", "fp8"), ("a:fc2", "fp8")), placement=(("a", 4), ("b", 4)),
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(GROUPED))
+def test_the_communicators_are_those_of_every_rank_and_node(case: str) -> None:
+    """``build_workload`` numbers the group axes of the nodes (each class's, in class order)
+    and keeps each rank's group along each axes of its stage's nodes, though it collects the
+    axes while lowering and looks a rank up only when no group found so far holds it."""
+    workload = build_workload(GenerateOptions(**GROUPED[case]), REGISTRY)
+    classes = workload.rank_classes
+    node_axes = [{n.group_axes for n in cls.nodes if n.group_axes} for cls in classes]
+    numbered: list[tuple[str, ...]] = []
+    for axes_here in node_axes:
+        numbered.extend(a for a in sorted(axes_here) if a not in numbered)
+    assert workload.layout.group_axes == tuple(numbered)
+    layout = workload.layout
+    expected: dict[int, tuple[int, ...]] = {}
+    for graph in workload.ranks:
+        for axes in node_axes[graph.rank_class.stage]:
+            gid = layout.group_id(graph.rank, axes)
+            expected.setdefault(gid, layout.members(graph.rank, axes))
+    assert workload.comm_groups == dict(sorted(expected.items()))
+    if "pipeline ends" in case:  # ranks off the ends are in no group along them
+        assert any(PIPELINE_ENDS in axes for axes_here in node_axes for axes in axes_here)

@@ -61,6 +61,7 @@ from stg.core.schedules import ep_overlap_groups
 from stg.core.symbolic import Dim, Op, Part, Tensor, is_routed_expert
 from stg.core.workload import (
     CHUNK_ATTR,
+    LAYER_ATTR,
     MICRO_BATCH_ATTR,
     OP_ATTR,
     PHASE_ATTR,
@@ -108,6 +109,8 @@ class Binder:
         parts = axis_parts or UNFOLDED_AXIS_PARTS
         self.axis_parts = {k: frozenset(v) for k, v in parts.items()}
         self._dims: dict[sympy.Expr, int] = {}
+        self._fractions: dict[sympy.Expr | int, Fraction] = {}
+        self._local: dict[tuple[sympy.Expr | int, frozenset[str]], int] = {}
 
     def mesh_axes(self, name: str) -> frozenset[str]:
         """The active mesh axes of a named axis (``tp``; on a folded mesh its pieces)."""
@@ -126,18 +129,28 @@ class Binder:
         return cached
 
     def local_dim(self, d: Dim, axes: Iterable[str]) -> int:
+        # a tensor's axes are a frozenset: its sizes, a few distinct ones, are kept
+        key = (d.size, axes) if type(axes) is frozenset else None
+        cached = None if key is None else self._local.get(key)
+        if cached is not None:
+            return cached
         axes = sorted(axes)
         split = prod(self.degrees[a] for a in axes)
         size = self.size(d)
         if size % split:
             who = "·".join(axes)
             raise OptionError(f"{who}={split} must divide {DIM_OPTION.get(d.name, d.name)}={size}")
+        if key is not None:
+            self._local[key] = size // split
         return size // split
 
     def fraction(self, expr: sympy.Expr | int) -> Fraction:
         """A scale (an einsum's computed fraction) as an exact number for this run."""
-        value = sympy.sympify(expr).xreplace(self.values)
-        return Fraction(str(sympy.nsimplify(value)))
+        cached = self._fractions.get(expr)
+        if cached is None:  # a few distinct scales, each asked for by many ops
+            value = sympy.sympify(expr).xreplace(self.values)
+            cached = self._fractions[expr] = Fraction(str(sympy.nsimplify(value)))
+        return cached
 
     def flat_degree(self, t: Tensor) -> int:
         """How many pieces a flat split (``Sharding.flat``) cuts ``t`` into (1: none)."""
@@ -983,7 +996,7 @@ class BoundPart:
                 ends.add(last)
         return sorted(ends)
 
-    def without_weight_gathers(self, ops: list[BoundOp], held: Iterable[int]) -> list[BoundOp]:
+    def without_weight_gathers(self, ops: Sequence[BoundOp], held: Iterable[int]) -> list[BoundOp]:
         """``ops`` less the FSDP all-gathers of this part's weights, and their copy-outs,
         whose outputs ``held`` already has (a prefetched gather leaves its copy-out to run)."""
         done = set(held)
@@ -1586,13 +1599,30 @@ class _RunOp(NamedTuple):
 
     name: str
     type: NodeType
-    costs: tuple[Any, ...]
-    """``num_ops`` to ``runtime`` of :class:`NodeTemplate`, in its field order"""
+    num_ops: int
+    tensor_size: int
+    comm_type: CollectiveType | None
+    comm_size: int
+    group_axes: tuple[str, ...]
+    dtype: str | None
     attrs: dict[str, Any]
     role: int | None
+    shape: int
+    """how the deps are found: :data:`_AFTER_ONE_BEFORE_ONE`, :data:`_AFTER_ONE` or 0 (any
+    other inputs)"""
+    only_outside: int | None
+    """the one input key from before the run, where there is exactly one"""
+    only_inside: int
+    """the one earlier op of the run it depends on, where there is exactly one"""
     outside: tuple[int, ...]
     inside: tuple[int, ...]
     outputs: tuple[int, ...]
+
+
+_AFTER_ONE_BEFORE_ONE = 1
+"""a run op's inputs: one key from before the run and the output of one earlier op of it"""
+_AFTER_ONE = 2
+"""a run op's inputs: the output of one earlier op of the run, nothing from before it"""
 
 
 def _run_ops(ops: Sequence[BoundOp], op_prefix: str) -> tuple[_RunOp, ...]:
@@ -1603,31 +1633,47 @@ def _run_ops(ops: Sequence[BoundOp], op_prefix: str) -> tuple[_RunOp, ...]:
         attrs = dict(op.attrs)
         attrs[OP_ATTR] = op_prefix + op.name
         role = op_role(op) if op.group_axes else None
+        outside = tuple(k for k in op.inputs if k not in producer)
+        inside = tuple(sorted({producer[k] for k in op.inputs if k in producer}))
+        shape = 0
+        if len(inside) == 1 and len(outside) <= 1:
+            shape = _AFTER_ONE_BEFORE_ONE if outside else _AFTER_ONE
         planned.append(
             _RunOp(
                 op.name,
                 op.type,
-                (
-                    op.num_ops,
-                    op.tensor_size,
-                    op.comm_type,
-                    op.comm_size,
-                    op.group_axes,
-                    None,  # peer_stage
-                    None,  # comm_tag
-                    op.dtype,
-                    0,  # runtime
-                ),
+                op.num_ops,
+                op.tensor_size,
+                op.comm_type,
+                op.comm_size,
+                op.group_axes,
+                op.dtype,
                 attrs,
                 None if role is None else int(role),
-                tuple(k for k in op.inputs if k not in producer),
-                tuple(sorted({producer[k] for k in op.inputs if k in producer})),
+                shape,
+                outside[0] if len(outside) == 1 else None,
+                inside[0] if len(inside) == 1 else -1,
+                outside,
+                inside,
                 op.outputs,
             )
         )
         for k in op.outputs:
             producer[k] = i
     return tuple(planned)
+
+
+class _RunPlan(NamedTuple):
+    """One run of ops laid out once: the ops (kept, so that no id of theirs is reused), each
+    op's :class:`_RunOp`, and the group axes its ops name (those the nodes will carry)."""
+
+    ops: Sequence[BoundOp]
+    ops_laid_out: tuple[_RunOp, ...]
+    group_axes: frozenset[tuple[str, ...]]
+
+
+RunPlans = dict[tuple[tuple[int, ...], str], _RunPlan]
+"""each run's :class:`_RunPlan`, by the ids of its ops and ``op_prefix``"""
 
 
 @dataclass
@@ -1638,11 +1684,16 @@ class _Nodes:
     last_comp: int | None = None
     step_pending: int | None = None
     last_coll: dict[tuple[str, ...], int] = field(default_factory=dict)
-    _planned: dict[tuple[tuple[int, ...], str], tuple[Sequence[BoundOp], tuple[_RunOp, ...]]] = (
-        field(default_factory=dict)
+    planned: RunPlans = field(default_factory=dict)
+    """each run's ops laid out once (:func:`_run_ops`); several stages may share it"""
+    group_axes: set[tuple[str, ...]] = field(default_factory=set)
+    """the (non-empty) group axes of the nodes so far"""
+    tuple_plans: dict[tuple[int, str], tuple[tuple[BoundOp, ...], _RunPlan]] = field(
+        default_factory=dict
     )
-    """each run's ops laid out once (:func:`_run_ops`), by their ids (the ops are kept, so
-    that no id is reused) and ``op_prefix``"""
+    """the plan of each tuple of ops run so far, by the tuple's id (kept, so that the id is
+    not reused) and ``op_prefix``: a tuple's ops cannot change, so they need not be looked
+    up one by one"""
 
     def start_step(self) -> None:
         self.step_pending = self.last_comp
@@ -1652,12 +1703,16 @@ class _Nodes:
     ) -> int:
         nid = len(self.nodes)
         deps = tuple(sorted(set(data_deps)))
-        ctrl: list[int] = [c for c in dict.fromkeys(ctrl_deps) if c not in deps]
+        ctrl: list[int] = (
+            [c for c in dict.fromkeys(ctrl_deps) if c not in deps] if ctrl_deps else []
+        )
         if self.step_pending is not None:
             if self.step_pending not in deps and self.step_pending not in ctrl:
                 ctrl.append(self.step_pending)
             self.step_pending = None
         node_type = template_fields["type"]
+        if template_fields.get("group_axes"):
+            self.group_axes.add(template_fields["group_axes"])
         if node_type is NodeType.COMM_COLL:
             axes = template_fields["group_axes"]
             previous = self.last_coll.get(axes)
@@ -1670,6 +1725,55 @@ class _Nodes:
         if node_type is NodeType.COMP:
             self.last_comp = nid
         return nid
+
+    def transfer(
+        self,
+        name: str,
+        kind: NodeType,
+        comm_size: int,
+        peer_stage: int,
+        comm_tag: int,
+        attrs: dict[str, Any],
+        data_deps: Iterable[int],
+    ) -> int:
+        """:meth:`add` of a send or receive (no group, no ctrl deps of its own, no dtype),
+        without the dict of its fields."""
+        nid = len(self.nodes)
+        deps = tuple(sorted(set(data_deps)))
+        ctrl: tuple[int, ...] = ()
+        if self.step_pending is not None:
+            if self.step_pending not in deps:
+                ctrl = (self.step_pending,)
+            self.step_pending = None
+        self.nodes.append(
+            NodeTemplate(  # positional, in its field order: keywords cost more
+                nid,
+                name,
+                kind,
+                deps,
+                ctrl,
+                0,
+                0,
+                None,
+                comm_size,
+                (),
+                peer_stage,
+                comm_tag,
+                None,
+                0,
+                attrs,
+            )
+        )
+        return nid
+
+    def _plan(self, ops: Sequence[BoundOp], op_prefix: str) -> _RunPlan:
+        """The plan of a run of ``ops``, laid out the first time they are run."""
+        cache_key = (tuple(map(id, ops)), op_prefix)
+        cached = self.planned.get(cache_key)
+        if cached is None:
+            axes = frozenset(op.group_axes for op in ops if op.group_axes)
+            cached = self.planned[cache_key] = _RunPlan(ops, _run_ops(ops, op_prefix), axes)
+        return cached
 
     def run(
         self,
@@ -1689,66 +1793,113 @@ class _Nodes:
         inputs to (``env`` then maps its outputs to it) and ``after`` its ctrl dep, but each
         run of the same ops is planned once (:func:`_run_ops`): a node's deps on earlier
         nodes of its run are offsets, and every node ``env`` names precedes the run."""
-        if not isinstance(ops, (list, tuple)):
-            ops = tuple(ops)
-        cache_key = (tuple(map(id, ops)), op_prefix)
-        cached = self._planned.get(cache_key)
-        if cached is None:
-            cached = self._planned[cache_key] = (ops, _run_ops(ops, op_prefix))
+        if type(ops) is tuple:
+            known = self.tuple_plans.get((id(ops), op_prefix))
+            if known is not None and known[0] is ops:
+                cached = known[1]
+            else:
+                cached = self._plan(ops, op_prefix)
+                self.tuple_plans[(id(ops), op_prefix)] = (ops, cached)
+        else:
+            cached = self._plan(ops if isinstance(ops, list) else tuple(ops), op_prefix)
+        if cached.group_axes:
+            self.group_axes |= cached.group_axes
+        if not where:
+            where = {}
+        elif type(where) is not dict:
+            where = dict(where)
         nodes = self.nodes
+        append = nodes.append
         first = len(nodes)
         pending = self.step_pending
         last_coll = self.last_coll
         last_comp = self.last_comp
+        env_get = env.get
+        new = object.__new__
         comm_coll, comp = NodeType.COMM_COLL, NodeType.COMP
         nid = first
-        for name, node_type, costs, attrs, role, outside, inside, outputs in cached[1]:
-            if not outside:
-                deps = ()
-            elif len(outside) == 1:  # most ops: one input from before the run
-                deps = env.get(outside[0], ())
-                if len(deps) > 1 or type(deps) is not tuple:
-                    deps = tuple(sorted(set(deps)))
-            else:
-                deps = tuple(sorted({d for k in outside for d in env.get(k, ())}))
-            if inside:  # after every node before the run
-                if len(inside) == 1:
-                    deps += (first + inside[0],)
+        made: list[tuple[int]] = []  # each node of the run as its dependents name it
+        made_append = made.append
+        after_one_before_one, after_one = _AFTER_ONE_BEFORE_ONE, _AFTER_ONE
+        for (
+            name, node_type, num_ops, tensor_size, comm_type, comm_size, group_axes, dtype,
+            attrs, role, shape, only_outside, only_inside, outside, inside, outputs,
+        ) in cached.ops_laid_out:  # fmt: skip
+            if shape == after_one_before_one:  # most ops
+                found = env_get(only_outside)
+                if found is None:
+                    deps = made[only_inside]
+                elif len(found) == 1 and type(found) is tuple:
+                    deps = found + made[only_inside]
                 else:
-                    deps += tuple([first + j for j in inside])
-                ctrl = []
-            elif after is not None and after not in deps:
-                ctrl = [after]
+                    deps = tuple(sorted(set(found))) + made[only_inside]
+                ctrl = ()
+            elif shape == after_one:
+                deps = made[only_inside]
+                ctrl = ()
             else:
-                ctrl = []
+                if only_outside is not None:
+                    deps = env_get(only_outside, ())
+                    if len(deps) > 1 or type(deps) is not tuple:
+                        deps = tuple(sorted(set(deps)))
+                elif outside:
+                    deps = ()
+                    for k in outside:
+                        found = env_get(k)
+                        if found:
+                            deps += found if type(found) is tuple else tuple(found)
+                    # sorted and distinct: most often already (one node, or two in order)
+                    if len(deps) > 2 or (len(deps) == 2 and deps[0] >= deps[1]):
+                        deps = tuple(sorted(set(deps)))
+                else:
+                    deps = ()
+                if only_inside >= 0:  # after every node before the run
+                    deps += made[only_inside]
+                    ctrl = ()
+                elif inside:
+                    deps += tuple(map(first.__add__, inside))
+                    ctrl = ()
+                elif after is None or after in deps:
+                    ctrl = ()
+                else:
+                    ctrl = (after,)
             if pending is not None:
                 if pending not in deps and pending not in ctrl:
-                    ctrl.append(pending)
+                    ctrl += (pending,)
                 pending = None
             if node_type is comm_coll:
-                axes = costs[4]
-                previous = last_coll.get(axes)
+                previous = last_coll.get(group_axes)
                 if previous is not None and previous not in deps and previous not in ctrl:
-                    ctrl.append(previous)
-                last_coll[axes] = nid
+                    ctrl += (previous,)
+                last_coll[group_axes] = nid
             elif node_type is comp:
                 last_comp = nid
-            node_attrs = {**attrs, **where} if where else attrs.copy()
+            node_attrs = attrs | where
             if role is not None:
                 node_attrs[ROLE_ATTR] = role
-            nodes.append(
-                NodeTemplate(
-                    nid,
-                    prefix + name,
-                    node_type,
-                    deps,
-                    tuple(ctrl) if ctrl else (),
-                    *costs,
-                    node_attrs,
-                )
-            )
+            # every field set in turn: half the time of calling the dataclass, whose
+            # __init__ does nothing else (a field left out fails the equality with add's)
+            node = new(NodeTemplate)
+            node.id = nid
+            node.name = prefix + name
+            node.type = node_type
+            node.data_deps = deps
+            node.ctrl_deps = ctrl
+            node.num_ops = num_ops
+            node.tensor_size = tensor_size
+            node.comm_type = comm_type
+            node.comm_size = comm_size
+            node.group_axes = group_axes
+            node.peer_stage = None
+            node.comm_tag = None
+            node.dtype = dtype
+            node.runtime = 0
+            node.attrs = node_attrs
+            append(node)
+            own = (nid,)
+            made_append(own)
             for k in outputs:
-                env[k] = (nid,)
+                env[k] = own
             nid += 1
         self.step_pending = pending
         self.last_comp = last_comp
@@ -1767,7 +1918,9 @@ def node_place(
     where: dict[str, Any] = {PHASE_ATTR: int(phase)}
     if micro_batch is not None:
         where[MICRO_BATCH_ATTR] = micro_batch
-    if part is not None:
+    if type(part) is int:  # a layer (part_attrs' own, without the call)
+        where[LAYER_ATTR] = part
+    elif part is not None:
         where.update(part_attrs(part))
     if step is not None:
         where[STEP_ATTR] = step
@@ -1808,14 +1961,18 @@ def lower_stage(
     order: list[tuple[str, int, int]],
     progress: Callable[[], None] | None = None,
     amax_axes: tuple[str, ...] = AMAX_AXES,
+    run_plans: RunPlans | None = None,
+    group_axes: set[tuple[str, ...]] | None = None,
 ) -> RankClass:
     """All node templates of one pipeline stage for one iteration; ``amax_axes``: the mesh
-    axes of the fp8 amax reduction group (:mod:`stg.core.fp8`)."""
-    out = _Nodes()
+    axes of the fp8 amax reduction group (:mod:`stg.core.fp8`); ``run_plans``: the runs laid
+    out so far, shared by the stages of one build (most run the same parts' ops);
+    ``group_axes``, where given, gets the (non-empty) group axes of the stage's nodes."""
+    out = _Nodes() if run_plans is None else _Nodes(planned=run_plans)
     chunks = plan.chunks
     block, emb, head = parts.block, parts.embedding, parts.head
     # per block kind and recompute mode: ops re-run before its backward
-    repeats: dict[tuple[int, str], list[BoundOp]] = {}
+    repeats: dict[tuple[int, str], tuple[BoundOp, ...]] = {}
     saved: dict[tuple[str | int, int], Env] = {}  # (layer or part name, micro-batch) -> env
     grads: dict[str | int, dict[int, list[int]]] = {}  # layer or part name -> grad nodes
     copy_grads: list[int] = []  # nodes of a tied LM head's gradient on the embedding's stage
@@ -1827,6 +1984,16 @@ def lower_stage(
             backwards_left[chunk] = backwards_left.get(chunk, 0) + 1
     held = stage_parts(stage, plan, parts)
     modules = recompute_tags(plan.options)
+    # the layers of each model chunk on this stage, and each layer's bound part, recompute
+    # mode and recompute group: looked up once, read by every micro-batch's steps
+    chunk_layers = {
+        gchunk: plan.chunk_layers(gchunk)
+        for gchunk in range(stage, plan.chunks_per_stage * plan.stages, plan.stages)
+    }
+    stage_layers = [layer for layers in chunk_layers.values() for layer in layers]
+    layer_part = {layer: parts.layer(layer) for layer in stage_layers}
+    layer_recompute = {layer: plan.layer_recompute(layer) for layer in stage_layers}
+    recompute_group = {layer: plan.recompute_group(layer) for layer in stage_layers}
     # Transformer Engine's delayed scaling: every amax of the rank's fp8 modules (all its
     # chunks) is reduced and every history rolled at each reduction
     # (the Megatron / TE profile; eager PyTorch has no TE modules)
@@ -1845,11 +2012,16 @@ def lower_stage(
     offloads: dict[tuple[int, int], int] = {}
     # the all-to-alls a combined step interleaves at (overlap_moe_ep_comm)
     split_at_all_to_alls = plan.options.overlap_moe_ep_comm
+    # only run_combined reads what the steps and parts yield, and combined steps exist only
+    # under overlap_moe_ep_comm: otherwise they run through without pausing
+    pausing = split_at_all_to_alls
     # amax reductions held back to the end of a combined step (overlap_moe_ep_comm)
     deferred_amax: list[tuple[str, bool, dict[str, Any]]] | None = None
     reloads: dict[tuple[int, int], int] = {}
 
-    def gathers_for(owner: str | int, bp: BoundPart, ops: list[BoundOp], env: Env) -> list[BoundOp]:
+    def gathers_for(
+        owner: str | int, bp: BoundPart, ops: Sequence[BoundOp], env: Env
+    ) -> Sequence[BoundOp]:
         """``ops`` to run for ``owner``: without its weight all-gathers while its weights are
         still gathered (``env`` then gets the nodes that gathered them)."""
         held = gathered.get(owner)
@@ -1858,8 +2030,32 @@ def lower_stage(
         env.update(held)
         return bp.without_weight_gathers(ops, held)
 
-    def note_gathered(owner: str | int, ops: list[BoundOp], env: Env) -> None:
+    # per part (by id; ``parts`` holds them all): whether its forward gathers weights (FSDP)
+    # and its weight all-gathers that a backward prefetches, each found once
+    gathers: dict[int, bool] = {}
+    gather_collectives: dict[int, tuple[BoundOp, ...]] = {}
+    # per part (by id): its backward less the gradient reductions a micro-batch before the
+    # last leaves out (it accumulates its weight gradients unsharded)
+    accumulating: dict[int, tuple[BoundOp, ...]] = {}
+    # each part's op lists as tuples, made once: a run finds the plan of a tuple by its id
+    # (like the recompute lists above, the ops a part has when first run: nothing changes
+    # a bound part's lists)
+    as_tuples: dict[int, tuple[list[BoundOp], tuple[BoundOp, ...]]] = {}
+
+    def ops_tuple(ops: list[BoundOp]) -> tuple[BoundOp, ...]:
+        known = as_tuples.get(id(ops))
+        if known is None:  # the list is kept, so that its id is not reused
+            known = as_tuples[id(ops)] = (ops, tuple(ops))
+        return known[1]
+
+    def note_gathered(owner: str | int, bp: BoundPart, ops: Sequence[BoundOp], env: Env) -> None:
+        """Keep the nodes that gathered ``owner``'s weights in ``ops`` (some of its forward)."""
         if owner in gathered:
+            return
+        found = gathers.get(id(bp))
+        if found is None:
+            found = gathers[id(bp)] = any("weight_gather" in op.tags for op in bp.forward)
+        if not found:
             return
         keys = [k for op in ops if "weight_gather" in op.tags for k in op.outputs]
         if keys:
@@ -1920,7 +2116,7 @@ def lower_stage(
     def fp8_owners(gchunk: int) -> list[str | int]:
         """The part instances of a model chunk that hold fp8 GEMMs, in forward order."""
         owners: list[tuple[str | int, BoundPart]] = [
-            (layer, parts.layer(layer)) for layer in plan.chunk_layers(gchunk)
+            (layer, layer_part[layer]) for layer in chunk_layers[gchunk]
         ]
         if gchunk == 0:
             owners.insert(0, ("embedding", emb))
@@ -1940,11 +2136,12 @@ def lower_stage(
         ``where``: the typed attributes of its place (:func:`node_place`); ``after``: a node
         it waits for (an offload that frees memory for it). Under ``overlap_moe_ep_comm`` it
         pauses after each all-to-all (:func:`all_to_all_segments`)."""
-        ops = gathers_for(owner, bp, bp.forward, env)
+        ops = gathers_for(owner, bp, ops_tuple(bp.forward), env)
         for segment in all_to_all_segments(ops, split_at_all_to_alls):
             out.run(segment, env, prefix, after=after, where=where)
-            yield PAUSE
-        note_gathered(owner, ops, env)
+            if pausing:
+                yield PAUSE
+        note_gathered(owner, bp, ops, env)
         if reshard_after_forward:
             gathered.pop(owner, None)
 
@@ -1955,16 +2152,14 @@ def lower_stage(
         direction = "F" if what == "activation" else "B"
         verb = "send" if kind is NodeType.COMM_SEND else "recv"
         phase = Phase.FORWARD if direction == "F" else Phase.BACKWARD
-        return out.add(
-            {
-                "name": f"mb{mb}/{verb}_{what}_c{boundary}",
-                "type": kind,
-                "comm_size": block.boundary_bytes,
-                "peer_stage": plan.chunk_stage(peer),
-                "comm_tag": send_tag(direction, mb, boundary, chunks),
-                "dtype": None,
-                "attrs": {OP_ATTR: f"{verb}_{what}_c{boundary}", **node_place(phase, mb)},
-            },
+        op = f"{verb}_{what}_c{boundary}"
+        return out.transfer(
+            f"mb{mb}/{op}",
+            kind,
+            block.boundary_bytes,
+            plan.chunk_stage(peer),
+            send_tag(direction, mb, boundary, chunks),
+            {OP_ATTR: op, PHASE_ATTR: int(phase), MICRO_BATCH_ATTR: mb},  # node_place's
             deps,
         )
 
@@ -1994,21 +2189,24 @@ def lower_stage(
         bp: BoundPart,
         env: Env,
         prefix: str,
-        repeated: list[BoundOp],
+        repeated: Sequence[BoundOp],
         dy: int | None,
-        where: dict[str, Any],
+        mb: int,
     ) -> None:
-        """The forward ops of one part instance run again before its backward, once the
-        gradient ``dy`` has arrived (a recompute starts then, not during the forward)."""
+        """The forward ops of one part instance run again before its backward (of
+        micro-batch ``mb``), once the gradient ``dy`` has arrived (a recompute starts then,
+        not during the forward)."""
         repeated = gathers_for(owner, bp, repeated, env)
+        if not repeated:  # nothing recomputed (gathered weights are still handed over)
+            return
         out.run(
             repeated,
             env,
             f"{prefix}recompute/",
             after=dy if dy is not None else out.last_comp,
-            where=where,
+            where=node_place(Phase.RECOMPUTE, mb, owner),
         )
-        note_gathered(owner, repeated, env)
+        note_gathered(owner, bp, repeated, env)
 
     def prefetch(owner: str | int, bp: BoundPart, mb: int, after: int | None) -> None:
         """The FSDP weight gathers of the part whose backward comes next, issued from the
@@ -2020,16 +2218,20 @@ def lower_stage(
         are still gathered."""
         if owner in gathered or (owner, mb) not in saved:
             return
-        ops = [
-            op for op in bp.forward if "weight_gather" in op.tags and op.type is NodeType.COMM_COLL
-        ]
+        ops = gather_collectives.get(id(bp))
+        if ops is None:
+            ops = gather_collectives[id(bp)] = tuple(
+                op
+                for op in bp.forward
+                if "weight_gather" in op.tags and op.type is NodeType.COMM_COLL
+            )
         if not ops:
             return
         env = saved[(owner, mb)]
         where = node_place(Phase.RECOMPUTE, mb, owner)
         name = f"layer{owner}" if isinstance(owner, int) else owner
         out.run(ops, env, f"mb{mb}/{name}/recompute/", after=after, where=where)
-        note_gathered(owner, ops, env)
+        note_gathered(owner, bp, ops, env)
 
     def backward(
         owner: str | int,
@@ -2037,7 +2239,7 @@ def lower_stage(
         mb: int,
         prefix: str,
         dy: int | None,
-        repeated: list[BoundOp],
+        repeated: Sequence[BoundOp],
         reduce_now: bool,
         amax_after: str | None = None,
         ahead: bool = False,
@@ -2056,21 +2258,29 @@ def lower_stage(
             made = [k for op in bp.forward if "weight_gather" not in op.tags for k in op.outputs]
             env.update((k, (load,)) for k in (bp.input_key, *made) if k in env)
         part = owner
-        again = node_place(Phase.RECOMPUTE, mb, part)
         back = node_place(Phase.BACKWARD, mb, part)
-        rerun(owner, bp, env, prefix, repeated, dy, again)
+        rerun(owner, bp, env, prefix, repeated, dy, mb)
         if following is not None:
             prefetch(*following, mb, dy if dy is not None else out.last_comp)
         # a micro-batch before the last accumulates its weight gradients unsharded
         accumulate = pipelined and not reduce_now
 
-        def ops(run: list[BoundOp]) -> list[BoundOp]:
-            return [op for op in run if not (accumulate and "weight_grad_reduce" in op.tags)]
+        def ops(run: Sequence[BoundOp]) -> Sequence[BoundOp]:
+            if not accumulate:
+                return run
+            if run is not bp.backward:
+                return [op for op in run if "weight_grad_reduce" not in op.tags]
+            kept = accumulating.get(id(bp))
+            if kept is None:
+                kept = accumulating[id(bp)] = tuple(
+                    op for op in run if "weight_grad_reduce" not in op.tags
+                )
+            return kept
 
         recomputed = fp8_gemms > 0 and isinstance(owner, int)
-        recomputed = recomputed and plan.layer_recompute(owner) == "full"
+        recomputed = recomputed and layer_recompute[owner] == "full"  # type: ignore[index]
         if recomputed and not ahead:  # the recompute forward's autocast exits: a reduction
-            amax_reduction(f"{prefix}recompute/", False, again)
+            amax_reduction(f"{prefix}recompute/", False, node_place(Phase.RECOMPUTE, mb, part))
         if dy is not None:
             env[bp.seed_key] = (dy,)  # type: ignore[index]
         if recomputed:  # each recomputed fp8 module reduces after its backward
@@ -2081,16 +2291,22 @@ def lower_stage(
                 start = end + 1
             out.run(ops(bp.backward[start:]), env, f"{prefix}bwd/", where=back)
         else:
-            for segment in all_to_all_segments(ops(bp.backward), split_at_all_to_alls):
+            whole = ops(bp.backward) if accumulate else ops_tuple(bp.backward)
+            for segment in all_to_all_segments(whole, split_at_all_to_alls):
                 out.run(segment, env, f"{prefix}bwd/", where=back)
-                yield PAUSE
+                if pausing:
+                    yield PAUSE
         if reduce_now or not pipelined:  # resharded after its backward
             gathered.pop(owner, None)
         if amax_after is not None:  # the first fp8 module of the chunk's autocast
             amax_reduction(amax_after, True, node_place(Phase.BACKWARD, mb, chunk=gchunk))
-        store = grads.setdefault(owner, {})
+        store = grads.get(owner)
+        if store is None:
+            store = grads[owner] = {k: [] for k in bp.grad_keys}
         for k in bp.grad_keys:
-            store.setdefault(k, []).extend(env.get(k, ()))
+            found = env.get(k)
+            if found:
+                store[k].extend(found)
         if owner == "head":
             copy_grads.extend(n for k in bp.tied_keys for n in env.get(k, ()))
         if reduce_now:
@@ -2142,9 +2358,10 @@ def lower_stage(
                     amax_reduction(f"{region}fwd/", False, region_place)
             else:
                 x = p2p(NodeType.COMM_RECV, "activation", mb, gchunk - 1, gchunk - 1, ())
-            yield PART_END
-            for layer in plan.chunk_layers(gchunk):
-                bp = parts.layer(layer)
+            if pausing:
+                yield PART_END
+            for layer in chunk_layers[gchunk]:
+                bp = layer_part[layer]
                 env = {bp.input_key: (x,)}  # type: ignore[dict-item]
                 freed = offload_finished_before(layer, stack, offloaded) if offloaded else None
                 yield from forward(
@@ -2164,7 +2381,8 @@ def lower_stage(
                 x = env[bp.output_key][0]  # type: ignore[index]
                 if region_end == layer:
                     amax_reduction(f"{region}fwd/", False, region_place)
-                yield PART_END
+                if pausing:
+                    yield PART_END
             if last:
                 env = {head.input_key: (x,)}  # type: ignore[dict-item]
                 yield from forward(
@@ -2185,13 +2403,13 @@ def lower_stage(
             # the backward of the chunk's first fp8 module ends with the backward reduction
             # (under full recompute each recomputed module reduces itself instead)
             first_fp8 = owners[0] if owners else None
-            if isinstance(first_fp8, int) and plan.layer_recompute(first_fp8) == "full":
+            if isinstance(first_fp8, int) and layer_recompute[first_fp8] == "full":
                 first_fp8 = None
             bwd_region = f"{region}bwd/"
 
             # the parts in backward order, each prefetching the gathers of the next
             backward_order: list[tuple[str | int, BoundPart]] = [
-                (layer, parts.layer(layer)) for layer in reversed(plan.chunk_layers(gchunk))
+                (layer, layer_part[layer]) for layer in reversed(chunk_layers[gchunk])
             ]
             if first:
                 backward_order.append(("embedding", emb))
@@ -2210,26 +2428,27 @@ def lower_stage(
                 )
             else:
                 dy = p2p(NodeType.COMM_RECV, "gradient", mb, gchunk, gchunk + 1, ())
-            yield PART_END
+            if pausing:
+                yield PART_END
             ahead: set[int] = set()  # layers whose recompute group ran already
-            for index, layer in enumerate(reversed(plan.chunk_layers(gchunk))):
-                bp = parts.layer(layer)
+            for index, layer in enumerate(reversed(chunk_layers[gchunk])):
+                bp = layer_part[layer]
                 back = reload_started_before(layer, stack, offloaded) if offloaded else None
                 if back is not None:  # after the compute issued so far
                     assert out.last_comp is not None
                     reloads[(back, mb)] = host_copy(
                         NodeType.MEM_LOAD, back, mb, (offloads.pop((back, mb)),), out.last_comp
                     )
-                mode = "none" if layer in ahead else plan.layer_recompute(layer)
+                mode = "none" if layer in ahead else layer_recompute[layer]
                 if (id(bp), mode) not in repeats:
-                    repeats[(id(bp), mode)] = bp.repeated_before_backward(mode, modules)
-                group = plan.recompute_group(layer)
+                    repeats[(id(bp), mode)] = tuple(bp.repeated_before_backward(mode, modules))
+                group = recompute_group[layer]
                 if len(group) > 1 and layer == group[-1]:
                     # Megatron's uniform method: the group's forward runs again from its
                     # checkpointed input before the backward of its last layer
                     x = None
                     for earlier in group[:-1]:
-                        ebp = parts.layer(earlier)
+                        ebp = layer_part[earlier]
                         env = saved[(earlier, mb)]
                         if x is not None:
                             env[ebp.input_key] = (x,)  # type: ignore[index]
@@ -2238,9 +2457,9 @@ def lower_stage(
                             ebp,
                             env,
                             f"mb{mb}/layer{earlier}/",
-                            ebp.repeated_before_backward("full"),
+                            ops_tuple(ebp.repeated_before_backward("full")),
                             dy,
-                            node_place(Phase.RECOMPUTE, mb, earlier),
+                            mb,
                         )
                         x = env[ebp.output_key][0]  # type: ignore[index]
                         ahead.add(earlier)
@@ -2260,7 +2479,8 @@ def lower_stage(
                     ),
                     gchunk=gchunk,
                 )
-                yield PART_END
+                if pausing:
+                    yield PART_END
             if first:
                 yield from backward(
                     "embedding",
@@ -2296,8 +2516,8 @@ def lower_stage(
             run_combined(
                 schedule_step(*fwd),
                 schedule_step(*bwd),
-                len(plan.chunk_layers(fwd[2] * plan.stages + stage)),
-                len(plan.chunk_layers(bwd[2] * plan.stages + stage)),
+                len(chunk_layers[fwd[2] * plan.stages + stage]),
+                len(chunk_layers[bwd[2] * plan.stages + stage]),
             )
             held_back, deferred_amax = deferred_amax, None
             for args in held_back:
@@ -2338,6 +2558,8 @@ def lower_stage(
                 where=node_place(Phase.OPTIMIZER, part=prefix.rstrip("/")),
             )
             mark_param_gathers(out.nodes, first_update, step)
+    if group_axes is not None:
+        group_axes.update(out.group_axes)
     return RankClass(
         index=stage,
         stage=stage,
@@ -2386,7 +2608,7 @@ PART_END = "part"
 """What a schedule step's generator yields after its prelude and after each layer."""
 
 
-def all_to_all_segments(ops: list[BoundOp], split: bool) -> list[list[BoundOp]]:
+def all_to_all_segments(ops: Sequence[BoundOp], split: bool) -> list[Sequence[BoundOp]]:
     """``ops`` cut after each all-to-all (the MoE dispatch and combine) where ``split``, so
     that a combined step can lay out the other micro-batch's work between them; else whole."""
     if not split:

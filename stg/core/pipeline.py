@@ -11,12 +11,13 @@ from typing import TYPE_CHECKING, Any
 from stg.core.attention_backend import runs_fused_attention, with_attention_backend
 from stg.core.autodiff import build_backward, build_grad_reduction
 from stg.core.fp8 import AMAX_AXES, AUTOCAST_DTYPE, MODEL_PARALLEL_AMAX_AXES
-from stg.core.layout import Layout
+from stg.core.layout import PIPELINE_ENDS, Layout
 from stg.core.lowering import (
     Binder,
     BoundPart,
     LayerKinds,
     ModelParts,
+    RunPlans,
     bind_part,
     lower_stage,
 )
@@ -478,6 +479,8 @@ def _build_workload(
     total_steps = sum(len(o) for o in orders) * len(variant_parts)
     done = 0
     classes = []
+    run_plans: RunPlans = {}
+    class_axes: list[set[tuple[str, ...]]] = []  # each class's group axes
     for stage in range(stages):
 
         def tick() -> None:
@@ -487,7 +490,10 @@ def _build_workload(
                 progress("lowering", done, total_steps)
 
         for k, parts in enumerate(variant_parts):
-            cls = lower_stage(stage, plan, parts, orders[stage], tick, amax_axes)
+            axes_here: set[tuple[str, ...]] = set()
+            cls = lower_stage(
+                stage, plan, parts, orders[stage], tick, amax_axes, run_plans, axes_here
+            )
             if rank_groups:  # one class per (precision variant, stage)
                 names = [g for g, p in group_plans.items() if p == variants[k]]
                 cls = replace(
@@ -496,13 +502,14 @@ def _build_workload(
                     facts={**cls.facts, "precision": variants[k], "device_groups": names},
                 )
             classes.append(cls)
+            class_axes.append(axes_here)
     if len(variant_parts) > 1:
-        classes.sort(key=lambda c: c.index)
+        order = sorted(range(len(classes)), key=lambda i: classes[i].index)
+        classes = [classes[i] for i in order]
+        class_axes = [class_axes[i] for i in order]
     used_axes: list[tuple[str, ...]] = []
-    stage_axes: list[set[tuple[str, ...]]] = []
-    for cls in classes:
-        axes_here = {n.group_axes for n in cls.nodes if n.group_axes}
-        stage_axes.append(axes_here)
+    stage_axes = class_axes
+    for axes_here in class_axes:
         for axes in sorted(axes_here):
             if axes not in used_axes:
                 used_axes.append(axes)
@@ -514,13 +521,22 @@ def _build_workload(
         RankGraph(r, classes[variant_of[r] * stages + layout.stage(r)], layout)
         for r in range(layout.world_size)
     )
-    # each group's members once (not once per member rank): linear in the number of ranks
+    # each group's members once (not once per member rank): linear in the number of ranks;
+    # a member of a group found along some axes has that group's id (Layout numbers each
+    # group whole), so it is not looked up again, except along the pipeline ends, where
+    # ranks off the ends have no group
     groups: dict[int, tuple[int, ...]] = {}
+    grouped: dict[tuple[str, ...], set[int]] = {}  # axes -> the members of their groups found
     for graph in ranks:
         for axes in stage_axes[graph.rank_class.stage]:
+            found = grouped.get(axes)
+            if found is not None and graph.rank in found:
+                continue
             gid = layout.group_id(graph.rank, axes)
             if gid not in groups:
                 groups[gid] = layout.members(graph.rank, axes)
+                if PIPELINE_ENDS not in axes:
+                    grouped.setdefault(axes, set()).update(groups[gid])
                 if rank_groups:
                     _check_within_device_group(
                         axes, groups[gid], rank_groups, plan.mesh_axes(SPLIT_AXES | {"etp"})

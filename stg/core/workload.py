@@ -247,7 +247,10 @@ class NodeTemplate:
     Not frozen, unlike :class:`Node`: lowering makes hundreds of thousands of them, and a
     frozen dataclass sets each field through ``object.__setattr__`` (0.50 → 0.30 CPU s for the
     201,967 templates of GPT-3 175B at 34 micro-batches, ``benchmarks/lowering_speed.py``).
-    Nothing changes a template once lowering has made it.
+    Nothing changes a template once lowering has made it. ``_Nodes.run`` in
+    :mod:`stg.core.lowering` sets every field of the templates it lays out in turn, without
+    ``__init__``: a field added here is set there too (tests/test_lowering_runs.py compares
+    its templates with those made by ``__init__``).
     """
 
     id: int
