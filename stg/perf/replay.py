@@ -749,6 +749,9 @@ class _Sim:
         self.contended = contended_systems(system)
         """per link kind: the GPU as a compute kernel sees it while NCCL runs over that link"""
         self.contended_cost: dict[tuple[Any, str], float] = {}
+        self.keyed: dict[str, dict[Any, tuple[Any, float]]] = {}
+        """per device: each compute cost key met so far, as its interned key and its cost (a
+        node's key looked up once, not once to intern it and once for its cost)"""
         # none given: no later replay sees these costs
         costs = Costs(nodes_again=False) if costs is None else costs
         self.cost_caches = costs.by_key
@@ -813,6 +816,8 @@ class _Sim:
         interned = self.interned_keys
         comp, memo_get = NodeType.COMP, memo.get
         intern, cached_cost = interned.setdefault, cost_cache.get
+        keyed = self.keyed.setdefault(device.name, {})
+        keyed_get = keyed.get
         collectives: dict[tuple[int, CollectiveType, int], tuple[Any, ...]] = {}
         """each collective's communicator, type and size priced once (:meth:`_collective`)"""
         for i, node in enumerate(nodes):
@@ -824,17 +829,22 @@ class _Sim:
                     ckey, cost = known[1], known[2]
                 else:
                     ckey = compute_cost_key(node)
-                    ckey = intern(ckey, ckey)
-                    cost = cached_cost(ckey)
-                    if cost is None:
-                        cost = cost_cache[ckey] = compute_time(
-                            node,
-                            device,
-                            self.default_dtype,
-                            kernels,
-                            self.profile,
-                            self.calibration,
-                        )
+                    found = keyed_get(ckey)
+                    if found is not None:
+                        ckey, cost = found
+                    else:
+                        ckey = intern(ckey, ckey)
+                        cost = cached_cost(ckey)
+                        if cost is None:
+                            cost = cost_cache[ckey] = compute_time(
+                                node,
+                                device,
+                                self.default_dtype,
+                                kernels,
+                                self.profile,
+                                self.calibration,
+                            )
+                        keyed[ckey] = (ckey, cost)
                     if remember:
                         memo[id(node)] = (node, ckey, cost)
                 duration[i] = cost
