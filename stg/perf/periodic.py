@@ -674,7 +674,7 @@ def _short_from_long(
     for a, b in itertools.pairwise(long.states):
         short = _state_matches(long, long_problem, short_problem, shift, a, b, tolerance)
         if short is not None:
-            return short, [[end < 0 for end in ends] for ends in a.end]
+            return short, [list(map(operator.lt, ends, itertools.repeat(0.0))) for ends in a.end]
     return None
 
 
@@ -839,9 +839,15 @@ class _Check:
         for j, m in itertools.compress(zip(cj, cm, strict=True), sent_or_received):
             if not self.same_key(p2p[j], p2p[m]):
                 return False
-        # the nodes ready at either instant: issued alike
-        ready = map(operator.or_, map(a_live.__contains__, opened), map(b_live.__contains__, ms))
-        for j, m in itertools.compress(zip(opened, ms, strict=True), ready):
+        # the nodes ready at either instant (a few): issued alike
+        kept = self.shift.kept[u]
+        ready = {j: later[j] for j in a_live if kept[j] and a_end[j] < 0}  # of ``opened``
+        for m in b_live:
+            k = -1
+            for _ in range(ms.count(m)):
+                k = ms.index(m, k + 1)
+                ready[opened[k]] = m
+        for j, m in ready.items():
             at_a, at_b = a_live.get(j), b_live.get(m)
             x, x_issued, _, x_cause = (at_a or none)[:4]
             y, y_issued, _, y_cause = (at_b or none)[:4]
@@ -865,20 +871,22 @@ class _Check:
         if by_position:
             # the commonest case at once: the same dependencies one period later (then the
             # ones not finished correspond too: the nodes not finished do, one to one)
-            unchanged = [not r for r in map(rewritten.__contains__, opened)]
-            js = list(itertools.compress(opened, unchanged))
-            pms = list(itertools.compress(ms, unchanged))
+            js, pms = opened, ms
+            if rewritten:
+                unchanged = [not r for r in map(rewritten.__contains__, opened)]
+                js = list(itertools.compress(opened, unchanged))
+                pms = list(itertools.compress(ms, unchanged))
             mine_nodes, their_nodes = _at(lnodes, js), _at(lnodes, pms)
             if (
                 _at(a_pending, js) == _at(b_pending, pms)
                 and _later_deps(DATA_DEPS, mine_nodes, their_nodes, later)
                 and _later_deps(CTRL_DEPS, mine_nodes, their_nodes, later)
             ):
-                # those ready (none pending, not finished): ready alike
-                ready_at_a = map(a_live.__contains__, js)
-                for j, m in itertools.compress(zip(js, pms, strict=True), ready_at_a):
-                    if not self.ready_alike(u, j, m):
-                        return False
+                # those ready (none pending, not finished; a few): ready alike
+                for j in a_live:
+                    if kept[j] and a_end[j] < 0 and j not in rewritten:  # of ``js``
+                        if not self.ready_alike(u, j, later[j]):  # type: ignore[arg-type]
+                            return False
                 opened, ms = list(rewritten), [later[j] for j in rewritten]  # type: ignore[misc]
         for j, m in zip(opened, ms, strict=True):
             if j not in rewritten:
@@ -1112,21 +1120,26 @@ def _read_off(
         res = long.units[u]
         # by position in the longer problem: the nodes finished at ``a`` as in ``long`` (most
         # of them), the others read off; then the shorter problem's (in the same order)
-        duration, start = res.duration.copy(), res.start.copy()
-        end, transfer = res.end.copy(), res.transfer_start.copy()
-        a_live, later = a.live[u], shift.later[u]
+        long_duration, long_start = res.duration, res.start
+        long_end, long_transfer = res.end, res.transfer_start
+        duration, start = long_duration.copy(), long_start.copy()
+        end, transfer = long_end.copy(), long_transfer.copy()
+        later, kept = shift.later[u], shift.kept[u]
         for j in opened[u]:
-            m = later[j]
-            assert m is not None  # checked by _state_matches
-            duration[j] = res.duration[m]
-            end[j] = res.end[m] - span
-            began, issued = a_live[j][:2] if j in a_live else (-1.0, -1.0)
-            start[j] = began if began >= 0 else res.start[m] - span
-            if issued >= 0:
-                transfer[j] = issued
-            else:
-                transfer[j] = res.transfer_start[m] - span if res.transfer_start[m] >= 0 else -1.0
-        kept = shift.kept[u]
+            m: int = later[j]  # type: ignore[assignment]  # not None: checked by _state_matches
+            duration[j] = long_duration[m]
+            end[j] = long_end[m] - span
+            start[j] = long_start[m] - span
+            issued = long_transfer[m]
+            transfer[j] = issued - span if issued >= 0 else -1.0
+        # the nodes started, or whose transfer started, at ``a`` (a few): as they did
+        a_end = a.end[u]
+        for j, (began, issued, *_) in a.live[u].items():
+            if kept[j] and a_end[j] < 0:  # of ``opened``
+                if began >= 0:
+                    start[j] = began
+                if issued >= 0:
+                    transfer[j] = issued
         units.append(
             UnitResult(
                 sunit,
@@ -1477,10 +1490,11 @@ def _extended_path(
     repeats = 0
     entry: tuple[int, int] | None = None
     limit = sum(len(mbs) for mbs in per_unit) * (periods + 1)  # nodes of the full problem
+    causes = [res.cause for res in long.units]
     try:
         while True:
             segment.append((u, j, copies))
-            cause = long.units[u].cause[j]
+            cause = causes[u][j]
             if cause is None:
                 break
             cu, cj = cause
@@ -1528,34 +1542,52 @@ def _runs(
     """:func:`stg.perf.replay.path_runs` of a chain of (unit, node, copies) of the longer
     replay, each node ``copies`` periods later; only the runs' first and last nodes named."""
     runs: list[dict[str, Any]] = []
-    last: tuple[int, int, int] | None = None
+    ranks = [res.unit.rank for res in long.units]
+    kinds = [res.kind for res in long.units]
+    run: dict[str, Any] = {}
+    rank = kind = None
+    count = 0
+    last = (0, 0, 0)
     for u, j, copies in chain:
-        res = long.units[u]
-        rank, kind = res.unit.rank, KIND_NAMES[res.kind[j]]
-        delay = copies * period_time
-        if runs and runs[-1]["rank"] == rank and runs[-1]["kind"] == kind:
-            run = runs[-1]
-            run["end_s"] = res.end[j] + delay
-            run["nodes"] += 1
+        if ranks[u] == rank and KIND_NAMES[kinds[u][j]] == kind:
+            count += 1  # the run's end and last node are set once it is over
         else:
-            if runs and last is not None:
-                runs[-1]["last"] = full_name(*last)
+            if runs:
+                _close_run(run, count, last, long, full_name, period_time)
+            rank, kind = ranks[u], KIND_NAMES[kinds[u][j]]
+            res = long.units[u]
             name = full_name(u, j, copies)
-            runs.append(
-                {
-                    "rank": rank,
-                    "kind": kind,
-                    "start_s": res.start[j] + delay,
-                    "end_s": res.end[j] + delay,
-                    "nodes": 1,
-                    "first": name,
-                    "last": name,
-                }
-            )
+            delay = copies * period_time
+            run = {
+                "rank": rank,
+                "kind": kind,
+                "start_s": res.start[j] + delay,
+                "end_s": res.end[j] + delay,
+                "nodes": 1,
+                "first": name,
+                "last": name,
+            }
+            runs.append(run)
+            count = 1
         last = (u, j, copies)
-    if runs and last is not None:
-        runs[-1]["last"] = full_name(*last)
+    if runs:
+        _close_run(run, count, last, long, full_name, period_time)
     return runs
+
+
+def _close_run(
+    run: dict[str, Any],
+    count: int,
+    last: tuple[int, int, int],
+    long: Replay,
+    full_name: Callable[[int, int, int], str],
+    period_time: float,
+) -> None:
+    """Give a run of :func:`_runs` its ``count`` nodes and its ``last`` node's end and name."""
+    u, j, copies = last
+    run["end_s"] = long.units[u].end[j] + copies * period_time
+    run["nodes"] = count
+    run["last"] = full_name(u, j, copies)
 
 
 def _base(node: Any) -> tuple[Any, ...]:

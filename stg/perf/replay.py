@@ -428,6 +428,11 @@ def link_signature(src: int, dst: int, system: System, memo: dict[int, Any]) -> 
     return signature
 
 
+_ID, _TYPE = operator.attrgetter("id"), operator.attrgetter("type")
+_UNMATCHED = object()
+"""a collective without a matching key (:attr:`Unit.group_keys`): matched by communicator"""
+
+
 def problem_from_workload(workload: Workload, system: System) -> Problem:
     """Split a workload into symmetric units (see the module docstring)."""
     layout = workload.layout
@@ -442,10 +447,11 @@ def problem_from_workload(workload: Workload, system: System) -> Problem:
     sorted_axes: dict[tuple[str, ...], tuple[str, ...]] = {}
     for rc in workload.rank_classes:
         templates = list(rc.nodes)
-        ids = [t.id for t in templates]
-        if any(map(operator.ge, ids, ids[1:])):
-            templates.sort(key=lambda t: t.id)
-        comm = [i for i, t in enumerate(templates) if t.type in COMM_TYPES]
+        ids = list(map(_ID, templates))
+        if any(map(operator.ge, ids, itertools.islice(ids, 1, None))):
+            templates.sort(key=_ID)
+        is_comm = map(COMM_TYPES.__contains__, map(_TYPE, templates))
+        comm = list(itertools.compress(range(len(templates)), is_comm))
         keys: dict[int, tuple[str, ...]] = {}
         axes: set[tuple[str, ...]] = set()
         stages: set[int] = set()
@@ -802,6 +808,7 @@ class _Sim:
         steps: list[Steps | None] = [None] * n
         steps_cache = self.steps_cache
         group_streams: dict[int, int] = {}
+        group_keys = unit.group_keys
         system = self.system
         device = device_of(system, unit.rank)  # hybrid clusters: this rank's group's GPU
         kernels = self.kernels
@@ -865,9 +872,13 @@ class _Sim:
                     priced = collectives[signature] = self._collective(node, cost_cache)
                 participants, duration[i], steps[i], comm_link[i] = priced
                 kind[i] = COLL
-                coll_key[i] = (unit.group_keys.get(i, ("group", group)), participants)
+                matched = group_keys.get(i, _UNMATCHED)
+                coll_key[i] = (("group", group) if matched is _UNMATCHED else matched, participants)
                 coll_needed[i] = len(participants)
-                stream[i] = group_streams.setdefault(group, 2 + len(group_streams))
+                own = group_streams.get(group)
+                if own is None:
+                    own = group_streams[group] = 2 + len(group_streams)
+                stream[i] = own
             elif t is NodeType.COMM_SEND:
                 if node.comm_dst is None or node.comm_dst not in unit_of:
                     raise TraceError(f"rank {unit.rank}: send {node.id} has no valid destination")
@@ -1527,14 +1538,13 @@ def _dependencies(nodes: Sequence[Any], rank: int) -> tuple[list[list[int]], lis
     distinct nodes it waits for; and whether every node waits only for nodes at lower
     positions."""
     n = len(nodes)
+    try:  # every id its position, as lowering makes them
+        found = _earlier_dependencies(nodes)
+    except TypeError:  # an id or dependency that is no int
+        found = None
+    if found is not None:
+        return found[0], found[1], True
     ids = [node.id for node in nodes]
-    if ids == list(range(n)):  # as lowering makes them
-        try:
-            found = _earlier_dependencies(nodes)
-        except TypeError:  # an id that is no int
-            found = None
-        if found is not None:
-            return found[0], found[1], True
     position = {node_id: i for i, node_id in enumerate(ids)}
     if len(position) != n:
         raise TraceError(f"rank {rank}: duplicate node ids")
@@ -1555,11 +1565,13 @@ def _dependencies(nodes: Sequence[Any], rank: int) -> tuple[list[list[int]], lis
 
 
 def _earlier_dependencies(nodes: Sequence[Any]) -> tuple[list[list[int]], list[int]] | None:
-    """:func:`_dependencies` where every node's id is its position, None unless every node
-    waits only for nodes before it."""
+    """:func:`_dependencies` where every node's id is its position, None unless every id is
+    its position and every node waits only for nodes before it."""
     children: list[list[int]] = [[] for _ in nodes]
     pending = [0] * len(nodes)
     for i, node in enumerate(nodes):
+        if node.id != i:
+            return None
         data, ctrl = node.data_deps, node.ctrl_deps
         # distinct: the commonest shapes (two data deps, one data and one ctrl dep) at a glance
         if ctrl:
