@@ -235,10 +235,17 @@ class _Indexed:
         if len(here) != len(there):
             return [self.same_in(k, other) for k in here]
         base = self.base  # the same nodes in the same order, as generated (see same_in)
-        return [
-            c if base(c) == base(k) else self.same_in(k, other)
-            for k, c in zip(here, there, strict=True)
-        ]
+        if list(map(base, here)) == list(map(base, there)):
+            return list(there)
+        found = list(here)
+        for at, (k, c) in enumerate(zip(here, there, strict=True)):
+            if base(c) == base(k):
+                found[at] = c
+            else:  # by key, as same_in
+                self._index(mb)
+                self._index(other)
+                found[at] = self.by_key.get((other, self.keys[k]))
+        return found
 
     def same_in(self, k: int, mb: int) -> int | None:
         """The position of the node of micro-batch ``mb`` that is node ``k``'s alike (same
@@ -464,12 +471,16 @@ def _kept_ancestors(
     (``frontier``: those found so far, by dropped node)."""
     nodes, mbs, position = index.nodes, index.micro_batch, index.position
     stack = [i]
+    waits: dict[int, list[int]] = {}
+    """the positions each node on the stack waits for, worked out on its first visit"""
     while stack:
         j = stack[-1]
         if j in frontier:
             stack.pop()
             continue
-        deps = [position[d] for d in (*nodes[j].data_deps, *nodes[j].ctrl_deps)]
+        deps = waits.get(j)
+        if deps is None:
+            deps = waits[j] = [position[d] for d in (*nodes[j].data_deps, *nodes[j].ctrl_deps)]
         missing = [k for k in deps if not _kept(mbs[k], keep) and k not in frontier]
         if missing:
             stack.extend(missing)
@@ -477,7 +488,8 @@ def _kept_ancestors(
         stack.pop()
         found: dict[int, None] = {}
         for k in deps:
-            if _kept(mbs[k], keep):
+            mb = mbs[k]
+            if mb is None or mb < keep:  # kept
                 found[nodes[k].id] = None
             else:
                 found.update(dict.fromkeys(frontier[k]))
