@@ -428,11 +428,6 @@ def link_signature(src: int, dst: int, system: System, memo: dict[int, Any]) -> 
     return signature
 
 
-_ID, _TYPE = operator.attrgetter("id"), operator.attrgetter("type")
-_UNMATCHED = object()
-"""a collective without a matching key (:attr:`Unit.group_keys`): matched by communicator"""
-
-
 def problem_from_workload(workload: Workload, system: System) -> Problem:
     """Split a workload into symmetric units (see the module docstring)."""
     layout = workload.layout
@@ -447,11 +442,10 @@ def problem_from_workload(workload: Workload, system: System) -> Problem:
     sorted_axes: dict[tuple[str, ...], tuple[str, ...]] = {}
     for rc in workload.rank_classes:
         templates = list(rc.nodes)
-        ids = list(map(_ID, templates))
-        if any(map(operator.ge, ids, itertools.islice(ids, 1, None))):
-            templates.sort(key=_ID)
-        is_comm = map(COMM_TYPES.__contains__, map(_TYPE, templates))
-        comm = list(itertools.compress(range(len(templates)), is_comm))
+        ids = [t.id for t in templates]
+        if any(map(operator.ge, ids, ids[1:])):
+            templates.sort(key=lambda t: t.id)
+        comm = [i for i, t in enumerate(templates) if t.type in COMM_TYPES]
         keys: dict[int, tuple[str, ...]] = {}
         axes: set[tuple[str, ...]] = set()
         stages: set[int] = set()
@@ -713,6 +707,10 @@ class Replay:
     """with ``states``: the per-node costs, streams and matching keys the replay ran with
     (``stream``, ``steps``, ``comm_link``, ``coll_key``, ``coll_needed``, ``p2p_key``,
     ``cost_key``, ``children`` and ``initial_duration``, each per unit)"""
+
+
+_UNMATCHED = object()
+"""a collective without a matching key (:attr:`Unit.group_keys`): matched by communicator"""
 
 
 class _Sim:
