@@ -619,9 +619,8 @@ class _Shift:
             self.long_pos.append(by_id)
             self.kept.append(kept)
             self.dropped.append([j for j, k in enumerate(kept) if not k])
-            self.replaced.append(
-                sorted((j, n) for j, n in zip(at, sunit.nodes, strict=True) if n is not nodes[j])
-            )
+            replaced = [(j, n) for j, n in zip(at, sunit.nodes, strict=True) if n is not nodes[j]]
+            self.replaced.append(sorted(replaced, key=operator.itemgetter(0)))
         self.later: list[list[int | None]] = []
         """per unit and position in the longer problem: that of its node one period later"""
         for unit, index in zip(long.units, indexed, strict=True):
