@@ -167,7 +167,7 @@ class _Indexed:
         self.nodes = nodes
         self.position: Mapping[int, int] | range
         """each node's position, by id (a range where every id is its position)"""
-        ids = list(map(_ID, nodes))
+        ids = [n.id for n in nodes]
         if ids == list(range(len(nodes))):
             self.position = range(len(nodes))
         else:
@@ -312,7 +312,6 @@ def _declared_micro_batches(nodes: Sequence[Any]) -> list[int | None]:
 
 
 _NO_ATTRS: Mapping[str, Any] = {}
-_ID = operator.attrgetter("id")
 
 
 def reduced_problem(problem: Problem, keep: int) -> Problem:
@@ -761,7 +760,7 @@ class _Check:
         for u, lunit in enumerate(self.long_problem.units):
             lnodes, lpos, kept = lunit.nodes, shift.long_pos[u], shift.kept[u]
             a_end, a_pending = a.end[u], a.pending[u]
-            if not all(map(a_pending.__getitem__, shift.dropped[u])):
+            if not all([a_pending[k] for k in shift.dropped[u]]):
                 return False  # a dropped node became ready
             rewritten: dict[int, set[int]] = {}
             for j, snode in shift.replaced[u]:
@@ -802,7 +801,7 @@ class _Check:
         if None in theirs or len(opened) != b_end.count(-1.0):
             return False
         ms: list[int] = theirs  # type: ignore[assignment]
-        if ms and max(map(b_end.__getitem__, ms)) >= 0:
+        if ms and max([b_end[m] for m in ms]) >= 0:
             return False
         kinds = _at(kind, opened)
         if kinds != _at(kind, ms):
@@ -890,8 +889,12 @@ class _Check:
             mine_nodes, their_nodes = _at(lnodes, js), _at(lnodes, pms)
             if (
                 _at(a_pending, js) == _at(b_pending, pms)
-                and _later_deps(DATA_DEPS, mine_nodes, their_nodes, later)
-                and _later_deps(CTRL_DEPS, mine_nodes, their_nodes, later)
+                and _later_deps(
+                    [n.data_deps for n in mine_nodes], [n.data_deps for n in their_nodes], later
+                )
+                and _later_deps(
+                    [n.ctrl_deps for n in mine_nodes], [n.ctrl_deps for n in their_nodes], later
+                )
             ):
                 # those ready (none pending, not finished; a few): ready alike
                 for j in a_live:
@@ -1063,24 +1066,18 @@ class _Check:
 
 def _at(column: Sequence[Any], positions: Iterable[int]) -> list[Any]:
     """``column``'s values at ``positions``, in their order."""
-    return list(map(column.__getitem__, positions))
-
-
-DATA_DEPS, CTRL_DEPS = operator.attrgetter("data_deps"), operator.attrgetter("ctrl_deps")
+    # a comprehension: its subscripts are specialised bytecode, cheaper than a call each
+    return [column[j] for j in positions]
 
 
 def _later_deps(
-    deps: Callable[[Any], Sequence[int]],
-    nodes: Sequence[Any],
-    others: Sequence[Any],
-    later: Sequence[int | None],
+    mine: Sequence[Sequence[int]], theirs: Sequence[Sequence[int]], later: Sequence[int | None]
 ) -> bool:
-    """Whether each of ``others`` has as dependencies (``deps``, by position) those of its
-    node of ``nodes``, each one period later, in the same order."""
-    mine, theirs = list(map(deps, nodes)), list(map(deps, others))
-    return list(map(len, mine)) == list(map(len, theirs)) and _at(
-        later, itertools.chain.from_iterable(mine)
-    ) == list(itertools.chain.from_iterable(theirs))
+    """Whether each of ``theirs`` (dependencies, by position) is its entry of ``mine``, each
+    dependency one period later, in the same order."""
+    return list(map(len, mine)) == list(map(len, theirs)) and [
+        later[d] for d in itertools.chain.from_iterable(mine)
+    ] == list(itertools.chain.from_iterable(theirs))
 
 
 STREAMED = frozenset({COMPUTE, COLL, SEND, COPY})
