@@ -306,7 +306,11 @@ def _declared_micro_batches(nodes: Sequence[Any]) -> list[int | None]:
     out: list[int | None] = []
     append = out.append
     for node in nodes:
-        value = (getattr(node, "attrs", None) or _NO_ATTRS).get(MICRO_BATCH_ATTR)
+        try:  # an attribute read, cheaper than getattr with a default
+            attrs = node.attrs or _NO_ATTRS
+        except AttributeError:
+            attrs = _NO_ATTRS
+        value = attrs.get(MICRO_BATCH_ATTR)
         append(value if type(value) is int else None)
     return out
 
@@ -1648,7 +1652,11 @@ def _flops(nodes: Iterable[Any]) -> tuple[int, int]:
             ops = node.num_ops
             if ops > 0:
                 hardware += ops
-                code = node.attrs.get(PHASE_ATTR) if getattr(node, "attrs", None) else None
+                try:
+                    attrs = node.attrs
+                except AttributeError:
+                    attrs = None
+                code = attrs.get(PHASE_ATTR) if attrs else None
                 if type(code) is int or type(code) is str:
                     again = recomputed.get(code)
                     if again is None:

@@ -257,6 +257,10 @@ def compute_cost_key(node: Any) -> tuple[Any, ...]:
     further attributes (the kernel shape). Alike nodes of every micro-batch and layer share
     one key."""
     attrs = node.attrs
+    try:  # an attribute read, cheaper than getattr with a default
+        runtime = node.runtime
+    except AttributeError:
+        runtime = 0
     # kernel_name and weight_cast_cached, inline: this runs once per node of every unit
     op = attrs.get(OP_ATTR)
     step = attrs.get(STEP_ATTR)
@@ -268,7 +272,7 @@ def compute_cost_key(node: Any) -> tuple[Any, ...]:
         node.num_ops,
         node.tensor_size,
         node.dtype,
-        getattr(node, "runtime", 0),
+        runtime,
         attrs.get("gemm"),
         attrs.get("attention"),
     )
