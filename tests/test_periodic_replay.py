@@ -31,6 +31,7 @@ from stg.perf.periodic import (
     _Indexed,
     _micro_batches,
     _reduced,
+    _reduction,
     _Shift,
     _short_from_long,
     cut_at,
@@ -547,6 +548,34 @@ def test_a_problem_too_short_for_a_saving_reads_only_its_first_unit(
     long = problem_from_workload(_workload(**options, batch=48), SYSTEM)
     assert replay_periodic(long, SYSTEM) is not None
     assert len(read) == len(long.units)
+
+
+@pytest.mark.parametrize("options", SINGLE_CASES.values(), ids=SINGLE_CASES.keys())
+def test_a_reduction_says_where_its_nodes_lie_as_looking_them_up_does(
+    options: dict[str, Any],
+) -> None:
+    """The state check's correspondence of a problem and its reduction (``_Shift``) is the
+    same whether the reduction says which nodes it keeps, drops and gives other dependencies
+    or they are looked up by id; and each node's alike in another micro-batch is the same
+    found a micro-batch at a time (``alikes_in``) as one node at a time (``same_in``)."""
+    problem = problem_from_workload(_workload(**SMALL, **options), SYSTEM)
+    per_unit, built = _micro_batches(problem)
+    assert built is not None
+    indexed = [_Indexed(u.nodes, mbs) for u, mbs in zip(problem.units, per_unit, strict=True)]
+    period = options["pp"] if options.get("virtual_stages") else 1
+    for keep in (built - period, built // 2):
+        reduction = _reduction(problem, keep, built, indexed)
+        known = _Shift(problem, reduction.problem, indexed, period, reduction)
+        looked_up = _Shift(problem, reduction.problem, indexed, period)
+        assert known.in_order and looked_up.in_order
+        assert any(known.replaced) and any(known.dropped)
+        for name in ("kept", "dropped", "replaced", "later"):
+            assert getattr(known, name) == getattr(looked_up, name), name
+        assert [list(p) for p in known.long_pos] == [list(p) for p in looked_up.long_pos]
+    for index in indexed:
+        for mb in range(built - period):
+            expected = [index.same_in(k, mb + period) for k in index.members[mb]]
+            assert index.alikes_in(mb, mb + period) == expected
 
 
 @pytest.mark.parametrize("options", SINGLE_CASES.values(), ids=SINGLE_CASES.keys())

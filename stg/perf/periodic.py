@@ -160,11 +160,11 @@ class _Indexed:
     def __init__(
         self,
         nodes: Sequence[Any],
-        micro_batch: list[int | None],
+        micro_batch: list[int | None] | None = None,
         shared: dict[tuple[Any, ...], tuple[Any, ...]] | None = None,
     ) -> None:
+        """``micro_batch``: each node's (:func:`_declared_micro_batches`), where known."""
         self.nodes = nodes
-        self.micro_batch = micro_batch
         self.position: Mapping[int, int] | range
         """each node's position, by id (a range where every id is its position)"""
         ids = [n.id for n in nodes]
@@ -175,16 +175,14 @@ class _Indexed:
         self.members: dict[int, list[int]] = {}
         self.unbatched: list[int] = []
         """positions of the nodes outside the micro-batches"""
-        members, unbatched = self.members, self.unbatched
+        if micro_batch is None:
+            micro_batch = _declared_micro_batches(nodes)
+        self.micro_batch = micro_batch
+        members: dict[int | None, list[int]] = {mb: [] for mb in dict.fromkeys(micro_batch)}
         for i, mb in enumerate(micro_batch):
-            if mb is None:
-                unbatched.append(i)
-            else:
-                found = members.get(mb)
-                if found is None:
-                    members[mb] = [i]
-                else:
-                    found.append(i)
+            members[mb].append(i)
+        self.unbatched = members.pop(None, [])
+        self.members = members  # type: ignore[assignment]
         self.keys: dict[int, Key] = {}
         self.by_key: dict[tuple[int, Key], int] = {}
         self.indexed: set[int] = set()
@@ -229,6 +227,26 @@ class _Indexed:
             self.keys[i] = (*base, occurrence)
             self.by_key[(mb, self.keys[i])] = i
 
+    def alikes_in(self, mb: int, other: int) -> list[int | None]:
+        """:meth:`same_in` ``other`` of each node of micro-batch ``mb``, in order."""
+        here, there = self.members.get(mb, []), self.members.get(other)
+        if there is None:
+            return [None] * len(here)
+        if len(here) != len(there):
+            return [self.same_in(k, other) for k in here]
+        base = self.base  # the same nodes in the same order, as generated (see same_in)
+        if list(map(base, here)) == list(map(base, there)):
+            return list(there)
+        found = list(here)
+        for at, (k, c) in enumerate(zip(here, there, strict=True)):
+            if base(c) == base(k):
+                found[at] = c
+            else:  # by key, as same_in
+                self._index(mb)
+                self._index(other)
+                found[at] = self.by_key.get((other, self.keys[k]))
+        return found
+
     def same_in(self, k: int, mb: int) -> int | None:
         """The position of the node of micro-batch ``mb`` that is node ``k``'s alike (same
         key), None where there is none."""
@@ -263,12 +281,36 @@ def _micro_batches(
     return per_unit, (counts.pop() if len(counts) == 1 else None)
 
 
+def _indexed_units(
+    problem: Problem, first: list[int | None] | None = None
+) -> tuple[list[_Indexed], int | None]:
+    """Each unit's nodes indexed (alike nodes of every unit sharing their keys), and how many
+    micro-batches there are (as :func:`_micro_batches`); ``first``: the first unit's
+    micro-batches, where known."""
+    shared: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+    indexed = [
+        _Indexed(unit.nodes, first if u == 0 else None, shared)
+        for u, unit in enumerate(problem.units)
+    ]
+    counts = set()
+    for index in indexed:
+        declared = index.members.keys()
+        if not declared or len(declared) != max(declared) + 1:
+            return indexed, None
+        counts.add(len(declared))
+    return indexed, (counts.pop() if len(counts) == 1 else None)
+
+
 def _declared_micro_batches(nodes: Sequence[Any]) -> list[int | None]:
     """Each node's :func:`stg.core.workload.node_micro_batch`, inline (once per node)."""
     out: list[int | None] = []
     append = out.append
     for node in nodes:
-        value = (getattr(node, "attrs", None) or _NO_ATTRS).get(MICRO_BATCH_ATTR)
+        try:  # an attribute read, cheaper than getattr with a default
+            attrs = node.attrs or _NO_ATTRS
+        except AttributeError:
+            attrs = _NO_ATTRS
+        value = attrs.get(MICRO_BATCH_ATTR)
         append(value if type(value) is int else None)
     return out
 
@@ -282,14 +324,26 @@ def reduced_problem(problem: Problem, keep: int) -> Problem:
     the schedule orders before it) waits for what that one waits for instead; a node outside
     the micro-batches (a gradient reduction, the optimizer) that waits for micro-batch
     ``y`` of the ``M`` waits for the same node of micro-batch ``y - (M - keep)``."""
-    per_unit, total = _micro_batches(problem)
+    indexed, total = _indexed_units(problem)
     if total is None:
         raise ValueError("the problem's units do not declare the same micro-batches")
-    shared: dict[tuple[Any, ...], tuple[Any, ...]] = {}
-    indexed = [
-        _Indexed(u.nodes, mbs, shared) for u, mbs in zip(problem.units, per_unit, strict=True)
-    ]
     return _reduced(problem, keep, total, indexed)
+
+
+@dataclass
+class _Reduction:
+    """A reduced problem (:func:`_reduction`) and how it lies in the problem it was reduced
+    from, per unit by position there: the nodes it keeps, those it drops, and the kept ones it
+    gives other dependencies."""
+
+    problem: Problem
+    kept: list[bytearray]
+    """per unit and position: whether the reduced problem has the node"""
+    gone: list[list[int]]
+    """per unit: the positions of the dropped nodes, ascending"""
+    replaced: list[list[tuple[int, Any]]]
+    """per unit: (position, the reduced problem's node) of each kept node with other
+    dependencies, ascending"""
 
 
 def _reduced(
@@ -302,8 +356,22 @@ def _reduced(
     """:func:`reduced_problem` with each unit's nodes indexed; ``children``: per unit and
     position in ``problem``, the positions of the nodes that wait for it (the engine's), where
     known: only the dropped nodes' are then looked at for the nodes that wait for one."""
+    return _reduction(problem, keep, total, indexed, children).problem
+
+
+def _reduction(
+    problem: Problem,
+    keep: int,
+    total: int,
+    indexed: Sequence[_Indexed],
+    children: Sequence[Sequence[Sequence[int]]] | None = None,
+) -> _Reduction:
+    """:func:`_reduced`, with where its nodes lie in ``problem``."""
     shift = total - keep
     units: list[Unit] = []
+    reduction = _Reduction(
+        Problem(units, problem.unit_of_rank, problem.comm_groups, problem.world_size), [], [], []
+    )
     for u, (unit, index) in enumerate(zip(problem.units, indexed, strict=True)):
         mbs = index.micro_batch
         nodes = index.nodes
@@ -315,28 +383,22 @@ def _reduced(
         kept_mask = bytearray(b"\x01") * len(nodes)
         for k in gone:
             kept_mask[k] = 0
-        kept = list(itertools.compress(range(len(nodes)), kept_mask))
         kept_nodes = list(itertools.compress(nodes, kept_mask))
-        """as they are, but for those rewritten below (the k-th kept node is the k-th of
-        ``kept``)"""
+        """as they are, but for those rewritten below (the node at position ``i`` is the
+        ``i - bisect_left(gone, i)``-th)"""
         dropped = {nodes[k].id for k in gone}
-        # _end_deps applies to the micro-batches whose alike ``shift`` later is dropped
-        ending_from = max(keep - shift, 0) if shift else keep
-        rewrite: Iterable[int] = kept
-        """the kept nodes that may wait for a dropped one or have _end_deps"""
+        ending_deps = _end_deps(index, keep, shift)
+        rewrite: Iterable[int]
+        """the kept nodes that may wait for a dropped one or have _end_deps, ascending"""
         if children is not None:
             below = children[u]
-            rewrite = sorted(
-                {c for k in gone for c in below[k] if kept_mask[c]}.union(
-                    *(index.members.get(mb, ()) for mb in range(ending_from, keep))
-                )
-            )
+            rewrite = sorted({c for k in gone for c in below[k] if kept_mask[c]}.union(ending_deps))
+        else:
+            rewrite = itertools.compress(range(len(nodes)), kept_mask)
+        replaced: list[tuple[int, Any]] = []
         for i in rewrite:
-            mb = mbs[i]
             node = nodes[i]
-            ending = (
-                () if mb is None or mb < ending_from else _end_deps(index, i, keep, shift, total)
-            )
+            ending = ending_deps.get(i, ())
             if not ending and dropped.isdisjoint(node.data_deps):
                 if not node.ctrl_deps or dropped.isdisjoint(node.ctrl_deps):
                     continue  # waits for no dropped node: as it is
@@ -348,7 +410,9 @@ def _reduced(
                 deps = (*deps, *(d for d in ending if d not in deps))
                 if dropped.isdisjoint(deps):
                     kept_nodes[at] = dataclasses.replace(node, data_deps=deps, ctrl_deps=())
+                    replaced.append((i, kept_nodes[at]))
                     continue
+            mb = mbs[i]
             new_deps: dict[int, None] = {}
             for d in deps:
                 k = position[d]
@@ -364,32 +428,43 @@ def _reduced(
                             raise _NotPeriodic
                         new_deps[nodes[partner].id] = None
             kept_nodes[at] = dataclasses.replace(node, data_deps=tuple(new_deps), ctrl_deps=())
+            replaced.append((i, kept_nodes[at]))
         group_keys: dict[int, Any] = {}
+        before = 0  # of the dropped nodes, those before position i
         for i in sorted(unit.group_keys):
+            while before < len(gone) and gone[before] < i:
+                before += 1
             if kept_mask[i]:
-                group_keys[i - bisect_left(gone, i)] = unit.group_keys[i]
+                group_keys[i - before] = unit.group_keys[i]
         units.append(dataclasses.replace(unit, nodes=kept_nodes, group_keys=group_keys))
-    return Problem(units, problem.unit_of_rank, problem.comm_groups, problem.world_size)
+        reduction.kept.append(kept_mask)
+        reduction.gone.append(gone)
+        reduction.replaced.append(replaced)
+    return reduction
 
 
-def _end_deps(index: _Indexed, i: int, keep: int, shift: int, total: int) -> tuple[int, ...]:
-    """The nodes outside the micro-batches that the alike of node ``i`` (micro-batch ``x``)
-    in micro-batch ``x + shift`` waits for, where that one is dropped: in the schedule of
-    ``keep`` micro-batches, micro-batch ``x`` is where ``x + shift`` is in the whole one, and
-    waits for the same end-of-iteration nodes (a collective of the last micro-batch's backward
-    issued after the head's gradient reduction on the same communicator)."""
-    mb = index.micro_batch[i]
-    if mb is None or shift == 0:
-        return ()
-    y = mb + shift
-    if y < keep or y >= total:
-        return ()
-    partner = index.same_in(i, y)
-    if partner is None:
-        raise _NotPeriodic
-    node = index.nodes[partner]
-    position, mbs = index.position, index.micro_batch
-    return tuple(d for d in (*node.data_deps, *node.ctrl_deps) if mbs[position[d]] is None)
+def _end_deps(index: _Indexed, keep: int, shift: int) -> dict[int, tuple[int, ...]]:
+    """Per kept node of micro-batch ``x`` whose alike in micro-batch ``x + shift`` is dropped,
+    the nodes outside the micro-batches that this alike waits for, where there are any: in
+    the schedule of ``keep`` micro-batches, micro-batch ``x`` is where ``x + shift`` is in the
+    whole one, and waits for the same end-of-iteration nodes (a collective of the last
+    micro-batch's backward issued after the head's gradient reduction on the same
+    communicator)."""
+    found: dict[int, tuple[int, ...]] = {}
+    if not shift:
+        return found
+    nodes, position, mbs = index.nodes, index.position, index.micro_batch
+    for mb in range(max(keep - shift, 0), keep):
+        members = index.members.get(mb, [])
+        for i, partner in zip(members, index.alikes_in(mb, mb + shift), strict=True):
+            if partner is None:
+                raise _NotPeriodic
+            node = nodes[partner]
+            deps = (*node.data_deps, *node.ctrl_deps) if node.ctrl_deps else node.data_deps
+            ending = [d for d in deps if mbs[position[d]] is None]
+            if ending:
+                found[i] = tuple(ending)
+    return found
 
 
 def _kept_ancestors(
@@ -399,12 +474,16 @@ def _kept_ancestors(
     (``frontier``: those found so far, by dropped node)."""
     nodes, mbs, position = index.nodes, index.micro_batch, index.position
     stack = [i]
+    waits: dict[int, list[int]] = {}
+    """the positions each node on the stack waits for, worked out on its first visit"""
     while stack:
         j = stack[-1]
         if j in frontier:
             stack.pop()
             continue
-        deps = [position[d] for d in (*nodes[j].data_deps, *nodes[j].ctrl_deps)]
+        deps = waits.get(j)
+        if deps is None:
+            deps = waits[j] = [position[d] for d in (*nodes[j].data_deps, *nodes[j].ctrl_deps)]
         missing = [k for k in deps if not _kept(mbs[k], keep) and k not in frontier]
         if missing:
             stack.extend(missing)
@@ -412,7 +491,8 @@ def _kept_ancestors(
         stack.pop()
         found: dict[int, None] = {}
         for k in deps:
-            if _kept(mbs[k], keep):
+            mb = mbs[k]
+            if mb is None or mb < keep:  # kept
                 found[nodes[k].id] = None
             else:
                 found.update(dict.fromkeys(frontier[k]))
@@ -496,18 +576,40 @@ class _Shift:
     matching keys and dependencies), not their names."""
 
     def __init__(
-        self, long: Problem, short: Problem, indexed: Sequence[_Indexed], period: int
+        self,
+        long: Problem,
+        short: Problem,
+        indexed: Sequence[_Indexed],
+        period: int,
+        reduction: _Reduction | None = None,
     ) -> None:
+        """``reduction``: ``short`` as :func:`_reduction` made it, where ``long`` is the
+        problem it reduced (where the nodes lie is known then)."""
         self.long_nodes = [u.nodes for u in long.units]
         self.long_pos: list[Mapping[int, int]] = []
         """per unit: each node's position in the longer problem, by id"""
         self.kept: list[bytearray] = []
         """per unit and position in the longer problem: whether the shorter one has the node"""
+        self.dropped: list[list[int]] = []
+        """per unit: the positions in the longer problem of the nodes the shorter one lacks"""
+        self.replaced: list[list[tuple[int, Any]]] = []
+        """per unit: (position in the longer problem, the shorter one's node) of each node the
+        shorter problem has another node object for (other dependencies), ascending"""
         self.in_order = True
         """the shorter problem's nodes are in the longer one's order (as reduced problems keep
         them): its columns are the longer one's, less the nodes it lacks"""
-        for lunit, sunit in zip(long.units, short.units, strict=True):
+        known = reduction is not None and reduction.problem is short
+        for u, (lunit, sunit, index) in enumerate(
+            zip(long.units, short.units, indexed, strict=True)
+        ):
             nodes = lunit.nodes
+            if known and nodes is index.nodes:
+                assert reduction is not None
+                self.long_pos.append(index.position)
+                self.kept.append(reduction.kept[u])
+                self.dropped.append(reduction.gone[u])
+                self.replaced.append(reduction.replaced[u])
+                continue
             ids = [n.id for n in nodes]
             by_id: Mapping[int, int] = range(len(nodes))
             if ids != list(by_id):
@@ -519,6 +621,9 @@ class _Shift:
             self.in_order = self.in_order and at == sorted(at)
             self.long_pos.append(by_id)
             self.kept.append(kept)
+            self.dropped.append([j for j, k in enumerate(kept) if not k])
+            replaced = [(j, n) for j, n in zip(at, sunit.nodes, strict=True) if n is not nodes[j]]
+            self.replaced.append(sorted(replaced, key=operator.itemgetter(0)))
         self.later: list[list[int | None]] = []
         """per unit and position in the longer problem: that of its node one period later"""
         for unit, index in zip(long.units, indexed, strict=True):
@@ -583,7 +688,7 @@ def _short_from_long(
     for a, b in itertools.pairwise(long.states):
         short = _state_matches(long, long_problem, short_problem, shift, a, b, tolerance)
         if short is not None:
-            return short, [[end < 0 for end in ends] for ends in a.end]
+            return short, [list(map(operator.lt, ends, itertools.repeat(0.0))) for ends in a.end]
     return None
 
 
@@ -656,24 +761,19 @@ class _Check:
         (dropped, or with other dependencies) is untouched there and the communicators'
         streams are numbered alike."""
         a, shift = self.a, self.shift
-        for u, (lunit, sunit) in enumerate(
-            zip(self.long_problem.units, self.short_problem.units, strict=True)
-        ):
+        for u, lunit in enumerate(self.long_problem.units):
             lnodes, lpos, kept = lunit.nodes, shift.long_pos[u], shift.kept[u]
             a_end, a_pending = a.end[u], a.pending[u]
-            if any(not left and not k for left, k in zip(a_pending, kept, strict=True)):
-                return False
+            if not all([a_pending[k] for k in shift.dropped[u]]):
+                return False  # a dropped node became ready
             rewritten: dict[int, set[int]] = {}
-            opened: list[int] = []
-            for snode in sunit.nodes:
-                j = lpos[snode.id]
-                if snode is not lnodes[j]:
-                    deps = {lpos[d] for d in (*snode.data_deps, *snode.ctrl_deps)}
-                    if a_pending[j] == 0 or all(a_end[d] >= 0 for d in deps):
-                        return False
-                    rewritten[j] = deps
-                if a_end[j] < 0:
-                    opened.append(j)
+            for j, snode in shift.replaced[u]:
+                deps = {lpos[d] for d in (*snode.data_deps, *snode.ctrl_deps)}
+                if a_pending[j] == 0 or all(a_end[d] >= 0 for d in deps):
+                    return False
+                rewritten[j] = deps
+            # in the shorter problem's order: the longer one's (in_order)
+            opened = [j for j in itertools.compress(range(len(kept)), kept) if a_end[j] < 0]
             seen: set[Any] = set()
             for j in self.sim.coll_key[u]:  # in node order
                 group = lnodes[j].comm_group
@@ -705,7 +805,7 @@ class _Check:
         if None in theirs or len(opened) != b_end.count(-1.0):
             return False
         ms: list[int] = theirs  # type: ignore[assignment]
-        if ms and max(map(b_end.__getitem__, ms)) >= 0:
+        if ms and max([b_end[m] for m in ms]) >= 0:
             return False
         kinds = _at(kind, opened)
         if kinds != _at(kind, ms):
@@ -753,9 +853,15 @@ class _Check:
         for j, m in itertools.compress(zip(cj, cm, strict=True), sent_or_received):
             if not self.same_key(p2p[j], p2p[m]):
                 return False
-        # the nodes ready at either instant: issued alike
-        ready = map(operator.or_, map(a_live.__contains__, opened), map(b_live.__contains__, ms))
-        for j, m in itertools.compress(zip(opened, ms, strict=True), ready):
+        # the nodes ready at either instant (a few): issued alike
+        kept = self.shift.kept[u]
+        ready = {j: later[j] for j in a_live if kept[j] and a_end[j] < 0}  # of ``opened``
+        for m in b_live:
+            k = -1
+            for _ in range(ms.count(m)):
+                k = ms.index(m, k + 1)
+                ready[opened[k]] = m
+        for j, m in ready.items():
             at_a, at_b = a_live.get(j), b_live.get(m)
             x, x_issued, _, x_cause = (at_a or none)[:4]
             y, y_issued, _, y_cause = (at_b or none)[:4]
@@ -779,20 +885,26 @@ class _Check:
         if by_position:
             # the commonest case at once: the same dependencies one period later (then the
             # ones not finished correspond too: the nodes not finished do, one to one)
-            unchanged = [not r for r in map(rewritten.__contains__, opened)]
-            js = list(itertools.compress(opened, unchanged))
-            pms = list(itertools.compress(ms, unchanged))
+            js, pms = opened, ms
+            if rewritten:
+                unchanged = [not r for r in map(rewritten.__contains__, opened)]
+                js = list(itertools.compress(opened, unchanged))
+                pms = list(itertools.compress(ms, unchanged))
             mine_nodes, their_nodes = _at(lnodes, js), _at(lnodes, pms)
             if (
                 _at(a_pending, js) == _at(b_pending, pms)
-                and _later_deps(DATA_DEPS, mine_nodes, their_nodes, later)
-                and _later_deps(CTRL_DEPS, mine_nodes, their_nodes, later)
+                and _later_deps(
+                    [n.data_deps for n in mine_nodes], [n.data_deps for n in their_nodes], later
+                )
+                and _later_deps(
+                    [n.ctrl_deps for n in mine_nodes], [n.ctrl_deps for n in their_nodes], later
+                )
             ):
-                # those ready (none pending, not finished): ready alike
-                ready_at_a = map(a_live.__contains__, js)
-                for j, m in itertools.compress(zip(js, pms, strict=True), ready_at_a):
-                    if not self.ready_alike(u, j, m):
-                        return False
+                # those ready (none pending, not finished; a few): ready alike
+                for j in a_live:
+                    if kept[j] and a_end[j] < 0 and j not in rewritten:  # of ``js``
+                        if not self.ready_alike(u, j, later[j]):  # type: ignore[arg-type]
+                            return False
                 opened, ms = list(rewritten), [later[j] for j in rewritten]  # type: ignore[misc]
         for j, m in zip(opened, ms, strict=True):
             if j not in rewritten:
@@ -958,24 +1070,18 @@ class _Check:
 
 def _at(column: Sequence[Any], positions: Iterable[int]) -> list[Any]:
     """``column``'s values at ``positions``, in their order."""
-    return list(map(column.__getitem__, positions))
-
-
-DATA_DEPS, CTRL_DEPS = operator.attrgetter("data_deps"), operator.attrgetter("ctrl_deps")
+    # a comprehension: its subscripts are specialised bytecode, cheaper than a call each
+    return [column[j] for j in positions]
 
 
 def _later_deps(
-    deps: Callable[[Any], Sequence[int]],
-    nodes: Sequence[Any],
-    others: Sequence[Any],
-    later: Sequence[int | None],
+    mine: Sequence[Sequence[int]], theirs: Sequence[Sequence[int]], later: Sequence[int | None]
 ) -> bool:
-    """Whether each of ``others`` has as dependencies (``deps``, by position) those of its
-    node of ``nodes``, each one period later, in the same order."""
-    mine, theirs = list(map(deps, nodes)), list(map(deps, others))
-    return list(map(len, mine)) == list(map(len, theirs)) and _at(
-        later, itertools.chain.from_iterable(mine)
-    ) == list(itertools.chain.from_iterable(theirs))
+    """Whether each of ``theirs`` (dependencies, by position) is its entry of ``mine``, each
+    dependency one period later, in the same order."""
+    return list(map(len, mine)) == list(map(len, theirs)) and [
+        later[d] for d in itertools.chain.from_iterable(mine)
+    ] == list(itertools.chain.from_iterable(theirs))
 
 
 STREAMED = frozenset({COMPUTE, COLL, SEND, COPY})
@@ -1026,21 +1132,26 @@ def _read_off(
         res = long.units[u]
         # by position in the longer problem: the nodes finished at ``a`` as in ``long`` (most
         # of them), the others read off; then the shorter problem's (in the same order)
-        duration, start = res.duration.copy(), res.start.copy()
-        end, transfer = res.end.copy(), res.transfer_start.copy()
-        a_live, later = a.live[u], shift.later[u]
+        long_duration, long_start = res.duration, res.start
+        long_end, long_transfer = res.end, res.transfer_start
+        duration, start = long_duration.copy(), long_start.copy()
+        end, transfer = long_end.copy(), long_transfer.copy()
+        later, kept = shift.later[u], shift.kept[u]
         for j in opened[u]:
-            m = later[j]
-            assert m is not None  # checked by _state_matches
-            duration[j] = res.duration[m]
-            end[j] = res.end[m] - span
-            began, issued = a_live[j][:2] if j in a_live else (-1.0, -1.0)
-            start[j] = began if began >= 0 else res.start[m] - span
-            if issued >= 0:
-                transfer[j] = issued
-            else:
-                transfer[j] = res.transfer_start[m] - span if res.transfer_start[m] >= 0 else -1.0
-        kept = shift.kept[u]
+            m: int = later[j]  # type: ignore[assignment]  # not None: checked by _state_matches
+            duration[j] = long_duration[m]
+            end[j] = long_end[m] - span
+            start[j] = long_start[m] - span
+            issued = long_transfer[m]
+            transfer[j] = issued - span if issued >= 0 else -1.0
+        # the nodes started, or whose transfer started, at ``a`` (a few): as they did
+        a_end = a.end[u]
+        for j, (began, issued, *_) in a.live[u].items():
+            if kept[j] and a_end[j] < 0:  # of ``opened``
+                if began >= 0:
+                    start[j] = began
+                if issued >= 0:
+                    transfer[j] = issued
         units.append(
             UnitResult(
                 sunit,
@@ -1191,18 +1302,12 @@ def replay_periodic(
             tries.append((period, keeps))
     if not tries:
         return None
-    per_unit, counted = _micro_batches(problem, first)
+    indexed, counted = _indexed_units(problem, first)
     if counted != built:
         return None
-    indexed: list[_Indexed] = []  # once a replay is worth trying
+    per_unit = [index.micro_batch for index in indexed]
     for period, keeps in tries:
         for keep in keeps:
-            if not indexed:
-                shared: dict[tuple[Any, ...], tuple[Any, ...]] = {}
-                indexed = [
-                    _Indexed(u.nodes, mbs, shared)
-                    for u, mbs in zip(problem.units, per_unit, strict=True)
-                ]
             try:
                 result = _try_keep(
                     problem, args, options, indexed, per_unit, built, total, keep, period,
@@ -1285,10 +1390,11 @@ def _try_keep(
     # where the longer problem is the whole one, the engine's dependency lists are by its
     # positions: the shorter problem looks only at the nodes that wait for a dropped one
     children = long.prepared.children if long.prepared and longer is problem else None
-    shorter = _reduced(problem, keep, built, indexed, children)
+    reduction = _reduction(problem, keep, built, indexed, children)
+    shorter = reduction.problem
     found = None
     if len(long.states) == len(anchors) > 1:
-        shift = _Shift(longer, shorter, indexed, period)
+        shift = _Shift(longer, shorter, indexed, period, reduction)
         tolerance = TOLERANCE * max(long.iteration_time, 1e-300)
         found = _short_from_long(long, longer, shorter, shift, tolerance)
     long.states, long.prepared = [], None
@@ -1396,10 +1502,11 @@ def _extended_path(
     repeats = 0
     entry: tuple[int, int] | None = None
     limit = sum(len(mbs) for mbs in per_unit) * (periods + 1)  # nodes of the full problem
+    causes = [res.cause for res in long.units]
     try:
         while True:
             segment.append((u, j, copies))
-            cause = long.units[u].cause[j]
+            cause = causes[u][j]
             if cause is None:
                 break
             cu, cj = cause
@@ -1447,34 +1554,52 @@ def _runs(
     """:func:`stg.perf.replay.path_runs` of a chain of (unit, node, copies) of the longer
     replay, each node ``copies`` periods later; only the runs' first and last nodes named."""
     runs: list[dict[str, Any]] = []
-    last: tuple[int, int, int] | None = None
+    ranks = [res.unit.rank for res in long.units]
+    kinds = [res.kind for res in long.units]
+    run: dict[str, Any] = {}
+    rank = kind = None
+    count = 0
+    last = (0, 0, 0)
     for u, j, copies in chain:
-        res = long.units[u]
-        rank, kind = res.unit.rank, KIND_NAMES[res.kind[j]]
-        delay = copies * period_time
-        if runs and runs[-1]["rank"] == rank and runs[-1]["kind"] == kind:
-            run = runs[-1]
-            run["end_s"] = res.end[j] + delay
-            run["nodes"] += 1
+        if ranks[u] == rank and KIND_NAMES[kinds[u][j]] == kind:
+            count += 1  # the run's end and last node are set once it is over
         else:
-            if runs and last is not None:
-                runs[-1]["last"] = full_name(*last)
+            if runs:
+                _close_run(run, count, last, long, full_name, period_time)
+            rank, kind = ranks[u], KIND_NAMES[kinds[u][j]]
+            res = long.units[u]
             name = full_name(u, j, copies)
-            runs.append(
-                {
-                    "rank": rank,
-                    "kind": kind,
-                    "start_s": res.start[j] + delay,
-                    "end_s": res.end[j] + delay,
-                    "nodes": 1,
-                    "first": name,
-                    "last": name,
-                }
-            )
+            delay = copies * period_time
+            run = {
+                "rank": rank,
+                "kind": kind,
+                "start_s": res.start[j] + delay,
+                "end_s": res.end[j] + delay,
+                "nodes": 1,
+                "first": name,
+                "last": name,
+            }
+            runs.append(run)
+            count = 1
         last = (u, j, copies)
-    if runs and last is not None:
-        runs[-1]["last"] = full_name(*last)
+    if runs:
+        _close_run(run, count, last, long, full_name, period_time)
     return runs
+
+
+def _close_run(
+    run: dict[str, Any],
+    count: int,
+    last: tuple[int, int, int],
+    long: Replay,
+    full_name: Callable[[int, int, int], str],
+    period_time: float,
+) -> None:
+    """Give a run of :func:`_runs` its ``count`` nodes and its ``last`` node's end and name."""
+    u, j, copies = last
+    run["end_s"] = long.units[u].end[j] + copies * period_time
+    run["nodes"] = count
+    run["last"] = full_name(u, j, copies)
 
 
 def _base(node: Any) -> tuple[Any, ...]:
@@ -1527,7 +1652,11 @@ def _flops(nodes: Iterable[Any]) -> tuple[int, int]:
             ops = node.num_ops
             if ops > 0:
                 hardware += ops
-                code = node.attrs.get(PHASE_ATTR) if getattr(node, "attrs", None) else None
+                try:
+                    attrs = node.attrs
+                except AttributeError:
+                    attrs = None
+                code = attrs.get(PHASE_ATTR) if attrs else None
                 if type(code) is int or type(code) is str:
                     again = recomputed.get(code)
                     if again is None:

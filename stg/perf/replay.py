@@ -257,6 +257,10 @@ def compute_cost_key(node: Any) -> tuple[Any, ...]:
     further attributes (the kernel shape). Alike nodes of every micro-batch and layer share
     one key."""
     attrs = node.attrs
+    try:  # an attribute read, cheaper than getattr with a default
+        runtime = node.runtime
+    except AttributeError:
+        runtime = 0
     # kernel_name and weight_cast_cached, inline: this runs once per node of every unit
     op = attrs.get(OP_ATTR)
     step = attrs.get(STEP_ATTR)
@@ -268,7 +272,7 @@ def compute_cost_key(node: Any) -> tuple[Any, ...]:
         node.num_ops,
         node.tensor_size,
         node.dtype,
-        getattr(node, "runtime", 0),
+        runtime,
         attrs.get("gemm"),
         attrs.get("attention"),
     )
@@ -709,6 +713,10 @@ class Replay:
     ``cost_key``, ``children`` and ``initial_duration``, each per unit)"""
 
 
+_UNMATCHED = object()
+"""a collective without a matching key (:attr:`Unit.group_keys`): matched by communicator"""
+
+
 class _Sim:
     """Event-driven replay of all units (see the module docstring)."""
 
@@ -749,6 +757,9 @@ class _Sim:
         self.contended = contended_systems(system)
         """per link kind: the GPU as a compute kernel sees it while NCCL runs over that link"""
         self.contended_cost: dict[tuple[Any, str], float] = {}
+        self.keyed: dict[str, dict[Any, tuple[Any, float]]] = {}
+        """per device: each compute cost key met so far, as its interned key and its cost (a
+        node's key looked up once, not once to intern it and once for its cost)"""
         # none given: no later replay sees these costs
         costs = Costs(nodes_again=False) if costs is None else costs
         self.cost_caches = costs.by_key
@@ -799,6 +810,7 @@ class _Sim:
         steps: list[Steps | None] = [None] * n
         steps_cache = self.steps_cache
         group_streams: dict[int, int] = {}
+        group_keys = unit.group_keys
         system = self.system
         device = device_of(system, unit.rank)  # hybrid clusters: this rank's group's GPU
         kernels = self.kernels
@@ -813,6 +825,8 @@ class _Sim:
         interned = self.interned_keys
         comp, memo_get = NodeType.COMP, memo.get
         intern, cached_cost = interned.setdefault, cost_cache.get
+        keyed = self.keyed.setdefault(device.name, {})
+        keyed_get = keyed.get
         collectives: dict[tuple[int, CollectiveType, int], tuple[Any, ...]] = {}
         """each collective's communicator, type and size priced once (:meth:`_collective`)"""
         for i, node in enumerate(nodes):
@@ -824,17 +838,22 @@ class _Sim:
                     ckey, cost = known[1], known[2]
                 else:
                     ckey = compute_cost_key(node)
-                    ckey = intern(ckey, ckey)
-                    cost = cached_cost(ckey)
-                    if cost is None:
-                        cost = cost_cache[ckey] = compute_time(
-                            node,
-                            device,
-                            self.default_dtype,
-                            kernels,
-                            self.profile,
-                            self.calibration,
-                        )
+                    found = keyed_get(ckey)
+                    if found is not None:
+                        ckey, cost = found
+                    else:
+                        ckey = intern(ckey, ckey)
+                        cost = cached_cost(ckey)
+                        if cost is None:
+                            cost = cost_cache[ckey] = compute_time(
+                                node,
+                                device,
+                                self.default_dtype,
+                                kernels,
+                                self.profile,
+                                self.calibration,
+                            )
+                        keyed[ckey] = (ckey, cost)
                     if remember:
                         memo[id(node)] = (node, ckey, cost)
                 duration[i] = cost
@@ -855,9 +874,13 @@ class _Sim:
                     priced = collectives[signature] = self._collective(node, cost_cache)
                 participants, duration[i], steps[i], comm_link[i] = priced
                 kind[i] = COLL
-                coll_key[i] = (unit.group_keys.get(i, ("group", group)), participants)
+                matched = group_keys.get(i, _UNMATCHED)
+                coll_key[i] = (("group", group) if matched is _UNMATCHED else matched, participants)
                 coll_needed[i] = len(participants)
-                stream[i] = group_streams.setdefault(group, 2 + len(group_streams))
+                own = group_streams.get(group)
+                if own is None:
+                    own = group_streams[group] = 2 + len(group_streams)
+                stream[i] = own
             elif t is NodeType.COMM_SEND:
                 if node.comm_dst is None or node.comm_dst not in unit_of:
                     raise TraceError(f"rank {unit.rank}: send {node.id} has no valid destination")
@@ -1528,14 +1551,13 @@ def _dependencies(nodes: Sequence[Any], rank: int) -> tuple[list[list[int]], lis
     distinct nodes it waits for; and whether every node waits only for nodes at lower
     positions."""
     n = len(nodes)
+    try:  # every id its position, as lowering makes them
+        found = _earlier_dependencies(nodes)
+    except TypeError:  # an id or dependency that is no int
+        found = None
+    if found is not None:
+        return found[0], found[1], True
     ids = [node.id for node in nodes]
-    if ids == list(range(n)):  # as lowering makes them
-        try:
-            found = _earlier_dependencies(nodes)
-        except TypeError:  # an id that is no int
-            found = None
-        if found is not None:
-            return found[0], found[1], True
     position = {node_id: i for i, node_id in enumerate(ids)}
     if len(position) != n:
         raise TraceError(f"rank {rank}: duplicate node ids")
@@ -1556,11 +1578,13 @@ def _dependencies(nodes: Sequence[Any], rank: int) -> tuple[list[list[int]], lis
 
 
 def _earlier_dependencies(nodes: Sequence[Any]) -> tuple[list[list[int]], list[int]] | None:
-    """:func:`_dependencies` where every node's id is its position, None unless every node
-    waits only for nodes before it."""
+    """:func:`_dependencies` where every node's id is its position, None unless every id is
+    its position and every node waits only for nodes before it."""
     children: list[list[int]] = [[] for _ in nodes]
     pending = [0] * len(nodes)
     for i, node in enumerate(nodes):
+        if node.id != i:
+            return None
         data, ctrl = node.data_deps, node.ctrl_deps
         # distinct: the commonest shapes (two data deps, one data and one ctrl dep) at a glance
         if ctrl:
