@@ -361,7 +361,7 @@ def _evaluate_plans(work: _Work, options: Sequence[GenerateOptions]) -> list[tup
     """Each plan's closed forms, then its fast price: ``("", memory report, report)``, or
     ``(why it is pruned, None, None)`` (divisibility, memory, or the fast predictor's
     refusal)."""
-    from stg.core.pipeline import validate_options
+    from stg.core.validation import validate_options
     from stg.explore.space import normalize_reason
 
     registry, system = _resolve(work)
