@@ -262,10 +262,24 @@ def scale_up_size(system: Any) -> int:
     return network[0].size if network and network[0].size else 8
 
 
-def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    from stg.explore.sweep import _call as call
+_PARAMETERS: dict[Callable[..., Any], frozenset[str] | None] = {}
+"""Per predictor function: the keywords it takes (None: any)."""
 
-    return call(fn, *args, **kwargs)
+
+def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` without the keywords ``fn`` does not take (as
+    :func:`stg.explore.sweep._call`), its signature read once per function: a search calls
+    the same few predictors for thousands of plans."""
+    if fn not in _PARAMETERS:
+        import inspect
+
+        params = inspect.signature(fn).parameters
+        any_keyword = any(p.kind is p.VAR_KEYWORD for p in params.values())
+        _PARAMETERS[fn] = None if any_keyword else frozenset(params)
+    taken = _PARAMETERS[fn]
+    if taken is None:
+        return fn(*args, **kwargs)
+    return fn(*args, **{k: v for k, v in kwargs.items() if k in taken})
 
 
 # -- the work an engine runs: each plan priced where the engine puts it ------------------------
@@ -299,6 +313,40 @@ def _resolve(work: _Work) -> tuple[Any, Any]:
             _system(work.system_name, work.system_data),
         )
     return _SEARCHES[work.token]
+
+
+@dataclass(frozen=True)
+class _Pricing:
+    """What the analytical pass of one search prices every plan with, looked up once."""
+
+    registry: Any
+    system: Any
+    kernels: list[Any]
+    memory: Any
+    """the memory predictor's record"""
+    fast: Any
+    """the fast predictor's record"""
+
+
+_PRICINGS: dict[str, _Pricing] = {}
+"""token -> the :class:`_Pricing` of that search in this process (a worker keeps those of
+its last :data:`_PRICED_SEARCHES` searches)."""
+
+
+def _pricing(work: _Work) -> _Pricing:
+    pricing = _PRICINGS.get(work.token)
+    if pricing is None:
+        for token in list(_PRICINGS)[: 1 - _PRICED_SEARCHES]:
+            _PRICINGS.pop(token, None)
+        registry, system = _resolve(work)
+        pricing = _PRICINGS[work.token] = _Pricing(
+            registry,
+            system,
+            list(registry.kernels),
+            registry.predictors.get("memory"),
+            registry.predictors.get(work.fast),
+        )
+    return pricing
 
 
 TWIN_PREDICTORS = frozenset({"analytical", "time"})
@@ -345,13 +393,13 @@ def _fast_report(work: _Work, o: GenerateOptions, registry: Any, system: Any) ->
     reports = _PRICED.setdefault(work.token, {})
     key = twin_key(o, work.fast)
     if key not in reports:
-        record = registry.predictors.get(work.fast)
+        pricing = _pricing(work)
         reports[key] = _call(
-            record.predict_options,
+            pricing.fast.predict_options,
             o,
             system,
             registry=registry,
-            kernels=list(registry.kernels),
+            kernels=list(pricing.kernels),
             explain=True,
         )
     return reports[key]
@@ -364,9 +412,9 @@ def _evaluate_plans(work: _Work, options: Sequence[GenerateOptions]) -> list[tup
     from stg.core.validation import validate_options
     from stg.explore.space import normalize_reason
 
-    registry, system = _resolve(work)
-    kernels = list(registry.kernels)
-    memory = registry.predictors.get("memory")
+    pricing = _pricing(work)
+    registry, system = pricing.registry, pricing.system
+    kernels = list(pricing.kernels)
     out: list[tuple[str, Any, Any]] = []
     for o in options:
         try:
@@ -374,7 +422,7 @@ def _evaluate_plans(work: _Work, options: Sequence[GenerateOptions]) -> list[tup
         except UserError as exc:
             out.append((f"divisibility: {normalize_reason(str(exc))}", None, None))
             continue
-        mem = _call(memory.predict_options, o, system, kernels=kernels)
+        mem = _call(pricing.memory.predict_options, o, system, kernels=kernels)
         if not mem.get("fits"):
             out.append(("memory: peak above the GPU's capacity", None, None))
             continue
@@ -489,6 +537,7 @@ def search(
     finally:
         del _SEARCHES[work.token]
         _PRICED.pop(work.token, None)
+        _PRICINGS.pop(work.token, None)
 
 
 def _reference(base: GenerateOptions) -> GenerateOptions:
