@@ -868,29 +868,37 @@ def _plugins(registry: Any) -> list[tuple[object, ...]]:
 # Composition
 
 
-def _tail(ready: Sequence[float], costs: Sequence[float]) -> float:
-    """When a stream that runs ``costs[k]`` once ``ready[k]`` has passed finishes (k in order)."""
-    finish = 0.0
-    for r, c in zip(ready, costs, strict=True):
-        finish = max(finish, r) + c
-    return finish
+class _Streams:
+    """The reductions a stage issues, on their communicators' streams in issue order: when
+    each stream finishes (a reduction runs once it is ready and the one before it on its
+    stream is done: ``finish = max(finish, ready) + cost``) and the cost of its first."""
 
+    def __init__(self) -> None:
+        self.finish: dict[tuple[str, ...], float] = {}
+        self.first: dict[tuple[str, ...], float] = {}
 
-def _issue(
-    ready: dict[tuple[str, ...], list[tuple[float, float]]],
-    tied: list[tuple[dict[tuple[str, ...], int], float]],
-    reductions: Mapping[tuple[str, ...], float],
-    at: float,
-) -> None:
-    """Queue a part's reductions (``ready``: per communicator, in order) issued at ``at``;
-    its all-reduce over the embedding group (a tied embedding's) goes to ``tied`` with the
-    queues' lengths up to the part's own reductions, which it waits for (Megatron-LM's
-    ``finalize_model_grads``: ``finish_grad_sync``, then ``_allreduce_word_embedding_grads``)."""
-    for axes, cost in reductions.items():
-        if PIPELINE_ENDS not in axes:
-            ready.setdefault(axes, []).append((at, cost))
-    upto = {axes: len(ready[axes]) for axes in reductions if PIPELINE_ENDS not in axes}
-    tied.extend((upto, cost) for axes, cost in reductions.items() if PIPELINE_ENDS in axes)
+    def add(self, axes: tuple[str, ...], ready: float, cost: float) -> None:
+        finish = self.finish.get(axes)
+        if finish is None:
+            self.first[axes] = cost
+            finish = 0.0
+        self.finish[axes] = max(finish, ready) + cost
+
+    def issue(
+        self,
+        tied: list[tuple[list[float], float]],
+        reductions: Mapping[tuple[str, ...], float],
+        at: float,
+    ) -> None:
+        """Queue a part's reductions issued at ``at``; its all-reduce over the embedding
+        group (a tied embedding's) goes to ``tied`` with when the streams of the part's own
+        reductions finish them, which it waits for (Megatron-LM's ``finalize_model_grads``:
+        ``finish_grad_sync``, then ``_allreduce_word_embedding_grads``)."""
+        for axes, cost in reductions.items():
+            if PIPELINE_ENDS not in axes:
+                self.add(axes, at, cost)
+        upto = [self.finish[axes] for axes in reductions if PIPELINE_ENDS not in axes]
+        tied.extend((upto, cost) for axes, cost in reductions.items() if PIPELINE_ENDS in axes)
 
 
 def _optimizer_of(parts: Parts, s: int, p: int, layers: int) -> tuple[PartCost, float]:
@@ -1018,12 +1026,11 @@ def predict_options(
     stride_pp = (layout_of(o).peer(0, 1) if p > 1 else 0) if o.ep_folded else strides(o)["pp"]
     t_p2p = 0.0
     if p > 1 and parts.p2p_bytes:
-        t_p2p = max(
-            send_time(
-                parts.p2p_bytes, link_dimension(s * stride_pp, (s + 1) * stride_pp, system), system
-            )
-            for s in range(p - 1)
-        )
+        # the slowest send between neighbouring stages: one per network dimension they cross
+        dimensions = {
+            link_dimension(s * stride_pp, (s + 1) * stride_pp, system) for s in range(p - 1)
+        }
+        t_p2p = max(send_time(parts.p2p_bytes, d, system) for d in dimensions)
     per_stage = [fwd[s].time + bwd[s].time for s in range(p)]
     slowest = max(per_stage)
     if v > 1:
@@ -1051,35 +1058,41 @@ def predict_options(
         # ready times of the reductions during the last micro-batch's backward, head first
         start = end_backward - bwd[s].time
         clock = start
-        ready: dict[tuple[str, ...], list[tuple[float, float]]] = {}
-        tied: list[tuple[dict[tuple[str, ...], int], float]] = []
+        streams = _Streams()
+        tied: list[tuple[list[float], float]] = []
         if s == p - 1:
             clock += parts.head_bwd.time
-            _issue(ready, tied, parts.head_reductions, clock)
+            streams.issue(tied, parts.head_reductions, clock)
+        stream_finish, stream_first = streams.finish, streams.first
         for layer_bwd, layer_reductions in layer_drains[s]:
             clock += layer_bwd.time
-            for axes, c in layer_reductions.items():
-                ready.setdefault(axes, []).append((clock, c))
+            for axes, c in layer_reductions.items():  # streams.add, inline: once per layer
+                done = stream_finish.get(axes)
+                if done is None:
+                    stream_first[axes] = c
+                    done = 0.0
+                stream_finish[axes] = max(done, clock) + c
         if s == 0:
             clock += parts.embedding_bwd.time
-            _issue(ready, tied, parts.embedding_reductions, clock)
+            streams.issue(tied, parts.embedding_reductions, clock)
         for upto, cost in tied:  # the embedding group's all-reduce, after the dp reduction
-            reduced = [_tail(*zip(*ready[axes][:n], strict=True)) for axes, n in upto.items()]
-            ready.setdefault((PIPELINE_ENDS,), []).append((max(reduced, default=clock), cost))
+            streams.add((PIPELINE_ENDS,), max(upto, default=clock), cost)
         finish = end_backward
+        tails = streams.finish.values()
         if parts.serial_reductions:
             # in the last micro-batch each layer's backward waits for the previous layer's
-            # reductions: they add up on the critical path
+            # reductions: they add up on the critical path; a stream the layers do not use
+            # runs its first reduction after them
             end_backward += sum(sum(r.values()) for _, r in layer_drains[s])
             finish = end_backward
             chained = {axes for _, r in layer_drains[s] for axes in r}
-            ready = {
-                axes: [(end_backward, sum(c for _, c in queue[:1]))]
-                for axes, queue in ready.items()
+            tails = [
+                max(0.0, end_backward) + sum([first])
+                for axes, first in streams.first.items()
                 if axes not in chained
-            }
-        for queue in ready.values():
-            finish = max(finish, _tail([r for r, _ in queue], [c for _, c in queue]))
+            ]
+        for tail in tails:
+            finish = max(finish, tail)
         if parts.stage_tp_replicated:  # after every data-parallel reduction of the stage
             finish += parts.stage_tp_replicated[s]
         optimizer, after = optimizers[s]
