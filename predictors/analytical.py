@@ -817,11 +817,26 @@ def _reduced_tp_replicated_times(
 
 
 _REGISTRIES: dict[int, Any] = {}
+_REFUSED: dict[tuple[GenerateOptions, int], tuple[Any, ...]] = {}
+"""The arguments of the UserError each refused build raised (the options' fault: the same
+every time), by options and registry as :func:`_cached_build` keeps the workloads built: a
+search asks for the same refused workload for many plans."""
 
 
 def _build(options: GenerateOptions, registry: Any) -> Any:
     _REGISTRIES[id(registry)] = registry
-    return _cached_build(options, id(registry))
+    key = (options, id(registry))
+    refused = _REFUSED.get(key)
+    if refused is not None:
+        raise UserError(*refused)
+    try:
+        return _cached_build(options, id(registry))
+    except UserError as exc:
+        if type(exc) is UserError:  # not a subclass (a workload too large for this machine)
+            if len(_REFUSED) > 2048:
+                _REFUSED.clear()
+            _REFUSED[key] = exc.args
+        raise
 
 
 @lru_cache(maxsize=2048)

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from stg.api import GenerateOptions, Kernel
+from stg.errors import UserError
 from stg.host.registry import load_registry
 from stg.perf.system import load_system
 from stg.predictors.analytical import predict_options
@@ -69,3 +70,33 @@ def test_the_same_parts_under_other_kernels_are_priced_again() -> None:
     assert fast == predict_options(
         options, load_system("a100-80g"), registry=registry, kernels=faster
     )
+
+
+def test_a_refused_build_is_refused_again_without_building(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The core refuses FSDP with tied embeddings: a second plan that needs the same reduced
+    workload gets the same error without building it again."""
+    import stg.api
+    from stg.predictors import analytical
+
+    monkeypatch.setattr(analytical, "_REFUSED", {})
+    real = stg.api.build_workload
+    builds: list[GenerateOptions] = []
+
+    def counting(options: GenerateOptions, *args: Any, **kwargs: Any) -> Any:
+        builds.append(options)
+        return real(options, *args, **kwargs)
+
+    monkeypatch.setattr(stg.api, "build_workload", counting)
+    registry = load_registry()
+    tied_fsdp = dict(num_stacks=8, batch=128, tp=2, weight_sharded=True, tie_embeddings=True)
+    errors = []
+    for dp in (4, 8):  # 16 samples per replica and micro-batch: the same reduced workload
+        options = GenerateOptions(**SMALL, **tied_fsdp, dp=dp, micro_batch=16 * dp)
+        with pytest.raises(UserError) as refused:
+            predict_options(options, "a100-80g", registry=registry)
+        errors.append(refused.value)
+    assert all(type(e) is UserError for e in errors)
+    assert str(errors[0]) == str(errors[1]) and "tie_embeddings" in str(errors[0])
+    assert len(builds) == 1
