@@ -95,6 +95,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields, replace
 from functools import lru_cache
+from itertools import groupby
 from typing import Any
 
 import stg
@@ -259,8 +260,8 @@ def stage_layer_kinds(o: GenerateOptions) -> list[dict[str, int]]:
     start = 0
     for chunk, size in enumerate(chunk_layer_counts(o)):
         counts = stages[chunk % o.pp]
-        for kind in kinds[start : start + size]:
-            counts[kind] = counts.get(kind, 0) + 1
+        for kind, run in groupby(kinds[start : start + size]):  # runs of one kind
+            counts[kind] = counts.get(kind, 0) + len(list(run))
         start += size
     return stages
 
@@ -1223,6 +1224,7 @@ class _StageTerms:
     units: list[int]
     weights: float
     """the weights' bytes (with the fp8 and the recipe's weight copies)"""
+    activations: _LayerActivations
 
 
 def _stage_terms(
@@ -1242,7 +1244,9 @@ def _stage_terms(
     system: System | None,
     layer_bytes: Mapping[str, float] | None,
     weight_copies: float | None,
+    activations: _LayerActivations | None = None,
 ) -> _StageTerms:
+    layer_activations = activations or _LayerActivations(o, kernels, system)
     if not kinds:
         kinds = {"moe" if is_mla(o) else "block": layers} if layers else {}
     e_w, e_g, k = precision_bytes(o, weight_dtype, grad_dtype)
@@ -1266,6 +1270,7 @@ def _stage_terms(
     unsharded_weights = e_w * parameters if keeps_weights else 0
     unsharded_grads = e_g * parameters if accumulates_grads else 0
     common = dict(
+        activations=layer_activations,
         parameters=parameters,
         has_embedding=has_embedding,
         has_head=has_head,
@@ -1300,10 +1305,7 @@ def _stage_terms(
         )
     graph = layer_bytes or {}
     per_kind = {
-        kind: graph[kind]
-        if kind in graph
-        else activation_bytes_per_layer(o, kernels=kernels, kind=kind, system=system)
-        for kind in kinds
+        kind: graph[kind] if kind in graph else layer_activations.bytes(kind) for kind in kinds
     }
     offloaded = None
     if o.cpu_offloading_num_layers and kinds:
@@ -1337,12 +1339,12 @@ def _stage_terms(
         # and of its projection (2h), and its own final norm, LM-head input and logits
         modules = mtp_depth(o)
         if modules:
-            moe_layer = activation_bytes_per_layer(o, kernels=kernels, kind="moe", system=system)
+            moe_layer = layer_activations.bytes("moe")
             head += modules * (moe_layer + head)
             head += modules * (e * 4 * sbh + 3 * stats) / sp_divisor
     recompute_buffer = None
     if not o.recompute_method:
-        recompute_buffer = _recompute_buffer(o, kinds, per_kind, kernels, system)
+        recompute_buffer = _recompute_buffer(o, kinds, per_kind, layer_activations)
     units = fsdp_unit_parameters(o, kinds, has_embedding=has_embedding, has_head=has_head)
     fp8_copies = fp8_weight_copy_bytes(o, kinds, system, has_head=has_head, kernels=kernels)
     return _StageTerms(
@@ -1360,12 +1362,30 @@ def _stage_terms(
     )
 
 
+class _LayerActivations:
+    """:func:`activation_bytes_per_layer` of one run's options on one system, per block kind
+    and recompute, found once (the stages of a run share them)."""
+
+    def __init__(
+        self, o: GenerateOptions, kernels: KernelTable | None, system: System | None
+    ) -> None:
+        self.o, self.kernels, self.system = o, kernels, system
+        self.known: dict[tuple[str, str | None], float] = {}
+
+    def bytes(self, kind: str, recompute: str | None = None) -> float:
+        key = (kind, recompute)
+        if key not in self.known:
+            self.known[key] = activation_bytes_per_layer(
+                self.o, recompute=recompute, kernels=self.kernels, kind=kind, system=self.system
+            )
+        return self.known[key]
+
+
 def _recompute_buffer(
     o: GenerateOptions,
     kinds: Mapping[str, int],
     per_kind: Mapping[str, float],
-    kernels: KernelTable | None,
-    system: System | None,
+    activations: _LayerActivations,
 ) -> float | None:
     """The largest layer recomputed: all its activations (full), its attention scores or what
     op-level checkpointing does not keep (None: no layer is recomputed)."""
@@ -1373,9 +1393,7 @@ def _recompute_buffer(
         return None
     partial = o.activation_recompute in ("selective", "selective_op")
     return max(
-        activation_bytes_per_layer(o, recompute="none", kernels=kernels, kind=kind, system=system)
-        - (per_kind[kind] if partial else 0)
-        for kind in kinds
+        activations.bytes(kind, "none") - (per_kind[kind] if partial else 0) for kind in kinds
     )
 
 
@@ -1418,7 +1436,7 @@ def _stage_memory(o: GenerateOptions, stage: int, terms: _StageTerms) -> RankMem
     else:
         recompute_buffer = terms.recompute_buffer
         if recompute_buffer is None and o.recompute_method:
-            recompute_buffer = _recompute_buffer(o, kinds, per_kind, kernels, system)
+            recompute_buffer = _recompute_buffer(o, kinds, per_kind, terms.activations)
         if recompute_buffer is not None:
             buffers += recompute_buffer
     # the cross entropy's transients (eager: its backward's fp32 gradients; Megatron: the
@@ -1519,6 +1537,7 @@ def analytic_memory(
     # stages that hold the same layers, ends and shard share what does not depend on which
     # stage they are (every stage between the first and the last of an even split)
     alike: dict[tuple[Any, ...], _StageTerms] = {}
+    activations = _LayerActivations(o, kernels, system)
     out = []
     for p in count_parameters(o):
         has_embedding, has_head = p.stage == 0, p.stage == o.pp - 1
@@ -1546,6 +1565,7 @@ def analytic_memory(
                 system=system,
                 layer_bytes=None,
                 weight_copies=None,
+                activations=activations,
             )
         out.append(_stage_memory(o, p.stage, alike[key]))
     return out
