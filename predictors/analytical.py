@@ -944,8 +944,11 @@ def one_f_one_b(forward: Sequence[float], backward: Sequence[float], m: int, t_p
     uneven split) hides the later stages' fill and drain."""
     p = len(forward)
     stage = [f + b + 2 * t_p2p for f, b in zip(forward, backward, strict=True)]
+    before = [0] * p  # Σ_{j<s}, added up in order as sum() does
+    for s in range(1, p):
+        before[s] = before[s - 1] + stage[s - 1]
     return max(
-        sum(stage[:s])
+        before[s]
         + m * (forward[s] + backward[s])
         + max(0.0, sum(stage[s + 1 :]) - (p - 1 - s) * forward[s])
         for s in range(p)
@@ -1042,10 +1045,13 @@ def predict_options(
     t_p2p = 0.0
     if p > 1 and parts.p2p_bytes:
         # the slowest send between neighbouring stages: one per network dimension they cross
-        dimensions = {
-            link_dimension(s * stride_pp, (s + 1) * stride_pp, system) for s in range(p - 1)
-        }
-        t_p2p = max(send_time(parts.p2p_bytes, d, system) for d in dimensions)
+        # (memoised on the system object: plans share their pipeline's placement)
+        crossed = system.__dict__.setdefault("_analytical_pipeline_dimensions", {})
+        if (stride_pp, p) not in crossed:
+            crossed[stride_pp, p] = {
+                link_dimension(s * stride_pp, (s + 1) * stride_pp, system) for s in range(p - 1)
+            }
+        t_p2p = max(send_time(parts.p2p_bytes, d, system) for d in crossed[stride_pp, p])
     per_stage = [fwd[s].time + bwd[s].time for s in range(p)]
     slowest = max(per_stage)
     if v > 1:
