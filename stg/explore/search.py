@@ -23,7 +23,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from stg.core.options import GenerateOptions
@@ -182,6 +182,8 @@ def plans(
     layouts = list(space.ep_layouts or (base_layout,))
     recomputes: list[tuple[str, int | None]] = [(r, None) for r in space.recompute]
     recomputes += [("full", n) for n in space.recompute_layers]
+    # every plan is ``replace(base, ...)``: the base's fields read once, not per plan
+    values = {f.name: getattr(base, f.name) for f in fields(base)}
     out = []
     for layout, (tp, pp, sp, ep) in itertools.product(
         layouts, itertools.product(tps, pps, space.sp, eps)
@@ -229,29 +231,27 @@ def plans(
                     continue  # nothing to shard over
                 embedding, loss, last = split
                 modules = base.recompute_modules
-                out.append(
-                    replace(
-                        base,
-                        dp=dp,
-                        tp=tp,
-                        pp=pp,
-                        sp=sp,
-                        ep=ep,
-                        micro_batch=micro,
-                        activation_recompute=recompute,
-                        zero=zero,
-                        weight_sharded=sharded,
-                        pipeline_schedule=schedule,
-                        virtual_stages=v,
-                        ep_layout=base.ep_layout if layout == base_layout else layout,
-                        recompute_method=None if block is None else "block",
-                        recompute_modules=modules if recompute == "selective" else (),
-                        recompute_num_layers=block,
-                        account_for_embedding_in_pipeline_split=embedding,
-                        account_for_loss_in_pipeline_split=loss,
-                        decoder_last_pipeline_num_layers=last,
-                    )
+                changes = dict(
+                    dp=dp,
+                    tp=tp,
+                    pp=pp,
+                    sp=sp,
+                    ep=ep,
+                    micro_batch=micro,
+                    activation_recompute=recompute,
+                    zero=zero,
+                    weight_sharded=sharded,
+                    pipeline_schedule=schedule,
+                    virtual_stages=v,
+                    ep_layout=base.ep_layout if layout == base_layout else layout,
+                    recompute_method=None if block is None else "block",
+                    recompute_modules=modules if recompute == "selective" else (),
+                    recompute_num_layers=block,
+                    account_for_embedding_in_pipeline_split=embedding,
+                    account_for_loss_in_pipeline_split=loss,
+                    decoder_last_pipeline_num_layers=last,
                 )
+                out.append(type(base)(**{**values, **changes}))
     return out
 
 
