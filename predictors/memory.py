@@ -247,6 +247,8 @@ def layer_kinds(o: GenerateOptions) -> list[str]:
     dense = max(0, min(o.dense_layers or 0, o.num_stacks - 1)) if is_moe(o) else 0
     kinds = ["dense"] * dense + ["moe" if is_mla(o) else "block"] * (o.num_stacks - dense)
     first, last = o.bf16_layers
+    if not first and not last:
+        return kinds
     total = len(kinds)
     return [bf16_kind(k) if i < first or i >= total - last else k for i, k in enumerate(kinds)]
 
@@ -1189,10 +1191,10 @@ def stage_memory(
     return _stage_memory(o, stage, terms)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class _StageTerms:
     """What :func:`stage_memory` finds of a stage that does not depend on which stage it is
-    (stages that hold the same layers, ends and shard share them)."""
+    (stages that hold the same layers, ends and shard share them; never changed once made)."""
 
     parameters: int
     has_embedding: bool
