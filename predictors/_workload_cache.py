@@ -35,8 +35,9 @@ from typing import Any, TypeVar
 
 CACHE_ENV = "STG_CACHE_DIR"
 SUBFOLDER = "reduced-workloads"
-FORMAT = 1
-"""Bumped when the layout of an entry changes."""
+FORMAT = 2
+"""Bumped when the layout of an entry changes: ``(FORMAT, pickled manifest, pickled
+object)``."""
 MAX_ENTRIES = 256
 """Entries kept (each about 100 kB with its list of module files); the oldest go first."""
 
@@ -71,6 +72,10 @@ def entry_key(options: Any, plugins: Iterable[tuple[object, ...]]) -> str:
 
 _manifest: tuple[tuple[str, ...], Manifest] | None = None
 """:func:`loaded_files` as last computed, with the names of the modules loaded then."""
+_pickled: tuple[Manifest, bytes] | None = None
+"""The manifest last stored, pickled (the entries a process stores share it)."""
+_unpickled: dict[bytes, Manifest] = {}
+"""Manifests read back, by their pickle (the entries one process stored share one)."""
 _counted: dict[Path, int] = {}
 """Per folder: its entries as this process counted them and stored since."""
 
@@ -120,8 +125,15 @@ def load(key: str) -> Any | None:
         return None
     try:
         with open(folder / f"{key}.pickle", "rb") as f:
-            fmt, manifest, payload = pickle.load(f)
-        if fmt != FORMAT or not unchanged(manifest):
+            fmt, pickled_manifest, payload = pickle.load(f)
+        if fmt != FORMAT:
+            return None
+        manifest = _unpickled.get(pickled_manifest)
+        if manifest is None:
+            if len(_unpickled) > 16:
+                _unpickled.clear()
+            manifest = _unpickled[pickled_manifest] = pickle.loads(pickled_manifest)
+        if not unchanged(manifest):
             return None
         return pickle.loads(payload)
     except Exception:  # a missing, partial or foreign entry is a miss, whatever it raises
@@ -138,7 +150,11 @@ def store(key: str, value: Any) -> None:
         payload = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception:  # a plugin's object that cannot be pickled: built each time
         return
-    entry = (FORMAT, loaded_files(), payload)
+    global _pickled
+    manifest = loaded_files()
+    if _pickled is None or _pickled[0] is not manifest:
+        _pickled = (manifest, pickle.dumps(manifest, protocol=pickle.HIGHEST_PROTOCOL))
+    entry = (FORMAT, _pickled[1], payload)
     tmp = None
     try:
         folder.mkdir(parents=True, exist_ok=True)

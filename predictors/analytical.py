@@ -342,24 +342,81 @@ def _segment(node: Any) -> tuple[str, str]:
     return part, "fwd" if node_phase(node) is Phase.FORWARD else "bwd"
 
 
-def _part_cost(nodes: list[Any], price: Any) -> PartCost:
-    cost: dict[int, float] = {}
-    compute: dict[str, float] = {}
-    flops = model = 0
-    for n in nodes:
-        seconds = price(n)
-        cost[n.id] = seconds
-        if n.type is not NodeType.COMM_COLL:
-            key = category(n)
-            compute[key] = compute.get(key, 0.0) + seconds
-            flops += n.num_ops
+class _PreparedPart:
+    """A part's nodes prepared once for the many plans that price them (a search prices the
+    parts of one reduced workload for every plan that shares it): its collectives, its other
+    nodes with their --explain classes and FLOPs, and per pricing what the part costs."""
+
+    def __init__(self, nodes: list[Any]) -> None:
+        self.nodes = nodes
+        self.is_collective = [n.type is NodeType.COMM_COLL for n in nodes]
+        self.collectives = [n for n, coll in zip(nodes, self.is_collective, strict=True) if coll]
+        self.others = [n for n, coll in zip(nodes, self.is_collective, strict=True) if not coll]
+        self.categories = [category(n) for n in self.others]
+        self.flops = 0
+        self.model_flops = 0
+        for n, key in zip(self.others, self.categories, strict=True):
+            self.flops += n.num_ops
             if key != "recompute":
-                model += n.num_ops
-    return PartCost(schedule_part(nodes, cost), compute, flops, model)
+                self.model_flops += n.num_ops
+        self.other_prices: dict[tuple[Any, ...], tuple[System, list[float]]] = {}
+        """per compute pricing (:attr:`_Pricer.compute_key`): the other nodes' prices"""
+        self.costs: dict[tuple[Any, ...], tuple[System, float, dict[str, float]]] = {}
+        """per compute pricing and collectives' prices: the part's time and compute"""
+        self.prefetch: tuple[_PreparedPart | None, set[tuple[str, ...]], list[Any]] | None = None
+        """under FSDP, once asked: the part without its weight gathers (None: it has none),
+        their streams and the collectives on those streams (:func:`_prefetched_cost`)"""
+
+    def cost(self, pricer: _Pricer) -> PartCost:
+        """What the part costs priced by ``pricer``: its nodes scheduled as
+        :func:`schedule_part` schedules them, once per distinct set of prices."""
+        system = pricer.system
+        compute_key = pricer.compute_key
+        known = self.other_prices.get(compute_key)
+        if known is None or known[0] is not system:
+            known = (system, [pricer(n) for n in self.others])
+            self.other_prices[compute_key] = known
+        others = known[1]
+        collectives = tuple(pricer(n) for n in self.collectives)
+        key = (compute_key, collectives)
+        done = self.costs.get(key)
+        if done is None or done[0] is not system:
+            cost: dict[int, float] = {}
+            compute: dict[str, float] = {}
+            next_other, next_collective = iter(others), iter(collectives)
+            for n, coll in zip(self.nodes, self.is_collective, strict=True):
+                cost[n.id] = next(next_collective) if coll else next(next_other)
+            for seconds, key_ in zip(others, self.categories, strict=True):
+                compute[key_] = compute.get(key_, 0.0) + seconds
+            done = (system, schedule_part(self.nodes, cost), compute)
+            self.costs[key] = done
+        return PartCost(done[1], dict(done[2]), self.flops, self.model_flops)
+
+
+_PREPARED: dict[int, tuple[list[Any], _PreparedPart]] = {}
+
+
+def _prepared(nodes: list[Any]) -> _PreparedPart:
+    """The :class:`_PreparedPart` of a list of nodes (the same list: the lists of a rank
+    class's :func:`_index`)."""
+    found = _PREPARED.get(id(nodes))
+    if found is not None and found[0] is nodes:
+        return found[1]
+    if len(_PREPARED) > 65536:
+        _PREPARED.clear()
+    prepared = _PreparedPart(nodes)
+    _PREPARED[id(nodes)] = (nodes, prepared)
+    return prepared
+
+
+def _part_cost(nodes: list[Any], price: _Pricer) -> PartCost:
+    if not nodes:
+        return PartCost()
+    return _prepared(nodes).cost(price)
 
 
 def _prefetched_cost(
-    nodes: list[Any], price: Any, reductions: Mapping[tuple[str, ...], float] | None = None
+    nodes: list[Any], price: _Pricer, reductions: Mapping[tuple[str, ...], float] | None = None
 ) -> PartCost:
     """A part's forward or backward under FSDP, whose weight all-gathers run ahead on their
     communicator's stream while the part before it computes: in the forward as soon as the
@@ -369,19 +426,27 @@ def _prefetched_cost(
     work and everything on its gathers' communicators: the gathers and the gradient
     reduce-scatters it issues there (in the part, or per iteration in ``reductions``, seconds
     per communicator), which share the gathers' stream."""
-    gathers = [
-        n
-        for n in nodes
-        if n.type is NodeType.COMM_COLL and n.comm_type in GATHERS and "dp" in n.group_axes
-    ]
-    if not gathers:
-        return _part_cost(nodes, price)
-    skip = {n.id for n in gathers}
-    rest = _part_cost([n for n in nodes if n.id not in skip], price)
-    streams = {n.group_axes for n in gathers}
-    busy = sum(
-        price(n) for n in nodes if n.type is NodeType.COMM_COLL and n.group_axes in streams
-    ) + sum(seconds for axes, seconds in (reductions or {}).items() if axes in streams)
+    if not nodes:
+        return PartCost()
+    prepared = _prepared(nodes)
+    if prepared.prefetch is None:
+        gathers = [
+            n for n in prepared.collectives if n.comm_type in GATHERS and "dp" in n.group_axes
+        ]
+        skip = {n.id for n in gathers}
+        streams = {n.group_axes for n in gathers}
+        prepared.prefetch = (
+            _PreparedPart([n for n in nodes if n.id not in skip]) if gathers else None,
+            streams,
+            [n for n in prepared.collectives if n.group_axes in streams],
+        )
+    rest_part, streams, on_streams = prepared.prefetch
+    if rest_part is None:  # no weight gathers
+        return prepared.cost(price)
+    rest = rest_part.cost(price)
+    busy = sum(price(n) for n in on_streams) + sum(
+        seconds for axes, seconds in (reductions or {}).items() if axes in streams
+    )
     return PartCost(max(rest.time, busy), rest.compute, rest.flops, rest.model_flops)
 
 
@@ -433,10 +498,21 @@ class _Pricer:
         self.o, self.system, self.kernels = o, system, kernels
         self.gather_scale = gather_scale
         self.shapes: dict[tuple[str, ...], tuple[int, ...]] = {}
+        self.kernel_names = tuple(kernels.names()) if kernels else ()
+        self.compute_key = (id(system), self.kernel_names, o.dtype, o.profile)
+        """what prices a node other than a collective: the system, the kernels' names, the
+        dtype and the profile (a collective: its size and its group's shape)"""
 
     def shape(self, axes: tuple[str, ...]) -> tuple[int, ...]:
         if axes not in self.shapes:
-            self.shapes[axes] = group_shape(group_members(axes, self.o), self.system)
+            members = tuple(group_members(axes, self.o))
+            # shapes memoised on the system object too (plans share their groups)
+            shapes = self.system.__dict__.setdefault("_analytical_group_shapes", {})
+            if members not in shapes:
+                if len(shapes) > 100_000:
+                    shapes.clear()
+                shapes[members] = group_shape(members, self.system)
+            self.shapes[axes] = shapes[members]
         return self.shapes[axes]
 
     def __call__(self, node: Any, scale: float = 1.0) -> float:
@@ -463,7 +539,7 @@ class _Pricer:
                 )
             attrs = node.attrs or {}
             key = (
-                tuple(self.kernels.names()) if self.kernels else (),
+                self.kernel_names,
                 self.o.dtype,
                 self.o.profile,
                 kernel_name(node),
@@ -559,8 +635,10 @@ def analyse(
             return _prefetched_cost(nodes, pricer, reductions)
         return _part_cost(nodes, pricer)
 
-    first, last = one.rank_classes[0], one.rank_classes[-1]
-    first2, last2 = two.rank_classes[0], two.rank_classes[-1]
+    one_classes, one_p_classes = one.rank_classes, one_p.rank_classes
+    two_classes = two.rank_classes
+    first, last = one_classes[0], one_classes[-1]
+    first2, last2 = two_classes[0], two_classes[-1]
 
     def pick(rank_class: Any, part: str, phase: str) -> list[Any]:
         return _index(rank_class).parts.get((part, phase), [])
@@ -607,8 +685,8 @@ def analyse(
 
     # the optimizer step of a stage is linear in its parameters: two layers minus one layer
     # is one layer's share; the rest of stage 0's is the embedding's, of the last the head's
-    opt1_first, opt2_first = optimizer(one_p.rank_classes[0]), optimizer(first2)
-    opt1_last, opt2_last = optimizer(one_p.rank_classes[-1]), optimizer(last2)
+    opt1_first, opt2_first = optimizer(one_p_classes[0]), optimizer(first2)
+    opt1_last, opt2_last = optimizer(one_p_classes[-1]), optimizer(last2)
     optimizer_layer = PartCost()
     optimizer_embedding = optimizer_head = PartCost()
     if opt1_first is not None and opt2_first is not None:
@@ -622,7 +700,7 @@ def analyse(
             tensor_size=opt1_first.tensor_size - delta_size,
         )
         stem_last = None
-        if opt1_last is not None and opt2_last is not None and len(one_p.rank_classes) > 1:
+        if opt1_last is not None and opt2_last is not None and len(one_p_classes) > 1:
             stem_last = dataclasses.replace(
                 opt1_last,
                 num_ops=opt1_last.num_ops - delta_ops,
@@ -661,7 +739,7 @@ def analyse(
         tp_replicated = [_tp_replicated_time(c, pricer) for c in stages]
     else:
         tp_replicated = _reduced_tp_replicated_times(
-            o, pricer, one_p.rank_classes[0], one_p.rank_classes[-1], first2, dp_r
+            o, pricer, one_p_classes[0], one_p_classes[-1], first2, dp_r
         )
     return Parts(
         stage_tp_replicated=tp_replicated,
@@ -724,23 +802,41 @@ def _reduced_tp_replicated_times(
     chunk_layers = chunk_layer_counts(o)
     p, v = o.pp, o.virtual_stages
     times = []
+    by_size: dict[int, float] = {}  # stages with as many layers share their all-reduce
     for s in range(p):
         size = per_layer * sum(chunk_layers[c] for c in range(s, p * v, p))
         if s == 0:
             size += embedding_stem
         if s == p - 1 and p > 1:
             size += head_stem
-        node = dataclasses.replace(one[0], comm_size=round(size * scale))
-        times.append(pricer(node))
+        comm_size = round(size * scale)
+        if comm_size not in by_size:
+            by_size[comm_size] = pricer(dataclasses.replace(one[0], comm_size=comm_size))
+        times.append(by_size[comm_size])
     return times
 
 
 _REGISTRIES: dict[int, Any] = {}
+_REFUSED: dict[tuple[GenerateOptions, int], tuple[Any, ...]] = {}
+"""The arguments of the UserError each refused build raised (the options' fault: the same
+every time), by options and registry as :func:`_cached_build` keeps the workloads built: a
+search asks for the same refused workload for many plans."""
 
 
 def _build(options: GenerateOptions, registry: Any) -> Any:
     _REGISTRIES[id(registry)] = registry
-    return _cached_build(options, id(registry))
+    key = (options, id(registry))
+    refused = _REFUSED.get(key)
+    if refused is not None:
+        raise UserError(*refused)
+    try:
+        return _cached_build(options, id(registry))
+    except UserError as exc:
+        if type(exc) is UserError:  # not a subclass (a workload too large for this machine)
+            if len(_REFUSED) > 2048:
+                _REFUSED.clear()
+            _REFUSED[key] = exc.args
+        raise
 
 
 @lru_cache(maxsize=2048)
@@ -787,29 +883,37 @@ def _plugins(registry: Any) -> list[tuple[object, ...]]:
 # Composition
 
 
-def _tail(ready: Sequence[float], costs: Sequence[float]) -> float:
-    """When a stream that runs ``costs[k]`` once ``ready[k]`` has passed finishes (k in order)."""
-    finish = 0.0
-    for r, c in zip(ready, costs, strict=True):
-        finish = max(finish, r) + c
-    return finish
+class _Streams:
+    """The reductions a stage issues, on their communicators' streams in issue order: when
+    each stream finishes (a reduction runs once it is ready and the one before it on its
+    stream is done: ``finish = max(finish, ready) + cost``) and the cost of its first."""
 
+    def __init__(self) -> None:
+        self.finish: dict[tuple[str, ...], float] = {}
+        self.first: dict[tuple[str, ...], float] = {}
 
-def _issue(
-    ready: dict[tuple[str, ...], list[tuple[float, float]]],
-    tied: list[tuple[dict[tuple[str, ...], int], float]],
-    reductions: Mapping[tuple[str, ...], float],
-    at: float,
-) -> None:
-    """Queue a part's reductions (``ready``: per communicator, in order) issued at ``at``;
-    its all-reduce over the embedding group (a tied embedding's) goes to ``tied`` with the
-    queues' lengths up to the part's own reductions, which it waits for (Megatron-LM's
-    ``finalize_model_grads``: ``finish_grad_sync``, then ``_allreduce_word_embedding_grads``)."""
-    for axes, cost in reductions.items():
-        if PIPELINE_ENDS not in axes:
-            ready.setdefault(axes, []).append((at, cost))
-    upto = {axes: len(ready[axes]) for axes in reductions if PIPELINE_ENDS not in axes}
-    tied.extend((upto, cost) for axes, cost in reductions.items() if PIPELINE_ENDS in axes)
+    def add(self, axes: tuple[str, ...], ready: float, cost: float) -> None:
+        finish = self.finish.get(axes)
+        if finish is None:
+            self.first[axes] = cost
+            finish = 0.0
+        self.finish[axes] = max(finish, ready) + cost
+
+    def issue(
+        self,
+        tied: list[tuple[list[float], float]],
+        reductions: Mapping[tuple[str, ...], float],
+        at: float,
+    ) -> None:
+        """Queue a part's reductions issued at ``at``; its all-reduce over the embedding
+        group (a tied embedding's) goes to ``tied`` with when the streams of the part's own
+        reductions finish them, which it waits for (Megatron-LM's ``finalize_model_grads``:
+        ``finish_grad_sync``, then ``_allreduce_word_embedding_grads``)."""
+        for axes, cost in reductions.items():
+            if PIPELINE_ENDS not in axes:
+                self.add(axes, at, cost)
+        upto = [self.finish[axes] for axes in reductions if PIPELINE_ENDS not in axes]
+        tied.extend((upto, cost) for axes, cost in reductions.items() if PIPELINE_ENDS in axes)
 
 
 def _optimizer_of(parts: Parts, s: int, p: int, layers: int) -> tuple[PartCost, float]:
@@ -840,8 +944,11 @@ def one_f_one_b(forward: Sequence[float], backward: Sequence[float], m: int, t_p
     uneven split) hides the later stages' fill and drain."""
     p = len(forward)
     stage = [f + b + 2 * t_p2p for f, b in zip(forward, backward, strict=True)]
+    before = [0] * p  # Σ_{j<s}, added up in order as sum() does
+    for s in range(1, p):
+        before[s] = before[s - 1] + stage[s - 1]
     return max(
-        sum(stage[:s])
+        before[s]
         + m * (forward[s] + backward[s])
         + max(0.0, sum(stage[s + 1 :]) - (p - 1 - s) * forward[s])
         for s in range(p)
@@ -909,7 +1016,15 @@ def predict_options(
         layer_drains = [[(c.bwd, c.reductions) for c in reversed(st)] for st in parts.stage_layers]
     fwd: list[PartCost] = []
     bwd: list[PartCost] = []
+    # stages alike (as many layers, neither first nor last) cost alike: composed once
+    alike: dict[tuple[int, bool, bool], tuple[PartCost, PartCost]] = {}
     for s in range(p):
+        key = (layers[s], s == 0, s == p - 1)
+        if key in alike:
+            f, b = alike[key]
+            fwd.append(f)
+            bwd.append(b)
+            continue
         f = parts.layer_fwd.scaled(layers[s]) + parts.chunk_fwd.scaled(v)
         if parts.stage_layers is not None:
             f = sum((c.fwd for c in parts.stage_layers[s]), PartCost()) + parts.chunk_fwd.scaled(v)
@@ -922,17 +1037,21 @@ def predict_options(
             f, b = f + parts.embedding_fwd, b + parts.embedding_bwd
         if s == p - 1:
             f, b = f + parts.head_fwd, b + parts.head_bwd
+        if parts.stage_layers is None and not o.recompute_method:
+            alike[key] = (f, b)
         fwd.append(f)
         bwd.append(b)
     stride_pp = (layout_of(o).peer(0, 1) if p > 1 else 0) if o.ep_folded else strides(o)["pp"]
     t_p2p = 0.0
     if p > 1 and parts.p2p_bytes:
-        t_p2p = max(
-            send_time(
-                parts.p2p_bytes, link_dimension(s * stride_pp, (s + 1) * stride_pp, system), system
-            )
-            for s in range(p - 1)
-        )
+        # the slowest send between neighbouring stages: one per network dimension they cross
+        # (memoised on the system object: plans share their pipeline's placement)
+        crossed = system.__dict__.setdefault("_analytical_pipeline_dimensions", {})
+        if (stride_pp, p) not in crossed:
+            crossed[stride_pp, p] = {
+                link_dimension(s * stride_pp, (s + 1) * stride_pp, system) for s in range(p - 1)
+            }
+        t_p2p = max(send_time(parts.p2p_bytes, d, system) for d in crossed[stride_pp, p])
     per_stage = [fwd[s].time + bwd[s].time for s in range(p)]
     slowest = max(per_stage)
     if v > 1:
@@ -941,6 +1060,15 @@ def predict_options(
         pipe = one_f_one_b([f.time for f in fwd], [b.time for b in bwd], m, t_p2p)
     else:
         pipe = sum(per_stage) + (m - 1) * slowest + 2 * (p - 1) * t_p2p
+    # each stage's optimizer step and ZeRO all-gathers (stages alike: found once)
+    per_stage_optimizer = parts.stage_optimizer is not None and parts.stage_after is not None
+    optimizer_alike: dict[Any, tuple[PartCost, float]] = {}
+    optimizers = []
+    for s in range(p):
+        key = s if per_stage_optimizer else (layers[s], s == 0, s == p - 1)
+        if key not in optimizer_alike:
+            optimizer_alike[key] = _optimizer_of(parts, s, p, layers[s])
+        optimizers.append(optimizer_alike[key])
     # each stage: gradient reductions after its last backward, optimizer, ZeRO all-gathers
     ends = []
     drain = 0.0
@@ -951,38 +1079,44 @@ def predict_options(
         # ready times of the reductions during the last micro-batch's backward, head first
         start = end_backward - bwd[s].time
         clock = start
-        ready: dict[tuple[str, ...], list[tuple[float, float]]] = {}
-        tied: list[tuple[dict[tuple[str, ...], int], float]] = []
+        streams = _Streams()
+        tied: list[tuple[list[float], float]] = []
         if s == p - 1:
             clock += parts.head_bwd.time
-            _issue(ready, tied, parts.head_reductions, clock)
+            streams.issue(tied, parts.head_reductions, clock)
+        stream_finish, stream_first = streams.finish, streams.first
         for layer_bwd, layer_reductions in layer_drains[s]:
             clock += layer_bwd.time
-            for axes, c in layer_reductions.items():
-                ready.setdefault(axes, []).append((clock, c))
+            for axes, c in layer_reductions.items():  # streams.add, inline: once per layer
+                done = stream_finish.get(axes)
+                if done is None:
+                    stream_first[axes] = c
+                    done = 0.0
+                stream_finish[axes] = max(done, clock) + c
         if s == 0:
             clock += parts.embedding_bwd.time
-            _issue(ready, tied, parts.embedding_reductions, clock)
+            streams.issue(tied, parts.embedding_reductions, clock)
         for upto, cost in tied:  # the embedding group's all-reduce, after the dp reduction
-            reduced = [_tail(*zip(*ready[axes][:n], strict=True)) for axes, n in upto.items()]
-            ready.setdefault((PIPELINE_ENDS,), []).append((max(reduced, default=clock), cost))
+            streams.add((PIPELINE_ENDS,), max(upto, default=clock), cost)
         finish = end_backward
+        tails = streams.finish.values()
         if parts.serial_reductions:
             # in the last micro-batch each layer's backward waits for the previous layer's
-            # reductions: they add up on the critical path
+            # reductions: they add up on the critical path; a stream the layers do not use
+            # runs its first reduction after them
             end_backward += sum(sum(r.values()) for _, r in layer_drains[s])
             finish = end_backward
             chained = {axes for _, r in layer_drains[s] for axes in r}
-            ready = {
-                axes: [(end_backward, sum(c for _, c in queue[:1]))]
-                for axes, queue in ready.items()
+            tails = [
+                max(0.0, end_backward) + sum([first])
+                for axes, first in streams.first.items()
                 if axes not in chained
-            }
-        for queue in ready.values():
-            finish = max(finish, _tail([r for r, _ in queue], [c for _, c in queue]))
+            ]
+        for tail in tails:
+            finish = max(finish, tail)
         if parts.stage_tp_replicated:  # after every data-parallel reduction of the stage
             finish += parts.stage_tp_replicated[s]
-        optimizer, after = _optimizer_of(parts, s, p, layers[s])
+        optimizer, after = optimizers[s]
         end = finish + optimizer.time + after
         ends.append(end)
         details.append((end_backward, finish - end_backward, optimizer, after))
@@ -992,7 +1126,7 @@ def predict_options(
     ranks_per_stage = world // p
     model_flops = hardware_flops = 0
     for s in range(p):
-        opt = _optimizer_of(parts, s, p, layers[s])[0]
+        opt = optimizers[s][0]
         hardware_flops += ranks_per_stage * (m * (fwd[s].flops + bwd[s].flops) + opt.flops)
         model_flops += ranks_per_stage * (
             m * (fwd[s].model_flops + bwd[s].model_flops) + opt.model_flops

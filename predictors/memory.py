@@ -95,6 +95,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields, replace
 from functools import lru_cache
+from itertools import groupby
 from typing import Any
 
 import stg
@@ -246,6 +247,8 @@ def layer_kinds(o: GenerateOptions) -> list[str]:
     dense = max(0, min(o.dense_layers or 0, o.num_stacks - 1)) if is_moe(o) else 0
     kinds = ["dense"] * dense + ["moe" if is_mla(o) else "block"] * (o.num_stacks - dense)
     first, last = o.bf16_layers
+    if not first and not last:
+        return kinds
     total = len(kinds)
     return [bf16_kind(k) if i < first or i >= total - last else k for i, k in enumerate(kinds)]
 
@@ -259,8 +262,8 @@ def stage_layer_kinds(o: GenerateOptions) -> list[dict[str, int]]:
     start = 0
     for chunk, size in enumerate(chunk_layer_counts(o)):
         counts = stages[chunk % o.pp]
-        for kind in kinds[start : start + size]:
-            counts[kind] = counts.get(kind, 0) + 1
+        for kind, run in groupby(kinds[start : start + size]):  # runs of one kind
+            counts[kind] = counts.get(kind, 0) + len(list(run))
         start += size
     return stages
 
@@ -404,6 +407,7 @@ def count_parameters(options: Mapping[str, Any] | GenerateOptions) -> list[Stage
     llama = model_family(o.model) == "llama"
     stages = []
     kinds = stage_layer_kinds(o)
+    per_layer: dict[str, int] = {}  # a layer of each kind, as every stage holds it
     for stage, counts in enumerate(kinds):
         layers = sum(counts.values())
         first, last = stage == 0, stage == o.pp - 1
@@ -416,7 +420,10 @@ def count_parameters(options: Mapping[str, Any] | GenerateOptions) -> list[Stage
             if not o.tie_embeddings or o.pp > 1:  # tied: the embedding's at pp 1
                 head += v * h // t
             head += mtp_parameters_per_rank(o)
-        held = sum(layer_parameters_per_rank(o, kind) * n for kind, n in counts.items())
+        for kind in counts:
+            if kind not in per_layer:
+                per_layer[kind] = layer_parameters_per_rank(o, kind)
+        held = sum(per_layer[kind] * n for kind, n in counts.items())
         stages.append(StageParameters(stage, layers, held, embedding, head, tuple(counts.items())))
     return stages
 
@@ -1164,6 +1171,84 @@ def stage_memory(
     keeps them (:func:`stated_weight_copy_bytes`; default: from the options,
     :func:`recipe_weight_copy_bytes`)."""
     o = as_options(options)
+    terms = _stage_terms(
+        o,
+        parameters=parameters,
+        layers=layers,
+        has_embedding=has_embedding,
+        has_head=has_head,
+        weight_dtype=weight_dtype,
+        grad_dtype=grad_dtype,
+        kernels=kernels,
+        sharded_parameters=sharded_parameters,
+        kinds=kinds,
+        saved_bytes=saved_bytes,
+        head_bytes=head_bytes,
+        system=system,
+        layer_bytes=layer_bytes,
+        weight_copies=weight_copies,
+    )
+    return _stage_memory(o, stage, terms)
+
+
+@dataclass(slots=True)
+class _StageTerms:
+    """What :func:`stage_memory` finds of a stage that does not depend on which stage it is
+    (stages that hold the same layers, ends and shard share them; never changed once made)."""
+
+    parameters: int
+    has_embedding: bool
+    has_head: bool
+    kernels: KernelTable | None
+    system: System | None
+    kinds: Mapping[str, int]
+    weight_bytes: int
+    grad_bytes: int
+    optimizer_bytes: int
+    zero: int
+    shard: int
+    state: ModelState
+    keeps_weights: bool
+    accumulates_grads: bool
+    unsharded_weights: float
+    unsharded_grads: float
+    weight_copies: float
+    saved_bytes: float | None
+    per_kind: Mapping[str, float]
+    offloaded: float | None
+    """the activations left on the GPU under CPU offloading (None: no offloading)"""
+    sp_divisor: int
+    sbh: float
+    head: float
+    head_transient: float
+    recompute_buffer: float | None
+    """the largest recomputed layer's buffer (None: found per stage, or none)"""
+    units: list[int]
+    weights: float
+    """the weights' bytes (with the fp8 and the recipe's weight copies)"""
+    activations: _LayerActivations
+
+
+def _stage_terms(
+    o: GenerateOptions,
+    *,
+    parameters: int,
+    layers: int,
+    has_embedding: bool,
+    has_head: bool,
+    weight_dtype: str | None,
+    grad_dtype: str | None,
+    kernels: KernelTable | None,
+    sharded_parameters: float | None,
+    kinds: Mapping[str, int] | None,
+    saved_bytes: float | None,
+    head_bytes: float | None,
+    system: System | None,
+    layer_bytes: Mapping[str, float] | None,
+    weight_copies: float | None,
+    activations: _LayerActivations | None = None,
+) -> _StageTerms:
+    layer_activations = activations or _LayerActivations(o, kernels, system)
     if not kinds:
         kinds = {"moe" if is_mla(o) else "block": layers} if layers else {}
     e_w, e_g, k = precision_bytes(o, weight_dtype, grad_dtype)
@@ -1183,39 +1268,50 @@ def stage_memory(
         shard=shard,
         sharded=sharded_parameters,
     )
-    m = o.micro_batches
     keeps_weights, accumulates_grads = fsdp_unsharded_state(o)
     unsharded_weights = e_w * parameters if keeps_weights else 0
     unsharded_grads = e_g * parameters if accumulates_grads else 0
+    common = dict(
+        activations=layer_activations,
+        parameters=parameters,
+        has_embedding=has_embedding,
+        has_head=has_head,
+        kernels=kernels,
+        system=system,
+        kinds=kinds,
+        weight_bytes=e_w,
+        grad_bytes=e_g,
+        optimizer_bytes=k,
+        zero=zero,
+        shard=shard,
+        state=state,
+        keeps_weights=keeps_weights,
+        accumulates_grads=accumulates_grads,
+        unsharded_weights=unsharded_weights,
+        unsharded_grads=unsharded_grads,
+        weight_copies=weight_copies,
+    )
     if saved_bytes is not None:
-        held = in_flight_micro_batches(stage, o.pp, m, o.pipeline_schedule, o.virtual_stages)
-        return RankMemory(
-            stage=stage,
-            parameters=parameters,
+        return _StageTerms(
+            **common,
+            saved_bytes=saved_bytes,
+            per_kind={},
+            offloaded=None,
+            sp_divisor=1,
+            sbh=0.0,
+            head=0.0,
+            head_transient=0.0,
+            recompute_buffer=None,
+            units=[],
             weights=state.weights + weight_copies + unsharded_weights,
-            gradients=state.gradients + unsharded_grads,
-            optimizer=state.optimizer,
-            activations=held * saved_bytes,
-            buffers=0.0,
         )
     graph = layer_bytes or {}
     per_kind = {
-        kind: graph[kind]
-        if kind in graph
-        else activation_bytes_per_layer(o, kernels=kernels, kind=kind, system=system)
-        for kind in kinds
+        kind: graph[kind] if kind in graph else layer_activations.bytes(kind) for kind in kinds
     }
-    activations = sum(
-        per_kind[kind] * in_flight_layers(stage, n, o.pp, m, o.pipeline_schedule, o.virtual_stages)
-        for kind, n in kinds.items()
-    )
+    offloaded = None
     if o.cpu_offloading_num_layers and kinds:
-        activations = offloaded_activations(o, per_kind)
-    granular = recompute_layer_bytes(o, stage, kernels, system) if o.recompute_method else None
-    if granular is not None:
-        per_micro_batch, _ = granular
-        held_layers = in_flight_layers(stage, 1, o.pp, m, o.pipeline_schedule, o.virtual_stages)
-        activations = held_layers * per_micro_batch
+        offloaded = offloaded_activations(o, per_kind)
     b = micro_batch_size(o)
     e = activation_element_bytes(o)
     t = o.tp
@@ -1223,9 +1319,7 @@ def stage_memory(
     sb = o.seq / o.sp * b
     sbh = sb * o.dmodel
     logits = sb * o.dvocal / t  # this rank's share of the vocabulary
-    held = in_flight_micro_batches(stage, o.pp, m, o.pipeline_schedule, o.virtual_stages)
-    if has_embedding and has_dropout(o):
-        activations += held * MASK_BYTES * sbh / sp_divisor  # embedding dropout mask
+    head = 0.0
     head_transient = 0.0
     if has_head:
         # final norm input (eager: and its per-row statistics) and LM-head input (1 byte
@@ -1247,51 +1341,133 @@ def stage_memory(
         # and of its projection (2h), and its own final norm, LM-head input and logits
         modules = mtp_depth(o)
         if modules:
-            moe_layer = activation_bytes_per_layer(o, kernels=kernels, kind="moe", system=system)
+            moe_layer = layer_activations.bytes("moe")
             head += modules * (moe_layer + head)
             head += modules * (e * 4 * sbh + 3 * stats) / sp_divisor
-        activations += (m if o.pipeline_schedule.lower() == "gpipe" else 1) * head
+    recompute_buffer = None
+    if not o.recompute_method:
+        recompute_buffer = _recompute_buffer(o, kinds, per_kind, layer_activations)
+    units = fsdp_unit_parameters(o, kinds, has_embedding=has_embedding, has_head=has_head)
+    fp8_copies = fp8_weight_copy_bytes(o, kinds, system, has_head=has_head, kernels=kernels)
+    return _StageTerms(
+        **common,
+        saved_bytes=None,
+        per_kind=per_kind,
+        offloaded=offloaded,
+        sp_divisor=sp_divisor,
+        sbh=sbh,
+        head=head,
+        head_transient=head_transient,
+        recompute_buffer=recompute_buffer,
+        units=units,
+        weights=state.weights + fp8_copies + weight_copies + unsharded_weights,
+    )
+
+
+class _LayerActivations:
+    """:func:`activation_bytes_per_layer` of one run's options on one system, per block kind
+    and recompute, found once (the stages of a run share them)."""
+
+    def __init__(
+        self, o: GenerateOptions, kernels: KernelTable | None, system: System | None
+    ) -> None:
+        self.o, self.kernels, self.system = o, kernels, system
+        self.known: dict[tuple[str, str | None], float] = {}
+
+    def bytes(self, kind: str, recompute: str | None = None) -> float:
+        key = (kind, recompute)
+        if key not in self.known:
+            self.known[key] = activation_bytes_per_layer(
+                self.o, recompute=recompute, kernels=self.kernels, kind=kind, system=self.system
+            )
+        return self.known[key]
+
+
+def _recompute_buffer(
+    o: GenerateOptions,
+    kinds: Mapping[str, int],
+    per_kind: Mapping[str, float],
+    activations: _LayerActivations,
+) -> float | None:
+    """The largest layer recomputed: all its activations (full), its attention scores or what
+    op-level checkpointing does not keep (None: no layer is recomputed)."""
+    if not (kinds and o.activation_recompute in ("full", "selective", "selective_op")):
+        return None
+    partial = o.activation_recompute in ("selective", "selective_op")
+    return max(
+        activations.bytes(kind, "none") - (per_kind[kind] if partial else 0) for kind in kinds
+    )
+
+
+def _stage_memory(o: GenerateOptions, stage: int, terms: _StageTerms) -> RankMemory:
+    """The memory of one rank of pipeline stage ``stage`` from its :class:`_StageTerms`."""
+    m = o.micro_batches
+    state = terms.state
+    if terms.saved_bytes is not None:
+        held = in_flight_micro_batches(stage, o.pp, m, o.pipeline_schedule, o.virtual_stages)
+        return RankMemory(
+            stage=stage,
+            parameters=terms.parameters,
+            weights=terms.weights,
+            gradients=state.gradients + terms.unsharded_grads,
+            optimizer=state.optimizer,
+            activations=held * terms.saved_bytes,
+            buffers=0.0,
+        )
+    kinds, per_kind = terms.kinds, terms.per_kind
+    activations = sum(
+        per_kind[kind] * in_flight_layers(stage, n, o.pp, m, o.pipeline_schedule, o.virtual_stages)
+        for kind, n in kinds.items()
+    )
+    if terms.offloaded is not None:
+        activations = terms.offloaded
+    kernels, system = terms.kernels, terms.system
+    granular = recompute_layer_bytes(o, stage, kernels, system) if o.recompute_method else None
+    if granular is not None:
+        per_micro_batch, _ = granular
+        held_layers = in_flight_layers(stage, 1, o.pp, m, o.pipeline_schedule, o.virtual_stages)
+        activations = held_layers * per_micro_batch
+    held = in_flight_micro_batches(stage, o.pp, m, o.pipeline_schedule, o.virtual_stages)
+    if terms.has_embedding and has_dropout(o):
+        activations += held * MASK_BYTES * terms.sbh / terms.sp_divisor  # embedding dropout mask
+    if terms.has_head:
+        activations += (m if o.pipeline_schedule.lower() == "gpipe" else 1) * terms.head
     buffers = 0.0
     if granular is not None:
         buffers += granular[1]
-    elif kinds and o.activation_recompute in ("full", "selective", "selective_op"):
-        # the largest layer recomputed: all its activations (full), its attention scores or
-        # what op-level checkpointing does not keep
-        partial = o.activation_recompute in ("selective", "selective_op")
-        buffers += max(
-            activation_bytes_per_layer(
-                o, recompute="none", kernels=kernels, kind=kind, system=system
-            )
-            - (per_kind[kind] if partial else 0)
-            for kind in kinds
-        )
+    else:
+        recompute_buffer = terms.recompute_buffer
+        if recompute_buffer is None and o.recompute_method:
+            recompute_buffer = _recompute_buffer(o, kinds, per_kind, terms.activations)
+        if recompute_buffer is not None:
+            buffers += recompute_buffer
     # the cross entropy's transients (eager: its backward's fp32 gradients; Megatron: the
     # 16-bit logits or their gradient beside the fp32 ones) come with every activation held;
     # a layer's recompute comes later, after the head has freed its logits
-    buffers = max(buffers, head_transient)
-    units = fsdp_unit_parameters(o, kinds, has_embedding=has_embedding, has_head=has_head)
-    if zero == 3 and shard > 1 and units and not accumulates_grads:
+    buffers = max(buffers, terms.head_transient)
+    units, zero = terms.units, terms.zero
+    e_w, e_g = terms.weight_bytes, terms.grad_bytes
+    if zero == 3 and terms.shard > 1 and units and not terms.accumulates_grads:
         # FSDP2 reduces a unit's gradients by copying them, cast to the reduce dtype, into one
         # reduce-scatter input (foreach_reduce), freeing them only after the copy: the largest
         # unit's gradients in the weight dtype and its reduce-scatter input live together
         # after that unit's backward, when the loss's transients are gone. (Under pipeline
         # parallelism the reductions wait for the last micro-batch, past the activations' peak.)
         buffers = max(buffers, max(units) * (e_w + e_g))
-    if zero == 3 and units and not keeps_weights:
+    if zero == 3 and units and not terms.keeps_weights:
         # the gathered weights of the unit in use and of the one prefetched
         buffers += e_w * sum(sorted(units)[-2:])
-    fp8_copies = fp8_weight_copy_bytes(o, kinds, system, has_head=has_head, kernels=kernels)
     memory = RankMemory(
         stage=stage,
-        parameters=parameters,
-        weights=state.weights + fp8_copies + weight_copies + unsharded_weights,
-        gradients=state.gradients + unsharded_grads,
+        parameters=terms.parameters,
+        weights=terms.weights,
+        gradients=state.gradients + terms.unsharded_grads,
         optimizer=state.optimizer,
         activations=activations,
         buffers=buffers,
     )
     if is_eager(o):
-        memory = eager_peak(o, memory, state, k, e_w, accumulates_grads)
+        memory = eager_peak(o, memory, state, terms.optimizer_bytes, e_w, terms.accumulates_grads)
     return memory
 
 
@@ -1348,29 +1524,53 @@ def analytic_memory(
     # flat buffer of their own (stg.core.lowering: one buffer per shard degree)
     expert_shard = expert_zero_degree(o) if o.ep_folded and zero_stage(o) else shard
 
-    def layer_shard(kind: str) -> int:
-        routed = routed_parameters_per_rank(o, kind) if expert_shard != shard else 0
-        dense = layer_parameters_per_rank(o, kind) - routed
-        return padded_shard([dense], shard) + padded_shard([routed] if routed else [], expert_shard)
+    shards: dict[str, int] = {}
 
-    return [
-        stage_memory(
-            o,
-            stage=p.stage,
-            parameters=p.total,
-            layers=p.layers,
-            has_embedding=p.stage == 0,
-            has_head=p.stage == o.pp - 1,
-            kernels=kernels,
-            sharded_parameters=padded_shard([p.embedding_parameters, p.head_parameters], shard)
+    def layer_shard(kind: str) -> int:
+        if kind not in shards:
+            routed = routed_parameters_per_rank(o, kind) if expert_shard != shard else 0
+            dense = layer_parameters_per_rank(o, kind) - routed
+            shards[kind] = padded_shard([dense], shard) + padded_shard(
+                [routed] if routed else [], expert_shard
+            )
+        return shards[kind]
+
+    sharded = bool(zero_stage(o))
+    # stages that hold the same layers, ends and shard share what does not depend on which
+    # stage they are (every stage between the first and the last of an even split)
+    alike: dict[tuple[Any, ...], _StageTerms] = {}
+    activations = _LayerActivations(o, kernels, system)
+    out = []
+    for p in count_parameters(o):
+        has_embedding, has_head = p.stage == 0, p.stage == o.pp - 1
+        sharded_parameters = (
+            padded_shard([p.embedding_parameters, p.head_parameters], shard)
             + sum(layer_shard(kind) * n for kind, n in p.kinds)
-            if zero_stage(o)
-            else None,
-            kinds=dict(p.kinds),
-            system=system,
+            if sharded
+            else None
         )
-        for p in count_parameters(o)
-    ]
+        key = (p.total, p.layers, has_embedding, has_head, sharded_parameters, p.kinds)
+        if key not in alike:
+            alike[key] = _stage_terms(
+                o,
+                parameters=p.total,
+                layers=p.layers,
+                has_embedding=has_embedding,
+                has_head=has_head,
+                weight_dtype=None,
+                grad_dtype=None,
+                kernels=kernels,
+                sharded_parameters=sharded_parameters,
+                kinds=dict(p.kinds),
+                saved_bytes=None,
+                head_bytes=None,
+                system=system,
+                layer_bytes=None,
+                weight_copies=None,
+                activations=activations,
+            )
+        out.append(_stage_memory(o, p.stage, alike[key]))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -118,6 +118,24 @@ def test_a_broken_entry_is_built_again(folder: Path) -> None:
     assert cache.load(key) == [1, 2]
 
 
+def test_the_entries_a_process_stores_share_one_pickled_manifest(folder: Path) -> None:
+    """The module files are pickled once for every entry a process stores (format 2); an
+    entry of the earlier layout (the manifest inline, format 1) is a miss."""
+    import pickle
+
+    keys = [cache.entry_key(f"options {i}", []) for i in range(2)]
+    for i, key in enumerate(keys):
+        cache.store(key, {"layers": i})
+    entries = [pickle.loads((folder / f"{key}.pickle").read_bytes()) for key in keys]
+    assert [e[0] for e in entries] == [cache.FORMAT, cache.FORMAT] == [2, 2]
+    assert entries[0][1] == entries[1][1]
+    assert pickle.loads(entries[0][1]) == cache.loaded_files()
+    assert [cache.load(key) for key in keys] == [{"layers": 0}, {"layers": 1}]
+    old = (1, cache.loaded_files(), pickle.dumps({"layers": 0}))
+    (folder / f"{keys[0]}.pickle").write_bytes(pickle.dumps(old))
+    assert cache.load(keys[0]) is None
+
+
 def test_an_empty_folder_setting_turns_the_cache_off(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from stg.core.options import GenerateOptions
@@ -182,6 +182,8 @@ def plans(
     layouts = list(space.ep_layouts or (base_layout,))
     recomputes: list[tuple[str, int | None]] = [(r, None) for r in space.recompute]
     recomputes += [("full", n) for n in space.recompute_layers]
+    # every plan is ``replace(base, ...)``: the base's fields read once, not per plan
+    values = {f.name: getattr(base, f.name) for f in fields(base)}
     out = []
     for layout, (tp, pp, sp, ep) in itertools.product(
         layouts, itertools.product(tps, pps, space.sp, eps)
@@ -229,29 +231,27 @@ def plans(
                     continue  # nothing to shard over
                 embedding, loss, last = split
                 modules = base.recompute_modules
-                out.append(
-                    replace(
-                        base,
-                        dp=dp,
-                        tp=tp,
-                        pp=pp,
-                        sp=sp,
-                        ep=ep,
-                        micro_batch=micro,
-                        activation_recompute=recompute,
-                        zero=zero,
-                        weight_sharded=sharded,
-                        pipeline_schedule=schedule,
-                        virtual_stages=v,
-                        ep_layout=base.ep_layout if layout == base_layout else layout,
-                        recompute_method=None if block is None else "block",
-                        recompute_modules=modules if recompute == "selective" else (),
-                        recompute_num_layers=block,
-                        account_for_embedding_in_pipeline_split=embedding,
-                        account_for_loss_in_pipeline_split=loss,
-                        decoder_last_pipeline_num_layers=last,
-                    )
+                changes = dict(
+                    dp=dp,
+                    tp=tp,
+                    pp=pp,
+                    sp=sp,
+                    ep=ep,
+                    micro_batch=micro,
+                    activation_recompute=recompute,
+                    zero=zero,
+                    weight_sharded=sharded,
+                    pipeline_schedule=schedule,
+                    virtual_stages=v,
+                    ep_layout=base.ep_layout if layout == base_layout else layout,
+                    recompute_method=None if block is None else "block",
+                    recompute_modules=modules if recompute == "selective" else (),
+                    recompute_num_layers=block,
+                    account_for_embedding_in_pipeline_split=embedding,
+                    account_for_loss_in_pipeline_split=loss,
+                    decoder_last_pipeline_num_layers=last,
                 )
+                out.append(type(base)(**{**values, **changes}))
     return out
 
 
@@ -262,10 +262,24 @@ def scale_up_size(system: Any) -> int:
     return network[0].size if network and network[0].size else 8
 
 
-def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    from stg.explore.sweep import _call as call
+_PARAMETERS: dict[Callable[..., Any], frozenset[str] | None] = {}
+"""Per predictor function: the keywords it takes (None: any)."""
 
-    return call(fn, *args, **kwargs)
+
+def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` without the keywords ``fn`` does not take (as
+    :func:`stg.explore.sweep._call`), its signature read once per function: a search calls
+    the same few predictors for thousands of plans."""
+    if fn not in _PARAMETERS:
+        import inspect
+
+        params = inspect.signature(fn).parameters
+        any_keyword = any(p.kind is p.VAR_KEYWORD for p in params.values())
+        _PARAMETERS[fn] = None if any_keyword else frozenset(params)
+    taken = _PARAMETERS[fn]
+    if taken is None:
+        return fn(*args, **kwargs)
+    return fn(*args, **{k: v for k, v in kwargs.items() if k in taken})
 
 
 # -- the work an engine runs: each plan priced where the engine puts it ------------------------
@@ -299,6 +313,40 @@ def _resolve(work: _Work) -> tuple[Any, Any]:
             _system(work.system_name, work.system_data),
         )
     return _SEARCHES[work.token]
+
+
+@dataclass(frozen=True)
+class _Pricing:
+    """What the analytical pass of one search prices every plan with, looked up once."""
+
+    registry: Any
+    system: Any
+    kernels: list[Any]
+    memory: Any
+    """the memory predictor's record"""
+    fast: Any
+    """the fast predictor's record"""
+
+
+_PRICINGS: dict[str, _Pricing] = {}
+"""token -> the :class:`_Pricing` of that search in this process (a worker keeps those of
+its last :data:`_PRICED_SEARCHES` searches)."""
+
+
+def _pricing(work: _Work) -> _Pricing:
+    pricing = _PRICINGS.get(work.token)
+    if pricing is None:
+        for token in list(_PRICINGS)[: 1 - _PRICED_SEARCHES]:
+            _PRICINGS.pop(token, None)
+        registry, system = _resolve(work)
+        pricing = _PRICINGS[work.token] = _Pricing(
+            registry,
+            system,
+            list(registry.kernels),
+            registry.predictors.get("memory"),
+            registry.predictors.get(work.fast),
+        )
+    return pricing
 
 
 TWIN_PREDICTORS = frozenset({"analytical", "time"})
@@ -345,13 +393,13 @@ def _fast_report(work: _Work, o: GenerateOptions, registry: Any, system: Any) ->
     reports = _PRICED.setdefault(work.token, {})
     key = twin_key(o, work.fast)
     if key not in reports:
-        record = registry.predictors.get(work.fast)
+        pricing = _pricing(work)
         reports[key] = _call(
-            record.predict_options,
+            pricing.fast.predict_options,
             o,
             system,
             registry=registry,
-            kernels=list(registry.kernels),
+            kernels=list(pricing.kernels),
             explain=True,
         )
     return reports[key]
@@ -361,12 +409,12 @@ def _evaluate_plans(work: _Work, options: Sequence[GenerateOptions]) -> list[tup
     """Each plan's closed forms, then its fast price: ``("", memory report, report)``, or
     ``(why it is pruned, None, None)`` (divisibility, memory, or the fast predictor's
     refusal)."""
-    from stg.core.pipeline import validate_options
+    from stg.core.validation import validate_options
     from stg.explore.space import normalize_reason
 
-    registry, system = _resolve(work)
-    kernels = list(registry.kernels)
-    memory = registry.predictors.get("memory")
+    pricing = _pricing(work)
+    registry, system = pricing.registry, pricing.system
+    kernels = list(pricing.kernels)
     out: list[tuple[str, Any, Any]] = []
     for o in options:
         try:
@@ -374,7 +422,7 @@ def _evaluate_plans(work: _Work, options: Sequence[GenerateOptions]) -> list[tup
         except UserError as exc:
             out.append((f"divisibility: {normalize_reason(str(exc))}", None, None))
             continue
-        mem = _call(memory.predict_options, o, system, kernels=kernels)
+        mem = _call(pricing.memory.predict_options, o, system, kernels=kernels)
         if not mem.get("fits"):
             out.append(("memory: peak above the GPU's capacity", None, None))
             continue
@@ -489,6 +537,7 @@ def search(
     finally:
         del _SEARCHES[work.token]
         _PRICED.pop(work.token, None)
+        _PRICINGS.pop(work.token, None)
 
 
 def _reference(base: GenerateOptions) -> GenerateOptions:
