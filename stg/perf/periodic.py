@@ -1007,7 +1007,8 @@ class _Check:
             if [flows.get(f) for f in users] != b.users[key]:
                 return False
         for ca, cb in zip(a.contending, b.contending, strict=True):
-            if [flows.get(f) for f in ca] != cb:
+            # a flow by its number; a collective replayed as one event by its (unit, node)
+            if [flows.get(f) if type(f) is int else moved(f) for f in ca] != cb:
                 return False
         return True
 

@@ -354,6 +354,23 @@ class _Flow:
         self.contends: list[int] = []
 
 
+class _Contender:
+    """A collective within one unit whose ports no other stream uses
+    (:meth:`_Sim._private_collectives`): it runs each step at full bandwidth, so it is replayed
+    as one event at its end; this stands for it among the transfers that slow the unit's
+    compute, as a :class:`_Flow` would (``finish`` + ``tail``: its end). ``index``: its
+    (unit, node), where a flow has its number (the engine's state, :class:`EngineState`)."""
+
+    __slots__ = ("finish", "index", "link")
+
+    tail = 0.0
+
+    def __init__(self, link: str, finish: float, index: tuple[int, int]) -> None:
+        self.link = link
+        self.finish = finish
+        self.index = index
+
+
 # ---------------------------------------------------------------------------------------------
 # Units: the timelines that are simulated
 
@@ -682,7 +699,8 @@ class EngineState:
     communicator's collectives issued per unit and the collectives half issued; the transfers
     in flight with their state (``flows``: by index, (members, ends, steps, step, finish,
     tail, remaining, since, rate, resources, link, contends)), each port's users and each
-    unit's contending transfers, in order."""
+    unit's contending transfers, in order (a flow by its index; a collective replayed as one
+    event, :class:`_Contender`, by its (unit, node))."""
 
     time: float
     heap: list[tuple[float, int, int]]
@@ -698,7 +716,7 @@ class EngineState:
     instances: dict[Any, tuple[tuple[tuple[int, int], ...], float, tuple[int, int] | None]]
     flows: dict[int, tuple[Any, ...]]
     users: dict[tuple[int, str, int], list[int]]
-    contending: list[list[int]]
+    contending: list[list[int | tuple[int, int]]]
 
 
 @dataclass
@@ -1184,7 +1202,9 @@ class _Sim:
         flows: list[_Flow] = []
         users: dict[tuple[int, str, int], list[_Flow]] = {}
         # per unit: the transfers in flight whose NCCL kernels slow its compute (contention)
-        contending: list[list[_Flow]] = [[] for _ in units]
+        contending: list[list[_Flow | _Contender]] = [[] for _ in units]
+        private = self._private_collectives()
+        contenders: dict[tuple[int, int], _Contender] = {}
         comm_link = self.comm_link
         tails: dict[int, tuple[float, ...]] = {}
         """per transfer plan (by id: each is kept alive in self.steps): the seconds of the
@@ -1327,6 +1347,19 @@ class _Sim:
                 coll_seq[seq_key] = seq + 1
                 if coll_needed[u][i] == 1:  # a group within this unit (its ranks): issued now
                     transfer_starts[u][i] = t
+                    if i in private[u]:
+                        # its ports are its stream's alone: each step at full bandwidth, its
+                        # end known now (the same sums as step by step)
+                        end = t
+                        for _, seconds in all_steps[u][i] or ():
+                            end += seconds
+                        link = comm_link[u][i]
+                        if link is not None and link in contended:
+                            contender = _Contender(link, end, (u, i))
+                            contending[u].append(contender)
+                            contenders[u, i] = contender
+                        heappush(heap, (end, tick(), u, i))
+                        return
                     start_flow([(u, i)], [(u, 0), (u, 1)], all_steps[u][i] or (), t)
                     return
                 instance_key = (group_key, seq)
@@ -1448,6 +1481,11 @@ class _Sim:
                     s = streams[u][i]
                     busy[u][s] = False
                     touched_add((s == 0, u, s))
+                    if k == COLL and i in private[u]:
+                        durations[u][i] = t - transfer_starts[u][i]
+                        contender = contenders.pop((u, i), None)
+                        if contender is not None:
+                            contending[u].remove(contender)
                     if k == SEND:
                         key = p2p_keys[u][i]
                         queue = waiting.get(key)
@@ -1506,6 +1544,46 @@ class _Sim:
         if not states_at:
             return Replay(results, end)
         return Replay(results, end, states, self)
+
+    def _private_collectives(self) -> list[set[int]]:
+        """Per unit, its collectives within the unit (one member) that run each of at most two
+        steps at full bandwidth: every port they use (a direction of a unit's ``nvlink``,
+        ``nic``, ...) is used by no transfer of another stream, so no other transfer ever
+        shares it (a stream runs one node at a time). Their end is then their start plus their
+        steps, added in order as the step-by-step replay adds them; beyond two steps that
+        replay's projection of the end (a step's end plus the later steps' sum) could round
+        otherwise, so they keep it."""
+        users: dict[tuple[int, str, int], set[tuple[int, int]]] = {}
+        for u, res in enumerate(self.results):
+            for i, k in enumerate(res.kind):
+                if k != COLL and k != SEND:
+                    continue
+                ports = {port for port, _ in self.steps[u][i] or () if port is not None}
+                if not ports:
+                    continue
+                stream = (u, self.stream[u][i])
+                receiver = self.p2p_key[u][i][1] if k == SEND else u
+                for port in ports:
+                    users.setdefault((u, port, 0), set()).add(stream)
+                    users.setdefault((receiver, port, 1), set()).add(stream)
+        private: list[set[int]] = []
+        for u, res in enumerate(self.results):
+            alone = set()
+            for i, k in enumerate(res.kind):
+                if k != COLL or self.coll_needed[u][i] != 1:
+                    continue
+                steps = self.steps[u][i] or ()
+                if len(steps) > 2:
+                    continue
+                if all(
+                    len(users[u, port, d]) == 1
+                    for port, _ in steps
+                    if port is not None
+                    for d in (0, 1)
+                ):
+                    alone.add(i)
+            private.append(alone)
+        return private
 
     def _contended(self, u: int, i: int, link: str) -> float:
         """Duration of compute node ``i`` of unit ``u`` while NCCL runs over ``link``."""
