@@ -1555,22 +1555,21 @@ class _Sim:
         otherwise, so they keep it."""
         users: dict[tuple[int, str, int], set[tuple[int, int]]] = {}
         for u, res in enumerate(self.results):
-            for i, k in enumerate(res.kind):
-                if k != COLL and k != SEND:
-                    continue
-                ports = {port for port, _ in self.steps[u][i] or () if port is not None}
-                if not ports:
-                    continue
-                stream = (u, self.stream[u][i])
-                receiver = self.p2p_key[u][i][1] if k == SEND else u
+            kinds, steps_of, streams = res.kind, self.steps[u], self.stream[u]
+            # the collectives (coll_key) and the sends (p2p_key, with the receives) of the unit
+            transfers = [(i, u) for i in self.coll_key[u]]
+            transfers += [(i, key[1]) for i, key in self.p2p_key[u].items() if kinds[i] == SEND]
+            for i, receiver in transfers:
+                ports = {port for port, _ in steps_of[i] or () if port is not None}
+                stream = (u, streams[i])
                 for port in ports:
                     users.setdefault((u, port, 0), set()).add(stream)
                     users.setdefault((receiver, port, 1), set()).add(stream)
         private: list[set[int]] = []
-        for u, res in enumerate(self.results):
+        for u in range(len(self.results)):
             alone = set()
-            for i, k in enumerate(res.kind):
-                if k != COLL or self.coll_needed[u][i] != 1:
+            for i, needed in self.coll_needed[u].items():
+                if needed != 1:
                     continue
                 steps = self.steps[u][i] or ()
                 if len(steps) > 2:
