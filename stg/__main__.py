@@ -1,6 +1,6 @@
 """`python -m stg`: the same as the `stg` command."""
 
-from stg.cli import main
+from stg.cli import run
 
 if __name__ == "__main__":
-    main()
+    run()
