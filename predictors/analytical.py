@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
@@ -393,6 +394,23 @@ class _PreparedPart:
         return PartCost(done[1], dict(done[2]), self.flops, self.model_flops)
 
 
+_KERNELS_KEYS: dict[tuple[Any, ...], int] = {}
+_NEW_KERNELS_KEY = itertools.count().__next__
+
+
+def kernels_key(kernels: KernelTable | None) -> int:
+    """A number for what a kernel table holds (its records, which are values), the same for
+    equal tables and never reused for another: the prices memoised under it are those of
+    these kernels, not of others that share their names."""
+    records = tuple(kernels.kernels.items()) if kernels else ()
+    key = _KERNELS_KEYS.get(records)
+    if key is None:
+        if len(_KERNELS_KEYS) > 1024:
+            _KERNELS_KEYS.clear()
+        key = _KERNELS_KEYS[records] = _NEW_KERNELS_KEY()
+    return key
+
+
 _PREPARED: dict[int, tuple[list[Any], _PreparedPart]] = {}
 
 
@@ -498,8 +516,8 @@ class _Pricer:
         self.o, self.system, self.kernels = o, system, kernels
         self.gather_scale = gather_scale
         self.shapes: dict[tuple[str, ...], tuple[int, ...]] = {}
-        self.kernel_names = tuple(kernels.names()) if kernels else ()
-        self.compute_key = (id(system), self.kernel_names, o.dtype, o.profile)
+        self.kernels_key = kernels_key(kernels)
+        self.compute_key = (id(system), self.kernels_key, o.dtype, o.profile)
         """what prices a node other than a collective: the system, the kernels' names, the
         dtype and the profile (a collective: its size and its group's shape)"""
 
@@ -539,7 +557,7 @@ class _Pricer:
                 )
             attrs = node.attrs or {}
             key = (
-                self.kernel_names,
+                self.kernels_key,
                 self.o.dtype,
                 self.o.profile,
                 kernel_name(node),

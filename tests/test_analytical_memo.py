@@ -72,6 +72,23 @@ def test_the_same_parts_under_other_kernels_are_priced_again() -> None:
     )
 
 
+def test_kernels_that_share_a_name_are_priced_by_their_values() -> None:
+    """Two tables whose kernels have the same name and differ in speed, one system object: the
+    second is priced with its own kernel, not the first's prices (they were keyed by the
+    kernels' names)."""
+    registry = load_registry()
+    shared = load_system("a100-80g")
+    options = GenerateOptions(**SMALL, **PLANS[0])
+    plain, fast = (
+        [Kernel(name="my-gemm", op_class="gemm", dtype="bf16", speedup=speedup)]
+        for speedup in (1.0, 2.0)
+    )
+    predict_options(options, shared, registry=registry, kernels=plain)
+    in_turn = predict_options(options, shared, registry=registry, kernels=fast)
+    alone = predict_options(options, load_system("a100-80g"), registry=registry, kernels=fast)
+    assert in_turn == alone
+
+
 def test_a_refused_build_is_refused_again_without_building(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
