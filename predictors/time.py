@@ -457,25 +457,31 @@ def lowered_micro_batches(options: GenerateOptions, system: System) -> list[tupl
     the state check proves (:func:`stg.perf.periodic.state_keep`: not with overlapped
     parameter gathers or tensor-parallel communication, whose dependencies the check does not
     compare), then those the two replays matched micro-batch by micro-batch need
-    (:func:`stg.perf.periodic.first_keep`); each where the lowered build and its two replays
-    cost at most what the whole build and replay cost. None for a run that is not a training
-    pipeline of one device kind."""
+    (:func:`stg.perf.periodic.first_keep`), each where the lowered build and its two replays
+    cost at most what the whole build and replay cost; after every period's, twice and four
+    times as many and so on, fewest first, each where its two replays cost at most half the
+    whole one (a transient that outlasts the fill, as where one stage runs ahead of the others
+    for a while). None for a run that is not a training pipeline of one device kind."""
     if options.inference or is_hybrid(system):
         return []
     stages, total = options.pp, options.micro_batches
     chunks = options.virtual_stages
     read_off = not options.overlap_param_gather and not options.tp_comm_overlap
     periods = [stages] if chunks > 1 else list(dict.fromkeys((1, stages)))
-    out = []
+    out, later = [], []
     for period in periods:
         keeps = [first_keep(stages, period, chunks)]
         if read_off:
             keeps.insert(0, state_keep(stages, period, chunks))
+        longer = 2 * keeps[-1]  # where a transient outlasts the fill: doubled, while cheap
+        while 2 * (2 * longer + period) <= total:
+            later.append((longer + period, period))
+            longer *= 2
         for keep in keeps:
             if total % period or keep + period >= total or 3 * keep + 2 * period > 2 * total:
                 continue
             out.append((keep + period, period))
-    return out
+    return out + sorted(t for t in later if not total % t[1] and t[0] < total)
 
 
 def predict_time_options(

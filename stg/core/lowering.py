@@ -1267,6 +1267,7 @@ def _recipe_quantization(
 
     out: list[BoundOp] = []
     quantized: dict[int, tuple[int, QuantizeSite]] = {}
+    made = {k for op in ops for k in op.outputs}
     for j, op in enumerate(ops):
         for i, site in anchor.get(j, []):
             source = key(site.tensor)
@@ -1274,6 +1275,11 @@ def _recipe_quantization(
             # ids nor negated ids (context_parallel_attention takes -id and keys above 2**64)
             done = -source - 3 - 3 * (i % 4)
             reads: tuple[int, ...] = (source,)
+            if source not in made:
+                # a weight (TE casts it inside the linear's forward, after its input is there),
+                # or a tensor that context parallelism's attention produces under other keys:
+                # the cast waits for what the op it precedes reads, not floating free
+                reads += tuple(k for k in op.inputs if k != source)
             kernels = quantize_kernels(recipe, site.operand, site.rows, site.cols)
             for kernel in kernels:
                 # one stream: each kernel waits for the one before; the last one is the copies'

@@ -352,11 +352,14 @@ def _reduced(
     total: int,
     indexed: Sequence[_Indexed],
     children: Sequence[Sequence[Sequence[int]]] | None = None,
+    tail_from: int | None = None,
 ) -> Problem:
     """:func:`reduced_problem` with each unit's nodes indexed; ``children``: per unit and
     position in ``problem``, the positions of the nodes that wait for it (the engine's), where
-    known: only the dropped nodes' are then looked at for the nodes that wait for one."""
-    return _reduction(problem, keep, total, indexed, children).problem
+    known: only the dropped nodes' are then looked at for the nodes that wait for one.
+    ``tail_from``: the kept micro-batches from it on wait as their alikes toward the end of
+    ``problem`` do (:func:`_tail_deps`)."""
+    return _reduction(problem, keep, total, indexed, children, tail_from).problem
 
 
 def _reduction(
@@ -365,6 +368,7 @@ def _reduction(
     total: int,
     indexed: Sequence[_Indexed],
     children: Sequence[Sequence[Sequence[int]]] | None = None,
+    tail_from: int | None = None,
 ) -> _Reduction:
     """:func:`_reduced`, with where its nodes lie in ``problem``."""
     shift = total - keep
@@ -390,14 +394,29 @@ def _reduction(
         ending_deps = _end_deps(index, keep, shift)
         rewrite: Iterable[int]
         """the kept nodes that may wait for a dropped one or have _end_deps, ascending"""
+        tail: set[int] = set()
+        """the kept nodes of the micro-batches from ``tail_from`` on"""
+        if tail_from is not None and shift:
+            late = [ks for mb, ks in index.members.items() if tail_from <= mb < keep]
+            tail = {k for members in late for k in members}
         if children is not None:
             below = children[u]
-            rewrite = sorted({c for k in gone for c in below[k] if kept_mask[c]}.union(ending_deps))
+            waiting = {c for k in gone for c in below[k] if kept_mask[c]}
+            rewrite = sorted(waiting.union(ending_deps, tail))
         else:
             rewrite = itertools.compress(range(len(nodes)), kept_mask)
         replaced: list[tuple[int, Any]] = []
         for i in rewrite:
             node = nodes[i]
+            if i in tail:
+                found = _tail_deps(index, i, mbs[i], shift)
+                if found is None:
+                    raise _NotPeriodic
+                if set(found) != {*node.data_deps, *node.ctrl_deps}:
+                    at = i - bisect_left(gone, i)
+                    kept_nodes[at] = dataclasses.replace(node, data_deps=found, ctrl_deps=())
+                    replaced.append((i, kept_nodes[at]))
+                continue
             ending = ending_deps.get(i, ())
             if not ending and dropped.isdisjoint(node.data_deps):
                 if not node.ctrl_deps or dropped.isdisjoint(node.ctrl_deps):
@@ -465,6 +484,33 @@ def _end_deps(index: _Indexed, keep: int, shift: int) -> dict[int, tuple[int, ..
             if ending:
                 found[i] = tuple(ending)
     return found
+
+
+def _tail_deps(index: _Indexed, i: int, mb: int, shift: int) -> tuple[int, ...] | None:
+    """The dependencies that node ``i`` (of micro-batch ``mb``, waiting for a dropped node)
+    has in the schedule of ``shift`` fewer micro-batches: there micro-batch ``mb`` is where
+    ``mb + shift`` is in the whole one (toward the drain, as :func:`_end_deps` says of the
+    nodes outside the micro-batches), so it waits for what its alike in ``mb + shift`` waits
+    for, ``shift`` micro-batches earlier. None where an alike is missing."""
+    nodes, position, mbs = index.nodes, index.position, index.micro_batch
+    partner = index.same_in(i, mb + shift)
+    if partner is None:
+        return None
+    node = nodes[partner]
+    found: dict[int, None] = {}
+    for d in (*node.data_deps, *node.ctrl_deps):
+        k = position[d]
+        y = mbs[k]
+        if y is None:
+            found[d] = None
+            continue
+        if y < shift:
+            return None
+        alike = index.same_in(k, y - shift)
+        if alike is None:
+            return None
+        found[nodes[alike].id] = None
+    return tuple(found)
 
 
 def _kept_ancestors(
@@ -1309,15 +1355,24 @@ def replay_periodic(
     per_unit = [index.micro_batch for index in indexed]
     for period, keeps in tries:
         for keep in keeps:
-            try:
-                result = _try_keep(
-                    problem, args, options, indexed, per_unit, built, total, keep, period,
-                    stages, chunks, read_off, name_at,
-                )  # fmt: skip
-            except (_NotPeriodic, TraceError):
+            # first as the reduction gives the drain, then (not for the smallest keep, whose
+            # shorter problem is only read off) with the drain's waits of the schedule of as
+            # many micro-batches; a keep whose check cannot be made ends the period's tries
+            tails = (False, True) if keep >= first_keep(stages, period, chunks) else (False,)
+            raised = 0
+            for tail in tails:
+                try:
+                    result = _try_keep(
+                        problem, args, options, indexed, per_unit, built, total, keep, period,
+                        stages, chunks, read_off, name_at, tail,
+                    )  # fmt: skip
+                except (_NotPeriodic, TraceError):
+                    raised += 1
+                    continue
+                if result is not None:
+                    return result
+            if raised == len(tails):
                 break
-            if result is not None:
-                return result
     return None
 
 
@@ -1367,6 +1422,7 @@ def _try_keep(
     chunks: int,
     read_off: bool,
     name_at: NameAt | None,
+    tail: bool = False,
 ) -> PeriodicReplay | None:
     """:func:`replay_periodic` with the shorter reduced replay of ``keep`` micro-batches, None
     where the check fails (:class:`_NotPeriodic` or a :class:`TraceError` where the reduced
@@ -1375,14 +1431,19 @@ def _try_keep(
     replay is read off the longer one's states and the nodes that run a period later in the
     longer one are those not finished at the first instant compared. With a longer one, the
     two replays (the shorter one read off where the states repeat) are matched micro-batch by
-    micro-batch (:func:`_aligned`)."""
+    micro-batch (:func:`_aligned`). ``tail``: the reduced problems' last micro-batches wait
+    as the schedule of as many micro-batches has them wait (:func:`_tail_deps`)."""
     cut = cut_at(keep, stages, period, chunks)
     smallest = keep < first_keep(stages, period, chunks)
     # the two problems share most node objects; the smallest keep replays only the longer one
     costs = Costs(nodes_again=not smallest)
+    # ``tail``: the reduced problems' micro-batches toward the drain wait as in the schedule of
+    # as many (_tail_deps), where the drain's waits differ from a steady micro-batch's
+    drain = _whole_periods(drain_micro_batches(stages, chunks), period) + period
     longer = problem
     if keep + period < built:
-        longer = _reduced(problem, keep + period, built, indexed)
+        tail_from = keep + period - drain if tail else None
+        longer = _reduced(problem, keep + period, built, indexed, tail_from=tail_from)
     anchors: list[tuple[int, int]] = []
     if read_off:
         first = state_anchor(keep, stages, period, chunks)
@@ -1391,7 +1452,7 @@ def _try_keep(
     # where the longer problem is the whole one, the engine's dependency lists are by its
     # positions: the shorter problem looks only at the nodes that wait for a dropped one
     children = long.prepared.children if long.prepared and longer is problem else None
-    reduction = _reduction(problem, keep, built, indexed, children)
+    reduction = _reduction(problem, keep, built, indexed, children, keep - drain if tail else None)
     shorter = reduction.problem
     found = None
     if len(long.states) == len(anchors) > 1:
