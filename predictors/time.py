@@ -455,8 +455,8 @@ def lowered_micro_batches(options: GenerateOptions, system: System) -> list[tupl
     the period of one micro-batch (unless the stages hold several model chunks), then that
     of one micro-batch per stage; for each, first the fewest micro-batches whose steady state
     the state check proves (:func:`stg.perf.periodic.state_keep`: not with overlapped
-    parameter gathers or tensor-parallel communication, whose dependencies the check does not
-    compare), then those the two replays matched micro-batch by micro-batch need
+    tensor-parallel communication, whose dependencies the check does not compare), then
+    those the two replays matched micro-batch by micro-batch need
     (:func:`stg.perf.periodic.first_keep`), each where the lowered build and its two replays
     cost at most what the whole build and replay cost; after every period's, twice and four
     times as many and so on, fewest first, each where its two replays cost at most half the
@@ -466,7 +466,7 @@ def lowered_micro_batches(options: GenerateOptions, system: System) -> list[tupl
         return []
     stages, total = options.pp, options.micro_batches
     chunks = options.virtual_stages
-    read_off = not options.overlap_param_gather and not options.tp_comm_overlap
+    read_off = not options.tp_comm_overlap
     periods = [stages] if chunks > 1 else list(dict.fromkeys((1, stages)))
     out, later = [], []
     for period in periods:

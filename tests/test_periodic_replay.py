@@ -509,17 +509,18 @@ def test_the_single_replay_check_rejects_a_schedule_without_a_steady_state() -> 
     assert replay_periodic(problem, SYSTEM, only_if_cheaper=False) is None
 
 
-def test_overlapped_parameter_gathers_replay_both_reduced_problems() -> None:
+def test_overlapped_parameter_gathers_replay_periodically() -> None:
     """With --overlap-param-gather the engine moves the gathers' dependencies beyond the
-    nodes' own (every forward of a part waits for its gather), which the state check does
-    not compare: the shorter problem is replayed too, and the figures are the full ones."""
+    nodes' own (every forward of a part waits for its gather, issued at the start): the
+    gathers have ended long before the steady state, the shorter problem is read off the
+    longer one's states, and the figures are the full ones."""
     options = dict(
         SMALL, num_stacks=4, pp=4, dp=2, tp=1, batch=48, micro_batch=2, zero=1,
         overlap_param_gather=True,
     )  # fmt: skip
     problem = problem_from_workload(_workload(**options), SYSTEM)
     periodic = replay_periodic(problem, SYSTEM, only_if_cheaper=False, overlap_param_gather=True)
-    assert periodic is not None and periodic.replays == 2
+    assert periodic is not None
     assert _assert_matches_full(problem, overlap_param_gather=True)
 
 

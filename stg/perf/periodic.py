@@ -43,9 +43,12 @@ the first unit, instants ``a`` and ``b = a + T``, and reads the shorter problem'
 The shorter replay so read off then goes through the same check against the longer one as a
 replayed one would. Instants are compared within :data:`TOLERANCE`: the argument is exact in
 real arithmetic, and the rounding of a later start is what the two-replay check accepts too.
-Where the states differ (or a workload replays with ``overlap_param_gather`` or
-``tp_comm_overlap``, whose engine edits the dependencies beyond the nodes' own), the shorter
-problem is replayed.
+Where the states differ (or a workload replays with ``tp_comm_overlap``, whose engine edits
+the dependencies beyond the nodes' own within the micro-batches), the shorter problem is
+replayed. ``overlap_param_gather`` moves only the parameter gathers (outside the
+micro-batches, issued at the start): every forward of a part waits for its gather, which the
+state compares as a pending dependency while it runs and which has long ended once the steady
+state is reached, so its states are compared as any other's.
 
 The fewest micro-batches (:func:`state_keep`: the fill in whole periods, ``c``, and a period,
 the longer problem a period more, ``pp + 2`` for 1F1B against :func:`first_keep`'s ``2 pp +
@@ -1326,7 +1329,7 @@ def replay_periodic(
     if not problem.units:
         return None
     stages = len({u.stage for u in problem.units})
-    read_off = not options.get("overlap_param_gather") and not options.get("tp_comm_overlap")
+    read_off = not options.get("tp_comm_overlap")
     periods = [only_period] if only_period else sorted({1, max(1, stages)})
     # the first unit's micro-batches (every unit's must be the same): where they leave no
     # replay worth trying, the others are not looked at
