@@ -459,9 +459,10 @@ def lowered_micro_batches(options: GenerateOptions, system: System) -> list[tupl
     those the two replays matched micro-batch by micro-batch need
     (:func:`stg.perf.periodic.first_keep`), each where the lowered build and its two replays
     cost at most what the whole build and replay cost; after every period's, twice and four
-    times as many and so on, fewest first, each where its two replays cost at most half the
+    times as many and so on, fewest first, while their replays together cost at most half the
     whole one (a transient that outlasts the fill, as where one stage runs ahead of the others
-    for a while). None for a run that is not a training pipeline of one device kind."""
+    for a while). None for a run that is not a
+    training pipeline of one device kind."""
     if options.inference or is_hybrid(system):
         return []
     stages, total = options.pp, options.micro_batches
@@ -473,9 +474,12 @@ def lowered_micro_batches(options: GenerateOptions, system: System) -> list[tupl
         keeps = [first_keep(stages, period, chunks)]
         if read_off:
             keeps.insert(0, state_keep(stages, period, chunks))
-        longer = 2 * keeps[-1]  # where a transient outlasts the fill: doubled, while cheap
-        while 2 * (2 * longer + period) <= total:
+        # where a transient outlasts the fill: doubled while the replays of all those (two
+        # each) cost at most half the whole one's
+        longer, spent = 2 * keeps[-1], 0
+        while 2 * (spent + 2 * (longer + period)) <= total:
             later.append((longer + period, period))
+            spent += 2 * (longer + period)
             longer *= 2
         for keep in keeps:
             if total % period or keep + period >= total or 3 * keep + 2 * period > 2 * total:
