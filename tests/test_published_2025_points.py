@@ -1,7 +1,7 @@
-"""Published measurements of 2025 on the new presets, predicted: Blackwell training runs
-(tests/data/runs/blackwell_runs.json: Megatron-Bridge on DGX B200, GB200 and GB300) and MI300X
-serving latencies (tests/data/serving/mi300x_latency.json: AMD's vLLM results, OCI's Llama 3.1
-405B FP8).
+"""Published measurements of 2025-26 on the new presets, predicted: Blackwell training runs
+(tests/data/runs/blackwell_runs.json: Megatron-Bridge on DGX B200, GB200 and GB300), AMD Instinct
+training runs (tests/data/runs/amd_training_runs.json: Primus on MI325X) and MI300X serving
+latencies (tests/data/serving/mi300x_latency.json: AMD's vLLM results, OCI's Llama 3.1 405B FP8).
 
 The presets' peaks are the data sheets'; their sustained clocks, streaming and attention rates
 come from published kernel-level measurements (tests/data/kernels/blackwell-published.jsonl,
@@ -29,7 +29,9 @@ from stg.predictors.serving import predict_serving
 from stg.predictors.time import predict_time
 
 DATA = Path(__file__).parent / "data"
-TRAINING: list[dict] = json.loads((DATA / "runs" / "blackwell_runs.json").read_text())["entries"]
+BLACKWELL: list[dict] = json.loads((DATA / "runs" / "blackwell_runs.json").read_text())["entries"]
+AMD: list[dict] = json.loads((DATA / "runs" / "amd_training_runs.json").read_text())["entries"]
+TRAINING = [*BLACKWELL, *AMD]
 SERVING: list[dict] = json.loads((DATA / "serving" / "mi300x_latency.json").read_text())["entries"]
 
 
@@ -47,13 +49,18 @@ def summary(errors: dict[str, float]) -> str:
     )
 
 
+STG_RECIPE = {"delayed": "delayed", "current": "tensorwise", "mxfp8": "mxfp8"}
+"""stg's ``low_precision_recipe`` for each fp8 recipe a row's source names (``fp8_recipe``)."""
+
+
 def test_points_are_well_formed(registry: Registry) -> None:
     ids = [e["id"] for e in (*TRAINING, *SERVING)]
     assert len(ids) == len(set(ids)), "duplicate ids"
     for entry in TRAINING:
-        assert run_options(entry, registry).world_size == entry["gpus"], entry["id"]
-        if entry["options"].get("dtype") == "fp8":  # the table's recipe, named per row
-            assert entry["fp8_recipe"] in ("current", "mxfp8"), entry["id"]
+        options = run_options(entry, registry)
+        assert options.world_size == entry["gpus"], entry["id"]
+        if options.dtype == "fp8":  # the source's recipe, named per row, is the one stg runs
+            assert options.low_precision_recipe == STG_RECIPE[entry["fp8_recipe"]], entry["id"]
     for entry in SERVING:
         assert serving_options(entry, registry, "decode").world_size == entry["gpus"]
         engine_profile(entry.get("engine_profile", "none"))  # a known profile
@@ -61,10 +68,13 @@ def test_points_are_well_formed(registry: Registry) -> None:
         assert entry["source"].startswith("https://") and entry["table"], entry["id"]
 
 
-@pytest.mark.slow  # about a minute: 405B plans on 128 and 256 GPUs
-def test_blackwell_training_runs(registry: Registry, report_table: Callable[..., None]) -> None:
+def training_table(
+    entries: list[dict], registry: Registry, target_note: str
+) -> tuple[list[str], list[str]]:
+    """Predict each training run as ``stg predict`` does: the table's lines (with the mean
+    |error| and ``target_note``) and the lines of the runs outside their guard."""
     lines, errors, problems = [HEADER], {}, []
-    for entry in TRAINING:
+    for entry in entries:
         options = run_options(entry, registry)
         workload = build_workload(options, registry)
         report = predict_time(workload, entry["system"], kernels=list(registry.kernels))
@@ -72,9 +82,38 @@ def test_blackwell_training_runs(registry: Registry, report_table: Callable[...,
         lines.append(line)
         if not passed:
             problems.append(line)
-    lines.append(summary(errors) + " (target 10%; kernel rates from published measurements)")
+    lines.append(f"{summary(errors)} ({target_note})")
+    return lines, problems
+
+
+@pytest.mark.slow  # about a minute: 405B plans on 128 and 256 GPUs
+def test_blackwell_training_runs(registry: Registry, report_table: Callable[..., None]) -> None:
+    lines, problems = training_table(
+        BLACKWELL, registry, "target 10%; kernel rates from published measurements"
+    )
     report_table("Blackwell training runs 2025 (tests/data/runs/blackwell_runs.json)", lines)
     assert not problems, "\n".join(problems)
+
+
+def test_amd_training_runs(registry: Registry, report_table: Callable[..., None]) -> None:
+    lines, problems = training_table(
+        AMD, registry, "target 10%; MI325X clock from AMD's measured GEMMs"
+    )
+    report_table("AMD Instinct training runs 2026 (tests/data/runs/amd_training_runs.json)", lines)
+    assert not problems, "\n".join(problems)
+
+
+def test_amd_plans_fit_their_gpus(registry: Registry) -> None:
+    """The AMD runs ran: each plan's peak per the memory predictor is within the preset's HBM."""
+    memory = registry.predictors.get("memory")
+    for entry in AMD:
+        report = memory.predict_options(
+            run_options(entry, registry),
+            entry["system"],
+            kernels=list(registry.kernels),
+            registry=registry,
+        )
+        assert report["fits"], f"{entry['id']}: peak {report['peak_bytes'] / 2**30:.1f} GiB"
 
 
 def serving_options(entry: dict, registry: Registry, phase: str) -> GenerateOptions:
