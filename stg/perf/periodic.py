@@ -1365,19 +1365,21 @@ def replay_periodic(
             # shorter problem is only read off) with the drain's waits of the schedule of as
             # many micro-batches; a keep whose check cannot be made ends the period's tries
             tails = (False, True) if keep >= first_keep(stages, period, chunks) else (False,)
+            # one longer replay for both where it is the problem itself, else one each
+            groups = [tails] if keep + period == built else [(tail,) for tail in tails]
             raised = 0
-            for tail in tails:
+            for group in groups:
                 try:
                     result = _try_keep(
                         problem, args, options, indexed, per_unit, built, total, keep, period,
-                        stages, chunks, read_off, name_at, tail,
+                        stages, chunks, read_off, name_at, group,
                     )  # fmt: skip
                 except (_NotPeriodic, TraceError):
                     raised += 1
                     continue
                 if result is not None:
                     return result
-            if raised == len(tails):
+            if raised == len(groups):
                 break
     return None
 
@@ -1428,27 +1430,29 @@ def _try_keep(
     chunks: int,
     read_off: bool,
     name_at: NameAt | None,
-    tail: bool = False,
+    tails: tuple[bool, ...] = (False,),
 ) -> PeriodicReplay | None:
     """:func:`replay_periodic` with the shorter reduced replay of ``keep`` micro-batches, None
     where the check fails (:class:`_NotPeriodic` or a :class:`TraceError` where the reduced
-    problems are no schedule of theirs). With a ``keep`` below :func:`first_keep` (the longer
-    problem then ``problem`` itself), only the state check can prove the period: the shorter
-    replay is read off the longer one's states and the nodes that run a period later in the
-    longer one are those not finished at the first instant compared. With a longer one, the
-    two replays (the shorter one read off where the states repeat) are matched micro-batch by
-    micro-batch (:func:`_aligned`). ``tail``: the reduced problems' last micro-batches wait
-    as the schedule of as many micro-batches has them wait (:func:`_tail_deps`)."""
+    problems are no schedule of theirs, for every one of ``tails``). With a ``keep`` below
+    :func:`first_keep` (the longer problem then ``problem`` itself), only the state check can
+    prove the period: the shorter replay is read off the longer one's states and the nodes
+    that run a period later in the longer one are those not finished at the first instant
+    compared. With a longer one, the two replays (the shorter one read off where the states
+    repeat) are matched micro-batch by micro-batch (:func:`_aligned`). ``tails``: tried in
+    turn on the one longer replay, whether the reduced problems' last micro-batches wait as
+    the schedule of as many micro-batches has them wait (:func:`_tail_deps`); the first
+    holds for a longer problem reduced from ``problem``."""
     cut = cut_at(keep, stages, period, chunks)
     smallest = keep < first_keep(stages, period, chunks)
     # the two problems share most node objects; the smallest keep replays only the longer one
     costs = Costs(nodes_again=not smallest)
-    # ``tail``: the reduced problems' micro-batches toward the drain wait as in the schedule of
+    # a tail: the reduced problems' micro-batches toward the drain wait as in the schedule of
     # as many (_tail_deps), where the drain's waits differ from a steady micro-batch's
     drain = _whole_periods(drain_micro_batches(stages, chunks), period) + period
     longer = problem
     if keep + period < built:
-        tail_from = keep + period - drain if tail else None
+        tail_from = keep + period - drain if tails[0] else None
         longer = _reduced(problem, keep + period, built, indexed, tail_from=tail_from)
     anchors: list[tuple[int, int]] = []
     if read_off:
@@ -1458,14 +1462,54 @@ def _try_keep(
     # where the longer problem is the whole one, the engine's dependency lists are by its
     # positions: the shorter problem looks only at the nodes that wait for a dropped one
     children = long.prepared.children if long.prepared and longer is problem else None
-    reduction = _reduction(problem, keep, built, indexed, children, keep - drain if tail else None)
-    shorter = reduction.problem
+    raised = 0
+    try:
+        for tail in tails:
+            try:
+                reduction = _reduction(
+                    problem, keep, built, indexed, children, keep - drain if tail else None
+                )
+                result = _from_shorter(
+                    long, longer, reduction.problem, reduction, args, options, indexed,
+                    per_unit, total, keep, period, cut, smallest, costs, len(anchors), name_at,
+                )  # fmt: skip
+            except (_NotPeriodic, TraceError):
+                raised += 1
+                continue
+            if result is not None:
+                return result
+    finally:
+        long.states, long.prepared = [], None
+    if raised == len(tails):
+        raise _NotPeriodic
+    return None
+
+
+def _from_shorter(
+    long: Replay,
+    longer: Problem,
+    shorter: Problem,
+    reduction: _Reduction,
+    args: tuple[Any, ...],
+    options: Mapping[str, Any],
+    indexed: list[_Indexed],
+    per_unit: list[list[int | None]],
+    total: int,
+    keep: int,
+    period: int,
+    cut: int,
+    smallest: bool,
+    costs: Costs,
+    anchors: int,
+    name_at: NameAt | None,
+) -> PeriodicReplay | None:
+    """:func:`_try_keep`'s check and extrapolation with the ``shorter`` problem of
+    ``reduction``, on the ``long`` replay of ``longer`` (its states at ``anchors`` instants)."""
     found = None
-    if len(long.states) == len(anchors) > 1:
+    if len(long.states) == anchors > 1:
         shift = _Shift(longer, shorter, indexed, period, reduction)
         tolerance = TOLERANCE * max(long.iteration_time, 1e-300)
         found = _short_from_long(long, longer, shorter, shift, tolerance)
-    long.states, long.prepared = [], None
     shifted: Sequence[Sequence[bool]]
     if found is not None and smallest:
         # the full problem is the longer one up to the second instant, the span between the
