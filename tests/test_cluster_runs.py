@@ -2,10 +2,11 @@
 time predictor.
 
 Each entry is a measured run (NeMo / Megatron-Bridge performance summaries on DGX H100,
-Megatron-LM's MoE recipes, torchtitan on A100 and H200) with its plan spelled as
-``stg generate`` options. The test builds the workload, predicts one iteration on the entry's
-system preset with the registry's kernel records (what ``stg predict`` does) and turns the
-published figure into an iteration time by exact arithmetic from the stated quantities:
+Megatron-LM's MoE recipes, torchtitan on A100, H200 and 500 W Grand Teton H100) with its plan
+spelled as ``stg generate`` options. The test builds the workload, predicts one iteration on the
+entry's system (a preset, or a system JSON file under tests/data/runs/systems/) with the
+registry's kernel records (what ``stg predict`` does) and turns the published figure into an
+iteration time by exact arithmetic from the stated quantities:
 
 - ``tokens_per_s_per_gpu``: iteration time = batch·seq / (value·GPUs);
 - ``model_tflops_per_gpu``: iteration time = F / (value·10¹²·GPUs), F NeMo's 2024 model-FLOP
@@ -35,6 +36,7 @@ import pytest
 from stg.core.options import GenerateOptions, resolve_model
 from stg.core.pipeline import build_workload
 from stg.host.registry import Registry, load_registry
+from stg.perf.system import load_system
 from stg.predictors.time import predict_time
 
 DATA = Path(__file__).parent / "data" / "runs" / "cluster_runs.json"
@@ -108,6 +110,18 @@ def megatron_moe_flops(options: GenerateOptions) -> float:
     )
 
 
+def run_system(entry: dict) -> str:
+    """The entry's system: a preset's name, or a system JSON file named relative to the data
+    file (``systems/NAME.json``), as a path that does not depend on the working directory."""
+    system = entry["system"]
+    return str(DATA.parent / system) if system.endswith(".json") else system
+
+
+def system_label(entry: dict) -> str:
+    """The system as the table names it: a preset's name or the file's stem."""
+    return Path(entry["system"]).stem
+
+
 def run_options(entry: dict, registry: Registry) -> GenerateOptions:
     """The entry's plan as GenerateOptions, its preset resolved as ``--model`` resolves it."""
     values, _ = resolve_model({"model": entry["model"], **entry["options"]}, registry)
@@ -140,7 +154,7 @@ def in_published_unit(entry: dict, options: GenerateOptions, value: float) -> fl
 
 
 HEADER = (
-    f"{'id':<44} {'system':<10} {'gpus':>5} {'unit':<12} {'published':>9} {'predicted':>9} "
+    f"{'id':<44} {'system':<19} {'gpus':>5} {'unit':<12} {'published':>9} {'predicted':>9} "
     f"{'t_pub s':>8} {'t_pred s':>8} {'error':>7} {'guard':>5} pass"
 )
 
@@ -155,7 +169,7 @@ def table_row(entry: dict, options: GenerateOptions, predicted_s: float) -> tupl
     )
     passed = abs(error) <= guard
     line = (
-        f"{entry['id']:<44} {entry['system']:<10} {entry['gpus']:>5} {unit:<12} "
+        f"{entry['id']:<44} {system_label(entry):<19} {entry['gpus']:>5} {unit:<12} "
         f"{entry['value']:>9.5g} {in_published_unit(entry, options, predicted_s):>9.5g} "
         f"{published_s:>8.3f} {predicted_s:>8.3f} {100 * error:>+6.1f}% {100 * guard:>4.0f}% "
         f"{'yes' if passed else 'NO'}"
@@ -176,9 +190,32 @@ def test_runs_are_well_formed(registry: Registry) -> None:
         assert options.world_size == entry["gpus"], f"{entry['id']}: plan is not on its GPUs"
         assert entry["source"].startswith("https://"), entry["id"]
         assert entry["metric"] in METRICS, entry["id"]
+        assert load_system(run_system(entry)).name, entry["id"]
         named_ep = re.search(r"-ep(\d+)-", entry["id"])
         if named_ep:
             assert options.ep == int(named_ep[1]), f"{entry['id']}: id names another ep"
+
+
+SYSTEM_FILES = {"h100-96g-hbm2e-500w.json": "h100-80g"}
+"""Each system file under tests/data/runs/systems/ and the preset it is derived from."""
+
+
+def test_system_files_cite_what_they_change() -> None:
+    """A system file keeps its preset's values except those it cites: every key whose value
+    differs from the preset's has a ``sources`` entry, and every entry names a real key."""
+    files = {p.name for p in (DATA.parent / "systems").glob("*.json")}
+    assert files == set(SYSTEM_FILES), "a system file without its preset in SYSTEM_FILES"
+    for name, preset in SYSTEM_FILES.items():
+        data = json.loads((DATA.parent / "systems" / name).read_text())
+        base = load_system(preset).as_dict()
+        changed = {
+            key
+            for key in set(data) | set(base)
+            if key not in ("name", "description", "sources") and data.get(key) != base.get(key)
+        }
+        sources = data.get("sources", {})
+        assert changed <= set(sources), f"{name}: uncited changes {sorted(changed - set(sources))}"
+        assert set(sources) <= set(base) | set(data), f"{name}: sources name unknown keys"
 
 
 def test_megatron_flops_match_published_pairs(registry: Registry) -> None:
@@ -221,7 +258,7 @@ def test_plans_fit_their_gpus(registry: Registry) -> None:
     for entry in RUNS:
         options = run_options(entry, registry)
         report = memory.predict_options(
-            options, entry["system"], kernels=list(registry.kernels), registry=registry
+            options, run_system(entry), kernels=list(registry.kernels), registry=registry
         )
         peak = f"{report['peak_bytes'] / 2**30:.1f} GiB of {report['capacity_bytes'] / 2**30:.0f}"
         if report["fits"] == (entry["id"] in OVER_MEMORY):
@@ -229,7 +266,7 @@ def test_plans_fit_their_gpus(registry: Registry) -> None:
     assert not wrong, "\n".join(wrong)
 
 
-@pytest.mark.slow  # 40 full-size plans, up to 1,024 GPUs
+@pytest.mark.slow  # 57 full-size plans, up to 1,024 GPUs
 def test_cluster_runs(registry: Registry, report_table: Callable[..., None]) -> None:
     """Every run predicts and stays within its guard; the table and its mean and median
     |error| go to the run's summary. One test, so that the statistics see every entry
@@ -239,7 +276,7 @@ def test_cluster_runs(registry: Registry, report_table: Callable[..., None]) -> 
         options = run_options(entry, registry)
         try:
             workload = build_workload(options, registry)
-            report = predict_time(workload, entry["system"], kernels=list(registry.kernels))
+            report = predict_time(workload, run_system(entry), kernels=list(registry.kernels))
         except Exception as exc:  # a plan that validates must predict: a finding, not a skip
             lines.append(f"{entry['id']:<44} error: {type(exc).__name__}: {exc}")
             problems.append(f"{entry['id']}: {type(exc).__name__}: {exc}")
