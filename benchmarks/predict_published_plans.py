@@ -38,7 +38,10 @@ def flag_value(value: object) -> str:
 def predict_args(entry: dict) -> list[str]:
     options = {"model": entry["model"], **entry["options"]}
     flags = [f"--{k}={flag_value(v)}" for k, v in options.items() if v is not None]
-    return ["predict", "--predictor", "time", "--system", entry["system"], "--json", *flags]
+    system = entry["system"]  # a preset, or a system file named relative to the data
+    if system.endswith(".json"):
+        system = str(RUNS / system)
+    return ["predict", "--predictor", "time", "--system", system, "--json", *flags]
 
 
 def measure(entry: dict, tree: str | None) -> dict[str, object]:
