@@ -15,13 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-import search_speed
+import predict_speed
 
 RUNS = Path(__file__).resolve().parent.parent / "tests" / "data" / "runs"
 TABLES = ("cluster_runs.json", "blackwell_runs.json")
@@ -45,19 +42,16 @@ def predict_args(entry: dict) -> list[str]:
 
 
 def measure(entry: dict, tree: str | None) -> dict[str, object]:
-    command, env = search_speed.stg_command(predict_args(entry), tree)
-    with tempfile.TemporaryFile("w+") as out:
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.PIPE, env=env, cwd=tree)
-        _, status, usage = os.wait4(proc.pid, 0)
-        err = proc.stderr.read().decode() if proc.stderr else ""
-        out.seek(0)
-        text = out.read()
-    cpu = usage.ru_utime + usage.ru_stime
-    if os.waitstatus_to_exitcode(status):
-        return {"cpu_s": cpu, "error": (err.strip().splitlines() or ["?"])[-1]}
-    report = json.loads(text)
-    report = report.get("time", report)
-    return {"cpu_s": cpu, "replay": report.get("replay", {}), "time_s": report["iteration_time_s"]}
+    result = predict_speed.run(predict_args(entry), tree=tree)
+    if result["error"]:
+        return {"cpu_s": result["cpu_s"], "error": result["error"]}
+    report = result["report"]
+    report = report.get("time", report)  # type: ignore[union-attr]
+    return {
+        "cpu_s": result["cpu_s"],
+        "replay": report.get("replay", {}),
+        "time_s": report["iteration_time_s"],
+    }
 
 
 def main(argv: list[str]) -> int:

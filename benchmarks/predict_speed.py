@@ -36,6 +36,8 @@ import sys
 import tempfile
 from collections.abc import Sequence
 
+import search_speed
+
 GPT3_175B = dict(
     model="gpt", dmodel=12288, dff=49152, head=96, kvhead=96, num_stacks=96, seq=2048,
     dvocal=51200, tp=8, pp=16, dp=8, micro_batch=8,
@@ -72,14 +74,17 @@ print(json.dumps({"time": report}))
 """
 
 
-def run(args: Sequence[str], code: str | None = None) -> dict[str, object]:
-    """One ``stg`` process (or one running ``code`` with ``args``): its CPU seconds, peak RSS
-    in MB and JSON report."""
-    command = [sys.executable, "-m", "stg", *args] if code is None else [sys.executable]
-    if code is not None:
-        command += ["-c", code, *args]
+def run(args: Sequence[str], code: str | None = None, tree: str | None = None) -> dict[str, object]:
+    """One ``stg`` process (or one running ``code`` with ``args``; the ``stg`` of the checkout
+    ``tree`` where given, :func:`search_speed.stg_command`): its CPU seconds, peak RSS in MB
+    and JSON report."""
+    env = None
+    if code is None:
+        command, env = search_speed.stg_command(list(args), tree)
+    else:
+        command = [sys.executable, "-c", code, *args]
     with tempfile.TemporaryFile("w+") as out:
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.PIPE, env=env, cwd=tree)
         _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
         err = proc.stderr.read().decode() if proc.stderr else ""
