@@ -1462,17 +1462,55 @@ def _try_keep(
     # where the longer problem is the whole one, the engine's dependency lists are by its
     # positions: the shorter problem looks only at the nodes that wait for a dropped one
     children = long.prepared.children if long.prepared and longer is problem else None
+
+    def with_shorter(reduction: _Reduction) -> PeriodicReplay | None:
+        """The check and extrapolation with the shorter problem of ``reduction``."""
+        shorter = reduction.problem
+        found = None
+        if len(long.states) == len(anchors) > 1:
+            shift = _Shift(longer, shorter, indexed, period, reduction)
+            tolerance = TOLERANCE * max(long.iteration_time, 1e-300)
+            found = _short_from_long(long, longer, shorter, shift, tolerance)
+        shifted: Sequence[Sequence[bool]]
+        if found is not None and smallest:
+            # the full problem is the longer one up to the second instant, the span between
+            # the two repeated, and the rest of the longer one: a node not finished at the
+            # first instant runs as its alike a period later does, a period later (see
+            # _extended_path)
+            short, shifted = found
+            period_time = long.iteration_time - short.iteration_time
+        elif smallest:
+            return None  # the micro-batches before the cut would not run as in the longer one
+        else:
+            short = (
+                found[0] if found is not None else replay(shorter, *args, costs=costs, **options)
+            )
+            for res in short.units:  # the path is walked in the longer replay alone
+                res.cause = []
+            aligned = _aligned(short, long, indexed, period, cut)
+            if aligned is None:
+                return None
+            period_time = aligned[0]
+            shifted = [[partner[1] for partner in unit] for unit in aligned[1]]
+        periods = (total - keep) // period
+        path = _extended_path(
+            long, shifted, indexed, per_unit, period, periods, period_time, name_at
+        )
+        if path is None:
+            return None
+        result = _extrapolate(short, long, total, keep, period, period_time, path, indexed)
+        result.replays = 1 if found is not None else 2
+        return result
+
     raised = 0
     try:
         for tail in tails:
             try:
-                reduction = _reduction(
-                    problem, keep, built, indexed, children, keep - drain if tail else None
+                result = with_shorter(
+                    _reduction(
+                        problem, keep, built, indexed, children, keep - drain if tail else None
+                    )
                 )
-                result = _from_shorter(
-                    long, longer, reduction.problem, reduction, args, options, indexed,
-                    per_unit, total, keep, period, cut, smallest, costs, len(anchors), name_at,
-                )  # fmt: skip
             except (_NotPeriodic, TraceError):
                 raised += 1
                 continue
@@ -1483,58 +1521,6 @@ def _try_keep(
     if raised == len(tails):
         raise _NotPeriodic
     return None
-
-
-def _from_shorter(
-    long: Replay,
-    longer: Problem,
-    shorter: Problem,
-    reduction: _Reduction,
-    args: tuple[Any, ...],
-    options: Mapping[str, Any],
-    indexed: list[_Indexed],
-    per_unit: list[list[int | None]],
-    total: int,
-    keep: int,
-    period: int,
-    cut: int,
-    smallest: bool,
-    costs: Costs,
-    anchors: int,
-    name_at: NameAt | None,
-) -> PeriodicReplay | None:
-    """:func:`_try_keep`'s check and extrapolation with the ``shorter`` problem of
-    ``reduction``, on the ``long`` replay of ``longer`` (its states at ``anchors`` instants)."""
-    found = None
-    if len(long.states) == anchors > 1:
-        shift = _Shift(longer, shorter, indexed, period, reduction)
-        tolerance = TOLERANCE * max(long.iteration_time, 1e-300)
-        found = _short_from_long(long, longer, shorter, shift, tolerance)
-    shifted: Sequence[Sequence[bool]]
-    if found is not None and smallest:
-        # the full problem is the longer one up to the second instant, the span between the
-        # two repeated, and the rest of the longer one: a node not finished at the first
-        # instant runs as its alike a period later does, a period later (see _extended_path)
-        short, shifted = found
-        period_time = long.iteration_time - short.iteration_time
-    elif smallest:
-        return None  # the micro-batches before the cut would not run as in the longer one
-    else:
-        short = found[0] if found is not None else replay(shorter, *args, costs=costs, **options)
-        for res in short.units:  # the path is walked in the longer replay alone
-            res.cause = []
-        aligned = _aligned(short, long, indexed, period, cut)
-        if aligned is None:
-            return None
-        period_time = aligned[0]
-        shifted = [[partner[1] for partner in unit] for unit in aligned[1]]
-    periods = (total - keep) // period
-    path = _extended_path(long, shifted, indexed, per_unit, period, periods, period_time, name_at)
-    if path is None:
-        return None
-    result = _extrapolate(short, long, total, keep, period, period_time, path, indexed)
-    result.replays = 1 if found is not None else 2
-    return result
 
 
 def _extended_path(
