@@ -1361,10 +1361,10 @@ def replay_periodic(
     per_unit = [index.micro_batch for index in indexed]
     for period, keeps in tries:
         for keep in keeps:
-            # first as the reduction gives the drain, then (not for the smallest keep, whose
-            # shorter problem is only read off) with the drain's waits of the schedule of as
-            # many micro-batches; a keep whose check cannot be made ends the period's tries
-            tails = (False, True) if keep >= first_keep(stages, period, chunks) else (False,)
+            # first as the reduction gives the drain, then with the drain's waits of the
+            # schedule of as many micro-batches; a keep whose check cannot be made ends the
+            # period's tries
+            tails = (False, True)
             # one longer replay for both where it is the problem itself, else one each
             groups = [tails] if keep + period == built else [(tail,) for tail in tails]
             raised = 0
@@ -1441,8 +1441,9 @@ def _try_keep(
     compared. With a longer one, the two replays (the shorter one read off where the states
     repeat) are matched micro-batch by micro-batch (:func:`_aligned`). ``tails``: tried in
     turn on the one longer replay, whether the reduced problems' last micro-batches wait as
-    the schedule of as many micro-batches has them wait (:func:`_tail_deps`); the first
-    holds for a longer problem reduced from ``problem``."""
+    the schedule of as many micro-batches has them wait (:func:`_tail_deps`: with the
+    smallest keep, its last period, which the state check requires untouched at the first
+    instant); the first holds for a longer problem reduced from ``problem``."""
     cut = cut_at(keep, stages, period, chunks)
     smallest = keep < first_keep(stages, period, chunks)
     # the two problems share most node objects; the smallest keep replays only the longer one
@@ -1506,10 +1507,11 @@ def _try_keep(
     try:
         for tail in tails:
             try:
+                # the smallest keep's shorter problem is only read off: its last period alone
+                # (untouched at the first instant) can wait as the drain's micro-batches do
+                tail_from = (keep - period if smallest else keep - drain) if tail else None
                 result = with_shorter(
-                    _reduction(
-                        problem, keep, built, indexed, children, keep - drain if tail else None
-                    )
+                    _reduction(problem, keep, built, indexed, children, tail_from)
                 )
             except (_NotPeriodic, TraceError):
                 raised += 1
