@@ -13,6 +13,9 @@ CPU s and 14 GB). Two causes made common plans fail it:
   step of context parallelism), not those of the schedule of as many micro-batches; this
   holds for the fewest micro-batches, whose shorter problem is read off the longer replay's
   states, as for the longer tries;
+- the reduced problems' order: a gradient reduction that the longer schedule issues among its
+  last micro-batch's nodes stayed there in the shorter problem, after nodes that the schedule
+  of as many micro-batches issues after it on the same communicator;
 - a transient that outlasts the fill (one stage running ahead of the others for a while): the
   lowered workload of the fill and two periods was the only one tried.
 
@@ -55,6 +58,13 @@ PLANS: dict[str, dict[str, Any]] = {
         dp=2, micro_batch=2, batch=64, dtype="fp8", low_precision_recipe="delayed",
         pipeline_schedule="interleaved", virtual_stages=2,
     ),
+    # the distributed optimizer's gradient reduce-scatter of a chunk is issued as the last
+    # micro-batch's backward leaves it, among that micro-batch's amax reductions on the same
+    # communicator: the shorter problem takes it from the queue where its schedule issues it
+    "zero1-fp8-interleaved": dict(
+        tp=1, dp=2, micro_batch=2, batch=64, dtype="fp8", pipeline_schedule="interleaved",
+        virtual_stages=2, zero=1, grad_reduce_dtype="bf16",
+    ),
     "cp2-fp8-interleaved": dict(
         sp=2, dp=1, micro_batch=1, batch=40, dtype="fp8", low_precision_recipe="tensorwise",
         pipeline_schedule="interleaved", virtual_stages=2,
@@ -64,7 +74,7 @@ PLANS: dict[str, dict[str, Any]] = {
 
 @pytest.mark.parametrize("plan", list(PLANS.values()), ids=list(PLANS))
 def test_recipe_plans_replay_periodically_and_exactly(plan: dict[str, Any]) -> None:
-    options = GenerateOptions(**BASE, **plan)
+    options = GenerateOptions(**(BASE | plan))
     system = load_system("h100-80g")
     fast = predict_time_options(options, system, registry=REGISTRY)
     assert fast["replay"]["kind"] == "periodic"

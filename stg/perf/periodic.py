@@ -24,10 +24,12 @@ the first unit, instants ``a`` and ``b = a + T``, and reads the shorter problem'
 
 1. Up to ``a``, the shorter problem replays as the longer one: every node in which they
    differ (the longer one's last period, dropped; a node whose dependencies the reduction
-   moved to kept ancestors, in either) has not become ready by ``a``, and the communicators'
-   streams are numbered alike. The engine being deterministic, both run the same events in
-   the same order until ``a`` and have the same state there (but for the pending counts of
-   the nodes whose dependencies differ, counted from the shorter problem's own).
+   moved to kept ancestors, in either; a gradient reduction that the shorter one takes from
+   its stream's queue where its own schedule issues it, :func:`_placed_ends`) has not become
+   ready by ``a``, and the communicators' streams are numbered alike. The engine being
+   deterministic, both run the same events in the same order until ``a`` and have the same
+   state there (but for the pending counts of the nodes whose dependencies differ, counted
+   from the shorter problem's own).
 2. That state, with every node reference moved one period later (:class:`_Shift`: a one-to-
    one correspondence of the nodes not finished) and every instant ``T`` later, is the
    longer replay's state at ``b``: the nodes not finished, with the same costs, streams,
@@ -350,6 +352,10 @@ class _Reduction:
     replaced: list[list[tuple[int, Any]]]
     """per unit: (position, the reduced problem's node) of each kept node with other
     dependencies, ascending"""
+    reordered: list[dict[int, float]]
+    """per unit: the nodes outside the micro-batches that the reduced problem takes from their
+    streams' queues as if at another position (:func:`_placed_ends`), by position, with that
+    position's key"""
 
 
 def _reduced(
@@ -375,13 +381,18 @@ def _reduction(
     indexed: Sequence[_Indexed],
     children: Sequence[Sequence[Sequence[int]]] | None = None,
     tail_from: int | None = None,
+    place_ends: bool = False,
 ) -> _Reduction:
-    """:func:`_reduced`, with where its nodes lie in ``problem``."""
+    """:func:`_reduced`, with where its nodes lie in ``problem``; ``place_ends``: the nodes
+    outside the micro-batches that ``problem`` places among its last micro-batches' are taken
+    from their streams' queues where the schedule of ``keep`` micro-batches places them
+    (:func:`_placed_ends`)."""
     shift = total - keep
     units: list[Unit] = []
     reduction = _Reduction(
-        Problem(units, problem.unit_of_rank, problem.comm_groups, problem.world_size), [], [], []
-    )
+        Problem(units, problem.unit_of_rank, problem.comm_groups, problem.world_size),
+        [], [], [], [],
+    )  # fmt: skip
     for u, (unit, index) in enumerate(zip(problem.units, indexed, strict=True)):
         mbs = index.micro_batch
         nodes = index.nodes
@@ -461,11 +472,56 @@ def _reduction(
                 before += 1
             if kept_mask[i]:
                 group_keys[i - before] = unit.group_keys[i]
-        units.append(dataclasses.replace(unit, nodes=kept_nodes, group_keys=group_keys))
+        reordered = _placed_ends(index, keep, shift, gone) if place_ends and shift else {}
+        priority = {}
+        for i, key in reordered.items():
+            whole = int(key)
+            priority[i - bisect_left(gone, i)] = key - bisect_left(gone, whole)
+        units.append(
+            dataclasses.replace(unit, nodes=kept_nodes, group_keys=group_keys, priority=priority)
+        )
         reduction.kept.append(kept_mask)
         reduction.gone.append(gone)
         reduction.replaced.append(replaced)
+        reduction.reordered.append(reordered)
     return reduction
+
+
+def _placed_ends(index: _Indexed, keep: int, shift: int, gone: Sequence[int]) -> dict[int, float]:
+    """The nodes outside the micro-batches that follow a node of a dropped micro-batch ``y``
+    (those after its last kept one), each with the key of its place in the schedule of
+    ``keep`` micro-batches: right after that node's alike in micro-batch ``y - shift``, where
+    that schedule issues it (a gradient reduction issued as the last micro-batch's backward
+    leaves its chunk, before the backward of the chunks below). Kept, such a node would be
+    taken from its stream's queue after the kept nodes between the two places, where the
+    schedule takes it before them. Keys between two positions (a run of such nodes after one
+    node in order), by position; only where a kept micro-batch node lies between the two
+    places (``gone``: the dropped nodes' positions, ascending)."""
+    mbs = index.micro_batch
+    after: dict[int, int] = {}
+    """each node outside the micro-batches: the position of the micro-batch node before it"""
+    runs: dict[int, list[int]] = {}
+    for e in index.unbatched:  # ascending
+        k = e - 1
+        x = after.get(k, -1) if k >= 0 and mbs[k] is None else k
+        after[e] = x
+        y = mbs[x] if x >= 0 else None
+        if y is not None and y >= keep:
+            runs.setdefault(x, []).append(e)
+    placed: dict[int, float] = {}
+    unbatched = index.unbatched
+    for x, run in runs.items():
+        alike = index.same_in(x, mbs[x] - shift)  # type: ignore[operator]
+        if alike is None:
+            continue
+        between = x - alike - 1  # positions strictly between; those of kept micro-batches:
+        between -= bisect_left(gone, x) - bisect_left(gone, alike + 1)
+        between -= bisect_left(unbatched, x) - bisect_left(unbatched, alike + 1)
+        if between <= 0:
+            continue
+        for t, e in enumerate(run, 1):
+            placed[e] = alike + t / (len(run) + 1)
+    return placed
 
 
 def _end_deps(index: _Indexed, keep: int, shift: int) -> dict[int, tuple[int, ...]]:
@@ -647,6 +703,9 @@ class _Shift:
         self.replaced: list[list[tuple[int, Any]]] = []
         """per unit: (position in the longer problem, the shorter one's node) of each node the
         shorter problem has another node object for (other dependencies), ascending"""
+        self.reordered: list[Mapping[int, float]] = []
+        """per unit: the shorter problem's nodes taken from their queues as if at another
+        position (:func:`_placed_ends`), by position in the longer problem, with that key"""
         self.in_order = True
         """the shorter problem's nodes are in the longer one's order (as reduced problems keep
         them): its columns are the longer one's, less the nodes it lacks"""
@@ -661,6 +720,7 @@ class _Shift:
                 self.kept.append(reduction.kept[u])
                 self.dropped.append(reduction.gone[u])
                 self.replaced.append(reduction.replaced[u])
+                self.reordered.append(reduction.reordered[u])
                 continue
             ids = [n.id for n in nodes]
             by_id: Mapping[int, int] = range(len(nodes))
@@ -670,7 +730,9 @@ class _Shift:
             at = [by_id[n.id] for n in sunit.nodes]
             for j in at:
                 kept[j] = 1
-            self.in_order = self.in_order and at == sorted(at)
+            # (queue keys by the shorter problem's positions: not compared, only replayed)
+            self.in_order = self.in_order and at == sorted(at) and not sunit.priority
+            self.reordered.append({})
             self.long_pos.append(by_id)
             self.kept.append(kept)
             self.dropped.append([j for j, k in enumerate(kept) if not k])
@@ -818,6 +880,8 @@ class _Check:
             a_end, a_pending = a.end[u], a.pending[u]
             if not all([a_pending[k] for k in shift.dropped[u]]):
                 return False  # a dropped node became ready
+            if not all([a_pending[k] for k in shift.reordered[u]]):
+                return False  # a node taken from its queue elsewhere became ready
             rewritten: dict[int, set[int]] = {}
             for j, snode in shift.replaced[u]:
                 deps = {lpos[d] for d in (*snode.data_deps, *snode.ctrl_deps)}
@@ -878,10 +942,15 @@ class _Check:
             return False
         # in the same order: the ready queue of each stream, and the receives and instant
         # nodes made ready together (pushed as events in order); at once where ``later``
-        # keeps the order of all of them
-        if not all(map(operator.lt, ms, itertools.islice(ms, 1, None))):
+        # keeps the order of all of them (the shorter problem's queue keys, where some are
+        # not positions)
+        reordered = self.shift.reordered[u]
+        if reordered or not all(map(operator.lt, ms, itertools.islice(ms, 1, None))):
             last: dict[int | None, int] = {}
-            for j, m in zip(opened, ms, strict=True):
+            pairs: Iterable[tuple[int, int]] = zip(opened, ms, strict=True)
+            if reordered:
+                pairs = sorted(pairs, key=lambda pair: reordered.get(pair[0], pair[0]))
+            for j, m in pairs:
                 order = stream[j] if kind[j] in STREAMED else None
                 if m <= last.get(order, -1):
                     return False
@@ -1510,8 +1579,12 @@ def _try_keep(
                 # the smallest keep's shorter problem is only read off: its last period alone
                 # (untouched at the first instant) can wait as the drain's micro-batches do
                 tail_from = (keep - period if smallest else keep - drain) if tail else None
+                # the shorter problem takes the ends from its queues as its schedule would,
+                # where its positions are known (reduced from the longer problem itself)
                 result = with_shorter(
-                    _reduction(problem, keep, built, indexed, children, tail_from)
+                    _reduction(
+                        problem, keep, built, indexed, children, tail_from, longer is problem
+                    )
                 )
             except (_NotPeriodic, TraceError):
                 raised += 1

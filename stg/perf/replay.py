@@ -13,7 +13,8 @@ collective never waits behind a data-parallel gradient reduction, nor a send beh
 and one for copies to and from host memory (MEM_STORE and MEM_LOAD nodes, CPU activation
 offload: :data:`HOST_COPY_STREAM`, each copy at the host link's bandwidth,
 :func:`stg.perf.costs.host_copy_time`, beside the compute and the communication);
-a ready node is issued smallest id first when its stream is free. A collective occupies its
+a ready node is issued smallest id first when its stream is free (smallest position, or the
+key its unit's ``priority`` gives it in place of that). A collective occupies its
 communicator's stream on every member from when the member issues it; its transfer starts
 when the last member has issued it (matched per group in issue order). A receive occupies no
 stream and completes when its matching send (same source, destination, tag and size, first in
@@ -387,6 +388,11 @@ class Unit:
     stage: int | None = None
     group_keys: dict[int, Any] = field(default_factory=dict)
     """node position -> axes key used to match collectives across units"""
+    priority: dict[int, float] = field(default_factory=dict)
+    """node position -> the key (not a whole number) by which that node, once ready, is taken
+    from its stream's queue in place of its position: between two positions (a reduced
+    problem's end-of-iteration node placed where the schedule of as many micro-batches has it,
+    :func:`stg.perf.periodic.reduced_problem`)"""
 
 
 @dataclass
@@ -694,7 +700,8 @@ class EngineState:
     cause), start and transfer start -1 until set; the others not ended keep their
     prepared duration, :attr:`Replay.prepared`'s ``initial_duration``); the events ahead
     (``heap``: (time, unit, node) of node ends, (time, -1 - flow, 0) of transfers' steps, in
-    the order they are taken); per unit and stream the ready nodes (ascending), whether it is
+    the order they are taken); per unit and stream the ready nodes (by position, in the order
+    they are taken: ascending, but for those a unit's ``priority`` places), whether it is
     busy and what ran on it last; the sends and receives waiting for their partner; each
     communicator's collectives issued per unit and the collectives half issued; the transfers
     in flight with their state (``flows``: by index, (members, ends, steps, step, finish,
@@ -1152,6 +1159,10 @@ class _Sim:
         ready_times, ready_causes = self.ready_time, self.ready_cause
         children, pending = self.children, self.pending
         p2p_keys, coll_keys, coll_needed = self.p2p_key, self.coll_key, self.coll_needed
+        # a ready queue holds positions, and the float keys of the nodes a unit's priority
+        # places between two positions
+        queue_key = [unit.priority or None for unit in units]
+        at_key = [{k: i for i, k in unit.priority.items()} for unit in units]
         all_steps = self.steps
         mailbox: dict[tuple[int, int, int, int], deque[tuple[float, int, int]]] = {}
         waiting: dict[tuple[int, int, int, int], deque[tuple[int, int]]] = {}
@@ -1170,7 +1181,8 @@ class _Sim:
             ready_causes[u][i] = cause
             if k < RECV or k == COPY:
                 s = streams[u][i]
-                heappush(ready[u][s], i)
+                keyed = queue_key[u]
+                heappush(ready[u][s], i if keyed is None else keyed.get(i, i))
                 touched.add((s == 0, u, s))
             elif k == RECV:
                 starts[u][i] = t
@@ -1326,6 +1338,8 @@ class _Sim:
             if not queue or busy[u][stream]:
                 return
             i = heappop(queue)
+            if i.__class__ is float:
+                i = at_key[u][i]
             busy[u][stream] = True
             starts[u][i] = t
             last = last_on_stream[u][stream]
@@ -1445,7 +1459,10 @@ class _Sim:
                 pending=[list(x) for x in pending],
                 end=[list(x) for x in ends_at],
                 live=live,
-                ready=[[sorted(q) for q in per_unit] for per_unit in ready],
+                ready=[
+                    [[at_key[u].get(k, k) for k in sorted(q)] for q in per_unit]
+                    for u, per_unit in enumerate(ready)
+                ],
                 busy=[list(x) for x in busy],
                 last_on_stream=[list(x) for x in last_on_stream],
                 mailbox={k: list(q) for k, q in mailbox.items() if q},
@@ -1506,7 +1523,8 @@ class _Sim:
                         if unit_kinds[c] == COMPUTE:  # make_ready's commonest case, inline
                             ready_times[u][c] = t
                             ready_causes[u][c] = cause
-                            heappush(ready[u][0], c)  # a compute node's stream is 0
+                            keyed = queue_key[u]  # a compute node's stream is 0
+                            heappush(ready[u][0], c if keyed is None else keyed.get(c, c))
                             touched_add(compute_stream[u])
                         else:
                             make_ready(u, c, t, cause)
@@ -1519,6 +1537,8 @@ class _Sim:
                     dispatch(u, stream, t)
                 else:  # dispatch's commonest case, inline: a compute node, nothing contending
                     i = heappop(queue)
+                    if i.__class__ is float:
+                        i = at_key[u][i]
                     busy[u][0] = True
                     starts[u][i] = t
                     last = last_on_stream[u][0]
