@@ -347,7 +347,9 @@ SPECS: dict[str, tuple[str, _Spec]] = {
         _Spec(
             "Context parallelism (--sp): p2p passes keys and values around a ring, overlapped "
             "with the attention steps; all_gather gathers them before the attention and its "
-            "backward (Megatron's --cp-comm-type; default p2p, as there).",
+            "backward (Megatron's --cp-comm-type; default p2p, as there). Under --profile "
+            "compiled or torchtitan, all_gather is PyTorch's context_parallel with its "
+            "all-gather rotation (torchtitan's default).",
             metavar="p2p|all_gather",
         ),
     ),

@@ -59,6 +59,12 @@ from stg.core.recipes import (
 )
 from stg.core.schedules import ep_overlap_groups
 from stg.core.symbolic import Dim, Op, Part, Tensor, is_routed_expert
+from stg.core.torch_context_parallel import (
+    TORCH_ALL_GATHER,
+    splits_like_torch,
+    torch_backward,
+    torch_forward,
+)
 from stg.core.workload import (
     CHUNK_ATTR,
     LAYER_ATTR,
@@ -449,7 +455,8 @@ def context_parallel_attention(
     (``GenerateOptions.CP_COMM_TYPES``; see the comment above) runs it: ``all_gather``
     gathers K and V again before the backward; ``p2p`` runs each pass as the ring's steps and
     transfers (:func:`_ring_forward`, :func:`_ring_backward`), its transfers replacing the
-    gathers and the gradients' reduce-scatters."""
+    gathers and the gradients' reduce-scatters; ``torch_all_gather`` (torchtitan's profiles'
+    ``all_gather``) is PyTorch's own, :mod:`stg.core.torch_context_parallel`."""
     gathered = {
         op.outputs[0]: op.inputs[0]
         for op in forward
@@ -465,10 +472,15 @@ def context_parallel_attention(
         attrs = dict(op.attrs)
         return "attention" in attrs and any(k in gathered for k in op.inputs)
 
+    torch_cp = comm_type == TORCH_ALL_GATHER
     ring = {
         op.name
         for op in [*forward, *backward]
-        if comm_type == "p2p" and attends_gathered(op) and _ring_splits(op, cp)
+        if attends_gathered(op)
+        and (
+            (comm_type == "p2p" and _ring_splits(op, cp))
+            or (torch_cp and splits_like_torch(op, cp))
+        )
     }
     consumers = {k for op in [*forward, *backward] if op.name not in ring for k in op.inputs}
     # gathers only the ring attends to are its transfers; so are its gradients' reductions
@@ -493,8 +505,11 @@ def context_parallel_attention(
         if op.outputs and op.outputs[0] in ringed and gathers[op.outputs[0]] is op:
             continue
         if op.name in ring and all(k in ringed for k in op.inputs if k in gathered):
+            kv = [gathers[k] for k in op.inputs if k in gathered]
             out_forward.extend(
-                _ring_forward(op, [gathers[k] for k in op.inputs if k in gathered], cp)
+                torch_forward(op, kv, cp, _ring_steps, _keys_of(op))
+                if torch_cp
+                else _ring_forward(op, kv, cp)
             )
         else:
             out_forward.append(op)
@@ -508,7 +523,11 @@ def context_parallel_attention(
         if any(k in ring_grads for k in op.outputs):
             kv = [gathers[k] for k in op.inputs if k in gathered]
             dkv = [reductions[k] for k in op.outputs if k in ring_grads]
-            out_backward.extend(_ring_backward(op, kv, dkv, cp))
+            out_backward.extend(
+                torch_backward(op, kv, dkv, cp, _ring_steps, _keys_of(op))
+                if torch_cp
+                else _ring_backward(op, kv, dkv, cp)
+            )
             continue
         # only the local chunks are saved: K and V are gathered again
         again = {k: -k for k in op.inputs if k in gathered}  # keys no tensor has (ids > 0)
@@ -678,6 +697,11 @@ def _ring_backward(
         )
     )
     return out
+
+
+def _keys_of(op: BoundOp) -> Callable[[int], int]:
+    """The intermediate keys of ``op``'s ring (:func:`_ring_key` of its first output)."""
+    return lambda n: _ring_key(op.outputs[0], n)
 
 
 def _ring_key(key: int, n: int) -> int:

@@ -296,7 +296,9 @@ class GenerateOptions:
     :func:`stg.core.layout.fold_mesh`.
     ``cp_comm_type`` is how context parallelism (``sp``) moves keys and values, Megatron's
     ``--cp-comm-type``: ``p2p`` (a ring overlapped with the attention steps, the default) or
-    ``all_gather`` (:func:`stg.core.lowering.context_parallel_attention`).
+    ``all_gather`` (:func:`stg.core.lowering.context_parallel_attention`); under torchtitan's
+    profiles (``compiled``, ``torchtitan``) ``all_gather`` is PyTorch's own context parallelism
+    with its all-gather rotation (:mod:`stg.core.torch_context_parallel`).
     ``attention_backend`` is which fused attention kernel the training stack runs, Megatron-LM's
     ``--attention-backend`` (Transformer Engine's ``NVTE_FLASH_ATTN`` / ``NVTE_FUSED_ATTN``):
     ``auto`` (the stack's own choice per architecture,

@@ -56,6 +56,7 @@ from stg.core.symbolic import (
     SharedExperts,
     Tensor,
 )
+from stg.core.torch_context_parallel import lowered_cp_comm_type
 from stg.core.torchtitan import NORM_TYPES, with_torchtitan_kernels
 from stg.core.validation import validate_options
 from stg.core.workload import CollectiveType, NodeType, RankGraph, Workload, node_micro_batch
@@ -164,7 +165,7 @@ def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> Model
             fused_attention=o.attention == "fused",
             # a whole network in one part: its gradients reduced in DDP's buckets
             gradient_buckets=stackless and plan.zero_degree == 1,
-            cp_comm_type=o.cp_comm_type,
+            cp_comm_type=lowered_cp_comm_type(o.profile, o.cp_comm_type),
             recipe=training_recipe(
                 o.low_precision_recipe,
                 disable_rht=o.nvfp4_disable_rht,

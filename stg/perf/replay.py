@@ -72,6 +72,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stg.core.recipes import QUANTIZE_KERNEL_ATTR
+from stg.core.torchtitan import EAGER_KERNELS_ATTR
 from stg.core.workload import (
     COMM_TYPES,
     MICRO_BATCH_ATTR,
@@ -1914,6 +1915,8 @@ def explain(
                 key = "fp8 amax"
             elif QUANTIZE_KERNEL_ATTR in attrs:
                 key = "quantize"
+            elif EAGER_KERNELS_ATTR in attrs:  # memory-bound kernels, whatever the node's name
+                key = "memory-bound"
             elif "attention" in attrs or op_class(
                 kernel_name(node), node.num_ops, node.tensor_size
             ) == ("attention"):
