@@ -75,8 +75,11 @@ from stg.core.recipes import QUANTIZE_KERNEL_ATTR
 from stg.core.torchtitan import EAGER_KERNELS_ATTR
 from stg.core.workload import (
     COMM_TYPES,
+    LAYER_ATTR,
     MICRO_BATCH_ATTR,
     OP_ATTR,
+    PART_ATTR,
+    PHASE_ATTR,
     ROLE_ATTR,
     STEP_ATTR,
     CollectiveType,
@@ -249,6 +252,23 @@ def forward_part(node: Any) -> str | None:
     if node_micro_batch(node) is None or node_phase(node) not in (Phase.FORWARD, Phase.RECOMPUTE):
         return None
     return node_part(node)
+
+
+def forward_parts(nodes: Sequence[Any]) -> list[str | None]:
+    """:func:`forward_part` of each of ``nodes``, worked out once per distinct set of the raw
+    attributes it reads (and their types): alike nodes of every micro-batch share one."""
+    found: dict[tuple[Any, ...], str | None] = {}
+    parts: list[str | None] = []
+    for node in nodes:
+        attrs = getattr(node, "attrs", None) or {}
+        mb, phase = attrs.get(MICRO_BATCH_ATTR), attrs.get(PHASE_ATTR)
+        layer, part = attrs.get(LAYER_ATTR), attrs.get(PART_ATTR)
+        key = (type(mb) is int, phase, type(phase), layer, type(layer), part, type(part))
+        if key in found:
+            parts.append(found[key])
+        else:
+            parts.append(found.setdefault(key, forward_part(node)))
+    return parts
 
 
 def compute_cost_key(node: Any) -> tuple[Any, ...]:
@@ -1022,11 +1042,16 @@ class _Sim:
         the gather waiting for the step."""
         res = self.results[u]
         nodes = res.unit.nodes
-        steps = {
-            nodes[i].id
-            for i, k in enumerate(res.kind)
-            if k == COMPUTE and node_role(nodes[i]) is Role.OPTIMIZER_STEP
-        }
+        roles: dict[tuple[Any, type], Role | None] = {}  # node_role by raw value, once each
+        steps = set()
+        for i, k in enumerate(res.kind):
+            if k == COMPUTE:
+                node = nodes[i]
+                raw = (getattr(node, "attrs", None) or {}).get(ROLE_ATTR)
+                key = (raw, type(raw))
+                role = roles[key] if key in roles else roles.setdefault(key, node_role(node))
+                if role is Role.OPTIMIZER_STEP:
+                    steps.add(node.id)
         if not steps:
             return
         position = {node.id: i for i, node in enumerate(nodes)}
@@ -1050,8 +1075,7 @@ class _Sim:
                 j = position[dep]
                 children[j].remove(i)
             pending[i] = 0
-        for i, node in enumerate(nodes):
-            part = forward_part(node)
+        for i, part in enumerate(forward_parts(nodes)):
             if part is None or part not in gathers or i in moved:
                 continue
             for g in gathers[part]:
