@@ -322,6 +322,7 @@ def predict_problem(
                 "name_at": name_in_micro_batch,
                 "only_if_cheaper": False,
                 "chunks": chunks,
+                "checked": checked,
             }
         periodic = replay_periodic(problem, *args, **options, **extend)
         if periodic is None and micro_batches is not None:
@@ -565,7 +566,12 @@ def _predict_time_options(
             break
         try:
             report = predict_time(
-                lowered, system, micro_batches=options.micro_batches, period=period, **kwargs
+                lowered,
+                system,
+                micro_batches=options.micro_batches,
+                period=period,
+                checked=checked,
+                **kwargs,
             )
         except NotPeriodic:
             checked[period] = built - period

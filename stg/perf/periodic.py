@@ -1433,7 +1433,7 @@ def replay_periodic(
             # first as the reduction gives the drain, then with the drain's waits of the
             # schedule of as many micro-batches; a keep whose check cannot be made ends the
             # period's tries
-            tails = (False, True)
+            tails = (True, False)
             # one longer replay for both where it is the problem itself, else one each
             groups = [tails] if keep + period == built else [(tail,) for tail in tails]
             raised = 0
