@@ -1,0 +1,130 @@
+"""The copies around PyTorch-native sequence parallelism's collectives (DTensor), which
+Megatron-LM's layout does not need.
+
+torchtitan's tensor parallelism (``apply_tp``, pytorch/torchtitan 820504e
+``torchtitan/models/llama3/parallelize_llama.py``) shards the activations between the
+tensor-parallel regions along the sequence, ``Shard(1)`` of its batch-first ``[batch, seq,
+hidden]`` tensors (``SequenceParallel`` on the norms, ``PrepareModuleInput(input_layouts=
+Shard(1), desired_input_layouts=Replicate())`` before the column-parallel projections,
+``RowwiseParallel(output_layouts=Shard(1))`` after the row-parallel ones). DTensor runs the
+redistributions through PyTorch's functional collectives (``Shard._to_replicate_tensor``:
+``funcol.all_gather_tensor(..., gather_dim=self.dim)``; the reduction to ``Shard(1)``:
+``funcol.reduce_scatter_tensor(..., scatter_dim=self.dim)``), and NCCL gathers and scatters
+along dimension 0 only. So ``all_gather_tensor`` with ``gather_dim != 0`` gathers the shards
+stacked along dimension 0 and then rearranges them, ``torch.cat(torch.chunk(res, group_size,
+dim=0), dim=gather_dim)``, and ``reduce_scatter_tensor`` with ``scatter_dim != 0`` first
+rearranges its input, ``torch.cat(torch.chunk(self, group_size, dim=scatter_dim))``
+(``torch/distributed/_functional_collectives.py``, pytorch/pytorch fff02e67; the same code in
+the 2025 releases that torchtitan's benchmarks ran, and later versions replace the copy by a
+view only where every dimension before ``gather_dim`` has size 1). With more than one sequence
+per rank the rearrangement is a copy of the whole gathered (or to-be-scattered) tensor:
+each of these collectives comes with a memory-bound kernel that reads and writes it, on the
+compute stream, between the collective and the GEMM that reads its result (or the producer
+and the reduce-scatter). Megatron-LM keeps ``[seq, batch, hidden]`` and gathers and scatters
+along dimension 0: no copy (``megatron/core/tensor_parallel/mappings.py``,
+``_gather_along_first_dim``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from math import prod
+
+from stg.core.lowering import Binder, BoundOp, BoundPart
+from stg.core.precision import DTYPE_BYTES
+from stg.core.workload import CollectiveType, NodeType
+
+DTENSOR_PROFILES = frozenset({"eager", "compiled", "torchtitan"})
+"""Execution profiles of PyTorch-native training, whose tensor parallelism is DTensor's on
+batch-first activations (torchtitan's ``apply_tp``; the ``megatron`` profile is Megatron-LM's
+sequence-first layout)."""
+
+GATHER_COPY = "sp_gather_copy"
+"""The rearrangement after a sequence-parallel all-gather (``torch.cat`` of the gathered
+shards along the sequence)."""
+
+SCATTER_COPY = "sp_scatter_copy"
+"""The rearrangement before a sequence-parallel reduce-scatter (``torch.cat`` of the input's
+sequence chunks along dimension 0)."""
+
+COPY_KEY_BASE = -(1 << 70)
+"""The copy of tensor key ``k`` writes key ``COPY_KEY_BASE - k``: tensor keys are addresses
+(below 2**48), their derived keys within 16 of one or of its negation, or context
+parallelism's ring keys a few 2**64 above one, so these are no other key."""
+
+_REARRANGED = (CollectiveType.ALL_GATHER, CollectiveType.REDUCE_SCATTER)
+
+
+def rearranges(op: BoundOp) -> bool:
+    """Whether ``op`` is a sequence-parallel collective of activations over the tensor-parallel
+    group (an all-gather or a reduce-scatter of it), which DTensor runs along dimension 1."""
+    return (
+        op.type is NodeType.COMM_COLL
+        and op.tensor_parallel
+        and op.comm_type in _REARRANGED
+        and "weight_gather" not in op.tags
+        and "weight_grad_reduce" not in op.tags
+    )
+
+
+def with_sequence_parallel_copies(bp: BoundPart, binder: Binder) -> BoundPart:
+    """``bp`` with DTensor's rearranging copy beside each of its sequence-parallel collectives
+    (see the module docstring), forward and backward: after an all-gather, a copy of the
+    gathered tensor (its shard times the group), which every op reading the gathered tensor
+    waits for; before a reduce-scatter, a copy of its whole input, which the reduce-scatter
+    waits for. Each reads and writes its tensor once (one op per element written) and carries
+    its collective's tags, so a recomputed gather is recomputed with its copy. For a local
+    micro-batch of more than one sequence: with one, ``[1, s, h]`` split along ``s`` is
+    contiguous per rank and PyTorch needs no copy."""
+    gathered: dict[int, int] = {}
+    for op in bp.forward:
+        if rearranges(op) and op.comm_type is CollectiveType.ALL_GATHER:
+            for k in op.outputs:
+                gathered[k] = COPY_KEY_BASE - op.outputs[0]
+
+    def with_copies(ops: list[BoundOp]) -> list[BoundOp]:
+        out: list[BoundOp] = []
+        local: dict[int, int] = {}
+        for op in ops:
+            waits = tuple(
+                dict.fromkeys(
+                    w
+                    for k in op.inputs
+                    for w in (local.get(k), gathered.get(k))
+                    if w is not None and w not in op.inputs
+                )
+            )
+            if not rearranges(op):
+                out.append(replace(op, inputs=(*op.inputs, *waits)) if waits else op)
+                continue
+            width = DTYPE_BYTES[op.dtype or "bf16"]
+            group = prod(binder.degrees.get(a, 1) for a in op.group_axes)
+            if op.comm_type is CollectiveType.REDUCE_SCATTER:
+                done = COPY_KEY_BASE - op.inputs[0]
+                out.append(_copy(SCATTER_COPY, op, op.inputs, done, op.comm_size, width))
+                out.append(replace(op, inputs=(*op.inputs, done)))
+                continue
+            out.append(op)
+            done = COPY_KEY_BASE - op.outputs[0]
+            for k in op.outputs:
+                local[k] = done
+            out.append(_copy(GATHER_COPY, op, op.outputs, done, op.comm_size * group, width))
+        return out
+
+    return replace(bp, forward=with_copies(bp.forward), backward=with_copies(bp.backward))
+
+
+def _copy(
+    name: str, op: BoundOp, reads: tuple[int, ...], done: int, nbytes: int, width: int
+) -> BoundOp:
+    """The copy kernel of ``nbytes`` bytes beside collective ``op``."""
+    return BoundOp(
+        name,
+        NodeType.COMP,
+        reads,
+        (done,),
+        num_ops=nbytes // width,
+        tensor_size=2 * nbytes,
+        tags=op.tags,
+        dtype=op.dtype,
+    )
