@@ -128,3 +128,77 @@ def _copy(
         tags=op.tags,
         dtype=op.dtype,
     )
+
+
+REDUCED_KEY_BASE = -(1 << 71)
+"""The tensor-parallel reduction of gradient key ``k`` writes key ``REDUCED_KEY_BASE - k`` (see
+:data:`COPY_KEY_BASE`)."""
+
+
+def with_replicated_grads_reduced_first(bp: BoundPart, binder: Binder) -> BoundPart:
+    """``bp`` with the tensor-parallel all-reduce of the gradients of weights replicated over
+    tensor parallelism (sequence parallelism's norm weights) moved before FSDP2's reduce-scatter
+    of them, on the whole gradients: the gradient of such a DTensor weight is ``Partial`` over
+    the tensor-parallel group, and FSDP2 redistributes it to the weight's ``Replicate``
+    placement before it copies the gradients into its reduce-scatter
+    (``FSDPParam._get_grad_inner_tensor``: ``grad.redistribute(placements=...)``, read by
+    ``foreach_reduce``; torch/distributed/fsdp/_fully_shard/_fsdp_param.py, PyTorch 2.4-2.13).
+    The copy-in and the reduce-scatter wait for it; it goes with them (its tags), and it no
+    longer waits for the reduce-scatter nor holds the tensor-parallel communicator meanwhile."""
+    sharded_from: dict[int, int] = {}
+    for op in bp.backward:
+        if (
+            op.type is NodeType.COMM_COLL
+            and "weight_grad_reduce" in op.tags
+            and op.comm_type is CollectiveType.REDUCE_SCATTER
+        ):
+            sharded_from.update(zip(op.outputs, op.inputs, strict=False))
+    moved: list[BoundOp] = []
+    kept: list[BoundOp] = []
+    for op in bp.reduce:
+        replicated = (
+            op.type is NodeType.COMM_COLL
+            and op.tensor_parallel
+            and op.comm_type is CollectiveType.ALL_REDUCE
+            and bool(op.inputs)
+            and all(k in sharded_from for k in op.inputs)
+        )
+        (moved if replicated else kept).append(op)
+    if not moved:
+        return bp
+    reduced: dict[int, int] = {}
+    before: list[BoundOp] = []
+    for op in moved:
+        grads = tuple(sharded_from[k] for k in op.inputs)
+        outputs = tuple(REDUCED_KEY_BASE - k for k in grads)
+        reduced.update(zip(grads, outputs, strict=True))
+        degree = max(
+            (
+                prod(binder.degrees.get(a, 1) for a in o.group_axes)
+                for o in bp.backward
+                if o.type is NodeType.COMM_COLL
+                and "weight_grad_reduce" in o.tags
+                and set(grads) & set(o.inputs)
+            ),
+            default=1,
+        )
+        before.append(
+            replace(
+                op,
+                inputs=grads,
+                outputs=outputs,
+                comm_size=op.comm_size * degree,
+                tags=op.tags | {"weight_grad_reduce"},
+            )
+        )
+    backward: list[BoundOp] = []
+    for op in bp.backward:
+        if "weight_grad_reduce" in op.tags and before:
+            backward.extend(before)
+            before = []
+        waits = tuple(reduced[k] for k in op.inputs if k in reduced)
+        if waits and "weight_grad_reduce" in op.tags:
+            op = replace(op, inputs=(*op.inputs, *waits))
+        backward.append(op)
+    backward.extend(before)
+    return replace(bp, backward=backward, reduce=kept)

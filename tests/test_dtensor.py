@@ -1,6 +1,7 @@
-"""DTensor's rearranging copies around sequence-parallel collectives (:mod:`stg.core.dtensor`):
-PyTorch-native tensor parallelism on batch-first activations copies each gathered tensor,
-and each input of a reduce-scatter, when a rank holds more than one sequence."""
+"""PyTorch-native tensor parallelism (DTensor, :mod:`stg.core.dtensor`): the rearranging copies
+around sequence-parallel collectives of batch-first activations when a rank holds more than
+one sequence, and the tensor-parallel reduction of replicated weights' gradients before
+FSDP2's reduce-scatter."""
 
 from __future__ import annotations
 
@@ -85,3 +86,24 @@ def test_a_copy_is_priced_as_a_streaming_kernel() -> None:
     seconds = compute_time(copy, system, profile="compiled")
     streamed = memory_bound_time(system.gpu, copy.tensor_size, "stream", "bf16")
     assert seconds == pytest.approx(streamed + system.kernel_overhead)
+
+
+@pytest.mark.parametrize("profile", ["compiled", "megatron"])
+def test_fsdp2_reduces_replicated_gradients_over_tp_before_its_reduce_scatter(
+    profile: str,
+) -> None:
+    """The norm weights' gradients are partial over tensor parallelism: FSDP2 all-reduces them
+    (DTensor redistribute) before its reduce-scatter; Megatron-LM reduces them after."""
+    graph = nodes(options(profile=profile, weight_sharded=True, activation_recompute="none"))
+    by_id = {n.id: n for n in graph}
+
+    def named(part: str) -> tuple[object, object]:
+        tp = next(n for n in graph if f"{part}/" in n.name and "all_reduce_tp" in n.name)
+        fsdp = next(n for n in graph if f"{part}/bwd/reduce_scatter_dp" in n.name)
+        return tp, fsdp
+
+    tp, fsdp = named("layer0")
+    tp_first = tp.id in fsdp.data_deps
+    fsdp_first = fsdp.id in tp.data_deps
+    assert (tp_first, fsdp_first) == ((True, False) if profile == "compiled" else (False, True))
+    assert by_id[tp.id].comm_size > 0
