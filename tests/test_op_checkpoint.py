@@ -44,6 +44,16 @@ def test_each_layer_reruns_every_op_but_attention_and_the_odd_matmuls() -> None:
     assert set(recomputed_ops(options(activation_recompute="selective"))) == {"core_attention"}
 
 
+def test_tensor_parallel_gathers_are_recomputed_and_reduce_scatters_kept() -> None:
+    """torchtitan's save list keeps ``reduce_scatter_tensor``'s outputs, not the sequence-parallel
+    all-gathers': the weight gradients of the column-parallel GEMMs read the gathered input,
+    so each layer gathers it again before its backward."""
+    ops = recomputed_ops(options(activation_recompute="selective_op", tp=2))
+    for gather in ("all_gather_tp:attention_norm", "all_gather_tp:ffn_norm"):
+        assert ops[gather] == 2 * 2, gather
+    assert not any(op.startswith("reduce_scatter") for op in ops)
+
+
 def test_the_recompute_costs_time() -> None:
     registry = load_registry(autoload=False)
     times = {

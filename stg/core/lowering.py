@@ -1052,11 +1052,16 @@ def op_checkpoint_recomputes(forward: list[BoundOp]) -> list[BoundOp]:
     policy saves the outputs of ``aten.mm`` and the SDPA kernels, "except every second mm",
     counting the part's matmuls from 1 in each checkpointed forward: pytorch/torchtitan
     004b3148a (August 2024), ``torchtitan/parallelisms/parallelize_llama.py``,
-    ``_save_list`` and ``_custom_policy``), plus the FSDP gathers of the part's weights."""
+    ``_save_list`` and ``_custom_policy``), plus the FSDP gathers of the part's weights and
+    the sequence-parallel all-gathers of its activations over tensor parallelism: the list
+    saves ``_c10d_functional.reduce_scatter_tensor``'s outputs but not
+    ``all_gather_into_tensor``'s (the same commit, and 820504e of torchtitan's 2025-06
+    benchmarks), so the gathered inputs of the column-parallel GEMMs, which their weight
+    gradients read, are gathered again before the backward."""
     repeated: list[BoundOp] = []
     matmuls = 0
     for op in forward:
-        if "weight_gather" in op.tags:
+        if "weight_gather" in op.tags or _tensor_parallel_gather(op):
             repeated.append(op)
             continue
         if op.type is not NodeType.COMP or "core_attention" in op.tags:
@@ -1069,6 +1074,16 @@ def op_checkpoint_recomputes(forward: list[BoundOp]) -> list[BoundOp]:
                 continue
         repeated.append(op)
     return repeated
+
+
+def _tensor_parallel_gather(op: BoundOp) -> bool:
+    """Whether ``op`` all-gathers activations over the tensor-parallel group (sequence
+    parallelism's gather before the column-parallel GEMMs)."""
+    return (
+        op.type is NodeType.COMM_COLL
+        and op.tensor_parallel
+        and op.comm_type is CollectiveType.ALL_GATHER
+    )
 
 
 def _flat_shard(weights: Iterable[Tensor], binder: Binder, degree: int) -> int:

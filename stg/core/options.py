@@ -317,8 +317,8 @@ class GenerateOptions:
     attention core, as Megatron's default): ``mlp`` (the dense MLP, from its input),
     ``layernorm`` (the norms, whose outputs are not kept). ``selective_op`` is torchtitan's
     op-level selective checkpointing (``selective_ac_option = "op"``): each layer re-runs
-    every op but the attention core and the odd-numbered matmuls, whose outputs it keeps
-    (:func:`stg.core.lowering.op_checkpoint_recomputes`).
+    every op but the attention core and the odd-numbered matmuls, whose outputs it keeps, and
+    the sequence-parallel all-gathers (:func:`stg.core.lowering.op_checkpoint_recomputes`).
     ``cpu_offloading_num_layers`` (Megatron-LM's ``--cpu-offloading-num-layers``; 0, the
     default, is off) copies the saved activations of the first N layers to host memory after
     each layer's forward and back before its backward, on a copy stream beside the compute

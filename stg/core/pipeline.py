@@ -10,6 +10,11 @@ from typing import TYPE_CHECKING, Any
 
 from stg.core.attention_backend import runs_fused_attention, with_attention_backend
 from stg.core.autodiff import build_backward, build_grad_reduction
+from stg.core.dtensor import (
+    DTENSOR_PROFILES,
+    with_replicated_grads_reduced_first,
+    with_sequence_parallel_copies,
+)
 from stg.core.fp8 import AMAX_AXES, AUTOCAST_DTYPE, MODEL_PARALLEL_AMAX_AXES
 from stg.core.layout import PIPELINE_ENDS, Layout
 from stg.core.lowering import (
@@ -176,6 +181,10 @@ def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> Model
             fsdp2_copies=not o.megatron_fsdp,
         )
         bound[name] = with_attention_backend(bound[name], o.attention_backend)
+        if o.profile in DTENSOR_PROFILES and (o.micro_batch or o.batch) // o.data_replicas > 1:
+            bound[name] = with_sequence_parallel_copies(bound[name], binder)
+        if o.profile in DTENSOR_PROFILES and o.weight_sharded and not o.megatron_fsdp:
+            bound[name] = with_replicated_grads_reduced_first(bound[name], binder)
         if o.profile == "torchtitan":
             bound[name] = with_torchtitan_kernels(bound[name], binder, o.norm_type or NORM_TYPES[0])
     check_options_read(read, model.name)
