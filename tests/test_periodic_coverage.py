@@ -104,3 +104,29 @@ def test_no_quantize_kernel_waits_for_nothing(recipe: str) -> None:
             checked += 1
             assert node.data_deps or node.ctrl_deps, node.name
     assert checked or recipe == "delayed"
+
+
+def test_a_keep_found_not_periodic_is_not_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each lowered workload tries only shorter replays longer than those an earlier one of
+    the same period found not periodic (a workload lowered for twice the micro-batches holds
+    the earlier keep too), and the whole workload then only longer ones: every (period, keep,
+    drain) is checked once. Forced to fail here, so that every try is made."""
+    import stg.perf.periodic as periodic
+
+    tried: list[tuple[int, int, bool]] = []
+
+    def refuse(problem: Any, args: Any, options: Any, indexed: Any, per_unit: Any, built: int,
+               total: int, keep: int, period: int, *rest: Any) -> None:  # fmt: skip
+        tried.extend((period, keep, tail) for tail in rest[-1])  # each drain tried (tails)
+        raise periodic._NotPeriodic
+
+    monkeypatch.setattr(periodic, "_try_keep", refuse)
+    options = GenerateOptions(
+        model="llama", dmodel=256, dff=1024, head=8, kvhead=4, seq=256, dvocal=1024,
+        num_stacks=4, pp=2, tp=1, dp=1, micro_batch=1, batch=64,
+        pipeline_schedule="interleaved", virtual_stages=2,
+    )  # fmt: skip
+    report = predict_time_options(options, load_system("h100-80g"), registry=REGISTRY)
+    assert report["replay"]["kind"] == "full"
+    assert len(tried) >= 3
+    assert len(tried) == len(set(tried)), tried
