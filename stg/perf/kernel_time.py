@@ -20,7 +20,8 @@ to fill the SMs and ``k`` is long, splits ``k`` (split-K, partial sums in fp32 r
 second pass). Time = waves · (tile work / per-SM rate + per-tile overhead), where
 waves = ceil(tiles / SMs) (wave quantisation), tile work = 2·tile_m·tile_n·k (tile
 quantisation: a partial tile costs a whole one); bounded below by the memory roofline
-(A, B and C read or written once at the streaming bandwidth).
+(A and B read once at the streaming bandwidth, C written once at the slower rate of a GEMM's
+epilogue).
 
 **Attention.** Fused kernels (FlashAttention-2, cuDNN / FlashAttention-3 class) process the
 query in blocks of 128 rows per CTA; a block's work is 4·128·kv·head_dim FLOPs forward
@@ -76,6 +77,15 @@ grid cases with all dimensions >= 4096, median 50.8 of 66.9 TFLOP/s."""
 GEMM_TILE_OVERHEAD_S = 1.0e-6
 """Fixed cost of one wave of GEMM tiles (prologue filling the pipeline, epilogue writing C):
 H100 data, bf16 grid cases with k <= 512, where it dominates."""
+
+GEMM_OUTPUT_WRITE_SPEED: dict[str, float] = {"hopper": 2.35 / 2.98}
+"""Rate at which a GEMM's epilogue writes C to HBM relative to a streaming kernel's bandwidth,
+per architecture where measured (elsewhere 1.0). Hopper: the H100 data's bf16 grid GEMMs with
+k = 128 (C is 98 % of the bytes) of >= 50 us (six shapes, 4096-16384 by 4096-16384), C bytes
+over (measured - A and B at the streaming 2.98 TB/s): 2.28-2.41 TB/s, median 2.35. Checked on
+what it was not fitted on: fp8 with k = 256 and C of >= 134 MB wrote 1.80-2.37 TB/s (H100
+data); reading A or B dominates 128-column GEMMs that run at 2.8-3.0 TB/s (the streaming
+rate)."""
 
 GEMM_TILES: tuple[tuple[int, int], ...] = ((128, 256), (256, 128), (128, 128), (64, 128))
 """CTA tile shapes cuBLAS chooses among on Hopper and Ampere (CUTLASS's default tiles)."""
@@ -465,10 +475,14 @@ def gemm_time(
     if min(m, n, k, batch) <= 0:
         return 0.0
     width = DTYPE_BYTES[dtype]
-    memory = ((m * k + k * n) * width + m * n * max(width, 2)) * batch
+    output = m * n * max(width, 2) * batch
+    memory = (m * k + k * n) * width * batch + output
     if nbytes is not None:
         memory = nbytes
-    return max(_gemm_tile_time(gpu, m, n, k, dtype, batch), gpu.stream_time(memory))
+    # C leaves through the epilogue, slower than a streaming kernel writes
+    slower_write = 1 / GEMM_OUTPUT_WRITE_SPEED.get(gpu.arch, 1.0) - 1
+    memory_time = gpu.stream_time(memory + output * slower_write)
+    return max(_gemm_tile_time(gpu, m, n, k, dtype, batch), memory_time)
 
 
 def grouped_gemm_time(gpu: Gpu, groups: int, m: int, n: int, k: int, dtype: str = "bf16") -> float:
@@ -639,6 +653,11 @@ def _unfused_attention_time(
     )
     a, b = UNFUSED_SCORE_BYTES["backward" if backward else "forward"]
     per_element = a + b * head_dim + (UNFUSED_CAUSAL_BYTES if causal and not backward else 0)
+    # the score bytes were measured beyond GEMMs whose output left at the streaming rate; the
+    # score-writing GEMMs (one forward, two in the doubled backward) now pay for their slower
+    # epilogue themselves
+    slower_write = 1 / GEMM_OUTPUT_WRITE_SPEED.get(gpu.arch, 1.0) - 1
+    per_element -= (2 if backward else 1) * DTYPE_BYTES.get(dtype, 2) * slower_write
     scores = gpu.stream_time(per_element * bh * s_q * s_kv)
     return (2 * gemms if backward else gemms) + scores
 
