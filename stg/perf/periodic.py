@@ -1430,9 +1430,9 @@ def replay_periodic(
     per_unit = [index.micro_batch for index in indexed]
     for period, keeps in tries:
         for keep in keeps:
-            # first as the reduction gives the drain, then with the drain's waits of the
-            # schedule of as many micro-batches; a keep whose check cannot be made ends the
-            # period's tries
+            # first with the drain's waits of the schedule of as many micro-batches (what a
+            # lowered workload's shorter problem is), then as the reduction gives the drain;
+            # a keep whose check cannot be made ends the period's tries
             tails = (True, False)
             # one longer replay for both where it is the problem itself, else one each
             groups = [tails] if keep + period == built else [(tail,) for tail in tails]
@@ -1512,7 +1512,8 @@ def _try_keep(
     turn on the one longer replay, whether the reduced problems' last micro-batches wait as
     the schedule of as many micro-batches has them wait (:func:`_tail_deps`: with the
     smallest keep, its last period, which the state check requires untouched at the first
-    instant); the first holds for a longer problem reduced from ``problem``."""
+    instant) or as the reduction gives them (as a longer problem reduced from ``problem``
+    has them wait)."""
     cut = cut_at(keep, stages, period, chunks)
     smallest = keep < first_keep(stages, period, chunks)
     # the two problems share most node objects; the smallest keep replays only the longer one
