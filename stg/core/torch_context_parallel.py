@@ -193,20 +193,8 @@ def torch_forward(
     all-gathers of K and V it read (``gathers``): the one all-gather of the K/V buffer, SDPA
     call 0 on the rank's own keys beside it, calls ``1 .. cp-1`` on the gathered buffer,
     each followed by its merge."""
-    gathered = {g.outputs[0]: g.inputs[0] for g in gathers}
-    queries = tuple(k for k in op.inputs if k not in gathered)
-    own = tuple(gathered.values())
-    width = DTYPE_BYTES[gathers[0].dtype or "bf16"]
-    buffer = key(1)
-    out: list[BoundOp] = [
-        replace(
-            gathers[0],
-            name=f"{op.name}.all_gather_kv",
-            inputs=own,
-            outputs=(buffer,),
-            comm_size=kv_gather_bytes(op, width),
-        )
-    ]
+    queries, own, width, buffer, gather = _gathered_buffer(op, gathers, key)
+    out: list[BoundOp] = [gather]
     merges = merge_kernels(op, cp, width)
     running = key(2)  # call 0's output, then each merge's
     for i, step in enumerate(steps(op, cp, True)):
@@ -224,6 +212,27 @@ def torch_forward(
     return out
 
 
+def _gathered_buffer(
+    op: BoundOp, gathers: list[BoundOp], key: KeyFn
+) -> tuple[tuple[int, ...], tuple[int, ...], int, int, BoundOp]:
+    """What the attention ``op`` reads besides K and V (the queries), the rank's own K and V
+    (the inputs of ``gathers``), their width in bytes, the K/V buffer's key and the one
+    all-gather that fills it."""
+    gathered = {g.outputs[0]: g.inputs[0] for g in gathers}
+    queries = tuple(k for k in op.inputs if k not in gathered)
+    own = tuple(gathered.values())
+    width = DTYPE_BYTES[gathers[0].dtype or "bf16"]
+    buffer = key(1)
+    gather = replace(
+        gathers[0],
+        name=f"{op.name}.all_gather_kv",
+        inputs=own,
+        outputs=(buffer,),
+        comm_size=kv_gather_bytes(op, width),
+    )
+    return queries, own, width, buffer, gather
+
+
 def torch_backward(
     op: BoundOp,
     gathers: list[BoundOp],
@@ -238,22 +247,10 @@ def torch_backward(
     ``0 .. cp-1`` (call 0 on the rank's own keys beside the gather), after each the
     accumulation and the fp32 K/V gradient's transfer to the next rank, which the next
     accumulation waits for; the last transfer's buffer, cast, is the rank's K/V gradient."""
-    gathered = {g.outputs[0]: g.inputs[0] for g in gathers}
     grads = {r.inputs[0] for r in reductions}
-    queries = tuple(k for k in op.inputs if k not in gathered)
-    own = tuple(gathered.values())
+    queries, own, width, buffer, gather = _gathered_buffer(op, gathers, key)
     kept = tuple(k for k in op.outputs if k not in grads)  # the queries' gradients
-    width = DTYPE_BYTES[gathers[0].dtype or "bf16"]
-    buffer = key(1)
-    out: list[BoundOp] = [
-        replace(
-            gathers[0],
-            name=f"{op.name}.all_gather_kv",
-            inputs=own,
-            outputs=(buffer,),
-            comm_size=kv_gather_bytes(op, width),
-        )
-    ]
+    out: list[BoundOp] = [gather]
     accumulations = accumulate_kernels(op, cp, width)
     transfer = replace(
         reductions[0],
