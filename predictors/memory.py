@@ -63,17 +63,19 @@ recomputed unit (one layer, or a uniform group) keeps its first layer's input, a
 layer all of its activations; the unit being recomputed holds all of its layers' activations
 (a buffer).
 
-Buffers: the working set that exists only transiently at the peak: with full recompute the
-full activations of the one layer being recomputed; with selective recompute that layer's
-attention scores; on the last stage, the larger of that and the cross entropy's transient
-(eager: its backward's fp32 gradients, :data:`EAGER_CROSS_ENTROPY_TRANSIENT`; Megatron: the
-16-bit logits beside the loss's fp32 copy, :data:`MEGATRON_CROSS_ENTROPY_TRANSIENT`); with
-ZeRO-3 / FSDP the gathered weights of the two largest units (the one in use and the one
-prefetched; the embedding and the LM head are units of their own, :func:`fsdp_unit_parameters`)
-and, when larger than the transients above, the largest unit's gradients with FSDP2's
-reduce-scatter input in the reduce dtype (``foreach_reduce`` copies them in before it frees
-them; ``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``). No allocator
-fragmentation is added (docs/prediction.md, "The caching allocator").
+Buffers: the working set that exists only transiently at the peak: with full recompute the full
+activations of the one layer being recomputed; with selective recompute that layer's attention
+scores; where PyTorch's own context parallelism runs the attention, plus one layer's gathered
+K/V, fp32 merges or fp32 gradients, whichever pass holds more (:func:`torch_cp_buffers`); on
+the last stage, the larger of that and the cross entropy's transient (eager: its backward's
+fp32 gradients, :data:`EAGER_CROSS_ENTROPY_TRANSIENT`; Megatron: the 16-bit logits beside the
+loss's fp32 copy, :data:`MEGATRON_CROSS_ENTROPY_TRANSIENT`); with ZeRO-3 / FSDP the gathered
+weights of the two largest units (the one in use and the one prefetched; the embedding and the
+LM head are units of their own, :func:`fsdp_unit_parameters`) and, when larger than the
+transients above, the largest unit's gradients with FSDP2's reduce-scatter input in the reduce
+dtype (``foreach_reduce`` copies them in before it frees them;
+``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``). No allocator fragmentation is
+added (docs/prediction.md, "The caching allocator").
 
 Eager PyTorch (``profile`` eager, :func:`eager_peak`) peaks at the larger of two moments:
 the start of the backward, without gradients in a step of one micro-batch (``zero_grad``
@@ -102,6 +104,7 @@ import stg
 from stg.api import (
     DTYPE_BYTES,
     RECIPES,
+    TORCH_ALL_GATHER,
     GenerateOptions,
     KernelTable,
     Predictor,
@@ -117,6 +120,7 @@ from stg.api import (
     is_hybrid,
     kernel_table,
     load_system,
+    lowered_cp_comm_type,
     model_kind,
     native_fp8,
     normalize_dtype,
@@ -1223,6 +1227,9 @@ class _StageTerms:
     head_transient: float
     recompute_buffer: float | None
     """the largest recomputed layer's buffer (None: found per stage, or none)"""
+    torch_cp: float
+    """what PyTorch's context parallelism holds beside one layer's attention
+    (:func:`torch_cp_buffers`)"""
     units: list[int]
     weights: float
     """the weights' bytes (with the fp8 and the recipe's weight copies)"""
@@ -1302,6 +1309,7 @@ def _stage_terms(
             head=0.0,
             head_transient=0.0,
             recompute_buffer=None,
+            torch_cp=0.0,
             units=[],
             weights=state.weights + weight_copies + unsharded_weights,
         )
@@ -1359,6 +1367,7 @@ def _stage_terms(
         head=head,
         head_transient=head_transient,
         recompute_buffer=recompute_buffer,
+        torch_cp=torch_cp_buffers(o).peak if kinds else 0.0,
         units=units,
         weights=state.weights + fp8_copies + weight_copies + unsharded_weights,
     )
@@ -1396,6 +1405,95 @@ def _recompute_buffer(
     partial = o.activation_recompute in ("selective", "selective_op")
     return max(
         activations.bytes(kind, "none") - (per_kind[kind] if partial else 0) for kind in kinds
+    )
+
+
+TORCH_CP_SOURCE = "torch/distributed/tensor/experimental/_attention.py"
+"""PyTorch's context parallelism, read at pytorch/pytorch 0123248 (the stored version; its
+``_templated_ring_attention`` and ``_templated_ring_attention_backward`` loops are the ones
+that :mod:`stg.core.torch_context_parallel` reads at 1963fc8, December 2024)."""
+
+
+@dataclass(frozen=True)
+class TorchCPBuffers:
+    """What PyTorch's own context parallelism (:data:`TORCH_CP_SOURCE`) allocates beside one
+    layer's attention, bytes per rank, each tensor counted from its allocation to its last
+    use (as Inductor frees the buffers of a compiled block; eager Python would hold the
+    backward's previous K/V gradient, another ``kv_grad / 2``, until it rebinds it):
+
+    - ``gathered_kv``: ``_AllGatherRotater``'s ``all_gather_tensor`` of ``torch.cat`` of the
+      rank's K and V at the queries' heads, ``cp`` times them, held until the last SDPA call
+      (once in the forward, again in the backward: the autograd saves only the local K, V);
+    - ``merged_output``: the forward's ``_SDPAMerger``: the running fp32 output and
+      log-sum-exp, the merge's new pair written beside them (out of place) and the call's
+      output (activation dtype) and fp32 log-sum-exp that it reads;
+    - ``query_grad``: the backward's fp32 dQ accumulator (``torch.zeros_like(query,
+      dtype=accum_dtype)``, ``convert_to_f32``);
+    - ``kv_grad``: the fp32 K/V gradient in flight around the ring: the buffer sent
+      (``torch.cat`` of the accumulated dK, dV, the all-to-all's input until its wait) and
+      the one received (``ft_c.permute_tensor``'s output), during each SDPA backward call.
+
+    The rank's own K/V concatenation (the gather's input) is freed at call 1's wait, before
+    either peak."""
+
+    gathered_kv: float
+    merged_output: float
+    query_grad: float
+    kv_grad: float
+
+    @property
+    def forward(self) -> float:
+        """Alive at a forward merge."""
+        return self.gathered_kv + self.merged_output
+
+    @property
+    def backward(self) -> float:
+        """Alive at a backward SDPA call after the first."""
+        return self.gathered_kv + self.query_grad + self.kv_grad
+
+    @property
+    def peak(self) -> float:
+        """The larger pass: a layer's buffer beside its recompute (the backward's in
+        practice: the K/V gradient in flight outweighs the merges)."""
+        return max(self.forward, self.backward)
+
+
+NO_TORCH_CP = TorchCPBuffers(0.0, 0.0, 0.0, 0.0)
+
+
+def runs_torch_cp(o: GenerateOptions) -> bool:
+    """Whether stg generate writes the layers' attention as PyTorch's context parallelism
+    (:func:`stg.api.lowered_cp_comm_type`): ``sp`` > 1 under torchtitan's profiles with
+    ``cp_comm_type`` all_gather, causal attention load-balanced over an even number of local
+    queries, on layers without a window, chunk or top-k mask (some layers have none with
+    ``full_attention_every``)."""
+    if o.sp <= 1 or lowered_cp_comm_type(o.profile, o.cp_comm_type) != TORCH_ALL_GATHER:
+        return False
+    masked = bool(o.attention_window or o.attention_chunk) and not o.full_attention_every
+    return bool(o.causal) and not masked and not o.index_topk and (o.seq // o.sp) % 2 == 0
+
+
+def torch_cp_buffers(o: GenerateOptions) -> TorchCPBuffers:
+    """:class:`TorchCPBuffers` of one layer of ``o`` (all zero where :func:`runs_torch_cp`
+    is false). Per rank: ``b`` sequences of ``s/cp`` tokens, ``a/t`` query heads (torchtitan
+    hands SDPA K and V after ``repeat_kv``), query/key head dim ``d`` (MLA: ``d + r``, its
+    RoPE part) and value head dim ``d``, activation dtype ``e`` bytes; with ``N_k``, ``N_v``
+    the elements of one such K and V and ``R = b·(a/t)·s/cp`` log-sum-exp rows:
+    ``gathered_kv = cp·(N_k + N_v)·e``, ``merged_output = (8 + e)·N_v + 12·R``,
+    ``query_grad = 4·N_k``, ``kv_grad = 2·4·(N_k + N_v)``."""
+    if not runs_torch_cp(o):
+        return NO_TORCH_CP
+    e = activation_element_bytes(o)
+    d = head_size(o)
+    d_qk = d + ((o.drope if o.drope is not None else d // 2) if is_mla(o) else 0)
+    rows = micro_batch_size(o) * (o.head // o.tp) * (o.seq // o.sp)
+    n_k, n_v = rows * d_qk, rows * d
+    f32 = DTYPE_BYTES["fp32"]  # _ContextParallelOptions.convert_to_f32 = True
+    return TorchCPBuffers(
+        gathered_kv=o.sp * (n_k + n_v) * e,
+        merged_output=(2 * f32 + e) * n_v + 3 * f32 * rows,
+        query_grad=f32 * n_k,
+        kv_grad=2 * f32 * (n_k + n_v),
     )
 
 
@@ -1441,6 +1539,9 @@ def _stage_memory(o: GenerateOptions, stage: int, terms: _StageTerms) -> RankMem
             recompute_buffer = _recompute_buffer(o, kinds, per_kind, terms.activations)
         if recompute_buffer is not None:
             buffers += recompute_buffer
+    # PyTorch's context parallelism: its gathered K/V, merges and fp32 gradients beside the
+    # attention of the layer being run (or recomputed) and its activations
+    buffers += terms.torch_cp
     # the cross entropy's transients (eager: its backward's fp32 gradients; Megatron: the
     # 16-bit logits or their gradient beside the fp32 ones) come with every activation held;
     # a layer's recompute comes later, after the head has freed its logits
@@ -1794,8 +1895,10 @@ def stg_register_predictors(register: Any) -> None:
 
 
 __all__ = [
+    "TORCH_CP_SOURCE",
     "RankMemory",
     "StageParameters",
+    "TorchCPBuffers",
     "activation_bytes_per_layer",
     "analytic_memory",
     "count_parameters",
@@ -1813,7 +1916,9 @@ __all__ = [
     "recipe_weight_dtype",
     "runs_natively",
     "runs_recipe",
+    "runs_torch_cp",
     "stage_memory",
     "stated_weight_copy_bytes",
+    "torch_cp_buffers",
     "total_parameters",
 ]

@@ -35,7 +35,9 @@ What is here, by the stage of the pipeline it belongs to:
   steady state replayed once and extrapolated where it is checked to repeat), kernels
   (:class:`KernelTable`, :func:`kernel_table`, :func:`is_cast`; :func:`native_fp8`: whether
   a GPU runs fp8 GEMMs natively), dtype sizes and precision plans (:data:`DTYPE_BYTES`,
-  :func:`precision_of`), low-precision training recipes (:data:`RECIPES`);
+  :func:`precision_of`), low-precision training recipes (:data:`RECIPES`), how lowering
+  writes context parallelism (:func:`lowered_cp_comm_type`, :data:`TORCH_ALL_GATHER`: PyTorch's
+  own under torchtitan's profiles);
 - calibration tables of measured kernel times (:class:`Calibration`,
   :func:`load_calibration`, :func:`calibrated_time`; ``stg bench calibrate`` writes them);
 - records that hooks register: :class:`Model`, :class:`PipelineSchedule`, :class:`Kernel`,
@@ -80,6 +82,7 @@ if TYPE_CHECKING:
     from stg.core.sharding import Sharding
     from stg.core.sizes import check_size, estimate_size
     from stg.core.symbolic import AttentionSpan, Dim, GraphBuilder, Tensor
+    from stg.core.torch_context_parallel import TORCH_ALL_GATHER, lowered_cp_comm_type
     from stg.core.workload import (
         COMM_TYPES,
         NODE_SEMANTICS,
@@ -156,6 +159,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "check_offload": ("stg.core.offload", "check_offload"),
     "DTYPE_BYTES": ("stg.core.precision", "DTYPE_BYTES"),
     "precision_of": ("stg.core.precision", "precision_of"),
+    "lowered_cp_comm_type": ("stg.core.torch_context_parallel", "lowered_cp_comm_type"),
+    "TORCH_ALL_GATHER": ("stg.core.torch_context_parallel", "TORCH_ALL_GATHER"),
     "RECIPES": ("stg.core.recipes", "RECIPES"),
     "bf16_kind": ("stg.core.recipes", "bf16_kind"),
     "model_kind": ("stg.core.recipes", "model_kind"),
@@ -264,6 +269,7 @@ __all__ = [
     "NODE_SEMANTICS",
     "PIPELINE_ENDS",
     "RECIPES",
+    "TORCH_ALL_GATHER",
     "AttentionSpan",
     "BenchOp",
     "Calibration",
@@ -338,6 +344,7 @@ __all__ = [
     "load_calibration",
     "load_presets",
     "load_system",
+    "lowered_cp_comm_type",
     "memory_bound_time",
     "memory_kind",
     "model_kind",
