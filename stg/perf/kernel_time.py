@@ -70,6 +70,19 @@ lower. fp8 runs at twice the bf16 rate per clock, as the data sheet has it
 ARCH_GEMM_PIPE_EFFICIENCY: dict[str, float] = {"blackwell": BLACKWELL_GEMM_PIPE_EFFICIENCY}
 """GEMM pipeline efficiency per architecture where it is not :data:`GEMM_PIPE_EFFICIENCY`."""
 
+CDNA3_FP8_GEMM_SPEED = 0.90
+"""hipBLASLt's fp8 GEMMs on CDNA 3 reach 0.90 of twice the bf16 rate, not the data sheet's 2x:
+AMD ROCm blog 'Measuring Max-Achievable FLOPs - Part 2' (2025-02-28), Table 1, each GPU's
+max-achievable fp8 over bf16 TFLOP/s, both shapes one wave of 304 macro tiles
+(tests/data/kernels/cdna-published.jsonl): MI300X 1,273 / 708 = 1.798 (0.899 of 2x), MI325X
+1,519 / 843 = 1.802 (0.901). The fp8 runs' median clocks were the higher (1,230 vs 1,207 and
+1,464 vs 1,447 MHz): the shortfall is the fp8 pipeline's, not a lower clock."""
+
+ARCH_DTYPE_GEMM_SPEED: dict[str, dict[str, float]] = {"cdna3": {"fp8": CDNA3_FP8_GEMM_SPEED}}
+"""A dtype's GEMM rate per architecture relative to its data-sheet peak at the bf16 pipeline
+efficiency, where measured to differ (elsewhere 1.0, the data sheet's ratio: a B200's fp8 ran
+1.95-1.96x its bf16, tests/data/kernels/blackwell-published.jsonl)."""
+
 FP32_SIMT_EFFICIENCY = 0.76
 """Fraction of the fp32 (CUDA-core) peak a large strict-fp32 GEMM reaches: H100 data, fp32
 grid cases with all dimensions >= 4096, median 50.8 of 66.9 TFLOP/s."""
@@ -421,7 +434,8 @@ class Gpu:
         """Operations per second that the best kernel sustains on large problems."""
         peak = self.peak_flops[dtype]
         if dtype in TENSOR_DTYPES:
-            return peak * self.clock_scale * self.gemm_efficiency
+            speed = ARCH_DTYPE_GEMM_SPEED.get(self.arch, {}).get(dtype, 1.0)
+            return peak * self.clock_scale * self.gemm_efficiency * speed
         return peak * FP32_SIMT_EFFICIENCY
 
     @property
