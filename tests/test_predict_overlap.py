@@ -271,3 +271,23 @@ def test_bad_overlap_combinations_are_one_line(
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and message in lines[0], err
     assert "Traceback" not in err
+
+
+def test_forward_parts_are_each_nodes_forward_part() -> None:
+    """:func:`stg.perf.replay.forward_parts` works each node's part out once per distinct set
+    of raw attributes (the overlapped parameter gathers' rewiring): the same as asking each
+    node, on a workload of every phase, recompute and part included."""
+    from stg.perf.replay import forward_part, forward_parts, problem_from_workload
+
+    options = GenerateOptions(
+        model="llama", dmodel=64, dff=256, head=4, kvhead=2, seq=32, dvocal=128, num_stacks=4,
+        pp=2, dp=2, micro_batch=2, batch=8, zero=1, overlap_param_gather=True,
+        activation_recompute="selective",
+    )  # fmt: skip
+    problem = problem_from_workload(
+        build_workload(options, load_registry(autoload=False)), load_system("h100-80g")
+    )
+    for unit in problem.units:
+        parts = forward_parts(unit.nodes)
+        assert parts == [forward_part(node) for node in unit.nodes]
+        assert {"embedding", "layer0"} & set(parts) or {"layer2", "layer3"} & set(parts)
