@@ -42,10 +42,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from stg.core.precision import DTYPE_BYTES
-from stg.core.torchtitan import EAGER_KERNEL_BYTES_ATTR, EAGER_KERNELS_ATTR
+from stg.core.torchtitan import Kernel, with_kernels
 from stg.core.workload import CollectiveType, NodeType
 
 if TYPE_CHECKING:
@@ -72,15 +72,6 @@ def lowered_cp_comm_type(profile: str, cp_comm_type: str) -> str:
 
 ACCUMULATE_BYTES = DTYPE_BYTES["fp32"]
 """``convert_to_f32``: outputs, log-sum-exps and K/V/Q gradients accumulate in fp32."""
-
-
-class Kernel(NamedTuple):
-    """One memory-bound kernel: its class and dtype (``class:dtype``), the bytes it reads and
-    writes, the elements it writes."""
-
-    kind: str
-    nbytes: int
-    written: int
 
 
 StepsFn = Callable[["BoundOp", int, bool], list["BoundOp"]]
@@ -110,23 +101,25 @@ def _memory_node(
 ) -> BoundOp:
     """A compute node of memory-bound kernels run in turn; one op per element written (a
     node that moves bytes needs ops, ASTRA-sim's roofline rule)."""
-    return replace(
+    node = replace(
         like,
         name=name,
         type=NodeType.COMP,
         inputs=inputs,
         outputs=(output,),
         num_ops=sum(k.written for k in kernels),
-        tensor_size=sum(k.nbytes for k in kernels),
         comm_type=None,
         comm_size=0,
         group_axes=(),
         dtype="fp32",
-        attrs=(
-            (EAGER_KERNELS_ATTR, tuple(k.kind for k in kernels)),
-            (EAGER_KERNEL_BYTES_ATTR, tuple(k.nbytes for k in kernels)),
-        ),
+        attrs=(),
     )
+    return with_kernels(node, kernels)
+
+
+def _kernel(aten: str, kind: str, nbytes: int, written: int) -> Kernel:
+    """A memory-bound kernel of the fp32 accumulation (``kind`` its memory class)."""
+    return Kernel(aten, nbytes, "fp32", kind, written)
 
 
 def kv_gather_bytes(op: BoundOp, width: float) -> int:
@@ -143,9 +136,9 @@ def merge_kernels(op: BoundOp, cp: int, width: float) -> list[list[Kernel]]:
     to fp32, the last the merged output back to ``width``."""
     out, lse = _elements(op)
     f32 = ACCUMULATE_BYTES
-    merge = Kernel("stream:fp32", int(out * (2 * f32 + width) + lse * 3 * f32), out + lse)
-    to_fp32 = Kernel("convert:fp32", int(out * (width + f32)), out)
-    to_out = Kernel("convert:fp32", int(out * (f32 + width)), out)
+    merge = _kernel("merge", "stream", int(out * (2 * f32 + width) + lse * 3 * f32), out + lse)
+    to_fp32 = _kernel("_to_copy", "convert", int(out * (width + f32)), out)
+    to_out = _kernel("_to_copy", "convert", int(out * (f32 + width)), out)
     kernels = [[merge] for _ in range(cp - 1)]
     kernels[0].insert(0, to_fp32)
     kernels[-1].append(to_out)
@@ -161,11 +154,11 @@ def accumulate_kernels(op: BoundOp, cp: int, width: float) -> list[list[Kernel]]
     :func:`final_kv_grad_kernels`)."""
     elements, _ = _elements(op)
     f32 = ACCUMULATE_BYTES
-    first = Kernel("stream:fp32", int(3 * elements * (width + f32)), 3 * elements)
+    first = _kernel("add", "stream", int(3 * elements * (width + f32)), 3 * elements)
     kv = 2 * (2 * f32 * elements + width * elements // 2)
-    later = Kernel("stream:fp32", int(kv + elements * (2 * f32 + width)), 3 * elements)
+    later = _kernel("add", "stream", int(kv + elements * (2 * f32 + width)), 3 * elements)
     kernels = [[first], *([later] for _ in range(cp - 1))]
-    kernels[-1].append(Kernel("convert:fp32", int(elements * (f32 + width)), elements))
+    kernels[-1].append(_kernel("_to_copy", "convert", int(elements * (f32 + width)), elements))
     return kernels
 
 
@@ -173,7 +166,8 @@ def final_kv_grad_kernels(op: BoundOp, width: float) -> list[Kernel]:
     """The cast of the K/V gradient buffer the ring's last transfer brings (fp32) to
     ``width``."""
     elements, _ = _elements(op)
-    return [Kernel("convert:fp32", int(2 * elements * (ACCUMULATE_BYTES + width)), 2 * elements)]
+    nbytes = int(2 * elements * (ACCUMULATE_BYTES + width))
+    return [_kernel("_to_copy", "convert", nbytes, 2 * elements)]
 
 
 def dkv_transfer_size(op: BoundOp, cp: int) -> int:

@@ -82,12 +82,14 @@ INT64 = 8
 
 @dataclass(frozen=True)
 class Kernel:
-    """One eager kernel: the aten op, its memory-bound class, its dtype and the bytes it moves."""
+    """One eager kernel: the aten op, its memory-bound class, its dtype and the bytes it moves
+    (and, where a node of such kernels alone counts its ops, the elements it writes)."""
 
     aten: str
     nbytes: int
     dtype: str = "bf16"
     kind: str = "stream"
+    written: int = 0
 
 
 def rope_kernels(n: int, freqs: int, width: int, backward: bool) -> list[Kernel]:
@@ -238,7 +240,9 @@ def op_kernels(
     return None
 
 
-def _with_kernels(op: BoundOp, kernels: list[Kernel]) -> BoundOp:
+def with_kernels(op: BoundOp, kernels: list[Kernel]) -> BoundOp:
+    """``op`` priced as ``kernels`` run in turn (:data:`EAGER_KERNELS_ATTR`,
+    :data:`EAGER_KERNEL_BYTES_ATTR`), its ``tensor_size`` their bytes."""
     attrs = (
         *op.attrs,
         (EAGER_KERNELS_ATTR, tuple(f"{k.kind}:{k.dtype}" for k in kernels)),
@@ -259,7 +263,7 @@ def with_torchtitan_kernels(part: BoundPart, binder: Binder, norm_type: str) -> 
         for bound in ops:
             op = by_name.get(bound.name) if bound.type is NodeType.COMP else None
             kernels = op_kernels(op, binder, norm_type, forward_ops) if op is not None else None
-            out.append(_with_kernels(bound, kernels) if kernels else bound)
+            out.append(with_kernels(bound, kernels) if kernels else bound)
         return out
 
     return replace(part, forward=rewritten(part.forward), backward=rewritten(part.backward))
