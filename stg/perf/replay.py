@@ -411,9 +411,9 @@ class Unit:
     """node position -> axes key used to match collectives across units"""
     priority: dict[int, float] = field(default_factory=dict)
     """node position -> the key (not a whole number) by which that node, once ready, is taken
-    from its stream's queue in place of its position: between two positions (a reduced
-    problem's end-of-iteration node placed where the schedule of as many micro-batches has it,
-    :func:`stg.perf.periodic.reduced_problem`)"""
+    from its stream's queue in place of its position: between two positions (the periodic
+    replay's shorter problem places an end-of-iteration node where the schedule of as many
+    micro-batches has it, :func:`stg.perf.periodic.replay_periodic`)"""
 
 
 @dataclass
