@@ -462,8 +462,7 @@ def lowered_micro_batches(options: GenerateOptions, system: System) -> list[tupl
     cost at most what the whole build and replay cost; after every period's, twice and four
     times as many and so on, fewest first, while their replays together cost at most half the
     whole one (a transient that outlasts the fill, as where one stage runs ahead of the others
-    for a while). None for a run that is not a
-    training pipeline of one device kind."""
+    for a while). None for a run that is not a training pipeline of one device kind."""
     if options.inference or is_hybrid(system):
         return []
     stages, total = options.pp, options.micro_batches
