@@ -5,10 +5,14 @@ FSDP2's reduce-scatter."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
+from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from stg.cli import app
 from stg.core.dtensor import GATHER_COPY, SCATTER_COPY
 from stg.core.options import GenerateOptions
 from stg.core.pipeline import build_workload
@@ -17,6 +21,8 @@ from stg.host.registry import load_registry
 from stg.perf.costs import compute_time
 from stg.perf.kernel_time import memory_bound_time
 from stg.perf.system import load_system
+from stg.predictors.time import predict_time
+from stg.trace.reader import read_nodes
 
 SMALL = dict(
     model="llama", dvocal=1024, dmodel=256, dff=688, head=8, kvhead=4, seq=128, batch=8,
@@ -107,3 +113,26 @@ def test_fsdp2_reduces_replicated_gradients_over_tp_before_its_reduce_scatter(
     fsdp_first = fsdp.id in tp.data_deps
     assert (tp_first, fsdp_first) == ((True, False) if profile == "compiled" else (False, True))
     assert by_id[tp.id].comm_size > 0
+
+
+def test_the_trace_with_copies_validates_and_predicts_alike(tmp_path: Path) -> None:
+    """The written trace of a plan with DTensor's copies (and FSDP2's reordered reduction)
+    meets ASTRA-sim's rules (``stg validate``), and predicts from the trace as from options."""
+    out = tmp_path / "tp"
+    flags = [f"--{k}={v}" for k, v in {**SMALL, "weight_sharded": "true"}.items()]
+    args = ["generate", "--output_dir", str(out), "--profile", "torchtitan", *flags]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    checked = CliRunner().invoke(app, ["validate", "--consumer", "astra-sim", str(out)])
+    assert checked.exit_code == 0, checked.output
+    written = Counter(node_op(n) for n in read_nodes(out / "workload.0.et"))
+    assert written[GATHER_COPY] and written[SCATTER_COPY]
+    system = load_system("h100-80g")
+    o = options(profile="torchtitan", weight_sharded=True)
+    from_options = predict_time(build_workload(o, load_registry(autoload=False)), system)
+    from_trace = CliRunner().invoke(
+        app, ["predict", str(out), "--system", "h100-80g", "--predictor", "time", "--json"]
+    )
+    assert from_trace.exit_code == 0, from_trace.output
+    report = json.loads(from_trace.output)
+    report = report.get("time", report)
+    assert report["iteration_time_s"] == pytest.approx(from_options["iteration_time_s"], rel=1e-9)
