@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import replace
 from math import prod
 
-from stg.core.lowering import Binder, BoundOp, BoundPart
+from stg.core.lowering import Binder, BoundOp, BoundPart, sequence_parallel_collective
 from stg.core.precision import DTYPE_BYTES
 from stg.core.workload import CollectiveType, NodeType
 
@@ -52,20 +52,6 @@ COPY_KEY_BASE = -(1 << 70)
 (below 2**48), their derived keys within 16 of one or of its negation, or context
 parallelism's ring keys a few 2**64 above one, so these are no other key."""
 
-_REARRANGED = (CollectiveType.ALL_GATHER, CollectiveType.REDUCE_SCATTER)
-
-
-def rearranges(op: BoundOp) -> bool:
-    """Whether ``op`` is a sequence-parallel collective of activations over the tensor-parallel
-    group (an all-gather or a reduce-scatter of it), which DTensor runs along dimension 1."""
-    return (
-        op.type is NodeType.COMM_COLL
-        and op.tensor_parallel
-        and op.comm_type in _REARRANGED
-        and "weight_gather" not in op.tags
-        and "weight_grad_reduce" not in op.tags
-    )
-
 
 def with_sequence_parallel_copies(bp: BoundPart, binder: Binder) -> BoundPart:
     """``bp`` with DTensor's rearranging copy beside each of its sequence-parallel collectives
@@ -78,7 +64,7 @@ def with_sequence_parallel_copies(bp: BoundPart, binder: Binder) -> BoundPart:
     contiguous per rank and PyTorch needs no copy."""
     gathered: dict[int, int] = {}
     for op in bp.forward:
-        if rearranges(op) and op.comm_type is CollectiveType.ALL_GATHER:
+        if sequence_parallel_collective(op) and op.comm_type is CollectiveType.ALL_GATHER:
             for k in op.outputs:
                 gathered[k] = COPY_KEY_BASE - op.outputs[0]
 
@@ -94,7 +80,7 @@ def with_sequence_parallel_copies(bp: BoundPart, binder: Binder) -> BoundPart:
                     if w is not None and w not in op.inputs
                 )
             )
-            if not rearranges(op):
+            if not sequence_parallel_collective(op):
                 out.append(replace(op, inputs=(*op.inputs, *waits)) if waits else op)
                 continue
             width = DTYPE_BYTES[op.dtype or "bf16"]

@@ -1061,7 +1061,9 @@ def op_checkpoint_recomputes(forward: list[BoundOp]) -> list[BoundOp]:
     repeated: list[BoundOp] = []
     matmuls = 0
     for op in forward:
-        if "weight_gather" in op.tags or _tensor_parallel_gather(op):
+        if "weight_gather" in op.tags or (
+            sequence_parallel_collective(op) and op.comm_type is CollectiveType.ALL_GATHER
+        ):
             repeated.append(op)
             continue
         if op.type is not NodeType.COMP or "core_attention" in op.tags:
@@ -1076,13 +1078,16 @@ def op_checkpoint_recomputes(forward: list[BoundOp]) -> list[BoundOp]:
     return repeated
 
 
-def _tensor_parallel_gather(op: BoundOp) -> bool:
-    """Whether ``op`` all-gathers activations over the tensor-parallel group (sequence
-    parallelism's gather before the column-parallel GEMMs)."""
+def sequence_parallel_collective(op: BoundOp) -> bool:
+    """Whether ``op`` all-gathers or reduce-scatters activations over the tensor-parallel group
+    (sequence parallelism's gather before the column-parallel GEMMs and reduce-scatter after
+    the row-parallel ones), not a weight's gather or gradient reduction."""
     return (
         op.type is NodeType.COMM_COLL
         and op.tensor_parallel
-        and op.comm_type is CollectiveType.ALL_GATHER
+        and op.comm_type in (CollectiveType.ALL_GATHER, CollectiveType.REDUCE_SCATTER)
+        and "weight_gather" not in op.tags
+        and "weight_grad_reduce" not in op.tags
     )
 
 
