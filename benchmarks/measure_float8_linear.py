@@ -26,13 +26,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
 from stg.bench import MissingDependencyError, require_cuda
+from stg.bench.runner import time_back_to_back
 
 WARMUP = 3
 ITERATIONS = 10
@@ -80,24 +80,14 @@ def timings(torch: Any, module: Any, x: Any, grad: Any) -> tuple[list[float], in
 
     for _ in range(3):
         step()
-    torch.cuda.synchronize()
-    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    begin.record()
-    step()
-    end.record()
-    torch.cuda.synchronize()
-    reps = max(1, min(20, math.ceil(MIN_EVENT_MS / max(begin.elapsed_time(end), 1e-3))))
-    events = [
-        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-        for _ in range(WARMUP + ITERATIONS)
-    ]
-    for start, stop in events:
-        start.record()
-        for _ in range(reps):
-            step()
-        stop.record()
-    torch.cuda.synchronize()
-    return [s.elapsed_time(e) / reps for s, e in events], reps
+    return time_back_to_back(
+        torch,
+        step,
+        warmup=WARMUP,
+        iterations=ITERATIONS,
+        min_event_ms=MIN_EVENT_MS,
+        max_reps=20,
+    )
 
 
 def main() -> int:

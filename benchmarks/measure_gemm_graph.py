@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import statistics
 import sys
 import time
@@ -39,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from stg.bench import MissingDependencyError, require_cuda
+from stg.bench.runner import time_back_to_back
 
 WARMUP = 3
 ITERATIONS = 10
@@ -46,6 +46,14 @@ MIN_EVENT_MS = 1.0
 """Calls per event pair are chosen so that one timed interval lasts at least this long."""
 
 MAX_REPS = 50
+
+TIMING = {
+    "warmup": WARMUP,
+    "iterations": ITERATIONS,
+    "min_event_ms": MIN_EVENT_MS,
+    "max_reps": MAX_REPS,
+}
+"""How :func:`stg.bench.runner.time_back_to_back` times each call eagerly."""
 
 FORMS = ("bf16", "fp8_tensorwise", "fp8_rowwise")
 
@@ -114,32 +122,6 @@ def gemm_call(torch: Any, form: str, m: int, k: int, n: int) -> Callable[[], Any
     return lambda: torch._scaled_mm(a8, b8, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
 
 
-def _reps(torch: Any, fn: Callable[[], Any]) -> int:
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    torch.cuda.synchronize()
-    once = max(start.elapsed_time(end), 1e-4)
-    return max(1, min(MAX_REPS, math.ceil(MIN_EVENT_MS / once)))
-
-
-def time_eager(torch: Any, fn: Callable[[], Any], reps: int) -> list[float]:
-    events = [
-        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-        for _ in range(WARMUP + ITERATIONS)
-    ]
-    for start, end in events:
-        start.record()
-        for _ in range(reps):
-            fn()
-        end.record()
-    torch.cuda.synchronize()
-    return [s.elapsed_time(e) / reps for s, e in events]
-
-
 def time_graph(torch: Any, fn: Callable[[], Any], reps: int) -> list[float]:
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -202,8 +184,7 @@ def quantize(torch: Any, lines: list[dict[str, Any]]) -> None:
                 fn = lambda call=call, x=x: call(x)  # noqa: E731
                 for _ in range(3):
                     fn()
-                reps = _reps(torch, fn)
-                times = time_eager(torch, fn, reps)
+                times, reps = time_back_to_back(torch, fn, **TIMING)
             except Exception as error:  # recorded: inductor could not build the cast
                 print(f"quantize {name} {rows}x{cols}: {str(error).splitlines()[0][:200]}")
                 continue
@@ -284,12 +265,12 @@ def main() -> int:
         for form in FORMS:
             try:
                 fn = gemm_call(torch, form, m, k, n)
-                reps = _reps(torch, fn)
+                eager, reps = time_back_to_back(torch, fn, **TIMING)
             except RuntimeError as error:  # recorded: the form is refused for this shape
                 print(f"{role or (m, k, n)} {form}: {str(error).splitlines()[0][:200]}")
                 continue
-            for mode, timer in (("eager", time_eager), ("graph", time_graph)):
-                times = timer(torch, fn, reps)
+            for mode in ("eager", "graph"):
+                times = eager if mode == "eager" else time_graph(torch, fn, reps)
                 measured = times[WARMUP:]
                 median = statistics.median(measured)
                 dtype = "bfloat16" if form == "bf16" else "float8_e4m3fn"

@@ -44,7 +44,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import statistics
 import subprocess
 import sys
@@ -55,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from stg.bench import MissingDependencyError, require_cuda
+from stg.bench.runner import time_back_to_back
 
 WARMUP = 3
 ITERATIONS = 10
@@ -119,28 +119,14 @@ class Bench:
 
     def time_calls(self, fn: Callable[[], Any], reps: int | None = None) -> tuple[list, list, int]:
         """Warm-up and measured per-call times (ms), and the calls per event pair."""
-        torch = self.torch
-        if reps is None:
-            fn()
-            torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            once = max(start.elapsed_time(end), 1e-4)
-            reps = max(1, min(50, math.ceil(MIN_EVENT_MS / once)))
-        events = [
-            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-            for _ in range(WARMUP + ITERATIONS)
-        ]
-        for start, end in events:
-            start.record()
-            for _ in range(reps):
-                fn()
-            end.record()
-        torch.cuda.synchronize()
-        times = [s.elapsed_time(e) / reps for s, e in events]
+        times, reps = time_back_to_back(
+            self.torch,
+            fn,
+            warmup=WARMUP,
+            iterations=ITERATIONS,
+            min_event_ms=MIN_EVENT_MS,
+            reps=reps,
+        )
         return times[:WARMUP], times[WARMUP:], reps
 
     def write(self, name: str, lines: list[dict[str, Any]]) -> None:

@@ -13,6 +13,8 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 SCRIPTS = [
     "eager_step.py",
     "measure_expert_streams.py",
+    "measure_float8_linear.py",
+    "measure_gemm_graph.py",
     "measure_kernels.py",
     "profile_moe_layer.py",
     "measure_torchtitan_ops.py",

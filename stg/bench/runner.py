@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import importlib
+import math
 import os
 import platform
 import random
@@ -374,6 +375,44 @@ class _Timer:
                 t1 = clock()
                 times.append((t1 - t0) / 1e6)
         return times, out, None
+
+
+def time_back_to_back(
+    torch: Any,
+    fn: Callable[[], Any],
+    *,
+    warmup: int,
+    iterations: int,
+    min_event_ms: float,
+    max_reps: int = 50,
+    reps: int | None = None,
+) -> tuple[list[float], int]:
+    """Per-call milliseconds of ``fn`` on the current CUDA stream, ``warmup + iterations``
+    timings (warm-up first), each of ``reps`` calls launched back to back between two CUDA
+    events (the launches queue ahead of the GPU, as in a training step), and ``reps``: where not
+    given, chosen from one timed call so that a timing lasts at least ``min_event_ms``, at most
+    ``max_reps``. The measurement scripts in benchmarks/ time kernels with it."""
+    if reps is None:
+        fn()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        once = max(start.elapsed_time(end), 1e-4)
+        reps = max(1, min(max_reps, math.ceil(min_event_ms / once)))
+    events = [
+        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        for _ in range(warmup + iterations)
+    ]
+    for start, end in events:
+        start.record()
+        for _ in range(reps):
+            fn()
+        end.record()
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) / reps for s, e in events], reps
 
 
 def time_call(
@@ -761,6 +800,7 @@ __all__ = [
     "resolve_function",
     "run_cases",
     "select_cases",
+    "time_back_to_back",
     "time_call",
     "trace_path",
 ]
