@@ -223,8 +223,8 @@ benchmarks/measure_gemm_graph.py, PyTorch 2.11, CUDA graph timings), the rowwise
 k = 128 of >= 30 us (14 shapes: 8192 and 32768 x 128 x 1024-14336, and the tp-8 ``wk``/``wv``
 input gradients 98304 x 128 x 4096 and 131072 x 128 x 8192), C elements over (measured - A and B
 streamed): 3.13-4.45, median 3.79 (H100 alone 3.77, H200 3.90), on 132 SMs at 1.83 GHz. C
-leaves at 1.5-2.0 TB/s on both GPUs although the H200's HBM is 1.43x the H100's: the rate is
-the SMs', not HBM's. Tensorwise scaling on the same shapes writes C at 2.2-3.3 TB/s (the
+leaves at 1.5-2.1 TB/s on both GPUs although the H200's HBM is 1.43x the H100's: the rate is
+the SMs', not HBM's. Tensorwise scaling on the same shapes writes C at 2.0-3.2 TB/s (the
 :data:`GEMM_OUTPUT_WRITE_SPEED` bound)."""
 
 
