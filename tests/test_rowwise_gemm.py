@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +144,12 @@ def test_only_rowwise_on_hopper_gets_its_own_kernel() -> None:
     t100, t200 = (scaled_gemm_time(g, 98304, 4096, 128, "rowwise") for g in (h100, h200))
     assert t100 / t200 == pytest.approx(1.0, abs=0.05)
     assert t200 > 1.5 * gemm_time(h200, 98304, 4096, 128, "fp8")
+    # ... unless the HBM is slower still (an H100 with 2.4 TB/s of HBM2e): never faster than
+    # the tensorwise GEMM's reads and epilogue write
+    slow = replace(h100, hbm_bandwidth=2.4e12)
+    tensorwise = gemm_time(slow, 98304, 4096, 128, "fp8")
+    assert scaled_gemm_time(slow, 98304, 4096, 128, "rowwise") == pytest.approx(tensorwise)
+    assert tensorwise > 1.05 * t100
 
 
 def test_a_rowwise_plan_prices_its_gemms_with_the_rowwise_kernel() -> None:

@@ -543,7 +543,9 @@ def scaled_gemm_time(
     :data:`RECIPE_GEMM_SPEED`, except rowwise scales where their epilogue rate is measured
     (:data:`ROWWISE_EPILOGUE_ELEMENTS_PER_SM_CLOCK`): PyTorch's CUTLASS kernel for them splits
     no ``k`` (the tile model without split-K, at the recipe's speed), and it is bound below by
-    reading A and B at the streaming rate, then writing C at the epilogue's element rate."""
+    reading A and B at the streaming rate, then writing C at the epilogue's element rate or, on
+    a GPU whose HBM is slower than that, at a GEMM epilogue's share of the HBM bandwidth
+    (:data:`GEMM_OUTPUT_WRITE_SPEED`, as :func:`gemm_time` writes it)."""
     speed = recipe_gemm_speed(gpu.arch, recipe)
     rate = ROWWISE_EPILOGUE_ELEMENTS_PER_SM_CLOCK.get(gpu.arch)
     if recipe != "rowwise" or rate is None or min(m, n, k, batch) <= 0:
@@ -551,7 +553,9 @@ def scaled_gemm_time(
     elements = m * n * batch
     # what the kernel reads: A and B in fp8, or ``nbytes`` less C (16-bit) where given
     read = (m * k + k * n) * batch if nbytes is None else max(nbytes - 2 * elements, 0.0)
-    epilogue = gpu.stream_time(read) + elements / (gpu.sm_count * gpu.peak_clock_ghz * 1e9 * rate)
+    sm_write = elements / (gpu.sm_count * gpu.peak_clock_ghz * 1e9 * rate)
+    hbm_write = gpu.stream_time(2 * elements / GEMM_OUTPUT_WRITE_SPEED.get(gpu.arch, 1.0))
+    epilogue = gpu.stream_time(read) + max(sm_write, hbm_write)
     tiles = _gemm_tile_time(gpu, m, n, k, "fp8", batch, split_k=False) / speed
     return max(tiles, epilogue)
 
