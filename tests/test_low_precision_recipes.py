@@ -24,7 +24,13 @@ from stg.core.options import GenerateOptions
 from stg.core.pipeline import build_workload
 from stg.host.registry import load_registry
 from stg.perf.costs import compute_time
-from stg.perf.kernel_time import RECIPE_GEMM_SPEED, gemm_time, memory_bound_time, recipe_gemm_speed
+from stg.perf.kernel_time import (
+    RECIPE_GEMM_SPEED,
+    gemm_time,
+    memory_bound_time,
+    recipe_gemm_speed,
+    scaled_gemm_time,
+)
 from stg.perf.system import load_system
 from stg.trace.reader import read_metadata, read_nodes
 from stg.trace.validate import validate_trace
@@ -201,10 +207,11 @@ def test_gemm_runs_at_the_format_peak(recipe: str, system: str, dtype: str) -> N
         node = nodes[name]
         batch, m, n, k = node.attrs["gemm"]
         assert node.dtype == dtype
-        speed = recipe_gemm_speed(gpu.arch, recipe)
-        assert compute_time(node, gpu, "fp8") == pytest.approx(
-            gemm_time(gpu.gpu, m, n, k, dtype, batch) / speed + gpu.kernel_overhead
-        )
+        if dtype == "fp8":  # the recipe's scales (scaled_gemm_time: tests/test_rowwise_gemm.py)
+            gemm = scaled_gemm_time(gpu.gpu, m, n, k, recipe, batch)
+        else:
+            gemm = gemm_time(gpu.gpu, m, n, k, dtype, batch) / recipe_gemm_speed(gpu.arch, recipe)
+        assert compute_time(node, gpu, "fp8") == pytest.approx(gemm + gpu.kernel_overhead)
         # no faster than the format's peak
         assert compute_time(node, gpu, "fp8") >= 2 * batch * m * n * k / gpu.gpu.rate(dtype)
     # a compute-bound GEMM runs at the format's peak (a tile's fixed overhead aside): on a
@@ -238,13 +245,12 @@ def _speed_ratios(path: Path) -> list[dict[str, float]]:
 
 
 def _median_model_errors(path: Path, system_name: str) -> dict[str, float]:
-    """Per scaling, the median error of the fp8 GEMM model with the recipe speeds over the
-    large model-shape GEMMs of ``path``."""
+    """Per scaling, the median error of the fp8 GEMM model under the recipe's scales
+    (:func:`scaled_gemm_time`) over the large model-shape GEMMs of ``path``."""
     system = load_system(system_name)
     errors: dict[str, list[float]] = {}
     for e in _large_model_gemms(path):
-        speed = recipe_gemm_speed(system.arch, e["scaling"])
-        predicted_ms = gemm_time(system.gpu, e["m"], e["n"], e["k"], "fp8") / speed * 1e3
+        predicted_ms = scaled_gemm_time(system.gpu, e["m"], e["n"], e["k"], e["scaling"]) * 1e3
         errors.setdefault(e["scaling"], []).append(predicted_ms / e["median_ms"] - 1)
     return {s: sorted(v)[len(v) // 2] for s, v in errors.items()}
 

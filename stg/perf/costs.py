@@ -42,6 +42,7 @@ from stg.perf.kernel_time import (
     memory_bound_time,
     memory_kind,
     recipe_gemm_speed,
+    scaled_gemm_time,
     scatter_add_time,
 )
 from stg.perf.kernels import KernelTable, is_cast, kernel_name
@@ -523,12 +524,15 @@ def compute_time(
         # a convolution (implicit GEMM) moves its tensor_size, not its window matrix
         # ... and a serving weight format's GEMM its weights at their stored width and scales
         nbytes = node.tensor_size if attrs.get("implicit_gemm") or stored_weight else None
+        scaled = recipe is not None and dtype == "fp8" and kernel is None
         if profile == "eager" and name.split(".", 1)[0] in EXPERT_GEMM_OPS and nbytes is None:
             seconds = grouped_gemm_time(gpu, batch, m, n, k, dtype) / speedup
+            if scaled:
+                seconds /= recipe_gemm_speed(system.arch, str(recipe))
+        elif scaled:  # the recipe's scales: a tensorwise GEMM's speed, or rowwise's own kernel
+            seconds = scaled_gemm_time(gpu, m, n, k, str(recipe), batch, nbytes)
         else:
             seconds = gemm_time(gpu, m, n, k, dtype, batch, nbytes) / speedup
-        if recipe is not None and dtype == "fp8" and kernel is None:
-            seconds /= recipe_gemm_speed(system.arch, str(recipe))
         if dtype == "fp8":
             seconds += fp8_quantize_time(node, system)
     elif kind == "other":

@@ -213,6 +213,21 @@ def recipe_gemm_speed(arch: str, recipe: str) -> float:
     return RECIPE_GEMM_SPEED.get(arch, {}).get(recipe, 1.0)
 
 
+ROWWISE_EPILOGUE_ELEMENTS_PER_SM_CLOCK: dict[str, float] = {"hopper": 3.79}
+"""Elements of C per SM per clock (at the data sheet's peak clock) that the epilogue of an fp8
+GEMM with rowwise scales (``torch._scaled_mm`` with one fp32 scale per row of A and per column
+of B: torchao's ``rowwise``, which PyTorch runs through its own CUTLASS kernel, not cuBLAS)
+applies the scales and writes C in bf16, per architecture where measured. Hopper: H100 and H200
+data (tests/data/kernels/h100-gemm-graph.jsonl and h200-gemm-graph.jsonl,
+benchmarks/measure_gemm_graph.py, PyTorch 2.11, CUDA graph timings), the rowwise GEMMs with
+k = 128 of >= 30 us (14 shapes: 8192 and 32768 x 128 x 1024-14336, and the tp-8 ``wk``/``wv``
+input gradients 98304 x 128 x 4096 and 131072 x 128 x 8192), C elements over (measured - A and B
+streamed): 3.13-4.45, median 3.79 (H100 alone 3.77, H200 3.90), on 132 SMs at 1.83 GHz. C
+leaves at 1.5-2.1 TB/s on both GPUs although the H200's HBM is 1.43x the H100's: the rate is
+the SMs', not HBM's. Tensorwise scaling on the same shapes writes C at 2.0-3.2 TB/s (the
+:data:`GEMM_OUTPUT_WRITE_SPEED` bound)."""
+
+
 ATTENTION_BLOCK_ROWS = 128
 """Query rows per CTA of FlashAttention-2 and cuDNN's fused attention (block size Br)."""
 
@@ -512,6 +527,37 @@ def grouped_gemm_time(gpu: Gpu, groups: int, m: int, n: int, k: int, dtype: str 
     compute = _gemm_tile_time(gpu, m, n, k, dtype, groups, split_k=False)
     compute /= GROUPED_GEMM_COMPUTE_SPEED
     return max(compute, gpu.stream_time(memory, "grouped_gemm"))
+
+
+def scaled_gemm_time(
+    gpu: Gpu,
+    m: int,
+    n: int,
+    k: int,
+    recipe: str,
+    batch: int = 1,
+    nbytes: float | None = None,
+) -> float:
+    """Seconds of ``batch`` fp8 GEMMs ``[m, k] x [k, n]`` (bf16 output) under a low-precision
+    ``recipe``'s scaling: the tensorwise GEMM's :func:`gemm_time` over the recipe's
+    :data:`RECIPE_GEMM_SPEED`, except rowwise scales where their epilogue rate is measured
+    (:data:`ROWWISE_EPILOGUE_ELEMENTS_PER_SM_CLOCK`): PyTorch's CUTLASS kernel for them splits
+    no ``k`` (the tile model without split-K, at the recipe's speed), and it is bound below by
+    reading A and B at the streaming rate, then writing C at the epilogue's element rate or, on
+    a GPU whose HBM is slower than that, at a GEMM epilogue's share of the HBM bandwidth
+    (:data:`GEMM_OUTPUT_WRITE_SPEED`, as :func:`gemm_time` writes it)."""
+    speed = recipe_gemm_speed(gpu.arch, recipe)
+    rate = ROWWISE_EPILOGUE_ELEMENTS_PER_SM_CLOCK.get(gpu.arch)
+    if recipe != "rowwise" or rate is None or min(m, n, k, batch) <= 0:
+        return gemm_time(gpu, m, n, k, "fp8", batch, nbytes) / speed
+    elements = m * n * batch
+    # what the kernel reads: A and B in fp8, or ``nbytes`` less C (16-bit) where given
+    read = (m * k + k * n) * batch if nbytes is None else max(nbytes - 2 * elements, 0.0)
+    sm_write = elements / (gpu.sm_count * gpu.peak_clock_ghz * 1e9 * rate)
+    hbm_write = gpu.stream_time(2 * elements / GEMM_OUTPUT_WRITE_SPEED.get(gpu.arch, 1.0))
+    epilogue = gpu.stream_time(read) + max(sm_write, hbm_write)
+    tiles = _gemm_tile_time(gpu, m, n, k, "fp8", batch, split_k=False) / speed
+    return max(tiles, epilogue)
 
 
 def scatter_add_time(gpu: Gpu, elements: float, dtype: str = "bf16") -> float:
