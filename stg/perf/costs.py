@@ -21,6 +21,7 @@ from stg.core.quantization import WEIGHT_FORMATS
 from stg.core.recipes import (
     HADAMARD_FLOPS_ATTR,
     NON_TN_FP8_GEMM_ARCHS,
+    QUANTIZE_COLS_ATTR,
     QUANTIZE_KERNEL_ATTR,
     QUANTIZE_OPERAND_ATTR,
     RECIPE_ATTR,
@@ -37,6 +38,7 @@ from stg.perf.kernel_time import (
     MEMORY_KERNEL_SPEED,
     attention_kernel_for,
     attention_time,
+    compiled_axiswise_cast_time,
     gemm_time,
     grouped_gemm_time,
     memory_bound_time,
@@ -354,11 +356,29 @@ def recipe_gemm_dtype(system: System, recipe: str, dtype: str) -> str:
     return dtype
 
 
-def recipe_quantize_time(node: Any, system: System) -> float:
+COMPILED_QUANTIZE_KIND = "stream"
+"""Memory class of a recipe's amax and cast kernels where ``torch.compile`` builds them
+(profile ``compiled``: torchao's float8 linears as torchtitan compiles them) instead of
+Transformer Engine's kernels (``quantize``, 1.83 TB/s on an H100): inductor's tensorwise cast
+of bf16 [98304, 4096] (its amax pass, then the cast: 2.01 GB read and written) took 674 us on
+an H100, 2.99 TB/s, the streaming rate, and 523 us on an H200, 3.85 TB/s
+(tests/data/kernels/h100-gemm-graph.jsonl and h200-gemm-graph.jsonl, family ``quantize``,
+``compiled_fp8_cast_tensorwise``). Against the whole compiled float8 linear
+(tests/data/kernels/h100-float8-linear.jsonl less its bare GEMMs) this prices the casts of
+Llama 3 8B's and 70B's tp-8 linears at 0.83-1.04x of what they cost, and 70B's ``w1`` and
+``w2`` at 1.28x and 1.35x, whose bare bf16 GEMMs ran 4-5 % slower than the same GEMMs in the
+module (docs/notes/torchao-float8-linear.md)."""
+
+
+def recipe_quantize_time(node: Any, system: System, profile: str = "megatron") -> float:
     """Time of a low-precision recipe's quantize kernel (a node with ``quantize_kernel``):
-    its bytes at the measured rate of a fused cast with amax (``quantize``) and its launch,
-    a per-tensor fp8 cast writing one copy, not the trace's two, where one tensor serves both
-    usages (:meth:`stg.core.recipes.Recipe.shares_usages`: Blackwell);
+    its bytes at the measured rate of a fused cast with amax (``quantize``), or under the
+    ``compiled`` profile at that of inductor's casts (:data:`COMPILED_QUANTIZE_KIND`), and its
+    launch, a per-tensor fp8 cast writing one copy, not the trace's two, where one tensor
+    serves both usages (:meth:`stg.core.recipes.Recipe.shares_usages`: Blackwell); a compiled
+    axiswise cast (a node with ``quantize_cols``: torchao's ``rowwise``) at the measured rate
+    of such casts for its columns (:func:`stg.perf.kernel_time.compiled_axiswise_cast_time`),
+    and torchao's ``rescale`` of the backward GEMMs' outputs as a streaming kernel;
     nothing where the GPU runs the recipe's GEMMs in bf16, or for a weight's copies after the
     first micro-batch (:func:`weight_cast_cached`: Transformer Engine caches them)."""
     attrs = node.attrs
@@ -368,6 +388,13 @@ def recipe_quantize_time(node: Any, system: System) -> float:
     if attrs.get(QUANTIZE_OPERAND_ATTR) == "weight" and weight_cast_cached(node):
         return 0.0
     nbytes = node.tensor_size
+    kind = attrs.get(QUANTIZE_KERNEL_ATTR)
+    cols = attrs.get(QUANTIZE_COLS_ATTR)
+    if type(cols) is int and cols > 0:
+        seconds = compiled_axiswise_cast_time(system.gpu, str(kind), node.num_ops, nbytes, cols)
+        return seconds + system.kernel_overhead
+    if kind == "rescale":
+        return memory_bound_time(system.gpu, nbytes, "stream") + system.kernel_overhead
     recipe = RECIPES.get(str(attrs.get(RECIPE_ATTR, "")))
     if (
         recipe is not None
@@ -376,7 +403,9 @@ def recipe_quantize_time(node: Any, system: System) -> float:
     ):
         # the trace states both copies; on this GPU the cast writes one (no transpose)
         nbytes -= -(-node.num_ops * recipe.element_bits // 8)
-    seconds = memory_bound_time(system.gpu, nbytes, "quantize")
+    seconds = memory_bound_time(
+        system.gpu, nbytes, COMPILED_QUANTIZE_KIND if profile == "compiled" else "quantize"
+    )
     # a Hadamard transform's FLOPs on tensor cores (TE's wmma / UMMA kernels), its other ops
     # (one per element, stochastic rounding's random numbers) at the SIMT rate
     hadamard = int(attrs.get(HADAMARD_FLOPS_ATTR, 0))
@@ -423,7 +452,7 @@ def compute_time(
     if (getattr(node, "attrs", None) or {}).get("quantize") is not None:
         return quantize_time(node, system, default_dtype)
     if (getattr(node, "attrs", None) or {}).get(QUANTIZE_KERNEL_ATTR) is not None:
-        seconds = recipe_quantize_time(node, system)
+        seconds = recipe_quantize_time(node, system, profile)
         return max(seconds, EAGER_OP_HOST_S) if profile == "eager" and seconds else seconds
     if calibration is not None:  # measured kernel times first (stg bench calibrate)
         measured = calibration.node_time(node, default_dtype)

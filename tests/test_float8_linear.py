@@ -1,0 +1,140 @@
+"""stg's price of torchao's compiled float8 linear against a module-level measurement.
+
+tests/data/kernels/h100-float8-linear.jsonl (benchmarks/measure_float8_linear.py, H100 SXM,
+PyTorch 2.11, torchao 0.18) times one bias-free linear, forward and backward, converted by
+``convert_to_float8_training`` (``tensorwise`` or ``rowwise``) and compiled, on the local
+tp-8 shards of Llama 3 8B (98,304 tokens) and 70B (131,072 tokens).
+tests/data/kernels/h100-gemm-graph.jsonl times the bare GEMMs of the same shapes; what the
+module takes beyond them is its quantization: casts, amax reductions, layouts and, under
+``rowwise``, the rescale of the backward GEMMs, which torchao runs as tensorwise GEMMs with
+unit scales (``addmm_float8_unwrapped``: no fast accumulation in the backward,
+``Float8LinearConfig.gemm_config_grad_input`` and ``gemm_config_grad_weight``). The test
+prices the recipe's quantize kernels of that linear (:func:`stg.core.recipes.quantize_kernels`
+with ``compute_time`` under the ``compiled`` profile) and compares. The constants of the model
+come from the bare cast measurements (family ``quantize``), not from these modules.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from stg.core.recipes import (
+    QUANTIZE_COLS_ATTR,
+    QUANTIZE_KERNEL_ATTR,
+    QUANTIZE_OPERAND_ATTR,
+    RECIPE_ATTR,
+    RECIPES,
+    quantize_kernels,
+)
+from stg.core.workload import NodeType
+from stg.perf.costs import compute_time
+from stg.perf.kernel_time import compiled_axiswise_cast_time
+from stg.perf.system import load_system
+
+KERNELS = Path(__file__).parent / "data" / "kernels"
+FORMS = {"tensorwise": "fp8_tensorwise", "rowwise": "fp8_rowwise"}
+
+
+def _lines(name: str) -> list[dict]:
+    return [json.loads(line) for line in (KERNELS / name).read_text().splitlines()]
+
+
+def _gemms() -> dict[tuple[int, int, int, str], float]:
+    """Graph-mode median ms of each bare GEMM (m, k, n, form)."""
+    out = {}
+    for line in _lines("h100-gemm-graph.jsonl"):
+        e = line.get("extra") or {}
+        if e.get("family") == "torchtitan" and e["mode"] == "graph":
+            out[e["m"], e["k"], e["n"], e["form"]] = e["median_ms"]
+    return out
+
+
+def _modules() -> list[dict]:
+    return [line for line in _lines("h100-float8-linear.jsonl") if "role" in line]
+
+
+def measured_overhead(row: dict, gemms: dict) -> float:
+    """ms of the compiled float8 linear beyond its three bare GEMMs: the rowwise recipe's
+    forward GEMM is the rowwise kernel (fast accumulation), its backward ones tensorwise."""
+    m, k, n = row["tokens"], row["in"], row["out"]
+    backward = gemms[m, n, k, "fp8_tensorwise"] + gemms[n, m, k, "fp8_tensorwise"]
+    return row["median_ms"] - gemms[m, k, n, FORMS[row["form"]]] - backward
+
+
+def priced_overhead(recipe: str, m: int, k: int, n: int, system: str = "h100-80g") -> float:
+    """ms stg prices for the quantize kernels of one linear of ``m`` tokens, ``k`` inputs and
+    ``n`` outputs (no parallelism: the input, the weight and the output gradient whole)."""
+    gpu = load_system(system)
+    total = 0.0
+    for operand, rows, cols, rescaled in (
+        ("input", m, k, 0),
+        ("weight", n, k, 0),
+        ("grad_output", m, n, m * k + n * k),
+    ):
+        for kernel in quantize_kernels(RECIPES[recipe], operand, rows, cols, rescaled):
+            attrs = {
+                QUANTIZE_KERNEL_ATTR: kernel.kind,
+                QUANTIZE_OPERAND_ATTR: operand,
+                RECIPE_ATTR: recipe,
+            }
+            if kernel.cols:
+                attrs[QUANTIZE_COLS_ATTR] = kernel.cols
+            node = SimpleNamespace(
+                name=f"{operand}.{kernel.kind}",
+                type=NodeType.COMP,
+                attrs=attrs,
+                tensor_size=kernel.tensor_size,
+                num_ops=kernel.num_ops,
+                dtype="fp8",
+                runtime=0,
+            )
+            total += compute_time(node, gpu, "fp8", profile="compiled")
+    return total * 1e3
+
+
+@pytest.mark.parametrize("recipe", list(FORMS))
+def test_priced_quantization_against_the_compiled_float8_linear(recipe: str) -> None:
+    """Each of the ten linears within 0.8-1.5x of what its quantization cost, and each model's
+    layer (wq, wk, wv, wo, w1, w3, w2) within 10 %. The 1.5 leaves room for 70B's w2 and wo,
+    whose bare GEMMs ran up to 5 % slower than the module's (its bf16 GEMMs alone)."""
+    gemms = _gemms()
+    layer: dict[str, list[float]] = {}
+    for row in _modules():
+        if row["form"] != recipe:
+            continue
+        measured = measured_overhead(row, gemms)
+        priced = priced_overhead(recipe, row["tokens"], row["in"], row["out"])
+        assert 0.8 <= priced / measured <= 1.5, (row["role"], priced, measured)
+        model, name = row["role"].split("/")[0], row["role"].rsplit("/", 1)[1]
+        twice = 2 if name in ("wk_wv", "w1_w3") else 1
+        sums = layer.setdefault(model, [0.0, 0.0])
+        sums[0] += twice * priced
+        sums[1] += twice * measured
+    assert set(layer) == {"llama3-8b", "llama3-70b"}
+    for model, (priced, measured) in layer.items():
+        assert priced == pytest.approx(measured, rel=0.1), model
+
+
+def test_compiled_axiswise_casts_reproduce_their_measurements() -> None:
+    """The compiled rowwise and columnwise casts of the bare measurement (family
+    ``quantize``) on both GPUs, from the rate per SM and the bandwidth share: within 10 %."""
+    kinds = {"rowwise": "cast", "colwise": "columnwise_cast"}
+    checked = 0
+    for name, system in (("h100", "h100-80g"), ("h200", "h200-141g")):
+        gpu = load_system(system).gpu
+        for line in _lines(f"{name}-gemm-graph.jsonl"):
+            e = line.get("extra") or {}
+            if e.get("family") != "quantize" or e["scaling"] not in kinds:
+                continue
+            rows, cols = e["rows"], e["cols"]
+            kind = kinds[e["scaling"]]
+            scales = 4 * (rows if kind == "cast" else cols)
+            nbytes = 3 * rows * cols + scales
+            seconds = compiled_axiswise_cast_time(gpu, kind, rows * cols, nbytes, cols)
+            assert seconds * 1e3 == pytest.approx(e["median_ms"], rel=0.1), (name, kind, cols)
+            checked += 1
+    assert checked == 20
