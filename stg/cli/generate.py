@@ -194,10 +194,8 @@ def generate(**values: Any) -> None:
     system = load_system(system_spec or "a100-80g")
     timing_system = system if system_spec is not None else None
     calibration = load_calibration_option(calibration_file, system)
-    if (
-        calibration is not None
-        and calibration.comms
-        and not (calibration.entries or calibration.models)
+    if calibration is not None and calibration.comms and not (
+        calibration.entries or calibration.models
     ):
         raise UserError(
             f"--calibration {calibration_file} holds measured collectives only; stg generate "

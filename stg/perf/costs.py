@@ -356,6 +356,11 @@ def recipe_gemm_dtype(system: System, recipe: str, dtype: str) -> str:
     return dtype
 
 
+TORCHAO_RECIPES = frozenset({"tensorwise", "rowwise"})
+"""The recipes that torchao's float8 linear runs (``Float8LinearRecipeName``), whose casts
+``torch.compile`` builds under the ``compiled`` profile (torchtitan's float8 converter); the
+others are Transformer Engine's kernels whatever the profile."""
+
 COMPILED_QUANTIZE_KIND = "stream"
 """Memory class of a recipe's amax and cast kernels where ``torch.compile`` builds them
 (profile ``compiled``: torchao's float8 linears as torchtitan compiles them) instead of
@@ -372,8 +377,9 @@ module (docs/notes/torchao-float8-linear.md)."""
 
 def recipe_quantize_time(node: Any, system: System, profile: str = "megatron") -> float:
     """Time of a low-precision recipe's quantize kernel (a node with ``quantize_kernel``):
-    its bytes at the measured rate of a fused cast with amax (``quantize``), or under the
-    ``compiled`` profile at that of inductor's casts (:data:`COMPILED_QUANTIZE_KIND`), and its
+    its bytes at the measured rate of a fused cast with amax (``quantize``), or for torchao's
+    recipes under the ``compiled`` profile at that of inductor's casts
+    (:data:`COMPILED_QUANTIZE_KIND`, :data:`TORCHAO_RECIPES`), and its
     launch, a per-tensor fp8 cast writing one copy, not the trace's two, where one tensor
     serves both usages (:meth:`stg.core.recipes.Recipe.shares_usages`: Blackwell); a compiled
     axiswise cast (a node with ``quantize_cols``: torchao's ``rowwise``) at the measured rate
@@ -403,8 +409,9 @@ def recipe_quantize_time(node: Any, system: System, profile: str = "megatron") -
     ):
         # the trace states both copies; on this GPU the cast writes one (no transpose)
         nbytes -= -(-node.num_ops * recipe.element_bits // 8)
+    compiled = profile == "compiled" and recipe is not None and recipe.name in TORCHAO_RECIPES
     seconds = memory_bound_time(
-        system.gpu, nbytes, COMPILED_QUANTIZE_KIND if profile == "compiled" else "quantize"
+        system.gpu, nbytes, COMPILED_QUANTIZE_KIND if compiled else "quantize"
     )
     # a Hadamard transform's FLOPs on tensor cores (TE's wmma / UMMA kernels), its other ops
     # (one per element, stochastic rounding's random numbers) at the SIMT rate
