@@ -123,9 +123,10 @@ transformed columnwise copy and its scales, transforming it on the way unless a 
 kernel did) or ``rescale`` (scales the outputs of the backward GEMMs,
 :attr:`Recipe.rescales_backward`)."""
 QUANTIZE_COLS_ATTR = "quantize_cols"
-"""Integer attribute of an axiswise recipe's cast node: the columns of the quantized tensor
-(along the forward's reduction dimension), on which a compiled cast's rate depends
-(:data:`stg.perf.kernel_time.COMPILED_AXISWISE_CAST_ELEMENTS_PER_SM_CLOCK`)."""
+"""Integer attribute of the amax and cast nodes of torchao's recipes (``tensorwise``,
+``rowwise``): the columns of the quantized tensor (along the forward's reduction dimension),
+on which the rate of a cast that ``torch.compile`` builds depends
+(:data:`stg.perf.kernel_time.COMPILED_CAST_ELEMENTS_PER_SM_CLOCK`)."""
 RESCALE_BYTES = 2 + 2 + 4 + 4
 """Bytes per output element of torchao's rescale of a GEMM run with unit scales
 (``output *= a_inverse_scale * b_inverse_scale``): the bf16 output read and written, and
@@ -160,6 +161,11 @@ Numbers: As Easy as 1, 2, 3", SC 2011: Philox; Random123's ``philox4x32round``).
 ELEMENTS_PER_PHILOX = 4 * 4
 """Elements rounded with one Philox4x32 call: four 32-bit words, one per four elements
 (``cvt.rs.satfinite.e2m1x4.f32``; TE 2.9 ``nvfp4_transpose.cuh``, ``get_rbits``)."""
+
+TORCHAO_RECIPES = frozenset({"tensorwise", "rowwise"})
+"""The recipes that torchao's float8 linear runs (``Float8LinearRecipeName``; torchtitan's
+float8 converter): under ``torch.compile`` inductor builds their casts, whose nodes carry
+:data:`QUANTIZE_COLS_ATTR`. The others are Transformer Engine's kernels."""
 
 SOURCE_BYTES = 2
 """The quantized tensors are bf16 before the cast (the autocast dtype, :mod:`stg.core.fp8`)."""
@@ -407,7 +413,8 @@ class QuantizeKernel:
     hadamard_flops: int = 0
     """the Hadamard transform's FLOPs among ``num_ops`` (on tensor cores)"""
     cols: int = 0
-    """an axiswise cast's columns (:data:`QUANTIZE_COLS_ATTR`; 0: not an axiswise cast)"""
+    """the quantized tensor's columns where torchao runs the recipe
+    (:data:`QUANTIZE_COLS_ATTR`; 0: Transformer Engine's kernels alone)"""
 
 
 def random_bit_ops(elements: int) -> int:
@@ -466,6 +473,7 @@ def quantize_kernels(
     hadamard = HADAMARD_FLOPS_PER_ELEMENT * elements if transformed else 0
     rounding = random_bit_ops(elements) if recipe.rounds_stochastically(operand) else 0
     kernels = []
+    torchao = cols if recipe.name in TORCHAO_RECIPES else 0
     if recipe.amax_reads:
         kernels.append(
             QuantizeKernel(
@@ -473,6 +481,7 @@ def quantize_kernels(
                 recipe.amax_reads * read,
                 recipe.amax_reads * elements + hadamard,
                 hadamard,
+                torchao,
             )
         )
     if not transformed:
@@ -482,6 +491,7 @@ def quantize_kernels(
                 "cast",
                 recipe.cast_reads * read + written,
                 recipe.cast_reads * elements + 2 * rounding,
+                cols=torchao,
             )
         )
         return kernels
@@ -602,6 +612,7 @@ __all__ = [
     "RECIPES",
     "RECIPE_ATTR",
     "RESCALE_BYTES",
+    "TORCHAO_RECIPES",
     "Blocks",
     "QuantizeKernel",
     "Recipe",

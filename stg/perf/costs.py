@@ -38,7 +38,7 @@ from stg.perf.kernel_time import (
     MEMORY_KERNEL_SPEED,
     attention_kernel_for,
     attention_time,
-    compiled_axiswise_cast_time,
+    compiled_cast_time,
     gemm_time,
     grouped_gemm_time,
     memory_bound_time,
@@ -356,34 +356,25 @@ def recipe_gemm_dtype(system: System, recipe: str, dtype: str) -> str:
     return dtype
 
 
-TORCHAO_RECIPES = frozenset({"tensorwise", "rowwise"})
-"""The recipes that torchao's float8 linear runs (``Float8LinearRecipeName``), whose casts
-``torch.compile`` builds under the ``compiled`` profile (torchtitan's float8 converter); the
-others are Transformer Engine's kernels whatever the profile."""
-
-COMPILED_QUANTIZE_KIND = "stream"
-"""Memory class of a recipe's amax and cast kernels where ``torch.compile`` builds them
-(profile ``compiled``: torchao's float8 linears as torchtitan compiles them) instead of
-Transformer Engine's kernels (``quantize``, 1.83 TB/s on an H100): inductor's tensorwise cast
-of bf16 [98304, 4096] (its amax pass, then the cast: 2.01 GB read and written) took 674 us on
-an H100, 2.99 TB/s, the streaming rate, and 523 us on an H200, 3.85 TB/s
-(tests/data/kernels/h100-gemm-graph.jsonl and h200-gemm-graph.jsonl, family ``quantize``,
-``compiled_fp8_cast_tensorwise``). Against the whole compiled float8 linear
-(tests/data/kernels/h100-float8-linear.jsonl less its bare GEMMs) this prices the casts of
-Llama 3 8B's and 70B's tp-8 linears at 0.83-1.04x of what they cost, and 70B's ``w1`` and
-``w2`` at 1.28x and 1.35x, whose bare bf16 GEMMs ran 4-5 % slower than the same GEMMs in the
-module (docs/notes/torchao-float8-linear.md)."""
+COMPILED_CAST_SCALING = {"amax": "tensorwise", "cast": "tensorwise"}
+"""The measured compiled cast (:data:`stg.perf.kernel_time.COMPILED_CAST_ELEMENTS_PER_SM_CLOCK`)
+that prices each quantize kernel of torchao's recipes under the ``compiled`` profile:
+``tensorwise``'s amax pass and cast are the two kernels of one measured tensorwise cast;
+``rowwise``'s casts are its ``cast`` (``rowwise``) and ``columnwise_cast`` (``colwise``).
+Against the whole compiled float8 linear (tests/data/kernels/h100-float8-linear.jsonl less
+its bare GEMMs, tests/test_float8_linear.py) these price the quantization of Llama 3 8B's and
+70B's tp-8 linears within 0.8-1.5x, and each model's layer within 10 %
+(docs/notes/torchao-float8-linear.md)."""
 
 
 def recipe_quantize_time(node: Any, system: System, profile: str = "megatron") -> float:
     """Time of a low-precision recipe's quantize kernel (a node with ``quantize_kernel``):
-    its bytes at the measured rate of a fused cast with amax (``quantize``), or for torchao's
-    recipes under the ``compiled`` profile at that of inductor's casts
-    (:data:`COMPILED_QUANTIZE_KIND`, :data:`TORCHAO_RECIPES`), and its
-    launch, a per-tensor fp8 cast writing one copy, not the trace's two, where one tensor
-    serves both usages (:meth:`stg.core.recipes.Recipe.shares_usages`: Blackwell); a compiled
-    axiswise cast (a node with ``quantize_cols``: torchao's ``rowwise``) at the measured rate
-    of such casts for its columns (:func:`stg.perf.kernel_time.compiled_axiswise_cast_time`),
+    its bytes at the measured rate of a fused cast with amax (``quantize``) and its launch,
+    a per-tensor fp8 cast writing one copy, not the trace's two, where one tensor serves both
+    usages (:meth:`stg.core.recipes.Recipe.shares_usages`: Blackwell); a kernel of torchao's
+    recipes (a node with ``quantize_cols``) under the ``compiled`` profile, and any of
+    ``rowwise``'s casts (torchao only), at the measured rate of inductor's casts for its
+    columns (:func:`stg.perf.kernel_time.compiled_cast_time`, :data:`COMPILED_CAST_SCALING`),
     and torchao's ``rescale`` of the backward GEMMs' outputs as a streaming kernel;
     nothing where the GPU runs the recipe's GEMMs in bf16, or for a weight's copies after the
     first micro-batch (:func:`weight_cast_cached`: Transformer Engine caches them)."""
@@ -396,23 +387,21 @@ def recipe_quantize_time(node: Any, system: System, profile: str = "megatron") -
     nbytes = node.tensor_size
     kind = attrs.get(QUANTIZE_KERNEL_ATTR)
     cols = attrs.get(QUANTIZE_COLS_ATTR)
-    if type(cols) is int and cols > 0:
-        seconds = compiled_axiswise_cast_time(system.gpu, str(kind), node.num_ops, nbytes, cols)
+    recipe = RECIPES.get(str(attrs.get(RECIPE_ATTR, "")))
+    if recipe is not None and kind == "cast" and recipe.shares_usages(system.arch):
+        # the trace states both copies; on this GPU the cast writes one (no transpose)
+        nbytes -= -(-node.num_ops * recipe.element_bits // 8)
+    axiswise = recipe is not None and recipe.axiswise_casts
+    if type(cols) is int and cols > 0 and (axiswise or profile == "compiled"):
+        if axiswise:  # each copy a compiled kernel of its own, whatever the profile
+            scaling, kernels = ("colwise" if kind == "columnwise_cast" else "rowwise"), 1
+        else:
+            scaling, kernels = COMPILED_CAST_SCALING[str(kind)], 2
+        seconds = compiled_cast_time(system.gpu, scaling, node.num_ops, nbytes, cols, kernels)
         return seconds + system.kernel_overhead
     if kind == "rescale":
         return memory_bound_time(system.gpu, nbytes, "stream") + system.kernel_overhead
-    recipe = RECIPES.get(str(attrs.get(RECIPE_ATTR, "")))
-    if (
-        recipe is not None
-        and attrs.get(QUANTIZE_KERNEL_ATTR) == "cast"
-        and recipe.shares_usages(system.arch)
-    ):
-        # the trace states both copies; on this GPU the cast writes one (no transpose)
-        nbytes -= -(-node.num_ops * recipe.element_bits // 8)
-    compiled = profile == "compiled" and recipe is not None and recipe.name in TORCHAO_RECIPES
-    seconds = memory_bound_time(
-        system.gpu, nbytes, COMPILED_QUANTIZE_KIND if compiled else "quantize"
-    )
+    seconds = memory_bound_time(system.gpu, nbytes, "quantize")
     # a Hadamard transform's FLOPs on tensor cores (TE's wmma / UMMA kernels), its other ops
     # (one per element, stochastic rounding's random numbers) at the SIMT rate
     hadamard = int(attrs.get(HADAMARD_FLOPS_ATTR, 0))
