@@ -363,8 +363,9 @@ that prices each quantize kernel of torchao's recipes under the ``compiled`` pro
 ``rowwise``'s casts are its ``cast`` (``rowwise``) and ``columnwise_cast`` (``colwise``).
 Against the whole compiled float8 linear (tests/data/kernels/h100-float8-linear.jsonl less
 its bare GEMMs, tests/test_float8_linear.py) these price the quantization of Llama 3 8B's and
-70B's tp-8 linears within 0.8-1.5x, and each model's layer within 10 %
-(docs/notes/torchao-float8-linear.md)."""
+70B's tp-8 linears at 0.90-1.50x of what it cost, a layer's at 0.99x and 1.02x (rowwise,
+8B and 70B) and 1.05x and 1.24x (tensorwise; 70B's subtraction of its bare GEMMs is noisy
+by up to 1.5 ms a linear: docs/notes/torchao-float8-linear.md)."""
 
 
 def recipe_quantize_time(node: Any, system: System, profile: str = "megatron") -> float:
