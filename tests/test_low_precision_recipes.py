@@ -90,10 +90,54 @@ def tensorwise(operand: str, r: int, c: int) -> dict[str, int]:
 
 
 def rowwise(operand: str, r: int, c: int) -> dict[str, int]:
-    # torchao rowwise: a row amax and a column amax (two reads), two casts (two reads), two
-    # 1-byte copies, an fp32 scale per row of each copy (r for one, c for the other)
+    # torchao rowwise, compiled: each copy by a kernel of its own that reduces along its axis
+    # and casts (one read each), a 1-byte copy and an fp32 scale per row of it (r for the
+    # rowwise copy, c for the columnwise one)
     n = r * c
-    return {"amax": 4 * n, "cast": 4 * n + 2 * n + 4 * (r + c)}
+    return {"cast": 2 * n + n + 4 * r, "columnwise_cast": 2 * n + n + 4 * c}
+
+
+# torchao's rowwise linear as torchtitan runs it (torchao 0.18 float8_linear.py,
+# float8_ops.py; torchtitan parallelize.py): the sequence-parallel gathers move bf16 and the
+# linear casts the gathered rows; its input's columnwise copy is cast in the backward from the
+# kept bf16 input, before the first weight-gradient GEMM (of the last GEMM of a module: v,
+# up); its backward GEMMs run with unit scales, then a rescale reads and writes each bf16
+# output and writes and reads the fp32 product of the scales (12 bytes per element)
+ROWWISE_SITES = {
+    **SITES,
+    ("input", "q"): (ROWS, D),
+    ("input", "gate"): (ROWS, D),
+    ("grad_output", "attn_out"): (ROWS, D),
+    ("grad_output", "down"): (ROWS, D),
+}
+ROWWISE_WGRAD_FIRST = {"q": "v", "gate": "up", "attn_out": "attn_out", "down": "down"}
+GEMM_KN = {  # (k, n) of each forward GEMM
+    "q": (D, D // TP),
+    "k": (D, KV * HD // TP),
+    "v": (D, KV * HD // TP),
+    "attn_out": (D // TP, D),
+    "gate": (D, F // TP),
+    "up": (D, F // TP),
+    "down": (F // TP, D),
+}
+
+
+def rowwise_expected() -> Counter[tuple[str, str, str]]:
+    expected: Counter[tuple[str, str, str]] = Counter()
+    for (operand, op), (r, c) in ROWWISE_SITES.items():
+        kinds = rowwise(operand, r, c)
+        if operand == "input":
+            expected[operand, op, "cast"] += kinds["cast"]
+            expected[operand, ROWWISE_WGRAD_FIRST[op], "columnwise_cast"] += kinds[
+                "columnwise_cast"
+            ]
+            continue
+        for kind, nbytes in kinds.items():
+            expected[operand, op, kind] += nbytes
+        if operand == "grad_output":
+            k, n = GEMM_KN[op]
+            expected[operand, op, "rescale"] += 12 * (ROWS * k + n * k)
+    return expected
 
 
 def blockwise(operand: str, r: int, c: int) -> dict[str, int]:
@@ -156,7 +200,7 @@ def test_quantize_nodes_in_the_written_trace_follow_the_recipe(tmp_path: Path, r
     for (operand, op), (r, c) in SITES.items():
         for kind, nbytes in CLOSED_FORMS[recipe](operand, r, c).items():
             expected[operand, op, kind] += nbytes
-    assert found == expected
+    assert found == (rowwise_expected() if recipe == "rowwise" else expected)
     options = json.loads(read_metadata(out / "workload.0.et")["attrs"]["options"])
     assert options["low_precision_recipe"] == recipe
     # current and block scalings keep no amax history: no delayed-scaling reductions
@@ -395,7 +439,8 @@ def test_memory_keeps_16_bit_weights_and_the_quantized_copies(recipe: str) -> No
     for (operand, _), (r, c) in SITES.items():
         if operand == "weight":  # what the recipe's cast writes: less its bf16 reads
             reads = 2 if recipe == "rowwise" else 1  # torchao rowwise: a cast per copy
-            copies += CLOSED_FORMS[recipe](operand, r, c)["cast"] - reads * 2 * r * c
+            written = CLOSED_FORMS[recipe](operand, r, c)
+            copies += written["cast"] + written.get("columnwise_cast", 0) - reads * 2 * r * c
     if recipe == "tensorwise":
         # on Blackwell one per-tensor scaled fp8 copy serves both usages (Transformer Engine
         # v2.9 and v2.18 pytorch/csrc/quantizer.cpp, Float8CurrentScalingQuantizer::
@@ -496,6 +541,33 @@ def test_sequence_parallel_gathers_move_the_quantized_rows(recipe: str, per_elem
         assert gather.comm_size == LOCAL * D * per_element
         if recipe != "delayed":  # it gathers what the cast wrote
             assert cast in {by_id[d] for d in gather.data_deps}
+
+
+def test_rowwise_gathers_bf16_and_casts_the_gathered_rows() -> None:
+    # torchtitan's float8 tensor parallelism takes tensorwise scaling only
+    # (parallelize.py: enable_float8_tensorwise_tp); under rowwise the sequence-parallel
+    # gathers move bf16 and torchao's linear casts the gathered rows
+    nodes = _nodes(low_precision_recipe="rowwise", activation_recompute="full")
+    by_id = {n.id: n.name for n in nodes.values()}
+    for name, cast in (
+        ("mb0/layer0/fwd/all_gather_tp:attention_norm", "mb0/layer0/fwd/q.cast_input"),
+        ("mb0/layer0/bwd/all_gather_tp:grad_output", "mb0/layer0/bwd/down.cast_grad_output"),
+    ):
+        assert nodes[name].comm_size == LOCAL * D * 2
+        assert name in {by_id[d] for d in nodes[cast].data_deps}
+        assert nodes[cast].tensor_size == 3 * ROWS * D + 4 * ROWS
+    # the input's columnwise copy is cast once, in the backward (from the kept bf16 input),
+    # before its first weight-gradient GEMM; a recomputed forward casts the rowwise copy again
+    casts = [n for n in nodes if n.endswith("columnwise_cast_input") and "/layer0/" in n]
+    assert sorted(casts) == [
+        "mb0/layer0/bwd/attn_out.columnwise_cast_input",
+        "mb0/layer0/bwd/down.columnwise_cast_input",
+        "mb0/layer0/bwd/up.columnwise_cast_input",
+        "mb0/layer0/bwd/v.columnwise_cast_input",
+    ]
+    assert "mb0/layer0/recompute/q.cast_input" in nodes
+    wgrad = {by_id[d] for d in nodes["mb0/layer0/bwd/v.grad_wv"].data_deps}
+    assert "mb0/layer0/bwd/v.columnwise_cast_input" in wgrad
 
 
 @pytest.mark.parametrize("recipe", list(CLOSED_FORMS))

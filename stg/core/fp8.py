@@ -217,6 +217,13 @@ def local_source(t: Tensor) -> Tensor:
     return t
 
 
+def _unviewed(t: Tensor) -> Tensor:
+    """The tensor a GEMM operand is a view of (a gathered one stays gathered)."""
+    while t.producer is not None and t.producer.kind == "view":
+        t = t.producer.inputs[0]
+    return t
+
+
 @dataclass(frozen=True)
 class QuantizeSite:
     """Where a recipe quantizes one GEMM operand: right before op ``before``, for the GEMMs
@@ -229,6 +236,12 @@ class QuantizeSite:
     tensor: Tensor
     rows: int
     cols: int
+    rescaled: int = 0
+    """an output gradient's: the elements its backward GEMMs write (input and weight
+    gradients), which a recipe that rescales them reads (:attr:`Recipe.rescales_backward`)"""
+    copies: str = "both"
+    """the copies cast here: ``both``, or ``rowwise`` (the forward's) or ``columnwise`` (the
+    weight gradient's, cast in the backward from the kept bf16 input)"""
 
 
 GemmShape = Callable[["Op"], tuple[int, int, int, int]]
@@ -240,13 +253,22 @@ def quantize_sites(
     backward: Sequence[Op],
     numel: Callable[[Tensor], int],
     shape: GemmShape,
+    gathered: bool = True,
+    input_copies_apart: bool = False,
 ) -> list[QuantizeSite]:
     """The operands a low-precision recipe (:mod:`stg.core.recipes`) quantizes for the GEMMs
     of ``module`` (a TE linear module of a training part computing in fp8, :func:`te_modules`):
     its input once, this
     rank's rows before a sequence-parallel gather (Megatron's fused QKV and gate/up read one
-    input); each GEMM's weight as the GEMM reads it (gathered, under FSDP); each GEMM's
-    output gradient before its first backward GEMM. None for the attention core (bf16)."""
+    input), or the gathered rows where the recipe gathers bf16 (``gathered`` false,
+    :attr:`stg.core.recipes.Recipe.gathers_quantized`); each GEMM's weight as the GEMM reads
+    it (gathered, under FSDP); each GEMM's output gradient before its first backward GEMM,
+    with the elements of the input and weight gradients its backward GEMMs write. With
+    ``input_copies_apart`` (torchao's linear, which keeps its bf16 input and casts it along
+    the tokens in the backward) the input's rowwise copy is cast in the forward and its
+    columnwise copy before the first weight-gradient GEMM that reads it. None for the
+    attention core (bf16)."""
+    source = local_source if gathered else _unviewed
     if "core_attention" in module.ops:
         return []
     gemms = [
@@ -259,11 +281,29 @@ def quantize_sites(
     if not gemms:
         return []
     first = gemms[0]
-    x = local_source(next(t for t in first.inputs if t.kind != "weight"))
+    x = source(next(t for t in first.inputs if t.kind != "weight"))
     _, _, _, k = shape(first)
-    sites = [QuantizeSite("input", first.name, tuple(g.name for g in gemms), x, numel(x) // k, k)]
+    rows = numel(x) // k
+    consumers = tuple(g.name for g in gemms)
+    if not input_copies_apart:
+        sites = [QuantizeSite("input", first.name, consumers, x, rows, k)]
+    else:
+        sites = [QuantizeSite("input", first.name, consumers, x, rows, k, copies="rowwise")]
+        names = set(consumers)
+        kept = local_source(x)
+        wgrads = [
+            b.name
+            for b in backward
+            if b.kind == "einsum"
+            and b.name.split(".grad_", 1)[0] in names
+            and any(local_source(t) is kept for t in b.inputs)
+        ]
+        if wgrads:
+            sites.append(
+                QuantizeSite("input", wgrads[0], tuple(wgrads), x, rows, k, copies="columnwise")
+            )
     for op in gemms:
-        _, _, n, k = shape(op)
+        batch, m, n, k = shape(op)
         weight = next(t for t in op.inputs if t.kind == "weight")
         sites.append(QuantizeSite("weight", op.name, (op.name,), weight, numel(weight) // k, k))
         grads = [
@@ -272,7 +312,7 @@ def quantize_sites(
         if not grads:
             continue
         read = {id(local_source(t)) for t in op.inputs}
-        dy = [local_source(t) for t in grads[0].inputs if id(local_source(t)) not in read]
+        dy = [source(t) for t in grads[0].inputs if id(local_source(t)) not in read]
         if dy:
             sites.append(
                 QuantizeSite(
@@ -282,6 +322,7 @@ def quantize_sites(
                     dy[0],
                     numel(dy[0]) // n,
                     n,
+                    batch * m * k + n * k,
                 )
             )
     return sites

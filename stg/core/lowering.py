@@ -48,6 +48,7 @@ from stg.core.quantization import DTYPE_BITS
 from stg.core.recipes import (
     DEFAULT_RECIPE,
     HADAMARD_FLOPS_ATTR,
+    QUANTIZE_COLS_ATTR,
     QUANTIZE_KERNEL_ATTR,
     QUANTIZE_OPERAND_ATTR,
     RECIPE_ATTR,
@@ -1198,6 +1199,8 @@ def bind_part(
                 part.backward,
                 binder.numel,
                 lambda op: gemm_shape(op, binder),
+                recipe.gathers_quantized,
+                recipe.keeps_bf16_input and recipe.axiswise_casts,
             )
     forward = bound(part.forward, _weight_collective)
     backward = bound(part.backward, _weight_collective)
@@ -1297,7 +1300,7 @@ def _recipe_quantization(
 
     def moves_quantized(op: BoundOp) -> bool:
         dispatch = fp8_dispatch and op.comm_type is CollectiveType.ALL_TO_ALL
-        return sequence_parallel_gather(op) or dispatch
+        return (recipe.gathers_quantized and sequence_parallel_gather(op)) or dispatch
 
     for i, site in enumerate(placed):
         source = key(site.tensor)
@@ -1324,12 +1327,16 @@ def _recipe_quantization(
                 # or a tensor that context parallelism's attention produces under other keys:
                 # the cast waits for what the op it precedes reads, not floating free
                 reads += tuple(k for k in op.inputs if k != source)
-            kernels = quantize_kernels(recipe, site.operand, site.rows, site.cols)
+            kernels = quantize_kernels(
+                recipe, site.operand, site.rows, site.cols, site.rescaled, site.copies
+            )
             for kernel in kernels:
                 # one stream: each kernel waits for the one before; the last one is the copies'
                 produced = done if kernel is kernels[-1] else done - 1
                 flops = kernel.hadamard_flops
                 transform = ((HADAMARD_FLOPS_ATTR, flops),) if flops else ()
+                if kernel.cols:
+                    transform += ((QUANTIZE_COLS_ATTR, kernel.cols),)
                 if (
                     kernel.kind == "cast"
                     and recipe.tp_amax_reduction

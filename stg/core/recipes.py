@@ -22,9 +22,24 @@ recipe:
   tensor's own amax, found by a reduction over the whole tensor before the cast (the input is
   read twice).
 - ``rowwise``: torchao's float8 ``rowwise`` recipe (``Float8LinearRecipeName.ROWWISE``:
-  axiswise scaling of every GEMM operand along its reduction dimension, fp32 scales): one
-  scale per row of each copy, a reduction along rows for the rowwise copy and one along
-  columns for the columnwise copy before the two casts, each of which reads the input.
+  axiswise scaling of every GEMM operand along its reduction dimension, fp32 scales, rounded
+  down to powers of two), as torchtitan compiles it (torchao 0.18
+  ``float8/float8_linear.py``, ``matmul_with_hp_or_float8_args``; ``float8_ops.py``,
+  ``addmm_float8_unwrapped``; docs/notes/torchao-float8-linear.md):
+
+  - each copy is its own compiled kernel that finds the scales along its axis and casts, one
+    read of the bf16 tensor each (``hp_tensor_to_float8_dynamic`` with ``axiswise_dim`` -1
+    for the rowwise copy, 0 for the columnwise one, the latter in the backward from the
+    kept bf16 input, :attr:`Recipe.keeps_bf16_input`): ``cast`` and ``columnwise_cast``;
+  - the input-gradient and weight-gradient GEMMs run without fast accumulation
+    (``Float8LinearConfig``: ``gemm_config_grad_input`` and ``gemm_config_grad_weight``
+    default to ``use_fast_accum=False``), which ``addmm_float8_unwrapped`` runs as the
+    tensorwise cuBLAS GEMM with unit scales followed by ``output *= a_inverse_scale *
+    b_inverse_scale``: a ``rescale`` kernel over both outputs (:data:`RESCALE_BYTES`);
+  - torchtitan gathers a sequence-parallel input in bf16 for this recipe (its float8
+    tensor-parallel styles take tensorwise scaling only: ``enable_float8_tensorwise_tp``
+    in ``parallelize.py``), so the casts read the gathered rows
+    (:attr:`Recipe.gathers_quantized`).
 - ``blockwise``: DeepSeek-V3 technical report (arXiv 2412.19437), section 3.3.2: activations
   and gradients in 1x128 tiles, weights in 128x128 blocks, one fp32 scale each, as TE's
   ``recipe.Float8BlockScaling`` runs it (``x_block_scaling_dim=1``, ``w_block_scaling_dim=2``,
@@ -101,9 +116,26 @@ recipe's name (it decides the tensor cores a GEMM needs)."""
 QUANTIZE_KERNEL_ATTR = "quantize_kernel"
 """String attribute of a recipe's quantize node: ``amax`` (a reduction that finds the scales
 before the cast), ``cast`` (writes the quantized copies and their scales; only the rowwise copy
-where the recipe transforms the columnwise one), ``hadamard`` (the transform alone, writing a
-bf16 transposed copy) or ``hadamard_cast`` (writes the transformed columnwise copy and its
-scales, transforming it on the way unless a ``hadamard`` kernel did)."""
+where the recipe transforms the columnwise one or casts it apart), ``columnwise_cast`` (finds
+the scales of the columnwise copy and writes it: :attr:`Recipe.axiswise_casts`), ``hadamard``
+(the transform alone, writing a bf16 transposed copy), ``hadamard_cast`` (writes the
+transformed columnwise copy and its scales, transforming it on the way unless a ``hadamard``
+kernel did) or ``rescale`` (scales the outputs of the backward GEMMs,
+:attr:`Recipe.rescales_backward`)."""
+QUANTIZE_COLS_ATTR = "quantize_cols"
+"""Integer attribute of the amax and cast nodes of torchao's recipes (``tensorwise``,
+``rowwise``): the columns of the quantized tensor (along the forward's reduction dimension),
+on which the rate of a cast that ``torch.compile`` builds depends
+(:data:`stg.perf.kernel_time.COMPILED_CAST_ELEMENTS_PER_SM_CLOCK`)."""
+RESCALE_BYTES = 2 + 2 + 4 + 4
+"""Bytes per output element of torchao's rescale of a GEMM run with unit scales
+(``output *= a_inverse_scale * b_inverse_scale``): the bf16 output read and written, and
+the fp32 outer product of the two scale vectors written and read, which inductor builds apart
+from the product since the GEMM between them is an extern kernel. The H100 measurement
+(tests/data/kernels/h100-float8-linear.jsonl less the bare GEMMs and casts of
+h100-gemm-graph.jsonl) leaves 1.9 ms for Llama 3 8B's ``wq`` (a [98304, 4096] input
+gradient): 12 bytes per element at the streaming 2.98 TB/s are 1.6 ms, 4 bytes (a fused
+multiply) 0.5 ms (docs/notes/torchao-float8-linear.md)."""
 HADAMARD_FLOPS_ATTR = "hadamard_flops"
 """Integer attribute of a quantize node that runs a Hadamard transform: the FLOPs of it among
 ``num_ops``, which Transformer Engine runs on tensor cores."""
@@ -129,6 +161,11 @@ Numbers: As Easy as 1, 2, 3", SC 2011: Philox; Random123's ``philox4x32round``).
 ELEMENTS_PER_PHILOX = 4 * 4
 """Elements rounded with one Philox4x32 call: four 32-bit words, one per four elements
 (``cvt.rs.satfinite.e2m1x4.f32``; TE 2.9 ``nvfp4_transpose.cuh``, ``get_rbits``)."""
+
+TORCHAO_RECIPES = frozenset({"tensorwise", "rowwise"})
+"""The recipes that torchao's float8 linear runs (``Float8LinearRecipeName``; torchtitan's
+float8 converter): under ``torch.compile`` inductor builds their casts, whose nodes carry
+:data:`QUANTIZE_COLS_ATTR`. The others are Transformer Engine's kernels."""
 
 SOURCE_BYTES = 2
 """The quantized tensors are bf16 before the cast (the autocast dtype, :mod:`stg.core.fp8`)."""
@@ -198,6 +235,18 @@ class Recipe:
     (torchao's float8 linear, ``matmul_with_hp_or_float8_args.forward``:
     ``ctx.save_for_backward(input_hp, weight_hp_t)``, pytorch/ao at 7ca1bfb); otherwise
     Transformer Engine keeps a quantized copy instead (:meth:`saved_input_bytes`)"""
+    gathers_quantized: bool = True
+    """a sequence-parallel all-gather of a GEMM input (or a row-parallel GEMM's output
+    gradient) moves the quantized rows, cast on this rank's rows before it (Transformer
+    Engine; torchtitan's float8 tensor parallelism under tensorwise scaling); otherwise the
+    gather moves bf16 and the linear casts the gathered rows (torchtitan under rowwise)"""
+    axiswise_casts: bool = False
+    """each copy is cast by a kernel of its own that finds its scales along its axis (torchao
+    compiled by inductor): ``cast`` and ``columnwise_cast``, one read each, at the measured
+    rate of such compiled casts"""
+    rescales_backward: bool = False
+    """the backward GEMMs run with unit scales and a ``rescale`` kernel multiplies their
+    outputs by the scales (torchao's axiswise GEMMs without fast accumulation)"""
     gathered_norm_output_copies: int = 1
     """quantized copies of a fused norm-and-linear's norm output (the QKV and MLP inputs) that
     TE keeps for the backward where sequence parallelism gathers it: TE 2.9
@@ -312,9 +361,10 @@ RECIPES: dict[str, Recipe] = {
             Blocks(1, 0),
             Blocks(1, 0),
             scale_bits=32,
-            amax_reads=2,
-            cast_reads=2,
             keeps_bf16_input=True,
+            gathers_quantized=False,
+            axiswise_casts=True,
+            rescales_backward=True,
         ),
         Recipe("blockwise", "fp8", Blocks(1, 128), Blocks(128, 128), scale_bits=32),
         Recipe("mxfp8", "fp8", Blocks(1, 32), Blocks(1, 32), scale_bits=8),
@@ -355,12 +405,16 @@ class QuantizeKernel:
     """One memory-bound kernel of a recipe's quantization of one tensor."""
 
     kind: str
-    """``amax``, ``cast``, ``hadamard`` or ``hadamard_cast`` (:data:`QUANTIZE_KERNEL_ATTR`)"""
+    """``amax``, ``cast``, ``columnwise_cast``, ``hadamard``, ``hadamard_cast`` or
+    ``rescale`` (:data:`QUANTIZE_KERNEL_ATTR`)"""
     tensor_size: int
     """bytes read and written"""
     num_ops: int
     hadamard_flops: int = 0
     """the Hadamard transform's FLOPs among ``num_ops`` (on tensor cores)"""
+    cols: int = 0
+    """the quantized tensor's columns where torchao runs the recipe
+    (:data:`QUANTIZE_COLS_ATTR`; 0: Transformer Engine's kernels alone)"""
 
 
 def random_bit_ops(elements: int) -> int:
@@ -374,7 +428,14 @@ def fused_hadamard_cast(rows: int, cols: int) -> bool:
     return rows % FUSED_HADAMARD_ROWS == 0 and cols % FUSED_HADAMARD_COLS == 0
 
 
-def quantize_kernels(recipe: Recipe, operand: str, rows: int, cols: int) -> list[QuantizeKernel]:
+def quantize_kernels(
+    recipe: Recipe,
+    operand: str,
+    rows: int,
+    cols: int,
+    rescaled: int = 0,
+    copies: str = "both",
+) -> list[QuantizeKernel]:
     """The kernels that quantize a bf16 ``operand`` of ``rows x cols`` (``cols`` along the
     forward's reduction dimension) into the recipe's two copies, in their order: a reduction
     reading the input per :attr:`Recipe.amax_reads` (none for ``delayed`` and block scalings),
@@ -382,15 +443,37 @@ def quantize_kernels(recipe: Recipe, operand: str, rows: int, cols: int) -> list
     their scales. Where the recipe transforms the columnwise copy (:meth:`Recipe.transformed`),
     the amax pass transforms it too, the cast writes the rowwise copy alone and a
     ``hadamard_cast`` kernel (after a ``hadamard`` one where :func:`fused_hadamard_cast` does
-    not hold) the columnwise copy. One op per element read, the transform's multiply-adds
-    (:attr:`QuantizeKernel.hadamard_flops`) and stochastic rounding's random-number
-    generation (:func:`random_bit_ops`, per copy written)."""
+    not hold) the columnwise copy. Where the recipe casts each copy apart
+    (:attr:`Recipe.axiswise_casts`), a ``cast`` writes the rowwise copy and a
+    ``columnwise_cast`` the columnwise one, each reading the input (only the one ``copies``
+    names where it is ``rowwise`` or ``columnwise``); with
+    :attr:`Recipe.rescales_backward`, an output gradient's kernels end with the ``rescale`` of
+    the ``rescaled`` output elements of its backward GEMMs (:data:`RESCALE_BYTES` each). One
+    op per element read, the transform's multiply-adds (:attr:`QuantizeKernel.hadamard_flops`)
+    and stochastic rounding's random-number generation (:func:`random_bit_ops`, per copy
+    written)."""
     elements = rows * cols
     read = SOURCE_BYTES * elements
+    if recipe.axiswise_casts:
+        copy = recipe.copy_bytes(rows, cols) // 2
+        kernels = [
+            QuantizeKernel(
+                kind,
+                read + copy + recipe.copy_scale_bytes(operand, rows, cols, columnwise=columnwise),
+                elements,
+                cols=cols,
+            )
+            for kind, columnwise in (("cast", False), ("columnwise_cast", True))
+            if copies == "both" or (copies == "columnwise") == columnwise
+        ]
+        if recipe.rescales_backward and rescaled:
+            kernels.append(QuantizeKernel("rescale", RESCALE_BYTES * rescaled, rescaled))
+        return kernels
     transformed = recipe.transformed(operand)
     hadamard = HADAMARD_FLOPS_PER_ELEMENT * elements if transformed else 0
     rounding = random_bit_ops(elements) if recipe.rounds_stochastically(operand) else 0
     kernels = []
+    torchao = cols if recipe.name in TORCHAO_RECIPES else 0
     if recipe.amax_reads:
         kernels.append(
             QuantizeKernel(
@@ -398,6 +481,7 @@ def quantize_kernels(recipe: Recipe, operand: str, rows: int, cols: int) -> list
                 recipe.amax_reads * read,
                 recipe.amax_reads * elements + hadamard,
                 hadamard,
+                torchao,
             )
         )
     if not transformed:
@@ -407,6 +491,7 @@ def quantize_kernels(recipe: Recipe, operand: str, rows: int, cols: int) -> list
                 "cast",
                 recipe.cast_reads * read + written,
                 recipe.cast_reads * elements + 2 * rounding,
+                cols=torchao,
             )
         )
         return kernels
@@ -521,10 +606,13 @@ __all__ = [
     "NON_TN_FP8_GEMM_ARCHS",
     "OPERANDS",
     "PARAM_GATHER_RECIPES",
+    "QUANTIZE_COLS_ATTR",
     "QUANTIZE_KERNEL_ATTR",
     "QUANTIZE_OPERAND_ATTR",
     "RECIPES",
     "RECIPE_ATTR",
+    "RESCALE_BYTES",
+    "TORCHAO_RECIPES",
     "Blocks",
     "QuantizeKernel",
     "Recipe",

@@ -21,6 +21,7 @@ from stg.core.quantization import WEIGHT_FORMATS
 from stg.core.recipes import (
     HADAMARD_FLOPS_ATTR,
     NON_TN_FP8_GEMM_ARCHS,
+    QUANTIZE_COLS_ATTR,
     QUANTIZE_KERNEL_ATTR,
     QUANTIZE_OPERAND_ATTR,
     RECIPE_ATTR,
@@ -37,6 +38,7 @@ from stg.perf.kernel_time import (
     MEMORY_KERNEL_SPEED,
     attention_kernel_for,
     attention_time,
+    compiled_cast_time,
     gemm_time,
     grouped_gemm_time,
     memory_bound_time,
@@ -355,11 +357,27 @@ def recipe_gemm_dtype(system: System, recipe: str, dtype: str) -> str:
     return dtype
 
 
-def recipe_quantize_time(node: Any, system: System) -> float:
+COMPILED_CAST_SCALING = {"amax": "tensorwise", "cast": "tensorwise"}
+"""The measured compiled cast (:data:`stg.perf.kernel_time.COMPILED_CAST_ELEMENTS_PER_SM_CLOCK`)
+that prices each quantize kernel of torchao's recipes under the ``compiled`` profile:
+``tensorwise``'s amax pass and cast are the two kernels of one measured tensorwise cast;
+``rowwise``'s casts are its ``cast`` (``rowwise``) and ``columnwise_cast`` (``colwise``).
+Against the whole compiled float8 linear (tests/data/kernels/h100-float8-linear.jsonl less
+its bare GEMMs, tests/test_float8_linear.py) these price the quantization of Llama 3 8B's and
+70B's tp-8 linears at 0.90-1.50x of what it cost, a layer's at 0.99x and 1.02x (rowwise,
+8B and 70B) and 1.05x and 1.24x (tensorwise; 70B's subtraction of its bare GEMMs is noisy
+by up to 1.5 ms a linear: docs/notes/torchao-float8-linear.md)."""
+
+
+def recipe_quantize_time(node: Any, system: System, profile: str = "megatron") -> float:
     """Time of a low-precision recipe's quantize kernel (a node with ``quantize_kernel``):
     its bytes at the measured rate of a fused cast with amax (``quantize``) and its launch,
     a per-tensor fp8 cast writing one copy, not the trace's two, where one tensor serves both
-    usages (:meth:`stg.core.recipes.Recipe.shares_usages`: Blackwell);
+    usages (:meth:`stg.core.recipes.Recipe.shares_usages`: Blackwell); a kernel of torchao's
+    recipes (a node with ``quantize_cols``) under the ``compiled`` profile, and any of
+    ``rowwise``'s casts (torchao only), at the measured rate of inductor's casts for its
+    columns (:func:`stg.perf.kernel_time.compiled_cast_time`, :data:`COMPILED_CAST_SCALING`),
+    and torchao's ``rescale`` of the backward GEMMs' outputs as a streaming kernel;
     nothing where the GPU runs the recipe's GEMMs in bf16, or for a weight's copies after the
     first micro-batch (:func:`weight_cast_cached`: Transformer Engine caches them)."""
     attrs = node.attrs
@@ -369,14 +387,22 @@ def recipe_quantize_time(node: Any, system: System) -> float:
     if attrs.get(QUANTIZE_OPERAND_ATTR) == "weight" and weight_cast_cached(node):
         return 0.0
     nbytes = node.tensor_size
+    kind = attrs.get(QUANTIZE_KERNEL_ATTR)
+    cols = attrs.get(QUANTIZE_COLS_ATTR)
     recipe = RECIPES.get(str(attrs.get(RECIPE_ATTR, "")))
-    if (
-        recipe is not None
-        and attrs.get(QUANTIZE_KERNEL_ATTR) == "cast"
-        and recipe.shares_usages(system.arch)
-    ):
+    if recipe is not None and kind == "cast" and recipe.shares_usages(system.arch):
         # the trace states both copies; on this GPU the cast writes one (no transpose)
         nbytes -= -(-node.num_ops * recipe.element_bits // 8)
+    axiswise = recipe is not None and recipe.axiswise_casts
+    if type(cols) is int and cols > 0 and (axiswise or profile == "compiled"):
+        if axiswise:  # each copy a compiled kernel of its own, whatever the profile
+            scaling, kernels = ("colwise" if kind == "columnwise_cast" else "rowwise"), 1
+        else:
+            scaling, kernels = COMPILED_CAST_SCALING[str(kind)], 2
+        seconds = compiled_cast_time(system.gpu, scaling, node.num_ops, nbytes, cols, kernels)
+        return seconds + system.kernel_overhead
+    if kind == "rescale":
+        return memory_bound_time(system.gpu, nbytes, "stream") + system.kernel_overhead
     seconds = memory_bound_time(system.gpu, nbytes, "quantize")
     # a Hadamard transform's FLOPs on tensor cores (TE's wmma / UMMA kernels), its other ops
     # (one per element, stochastic rounding's random numbers) at the SIMT rate
@@ -424,7 +450,7 @@ def compute_time(
     if (getattr(node, "attrs", None) or {}).get("quantize") is not None:
         return quantize_time(node, system, default_dtype)
     if (getattr(node, "attrs", None) or {}).get(QUANTIZE_KERNEL_ATTR) is not None:
-        seconds = recipe_quantize_time(node, system)
+        seconds = recipe_quantize_time(node, system, profile)
         return max(seconds, EAGER_OP_HOST_S) if profile == "eager" and seconds else seconds
     if calibration is not None:  # measured kernel times first (stg bench calibrate)
         measured = calibration.node_time(node, default_dtype)

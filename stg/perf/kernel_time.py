@@ -43,6 +43,7 @@ time predictor).
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -184,6 +185,60 @@ softmax over 8192 columns, 1.02 TB/s forward = 256 G elements/s on 132 SMs at 1.
 132 SMs, 1.43x the bandwidth) ran it at 1.08 TB/s (tests/data/kernels/h200-elementwise.jsonl),
 where a bandwidth-bound kernel would have gained 43 %. Rows of 32-bit values run at the
 ``softmax`` bandwidth share instead."""
+
+COMPILED_CAST_ELEMENTS_PER_SM_CLOCK: dict[str, tuple[tuple[int, float], ...]] = {
+    "rowwise": ((128, 0.153), (512, 0.606), (1792, 1.43), (4096, 3.45), (14336, 2.08)),
+    "colwise": ((128, 0.407), (512, 0.920), (1792, 1.54), (4096, 3.12), (14336, 1.39)),
+    "tensorwise": ((128, 0.517), (512, 1.24), (1792, 1.34), (4096, 3.19), (14336, 1.25)),
+}
+"""Elements per SM per clock (at the data sheet's peak clock) of an fp8 cast of a bf16 tensor
+that ``torch.compile`` builds, by its scales (``rowwise``: one per row, ``colwise``: one per
+column, ``tensorwise``: one, found by an amax pass before the cast, both kernels counted) and
+the tensor's columns. These casts are bound by their SMs, not by HBM, at most shapes: the
+H100 and the H200 (132 SMs each, 1.43x the bandwidth) ran them in the same time
+(tests/data/kernels/h100-gemm-graph.jsonl and h200-gemm-graph.jsonl, family ``quantize``,
+PyTorch 2.11: bf16 [98304, 128 | 512 | 1792 | 4096] and [16384, 14336]; the faster of the two
+GPUs per shape, e.g. a rowwise cast of [98304, 128] 340 us on both, of [98304, 4096] 484 us on
+the H200 and 498 us on the H100; a tensorwise one of [16384, 14336] 777 and 807 us). Between
+the measured columns the rate is interpolated on log(columns), beyond them held; the time is
+bounded below by the bytes at :data:`COMPILED_CAST_BANDWIDTH_SHARE`."""
+
+COMPILED_CAST_BANDWIDTH_SHARE: dict[str, float] = {
+    "rowwise": 1.0,
+    "colwise": 0.586,
+    "tensorwise": 1.0,
+}
+"""Share of the streaming bandwidth a compiled cast (see above) moves its bytes at where HBM
+bounds it: the colwise cast of [98304, 4096] read and wrote 1.21 GB in 691 us on the H100
+(0.586 of its 2.98 TB/s streaming) and in 534 us, its SM bound, on the H200; the tensorwise
+cast of the same tensor (2.01 GB with its amax pass) took 674 us on the H100, 2.99 TB/s, the
+streaming rate; no rowwise cast was bound by HBM on either GPU (streaming rate assumed)."""
+
+
+def compiled_cast_time(
+    gpu: Gpu, scaling: str, elements: int, nbytes: int, cols: int, kernels: int = 1
+) -> float:
+    """Seconds of one of the ``kernels`` kernels of a compiled fp8 cast with ``scaling``
+    (``rowwise``, ``colwise``, ``tensorwise``) of ``elements`` bf16 values in rows of
+    ``cols``, the kernel moving ``nbytes``: its share of the measured cast's SM-bound time
+    (:data:`COMPILED_CAST_ELEMENTS_PER_SM_CLOCK`), or its bytes at the cast's bandwidth."""
+    points = COMPILED_CAST_ELEMENTS_PER_SM_CLOCK[scaling]
+    if cols <= points[0][0]:
+        per_clock = points[0][1]
+    elif cols >= points[-1][0]:
+        per_clock = points[-1][1]
+    else:
+        (c0, r0), (c1, r1) = next(
+            (a, b) for a, b in itertools.pairwise(points) if a[0] <= cols <= b[0]
+        )
+        f = math.log(cols / c0) / math.log(c1 / c0)
+        per_clock = r0 + (r1 - r0) * f
+    rate = gpu.sm_count * gpu.peak_clock_ghz * 1e9 * per_clock
+    memory = nbytes / (
+        gpu.hbm_bandwidth * gpu.stream_efficiency * COMPILED_CAST_BANDWIDTH_SHARE[scaling]
+    )
+    return max(elements / rate / kernels, memory)
+
 
 GROUPED_GEMM_COMPUTE_SPEED = 0.956
 """Rate of a grouped GEMM (``torch._grouped_mm``: one CUTLASS kernel over every expert's rows)
