@@ -23,7 +23,7 @@ from stg.cli import main
 from stg.core.options import GenerateOptions
 from stg.core.pipeline import build_workload
 from stg.host.registry import load_registry
-from stg.perf.costs import compute_time
+from stg.perf.costs import compute_time, gemm_scaling
 from stg.perf.kernel_time import (
     RECIPE_GEMM_SPEED,
     gemm_time,
@@ -252,7 +252,7 @@ def test_gemm_runs_at_the_format_peak(recipe: str, system: str, dtype: str) -> N
         batch, m, n, k = node.attrs["gemm"]
         assert node.dtype == dtype
         if dtype == "fp8":  # the recipe's scales (scaled_gemm_time: tests/test_rowwise_gemm.py)
-            gemm = scaled_gemm_time(gpu.gpu, m, n, k, recipe, batch)
+            gemm = scaled_gemm_time(gpu.gpu, m, n, k, gemm_scaling(node, recipe), batch)
         else:
             gemm = gemm_time(gpu.gpu, m, n, k, dtype, batch) / recipe_gemm_speed(gpu.arch, recipe)
         assert compute_time(node, gpu, "fp8") == pytest.approx(gemm + gpu.kernel_overhead)

@@ -17,7 +17,7 @@ import pytest
 from stg.core.options import GenerateOptions
 from stg.core.pipeline import build_workload
 from stg.host.registry import load_registry
-from stg.perf.costs import compute_time, fp8_quantize_time
+from stg.perf.costs import compute_time, fp8_quantize_time, gemm_scaling
 from stg.perf.kernel_time import (
     ROWWISE_EPILOGUE_ELEMENTS_PER_SM_CLOCK,
     gemm_time,
@@ -152,9 +152,11 @@ def test_only_rowwise_on_hopper_gets_its_own_kernel() -> None:
     assert tensorwise > 1.05 * t100
 
 
-def test_a_rowwise_plan_prices_its_gemms_with_the_rowwise_kernel() -> None:
-    """compute_time of a rowwise fp8 training GEMM on an H200 is scaled_gemm_time and its
-    launch (a k = 128 input gradient that the tensorwise model at 0.978 prices 40 % faster)."""
+def test_a_rowwise_plan_prices_its_forward_gemms_with_the_rowwise_kernel() -> None:
+    """compute_time of a rowwise fp8 training GEMM on an H200: the forward GEMM is
+    scaled_gemm_time's rowwise kernel and its launch; the backward GEMMs are torchao's
+    tensorwise cuBLAS GEMMs with unit scales (gemm_scaling: a k = 128 input gradient that the
+    rowwise kernel would take 40 % longer over)."""
     options = GenerateOptions(
         model="llama", dmodel=1024, dff=3072, head=8, kvhead=1, seq=8192, dvocal=1024,
         num_stacks=1, batch=4, micro_batch=4, mixed_precision=True, causal=True, dtype="fp8",
@@ -166,9 +168,17 @@ def test_a_rowwise_plan_prices_its_gemms_with_the_rowwise_kernel() -> None:
     h200 = load_system("h200-141g")
     node = nodes["mb0/layer0/bwd/k.grad_attention_norm"]
     batch, m, n, k = node.attrs["gemm"]
-    assert k == 128
-    gemm = scaled_gemm_time(h200.gpu, m, n, k, "rowwise", batch)
+    assert k == 128 and gemm_scaling(node, "rowwise") == "tensorwise"
+    tensorwise = gemm_time(h200.gpu, m, n, k, "fp8", batch)
     assert compute_time(node, h200, "fp8") == pytest.approx(
-        gemm + fp8_quantize_time(node, h200) + h200.kernel_overhead
+        tensorwise + fp8_quantize_time(node, h200) + h200.kernel_overhead
     )
-    assert gemm > 1.4 * gemm_time(h200.gpu, m, n, k, "fp8", batch) / 0.978
+    assert scaled_gemm_time(h200.gpu, m, n, k, "rowwise", batch) > 1.4 * tensorwise / 0.978
+    node = nodes["mb0/layer0/fwd/gate"]
+    batch, m, n, k = node.attrs["gemm"]
+    assert gemm_scaling(node, "rowwise") == "rowwise"
+    assert compute_time(node, h200, "fp8") == pytest.approx(
+        scaled_gemm_time(h200.gpu, m, n, k, "rowwise", batch)
+        + fp8_quantize_time(node, h200)
+        + h200.kernel_overhead
+    )

@@ -28,7 +28,15 @@ from stg.core.recipes import (
     RECIPES,
 )
 from stg.core.torchtitan import EAGER_KERNEL_BYTES_ATTR, EAGER_KERNELS_ATTR
-from stg.core.workload import MICRO_BATCH_ATTR, STEP_ATTR, CollectiveType, Role, node_role
+from stg.core.workload import (
+    MICRO_BATCH_ATTR,
+    PHASE_ATTR,
+    STEP_ATTR,
+    CollectiveType,
+    Phase,
+    Role,
+    node_role,
+)
 from stg.errors import UserError
 from stg.perf import comm_time
 from stg.perf.calibration import Calibration
@@ -333,6 +341,19 @@ capability 10.0: ``check_mxfp8_support``, ``check_nvfp4_support``) and, for MXFP
 paper, 2025; NVFP4's E4M3 block scales are NVIDIA's)."""
 
 
+def gemm_scaling(node: Any, recipe: str) -> str:
+    """The scaling a recipe's fp8 GEMM node runs with: the recipe's, except torchao's ``rowwise``
+    in the backward, whose input- and weight-gradient GEMMs are tensorwise cuBLAS GEMMs with
+    unit scales, their outputs rescaled after (``addmm_float8_unwrapped``, torchao 0.18 and
+    6243040: "The rowwise CUTLASS-based kernel is so slow without fast-accum that we'd rather
+    use the tensorwise cuBLAS-based kernel"; the recipe's ``rescale_grad_output`` kernel);
+    only its forward GEMM, recomputed or not, runs the rowwise kernel."""
+    attrs = getattr(node, "attrs", None) or {}
+    if recipe == "rowwise" and attrs.get(PHASE_ATTR) == Phase.BACKWARD:
+        return "tensorwise"
+    return recipe
+
+
 def recipe_gemm_dtype(system: System, recipe: str, dtype: str) -> str:
     """The dtype an fp8 or fp4 GEMM of a low-precision training ``recipe``
     (:mod:`stg.core.recipes`) runs in on ``system``: ``dtype`` where the tensor cores take it
@@ -556,7 +577,7 @@ def compute_time(
             if scaled:
                 seconds /= recipe_gemm_speed(system.arch, str(recipe))
         elif scaled:  # the recipe's scales: a tensorwise GEMM's speed, or rowwise's own kernel
-            seconds = scaled_gemm_time(gpu, m, n, k, str(recipe), batch, nbytes)
+            seconds = scaled_gemm_time(gpu, m, n, k, gemm_scaling(node, str(recipe)), batch, nbytes)
         else:
             seconds = gemm_time(gpu, m, n, k, dtype, batch, nbytes) / speedup
         if dtype == "fp8":
