@@ -162,11 +162,6 @@ ELEMENTS_PER_PHILOX = 4 * 4
 """Elements rounded with one Philox4x32 call: four 32-bit words, one per four elements
 (``cvt.rs.satfinite.e2m1x4.f32``; TE 2.9 ``nvfp4_transpose.cuh``, ``get_rbits``)."""
 
-TORCHAO_RECIPES = frozenset({"tensorwise", "rowwise"})
-"""The recipes that torchao's float8 linear runs (``Float8LinearRecipeName``; torchtitan's
-float8 converter): under ``torch.compile`` inductor builds their casts, whose nodes carry
-:data:`QUANTIZE_COLS_ATTR`. The others are Transformer Engine's kernels."""
-
 SOURCE_BYTES = 2
 """The quantized tensors are bf16 before the cast (the autocast dtype, :mod:`stg.core.fp8`)."""
 
@@ -247,6 +242,10 @@ class Recipe:
     rescales_backward: bool = False
     """the backward GEMMs run with unit scales and a ``rescale`` kernel multiplies their
     outputs by the scales (torchao's axiswise GEMMs without fast accumulation)"""
+    torchao: bool = False
+    """torchao's float8 linear runs this recipe too (``Float8LinearRecipeName``; torchtitan's
+    float8 converter): under ``torch.compile`` inductor builds its casts, whose nodes carry
+    :data:`QUANTIZE_COLS_ATTR`; the other recipes are Transformer Engine's kernels alone"""
     gathered_norm_output_copies: int = 1
     """quantized copies of a fused norm-and-linear's norm output (the QKV and MLP inputs) that
     TE keeps for the backward where sequence parallelism gathers it: TE 2.9
@@ -353,7 +352,14 @@ RECIPES: dict[str, Recipe] = {
     for r in (
         Recipe("delayed", "fp8", None, None, scale_bits=32),
         Recipe(
-            "tensorwise", "fp8", None, None, scale_bits=32, amax_reads=1, tp_amax_reduction=True
+            "tensorwise",
+            "fp8",
+            None,
+            None,
+            scale_bits=32,
+            amax_reads=1,
+            tp_amax_reduction=True,
+            torchao=True,
         ),
         Recipe(
             "rowwise",
@@ -365,6 +371,7 @@ RECIPES: dict[str, Recipe] = {
             gathers_quantized=False,
             axiswise_casts=True,
             rescales_backward=True,
+            torchao=True,
         ),
         Recipe("blockwise", "fp8", Blocks(1, 128), Blocks(128, 128), scale_bits=32),
         Recipe("mxfp8", "fp8", Blocks(1, 32), Blocks(1, 32), scale_bits=8),
@@ -473,7 +480,7 @@ def quantize_kernels(
     hadamard = HADAMARD_FLOPS_PER_ELEMENT * elements if transformed else 0
     rounding = random_bit_ops(elements) if recipe.rounds_stochastically(operand) else 0
     kernels = []
-    torchao = cols if recipe.name in TORCHAO_RECIPES else 0
+    torchao = cols if recipe.torchao else 0
     if recipe.amax_reads:
         kernels.append(
             QuantizeKernel(
@@ -612,7 +619,6 @@ __all__ = [
     "RECIPES",
     "RECIPE_ATTR",
     "RESCALE_BYTES",
-    "TORCHAO_RECIPES",
     "Blocks",
     "QuantizeKernel",
     "Recipe",
