@@ -233,7 +233,7 @@ def compiled_cast_time(
         )
         f = math.log(cols / c0) / math.log(c1 / c0)
         per_clock = r0 + (r1 - r0) * f
-    rate = gpu.sm_count * gpu.peak_clock_ghz * 1e9 * per_clock
+    rate = gpu.sm_clocks_per_s * per_clock
     memory = nbytes / (
         gpu.hbm_bandwidth * gpu.stream_efficiency * COMPILED_CAST_BANDWIDTH_SHARE[scaling]
     )
@@ -509,6 +509,12 @@ class Gpu:
         return peak * FP32_SIMT_EFFICIENCY
 
     @property
+    def sm_clocks_per_s(self) -> float:
+        """SM clock cycles per second over all SMs at the data sheet's peak clock: what a rate
+        measured in elements per SM per clock is multiplied by."""
+        return self.sm_count * self.peak_clock_ghz * 1e9
+
+    @property
     def clock_scale(self) -> float:
         return self.sustained_clock_ghz / self.peak_clock_ghz
 
@@ -526,7 +532,7 @@ class Gpu:
         width = DTYPE_BYTES.get(dtype, 2)
         if kind == "softmax" and width < 4:  # one read and one write per element
             elements = nbytes / (2 * width)
-            rate = self.sm_count * self.peak_clock_ghz * 1e9 * SOFTMAX_16BIT_ELEMENTS_PER_SM_CLOCK
+            rate = self.sm_clocks_per_s * SOFTMAX_16BIT_ELEMENTS_PER_SM_CLOCK
             seconds = max(seconds, elements / rate)
         return seconds
 
@@ -608,7 +614,7 @@ def scaled_gemm_time(
     elements = m * n * batch
     # what the kernel reads: A and B in fp8, or ``nbytes`` less C (16-bit) where given
     read = (m * k + k * n) * batch if nbytes is None else max(nbytes - 2 * elements, 0.0)
-    sm_write = elements / (gpu.sm_count * gpu.peak_clock_ghz * 1e9 * rate)
+    sm_write = elements / (gpu.sm_clocks_per_s * rate)
     hbm_write = gpu.stream_time(2 * elements / GEMM_OUTPUT_WRITE_SPEED.get(gpu.arch, 1.0))
     epilogue = gpu.stream_time(read) + max(sm_write, hbm_write)
     tiles = _gemm_tile_time(gpu, m, n, k, "fp8", batch, split_k=False) / speed
@@ -619,7 +625,7 @@ def scatter_add_time(gpu: Gpu, elements: float, dtype: str = "bf16") -> float:
     """Seconds of PyTorch's ``index_add_`` adding ``elements`` values into their target rows
     with atomics (:data:`SCATTER_ADD_ELEMENTS_PER_SM_CLOCK`)."""
     width = 4 if DTYPE_BYTES.get(dtype, 2) >= 4 else 2
-    rate = gpu.sm_count * gpu.peak_clock_ghz * 1e9 * SCATTER_ADD_ELEMENTS_PER_SM_CLOCK[width]
+    rate = gpu.sm_clocks_per_s * SCATTER_ADD_ELEMENTS_PER_SM_CLOCK[width]
     return elements / rate
 
 
