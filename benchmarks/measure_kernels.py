@@ -12,6 +12,11 @@ fields as ``data/kernels/`` (its README), so that the kernel sub-models of
   weight-gradient GEMMs of GPT-3 175B and Llama 3 8B/70B layers at tp 1-8, 8k tokens;
 - ``PREFIX-attention.jsonl``: scaled-dot-product attention, bf16, forward and backward, per
   backend (flash, cudnn, math), causal and not, head size 64 and 128;
+- ``PREFIX-attention-gqa.jsonl`` (``--only gqa``): the same, causal, one sequence of 1k-8k
+  tokens, at the head shapes of the one-GPU eager steps (``benchmarks/eager_step.py``:
+  grouped-query heads through ``enable_gqa``, head sizes 64, 80 and 128), each under the
+  backend SDPA picks by itself (``extra.backend`` ``default``, with ``extra.chosen`` the one
+  ``torch._fused_sdp_choice`` names) and under flash and cuDNN forced;
 - ``PREFIX-elementwise.jsonl``: memory-bound kernels over [rows, 8192] bf16 tensors;
 - ``PREFIX-fusion.jsonl`` (plain JSON lines): what the shared set lacks: a fused
   scale + causal-mask + softmax (one kernel, as Megatron's ``ScaledUpperTriangMaskedSoftmax``;
@@ -401,6 +406,43 @@ def grouped(bench: Bench, quick: bool) -> None:
     bench.write("grouped", lines)
 
 
+def _sdpa_line(
+    index: int,
+    args: list[dict[str, Any]],
+    kwargs: dict[str, Any],
+    timings: tuple[list, list, list, list],
+    flops: float,
+    extra: dict[str, Any],
+) -> dict[str, Any]:
+    """One PARAM result line of an SDPA call from its warm-up and measured times forward and
+    forward + backward (ms); the backward's are those less the forward's median, and its
+    FLOPs 2.5 times the forward's."""
+    warm_f, fwd, warm_b, both = timings
+    median_f = statistics.median(fwd)
+    median_b = statistics.median(both) - median_f
+    return {
+        "op_name": "torch.nn.functional.scaled_dot_product_attention",
+        "id": f"0|0|{index}",
+        "config": {"build": None, "input": {"args": args, "kwargs": kwargs}},
+        "metric": {
+            "forward": {"warmup.time": warm_f, "measure.time": fwd},
+            "backward": {
+                "warmup.time": [t - median_f for t in warm_b],
+                "measure.time": [t - median_f for t in both],
+            },
+        },
+        "extra": {
+            **extra,
+            "flops_fwd": flops,
+            "flops_bwd": 2.5 * flops,
+            "median_fwd_ms": median_f,
+            "median_bwd_ms": median_b,
+            "tflops_fwd": flops / median_f / 1e9,
+            "tflops_bwd": 2.5 * flops / median_b / 1e9,
+        },
+    }
+
+
 def attention(bench: Bench, quick: bool) -> None:
     torch = bench.torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -452,48 +494,118 @@ def attention(bench: Bench, quick: bool) -> None:
                         print(f"skip {backend} d{head_dim} s{seq}: {str(error)[:80]}")
                         torch.cuda.empty_cache()
                         continue
-                    median_f = statistics.median(fwd)
-                    median_b = statistics.median(fb) - median_f
-                    flops = 4.0 * b * heads * seq * seq * head_dim * (0.5 if causal else 1.0)
                     lines.append(
-                        {
-                            "op_name": "torch.nn.functional.scaled_dot_product_attention",
-                            "id": f"0|0|{len(lines) - 1}",
-                            "config": {
-                                "build": None,
-                                "input": {
-                                    "args": [_spec("bfloat16", [b, heads, seq, head_dim], True)]
-                                    * 3,
-                                    "kwargs": {"is_causal": {"type": "bool", "value": causal}},
-                                },
-                            },
-                            "metric": {
-                                "forward": {"warmup.time": warm_f, "measure.time": fwd},
-                                "backward": {
-                                    "warmup.time": [t - median_f for t in warm_b],
-                                    "measure.time": [t - median_f for t in fb],
-                                },
-                            },
-                            "extra": {
+                        _sdpa_line(
+                            len(lines) - 1,
+                            [_spec("bfloat16", [b, heads, seq, head_dim], True)] * 3,
+                            {"is_causal": {"type": "bool", "value": causal}},
+                            (warm_f, fwd, warm_b, fb),
+                            4.0 * b * heads * seq * seq * head_dim * (0.5 if causal else 1.0),
+                            {
                                 "backend": backend,
                                 "b": b,
                                 "heads": heads,
                                 "seq": seq,
                                 "head_dim": head_dim,
                                 "causal": causal,
-                                "flops_fwd": flops,
-                                "flops_bwd": 2.5 * flops,
-                                "median_fwd_ms": median_f,
-                                "median_bwd_ms": median_b,
-                                "tflops_fwd": flops / median_f / 1e9,
-                                "tflops_bwd": 2.5 * flops / median_b / 1e9,
                             },
-                        }
+                        )
                     )
                     del q, k, v, grad
                     torch.cuda.empty_cache()
         print(f"attention {backend} done {_smi()}", flush=True)
     bench.write("attention", lines)
+
+
+# (heads, key/value heads, head size) of the eager steps' models (benchmarks/eager_step.py)
+GQA_SHAPES = {
+    "llama-1b": (32, 8, 64),
+    "llama-3b": (24, 8, 128),
+    "gpt-1.3b": (16, 16, 128),
+    "gpt-2.7b": (32, 32, 80),
+    "qwen3-30b-a3b": (32, 4, 128),
+    "llama3-8b": (32, 8, 128),
+}
+SDPA_BACKEND_NAMES = {0: "math", 1: "flash", 2: "efficient", 3: "cudnn"}
+"""``torch._fused_sdp_choice``'s return values (``torch.nn.attention.SDPBackend``)."""
+
+
+def attention_gqa(bench: Bench, quick: bool) -> None:
+    """Causal SDPA of one sequence at the eager steps' head shapes: SDPA's own choice, flash
+    and cuDNN (``extra.kv_heads`` the key/value heads, ``enable_gqa`` where fewer)."""
+    torch = bench.torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    forced = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
+    seqs = (1024, 4096) if quick else (1024, 2048, 4096, 8192)
+    lines = [bench.header("attention", True)]
+    for model, (heads, kv, head_dim) in GQA_SHAPES.items():
+        for seq in seqs:
+            q = torch.randn(1, heads, seq, head_dim, device="cuda", dtype=torch.bfloat16)
+            k, v = (
+                torch.randn(1, kv, seq, head_dim, device="cuda", dtype=torch.bfloat16)
+                for _ in range(2)
+            )
+            for t in (q, k, v):
+                t.requires_grad_(True)
+            grad = torch.randn_like(q)
+            gqa = kv != heads
+            chosen = SDPA_BACKEND_NAMES.get(
+                int(torch._fused_sdp_choice(q, k, v, is_causal=True, enable_gqa=gqa)), "other"
+            )
+            for backend in ("default", *forced):
+
+                def forward(q=q, k=k, v=v, gqa=gqa, backend=backend):
+                    if backend == "default":
+                        return torch.nn.functional.scaled_dot_product_attention(
+                            q, k, v, is_causal=True, enable_gqa=gqa
+                        )
+                    with sdpa_kernel([forced[backend]]):
+                        return torch.nn.functional.scaled_dot_product_attention(
+                            q, k, v, is_causal=True, enable_gqa=gqa
+                        )
+
+                def both(forward=forward, grad=grad, q=q, k=k, v=v):
+                    out = forward()
+                    q.grad = k.grad = v.grad = None
+                    out.backward(grad)
+
+                try:
+                    warm_f, fwd, _ = bench.time_calls(forward, reps=1)
+                    warm_b, fb, _ = bench.time_calls(both, reps=1)
+                except RuntimeError as error:  # a backend that does not take this shape
+                    print(f"skip {backend} {model} s{seq}: {str(error)[:80]}", flush=True)
+                    continue
+                lines.append(
+                    _sdpa_line(
+                        len(lines) - 1,
+                        [
+                            _spec("bfloat16", [1, heads, seq, head_dim], True),
+                            *[_spec("bfloat16", [1, kv, seq, head_dim], True)] * 2,
+                        ],
+                        {
+                            "is_causal": {"type": "bool", "value": True},
+                            "enable_gqa": {"type": "bool", "value": gqa},
+                        },
+                        (warm_f, fwd, warm_b, fb),
+                        4.0 * heads * seq * seq * head_dim * 0.5,
+                        {
+                            "model": model,
+                            "backend": backend,
+                            "chosen": chosen,
+                            "b": 1,
+                            "heads": heads,
+                            "kv_heads": kv,
+                            "seq": seq,
+                            "head_dim": head_dim,
+                            "causal": True,
+                        },
+                    )
+                )
+            del q, k, v, grad
+            torch.cuda.empty_cache()
+        print(f"attention-gqa {model} done {_smi()}", flush=True)
+    bench.write("attention-gqa", lines)
 
 
 def elementwise(bench: Bench, quick: bool) -> None:
@@ -828,6 +940,7 @@ def main() -> int:
         "fusion": lambda: fusion(bench, args.quick),
         "gemm": lambda: gemms(bench, args.quick),
         "attention": lambda: attention(bench, args.quick),
+        "gqa": lambda: attention_gqa(bench, args.quick),
         "elementwise": lambda: elementwise(bench, args.quick),
         "grouped": lambda: grouped(bench, args.quick),
         "scaled": lambda: scaled(bench, args.quick),

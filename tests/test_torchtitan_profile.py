@@ -121,12 +121,16 @@ def test_fused_rmsnorm_and_multi_head_attention_keep_their_nodes(registry) -> No
 
 @pytest.mark.parametrize("profile", ["megatron", "eager", "compiled"])
 def test_other_profiles_carry_no_eager_kernels(registry, profile: str) -> None:  # type: ignore[no-untyped-def]
-    """The kernels are torchtitan's: other profiles' workloads keep their bytes."""
+    """The kernels are torchtitan's: other profiles' workloads keep their bytes, but for the
+    eager profile's loss on fp32 logits (``tests/test_eager_cross_entropy.py``)."""
     nodes = _comp_nodes(GenerateOptions(**SMALL, profile=profile), registry)
-    assert not any(EAGER_KERNELS_ATTR in n.attrs for n in nodes.values())
+    loss = {k for k in nodes if k.split("/")[-1].startswith("cross_entropy")}
+    loss = loss if profile == "eager" else set()
+    assert loss or profile != "eager"
+    assert {k for k, n in nodes.items() if EAGER_KERNELS_ATTR in n.attrs} == loss
     megatron = _comp_nodes(GenerateOptions(**SMALL), registry)
-    assert {k: n.tensor_size for k, n in nodes.items()} == {
-        k: n.tensor_size for k, n in megatron.items()
+    assert {k: n.tensor_size for k, n in nodes.items() if k not in loss} == {
+        k: n.tensor_size for k, n in megatron.items() if k not in loss
     }
 
 

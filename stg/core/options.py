@@ -185,16 +185,16 @@ class GenerateOptions:
     ``zero=3`` means ``weight_sharded=True`` (it is stored as that, with ``zero=0``).
     ``attention`` is how the attention core runs: ``fused`` (one FlashAttention-class kernel
     forward and one backward, no score matrix in memory; every current stack) or ``unfused``
-    (scores, softmax and context as separate kernels through memory). ``profile`` names how
-    the training stack executes, for predictors: ``megatron`` (Megatron-LM / Transformer
-    Engine: fused kernels, asynchronous launches), ``eager`` (eager PyTorch: one kernel per
-    op, each paying the host's launch cost) or ``compiled`` (PyTorch under ``torch.compile``,
+    (scores, softmax and context as separate kernels through memory). ``profile`` names how the
+    training stack executes, for predictors: ``megatron`` (Megatron-LM / Transformer Engine: fused
+    kernels, asynchronous launches), ``eager`` (eager PyTorch: one kernel per op, each paying the
+    host's launch cost, the loss on fp32 logits) or ``compiled`` (PyTorch under ``torch.compile``,
     as torchtitan's ``--training.compile``: fused kernels as Megatron's, attention by SDPA's
-    backend, FlashAttention-2 up to Hopper) or ``torchtitan`` (torchtitan's Llama in eager
-    PyTorch without autocast, as at pytorch/torchtitan 1ea476e9f: fused kernels where it has
-    them, its unfused elementwise ops as the kernels they are, :mod:`stg.core.torchtitan`;
-    ``norm_type`` is then its ``model.norm_type``, ``fused_rmsnorm`` by default or ``rmsnorm``,
-    RMSNorm as separate fp32 ops). ``dropout`` is the training dropout rate p of
+    backend, FlashAttention-2 up to Hopper) or ``torchtitan`` (torchtitan's Llama in eager PyTorch
+    without autocast, as at pytorch/torchtitan 1ea476e9f: fused kernels where it has them, its
+    unfused elementwise ops as the kernels they are, :mod:`stg.core.torchtitan`; ``norm_type`` is
+    then its ``model.norm_type``, ``fused_rmsnorm`` by default or ``rmsnorm``, RMSNorm as separate
+    fp32 ops). ``dropout`` is the training dropout rate p of
     the models whose architecture has dropout (GPT, BERT, RoBERTa): hidden dropout after the
     attention projection and after the MLP (Megatron's fused bias-dropout-add), on the
     embedding, and on the attention probabilities (Megatron's ``--hidden-dropout`` and

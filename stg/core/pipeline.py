@@ -62,7 +62,7 @@ from stg.core.symbolic import (
     Tensor,
 )
 from stg.core.torch_context_parallel import lowered_cp_comm_type
-from stg.core.torchtitan import NORM_TYPES, with_torchtitan_kernels
+from stg.core.torchtitan import NORM_TYPES, with_fp32_cross_entropy, with_torchtitan_kernels
 from stg.core.validation import validate_options
 from stg.core.workload import CollectiveType, NodeType, RankGraph, Workload, node_micro_batch
 from stg.errors import UserError
@@ -187,6 +187,8 @@ def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> Model
             bound[name] = with_replicated_grads_reduced_first(bound[name], binder)
         if o.profile == "torchtitan":
             bound[name] = with_torchtitan_kernels(bound[name], binder, o.norm_type or NORM_TYPES[0])
+        elif o.profile == "eager":
+            bound[name] = with_fp32_cross_entropy(bound[name], binder)
     check_options_read(read, model.name)
     if o.attention_backend != "auto" and not any(map(runs_fused_attention, bound.values())):
         raise OptionError(

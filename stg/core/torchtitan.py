@@ -45,7 +45,7 @@ Not on the nodes: the memory these kernels hold (see ``docs/prediction.md``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -256,13 +256,38 @@ def with_torchtitan_kernels(part: BoundPart, binder: Binder, norm_type: str) -> 
     what they compute, forward and backward; ``norm_type`` is the Llama's ``norm_type``
     (:data:`NORM_TYPES`)."""
     forward_ops = {op.name: op for op in part.part.forward}
+    return _with_op_kernels(part, lambda op: op_kernels(op, binder, norm_type, forward_ops))
+
+
+def with_fp32_cross_entropy(part: BoundPart, binder: Binder) -> BoundPart:
+    """``part`` with the eager kernels of ``F.cross_entropy(logits.float())`` on its loss
+    nodes, forward and backward (:func:`cross_entropy_kernels`), and nothing else changed: the
+    loss of an eager training script (``benchmarks/eager_step.py``) and of Hugging Face's
+    causal language models, which cast the logits to fp32 before the loss, under
+    ``--profile eager`` (whose other ops :mod:`stg.perf.eager` prices)."""
+
+    def loss_kernels(op: Op) -> list[Kernel] | None:
+        forward = op.grad_of or op
+        if forward.name != CROSS_ENTROPY_OP:
+            return None
+        x = forward.inputs[0]
+        return cross_entropy_kernels(
+            binder.numel(x), binder.numel(forward.output), _width(x.dtype), op.grad_of is not None
+        )
+
+    return _with_op_kernels(part, loss_kernels)
+
+
+def _with_op_kernels(part: BoundPart, kernels_of: Callable[[Op], list[Kernel] | None]) -> BoundPart:
+    """``part`` with ``kernels_of(op)`` (where not None) on the compute node of each of its
+    forward and backward ops."""
     by_name = {op.name: op for op in (*part.part.forward, *part.part.backward)}
 
     def rewritten(ops: Iterable[BoundOp]) -> list[BoundOp]:
         out = []
         for bound in ops:
             op = by_name.get(bound.name) if bound.type is NodeType.COMP else None
-            kernels = op_kernels(op, binder, norm_type, forward_ops) if op is not None else None
+            kernels = kernels_of(op) if op is not None else None
             out.append(with_kernels(bound, kernels) if kernels else bound)
         return out
 

@@ -165,8 +165,9 @@ def attention_impl(profile: str, system: System, backend: str = "auto") -> str:
     """The fused attention kernel a training stack runs on the system's architecture
     (:func:`stg.perf.kernel_time.attention_kernel_for`): Megatron with Transformer Engine uses
     cuDNN's fused attention on Hopper and Blackwell, FlashAttention-2 on Ampere, AITER's on
-    AMD; eager PyTorch's SDPA runs FlashAttention-2 (Composable Kernel's on AMD), as
-    torchtitan's (``compiled``) does on all but Blackwell, where it prefers cuDNN's; a node's
+    AMD; eager PyTorch's SDPA (2.11) cuDNN's on Hopper and FlashAttention-2 elsewhere
+    (Composable Kernel's on AMD); torchtitan's (``compiled``, and its eager Llama of 2024)
+    FlashAttention-2 on all but Blackwell, where it prefers cuDNN's; a node's
     ``attention_backend`` (``flash``, ``fused``) overrides that choice."""
     return attention_kernel_for(system.arch, profile, backend)
 

@@ -413,9 +413,14 @@ FUSED_ATTENTION["cdna4"] = {
 }
 
 ATTENTION_CHOICE: dict[str, dict[str, str]] = {
-    arch: {**choice, "torchtitan": choice["eager"]}
+    arch: {"torchtitan": choice["eager"], **choice}
     for arch, choice in {
-        "hopper": {"megatron": "cudnn", "eager": "flash2", "compiled": "flash2"},
+        "hopper": {
+            "megatron": "cudnn",
+            "eager": "cudnn",
+            "compiled": "flash2",
+            "torchtitan": "flash2",
+        },
         "ampere": {"megatron": "flash2", "eager": "flash2", "compiled": "flash2"},
         "ada": {"megatron": "flash2", "eager": "flash2", "compiled": "flash2"},
         "blackwell": {"megatron": "cudnn", "eager": "flash2", "compiled": "cudnn"},
@@ -427,7 +432,17 @@ ATTENTION_CHOICE: dict[str, dict[str, str]] = {
 Transformer Engine runs cuDNN's fused attention on Hopper and Blackwell (TE's backend
 preference on sm_90 and sm_100), FlashAttention-2 on Ampere and Ada, AITER's kernels on ROCm
 (TE's ROCm fused attention); eager PyTorch's SDPA runs its flash backend (FlashAttention-2 on
-NVIDIA, Composable Kernel's on ROCm). Volta and Turing have no fused kernel (unfused).
+NVIDIA, Composable Kernel's on ROCm), except on Hopper, where PyTorch puts cuDNN's first
+(``check_prefer_cudnn_attention`` in ``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp``:
+cuDNN 9.9 or later on compute capability 9.0 and 10.0). Measured: with PyTorch 2.11.0+cu130
+and cuDNN 9.19, ``torch._fused_sdp_choice`` names cuDNN for every causal head shape of the
+eager steps on an H100, grouped-query heads included
+(tests/data/kernels/h100-attention-gqa.jsonl, ``extra.chosen``), and a training step on an
+H200 dispatched ``_scaled_dot_product_cudnn_attention`` (tests/data/eager/
+h200-eager-op-counts.json). Blackwell's eager entry stays FlashAttention-2: the same rule
+gives cuDNN on the B200 and GB200 (10.0) but not the B300 and GB300 (10.3), and a system
+names its architecture, not its compute capability. Volta and Turing have no fused kernel
+(unfused).
 torchtitan (``compiled``) calls SDPA under ``sdpa_kernel([FLASH_ATTENTION, EFFICIENT_ATTENTION,
 MATH], set_priority=True)``, with ``CUDNN_ATTENTION`` put first only from compute capability
 10.0 on (Blackwell: B200 and GB200 10.0, B300 and GB300 10.3)
@@ -436,7 +451,8 @@ MATH], set_priority=True)``, with ``CUDNN_ATTENTION`` put first only from comput
 PyTorch 2.12's opt-in ``activate_flash_attention_impl`` (pytorch/pytorch issue #131309).
 torchtitan's eager Llama of 2024 (``torchtitan``: ``F.scaled_dot_product_attention`` with no
 backend chosen, pytorch/torchtitan 1ea476e9f ``torchtitan/models/llama/model.py:204``) runs
-SDPA's own choice, as eager PyTorch does."""
+SDPA's own choice as the PyTorch of 2024 made it: FlashAttention-2 (its ``torchtitan``
+entry), the preference for cuDNN above being gated on cuDNN 9.9, a 2025 release."""
 
 
 ATTENTION_BACKEND_KERNELS: dict[str, dict[str, str]] = {
