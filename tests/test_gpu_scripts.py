@@ -16,6 +16,7 @@ SCRIPTS = [
     "measure_float8_linear.py",
     "measure_gemm_graph.py",
     "measure_kernels.py",
+    "profile_eager_step.py",
     "profile_moe_layer.py",
     "measure_torchtitan_ops.py",
 ]
