@@ -19,9 +19,9 @@ import pytest
 from stg.core.options import GenerateOptions
 from stg.core.pipeline import build_workload
 from stg.host.registry import load_registry
-from stg.perf.costs import compute_time
+from stg.perf.costs import attention_impl, compute_time
 from stg.perf.kernel_time import attention_kernel_for, attention_time
-from stg.perf.system import load_system
+from stg.perf.system import SystemDescriptionError, load_system
 
 DATA = Path(__file__).resolve().parent / "data" / "kernels" / "h100-attention-gqa.jsonl"
 CASES = [
@@ -110,3 +110,42 @@ def test_an_eager_step_prices_its_attention_as_cudnn() -> None:
         )
         seconds = compute_time(node, H100, "bf16", profile="eager")
         assert seconds == pytest.approx(cudnn + H100.kernel_overhead, rel=0.02)
+
+
+@pytest.mark.parametrize(
+    ("system", "kernel"),
+    [
+        ("h100-80g", "cudnn"),
+        ("h20-96g", "cudnn"),
+        ("a100-80g", "flash2"),
+        ("b200-180g", "cudnn"),
+        ("gb200-nvl72", "cudnn"),
+        ("b300-288g", "flash2"),
+        ("gb300-nvl72", "flash2"),
+        ("mi300x-192g", "ck"),
+    ],
+)
+def test_the_eager_choice_follows_the_compute_capability(system: str, kernel: str) -> None:
+    """PyTorch's rule (cuDNN first on compute capability 9.0 and 10.0) on each preset's
+    capability (NVIDIA's CUDA GPUs page): a B300 or GB300 (10.3) runs FlashAttention-2."""
+    assert attention_impl("eager", load_system(system)) == kernel
+
+
+def test_a_blackwell_file_without_a_capability_keeps_the_architecture_s_entry(
+    tmp_path: Path,
+) -> None:
+    preset = load_system("b200-180g").as_dict()
+    assert preset["compute_capability"] == "10.0"
+    del preset["compute_capability"]
+    path = tmp_path / "blackwell.json"
+    path.write_text(json.dumps(preset))
+    assert attention_impl("eager", load_system(path)) == attention_kernel_for("blackwell", "eager")
+
+
+@pytest.mark.parametrize("value", ["ten", 9.0, "9", "9.0.1"])
+def test_a_compute_capability_is_a_major_minor_string(tmp_path: Path, value: object) -> None:
+    preset = {**load_system("h100-80g").as_dict(), "compute_capability": value}
+    path = tmp_path / "gpu.json"
+    path.write_text(json.dumps(preset))
+    with pytest.raises(SystemDescriptionError, match=r"compute_capability .* 'major\.minor'"):
+        load_system(path)

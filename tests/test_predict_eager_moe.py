@@ -1,7 +1,8 @@
 """`stg predict --profile eager` against one-GPU training steps measured on an H200: dense
 models and mixtures of experts (tests/data/eager/h200-eager-steps.jsonl and
-h200-eager-moe-steps.jsonl; the same mixtures on an H100, h100-eager-moe-steps.jsonl; ``benchmarks/eager_step.py``; the experts by ``torch._grouped_mm``,
-routed by ``index_select`` and ``index_add_``).
+h200-eager-moe-steps.jsonl; the same mixtures on an H100, h100-eager-moe-steps.jsonl;
+``benchmarks/eager_step.py``; the experts by ``torch._grouped_mm``, routed by
+``index_select`` and ``index_add_``).
 
 End-to-end points: no constant comes from them. Besides each step, the table shows its
 per-token part, the 8,192-token step less the 1,024-token one: the fixed part of a step is

@@ -415,6 +415,11 @@ def system(
         console.print(
             f"{peaks} TFLOP/s (dense), {data['hbm_gbps']} GB/s, {data['hbm_gib']} GiB, "
             f"{loaded.sm_count} SMs, {loaded.arch}"
+            + (
+                ""
+                if loaded.compute_capability is None
+                else f" (compute capability {loaded.compute_capability})"
+            )
         )
         for key, source in loaded.sources.items():
             console.print(f"source of {key}: {source}")

@@ -203,6 +203,11 @@ def scale_out(gbps_per_gpu: float) -> dict[str, Any]:
 
 
 # NVLS efficiencies: algorithm bandwidth over 900 GB/s (module docstring)
+CUDA_GPUS_PAGE = "https://developer.nvidia.com/cuda-gpus"
+CAPABILITY_SOURCE = {
+    "10.0": f"{CUDA_GPUS_PAGE}: compute capability 10.0 (B200, GB200)",
+    "10.3": f"{CUDA_GPUS_PAGE}: compute capability 10.3 (B300, GB300)",
+}
 NVLS_HGX_B200 = 0.53  # 830 GB/s bus bandwidth on 8 B200s (NVIDIA/nccl issue #1807)
 NVLS_NVL72 = 0.47  # 423-429 GB/s algbw, 72 ranks (coreweave/nccl-tests pull request #43)
 
@@ -227,6 +232,7 @@ ACCELERATOR_PRESETS: dict[str, dict[str, Any]] = {
         "peak_clock_ghz": 1.856,
         "sustained_clock_ghz": B200_SUSTAINED_CLOCK_GHZ,
         "arch": "blackwell",
+        "compute_capability": "10.0",
         "tdp_w": 1000,
         **BLACKWELL_EFFICIENCY,
         "network": [nvlink5(8, NVLS_HGX_B200), scale_out(50)],
@@ -241,6 +247,7 @@ ACCELERATOR_PRESETS: dict[str, dict[str, Any]] = {
             "peak_clock_ghz": "2,250 TFLOP/s / (148 SMs x 8,192 dense 16-bit FLOP per SM "
             "per clock, twice Hopper's 4,096)",
             "sustained_clock_ghz": B200_CLOCK_SOURCE,
+            "compute_capability": CAPABILITY_SOURCE["10.0"],
             "tdp_w": f"{HGX_PAGE}: 1,000 W per B200 GPU",
             "network": f"{NVLINK5_SOURCES}; NVLS 0.53: 830 GB/s all-reduce bus bandwidth on "
             "8 B200s (NVIDIA/nccl issue #1807); DGX B200 data sheet: 8 ConnectX-7 400 Gb/s",
@@ -266,6 +273,7 @@ ACCELERATOR_PRESETS: dict[str, dict[str, Any]] = {
         "peak_clock_ghz": 1.717,
         "sustained_clock_ghz": blackwell_sustained_clock(1100, 160),
         "arch": "blackwell",
+        "compute_capability": "10.3",
         "tdp_w": 1100,
         **BLACKWELL_EFFICIENCY,
         "network": [nvlink5(8, NVLS_HGX_B200), scale_out(100)],
@@ -280,6 +288,7 @@ ACCELERATOR_PRESETS: dict[str, dict[str, Any]] = {
             "peak_clock_ghz": "2,250 TFLOP/s / (160 SMs x 8,192 dense 16-bit FLOP per SM "
             "per clock)",
             "sustained_clock_ghz": scaled_clock_source(1100, 160),
+            "compute_capability": CAPABILITY_SOURCE["10.3"],
             "tdp_w": "HGX B300: 1,100 W per GPU (Verda's per-GPU table)",
             "network": f"{NVLINK5_SOURCES}; NVLS as measured on HGX B200 (the same NVLink 5 "
             "switches; no B300 measurement); HGX B300: 8 ConnectX-8 800 Gb/s SuperNICs",
@@ -305,6 +314,7 @@ ACCELERATOR_PRESETS: dict[str, dict[str, Any]] = {
         "peak_clock_ghz": 2.062,
         "sustained_clock_ghz": blackwell_sustained_clock(1200, 148),
         "arch": "blackwell",
+        "compute_capability": "10.0",
         "tdp_w": 1200,
         **BLACKWELL_EFFICIENCY,
         "host_link_gbps": GRACE_C2C_GBPS_PER_GPU,
@@ -319,6 +329,7 @@ ACCELERATOR_PRESETS: dict[str, dict[str, Any]] = {
             "peak_clock_ghz": "2,500 TFLOP/s / (148 SMs x 8,192 dense 16-bit FLOP per SM "
             "per clock)",
             "sustained_clock_ghz": scaled_clock_source(1200, 148),
+            "compute_capability": CAPABILITY_SOURCE["10.0"],
             "tdp_w": "GB200's B200 configured to 1,200 W (glennklockwood.com/garden/processors/"
             "B200, from NVIDIA's Blackwell datasheet)",
             "host_link_gbps": f"{GB200_PAGE}: " + GRACE_SOURCE,
@@ -348,6 +359,7 @@ ACCELERATOR_PRESETS: dict[str, dict[str, Any]] = {
         "peak_clock_ghz": 1.907,
         "sustained_clock_ghz": blackwell_sustained_clock(1400, 160),
         "arch": "blackwell",
+        "compute_capability": "10.3",
         "tdp_w": 1400,
         **BLACKWELL_EFFICIENCY,
         "host_link_gbps": GRACE_C2C_GBPS_PER_GPU,
@@ -362,6 +374,7 @@ ACCELERATOR_PRESETS: dict[str, dict[str, Any]] = {
             "peak_clock_ghz": "2,500 TFLOP/s / (160 SMs x 8,192 dense 16-bit FLOP per SM "
             "per clock)",
             "sustained_clock_ghz": scaled_clock_source(1400, 160),
+            "compute_capability": CAPABILITY_SOURCE["10.3"],
             "tdp_w": "GB300: 1,400 W per GPU (Verda's per-GPU table)",
             "host_link_gbps": f"{GB300_PAGE}: 36 Grace CPUs, 72 GPUs, the GB200's Grace and "
             f"NVLink-C2C ({GB200_PAGE}): " + GRACE_SOURCE,

@@ -164,12 +164,13 @@ def eager_moe_routing_time(node: Any, system: System) -> float | None:
 def attention_impl(profile: str, system: System, backend: str = "auto") -> str:
     """The fused attention kernel a training stack runs on the system's architecture
     (:func:`stg.perf.kernel_time.attention_kernel_for`): Megatron with Transformer Engine uses
-    cuDNN's fused attention on Hopper and Blackwell, FlashAttention-2 on Ampere, AITER's on
-    AMD; eager PyTorch's SDPA (2.11) cuDNN's on Hopper and FlashAttention-2 elsewhere
-    (Composable Kernel's on AMD); torchtitan's (``compiled``, and its eager Llama of 2024)
-    FlashAttention-2 on all but Blackwell, where it prefers cuDNN's; a node's
-    ``attention_backend`` (``flash``, ``fused``) overrides that choice."""
-    return attention_kernel_for(system.arch, profile, backend)
+    cuDNN's fused attention on Hopper and Blackwell, FlashAttention-2 on Ampere, AITER's on AMD;
+    eager PyTorch's SDPA (2.11) cuDNN's on compute capability 9.0 and 10.0 (Hopper, the B200 and
+    GB200) and FlashAttention-2 elsewhere (Composable Kernel's on AMD); torchtitan's
+    (``compiled``, and its eager Llama of 2024) FlashAttention-2 on all but Blackwell, where it
+    prefers cuDNN's; a node's ``attention_backend`` (``flash``, ``fused``) overrides that
+    choice."""
+    return attention_kernel_for(system.arch, profile, backend, system.compute_capability)
 
 
 def native_fp8(system: System, kind: str, dtype: str) -> bool:

@@ -439,9 +439,10 @@ and cuDNN 9.19, ``torch._fused_sdp_choice`` names cuDNN for every causal head sh
 eager steps on an H100, grouped-query heads included
 (tests/data/kernels/h100-attention-gqa.jsonl, ``extra.chosen``), and a training step on an
 H200 dispatched ``_scaled_dot_product_cudnn_attention`` (tests/data/eager/
-h200-eager-op-counts.json). Blackwell's eager entry stays FlashAttention-2: the same rule
-gives cuDNN on the B200 and GB200 (10.0) but not the B300 and GB300 (10.3), and a system
-names its architecture, not its compute capability. Volta and Turing have no fused kernel
+h200-eager-op-counts.json). The same rule gives cuDNN on the B200 and GB200 (10.0) but not
+the B300 and GB300 (10.3): where a system names its compute capability,
+:func:`attention_kernel_for` applies the rule itself (:data:`SDPA_CUDNN_FIRST`), else it takes
+the architecture's entry (Blackwell's FlashAttention-2). Volta and Turing have no fused kernel
 (unfused).
 torchtitan (``compiled``) calls SDPA under ``sdpa_kernel([FLASH_ATTENTION, EFFICIENT_ATTENTION,
 MATH], set_priority=True)``, with ``CUDNN_ATTENTION`` put first only from compute capability
@@ -466,15 +467,25 @@ Composable Kernel's), ``fused`` the vendor library (cuDNN; AITER in TE's ROCm bu
 
 AMD_ARCHS = ("cdna3", "cdna4")
 
+SDPA_CUDNN_FIRST = frozenset({"9.0", "10.0"})
+"""The NVIDIA compute capabilities on which eager PyTorch's SDPA tries cuDNN's attention first
+(``check_prefer_cudnn_attention``: major 9 or 10, minor 0; :data:`ATTENTION_CHOICE`)."""
 
-def attention_kernel_for(arch: str, profile: str, backend: str = "auto") -> str:
+
+def attention_kernel_for(
+    arch: str, profile: str, backend: str = "auto", compute_capability: str | None = None
+) -> str:
     """The fused attention kernel that ``profile`` (``megatron``, ``eager``, ``compiled``) runs
     on ``arch``:
     the run's ``backend`` (``flash``, ``fused``: :data:`ATTENTION_BACKEND_KERNELS`) where it
-    names one, else :data:`ATTENTION_CHOICE`; ``flash2`` where the architecture has no entry
-    (Volta and Turing price it unfused, having no fused kernel)."""
+    names one; for the eager profile on an NVIDIA GPU whose ``compute_capability`` is given,
+    cuDNN's where SDPA puts it first (:data:`SDPA_CUDNN_FIRST`), else FlashAttention-2; else
+    :data:`ATTENTION_CHOICE`; ``flash2`` where the architecture has no entry (Volta and
+    Turing price it unfused, having no fused kernel)."""
     if backend != "auto":
         return ATTENTION_BACKEND_KERNELS["amd" if arch in AMD_ARCHS else "nvidia"][backend]
+    if profile == "eager" and compute_capability is not None and arch not in AMD_ARCHS:
+        return "cudnn" if compute_capability in SDPA_CUDNN_FIRST else "flash2"
     return ATTENTION_CHOICE.get(arch, {}).get(profile, "flash2")
 
 

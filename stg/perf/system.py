@@ -36,6 +36,9 @@ A system is a JSON object (stdlib ``json``; no YAML dependency). Units are in th
   units)
   describe the GPU for the kernel models of :mod:`stg.perf.kernel_time`; an H100 SXM's
   values where omitted.
+- ``compute_capability`` (optional, NVIDIA's ``"major.minor"``, as ``"9.0"`` or ``"10.3"``):
+  which of an architecture's chips it is, where a stack's choice depends on it (eager
+  PyTorch's attention, :func:`stg.perf.kernel_time.attention_kernel_for`).
 - ``tdp_w`` (W): the board power (data-sheet TDP) at which ``sustained_clock_ghz`` holds;
   ``power_limit_w`` (W, optional): a lower power cap (``nvidia-smi -pl``), which lowers the
   sustained clock and so the compute-bound rates (:mod:`stg.perf.power`).
@@ -67,6 +70,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -157,6 +161,8 @@ class System:
     peak_clock_ghz: float = 1.83
     sustained_clock_ghz: float = 1.38
     arch: str = "hopper"
+    compute_capability: str | None = None
+    """NVIDIA's compute capability, ``"major.minor"`` (None: not given)"""
     tdp_w: float = 700.0
     power_limit_w: float | None = None
     host_link: float | None = None
@@ -244,6 +250,11 @@ class System:
             "peak_clock_ghz": self.peak_clock_ghz,
             "sustained_clock_ghz": self.sustained_clock_ghz,
             "arch": self.arch,
+            **(
+                {}
+                if self.compute_capability is None
+                else {"compute_capability": self.compute_capability}
+            ),
             "tdp_w": _num(self.tdp_w),
             **({} if self.power_limit_w is None else {"power_limit_w": _num(self.power_limit_w)}),
             **({} if self.host_link is None else {"host_link_gbps": _num(self.host_link / 1e9)}),
@@ -453,6 +464,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "peak_clock_ghz": 1.41,
         "sustained_clock_ghz": 1.305,
         "arch": "ampere",
+        "compute_capability": "8.0",  # NVIDIA's CUDA GPUs page: A100 8.0
         "tdp_w": 400,  # A100 SXM4 data sheet: max TDP 400 W
         "compute_efficiency": {"gemm": 0.8, "attention": 0.6, "other": 0.8},
         # streaming kernels on an A100 SXM4 80GB at full occupancy, 2 GiB arrays: scale
@@ -483,6 +495,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "peak_clock_ghz": 1.83,
         "sustained_clock_ghz": 1.38,
         "arch": "hopper",
+        "compute_capability": "9.0",  # NVIDIA's CUDA GPUs page: H100 (and H200, H800, H20) 9.0
         "tdp_w": 700,  # H100 SXM data sheet: max TDP up to 700 W (H200 and H800 SXM: the same)
         "compute_efficiency": {"gemm": 0.75, "attention": 0.55, "other": 0.8},
         "memory_efficiency": 0.89,  # measured: streaming kernels 2.95-3.0 of 3.35 TB/s
@@ -611,6 +624,7 @@ KNOWN_KEYS = frozenset(
         "peak_clock_ghz",
         "sustained_clock_ghz",
         "arch",
+        "compute_capability",
         "tdp_w",
         "power_limit_w",
         "host_link_gbps",
@@ -775,6 +789,14 @@ def _gpu_fields(data: Mapping[str, Any], source: str) -> dict[str, Any]:
         raise SystemDescriptionError(
             f"{source}: arch {arch!r} is not known; allowed: {', '.join(sorted(FUSED_ATTENTION))}"
         )
+    capability = data.get("compute_capability")
+    if capability is not None and (
+        not isinstance(capability, str) or not re.fullmatch(r"\d+\.\d+", capability)
+    ):
+        raise SystemDescriptionError(
+            f"{source}: compute_capability {capability!r} is not a 'major.minor' string "
+            "(as '9.0' or '10.3')"
+        )
     tdp = _positive(f"{source}: tdp_w", data.get("tdp_w", 700))
     limit = data.get("power_limit_w")
     if limit is not None:
@@ -790,6 +812,7 @@ def _gpu_fields(data: Mapping[str, Any], source: str) -> dict[str, Any]:
         "peak_clock_ghz": peak_clock,
         "sustained_clock_ghz": sustained,
         "arch": arch,
+        "compute_capability": capability,
         "tdp_w": tdp,
         "power_limit_w": limit,
     }
