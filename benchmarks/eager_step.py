@@ -21,6 +21,7 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -182,7 +183,13 @@ def system_of(device: str) -> str:
     return "h200-141g" if "H200" in device else "h100-80g"
 
 
-def measure(torch: Any, name: str, tokens: int) -> dict[str, Any]:
+WARMUP_STEPS = 3
+TIMED_STEPS = 5
+
+
+def training_step(torch: Any, name: str, tokens: int) -> tuple[Callable[[], None], int]:
+    """One training step of ``name`` on one sequence of ``tokens`` (bf16 autocast over fp32
+    weights, forward, backward, AdamW) as a callable, and the model's parameter count."""
     family, d, layers, heads, kv, ffn, vocab = MODELS[name]
     torch.manual_seed(0)
     moe = MOE.get(name)
@@ -199,16 +206,34 @@ def measure(torch: Any, name: str, tokens: int) -> dict[str, Any]:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    for _ in range(3):
+    return step, params
+
+
+def warm_up(torch: Any, step: Callable[[], None]) -> None:
+    """:data:`WARMUP_STEPS` steps, then the GPU drained."""
+    for _ in range(WARMUP_STEPS):
         step()
     torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
+
+
+def time_steps(torch: Any, step: Callable[[], None]) -> list[float]:
+    """Wall seconds of each of :data:`TIMED_STEPS` steps, the GPU drained after each."""
     times = []
-    for _ in range(5):
+    for _ in range(TIMED_STEPS):
         start = time.perf_counter()
         step()
         torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
+    return times
+
+
+def measure(torch: Any, name: str, tokens: int) -> dict[str, Any]:
+    family, d, layers, heads, kv, ffn, vocab = MODELS[name]
+    moe = MOE.get(name)
+    step, params = training_step(torch, name, tokens)
+    warm_up(torch, step)
+    torch.cuda.reset_peak_memory_stats()
+    times = time_steps(torch, step)
     peak = torch.cuda.max_memory_allocated()
     options = [
         "--model",

@@ -55,6 +55,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -406,6 +407,24 @@ def grouped(bench: Bench, quick: bool) -> None:
     bench.write("grouped", lines)
 
 
+def _time_sdpa(
+    bench: Bench, forward: Callable[[], Any], grad: Any, inputs: tuple[Any, ...]
+) -> tuple[list, list, list, list]:
+    """Warm-up and measured ms of an SDPA call ``forward`` alone and with its backward (the
+    output's gradient ``grad``, the ``inputs``' gradients cleared each time), one call per
+    event pair; a RuntimeError where the backend does not take the shape."""
+
+    def both() -> None:
+        out = forward()
+        for t in inputs:
+            t.grad = None
+        out.backward(grad)
+
+    warm_f, fwd, _ = bench.time_calls(forward, reps=1)
+    warm_b, fb, _ = bench.time_calls(both, reps=1)
+    return warm_f, fwd, warm_b, fb
+
+
 def _sdpa_line(
     index: int,
     args: list[dict[str, Any]],
@@ -482,14 +501,8 @@ def attention(bench: Bench, quick: bool) -> None:
                                 q, k, v, is_causal=causal
                             )
 
-                    def both(forward=forward, grad=grad, q=q, k=k, v=v):
-                        out = forward()
-                        q.grad = k.grad = v.grad = None
-                        out.backward(grad)
-
                     try:
-                        warm_f, fwd, _ = bench.time_calls(forward, reps=1)
-                        warm_b, fb, _ = bench.time_calls(both, reps=1)
+                        timings = _time_sdpa(bench, forward, grad, (q, k, v))
                     except RuntimeError as error:  # a backend that does not take this shape
                         print(f"skip {backend} d{head_dim} s{seq}: {str(error)[:80]}")
                         torch.cuda.empty_cache()
@@ -499,7 +512,7 @@ def attention(bench: Bench, quick: bool) -> None:
                             len(lines) - 1,
                             [_spec("bfloat16", [b, heads, seq, head_dim], True)] * 3,
                             {"is_causal": {"type": "bool", "value": causal}},
-                            (warm_f, fwd, warm_b, fb),
+                            timings,
                             4.0 * b * heads * seq * seq * head_dim * (0.5 if causal else 1.0),
                             {
                                 "backend": backend,
@@ -556,23 +569,14 @@ def attention_gqa(bench: Bench, quick: bool) -> None:
             for backend in ("default", *forced):
 
                 def forward(q=q, k=k, v=v, gqa=gqa, backend=backend):
-                    if backend == "default":
+                    own = backend == "default"  # SDPA's own choice
+                    with nullcontext() if own else sdpa_kernel([forced[backend]]):
                         return torch.nn.functional.scaled_dot_product_attention(
                             q, k, v, is_causal=True, enable_gqa=gqa
                         )
-                    with sdpa_kernel([forced[backend]]):
-                        return torch.nn.functional.scaled_dot_product_attention(
-                            q, k, v, is_causal=True, enable_gqa=gqa
-                        )
-
-                def both(forward=forward, grad=grad, q=q, k=k, v=v):
-                    out = forward()
-                    q.grad = k.grad = v.grad = None
-                    out.backward(grad)
 
                 try:
-                    warm_f, fwd, _ = bench.time_calls(forward, reps=1)
-                    warm_b, fb, _ = bench.time_calls(both, reps=1)
+                    timings = _time_sdpa(bench, forward, grad, (q, k, v))
                 except RuntimeError as error:  # a backend that does not take this shape
                     print(f"skip {backend} {model} s{seq}: {str(error)[:80]}", flush=True)
                     continue
@@ -587,7 +591,7 @@ def attention_gqa(bench: Bench, quick: bool) -> None:
                             "is_causal": {"type": "bool", "value": True},
                             "enable_gqa": {"type": "bool", "value": gqa},
                         },
-                        (warm_f, fwd, warm_b, fb),
+                        timings,
                         4.0 * heads * seq * seq * head_dim * 0.5,
                         {
                             "model": model,

@@ -4,13 +4,13 @@
         [--tokens 1024,8192]
 
 Writes ``PREFIX-eager-step-kernels.jsonl``: for each model and token count, the step that
-``eager_step.py`` times (bf16 autocast over fp32 weights, forward, backward, AdamW) run 3
-times to warm up and then 2 times under ``torch.profiler``, with ``kernels`` mapping every
-CUDA kernel (and memcpy/memset) name to ``[device µs, calls]`` per step, their sum
-``device_us``, and the step's wall time measured apart from the profiler (``step_s``, the
-median of 5 as ``eager_step.py`` takes it). The sum against the wall time says how much of a
-step the GPU was busy; the kernels by name say which of stg's kernel models to check.
-Kernel-level measurements: stg's kernel constants may cite them. Needs PyTorch and a CUDA
+``eager_step.py`` times (``eager_step.training_step``: bf16 autocast over fp32 weights, forward,
+backward, AdamW) run 3 times to warm up and then 2 times under ``torch.profiler``, with
+``kernels`` mapping every CUDA kernel (and memcpy/memset) name to ``[device µs, calls]`` per
+step, their sum ``device_us``, and the step's wall time measured apart from the profiler
+(``step_s``, the median of 5 as ``eager_step.py`` takes it). The sum against the wall time says
+how much of a step the GPU was busy; the kernels by name say which of stg's kernel models to
+check. Kernel-level measurements: stg's kernel constants may cite them. Needs PyTorch and a CUDA
 GPU.
 """
 
@@ -20,47 +20,23 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from eager_step import MODELS, MOE, build
+from eager_step import MODELS, time_steps, training_step, warm_up
 
 from stg.bench import MissingDependencyError, require_cuda
 
-WARMUP = 3
 PROFILED_STEPS = 2
-TIMED_STEPS = 5
 
 
 def profile_step(torch: Any, name: str, tokens: int) -> dict[str, Any]:
     """One model's step at ``tokens``: per-kernel device time and the step's wall time."""
-    family, d, layers, heads, kv, ffn, vocab = MODELS[name]
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = build(torch, family, d, layers, heads, kv, ffn, vocab, tokens, MOE.get(name))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    data = torch.randint(0, vocab, (1, tokens + 1), device="cuda")
-    inputs, labels = data[:, :-1], data[:, 1:]
-
-    def step() -> None:
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(inputs, labels)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    for _ in range(WARMUP):
-        step()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(TIMED_STEPS):
-        start = time.perf_counter()
-        step()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
+    step, _ = training_step(torch, name, tokens)
+    warm_up(torch, step)
+    times = time_steps(torch, step)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(PROFILED_STEPS):
             step()
