@@ -22,6 +22,7 @@ the model.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -30,7 +31,8 @@ import pytest
 
 from stg.core.options import GenerateOptions
 from stg.core.pipeline import build_workload
-from stg.core.torchtitan import EAGER_KERNELS_ATTR
+from stg.core.torchtitan import EAGER_KERNEL_BYTES_ATTR, EAGER_KERNELS_ATTR
+from stg.core.workload import NodeType
 from stg.host.registry import load_registry
 from stg.perf.costs import compute_time
 from stg.perf.kernel_time import memory_bound_time
@@ -54,17 +56,20 @@ OPTIONS = {
 GEMM_KERNELS = ("nvjet", "gemm", "xmma", "cutlass")
 
 
-def _options(row: dict) -> GenerateOptions:
-    given = OPTIONS[(row["gpu"], row["model"], row["tokens"])]
-    values = dict(zip(given[::2], given[1::2], strict=True))
-    values.pop("--system")
-    typed: dict[str, object] = {}
-    for flag, value in values.items():
-        key = flag.lstrip("-")
-        typed[key] = value == "true" if value in ("true", "false") else value
-        if value.isdigit():
-            typed[key] = int(value)
-    return GenerateOptions(**typed)
+def _typed(value: str) -> object:
+    if value in ("true", "false"):
+        return value == "true"
+    return int(value) if value.isdigit() else value
+
+
+@functools.cache
+def _nodes(gpu: str, model: str, tokens: int, profile: str) -> list:
+    """Rank 0's nodes of the step's ``stg predict`` options under ``profile``."""
+    given = OPTIONS[(gpu, model, tokens)]
+    values = {flag.lstrip("-"): _typed(v) for flag, v in zip(given[::2], given[1::2], strict=True)}
+    del values["system"]
+    options = GenerateOptions(**{**values, "profile": profile})
+    return list(build_workload(options, load_registry(autoload=False)).ranks[0].nodes())
 
 
 def _measured_ms(row: dict, *needles: str, but: str = "\0") -> float:
@@ -79,26 +84,15 @@ def _measured_ms(row: dict, *needles: str, but: str = "\0") -> float:
     )
 
 
-def _priced_ms(row: dict, profile: str, pick: Callable[[object], bool]) -> float:
-    options = _options(row)
-    if profile != options.profile:
-        options = GenerateOptions(**{**options.as_dict(), "profile": profile})
-    nodes = build_workload(options, load_registry(autoload=False)).ranks[0].nodes()
+def _priced_ms(row: dict, profile: str, attr: str) -> float:
+    """Priced ms of the step's compute nodes that carry the attribute ``attr``."""
     system = load_system(GPUS[row["gpu"]])
-    return sum(compute_time(n, system, "bf16", profile=profile) for n in nodes if pick(n)) * 1e3
-
-
-def _attention(node: object) -> bool:
-    return "attention" in (getattr(node, "attrs", None) or {})
-
-
-def _loss(node: object) -> bool:
-    return EAGER_KERNELS_ATTR in (getattr(node, "attrs", None) or {})
-
-
-def _gemm(node: object) -> bool:
-    attrs = getattr(node, "attrs", None) or {}
-    return getattr(node, "type", None) is not None and node.type.name == "COMP" and "gemm" in attrs
+    nodes = _nodes(row["gpu"], row["model"], row["tokens"], profile)
+    return 1e3 * sum(
+        compute_time(n, system, "bf16", profile=profile)
+        for n in nodes
+        if n.type is NodeType.COMP and attr in (n.attrs or {})
+    )
 
 
 @pytest.mark.parametrize("row", STEPS, ids=lambda r: f"{r['gpu']}-{r['model']}@{r['tokens']}")
@@ -116,19 +110,19 @@ def test_attention_and_loss_cost_what_ran(row: dict) -> None:
     fp32 log-softmax kernels within 10 % (measured 3.97 and 4.25 ms for Llama 1B, priced 3.88
     and 3.98)."""
     attention = _measured_ms(row, "sdpa", "cudnn::fusion")
-    priced = _priced_ms(row, "eager", _attention)
-    assert priced == pytest.approx(attention, rel=0.10)
+    assert _priced_ms(row, "eager", "attention") == pytest.approx(attention, rel=0.10)
     softmax = _measured_ms(row, "softmaxforward", "softmaxbackward")
-    nodes = build_workload(_options(row), load_registry(autoload=False)).ranks[0].nodes()
+    gpu = load_system(GPUS[row["gpu"]]).gpu
     log_softmax = 0.0
-    for node in nodes:
-        if _loss(node):
-            kinds = node.attrs[EAGER_KERNELS_ATTR]
-            sizes = node.attrs["eager_kernel_bytes"]
-            for kind, nbytes in zip(kinds, sizes, strict=True):
-                if kind.startswith("log_softmax"):
-                    gpu = load_system(GPUS[row["gpu"]]).gpu
-                    log_softmax += memory_bound_time(gpu, nbytes, *kind.split(":")) * 1e3
+    for node in _nodes(row["gpu"], row["model"], row["tokens"], "eager"):
+        kernels = zip(
+            (node.attrs or {}).get(EAGER_KERNELS_ATTR, ()),
+            (node.attrs or {}).get(EAGER_KERNEL_BYTES_ATTR, ()),
+            strict=True,
+        )
+        for kind, nbytes in kernels:
+            if kind.startswith("log_softmax"):
+                log_softmax += memory_bound_time(gpu, nbytes, *kind.split(":")) * 1e3
     assert log_softmax == pytest.approx(softmax, rel=0.10)
 
 
@@ -139,7 +133,7 @@ def test_gemms_in_eager_steps(report_table: Callable[[str, list[str]], None]) ->
     ratios = []
     for row in STEPS:
         measured = _measured_ms(row, *GEMM_KERNELS, but="sdpa")
-        priced = _priced_ms(row, "megatron", _gemm)
+        priced = _priced_ms(row, "megatron", "gemm")
         ratios.append(measured / priced)
         step = f"{row['gpu']} {row['model']}@{row['tokens']}"
         lines.append(f"{step:<21}{measured:>12.1f}ms{priced:>7.1f}ms{measured / priced:>7.2f}")
