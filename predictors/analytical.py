@@ -66,6 +66,8 @@ from stg.api import (
     chunk_layer_counts,
     collective_time,
     compute_time,
+    expert_dispatch_time,
+    expert_route,
     group_shape,
     is_hybrid,
     kernel_name,
@@ -87,6 +89,7 @@ from stg.predictors import _workload_cache as workload_cache
 
 AXES_ORDER_DEFAULT = "tp,sp,ep,dp,pp"
 GATHERS = (CollectiveType.ALL_GATHER, CollectiveType.GATHER)
+ALL_TO_ALL = CollectiveType.ALL_TO_ALL
 
 
 # ---------------------------------------------------------------------------------------------
@@ -544,6 +547,14 @@ class _Pricer:
             # collective times memoised on the system object too (a search prices the same
             # collective for many plans)
             times = self.system.__dict__.setdefault("_analytical_collectives", {})
+            route = expert_route(node.attrs) if node.comm_type is ALL_TO_ALL else None
+            if route is not None:  # an expert dispatch that DeepEP or HybridEP runs
+                key = (route, size, shape, node.dtype)
+                if key not in times:
+                    times[key] = expert_dispatch_time(
+                        node.attrs, size, node.dtype, shape, self.system
+                    )
+                return times[key]
             key = (node.comm_type, size, shape)
             if key not in times:
                 times[key] = collective_time(node.comm_type, size, shape, self.system)

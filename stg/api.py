@@ -28,6 +28,8 @@ What is here, by the stage of the pipeline it belongs to:
   :func:`device_of`, :func:`group_of_rank`), the kernel time models (:func:`gemm_time`,
   :func:`attention_time`, :func:`memory_bound_time`), the cost of one node shared by the
   time predictors (:func:`compute_time`, :func:`collective_time`, :func:`send_time`,
+  :func:`expert_dispatch_time`: an expert dispatch that DeepEP or HybridEP runs, the
+  routing it reads from a node's attributes, :func:`expert_route`,
   :func:`group_shape`, :func:`link_dimension`), the replay engine that times a multi-rank
   graph (:func:`replay` of a :class:`Problem` built by :func:`problem_from_workload`,
   :func:`problem_from_trace` or :func:`problem_from_nodes`; the module
@@ -113,6 +115,7 @@ if TYPE_CHECKING:
         collective_phases,
         collective_time,
         compute_time,
+        expert_dispatch_time,
         group_shape,
         link_dimension,
         native_fp8,
@@ -120,6 +123,7 @@ if TYPE_CHECKING:
         send_time,
         tree_all_reduce_time,
     )
+    from stg.perf.ep_dispatch import routed as expert_route
     from stg.perf.hybrid import HybridSystem, device_of, group_of_rank, is_hybrid
     from stg.perf.kernel_time import attention_time, gemm_time, memory_bound_time, memory_kind
     from stg.perf.kernels import KernelTable, is_cast, kernel_name, kernel_table
@@ -200,6 +204,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "collective_phases": ("stg.perf.costs", "collective_phases"),
     "collective_time": ("stg.perf.costs", "collective_time"),
     "compute_time": ("stg.perf.costs", "compute_time"),
+    "expert_dispatch_time": ("stg.perf.costs", "expert_dispatch_time"),
+    "expert_route": ("stg.perf.ep_dispatch", "routed"),
     "group_shape": ("stg.perf.costs", "group_shape"),
     "link_dimension": ("stg.perf.costs", "link_dimension"),
     "native_fp8": ("stg.perf.costs", "native_fp8"),
@@ -325,6 +331,8 @@ __all__ = [
     "device_of",
     "estimate_size",
     "expert_capacity",
+    "expert_dispatch_time",
+    "expert_route",
     "expert_zero_degree",
     "first_keep",
     "frame",

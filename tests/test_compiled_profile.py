@@ -96,11 +96,20 @@ def test_profile_is_validated_with_its_allowed_values() -> None:
         make_plan(GenerateOptions(model="llama", profile="inductor"))
 
 
+COMPILE_SWITCHES = ("--training.compile on", "enable_compile True")
+"""How a run's assumptions say it compiled its blocks: torchtitan's flag, NeMo AutoModel's
+``distributed.enable_compile``."""
+
+
 def test_torch_compile_rows_use_the_compiled_profile() -> None:
-    """A published run whose assumptions say it ran ``--training.compile`` is predicted under
-    ``compiled``; the others of torchtitan (compile off) are not."""
+    """A published run whose assumptions say it ran ``torch.compile`` (:data:`COMPILE_SWITCHES`)
+    is predicted under ``compiled``; the others (compile off) are not."""
     entries = json.loads(RUNS.read_text())["entries"]
-    compiled = [e for e in entries if any("--training.compile on" in a for a in e["assumptions"])]
+    compiled = [
+        e
+        for e in entries
+        if any(switch in a for a in e["assumptions"] for switch in COMPILE_SWITCHES)
+    ]
     assert compiled
     for entry in compiled:
         assert entry["options"].get("profile") == "compiled", entry["id"]

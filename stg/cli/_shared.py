@@ -393,6 +393,34 @@ SPECS: dict[str, tuple[str, _Spec]] = {
             metavar=BOOL,
         ),
     ),
+    "moe_dispatcher": (
+        _PARALLEL,
+        _Spec(
+            "Library of the expert-parallel all-to-alls: alltoall (NCCL's all-to-all of every "
+            "routed copy, Megatron-core's alltoall dispatcher), deepep or hybridep (a token "
+            "sent once per destination rank and node, at the kernels' rates measured on H100; "
+            "Megatron-core's flex dispatcher, NeMo AutoModel's dispatcher; needs ep > 1).",
+            metavar="NAME",
+        ),
+    ),
+    "moe_gate": (
+        _PARALLEL,
+        _Spec(
+            "Where a token's experts fall, for --moe_dispatcher deepep or hybridep: random "
+            "(k distinct experts at random; default) or consecutive (token t takes experts "
+            "t·k to t·k+k-1: NeMo AutoModel's fake balanced gate; needs --moe_routing "
+            "capacity).",
+            metavar="NAME",
+        ),
+    ),
+    "moe_dispatcher_sms": (
+        _PARALLEL,
+        _Spec(
+            "SMs the --moe_dispatcher deepep or hybridep kernels run on (Megatron-core's "
+            "moe_deepep_num_sms, moe_hybridep_num_sms; default: theirs, 20 and 16).",
+            metavar="N",
+        ),
+    ),
     "rank_order": (_PARALLEL, _Spec("Mesh axes, fastest-varying first.", metavar="AXES")),
     "pipeline_schedule": (
         _PARALLEL,

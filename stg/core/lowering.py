@@ -58,6 +58,17 @@ from stg.core.recipes import (
     quantize_kernels,
     weight_copy_bytes,
 )
+from stg.core.routing import (
+    DISPATCHER_ATTR,
+    EP_EXPERTS_ATTR,
+    EP_GATE_ATTR,
+    EP_HIDDEN_ATTR,
+    EP_KEXPERTS_ATTR,
+    EP_ROUTE_ATTR,
+    EP_SMS_ATTR,
+    NCCL_DISPATCHER,
+    RANDOM_GATE,
+)
 from stg.core.schedules import ep_overlap_groups
 from stg.core.symbolic import Dim, Op, Part, Tensor, is_routed_expert
 from stg.core.torch_context_parallel import (
@@ -951,6 +962,59 @@ def _mark_flat(bound: list[BoundOp], ops: Iterable[Op], binder: Binder) -> list[
     return out
 
 
+def _experts_index(t: Tensor) -> int | None:
+    return next((i for i, d in enumerate(t.dims) if d.name == "experts"), None)
+
+
+def _mark_expert_routes(
+    bound: list[BoundOp],
+    ops: Iterable[Op],
+    binder: Binder,
+    dispatcher: str,
+    kexperts: int,
+    gate: str = RANDOM_GATE,
+    sms: int | None = None,
+) -> list[BoundOp]:
+    """Mark the expert-parallel all-to-alls of ``bound`` (bound from ``ops``: those moving a
+    tensor with an ``experts`` dimension) as ``dispatcher`` runs them
+    (:data:`stg.core.routing.DISPATCHER_ATTR` and the routing it needs: direction, ``k``,
+    experts, row elements, ``gate`` where not ``random`` and ``sms`` where given); a
+    ``dispatch`` splits the experts dimension over more ranks than its input has it (tokens
+    travel to their experts), a ``combine`` over fewer."""
+    if dispatcher == NCCL_DISPATCHER:
+        return bound
+    collectives = {
+        key(op.output): op
+        for op in ops
+        if op.kind == "collective" and op.collective is CollectiveType.ALL_TO_ALL
+    }
+    out = []
+    for b in bound:
+        op = collectives.get(b.outputs[0]) if b.type is NodeType.COMM_COLL else None
+        src = op.inputs[0] if op is not None else None
+        at = _experts_index(src) if src is not None else None
+        if op is None or src is None or at is None:
+            out.append(b)
+            continue
+        before = len(src.sharding.dims[at])
+        after = len(op.output.sharding.dims[at])
+        route = "dispatch" if after > before else "combine"
+        row = binder.local_dim(src.dims[-1], src.sharding.dims[-1])
+        attrs = (
+            (DISPATCHER_ATTR, dispatcher),
+            (EP_ROUTE_ATTR, route),
+            (EP_KEXPERTS_ATTR, kexperts),
+            (EP_EXPERTS_ATTR, binder.size(src.dims[at])),
+            (EP_HIDDEN_ATTR, row),
+        )
+        if gate != RANDOM_GATE:
+            attrs += ((EP_GATE_ATTR, gate),)
+        if sms is not None:
+            attrs += ((EP_SMS_ATTR, sms),)
+        out.append(replace(b, attrs=(*b.attrs, *attrs)))
+    return out
+
+
 WEIGHT_COLLECTIVE_TAGS = frozenset({"weight_gather", "weight_grad_reduce"})
 
 
@@ -1127,6 +1191,10 @@ def bind_part(
     param_gather: bool = False,
     fp8_dispatch: bool = False,
     fsdp2_copies: bool = True,
+    moe_dispatcher: str = NCCL_DISPATCHER,
+    kexperts: int = 1,
+    moe_gate: str = RANDOM_GATE,
+    moe_dispatcher_sms: int | None = None,
 ) -> BoundPart:
     """Bind ``part``; ``shard_degree`` is the degree over which ZeRO or FSDP shards its
     gradients and optimizer states (1: not sharded), over the mesh axes ``shard_axes`` where
@@ -1141,7 +1209,10 @@ def bind_part(
     the recipe's fp8 copies (:func:`stg.core.recipes.gathered_weight_bytes`), and whose MoE
     dispatch moves bf16 tokens, or with ``fp8_dispatch`` their quantized copies;
     ``fsdp2_copies``: FSDP's weight collectives come with FSDP2's copy kernels
-    (:func:`fsdp_copies`; Megatron-FSDP has none)."""
+    (:func:`fsdp_copies`; Megatron-FSDP has none); ``moe_dispatcher`` other than ``alltoall``
+    marks the expert-parallel all-to-alls as DeepEP or HybridEP runs them, for tokens routed
+    to ``kexperts`` experts each, where ``moe_gate`` puts them, on ``moe_dispatcher_sms`` SMs
+    (:func:`_mark_expert_routes`)."""
     shapes: dict[str, tuple[int, ...]] = {}
     grads = tuple(key(g) for g in part.weight_grads.values())
     input_tensor = next((t for t in part.inputs if t.kind == "input"), None)
@@ -1155,7 +1226,11 @@ def bind_part(
 
     def bound(ops: list[Op], group_of: Callable[[BoundOp], object | None]) -> list[BoundOp]:
         fused = fuse_attention(ops, binder, shapes) if fused_attention else ops
-        return fuse(_mark_flat(bind_ops(fused, binder), ops, binder), group_of)
+        marked = _mark_flat(bind_ops(fused, binder), ops, binder)
+        marked = _mark_expert_routes(
+            marked, ops, binder, moe_dispatcher, kexperts, moe_gate, moe_dispatcher_sms
+        )
+        return fuse(marked, group_of)
 
     # sequence parallelism's replicated weights: their tensor-parallel all-reduce, once per
     # stage (lower_stage); their data-parallel reduction stays in the buckets

@@ -252,7 +252,13 @@ class GenerateOptions:
     of bf16. ``moe_sort_by_expert`` adds the copies of Megatron-core's alltoall token
     dispatcher, which put the rows an expert-parallel all-to-all brings in local-expert order
     and back (:func:`stg.models.moe.sorted_by_expert`; needs ``ep`` > 1, the ``megatron``
-    profile and a model with experts).
+    profile and a model with experts). ``moe_dispatcher`` is the library that runs the
+    expert-parallel all-to-alls (:data:`stg.core.routing.DISPATCHERS`): ``alltoall`` (NCCL's
+    all-to-all, the default), ``deepep`` or ``hybridep``, which send a token once per
+    destination rank and node at their kernels' measured rates
+    (:mod:`stg.perf.ep_dispatch`; needs ``ep`` > 1 and a model with experts); ``moe_gate``
+    is where a token's experts fall for that deduplication (:data:`stg.core.routing.GATES`):
+    ``random`` (the default) or ``consecutive`` (NeMo AutoModel's fake balanced gate).
     ``nvfp4_disable_rht`` and ``nvfp4_disable_stochastic_rounding`` turn off the ``nvfp4``
     recipe's random Hadamard transform and stochastic rounding, as Transformer Engine's
     ``NVTE_NVFP4_DISABLE_RHT`` and ``NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING`` do
@@ -344,6 +350,9 @@ class GenerateOptions:
     capacity_factor: float = 1.0
     moe_routing: str = "capacity"
     moe_sort_by_expert: bool = False
+    moe_dispatcher: str = "alltoall"
+    moe_gate: str = "random"
+    moe_dispatcher_sms: int | None = None
     shared_experts: int | None = None
     dense_layers: int | None = None
     dense_dff: int | None = None
@@ -541,6 +550,7 @@ class GenerateOptions:
         "fp8_param_gather",
         "fp8_dispatch",
         "moe_sort_by_expert",
+        "moe_dispatcher_sms",
         "nvfp4_disable_rht",
         "nvfp4_disable_stochastic_rounding",
         "megatron_fsdp",
@@ -594,8 +604,9 @@ class GenerateOptions:
         ``attention_backend`` at their defaults, ``low_precision_recipe`` at its default
         (``delayed``), the layer counts of ``first_last_layers_bf16`` without it,
         ``amax_history`` without TE's delayed scaling (:attr:`te_delayed_scaling`),
-        ``moe_routing`` at its default and the other kind of run's fields (inference fields in
-        training, overlap fields in serving) are left out."""
+        ``moe_routing``, ``moe_dispatcher`` and ``moe_gate`` at their defaults, the other
+        kind of run's fields (inference fields in training, overlap fields in serving)
+        are left out."""
         other = self.OVERLAP_FIELDS if self.inference else self.INFERENCE_FIELDS
         return {
             k: v
@@ -610,4 +621,6 @@ class GenerateOptions:
             and not (k == "low_precision_recipe" and v == "delayed")
             and not (k in self.BF16_LAYER_COUNTS and not self.first_last_layers_bf16)
             and not (k == "moe_routing" and v == "capacity")
+            and not (k == "moe_dispatcher" and v == "alltoall")
+            and not (k == "moe_gate" and v == "random")
         }

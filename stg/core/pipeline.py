@@ -39,7 +39,7 @@ from stg.core.precision import (
     unmatched_patterns,
 )
 from stg.core.recipes import DEFAULT_RECIPE, model_kind, split_bf16_layers, training_recipe
-from stg.core.routing import expert_capacity
+from stg.core.routing import DISPATCHER_ATTR, NCCL_DISPATCHER, expert_capacity
 from stg.core.symbolic import (
     Capacity,
     Dff,
@@ -179,6 +179,10 @@ def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> Model
             param_gather=o.fp8_param_gather,
             fp8_dispatch=o.fp8_dispatch,
             fsdp2_copies=not o.megatron_fsdp,
+            moe_dispatcher=o.moe_dispatcher,
+            kexperts=o.kexperts,
+            moe_gate=o.moe_gate,
+            moe_dispatcher_sms=o.moe_dispatcher_sms,
         )
         bound[name] = with_attention_backend(bound[name], o.attention_backend)
         if o.profile in DTENSOR_PROFILES and (o.micro_batch or o.batch) // o.data_replicas > 1:
@@ -201,6 +205,11 @@ def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> Model
                 f"{switch}=true does not apply to model {model.name!r}: none of its layers "
                 "sends tokens to experts over an all-to-all (leave it false)"
             )
+    if o.moe_dispatcher != NCCL_DISPATCHER and not any(map(_routes_experts, bound.values())):
+        raise OptionError(
+            f"moe_dispatcher={o.moe_dispatcher} does not apply to model {model.name!r}: none "
+            "of its layers sends tokens to experts over an all-to-all (leave it alltoall)"
+        )
     if stackless:
         bound["block"] = bind_part(Part("block"), binder, None)
     facts: dict[str, object] = {}
@@ -425,6 +434,11 @@ def _dispatches_to_experts(part: Any) -> bool:
         op.type is NodeType.COMM_COLL and op.comm_type is CollectiveType.ALL_TO_ALL
         for op in part.forward
     )
+
+
+def _routes_experts(part: Any) -> bool:
+    """Whether a bound part has an expert-parallel all-to-all that ``moe_dispatcher`` marked."""
+    return any(DISPATCHER_ATTR in dict(op.attrs) for op in part.forward)
 
 
 def build_workload(

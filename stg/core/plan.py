@@ -26,7 +26,7 @@ from stg.core.options import GenerateOptions, OptionError
 from stg.core.precision import DTYPE_BYTES
 from stg.core.quantization import FORMAT_ONLY
 from stg.core.recipes import DEFAULT_RECIPE, PARAM_GATHER_RECIPES, RECIPES
-from stg.core.routing import ROUTINGS
+from stg.core.routing import DISPATCHERS, GATES, NCCL_DISPATCHER, RANDOM_GATE, ROUTINGS
 from stg.core.torchtitan import NORM_TYPES
 
 MAX_TAG = 500_000_000
@@ -421,6 +421,9 @@ def _check_phase(o: GenerateOptions) -> None:
         ("fp8_dispatch", o.fp8_dispatch),
         ("megatron_fsdp", o.megatron_fsdp),
         ("first_last_layers_bf16", o.first_last_layers_bf16),
+        # the measured rates are DeepEP's and HybridEP's high-throughput kernels (training);
+        # serving runs their low-latency ones
+        ("moe_dispatcher", o.moe_dispatcher != NCCL_DISPATCHER),
     )
     for name, given in training_only:
         _require(
@@ -827,6 +830,33 @@ def make_plan(o: GenerateOptions) -> ParallelPlan:
     folded = _check_ep_layout(o)
     _require(o.kexperts <= o.experts, f"kexperts={o.kexperts} must not exceed experts={o.experts}")
     _require(o.capacity_factor > 0, f"capacity_factor={o.capacity_factor} must be positive")
+    _require(
+        o.moe_dispatcher in DISPATCHERS,
+        f"moe_dispatcher={o.moe_dispatcher!r} must be one of {', '.join(DISPATCHERS)}",
+    )
+    _require(
+        o.moe_dispatcher == NCCL_DISPATCHER or o.ep > 1,
+        f"moe_dispatcher={o.moe_dispatcher} runs the expert-parallel all-to-alls: "
+        f"ep={o.ep} is not allowed; allowed: ep > 1 (or moe_dispatcher=alltoall)",
+    )
+    _require(
+        o.moe_dispatcher_sms is None
+        or (o.moe_dispatcher != NCCL_DISPATCHER and o.moe_dispatcher_sms > 0),
+        f"moe_dispatcher_sms={o.moe_dispatcher_sms} is the SM budget of DeepEP's or "
+        f"HybridEP's kernels: moe_dispatcher={o.moe_dispatcher} is not allowed with it; "
+        "allowed: a positive count with moe_dispatcher deepep or hybridep",
+    )
+    _require(o.moe_gate in GATES, f"moe_gate={o.moe_gate!r} must be one of {', '.join(GATES)}")
+    _require(
+        o.moe_gate == RANDOM_GATE or o.moe_dispatcher != NCCL_DISPATCHER,
+        f"moe_gate={o.moe_gate} decides where DeepEP and HybridEP send a token: "
+        f"moe_dispatcher={o.moe_dispatcher} is not allowed with it; allowed: deepep, hybridep",
+    )
+    _require(
+        o.moe_gate == RANDOM_GATE or o.moe_routing == "capacity",
+        f"moe_gate={o.moe_gate} loads every expert equally: moe_routing={o.moe_routing} is not "
+        "allowed with it; allowed: capacity",
+    )
     _require(
         o.moe_routing in ROUTINGS,
         f"moe_routing={o.moe_routing!r} must be one of {', '.join(ROUTINGS)}",

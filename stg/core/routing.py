@@ -28,6 +28,41 @@ from stg.core.options import GenerateOptions
 ROUTINGS = ("capacity", "dropless")
 """Values of ``--moe_routing``."""
 
+NCCL_DISPATCHER = "alltoall"
+DISPATCHERS = (NCCL_DISPATCHER, "deepep", "hybridep")
+"""Values of ``--moe_dispatcher``: how an expert-parallel all-to-all moves tokens. ``alltoall``
+is NCCL's all-to-all of every routed copy (Megatron-core's ``--moe-token-dispatcher-type
+alltoall``); ``deepep`` and ``hybridep`` are DeepEP's and NVIDIA's HybridEP kernels
+(Megatron-core's ``flex`` dispatcher backends, NeMo AutoModel's ``dispatcher``), which send a
+token once per destination rank and node (:mod:`stg.perf.ep_dispatch`)."""
+
+RANDOM_GATE = "random"
+GATES = (RANDOM_GATE, "consecutive")
+"""Values of ``--moe_gate``: where a token's ``k`` experts fall, which decides how many ranks
+and nodes a DeepEP-class dispatch sends it to. ``random``: ``k`` distinct experts uniformly at
+random (a balanced router; Megatron-core's ``--moe-router-force-load-balancing`` draws random
+logits, ``megatron/core/transformer/moe/moe_utils.py``, ``apply_random_logits``);
+``consecutive``: token ``t`` takes experts ``t·k`` to ``t·k + k - 1`` modulo ``E`` (NeMo
+AutoModel's ``FakeBalancedGate``, ``nemo_automodel/components/moe/layers.py``:
+``arange(n_tokens · k).view(-1, k) % n_experts``)."""
+
+DISPATCHER_ATTR = "moe_dispatcher"
+"""Node attribute of an expert-parallel all-to-all: the library that runs it (a value of
+:data:`DISPATCHERS` other than ``alltoall``; NCCL's all-to-all carries none)."""
+EP_ROUTE_ATTR = "ep_route"
+"""... its direction: ``dispatch`` (tokens to the ranks of their experts) or ``combine``
+(expert outputs back to their tokens' ranks)."""
+EP_KEXPERTS_ATTR = "ep_kexperts"
+"""... the experts each token is routed to (``kexperts``)."""
+EP_EXPERTS_ATTR = "ep_experts"
+"""... the routed experts of the layer (``experts``)."""
+EP_HIDDEN_ATTR = "ep_hidden"
+"""... the elements of one routed row (the hidden size on the rank)."""
+EP_SMS_ATTR = "ep_sms"
+"""... the SMs its kernels run on (absent: the library's default)."""
+EP_GATE_ATTR = "ep_gate"
+"""... where a token's experts fall (a value of :data:`GATES`; absent: ``random``)."""
+
 
 def expected_max_load(mean: float, bins: int) -> float:
     """Expected load of the fullest of ``bins`` bins whose loads average ``mean`` under

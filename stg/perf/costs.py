@@ -41,6 +41,7 @@ from stg.errors import UserError
 from stg.perf import comm_time
 from stg.perf.calibration import Calibration
 from stg.perf.eager import eager_time
+from stg.perf.ep_dispatch import dispatch_phases, routed
 from stg.perf.kernel_time import (
     DTYPE_BYTES,
     MEMORY_KERNEL_SPEED,
@@ -689,6 +690,20 @@ def collective_phases(
     return tuple(
         (comm_time.port(levels[p.dimension], p.dimension), p.latency, p.transfer) for p in phases
     )
+
+
+def expert_dispatch_time(
+    attrs: Any, comm_size: int, dtype: str | None, shape: Sequence[int], system: System
+) -> float | None:
+    """Seconds of an expert-parallel all-to-all that DeepEP or HybridEP runs (its typed
+    attributes ``attrs``: :func:`stg.perf.ep_dispatch.routed`) over a group of ``shape``
+    (:func:`stg.perf.ep_dispatch.dispatch_phases`); None for any other collective, which
+    :func:`collective_time` prices."""
+    route = routed(attrs)
+    if route is None:
+        return None
+    phases = dispatch_phases(route, comm_size, dtype, shape, system)
+    return sum(latency + transfer for _, latency, transfer in phases)
 
 
 def spanning_byte_rate(kind: CollectiveType, shape: Sequence[int], system: System) -> float | None:

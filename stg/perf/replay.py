@@ -72,6 +72,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stg.core.recipes import QUANTIZE_KERNEL_ATTR
+from stg.core.routing import DISPATCHER_ATTR, EP_ROUTE_ATTR
 from stg.core.torchtitan import EAGER_KERNELS_ATTR
 from stg.core.workload import (
     COMM_TYPES,
@@ -109,6 +110,7 @@ from stg.perf.costs import (
     send_time,
     spanning_byte_rate,
 )
+from stg.perf.ep_dispatch import Route, dispatch_phases, routed
 from stg.perf.hybrid import device_of, group_of_rank, is_hybrid
 from stg.perf.kernels import KernelTable, kernel_name
 from stg.perf.system import System, op_class
@@ -914,7 +916,12 @@ class _Sim:
                     raise TraceError(
                         f"rank {unit.rank}: collective {node.id} lacks its group or type"
                     )
-                signature = (group, node.comm_type, node.comm_size)
+                signature: tuple[Any, ...] = (group, node.comm_type, node.comm_size)
+                if node.comm_type is CollectiveType.ALL_TO_ALL:
+                    # an expert dispatch and a combine of one size are priced apart
+                    routing = getattr(node, "attrs", None) or {}
+                    if DISPATCHER_ATTR in routing:
+                        signature += (routing[EP_ROUTE_ATTR], node.dtype)
                 priced = collectives.get(signature)
                 if priced is None:
                     priced = collectives[signature] = self._collective(node, cost_cache)
@@ -998,6 +1005,9 @@ class _Sim:
         system = self.system
         participants = self._participants(node.comm_group)
         shape = self.shape_cache[node.comm_group]
+        route = None if is_hybrid(system) else routed(getattr(node, "attrs", None))
+        if route is not None:  # DeepEP or HybridEP: its own transfer, one phase
+            return self._dispatch(node, route, participants, shape, cost_cache)
         key = (node.comm_type, node.comm_size, shape)
         if is_hybrid(system):
             key = (node.comm_type, node.comm_size, node.comm_group)
@@ -1032,6 +1042,27 @@ class _Sim:
                     system, outermost_link(shape, system) or "network", rate
                 )
         return participants, duration, plan, link
+
+    def _dispatch(
+        self,
+        node: Any,
+        route: Route,
+        participants: tuple[int, ...],
+        shape: tuple[int, ...],
+        cost_cache: dict[Any, float],
+    ) -> tuple[tuple[int, ...], float, Steps, str | None]:
+        """:meth:`_collective` of an expert-parallel all-to-all that DeepEP or HybridEP runs
+        (:func:`stg.perf.ep_dispatch.dispatch_phases`): no contention key, its bytes share
+        their port with the transfers beside them as any phase does."""
+        dtype = getattr(node, "dtype", None)
+        key = (route, node.comm_size, shape, dtype)
+        plan = self.steps_cache.get(key)
+        if plan is None:
+            phases = dispatch_phases(route, node.comm_size, dtype, shape, self.system)
+            cost_cache[key] = sum(latency + transfer for _, latency, transfer in phases)
+            plan = self.steps_cache[key] = transfer_steps(phases)
+        duration = cost_cache[key]
+        return participants, duration, plan if self.share_links else fixed_steps(duration), None
 
     def _gather_before_forward(self, u: int) -> None:
         """Megatron's ``--overlap-param-gather``, in the steady state: the parameter
