@@ -329,6 +329,7 @@ def reduced_options(
         account_for_loss_in_pipeline_split=False,
         pipeline_layers=(),
         pipeline_schedule="1f1b",
+        pipeline_flushes=1,
         batch=micro,
         micro_batch=micro,
     )
@@ -607,10 +608,17 @@ def unlike_layers(o: GenerateOptions, registry: Any) -> bool:
 def stack_options(o: GenerateOptions) -> GenerateOptions:
     """The options of the small workload that holds every layer of ``o`` on its own stages:
     the same pipeline split, schedule and micro-batch per replica, the replicas of
-    :func:`reduced_dp`, and as few micro-batches as the schedule allows."""
+    :func:`reduced_dp`, and as few micro-batches as the schedule allows (in one schedule:
+    ``pipeline_flushes`` repeats the schedule, not its layers)."""
     micro = reduced_micro_batch(o)
     micro_batches = o.pp if o.pipeline_schedule == "interleaved" else 1
-    return dataclasses.replace(o, dp=reduced_dp(o), batch=micro * micro_batches, micro_batch=micro)
+    return dataclasses.replace(
+        o,
+        dp=reduced_dp(o),
+        batch=micro * micro_batches,
+        micro_batch=micro,
+        pipeline_flushes=1,
+    )
 
 
 def _stage_layers(rank_class: Any, reductions: Any, layer_cost: Any) -> list[LayerCost]:
@@ -1083,12 +1091,16 @@ def predict_options(
         t_p2p = max(send_time(parts.p2p_bytes, d, system) for d in crossed[stride_pp, p])
     per_stage = [fwd[s].time + bwd[s].time for s in range(p)]
     slowest = max(per_stage)
+    # pipeline_flushes schedules in turn, each filled and drained before the next
+    flushes = o.pipeline_flushes
+    each = m // flushes
     if v > 1:
-        pipe = sum(per_stage) / v + (m - 1 / v) * slowest + 2 * (p * v - 1) * t_p2p
+        pipe = sum(per_stage) / v + (each - 1 / v) * slowest + 2 * (p * v - 1) * t_p2p
     elif o.pipeline_schedule == "1f1b":
-        pipe = one_f_one_b([f.time for f in fwd], [b.time for b in bwd], m, t_p2p)
+        pipe = one_f_one_b([f.time for f in fwd], [b.time for b in bwd], each, t_p2p)
     else:
-        pipe = sum(per_stage) + (m - 1) * slowest + 2 * (p - 1) * t_p2p
+        pipe = sum(per_stage) + (each - 1) * slowest + 2 * (p - 1) * t_p2p
+    pipe *= flushes
     # each stage's optimizer step and ZeRO all-gathers (stages alike: found once)
     per_stage_optimizer = parts.stage_optimizer is not None and parts.stage_after is not None
     optimizer_alike: dict[Any, tuple[PartCost, float]] = {}

@@ -1498,8 +1498,10 @@ def torch_cp_buffers(o: GenerateOptions) -> TorchCPBuffers:
 
 
 def _stage_memory(o: GenerateOptions, stage: int, terms: _StageTerms) -> RankMemory:
-    """The memory of one rank of pipeline stage ``stage`` from its :class:`_StageTerms`."""
-    m = o.micro_batches
+    """The memory of one rank of pipeline stage ``stage`` from its :class:`_StageTerms`: the
+    micro-batches in flight are those of one pipeline schedule (``pipeline_flushes`` of them
+    run in turn)."""
+    m = o.micro_batches // o.pipeline_flushes
     state = terms.state
     if terms.saved_bytes is not None:
         held = in_flight_micro_batches(stage, o.pp, m, o.pipeline_schedule, o.virtual_stages)

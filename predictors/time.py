@@ -402,7 +402,8 @@ def predict_time(
 
     The steady state of a pipeline is replayed once and extrapolated where a check proves
     it periodic (:func:`stg.perf.periodic.replay_periodic`); ``exact`` replays every
-    micro-batch (as a ``timeline`` and ``explain`` always do).
+    micro-batch (as a ``timeline`` and ``explain`` always do, and a workload of several
+    pipeline schedules in turn, ``pipeline_flushes``).
 
     A pure function of (workload, system, kernels): ``kernels`` are Kernel records (or
     registry entries, or a :class:`stg.perf.kernels.KernelTable`); without them ops get the
@@ -411,6 +412,8 @@ def predict_time(
     options = dict(workload.metadata.get("options") or {}) if workload.metadata else {}
     dtype = str(options.get("dtype") or "bf16")
     profile = str(options.get("profile") or "megatron")
+    if int(options.get("pipeline_flushes") or 1) > 1:
+        exact = True  # schedules in turn: no one steady state to extrapolate
     tokens = None
     stackless = any(c.facts.get("stackless") for c in workload.rank_classes)
     if options.get("batch") and options.get("seq") and not stackless:
@@ -462,8 +465,8 @@ def lowered_micro_batches(options: GenerateOptions, system: System) -> list[tupl
     cost at most what the whole build and replay cost; after every period's, twice and four
     times as many and so on, fewest first, while their replays together cost at most half the
     whole one (a transient that outlasts the fill, as where one stage runs ahead of the others
-    for a while). None for a run that is not a training pipeline of one device kind."""
-    if options.inference or is_hybrid(system):
+    for a while). None for a run that is not one training pipeline schedule of one device kind."""
+    if options.inference or is_hybrid(system) or options.pipeline_flushes > 1:
         return []
     stages, total = options.pp, options.micro_batches
     chunks = options.virtual_stages

@@ -287,7 +287,11 @@ class GenerateOptions:
     ``account_for_loss_in_pipeline_split`` (the embedding, the head and loss each count as a
     layer in an even split); ``pipeline_layers`` lists the layers of every chunk, in chunk
     order (chunk c runs on stage c mod pp), where the first and last may be 0: the
-    embedding or the head alone on its stage.
+    embedding or the head alone on its stage. ``pipeline_flushes`` runs an iteration's
+    micro-batches as that many pipeline schedules in turn, each filled and drained, before
+    the gradient reductions and the optimizer step: PyTorch-native gradient accumulation under
+    pipeline parallelism (torchtitan's trainer and NeMo AutoModel call the schedule's ``step``
+    once per accumulation step); 1 (the default) is one schedule, as Megatron-LM runs it.
     Expert parallelism has two layouts (``ep_layout``). ``multiply`` (the default, stg's
     meaning from the start): ``ep`` is a mesh axis of its own that multiplies the world
     (``dp·tp·sp·pp·ep`` ranks); outside the experts its ranks are data-parallel replicas
@@ -406,6 +410,7 @@ class GenerateOptions:
     account_for_embedding_in_pipeline_split: bool = False
     account_for_loss_in_pipeline_split: bool = False
     pipeline_layers: tuple[int, ...] = ()
+    pipeline_flushes: int = 1
     mixed_precision: bool = False
     dtype: str = "bf16"
     grad_reduce_dtype: str | None = None
@@ -623,4 +628,5 @@ class GenerateOptions:
             and not (k == "moe_routing" and v == "capacity")
             and not (k == "moe_dispatcher" and v == "alltoall")
             and not (k == "moe_gate" and v == "random")
+            and not (k == "pipeline_flushes" and v == 1)
         }

@@ -497,8 +497,10 @@ def _build_workload(
         # --tp-only-amax-red), which stays inside one device group
         amax_axes = MODEL_PARALLEL_AMAX_AXES
     stages = plan.stages
+    flushes = options.pipeline_flushes
     orders = [
-        schedule.order(s, stages, plan.micro_batches, plan.chunks_per_stage) for s in range(stages)
+        flushed_order(schedule, s, stages, plan.micro_batches, plan.chunks_per_stage, flushes)
+        for s in range(stages)
     ]
     if lowered_micro_batches is not None:
         orders = _prefix_orders(schedule, plan, orders, lowered_micro_batches)
@@ -576,6 +578,24 @@ def _build_workload(
     if lowered_micro_batches is not None:
         metadata["lowered_micro_batches"] = lowered_micro_batches
     return Workload(ranks, dict(sorted(groups.items())), layout, metadata)
+
+
+def flushed_order(
+    schedule: PipelineSchedule,
+    stage: int,
+    stages: int,
+    micro_batches: int,
+    chunks: int,
+    flushes: int = 1,
+) -> list[Any]:
+    """Stage ``stage``'s order of ``micro_batches`` micro-batches run as ``flushes`` schedules
+    in turn (``pipeline_flushes``): the schedule's order of ``micro_batches / flushes``, then
+    the same for the next ones."""
+    if flushes == 1:
+        return schedule.order(stage, stages, micro_batches, chunks)
+    each = micro_batches // flushes
+    one = schedule.order(stage, stages, each, chunks)
+    return [(d, mb + f * each, c) for f in range(flushes) for d, mb, c in one]
 
 
 def _prefix_orders(

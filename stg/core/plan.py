@@ -424,6 +424,7 @@ def _check_phase(o: GenerateOptions) -> None:
         # the measured rates are DeepEP's and HybridEP's high-throughput kernels (training);
         # serving runs their low-latency ones
         ("moe_dispatcher", o.moe_dispatcher != NCCL_DISPATCHER),
+        ("pipeline_flushes", o.pipeline_flushes != 1),
     )
     for name, given in training_only:
         _require(
@@ -871,13 +872,26 @@ def make_plan(o: GenerateOptions) -> ParallelPlan:
             o.pipeline_schedule == "interleaved",
             f"virtual_stages={o.virtual_stages} needs pipeline_schedule=interleaved",
         )
+    flushes = o.pipeline_flushes
+    _require(
+        flushes == 1 or (flushes > 1 and o.pp > 1 and (o.batch // micro_batch) % flushes == 0),
+        f"pipeline_flushes={flushes} runs an iteration's micro-batches as that many pipeline "
+        f"schedules: allowed: 1, or with pp > 1 a divisor of the {o.batch // micro_batch} "
+        "micro-batches",
+    )
+    _require(
+        flushes == 1 or not o.overlap_moe_ep_comm,
+        f"pipeline_flushes={flushes} is PyTorch's gradient accumulation over pipeline "
+        "schedules; overlap_moe_ep_comm is Megatron's combined 1F1B of one schedule: not "
+        "allowed together",
+    )
     if o.pipeline_schedule == "interleaved":
         _require(o.pp > 1, "pipeline_schedule=interleaved needs pp > 1")
-        m = o.batch // micro_batch
+        m = o.batch // micro_batch // flushes
         _require(
             m % o.pp == 0,
-            f"pipeline_schedule=interleaved needs the number of micro-batches ({m}) "
-            f"divisible by pp={o.pp}",
+            f"pipeline_schedule=interleaved needs the number of micro-batches ({m}"
+            f"{' a schedule' if flushes > 1 else ''}) divisible by pp={o.pp}",
         )
     parse_rank_order(o.rank_order)
     m = o.batch // micro_batch
