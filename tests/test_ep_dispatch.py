@@ -30,6 +30,7 @@ from stg.core.routing import (
     EP_ROUTE_ATTR,
 )
 from stg.core.workload import CollectiveType, NodeType
+from stg.errors import TraceError
 from stg.host.registry import load_registry
 from stg.perf.costs import collective_time, expert_dispatch_time
 from stg.perf.ep_dispatch import (
@@ -225,8 +226,18 @@ def test_the_node_attributes_name_the_route() -> None:
          "with it; allowed: capacity"),
         (["--moe_dispatcher_sms", "8"],
          "moe_dispatcher_sms=8 is the SM budget of DeepEP's or HybridEP's kernels: "
-         "moe_dispatcher=alltoall is not allowed with it; allowed: a positive count with "
-         "moe_dispatcher deepep or hybridep"),
+         "moe_dispatcher=alltoall is not allowed with it; allowed: moe_dispatcher deepep or "
+         "hybridep"),
+        (["--moe_dispatcher", "deepep", "--moe_dispatcher_sms", "0"],
+         "moe_dispatcher_sms=0 must be a positive number of SMs"),
+        (["--moe_dispatcher", "deepep", "--moe_sort_by_expert", "true"],
+         "moe_sort_by_expert=true is Megatron-core's alltoall token dispatcher: "
+         "moe_dispatcher=deepep (whose kernels permute the tokens themselves) is not allowed "
+         "with it; allowed: moe_dispatcher=alltoall"),
+        (["--moe_dispatcher", "deepep", "--system", "t4-16g"],
+         "moe_dispatcher=deepep moves tokens over NVLink inside a node and RDMA between nodes: "
+         "system 't4-16g' joins its GPUs over 'pcie' (a plain link); allowed there: "
+         "moe_dispatcher=alltoall"),
         (["--moe_dispatcher", "deepep", "--phase", "decode", "--context", "64"],
          "moe_dispatcher=deepep is a training option; phase=decode has no backward, gradients "
          "or optimizer (leave it unset)"),
@@ -241,6 +252,24 @@ def test_refused_plans_get_one_line(args: list[str], message: str) -> None:
     result = CliRunner().invoke(app, ["predict", "--json", *base, *args])
     assert result.exit_code == 2, result.output
     assert result.stderr.strip() == f"error: {message}"
+
+
+def test_a_trace_with_broken_routing_gets_one_line() -> None:
+    with pytest.raises(TraceError, match="lacks valid routing attributes"):
+        routed({DISPATCHER_ATTR: "deepep", EP_ROUTE_ATTR: "dispatch"})
+    with pytest.raises(TraceError, match="lacks valid routing attributes"):
+        routed({DISPATCHER_ATTR: "nccl2", EP_ROUTE_ATTR: "dispatch", EP_KEXPERTS_ATTR: 8,
+                EP_EXPERTS_ATTR: 128, EP_HIDDEN_ATTR: 2048})  # fmt: skip
+
+
+def test_the_periodic_replay_prices_the_dispatcher_as_the_whole_one() -> None:
+    # 32 micro-batches: the steady state is replayed once and extrapolated
+    options = GenerateOptions(**{**QWEN, "batch": 512}, moe_dispatcher="deepep")
+    registry = load_registry(autoload=False)
+    report = predict_time_options(options, H100, registry=registry)
+    assert report["replay"]["kind"] == "periodic"
+    whole = predict_time(build_workload(options, registry), H100, exact=True)
+    assert report["iteration_time_s"] == pytest.approx(whole["iteration_time_s"], rel=1e-9)
 
 
 def test_a_model_without_experts_refuses_the_dispatcher() -> None:

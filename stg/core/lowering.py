@@ -980,7 +980,8 @@ def _mark_expert_routes(
     (:data:`stg.core.routing.DISPATCHER_ATTR` and the routing it needs: direction, ``k``,
     experts, row elements, ``gate`` where not ``random`` and ``sms`` where given); a
     ``dispatch`` splits the experts dimension over more ranks than its input has it (tokens
-    travel to their experts), a ``combine`` over fewer."""
+    travel to their experts), a ``combine`` over fewer; an all-to-all that leaves the experts
+    where they are is neither and stays unmarked."""
     if dispatcher == NCCL_DISPATCHER:
         return bound
     collectives = {
@@ -996,8 +997,11 @@ def _mark_expert_routes(
         if op is None or src is None or at is None:
             out.append(b)
             continue
-        before = len(src.sharding.dims[at])
-        after = len(op.output.sharding.dims[at])
+        before = prod(binder.degrees.get(a, 1) for a in src.sharding.dims[at])
+        after = prod(binder.degrees.get(a, 1) for a in op.output.sharding.dims[at])
+        if before == after:  # the experts stay where they are: not a dispatch or a combine
+            out.append(b)
+            continue
         route = "dispatch" if after > before else "combine"
         row = binder.local_dim(src.dims[-1], src.sharding.dims[-1])
         attrs = (

@@ -251,6 +251,12 @@ def _check_moe_sort_by_expert(o: GenerateOptions) -> None:
         f"moe_sort_by_expert=true is Megatron-core's alltoall token dispatcher: "
         f"profile={o.profile} is not allowed; allowed: profile=megatron",
     )
+    _require(
+        o.moe_dispatcher == NCCL_DISPATCHER,
+        f"moe_sort_by_expert=true is Megatron-core's alltoall token dispatcher: "
+        f"moe_dispatcher={o.moe_dispatcher} (whose kernels permute the tokens themselves) is not "
+        "allowed with it; allowed: moe_dispatcher=alltoall",
+    )
 
 
 def _require(condition: bool, message: str) -> None:
@@ -841,11 +847,14 @@ def make_plan(o: GenerateOptions) -> ParallelPlan:
         f"ep={o.ep} is not allowed; allowed: ep > 1 (or moe_dispatcher=alltoall)",
     )
     _require(
-        o.moe_dispatcher_sms is None
-        or (o.moe_dispatcher != NCCL_DISPATCHER and o.moe_dispatcher_sms > 0),
+        o.moe_dispatcher_sms is None or o.moe_dispatcher != NCCL_DISPATCHER,
         f"moe_dispatcher_sms={o.moe_dispatcher_sms} is the SM budget of DeepEP's or "
         f"HybridEP's kernels: moe_dispatcher={o.moe_dispatcher} is not allowed with it; "
-        "allowed: a positive count with moe_dispatcher deepep or hybridep",
+        "allowed: moe_dispatcher deepep or hybridep",
+    )
+    _require(
+        o.moe_dispatcher_sms is None or o.moe_dispatcher_sms > 0,
+        f"moe_dispatcher_sms={o.moe_dispatcher_sms} must be a positive number of SMs",
     )
     _require(o.moe_gate in GATES, f"moe_gate={o.moe_gate!r} must be one of {', '.join(GATES)}")
     _require(

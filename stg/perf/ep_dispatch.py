@@ -57,9 +57,11 @@ from stg.core.routing import (
     EP_KEXPERTS_ATTR,
     EP_ROUTE_ATTR,
     EP_SMS_ATTR,
+    GATES,
     NCCL_DISPATCHER,
     RANDOM_GATE,
 )
+from stg.errors import TraceError, UserError
 from stg.perf.system import System, load_system
 
 REFERENCE_SYSTEM = "h100-80g"
@@ -203,15 +205,32 @@ def routed(attrs: Mapping[str, Any] | None) -> Route | None:
     library = attrs.get(DISPATCHER_ATTR)
     if library is None or library == NCCL_DISPATCHER:
         return None
-    return (
-        str(library),
-        str(attrs[EP_ROUTE_ATTR]),
-        int(attrs[EP_KEXPERTS_ATTR]),
-        int(attrs[EP_EXPERTS_ATTR]),
-        int(attrs[EP_HIDDEN_ATTR]),
-        str(attrs.get(EP_GATE_ATTR, RANDOM_GATE)),
-        int(attrs.get(EP_SMS_ATTR) or DEFAULT_SMS[str(library)]),
-    )
+    try:
+        route: Route = (
+            str(library),
+            str(attrs[EP_ROUTE_ATTR]),
+            int(attrs[EP_KEXPERTS_ATTR]),
+            int(attrs[EP_EXPERTS_ATTR]),
+            int(attrs[EP_HIDDEN_ATTR]),
+            str(attrs.get(EP_GATE_ATTR, RANDOM_GATE)),
+            int(attrs.get(EP_SMS_ATTR) or DEFAULT_SMS[str(library)]),
+        )
+    except (KeyError, TypeError, ValueError):
+        route = None
+    if (
+        route is None
+        or route[0] not in DEFAULT_SMS
+        or route[1] not in ("dispatch", "combine")
+        or route[5] not in GATES
+        or min(route[2:5]) <= 0
+        or route[6] <= 0
+    ):
+        raise TraceError(
+            f"an all-to-all marked {DISPATCHER_ATTR}={library!r} lacks valid routing attributes "
+            f"({EP_ROUTE_ATTR} dispatch|combine, {EP_KEXPERTS_ATTR}, {EP_EXPERTS_ATTR}, "
+            f"{EP_HIDDEN_ATTR} > 0; library one of {', '.join(DEFAULT_SMS)})"
+        )
+    return route
 
 
 def dispatch_phases(
@@ -235,7 +254,16 @@ def dispatch_phases(
     spanned = [i for i, n in enumerate(shape) if n > 1 and i < len(network)]
     inner = spanned[0]
     inner_dim = network[inner]
-    within = getattr(inner_dim, "link", None) in ("nvlink", "pcie")
+    within = getattr(inner_dim, "link", None) == "nvlink"
+    for i in spanned:
+        link = getattr(network[i], "link", None)
+        if link != "network" and not (i == inner and within):
+            raise UserError(
+                f"moe_dispatcher={library} moves tokens over NVLink inside a node and RDMA "
+                f"between nodes: system {system.name!r} joins its GPUs over "
+                f"{network[i].name!r} ({link or 'a plain link'}); allowed there: "
+                "moe_dispatcher=alltoall"
+            )
     local = shape[inner] if within else 1
     domains = members // local
     ref_nvlink, ref_nic = _reference_lines()

@@ -72,7 +72,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stg.core.recipes import QUANTIZE_KERNEL_ATTR
-from stg.core.routing import DISPATCHER_ATTR, EP_ROUTE_ATTR
 from stg.core.torchtitan import EAGER_KERNELS_ATTR
 from stg.core.workload import (
     COMM_TYPES,
@@ -94,7 +93,7 @@ from stg.core.workload import (
     node_phase,
     node_role,
 )
-from stg.errors import TraceError
+from stg.errors import TraceError, UserError
 from stg.perf import comm_time
 from stg.perf.calibration import Calibration
 from stg.perf.costs import (
@@ -919,9 +918,9 @@ class _Sim:
                 signature: tuple[Any, ...] = (group, node.comm_type, node.comm_size)
                 if node.comm_type is CollectiveType.ALL_TO_ALL:
                     # an expert dispatch and a combine of one size are priced apart
-                    routing = getattr(node, "attrs", None) or {}
-                    if DISPATCHER_ATTR in routing:
-                        signature += (routing[EP_ROUTE_ATTR], node.dtype)
+                    route = routed(getattr(node, "attrs", None))
+                    if route is not None:
+                        signature += (route, node.dtype)
                 priced = collectives.get(signature)
                 if priced is None:
                     priced = collectives[signature] = self._collective(node, cost_cache)
@@ -1005,8 +1004,13 @@ class _Sim:
         system = self.system
         participants = self._participants(node.comm_group)
         shape = self.shape_cache[node.comm_group]
-        route = None if is_hybrid(system) else routed(getattr(node, "attrs", None))
+        route = routed(getattr(node, "attrs", None))
         if route is not None:  # DeepEP or HybridEP: its own transfer, one phase
+            if is_hybrid(system):
+                raise UserError(
+                    f"moe_dispatcher={route[0]} is priced from one GPU kind's links; hybrid "
+                    f"system {system.name!r} allows moe_dispatcher=alltoall"
+                )
             return self._dispatch(node, route, participants, shape, cost_cache)
         key = (node.comm_type, node.comm_size, shape)
         if is_hybrid(system):
