@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from stg.cli import app
 from stg.core.options import GenerateOptions
 from stg.core.pipeline import build_workload, flushed_order
+from stg.core.workload import CollectiveType, NodeType
 from stg.host.registry import load_registry
 from stg.predictors.analytical import predict_options as predict_analytical
 from stg.predictors.memory import predict_memory_options
@@ -108,3 +109,21 @@ def test_refused_flushes_get_one_line(args: list[str], message: str) -> None:
     result = CliRunner().invoke(app, ["predict", "--json", *base, *args])
     assert result.exit_code == 2, result.output
     assert result.stderr.strip() == f"error: {message}"
+
+
+def test_each_schedule_reduces_and_fsdp_gathers_again() -> None:
+    # FSDP under pipeline parallelism keeps the weights gathered through a schedule and
+    # reduce-scatters the gradients after its last backward; the next schedule gathers again
+    def collectives(flushes: int) -> tuple[int, int]:
+        options = GenerateOptions(
+            **{**GPT, "dp": 2, "batch": 16, "micro_batch": 2},
+            weight_sharded=True,
+            pipeline_flushes=flushes,
+        )
+        nodes = build_workload(options, REGISTRY).ranks[1].nodes()
+        kinds = [n.comm_type for n in nodes if n.type is NodeType.COMM_COLL]
+        return kinds.count(CollectiveType.ALL_GATHER), kinds.count(CollectiveType.REDUCE_SCATTER)
+
+    (g1, r1), (g2, r2) = collectives(1), collectives(2)
+    assert g1 > 0 and r1 > 0
+    assert (g2, r2) == (2 * g1, 2 * r1)

@@ -475,9 +475,9 @@ SPECS: dict[str, tuple[str, _Spec]] = {
         _PARALLEL,
         _Spec(
             "Run the micro-batches of an iteration as N pipeline schedules in turn, each "
-            "filled and drained (torchtitan's and NeMo AutoModel's gradient accumulation under "
-            "pipeline parallelism; needs pp > 1 and N dividing the micro-batches; default 1: "
-            "one schedule, as Megatron).",
+            "filled and drained and ending with its gradient reductions (torchtitan's and NeMo "
+            "AutoModel's gradient accumulation under pipeline parallelism; needs pp > 1 and N "
+            "dividing the micro-batches; default 1: one schedule, as Megatron).",
             metavar="N",
         ),
     ),

@@ -2114,10 +2114,16 @@ def lower_stage(
     copy_grads: list[int] = []  # nodes of a tied LM head's gradient on the embedding's stage
     final_nodes: list[int] = []
     tp_replicated: list[BoundOp] = []  # each reduced part instance's TP_REPLICATED_GRAD ops
+    # backwards of each chunk left in its schedule: the last one reduces the gradients (once
+    # per schedule under pipeline_flushes, as PyTorch's pipelining runs FSDP's post-backward
+    # or DDP's all-reduce at the end of every schedule step)
     backwards_left: dict[int, int] = {}
     for direction, _mb, chunk in order:
         if direction == "B":
             backwards_left[chunk] = backwards_left.get(chunk, 0) + 1
+    flushes = plan.options.pipeline_flushes
+    per_schedule = {chunk: n // flushes for chunk, n in backwards_left.items()}
+    backwards_left = dict(per_schedule)
     held = stage_parts(stage, plan, parts)
     modules = recompute_tags(plan.options)
     # the layers of each model chunk on this stage, and each layer's bound part, recompute
@@ -2138,7 +2144,8 @@ def lower_stage(
     # FSDP2 (fully_shard): the part instances whose weights are gathered now, and the nodes
     # that gathered them. Under pipeline parallelism PyTorch's pipelining keeps the weights
     # gathered after each backward and reduces the accumulated gradients once, after the
-    # last one (PipelineStage.backward_maybe_with_nosync / _post_backward).
+    # last one of a schedule (PipelineStage.backward_maybe_with_nosync / _post_backward),
+    # then reshards: the next schedule (pipeline_flushes) gathers them again.
     gathered: dict[str | int, Env] = {}
     reshard_after_forward = plan.options.reshards_after_forward
     pipelined = plan.stages > 1
@@ -2535,7 +2542,9 @@ def lower_stage(
                 p2p(NodeType.COMM_SEND, "activation", mb, gchunk, gchunk + 1, (x,))
         else:
             backwards_left[chunk] -= 1
-            reduce_now = backwards_left[chunk] == 0  # the last micro-batch of this chunk
+            reduce_now = backwards_left[chunk] == 0  # the chunk's last micro-batch of a schedule
+            if reduce_now:
+                backwards_left[chunk] = per_schedule[chunk]
             # the backward of the chunk's first fp8 module ends with the backward reduction
             # (under full recompute each recomputed module reduces itself instead)
             first_fp8 = owners[0] if owners else None

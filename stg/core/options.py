@@ -288,11 +288,11 @@ class GenerateOptions:
     layer in an even split); ``pipeline_layers`` lists the layers of every chunk, in chunk
     order (chunk c runs on stage c mod pp), where the first and last may be 0: the
     embedding or the head alone on its stage. ``pipeline_flushes`` runs an iteration's
-    micro-batches as that many pipeline schedules in turn, each filled and drained, before
-    the gradient reductions and the optimizer step: PyTorch-native gradient accumulation under
-    pipeline parallelism (torchtitan's trainer and NeMo AutoModel call the schedule's ``step``
-    once per accumulation step; the gradient reduction PyTorch runs after each schedule is
-    not modelled, stg reduces once); 1 (the default) is one schedule, as Megatron-LM runs it.
+    micro-batches as that many pipeline schedules in turn, each filled and drained and
+    ending with its gradient reductions (and FSDP's reshard), then the optimizer step:
+    PyTorch-native gradient accumulation under pipeline parallelism (torchtitan's trainer and
+    NeMo AutoModel call the schedule's ``step`` once per accumulation step); 1 (the default)
+    is one schedule, as Megatron-LM runs it.
     Expert parallelism has two layouts (``ep_layout``). ``multiply`` (the default, stg's
     meaning from the start): ``ep`` is a mesh axis of its own that multiplies the world
     (``dp·tp·sp·pp·ep`` ranks); outside the experts its ranks are data-parallel replicas
