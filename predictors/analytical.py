@@ -89,7 +89,6 @@ from stg.predictors import _workload_cache as workload_cache
 
 AXES_ORDER_DEFAULT = "tp,sp,ep,dp,pp"
 GATHERS = (CollectiveType.ALL_GATHER, CollectiveType.GATHER)
-ALL_TO_ALL = CollectiveType.ALL_TO_ALL
 
 
 # ---------------------------------------------------------------------------------------------
@@ -548,7 +547,7 @@ class _Pricer:
             # collective times memoised on the system object too (a search prices the same
             # collective for many plans)
             times = self.system.__dict__.setdefault("_analytical_collectives", {})
-            route = expert_route(node.attrs) if node.comm_type is ALL_TO_ALL else None
+            route = expert_route(node.attrs)
             if route is not None:  # an expert dispatch that DeepEP or HybridEP runs
                 key = (route, size, shape, node.dtype)
                 if key not in times:

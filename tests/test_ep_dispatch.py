@@ -10,12 +10,12 @@ them, and reach every predictor and trace consumer through typed node attributes
 from __future__ import annotations
 
 import itertools
-import json
-import sys
 from math import comb
 from pathlib import Path
 
 import pytest
+from consumers import assert_trace_checks_out_and_predicts_as_options
+from test_cluster_runs import RUNS, published_iteration_time, run_options, run_system
 from typer.testing import CliRunner
 
 from stg.cli import app
@@ -44,9 +44,6 @@ from stg.perf.ep_dispatch import (
 from stg.perf.system import load_system
 from stg.predictors.analytical import predict_options as predict_analytical_options
 from stg.predictors.time import predict_time, predict_time_options
-
-sys.path.insert(0, str(Path(__file__).parent))
-from test_cluster_runs import RUNS, published_iteration_time, run_options, run_system
 
 H100 = load_system("h100-80g")
 TOKENS, HIDDEN, TOPK, QWEN_EXPERTS = 4096, 2048, 8, 128
@@ -196,9 +193,7 @@ def test_every_predictor_and_the_written_trace_price_the_dispatcher(tmp_path: Pa
     flags = [f"--{k}={v}" for k, v in {**QWEN, "moe_dispatcher": "deepep"}.items()]
     result = runner.invoke(app, ["generate", *flags, "--output_dir", str(out)])
     assert result.exit_code == 0, result.output
-    result = runner.invoke(app, ["predict", str(out), "--system", "h100-80g", "--json"])
-    assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout)["time"]["iteration_time_s"] == pytest.approx(timed, rel=1e-9)
+    assert_trace_checks_out_and_predicts_as_options(out, {**QWEN, "moe_dispatcher": "deepep"})
 
 
 def test_the_node_attributes_name_the_route() -> None:

@@ -9,9 +9,8 @@ drain: with 1F1B over ``p`` stages of equal cost, ``(p - 1)`` micro-batch steps 
 
 from __future__ import annotations
 
-import json
-
 import pytest
+from consumers import assert_trace_checks_out_and_predicts_as_options
 from typer.testing import CliRunner
 
 from stg.cli import app
@@ -79,10 +78,9 @@ def test_the_written_trace_replays_as_the_options_predict(tmp_path) -> None:
     runner = CliRunner()
     result = runner.invoke(app, ["generate", *flags, "--output_dir", str(tmp_path)])
     assert result.exit_code == 0, result.output
-    result = runner.invoke(app, ["predict", str(tmp_path), "--system", "h100-80g", "--json"])
-    assert result.exit_code == 0, result.output
-    from_trace = json.loads(result.stdout)["time"]["iteration_time_s"]
-    assert from_trace == pytest.approx(_time(batch=8, pipeline_flushes=2), rel=1e-9)
+    assert_trace_checks_out_and_predicts_as_options(
+        tmp_path, {**GPT, "batch": 8, "pipeline_flushes": 2}
+    )
     workload = build_workload(GenerateOptions(**GPT, batch=8, pipeline_flushes=2), REGISTRY)
     assert workload.metadata["options"]["pipeline_flushes"] == 2
 

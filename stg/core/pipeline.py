@@ -503,7 +503,7 @@ def _build_workload(
         for s in range(stages)
     ]
     if lowered_micro_batches is not None:
-        orders = _prefix_orders(schedule, plan, orders, lowered_micro_batches)
+        orders = _prefix_orders(schedule, plan, orders, lowered_micro_batches, flushes)
     total_steps = sum(len(o) for o in orders) * len(variant_parts)
     done = 0
     classes = []
@@ -599,16 +599,21 @@ def flushed_order(
 
 
 def _prefix_orders(
-    schedule: PipelineSchedule, plan: ParallelPlan, orders: list[list[Any]], keep: int
+    schedule: PipelineSchedule,
+    plan: ParallelPlan,
+    orders: list[list[Any]],
+    keep: int,
+    flushes: int = 1,
 ) -> list[list[Any]]:
     """Each stage's order restricted to its first ``keep`` micro-batches, where that is the
-    schedule's order for ``keep`` micro-batches (see :func:`build_workload`)."""
+    order of ``keep`` micro-batches (:func:`flushed_order`: never a part of several
+    schedules in turn; see :func:`build_workload`)."""
     if not 0 < keep <= plan.micro_batches:
         raise ValueError(f"cannot lower {keep} of {plan.micro_batches} micro-batches")
     out = []
     for stage, order in enumerate(orders):
         prefix = [step for step in order if step[1] < keep]
-        own = schedule.order(stage, plan.stages, keep, plan.chunks_per_stage)
+        own = flushed_order(schedule, stage, plan.stages, keep, plan.chunks_per_stage, flushes)
         if [tuple(step) for step in own] != [tuple(step) for step in prefix]:
             raise ValueError(
                 f"schedule {schedule.name!r}: its order for {keep} micro-batches is not the "
