@@ -1,7 +1,8 @@
 """The Blackwell and AMD presets against published kernel-level measurements, each row citing its
 source: tests/data/kernels/blackwell-published.jsonl (the B200's sustained clock under load,
 large cuBLAS GEMMs, fp8 over bf16 per clock, cuDNN's fused attention through FlashAttention-4's
-throttled rate and cuDNN-frontend's B200 and GB300 ratios, the GB300's GEMM range at 1,400 W,
+throttled rate and cuDNN-frontend's B200 and GB300 ratios and its GB200 and GB300 fp8-over-bf16
+attention, the GB300's GEMM range at 1,400 W,
 streaming bandwidth) and cdna-published.jsonl (AMD's
 max-achievable-FLOPs GEMMs with their clocks, HBM streaming, RCCL's xGMI link rate, AITER's
 attention). No B200 or MI300X was at hand to measure with benchmarks/measure_kernels.py: these
@@ -22,6 +23,7 @@ from stg.perf.kernel_time import (
     ARCH_GEMM_PIPE_EFFICIENCY,
     BLACKWELL_GEMM_PIPE_EFFICIENCY,
     CDNA3_FP8_GEMM_SPEED,
+    FP8_ATTENTION_SPEED,
     GEMM_PIPE_EFFICIENCY,
     attention_flops,
     attention_time,
@@ -296,3 +298,35 @@ def test_nvls_ramp_of_eight_gpus_or_fewer_is_the_measured_curve() -> None:
         for ranks in (4, 8):
             assert comm_time.nvls_share_ramp(size, ranks) == comm_time.mid_size_efficiency(size)
         assert comm_time.nvls_share_ramp(size, 72) < comm_time.nvls_share_ramp(size, 8)
+
+
+def test_blackwell_fp8_attention_speed_is_the_measured_median_over_bf16() -> None:
+    """cuDNN 9.22's fp8 fused attention over its bf16 on the same run (cuDNN-frontend's SDPA
+    training benchmark, GB200 and GB300; d 128, causal and unmasked, 8k-32k): the model's
+    :data:`FP8_ATTENTION_SPEED` is each GPU's median ratio, and an fp8 attention node on that
+    GPU runs at the bf16 kernel's rate times it (not at twice it, as the fp8 peak would say)."""
+    rows = _rows("attention_pass")
+    for gpu, preset in (("GB200", "gb200-nvl72"), ("GB300", "gb300-nvl72")):
+        system = load_system(preset)
+        for backward in (False, True):
+            rates = {
+                (r["dtype"], r["seq"], r["causal"]): r["tflops"]
+                for r in rows
+                if r["gpu"] == gpu and r["backward"] == backward
+            }
+            ratios = [rates["fp8", *k[1:]] / v for k, v in rates.items() if k[0] == "bf16"]
+            assert len(ratios) == 6, (gpu, backward)
+            expected = FP8_ATTENTION_SPEED[system.compute_capability][int(backward)]
+            assert statistics.median(ratios) == pytest.approx(expected, abs=0.005)
+            # (the per-wave block overheads, the same in both, dilute it by a few per cent)
+            shape = dict(batch=2, heads=64, s_q=32768, s_kv=32768, head_dim=128)
+            bf16 = attention_time(system.gpu, "cudnn", **shape, backward=backward)
+            fp8 = attention_time(system.gpu, "cudnn", **shape, backward=backward, dtype="fp8")
+            assert 0.97 * expected < bf16 / fp8 <= expected, (gpu, backward)
+    # a Hopper keeps the fp8 peak (no measurement of its fp8 fused attention at hand)
+    hopper = load_system("h100-80g").gpu
+    shape = dict(batch=2, heads=64, s_q=8192, s_kv=8192, head_dim=128)
+    ratio = attention_time(hopper, "cudnn", **shape) / attention_time(
+        hopper, "cudnn", **shape, dtype="fp8"
+    )
+    assert ratio == pytest.approx(2.0, rel=0.02)

@@ -386,6 +386,17 @@ FUSED_ATTENTION["blackwell"] = {
         (1e-6, 16e-6),
     ),
 }
+FP8_ATTENTION_SPEED: dict[str, tuple[float, float]] = {"10.0": (1.32, 1.30), "10.3": (1.59, 1.40)}
+"""cuDNN's fp8 (per-tensor E4M3) fused attention over its bf16, forward and backward, per compute
+capability: the medians over causal and unmasked d 128 grouped-query attention at 8k, 16k and
+32k tokens of cuDNN 9.22's SDPA training benchmark on a GB200 (10.0) and a GB300 (10.3)
+(NVIDIA/cudnn-frontend fb682ce, benchmark/sdpa_benchmark_training/results/llama3.1/;
+tests/data/kernels/blackwell-published.jsonl, ``attention_pass``): a ratio of two rates of one
+run, which no clock state changes. fp8 attention there runs at the bf16 kernel's rate times
+this, not at twice it as the fp8 tensor-core peak would say: the softmax's exponentials and the
+block scaling do not get faster with the MMA. A GPU without an entry keeps the fp8 peak."""
+
+
 # CDNA 3 (MI300X, MI325X; gfx942) and CDNA 4 (MI355X; gfx950): AMD's fused attention is
 # Composable Kernel's (``ck``: flash-attn's ROCm backend, PyTorch SDPA's) and AITER's hand-written
 # assembly kernels (``aiter``: what Transformer Engine on ROCm and Megatron-LM's ROCm builds
@@ -524,6 +535,8 @@ class Gpu:
     hbm_bandwidth: float
     arch: str = "hopper"
     """the GPU generation whose attention kernels apply (a key of :data:`FUSED_ATTENTION`)"""
+    compute_capability: str | None = None
+    """NVIDIA's ``"major.minor"`` where known (:data:`FP8_ATTENTION_SPEED` is keyed by it)"""
     stream_efficiency: float = STREAM_EFFICIENCY
     """fraction of ``hbm_bandwidth`` that streaming kernels reach"""
 
@@ -755,8 +768,12 @@ def attention_time(
     work = 4.0 * rows * kv_per_block * head_dim
     if backward:
         work *= ATTENTION_BACKWARD_WORK
+    efficiency = kernel.efficiency_for(head_dim, backward)
+    fp8_speed = FP8_ATTENTION_SPEED.get(gpu.compute_capability or "") if dtype == "fp8" else None
+    if fp8_speed is not None:  # the bf16 kernel's rate times cuDNN's measured fp8 speed-up
+        dtype, efficiency = "bf16", efficiency * fp8_speed[1 if backward else 0]
     peak = gpu.peak_flops[dtype] * gpu.clock_scale
-    per_sm = peak * kernel.efficiency_for(head_dim, backward) / gpu.sm_count
+    per_sm = peak * efficiency / gpu.sm_count
     waves = math.ceil(blocks * splits / gpu.sm_count)
     seconds = waves * (work / per_sm + kernel.block_overhead_s[1 if backward else 0])
     if splits > 1:  # partial outputs and their log-sum-exp written, then read and reduced

@@ -195,6 +195,7 @@ class System:
             peak_flops=dict(self.peak_flops),
             hbm_bandwidth=self.hbm_bandwidth,
             arch=self.arch,
+            compute_capability=self.compute_capability,
             stream_efficiency=self.memory_efficiency,
         )
 
