@@ -11,6 +11,7 @@ are other people's measurements."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import statistics
 from pathlib import Path
@@ -301,28 +302,31 @@ def test_nvls_ramp_of_eight_gpus_or_fewer_is_the_measured_curve() -> None:
 
 
 def test_blackwell_fp8_attention_speed_is_the_measured_median_over_bf16() -> None:
-    """cuDNN 9.22's fp8 fused attention over its bf16 on the same run (cuDNN-frontend's SDPA
-    training benchmark, GB200 and GB300; d 128, causal and unmasked, 8k-32k): the model's
-    :data:`FP8_ATTENTION_SPEED` is each GPU's median ratio, and an fp8 attention node on that
-    GPU runs at the bf16 kernel's rate times it (not at twice it, as the fp8 peak would say)."""
+    """cuDNN 9.22's fp8 (per-tensor) and MXFP8 fused attention over its bf16 on the same run
+    (cuDNN-frontend's SDPA training benchmark, GB200 and GB300; d 128, causal and unmasked,
+    8k-32k): the model's :data:`FP8_ATTENTION_SPEED` is each GPU's median ratio, and an fp8
+    attention node on that GPU runs at the bf16 kernel's rate times it (not at twice it, as the
+    fp8 peak would say)."""
     rows = _rows("attention_pass")
     for gpu, preset in (("GB200", "gb200-nvl72"), ("GB300", "gb300-nvl72")):
         system = load_system(preset)
-        for backward in (False, True):
+        for scaling, backward in itertools.product(("fp8", "mxfp8"), (False, True)):
             rates = {
                 (r["dtype"], r["seq"], r["causal"]): r["tflops"]
                 for r in rows
                 if r["gpu"] == gpu and r["backward"] == backward
             }
-            ratios = [rates["fp8", *k[1:]] / v for k, v in rates.items() if k[0] == "bf16"]
+            ratios = [rates[scaling, *k[1:]] / v for k, v in rates.items() if k[0] == "bf16"]
             assert len(ratios) == 6, (gpu, backward)
-            expected = FP8_ATTENTION_SPEED[system.compute_capability][int(backward)]
+            expected = FP8_ATTENTION_SPEED[system.compute_capability][scaling][int(backward)]
             assert statistics.median(ratios) == pytest.approx(expected, abs=0.005)
             # (the per-wave block overheads, the same in both, dilute it by a few per cent)
             shape = dict(batch=2, heads=64, s_q=32768, s_kv=32768, head_dim=128)
             bf16 = attention_time(system.gpu, "cudnn", **shape, backward=backward)
-            fp8 = attention_time(system.gpu, "cudnn", **shape, backward=backward, dtype="fp8")
-            assert 0.97 * expected < bf16 / fp8 <= expected, (gpu, backward)
+            fp8 = attention_time(
+                system.gpu, "cudnn", **shape, backward=backward, dtype="fp8", fp8_scaling=scaling
+            )
+            assert 0.97 * expected < bf16 / fp8 <= expected, (gpu, scaling, backward)
     # a Hopper keeps the fp8 peak (no measurement of its fp8 fused attention at hand)
     hopper = load_system("h100-80g").gpu
     shape = dict(batch=2, heads=64, s_q=8192, s_kv=8192, head_dim=128)

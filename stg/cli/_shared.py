@@ -642,6 +642,17 @@ SPECS: dict[str, tuple[str, _Spec]] = {
             metavar=BOOL,
         ),
     ),
+    "fp8_attention": (
+        _TRAINING,
+        _Spec(
+            "With --dtype fp8 under the megatron profile: run the fused attention core in fp8 "
+            "too (Megatron's --fp8-dot-product-attention, Transformer Engine's fp8_dpa): "
+            "cuDNN's fp8 kernel, MXFP8 under --low_precision_recipe mxfp8, with its casts "
+            "(default off: bf16 attention).",
+            parser=parse_bool,
+            metavar=BOOL,
+        ),
+    ),
     "nvfp4_disable_rht": (
         _TRAINING,
         _Spec(

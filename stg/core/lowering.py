@@ -47,6 +47,7 @@ from stg.core.precision import DTYPE_BYTES
 from stg.core.quantization import DTYPE_BITS
 from stg.core.recipes import (
     DEFAULT_RECIPE,
+    FP8_ATTENTION_SCALING,
     HADAMARD_FLOPS_ATTR,
     QUANTIZE_COLS_ATTR,
     QUANTIZE_KERNEL_ATTR,
@@ -844,6 +845,34 @@ def _fused_attention(run: list[Op], binder: Binder, shapes: dict[str, tuple[int,
     )
 
 
+def fp8_attention_ops(ops: list[BoundOp], scaling: str) -> list[BoundOp]:
+    """``ops`` with each fused attention node run in fp8 (``fp8_attention``): dtype ``fp8``,
+    ``attention_dtype`` ``fp8``, ``attention_scaling`` its scaling (``fp8`` per-tensor or
+    ``mxfp8``) and ``attention_casts`` the bytes its casts move
+    (:data:`stg.core.recipes.FP8_ATTENTION_CAST_KERNELS` kernels): 3 bytes per element cast
+    (2 read and 1 written in, 1 read and 2 written out). Forward those are the elements of Q,
+    K, V and the output, the node's bytes (at its dtype's width) less its softmax statistics
+    (4 bytes per query row and head); backward those of the output gradient and dQ, dK, dV,
+    half of that (the kernel also reads Q, K, V and the output, whose fp8 copies the forward
+    kept)."""
+    out = []
+    for op in ops:
+        shape = next((v for k, v in op.attrs if k == "attention"), None)
+        if op.type is not NodeType.COMP or shape is None:
+            out.append(op)
+            continue
+        batch, heads, s_q = shape[:3]
+        elements = max(0, op.tensor_size - 4 * batch * heads * s_q) // DTYPE_BYTES[op.dtype]
+        cast = elements // 2 if shape[6] else elements
+        attrs = (
+            ("attention_dtype", "fp8"),
+            ("attention_scaling", scaling),
+            ("attention_casts", 3 * cast),
+        )
+        out.append(replace(op, dtype="fp8", attrs=op.attrs + attrs))
+    return out
+
+
 def _mean_head_dim(
     shape: tuple[int, int, int, int, int, int], run: list[Op], binder: Binder, scores: Op
 ) -> tuple[int, int, int, int, int, int]:
@@ -1194,6 +1223,7 @@ def bind_part(
     recipe: Recipe = RECIPES[DEFAULT_RECIPE],
     param_gather: bool = False,
     fp8_dispatch: bool = False,
+    fp8_attention: bool = False,
     fsdp2_copies: bool = True,
     moe_dispatcher: str = NCCL_DISPATCHER,
     kexperts: int = 1,
@@ -1211,7 +1241,8 @@ def bind_part(
     ``recipe`` is the low-precision recipe of a training part computing in fp8
     (:mod:`stg.core.recipes`), whose FSDP weight gathers move bf16, or with ``param_gather``
     the recipe's fp8 copies (:func:`stg.core.recipes.gathered_weight_bytes`), and whose MoE
-    dispatch moves bf16 tokens, or with ``fp8_dispatch`` their quantized copies;
+    dispatch moves bf16 tokens, or with ``fp8_dispatch`` their quantized copies, and whose
+    fused attention runs in fp8 with ``fp8_attention`` (:func:`fp8_attention_ops`);
     ``fsdp2_copies``: FSDP's weight collectives come with FSDP2's copy kernels
     (:func:`fsdp_copies`; Megatron-FSDP has none); ``moe_dispatcher`` other than ``alltoall``
     marks the expert-parallel all-to-alls as DeepEP or HybridEP runs them, for tokens routed
@@ -1293,6 +1324,10 @@ def bind_part(
     if sites:
         forward = _recipe_quantization(forward, sites, recipe, fp8_dispatch)
         backward = _recipe_quantization(backward, sites, recipe, fp8_dispatch)
+    if te_recipe and fp8_attention and fused_attention:
+        scaling = FP8_ATTENTION_SCALING[recipe.name]
+        forward = fp8_attention_ops(forward, scaling)
+        backward = fp8_attention_ops(backward, scaling)
 
     update = bound(part.update, _any_collective)
     if te_recipe:

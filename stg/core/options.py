@@ -249,10 +249,17 @@ class GenerateOptions:
     a run in fp8 and gathers them in fp8 under FSDP (``weight_sharded``), instead of bf16.
     ``fp8_dispatch`` sends a mixture of experts' tokens (and, backward, the down-projection's
     output gradients) to the experts in the recipe's format, as DeepSeek-V3 trains, instead
-    of bf16. ``moe_sort_by_expert`` adds the copies of Megatron-core's alltoall token
-    dispatcher, which put the rows an expert-parallel all-to-all brings in local-expert order
-    and back (:func:`stg.models.moe.sorted_by_expert`; needs ``ep`` > 1, the ``megatron``
-    profile and a model with experts). ``moe_dispatcher`` is the library that runs the
+    of bf16. ``fp8_attention`` (Megatron-LM's ``--fp8-dot-product-attention``, Transformer
+    Engine's ``fp8_dpa``) runs the fused attention core of such a run in fp8 too: cuDNN's fp8
+    kernel (per-tensor scales; block-scaled MXFP8 under the ``mxfp8`` recipe) at its measured
+    speed over bf16 (:data:`stg.perf.kernel_time.FP8_ATTENTION_SPEED`), with the casts of Q, K,
+    V and the output (backward: of the output gradient and dQ, dK, dV) around it
+    (:func:`stg.core.lowering.fp8_attention_ops`; the ``megatron`` profile and the
+    ``delayed``, ``tensorwise``, ``mxfp8`` or ``nvfp4`` recipe). ``moe_sort_by_expert`` adds
+    the copies of Megatron-core's alltoall token dispatcher, which put the rows an
+    expert-parallel all-to-all brings in local-expert order and back
+    (:func:`stg.models.moe.sorted_by_expert`; needs ``ep`` > 1, the ``megatron`` profile and a
+    model with experts). ``moe_dispatcher`` is the library that runs the
     expert-parallel all-to-alls (:data:`stg.core.routing.DISPATCHERS`): ``alltoall`` (NCCL's
     all-to-all, the default), ``deepep`` or ``hybridep``, which send a token once per
     destination rank and node at their kernels' measured rates
@@ -426,6 +433,7 @@ class GenerateOptions:
     low_precision_recipe: str = "delayed"
     fp8_param_gather: bool = False
     fp8_dispatch: bool = False
+    fp8_attention: bool = False
     nvfp4_disable_rht: bool = False
     nvfp4_disable_stochastic_rounding: bool = False
     megatron_fsdp: bool = False
@@ -555,6 +563,7 @@ class GenerateOptions:
         "recompute_modules",
         "fp8_param_gather",
         "fp8_dispatch",
+        "fp8_attention",
         "moe_sort_by_expert",
         "moe_dispatcher_sms",
         "nvfp4_disable_rht",

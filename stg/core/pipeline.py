@@ -178,6 +178,7 @@ def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> Model
             ),
             param_gather=o.fp8_param_gather,
             fp8_dispatch=o.fp8_dispatch,
+            fp8_attention=o.fp8_attention,
             fsdp2_copies=not o.megatron_fsdp,
             moe_dispatcher=o.moe_dispatcher,
             kexperts=o.kexperts,
@@ -194,6 +195,11 @@ def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> Model
         elif o.profile == "eager":
             bound[name] = with_fp32_cross_entropy(bound[name], binder)
     check_options_read(read, model.name)
+    if o.fp8_attention and not any(map(runs_fused_attention, bound.values())):
+        raise OptionError(
+            f"fp8_attention=true does not apply to model {model.name!r} with attention="
+            f"{o.attention}: none of its layers runs fused attention (leave it false)"
+        )
     if o.attention_backend != "auto" and not any(map(runs_fused_attention, bound.values())):
         raise OptionError(
             f"attention_backend={o.attention_backend} does not apply to model {model.name!r}: "

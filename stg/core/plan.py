@@ -25,7 +25,7 @@ from stg.core.layout import (
 from stg.core.options import GenerateOptions, OptionError
 from stg.core.precision import DTYPE_BYTES
 from stg.core.quantization import FORMAT_ONLY
-from stg.core.recipes import DEFAULT_RECIPE, PARAM_GATHER_RECIPES, RECIPES
+from stg.core.recipes import DEFAULT_RECIPE, FP8_ATTENTION_SCALING, PARAM_GATHER_RECIPES, RECIPES
 from stg.core.routing import DISPATCHERS, GATES, NCCL_DISPATCHER, RANDOM_GATE, ROUTINGS
 from stg.core.torchtitan import NORM_TYPES
 
@@ -425,6 +425,7 @@ def _check_phase(o: GenerateOptions) -> None:
         ("low_precision_recipe", o.low_precision_recipe != DEFAULT_RECIPE),
         ("fp8_param_gather", o.fp8_param_gather),
         ("fp8_dispatch", o.fp8_dispatch),
+        ("fp8_attention", o.fp8_attention),
         ("megatron_fsdp", o.megatron_fsdp),
         ("first_last_layers_bf16", o.first_last_layers_bf16),
         # the measured rates are DeepEP's and HybridEP's high-throughput kernels (training);
@@ -739,6 +740,17 @@ def make_plan(o: GenerateOptions) -> ParallelPlan:
         "fp8_dispatch sends a mixture of experts' tokens to the experts in the format of "
         "low_precision_recipe: it needs ep > 1 and low_precision_recipe one of "
         f"{', '.join(r for r in RECIPES if r != DEFAULT_RECIPE)}",
+    )
+    _require(
+        not o.fp8_attention
+        or (
+            o.dtype == "fp8"
+            and o.low_precision_recipe in FP8_ATTENTION_SCALING
+            and o.profile == "megatron"
+        ),
+        "fp8_attention runs Transformer Engine's fused attention in fp8 (fp8_dpa): it needs "
+        "dtype=fp8, profile=megatron and low_precision_recipe one of "
+        f"{', '.join(FP8_ATTENTION_SCALING)}",
     )
     for option, feature in (
         ("nvfp4_disable_rht", "hadamard"),

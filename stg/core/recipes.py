@@ -535,6 +535,24 @@ PARAM_GATHER_RECIPES = ("tensorwise", "blockwise", "mxfp8")
 fp8 FSDP all-gather, ``enable_fsdp_float8_all_gather``, takes tensorwise only). The gather
 moves the rowwise copy and its scales."""
 
+FP8_ATTENTION_SCALING: dict[str, str] = {
+    "delayed": "fp8",
+    "tensorwise": "fp8",
+    "mxfp8": "mxfp8",
+    "nvfp4": "fp8",
+}
+"""The recipes under which Transformer Engine runs its fused attention in fp8 (``fp8_dpa``),
+and the scaling of that attention: per-tensor under delayed scaling (TE pull request #768, TE
+1.6) and current scaling (#2012, TE 2.8), block-scaled MXFP8 under ``MXFP8BlockScaling``
+(#2719, 2026-04), and per-tensor current scaling under ``NVFP4BlockScaling``, which takes
+``fp8_dpa`` with ``NVTE_DPA_FP8_RECIPE=Float8CurrentScaling`` (NVIDIA-NeMo/Megatron-Bridge pull
+request #5394). torchao's ``rowwise`` and the ``blockwise`` recipe have no fp8 attention."""
+
+FP8_ATTENTION_CAST_KERNELS = 4
+"""Cast kernels around an fp8 attention node: forward Q, K and V in and the output out,
+backward the output gradient in and dQ, dK and dV out (Transformer Engine's fp8 DPA without
+``fp8_mha``: "cast BF16 input to FP8, FP8 DPA, cast output to BF16", TE pull request #768)."""
+
 
 def gathered_weight_bytes(recipe: Recipe, elements: int) -> int:
     """Bytes of ``elements`` weight elements all-gathered in the recipe's format: the
@@ -609,6 +627,8 @@ def split_bf16_layers(
 __all__ = [
     "BF16_KIND_SUFFIX",
     "DEFAULT_RECIPE",
+    "FP8_ATTENTION_CAST_KERNELS",
+    "FP8_ATTENTION_SCALING",
     "HADAMARD_FLOPS_ATTR",
     "NON_TN_FP8_GEMM_ARCHS",
     "OPERANDS",

@@ -19,6 +19,7 @@ from stg.core.dropout import DROPOUT_FLOPS
 from stg.core.fp8 import QUANTIZE_ATTR, QUANTIZE_BYTES_PER_ELEMENT
 from stg.core.quantization import WEIGHT_FORMATS
 from stg.core.recipes import (
+    FP8_ATTENTION_CAST_KERNELS,
     HADAMARD_FLOPS_ATTR,
     NON_TN_FP8_GEMM_ARCHS,
     QUANTIZE_COLS_ATTR,
@@ -315,6 +316,22 @@ def weight_cast_cached(node: Any) -> bool:
     return type(micro_batch) is int and micro_batch != 0
 
 
+def fp8_attention_cast_time(node: Any, system: System) -> float:
+    """The casts around a training attention node run in fp8 (``fp8_attention``: its
+    ``attention_casts`` bytes, :func:`stg.core.lowering.fp8_attention_ops`) at the measured rate
+    of a fused fp8 cast with its amax (``quantize``), each of its
+    :data:`~stg.core.recipes.FP8_ATTENTION_CAST_KERNELS` kernels with its launch; 0 for any
+    other node."""
+    attrs = getattr(node, "attrs", None) or {}
+    casts = attrs.get("attention_casts")
+    if type(casts) is not int or casts <= 0:
+        return 0.0
+    return (
+        memory_bound_time(system.gpu, casts, "quantize")
+        + FP8_ATTENTION_CAST_KERNELS * system.kernel_overhead
+    )
+
+
 def fp8_quantize_time(node: Any, system: System) -> float:
     """The time of the fp8 quantization that runs right before an fp8 GEMM node (its
     ``fp8_quantize`` elements, :data:`stg.core.fp8.QUANTIZE_ATTR`): Transformer Engine's
@@ -564,9 +581,11 @@ def compute_time(
                 window=int(attrs.get("attention_window", 0)),
                 chunk=int(attrs.get("attention_chunk", 0)),
                 topk=int(attrs.get("attention_topk", 0)),
+                fp8_scaling=str(attrs.get("attention_scaling", "fp8")),
             )
             / speedup
         )
+        seconds += fp8_attention_cast_time(node, system)
         # a kernel cannot read its Q, K, V (a decode step's whole KV cache) faster than HBM
         seconds = max(seconds, memory_bound_time(gpu, node.tensor_size, "stream", dtype))
     elif gemm is not None and len(gemm) == 4:

@@ -386,15 +386,21 @@ FUSED_ATTENTION["blackwell"] = {
         (1e-6, 16e-6),
     ),
 }
-FP8_ATTENTION_SPEED: dict[str, tuple[float, float]] = {"10.0": (1.32, 1.30), "10.3": (1.59, 1.40)}
-"""cuDNN's fp8 (per-tensor E4M3) fused attention over its bf16, forward and backward, per compute
-capability: the medians over causal and unmasked d 128 grouped-query attention at 8k, 16k and
-32k tokens of cuDNN 9.22's SDPA training benchmark on a GB200 (10.0) and a GB300 (10.3)
+FP8_ATTENTION_SPEED: dict[str, dict[str, tuple[float, float]]] = {
+    "10.0": {"fp8": (1.32, 1.30), "mxfp8": (1.22, 1.11)},
+    "10.3": {"fp8": (1.59, 1.40), "mxfp8": (1.43, 1.07)},
+}
+"""cuDNN's fp8 fused attention over its bf16, forward and backward, per compute capability and
+scaling: ``fp8`` (per-tensor E4M3 scales, Transformer Engine's delayed and current scaling) and
+``mxfp8`` (E4M3 with one E8M0 scale per 32 elements, TE's ``MXFP8BlockScaling``). Each is the
+median over causal and unmasked d 128 grouped-query attention at 8k, 16k and 32k tokens of
+cuDNN 9.22's SDPA training benchmark on a GB200 (10.0) and a GB300 (10.3)
 (NVIDIA/cudnn-frontend fb682ce, benchmark/sdpa_benchmark_training/results/llama3.1/;
 tests/data/kernels/blackwell-published.jsonl, ``attention_pass``): a ratio of two rates of one
 run, which no clock state changes. fp8 attention there runs at the bf16 kernel's rate times
-this, not at twice it as the fp8 tensor-core peak would say: the softmax's exponentials and the
-block scaling do not get faster with the MMA. A GPU without an entry keeps the fp8 peak."""
+this, not at twice it as the fp8 tensor-core peak would say: the softmax's exponentials do not
+get faster with the MMA. A GPU without an entry (no measurement at hand) keeps the fp8 peak at
+the bf16 kernel's efficiency."""
 
 
 # CDNA 3 (MI300X, MI325X; gfx942) and CDNA 4 (MI355X; gfx950): AMD's fused attention is
@@ -719,6 +725,7 @@ def attention_time(
     window: int = 0,
     chunk: int = 0,
     topk: int = 0,
+    fp8_scaling: str = "fp8",
 ) -> float:
     """Seconds of the attention core (scores, softmax, context) forward or backward.
     ``causal_split`` > 1: the ``s_q = s_kv / causal_split`` queries are one context-parallel
@@ -729,7 +736,9 @@ def attention_time(
     own ``chunk``; a query block visits only the key blocks its rows reach
     (:func:`masked_kv_blocks`; a balanced share, as many as the whole sequence's on average);
     ``topk``: each query sees the ``topk`` keys an indexer picked (sparse attention), gathered
-    in blocks: as many blocks as that many keys fill, at most its causal ones."""
+    in blocks: as many blocks as that many keys fill, at most its causal ones.
+    ``fp8_scaling`` (``dtype`` fp8): ``fp8`` (per-tensor scales) or ``mxfp8`` (block scales),
+    whose measured speed over bf16 applies where known (:data:`FP8_ATTENTION_SPEED`)."""
     if min(batch, heads, s_q, s_kv, head_dim) <= 0:
         return 0.0
     if impl == "unfused":
@@ -769,7 +778,8 @@ def attention_time(
     if backward:
         work *= ATTENTION_BACKWARD_WORK
     efficiency = kernel.efficiency_for(head_dim, backward)
-    fp8_speed = FP8_ATTENTION_SPEED.get(gpu.compute_capability or "") if dtype == "fp8" else None
+    measured = FP8_ATTENTION_SPEED.get(gpu.compute_capability or "", {})
+    fp8_speed = measured.get(fp8_scaling) if dtype == "fp8" else None
     if fp8_speed is not None:  # the bf16 kernel's rate times cuDNN's measured fp8 speed-up
         dtype, efficiency = "bf16", efficiency * fp8_speed[1 if backward else 0]
     peak = gpu.peak_flops[dtype] * gpu.clock_scale
