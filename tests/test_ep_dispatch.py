@@ -299,3 +299,18 @@ def test_deduplicated_dispatch_decides_a_two_node_run() -> None:
     nccl = predict_time_options(GenerateOptions(**values), system, registry=registry)
     assert abs(deepep / published - 1) < 0.1
     assert nccl["iteration_time_s"] / published > 1.5
+
+
+def test_overlapped_all_to_alls_keep_the_dispatcher() -> None:
+    """Under ``overlap_moe_ep_comm`` (the all-to-alls laid out beside the other micro-batch's
+    compute) the dispatch and combine stay marked and priced as the dispatcher's."""
+    registry = load_registry(autoload=False)
+    options = {**QWEN, "overlap_moe_ep_comm": True}
+    marked = _all_to_alls(GenerateOptions(**options, moe_dispatcher="deepep"))
+    assert marked and all(routed(n.attrs) is not None for n in marked)
+    times = [
+        predict_time_options(GenerateOptions(**options, moe_dispatcher=d), "h100-80g",
+                             registry=registry)["iteration_time_s"]
+        for d in ("alltoall", "deepep")
+    ]  # fmt: skip
+    assert times[1] < times[0]
