@@ -275,6 +275,7 @@ def predict_problem(
     period: int | None = None,
     checked: Mapping[int, int] | None = None,
     chunks: int = 1,
+    extra_warmup: int = 0,
 ) -> dict[str, Any]:
     """Replay ``problem`` and report; ``timeline`` writes a Chrome trace JSON there;
     ``explain_path`` adds the critical path's breakdown (:func:`explain`) as ``explain``.
@@ -290,7 +291,8 @@ def predict_problem(
     whole workload).
 
     ``chunks``: model chunks per stage (an interleaved schedule's virtual stages), whose fill
-    and drain span more micro-batches (:func:`stg.perf.periodic.drain_micro_batches`).
+    and drain span more micro-batches (:func:`stg.perf.periodic.drain_micro_batches`), as do
+    ``extra_warmup`` forward chunks beyond the schedule's warm-up (``overlap_moe_ep_comm``).
 
     ``kernels``: Kernel records (or registry entries, or a :class:`KernelTable`) that price
     ops by precision; none (the default) means the plain roofline."""
@@ -314,7 +316,11 @@ def predict_problem(
     }
     args = (system, dtype, tables, profile, calibration)
     if not exact and timeline is None and not explain_path and not is_hybrid(system):
-        extend: dict[str, Any] = {"checked": checked, "chunks": chunks}
+        extend: dict[str, Any] = {
+            "checked": checked,
+            "chunks": chunks,
+            "extra_warmup": extra_warmup,
+        }
         if micro_batches is not None:
             extend = {
                 "micro_batches": micro_batches,
@@ -322,6 +328,7 @@ def predict_problem(
                 "name_at": name_in_micro_batch,
                 "only_if_cheaper": False,
                 "chunks": chunks,
+                "extra_warmup": extra_warmup,
                 "checked": checked,
             }
         periodic = replay_periodic(problem, *args, **options, **extend)
@@ -440,6 +447,7 @@ def predict_time(
         period=period,
         checked=checked,
         chunks=int(options.get("virtual_stages") or 1),
+        extra_warmup=int(bool(options.get("overlap_moe_ep_comm"))),
         **overlap_options(options),
     )
     report["simulated_ranks"] = len(problem.units)
@@ -470,13 +478,14 @@ def lowered_micro_batches(options: GenerateOptions, system: System) -> list[tupl
         return []
     stages, total = options.pp, options.micro_batches
     chunks = options.virtual_stages
+    extra = int(options.overlap_moe_ep_comm)  # Megatron-core's one more warm-up forward
     read_off = not options.tp_comm_overlap
     periods = [stages] if chunks > 1 else list(dict.fromkeys((1, stages)))
     out, later = [], []
     for period in periods:
-        keeps = [first_keep(stages, period, chunks)]
+        keeps = [first_keep(stages, period, chunks, extra)]
         if read_off:
-            keeps.insert(0, state_keep(stages, period, chunks))
+            keeps.insert(0, state_keep(stages, period, chunks, extra))
         # where a transient outlasts the fill: doubled while the replays of all those (two
         # each) cost at most half the whole one's
         longer, spent = 2 * keeps[-1], 0

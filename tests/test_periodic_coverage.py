@@ -116,7 +116,7 @@ def test_a_keep_found_not_periodic_is_not_tried_again(monkeypatch: pytest.Monkey
     tried: list[tuple[int, int, bool]] = []
 
     def refuse(problem: Any, args: Any, options: Any, indexed: Any, per_unit: Any, built: int,
-               total: int, keep: int, period: int, *rest: Any) -> None:  # fmt: skip
+               total: int, keep: int, period: int, *rest: Any, **_: Any) -> None:  # fmt: skip
         tried.extend((period, keep, tail) for tail in rest[-1])  # each drain tried (tails)
         raise periodic._NotPeriodic
 

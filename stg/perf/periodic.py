@@ -1305,56 +1305,62 @@ def _anchors(
     return found
 
 
-def drain_micro_batches(stages: int, chunks: int = 1) -> int:
+def drain_micro_batches(stages: int, chunks: int = 1, extra_warmup: int = 0) -> int:
     """The micro-batches the fill (and, alike, the drain) of a pipeline schedule spans on its
     first stage: one per stage for 1F1B and GPipe; for an interleaved schedule of ``chunks``
     model chunks per stage, its first stage's warm-up of ``2 * (stages - 1) + (chunks - 1) *
     stages`` forward chunks (Megatron-LM's forward_backward_pipelining_with_interleaving,
     megatron/core/pipeline_parallel/schedules.py, ``num_warmup_microbatches``), ``chunks`` of
-    them per micro-batch."""
+    them per micro-batch. ``extra_warmup``: forward chunks the warm-up runs beyond the
+    schedule's (one under ``overlap_moe_ep_comm``: :func:`stg.core.schedules.ep_overlap_groups`)."""
     if chunks <= 1:
-        return stages
-    warmup = 2 * (stages - 1) + (chunks - 1) * stages
+        return stages + extra_warmup
+    warmup = 2 * (stages - 1) + (chunks - 1) * stages + extra_warmup
     return max(stages, -(-warmup // chunks))
 
 
-def first_keep(stages: int, period: int, chunks: int = 1) -> int:
+def first_keep(stages: int, period: int, chunks: int = 1, extra_warmup: int = 0) -> int:
     """The micro-batches of the shorter reduced replay first tried with ``period``: the fill
     and the drain take up to :func:`drain_micro_batches` each, and the cut lies between them
     (:func:`cut_at`), a period after the fill."""
-    return 2 * _whole_periods(drain_micro_batches(stages, chunks), period) + period
+    return 2 * _whole_periods(drain_micro_batches(stages, chunks, extra_warmup), period) + period
 
 
-def cut_at(keep: int, stages: int, period: int, chunks: int = 1) -> int:
+def cut_at(keep: int, stages: int, period: int, chunks: int = 1, extra_warmup: int = 0) -> int:
     """The first micro-batch of the shorter replay of ``keep`` micro-batches whose nodes run one
     period later in the longer one: the drain's micro-batches before the end stay after it."""
-    return period * ((keep - _whole_periods(drain_micro_batches(stages, chunks), period)) // period)
+    fill = _whole_periods(drain_micro_batches(stages, chunks, extra_warmup), period)
+    return period * ((keep - fill) // period)
 
 
-def state_keep(stages: int, period: int, chunks: int = 1) -> int:
+def state_keep(stages: int, period: int, chunks: int = 1, extra_warmup: int = 0) -> int:
     """The micro-batches of the shortest reduced replay whose period the state check can
     prove (:func:`_short_from_long`): the fill (:func:`drain_micro_batches`, in whole periods)
     and one period, so that the first unit starts micro-batch ``c`` (its first after the
     fill) in the steady state. The longer replay adds one period: ``c + 2 period`` in all,
     against :func:`first_keep`'s ``2 c + 2 period`` where the two replays are matched
     micro-batch by micro-batch (:func:`_aligned`), whose drain must leave the cut alone."""
-    return _whole_periods(drain_micro_batches(stages, chunks), period) + period
+    return _whole_periods(drain_micro_batches(stages, chunks, extra_warmup), period) + period
 
 
-def state_anchor(keep: int, stages: int, period: int, chunks: int = 1) -> int:
+def state_anchor(
+    keep: int, stages: int, period: int, chunks: int = 1, extra_warmup: int = 0
+) -> int:
     """The micro-batch ``c`` at whose start on the first unit the state check compares the
     shorter replay of ``keep`` micro-batches with the longer one a period later: the first
     after the fill, or the cut's period (:func:`cut_at`) where that is later."""
-    fill = _whole_periods(drain_micro_batches(stages, chunks), period)
-    return max(fill, cut_at(keep, stages, period, chunks) - period)
+    fill = _whole_periods(drain_micro_batches(stages, chunks, extra_warmup), period)
+    return max(fill, cut_at(keep, stages, period, chunks, extra_warmup) - period)
 
 
-def _keeps(stages: int, period: int, chunks: int, smallest: bool) -> Iterator[int]:
+def _keeps(
+    stages: int, period: int, chunks: int, smallest: bool, extra_warmup: int = 0
+) -> Iterator[int]:
     """The shorter replays' micro-batches tried in turn: :func:`state_keep` where the state
     check applies to it (``smallest``), then :func:`first_keep`, doubled on each failure."""
     if smallest:
-        yield state_keep(stages, period, chunks)
-    keep = first_keep(stages, period, chunks)
+        yield state_keep(stages, period, chunks, extra_warmup)
+    keep = first_keep(stages, period, chunks, extra_warmup)
     while True:
         yield keep
         keep *= 2
@@ -1375,6 +1381,7 @@ def replay_periodic(
     only_period: int | None = None,
     checked: Mapping[int, int] | None = None,
     chunks: int = 1,
+    extra_warmup: int = 0,
     **options: Any,
 ) -> PeriodicReplay | None:
     """The iteration time, per-unit breakdowns and critical path of ``problem`` from two
@@ -1393,7 +1400,8 @@ def replay_periodic(
     shorter replays' micro-batches that failed the check already (the same replays of a
     workload lowered for fewer micro-batches): only longer ones are tried. ``chunks``: model
     chunks per stage (an interleaved schedule's virtual stages), whose fill and drain span
-    more micro-batches (:func:`drain_micro_batches`).
+    more micro-batches (:func:`drain_micro_batches`), as do ``extra_warmup`` forward chunks
+    beyond the schedule's warm-up.
 
     Where ``problem`` holds :func:`state_keep` micro-batches and a period (a workload lowered
     for them), that shorter replay is tried first, proved by the state check alone; then
@@ -1418,7 +1426,7 @@ def replay_periodic(
         if total % period or (built - total) % period:
             continue
         keeps = _keeps_worth_trying(
-            stages, period, chunks, read_off, built, total, checked, only_if_cheaper
+            stages, period, chunks, read_off, built, total, checked, only_if_cheaper, extra_warmup
         )
         if keeps:
             tries.append((period, keeps))
@@ -1441,7 +1449,7 @@ def replay_periodic(
                 try:
                     result = _try_keep(
                         problem, args, options, indexed, per_unit, built, total, keep, period,
-                        stages, chunks, read_off, name_at, group,
+                        stages, chunks, read_off, name_at, group, extra_warmup=extra_warmup,
                     )  # fmt: skip
                 except (_NotPeriodic, TraceError):
                     raised += 1
@@ -1462,6 +1470,7 @@ def _keeps_worth_trying(
     total: int,
     checked: Mapping[int, int] | None,
     only_if_cheaper: bool,
+    extra_warmup: int = 0,
 ) -> list[int]:
     """The shorter replays' micro-batches to try with ``period`` (:func:`_keeps`), in order,
     on a problem of ``built`` micro-batches standing for ``total``: those not ``checked``
@@ -1475,9 +1484,9 @@ def _keeps_worth_trying(
     than the schedule of as many micro-batches may (as where a backward's gather follows the
     dropped forward's on the communicator's stream and comes to wait for the compute before
     it too), and the check would compare two drains alike in that, not the problem's."""
-    smallest = read_off and state_keep(stages, period, chunks) + period == built
+    smallest = read_off and state_keep(stages, period, chunks, extra_warmup) + period == built
     found = []
-    for keep in _keeps(stages, period, chunks, smallest):
+    for keep in _keeps(stages, period, chunks, smallest, extra_warmup):
         if checked and keep <= checked.get(period, 0):
             continue
         if keep + period > built or (2 * (2 * keep + period) > total and only_if_cheaper):
@@ -1500,6 +1509,7 @@ def _try_keep(
     read_off: bool,
     name_at: NameAt | None,
     tails: tuple[bool, ...] = (False,),
+    extra_warmup: int = 0,
 ) -> PeriodicReplay | None:
     """:func:`replay_periodic` with the shorter reduced replay of ``keep`` micro-batches, None
     where the check fails (:class:`_NotPeriodic` or a :class:`TraceError` where the reduced
@@ -1514,20 +1524,20 @@ def _try_keep(
     smallest keep, its last period, which the state check requires untouched at the first
     instant) or as the reduction gives them (as a longer problem reduced from ``problem``
     has them wait)."""
-    cut = cut_at(keep, stages, period, chunks)
-    smallest = keep < first_keep(stages, period, chunks)
+    cut = cut_at(keep, stages, period, chunks, extra_warmup)
+    smallest = keep < first_keep(stages, period, chunks, extra_warmup)
     # the two problems share most node objects; the smallest keep replays only the longer one
     costs = Costs(nodes_again=not smallest)
     # a tail: the reduced problems' micro-batches toward the drain wait as in the schedule of
     # as many (_tail_deps), where the drain's waits differ from a steady micro-batch's
-    drain = _whole_periods(drain_micro_batches(stages, chunks), period) + period
+    drain = _whole_periods(drain_micro_batches(stages, chunks, extra_warmup), period) + period
     longer = problem
     if keep + period < built:
         tail_from = keep + period - drain if tails[0] else None
         longer = _reduced(problem, keep + period, built, indexed, tail_from=tail_from)
     anchors: list[tuple[int, int]] = []
     if read_off:
-        first = state_anchor(keep, stages, period, chunks)
+        first = state_anchor(keep, stages, period, chunks, extra_warmup)
         anchors = _anchors(longer, indexed, [first, first + period])
     long = replay(longer, *args, costs=costs, states_at=anchors, **options)
     # where the longer problem is the whole one, the engine's dependency lists are by its
