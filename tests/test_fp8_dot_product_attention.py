@@ -6,6 +6,7 @@ carry the bytes of their casts, and are priced at cuDNN's measured fp8 speed ove
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -109,6 +110,12 @@ def test_trace_checks_out_and_predicts_as_options(tmp_path: Path) -> None:
          "fp8_attention runs Transformer Engine's fused attention in fp8 (fp8_dpa): it needs "
          "dtype=fp8, profile=megatron and low_precision_recipe one of delayed, tensorwise, "
          "mxfp8, nvfp4"),
+        (["--attention_backend", "flash"],
+         "fp8_attention runs cuDNN's fp8 fused attention: attention_backend=flash is not "
+         "allowed with it (FlashAttention has no fp8 training kernel); allowed: auto, fused"),
+        (["--sp", "2"],
+         "fp8_attention with context parallelism (sp=2) is not modelled yet: the ring's keys "
+         "and values would move in fp8 and be cast once, not per step; allowed: sp=1"),
         (["--attention", "unfused"],
          "fp8_attention=true does not apply to model 'llama' with attention=unfused: none of "
          "its layers runs fused attention (leave it false)"),
@@ -121,3 +128,21 @@ def test_refused_plans_get_one_line(args: list[str], message: str) -> None:
     )
     assert result.exit_code == 2, result.output
     assert result.stderr.strip() == f"error: {message}"
+
+
+def test_analytical_prices_keep_fp8_attention_apart() -> None:
+    """The analytical predictor memoises prices on the system: plans with and without
+    ``fp8_attention``, and with its two scalings, are priced apart (as on a fresh system)."""
+    from stg.predictors.analytical import predict_options
+
+    registry = load_registry(autoload=False)
+    plans = [LONG, {**LONG, "fp8_attention": True},
+             {**LONG, "fp8_attention": True, "low_precision_recipe": "mxfp8"}]  # fmt: skip
+    shared = load_system("gb200-nvl72")
+    again = [predict_options(GenerateOptions(**p), shared, registry=registry) for p in plans]
+    fresh = [  # a new system object each: no memoised prices
+        predict_options(GenerateOptions(**p), dataclasses.replace(shared), registry=registry)
+        for p in plans
+    ]
+    assert [r["iteration_time_s"] for r in again] == [r["iteration_time_s"] for r in fresh]
+    assert len({r["iteration_time_s"] for r in again}) == 3

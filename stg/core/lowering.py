@@ -862,7 +862,9 @@ def fp8_attention_ops(ops: list[BoundOp], scaling: str) -> list[BoundOp]:
             out.append(op)
             continue
         batch, heads, s_q = shape[:3]
-        elements = max(0, op.tensor_size - 4 * batch * heads * s_q) // DTYPE_BYTES[op.dtype]
+        elements = (
+            max(0, op.tensor_size - 4 * batch * heads * s_q) // DTYPE_BYTES[op.dtype or "bf16"]
+        )
         cast = elements // 2 if shape[6] else elements
         attrs = (
             ("attention_dtype", "fp8"),

@@ -752,6 +752,17 @@ def make_plan(o: GenerateOptions) -> ParallelPlan:
         "dtype=fp8, profile=megatron and low_precision_recipe one of "
         f"{', '.join(FP8_ATTENTION_SCALING)}",
     )
+    _require(
+        not o.fp8_attention or o.attention_backend in ("auto", "fused"),
+        f"fp8_attention runs cuDNN's fp8 fused attention: attention_backend="
+        f"{o.attention_backend} is not allowed with it (FlashAttention has no fp8 training "
+        "kernel); allowed: auto, fused",
+    )
+    _require(
+        not o.fp8_attention or o.sp == 1,
+        f"fp8_attention with context parallelism (sp={o.sp}) is not modelled yet: the ring's "
+        "keys and values would move in fp8 and be cast once, not per step; allowed: sp=1",
+    )
     for option, feature in (
         ("nvfp4_disable_rht", "hadamard"),
         ("nvfp4_disable_stochastic_rounding", "stochastic_rounding"),

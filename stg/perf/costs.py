@@ -179,7 +179,8 @@ def native_fp8(system: System, kind: str, dtype: str) -> bool:
     """Whether ``dtype`` is fp8 and the GPU has fp8 tensor cores (its fp8 peak exceeds its
     bf16 peak: Hopper and later), so that an fp8 GEMM runs natively, as cuBLAS and Transformer
     Engine run it, at the fp8 rate of the GEMM model; no kernel plugin is needed. Attention
-    stays in 16 bits (Transformer Engine's default)."""
+    stays in 16 bits (Transformer Engine's default) unless its node says otherwise
+    (``attention_dtype``: serving's FP8 attention, training's ``fp8_attention``)."""
     return dtype == "fp8" and kind == "gemm" and system.peak("fp8") > system.peak("bf16")
 
 
@@ -535,8 +536,9 @@ def compute_time(
     if kind == "attention" and attention is None and memory_kind(name) == "softmax":
         kind = "other"  # unfused attention's softmax: a memory-bound kernel at its measured rate
     dtype = dtype_override if stored_weight or recipe is not None else node.dtype or default_dtype
-    # serving fp8 attention (FlashAttention-3, FlashInfer, cuDNN, AITER read an fp8 KV cache
-    # and compute in fp8) where the tensor cores have fp8; training's stays in 16 bits
+    # fp8 attention where the tensor cores have fp8: serving's (FlashAttention-3, FlashInfer,
+    # cuDNN, AITER read an fp8 KV cache and compute in fp8) and training's fp8_attention (TE's
+    # fp8_dpa); other training attention stays in 16 bits
     fp8_attention = attrs.get("attention_dtype") == "fp8" and _fp8_tensor_cores(system)
     speedup = 1.0
     kernel = None
@@ -563,7 +565,8 @@ def compute_time(
             dtype == "fp8" and kernel is None and not fp8_attention
         ):
             # Transformer Engine's DotProductAttention runs in 16 bits unless fp8_dpa is set
-            # (an fp8 recipe quantizes the GEMMs): fp8 attention only from a kernel plugin
+            # (an fp8 recipe quantizes the GEMMs): fp8 attention only from fp8_attention (the
+            # node's attention_dtype) or a kernel plugin
             dtype = "bf16"
         seconds = (
             attention_time(

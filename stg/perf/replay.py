@@ -298,6 +298,7 @@ def compute_cost_key(node: Any) -> tuple[Any, ...]:
         runtime,
         attrs.get("gemm"),
         attrs.get("attention"),
+        attrs.get("attention_scaling"),  # training's fp8 attention (its casts follow the shape)
     )
 
 
