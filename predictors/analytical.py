@@ -577,9 +577,7 @@ class _Pricer:
                 node.dtype,
                 attrs.get("gemm"),
                 attrs.get("attention"),
-                attrs.get("attention_dtype"),
-                attrs.get("attention_scaling"),
-                attrs.get("attention_casts"),
+                attrs.get("attention_scaling"),  # training's fp8 attention (casts follow shape)
             )
             # prices memoised on the system object (frozen: its prices never change)
             prices = self.system.__dict__.setdefault("_analytical_prices", {})

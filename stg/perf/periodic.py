@@ -1319,17 +1319,22 @@ def drain_micro_batches(stages: int, chunks: int = 1, extra_warmup: int = 0) -> 
     return max(stages, -(-warmup // chunks))
 
 
+def _fill(stages: int, period: int, chunks: int = 1, extra_warmup: int = 0) -> int:
+    """The fill (:func:`drain_micro_batches`) in whole periods."""
+    return _whole_periods(drain_micro_batches(stages, chunks, extra_warmup), period)
+
+
 def first_keep(stages: int, period: int, chunks: int = 1, extra_warmup: int = 0) -> int:
     """The micro-batches of the shorter reduced replay first tried with ``period``: the fill
     and the drain take up to :func:`drain_micro_batches` each, and the cut lies between them
     (:func:`cut_at`), a period after the fill."""
-    return 2 * _whole_periods(drain_micro_batches(stages, chunks, extra_warmup), period) + period
+    return 2 * _fill(stages, period, chunks, extra_warmup) + period
 
 
 def cut_at(keep: int, stages: int, period: int, chunks: int = 1, extra_warmup: int = 0) -> int:
     """The first micro-batch of the shorter replay of ``keep`` micro-batches whose nodes run one
     period later in the longer one: the drain's micro-batches before the end stay after it."""
-    fill = _whole_periods(drain_micro_batches(stages, chunks, extra_warmup), period)
+    fill = _fill(stages, period, chunks, extra_warmup)
     return period * ((keep - fill) // period)
 
 
@@ -1340,7 +1345,7 @@ def state_keep(stages: int, period: int, chunks: int = 1, extra_warmup: int = 0)
     fill) in the steady state. The longer replay adds one period: ``c + 2 period`` in all,
     against :func:`first_keep`'s ``2 c + 2 period`` where the two replays are matched
     micro-batch by micro-batch (:func:`_aligned`), whose drain must leave the cut alone."""
-    return _whole_periods(drain_micro_batches(stages, chunks, extra_warmup), period) + period
+    return _fill(stages, period, chunks, extra_warmup) + period
 
 
 def state_anchor(
@@ -1349,7 +1354,7 @@ def state_anchor(
     """The micro-batch ``c`` at whose start on the first unit the state check compares the
     shorter replay of ``keep`` micro-batches with the longer one a period later: the first
     after the fill, or the cut's period (:func:`cut_at`) where that is later."""
-    fill = _whole_periods(drain_micro_batches(stages, chunks, extra_warmup), period)
+    fill = _fill(stages, period, chunks, extra_warmup)
     return max(fill, cut_at(keep, stages, period, chunks, extra_warmup) - period)
 
 
@@ -1530,7 +1535,7 @@ def _try_keep(
     costs = Costs(nodes_again=not smallest)
     # a tail: the reduced problems' micro-batches toward the drain wait as in the schedule of
     # as many (_tail_deps), where the drain's waits differ from a steady micro-batch's
-    drain = _whole_periods(drain_micro_batches(stages, chunks, extra_warmup), period) + period
+    drain = _fill(stages, period, chunks, extra_warmup) + period
     longer = problem
     if keep + period < built:
         tail_from = keep + period - drain if tails[0] else None
