@@ -12,7 +12,9 @@ the rest of the step: exposed collectives, sends and the waits they cause.
 
 The memory-bandwidth bound of a step is the bytes it must read divided by the HBM bandwidth
 of the data sheet: every weight once per micro-batch and the KV cache once
-(``weights + KV``), per pipeline stage; a decode step cannot be faster.
+(``weights + KV``), per pipeline stage; a decode step cannot be faster. Of a mixture's routed
+experts only those the step's tokens reach count (the workload's ``weight_read_bytes``: serving
+engines run no expert that receives no token).
 
 Memory per rank: the weights, the KV cache at its largest (after the last step), and the
 activations of the largest op of the largest step; the largest batch (at the given lengths)
@@ -70,7 +72,7 @@ def _bandwidth_bound(workload: Workload, system: System) -> dict[str, Any]:
         one_pass_s = 0.0
         for rc in classes:
             m = int(rc.facts["micro_batches"])
-            weights = int(rc.facts["weight_bytes"])
+            weights = int(rc.facts.get("weight_read_bytes", rc.facts["weight_bytes"]))
             kv = int(rc.facts["kv_cache_bytes_per_step"][step])
             stage_s.append((m * weights + kv) / system.hbm_bandwidth)
             one_pass_s += (weights + kv / m) / system.hbm_bandwidth

@@ -11,6 +11,7 @@ import pytest
 from stg.core.modelinfo import model_parameters
 from stg.core.options import GenerateOptions, resolve_model
 from stg.core.pipeline import build_workload, symbol_values
+from stg.core.routing import ACTIVE_EXPERTS_ATTR, EXPERT_WEIGHT_BYTES_ATTR
 from stg.errors import UserError
 from stg.host.registry import load_registry
 from stg.predictors.memory import (
@@ -344,6 +345,7 @@ def test_mla_kv_cache_bytes_closed_form(kv_dtype: str | None, width: int) -> Non
 
 
 def test_one_mla_decode_step_reads_every_weight_once_and_the_latent_cache_once() -> None:
+    """... every weight but the routed experts no token of the step reaches."""
     ctx, B, tp, ep = 60, 8, 2, 2
     o = GenerateOptions(**{**TINY, "batch": B, "phase": "decode", "context": ctx, "tp": tp,
                            "ep": ep})  # fmt: skip
@@ -354,18 +356,23 @@ def test_one_mla_decode_step_reads_every_weight_once_and_the_latent_cache_once()
     dense = 3 * h * o.dense_dff // tp
     moe = h * E + E // ep * 3 * h * f // tp + 3 * h * f // tp  # router, routed, shared
     weights = 3 * attention + dense + 2 * moe + V * h // tp  # the LM head
-    gemm_weights = cache_read = appended = 0
+    gemm_weights = cache_read = appended = unread = 0
     seqs = B // ep
+    share = 1 - (1 - o.kexperts / E) ** B  # the experts the step's B tokens reach
     for n in rank.nodes:
         if "gemm" in n.attrs:
             batch, m, nn, k = n.attrs["gemm"]
             gemm_weights += n.tensor_size - 2 * batch * (m * k + m * nn)  # minus activations
+        if ACTIVE_EXPERTS_ATTR in n.attrs:  # the weights of experts no token reaches
+            assert n.attrs[ACTIVE_EXPERTS_ATTR] == pytest.approx(E // ep * share)
+            unread += round(n.attrs[EXPERT_WEIGHT_BYTES_ATTR] * (1 - share))
         if "attention" in n.attrs:
             q_and_out = 2 * seqs * a * (c + r + c)  # latent query, RoPE query, latent output
             cache_read += n.tensor_size - q_and_out - 4 * seqs * a
         if n.name.endswith(".cache_append"):
             appended += n.tensor_size
-    assert gemm_weights == 2 * weights
+    assert 0 < unread < 2 * (2 * E // ep * 3 * h * f // tp)  # routed weights, 2 MoE layers
+    assert gemm_weights + unread == 2 * weights
     latent = o.num_stacks * (c + r) * seqs * 2
     assert cache_read == latent * (ctx + 1) == rank.facts["kv_cache_bytes"]
     assert appended == 2 * latent  # the new token's latent read, then written into the cache

@@ -1,7 +1,9 @@
 """Published measurements of 2025-26 on the new presets, predicted: Blackwell training runs
 (tests/data/runs/blackwell_runs.json: Megatron-Bridge on DGX B200, GB200 and GB300), AMD Instinct
-training runs (tests/data/runs/amd_training_runs.json: Primus on MI325X) and MI300X serving
-latencies (tests/data/serving/mi300x_latency.json: AMD's vLLM results, OCI's Llama 3.1 405B FP8).
+training runs (tests/data/runs/amd_training_runs.json: Primus on MI325X), MI300X serving
+latencies (tests/data/serving/mi300x_latency.json: AMD's vLLM results, OCI's Llama 3.1 405B FP8)
+and B200 serving times per output token and to the first token
+(tests/data/serving/blackwell_serving.json: SGLang's cookbook runs of DeepSeek-R1 and GLM-4.6).
 
 The presets' peaks are the data sheets'; their sustained clocks, streaming and attention rates
 come from published kernel-level measurements (tests/data/kernels/blackwell-published.jsonl,
@@ -36,6 +38,9 @@ SLOW: list[dict] = BLACKWELL_DATA["slow_entries"]
 AMD: list[dict] = json.loads((DATA / "runs" / "amd_training_runs.json").read_text())["entries"]
 TRAINING = [*BLACKWELL, *AMD]
 SERVING: list[dict] = json.loads((DATA / "serving" / "mi300x_latency.json").read_text())["entries"]
+BLACKWELL_SERVING: list[dict] = json.loads(
+    (DATA / "serving" / "blackwell_serving.json").read_text()
+)["entries"]
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +62,7 @@ STG_RECIPE = {"delayed": "delayed", "current": "tensorwise", "mxfp8": "mxfp8", "
 
 
 def test_points_are_well_formed(registry: Registry) -> None:
-    ids = [e["id"] for e in (*TRAINING, *SLOW, *SERVING)]
+    ids = [e["id"] for e in (*TRAINING, *SLOW, *SERVING, *BLACKWELL_SERVING)]
     assert len(ids) == len(set(ids)), "duplicate ids"
     for entry in (*TRAINING, *SLOW):
         options = run_options(entry, registry)
@@ -67,7 +72,11 @@ def test_points_are_well_formed(registry: Registry) -> None:
     for entry in SERVING:
         assert serving_options(entry, registry, "decode").world_size == entry["gpus"]
         engine_profile(entry.get("engine_profile", "none"))  # a known profile
-    for entry in (*TRAINING, *SLOW, *SERVING):
+    for entry in BLACKWELL_SERVING:
+        assert serving_options(entry, registry, "decode").world_size == entry["gpus"]
+        assert entry["metric"] in ("tpot_s", "ttft_s"), entry["id"]
+        assert entry["metric"] == "tpot_s" or entry["options"]["batch"] == 1, entry["id"]
+    for entry in (*TRAINING, *SLOW, *SERVING, *BLACKWELL_SERVING):
         assert entry["source"].startswith("https://") and entry["table"], entry["id"]
     left_out = " ".join(n["what"] + n["why"] for n in BLACKWELL_DATA["not_reproducible"])
     for entry in SLOW:  # each is listed by id among the rows left out, with its time
@@ -188,4 +197,46 @@ def test_mi300x_serving_latencies(registry: Registry, report_table: Callable[...
         "engine idle time from the row's engine profile)"
     )
     report_table("MI300X serving latencies (tests/data/serving/mi300x_latency.json)", lines)
+    assert not problems, "\n".join(problems)
+
+
+def predicted_serving_metric(entry: dict, registry: Registry) -> float:
+    """A Blackwell serving point's metric as the data file's field notes define it: the mean
+    TPOT at max-concurrency C, a decode step of C sequences at context input + output/2 plus
+    the other C - 1 requests' prefills spread over output - 1 steps; or the TTFT, the prefill
+    of one prompt."""
+    one = {**entry, "options": {**entry["options"], "batch": 1}}
+    prefill = build_workload(serving_options(one, registry, "prefill"), registry)
+    ttft = predict_serving(prefill, entry["system"])["ttft_s"]
+    if entry["metric"] == "ttft_s":
+        return ttft
+    decode = build_workload(serving_options(entry, registry, "decode"), registry)
+    step = predict_serving(decode, entry["system"])["time_per_output_token_s"]
+    concurrency = entry["options"]["batch"]
+    return step + (concurrency - 1) * ttft / (entry["output"] - 1)
+
+
+@pytest.mark.slow  # about half a minute: DeepSeek-V3 and GLM-4.5 steps
+def test_blackwell_serving_points(registry: Registry, report_table: Callable[..., None]) -> None:
+    head = f"{'id':<66} {'metric':>6} {'published':>9} {'predicted':>9} {'error':>7} {'guard':>5}"
+    lines, problems = [head], []
+    errors: dict[str, dict[str, float]] = {"tpot_s": {}, "ttft_s": {}}
+    for entry in BLACKWELL_SERVING:
+        predicted = predicted_serving_metric(entry, registry)
+        error = predicted / entry["value"] - 1
+        guard = entry.get("guard", DEFAULT_GUARD)
+        errors[entry["metric"]][entry["id"]] = error
+        line = (
+            f"{entry['id']:<66} {entry['metric'][:4]:>6} {1e3 * entry['value']:>7.2f}ms "
+            f"{1e3 * predicted:>7.2f}ms {100 * error:>+6.1f}% {100 * guard:>4.0f}%"
+        )
+        lines.append(line)
+        if abs(error) > guard:
+            problems.append(line)
+    lines.append("TPOT: " + summary(errors["tpot_s"]) + " (target 15%)")
+    lines.append(
+        "TTFT: " + summary(errors["ttft_s"]) + " (the measured TTFT holds engine and client "
+        "time stg does not model)"
+    )
+    report_table("B200 serving (tests/data/serving/blackwell_serving.json)", lines)
     assert not problems, "\n".join(problems)

@@ -51,8 +51,19 @@ from stg.core.lowering import (
 from stg.core.options import GenerateOptions, OptionError, ReadOptions, check_options_read
 from stg.core.plan import MAX_TAG, ParallelPlan
 from stg.core.precision import normalize_plan
+from stg.core.routing import ACTIVE_EXPERTS_ATTR, EXPERT_WEIGHT_BYTES_ATTR, active_expert_share
 from stg.core.sharding import Sharding
-from stg.core.symbolic import AttentionSpan, Capacity, Dim, GraphBuilder, Op, Part, Seq, Tensor
+from stg.core.symbolic import (
+    STANDARD_DIMS,
+    AttentionSpan,
+    Capacity,
+    Dim,
+    GraphBuilder,
+    Op,
+    Part,
+    Seq,
+    Tensor,
+)
 from stg.core.workload import OP_ATTR, NodeType, Phase, RankClass, RankGraph, Workload
 from stg.errors import UserError
 from stg.host.records import Model
@@ -66,6 +77,9 @@ KV_DIM = Dim("seq_kv", KVSeq)
 POSITIONS_DIM = Dim("positions", Positions)
 TOKEN_ID_BYTES = 4
 """Bytes of one token id sent back to the first pipeline stage (int32, as tokens are read)."""
+
+EXPERTS = STANDARD_DIMS["experts"]
+"""The dimension a mixture's routed experts are split by."""
 
 
 class KVCache:
@@ -289,6 +303,9 @@ class StepParts:
     weight_bytes: dict[str, int]
     """bytes one rank stores of the weights of each part (embedding, head, each kind of
     layer): at their stored width, with the scales of a weight format"""
+    weight_read_bytes: dict[str, int]
+    """... of those, the bytes one micro-batch's step reads: all but the weights of routed
+    experts that no token of the step reaches (:func:`skip_idle_experts`)"""
 
 
 def _bind(part: Part, binder: Binder, fused: bool) -> BoundPart:
@@ -325,6 +342,39 @@ def merge_bound(a: BoundPart, b: BoundPart, weight_bytes: Callable[[BoundOp], in
     return replace(a, forward=merged, boundary_bytes=a.boundary_bytes + b.boundary_bytes)
 
 
+def skip_idle_experts(
+    part: Part, bound: BoundPart, binder: Binder, o: GenerateOptions, tokens: int
+) -> tuple[BoundPart, int]:
+    """``bound`` with each grouped expert GEMM (an einsum whose every operand is split by
+    expert) reading only the weights of the experts that ``tokens`` tokens of a step reach
+    (:func:`stg.core.routing.active_expert_share`), marked with how many of the rank's experts
+    that is (:data:`~stg.core.routing.ACTIVE_EXPERTS_ATTR`); and the weight bytes left unread."""
+    share = active_expert_share(o, tokens)
+    grouped = {
+        op.name: [key(t) for t in op.inputs if t.kind == "weight"]
+        for op in part.forward
+        if op.kind == "einsum" and all(EXPERTS in t.dims for t in op.inputs)
+    }
+    if not grouped:
+        return bound, 0
+    weights = {key(w): w for w in part.weights}
+    ops: list[BoundOp] = []
+    unread = 0
+    for op in bound.forward:
+        held = grouped.get(op.name)
+        attrs = dict(op.attrs)
+        if not held or "gemm" not in attrs:
+            ops.append(op)
+            continue
+        held_bytes = sum(binder.nbytes(weights[k]) for k in held)
+        idle = round(held_bytes * (1.0 - share))
+        unread += idle
+        attrs[ACTIVE_EXPERTS_ATTR] = attrs["gemm"][0] * share
+        attrs[EXPERT_WEIGHT_BYTES_ATTR] = held_bytes
+        ops.append(replace(op, tensor_size=op.tensor_size - idle, attrs=tuple(attrs.items())))
+    return replace(bound, forward=ops), unread
+
+
 def _op_working_set(op: Op, binder: Binder, fused: bool) -> int:
     """Activation bytes one op holds at once: its activation inputs and output (a fused
     attention core never holds its score matrix)."""
@@ -355,6 +405,7 @@ def build_steps(model: Model, plan: ParallelPlan) -> list[StepParts]:
         bound: dict[str, BoundPart] = {}
         cache: dict[str, int] = {}
         stored: dict[str, int] = {}
+        read: dict[str, int] = {}
         activations = 0
         for name, part in built.items():
             per_group: list[tuple[BoundPart, Binder]] = []
@@ -386,7 +437,9 @@ def build_steps(model: Model, plan: ParallelPlan) -> list[StepParts]:
 
             for other, _ in per_group[1:]:
                 result = merge_bound(result, other, weight_bytes)
-            bound[name] = result
+            tokens = sum(g.batch * g.query for g in groups)
+            bound[name], idle = skip_idle_experts(part, result, first_binder, o, tokens)
+            read[name] = stored[name] - idle
         parts = ModelParts(
             bound["embedding"],
             bound[layer_kinds[0]],
@@ -397,7 +450,7 @@ def build_steps(model: Model, plan: ParallelPlan) -> list[StepParts]:
             optimizer_dtype=o.dtype,
             facts={"weight_dtype": o.dtype, "kv_dtype": o.kv_dtype or o.dtype, "phase": o.phase},
         )
-        steps.append(StepParts(parts, groups, cache, activations, stored))
+        steps.append(StepParts(parts, groups, cache, activations, stored, read))
     return steps
 
 
@@ -568,6 +621,12 @@ def lower_inference_stage(
         + sum(stored[kind] * count for kind, count in kinds.items())
         + (stored["head"] if last else 0)
     )
+    read = steps[0].weight_read_bytes
+    weight_read_bytes = (
+        (read["embedding"] if first else 0)
+        + sum(read[kind] * count for kind, count in kinds.items())
+        + (read["head"] if last else 0)
+    )
     kv_per_step = [
         sum(sp.cache_bytes[kind] * count for kind, count in kinds.items()) * m for sp in steps
     ]
@@ -584,6 +643,8 @@ def lower_inference_stage(
             "has_head": last,
             "micro_batches": m,
             "weight_bytes": weight_bytes,
+            # what one micro-batch's step reads of them: routed experts no token reaches idle
+            "weight_read_bytes": weight_read_bytes,
             # the cache of every sequence this rank serves, after each step (it grows by one
             # token per decode step): what each step reads, and its largest size is held
             "kv_cache_bytes_per_step": kv_per_step,

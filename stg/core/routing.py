@@ -64,6 +64,43 @@ EP_GATE_ATTR = "ep_gate"
 """... where a token's experts fall (a value of :data:`GATES`; absent: ``random``)."""
 
 
+ACTIVE_EXPERTS_ATTR = "active_experts"
+"""Node attribute of a serving step's grouped expert GEMM (its ``gemm`` batch runs over a rank's
+experts): how many of those experts can expect at least one token of the step
+(:func:`active_expert_share` of them). Serving engines run the grouped GEMM only over the experts
+that received tokens, so only their weights are read (the node's ``tensor_size`` counts those
+alone)."""
+EXPERT_WEIGHT_BYTES_ATTR = "expert_weight_bytes"
+"""... and the bytes of all those experts' weights that it holds: its ``tensor_size`` leaves
+``round(expert_weight_bytes · (1 - active share))`` of them unread."""
+
+
+def expert_groups(options: GenerateOptions) -> tuple[int, int]:
+    """(groups, shards): the token groups that meet one copy of the routed experts through the
+    expert-parallel all-to-all (``dp·sp``, or the expert-data-parallel coordinates under
+    ``ep_layout=fold``) and the ranks each group's slots of an expert start split over
+    (``ep``, or ``ep·etp`` folded)."""
+    if options.ep_folded:
+        return options.expert_dp, options.ep * options.expert_tp
+    return options.dp * options.sp, options.ep
+
+
+def active_expert_share(options: GenerateOptions, tokens: float) -> float:
+    """Expected share of the routed experts that receive at least one of ``tokens`` tokens
+    (all replicas together) when each token goes to ``k`` distinct experts of ``E`` uniformly at
+    random (the balanced router of :data:`RANDOM_GATE`): an expert misses one token with
+    probability ``1 - k/E``, and all ``T`` tokens of its group (:func:`expert_groups`) with
+    ``(1 - k/E)^T``. Serving engines run a grouped expert GEMM only over the experts that
+    received tokens (vLLM's and SGLang's ``fused_moe`` sort the routed rows by expert and launch
+    tiles for those experts alone; TensorRT-LLM's MoE kernels likewise), so at a decode step of
+    a few sequences most experts' weights are not read."""
+    experts, k = options.experts, options.kexperts
+    if experts <= 0 or k >= experts:
+        return 1.0
+    groups, _ = expert_groups(options)
+    return 1.0 - (1.0 - k / experts) ** (tokens / groups)
+
+
 def expected_max_load(mean: float, bins: int) -> float:
     """Expected load of the fullest of ``bins`` bins whose loads average ``mean`` under
     uniform random throws (Raab and Steger 1998, Theorem 1): ``mean + sqrt(2·mean·ln n)``."""
@@ -88,10 +125,7 @@ def expert_capacity(options: GenerateOptions, tokens: int) -> int:
     routed = tokens * options.kexperts
     if options.moe_routing == "capacity":
         return -(-int(routed * options.capacity_factor) // options.experts)
-    if options.ep_folded:
-        groups, shards = options.expert_dp, options.ep * options.expert_tp
-    else:
-        groups, shards = options.dp * options.sp, options.ep
+    groups, shards = expert_groups(options)
     bins = options.experts * groups
     fullest = min(expected_max_load(routed / bins, bins), tokens / groups)
     return math.ceil(fullest / shards) * shards * groups

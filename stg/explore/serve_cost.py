@@ -15,7 +15,9 @@ a step is one chain of kernels and collectives, so its time is the sum of its no
   iteration reads (a learned position table) and in the slots of its fullest expert (an MoE
   layer, :func:`stg.core.routing.expert_capacity` of all its tokens): its FLOPs, bytes,
   message size and GEMM shape are read off decode workloads of 1, 2 and 3 sequences and
-  prefills of two lengths, and must reproduce every one of them exactly.
+  prefills of two lengths, and must reproduce every one of them exactly. A grouped expert
+  GEMM's bytes are linear once the weights of the experts no token reaches are added back
+  (:func:`stg.core.routing.active_expert_share` of the tokens decides them).
 - **Attention.** An attention node of ``b`` sequences, ``q`` new tokens each, attending to
   ``kv`` tokens has batch ``∝ b``, query rows ``∝ q``, key/value length ``kv``, bytes
   ``b·(a + c·q + d·kv)`` (FLOPs scaled with ``b·q·kv``: the kernel model prices the shape), read off
@@ -57,6 +59,7 @@ import numpy as np
 
 from stg.core.inference import Group, group_values
 from stg.core.options import GenerateOptions
+from stg.core.routing import ACTIVE_EXPERTS_ATTR, EXPERT_WEIGHT_BYTES_ATTR, active_expert_share
 from stg.core.symbolic import Capacity
 from stg.core.workload import (
     LAYER_ATTR,
@@ -81,8 +84,10 @@ CHECK_TOLERANCE = 1e-9
 CONTEXTS = (32, 96)
 PROMPTS = (16, 48)
 CHUNK_CONTEXT = 24
-TOKENS_COLUMN, POSITIONS_COLUMN, SLOTS_COLUMN = 1, 2, 3
-"""Regressors of a body node: (1, tokens, distinct positions, slots of the fullest expert)."""
+TOKENS_COLUMN, POSITIONS_COLUMN, SLOTS_COLUMN, SHARE_COLUMN = 1, 2, 3, 4
+"""Regressors of a body node: (1, tokens, distinct positions, slots of the fullest expert), and
+beside them the share of the routed experts the tokens reach (which no field is linear in: a
+grouped expert GEMM's unread weights follow from it, :func:`_unread`)."""
 
 
 @dataclass(frozen=True)
@@ -139,7 +144,8 @@ FIELDS = ("num_ops", "tensor_size", "comm_size")
 class _Linear:
     """A node whose numeric fields (and GEMM shape) are linear in a few regressors: ``(1, n)``
     for a count ``n`` (tokens or sequences), or ``(1, tokens, positions, expert slots)`` for
-    the body of a model with learned positions or experts."""
+    the body of a model with learned positions or experts; a serving step's grouped expert
+    GEMM's bytes are, once its unread expert weights are added back (:func:`_unread`)."""
 
     node: Node
     count: int
@@ -147,6 +153,7 @@ class _Linear:
     coefficients: Any  # (columns, fields + GEMM dimensions): numpy array
     gemm: bool
     shape: tuple[int, ...] | None  # a collective's group shape
+    active: bool = False  # a serving step's grouped expert GEMM: its active experts
 
     @staticmethod
     def fit(
@@ -160,13 +167,17 @@ class _Linear:
         ``seen`` (one per row of ``points``) exactly; :class:`_NotAffine` if none do."""
 
         gemm = node.attrs.get("gemm") is not None
+        active = node.attrs.get(ACTIVE_EXPERTS_ATTR) is not None
         rows = [
             [getattr(n, f) for f in FIELDS] + (list(n.attrs["gemm"]) if gemm else []) for n in seen
         ]
+        if active:  # the bytes of every expert's weights: linear in the tokens
+            for row, x in zip(rows, points, strict=True):
+                row[FIELDS.index("tensor_size")] += _unread(node, x[SHARE_COLUMN])
         values = np.array(rows, dtype=float)
         design = np.asarray(points, dtype=float)[:, list(columns)]
         coefficients, *_ = np.linalg.lstsq(design, values, rcond=None)
-        entry = _Linear(node, 1, columns, coefficients, gemm, shape)
+        entry = _Linear(node, 1, columns, coefficients, gemm, shape, active)
         for x, want in zip(np.asarray(points, dtype=float), seen, strict=True):
             made = entry.at(x)
             if (
@@ -174,6 +185,8 @@ class _Linear:
                 made.attrs.get("gemm"),
             ) != (tuple(getattr(want, f) for f in FIELDS), want.attrs.get("gemm")):
                 raise _NotAffine(f"node {node.name} is not linear in the tokens")
+            if made.attrs.get(ACTIVE_EXPERTS_ATTR) != want.attrs.get(ACTIVE_EXPERTS_ATTR):
+                raise _NotAffine(f"node {node.name}'s active experts are not stg's routing's")
         return entry
 
     def at(self, x: Any) -> Node:
@@ -182,6 +195,10 @@ class _Linear:
         attrs = dict(self.node.attrs)
         if self.gemm:
             attrs["gemm"] = tuple(values[len(FIELDS) :])
+        if self.active:
+            share = float(x[SHARE_COLUMN])
+            attrs[ACTIVE_EXPERTS_ATTR] = attrs["gemm"][0] * share
+            fields["tensor_size"] -= _unread(self.node, share)
         return replace(self.node, attrs=attrs, **fields)
 
 
@@ -218,6 +235,12 @@ class _Attention:
 
     def at(self, b: int, q: int, kv: int) -> Node:
         return (self.decode if q == 1 else self.prefill).at(self.node, b, q, kv)
+
+
+def _unread(node: Node, share: float) -> int:
+    """Bytes of a grouped expert GEMM's weights that no token reaches when ``share`` of the
+    experts receive tokens, as :func:`stg.core.inference.skip_idle_experts` leaves them out."""
+    return round(int(node.attrs[EXPERT_WEIGHT_BYTES_ATTR]) * (1.0 - share))
 
 
 def _exact(value: float) -> int:
@@ -410,6 +433,7 @@ class IterationPricer:
         used = {c for e in self._body_nodes for c in e.columns}
         self.uses_positions = POSITIONS_COLUMN in used
         self._uses_slots = SLOTS_COLUMN in used
+        self._uses_share = any(e.active for e in self._body_nodes)
         self._head_nodes = list(head.values())
         self._attention_nodes = list(attention.values())
 
@@ -420,9 +444,16 @@ class IterationPricer:
         group = Group("iteration", self.attention_ranks, tokens, tokens)
         return int(group_values(self._decode, group)[Capacity])
 
+    def active_share(self, tokens: int) -> float:
+        """Share of the routed experts that a batch of ``tokens`` tokens on every attention
+        rank reaches (:func:`stg.core.routing.active_expert_share`): a serving step reads
+        only their weights."""
+        return active_expert_share(self._decode, tokens * self.attention_ranks)
+
     def _regressors(self, tokens: int, positions: int) -> Any:
         slots = self.expert_slots(tokens) if self._uses_slots else 0
-        return np.array((1.0, tokens, positions, slots))
+        share = self.active_share(tokens) if self._uses_share else 1.0
+        return np.array((1.0, tokens, positions, slots, share))
 
     def _fit_body(self, node: Node, shape: tuple[int, ...] | None, seen: Sequence[Node]) -> _Linear:
         """A node outside attention and the head, read at decode of 1, 2, 3 sequences and
@@ -430,7 +461,10 @@ class IterationPricer:
         learned position table) or the slots of the fullest expert (an MoE layer)."""
         p0, p1 = PROMPTS
         counts = [(1, 1), (2, 1), (3, 1), (p0, p0), (p1, p1)]
-        points = [(1, tokens, positions, self.expert_slots(tokens)) for tokens, positions in counts]
+        points = [
+            (1, tokens, positions, self.expert_slots(tokens), self.active_share(tokens))
+            for tokens, positions in counts
+        ]
         why = ""
         for columns in (
             (0, TOKENS_COLUMN),

@@ -28,6 +28,7 @@ from stg.core.recipes import (
     RECIPE_ATTR,
     RECIPES,
 )
+from stg.core.routing import ACTIVE_EXPERTS_ATTR
 from stg.core.torchtitan import EAGER_KERNEL_BYTES_ATTR, EAGER_KERNELS_ATTR
 from stg.core.workload import (
     MICRO_BATCH_ATTR,
@@ -596,6 +597,10 @@ def compute_time(
         # a convolution (implicit GEMM) moves its tensor_size, not its window matrix
         # ... and a serving weight format's GEMM its weights at their stored width and scales
         nbytes = node.tensor_size if attrs.get("implicit_gemm") or stored_weight else None
+        active = attrs.get(ACTIVE_EXPERTS_ATTR)
+        if active is not None:  # a serving step's experts: those its tokens reach run, alone
+            batch = min(batch, max(1, math.ceil(active)))
+            nbytes = node.tensor_size
         scaled = recipe is not None and dtype == "fp8" and kernel is None
         if profile == "eager" and name.split(".", 1)[0] in EXPERT_GEMM_OPS and nbytes is None:
             seconds = grouped_gemm_time(gpu, batch, m, n, k, dtype) / speedup
