@@ -470,10 +470,12 @@ def lowered_micro_batches(options: GenerateOptions, system: System) -> list[tupl
     tensor-parallel communication, whose dependencies the check does not compare), then
     those the two replays matched micro-batch by micro-batch need
     (:func:`stg.perf.periodic.first_keep`), each where the lowered build and its two replays
-    cost at most what the whole build and replay cost; after every period's, twice and four
-    times as many and so on, fewest first, while their replays together cost at most half the
-    whole one (a transient that outlasts the fill, as where one stage runs ahead of the others
-    for a while). None for a run that is not one training pipeline schedule of one device kind."""
+    cost at most what the whole build and replay cost; after every period's, the state check's
+    one, two, four periods later and those the matched replays need twice and four times as
+    many and so on, fewest first, while their replays together cost at most half the whole
+    one (a transient that outlasts the fill, as where one stage runs ahead of the others for a
+    while: a stage whose last model chunk holds only the loss). None for a run that is not
+    one training pipeline schedule of one device kind."""
     if options.inference or is_hybrid(system) or options.pipeline_flushes > 1:
         return []
     stages, total = options.pp, options.micro_batches
@@ -486,6 +488,16 @@ def lowered_micro_batches(options: GenerateOptions, system: System) -> list[tupl
         keeps = [first_keep(stages, period, chunks, extra)]
         if read_off:
             keeps.insert(0, state_keep(stages, period, chunks, extra))
+            # the state check a whole number of periods later (1, 2, 4, ...), one replay each
+            # of a workload lowered for them, while those cost at most half the whole one
+            settle, spent = 1, 0
+            while True:
+                lowered = keeps[0] + (settle + 1) * period
+                spent += lowered
+                if 2 * spent > total:
+                    break
+                later.append((lowered, period))
+                settle *= 2
         # where a transient outlasts the fill: doubled while the replays of all those (two
         # each) cost at most half the whole one's
         longer, spent = 2 * keeps[-1], 0
@@ -497,7 +509,7 @@ def lowered_micro_batches(options: GenerateOptions, system: System) -> list[tupl
             if total % period or keep + period >= total or 3 * keep + 2 * period > 2 * total:
                 continue
             out.append((keep + period, period))
-    return out + sorted(t for t in later if not total % t[1] and t[0] < total)
+    return list(dict.fromkeys(out + sorted(t for t in later if not total % t[1] and t[0] < total)))
 
 
 def predict_time_options(

@@ -398,3 +398,25 @@ def test_serving_builds_the_stack_with_the_generator_parameters() -> None:
         assert cls.facts["layer_kinds"] == dict(analytic[cls.stage].kinds)
     names = {n.name for n in w.ranks[0].nodes()}
     assert "mb0/layer0/fwd/gate" in names and "mb0/layer0/fwd/router" not in names
+
+
+def test_the_mtp_embedding_waits_for_its_micro_batch_and_the_pipeline_replays_periodically():
+    """The multi-token prediction's embedding needs no activation, yet runs when its
+    micro-batch reaches the head (after the last stage receives it), not at the start of
+    the iteration: so a 1F1B pipeline with MTP repeats after its fill, and the periodic
+    replay of a lowered workload gives the whole replay's iteration (within 1e-9)."""
+    from stg.predictors.time import predict_time_options
+
+    o = GenerateOptions(
+        **{**TINY, "num_stacks": 8, "mtp_depth": 1, "pp": 4, "batch": 64, "micro_batch": 2}
+    )
+    workload = build_workload(replace(o, batch=8), REGISTRY)
+    last = workload.rank_classes[-1]
+    names = {n.id: n.name for n in last.nodes}
+    embedding = next(n for n in last.nodes if n.name == "mb1/head/fwd/mtp1_embedding")
+    waits = [names[d] for d in (*embedding.data_deps, *embedding.ctrl_deps)]
+    assert waits and all(w.startswith("mb1/") for w in waits), waits
+    fast = predict_time_options(o, "h100-80g", registry=REGISTRY)
+    whole = predict_time_options(o, "h100-80g", registry=REGISTRY, exact=True)
+    assert fast["replay"]["kind"] == "periodic"
+    assert fast["iteration_time_s"] == pytest.approx(whole["iteration_time_s"], rel=1e-9)

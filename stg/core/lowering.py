@@ -1956,9 +1956,13 @@ class _Nodes:
         after: int | None = None,
         where: Mapping[str, Any] | None = None,
         op_prefix: str = "",
+        start: int | None = None,
     ) -> None:
         """Append ``ops``; ``after``: ops that depend on nothing appended here wait for that
-        node (a recompute starts when the layer's gradient arrives, not during the forward).
+        node (a recompute starts when the layer's gradient arrives, not during the forward);
+        ``start``: so do the compute ops among them that depend on nothing at all (a part's
+        work that needs no activation runs when its micro-batch reaches it; its weight
+        gathers may still run ahead).
         ``where``: the typed attributes of their place (:func:`node_place`); ``op_prefix``:
         what ``prefix`` adds to the op names after the last ``/``.
 
@@ -2032,10 +2036,12 @@ class _Nodes:
                 elif inside:
                     deps += tuple(map(first.__add__, inside))
                     ctrl = ()
-                elif after is None or after in deps:
-                    ctrl = ()
-                else:
+                elif after is not None and after not in deps:
                     ctrl = (after,)
+                elif start is not None and not deps and node_type is comp:
+                    ctrl = (start,)
+                else:
+                    ctrl = ()
             if pending is not None:
                 if pending not in deps and pending not in ctrl:
                     ctrl += (pending,)
@@ -2311,14 +2317,16 @@ def lower_stage(
         prefix: str,
         where: dict[str, Any],
         after: int | None = None,
+        start: int | None = None,
     ) -> Iterator[str]:
         """Forward of one part instance; its weights are gathered unless they still are.
         ``where``: the typed attributes of its place (:func:`node_place`); ``after``: a node
-        it waits for (an offload that frees memory for it). Under ``overlap_moe_ep_comm`` it
-        pauses after each all-to-all (:func:`all_to_all_segments`)."""
+        it waits for (an offload that frees memory for it); ``start``: the node its compute
+        that needs no input waits for (:meth:`run`). Under ``overlap_moe_ep_comm`` it pauses
+        after each all-to-all (:func:`all_to_all_segments`)."""
         ops = gathers_for(owner, bp, ops_tuple(bp.forward), env)
         for segment in all_to_all_segments(ops, split_at_all_to_alls):
-            out.run(segment, env, prefix, after=after, where=where)
+            out.run(segment, env, prefix, after=after, where=where, start=start)
             if pausing:
                 yield PAUSE
         note_gathered(owner, bp, ops, env)
@@ -2565,12 +2573,15 @@ def lower_stage(
                     yield PART_END
             if last:
                 env = {head.input_key: (x,)}  # type: ignore[dict-item]
+                # what needs no activation (the multi-token prediction's embedding of the
+                # shifted tokens) still runs once the micro-batch reaches the head
                 yield from forward(
                     "head",
                     head,
                     env,
                     f"mb{mb}/head/fwd/",
                     node_place(Phase.FORWARD, mb, "head"),
+                    start=x,  # type: ignore[arg-type]
                 )
                 saved[("head", mb)] = env
                 if region_end == "head":

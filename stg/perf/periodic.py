@@ -452,17 +452,20 @@ def _reduction(
             new_deps: dict[int, None] = {}
             for d in deps:
                 k = position[d]
-                if _kept(mbs[k], keep):
-                    new_deps[d] = None
-                elif mb is not None:
-                    new_deps.update(dict.fromkeys(_kept_ancestors(index, k, keep, frontier)))
-                else:
+                if mb is None and mbs[k] is not None:
+                    # an end-of-iteration node waits for micro-batch y of the whole schedule
+                    # where the schedule of ``keep`` waits for y - shift (its last ones, or
+                    # all of them: the same set); a kept one's alike too
                     y = mbs[k] - shift
                     if y >= 0:
                         partner = index.same_in(k, y)
                         if partner is None:
                             raise _NotPeriodic
                         new_deps[nodes[partner].id] = None
+                elif _kept(mbs[k], keep):
+                    new_deps[d] = None
+                else:
+                    new_deps.update(dict.fromkeys(_kept_ancestors(index, k, keep, frontier)))
             kept_nodes[at] = dataclasses.replace(node, data_deps=tuple(new_deps), ctrl_deps=())
             replaced.append((i, kept_nodes[at]))
         group_keys: dict[int, Any] = {}
@@ -1359,15 +1362,17 @@ def state_anchor(
 
 
 def _keeps(
-    stages: int, period: int, chunks: int, smallest: bool, extra_warmup: int = 0
-) -> Iterator[int]:
-    """The shorter replays' micro-batches tried in turn: :func:`state_keep` where the state
-    check applies to it (``smallest``), then :func:`first_keep`, doubled on each failure."""
-    if smallest:
-        yield state_keep(stages, period, chunks, extra_warmup)
+    stages: int, period: int, chunks: int, settled: int | None, extra_warmup: int = 0
+) -> Iterator[tuple[int, bool]]:
+    """The shorter replays' micro-batches tried in turn, each with whether the state check
+    alone proves it: ``settled`` where that check applies to it (:func:`state_keep` or more,
+    the longer replay the problem itself), then :func:`first_keep`, doubled on each
+    failure."""
+    if settled is not None:
+        yield settled, True
     keep = first_keep(stages, period, chunks, extra_warmup)
     while True:
-        yield keep
+        yield keep, False
         keep *= 2
 
 
@@ -1442,7 +1447,7 @@ def replay_periodic(
         return None
     per_unit = [index.micro_batch for index in indexed]
     for period, keeps in tries:
-        for keep in keeps:
+        for keep, state_only in keeps:
             # first with the drain's waits of the schedule of as many micro-batches (what a
             # lowered workload's shorter problem is), then as the reduction gives the drain;
             # a keep whose check cannot be made ends the period's tries
@@ -1455,6 +1460,7 @@ def replay_periodic(
                     result = _try_keep(
                         problem, args, options, indexed, per_unit, built, total, keep, period,
                         stages, chunks, read_off, name_at, group, extra_warmup=extra_warmup,
+                        state_only=state_only,
                     )  # fmt: skip
                 except (_NotPeriodic, TraceError):
                     raised += 1
@@ -1484,19 +1490,30 @@ def _keeps_worth_trying(
     replay (should the check fail, as where a transient decays without ever repeating
     exactly, the full replay follows them).
 
-    The smallest keep only where its longer replay is the problem itself (a workload lowered
-    for it): a reduced problem's drain waits for the kept ancestors of its dropped nodes, more
+    The state check's keep only where its longer replay is the problem itself (a workload
+    lowered for it): :func:`state_keep` micro-batches, or whole periods more where a
+    transient outlasts the fill (the anchor then that many periods after the fill; as where
+    a stage of a lighter last chunk runs ahead of the others for a while); a reduced
+    problem's drain waits for the kept ancestors of its dropped nodes, more
     than the schedule of as many micro-batches may (as where a backward's gather follows the
     dropped forward's on the communicator's stream and comes to wait for the compute before
     it too), and the check would compare two drains alike in that, not the problem's."""
-    smallest = read_off and state_keep(stages, period, chunks, extra_warmup) + period == built
-    found = []
-    for keep in _keeps(stages, period, chunks, smallest, extra_warmup):
+    fewest = state_keep(stages, period, chunks, extra_warmup)
+    settled = built - period if read_off and built - period >= fewest else None
+    # later than the fewest only on a workload lowered for it (the whole one replays once)
+    if settled is not None and (
+        (settled - fewest) % period or (settled > fewest and total == built)
+    ):
+        settled = None
+    found: list[tuple[int, bool]] = []
+    for keep, state_only in _keeps(stages, period, chunks, settled, extra_warmup):
         if checked and keep <= checked.get(period, 0):
             continue
         if keep + period > built or (2 * (2 * keep + period) > total and only_if_cheaper):
+            if state_only and total > built:
+                continue  # one replay, of the lowered problem itself: the shorter read off
             return found
-        found.append(keep)
+        found.append((keep, state_only))
 
 
 def _try_keep(
@@ -1515,6 +1532,7 @@ def _try_keep(
     name_at: NameAt | None,
     tails: tuple[bool, ...] = (False,),
     extra_warmup: int = 0,
+    state_only: bool | None = None,
 ) -> PeriodicReplay | None:
     """:func:`replay_periodic` with the shorter reduced replay of ``keep`` micro-batches, None
     where the check fails (:class:`_NotPeriodic` or a :class:`TraceError` where the reduced
@@ -1531,6 +1549,8 @@ def _try_keep(
     has them wait)."""
     cut = cut_at(keep, stages, period, chunks, extra_warmup)
     smallest = keep < first_keep(stages, period, chunks, extra_warmup)
+    if state_only is not None:  # the caller's choice: past the fill, whole periods more
+        smallest = state_only
     # the two problems share most node objects; the smallest keep replays only the longer one
     costs = Costs(nodes_again=not smallest)
     # a tail: the reduced problems' micro-batches toward the drain wait as in the schedule of
@@ -1542,7 +1562,10 @@ def _try_keep(
         longer = _reduced(problem, keep + period, built, indexed, tail_from=tail_from)
     anchors: list[tuple[int, int]] = []
     if read_off:
-        first = state_anchor(keep, stages, period, chunks, extra_warmup)
+        # the state check alone compares the start of the shorter problem's last period
+        first = (
+            keep - period if smallest else state_anchor(keep, stages, period, chunks, extra_warmup)
+        )
         anchors = _anchors(longer, indexed, [first, first + period])
     long = replay(longer, *args, costs=costs, states_at=anchors, **options)
     # where the longer problem is the whole one, the engine's dependency lists are by its
