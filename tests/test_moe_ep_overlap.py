@@ -241,25 +241,30 @@ def test_unsupported_combinations_are_one_line(flags: list[str], message: str) -
     assert re.search(message, lines[0]), lines[0]
 
 
+def _periodic_as_the_whole(options: GenerateOptions) -> None:
+    """The options' lowered periodic replay gives the whole replay's iteration (1e-9)."""
+    from stg.predictors.time import predict_time_options
+
+    fast = predict_time_options(options, "gb300-nvl72", registry=REGISTRY)
+    whole = predict_time_options(options, "gb300-nvl72", registry=REGISTRY, exact=True)
+    assert fast["replay"]["kind"] == "periodic"
+    assert fast["replay"]["lowered_micro_batches"] < options.micro_batches
+    assert fast["iteration_time_s"] == pytest.approx(whole["iteration_time_s"], rel=1e-9)
+
+
 @pytest.mark.parametrize("layers", [None, [2, 2, 2, 1]])
 def test_interleaved_overlap_replays_periodically_as_the_whole(layers: list[int] | None) -> None:
     """Under ``overlap_moe_ep_comm`` the interleaved schedule's warm-up runs one forward chunk
     more (Megatron-core's extra warm-up micro-batch): the periodic replay's fill counts it, so
     a workload lowered for the fill, two periods and the drain proves its steady state and
     extrapolates to the iteration of the whole replay (within 1e-9), even or uneven stages."""
-    from stg.predictors.time import predict_time_options
-
     options = GenerateOptions(
         model="moe", dmodel=512, dff=256, head=8, kvhead=4, dhead=64, experts=16, kexperts=2,
         seq=256, dvocal=1024, dp=8, ep=8, ep_layout="fold", mixed_precision=True, causal=True,
         pp=2, virtual_stages=2, pipeline_schedule="interleaved", batch=8 * 64, micro_batch=8,
         num_stacks=7 if layers else 8, pipeline_layers=layers, overlap_moe_ep_comm=True,
     )  # fmt: skip
-    fast = predict_time_options(options, "gb300-nvl72", registry=REGISTRY)
-    whole = predict_time_options(options, "gb300-nvl72", registry=REGISTRY, exact=True)
-    assert fast["replay"]["kind"] == "periodic"
-    assert fast["replay"]["lowered_micro_batches"] < options.micro_batches
-    assert fast["iteration_time_s"] == pytest.approx(whole["iteration_time_s"], rel=1e-9)
+    _periodic_as_the_whole(options)
 
 
 def test_a_chunk_of_the_loss_alone_replays_periodically_as_the_whole() -> None:
@@ -268,8 +273,6 @@ def test_a_chunk_of_the_loss_alone_replays_periodically_as_the_whole() -> None:
     Its gradient reduction waits for a micro-batch counted from the end of the schedule, and
     the stages settle a few periods after the fill; the periodic replay proves the steady
     state there and matches the whole replay (within 1e-9)."""
-    from stg.predictors.time import predict_time_options
-
     options = GenerateOptions(
         model="moe", dmodel=512, dff=512, head=8, kvhead=8, seq=512, dvocal=1024,
         num_stacks=46, experts=8, kexperts=2, ep=2, pp=4, virtual_stages=12,
@@ -277,8 +280,4 @@ def test_a_chunk_of_the_loss_alone_replays_periodically_as_the_whole() -> None:
         account_for_loss_in_pipeline_split=True, overlap_moe_ep_comm=True,
         batch=512, micro_batch=8,
     )  # fmt: skip
-    fast = predict_time_options(options, "gb300-nvl72", registry=REGISTRY)
-    whole = predict_time_options(options, "gb300-nvl72", registry=REGISTRY, exact=True)
-    assert fast["replay"]["kind"] == "periodic"
-    assert fast["replay"]["lowered_micro_batches"] < options.micro_batches
-    assert fast["iteration_time_s"] == pytest.approx(whole["iteration_time_s"], rel=1e-9)
+    _periodic_as_the_whole(options)
