@@ -149,6 +149,14 @@ def test_nodes_are_keyed_as_the_predictor_prices_them(h100: Calibration) -> None
     assert h100.node_time(attention) == calibrated_time(
         h100, "bf16", attention=(4, 16, 4096, 4096, 128, 0), backward=True
     )
+    # an fp8 recipe's attention node computes in 16 bits unless it is fp8 attention
+    shape = (4, 16, 4096, 4096, 128, 0, 0)
+    recipe = _node("mb0/layer0/fwd/core_attention", 1, 1, "fp8", attention=shape)
+    assert node_kernel(recipe).dtype == "bf16"  # type: ignore[union-attr]
+    dpa = _node(
+        "mb0/layer0/fwd/core_attention", 1, 1, "fp8", attention=shape, attention_dtype="fp8"
+    )
+    assert node_kernel(dpa).dtype == "fp8"  # type: ignore[union-attr]
     norm = _node("mb0/layer0/fwd/ln1", 7 * 2**20, 4 * 2**20)
     assert node_kernel(norm).op_class == "norm"  # type: ignore[union-attr]
     assert h100.node_time(_node("x", 0, 0)) is None

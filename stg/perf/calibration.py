@@ -148,6 +148,10 @@ def node_kernel(node: Any, default_dtype: str = "bf16") -> Kernel | None:
     )
     if kind in ("gemm", "attention") and dtype in WIDE_DTYPES and default not in WIDE_DTYPES:
         dtype = default
+    if attention is not None and dtype == "fp8" and attrs.get("attention_dtype") != "fp8":
+        # an fp8 recipe's attention runs in 16 bits unless it is fp8 attention (the node's
+        # attention_dtype: serving's fp8 KV cache, training's fp8_attention), as priced
+        dtype = "bf16"
     if attention is not None and len(attention) >= 6:
         return attention_kernel(attention, dtype)
     if gemm is not None and len(gemm) == 4:
