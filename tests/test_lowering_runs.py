@@ -76,6 +76,32 @@ CASES: dict[str, tuple[dict[str, Any], int | None]] = {
         None,
     ),
     "context parallel": (dict(LLAMA, sp=2, tp=2, pp=2, batch=8, micro_batch=2), None),
+    "mtp": (  # the head's embedding of the shifted tokens waits for the micro-batch (start)
+        dict(
+            model="deepseek",
+            dvocal=64,
+            dmodel=32,
+            dff=16,
+            head=4,
+            kvhead=4,
+            dhead=8,
+            seq=16,
+            num_stacks=3,
+            experts=4,
+            kexperts=2,
+            shared_experts=1,
+            dense_layers=1,
+            dense_dff=48,
+            q_lora_rank=12,
+            kv_lora_rank=16,
+            drope=4,
+            mtp_depth=1,
+            pp=2,
+            batch=8,
+            micro_batch=2,
+        ),
+        None,
+    ),
     "decode": (dict(LLAMA, phase="decode", context=256, steps=3, tp=2, batch=4), None),
 }
 
@@ -88,12 +114,15 @@ def run_op_by_op(
     after: int | None = None,
     where: Mapping[str, Any] | None = None,
     op_prefix: str = "",
+    start: int | None = None,
 ) -> None:
     """``_Nodes.run`` as it was before runs were planned: each op added on its own."""
     first = len(self.nodes)
     for op in ops:
         deps = [d for k in op.inputs for d in env.get(k, ())]
         extra = () if after is None or any(d >= first for d in deps) else (after,)
+        if after is None and start is not None and not deps and op.type is NodeType.COMP:
+            extra = (start,)
         attrs = dict(op.attrs)
         attrs[OP_ATTR] = op_prefix + op.name
         if where:
