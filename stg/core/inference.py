@@ -343,30 +343,33 @@ def merge_bound(a: BoundPart, b: BoundPart, weight_bytes: Callable[[BoundOp], in
 
 
 def skip_idle_experts(
-    part: Part, bound: BoundPart, binder: Binder, o: GenerateOptions, tokens: int
+    part: Part,
+    bound: BoundPart,
+    weight_bytes: Callable[[BoundOp], int],
+    o: GenerateOptions,
+    tokens: int,
 ) -> tuple[BoundPart, int]:
-    """``bound`` with each grouped expert GEMM (an einsum whose every operand is split by
-    expert) reading only the weights of the experts that ``tokens`` tokens of a step reach
+    """``bound`` with each grouped expert GEMM (an einsum whose every operand carries the
+    experts dimension, so its weights are experts') reading only the weights (``weight_bytes``
+    of it) of the experts that ``tokens`` tokens of a step reach
     (:func:`stg.core.routing.active_expert_share`), marked with how many of the rank's experts
     that is (:data:`~stg.core.routing.ACTIVE_EXPERTS_ATTR`); and the weight bytes left unread."""
-    share = active_expert_share(o, tokens)
     grouped = {
-        op.name: [key(t) for t in op.inputs if t.kind == "weight"]
+        op.name
         for op in part.forward
         if op.kind == "einsum" and all(EXPERTS in t.dims for t in op.inputs)
     }
     if not grouped:
         return bound, 0
-    weights = {key(w): w for w in part.weights}
+    share = active_expert_share(o, tokens)
     ops: list[BoundOp] = []
     unread = 0
     for op in bound.forward:
-        held = grouped.get(op.name)
         attrs = dict(op.attrs)
-        if not held or "gemm" not in attrs:
+        if op.name not in grouped or "gemm" not in attrs:
             ops.append(op)
             continue
-        held_bytes = sum(binder.nbytes(weights[k]) for k in held)
+        held_bytes = weight_bytes(op)
         idle = round(held_bytes * (1.0 - share))
         unread += idle
         attrs[ACTIVE_EXPERTS_ATTR] = attrs["gemm"][0] * share
@@ -438,7 +441,7 @@ def build_steps(model: Model, plan: ParallelPlan) -> list[StepParts]:
             for other, _ in per_group[1:]:
                 result = merge_bound(result, other, weight_bytes)
             tokens = sum(g.batch * g.query for g in groups)
-            bound[name], idle = skip_idle_experts(part, result, first_binder, o, tokens)
+            bound[name], idle = skip_idle_experts(part, result, weight_bytes, o, tokens)
             read[name] = stored[name] - idle
         parts = ModelParts(
             bound["embedding"],

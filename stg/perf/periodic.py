@@ -1499,10 +1499,14 @@ def _keeps_worth_trying(
     dropped forward's on the communicator's stream and comes to wait for the compute before
     it too), and the check would compare two drains alike in that, not the problem's."""
     fewest = state_keep(stages, period, chunks, extra_warmup)
-    settled = built - period if read_off and built - period >= fewest else None
-    # later than the fewest only on a workload lowered for it (the whole one replays once)
-    if settled is not None and (
-        (settled - fewest) % period or (settled > fewest and total == built)
+    settled: int | None = built - period
+    # the problem itself as the longer replay: at the fewest, or whole periods later on a
+    # workload lowered for it (the whole one would replay once for nothing)
+    if (
+        not read_off
+        or settled < fewest
+        or (settled - fewest) % period
+        or (settled > fewest and total == built)
     ):
         settled = None
     found: list[tuple[int, bool]] = []
@@ -1532,25 +1536,24 @@ def _try_keep(
     name_at: NameAt | None,
     tails: tuple[bool, ...] = (False,),
     extra_warmup: int = 0,
-    state_only: bool | None = None,
+    state_only: bool = False,
 ) -> PeriodicReplay | None:
     """:func:`replay_periodic` with the shorter reduced replay of ``keep`` micro-batches, None
     where the check fails (:class:`_NotPeriodic` or a :class:`TraceError` where the reduced
-    problems are no schedule of theirs, for every one of ``tails``). With a ``keep`` below
-    :func:`first_keep` (the longer problem then ``problem`` itself), only the state check can
-    prove the period: the shorter replay is read off the longer one's states and the nodes
-    that run a period later in the longer one are those not finished at the first instant
-    compared. With a longer one, the two replays (the shorter one read off where the states
-    repeat) are matched micro-batch by micro-batch (:func:`_aligned`). ``tails``: tried in
+    problems are no schedule of theirs, for every one of ``tails``). With ``state_only`` (the
+    longer problem then ``problem`` itself, ``keep`` its micro-batches less a period), only the
+    state check proves the period, at the start of the shorter problem's last period: the
+    shorter replay is read off the longer one's states and the nodes that run a period later
+    in the longer one are those not finished at the first instant compared. Else the two
+    replays (the shorter one read off where the states repeat) are matched micro-batch by
+    micro-batch (:func:`_aligned`). ``tails``: tried in
     turn on the one longer replay, whether the reduced problems' last micro-batches wait as
     the schedule of as many micro-batches has them wait (:func:`_tail_deps`: with the
     smallest keep, its last period, which the state check requires untouched at the first
     instant) or as the reduction gives them (as a longer problem reduced from ``problem``
     has them wait)."""
     cut = cut_at(keep, stages, period, chunks, extra_warmup)
-    smallest = keep < first_keep(stages, period, chunks, extra_warmup)
-    if state_only is not None:  # the caller's choice: past the fill, whole periods more
-        smallest = state_only
+    smallest = state_only  # the state check alone, the longer replay the problem itself
     # the two problems share most node objects; the smallest keep replays only the longer one
     costs = Costs(nodes_again=not smallest)
     # a tail: the reduced problems' micro-batches toward the drain wait as in the schedule of
