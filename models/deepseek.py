@@ -60,6 +60,13 @@ INDEX_HEAD_DIM = 128  # index_head_dim (DeepSeek-V3.2-Exp, config.json)
 LAYERNORM_FLOPS = 7  # the indexer's key LayerNorm, per element
 TOPK_FLOPS = 1  # one comparison per index score (a radix select)
 KL_FLOPS = 8  # per picked key: normalise the target, softmax (3), the KL term (4)
+UP_PROJ = "mla_up_proj"
+"""Tag of the ops that Megatron-LM's ``mla_up_proj`` selective recompute re-runs (its
+``--recompute-modules`` entry): the latents' norms (fused into the up-projections'
+``TELayerNormColumnParallelLinear`` under ``--qk-layernorm``), the query and key/value
+up-projections and RoPE of the query and the shared key, with their sequence-parallel
+gathers: ``qkv_up_proj_and_rope_apply`` run in a ``CheckpointWithoutOutput`` in
+megatron/core/transformer/multi_latent_attention.py (NVIDIA/Megatron-LM d98e8a6)."""
 
 
 def sparse_span(b: GraphBuilder) -> AttentionSpan | None:
@@ -173,20 +180,25 @@ def attention(b: GraphBuilder, x: Tensor) -> Tensor:
     tp = {"head": "tp"}
     if b.options.get("q_lora_rank") is not None:
         c_q = b.einsum("bsh,hl->bsl", x, b.weight("w_dq", "dmodel qlora"), name="q_down")
-        c_q = latent_norm(b, c_q, "qlora", "q_norm")
+        with b.tag(UP_PROJ):
+            c_q = latent_norm(b, c_q, "qlora", "q_norm")
         source = "qlora"
     else:
         c_q, source = x, "dmodel"
-    q = b.einsum("bsl,lak->bsak", c_q, b.weight("w_uq", f"{source} head dhead", shard=tp), name="q")
-    q_rope = b.einsum(
-        "bsl,lar->bsar", c_q, b.weight("w_qr", f"{source} head drope", shard=tp), name="q_rope"
-    )
-    q_rope = b.elementwise("rope_q", q_rope, flops=llama.ROPE_FLOPS)
+    with b.tag(UP_PROJ):
+        w_uq = b.weight("w_uq", f"{source} head dhead", shard=tp)
+        q = b.einsum("bsl,lak->bsak", c_q, w_uq, name="q")
+        q_rope = b.einsum(
+            "bsl,lar->bsar", c_q, b.weight("w_qr", f"{source} head drope", shard=tp), name="q_rope"
+        )
+        q_rope = b.elementwise("rope_q", q_rope, flops=llama.ROPE_FLOPS)
     latent = kv_latent(b, x)
-    c_kv = latent_norm(b, b.slice(latent, "kvcache", "kvlora", name="c_kv"), "kvlora", "kv_norm")
-    k_rope = b.elementwise(
-        "rope_k", b.slice(latent, "kvcache", "drope", name="k_rope"), flops=llama.ROPE_FLOPS
-    )
+    with b.tag(UP_PROJ):
+        c_kv = b.slice(latent, "kvcache", "kvlora", name="c_kv")
+        c_kv = latent_norm(b, c_kv, "kvlora", "kv_norm")
+        k_rope = b.elementwise(
+            "rope_k", b.slice(latent, "kvcache", "drope", name="k_rope"), flops=llama.ROPE_FLOPS
+        )
     # serving caches the normalised latent and the rotated shared key: kv_lora_rank + drope
     # values per token and layer, for all heads (training: the tensors themselves)
     c_kv = b.cached(c_kv, "c_kv")
@@ -215,9 +227,10 @@ def attention(b: GraphBuilder, x: Tensor) -> Tensor:
             )
         ctx = b.einsum("bsac,cak->bsak", latent_ctx, w_uv, name="v_absorb")
     else:
-        k = b.einsum("bsc,cak->bsak", c_kv, w_uk, name="k")
-        w_uv = b.weight("w_uv", "kvlora head dhead", shard=tp)
-        v = b.einsum("bsc,cak->bsak", c_kv, w_uv, name="v")
+        with b.tag(UP_PROJ):
+            k = b.einsum("bsc,cak->bsak", c_kv, w_uk, name="k")
+            w_uv = b.weight("w_uv", "kvlora head dhead", shard=tp)
+            v = b.einsum("bsc,cak->bsak", c_kv, w_uv, name="v")
         with b.tag("core_attention"):
             scores = score_sum(
                 b,

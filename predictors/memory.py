@@ -554,6 +554,13 @@ def activation_bytes_per_layer(
         total -= mlp
     if "layernorm" in modules:  # the two norms' outputs (the attention's and MLP's inputs)
         total -= e * 2 * sbh / sp_divisor
+    if "mla_up_proj" in modules:
+        if not is_mla(o):
+            raise UserError(
+                f"recompute_modules=mla_up_proj: a {kind} layer of {o.model} has no multi-head "
+                "latent attention"
+            )
+        total -= mla_up_proj_bytes(o)
     if o.precision and modules - {"core_attn"}:
         raise UserError(
             f"recompute_modules={','.join(sorted(modules))} with a precision plan: the memory "
@@ -567,6 +574,40 @@ def activation_bytes_per_layer(
     if o.precision:
         total += planned_activation_delta(o, recompute, kernels, system=system)
     return total + quantized_input_delta(o, recompute, layer_kind)
+
+
+def mla_up_proj_bytes(o: GenerateOptions) -> float:
+    """Bytes per layer and micro-batch that Megatron-LM's ``mla_up_proj`` selective recompute
+    does not keep, of those :func:`activation_bytes_per_layer` counts for multi-head latent
+    attention. Megatron runs the latents' norms, the up-projections and RoPE
+    (``qkv_up_proj_and_rope_apply``) in a ``CheckpointWithoutOutput``: its forward runs under
+    ``torch.no_grad`` (its linear layers save nothing, not even their quantized inputs:
+    :func:`quantized_input_delta`) and, once core attention's forward has consumed them, the
+    storages of its outputs, query, key and value, are freed; they are refilled by the
+    recompute before the attention's backward (megatron/core/transformer/
+    multi_latent_attention.py and tensor_parallel/random.py, NVIDIA/Megatron-LM d98e8a6). Not
+    kept then: Q, its RoPE part, K and V (s·b·a·(3d + r)/t, unless ``fp8_attention``, whose
+    attention saves fp8 copies of its own, which stay), the two latents after their norms
+    (s·b·(q + c), whole sequence as counted; the query's stays where the lightning indexer
+    reads it, ``index_topk``), eager's norm statistics and, without a sequence-parallel
+    gather (whose gathered copy the attention keeps, as Megatron's checkpoint keeps the
+    gathered key input), the rotated shared RoPE key (s·b·r). The checkpoint keeps its
+    inputs, the latents before their norms, which stay counted."""
+    b = micro_batch_size(o)
+    sb = o.seq / o.sp * b
+    t = o.tp
+    sp_divisor = t if (o.tpsp and t > 1) else 1
+    e = activation_element_bytes(o)
+    d = head_size(o)
+    r = o.drope if o.drope is not None else d // 2
+    c = o.kv_lora_rank if o.kv_lora_rank is not None else 4 * d
+    query = 0 if o.index_topk else (o.q_lora_rank or 0)
+    rope_key = r if sp_divisor == 1 else 0
+    norms = 1 + (1 if o.q_lora_rank else 0)
+    freed = e * sb * (c + query + rope_key) + norm_stats_bytes(o) * sb * norms
+    if not o.fp8_attention:
+        freed += e * sb * o.head * (3 * d + r) / t
+    return freed
 
 
 def op_checkpoint_layer_bytes(o: GenerateOptions, kind: str | None = None) -> float:
@@ -704,9 +745,11 @@ def quantized_input_delta(o: GenerateOptions, recompute: str, kind: str | None =
     if is_mla(o):
         c = o.kv_lora_rank if o.kv_lora_rank is not None else 4 * d
         inputs.append((sbh / sp_divisor, 2 * one, False))  # the query's and KV down-projections
-        inputs.append((sb * c, one, False))  # the KV latent after its norm
-        if o.q_lora_rank:
-            inputs.append((sb * o.q_lora_rank, one, False))  # the query latent after its norm
+        # the up-projections' quantized inputs, which mla_up_proj's forward (no grad) drops
+        if "mla_up_proj" not in modules:
+            inputs.append((sb * c, one, False))  # the KV latent after its norm
+            if o.q_lora_rank:
+                inputs.append((sb * o.q_lora_rank, one, False))  # the query latent after its norm
     elif "layernorm" not in modules:
         inputs.append((sbh / sp_divisor, norm_output, False))  # QKV input
     inputs.append((sb * o.head * d / t, one, fused_output))  # the projection's input

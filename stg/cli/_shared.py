@@ -513,7 +513,7 @@ SPECS: dict[str, tuple[str, _Spec]] = {
         _TRAINING,
         _Spec(
             "Modules selective recompute re-runs (Megatron's --recompute-modules): core_attn, "
-            "mlp, layernorm, comma-separated (default: core_attn).",
+            "mlp, layernorm, mla_up_proj, comma-separated (default: core_attn).",
             parser=parse_modules,
             metavar="NAMES",
         ),

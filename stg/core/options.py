@@ -333,10 +333,13 @@ class GenerateOptions:
     and keeps every activation of the others. Selective recompute re-runs the modules of
     ``recompute_modules`` (Megatron-LM's ``--recompute-modules``; empty: ``core_attn``, the
     attention core, as Megatron's default): ``mlp`` (the dense MLP, from its input),
-    ``layernorm`` (the norms, whose outputs are not kept). ``selective_op`` is torchtitan's
-    op-level selective checkpointing (``selective_ac_option = "op"``): each layer re-runs
-    every op but the attention core and the odd-numbered matmuls, whose outputs it keeps, and
-    the sequence-parallel all-gathers (:func:`stg.core.lowering.op_checkpoint_recomputes`).
+    ``layernorm`` (the norms, whose outputs are not kept), ``mla_up_proj`` (multi-head
+    latent attention's latent norms, up-projections and RoPE, whose outputs, the per-head
+    query, key and value, are not kept: :data:`stg.models.deepseek.UP_PROJ`).
+    ``selective_op`` is torchtitan's op-level selective checkpointing
+    (``selective_ac_option = "op"``): each layer re-runs every op but the attention core and
+    the odd-numbered matmuls, whose outputs it keeps, and the sequence-parallel all-gathers
+    (:func:`stg.core.lowering.op_checkpoint_recomputes`).
     ``cpu_offloading_num_layers`` (Megatron-LM's ``--cpu-offloading-num-layers``; 0, the
     default, is off) copies the saved activations of the first N layers to host memory after
     each layer's forward and back before its backward, on a copy stream beside the compute
@@ -457,7 +460,12 @@ class GenerateOptions:
     ATTENTION_BACKENDS = ("auto", "flash", "fused")
     RECOMPUTE_METHODS = ("uniform", "block")
     RECOMPUTE_MODULES: ClassVar[Mapping[str, str]] = MappingProxyType(
-        {"core_attn": "core_attention", "mlp": "mlp", "layernorm": "layernorm"}
+        {
+            "core_attn": "core_attention",
+            "mlp": "mlp",
+            "layernorm": "layernorm",
+            "mla_up_proj": "mla_up_proj",
+        }
     )
     """Megatron-LM's ``--recompute-modules`` names that stg builds, and the op tag of each
     (:meth:`stg.core.symbolic.GraphBuilder.tag`)."""
