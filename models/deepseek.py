@@ -193,12 +193,12 @@ def attention(b: GraphBuilder, x: Tensor) -> Tensor:
         )
         q_rope = b.elementwise("rope_q", q_rope, flops=llama.ROPE_FLOPS)
     latent = kv_latent(b, x)
+    c_kv = b.slice(latent, "kvcache", "kvlora", name="c_kv")
     with b.tag(UP_PROJ):
-        c_kv = b.slice(latent, "kvcache", "kvlora", name="c_kv")
         c_kv = latent_norm(b, c_kv, "kvlora", "kv_norm")
-        k_rope = b.elementwise(
-            "rope_k", b.slice(latent, "kvcache", "drope", name="k_rope"), flops=llama.ROPE_FLOPS
-        )
+    k_rope = b.slice(latent, "kvcache", "drope", name="k_rope")
+    with b.tag(UP_PROJ):
+        k_rope = b.elementwise("rope_k", k_rope, flops=llama.ROPE_FLOPS)
     # serving caches the normalised latent and the rotated shared key: kv_lora_rank + drope
     # values per token and layer, for all heads (training: the tensors themselves)
     c_kv = b.cached(c_kv, "c_kv")
