@@ -1,7 +1,7 @@
 """Selective recompute of chosen modules (Megatron-LM's ``--recompute-modules``: core_attn,
-mlp, layernorm): the ops each re-runs and their FLOPs read from the written files, the
-bytes the memory predictor keeps against Korthikanti's per-tensor closed forms, and the
-predictors agreeing."""
+mlp, layernorm; mla_up_proj in tests/test_mla_up_proj_recompute.py): the ops each re-runs
+and their FLOPs read from the written files, the bytes the memory predictor keeps against
+Korthikanti's per-tensor closed forms, and the predictors agreeing."""
 
 from __future__ import annotations
 
@@ -132,12 +132,15 @@ def test_predictors_agree_on_module_recompute(modules: tuple[str, ...]) -> None:
     [
         (["--activation_recompute", "selective", "--recompute_modules", "core_attn,moe"],
          "recompute_modules=core_attn,moe: moe is not a module stg recomputes; allowed: "
-         "core_attn, mlp, layernorm"),
+         "core_attn, mlp, layernorm, mla_up_proj"),
         (["--activation_recompute", "full", "--recompute_modules", "mlp"],
          "activation_recompute=full is not allowed; allowed: activation_recompute=selective"),
         (["--model", "moe", "--activation_recompute", "selective", "--recompute_modules", "mlp"],
          "recompute_modules=mlp: model moe has no mlp module in its layers; allowed: "
          "core_attn, layernorm"),
+        (["--activation_recompute", "selective", "--recompute_modules", "mla_up_proj"],
+         "recompute_modules=mla_up_proj: model gpt has no mla_up_proj module in its layers; "
+         "allowed: core_attn, mlp, layernorm"),
     ],
 )  # fmt: skip
 def test_impossible_modules_are_refused_with_one_line(tmp_path, args, message) -> None:  # type: ignore[no-untyped-def]
