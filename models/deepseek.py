@@ -62,11 +62,15 @@ TOPK_FLOPS = 1  # one comparison per index score (a radix select)
 KL_FLOPS = 8  # per picked key: normalise the target, softmax (3), the KL term (4)
 UP_PROJ = "mla_up_proj"
 """Tag of the ops that Megatron-LM's ``mla_up_proj`` selective recompute re-runs (its
-``--recompute-modules`` entry): the latents' norms (fused into the up-projections'
+``--recompute-modules`` entry): ``qkv_up_proj_and_rope_apply``, run in a
+``CheckpointWithoutOutput`` (megatron/core/transformer/multi_latent_attention.py,
+NVIDIA/Megatron-LM d98e8a6): the latents' norms (fused into the up-projections'
 ``TELayerNormColumnParallelLinear`` under ``--qk-layernorm``), the query and key/value
-up-projections and RoPE of the query and the shared key, with their sequence-parallel
-gathers: ``qkv_up_proj_and_rope_apply`` run in a ``CheckpointWithoutOutput`` in
-megatron/core/transformer/multi_latent_attention.py (NVIDIA/Megatron-LM d98e8a6)."""
+up-projections with the sequence-parallel gathers of the normalised latents, and RoPE of the
+query and of the shared key. Not the latent's slices (the checkpoint's inputs) nor the shared
+key's gather, which the attention's (``core_attention``) reshard makes: Megatron gathers that
+key before the checkpoint, which keeps the gathered copy, so under sequence parallelism the
+recomputed rotation of this rank's rows is read by no later op."""
 
 
 def sparse_span(b: GraphBuilder) -> AttentionSpan | None:
