@@ -3,7 +3,9 @@ tests predict (tests/data/runs/cluster_runs.json and blackwell_runs.json): how m
 plans take the periodic replay (the fill, a period or two and the drain, extrapolated) and how
 many fall back to replaying every micro-batch, and what each costs.
 
-Run: ``python benchmarks/predict_published_plans.py [--tree DIR] [--only ID ...]``.
+Run: ``python benchmarks/predict_published_plans.py [--tree DIR] [--only ID ...] [--slow]``
+(``--slow``: also the runs a table keeps as ``slow_entries``, spelled but left out of the
+tests for their replay's cost).
 
 Each row is one ``stg predict`` process of the run's plan, as its entry spells it (its system
 preset and options; the ``stg`` of the checkout ``--tree`` where given, else the installed
@@ -58,8 +60,17 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tree", help="a checkout whose stg runs the predictions")
     parser.add_argument("--only", nargs="*", default=[], help="entry ids to run (default: all)")
+    parser.add_argument(
+        "--slow", action="store_true", help="also the spelled runs the tests leave out as slow"
+    )
     args = parser.parse_args(argv)
-    entries = [e for name in TABLES for e in json.loads((RUNS / name).read_text())["entries"]]
+    lists = ("entries", "slow_entries") if args.slow else ("entries",)
+    entries = [
+        e
+        for name in TABLES
+        for key in lists
+        for e in json.loads((RUNS / name).read_text()).get(key, [])
+    ]
     if args.only:
         entries = [e for e in entries if e["id"] in args.only]
     print(f"{'run':<50} {'replay':<18} {'CPU s':>7} {'iteration s':>12}")
