@@ -71,6 +71,14 @@ query and of the shared key. Not the latent's slices (the checkpoint's inputs) n
 key's gather, which the attention's (``core_attention``) reshard makes: Megatron gathers that
 key before the checkpoint, which keeps the gathered copy, so under sequence parallelism the
 recomputed rotation of this rank's rows is read by no later op."""
+MLP = "mlp"
+"""Tag of the ops that Megatron-LM's ``mlp`` selective recompute re-runs: the dense MLP of
+the first ``dense_layers`` layers, from its input (the ``ffn_norm`` output; under sequence
+parallelism its gather runs again), as :func:`stg.models.llama.mlp` tags Llama's. Megatron
+sets ``recompute_mlp`` only where the layer's MLP is not an ``MoELayer``
+(megatron/core/transformer/transformer_layer.py, NVIDIA/Megatron-LM d98e8a6): the MoE
+layers, their shared experts included (Megatron's ``shared_experts`` module, not built),
+re-run nothing under ``mlp``."""
 
 
 def sparse_span(b: GraphBuilder) -> AttentionSpan | None:
@@ -295,8 +303,13 @@ def swiglu(b: GraphBuilder, x: Tensor, ffn: str, prefix: str = "") -> Tensor:
 
 
 def dense_block(b: GraphBuilder, x: Tensor) -> Tensor:
+    """One of the first ``dense_layers`` layers: a SwiGLU MLP of ``dense_dff``, tagged
+    :data:`MLP`."""
     x = b.add(x, attention(b, b.rmsnorm(x, "attention_norm")), name="residual1")
-    return b.add(x, swiglu(b, b.rmsnorm(x, "ffn_norm"), "dff_dense"), name="residual2")
+    h = b.rmsnorm(x, "ffn_norm")
+    with b.tag(MLP):  # re-run under --recompute_modules mlp
+        ffn = swiglu(b, h, "dff_dense")
+    return b.add(x, ffn, name="residual2")
 
 
 def moe_block(b: GraphBuilder, x: Tensor) -> Tensor:
