@@ -242,13 +242,19 @@ def head_size(o: GenerateOptions) -> int:
     return o.dhead or o.dmodel // o.head
 
 
+def dense_layer_count(o: GenerateOptions) -> int:
+    """The dense layers that ``deepseek`` and ``moe`` stack before their MoE layers:
+    ``min(dense_layers, num_stacks - 1)``; none in other models."""
+    return max(0, min(o.dense_layers or 0, o.num_stacks - 1)) if is_moe(o) else 0
+
+
 def layer_kinds(o: GenerateOptions) -> list[str]:
     """The block kind of every layer, as the built-in models stack them: ``deepseek``'s and
     ``moe``'s first ``min(dense_layers, num_stacks - 1)`` layers are ``dense``, the others
     ``moe`` (deepseek) or ``block`` (models/deepseek.py, models/moe.py); every layer of other
     models is ``block``. A layer that ``first_last_layers_bf16`` keeps out of the recipe is
     of the bf16 kind of its own (:func:`stg.api.bf16_kind`), as stg generate names it."""
-    dense = max(0, min(o.dense_layers or 0, o.num_stacks - 1)) if is_moe(o) else 0
+    dense = dense_layer_count(o)
     kinds = ["dense"] * dense + ["moe" if is_mla(o) else "block"] * (o.num_stacks - dense)
     first, last = o.bf16_layers
     if not first and not last:
@@ -519,8 +525,12 @@ def activation_bytes_per_layer(
         else:
             sharded = e * sb * d * (2 * a + 2 * o.kvhead)
         if kind == "dense":
+            mlp = (3 * e + silu_output) * sb * (o.dense_dff or f) / t
             sharded += (3 * e + silu_output) * sb * (o.dense_dff or f)
         elif is_moe(o):
+            # Megatron-LM recomputes no MoE layer under mlp (transformer_layer.py: not an
+            # MoELayer): nothing freed here where the dense layers carry the module
+            mlp = 0 if dense_layer_count(o) else None
             tokens = (o.micro_batch or o.batch) * o.seq
             capacity = expert_capacity(o, tokens)
             slots = o.experts * capacity / (o.ep * o.expert_dp)  # this rank's routed slots
