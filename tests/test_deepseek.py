@@ -32,6 +32,7 @@ TINY = dict(
 UP_PROJ_RECOMPUTE = dict(
     activation_recompute="selective", recompute_modules=("core_attn", "mla_up_proj")
 )
+MLP_RECOMPUTE = dict(activation_recompute="selective", recompute_modules=("mla_up_proj", "mlp"))
 MLA_OPS = {
     "q_down", "q_norm", "q", "q_rope", "rope_q", "kv_latent", "kv_norm", "rope_k", "k", "v",
     "scores", "scores_rope", "scores_sum", "softmax", "context", "attn_out",
@@ -141,6 +142,7 @@ def test_bad_mla_option_is_one_clear_error() -> None:
         ("deepseek-v3", dict(tp=2, ep=2, pp=3)),
         ("deepseek-v3", dict(ep=2, pp=2, mtp_depth=1)),
         ("deepseek-v3", dict(tp=2, ep=2, pp=2, **UP_PROJ_RECOMPUTE)),
+        ("deepseek-v3", dict(tp=2, ep=2, pp=2, **MLP_RECOMPUTE)),
         ("deepseek-v3", dict(ep=4, pp=2, virtual_stages=2, pipeline_schedule="interleaved")),
         ("qwen3-moe-30b-a3b", dict(tp=2, ep=2, pp=2)),
         ("mixtral-8x7b", dict(tp=2, ep=2)),

@@ -29,6 +29,8 @@ PLANS: list[dict[str, Any]] = [
     dict(model="deepseek-v3", num_stacks=8, dense_layers=3, batch=16, micro_batch=8, ep=8, pp=4),
     dict(model="deepseek-v3", num_stacks=8, dense_layers=3, batch=16, micro_batch=8, ep=8, pp=4,
          tp=2, activation_recompute="selective", recompute_modules="mla_up_proj"),
+    dict(model="deepseek-v3", num_stacks=8, dense_layers=3, batch=16, micro_batch=8, ep=8, pp=4,
+         tp=2, activation_recompute="selective", recompute_modules="mla_up_proj,mlp"),
     dict(model="gpt-1.7b", batch=32, micro_batch=8, pp=4, profile="eager"),
 ]  # fmt: skip
 
