@@ -332,7 +332,9 @@ class GenerateOptions:
     the first ``recompute_num_layers`` layers of each model chunk, one checkpoint per layer,
     and keeps every activation of the others. Selective recompute re-runs the modules of
     ``recompute_modules`` (Megatron-LM's ``--recompute-modules``; empty: ``core_attn``, the
-    attention core, as Megatron's default): ``mlp`` (the dense MLP, from its input),
+    attention core, as Megatron's default): ``mlp`` (the dense MLP, from its input; in a
+    stack of dense and MoE layers that of the dense layers only, as Megatron-LM, which
+    recomputes no ``MoELayer`` under it: :data:`stg.models.deepseek.MLP`),
     ``layernorm`` (the norms, whose outputs are not kept), ``mla_up_proj`` (multi-head
     latent attention's latent norms, up-projections and RoPE, whose outputs, the per-head
     query, key and value, are not kept: :data:`stg.models.deepseek.UP_PROJ`).
