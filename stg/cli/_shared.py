@@ -653,6 +653,17 @@ SPECS: dict[str, tuple[str, _Spec]] = {
             metavar=BOOL,
         ),
     ),
+    "eager_loss": (
+        _TRAINING,
+        _Spec(
+            "With --profile compiled: run the loss outside the compiled region, as eager "
+            "PyTorch's F.cross_entropy on an fp32 copy of the logits (its kernels and its "
+            "transient memory), as torchtitan did until it compiled its loss (default off: the "
+            "loss fused like the model).",
+            parser=parse_bool,
+            metavar=BOOL,
+        ),
+    ),
     "nvfp4_disable_rht": (
         _TRAINING,
         _Spec(

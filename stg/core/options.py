@@ -194,7 +194,12 @@ class GenerateOptions:
     without autocast, as at pytorch/torchtitan 1ea476e9f: fused kernels where it has them, its
     unfused elementwise ops as the kernels they are, :mod:`stg.core.torchtitan`; ``norm_type`` is
     then its ``model.norm_type``, ``fused_rmsnorm`` by default or ``rmsnorm``, RMSNorm as separate
-    fp32 ops). ``dropout`` is the training dropout rate p of
+    fp32 ops). ``eager_loss`` (``compiled`` only) runs the loss outside the compiled region, as
+    eager PyTorch's ``F.cross_entropy`` on an fp32 copy of the logits (its kernels and its
+    memory as under ``eager``), as torchtitan did before it compiled its loss (``train.py`` at
+    pytorch/torchtitan 9dec370 leaves ``loss_fn`` uncompiled: "compiling loss function causes
+    CUDA errors, turning off for now"; ``torchtitan/components/loss.py`` at 2887250 compiles
+    it with the model). ``dropout`` is the training dropout rate p of
     the models whose architecture has dropout (GPT, BERT, RoBERTa): hidden dropout after the
     attention projection and after the MLP (Megatron's fused bias-dropout-add), on the
     embedding, and on the attention probabilities (Megatron's ``--hidden-dropout`` and
@@ -439,6 +444,7 @@ class GenerateOptions:
     fp8_param_gather: bool = False
     fp8_dispatch: bool = False
     fp8_attention: bool = False
+    eager_loss: bool = False
     nvfp4_disable_rht: bool = False
     nvfp4_disable_stochastic_rounding: bool = False
     megatron_fsdp: bool = False
@@ -574,6 +580,7 @@ class GenerateOptions:
         "fp8_param_gather",
         "fp8_dispatch",
         "fp8_attention",
+        "eager_loss",
         "moe_sort_by_expert",
         "moe_dispatcher_sms",
         "nvfp4_disable_rht",

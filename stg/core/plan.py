@@ -426,6 +426,7 @@ def _check_phase(o: GenerateOptions) -> None:
         ("fp8_param_gather", o.fp8_param_gather),
         ("fp8_dispatch", o.fp8_dispatch),
         ("fp8_attention", o.fp8_attention),
+        ("eager_loss", o.eager_loss),
         ("megatron_fsdp", o.megatron_fsdp),
         ("first_last_layers_bf16", o.first_last_layers_bf16),
         # the measured rates are DeepEP's and HybridEP's high-throughput kernels (training);
@@ -853,6 +854,11 @@ def make_plan(o: GenerateOptions) -> ParallelPlan:
         not o.tp_comm_overlap or o.profile == "megatron",
         f"tp_comm_overlap=true is Transformer Engine's userbuffers overlap: profile={o.profile} "
         "is not allowed; allowed: profile=megatron",
+    )
+    _require(
+        not o.eager_loss or o.profile == "compiled",
+        f"eager_loss=true runs the loss outside torch.compile's region: profile={o.profile} is "
+        "not allowed; allowed: profile=compiled (eager and torchtitan always run it eagerly)",
     )
     _check_moe_ep_overlap(o)
     _check_moe_sort_by_expert(o)
