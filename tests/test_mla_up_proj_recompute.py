@@ -296,3 +296,30 @@ def test_the_module_adds_recompute_nodes_and_leaves_the_forward_alone() -> None:
         added = {name for name, _, _ in after} - {name for name, _, _ in before}
         assert added and all("/recompute/" in name for name in added)
         assert [x for x in after if x[0] not in added] == before
+
+
+@pytest.mark.parametrize(
+    ("schedule", "pp", "chunks"), [("1f1b", 2, 1), ("1f1b", 4, 1), ("interleaved", 2, 2)]
+)
+@pytest.mark.parametrize("modules", [("mla_up_proj",), ("mla_up_proj", "mlp"), ("mlp",)])
+def test_recomputed_modules_replay_periodically_as_the_whole(
+    schedule: str, pp: int, chunks: int, modules: tuple[str, ...]
+) -> None:
+    """With DeepSeek's modules recomputed, the time predictor's periodic replay of a workload
+    lowered for a few micro-batches gives the iteration of every micro-batch replayed
+    (within 1e-9)."""
+    from stg.predictors.time import predict_time_options
+
+    registry = load_registry(autoload=False)
+    options = GenerateOptions(
+        model="deepseek", dmodel=256, dff=128, dense_dff=512, head=4, kvhead=4, dhead=32,
+        experts=8, kexperts=2, seq=128, dvocal=512, dense_layers=1, mixed_precision=True,
+        causal=True, dp=4, ep=4, ep_layout="fold", pp=pp, virtual_stages=chunks,
+        pipeline_schedule=schedule, num_stacks=5 if pp == 4 else 4, batch=4 * 32,
+        micro_batch=4, activation_recompute="selective", recompute_modules=modules,
+    )  # fmt: skip
+    fast = predict_time_options(options, "h100-80g", registry=registry)
+    whole = predict_time_options(options, "h100-80g", registry=registry, exact=True)
+    assert fast["replay"]["kind"] == "periodic"
+    assert fast["replay"]["lowered_micro_batches"] < options.micro_batches
+    assert fast["iteration_time_s"] == pytest.approx(whole["iteration_time_s"], rel=1e-9)

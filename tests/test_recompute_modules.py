@@ -174,3 +174,8 @@ def test_a_sweep_spells_module_sets_with_plus() -> None:
         "mlp",
         "layernorm",
     )
+
+
+def test_no_modules_named_is_the_default() -> None:
+    """``recompute_modules=None`` from Python is no module named, as ``()`` is."""
+    assert GenerateOptions(model="gpt", recompute_modules=None) == GenerateOptions(model="gpt")

@@ -504,7 +504,9 @@ class GenerateOptions:
             object.__setattr__(self, "micro_batch", None)
         if isinstance(self.pipeline_layers, list):  # as a trace's metadata records it
             object.__setattr__(self, "pipeline_layers", tuple(self.pipeline_layers))
-        if isinstance(self.recompute_modules, list):
+        if self.recompute_modules is None:  # "none named", as for the other optional fields
+            object.__setattr__(self, "recompute_modules", ())
+        elif isinstance(self.recompute_modules, list):
             object.__setattr__(self, "recompute_modules", tuple(self.recompute_modules))
         elif isinstance(self.recompute_modules, str):  # "core_attn,mlp", as on the CLI
             names = tuple(m.strip() for m in self.recompute_modules.split(",") if m.strip())
