@@ -49,8 +49,9 @@ Where the states differ (or a workload replays with ``tp_comm_overlap``, which i
 tried: its userbuffers pricing edits durations and transfer steps, not dependencies, but its
 steady states drift from period to period in the plans checked: with the check turned on
 for it, 15 of 16 small GPT plans, pp 2-4, 1F1B and interleaved, and Llama 3.1 405B's GB300
-plan fell back to the whole replay), the shorter problem is replayed. ``overlap_param_gather`` moves only the parameter gathers (outside the
-micro-batches, issued at the start): every forward of a part waits for its gather, which the
+plan fell back to the whole replay), the shorter problem is replayed.
+``overlap_param_gather`` moves only the parameter gathers (outside the micro-batches, issued
+at the start): every forward of a part waits for its gather, which the
 state compares as a pending dependency while it runs and which has long ended once the steady
 state is reached, so its states are compared as any other's.
 
