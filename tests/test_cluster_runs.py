@@ -249,15 +249,20 @@ OVER_MEMORY = {
 Each must still not fit (one that starts to fit leaves this list)."""
 
 
+PUBLISHED_MEMORY_GUARD = 0.20
+"""The largest |error| of a predicted peak against a published one (torchtitan's 2024-12 runs
+were 20-31 % low while their loss's memory was counted as a fused loss's: 3-14 % since)."""
+
+
 def test_plans_fit_their_gpus(registry: Registry, report_table: Callable[..., None]) -> None:
     """A plan that ran fits its GPUs: the memory predictor's peak of every rank is within the
     preset's HBM (as ``stg predict --predictor memory`` reports it), except :data:`OVER_MEMORY`.
 
     The table sets the peak beside the memory a run published (``published_also.memory_gib``:
     torchtitan's, the caching allocator's ``reserved_bytes.all.peak``, torchtitan/metrics.py at
-    9dec370, with ``expandable_segments:True`` from its run_llama_train.sh), for the record: no
-    bound is set on it, since stg predicts allocated memory and has no model of what the
-    allocator keeps reserved beside it."""
+    9dec370, with ``expandable_segments:True`` from its run_llama_train.sh). stg predicts
+    allocated memory and has no model of what the allocator keeps reserved beside it, so the
+    bound on it, :data:`PUBLISHED_MEMORY_GUARD`, is a regression guard, not a target."""
     assert set(OVER_MEMORY) <= {e["id"] for e in RUNS}, "OVER_MEMORY names an unknown run"
     memory = registry.predictors.get("memory")
     wrong = []
@@ -277,6 +282,8 @@ def test_plans_fit_their_gpus(registry: Registry, report_table: Callable[..., No
                 f"{entry['id']:<46}{published:>14.1f}{predicted:>10.1f}"
                 f"{predicted / published - 1:>+8.1%}"
             )
+            if abs(predicted / published - 1) > PUBLISHED_MEMORY_GUARD:
+                wrong.append(f"{entry['id']}: peak {peak} against {published} GiB published")
     report_table("Peak memory against what runs published (reserved, for the record)", lines)
     assert not wrong, "\n".join(wrong)
 
