@@ -9,12 +9,13 @@ without it DeepSeek's traces keep their bytes."""
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
+from workload_checks import DEEPSEEK_UP_PROJ_OPS as UP_OPS
+from workload_checks import generate_args, trace_digest
 
 from stg.cli import app
 from stg.core.lowering import Binder
@@ -36,7 +37,6 @@ from stg.predictors.memory import (
 from stg.predictors.time import predict_time
 from stg.trace.reader import read_nodes
 from stg.trace.validate import validate_trace
-from stg.trace.writer import write_workload
 
 REGISTRY = load_registry(autoload=False)
 TINY = dict(
@@ -49,11 +49,6 @@ MLP_OPS = {"all_gather_tp:ffn_norm", "gate", "up", "swiglu", "down", "reduce_sca
 norm's output (the module's input), the SwiGLU's GEMMs and product and the down projection's
 reduce-scatter, as Llama's (tests/test_recompute_modules.py for GPT's)."""
 MLP_GEMMS = ("gate", "up", "down")
-UP_OPS = {
-    "q_norm", "all_gather_tp:q_norm", "q", "q_rope", "rope_q",
-    "kv_norm", "rope_k", "all_gather_tp:kv_norm", "k", "v",
-}  # fmt: skip
-"""mla_up_proj's ops under tp 2 with sequence parallelism (tests/test_mla_up_proj_recompute.py)."""
 DENSE = {"layer0", "layer1"}
 
 
@@ -66,12 +61,8 @@ def selective(*modules: str, **kw: object) -> GenerateOptions:
 
 
 def cli_args(**kw: object) -> list[str]:
-    """``stg generate`` with TINY and ``kw`` (lists comma-separated)."""
-    args = ["generate"]
-    for key, value in {**TINY, **kw}.items():
-        text = ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
-        args += [f"--{key}", text]
-    return args
+    """``stg generate`` with TINY and ``kw``."""
+    return generate_args(TINY, **kw)
 
 
 def dense_mlp_bytes(o: GenerateOptions, silu_output: bool = False) -> float:
@@ -293,15 +284,6 @@ PLANS: list[dict[str, object]] = [
 ]  # fmt: skip
 
 
-def trace_digest(o: GenerateOptions, out: Path) -> str:
-    workload = build_workload(o, REGISTRY)
-    write_workload(workload, REGISTRY.emitters.get("chakra-v0.0.4"), out, "w.%d.et")
-    digest = hashlib.sha256()
-    for path in sorted(out.iterdir()):
-        digest.update(path.name.encode() + path.read_bytes())
-    return digest.hexdigest()
-
-
 @pytest.mark.parametrize("plan", PLANS, ids=lambda p: ",".join(f"{k}={p[k]}" for k in p) or "-")
 def test_without_the_module_the_tag_changes_no_byte(
     plan: dict[str, object], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -309,9 +291,9 @@ def test_without_the_module_the_tag_changes_no_byte(
     """DeepSeek's traces are the same bytes whether its dense MLP carries the tag or a tag
     nothing reads: the tag alone changes nothing unless mlp is chosen."""
     o = options(**plan)
-    tagged = trace_digest(o, tmp_path / "tagged")
+    tagged = trace_digest(o, REGISTRY, tmp_path / "tagged")
     monkeypatch.setattr(deepseek, "MLP", "not_a_recompute_module")
-    assert trace_digest(o, tmp_path / "untagged") == tagged
+    assert trace_digest(o, REGISTRY, tmp_path / "untagged") == tagged
 
 
 @pytest.mark.parametrize("recompute", ["none", "selective"])

@@ -8,12 +8,13 @@ their bytes."""
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
+from workload_checks import DEEPSEEK_UP_PROJ_OPS as UP_OPS
+from workload_checks import generate_args, trace_digest
 
 from stg.api import RECIPES
 from stg.cli import app
@@ -36,7 +37,6 @@ from stg.predictors.memory import (
 from stg.predictors.time import predict_time
 from stg.trace.reader import read_nodes
 from stg.trace.validate import validate_trace
-from stg.trace.writer import write_workload
 
 REGISTRY = load_registry(autoload=False)
 TINY = dict(
@@ -44,14 +44,6 @@ TINY = dict(
     num_stacks=3, experts=4, kexperts=2, shared_experts=1, dense_layers=1, dense_dff=48,
     q_lora_rank=12, kv_lora_rank=16, drope=4, batch=4,
 )  # fmt: skip
-UP_OPS = {
-    "q_norm", "all_gather_tp:q_norm", "q", "q_rope", "rope_q",
-    "kv_norm", "rope_k", "all_gather_tp:kv_norm", "k", "v",
-}  # fmt: skip
-"""What mla_up_proj re-runs under tp 2 with sequence parallelism: the norms and RoPE of the
-key on this rank's rows, the gathers of the normalised latents, the up-projections and RoPE of
-the query (the shared RoPE key's gather is not: Megatron gathers that key before its
-checkpoint, which keeps the gathered copy)."""
 UP_GEMMS = ("q", "q_rope", "k", "v")
 
 
@@ -66,12 +58,8 @@ def up_proj(*modules: str, **kw: object) -> GenerateOptions:
 
 
 def cli_args(**kw: object) -> list[str]:
-    """``stg generate`` with TINY and ``kw`` (lists comma-separated)."""
-    args = ["generate"]
-    for key, value in {**TINY, **kw}.items():
-        text = ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
-        args += [f"--{key}", text]
-    return args
+    """``stg generate`` with TINY and ``kw``."""
+    return generate_args(TINY, **kw)
 
 
 def test_the_up_projections_run_again_in_the_written_files(tmp_path: Path) -> None:
@@ -266,15 +254,6 @@ PLANS: list[dict[str, object]] = [
 ]  # fmt: skip
 
 
-def trace_digest(o: GenerateOptions, out: Path) -> str:
-    workload = build_workload(o, REGISTRY)
-    write_workload(workload, REGISTRY.emitters.get("chakra-v0.0.4"), out, "w.%d.et")
-    digest = hashlib.sha256()
-    for path in sorted(out.iterdir()):
-        digest.update(path.name.encode() + path.read_bytes())
-    return digest.hexdigest()
-
-
 @pytest.mark.parametrize("plan", PLANS, ids=lambda p: ",".join(f"{k}={p[k]}" for k in p) or "-")
 def test_without_the_module_the_tag_changes_no_byte(
     plan: dict[str, object], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -282,9 +261,9 @@ def test_without_the_module_the_tag_changes_no_byte(
     """DeepSeek's traces are the same bytes whether its up-projections carry the tag or a tag
     nothing reads: the tag alone changes nothing unless mla_up_proj is chosen."""
     o = options(**plan)
-    tagged = trace_digest(o, tmp_path / "tagged")
+    tagged = trace_digest(o, REGISTRY, tmp_path / "tagged")
     monkeypatch.setattr(deepseek, "UP_PROJ", "not_a_recompute_module")
-    assert trace_digest(o, tmp_path / "untagged") == tagged
+    assert trace_digest(o, REGISTRY, tmp_path / "untagged") == tagged
 
 
 def test_the_module_adds_recompute_nodes_and_leaves_the_forward_alone() -> None:

@@ -2,14 +2,48 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter, defaultdict, deque
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
+from stg.core.options import GenerateOptions
+from stg.core.pipeline import build_workload
 from stg.core.workload import NodeType, Workload
+from stg.trace.writer import write_workload
 
 GPT_GEMMS = {"q", "k", "v", "attn_out", "fc1", "fc2"}
 LLAMA_GEMMS = {"q", "k", "v", "attn_out", "gate", "up", "down"}
 ATTENTION = {"scores", "context"}
 HEAD = {"logits"}
+DEEPSEEK_UP_PROJ_OPS = {
+    "q_norm", "all_gather_tp:q_norm", "q", "q_rope", "rope_q",
+    "kv_norm", "rope_k", "all_gather_tp:kv_norm", "k", "v",
+}  # fmt: skip
+"""What DeepSeek's mla_up_proj re-runs under tp 2 with sequence parallelism: the norms and RoPE
+of the key on this rank's rows, the gathers of the normalised latents, the up-projections and
+RoPE of the query (the shared RoPE key's gather is not: Megatron gathers that key before its
+checkpoint, which keeps the gathered copy)."""
+
+
+def generate_args(base: Mapping[str, object], **kw: object) -> list[str]:
+    """``stg generate`` with the options ``base`` and ``kw`` (tuples comma-separated)."""
+    args = ["generate"]
+    for key, value in {**base, **kw}.items():
+        text = ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
+        args += [f"--{key}", text]
+    return args
+
+
+def trace_digest(options: GenerateOptions, registry: Any, out: Path) -> str:
+    """The SHA-256 of the Chakra v0.0.4 files of ``options``' workload, written to ``out``."""
+    workload = build_workload(options, registry)
+    write_workload(workload, registry.emitters.get("chakra-v0.0.4"), out, "w.%d.et")
+    digest = hashlib.sha256()
+    for path in sorted(out.iterdir()):
+        digest.update(path.name.encode() + path.read_bytes())
+    return digest.hexdigest()
 
 
 def op_root(name: str) -> str:
