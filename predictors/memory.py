@@ -227,16 +227,6 @@ def is_eager(o: GenerateOptions) -> bool:
     return o.profile == "eager"
 
 
-def eager_loss(o: GenerateOptions) -> bool:
-    """Whether the loss is eager PyTorch's ``F.cross_entropy`` on an fp32 copy of the logits:
-    under ``--profile eager`` (:func:`stg.core.torchtitan.with_fp32_cross_entropy`) and
-    ``--profile torchtitan``, whose ``train.py`` computes ``cross_entropy(pred.flatten(0,
-    1).float(), ...)`` outside any compiled region (pytorch/torchtitan 1ea476e9f and 9dec370,
-    ``loss_fn``; :func:`stg.core.torchtitan.cross_entropy_kernels` prices its kernels), and
-    under ``compiled`` with ``eager_loss`` (the loss left out of the compiled region)."""
-    return is_eager(o) or o.profile == "torchtitan" or o.eager_loss
-
-
 def norm_stats_bytes(o: GenerateOptions) -> int:
     """fp32 bytes per row that one norm keeps besides its input under the profile: eager
     PyTorch's LayerNorm (GPT family) 8, RMSNorm (Llama family) 4. The megatron profile
@@ -1404,7 +1394,7 @@ def _stage_terms(
         head = (e + head_input) * sbh / sp_divisor + stats / sp_divisor + 4 * logits
         if head_bytes is not None:
             head = head_bytes
-        elif eager_loss(o):
+        elif o.runs_eager_loss:
             head_transient = EAGER_CROSS_ENTROPY_TRANSIENT * logits
         elif o.dtype != "fp32":
             head_transient = MEGATRON_CROSS_ENTROPY_TRANSIENT * logits

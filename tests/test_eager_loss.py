@@ -71,9 +71,9 @@ def test_an_eager_loss_holds_eager_pytorchs_transient() -> None:
 def test_torchtitans_loss_holds_eager_pytorchs_transient(monkeypatch: pytest.MonkeyPatch) -> None:
     options = dict(model="llama3-8b", dvocal=VOCAB, profile="torchtitan")
     o = GenerateOptions(**{**LLAMA, **options, "dmodel": 4096, "dff": 14336, "head": 32})
-    assert memory_predictor.eager_loss(o)
+    assert o.runs_eager_loss
     eager = memory_predictor.predict_memory_options(o, "h100-80g")["peak_bytes"]
-    monkeypatch.setattr(memory_predictor, "eager_loss", lambda _: False)
+    monkeypatch.setattr(GenerateOptions, "runs_eager_loss", property(lambda _: False))
     fused = memory_predictor.predict_memory_options(o, "h100-80g")["peak_bytes"]
     assert eager - fused == pytest.approx(6 * 2 * TOKENS * VOCAB)
 

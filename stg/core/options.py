@@ -618,6 +618,14 @@ class GenerateOptions:
             and self.low_precision_recipe == "delayed"
         )
 
+    @property
+    def runs_eager_loss(self) -> bool:
+        """Whether the loss is eager PyTorch's ``F.cross_entropy`` on an fp32 copy of the
+        logits, its kernels and its memory: under ``eager``, under ``torchtitan`` (whose
+        ``train.py`` computes it outside any compiled region: pytorch/torchtitan 1ea476e9f and
+        9dec370, ``loss_fn``) and under ``compiled`` with ``eager_loss``."""
+        return self.profile in ("eager", "torchtitan") or self.eager_loss
+
     BF16_LAYER_COUNTS = ("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16")
     """The layer counts of ``first_last_layers_bf16``, read (and recorded) only with it."""
 

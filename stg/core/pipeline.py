@@ -192,7 +192,7 @@ def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> Model
             bound[name] = with_replicated_grads_reduced_first(bound[name], binder)
         if o.profile == "torchtitan":
             bound[name] = with_torchtitan_kernels(bound[name], binder, o.norm_type or NORM_TYPES[0])
-        elif o.profile == "eager" or o.eager_loss:
+        elif o.runs_eager_loss:  # torchtitan's kernels, above, include its loss's
             bound[name] = with_fp32_cross_entropy(bound[name], binder)
     check_options_read(read, model.name)
     if o.fp8_attention and not any(map(runs_fused_attention, bound.values())):
