@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from stg.bench import MissingDependencyError, require_cuda
+from stg.bench.runner import time_graph
 
 STREAMS = 4
 """Transformer Engine's default number of GEMM streams (``num_gemm_streams``)."""
@@ -66,24 +67,7 @@ def median_ms(torch: Any, groups: int, m: int, n: int, k: int, streams: int) -> 
         for stream in side:
             current.wait_stream(stream)
 
-    for _ in range(3):
-        run()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
-    for _ in range(5):
-        graph.replay()
-    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(15):
-        begin.record()
-        for _ in range(5):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(begin.elapsed_time(end) / 5)
-    return sorted(times)[len(times) // 2]
+    return time_graph(torch, run, replays=5)
 
 
 def main() -> int:

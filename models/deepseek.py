@@ -198,10 +198,14 @@ def attention(b: GraphBuilder, x: Tensor) -> Tensor:
     else:
         c_q, source = x, "dmodel"
     with b.tag(UP_PROJ):
-        w_uq = b.weight("w_uq", f"{source} head dhead", shard=tp)
+        # Megatron-Core's linear_q_up_proj and linear_kv_up_proj: one weight each
+        w_uq = b.weight("w_uq", f"{source} head dhead", shard=tp, linear="q_up")
         q = b.einsum("bsl,lak->bsak", c_q, w_uq, name="q")
         q_rope = b.einsum(
-            "bsl,lar->bsar", c_q, b.weight("w_qr", f"{source} head drope", shard=tp), name="q_rope"
+            "bsl,lar->bsar",
+            c_q,
+            b.weight("w_qr", f"{source} head drope", shard=tp, linear="q_up"),
+            name="q_rope",
         )
         q_rope = b.elementwise("rope_q", q_rope, flops=llama.ROPE_FLOPS)
     latent = kv_latent(b, x)
@@ -215,7 +219,7 @@ def attention(b: GraphBuilder, x: Tensor) -> Tensor:
     # values per token and layer, for all heads (training: the tensors themselves)
     c_kv = b.cached(c_kv, "c_kv")
     k_rope = b.cached(k_rope, "k_rope")
-    w_uk = b.weight("w_uk", "kvlora head dhead", shard=tp)
+    w_uk = b.weight("w_uk", "kvlora head dhead", shard=tp, linear="kv_up")
     scale = causal_scale(b)
     span = sparse_span(b)
     picks = lightning_indexer(b, x, c_q, source) if span is not None else None
@@ -223,7 +227,7 @@ def attention(b: GraphBuilder, x: Tensor) -> Tensor:
         # W_UK absorbed into the query, W_UV applied to the latent context: one latent key and
         # value (c_kv) for all heads, as DeepSeek's and vLLM's MLA decode kernels run it
         q_latent = b.einsum("bsak,cak->bsac", q, w_uk, name="q_absorb")
-        w_uv = b.weight("w_uv", "kvlora head dhead", shard=tp)
+        w_uv = b.weight("w_uv", "kvlora head dhead", shard=tp, linear="kv_up")
         with b.tag("core_attention"):
             scores = score_sum(
                 b,
@@ -241,7 +245,7 @@ def attention(b: GraphBuilder, x: Tensor) -> Tensor:
     else:
         with b.tag(UP_PROJ):
             k = b.einsum("bsc,cak->bsak", c_kv, w_uk, name="k")
-            w_uv = b.weight("w_uv", "kvlora head dhead", shard=tp)
+            w_uv = b.weight("w_uv", "kvlora head dhead", shard=tp, linear="kv_up")
             v = b.einsum("bsc,cak->bsak", c_kv, w_uv, name="v")
         with b.tag("core_attention"):
             scores = score_sum(
@@ -290,10 +294,16 @@ def swiglu(b: GraphBuilder, x: Tensor, ffn: str, prefix: str = "") -> Tensor:
     """A SwiGLU MLP of FFN size ``ffn`` (a dimension name), column/row parallel over tp."""
     tp = {ffn: "tp"}
     gate = b.einsum(
-        "bsh,hf->bsf", x, b.weight(f"{prefix}w1", f"dmodel {ffn}", shard=tp), name=f"{prefix}gate"
+        "bsh,hf->bsf",
+        x,
+        b.weight(f"{prefix}w1", f"dmodel {ffn}", shard=tp, linear=f"{prefix}fc1"),
+        name=f"{prefix}gate",
     )
     up = b.einsum(
-        "bsh,hf->bsf", x, b.weight(f"{prefix}w3", f"dmodel {ffn}", shard=tp), name=f"{prefix}up"
+        "bsh,hf->bsf",
+        x,
+        b.weight(f"{prefix}w3", f"dmodel {ffn}", shard=tp, linear=f"{prefix}fc1"),
+        name=f"{prefix}up",
     )
     act = b.elementwise(f"{prefix}swiglu", gate, up, flops=llama.SWIGLU_FLOPS)
     down = b.einsum(

@@ -119,9 +119,10 @@ def mlp(b: GraphBuilder, x: Tensor, ffn: str = "dff") -> Tensor:
     dense layers of a stack of MoE layers), column/row parallel over tp."""
     tp = {ffn: "tp"}
     with b.tag("mlp"):  # re-run under --recompute_modules mlp
-        w1 = b.weight("w1", f"dmodel {ffn}", shard=tp)
+        # Megatron-Core's fc1 holds gate and up as one weight (linear="fc1")
+        w1 = b.weight("w1", f"dmodel {ffn}", shard=tp, linear="fc1")
         gate = b.einsum("bsh,hf->bsf", x, w1, name="gate")
-        w3 = b.weight("w3", f"dmodel {ffn}", shard=tp)
+        w3 = b.weight("w3", f"dmodel {ffn}", shard=tp, linear="fc1")
         up = b.einsum("bsh,hf->bsf", x, w3, name="up")
         act = b.elementwise("swiglu", gate, up, flops=SWIGLU_FLOPS)
         w2 = b.weight("w2", f"{ffn} dmodel", shard=tp)

@@ -81,11 +81,14 @@ def moe_mlp(b: GraphBuilder, x: Tensor) -> Tensor:
     gate = b.einsum(
         "ech,ehf->ecf",
         dispatched,
-        b.weight("w1", "experts dmodel dff", shard=ep),
+        b.weight("w1", "experts dmodel dff", shard=ep, linear="expert_fc1"),
         name="expert_gate",
     )
     up = b.einsum(
-        "ech,ehf->ecf", dispatched, b.weight("w3", "experts dmodel dff", shard=ep), name="expert_up"
+        "ech,ehf->ecf",
+        dispatched,
+        b.weight("w3", "experts dmodel dff", shard=ep, linear="expert_fc1"),
+        name="expert_up",
     )
     act = b.elementwise("swiglu", gate, up, flops=llama.SWIGLU_FLOPS)
     down = b.einsum(
@@ -108,8 +111,8 @@ def shared_experts(b: GraphBuilder, x: Tensor) -> Tensor:
     """``shared_experts`` SwiGLU experts of ``dff`` that every token goes through, column/row
     parallel over tp."""
     tp = {"dff": "tp"}
-    w1 = b.weight("shared_w1", "shared dmodel dff", shard=tp)
-    w3 = b.weight("shared_w3", "shared dmodel dff", shard=tp)
+    w1 = b.weight("shared_w1", "shared dmodel dff", shard=tp, linear="shared_fc1")
+    w3 = b.weight("shared_w3", "shared dmodel dff", shard=tp, linear="shared_fc1")
     w2 = b.weight("shared_w2", "shared dff dmodel", shard=tp)
     gate = b.einsum("bsh,nhf->bsnf", x, w1, name="shared_gate")
     up = b.einsum("bsh,nhf->bsnf", x, w3, name="shared_up")

@@ -55,6 +55,7 @@ from typing import Any
 import stg
 from stg.api import (
     PIPELINE_ENDS,
+    SHARE_ATTR,
     CollectiveType,
     GenerateOptions,
     KernelTable,
@@ -77,6 +78,7 @@ from stg.api import (
     load_system,
     node_chunk,
     node_micro_batch,
+    node_op,
     node_part,
     node_phase,
     node_role,
@@ -479,6 +481,8 @@ class _Index:
     parts: dict[tuple[str, str], list[Any]]
     iteration: dict[str, list[Any]]
     optimizer: Any
+    muon: list[Any] = dataclasses.field(default_factory=list)
+    """Muon's momentum all-gathers and Newton-Schulz nodes (``--optimizer muon``)"""
 
 
 _INDEXES: dict[int, tuple[Any, _Index]] = {}
@@ -491,9 +495,13 @@ def _index(rank_class: Any) -> _Index:
     parts: dict[tuple[str, str], list[Any]] = {}
     iteration: dict[str, list[Any]] = {}
     optimizer = None
+    muon = []
     for n in rank_class.nodes:
         if node_role(n) is Role.OPTIMIZER_STEP:
             optimizer = n
+        if str(node_op(n)).startswith("muon_"):
+            muon.append(n)
+            continue
         micro_batch = node_micro_batch(n)
         if micro_batch is not None:
             # the first micro-batch's parts stand for every micro-batch's
@@ -501,7 +509,7 @@ def _index(rank_class: Any) -> _Index:
                 parts.setdefault(_segment(n), []).append(n)
         elif n.type is NodeType.COMM_COLL:
             iteration.setdefault(node_part(n) or "", []).append(n)
-    index = _Index(parts, iteration, optimizer)
+    index = _Index(parts, iteration, optimizer, muon)
     if len(_INDEXES) > 4096:
         _INDEXES.clear()
     _INDEXES[id(rank_class)] = (rank_class, index)
@@ -720,6 +728,27 @@ def analyse(
         flops = round(node.num_ops * scale * shard_scale)
         return PartCost(seconds, {"optimizer": seconds}, flops, flops)
 
+    def muon_cost(rank_class: Any) -> PartCost:
+        """Muon's all-gathers and Newton-Schulz iterations on ``rank_class``, this rank's share
+        of them at the full data-parallel degree."""
+        scale = shard_scale
+        seconds = compute = 0.0
+        flops = 0
+        for n in _index(rank_class).muon:
+            if n.type is NodeType.COMM_COLL:
+                seconds += pricer(dataclasses.replace(n, comm_size=round(n.comm_size * scale)))
+                continue
+            attrs = dict(n.attrs)
+            if SHARE_ATTR in attrs or scale != 1.0:
+                attrs[SHARE_ATTR] = float(attrs.get(SHARE_ATTR, 1.0)) * scale
+            n = dataclasses.replace(n, attrs=attrs)
+            t = pricer(n, scale)
+            seconds, compute, flops = seconds + t, compute + t, flops + round(n.num_ops * scale)
+        return PartCost(seconds, {"optimizer": compute} if compute else {}, flops, flops)
+
+    def minus(a: PartCost, b: PartCost) -> PartCost:
+        return a + b.scaled(-1.0)
+
     # the optimizer step of a stage is linear in its parameters: two layers minus one layer
     # is one layer's share; the rest of stage 0's is the embedding's, of the last the head's
     opt1_first, opt2_first = optimizer(one_p_classes[0]), optimizer(first2)
@@ -745,6 +774,14 @@ def analyse(
             )
         optimizer_embedding = opt_cost(stem, 1.0)
         optimizer_head = opt_cost(stem_last, 1.0) if stem_last is not None else PartCost()
+        muon_first, muon_layer = muon_cost(one_p_classes[0]), muon_cost(first2)
+        if muon_first.time or muon_layer.time:  # Muon's work is linear in the layers too
+            muon_layer = minus(muon_layer, muon_first)
+            optimizer_layer = optimizer_layer + muon_layer
+            optimizer_embedding = optimizer_embedding + minus(muon_first, muon_layer)
+            if stem_last is not None:
+                muon_last = minus(muon_cost(one_p_classes[-1]), muon_layer)
+                optimizer_head = optimizer_head + muon_last
         # one stage (pp = 1): embedding and head share one stem, counted once
     layer_red = reductions(first, layer, after=False)
     # a reduction followed by a collective on a communicator the layers' backward uses (ZeRO's
@@ -758,7 +795,7 @@ def analyse(
         for rank_class in workload.rank_classes:
             by_stage.setdefault(rank_class.stage, rank_class)
         stages = [by_stage[s] for s in sorted(by_stage)]
-        stage_optimizer = [opt_cost(optimizer(c), 1.0) for c in stages]
+        stage_optimizer = [opt_cost(optimizer(c), 1.0) + muon_cost(c) for c in stages]
         stage_after = [
             sum(
                 pricer(n)
@@ -766,6 +803,7 @@ def analyse(
                 if n.type is NodeType.COMM_COLL
                 and n.comm_type in GATHERS
                 and node_micro_batch(n) is None
+                and not str(node_op(n)).startswith("muon_")
             )
             for c in stages
         ]

@@ -1139,6 +1139,17 @@ def precision_bytes(
     return e_w, e_g, k
 
 
+def muon_state(o: GenerateOptions, state: ModelState, k: int, fraction: float) -> ModelState:
+    """``state`` where ``fraction`` of the parameters are Muon's (``--optimizer muon``): one
+    moment (its momentum) where Adam keeps two, so a third of the mixed-precision ``k`` (fp32
+    master weights and two moments) less, or half of the moments alone without mixed
+    precision."""
+    if o.optimizer != "muon" or fraction <= 0:
+        return state
+    saved = k / 3 if o.mixed_precision else k / 2
+    return replace(state, optimizer=state.optimizer * (1 - fraction * saved / k))
+
+
 def zero_stage(o: GenerateOptions) -> int:
     return 3 if o.weight_sharded else o.zero
 
@@ -1210,6 +1221,7 @@ def stage_memory(
     system: System | None = None,
     layer_bytes: Mapping[str, float] | None = None,
     weight_copies: float | None = None,
+    muon_parameters: float = 0,
 ) -> RankMemory:
     """The memory of one rank of pipeline stage ``stage`` whose model replica holds
     ``parameters`` weights; ``sharded_parameters`` is its padded ZeRO / FSDP shard of them
@@ -1226,10 +1238,12 @@ def stage_memory(
     ``weight_copies``: the quantized weight copies and scales of a low-precision recipe
     (``--low_precision_recipe``), from the graph, counted with the weights as ``system``
     keeps them (:func:`stated_weight_copy_bytes`; default: from the options,
-    :func:`recipe_weight_copy_bytes`)."""
+    :func:`recipe_weight_copy_bytes`). ``muon_parameters``: those of ``parameters`` that
+    ``--optimizer muon`` updates (one state where Adam keeps two, :func:`muon_state`)."""
     o = as_options(options)
     terms = _stage_terms(
         o,
+        muon_parameters=muon_parameters,
         parameters=parameters,
         layers=layers,
         has_embedding=has_embedding,
@@ -1307,6 +1321,7 @@ def _stage_terms(
     layer_bytes: Mapping[str, float] | None,
     weight_copies: float | None,
     activations: _LayerActivations | None = None,
+    muon_parameters: float = 0,
 ) -> _StageTerms:
     layer_activations = activations or _LayerActivations(o, kernels, system)
     if not kinds:
@@ -1328,6 +1343,7 @@ def _stage_terms(
         shard=shard,
         sharded=sharded_parameters,
     )
+    state = muon_state(o, state, k, muon_parameters / parameters if parameters else 0.0)
     keeps_weights, accumulates_grads = fsdp_unsharded_state(o)
     unsharded_weights = e_w * parameters if keeps_weights else 0
     unsharded_grads = e_g * parameters if accumulates_grads else 0
@@ -1724,6 +1740,7 @@ def analytic_memory(
                 layer_bytes=None,
                 weight_copies=None,
                 activations=activations,
+                muon_parameters=p.layer_parameters if o.optimizer == "muon" else 0,
             )
         out.append(_stage_memory(o, p.stage, alike[key]))
     return out
@@ -1813,6 +1830,7 @@ def _class_memory(
         system=system,
         layer_bytes=facts.get("layer_activation_bytes"),
         weight_copies=facts.get("low_precision_weight_bytes"),
+        muon_parameters=float(facts.get("muon_parameters", 0)),
     )
 
 

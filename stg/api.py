@@ -69,6 +69,7 @@ from stg.host.records import (
 
 if TYPE_CHECKING:
     from stg.core.layout import PIPELINE_ENDS, Layout
+    from stg.core.muon import SHARE_ATTR
     from stg.core.offload import check_offload, held_activation_peak
     from stg.core.options import GenerateOptions, OptionError
     from stg.core.pipeline import build_workload, name_in_micro_batch
@@ -200,6 +201,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "CastModel": ("stg.perf.casts", "CastModel"),
     "default_cast_model": ("stg.perf.casts", "default_cast_model"),
     "EAGER_OP_HOST_S": ("stg.perf.costs", "EAGER_OP_HOST_S"),
+    "SHARE_ATTR": ("stg.core.muon", "SHARE_ATTR"),
     "attention_impl": ("stg.perf.costs", "attention_impl"),
     "collective_phases": ("stg.perf.costs", "collective_phases"),
     "collective_time": ("stg.perf.costs", "collective_time"),
@@ -275,6 +277,7 @@ __all__ = [
     "NODE_SEMANTICS",
     "PIPELINE_ENDS",
     "RECIPES",
+    "SHARE_ATTR",
     "TORCH_ALL_GATHER",
     "AttentionSpan",
     "BenchOp",

@@ -415,6 +415,30 @@ def time_back_to_back(
     return [s.elapsed_time(e) / reps for s, e in events], reps
 
 
+def time_graph(torch: Any, fn: Callable[[], Any], *, replays: int, timings: int = 15) -> float:
+    """Median milliseconds of one replay of ``fn`` captured in a CUDA graph (no host time):
+    three eager warm-up calls, the capture, three warm-up replays, then ``timings`` timings of
+    ``replays`` replays back to back between two CUDA events."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    for _ in range(3):
+        graph.replay()
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(timings):
+        begin.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(begin.elapsed_time(end) / replays)
+    return sorted(times)[len(times) // 2]
+
+
 def time_call(
     torch: Any,
     device: Any,

@@ -653,6 +653,24 @@ SPECS: dict[str, tuple[str, _Spec]] = {
             metavar=BOOL,
         ),
     ),
+    "optimizer": (
+        _TRAINING,
+        _Spec(
+            "The optimizer: adam (default) or muon, Megatron-Core's Muon: each weight matrix "
+            "of the layers orthogonalized by Newton-Schulz iterations (Adam for the "
+            "embedding, the head and non-matrix weights; with --zero 1 or 2 the layer-wise "
+            "distributed Muon).",
+            metavar="adam|muon",
+        ),
+    ),
+    "muon_ns_steps": (
+        _TRAINING,
+        _Spec(
+            "With --optimizer muon: Newton-Schulz iterations per matrix (Megatron's "
+            "--muon-num-ns-steps; default 5).",
+            metavar="N",
+        ),
+    ),
     "eager_loss": (
         _TRAINING,
         _Spec(

@@ -40,6 +40,16 @@ from stg.core.fp8 import (
     update_ops,
 )
 from stg.core.layout import UNFOLDED_AXIS_PARTS
+from stg.core.muon import (
+    LAUNCHES_ATTR,
+    MUON_STATE_BYTES,
+    NORMALIZE_BYTES_PER_ELEMENT,
+    NORMALIZE_KERNELS,
+    SHARE_ATTR,
+    MuonMatrices,
+    merge,
+    part_matrices,
+)
 from stg.core.offload import offload_finished_before, reload_started_before
 from stg.core.options import OptionError
 from stg.core.plan import ParallelPlan, recompute_tags
@@ -1101,6 +1111,9 @@ class BoundPart:
     tp_replicated_reduce: list[BoundOp] = field(default_factory=list)
     """the tensor-parallel all-reduce of the gradients of weights replicated over it
     (:data:`stg.core.autodiff.TP_REPLICATED_GRAD`), which lowering fuses over the stage"""
+    muon: tuple[MuonMatrices, ...] = ()
+    """the weight matrices Muon orthogonalizes on this rank (``--optimizer muon``; none for
+    Adam, the embedding and the head: :mod:`stg.core.muon`)"""
 
     @property
     def fp8_gemms(self) -> int:
@@ -1231,8 +1244,10 @@ def bind_part(
     kexperts: int = 1,
     moe_gate: str = RANDOM_GATE,
     moe_dispatcher_sms: int | None = None,
+    muon: bool = False,
 ) -> BoundPart:
-    """Bind ``part``; ``shard_degree`` is the degree over which ZeRO or FSDP shards its
+    """Bind ``part``; ``muon``: its weight matrices are Muon's (:mod:`stg.core.muon`);
+    ``shard_degree`` is the degree over which ZeRO or FSDP shards its
     gradients and optimizer states (1: not sharded), over the mesh axes ``shard_axes`` where
     given (a weight split over some of them, a folded expert, is sharded over the others);
     ``fused_attention`` runs the attention core as one fused kernel forward and one backward
@@ -1366,6 +1381,7 @@ def bind_part(
         tuple(key(part.weight_grads[w]) for w in part.tied if w in part.weight_grads)
         + tuple(key(g) for g in part.copy_grads),
         [op for op in bound(tp_replicated, _any_collective) if op.type is NodeType.COMM_COLL],
+        part_matrices(part, binder, shard_degree, shard_axes) if muon else (),
     )
 
 
@@ -2726,12 +2742,18 @@ def lower_stage(
     # num_ops and tensor_size are both proportional to ``updated``: a stage with nothing to
     # update gets a free node (tensor_size 0), never 0 ops over > 0 bytes (ASTRA-sim's roofline)
     out.start_step()
+    muon = merge(m for _, bp in held for m in bp.muon)
+    orthogonalized = _newton_schulz(out, muon, plan.options.muon_ns_steps, final_nodes)
+    # Muon's parameters keep one fp32 state where Adam keeps two: a read and a write less
+    muon_updated = min(updated, round(sum(x.count * x.local * x.share for x in muon)))
+    step_bytes = updated * parts.optimizer_bytes_per_param
+    step_bytes -= muon_updated * 2 * MUON_STATE_BYTES
     step = out.add(
         {
             "name": "optimizer_step",
             "type": NodeType.COMP,
             "num_ops": OPTIMIZER_FLOPS_PER_PARAM * updated,
-            "tensor_size": updated * parts.optimizer_bytes_per_param,
+            "tensor_size": step_bytes,
             "dtype": parts.optimizer_dtype,
             "attrs": {
                 OP_ATTR: "optimizer_step",
@@ -2739,7 +2761,7 @@ def lower_stage(
                 ROLE_ATTR: int(Role.OPTIMIZER_STEP),
             },
         },
-        final_nodes,
+        [*final_nodes, *orthogonalized],
     )
     for prefix, bp in held:
         if bp.update:
@@ -2762,6 +2784,8 @@ def lower_stage(
             # ZeRO / FSDP: the replica's parameters and this rank's padded flat shard of them
             # (its optimizer states; also its gradients with ZeRO-2 and weights with ZeRO-3)
             "replica_parameters": sum(bp.replica_parameters for _, bp in held),
+            # the weights of the parts whose matrices Muon orthogonalizes (--optimizer muon)
+            "muon_parameters": sum(bp.replica_parameters for _, bp in held if bp.muon),
             "shard_parameters": updated,
             "layers": sum(1 for prefix, _ in held if prefix.startswith("layer")),
             # layers of each block kind on this stage (one kind, "block", for most models)
@@ -2773,6 +2797,74 @@ def lower_stage(
             **parts.facts,
         },
     )
+
+
+def _newton_schulz(
+    out: Any, muon: Sequence[MuonMatrices], steps: int, deps: Sequence[int]
+) -> list[int]:
+    """Muon's orthogonalization of a stage's matrices (:mod:`stg.core.muon`), after its
+    gradient reductions (``deps``): per group of axes that split matrices, one all-gather of
+    their fp32 momentum; per shape, the normalisation and casts and the three GEMMs of its
+    Newton-Schulz iterations, each a kernel per matrix and iteration, this rank's share of
+    them. The ids of the last node of each shape (what the optimizer step waits for)."""
+    place = node_place(Phase.OPTIMIZER)
+    gathered: dict[tuple[str, ...], int] = {}
+    for axes in sorted({x.gather_axes for x in muon if x.gather_axes}):
+        size = sum(x.gather_bytes for x in muon if x.gather_axes == axes)
+        gathered[axes] = out.add(
+            {
+                "name": f"muon_momentum_all_gather_{'_'.join(axes)}",
+                "type": NodeType.COMM_COLL,
+                "comm_type": CollectiveType.ALL_GATHER,
+                "comm_size": size,
+                "group_axes": axes,
+                "dtype": "fp32",
+                "attrs": {OP_ATTR: "muon_momentum_all_gather", **place},
+            },
+            deps,
+        )
+    last = []
+    for x in muon:
+        runs = x.count * steps
+        extra = {SHARE_ATTR: x.share} if x.degree > 1 else {}
+        elements = x.count * x.m * x.n
+        prev = out.add(
+            {
+                "name": f"muon_normalize_{x.m}x{x.n}",
+                "type": NodeType.COMP,
+                "num_ops": round(3 * elements * x.share),
+                "tensor_size": round(NORMALIZE_BYTES_PER_ELEMENT * elements * x.share),
+                "dtype": "fp32",
+                "attrs": {
+                    OP_ATTR: "muon_normalize",
+                    LAUNCHES_ATTR: NORMALIZE_KERNELS * x.count,
+                    **extra,
+                    **place,
+                },
+            },
+            [gathered[x.gather_axes]] if x.gather_axes else deps,
+        )
+        gemms = (("gram", x.m, x.m, x.n), ("square", x.m, x.m, x.m), ("update", x.m, x.n, x.m))
+        for role, m, n, k in gemms:
+            prev = out.add(
+                {
+                    "name": f"muon_{role}_{x.m}x{x.n}",
+                    "type": NodeType.COMP,
+                    "num_ops": round(2 * runs * m * n * k * x.share),
+                    "tensor_size": round(runs * 2 * (m * k + k * n + m * n) * x.share),
+                    "dtype": "bf16",
+                    "attrs": {
+                        OP_ATTR: f"muon_{role}",
+                        "gemm": (runs, m, n, k),
+                        LAUNCHES_ATTR: runs,
+                        **extra,
+                        **place,
+                    },
+                },
+                [prev],
+            )
+        last.append(prev)
+    return last
 
 
 def _tp_replicated_all_reduce(members: list[BoundOp]) -> dict[str, Any]:

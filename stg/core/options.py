@@ -183,6 +183,10 @@ class GenerateOptions:
     ``batch`` samples per iteration, ``micro_batch`` samples per micro-batch over all replicas
     (``None``, or ``-1`` as in the original STG, means one micro-batch: the whole batch).
     ``zero=3`` means ``weight_sharded=True`` (it is stored as that, with ``zero=0``).
+    ``optimizer`` is ``adam`` (the default) or ``muon``: Megatron-Core's Muon, which
+    orthogonalizes each weight matrix of the layers with ``muon_ns_steps`` Newton-Schulz
+    iterations (Adam for the embedding, the head and non-matrix weights); with ``zero`` 1 or 2
+    it is Megatron's layer-wise distributed Muon (:mod:`stg.core.muon`).
     ``attention`` is how the attention core runs: ``fused`` (one FlashAttention-class kernel
     forward and one backward, no score matrix in memory; every current stack) or ``unfused``
     (scores, softmax and context as separate kernels through memory). ``profile`` names how the
@@ -411,6 +415,8 @@ class GenerateOptions:
     tpsp: bool = True
     weight_sharded: bool = False
     zero: int = 0
+    optimizer: str = "adam"
+    muon_ns_steps: int = 5
     reshard_after_forward: str = "default"
     cp_comm_type: str = "p2p"
     overlap_param_gather: bool = False
@@ -666,4 +672,6 @@ class GenerateOptions:
             and not (k == "moe_dispatcher" and v == "alltoall")
             and not (k == "moe_gate" and v == "random")
             and not (k == "pipeline_flushes" and v == 1)
+            and not (k == "optimizer" and v == "adam")
+            and not (k == "muon_ns_steps" and self.optimizer != "muon")
         }

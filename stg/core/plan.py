@@ -22,6 +22,7 @@ from stg.core.layout import (
     fold_mesh,
     parse_rank_order,
 )
+from stg.core.muon import OPTIMIZERS
 from stg.core.options import GenerateOptions, OptionError
 from stg.core.precision import DTYPE_BYTES
 from stg.core.quantization import FORMAT_ONLY
@@ -167,6 +168,28 @@ class ParallelPlan:
         chunk, start, index = self._place_in_chunk(layer)
         first = start + index // size * size
         return range(first, min(first + size, start + self.layers_per_chunk[chunk]))
+
+
+def _check_optimizer(o: GenerateOptions) -> None:
+    _require(
+        o.optimizer in OPTIMIZERS,
+        f"optimizer={o.optimizer}; allowed: {', '.join(OPTIMIZERS)}",
+    )
+    _require(
+        o.muon_ns_steps >= 1,
+        f"muon_ns_steps={o.muon_ns_steps} must be at least 1 (Newton-Schulz iterations)",
+    )
+    _require(
+        o.optimizer != "muon" or o.profile == "megatron",
+        f"optimizer=muon is Megatron-Core's Muon: profile={o.profile} is not allowed; "
+        "allowed: profile=megatron",
+    )
+    _require(
+        o.optimizer != "muon" or not o.weight_sharded,
+        "optimizer=muon orthogonalizes whole weight matrices, which FSDP / ZeRO-3 splits: "
+        "weight_sharded=true (zero=3) is not allowed; allowed: zero 0, 1 or 2 (1 and 2: "
+        "Megatron's layer-wise distributed Muon)",
+    )
 
 
 def _check_moe_ep_overlap(o: GenerateOptions) -> None:
@@ -427,6 +450,7 @@ def _check_phase(o: GenerateOptions) -> None:
         ("fp8_dispatch", o.fp8_dispatch),
         ("fp8_attention", o.fp8_attention),
         ("eager_loss", o.eager_loss),
+        ("optimizer", o.optimizer != "adam"),
         ("megatron_fsdp", o.megatron_fsdp),
         ("first_last_layers_bf16", o.first_last_layers_bf16),
         # the measured rates are DeepEP's and HybridEP's high-throughput kernels (training);
@@ -855,6 +879,7 @@ def make_plan(o: GenerateOptions) -> ParallelPlan:
         f"tp_comm_overlap=true is Transformer Engine's userbuffers overlap: profile={o.profile} "
         "is not allowed; allowed: profile=megatron",
     )
+    _check_optimizer(o)
     _require(
         not o.eager_loss or o.profile == "compiled",
         f"eager_loss=true runs the loss outside torch.compile's region: profile={o.profile} is "

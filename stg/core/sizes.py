@@ -150,6 +150,9 @@ def _training_templates(model: object, plan: ParallelPlan, hybrid: bool) -> list
 
     counts = [1] * plan.stages  # the optimizer step
     replicated: set[int] = set()  # stages with one tp all-reduce of replicated gradients
+    # Muon's nodes: per shape group of a stage 4 (stg.core.lowering._newton_schulz), per
+    # group of axes that split matrices one all-gather
+    muon: list[set[tuple[object, ...]]] = [set() for _ in range(plan.stages)]
     for chunk in range(plan.chunks):
         stage = plan.chunk_stage(chunk)
         first, last = chunk == 0, chunk == plan.chunks - 1
@@ -158,6 +161,8 @@ def _training_templates(model: object, plan: ParallelPlan, hybrid: bool) -> list
             bp = parts.blocks.get(kind, parts.block)
             per_mb += layers * (forward(bp) + backward(bp, plan.recompute))
             counts[stage] += layers * once(bp, plan.recompute)
+            if layers:
+                muon[stage].update((x.m, x.n, x.degree, x.gather_axes, x.local) for x in bp.muon)
             if layers and bp.tp_replicated_reduce:
                 replicated.add(stage)
         for end, bp in ((first, parts.embedding), (last, parts.head)):
@@ -173,6 +178,8 @@ def _training_templates(model: object, plan: ParallelPlan, hybrid: bool) -> list
         counts[stage] += m * per_mb
     for stage in replicated:
         counts[stage] += 1
+    for stage, keys in enumerate(muon):
+        counts[stage] += 4 * len(keys) + len({k[3] for k in keys if k[3]})
     return counts
 
 

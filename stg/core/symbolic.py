@@ -231,6 +231,9 @@ class Part:
     aux_losses: list[Tensor] = field(default_factory=list)
     """losses of the part besides the model's (:meth:`GraphBuilder.aux_loss`): the backward
     starts from each as from the loss"""
+    linears: dict[str, list[Tensor]] = field(default_factory=dict)
+    """weights that one linear layer of the training stack holds as one matrix
+    (:meth:`GraphBuilder.weight`'s ``linear``), by the layer's name"""
     tied: list[Tensor] = field(default_factory=list)
     """weights of a tied pair (:meth:`GraphBuilder.weight`'s ``tied``) held by this part:
     under pipeline parallelism their gradients are all-reduced over the embedding group"""
@@ -538,6 +541,7 @@ class GraphBuilder:
         dims: str | Sequence[Dim | str],
         shard: Mapping[str, Iterable[str] | str] | None = None,
         tied: str | None = None,
+        linear: str | None = None,
     ) -> Tensor:
         """A parameter. ``shard`` maps dimension names to the mesh axes that split them,
         e.g. ``{"dff": "tp"}`` for a column-parallel weight. ``tied`` marks one matrix shared
@@ -546,7 +550,14 @@ class GraphBuilder:
         the embedding's weight (no parameters, gradient reduction or optimizer state of its
         own: its gradient adds to the embedding's); with pp > 1 it is a weight of the last
         stage, as Megatron-LM keeps one, and both gradients are all-reduced over the first
-        and last stage (:func:`stg.core.autodiff.build_grad_reduction`)."""
+        and last stage (:func:`stg.core.autodiff.build_grad_reduction`). ``linear`` names
+        the linear layer whose one weight matrix this is a block of, where the training stack
+        fuses several of the model's projections into one layer (Megatron-Core's ``fc1`` of
+        SwiGLU's gate and up): weights of one part with the same ``linear`` are one matrix,
+        their output dimensions stacked, to an optimizer that works on whole matrices (Muon,
+        :mod:`stg.core.muon`); nothing else reads it."""
+        if linear is not None:
+            return self._in_linear(linear, self.weight(name, dims, shard, tied))
         if tied not in (None, "embedding", "copy"):
             raise ValueError(f"tied={tied!r}; allowed: None, 'embedding', 'copy'")
         if tied and self.fsdp_axes:
@@ -584,6 +595,11 @@ class GraphBuilder:
         with self.tag("weight_gather"):
             gathered = self.reshard(stored, sharding)
         return gathered
+
+    def _in_linear(self, linear: str, weight: Tensor) -> Tensor:
+        stored = self.part.weights[-1]  # under FSDP the stored shard, not the gathered copy
+        self.part.linears.setdefault(linear, []).append(stored)
+        return weight
 
     def cached(self, t: Tensor, name: str | None = None) -> Tensor:
         """Declare ``t`` (one row per token: a ``seq`` dimension) the attention state that

@@ -17,6 +17,7 @@ from typing import Any
 from stg.core.attention_backend import ATTENTION_BACKEND_ATTR
 from stg.core.dropout import DROPOUT_FLOPS
 from stg.core.fp8 import QUANTIZE_ATTR, QUANTIZE_BYTES_PER_ELEMENT
+from stg.core.muon import LAUNCHES_ATTR, SHARE_ATTR
 from stg.core.quantization import WEIGHT_FORMATS
 from stg.core.recipes import (
     FP8_ATTENTION_CAST_KERNELS,
@@ -608,6 +609,10 @@ def compute_time(
                 seconds /= recipe_gemm_speed(system.arch, str(recipe))
         elif scaled:  # the recipe's scales: a tensorwise GEMM's speed, or rowwise's own kernel
             seconds = scaled_gemm_time(gpu, m, n, k, gemm_scaling(node, str(recipe)), batch, nbytes)
+        elif attrs.get(LAUNCHES_ATTR, 1) > 1:  # one kernel per GEMM, in turn (Muon's)
+            one = gemm_time(gpu, m, n, k, dtype) / speedup + system.kernel_overhead
+            share = float(attrs.get(SHARE_ATTR, 1.0))
+            seconds = share * int(attrs[LAUNCHES_ATTR]) * one - system.kernel_overhead
         else:
             seconds = gemm_time(gpu, m, n, k, dtype, batch, nbytes) / speedup
         if dtype == "fp8":
@@ -619,6 +624,9 @@ def compute_time(
             memory_class = megatron_softmax_kind(attrs.get("row"), dtype)
         memory = memory_bound_time(gpu, node.tensor_size, memory_class, dtype)
         seconds = max(simt, memory)
+        if LAUNCHES_ATTR in attrs:  # kernels in turn, each paying its launch (Muon's)
+            runs = float(attrs.get(SHARE_ATTR, 1.0)) * int(attrs[LAUNCHES_ATTR])
+            seconds += max(0.0, runs - 1) * system.kernel_overhead
     else:
         # the class's efficiency holds at the TDP's clock; a power limit lowers the clock
         rate = system.peak(dtype) * system.compute_efficiency[kind] * system.power_clock_scale
