@@ -1,0 +1,96 @@
+"""Measure causal fused attention at the sizes one tensor-parallel rank runs.
+
+    python benchmarks/measure_shard_attention.py --out DIR [--prefix h100]
+
+Writes ``PREFIX-shard-attention.jsonl`` (JSON lines; the first describes the machine and the
+method). A training run with tensor parallelism hands each rank a few heads of one or two
+sequences (Llama 3 70B at tp 8: 8 query heads, micro-batch 1), fewer query blocks than the
+H100 has SMs times a few waves: the regime where a fused attention kernel's fixed costs and
+its causal blocks' uneven work show. Each row is one causal
+``scaled_dot_product_attention`` of ``batch`` sequences of ``heads`` heads of 128 (keys and
+values as many heads) under cuDNN or FlashAttention-2, forward and backward: median
+milliseconds of 10 timed runs after 3 warm-ups by CUDA events. Needs PyTorch and a CUDA GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from stg.bench import MissingDependencyError, require_cuda
+from stg.bench.runner import time_back_to_back
+
+CASES = [(1, heads, seq) for heads in (4, 8, 16, 32, 64) for seq in (2048, 4096, 8192, 16384)]
+CASES += [(2, heads, seq) for heads in (8, 16) for seq in (4096, 8192)]
+"""(batch, heads, seq)."""
+
+
+def median_ms(torch: Any, run: Any) -> float:
+    times, _ = time_back_to_back(torch, run, warmup=3, iterations=10, min_event_ms=0, reps=1)
+    return statistics.median(times[3:])
+
+
+def measure(torch: Any, backend: Any, batch: int, heads: int, seq: int) -> dict[str, Any]:
+    from torch.nn.attention import sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    def tensor() -> Any:
+        shape = (batch, heads, seq, 128)
+        return torch.randn(*shape, device="cuda", dtype=torch.bfloat16).requires_grad_()
+
+    q, k, v = tensor(), tensor(), tensor()
+    grad = torch.randn(batch, heads, seq, 128, device="cuda", dtype=torch.bfloat16)
+    try:
+        with sdpa_kernel([backend]):
+            forward = median_ms(torch, lambda: sdpa(q, k, v, is_causal=True))
+
+            def both() -> None:
+                sdpa(q, k, v, is_causal=True).backward(grad)
+
+            total = median_ms(torch, both)
+    except RuntimeError as error:
+        return {"error": str(error).splitlines()[0][:200]}
+    return {"forward_ms": forward, "backward_ms": total - forward}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--prefix", default="gpu")
+    args = parser.parse_args()
+    try:
+        torch = require_cuda("measure_shard_attention.py")
+    except MissingDependencyError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    from torch.nn.attention import SDPBackend
+
+    backends = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
+    args.out.mkdir(parents=True, exist_ok=True)
+    head = {
+        "device": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(),
+        "method": "causal F.scaled_dot_product_attention, bf16, head size 128, under one SDPA "
+        "backend; forward alone and forward + backward, median of 10 after 3 warm-ups by CUDA "
+        "events; backward_ms = the difference",
+        "script": "benchmarks/measure_shard_attention.py",
+    }
+    with (args.out / f"{args.prefix}-shard-attention.jsonl").open("w") as out:
+        out.write(json.dumps(head) + "\n")
+        for name, backend in backends.items():
+            for batch, heads, seq in CASES:
+                row: dict[str, Any] = {"backend": name, "batch": batch, "heads": heads}
+                row |= {"seq": seq, "head_dim": 128, **measure(torch, backend, batch, heads, seq)}
+                out.write(json.dumps(row) + "\n")
+                out.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
