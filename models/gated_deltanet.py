@@ -61,12 +61,36 @@ def mixer(b: GraphBuilder, x: Tensor) -> Tensor:
     kd, vd = fixed("linear_key_dim", dim), fixed("linear_value_dim", dim)
     dmodel, batch, seq = b.dim("dmodel"), b.dim("batch"), b.dim("seq")
     split = {"linear_key_heads": "tp"}
-    q = b.einsum("bsh,hgk->bsgk", x, b.weight("w_q", [dmodel, g, kd], shard=split), name="q")
-    k = b.einsum("bsh,hgk->bsgk", x, b.weight("w_k", [dmodel, g, kd], shard=split), name="k")
-    v = b.einsum("bsh,hgrv->bsgrv", x, b.weight("w_v", [dmodel, g, r, vd], shard=split), name="v")
-    z = b.einsum("bsh,hgrv->bsgrv", x, b.weight("w_z", [dmodel, g, r, vd], shard=split), name="z")
-    beta = b.einsum("bsh,hgr->bsgr", x, b.weight("w_b", [dmodel, g, r], shard=split), name="b")
-    a = b.einsum("bsh,hgr->bsgr", x, b.weight("w_a", [dmodel, g, r], shard=split), name="a")
+    q = b.einsum(
+        "bsh,hgk->bsgk",
+        x,
+        b.weight("w_q", [dmodel, g, kd], shard=split, linear="in_proj"),
+        name="q",
+    )
+    k = b.einsum(
+        "bsh,hgk->bsgk",
+        x,
+        b.weight("w_k", [dmodel, g, kd], shard=split, linear="in_proj"),
+        name="k",
+    )
+    v = b.einsum(
+        "bsh,hgrv->bsgrv",
+        x,
+        b.weight("w_v", [dmodel, g, r, vd], shard=split, linear="in_proj"),
+        name="v",
+    )
+    z = b.einsum(
+        "bsh,hgrv->bsgrv",
+        x,
+        b.weight("w_z", [dmodel, g, r, vd], shard=split, linear="in_proj"),
+        name="z",
+    )
+    beta = b.einsum(
+        "bsh,hgr->bsgr", x, b.weight("w_b", [dmodel, g, r], shard=split, linear="in_proj"), name="b"
+    )
+    a = b.einsum(
+        "bsh,hgr->bsgr", x, b.weight("w_a", [dmodel, g, r], shard=split, linear="in_proj"), name="a"
+    )
     width = fixed("conv", 4)  # linear_conv_kernel_dim 4, without bias (Qwen3-Next)
     q = conv(b, q, [g, kd, width], "conv_q", "linear_key_heads", bias=False)
     k = conv(b, k, [g, kd, width], "conv_k", "linear_key_heads", bias=False)

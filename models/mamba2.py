@@ -118,11 +118,30 @@ def mixer(b: GraphBuilder, x: Tensor) -> Tensor:
     p, g, r, n = d.head_dim, d.groups, d.group_heads, d.state
     tp = {"ssm_groups": "tp"}
     heads = [p, g, r]
-    z = b.einsum("bsh,hpgr->bspgr", x, b.weight("w_z", [dmodel, *heads], shard=tp), name="in_z")
-    xs = b.einsum("bsh,hpgr->bspgr", x, b.weight("w_x", [dmodel, *heads], shard=tp), name="in_x")
-    bs = b.einsum("bsh,hgn->bsgn", x, b.weight("w_b", [dmodel, g, n], shard=tp), name="in_b")
-    cs = b.einsum("bsh,hgn->bsgn", x, b.weight("w_c", [dmodel, g, n], shard=tp), name="in_c")
-    dt = b.einsum("bsh,hgr->bsgr", x, b.weight("w_dt", [dmodel, g, r], shard=tp), name="in_dt")
+    z = b.einsum(
+        "bsh,hpgr->bspgr",
+        x,
+        b.weight("w_z", [dmodel, *heads], shard=tp, linear="in_proj"),
+        name="in_z",
+    )
+    xs = b.einsum(
+        "bsh,hpgr->bspgr",
+        x,
+        b.weight("w_x", [dmodel, *heads], shard=tp, linear="in_proj"),
+        name="in_x",
+    )
+    bs = b.einsum(
+        "bsh,hgn->bsgn", x, b.weight("w_b", [dmodel, g, n], shard=tp, linear="in_proj"), name="in_b"
+    )
+    cs = b.einsum(
+        "bsh,hgn->bsgn", x, b.weight("w_c", [dmodel, g, n], shard=tp, linear="in_proj"), name="in_c"
+    )
+    dt = b.einsum(
+        "bsh,hgr->bsgr",
+        x,
+        b.weight("w_dt", [dmodel, g, r], shard=tp, linear="in_proj"),
+        name="in_dt",
+    )
     xs = conv(b, xs, [*heads, d.conv], "conv_x")
     bs = conv(b, bs, [g, n, d.conv], "conv_b")
     cs = conv(b, cs, [g, n, d.conv], "conv_c")

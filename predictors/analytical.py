@@ -78,7 +78,6 @@ from stg.api import (
     load_system,
     node_chunk,
     node_micro_batch,
-    node_op,
     node_part,
     node_phase,
     node_role,
@@ -499,7 +498,7 @@ def _index(rank_class: Any) -> _Index:
     for n in rank_class.nodes:
         if node_role(n) is Role.OPTIMIZER_STEP:
             optimizer = n
-        if str(node_op(n)).startswith("muon_"):
+        if node_role(n) is Role.ORTHOGONALIZE:
             muon.append(n)
             continue
         micro_batch = node_micro_batch(n)
@@ -803,7 +802,7 @@ def analyse(
                 if n.type is NodeType.COMM_COLL
                 and n.comm_type in GATHERS
                 and node_micro_batch(n) is None
-                and not str(node_op(n)).startswith("muon_")
+                and node_role(n) is not Role.ORTHOGONALIZE
             )
             for c in stages
         ]

@@ -122,6 +122,7 @@ from stg.api import (
     load_system,
     lowered_cp_comm_type,
     model_kind,
+    muon_part_parameters,
     native_fp8,
     normalize_dtype,
     precision_of,
@@ -1139,15 +1140,18 @@ def precision_bytes(
     return e_w, e_g, k
 
 
-def muon_state(o: GenerateOptions, state: ModelState, k: int, fraction: float) -> ModelState:
-    """``state`` where ``fraction`` of the parameters are Muon's (``--optimizer muon``): one
-    moment (its momentum) where Adam keeps two, so a third of the mixed-precision ``k`` (fp32
-    master weights and two moments) less, or half of the moments alone without mixed
-    precision."""
-    if o.optimizer != "muon" or fraction <= 0:
+def muon_state(
+    o: GenerateOptions, state: ModelState, k: int, zero: int, held: float, shared: float
+) -> ModelState:
+    """``state`` with Muon's matrices (``--optimizer muon``): ``held`` matrix elements on the
+    rank, ``shared`` its share of them whose state it keeps under ZeRO (the layer-wise
+    distributed optimizer). Each keeps one moment (its momentum) where Adam keeps two: a
+    third of the mixed-precision ``k`` (fp32 master weights and two moments) less, or half
+    of the moments alone without mixed precision."""
+    if o.optimizer != "muon" or not held:
         return state
     saved = k / 3 if o.mixed_precision else k / 2
-    return replace(state, optimizer=state.optimizer * (1 - fraction * saved / k))
+    return replace(state, optimizer=state.optimizer - saved * (shared if zero >= 1 else held))
 
 
 def zero_stage(o: GenerateOptions) -> int:
@@ -1221,7 +1225,7 @@ def stage_memory(
     system: System | None = None,
     layer_bytes: Mapping[str, float] | None = None,
     weight_copies: float | None = None,
-    muon_parameters: float = 0,
+    muon_parameters: tuple[float, float] = (0, 0),
 ) -> RankMemory:
     """The memory of one rank of pipeline stage ``stage`` whose model replica holds
     ``parameters`` weights; ``sharded_parameters`` is its padded ZeRO / FSDP shard of them
@@ -1238,8 +1242,9 @@ def stage_memory(
     ``weight_copies``: the quantized weight copies and scales of a low-precision recipe
     (``--low_precision_recipe``), from the graph, counted with the weights as ``system``
     keeps them (:func:`stated_weight_copy_bytes`; default: from the options,
-    :func:`recipe_weight_copy_bytes`). ``muon_parameters``: those of ``parameters`` that
-    ``--optimizer muon`` updates (one state where Adam keeps two, :func:`muon_state`)."""
+    :func:`recipe_weight_copy_bytes`). ``muon_parameters``: the matrix elements that
+    ``--optimizer muon`` updates, held and this rank's share of them (one state where Adam
+    keeps two, :func:`muon_state`)."""
     o = as_options(options)
     terms = _stage_terms(
         o,
@@ -1321,7 +1326,7 @@ def _stage_terms(
     layer_bytes: Mapping[str, float] | None,
     weight_copies: float | None,
     activations: _LayerActivations | None = None,
-    muon_parameters: float = 0,
+    muon_parameters: tuple[float, float] = (0, 0),
 ) -> _StageTerms:
     layer_activations = activations or _LayerActivations(o, kernels, system)
     if not kinds:
@@ -1343,7 +1348,7 @@ def _stage_terms(
         shard=shard,
         sharded=sharded_parameters,
     )
-    state = muon_state(o, state, k, muon_parameters / parameters if parameters else 0.0)
+    state = muon_state(o, state, k, zero, *muon_parameters)
     keeps_weights, accumulates_grads = fsdp_unsharded_state(o)
     unsharded_weights = e_w * parameters if keeps_weights else 0
     unsharded_grads = e_g * parameters if accumulates_grads else 0
@@ -1686,10 +1691,13 @@ def analytic_memory(
     options: Mapping[str, Any] | GenerateOptions,
     kernels: KernelTable | None = None,
     system: System | None = None,
+    muon: Mapping[str, tuple[int, float]] | None = None,
 ) -> list[RankMemory]:
     """Memory per stage from options alone (parameters from :func:`count_parameters`; with
     ZeRO / FSDP the embedding, every layer and the head are padded flat buffers) on
-    ``system`` (None: no native fp8)."""
+    ``system`` (None: no native fp8); ``muon``: per part (``embedding``, ``head``, a block
+    kind) the Muon matrix elements a rank holds and its share of them
+    (:func:`stg.api.muon_part_parameters`)."""
     o = as_options(options)
     shard = o.dp * o.sp
     # where ep folds over dp or sp, ZeRO shards a layer's routed experts fewer ways, in a
@@ -1721,7 +1729,13 @@ def analytic_memory(
             if sharded
             else None
         )
-        key = (p.total, p.layers, has_embedding, has_head, sharded_parameters, p.kinds)
+        matrices = [(kind, n) for kind, n in p.kinds]
+        matrices += [("embedding", 1)] if has_embedding else []
+        matrices += [("head", 1)] if has_head else []
+        held = tuple(
+            sum((muon or {}).get(part, (0, 0))[i] * n for part, n in matrices) for i in (0, 1)
+        )
+        key = (p.total, p.layers, has_embedding, has_head, sharded_parameters, p.kinds, held)
         if key not in alike:
             alike[key] = _stage_terms(
                 o,
@@ -1740,7 +1754,7 @@ def analytic_memory(
                 layer_bytes=None,
                 weight_copies=None,
                 activations=activations,
-                muon_parameters=p.layer_parameters if o.optimizer == "muon" else 0,
+                muon_parameters=held,
             )
         out.append(_stage_memory(o, p.stage, alike[key]))
     return out
@@ -1830,7 +1844,10 @@ def _class_memory(
         system=system,
         layer_bytes=facts.get("layer_activation_bytes"),
         weight_copies=facts.get("low_precision_weight_bytes"),
-        muon_parameters=float(facts.get("muon_parameters", 0)),
+        muon_parameters=(
+            float(facts.get("muon_parameters", 0)),
+            float(facts.get("muon_shard_parameters", 0)),
+        ),
     )
 
 
@@ -1879,9 +1896,11 @@ def predict_analytic(
     system: System | str = "a100-80g",
     *,
     kernels: KernelTable | Iterable[Any] | None = None,
+    registry: Any = None,
 ) -> dict[str, Any]:
     """The memory report from options alone (parameters counted by :func:`count_parameters`),
-    for traces that record their options but not the per-stage facts."""
+    for traces that record their options but not the per-stage facts; ``registry``: the
+    model's, which ``--optimizer muon`` needs (its weight matrices, from the bound parts)."""
     system = load_system(system)
     o = as_options(options)
     if o.inference:
@@ -1892,7 +1911,15 @@ def predict_analytic(
     table = kernel_table(kernels, system.name)
     classes = []
     ranks_per_stage = o.world_size // o.pp
-    for memory in analytic_memory(o, table, system):
+    muon = None
+    if o.optimizer == "muon":
+        if registry is None:
+            raise UserError(
+                "optimizer=muon: the memory predictor needs the model (a registry) to find "
+                "the weight matrices Muon updates"
+            )
+        muon = muon_part_parameters(o, registry)
+    for memory in analytic_memory(o, table, system, muon):
         entry: dict[str, Any] = {
             "class": memory.stage,
             "ranks": ranks_per_stage,
@@ -1924,7 +1951,7 @@ def predict_memory_options(
     if workload is not None:
         return predict_memory(workload, system, kernels=kernels)
     if registry is None or _from_options_alone(o, system, registry):
-        return predict_analytic(o, system, kernels=kernels)
+        return predict_analytic(o, system, kernels=kernels, registry=registry)
     from stg.api import build_workload, check_size, estimate_size
 
     check_size(

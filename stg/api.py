@@ -70,6 +70,7 @@ from stg.host.records import (
 if TYPE_CHECKING:
     from stg.core.layout import PIPELINE_ENDS, Layout
     from stg.core.muon import SHARE_ATTR
+    from stg.core.muon import part_parameters as muon_part_parameters
     from stg.core.offload import check_offload, held_activation_peak
     from stg.core.options import GenerateOptions, OptionError
     from stg.core.pipeline import build_workload, name_in_micro_batch
@@ -202,6 +203,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "default_cast_model": ("stg.perf.casts", "default_cast_model"),
     "EAGER_OP_HOST_S": ("stg.perf.costs", "EAGER_OP_HOST_S"),
     "SHARE_ATTR": ("stg.core.muon", "SHARE_ATTR"),
+    "muon_part_parameters": ("stg.core.muon", "part_parameters"),
     "attention_impl": ("stg.perf.costs", "attention_impl"),
     "collective_phases": ("stg.perf.costs", "collective_phases"),
     "collective_time": ("stg.perf.costs", "collective_time"),
@@ -359,6 +361,7 @@ __all__ = [
     "memory_bound_time",
     "memory_kind",
     "model_kind",
+    "muon_part_parameters",
     "name_in_micro_batch",
     "native_fp8",
     "node_chunk",

@@ -37,6 +37,11 @@ LLAMA = dict(
     dvocal=1000, batch=8, micro_batch=4, mixed_precision=True, dtype="bf16", causal=True,
 )  # fmt: skip
 STEPS = 5
+DEEPSEEK = dict(
+    model="deepseek", dvocal=64, dmodel=32, dff=16, head=4, kvhead=4, dhead=8, seq=16,
+    num_stacks=3, experts=4, kexperts=2, shared_experts=1, dense_layers=1, dense_dff=48,
+    q_lora_rank=12, kv_lora_rank=16, drope=4, batch=4, optimizer="muon",
+)  # fmt: skip
 
 
 def ns_flops(m: int, n: int) -> int:
@@ -134,17 +139,77 @@ def test_predictors_agree_and_muon_costs_time() -> None:
     assert times["muon", 0] > times["muon", 1] > times["adam", 1]
 
 
-def test_one_state_where_adam_keeps_two() -> None:
+@pytest.mark.parametrize("mixed", [True, False])
+def test_one_state_where_adam_keeps_two(mixed: bool) -> None:
+    """Muon keeps one moment per matrix element where Adam keeps two (4 bytes less with fp32
+    state under mixed precision, one bf16 moment's 2 without); norms keep Adam's."""
+    saved_per_element = 4 if mixed else 2
     for zero in (0, 1):
-        adam = predict_memory_options(GenerateOptions(**LLAMA, zero=zero, dp=2), "h100-80g")
-        muon_o = GenerateOptions(**LLAMA, zero=zero, dp=2, optimizer="muon")
-        muon = predict_memory_options(muon_o, "h100-80g")
+        base = {**LLAMA, "mixed_precision": mixed, "zero": zero, "dp": 2}
+        adam = predict_memory_options(GenerateOptions(**base), "h100-80g")
+        registry = load_registry(autoload=False)
+        muon_o = GenerateOptions(**base, optimizer="muon")
+        muon = predict_memory_options(muon_o, "h100-80g", registry=registry)
         saved = adam["classes"][0]["optimizer"] - muon["classes"][0]["optimizer"]
-        layer_parameters = LAYERS * (LAYER_MATRIX_ELEMENTS + 2 * D)  # with the two norms
-        assert saved == pytest.approx(4 * layer_parameters / (2 if zero else 1), rel=1e-6)
+        elements = LAYERS * LAYER_MATRIX_ELEMENTS / (2 if zero else 1)
+        assert saved == pytest.approx(saved_per_element * elements, rel=1e-6)
         # the same from the built workload's facts
-        built = predict_memory(_workload(zero=zero, dp=2, optimizer="muon"), "h100-80g")
+        built = predict_memory(_workload(**base, optimizer="muon"), "h100-80g")
         assert built["peak_bytes"] == muon["peak_bytes"]
+        # and the optimizer step reads and writes one moment less per matrix element
+        steps = [
+            next(n for n in _workload(**base, optimizer=opt).rank_classes[0].nodes
+                 if n.name == "optimizer_step").tensor_size
+            for opt in ("adam", "muon")
+        ]  # fmt: skip
+        assert steps[0] - steps[1] == 2 * saved_per_element * elements
+
+
+def test_experts_share_over_expert_data_parallelism() -> None:
+    """With ep folded over dp, a routed expert's matrices are shared over edp, the dense ones
+    over dp; the memory predictor from options and from the workload agree."""
+    moe = dict(
+        model="moe", dmodel=256, dff=512, head=4, kvhead=4, num_stacks=2, seq=128, dvocal=1000,
+        experts=4, kexperts=2, batch=8, mixed_precision=True, optimizer="muon", zero=1,
+    )  # fmt: skip
+    for ep, dp in ((2, 4), (4, 4)):
+        o = GenerateOptions(**moe, ep=ep, dp=dp, ep_layout="fold")
+        workload = build_workload(o, load_registry(autoload=False))
+        rank = workload.rank_classes[0]
+        shares = {n.attrs["gemm"][1:]: n.attrs.get("share", 1.0) for n in _muon_nodes(rank)
+                  if n.attrs.get("op") == "muon_gram"}  # fmt: skip
+        assert shares[(256, 256, 256)] == pytest.approx(1 / dp)  # attention projections
+        # an expert's fc1 (2·512 x 256) and down (512 x 256): shared over edp = dp / ep
+        assert shares[(256, 256, 1024)] == pytest.approx(ep / dp)
+        assert shares[(256, 256, 512)] == pytest.approx(ep / dp)
+        options = predict_memory_options(o, "h100-80g", registry=load_registry(autoload=False))
+        assert predict_memory(workload, "h100-80g")["peak_bytes"] == options["peak_bytes"]
+
+
+def test_multi_token_prediction_layers_are_orthogonalized() -> None:
+    """DeepSeek's MTP modules sit in the head part: their matrices are Muon's too (the LM
+    head, a weight with a vocabulary dimension, stays Adam's)."""
+    counts = []
+    for depth in (0, 1):
+        o = GenerateOptions(**DEEPSEEK, mtp_depth=depth)
+        rank = build_workload(o, load_registry(autoload=False)).rank_classes[0]
+        counts.append(sum(n.attrs["gemm"][0] for n in _muon_nodes(rank)
+                          if n.attrs.get("op") == "muon_gram"))  # fmt: skip
+    assert counts[1] > counts[0]
+
+
+def test_explain_and_mfu_count_muon_as_optimizer_work() -> None:
+    registry = load_registry(autoload=False)
+    o = GenerateOptions(**LLAMA, optimizer="muon", tp=2)
+    report = predict_time_options(o, "h100-80g", registry=registry, explain=True)
+    adam = predict_time_options(
+        GenerateOptions(**LLAMA, tp=2), "h100-80g", registry=registry, explain=True
+    )
+    assert report["model_flops"] == adam["model_flops"]
+    assert report["hardware_flops"] > adam["hardware_flops"]
+    parts, adam_parts = report["explain"]["breakdown_s"], adam["explain"]["breakdown_s"]
+    assert parts["compute: optimizer"] > 10 * adam_parts["compute: optimizer"]
+    assert "communication: muon momentum all_gather (2 ranks)" in parts
 
 
 @pytest.mark.parametrize(
@@ -154,6 +219,7 @@ def test_one_state_where_adam_keeps_two() -> None:
         (["--optimizer", "muon", "--zero", "3"], "weight_sharded=true (zero=3) is not allowed"),
         (["--optimizer", "muon", "--muon_ns_steps", "0"], "muon_ns_steps=0 must be at least 1"),
         (["--optimizer", "muon", "--profile", "eager"], "allowed: profile=megatron"),
+        (["--muon_ns_steps", "7"], "muon_ns_steps=7 is Muon's: optimizer=adam is not allowed"),
         (
             ["--optimizer", "muon", "--phase", "decode", "--mixed_precision", "false"],
             "optimizer=muon is a training option",
@@ -190,13 +256,6 @@ def _priced_orthogonalization(m: int, n: int) -> float:
     _newton_schulz(out, [MuonMatrices(m, n, 1)], STEPS, [])
     system = load_system("h100-80g")
     return sum(compute_time(SimpleNamespace(**f), system) for f in out.nodes)
-
-
-DEEPSEEK = dict(
-    model="deepseek", dvocal=64, dmodel=32, dff=16, head=4, kvhead=4, dhead=8, seq=16,
-    num_stacks=3, experts=4, kexperts=2, shared_experts=1, dense_layers=1, dense_dff=48,
-    q_lora_rank=12, kv_lora_rank=16, drope=4, batch=4, optimizer="muon",
-)  # fmt: skip
 
 
 def test_fused_linear_layers_are_one_matrix() -> None:

@@ -1456,7 +1456,7 @@ def run_predictors(
                     "time)"
                 )
             reports[name] = memory_predictor.predict_analytic(
-                recorded, system, kernels=list(registry.kernels)
+                recorded, system, kernels=list(registry.kernels), registry=registry
             )
         else:
             raise UserError(

@@ -42,7 +42,6 @@ from stg.core.fp8 import (
 from stg.core.layout import UNFOLDED_AXIS_PARTS
 from stg.core.muon import (
     LAUNCHES_ATTR,
-    MUON_STATE_BYTES,
     NORMALIZE_BYTES_PER_ELEMENT,
     NORMALIZE_KERNELS,
     SHARE_ATTR,
@@ -2744,10 +2743,10 @@ def lower_stage(
     out.start_step()
     muon = merge(m for _, bp in held for m in bp.muon)
     orthogonalized = _newton_schulz(out, muon, plan.options.muon_ns_steps, final_nodes)
-    # Muon's parameters keep one fp32 state where Adam keeps two: a read and a write less
+    # Muon's parameters keep one state where Adam keeps two: a read and a write less
     muon_updated = min(updated, round(sum(x.count * x.local * x.share for x in muon)))
     step_bytes = updated * parts.optimizer_bytes_per_param
-    step_bytes -= muon_updated * 2 * MUON_STATE_BYTES
+    step_bytes -= muon_updated * 2 * DTYPE_BYTES[parts.optimizer_dtype]
     step = out.add(
         {
             "name": "optimizer_step",
@@ -2784,8 +2783,10 @@ def lower_stage(
             # ZeRO / FSDP: the replica's parameters and this rank's padded flat shard of them
             # (its optimizer states; also its gradients with ZeRO-2 and weights with ZeRO-3)
             "replica_parameters": sum(bp.replica_parameters for _, bp in held),
-            # the weights of the parts whose matrices Muon orthogonalizes (--optimizer muon)
-            "muon_parameters": sum(bp.replica_parameters for _, bp in held if bp.muon),
+            # the matrix elements Muon updates (--optimizer muon): held, and this rank's share
+            # under the layer-wise distributed optimizer
+            "muon_parameters": sum(x.count * x.local for x in muon),
+            "muon_shard_parameters": round(sum(x.count * x.local * x.share for x in muon)),
             "shard_parameters": updated,
             "layers": sum(1 for prefix, _ in held if prefix.startswith("layer")),
             # layers of each block kind on this stage (one kind, "block", for most models)
@@ -2819,7 +2820,11 @@ def _newton_schulz(
                 "comm_size": size,
                 "group_axes": axes,
                 "dtype": "fp32",
-                "attrs": {OP_ATTR: "muon_momentum_all_gather", **place},
+                "attrs": {
+                    OP_ATTR: "muon_momentum_all_gather",
+                    ROLE_ATTR: int(Role.ORTHOGONALIZE),
+                    **place,
+                },
             },
             deps,
         )
@@ -2837,6 +2842,7 @@ def _newton_schulz(
                 "dtype": "fp32",
                 "attrs": {
                     OP_ATTR: "muon_normalize",
+                    ROLE_ATTR: int(Role.ORTHOGONALIZE),
                     LAUNCHES_ATTR: NORMALIZE_KERNELS * x.count,
                     **extra,
                     **place,
@@ -2855,6 +2861,7 @@ def _newton_schulz(
                     "dtype": "bf16",
                     "attrs": {
                         OP_ATTR: f"muon_{role}",
+                        ROLE_ATTR: int(Role.ORTHOGONALIZE),
                         "gemm": (runs, m, n, k),
                         LAUNCHES_ATTR: runs,
                         **extra,

@@ -5,10 +5,12 @@ Megatron-Core's Muon (``--optimizer muon`` / ``dist_muon``, ``emerging_optimizer
 ``megatron/core/optimizer/emerging_optimizers.py`` and NVIDIA-NeMo/Emerging-Optimizers fd77292
 ``orthogonalized_optimizers/muon_utils.py``):
 
-- every 2-D weight of the layers is a matrix it orthogonalizes; embeddings, the output layer
-  and parameters that are not matrices (norms, biases) take the scalar optimizer, Adam
-  (``_is_nonlinear_or_embedding``). A weight here is a matrix where an einsum reads it with
-  dimensions it contracts (its inputs) and dimensions it writes (its outputs); dimensions
+- every 2-D weight is a matrix it orthogonalizes (the layers', and those of a head beside its
+  output layer: DeepSeek's multi-token prediction modules); embeddings, output layers (a
+  weight with a vocabulary dimension) and parameters that are not matrices (norms, biases)
+  take the scalar optimizer, Adam (``_is_nonlinear_or_embedding``). A weight here is a
+  matrix where an einsum reads it with dimensions it contracts (its inputs) and dimensions it
+  writes (its outputs); dimensions
   that the einsum's other operand and its output share too (a mixture's experts) count
   separate matrices, as Transformer Engine's grouped linear keeps one weight per expert;
   projections that the stack fuses into one linear layer (SwiGLU's gate and up in one
@@ -42,7 +44,12 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from stg.core.lowering import Binder
+    from stg.core.options import GenerateOptions
     from stg.core.symbolic import Op, Part, Tensor
+    from stg.host.registry import Registry
+
+VOCABULARY_DIM = "dvocal"
+"""The dimension that marks a weight as an embedding or an output layer (Adam's under Muon)."""
 
 OPTIMIZERS = ("adam", "muon")
 """The optimizers stg writes: Adam (fused, Megatron's and apex's; ``foreach`` AdamW under the
@@ -117,6 +124,8 @@ def matrix_dims(part: Part, weight: Tensor) -> tuple[list[int], list[int], list[
     """Indices of ``weight``'s dimensions that its einsum contracts, writes, and shares with
     its other operand and output (separate matrices), or None where no einsum reads it or it
     is not a matrix (no contracted or no written dimension)."""
+    if any(d.name == VOCABULARY_DIM for d in weight.dims):
+        return None  # an embedding or an output layer (an LM head, tied or not): Adam's
     found = _reader(part, weight)
     if found is None:
         return None
@@ -196,3 +205,25 @@ def merge(matrices: Iterable[MuonMatrices]) -> tuple[MuonMatrices, ...]:
     return tuple(
         MuonMatrices(m, n, c, d, g, loc) for (m, n, d, g, loc), c in sorted(counts.items())
     )
+
+
+def held_and_shared(matrices: Iterable[MuonMatrices]) -> tuple[int, float]:
+    """Matrix elements of ``matrices`` that one rank holds, and its share of them under the
+    layer-wise distributed optimizer (the elements whose state it keeps)."""
+    items = list(matrices)
+    return sum(x.count * x.local for x in items), sum(x.count * x.local * x.share for x in items)
+
+
+def part_parameters(options: GenerateOptions, registry: Registry) -> dict[str, tuple[int, float]]:
+    """Per part of ``options``' model (``embedding``, ``head`` and each block kind), the Muon
+    matrix elements one rank holds and its share of them (:func:`held_and_shared`): what the
+    memory predictor needs from options alone, from the bound parts, not the workload."""
+    from stg.core.pipeline import build_parts, validate_options
+
+    plan = validate_options(options, registry)
+    parts = build_parts(registry.models.get(options.model), plan)
+    out = {"embedding": held_and_shared(parts.embedding.muon)}
+    out["head"] = held_and_shared(parts.head.muon)
+    for kind, bp in parts.blocks.items():
+        out[kind] = held_and_shared(bp.muon)
+    return out

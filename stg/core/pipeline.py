@@ -183,7 +183,7 @@ def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> Model
             moe_dispatcher=o.moe_dispatcher,
             kexperts=o.kexperts,
             moe_gate=o.moe_gate,
-            muon=o.optimizer == "muon" and name not in ("embedding", "head"),
+            muon=o.optimizer == "muon",
             moe_dispatcher_sms=o.moe_dispatcher_sms,
         )
         bound[name] = with_attention_backend(bound[name], o.attention_backend)

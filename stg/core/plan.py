@@ -176,6 +176,11 @@ def _check_optimizer(o: GenerateOptions) -> None:
         f"optimizer={o.optimizer}; allowed: {', '.join(OPTIMIZERS)}",
     )
     _require(
+        o.optimizer == "muon" or o.muon_ns_steps == GenerateOptions.muon_ns_steps,
+        f"muon_ns_steps={o.muon_ns_steps} is Muon's: optimizer={o.optimizer} is not allowed; "
+        "allowed: optimizer=muon",
+    )
+    _require(
         o.muon_ns_steps >= 1,
         f"muon_ns_steps={o.muon_ns_steps} must be at least 1 (Newton-Schulz iterations)",
     )

@@ -72,6 +72,10 @@ class Role(IntEnum):
     """sequence parallelism's reduce-scatter over the tensor-parallel group"""
     FP8_AMAX = 5
     """Transformer Engine's amax reduction (concatenation, all-reduce, history update)"""
+    ORTHOGONALIZE = 6
+    """Muon's orthogonalization of the gradients before the optimizer step (its momentum
+    all-gather, normalisation and Newton-Schulz GEMMs: :mod:`stg.core.muon`): optimizer work,
+    not model FLOPs"""
 
 
 class PartCode(IntEnum):

@@ -496,7 +496,9 @@ def compute_time(
     if (getattr(node, "attrs", None) or {}).get(QUANTIZE_KERNEL_ATTR) is not None:
         seconds = recipe_quantize_time(node, system, profile)
         return max(seconds, EAGER_OP_HOST_S) if profile == "eager" and seconds else seconds
-    if calibration is not None:  # measured kernel times first (stg bench calibrate)
+    launches = (getattr(node, "attrs", None) or {}).get(LAUNCHES_ATTR)
+    if calibration is not None and launches is None:  # measured kernel times first
+        # (stg bench calibrate; not for a node of many kernels in turn, priced per kernel below)
         measured = calibration.node_time(node, default_dtype)
         if measured is not None:
             return measured

@@ -101,6 +101,7 @@ from stg.core.workload import (
     ROLE_ATTR,
     NodeType,
     Phase,
+    Role,
     node_op,
     node_part,
     node_phase,
@@ -1874,6 +1875,8 @@ def _flops(nodes: Iterable[Any]) -> tuple[int, int]:
                     attrs = node.attrs
                 except AttributeError:
                     attrs = None
+                if attrs and attrs.get(ROLE_ATTR) == Role.ORTHOGONALIZE:
+                    continue  # Muon's optimizer work: hardware FLOPs, not the model's
                 code = attrs.get(PHASE_ATTR) if attrs else None
                 if type(code) is int or type(code) is str:
                     again = recomputed.get(code)

@@ -1934,6 +1934,7 @@ EXPLAINED_ROLES = {
     Role.TP_ALL_GATHER: "tp",
     Role.TP_REDUCE_SCATTER: "tp",
     Role.PARAM_ALL_GATHER: "param",
+    Role.ORTHOGONALIZE: "muon momentum",
 }
 """How :func:`explain` names the nodes of a typed role (collectives, and the amax
 bookkeeping's kernels)."""
@@ -1969,7 +1970,7 @@ def explain(
             role = node_role(node)
             if node_phase(node) is Phase.RECOMPUTE:
                 key = "recompute"
-            elif role is Role.OPTIMIZER_STEP:
+            elif role is Role.OPTIMIZER_STEP or role is Role.ORTHOGONALIZE:
                 key = "optimizer"
             elif role is Role.FP8_AMAX:
                 key = "fp8 amax"
