@@ -422,7 +422,9 @@ def _evaluate_plans(work: _Work, options: Sequence[GenerateOptions]) -> list[tup
         except UserError as exc:
             out.append((f"divisibility: {normalize_reason(str(exc))}", None, None))
             continue
-        mem = _call(pricing.memory.predict_options, o, system, kernels=kernels)
+        # Muon's memory needs the model's weight matrices (its bound parts)
+        muon = {"registry": registry} if o.optimizer == "muon" else {}
+        mem = _call(pricing.memory.predict_options, o, system, kernels=kernels, **muon)
         if not mem.get("fits"):
             out.append(("memory: peak above the GPU's capacity", None, None))
             continue

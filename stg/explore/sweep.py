@@ -194,7 +194,9 @@ def evaluate(context: Context, task: tuple[str, int, Any, str]) -> dict[str, Any
         mem = None
         if memory.predict_options is not None:
             try:
-                mem = _call(memory.predict_options, options, system, kernels=kernels)
+                # Muon's memory needs the model's weight matrices (its bound parts)
+                muon = {"registry": registry} if getattr(options, "optimizer", "") == "muon" else {}
+                mem = _call(memory.predict_options, options, system, kernels=kernels, **muon)
             except UserError:
                 mem = None  # not from options alone (a serving phase): from the workload
         if mem is None:
