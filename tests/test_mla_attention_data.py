@@ -1,6 +1,6 @@
-"""Fused attention on an H100 at multi-head latent attention's head sizes
-(``benchmarks/measure_mla_attention.py``, tests/data/kernels/h100-mla-attention.jsonl) and at
-a tensor-parallel rank's sizes (``benchmarks/measure_shard_attention.py``).
+"""Fused attention on an H100 and an H200 at multi-head latent attention's head sizes
+(``benchmarks/measure_mla_attention.py``, tests/data/kernels/*-mla-attention.jsonl) and at a
+tensor-parallel rank's sizes (``benchmarks/measure_shard_attention.py``).
 
 stg prices MLA's fused attention (queries and keys of 128 + 64 = 192 channels a head, values
 of 128) as a kernel of the mean head size, 160, so that its FLOPs are the trace's
@@ -17,20 +17,25 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from stg.perf.kernel_time import attention_time
 from stg.perf.system import load_system
 
-DATA = Path(__file__).parent / "data" / "kernels" / "h100-mla-attention.jsonl"
+KERNELS = Path(__file__).parent / "data" / "kernels"
+DEVICES = [("h100", "h100-80g"), ("h200", "h200-141g")]
 
 
-def _rows() -> list[dict]:
-    return [json.loads(line) for line in DATA.read_text().splitlines()[1:]]
+def _rows(prefix: str, family: str) -> list[dict]:
+    data = KERNELS / f"{prefix}-{family}.jsonl"
+    return [json.loads(line) for line in data.read_text().splitlines()[1:]]
 
 
-def test_mla_attention_price_against_cudnn() -> None:
-    gpu = load_system("h100-80g").gpu
+@pytest.mark.parametrize(("prefix", "system"), DEVICES)
+def test_mla_attention_price_against_cudnn(prefix: str, system: str) -> None:
+    gpu = load_system(system).gpu
     checked = 0
-    for row in _rows():
+    for row in _rows(prefix, "mla-attention"):
         if row["backend"] != "cudnn" or row["heads"] != 128 or "error" in row:
             continue
         if (row["d_qk"], row["d_v"]) not in ((192, 128), (128, 128)):
@@ -44,10 +49,11 @@ def test_mla_attention_price_against_cudnn() -> None:
     assert checked == 4
 
 
-def test_flash_attention_refuses_unequal_head_sizes() -> None:
+@pytest.mark.parametrize(("prefix", "system"), DEVICES)
+def test_flash_attention_refuses_unequal_head_sizes(prefix: str, system: str) -> None:
     """PyTorch's FlashAttention-2 needs equal head sizes: MLA runs on cuDNN (as Transformer
     Engine runs it) or the memory-efficient kernel, 3-8x slower."""
-    rows = _rows()
+    rows = _rows(prefix, "mla-attention")
     assert all("error" in r for r in rows if r["backend"] == "flash" and r["d_qk"] != r["d_v"])
     cudnn = {(r["heads"], r["d_qk"], r["d_v"]): r for r in rows if r["backend"] == "cudnn"}
     efficient = {(r["heads"], r["d_qk"], r["d_v"]): r for r in rows if r["backend"] == "efficient"}
@@ -55,17 +61,15 @@ def test_flash_attention_refuses_unequal_head_sizes() -> None:
         assert row["backward_ms"] > 2.5 * cudnn[key]["backward_ms"]
 
 
-SHARD = Path(__file__).parent / "data" / "kernels" / "h100-shard-attention.jsonl"
-
-
-def test_shard_attention_price_where_the_kernel_is_saturated() -> None:
+@pytest.mark.parametrize(("prefix", "system"), DEVICES)
+def test_shard_attention_price_where_the_kernel_is_saturated(prefix: str, system: str) -> None:
     """Causal attention at one tensor-parallel rank's sizes (``measure_shard_attention.py``):
     where a call has at least 256k query rows over its heads (32 heads of 8,192 tokens, 16 of
     16,384) stg's price is within 15 % of cuDNN's and FlashAttention-2's; below that it is
-    too fast (0.27-0.9 of the measured time at 4-16 heads of 2,048-4,096 tokens): the fixed
+    too fast (0.14-0.9 of the measured time at 4-16 heads of 2,048-4,096 tokens): the fixed
     costs of a call and of its causal blocks that stg does not model yet."""
-    gpu = load_system("h100-80g").gpu
-    rows = [json.loads(line) for line in SHARD.read_text().splitlines()[1:]]
+    gpu = load_system(system).gpu
+    rows = _rows(prefix, "shard-attention")
     saturated = [r for r in rows if r["batch"] * r["heads"] * r["seq"] >= 262144]
     assert len(saturated) >= 12
     for row in saturated:

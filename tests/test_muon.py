@@ -29,7 +29,7 @@ from stg.predictors.analytical import predict_options as predict_analytical_opti
 from stg.predictors.memory import predict_memory, predict_memory_options
 from stg.predictors.time import predict_time_options
 
-DATA = Path(__file__).parent / "data" / "kernels" / "h100-newton-schulz.jsonl"
+KERNELS = Path(__file__).parent / "data" / "kernels"
 
 D, F, HEADS, KV_HEADS, LAYERS = 1024, 2816, 8, 2, 4
 LLAMA = dict(
@@ -241,8 +241,8 @@ def test_adam_traces_do_not_record_the_optimizer() -> None:
     assert recorded["optimizer"] == "muon" and recorded["muon_ns_steps"] == STEPS
 
 
-def _priced_orthogonalization(m: int, n: int) -> float:
-    """stg's seconds for one ``m x n`` matrix's whole orthogonalization on an H100."""
+def _priced_orthogonalization(m: int, n: int, system: str = "h100-80g") -> float:
+    """stg's seconds for one ``m x n`` matrix's whole orthogonalization on ``system``."""
 
     class Out:
         def __init__(self) -> None:
@@ -254,8 +254,7 @@ def _priced_orthogonalization(m: int, n: int) -> float:
 
     out = Out()
     _newton_schulz(out, [MuonMatrices(m, n, 1)], STEPS, [])
-    system = load_system("h100-80g")
-    return sum(compute_time(SimpleNamespace(**f), system) for f in out.nodes)
+    return sum(compute_time(SimpleNamespace(**f), load_system(system)) for f in out.nodes)
 
 
 def test_fused_linear_layers_are_one_matrix() -> None:
@@ -279,15 +278,18 @@ def test_fused_linear_layers_are_one_matrix() -> None:
     assert shapes[16, 32] == 2 * (4 + 1)  # the experts' down projections
 
 
-def test_orthogonalization_price_against_h100_measurements() -> None:
-    """benchmarks/measure_newton_schulz.py on an H100 (tests/data/kernels): the whole
-    orthogonalization (normalisation, casts, 5 iterations) of weight matrices of the models in
-    tests/data/runs. Matrices of 1536 rows and more are within 12 %; the skinny Gram GEMMs of
-    smaller ones (``m x m`` over a long ``n``) run slower than the tile model prices them."""
-    rows = [json.loads(line) for line in DATA.read_text().splitlines()[1:]]
+@pytest.mark.parametrize(("prefix", "system"), [("h100", "h100-80g"), ("h200", "h200-141g")])
+def test_orthogonalization_price_against_measurements(prefix: str, system: str) -> None:
+    """benchmarks/measure_newton_schulz.py on an H100 and an H200 (tests/data/kernels): the
+    whole orthogonalization (normalisation, casts, 5 iterations) of weight matrices of the
+    models in tests/data/runs. Matrices of 1536 rows and more are within 12 %; the skinny Gram
+    GEMMs of smaller ones (``m x m`` over a long ``n``) run slower than the tile model prices
+    them."""
+    data = KERNELS / f"{prefix}-newton-schulz.jsonl"
+    rows = [json.loads(line) for line in data.read_text().splitlines()[1:]]
     assert len(rows) >= 15
     for row in rows:
-        ratio = _priced_orthogonalization(row["m"], row["n"]) * 1e3 / row["whole_ms"]
+        ratio = _priced_orthogonalization(row["m"], row["n"], system) * 1e3 / row["whole_ms"]
         if row["m"] >= 1536:
             assert 0.88 <= ratio <= 1.12, (row, ratio)
         else:
