@@ -9,8 +9,9 @@ head and whose values have 128 (``v_head_dim``), through Transformer Engine's cu
 Each row is one causal ``scaled_dot_product_attention`` of one sequence under one SDPA
 backend (cuDNN, memory-efficient, flash), forward and backward, for the head sizes
 ``(d_qk, d_v)`` (192, 128) and the references (128, 128) and (192, 192): median milliseconds
-of 10 timed runs after 3 warm-ups by CUDA events. A backend that refuses a shape is written
-with its error. Needs PyTorch and a CUDA GPU.
+of 10 timed runs after 3 warm-ups by CUDA events; the backward through
+``torch.autograd.grad`` (no accumulation into ``.grad``). A backend that refuses a shape is
+written with its error. Needs PyTorch and a CUDA GPU.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def measure(torch: Any, backend: Any, heads: int, seq: int, dqk: int, dv: int) -
 
             def both() -> None:
                 out = sdpa(q, k, v, is_causal=True)
-                out.backward(grad)
+                torch.autograd.grad(out, (q, k, v), grad)
 
             total = median_ms(torch, both)
     except RuntimeError as error:
@@ -84,8 +85,8 @@ def main() -> int:
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version(),
         "method": "causal F.scaled_dot_product_attention of one sequence, bf16, under one SDPA "
-        "backend; forward alone and forward + backward, median of 10 after 3 warm-ups by CUDA "
-        "events; backward_ms = the difference",
+        "backend; forward alone and forward + torch.autograd.grad, median of 10 after 3 "
+        "warm-ups by CUDA events; backward_ms = the difference",
         "script": "benchmarks/measure_mla_attention.py",
     }
     with (args.out / f"{args.prefix}-mla-attention.jsonl").open("w") as out:

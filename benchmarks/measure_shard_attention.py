@@ -9,7 +9,13 @@ H100 has SMs times a few waves: the regime where a fused attention kernel's fixe
 its causal blocks' uneven work show. Each row is one causal
 ``scaled_dot_product_attention`` of ``batch`` sequences of ``heads`` heads of 128 (keys and
 values as many heads) under cuDNN or FlashAttention-2, forward and backward: median
-milliseconds of 10 timed runs after 3 warm-ups by CUDA events. Needs PyTorch and a CUDA GPU.
+milliseconds of 10 timed runs after 3 warm-ups by CUDA events; the backward through
+``torch.autograd.grad``, which returns the gradients without adding them into ``.grad`` (a
+``.backward()`` would time three accumulation kernels too). With ``--kernels`` it writes
+instead ``PREFIX-shard-attention-kernels.jsonl``: for the calls of :data:`PROFILED`, each
+kernel's device microseconds per forward and backward under ``torch.profiler`` (3 profiled
+calls after 3 warm-ups): which kernels a call runs beside the attention kernel itself. Needs
+PyTorch and a CUDA GPU.
 """
 
 from __future__ import annotations
@@ -27,6 +33,9 @@ from stg.bench.runner import time_back_to_back
 CASES = [(1, heads, seq) for heads in (4, 8, 16, 32, 64) for seq in (2048, 4096, 8192, 16384)]
 CASES += [(2, heads, seq) for heads in (8, 16) for seq in (4096, 8192)]
 """(batch, heads, seq)."""
+
+PROFILED = [(1, 4, 2048), (1, 8, 4096), (1, 64, 8192)]
+"""The calls whose kernels ``--kernels`` lists: two too short for stg's price, one saturated."""
 
 
 def median_ms(torch: Any, run: Any) -> float:
@@ -49,7 +58,7 @@ def measure(torch: Any, backend: Any, batch: int, heads: int, seq: int) -> dict[
             forward = median_ms(torch, lambda: sdpa(q, k, v, is_causal=True))
 
             def both() -> None:
-                sdpa(q, k, v, is_causal=True).backward(grad)
+                torch.autograd.grad(sdpa(q, k, v, is_causal=True), (q, k, v), grad)
 
             total = median_ms(torch, both)
     except RuntimeError as error:
@@ -57,10 +66,38 @@ def measure(torch: Any, backend: Any, batch: int, heads: int, seq: int) -> dict[
     return {"forward_ms": forward, "backward_ms": total - forward}
 
 
+def kernels(torch: Any, backend: Any, batch: int, heads: int, seq: int) -> dict[str, Any]:
+    """Device microseconds per call of each kernel of a forward and backward under
+    ``backend``."""
+    from torch.nn.attention import sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    shape = (batch, heads, seq, 128)
+    q, k, v = (
+        torch.randn(*shape, device="cuda", dtype=torch.bfloat16).requires_grad_() for _ in range(3)
+    )
+    grad = torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
+    with sdpa_kernel([backend]):
+        for _ in range(3):
+            torch.autograd.grad(sdpa(q, k, v, is_causal=True), (q, k, v), grad)
+        torch.cuda.synchronize()
+        activities = [torch.profiler.ProfilerActivity.CUDA]
+        with torch.profiler.profile(activities=activities) as prof:
+            for _ in range(3):
+                torch.autograd.grad(sdpa(q, k, v, is_causal=True), (q, k, v), grad)
+            torch.cuda.synchronize()
+    return {
+        e.key[:160]: [e.self_device_time_total / 3, e.count / 3]
+        for e in prof.key_averages()
+        if e.self_device_time_total > 0
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--prefix", default="gpu")
+    parser.add_argument("--kernels", action="store_true", help="list each call's kernels")
     args = parser.parse_args()
     try:
         torch = require_cuda("measure_shard_attention.py")
@@ -77,10 +114,23 @@ def main() -> int:
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version(),
         "method": "causal F.scaled_dot_product_attention, bf16, head size 128, under one SDPA "
-        "backend; forward alone and forward + backward, median of 10 after 3 warm-ups by CUDA "
-        "events; backward_ms = the difference",
+        "backend; forward alone and forward + torch.autograd.grad, median of 10 after 3 "
+        "warm-ups by CUDA events; backward_ms = the difference",
         "script": "benchmarks/measure_shard_attention.py",
     }
+    if args.kernels:
+        head["method"] = (
+            "kernels of a causal SDPA forward and backward (head size 128, bf16) under "
+            "torch.profiler: self device us per call and calls per call, 3 calls after 3 warm-ups"
+        )
+        with (args.out / f"{args.prefix}-shard-attention-kernels.jsonl").open("w") as out:
+            out.write(json.dumps(head) + "\n")
+            for name, backend in backends.items():
+                for batch, heads, seq in PROFILED:
+                    row = {"backend": name, "batch": batch, "heads": heads, "seq": seq}
+                    row["device_us"] = kernels(torch, backend, batch, heads, seq)
+                    out.write(json.dumps(row) + "\n")
+        return 0
     with (args.out / f"{args.prefix}-shard-attention.jsonl").open("w") as out:
         out.write(json.dumps(head) + "\n")
         for name, backend in backends.items():

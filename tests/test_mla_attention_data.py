@@ -5,11 +5,10 @@ tensor-parallel rank's sizes (``benchmarks/measure_shard_attention.py``).
 stg prices MLA's fused attention (queries and keys of 128 + 64 = 192 channels a head, values
 of 128) as a kernel of the mean head size, 160, so that its FLOPs are the trace's
 (:func:`stg.core.lowering._mean_head_dim`). cuDNN's kernel at 128 heads and 4,096 tokens
-measures forward within 5 % of that price and backward 14 % slower than it: a kernel whose
-``d_qk`` exceeds its ``d_v`` runs its backward below the rate of equal head sizes. These
-bounds keep the price where the measurement puts it; the 16-head rows (a rank's share at
-tensor parallelism 8) show the short-problem regime, which stg prices 20-30 % fast at any
-head size.
+measures within 6 % of that price forward and backward on both GPUs (the backward timed
+through ``torch.autograd.grad``: a ``.backward()`` adds three gradient-accumulation kernels,
+7-12 % of it). The 16-head rows (a rank's share at tensor parallelism 8) show the
+short-call regime, which stg prices 20 % fast at any head size.
 """
 
 from __future__ import annotations
@@ -44,7 +43,7 @@ def test_mla_attention_price_against_cudnn(prefix: str, system: str) -> None:
         for backward, key in ((False, "forward_ms"), (True, "backward_ms")):
             priced = attention_time(gpu, "cudnn", 1, 128, 4096, 4096, mean, backward=backward)
             ratio = priced * 1e3 / row[key]
-            assert 0.8 <= ratio <= 1.1, (row, backward, ratio)
+            assert 0.85 <= ratio <= 1.2, (row, backward, ratio)
             checked += 1
     assert checked == 4
 
@@ -65,9 +64,9 @@ def test_flash_attention_refuses_unequal_head_sizes(prefix: str, system: str) ->
 def test_shard_attention_price_where_the_kernel_is_saturated(prefix: str, system: str) -> None:
     """Causal attention at one tensor-parallel rank's sizes (``measure_shard_attention.py``):
     where a call has at least 256k query rows over its heads (32 heads of 8,192 tokens, 16 of
-    16,384) stg's price is within 15 % of cuDNN's and FlashAttention-2's; below that it is
-    too fast (0.14-0.9 of the measured time at 4-16 heads of 2,048-4,096 tokens): the fixed
-    costs of a call and of its causal blocks that stg does not model yet."""
+    16,384) stg's price is within 0.85-1.3 of cuDNN's and FlashAttention-2's; below that it
+    is too fast (0.11-0.9 of the measured time at 4-16 heads of 2,048-4,096 tokens):
+    docs/notes/attention-at-shard-sizes.md."""
     gpu = load_system(system).gpu
     rows = _rows(prefix, "shard-attention")
     saturated = [r for r in rows if r["batch"] * r["heads"] * r["seq"] >= 262144]
@@ -77,7 +76,7 @@ def test_shard_attention_price_where_the_kernel_is_saturated(prefix: str, system
         shape = (row["batch"], row["heads"], row["seq"], row["seq"], 128)
         for backward, key in ((False, "forward_ms"), (True, "backward_ms")):
             ratio = attention_time(gpu, impl, *shape, backward=backward) * 1e3 / row[key]
-            assert 0.85 <= ratio <= 1.25, (row, backward, ratio)
+            assert 0.85 <= ratio <= 1.3, (row, backward, ratio)
     small = [r for r in rows if r["batch"] * r["heads"] * r["seq"] <= 16384]
     for row in small:
         impl = "cudnn" if row["backend"] == "cudnn" else "flash2"
