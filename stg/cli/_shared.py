@@ -657,9 +657,8 @@ SPECS: dict[str, tuple[str, _Spec]] = {
         _TRAINING,
         _Spec(
             "The optimizer: adam (default) or muon, Megatron-Core's Muon: each weight matrix "
-            "of the layers orthogonalized by Newton-Schulz iterations (Adam for the "
-            "embedding, the head and non-matrix weights; with --zero 1 or 2 the layer-wise "
-            "distributed Muon).",
+            "orthogonalized by Newton-Schulz iterations (Adam for embeddings, output layers "
+            "and non-matrix weights; with --zero 1 or 2 the layer-wise distributed Muon).",
             metavar="adam|muon",
         ),
     ),

@@ -184,9 +184,9 @@ class GenerateOptions:
     (``None``, or ``-1`` as in the original STG, means one micro-batch: the whole batch).
     ``zero=3`` means ``weight_sharded=True`` (it is stored as that, with ``zero=0``).
     ``optimizer`` is ``adam`` (the default) or ``muon``: Megatron-Core's Muon, which
-    orthogonalizes each weight matrix of the layers with ``muon_ns_steps`` Newton-Schulz
-    iterations (Adam for the embedding, the head and non-matrix weights); with ``zero`` 1 or 2
-    it is Megatron's layer-wise distributed Muon (:mod:`stg.core.muon`).
+    orthogonalizes each weight matrix with ``muon_ns_steps`` Newton-Schulz iterations (Adam
+    for embeddings, output layers and non-matrix weights); with ``zero`` 1 or 2 it is
+    Megatron's layer-wise distributed Muon (:mod:`stg.core.muon`).
     ``attention`` is how the attention core runs: ``fused`` (one FlashAttention-class kernel
     forward and one backward, no score matrix in memory; every current stack) or ``unfused``
     (scores, softmax and context as separate kernels through memory). ``profile`` names how the
