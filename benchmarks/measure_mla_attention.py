@@ -38,15 +38,20 @@ def median_ms(torch: Any, run: Any) -> float:
     return statistics.median(times[3:])
 
 
-def measure(torch: Any, backend: Any, heads: int, seq: int, dqk: int, dv: int) -> dict[str, Any]:
+def measure(
+    torch: Any, backend: Any, heads: int, seq: int, dqk: int, dv: int, batch: int = 1
+) -> dict[str, Any]:
+    """Median forward and backward milliseconds of one causal SDPA call of ``batch``
+    sequences under ``backend``, or the error of a backend that refuses the shape."""
     from torch.nn.attention import sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
     def tensor(d: int) -> Any:
-        return torch.randn(1, heads, seq, d, device="cuda", dtype=torch.bfloat16).requires_grad_()
+        shape = (batch, heads, seq, d)
+        return torch.randn(*shape, device="cuda", dtype=torch.bfloat16).requires_grad_()
 
     q, k, v = tensor(dqk), tensor(dqk), tensor(dv)
-    grad = torch.randn(1, heads, seq, dv, device="cuda", dtype=torch.bfloat16)
+    grad = torch.randn(batch, heads, seq, dv, device="cuda", dtype=torch.bfloat16)
     try:
         with sdpa_kernel([backend]):
             forward = median_ms(torch, lambda: sdpa(q, k, v, is_causal=True))

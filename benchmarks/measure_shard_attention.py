@@ -22,13 +22,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from measure_mla_attention import measure
+
 from stg.bench import MissingDependencyError, require_cuda
-from stg.bench.runner import time_back_to_back
 
 CASES = [(1, heads, seq) for heads in (4, 8, 16, 32, 64) for seq in (2048, 4096, 8192, 16384)]
 CASES += [(2, heads, seq) for heads in (8, 16) for seq in (4096, 8192)]
@@ -36,34 +38,6 @@ CASES += [(2, heads, seq) for heads in (8, 16) for seq in (4096, 8192)]
 
 PROFILED = [(1, 4, 2048), (1, 8, 4096), (1, 64, 8192)]
 """The calls whose kernels ``--kernels`` lists: two too short for stg's price, one saturated."""
-
-
-def median_ms(torch: Any, run: Any) -> float:
-    times, _ = time_back_to_back(torch, run, warmup=3, iterations=10, min_event_ms=0, reps=1)
-    return statistics.median(times[3:])
-
-
-def measure(torch: Any, backend: Any, batch: int, heads: int, seq: int) -> dict[str, Any]:
-    from torch.nn.attention import sdpa_kernel
-    from torch.nn.functional import scaled_dot_product_attention as sdpa
-
-    def tensor() -> Any:
-        shape = (batch, heads, seq, 128)
-        return torch.randn(*shape, device="cuda", dtype=torch.bfloat16).requires_grad_()
-
-    q, k, v = tensor(), tensor(), tensor()
-    grad = torch.randn(batch, heads, seq, 128, device="cuda", dtype=torch.bfloat16)
-    try:
-        with sdpa_kernel([backend]):
-            forward = median_ms(torch, lambda: sdpa(q, k, v, is_causal=True))
-
-            def both() -> None:
-                torch.autograd.grad(sdpa(q, k, v, is_causal=True), (q, k, v), grad)
-
-            total = median_ms(torch, both)
-    except RuntimeError as error:
-        return {"error": str(error).splitlines()[0][:200]}
-    return {"forward_ms": forward, "backward_ms": total - forward}
 
 
 def kernels(torch: Any, backend: Any, batch: int, heads: int, seq: int) -> dict[str, Any]:
@@ -136,7 +110,8 @@ def main() -> int:
         for name, backend in backends.items():
             for batch, heads, seq in CASES:
                 row: dict[str, Any] = {"backend": name, "batch": batch, "heads": heads}
-                row |= {"seq": seq, "head_dim": 128, **measure(torch, backend, batch, heads, seq)}
+                timed = measure(torch, backend, heads, seq, 128, 128, batch)
+                row |= {"seq": seq, "head_dim": 128, **timed}
                 out.write(json.dumps(row) + "\n")
                 out.flush()
     return 0

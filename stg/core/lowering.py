@@ -46,6 +46,7 @@ from stg.core.muon import (
     NORMALIZE_KERNELS,
     SHARE_ATTR,
     MuonMatrices,
+    held_and_shared,
     merge,
     part_matrices,
 )
@@ -2743,8 +2744,9 @@ def lower_stage(
     out.start_step()
     muon = merge(m for _, bp in held for m in bp.muon)
     orthogonalized = _newton_schulz(out, muon, plan.options.muon_ns_steps, final_nodes)
+    muon_held, muon_shared = held_and_shared(muon)
     # Muon's parameters keep one state where Adam keeps two: a read and a write less
-    muon_updated = min(updated, round(sum(x.count * x.local * x.share for x in muon)))
+    muon_updated = min(updated, round(muon_shared))
     step_bytes = updated * parts.optimizer_bytes_per_param
     step_bytes -= muon_updated * 2 * DTYPE_BYTES[parts.optimizer_dtype]
     step = out.add(
@@ -2785,8 +2787,8 @@ def lower_stage(
             "replica_parameters": sum(bp.replica_parameters for _, bp in held),
             # the matrix elements Muon updates (--optimizer muon): held, and this rank's share
             # under the layer-wise distributed optimizer
-            "muon_parameters": sum(x.count * x.local for x in muon),
-            "muon_shard_parameters": round(sum(x.count * x.local * x.share for x in muon)),
+            "muon_parameters": muon_held,
+            "muon_shard_parameters": round(muon_shared),
             "shard_parameters": updated,
             "layers": sum(1 for prefix, _ in held if prefix.startswith("layer")),
             # layers of each block kind on this stage (one kind, "block", for most models)

@@ -96,10 +96,6 @@ class MuonMatrices:
         """This rank's fraction of the matrices' Newton-Schulz work."""
         return 1 / self.degree
 
-    def flops(self, steps: int) -> float:
-        """FLOPs of this rank's share of the iterations."""
-        return self.count * steps * (4 * self.m * self.m * self.n + 2 * self.m**3) / self.degree
-
     @property
     def gather_bytes(self) -> int:
         """fp32 momentum bytes this rank contributes to the all-gather over ``gather_axes``
@@ -205,6 +201,13 @@ def merge(matrices: Iterable[MuonMatrices]) -> tuple[MuonMatrices, ...]:
     return tuple(
         MuonMatrices(m, n, c, d, g, loc) for (m, n, d, g, loc), c in sorted(counts.items())
     )
+
+
+def node_count(matrices: Iterable[MuonMatrices]) -> int:
+    """Nodes that :func:`stg.core.lowering._newton_schulz` writes for a stage's ``matrices``:
+    four per shape group (:func:`merge`), one all-gather per group of splitting axes."""
+    merged = merge(matrices)
+    return 4 * len(merged) + len({x.gather_axes for x in merged if x.gather_axes})
 
 
 def held_and_shared(matrices: Iterable[MuonMatrices]) -> tuple[int, float]:

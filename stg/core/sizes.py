@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stg.core.lowering import BoundPart, ModelParts
+from stg.core.muon import MuonMatrices, node_count
 from stg.core.options import GenerateOptions
 from stg.core.plan import ParallelPlan, make_plan, recompute_tags
 from stg.core.precision import normalize_plan, plan_for_group
@@ -150,9 +151,7 @@ def _training_templates(model: object, plan: ParallelPlan, hybrid: bool) -> list
 
     counts = [1] * plan.stages  # the optimizer step
     replicated: set[int] = set()  # stages with one tp all-reduce of replicated gradients
-    # Muon's nodes: per shape group of a stage 4 (stg.core.lowering._newton_schulz), per
-    # group of axes that split matrices one all-gather
-    muon: list[set[tuple[object, ...]]] = [set() for _ in range(plan.stages)]
+    muon: list[list[MuonMatrices]] = [[] for _ in range(plan.stages)]  # Muon's, per stage
     for chunk in range(plan.chunks):
         stage = plan.chunk_stage(chunk)
         first, last = chunk == 0, chunk == plan.chunks - 1
@@ -162,13 +161,14 @@ def _training_templates(model: object, plan: ParallelPlan, hybrid: bool) -> list
             per_mb += layers * (forward(bp) + backward(bp, plan.recompute))
             counts[stage] += layers * once(bp, plan.recompute)
             if layers:
-                muon[stage].update((x.m, x.n, x.degree, x.gather_axes, x.local) for x in bp.muon)
+                muon[stage] += bp.muon
             if layers and bp.tp_replicated_reduce:
                 replicated.add(stage)
         for end, bp in ((first, parts.embedding), (last, parts.head)):
             if end:
                 per_mb += forward(bp) + backward(bp, "none")
                 counts[stage] += once(bp, "none")
+                muon[stage] += bp.muon  # a head's matrices beside its output layer (MTP)
                 if bp.tp_replicated_reduce:
                     replicated.add(stage)
         per_mb += 2 * ((not first) + (not last))  # receives and sends, forward and backward
@@ -178,8 +178,8 @@ def _training_templates(model: object, plan: ParallelPlan, hybrid: bool) -> list
         counts[stage] += m * per_mb
     for stage in replicated:
         counts[stage] += 1
-    for stage, keys in enumerate(muon):
-        counts[stage] += 4 * len(keys) + len({k[3] for k in keys if k[3]})
+    for stage, matrices in enumerate(muon):
+        counts[stage] += node_count(matrices)
     return counts
 
 
