@@ -20,9 +20,11 @@ Sections (default ``gpt3``):
 Each row is one ``stg predict`` process: CPU is its user + system time and peak RSS its
 ``ru_maxrss`` (``os.wait4``), startup included; ``--repeat N`` runs each row N times and
 keeps the run with the least CPU time (on a shared machine, the one least slowed by the
-others). ``--exact`` adds ``--exact`` (every
-micro-batch replayed) to the option rows. ``--whole`` adds, for the time predictor on GPT-3
-175B, a row that builds the whole workload and predicts from it
+others; the runs after the first read what the first stored in ``$STG_CACHE_DIR``: the
+analytical predictor's small workloads, the time predictor's bound model parts).
+``--exact`` adds ``--exact`` (every micro-batch replayed) to the option rows. ``--whole``
+adds, for the time predictor on GPT-3 175B, a row that builds the whole workload and
+predicts from it
 (``predict_time(build_workload(...))``, what ``stg predict`` did before it lowered only the
 micro-batches its replay needs).
 """

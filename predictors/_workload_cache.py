@@ -30,6 +30,7 @@ import pickle
 import sys
 import tempfile
 from collections.abc import Callable, Iterable
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -62,6 +63,12 @@ def cache_folder() -> Path | None:
             return None
         base = os.path.join(home, ".cache")
     return Path(base) / "stg" / SUBFOLDER
+
+
+def registry_plugins(registry: Any) -> list[tuple[object, ...]]:
+    """What an entry's key names of the registry: each plugin's name, distribution, version
+    and source."""
+    return [(p.name, p.dist, p.version, p.source) for p in registry.plugins]
 
 
 def entry_key(options: Any, plugins: Iterable[tuple[object, ...]]) -> str:
@@ -208,3 +215,37 @@ def cached(key: str, build: Callable[[], T]) -> T:
         value = build()
         store(key, value)
     return value
+
+
+_REGISTRIES: dict[int, Any] = {}
+"""The registries :func:`layer_kinds` was asked about, by id (its memo's key)."""
+
+
+def layer_kinds(options: Any, registry: Any) -> int:
+    """How many block kinds the model's layer stack for ``options`` has (0: none). A deferred
+    built-in model not imported yet is not imported for it where an entry has the count; an
+    imported model counts at once (no entry per plan of a search)."""
+    _REGISTRIES[id(registry)] = registry
+    return _cached_layer_kinds(options, id(registry))
+
+
+@lru_cache(maxsize=2048)
+def _cached_layer_kinds(options: Any, registry_id: int) -> int:
+    registry = _REGISTRIES[registry_id]
+
+    def count() -> int:
+        model = registry.models.get(options.model)
+        return len({kind for kind, _, _ in model.layer_runs(options.as_dict())})
+
+    if not registry.models.pending(options.model):
+        return count()
+    return cached(entry_key(("layer kinds", options), registry_plugins(registry)), count)
+
+
+def store_layer_kinds(options: Any, registry: Any) -> None:
+    """Store :func:`layer_kinds` of ``options`` (whose model is imported now) where no entry
+    has it: for a caller that stores an entry of these options anyway (the time predictor's
+    bound parts), so that the next process reads both without importing the model."""
+    key = entry_key(("layer kinds", options), registry_plugins(registry))
+    if load(key) is None:
+        store(key, layer_kinds(options, registry))

@@ -609,7 +609,7 @@ def unlike_layers(o: GenerateOptions, registry: Any) -> bool:
         return True
     if registry is None:
         return False
-    return _layer_kinds(o, registry) > 1
+    return workload_cache.layer_kinds(o, registry) > 1
 
 
 def stack_options(o: GenerateOptions) -> GenerateOptions:
@@ -922,35 +922,9 @@ def _cached_build(options: GenerateOptions, registry_id: int) -> Any:
 
         return build_workload(options, registry)
 
-    return workload_cache.cached(workload_cache.entry_key(options, _plugins(registry)), build)
-
-
-def _layer_kinds(options: GenerateOptions, registry: Any) -> int:
-    """How many block kinds the model's layer stack for ``options`` has. A deferred built-in
-    model not imported yet is not imported for it where the cache beside the workloads has
-    it; an imported model counts at once (no entry per plan of a search)."""
-    _REGISTRIES[id(registry)] = registry
-    return _cached_layer_kinds(options, id(registry))
-
-
-@lru_cache(maxsize=2048)
-def _cached_layer_kinds(options: GenerateOptions, registry_id: int) -> int:
-    registry = _REGISTRIES[registry_id]
-
-    def count() -> int:
-        model = registry.models.get(options.model)
-        return len({kind for kind, _, _ in model.layer_runs(options.as_dict())})
-
-    if not registry.models.pending(options.model):
-        return count()
-    key = workload_cache.entry_key(("layer kinds", options), _plugins(registry))
-    return workload_cache.cached(key, count)
-
-
-def _plugins(registry: Any) -> list[tuple[object, ...]]:
-    """What a cache entry's key names of the registry: each plugin's name, distribution,
-    version and source."""
-    return [(p.name, p.dist, p.version, p.source) for p in registry.plugins]
+    return workload_cache.cached(
+        workload_cache.entry_key(options, workload_cache.registry_plugins(registry)), build
+    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -129,6 +129,7 @@ from stg.api import (
     recompute_units,
 )
 from stg.errors import UserError
+from stg.predictors import _workload_cache as workload_cache
 
 MASK_BYTES = 1
 FUSED_STATS_BYTES = 4
@@ -1965,7 +1966,7 @@ def predict_memory_options(
 def _from_options_alone(o: GenerateOptions, system: System, registry: Any) -> bool:
     if o.inference or is_hybrid(system):
         return False
-    return bool(registry.models.get(o.model).layer_runs(o.as_dict()))
+    return workload_cache.layer_kinds(o, registry) > 0
 
 
 def _memory_report(classes: list[dict[str, Any]], system: System) -> dict[str, Any]:

@@ -72,6 +72,7 @@ from stg.api import (
 from stg.api import replay_engine as engine
 from stg.api import unit_flops as engine_unit_flops
 from stg.errors import TraceError, UserError, write_replacing
+from stg.predictors import _workload_cache as workload_cache
 
 COMPUTE, COLL, SEND, RECV = engine.COMPUTE, engine.COLL, engine.SEND, engine.RECV
 
@@ -575,16 +576,19 @@ def _predict_time_options(
         tries = lowered_micro_batches(options, system)
     checked: dict[int, int] = {}
     size_option = "--max-nodes" if max_nodes is not None else None  # the CLI's, when given
+    parts = _bound_parts(options, registry) if tries else None
     for built, period in tries:
         # the lowered workload's size is that of the run with ``built`` micro-batches
         per_micro_batch = options.micro_batch or options.batch
         check_size(
-            estimate_size(replace(options, batch=built * per_micro_batch), registry),
+            estimate_size(replace(options, batch=built * per_micro_batch), registry, parts),
             max_nodes,
             option=size_option,
         )
         try:
-            lowered = build_workload(options, registry, progress, lowered_micro_batches=built)
+            lowered = build_workload(
+                options, registry, progress, lowered_micro_batches=built, parts=parts
+            )
         except ValueError:  # a schedule whose shorter orders are not its prefixes
             break
         try:
@@ -605,6 +609,23 @@ def _predict_time_options(
         check_size(estimate_size(options, registry), max_nodes, option=size_option)
         workload = build_workload(options, registry, progress)
     return predict_time(workload, system, checked=checked, **kwargs)
+
+
+def _bound_parts(options: GenerateOptions, registry: Any) -> Any:
+    """:func:`stg.api.detached_parts` of ``options``, kept on disk beside the analytical
+    predictor's workloads (``predictors/_workload_cache.py``: an entry is used only while every
+    module file that built it is unchanged): a process that finds them lowers the workload
+    without the symbolic core (sympy's import alone is a fifth of a prediction's time)."""
+    key = workload_cache.entry_key(
+        ("bound parts", options), workload_cache.registry_plugins(registry)
+    )
+    parts = workload_cache.load(key)
+    if parts is None:
+        parts = stg.api.detached_parts(options, registry)
+        if parts is not None:
+            workload_cache.store(key, parts)
+            workload_cache.store_layer_kinds(options, registry)  # the memory predictor's
+    return parts
 
 
 def overlap_options(options: Mapping[str, Any]) -> dict[str, bool]:

@@ -73,7 +73,7 @@ if TYPE_CHECKING:
     from stg.core.muon import part_parameters as muon_part_parameters
     from stg.core.offload import check_offload, held_activation_peak
     from stg.core.options import GenerateOptions, OptionError
-    from stg.core.pipeline import build_workload, name_in_micro_batch
+    from stg.core.pipeline import build_workload, detached_parts, name_in_micro_batch
     from stg.core.plan import (
         chunk_layer_counts,
         expert_zero_degree,
@@ -154,6 +154,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "GenerateOptions": ("stg.core.options", "GenerateOptions"),
     "OptionError": ("stg.core.options", "OptionError"),
     "build_workload": ("stg.core.pipeline", "build_workload"),
+    "detached_parts": ("stg.core.pipeline", "detached_parts"),
     "chunk_layer_counts": ("stg.core.plan", "chunk_layer_counts"),
     "layout_of": ("stg.core.plan", "layout_of"),
     "expert_zero_degree": ("stg.core.plan", "expert_zero_degree"),
@@ -333,6 +334,7 @@ __all__ = [
     "comm_time",
     "compute_time",
     "default_cast_model",
+    "detached_parts",
     "device_of",
     "estimate_size",
     "expert_capacity",

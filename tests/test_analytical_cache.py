@@ -198,7 +198,7 @@ def test_a_report_from_workloads_read_back_is_the_same(
     for _ in range(2):
         # a new process: only the disk remembers, and the built-in models are not imported
         analytical._cached_build.cache_clear()
-        analytical._cached_layer_kinds.cache_clear()
+        cache._cached_layer_kinds.cache_clear()
         registry = load_registry(autoload=False)
         get = registry.models.get
         monkeypatch.setattr(registry.models, "get", lambda n, get=get: models.append(n) or get(n))
@@ -228,7 +228,7 @@ def test_an_imported_model_counts_its_block_kinds_without_an_entry(folder: Path)
 
     registry = load_registry(autoload=False)
     registry.models.get("deepseek")  # imported, as in a search after its first plan
-    analytical._cached_layer_kinds.cache_clear()
+    cache._cached_layer_kinds.cache_clear()
     options = GenerateOptions(model="deepseek", num_stacks=4, dense_layers=1, batch=8)
     assert analytical.unlike_layers(options, registry)  # dense and MoE layers
     assert not list(folder.glob("*.pickle"))  # none per plan of a search

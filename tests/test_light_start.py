@@ -264,3 +264,21 @@ def test_the_preset_files_are_read_when_the_presets_are_first_read() -> None:
     assert "stg.models.presets" not in modules
     modules = imported("--exec", "import stg.host.registry as r; r.load_registry().presets.names()")
     assert "stg.models.presets" in modules
+
+
+PIPELINED = ["--model", "gpt", "--num_stacks", "8", "--pp", "4", "--dp", "2", "--batch", "64",
+             "--micro_batch", "2", "--json"]  # fmt: skip
+
+
+def test_a_default_prediction_from_the_cache_lowers_its_workload_without_sympy(
+    tmp_path: Path,
+) -> None:
+    # the time predictor lowers the micro-batches its periodic replay needs from the model's
+    # bound parts, which it keeps on disk: a second process reads them back
+    env = {"STG_CACHE_DIR": str(tmp_path)}
+    first = imported("predict", *PIPELINED, env=env)
+    assert "sympy" in first and "stg.models.gpt" in first
+    modules = imported("predict", *PIPELINED, env=env)
+    assert "stg.core.lowering" in modules and "stg.predictors.time" in modules
+    assert not modules & {"sympy", "mpmath", "stg.core.symbolic", "stg.core.autodiff"}
+    assert not {m for m in modules if m.startswith("stg.models.")} - {"stg.models.presets"}

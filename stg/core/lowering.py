@@ -14,11 +14,8 @@ from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Se
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from math import prod
-from typing import Any, NamedTuple, overload
+from typing import TYPE_CHECKING, Any, NamedTuple, overload
 
-import sympy
-
-from stg.core.autodiff import OWN_BUCKET, TP_REPLICATED_GRAD
 from stg.core.fp8 import (
     ALL_REDUCE,
     AMAX_AXES,
@@ -81,7 +78,7 @@ from stg.core.routing import (
     RANDOM_GATE,
 )
 from stg.core.schedules import ep_overlap_groups
-from stg.core.symbolic import Dim, Op, Part, Tensor, is_routed_expert
+from stg.core.sharding import OWN_BUCKET, TP_REPLICATED_GRAD
 from stg.core.torch_context_parallel import (
     TORCH_ALL_GATHER,
     splits_like_torch,
@@ -104,6 +101,11 @@ from stg.core.workload import (
     Role,
     part_attrs,
 )
+
+if TYPE_CHECKING:
+    import sympy
+
+    from stg.core.symbolic import Dim, Op, Part, Tensor
 
 DIM_OPTION = {
     "batch": "micro_batch",
@@ -149,6 +151,8 @@ class Binder:
     def size(self, d: Dim) -> int:
         cached = self._dims.get(d.size)
         if cached is None:
+            import sympy  # binding runs the symbolic core; lowering bound parts does not
+
             value = sympy.sympify(sympy.sympify(d.size).xreplace(self.values))
             if not value.is_Integer:
                 raise OptionError(
@@ -177,6 +181,8 @@ class Binder:
         """A scale (an einsum's computed fraction) as an exact number for this run."""
         cached = self._fractions.get(expr)
         if cached is None:  # a few distinct scales, each asked for by many ops
+            import sympy
+
             value = sympy.sympify(expr).xreplace(self.values)
             cached = self._fractions[expr] = Fraction(str(sympy.nsimplify(value)))
         return cached
@@ -1082,7 +1088,9 @@ def _any_collective(op: BoundOp) -> object | None:
 class BoundPart:
     """A part bound to integers: forward, backward and once-per-iteration reduce ops."""
 
-    part: Part
+    part: Part | None
+    """the symbolic part bound (None once detached: :func:`stg.core.pipeline.detached_parts`;
+    lowering reads only the fields below)"""
     forward: list[BoundOp]
     backward: list[BoundOp]
     reduce: list[BoundOp]
@@ -1216,6 +1224,8 @@ def _zero_shard(
     """Elements of one rank's ZeRO / FSDP shards of ``weights``: one flat buffer per degree
     (``degree``, or over ``axes`` less those that split a weight's dimensions; a routed
     expert's, split over ``ep``, over ``edp``: :meth:`GraphBuilder._zero_axes_of`)."""
+    from stg.core.symbolic import is_routed_expert
+
     by_degree: dict[int, list[Tensor]] = {}
     expert_dp = binder.mesh_axes("edp")
     for w in weights:

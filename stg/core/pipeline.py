@@ -9,7 +9,6 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from stg.core.attention_backend import runs_fused_attention, with_attention_backend
-from stg.core.autodiff import build_backward, build_grad_reduction
 from stg.core.dtensor import (
     DTENSOR_PROFILES,
     with_replicated_grads_reduced_first,
@@ -26,7 +25,6 @@ from stg.core.lowering import (
     bind_part,
     lower_stage,
 )
-from stg.core.modelinfo import saved_activations
 from stg.core.options import GenerateOptions, OptionError, ReadOptions, check_options_read
 from stg.core.plan import ParallelPlan, make_plan
 from stg.core.precision import (
@@ -40,27 +38,6 @@ from stg.core.precision import (
 )
 from stg.core.recipes import DEFAULT_RECIPE, model_kind, split_bf16_layers, training_recipe
 from stg.core.routing import DISPATCHER_ATTR, NCCL_DISPATCHER, expert_capacity
-from stg.core.symbolic import (
-    Capacity,
-    Dff,
-    DffDense,
-    DHead,
-    Dmodel,
-    DRope,
-    Dvocal,
-    Experts,
-    GraphBuilder,
-    Head,
-    KExperts,
-    KVHead,
-    KVLora,
-    MicroBatch,
-    Part,
-    QLora,
-    Seq,
-    SharedExperts,
-    Tensor,
-)
 from stg.core.torch_context_parallel import lowered_cp_comm_type
 from stg.core.torchtitan import NORM_TYPES, with_fp32_cross_entropy, with_torchtitan_kernels
 from stg.core.validation import validate_options
@@ -69,6 +46,7 @@ from stg.errors import UserError
 from stg.host.records import Model, PipelineSchedule
 
 if TYPE_CHECKING:
+    from stg.core.symbolic import Part
     from stg.host.registry import Registry
 
 Progress = Callable[[str, int, int], None]
@@ -76,6 +54,25 @@ Progress = Callable[[str, int, int], None]
 
 def symbol_values(options: GenerateOptions) -> dict[Any, int]:
     """Integer values of the standard dimension symbols for one run."""
+    from stg.core.symbolic import (
+        Capacity,
+        Dff,
+        DffDense,
+        DHead,
+        Dmodel,
+        DRope,
+        Dvocal,
+        Experts,
+        Head,
+        KExperts,
+        KVHead,
+        KVLora,
+        MicroBatch,
+        QLora,
+        Seq,
+        SharedExperts,
+    )
+
     micro_batch = options.micro_batch or options.batch
     tokens = micro_batch * options.seq
     capacity = expert_capacity(options, tokens)
@@ -109,6 +106,10 @@ def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> Model
     """Build, differentiate and bind the embedding, block and head of ``model``; ``hybrid``:
     for device groups that run different precision plans (their gradient collectives must be
     the same: a cast weight's gradient is reduced with the weight's, in its bucket)."""
+    # the symbolic core (sympy) loads here: lowering parts bound already does not need it
+    from stg.core.autodiff import build_backward, build_grad_reduction
+    from stg.core.symbolic import GraphBuilder, Part, Tensor
+
     o = plan.options
     binder = Binder(symbol_values(o), plan.degrees, plan.axis_parts)
     bound: dict[str, BoundPart] = {}
@@ -306,6 +307,8 @@ def _fp8_signature(parts: ModelParts) -> tuple[object, ...]:
 
 def saved_bytes(part: Part, binder: Binder) -> int:
     """Bytes of the tensors one rank keeps from a part's forward for its backward."""
+    from stg.core.modelinfo import saved_activations
+
     return sum(binder.nbytes(t) for t in saved_activations(part))
 
 
@@ -322,6 +325,8 @@ def layer_saved_bytes(part: Part, binder: Binder, fused: bool) -> int:
     kept as this rank's shard and gathered again in the backward (Megatron-LM core 0.20.0's
     ``LinearWithGradAccumulationAndAsyncCommunication`` and Transformer Engine v2.10's
     ``Linear`` save the local input under ``sequence_parallel``)."""
+    from stg.core.modelinfo import saved_activations
+
     kept = saved_activations(part)
     tp = binder.mesh_axes("tp")
 
@@ -448,12 +453,41 @@ def _routes_experts(part: Any) -> bool:
     return any(DISPATCHER_ATTR in dict(op.attrs) for op in part.forward)
 
 
+def detached_parts(options: GenerateOptions, registry: Registry) -> ModelParts | None:
+    """The bound parts that :func:`build_workload` lowers for ``options``, without the
+    symbolic parts they were bound from: what a caller keeps (a pickle) to build the same
+    model's workloads again with ``parts``, where lowering imports no symbolic core (sympy).
+    None where a build takes more than these parts: device groups (a set per precision
+    variant), a serving phase, or a precision plan (its patterns are checked against the
+    symbolic graph on every build)."""
+    if options.inference or options.placement or options.precision:
+        return None
+    plan = validate_options(options, registry)
+    parts = build_parts(registry.models.get(options.model), plan)
+    detached: dict[int, BoundPart] = {}
+
+    def detach(bp: BoundPart) -> BoundPart:
+        found = detached.get(id(bp))
+        if found is None:
+            found = detached[id(bp)] = replace(bp, part=None)
+        return found
+
+    return replace(
+        parts,
+        embedding=detach(parts.embedding),
+        block=detach(parts.block),
+        head=detach(parts.head),
+        blocks={kind: detach(bp) for kind, bp in parts.blocks.items()},
+    )
+
+
 def build_workload(
     options: GenerateOptions,
     registry: Registry,
     progress: Progress | None = None,
     *,
     lowered_micro_batches: int | None = None,
+    parts: ModelParts | None = None,
 ) -> Workload:
     """Build the workload of one training iteration (or, with ``options.phase``, of a serving
     run: :mod:`stg.core.inference`) for every rank.
@@ -463,13 +497,16 @@ def build_workload(
     other periods): every stage's schedule keeps its steps of those micro-batches, in order,
     which must be the schedule's own order for that many micro-batches (else ValueError);
     the rest (parameters, the optimizer, the metadata's options and ``micro_batches``) is the
-    whole iteration's, and the metadata records ``lowered_micro_batches``."""
+    whole iteration's, and the metadata records ``lowered_micro_batches``.
+
+    ``parts``: :func:`detached_parts` of these options (of a build before), lowered as they
+    are: the symbolic core is not run (ValueError where ``detached_parts`` gives none)."""
     # hundreds of thousands of nodes, none in a reference cycle: the cyclic collector would
     # only scan them, again and again as they pile up
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _build_workload(options, registry, progress, lowered_micro_batches)
+        return _build_workload(options, registry, progress, lowered_micro_batches, parts)
     finally:
         if enabled:
             gc.enable()
@@ -480,19 +517,22 @@ def _build_workload(
     registry: Registry,
     progress: Progress | None,
     lowered_micro_batches: int | None,
+    given: ModelParts | None = None,
 ) -> Workload:
     plan = validate_options(options, registry)
-    model = registry.models.get(options.model)
+    if given is not None and (options.inference or options.placement or options.precision):
+        raise ValueError("bound parts are lowered as given only where detached_parts gives some")
     if options.inference:  # prefill, decode, mixed: forward only, with a KV cache
         from stg.core.inference import build_inference_workload
 
-        return build_inference_workload(options, plan, model, progress)
+        return build_inference_workload(options, plan, registry.models.get(options.model), progress)
     schedule: PipelineSchedule = registry.schedules.get(options.pipeline_schedule)
     rank_groups, group_plans = _device_group_plans(options)
     variants = list(dict.fromkeys(group_plans.values())) or [normalize_plan(options.precision)]
-    variant_parts = []
-    for precision in variants:
+    variant_parts = [given] if given is not None else []
+    for precision in variants if given is None else ():
         o = replace(options, precision=precision, placement=())
+        model = registry.models.get(options.model)
         parts = build_parts(model, plan if o == options else make_plan(o), bool(rank_groups))
         if precision:
             _warn_unknown_plan_ops(o, parts)

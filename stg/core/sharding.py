@@ -22,6 +22,24 @@ from stg.core.workload import CollectiveType
 Axes = frozenset[str]
 NO_AXES: Axes = frozenset()
 
+OWN_BUCKET = "own_bucket"
+"""The tag of the once-per-iteration collectives of a weight that Megatron-LM's distributed
+optimizer keeps in a bucket of its own (``_does_param_require_new_bucket`` in
+``megatron/core/distributed/param_and_grad_buffer.py``, core_v0.15.0: a shared embedding),
+so that the first and the last pipeline stage shard it alike: lowering fuses them with no
+other collective."""
+
+
+TP_REPLICATED_GRAD = "tp_replicated_grad"
+"""The tag of the tensor-parallel all-reduce of a gradient that is partial over the
+tensor-parallel group although its weight is not split over it (sequence parallelism's layer
+norms, biases and routers: Megatron-LM's ``sequence_parallel`` parameters). Megatron-LM
+reduces these gradients over the data-parallel ranks in their buckets like any other, then,
+after ``finish_grad_sync``, all-reduces all of them over the tensor-parallel group in one
+coalesced all-reduce per iteration (``_allreduce_non_tensor_model_parallel_grads`` in
+``megatron/core/distributed/finalize_model_grads.py``, core_v0.15.0): lowering fuses the tagged
+all-reduces of a stage's parts into that one collective before the optimizer step."""
+
 
 @dataclass(frozen=True, slots=True)
 class Sharding:

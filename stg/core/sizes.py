@@ -68,12 +68,18 @@ class WorkloadSize:
     disk_bytes: int
 
 
-def estimate_size(options: GenerateOptions, registry: Registry) -> WorkloadSize:
-    """The size of the workload of ``options``, from its plan and bound model parts; raises
-    what :func:`stg.core.pipeline.validate_options` raises on bad options."""
-    from stg.core.pipeline import validate_options
+def estimate_size(
+    options: GenerateOptions, registry: Registry, parts: ModelParts | None = None
+) -> WorkloadSize:
+    """The size of the workload of ``options``, from its plan and bound model parts
+    (``parts``: :func:`stg.core.pipeline.detached_parts` of options that differ at most in
+    the batch, where known; else built); raises what
+    :func:`stg.core.pipeline.validate_options` raises on bad options."""
+    from stg.core.validation import validate_options
 
     plan = validate_options(options, registry)
+    if parts is not None and not options.inference and not options.placement:
+        return _sized(options, plan, _stage_templates(parts, plan), 1)
     model = registry.models.get(options.model)
     variants = _precision_variants(options)
     per_stage = [0] * plan.stages
@@ -85,9 +91,16 @@ def estimate_size(options: GenerateOptions, registry: Registry) -> WorkloadSize:
         else:
             counts = _training_templates(model, variant_plan, bool(options.placement))
         per_stage = [max(a, b) for a, b in zip(per_stage, counts, strict=True)]
+    return _sized(options, plan, per_stage, len(variants))
+
+
+def _sized(
+    options: GenerateOptions, plan: ParallelPlan, per_stage: list[int], variants: int
+) -> WorkloadSize:
+    """The size of a workload of ``per_stage`` templates per stage, one set per variant."""
     ranks = options.world_size
     nodes = sum(per_stage) * (ranks // plan.stages)
-    templates = sum(per_stage) * len(variants)
+    templates = sum(per_stage) * variants
     disk = DISK_BYTES_PER_NODE.get(options.format, max(DISK_BYTES_PER_NODE.values()))
     return WorkloadSize(
         nodes=nodes,
@@ -110,7 +123,11 @@ def _training_templates(model: object, plan: ParallelPlan, hybrid: bool) -> list
     """Node templates of each stage of a training iteration (see the module docstring)."""
     from stg.core.pipeline import build_parts
 
-    parts = build_parts(model, plan, hybrid)  # type: ignore[arg-type]
+    return _stage_templates(build_parts(model, plan, hybrid), plan)  # type: ignore[arg-type]
+
+
+def _stage_templates(parts: ModelParts, plan: ParallelPlan) -> list[int]:
+    """:func:`_training_templates` of model parts bound already."""
     o = plan.options
     m = plan.micro_batches
     fp8 = o.te_delayed_scaling and _has_fp8(parts)
