@@ -576,7 +576,7 @@ def _predict_time_options(
         tries = lowered_micro_batches(options, system)
     checked: dict[int, int] = {}
     size_option = "--max-nodes" if max_nodes is not None else None  # the CLI's, when given
-    parts = _bound_parts(options, registry) if tries else None
+    parts = _bound_parts(options, registry) if workload is None else None
     for built, period in tries:
         # the lowered workload's size is that of the run with ``built`` micro-batches
         per_micro_batch = options.micro_batch or options.batch
@@ -606,8 +606,8 @@ def _predict_time_options(
         report["replay"]["lowered_micro_batches"] = built
         return report
     if workload is None:
-        check_size(estimate_size(options, registry), max_nodes, option=size_option)
-        workload = build_workload(options, registry, progress)
+        check_size(estimate_size(options, registry, parts), max_nodes, option=size_option)
+        workload = build_workload(options, registry, progress, parts=parts)
     return predict_time(workload, system, checked=checked, **kwargs)
 
 

@@ -266,19 +266,21 @@ def test_the_preset_files_are_read_when_the_presets_are_first_read() -> None:
     assert "stg.models.presets" in modules
 
 
-PIPELINED = ["--model", "gpt", "--num_stacks", "8", "--pp", "4", "--dp", "2", "--batch", "64",
-             "--micro_batch", "2", "--json"]  # fmt: skip
+PIPELINED = ["--model", "gpt", "--num_stacks", "8", "--pp", "4", "--dp", "2", "--micro_batch",
+             "2", "--json"]  # fmt: skip
 
 
+@pytest.mark.parametrize("batch", ["64", "8"], ids=["periodic", "whole"])
 def test_a_default_prediction_from_the_cache_lowers_its_workload_without_sympy(
-    tmp_path: Path,
+    batch: str, tmp_path: Path
 ) -> None:
-    # the time predictor lowers the micro-batches its periodic replay needs from the model's
-    # bound parts, which it keeps on disk: a second process reads them back
+    # the time predictor lowers the micro-batches its periodic replay needs (or, at 4
+    # micro-batches on 4 stages, all of them) from the model's bound parts, which it keeps on
+    # disk: a second process reads them back
     env = {"STG_CACHE_DIR": str(tmp_path)}
-    first = imported("predict", *PIPELINED, env=env)
+    first = imported("predict", *PIPELINED, "--batch", batch, env=env)
     assert "sympy" in first and "stg.models.gpt" in first
-    modules = imported("predict", *PIPELINED, env=env)
+    modules = imported("predict", *PIPELINED, "--batch", batch, env=env)
     assert "stg.core.lowering" in modules and "stg.predictors.time" in modules
     assert not modules & {"sympy", "mpmath", "stg.core.symbolic", "stg.core.autodiff"}
     assert not {m for m in modules if m.startswith("stg.models.")} - {"stg.models.presets"}
