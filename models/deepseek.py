@@ -9,8 +9,9 @@ Multi-head latent attention (MLA), as trained (no matrix absorption), per token 
   into ``c_kv = RMSNorm(latent[:kv_lora_rank])`` and the decoupled key
   ``k_rope = RoPE(latent[kv_lora_rank:])``, one for all heads;
 - ``k = c_kv·W_UK`` and ``v = c_kv·W_UV`` (``head·dhead`` each: DeepSeek's
-  ``qk_nope_head_dim`` and ``v_head_dim``, both 128), scores ``q·k + q_rope·k_rope``, softmax,
-  context ``P·v``, output ``context·W_O``.
+  ``qk_nope_head_dim`` and ``v_head_dim``, both 128), ``k_rope`` copied to every head (the
+  ``[head, dhead + drope]`` key the attention kernel reads and keeps), scores
+  ``q·k + q_rope·k_rope``, softmax, context ``P·v``, output ``context·W_O``.
 
 Serving (``--phase``): the KV cache holds the normalised ``c_kv`` and the rotated ``k_rope``
 (``b.cached``: ``kv_lora_rank + drope`` per token and layer, whole on every tp rank). Prefill
@@ -43,7 +44,7 @@ from typing import Any
 
 import sympy
 
-from stg.api import AttentionSpan, Dim, GraphBuilder, Model, Tensor, hookimpl
+from stg.api import AttentionSpan, Dim, GraphBuilder, Model, Sharding, Tensor, hookimpl
 from stg.errors import UserError
 from stg.models import llama, moe
 from stg.models.gpt import (
@@ -247,12 +248,19 @@ def attention(b: GraphBuilder, x: Tensor) -> Tensor:
             k = b.einsum("bsc,cak->bsak", c_kv, w_uk, name="k")
             w_uv = b.weight("w_uv", "kvlora head dhead", shard=tp, linear="kv_up")
             v = b.einsum("bsc,cak->bsak", c_kv, w_uv, name="v")
+        if b.options.get("phase", "training") == "training":
+            k_rope = expand_heads(b, q_rope, k_rope)
         with b.tag("core_attention"):
             scores = score_sum(
                 b,
                 b.einsum("bsak,btak->bast", q, k, name="scores", scale=scale, span=span),
                 b.einsum(
-                    "bsar,btr->bast", q_rope, k_rope, name="scores_rope", scale=scale, span=span
+                    "bsar,bt" + ("ar" if len(k_rope.dims) == 4 else "r") + "->bast",
+                    q_rope,
+                    k_rope,
+                    name="scores_rope",
+                    scale=scale,
+                    span=span,
                 ),
                 picks,
             )
@@ -271,6 +279,43 @@ def softmax(b: GraphBuilder, scores: Tensor, span: AttentionSpan | None) -> Tens
         keys = scores.dims[-1].size
         flops = SOFTMAX_FLOPS * sympy.Min(span.topk, keys) / keys
     return b.elementwise("softmax", scores, flops=flops, reduce=(-1,))
+
+
+def expand_heads(b: GraphBuilder, q_rope: Tensor, k_rope: Tensor) -> Tensor:
+    """Training: the shared rotated key copied to every head of this rank, as the attention
+    kernel reads it. Megatron-LM's MLA (``qkv_up_proj_and_rope_apply`` in
+    ``megatron/core/transformer/multi_latent_attention.py``, d98e8a6) expands ``k_pos_emb`` to
+    the heads and concatenates it to ``k_no_pe``: a ``[.., head, dhead + drope]`` key that the
+    fused attention keeps for its backward (torchtitan's DeepSeek-V3 does the same). The key
+    is gathered first, as the attention's einsum would gather it (under sequence parallelism
+    its rows; tagged ``core_attention``: Megatron gathers it before the ``mla_up_proj``
+    checkpoint), then copied (tagged :data:`UP_PROJ`); the copy's backward sums the heads'
+    gradients into the shared key's. Serving keeps one key: a prefill's keys come from the
+    KV cache, which holds the shared one."""
+    letters = dict(zip("bsar", q_rope.sharding.dims, strict=True))
+    owned = frozenset().union(*q_rope.sharding.dims)
+    # the einsum bsar,btr->bast's sharding of the key: q_rope's axes on the letters they
+    # share, the key's own where q_rope leaves them free
+    target = Sharding(
+        tuple(
+            letters.get(c, frozenset()) | (axes - owned)
+            for c, axes in zip("btr", k_rope.sharding.dims, strict=True)
+        )
+    )
+    with b.tag("core_attention"):
+        k_rope = b.reshard(k_rope, target)
+    batch, seq, rope = target.dims
+    # this rank's heads: tensor parallelism splits them
+    heads = b.dim("head").size / (int(b.options.get("tp") or 1) if letters["a"] else 1)
+    with b.tag(UP_PROJ):
+        return b.custom(
+            "k_rope_expand",
+            [k_rope],
+            "batch seq head drope",
+            flops=0,  # a copy
+            backward_flops=heads,  # per element of the shared key: the sum of its heads' copies
+            out_sharding=Sharding((batch, seq, letters["a"], rope)),
+        )
 
 
 def score_sum(b: GraphBuilder, latent: Tensor, rope: Tensor, picks: Tensor | None) -> Tensor:

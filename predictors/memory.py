@@ -468,8 +468,10 @@ def activation_bytes_per_layer(
     the activation dtype: the inputs of both norms, of the attention and of the MLP (4sbh,
     split by t under sequence parallelism), Q, K, V and the projection input (s·b·d·(2a +
     2kv), split by t) and the MLP's gate, up and product (3sbF/t). Multi-head latent
-    attention stores instead Q, its RoPE part, K, V and the projection input
-    (s·b·a·(4d + r)/t) and, replicated over tp, its latents: the query compression before
+    attention stores instead Q, its RoPE part, K, the RoPE key copied to every head, V and the
+    projection input (s·b·a·(4d + 2r)/t: the key the attention kernel reads is
+    ``[head, d + r]``, as Megatron-LM materialises it) and, replicated over tp, its latents:
+    the query compression before
     and after its norm (2sbq), the KV latent with the RoPE key before and after its norm
     and RoPE (2sb(c + r)). An MoE layer stores, per routed token slot (E·C/(dp·ep) of them,
     C = ceil(k·tokens·capacity_factor/E): k·sb·capacity_factor when balanced; under
@@ -519,7 +521,7 @@ def activation_bytes_per_layer(
         if is_mla(o):
             r = o.drope if o.drope is not None else d // 2
             c = o.kv_lora_rank if o.kv_lora_rank is not None else 4 * d
-            sharded = e * sb * a * (4 * d + r)
+            sharded = e * sb * a * (4 * d + 2 * r)
             latents = 2 * (o.q_lora_rank or 0) + 2 * (c + r)
             replicated += e * sb * latents * sp_divisor  # whole sequence on every tp rank
             latent_norms = 1 + (1 if o.q_lora_rank else 0)  # kv_norm (and q_norm)
@@ -598,7 +600,8 @@ def mla_up_proj_bytes(o: GenerateOptions) -> float:
     storages of its outputs, query, key and value, are freed; they are refilled by the
     recompute before the attention's backward (megatron/core/transformer/
     multi_latent_attention.py and tensor_parallel/random.py, NVIDIA/Megatron-LM d98e8a6). Not
-    kept then: Q, its RoPE part, K and V (s·b·a·(3d + r)/t, unless ``fp8_attention``, whose
+    kept then: Q and K with their RoPE parts, and V (s·b·a·(3d + 2r)/t, unless
+    ``fp8_attention``, whose
     attention saves fp8 copies of its own, which stay), the two latents after their norms
     (s·b·(q + c), whole sequence as counted; the query's stays where the lightning indexer
     reads it, ``index_topk``), eager's norm statistics and, without a sequence-parallel
@@ -618,7 +621,7 @@ def mla_up_proj_bytes(o: GenerateOptions) -> float:
     norms = 1 + (1 if o.q_lora_rank else 0)
     freed = e * sb * (c + query + rope_key) + norm_stats_bytes(o) * sb * norms
     if not o.fp8_attention:
-        freed += e * sb * o.head * (3 * d + r) / t
+        freed += e * sb * o.head * (3 * d + 2 * r) / t
     return freed
 
 

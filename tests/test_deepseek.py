@@ -35,19 +35,21 @@ UP_PROJ_RECOMPUTE = dict(
 MLP_RECOMPUTE = dict(activation_recompute="selective", recompute_modules=("mla_up_proj", "mlp"))
 MLA_OPS = {
     "q_down", "q_norm", "q", "q_rope", "rope_q", "kv_latent", "kv_norm", "rope_k", "k", "v",
-    "scores", "scores_rope", "scores_sum", "softmax", "context", "attn_out",
+    "k_rope_expand", "scores", "scores_rope", "scores_sum", "softmax", "context", "attn_out",
 }  # fmt: skip
 
 
-def mla_forward_flops(o: GenerateOptions, causal: bool) -> int:
-    """docs/presets.md, "FLOPs of a latent attention layer" (B samples, tp 1)."""
+def mla_forward_flops(o: GenerateOptions, causal: bool, expanded: bool = True) -> int:
+    """docs/presets.md, "FLOPs of a latent attention layer" (B samples, tp 1); ``expanded``:
+    with training's copy of the shared RoPE key to every head (serving keeps one key)."""
     B, s, h, a = o.batch, o.seq, o.dmodel, o.head
     d, r, c, q = o.dhead, o.drope, o.kv_lora_rank, o.q_lora_rank
     sigma = 0.5 if causal else 1
     projections = 2 * B * s * (h * q + q * a * (d + r) + h * (c + r) + 2 * c * a * d + a * d * h)
     core = 2 * B * a * s * s * sigma * (2 * d + r)
     elementwise = 4 * B * s * (q + c) + 3 * B * s * r * (a + 1) + 6 * B * a * s * s
-    return int(projections + core + elementwise)
+    copy = B * s * a * r if expanded else 0  # k_rope_expand: one op per element written
+    return int(projections + core + elementwise + copy)
 
 
 def layer_forward_flops(workload, layer: int, ops: set[str] | None = None) -> int:
@@ -88,7 +90,8 @@ def test_deepseek_v3_mla_flops_per_token() -> None:
     assert per_token / o.seq == 374_210_560
     core = 2 * 128 * o.seq * o.seq * (2 * 128 + 64)
     elementwise = 4 * o.seq * (1536 + 512) + 3 * o.seq * 64 * 129 + 6 * 128 * o.seq**2
-    assert mla_forward_flops(o, causal=False) == per_token + core + elementwise
+    copy = o.seq * 128 * 64
+    assert mla_forward_flops(o, causal=False) == per_token + core + elementwise + copy
 
 
 def test_the_stack_is_dense_layers_then_moe_layers() -> None:
@@ -182,7 +185,7 @@ def test_mla_and_moe_activations_closed_form() -> None:
     s, b, h, a, t = o.seq, 2, o.dmodel, o.head, 2  # b: samples per replica (4 over ep 2)
     d, r, c, q, f = o.dhead, o.drope, o.kv_lora_rank, o.q_lora_rank, o.dff
     sb = s * b
-    attention = 2 * (4 * sb * h / t + sb * a * (4 * d + r) / t + sb * (2 * q + 2 * (c + r)))
+    attention = 2 * (4 * sb * h / t + sb * a * (4 * d + 2 * r) / t + sb * (2 * q + 2 * (c + r)))
     attention += 4 * a * sb / t  # fp32 log-sum-exp per query row and head
     dense = 2 * 3 * sb * o.dense_dff / t
     capacity = -(-(4 * s * o.kexperts) // o.experts)  # global micro-batch tokens · k / E
@@ -228,9 +231,10 @@ def test_time_predictor_prices_balanced_experts_router_and_latent_attention() ->
 
 def test_mla_bytes_in_the_trace_are_the_closed_form() -> None:
     """Bytes each MLA node moves (its tensor_size, bf16): a GEMM reads both operands and
-    writes its output; the fused core reads Q, K, V, the RoPE query and the one shared RoPE
-    key, writes the output and 4 bytes of softmax statistics per query row and head; tp 2
-    splits the heads, ep 2 the batch."""
+    writes its output; the shared RoPE key is copied to every head (read once, written a
+    times); the fused core reads Q, K, V, the RoPE query and that per-head RoPE key, writes
+    the output and 4 bytes of softmax statistics per query row and head; tp 2 splits the
+    heads, ep 2 the batch."""
     o = GenerateOptions(**{**TINY, "tp": 2, "ep": 2, "batch": 4, "tpsp": False})
     workload = build_workload(o, REGISTRY)
     nodes = {n.name.rsplit("/", 1)[1]: n for n in workload.ranks[0].nodes()
@@ -249,7 +253,8 @@ def test_mla_bytes_in_the_trace_are_the_closed_form() -> None:
     }
     for name, (m, k, n) in gemms.items():
         assert nodes[name].tensor_size == 2 * (m * k + k * n + m * n), name
-    core = 2 * tokens * (4 * a * d + a * r + r) + 4 * B * a * s
+    assert nodes["k_rope_expand"].tensor_size == 2 * tokens * (r + a * r)
+    core = 2 * tokens * (4 * a * d + 2 * a * r) + 4 * B * a * s
     assert nodes["core_attention"].tensor_size == core
 
 
@@ -385,13 +390,15 @@ def test_one_mla_decode_step_reads_every_weight_once_and_the_latent_cache_once()
 
 
 def test_mla_prefill_up_projects_the_cached_latent() -> None:
-    """Prefill keeps the trained form (keys and values up-projected from the latent it caches):
-    the FLOPs of training's forward closed form plus one op per cached element."""
+    """Prefill keeps the trained form (keys and values up-projected from the latent it caches,
+    the one shared RoPE key read from the cache as it is): the FLOPs of training's forward
+    closed form without the key's copy, plus one op per cached element."""
     o = GenerateOptions(**{**TINY, "batch": 4, "phase": "prefill", "attention": "unfused"})
     w = build_workload(o, REGISTRY)
     appends = o.batch * o.seq * (o.kv_lora_rank + o.drope)
     ops = MLA_OPS | {"c_kv.cache_append", "k_rope.cache_append"}
-    assert layer_forward_flops(w, 0, ops) == mla_forward_flops(o, causal=False) + appends
+    expected = mla_forward_flops(o, causal=False, expanded=False) + appends
+    assert layer_forward_flops(w, 0, ops) == expected
     assert w.rank_classes[0].facts["kv_cache_bytes"] == o.num_stacks * appends * 2
 
 

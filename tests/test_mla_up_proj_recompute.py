@@ -66,7 +66,8 @@ def test_the_up_projections_run_again_in_the_written_files(tmp_path: Path) -> No
     """Per layer and micro-batch (B samples, t = 2): the up-projection GEMMs once more,
     2·B·s·(q·a·(d + r) + 2·c·a·d)/t, the latents' norms (4 FLOPs per element of this rank's
     s/t rows), RoPE of the query (3 per element of its heads) and of the shared key (its
-    s/t rows), and the two gathers; in the recompute phase of every layer."""
+    s/t rows), its copy to this rank's heads (one op per element), and the two gathers; in
+    the recompute phase of every layer."""
     o = up_proj(tp=2, micro_batch=2)
     out = tmp_path / "out"
     args = cli_args(tp=2, micro_batch=2, activation_recompute="selective",
@@ -88,7 +89,8 @@ def test_the_up_projections_run_again_in_the_written_files(tmp_path: Path) -> No
         n.num_ops for n in again if n.type is NodeType.COMP and "gemm" not in (n.attrs or {})
     )
     rows = B * s // t
-    assert others == L * m * (4 * rows * (q + c) + 3 * B * s * (a // t) * r + 3 * rows * r)
+    copy = B * s * (a // t) * r  # the gathered RoPE key copied to this rank's heads
+    assert others == L * m * (4 * rows * (q + c) + 3 * B * s * (a // t) * r + 3 * rows * r + copy)
     gathers = [n for n in again if n.type is NodeType.COMM_COLL]
     assert len(gathers) == 2 * L * m
 
@@ -151,14 +153,14 @@ def test_the_predictors_agree_and_count_the_recomputed_flops() -> None:
 @pytest.mark.parametrize("tpsp", [True, False])
 @pytest.mark.parametrize("kind", ["dense", "moe"])
 def test_freed_bytes_follow_the_closed_form(tpsp: bool, kind: str) -> None:
-    """Per layer and micro-batch (2-byte activations, t = 2): Q, its RoPE part, K and V,
-    s·b·a·(3d + r)/t, and the two normalised latents, s·b·(q + c) (whole sequence, as the
+    """Per layer and micro-batch (2-byte activations, t = 2): Q and K with their RoPE parts,
+    and V, s·b·a·(3d + 2r)/t, and the two normalised latents, s·b·(q + c) (whole sequence, as the
     predictor counts the latents); the rotated RoPE key, s·b·r, too where no
     sequence-parallel gather keeps a copy of it. Other modules' savings add."""
     o = up_proj("core_attn", tp=2, tpsp=tpsp)
     s, b, a, t = o.seq, o.batch, o.head, 2
     d, r, c, q = o.dhead, o.drope, o.kv_lora_rank, o.q_lora_rank
-    expected = 2 * (s * b * a * (3 * d + r) / t + s * b * (q + c + (0 if tpsp else r)))
+    expected = 2 * (s * b * a * (3 * d + 2 * r) / t + s * b * (q + c + (0 if tpsp else r)))
     assert mla_up_proj_bytes(o) == pytest.approx(expected)
     core = replace(o, recompute_modules=("core_attn",))
     saved = activation_bytes_per_layer(core, kind=kind) - activation_bytes_per_layer(o, kind=kind)
@@ -188,7 +190,9 @@ def test_freed_bytes_are_what_the_graph_no_longer_keeps(tp: int) -> None:
             if t.producer is not None and deepseek.UP_PROJ in t.producer.tags
         ]
         names = {t.producer.name: t for t in made}  # type: ignore[union-attr]
-        assert set(names) == {"q_norm", "q", "q_rope", "rope_q", "kv_norm", "rope_k", "k", "v"}
+        assert set(names) == {
+            "q_norm", "q", "q_rope", "rope_q", "kv_norm", "rope_k", "k", "v", "k_rope_expand"
+        }  # fmt: skip
         # the graph keeps RoPE's input for its backward; the closed forms do not count it
         # (Megatron's RoPE saves only its cos/sin tables)
         del names["q_rope"]
@@ -205,7 +209,7 @@ def test_fp8_drops_the_quantized_latents_and_fp8_attention_keeps_its_copies() ->
     s, b, a, t = plain.seq, plain.batch, plain.head, 2
     d, r, c, q = plain.dhead, plain.drope, plain.kv_lora_rank, plain.q_lora_rank
     one = RECIPES["mxfp8"].saved_input_bytes()
-    heads = 2 * s * b * a * (3 * d + r) / t
+    heads = 2 * s * b * a * (3 * d + 2 * r) / t
 
     def saved(o: GenerateOptions) -> float:
         kept = activation_bytes_per_layer(replace(o, recompute_modules=("core_attn",)))

@@ -19,12 +19,12 @@ ATTENTION = {"scores", "context"}
 HEAD = {"logits"}
 DEEPSEEK_UP_PROJ_OPS = {
     "q_norm", "all_gather_tp:q_norm", "q", "q_rope", "rope_q",
-    "kv_norm", "rope_k", "all_gather_tp:kv_norm", "k", "v",
+    "kv_norm", "rope_k", "all_gather_tp:kv_norm", "k", "v", "k_rope_expand",
 }  # fmt: skip
 """What DeepSeek's mla_up_proj re-runs under tp 2 with sequence parallelism: the norms and RoPE
 of the key on this rank's rows, the gathers of the normalised latents, the up-projections and
-RoPE of the query (the shared RoPE key's gather is not: Megatron gathers that key before its
-checkpoint, which keeps the gathered copy)."""
+RoPE of the query, and the shared RoPE key's copy to every head (its gather is not: Megatron
+gathers that key before its checkpoint, which keeps the gathered copy)."""
 
 
 def generate_args(base: Mapping[str, object], **kw: object) -> list[str]:
