@@ -1954,6 +1954,12 @@ def predict_memory_options(
     o = as_options(options)
     if workload is not None:
         return predict_memory(workload, system, kernels=kernels)
+    if registry is None and o.model not in CLOSED_FORM_MODELS:
+        raise UserError(
+            f"the memory predictor reads model {o.model}'s memory from its built workload: "
+            "give it the registry (the closed forms describe "
+            f"{', '.join(sorted(CLOSED_FORM_MODELS))})"
+        )
     if registry is None or _from_options_alone(o, system, registry):
         return predict_analytic(o, system, kernels=kernels, registry=registry)
     from stg.api import build_workload, check_size, estimate_size
@@ -1966,8 +1972,16 @@ def predict_memory_options(
     return predict_memory(build_workload(o, registry), system, kernels=kernels)
 
 
+CLOSED_FORM_MODELS = frozenset({"gpt", "llama", "moe", "deepseek", "mpt"})
+"""The built-in models whose embedding, layers and head the closed forms here describe (a
+preset resolves to one: ``llama3-8b`` is ``llama``): tests/test_memory_closed_forms.py checks
+their parameters and peaks against their built workloads. Another model's (BERT's and
+RoBERTa's heads, Mamba-2, gated DeltaNet, hybrid stacks, a plugin's) are read from its
+built workload."""
+
+
 def _from_options_alone(o: GenerateOptions, system: System, registry: Any) -> bool:
-    if o.inference or is_hybrid(system):
+    if o.inference or is_hybrid(system) or o.model not in CLOSED_FORM_MODELS:
         return False
     return workload_cache.layer_kinds(o, registry) > 0
 

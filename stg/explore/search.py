@@ -422,9 +422,15 @@ def _evaluate_plans(work: _Work, options: Sequence[GenerateOptions]) -> list[tup
         except UserError as exc:
             out.append((f"divisibility: {normalize_reason(str(exc))}", None, None))
             continue
-        # Muon's memory needs the model's weight matrices (its bound parts)
-        muon = {"registry": registry} if o.optimizer == "muon" else {}
-        mem = _call(pricing.memory.predict_options, o, system, kernels=kernels, **muon)
+        # the registry: Muon's weight matrices (its bound parts), and the workload of a model
+        # whose memory no closed form describes
+        try:
+            mem = _call(
+                pricing.memory.predict_options, o, system, kernels=kernels, registry=registry
+            )
+        except UserError as exc:  # a workload too large to build here for its memory
+            out.append((f"memory: {normalize_reason(str(exc))}", None, None))
+            continue
         if not mem.get("fits"):
             out.append(("memory: peak above the GPU's capacity", None, None))
             continue
