@@ -1954,12 +1954,6 @@ def predict_memory_options(
     o = as_options(options)
     if workload is not None:
         return predict_memory(workload, system, kernels=kernels)
-    if registry is None and o.model not in CLOSED_FORM_MODELS:
-        raise UserError(
-            f"the memory predictor reads model {o.model}'s memory from its built workload: "
-            "give it the registry (the closed forms describe "
-            f"{', '.join(sorted(CLOSED_FORM_MODELS))})"
-        )
     if registry is None or _from_options_alone(o, system, registry):
         return predict_analytic(o, system, kernels=kernels, registry=registry)
     from stg.api import build_workload, check_size, estimate_size
@@ -1981,9 +1975,20 @@ built workload."""
 
 
 def _from_options_alone(o: GenerateOptions, system: System, registry: Any) -> bool:
-    if o.inference or is_hybrid(system) or o.model not in CLOSED_FORM_MODELS:
+    if o.inference or is_hybrid(system) or not closed_form_model(o.model, registry):
         return False
     return workload_cache.layer_kinds(o, registry) > 0
+
+
+def closed_form_model(name: str, registry: Any) -> bool:
+    """Whether the closed forms describe model ``name`` (:data:`CLOSED_FORM_MODELS`, or a
+    preset of one: ``llama3-8b`` builds ``llama``)."""
+    if name in CLOSED_FORM_MODELS:
+        return True
+    try:
+        return str(registry.presets.lookup(name).item.model) in CLOSED_FORM_MODELS
+    except Exception:  # not a preset (another model's name, alias or dist:name)
+        return False
 
 
 def _memory_report(classes: list[dict[str, Any]], system: System) -> dict[str, Any]:
@@ -2019,6 +2024,7 @@ __all__ = [
     "TorchCPBuffers",
     "activation_bytes_per_layer",
     "analytic_memory",
+    "closed_form_model",
     "count_parameters",
     "fp8_weight_copy_bytes",
     "gemm_weights_per_rank",

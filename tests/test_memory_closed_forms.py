@@ -12,7 +12,6 @@ import pytest
 
 from stg.core.options import GenerateOptions
 from stg.core.pipeline import build_workload
-from stg.errors import UserError
 from stg.host.registry import load_registry
 from stg.predictors.memory import (
     CLOSED_FORM_MODELS,
@@ -53,5 +52,28 @@ def test_other_models_are_read_from_their_workload(model: str, optimizer: str) -
     report = predict_memory_options(o, "h100-80g", registry=REGISTRY)
     assert figures(report) == figures(built)
     assert all(row[3] > 0 for row in figures(report))  # Muon's state: never negative
-    with pytest.raises(UserError, match="give it the registry"):
-        predict_memory_options(o, "h100-80g")
+
+
+def test_a_trace_of_another_model_reports_its_workloads_memory(tmp_path: Any) -> None:
+    # from a trace directory the memory predictor rebuilds the workload of the options the
+    # trace records (the closed forms priced a gated DeltaNet's layers as GPT's, and its Muon
+    # state came out negative)
+    import json
+
+    from typer.testing import CliRunner
+
+    from stg.cli import app
+
+    args = ["--model", "gated-deltanet", "--dmodel", "128", "--head", "4", "--kvhead", "4",
+            "--dff", "256", "--num_stacks", "2", "--seq", "128", "--dvocal", "1024", "--batch",
+            "4", "--optimizer", "muon"]  # fmt: skip
+    runner = CliRunner()
+    out = tmp_path / "trace"
+    assert runner.invoke(app, ["generate", *args, "--output_dir", str(out)]).exit_code == 0
+    reports = []
+    for given in ([str(out)], args):
+        result = runner.invoke(app, ["predict", *given, "--predictor", "memory", "--json"])
+        assert result.exit_code == 0, result.output
+        reports.append(json.loads(result.output)["memory"])
+    assert figures(reports[0]) == figures(reports[1])
+    assert all(row[3] > 0 for row in figures(reports[0]))

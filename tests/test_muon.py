@@ -294,3 +294,26 @@ def test_orthogonalization_price_against_measurements(prefix: str, system: str) 
             assert 0.88 <= ratio <= 1.12, (row, ratio)
         else:
             assert 0.5 <= ratio <= 1.0, (row, ratio)
+
+
+def test_options_and_trace_predict_the_same_iteration_under_muon(tmp_path) -> None:
+    # Newton-Schulz normalize nodes of two shapes with equal bytes differ in their launches:
+    # the engine's cost key holds them (it once priced both as the first one met)
+    import json
+
+    from typer.testing import CliRunner
+
+    from stg.cli import app
+
+    args = ["--model", "llama", "--dmodel", "256", "--head", "4", "--kvhead", "4", "--dff",
+            "1024", "--num_stacks", "1", "--seq", "64", "--dvocal", "1024", "--batch", "2",
+            "--optimizer", "muon", "--system", "h100-80g"]  # fmt: skip
+    runner = CliRunner()
+    out = tmp_path / "trace"
+    assert runner.invoke(app, ["generate", *args, "--output_dir", str(out)]).exit_code == 0
+    times = []
+    for given in (args, [str(out), "--system", "h100-80g"]):
+        result = runner.invoke(app, ["predict", *given, "--predictor", "time", "--json"])
+        assert result.exit_code == 0, result.output
+        times.append(json.loads(result.output)["time"]["iteration_time_s"])
+    assert times[0] == pytest.approx(times[1], rel=1e-9)

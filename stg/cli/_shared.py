@@ -1454,7 +1454,14 @@ def run_predictors(
                     "them (give the options of stg generate instead of a trace, or --predictor "
                     "time)"
                 )
-            reports[name] = memory_predictor.predict_analytic(
+            # from the recorded options: the closed forms where they hold, else the workload
+            # they build (memory_predictor.CLOSED_FORM_MODELS)
+            priced = (
+                memory_predictor.predict_analytic
+                if memory_predictor.closed_form_model(str(recorded["model"]), registry)
+                else memory_predictor.predict_memory_options
+            )
+            reports[name] = priced(
                 recorded, system, kernels=list(registry.kernels), registry=registry
             )
         else:

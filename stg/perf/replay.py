@@ -71,6 +71,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from stg.core.muon import LAUNCHES_ATTR, SHARE_ATTR
 from stg.core.recipes import QUANTIZE_KERNEL_ATTR
 from stg.core.torchtitan import EAGER_KERNELS_ATTR
 from stg.core.workload import (
@@ -299,6 +300,8 @@ def compute_cost_key(node: Any) -> tuple[Any, ...]:
         attrs.get("gemm"),
         attrs.get("attention"),
         attrs.get("attention_scaling"),  # training's fp8 attention (its casts follow the shape)
+        attrs.get(LAUNCHES_ATTR),  # Muon's kernels in turn (stg.perf.costs.compute_time)
+        attrs.get(SHARE_ATTR),
     )
 
 
