@@ -128,7 +128,7 @@ from stg.api import (
     precision_of,
     recompute_units,
 )
-from stg.errors import UserError
+from stg.errors import UnknownNameError, UserError
 from stg.predictors import _workload_cache as workload_cache
 
 MASK_BYTES = 1
@@ -1987,7 +1987,7 @@ def closed_form_model(name: str, registry: Any) -> bool:
         return True
     try:
         return str(registry.presets.lookup(name).item.model) in CLOSED_FORM_MODELS
-    except Exception:  # not a preset (another model's name, alias or dist:name)
+    except UnknownNameError:  # not a preset (another model's name, alias or dist:name)
         return False
 
 

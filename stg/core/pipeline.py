@@ -453,14 +453,20 @@ def _routes_experts(part: Any) -> bool:
     return any(DISPATCHER_ATTR in dict(op.attrs) for op in part.forward)
 
 
+def parts_detach(options: GenerateOptions) -> bool:
+    """Whether one set of bound parts is all a build of ``options`` lowers (no device groups,
+    which take a set per precision variant; no serving phase; no precision plan, whose
+    patterns are checked against the symbolic graph on every build): what
+    :func:`detached_parts` keeps."""
+    return not (options.inference or options.placement or options.precision)
+
+
 def detached_parts(options: GenerateOptions, registry: Registry) -> ModelParts | None:
     """The bound parts that :func:`build_workload` lowers for ``options``, without the
     symbolic parts they were bound from: what a caller keeps (a pickle) to build the same
     model's workloads again with ``parts``, where lowering imports no symbolic core (sympy).
-    None where a build takes more than these parts: device groups (a set per precision
-    variant), a serving phase, or a precision plan (its patterns are checked against the
-    symbolic graph on every build)."""
-    if options.inference or options.placement or options.precision:
+    None where a build takes more than these parts (:func:`parts_detach`)."""
+    if not parts_detach(options):
         return None
     plan = validate_options(options, registry)
     parts = build_parts(registry.models.get(options.model), plan)
@@ -520,7 +526,7 @@ def _build_workload(
     given: ModelParts | None = None,
 ) -> Workload:
     plan = validate_options(options, registry)
-    if given is not None and (options.inference or options.placement or options.precision):
+    if given is not None and not parts_detach(options):
         raise ValueError("bound parts are lowered as given only where detached_parts gives some")
     if options.inference:  # prefill, decode, mixed: forward only, with a KV cache
         from stg.core.inference import build_inference_workload
@@ -529,14 +535,17 @@ def _build_workload(
     schedule: PipelineSchedule = registry.schedules.get(options.pipeline_schedule)
     rank_groups, group_plans = _device_group_plans(options)
     variants = list(dict.fromkeys(group_plans.values())) or [normalize_plan(options.precision)]
-    variant_parts = [given] if given is not None else []
-    for precision in variants if given is None else ():
-        o = replace(options, precision=precision, placement=())
+    if given is not None:
+        variant_parts = [given]
+    else:
         model = registry.models.get(options.model)
-        parts = build_parts(model, plan if o == options else make_plan(o), bool(rank_groups))
-        if precision:
-            _warn_unknown_plan_ops(o, parts)
-        variant_parts.append(parts)
+        variant_parts = []
+        for precision in variants:
+            o = replace(options, precision=precision, placement=())
+            parts = build_parts(model, plan if o == options else make_plan(o), bool(rank_groups))
+            if precision:
+                _warn_unknown_plan_ops(o, parts)
+            variant_parts.append(parts)
     amax_axes = AMAX_AXES
     if len({_fp8_signature(parts) for parts in variant_parts}) > 1:
         # device groups whose fp8 GEMMs differ cannot share an amax buffer across data

@@ -78,7 +78,7 @@ def estimate_size(
     from stg.core.validation import validate_options
 
     plan = validate_options(options, registry)
-    if parts is not None and not options.inference and not options.placement:
+    if parts is not None:  # detached parts: one variant, training (parts_detach)
         return _sized(options, plan, _stage_templates(parts, plan), 1)
     model = registry.models.get(options.model)
     variants = _precision_variants(options)
