@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from math import prod
 from typing import TYPE_CHECKING, Any, NamedTuple, overload
 
+from stg.core.extensions import load_extension
 from stg.core.fp8 import (
     ALL_REDUCE,
     AMAX_AXES,
@@ -1823,6 +1825,46 @@ _AFTER_ONE_BEFORE_ONE = 1
 _AFTER_ONE = 2
 """a run op's inputs: the output of one earlier op of the run, nothing from before it"""
 
+LOWERING_ABI_VERSION = 1
+"""The version of stg/core/_lowering.c that :meth:`_Nodes.run` drives."""
+
+
+def _load_lay_out() -> tuple[Any, str]:
+    """The compiled loop of :meth:`_Nodes.run` (:mod:`stg.core._lowering`) and
+    ``"compiled"``, or None and why the Python loop runs (``STG_LOWERING=python`` turns it
+    off; so does a NodeTemplate whose fields it does not fill)."""
+    module, status = load_extension("stg.core._lowering", LOWERING_ABI_VERSION, "STG_LOWERING")
+    if module is None:
+        return None, status
+    try:
+        module.setup(NodeTemplate, NodeType.COMP, NodeType.COMM_COLL, ROLE_ATTR)
+    except TypeError as exc:
+        return None, f"stg.core._lowering does not fit NodeTemplate: {exc}"
+    return module.lay_out, status
+
+
+_compiled_lay_out, _lowering_status = _load_lay_out()
+
+
+def lowering_status() -> str:
+    """``"compiled"``, or why lowering lays out its runs in Python."""
+    if _compiled_lay_out is not None:
+        return "compiled"
+    return "python (turned off)" if _lowering_status == "compiled" else _lowering_status
+
+
+@contextmanager
+def python_lowering() -> Iterator[None]:
+    """Within the block lowering lays out its runs in Python only (what the compiled loop is
+    tested against)."""
+    global _compiled_lay_out
+    saved = _compiled_lay_out
+    _compiled_lay_out = None
+    try:
+        yield
+    finally:
+        _compiled_lay_out = saved
+
 
 def _run_ops(ops: Sequence[BoundOp], op_prefix: str) -> tuple[_RunOp, ...]:
     """The :class:`_RunOp` of each of ``ops``, laid out as one run."""
@@ -2012,8 +2054,14 @@ class _Nodes:
         elif type(where) is not dict:
             where = dict(where)
         nodes = self.nodes
-        append = nodes.append
         first = len(nodes)
+        if _compiled_lay_out is not None and type(env) is dict and type(prefix) is str:
+            self.step_pending, self.last_comp = _compiled_lay_out(
+                cached.ops_laid_out, env, prefix, after, start, where, first, nodes,
+                self.step_pending, self.last_coll, self.last_comp,
+            )  # fmt: skip
+            return
+        append = nodes.append
         pending = self.step_pending
         last_coll = self.last_coll
         last_comp = self.last_comp

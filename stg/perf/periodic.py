@@ -108,6 +108,7 @@ from stg.core.workload import (
     node_role,
 )
 from stg.errors import TraceError
+from stg.perf import replay as _replay_module
 from stg.perf.replay import (
     COLL,
     COMPUTE,
@@ -203,6 +204,11 @@ class _Indexed:
         self.shared = {} if shared is None else shared
         """:func:`_base` by the raw values of the attributes it reads and their types (a pure
         function of them): alike nodes of every micro-batch (and unit) share one entry"""
+        engine = _replay_module.compiled_engine
+        if engine is not None:  # every node's base at once, in C (what base works out)
+            found = engine.bases(nodes, self.shared, _base, _BASE_ATTRS)
+            if found is not NotImplemented:
+                self.base = found.__getitem__  # type: ignore[method-assign]
 
     def base(self, i: int) -> tuple[Any, ...]:
         """:func:`_base` of the node at position ``i``."""
@@ -1860,8 +1866,28 @@ def unit_flops(unit: Unit) -> tuple[int, int]:
     return _flops(unit.nodes)
 
 
+def _is_recompute(node: Any) -> bool:
+    return node_phase(node) is Phase.RECOMPUTE
+
+
+_BASE_ATTRS = (OP_ATTR, LAYER_ATTR, PART_ATTR, PHASE_ATTR, ROLE_ATTR)
+"""the attributes :meth:`_Indexed.base` reads, in the compiled pass's order"""
+
+
 def _flops(nodes: Iterable[Any]) -> tuple[int, int]:
     """:func:`unit_flops` of ``nodes``."""
+    engine = _replay_module.compiled_engine
+    if engine is not None and isinstance(nodes, (list, tuple)):
+        found = engine.flops(
+            nodes, NodeType.COMP, Role.ORTHOGONALIZE, ROLE_ATTR, PHASE_ATTR, _is_recompute
+        )
+        if found is not NotImplemented:
+            return found
+    return _python_flops(nodes)
+
+
+def _python_flops(nodes: Iterable[Any]) -> tuple[int, int]:
+    """:func:`_flops` in Python (what the compiled pass does)."""
     hardware = model = 0
     comp = NodeType.COMP
     recomputed: dict[int | str, bool] = {}

@@ -60,6 +60,7 @@ cast is paid, and compute costs are cached per node name.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import gc
@@ -67,10 +68,11 @@ import heapq
 import itertools
 import operator
 from collections import Counter, deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from stg.core.extensions import load_extension
 from stg.core.muon import LAUNCHES_ATTR, SHARE_ATTR
 from stg.core.recipes import QUANTIZE_KERNEL_ATTR
 from stg.core.torchtitan import EAGER_KERNELS_ATTR
@@ -129,6 +131,45 @@ HOST_COPY_STREAM = -1
 activation offload, :mod:`stg.core.offload`): one stream for both directions, as Transformer
 Engine's offload stream, beside the compute."""
 HOST_COPIES = (NodeType.MEM_LOAD, NodeType.MEM_STORE)
+
+ENGINE_ABI_VERSION = 1
+"""The version of stg/perf/_engine.c that :meth:`_Sim.run` drives (a stale build is not used)."""
+
+
+_engine, _engine_status = load_extension("stg.perf._engine", ENGINE_ABI_VERSION, "STG_ENGINE")
+compiled_engine: Any = _engine
+"""The compiled module (:mod:`stg.perf._engine`) where it is in use, else None."""
+_compiled_loop = _compiled_dependencies = _compiled_cost_key = None
+if _engine is not None:
+    _compiled_loop = _engine.run_loop
+    _compiled_dependencies = _engine.earlier_dependencies
+    _compiled_cost_key = _engine.cost_key
+    _engine.set_cost_key_names(
+        (
+            OP_ATTR, STEP_ATTR, MICRO_BATCH_ATTR, ROLE_ATTR, "gemm", "attention",
+            "attention_scaling", LAUNCHES_ATTR, SHARE_ATTR,
+        )
+    )  # fmt: skip
+
+
+@contextlib.contextmanager
+def python_engine() -> Iterator[None]:
+    """Within the block the replay engine and the periodic check run their Python code only
+    (what the compiled parts are tested against)."""
+    global _compiled_loop, _compiled_dependencies, _compiled_cost_key, compiled_engine
+    saved = _compiled_loop, _compiled_dependencies, _compiled_cost_key, compiled_engine
+    _compiled_loop = _compiled_dependencies = _compiled_cost_key = compiled_engine = None
+    try:
+        yield
+    finally:
+        _compiled_loop, _compiled_dependencies, _compiled_cost_key, compiled_engine = saved
+
+
+def engine_status() -> str:
+    """``"compiled"``, or why the replay engine runs its event loop in Python."""
+    if _compiled_loop is not None:
+        return "compiled"
+    return "python (turned off)" if _engine_status == "compiled" else _engine_status
 
 
 # ---------------------------------------------------------------------------------------------
@@ -875,12 +916,37 @@ class _Sim:
         remember = self.remember_nodes or unit.rank_class in self.shared_classes
         interned = self.interned_keys
         comp, memo_get = NodeType.COMP, memo.get
+        key_of = compute_cost_key if _compiled_cost_key is None else _compiled_cost_key
         intern, cached_cost = interned.setdefault, cost_cache.get
         keyed = self.keyed.setdefault(device.name, {})
         keyed_get = keyed.get
         collectives: dict[tuple[int, CollectiveType, int], tuple[Any, ...]] = {}
         """each collective's communicator, type and size priced once (:meth:`_collective`)"""
-        for i, node in enumerate(nodes):
+        positions: Iterable[tuple[int, Any]] = enumerate(nodes)
+        if compiled_engine is not None and not memo and not remember:
+
+            def price(node: Any, ckey: Any) -> tuple[Any, float]:
+                """A compute node's interned key and cost, its key not yet in ``keyed``."""
+                if ckey is NotImplemented:  # attributes in no dict: compute_cost_key's
+                    ckey = compute_cost_key(node)
+                    found = keyed_get(ckey)
+                    if found is not None:
+                        return found  # type: ignore[no-any-return]
+                ckey = intern(ckey, ckey)
+                cost = cached_cost(ckey)
+                if cost is None:
+                    cost = cost_cache[ckey] = compute_time(
+                        node, device, self.default_dtype, kernels, self.profile, self.calibration
+                    )
+                keyed[ckey] = (ckey, cost)
+                return ckey, cost
+
+            # the compute nodes in C (what the loop below does for them), the others here
+            others = compiled_engine.compute_costs(
+                nodes, comp, keyed, price, kind, duration, cost_key
+            )
+            positions = zip(others, map(nodes.__getitem__, others), strict=True)
+        for i, node in positions:
             t = node.type
             if t is comp:
                 kind[i] = COMPUTE
@@ -888,7 +954,9 @@ class _Sim:
                 if known is not None and known[0] is node:
                     ckey, cost = known[1], known[2]
                 else:
-                    ckey = compute_cost_key(node)
+                    ckey = key_of(node)
+                    if ckey is NotImplemented:  # attributes in no dict: compute_cost_key's
+                        ckey = compute_cost_key(node)
                     found = keyed_get(ckey)
                     if found is not None:
                         ckey, cost = found
@@ -1543,7 +1611,46 @@ class _Sim:
         touched.clear()
         touched_add = touched.add
         compute_stream = [(True, u, 0) for u in range(len(results))]
-        while heap:
+
+        if _compiled_loop is not None:
+
+            def ended(u: int, i: int, k: int, t: float) -> None:
+                """A node of a stream other than compute ends (the loop below, in turn)."""
+                s = streams[u][i]
+                busy[u][s] = False
+                touched_add((s == 0, u, s))
+                if k == COLL and i in private[u]:
+                    durations[u][i] = t - transfer_starts[u][i]
+                    contender = contenders.pop((u, i), None)
+                    if contender is not None:
+                        contending[u].remove(contender)
+                if k == SEND:
+                    key = p2p_keys[u][i]
+                    queue = waiting.get(key)
+                    if queue:
+                        ru, ri = queue.popleft()
+                        causes[ru][ri] = (u, i)
+                        heappush(heap, (t, tick(), ru, ri))
+                    else:
+                        mailbox.setdefault(key, deque()).append((t, u, i))
+
+            def flow_event(u: int, version: int, t: float) -> None:
+                f = flows[-1 - u]
+                if version == f.version:
+                    step_done(f, t)
+
+            def capture(t: float) -> None:
+                states.append(state(t))
+
+            _compiled_loop(
+                heap, kinds, ends_at, busy, touched, compute_stream, children, pending,
+                ready_times, ready_causes, queue_key, ready, starts, last_on_stream, causes,
+                transfer_starts, durations, contending, at_key, tick, make_ready, dispatch,
+                ended, flow_event, capture, list(states_at), streams, coll_keys, coll_seq,
+                coll_needed, private, all_steps, comm_link, contended, contenders, _Contender,
+                self._contended,
+            )  # fmt: skip
+        while heap:  # the reference loop (what the compiled one does, in Python)
             t = heap[0][0]
             while heap and heap[0][0] == t:
                 _, _, u, i = heappop(heap)
@@ -1741,6 +1848,17 @@ def _dependencies(nodes: Sequence[Any], rank: int) -> tuple[list[list[int]], lis
 def _earlier_dependencies(nodes: Sequence[Any]) -> tuple[list[list[int]], list[int]] | None:
     """:func:`_dependencies` where every node's id is its position, None unless every id is
     its position and every node waits only for nodes before it."""
+    if _compiled_dependencies is not None:
+        found = _compiled_dependencies(nodes)
+        if found is not NotImplemented:  # ids or deps of other types: the code below decides
+            return found
+    return _python_earlier_dependencies(nodes)
+
+
+def _python_earlier_dependencies(
+    nodes: Sequence[Any],
+) -> tuple[list[list[int]], list[int]] | None:
+    """:func:`_earlier_dependencies` in Python (what the compiled one does)."""
     children: list[list[int]] = [[] for _ in nodes]
     pending = [0] * len(nodes)
     for i, node in enumerate(nodes):
