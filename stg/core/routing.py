@@ -78,11 +78,22 @@ EXPERT_WEIGHT_BYTES_ATTR = "expert_weight_bytes"
 def expert_groups(options: GenerateOptions) -> tuple[int, int]:
     """(groups, shards): the token groups that meet one copy of the routed experts through the
     expert-parallel all-to-all (``dp·sp``, or the expert-data-parallel coordinates under
-    ``ep_layout=fold``) and the ranks each group's slots of an expert start split over
-    (``ep``, or ``ep·etp`` folded)."""
+    ``ep_layout=fold``) and the ranks each group's slots of an expert start split over, the
+    ranks that hold the group's tokens: ``ep``, times ``tp`` under sequence parallelism
+    (``tpsp``: the residual stream that enters the router is split over tp along the sequence),
+    or ``ep·etp`` folded. ``groups · shards`` ranks split the ``capacity`` dimension of the
+    dispatched slots (the model's ``dispatch`` splits it over the token axes of its input).
+
+    Megatron-LM at core_v0.14.0 refuses MoE with tensor parallelism but no sequence
+    parallelism in training (megatron/core/transformer/moe/moe_layer.py, ``MoELayer.forward``),
+    so each tp rank routes its own share of the tokens; its ``MoEAlltoAllTokenDispatcher``
+    (token_dispatcher.py) all-to-alls them over ep and then all-gathers the expert-tp ranks'
+    rows (``dispatch_postprocess``: ``gather_from_sequence_parallel_region`` over
+    ``expt_tp``), and its token-dropping capacity is per source rank: an expert takes
+    ``capacity · tp · ep`` slots."""
     if options.ep_folded:
         return options.expert_dp, options.ep * options.expert_tp
-    return options.dp * options.sp, options.ep
+    return options.dp * options.sp, options.ep * (options.tp if options.tpsp else 1)
 
 
 def active_expert_share(options: GenerateOptions, tokens: float) -> float:
@@ -119,9 +130,15 @@ def expert_capacity(options: GenerateOptions, tokens: int) -> int:
     ``E·dp·sp`` expert loads, each averaging ``k·tokens / (E·dp·sp)`` slots
     (:func:`expected_max_load`), and no expert can take more than the group's tokens (a token
     visits an expert at most once). Every group is shaped for that load, rounded up to a
-    multiple of ``ep`` (the group's slots of an expert start split over its ep ranks).
-    With ``ep_layout=fold`` a group is an expert-data-parallel coordinate (``edp`` of them,
-    :attr:`GenerateOptions.expert_dp`) whose slots start split over its ``ep·etp`` ranks."""
+    multiple of the ranks its slots of an expert start split over (:func:`expert_groups`: its
+    ``ep`` ranks, times ``tp`` where sequence parallelism splits its tokens over tp), so that
+    every rank holds whole slots. With ``ep_layout=fold`` a group is an expert-data-parallel
+    coordinate (``edp`` of them, :attr:`GenerateOptions.expert_dp`) whose slots start split
+    over its ``ep·etp`` ranks. The rounding is the least that gives every rank whole slots,
+    and it over-prices a little: it adds fewer than ``shards`` slots to a group's fullest load,
+    which is at least the mean ``k·tokens / (E·groups)``, so the expert work grows by under
+    ``shards·E·groups / (k·tokens)`` of it (Megatron-LM's dropless dispatch pads nothing: each
+    rank sends what its router chose)."""
     routed = tokens * options.kexperts
     if options.moe_routing == "capacity":
         return -(-int(routed * options.capacity_factor) // options.experts)
