@@ -13,7 +13,8 @@ The same model templates as training, built forward only. What changes is in the
   ``kv - s`` cached ones sees: ``(kv - (s-1)/2) / kv`` (1 for a decode step).
 - **Positions.** A weight with a ``seq`` dimension (learned position embeddings) is stored
   for every position of the longest sequence (:data:`Positions`) and read at the current
-  positions only.
+  positions only: a mixed iteration reads the rows at the distinct positions of both groups'
+  new tokens once (:func:`read_once_bytes`).
 - **Lengths.** Each step binds the same symbolic graph to its own lengths: the query length
   (``seq``: the prompt, a prefill chunk, or 1), the key/value length, and a batch. A mixed
   iteration binds it twice (the prefilling requests and the decoding ones) and merges the
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import sympy
@@ -312,11 +314,50 @@ def _bind(part: Part, binder: Binder, fused: bool) -> BoundPart:
     return bind_part(part, binder, None, fused_attention=fused)
 
 
+def position_rows(groups: Sequence[Group]) -> int:
+    """Distinct positions the new tokens of ``groups`` sit at (a group's ``query`` tokens
+    ending at key/value length ``kv`` sit at ``kv - query .. kv - 1``): the rows of a
+    position-indexed weight they read."""
+    rows, reached = 0, 0
+    for start, end in sorted((g.kv - g.query, g.kv) for g in groups):
+        start = max(start, reached)
+        if end > start:
+            rows += end - start
+            reached = end
+    return rows
+
+
+def read_once_bytes(
+    op: BoundOp,
+    weights: Mapping[int, Tensor],
+    binder: Binder,
+    earlier: Sequence[Group],
+    group: Group,
+) -> int:
+    """Bytes of ``op``'s weights (``weights`` by key, bound by ``binder``) that ``group``
+    reads and the ``earlier`` groups read already: what a merged op reads once. A whole
+    weight; of a position-indexed weight (stored for :data:`Positions` positions, read at the
+    positions of each group's new tokens), the rows at positions both read."""
+    shared = 0
+    for k in op.inputs:
+        w = weights.get(k)
+        if w is None:
+            continue
+        held = binder.nbytes(w)
+        if any(d.name == POSITIONS_DIM.name for d in w.dims):
+            both = position_rows(earlier) + group.query - position_rows([*earlier, group])
+            held = held * both // binder.values[Positions]
+        shared += held
+    return shared
+
+
 def merge_bound(a: BoundPart, b: BoundPart, weight_bytes: Callable[[BoundOp], int]) -> BoundPart:
     """Two bindings of the same part (two groups of a mixed iteration) as one: each op runs
     once over the tokens of both (FLOPs, bytes and collective sizes add, every op's weights
     (a GEMM's, a norm's, the embedding table) are read once, a GEMM's m grows), except the
-    attention core, which runs once per group (the second kernel after the first)."""
+    attention core, which runs once per group (the second kernel after the first).
+    ``weight_bytes``: the bytes of an op's weights that both bindings read
+    (:func:`read_once_bytes`: a position table's rows at the positions both read)."""
     merged: list[BoundOp] = []
     for x, y in zip(a.forward, b.forward, strict=True):
         attrs = dict(x.attrs)
@@ -438,8 +479,15 @@ def build_steps(model: Model, plan: ParallelPlan) -> list[StepParts]:
             ) -> int:
                 return sum(binder.nbytes(weights[k]) for k in op.inputs if k in weights)
 
-            for other, _ in per_group[1:]:
-                result = merge_bound(result, other, weight_bytes)
+            for i, (other, _) in enumerate(per_group[1:], 1):
+                shared = partial(
+                    read_once_bytes,
+                    weights=weights,
+                    binder=first_binder,
+                    earlier=groups[:i],
+                    group=groups[i],
+                )
+                result = merge_bound(result, other, shared)
             tokens = sum(g.batch * g.query for g in groups)
             bound[name], idle = skip_idle_experts(part, result, weight_bytes, o, tokens)
             read[name] = stored[name] - idle

@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define ABI_VERSION 5
+#define ABI_VERSION 6
 
 /* ------------------------------------------------------------------------------------------ */
 /* Module state (set once by setup()).                                                         */
@@ -2912,6 +2912,10 @@ static PyObject *Reader_rank_summary(Reader *r, PyObject *args) {
         if (rc == 2) { ok = 0; break; }
         Rec *x = &r->rec;
         if (!rec_fits(x) || x->special) { ok = 0; break; }
+        /* a negative count of ops or bytes (the negative-size check): the reference reports it */
+        if ((x->wk_has[WK_NUM_OPS] && x->wk_val[WK_NUM_OPS] < 0) ||
+            (x->wk_has[WK_TENSOR] && x->wk_val[WK_TENSOR] < 0) ||
+            (x->wk_has[WK_COMM_SIZE] && x->wk_val[WK_COMM_SIZE] < 0)) { ok = 0; break; }
         int t = (int)x->type;
         if (x->fmt == 4 && !x->has_cpu && (t == 4 || is_comm_type(t))) { ok = 0; break; }
         int64_t id = (int64_t)x->id;

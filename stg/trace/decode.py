@@ -65,7 +65,7 @@ from stg.errors import TraceError
 from stg.trace import reader as _ref
 from stg.trace.proto import chakra_v004_pb2 as pb4
 
-ABI_VERSION = 5
+ABI_VERSION = 6
 """The version of stg/trace/_chakra.c this module drives (a stale build is not used)."""
 
 FORMAT_CODES = {"v0.0.4": 4, "v0.0.1": 1, "json": 2}

@@ -11,7 +11,9 @@ per rank
     a tag at or above 500,000,000; a peer out of range; ``is_cpu_op`` true on a comm node; a
     ``pg_name`` that is not a decimal comm-group id), ``roofline`` (a COMP node with
     ``num_ops`` 0 and ``tensor_size`` > 0: ASTRA-sim's roofline times it as 0/0 and the rank
-    never finishes), ``collective-type`` (a collective ASTRA-sim does not simulate),
+    never finishes), ``negative-size`` (a node with a negative ``num_ops``, ``tensor_size`` or
+    ``comm_size``: a count of operations or bytes, which no consumer can take negative; an
+    error for every consumer), ``collective-type`` (a collective ASTRA-sim does not simulate),
     ``duration`` (in a trace whose metadata names the ``system`` it was generated for, a COMP
     node that does work without ``duration_micros``: ASTRA-sim would replay it in 1 ns).
 across ranks
@@ -80,6 +82,11 @@ EXPECTED_KINDS: dict[str, str] = {
     "comm_priority": "int32_val",
     "involved_dim": "bool_list",
 }
+SIZE_FIELDS = {
+    "num_ops": "the operations the node does",
+    "tensor_size": "the bytes it moves",
+    "comm_size": "the bytes it communicates",
+}  # a node's counts: never negative (the negative-size check)
 WORLD = 0  # group key of collectives without pg_name
 CONSUMERS = ("astra-sim", "chakra")  # whose consumption rules validate enforces (see above)
 
@@ -187,6 +194,20 @@ class _Checker:
                 "tensor_size 0 for a free node",
                 rank,
             )
+
+    def sizes(self, where: str, rank: int | None, node: Any) -> None:
+        """A node's ``num_ops``, ``tensor_size`` and ``comm_size`` count operations and bytes:
+        none is negative (``where`` names the rank file)."""
+        for name in SIZE_FIELDS:
+            value = getattr(node, name)
+            if value < 0:
+                self.add(
+                    "negative-size",
+                    f"{where}: node {node.id} ({node.name}): {name} is {value}; it counts "
+                    f"{SIZE_FIELDS[name]}, which no consumer can take negative",
+                    rank,
+                    node.id,
+                )
 
     def duration(self, where: str, rank: int | None, node: Any, system: str) -> None:
         """A trace generated for ``system`` carries every COMP node's kernel time."""
@@ -1099,6 +1120,7 @@ def _reference_rank(task: _RankTask) -> _RankResult:
         nodes = []
         for n in iter_nodes(path, format=fmt):
             kinds = getattr(n.attrs, "field_kinds", {}) if fmt == "v0.0.4" else None
+            checker.sizes(path.name, rank, n)
             checker.comm_node(rank, n, comm, kinds, path.name)
             if task.timed_for is not None and n.type is NodeType.COMP:
                 checker.duration(path.name, rank, n, task.timed_for)
@@ -1126,8 +1148,9 @@ def _used_groups(comms: Mapping[int, _RankComm]) -> dict[int, set[int]]:
 def validate_workload(workload: Workload, *, consumer: str = "astra-sim") -> ValidationReport:
     """Validate an in-memory workload: the checks of :func:`validate_trace` without files.
 
-    The graph structure and the roofline rule are checked once per rank class (ranks of a
-    class share them); the communication of every rank is resolved and matched across ranks.
+    The graph structure, the node sizes and the roofline rule are checked once per rank
+    class (ranks of a class share them); the communication of every rank is resolved and
+    matched across ranks.
     """
     report = ValidationReport(ranks=workload.world_size)
     checker = _Checker(report, workload.world_size, consumer)
@@ -1147,9 +1170,11 @@ def validate_workload(workload: Workload, *, consumer: str = "astra-sim") -> Val
                 [(t.id, t.data_deps, t.ctrl_deps) for t in rank_class.nodes],
                 f" (rank class {rank_class.index})",
             )
+            where = f"rank {graph.rank} (rank class {rank_class.index})"
             for t in rank_class.nodes:
+                if t.num_ops < 0 or t.tensor_size < 0 or t.comm_size < 0:
+                    checker.sizes(where, graph.rank, t)
                 if t.type is NodeType.COMP:
-                    where = f"rank {graph.rank} (rank class {rank_class.index})"
                     checker.roofline(where, graph.rank, t.id, t.num_ops, t.tensor_size)
                     if isinstance(timed_for, str) and timed_for:
                         checker.duration(where, graph.rank, t, timed_for)
