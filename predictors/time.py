@@ -470,8 +470,9 @@ def lowered_micro_batches(options: GenerateOptions, system: System) -> list[tupl
     the state check proves (:func:`stg.perf.periodic.state_keep`: not with overlapped
     tensor-parallel communication, whose dependencies the check does not compare), then
     those the two replays matched micro-batch by micro-batch need
-    (:func:`stg.perf.periodic.first_keep`), each where the lowered build and its two replays
-    cost at most what the whole build and replay cost; after every period's, the state check's
+    (:func:`stg.perf.periodic.first_keep`), each where it lowers at most half of the
+    micro-batches (the lowered build, its replay and the check then cost less than the whole
+    build and replay); after every period's, the state check's
     one, two, four periods later and those the matched replays need twice and four times as
     many and so on, fewest first, while their replays together cost at most half the whole
     one (a transient that outlasts the fill, as where one stage runs ahead of the others for a
@@ -507,7 +508,10 @@ def lowered_micro_batches(options: GenerateOptions, system: System) -> list[tupl
             spent += 2 * (longer + period)
             longer *= 2
         for keep in keeps:
-            if total % period or keep + period >= total or 3 * keep + 2 * period > 2 * total:
+            # the lowered workload's replay with its state check costs about what the
+            # whole workload's replay costs for twice its micro-batches (benchmarks/
+            # search_speed.py --plans: 32 lowered of 48 took 1.6 CPU s, all 48 1.4)
+            if total % period or 2 * (keep + period) > total:
                 continue
             out.append((keep + period, period))
     return list(dict.fromkeys(out + sorted(t for t in later if not total % t[1] and t[0] < total)))
