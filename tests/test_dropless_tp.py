@@ -98,7 +98,7 @@ def test_tp1_and_capacity_routing_are_unchanged() -> None:
     # tp 1: a multiple of ep, as before (test_moe_routing's closed form)
     o = options(dp=2, ep=2)
     assert expert_capacity(o, TOKENS) == math.ceil(fullest_group_load(o) / 2) * 2 * 2 == 168
-    # token dropping: ceil(cf·k·tokens/E), whatever the tensor parallelism
+    # token dropping: ceil(cf·k·tokens/E), which ep·tp (up to 8) divides here
     for tp in (1, 2, 4):
         capped = options(tp=tp, ep=2, moe_routing="capacity", capacity_factor=1.25)
         assert expert_capacity(capped, TOKENS) == math.ceil(1.25 * 2 * TOKENS / 8) == 160

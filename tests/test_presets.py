@@ -154,8 +154,9 @@ def test_preset_matches_its_source_and_generates(name: str) -> None:
         parallel = {"ep": 2}
     else:
         parallel = {"tp": 2, "pp": 2}
-    # capacity routing gives Kimi K2's experts ceil(8·8192/384) = 171 slots, which ep 2 does
-    # not divide; dropless routing shapes them for the fullest expert, a multiple of ep
+    # Kimi K2 runs dropless routing (the fullest expert, a multiple of ep); its capacity
+    # routing, ceil(8·8192/384) = 171 slots rounded up to 172 for ep 2 (Megatron-LM's capacity
+    # per source rank), is tests/test_capacity_tp.py's
     routing = {"moe_routing": "dropless"} if name == "kimi-k2" else {}
     pattern = preset.dims.get("layer_pattern")
     stacks = {"num_stacks": len(pattern)} if pattern else {}

@@ -182,7 +182,10 @@ SPECS: dict[str, tuple[str, _Spec]] = {
     "kexperts": (_MODEL, _Spec("Experts each token is routed to (top-k).")),
     "capacity_factor": (
         _MODEL,
-        _Spec("MoE capacity factor of --moe_routing capacity: ceil(cf·k·tokens/E) per expert."),
+        _Spec(
+            "MoE capacity factor of --moe_routing capacity: ceil(cf·k·tokens/E) per expert of "
+            "each rank's tokens, as Megatron-LM caps them."
+        ),
     ),
     "moe_routing": (
         _MODEL,

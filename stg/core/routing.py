@@ -1,10 +1,11 @@
 """How many token slots each expert's matmuls are shaped for: the two MoE routings.
 
 - ``capacity`` (token dropping, GShard / Switch Transformer): each expert takes at most
-  ``ceil(capacity_factor · k · tokens / E)`` tokens of a micro-batch; tokens above it are
-  dropped, slots below it padded, so the matmuls always cost the full capacity. With
-  ``capacity_factor`` 1 this is perfectly balanced routing (what Megatron's
-  ``--moe-router-force-load-balancing`` benchmarks run).
+  ``ceil(capacity_factor · k · tokens / E)`` tokens of a micro-batch, rounded up to a multiple
+  of the ranks that hold the tokens (Megatron-LM caps each source rank's share of them:
+  :func:`expert_capacity`); tokens above it are dropped, slots below it padded, so the
+  matmuls always cost the full capacity. With ``capacity_factor`` 1 this is perfectly
+  balanced routing (what Megatron's ``--moe-router-force-load-balancing`` benchmarks run).
 - ``dropless`` (Megatron-Core's default: ``--moe-token-dispatcher-type alltoall`` without
   ``--moe-expert-capacity-factor``): no token is dropped, every expert takes what the router
   sends it, and a step waits for the most loaded expert. A workload has one rank class per
@@ -96,6 +97,16 @@ def expert_groups(options: GenerateOptions) -> tuple[int, int]:
     return options.dp * options.sp, options.ep * (options.tp if options.tpsp else 1)
 
 
+def token_ranks(options: GenerateOptions) -> int:
+    """Ranks that hold different tokens of a micro-batch at the router, and so split the
+    ``capacity`` dimension of the dispatched slots (the model's ``dispatch`` splits it over the
+    token axes of its input): the data-parallel ones (``dp·ep``, or ``dp`` under
+    ``ep_layout=fold``), times ``sp``, times ``tp`` under sequence parallelism (``tpsp``: the
+    residual stream that enters the router is split over tp along the sequence; serving runs
+    tp without it). In training it is ``groups · shards`` of :func:`expert_groups`."""
+    return options.data_replicas * options.sp * (options.tp if options.tpsp else 1)
+
+
 def active_expert_share(options: GenerateOptions, tokens: float) -> float:
     """Expected share of the routed experts that receive at least one of ``tokens`` tokens
     (all replicas together) when each token goes to ``k`` distinct experts of ``E`` uniformly at
@@ -124,7 +135,21 @@ def expert_capacity(options: GenerateOptions, tokens: int) -> int:
     """Slots of one expert for a micro-batch of ``tokens`` tokens (all replicas together;
     the ``capacity`` dimension is then split over the token-holding ranks).
 
-    ``capacity``: ``ceil(capacity_factor · k · tokens / E)``. ``dropless``: the tokens of one
+    ``capacity``: ``ceil(capacity_factor · k · tokens / E)``, rounded up to a multiple of the
+    ``n`` :func:`token_ranks` that split it: Megatron-LM's token-dropping capacity is per source
+    rank. Its router caps each expert at ``get_capacity(num_tokens · topk, E, capacity_factor)
+    = ceil((num_tokens · topk / E) · capacity_factor)`` of the rank's own ``num_tokens`` rows
+    (megatron/core/transformer/moe/moe_utils.py, ``get_capacity`` and
+    ``apply_router_token_dropping``, called by router.py's ``TopKRouter.routing`` with the
+    rank's local tokens: its sequence share under sequence and context parallelism), and the
+    alltoall dispatcher pads each source rank's rows of an expert to that capacity, so a copy
+    of an expert takes ``capacity · tp_size · ep_size`` slots, one capacity from each rank of
+    its expert-tp and ep groups (token_dispatcher.py, ``MoEAlltoAllTokenDispatcher.preprocess``
+    under ``moe_pad_expert_input_to_capacity``; core_v0.14.0 and later). With ``tokens / n`` local
+    tokens per rank, that is ``n · ceil(X / n)`` for ``X = capacity_factor · k · tokens / E``,
+    which is ``n · ceil(ceil(X) / n)`` (for a whole ``n``, ``ceil(ceil(X) / n) = ceil(X / n)``):
+    the global capacity rounded up to a multiple of ``n``, unchanged where ``n`` divides it and
+    fewer than ``n`` slots more where not. ``dropless``: the tokens of one
     data-parallel and sequence-parallel coordinate (``tokens / (dp·sp)``) meet at its ``E``
     experts through the expert-parallel all-to-all; the step waits for the fullest of the
     ``E·dp·sp`` expert loads, each averaging ``k·tokens / (E·dp·sp)`` slots
@@ -141,7 +166,9 @@ def expert_capacity(options: GenerateOptions, tokens: int) -> int:
     rank sends what its router chose)."""
     routed = tokens * options.kexperts
     if options.moe_routing == "capacity":
-        return -(-int(routed * options.capacity_factor) // options.experts)
+        capacity = -(-int(routed * options.capacity_factor) // options.experts)
+        ranks = token_ranks(options)
+        return -(-capacity // ranks) * ranks
     groups, shards = expert_groups(options)
     bins = options.experts * groups
     fullest = min(expected_max_load(routed / bins, bins), tokens / groups)
