@@ -110,6 +110,7 @@ from stg.api import (
     Predictor,
     System,
     bf16_kind,
+    cached_weight_bytes,
     check_offload,
     chunk_layer_counts,
     device_of,
@@ -250,19 +251,57 @@ def dense_layer_count(o: GenerateOptions) -> int:
     return max(0, min(o.dense_layers or 0, o.num_stacks - 1)) if is_moe(o) else 0
 
 
+SPAN_KINDS = {"local": "block", "global": "block", "dense_global": "dense"}
+"""The block kinds of a stack whose attention alternates a window or chunk with full
+attention (``--full_attention_every``: models/llama.py ``local_global_stack``, models/moe.py
+``stack``), each as the kind the closed forms price: the span masks scores and changes no
+weight, and the activations counted here do not depend on it."""
+
+
+def closed_form_kind(o: GenerateOptions, kind: str | None) -> tuple[str, bool]:
+    """The kind the closed forms price for a layer of block ``kind`` (:data:`SPAN_KINDS`; None:
+    the model's MoE or only layer), and whether the layer is kept in bf16
+    (:func:`stg.api.model_kind`)."""
+    if not kind:
+        return ("moe" if is_mla(o) else "block"), False
+    base, bf16_layer = model_kind(kind)
+    return SPAN_KINDS.get(base, base), bf16_layer
+
+
 def layer_kinds(o: GenerateOptions) -> list[str]:
     """The block kind of every layer, as the built-in models stack them: ``deepseek``'s and
     ``moe``'s first ``min(dense_layers, num_stacks - 1)`` layers are ``dense``, the others
     ``moe`` (deepseek) or ``block`` (models/deepseek.py, models/moe.py); every layer of other
-    models is ``block``. A layer that ``first_last_layers_bf16`` keeps out of the recipe is
-    of the bf16 kind of its own (:func:`stg.api.bf16_kind`), as stg generate names it."""
+    models is ``block``. With ``full_attention_every`` k (and a window or chunk) ``llama``'s
+    and ``moe``'s k-th, 2k-th, ... layers are ``global``, the others ``local`` (a dense one
+    ``dense_global`` or ``dense``: :data:`SPAN_KINDS`). A layer that ``first_last_layers_bf16``
+    keeps out of the recipe is of the bf16 kind of its own (:func:`stg.api.bf16_kind`), as stg
+    generate names it (the kinds of :func:`stg.api.muon_part_parameters` and of the workload's
+    ``layer_kinds`` facts)."""
     dense = dense_layer_count(o)
     kinds = ["dense"] * dense + ["moe" if is_mla(o) else "block"] * (o.num_stacks - dense)
+    if alternating_spans(o):
+        every = o.full_attention_every or 0
+        spans = ["global" if (i + 1) % every == 0 else "local" for i in range(o.num_stacks)]
+        swapped = {"local": "dense", "global": "dense_global"}
+        kinds = [swapped[k] if i < dense else k for i, k in enumerate(spans)]
     first, last = o.bf16_layers
     if not first and not last:
         return kinds
     total = len(kinds)
     return [bf16_kind(k) if i < first or i >= total - last else k for i, k in enumerate(kinds)]
+
+
+def alternating_spans(o: GenerateOptions) -> bool:
+    """Whether ``o``'s stack alternates ``local`` and ``global`` layers: ``full_attention_every``
+    with a window or chunk, in ``llama`` and ``moe`` (not deepseek's latent attention, not
+    the GPT family, whose stacks take no span)."""
+    return (
+        bool(o.full_attention_every)
+        and bool(o.attention_window or o.attention_chunk)
+        and model_family(o.model) == "llama"
+        and not is_mla(o)
+    )
 
 
 def stage_layer_kinds(o: GenerateOptions) -> list[dict[str, int]]:
@@ -371,7 +410,7 @@ def layer_parameters_per_rank(o: GenerateOptions, kind: str | None = None) -> in
     attention is :func:`mla_parameters_per_rank`. ``kind`` None: the model's MoE (or only) layer.
     """
     h, f, t = o.dmodel, o.dff, o.tp
-    kind = model_kind(kind)[0] if kind else ("moe" if is_mla(o) else "block")
+    kind = closed_form_kind(o, kind)[0]
     if model_family(o.model) == "llama":
         d = head_size(o)
         if is_mla(o):
@@ -399,7 +438,7 @@ def layer_parameters_per_rank(o: GenerateOptions, kind: str | None = None) -> in
 def routed_parameters_per_rank(o: GenerateOptions, kind: str | None = None) -> int:
     """The routed experts' parameters of one layer (of block ``kind``) held by one rank:
     E/ep SwiGLUs of 3hF split by etp (none in dense layers and models)."""
-    kind = model_kind(kind)[0] if kind else ("moe" if is_mla(o) else "block")
+    kind = closed_form_kind(o, kind)[0]
     if kind == "dense" or not is_moe(o) or model_family(o.model) != "llama":
         return 0
     return (o.experts // o.ep) * 3 * o.dmodel * o.dff // o.expert_tp
@@ -509,7 +548,7 @@ def activation_bytes_per_layer(
     llama = model_family(o.model) == "llama"
     k = o.kexperts if is_moe(o) else 1
     layer_kind = kind
-    kind = model_kind(kind)[0] if kind else ("moe" if is_mla(o) else "block")
+    kind = closed_form_kind(o, kind)[0]
     # eager: silu(gate) * up, MulBackward0 saves both factors (both require grad): the SiLU
     # output is kept beside up (and gate, which SiluBackward0 saves as its input)
     silu_output = e if is_eager(o) else 0
@@ -632,7 +671,7 @@ def op_checkpoint_layer_bytes(o: GenerateOptions, kind: str | None = None) -> fl
     matmuls (Q, V, the MLP's gate and down projections: s·b·(d·(a + kv) + F)/t and sbh) and of
     the flash-attention kernel (its output, s·b·a·d/t, and the fp32 log-sum-exp). Modelled for
     Llama-family dense layers with fused attention and no precision plan (torchtitan's models)."""
-    kind = model_kind(kind)[0] if kind else kind
+    kind = closed_form_kind(o, kind)[0] if kind else kind
     if model_family(o.model) != "llama" or is_mla(o) or is_moe(o) or kind == "moe":
         raise UserError(
             f"activation_recompute=selective_op: the memory of {o.model}'s layers under "
@@ -738,7 +777,7 @@ def quantized_input_delta(o: GenerateOptions, recompute: str, kind: str | None =
     full recompute (only the layer input is kept) and ``selective_op`` (torchtitan's)."""
     if not te_autocast(o) or recompute in ("full", "selective_op"):
         return 0.0
-    kind, bf16_layer = model_kind(kind) if kind else ("moe" if is_mla(o) else "block", False)
+    kind, bf16_layer = closed_form_kind(o, kind)
     if bf16_layer:
         return 0.0
     recipe = RECIPES[o.low_precision_recipe]
@@ -896,7 +935,7 @@ def gemm_weights_per_rank(o: GenerateOptions, kind: str | None = None) -> dict[s
     :func:`layer_parameters_per_rank` less the norms and biases."""
     h, f, a, t = o.dmodel, o.dff, o.head, o.tp
     d = head_size(o)
-    kind = model_kind(kind)[0] if kind else ("moe" if is_mla(o) else "block")
+    kind = closed_form_kind(o, kind)[0]
     if model_family(o.model) != "llama":
         width = a * d
         return {
@@ -934,6 +973,59 @@ def gemm_weights_per_rank(o: GenerateOptions, kind: str | None = None) -> dict[s
     else:
         weights.update(dict.fromkeys(("gate", "up", "down"), h * f / t))
     return weights
+
+
+def gemm_weight_shapes_per_rank(
+    o: GenerateOptions, kind: str | None = None
+) -> dict[str, tuple[int, int]]:
+    """``(rows, cols)`` of each GEMM weight of one layer (of block ``kind``) on one rank, by
+    op name, ``cols`` along the forward's reduction dimension, as a low-precision recipe
+    quantizes it (``stg.core.fp8.quantize_sites``: a grouped GEMM's local experts are one
+    tensor of their stacked rows, the router is one of them); their products are
+    :func:`gemm_weights_per_rank`."""
+    h, f, a, t = o.dmodel, o.dff, o.head, o.tp
+    d = head_size(o)
+    kind = closed_form_kind(o, kind)[0]
+    if model_family(o.model) != "llama":
+        width = a * d // t
+        return {
+            "q": (width, h), "k": (width, h), "v": (width, h),
+            "attn_out": (h, width), "fc1": (f // t, h), "fc2": (h, f // t),
+        }  # fmt: skip
+    shapes: dict[str, tuple[int, int]]
+    if is_mla(o):
+        r = o.drope if o.drope is not None else d // 2
+        c = o.kv_lora_rank if o.kv_lora_rank is not None else 4 * d
+        source = o.q_lora_rank or h
+        shapes = {
+            "kv_latent": (c + r, h),
+            "q": (a * d // t, source),
+            "q_rope": (a * r // t, source),
+            "k": (a * d // t, c),
+            "v": (a * d // t, c),
+        }
+        if o.q_lora_rank:
+            shapes["q_down"] = (o.q_lora_rank, h)
+    else:
+        shapes = {"q": (a * d // t, h), "k": (o.kvhead * d // t, h), "v": (o.kvhead * d // t, h)}
+    shapes["attn_out"] = (h, a * d // t)
+    if kind == "dense":
+        ffn = (o.dense_dff or f) // t
+        shapes.update({"gate": (ffn, h), "up": (ffn, h), "down": (h, ffn)})
+    elif is_moe(o):
+        shapes["router"] = (o.experts, h)
+        local, ffn = o.experts // o.ep, f // o.expert_tp
+        shapes.update(
+            {"expert_gate": (local * ffn, h), "expert_up": (local * ffn, h),
+             "expert_down": (local * h, ffn)}
+        )  # fmt: skip
+        shared = (o.shared_experts or 0) * f // t
+        if shared:
+            shapes.update({"shared_gate": (shared, h), "shared_up": (shared, h),
+                           "shared_down": (h, shared)})  # fmt: skip
+    else:
+        shapes.update({"gate": (f // t, h), "up": (f // t, h), "down": (h, f // t)})
+    return shapes
 
 
 def fp8_weight_copy_bytes(
@@ -1086,50 +1178,56 @@ def recipe_weight_copy_bytes(
 ) -> float:
     """Bytes of a low-precision recipe's quantized weight copies and scales on one rank of a
     GPU of ``arch``, from the options: every GEMM weight of the ``kinds`` layers
-    (:func:`gemm_weights_per_rank`) at the recipe's bytes per element
-    (``Recipe.weight_bytes_per_element``: both usages' copies, or one where a per-tensor
-    scaled fp8 tensor serves both, on Blackwell, ``Recipe.shares_usages``; the output layer
-    and the layers that ``first_last_layers_bf16`` keeps in bf16 have none). A generated
-    workload states the figure per stage (the fact ``low_precision_weight_bytes``,
-    :func:`stated_weight_copy_bytes`), except under delayed scaling, whose GEMM nodes carry
-    their casts (:mod:`stg.core.fp8`): its figure is exact here, each weight's fp8 copies and
-    their one fp32 scale (``Recipe.copy_bytes`` and ``Recipe.scale_bytes``;
-    :mod:`stg.core.recipes`)."""
+    (:func:`gemm_weight_shapes_per_rank`; the output layer and the layers that
+    ``first_last_layers_bf16`` keeps in bf16 have none) keeps what a generated workload
+    states per stage (the fact ``low_precision_weight_bytes``, :func:`stated_weight_copy_bytes`),
+    :func:`stg.api.cached_weight_bytes`: its quantized copies (both usages', or one where a
+    per-tensor scaled fp8 tensor serves both, on Blackwell, ``Recipe.shares_usages``; the
+    columnwise one alone with ``fp8_param_gather``) and all its scales, each block's rounded
+    up: Transformer Engine's ``Float8Tensor`` one fp32 ``scale_inv``, its block-scaled
+    tensors (``Float8BlockwiseQTensor``, ``MXFP8Tensor``, ``NVFP4Tensor``) one scale per block
+    and copy, torchao's rowwise scaling one fp32 scale per row of each copy
+    (:mod:`stg.core.recipes`). Under delayed scaling, whose GEMM nodes carry their casts
+    (:mod:`stg.core.fp8`), no workload states them: this is its figure from any source."""
     if not runs_recipe(o):
         return 0.0
     recipe = RECIPES[o.low_precision_recipe]
-    quantized = [
-        (n, gemm_weights_per_rank(o, kind))
-        for kind, n in kinds.items()
-        if not model_kind(kind)[1]  # layers kept in bf16 quantize nothing
-    ]
-    if o.low_precision_recipe == GenerateOptions.low_precision_recipe:
-        copies = recipe.cached_weight_copies(arch=arch)
-        return sum(
+    # delayed scaling takes no fp8_param_gather (PARAM_GATHER_RECIPES)
+    param = o.fp8_param_gather and o.low_precision_recipe != GenerateOptions.low_precision_recipe
+    return float(
+        sum(
             n
             * sum(
-                copies * recipe.copy_bytes(1, round(w)) // 2
-                + recipe.scale_bytes("weight", 1, round(w))
-                for w in weights.values()
+                cached_weight_bytes(recipe, rows, cols, param=param, arch=arch)
+                for rows, cols in gemm_weight_shapes_per_rank(o, kind).values()
             )
-            for n, weights in quantized
+            for kind, n in kinds.items()
+            if not model_kind(kind)[1]  # layers kept in bf16 quantize nothing
         )
-    per_element = recipe.weight_bytes_per_element(param=o.fp8_param_gather, arch=arch)
-    return per_element * sum(n * sum(weights.values()) for n, weights in quantized)
+    )
 
 
-def stated_weight_copy_bytes(o: GenerateOptions, stated: float, arch: str | None) -> float:
+def stated_weight_copy_bytes(
+    o: GenerateOptions, stated: float, arch: str | None, scales: float | None = None
+) -> float:
     """A workload's ``low_precision_weight_bytes`` on a GPU of ``arch``. The workload states
     the copies of both usages (what a GPU whose fp8 GEMMs take the TN layout alone keeps,
-    ``stg.core.recipes.weight_copy_bytes``), whatever GPU it is predicted for; where one
+    ``stg.core.recipes.weight_copy_bytes``) and, as ``low_precision_weight_scale_bytes``
+    (``scales``), the scales among them, whatever GPU it is predicted for; where one
     per-tensor scaled fp8 tensor serves both usages (Blackwell, ``Recipe.shares_usages``) the
-    figure is scaled by the ratio of the recipe's bytes per element, which scales the one fp32
-    scale per weight too (2 of its 4 bytes left out, or all 4 with ``fp8_param_gather``)."""
+    copies are those of ``Recipe.cached_weight_copies`` and the scales stay whole
+    (:func:`stg.api.cached_weight_bytes`, as :func:`recipe_weight_copy_bytes` counts them). A
+    workload that states no scales (written before they were stated) is scaled whole by the
+    ratio of the recipe's bytes per element."""
     recipe = RECIPES[o.low_precision_recipe]
     if not recipe.shares_usages(arch):
         return stated
-    both = recipe.weight_bytes_per_element(param=o.fp8_param_gather)
-    return stated * recipe.weight_bytes_per_element(param=o.fp8_param_gather, arch=arch) / both
+    param = o.fp8_param_gather
+    if scales is None:
+        both = recipe.weight_bytes_per_element(param=param)
+        return stated * recipe.weight_bytes_per_element(param=param, arch=arch) / both
+    kept = recipe.cached_weight_copies(param=param, arch=arch)
+    return (stated - scales) * kept / recipe.cached_weight_copies(param=param) + scales
 
 
 def precision_bytes(
@@ -1230,6 +1328,7 @@ def stage_memory(
     layer_bytes: Mapping[str, float] | None = None,
     weight_copies: float | None = None,
     muon_parameters: tuple[float, float] = (0, 0),
+    weight_copy_scales: float | None = None,
 ) -> RankMemory:
     """The memory of one rank of pipeline stage ``stage`` whose model replica holds
     ``parameters`` weights; ``sharded_parameters`` is its padded ZeRO / FSDP shard of them
@@ -1246,7 +1345,8 @@ def stage_memory(
     ``weight_copies``: the quantized weight copies and scales of a low-precision recipe
     (``--low_precision_recipe``), from the graph, counted with the weights as ``system``
     keeps them (:func:`stated_weight_copy_bytes`; default: from the options,
-    :func:`recipe_weight_copy_bytes`). ``muon_parameters``: the matrix elements that
+    :func:`recipe_weight_copy_bytes`), ``weight_copy_scales`` the scales among them (the fact
+    ``low_precision_weight_scale_bytes``). ``muon_parameters``: the matrix elements that
     ``--optimizer muon`` updates, held and this rank's share of them (one state where Adam
     keeps two, :func:`muon_state`)."""
     o = as_options(options)
@@ -1267,6 +1367,7 @@ def stage_memory(
         system=system,
         layer_bytes=layer_bytes,
         weight_copies=weight_copies,
+        weight_copy_scales=weight_copy_scales,
     )
     return _stage_memory(o, stage, terms)
 
@@ -1331,6 +1432,7 @@ def _stage_terms(
     weight_copies: float | None,
     activations: _LayerActivations | None = None,
     muon_parameters: tuple[float, float] = (0, 0),
+    weight_copy_scales: float | None = None,
 ) -> _StageTerms:
     layer_activations = activations or _LayerActivations(o, kernels, system)
     if not kinds:
@@ -1340,7 +1442,7 @@ def _stage_terms(
     if weight_copies is None:
         weight_copies = recipe_weight_copy_bytes(o, kinds, arch)
     else:
-        weight_copies = stated_weight_copy_bytes(o, weight_copies, arch)
+        weight_copies = stated_weight_copy_bytes(o, weight_copies, arch, weight_copy_scales)
     zero = zero_stage(o)
     shard = o.dp * o.sp
     state = model_state_bytes(
@@ -1848,6 +1950,7 @@ def _class_memory(
         system=system,
         layer_bytes=facts.get("layer_activation_bytes"),
         weight_copies=facts.get("low_precision_weight_bytes"),
+        weight_copy_scales=facts.get("low_precision_weight_scale_bytes"),
         muon_parameters=(
             float(facts.get("muon_parameters", 0)),
             float(facts.get("muon_shard_parameters", 0)),

@@ -81,7 +81,7 @@ if TYPE_CHECKING:
         recompute_units,
     )
     from stg.core.precision import DTYPE_BYTES, precision_of
-    from stg.core.recipes import RECIPES, bf16_kind, model_kind
+    from stg.core.recipes import RECIPES, bf16_kind, cached_weight_bytes, model_kind
     from stg.core.routing import expert_capacity
     from stg.core.sharding import Sharding
     from stg.core.sizes import check_size, estimate_size
@@ -170,6 +170,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "TORCH_ALL_GATHER": ("stg.core.torch_context_parallel", "TORCH_ALL_GATHER"),
     "RECIPES": ("stg.core.recipes", "RECIPES"),
     "bf16_kind": ("stg.core.recipes", "bf16_kind"),
+    "cached_weight_bytes": ("stg.core.recipes", "cached_weight_bytes"),
     "model_kind": ("stg.core.recipes", "model_kind"),
     "expert_capacity": ("stg.core.routing", "expert_capacity"),
     "Sharding": ("stg.core.sharding", "Sharding"),
@@ -323,6 +324,7 @@ __all__ = [
     "attention_time",
     "bf16_kind",
     "build_workload",
+    "cached_weight_bytes",
     "calibrated_time",
     "chakra_v001",
     "chakra_v004",

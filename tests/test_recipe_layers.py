@@ -148,19 +148,17 @@ def test_memory_counts_the_copies_of_quantized_layers_only(recipe: str) -> None:
     built = predict_memory(workload, "b200-180g")["classes"][0]
     # Blackwell keeps one per-tensor scaled fp8 copy for both usages (Transformer Engine v2.9
     # pytorch/csrc/quantizer.cpp: no transpose where nvte_is_non_tn_fp8_gemm_supported())
-    kept = _weight_copies(recipe) // (2 if recipe == "tensorwise" else 1)
+    # (its one fp32 scale_inv per weight whole)
+    gemms = [rc for (operand, _), rc in SITES.items() if operand == "weight"]
+    kept = _weight_copies(recipe)
+    if recipe == "tensorwise":
+        kept = (kept - 4 * len(gemms)) // 2 + 4 * len(gemms)
     assert built["weights"] == 2 * built["parameters"] + quantized * kept
-    # from options alone: the copies per element, per-tensor and per-row scales left out
-    # (tests/test_low_precision_recipes.py), for the quantized layers only
+    # from options alone: the same copies and scales (tests/test_memory_paths.py), for the
+    # quantized layers only
     options = GenerateOptions(**{**LLAMA, "num_stacks": LAYERS, **given})
     alone = predict_analytic(options, "b200-180g")["classes"][0]
-    gemms = [rc for (operand, _), rc in SITES.items() if operand == "weight"]
-    left_out = {
-        "tensorwise": 2 * len(gemms),  # halved with the copy Blackwell drops
-        "rowwise": sum(4 * (r + c) for r, c in gemms),
-        "nvfp4": 2 * 4 * len(gemms),
-    }.get(recipe, 0)
-    assert built["weights"] - alone["weights"] == quantized * left_out
+    assert built["weights"] == alone["weights"]
     assert alone["parameters"] == built["parameters"]
     assert alone["activations"] == built["activations"]
 

@@ -70,9 +70,6 @@ CASES = [
     ("mxfp8", BLACKWELL),  # block-scaled tensor cores: Blackwell only
     ("nvfp4", BLACKWELL),
 ]
-PER_TENSOR_SCALES = 4 * len(WEIGHTS)
-"""The per-tensor fp32 scales: the options count the copies per element and leave them out
-except under delayed scaling (predictors/memory.py, ``recipe_weight_copy_bytes``)."""
 
 
 def _copies(report: dict[str, Any]) -> float:
@@ -82,22 +79,19 @@ def _copies(report: dict[str, Any]) -> float:
 
 @pytest.mark.parametrize(("recipe", "system"), CASES)
 def test_copies_from_the_options(recipe: str, system: str) -> None:
+    # every scale counted, as the workload states them (tests/test_memory_paths.py)
     options = GenerateOptions(**LLAMA, low_precision_recipe=recipe)
-    left_out = {"tensorwise": PER_TENSOR_SCALES, "nvfp4": 2 * PER_TENSOR_SCALES}.get(recipe, 0)
-    assert _copies(predict_analytic(options, system)) == closed_form(recipe, system) - left_out
+    assert _copies(predict_analytic(options, system)) == closed_form(recipe, system)
 
 
 @pytest.mark.parametrize(("recipe", "system"), CASES)
 def test_copies_from_a_generated_workload(recipe: str, system: str) -> None:
     options = GenerateOptions(**LLAMA, low_precision_recipe=recipe)
     workload = build_workload(options, load_registry(autoload=False))
-    copies = _copies(predict_memory(workload, system))
-    if recipe == "tensorwise" and system == BLACKWELL:
-        # the workload states both usages' copies (any GPU); Blackwell's are half of them,
-        # their one fp32 scale per weight halved too (stated_weight_copy_bytes)
-        assert copies == closed_form(recipe, system) - PER_TENSOR_SCALES // 2
-    else:
-        assert copies == closed_form(recipe, system)
+    # the workload states both usages' copies (any GPU) and their scales apart: Blackwell's
+    # tensorwise copies are half of them, its one fp32 scale per weight whole
+    # (stated_weight_copy_bytes)
+    assert _copies(predict_memory(workload, system)) == closed_form(recipe, system)
 
 
 def test_the_workload_states_both_usages_whatever_the_gpu() -> None:
@@ -109,20 +103,20 @@ def test_the_workload_states_both_usages_whatever_the_gpu() -> None:
 
 def test_fp8_weights_need_no_copy_on_blackwell() -> None:
     # --fp8_param_gather: the stored fp8 weight is the rowwise copy; Hopper adds its transpose
-    # (1 byte per element) and Blackwell nothing (one fp32 scale per weight: 4 bytes on Hopper
-    # from the workload, left out by the options and scaled away with the copy on Blackwell)
+    # (1 byte per element) and Blackwell nothing (one fp32 scale per weight on both, counted
+    # by the workload and the options alike)
     given = {**LLAMA, "low_precision_recipe": "tensorwise", "fp8_param_gather": True,
              "weight_sharded": True, "dp": 2}  # fmt: skip
     options = GenerateOptions(**given)
     workload = build_workload(options, load_registry(autoload=False))
-    for report, scales in (
-        (lambda system: predict_memory(workload, system), PER_TENSOR_SCALES),
-        (lambda system: predict_analytic(options, system), 0),
+    for report in (
+        lambda system: predict_memory(workload, system),
+        lambda system: predict_analytic(options, system),
     ):
         (hopper,) = report(HOPPER)["classes"]
         (blackwell,) = report(BLACKWELL)["classes"]
         assert hopper["parameters"] == blackwell["parameters"]
-        assert hopper["weights"] - blackwell["weights"] == ELEMENTS + scales
+        assert hopper["weights"] - blackwell["weights"] == ELEMENTS
 
 
 def test_a_precision_plans_fp8_copies_halve_on_blackwell() -> None:

@@ -1124,6 +1124,9 @@ class BoundPart:
     muon: tuple[MuonMatrices, ...] = ()
     """the weight matrices Muon orthogonalizes on this rank (``--optimizer muon``; none for
     Adam, the embedding and the head: :mod:`stg.core.muon`)"""
+    weight_scale_bytes: int = 0
+    """the scales among :attr:`weight_copy_bytes` (``Recipe.scale_bytes`` of each weight):
+    what a GPU whose one quantized tensor serves both usages keeps whole"""
 
     @property
     def fp8_gemms(self) -> int:
@@ -1358,6 +1361,7 @@ def bind_part(
         forward = fp8_attention_ops(forward, scaling)
         backward = fp8_attention_ops(backward, scaling)
 
+    weight_sites = [site for site in sites if site.operand == "weight"]
     update = bound(part.update, _any_collective)
     if te_recipe:
         # the output layer and the embedding are no TE modules: their weights stay bf16
@@ -1387,13 +1391,13 @@ def bind_part(
         modules,
         sum(
             weight_copy_bytes(recipe, site.rows, site.cols, param=param_gather)
-            for site in sites
-            if site.operand == "weight"
+            for site in weight_sites
         ),
         tuple(key(part.weight_grads[w]) for w in part.tied if w in part.weight_grads)
         + tuple(key(g) for g in part.copy_grads),
         [op for op in bound(tp_replicated, _any_collective) if op.type is NodeType.COMM_COLL],
         part_matrices(part, binder, shard_degree, shard_axes) if muon else (),
+        sum(recipe.scale_bytes("weight", site.rows, site.cols) for site in weight_sites),
     )
 
 
@@ -3015,9 +3019,14 @@ def run_combined(
 
 def _weight_copy_fact(held: list[tuple[str, BoundPart]]) -> dict[str, int]:
     """``low_precision_weight_bytes``: the quantized weight copies of a recipe that a rank of
-    the stage keeps (none under the default recipe, whose traces keep their bytes)."""
+    the stage keeps (none under the default recipe, whose traces keep their bytes), and
+    ``low_precision_weight_scale_bytes``: their scales (kept whole where one copy serves both
+    usages, ``stg.predictors.memory.stated_weight_copy_bytes``)."""
     copies = sum(bp.weight_copy_bytes for _, bp in held)
-    return {"low_precision_weight_bytes": copies} if copies else {}
+    if not copies:
+        return {}
+    scales = sum(bp.weight_scale_bytes for _, bp in held)
+    return {"low_precision_weight_bytes": copies, "low_precision_weight_scale_bytes": scales}
 
 
 def stage_parts(stage: int, plan: ParallelPlan, parts: ModelParts) -> list[tuple[str, BoundPart]]:

@@ -529,6 +529,19 @@ def weight_copy_bytes(recipe: Recipe, rows: int, cols: int, *, param: bool = Fal
     return copies + recipe.scale_bytes("weight", rows, cols)
 
 
+def cached_weight_bytes(
+    recipe: Recipe, rows: int, cols: int, *, param: bool = False, arch: str | None = None
+) -> int:
+    """:func:`weight_copy_bytes` as a rank of a GPU of ``arch`` keeps them: the
+    :meth:`Recipe.cached_weight_copies` of the weight's elements and all its scales. Where one
+    per-tensor scaled fp8 tensor serves both usages (:meth:`Recipe.shares_usages`: TE's
+    ``Float8Tensor`` on sm100 keeps no transpose, ``Float8TensorStorage.update_usage``) its one
+    fp32 ``scale_inv`` stays whole; the stored fp8 weight (``param``) is that tensor, so it
+    caches no copy but its scale."""
+    copies = recipe.cached_weight_copies(param=param, arch=arch)
+    return copies * (recipe.copy_bytes(rows, cols) // 2) + recipe.scale_bytes("weight", rows, cols)
+
+
 PARAM_GATHER_RECIPES = ("tensorwise", "blockwise", "mxfp8")
 """Recipes whose weights Megatron-LM keeps in fp8 and all-gathers in fp8
 (``--fp8-param-gather`` with ``--fp8-recipe`` tensorwise, blockwise or mxfp8; torchtitan's
@@ -643,6 +656,7 @@ __all__ = [
     "QuantizeKernel",
     "Recipe",
     "bf16_kind",
+    "cached_weight_bytes",
     "gathered_weight_bytes",
     "model_kind",
     "quantize_kernels",
