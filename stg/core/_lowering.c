@@ -12,8 +12,9 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <string.h>
 
-#define ABI_VERSION 1
+#define ABI_VERSION 2
 
 /* the fields of NodeTemplate, in the order lay_out fills them */
 enum { F_ID, F_NAME, F_TYPE, F_DATA, F_CTRL, F_OPS, F_TENSOR, F_COMM_TYPE, F_COMM_SIZE,
@@ -42,8 +43,13 @@ static PyObject *setup(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "O!OOU:setup", &PyType_Type, &cls, &c, &cc, &ra))
         return NULL;
     PyObject *slots = PyObject_GetAttrString(cls, "__slots__");
-    if (slots == NULL)
+    if (slots == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_TypeError, "NodeTemplate has no __slots__");
+        }
         return NULL;
+    }
     Py_ssize_t count = PyObject_Length(slots);
     Py_DECREF(slots);
     if (count != F_COUNT) {
@@ -51,6 +57,7 @@ static PyObject *setup(PyObject *self, PyObject *args)
                      F_COUNT);
         return NULL;
     }
+    Py_ssize_t found[F_COUNT]; /* committed to offsets only once every field fits */
     for (int f = 0; f < F_COUNT; f++) {
         PyObject *descr = PyDict_GetItemString(((PyTypeObject *)cls)->tp_dict, field_names[f]);
         if (descr == NULL || !Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
@@ -63,8 +70,9 @@ static PyObject *setup(PyObject *self, PyObject *args)
                          field_names[f]);
             return NULL;
         }
-        offsets[f] = member->offset;
+        found[f] = member->offset;
     }
+    memcpy(offsets, found, sizeof offsets);
     Py_INCREF(cls);
     Py_XSETREF(template_type, (PyTypeObject *)cls);
     Py_INCREF(c);

@@ -1829,7 +1829,7 @@ _AFTER_ONE_BEFORE_ONE = 1
 _AFTER_ONE = 2
 """a run op's inputs: the output of one earlier op of the run, nothing from before it"""
 
-LOWERING_ABI_VERSION = 1
+LOWERING_ABI_VERSION = 2
 """The version of stg/core/_lowering.c that :meth:`_Nodes.run` drives."""
 
 

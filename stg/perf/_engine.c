@@ -24,7 +24,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-#define ABI_VERSION 1
+#define ABI_VERSION 2
 
 enum { COMPUTE = 0, COLL = 1, SEND = 2, RECV = 3, INSTANT = 4, COPY = 5 };
 
@@ -97,19 +97,30 @@ static int less(PyObject *a, PyObject *b)
  * shares these lists through heapq sees the same heaps): the item at pos moves up. */
 static int sift_up_from(PyObject *heap, Py_ssize_t pos)
 {
-    PyObject **items = ((PyListObject *)heap)->ob_item;
-    PyObject *item = items[pos];
+    /* heapq's _siftdown(heap, 0, pos): items swap, so the list stays a permutation of its
+     * items whatever a comparison does (raises, or runs Python code that resizes the list) */
+    Py_ssize_t size = PyList_GET_SIZE(heap);
     while (pos > 0) {
         Py_ssize_t parent = (pos - 1) >> 1;
-        int lt = less(item, items[parent]);
+        PyObject **items = ((PyListObject *)heap)->ob_item;
+        PyObject *item = Py_NewRef(items[pos]), *up = Py_NewRef(items[parent]);
+        int lt = less(item, up);
+        Py_DECREF(up);
+        Py_DECREF(item);
         if (lt < 0)
             return -1;
+        if (size != PyList_GET_SIZE(heap)) {
+            PyErr_SetString(PyExc_RuntimeError, "list changed size during iteration");
+            return -1;
+        }
         if (!lt)
             break;
+        items = ((PyListObject *)heap)->ob_item;
+        item = items[pos];
         items[pos] = items[parent];
+        items[parent] = item;
         pos = parent;
     }
-    items[pos] = item;
     return 0;
 }
 
@@ -142,21 +153,29 @@ static PyObject *pop(PyObject *heap)
     items = ((PyListObject *)heap)->ob_item;
     PyObject *first = items[0];
     items[0] = last; /* the list's reference to first passes to the caller */
-    Py_ssize_t pos = 0, child = 1;
-    while (child < n) {
-        Py_ssize_t right = child + 1;
-        if (right < n) {
-            int lt = less(items[child], items[right]);
+    Py_ssize_t pos = 0, limit = n >> 1;
+    while (pos < limit) {
+        Py_ssize_t child = 2 * pos + 1;
+        if (child + 1 < n) {
+            PyObject *a = Py_NewRef(items[child]), *b = Py_NewRef(items[child + 1]);
+            int lt = less(a, b);
+            Py_DECREF(a);
+            Py_DECREF(b);
             if (lt < 0)
                 goto fail;
+            if (n != PyList_GET_SIZE(heap)) {
+                PyErr_SetString(PyExc_RuntimeError, "list changed size during iteration");
+                goto fail;
+            }
+            items = ((PyListObject *)heap)->ob_item;
             if (!lt)
-                child = right;
+                child += 1;
         }
-        items[pos] = items[child];
+        PyObject *up = items[child]; /* the smaller child moves up, the item down */
+        items[child] = items[pos];
+        items[pos] = up;
         pos = child;
-        child = 2 * pos + 1;
     }
-    items[pos] = last;
     if (sift_up_from(heap, pos) < 0)
         goto fail;
     return first;
@@ -688,34 +707,35 @@ static int instant(Loop *L, PyObject *t)
         Py_ssize_t n = PyList_GET_SIZE(ukinds), i;
         if (index_of(io, n, &i) < 0)
             goto fail;
+        Py_INCREF(ukinds); /* the rows stay ours whatever the callbacks below assign */
         set2(L->ends_at, u, i, t);
         long k = PyLong_AsLong(PyList_GET_ITEM(ukinds, i));
         if (k == -1 && PyErr_Occurred())
-            goto fail;
+            goto fail_kinds;
         if (k == COMPUTE) {
             set2(L->busy, u, 0, Py_False);
             if (PySet_Add(L->touched, PyList_GET_ITEM(L->compute_stream, u)) < 0)
-                goto fail;
+                goto fail_kinds;
         } else if (k < RECV || k == COPY) {
             int own = k == COLL ? is_private(L, u, io, i) : 0;
             if (own < 0)
-                goto fail;
+                goto fail_kinds;
             if (own) {
                 if (end_private(L, u, uo, io, i, t) < 0)
-                    goto fail;
+                    goto fail_kinds;
             } else {
                 PyObject *args[4] = {uo, io, PyList_GET_ITEM(ukinds, i), t};
                 if (call(L->ended, args, 4) < 0)
-                    goto fail;
+                    goto fail_kinds;
             }
         }
         PyObject *children = at2(L->children, u, i);
         if (!PyList_CheckExact(children)) {
             PyErr_SetString(PyExc_TypeError, "engine: a node's children are no list");
-            goto fail;
+            goto fail_kinds;
         }
         Py_INCREF(children);
-        PyObject *pend = PyList_GET_ITEM(L->pending, u);
+        PyObject *pend = Py_NewRef(PyList_GET_ITEM(L->pending, u));
         PyObject *cause = NULL;
         for (Py_ssize_t j = 0; j < PyList_GET_SIZE(children); j++) {
             PyObject *co = PyList_GET_ITEM(children, j);
@@ -769,11 +789,16 @@ static int instant(Loop *L, PyObject *t)
         }
         Py_XDECREF(cause);
         Py_DECREF(children);
+        Py_DECREF(pend);
+        Py_DECREF(ukinds);
         Py_DECREF(item);
         continue;
     fail_children:
         Py_XDECREF(cause);
         Py_DECREF(children);
+        Py_DECREF(pend);
+    fail_kinds:
+        Py_DECREF(ukinds);
     fail:
         Py_DECREF(item);
         return -1;
@@ -1221,17 +1246,17 @@ static PyObject *compute_costs(PyObject *self, PyObject *args)
                           &keyed, &price, &PyList_Type, &kind, &PyList_Type, &duration,
                           &PyList_Type, &keys))
         return NULL;
-    PyObject *nodes = PySequence_Fast(nodes_arg, "nodes is no sequence");
+    PyObject *nodes = PySequence_Tuple(nodes_arg); /* price may run any Python code */
     if (nodes == NULL)
         return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(nodes);
+    Py_ssize_t n = PyTuple_GET_SIZE(nodes);
     if (PyList_GET_SIZE(kind) != n || PyList_GET_SIZE(duration) != n ||
         PyList_GET_SIZE(keys) != n) {
         PyErr_SetString(PyExc_ValueError, "compute_costs: one entry per node");
         Py_DECREF(nodes);
         return NULL;
     }
-    PyObject **items = PySequence_Fast_ITEMS(nodes);
+    PyObject **items = &PyTuple_GET_ITEM(nodes, 0);
     PyObject *others = PyList_New(0), *compute_kind = PyLong_FromLong(COMPUTE);
     if (others == NULL || compute_kind == NULL)
         goto fail;
@@ -1270,6 +1295,12 @@ static PyObject *compute_costs(PyObject *self, PyObject *args)
         if (!PyTuple_CheckExact(found) || PyTuple_GET_SIZE(found) != 2) {
             Py_DECREF(found);
             PyErr_SetString(PyExc_TypeError, "compute_costs: a price is no (key, cost)");
+            goto fail;
+        }
+        if (PyList_GET_SIZE(kind) != n || PyList_GET_SIZE(duration) != n ||
+            PyList_GET_SIZE(keys) != n) {
+            Py_DECREF(found);
+            PyErr_SetString(PyExc_RuntimeError, "compute_costs: a list changed size");
             goto fail;
         }
         PyObject *old = PyList_GET_ITEM(kind, i);
@@ -1317,15 +1348,15 @@ static PyObject *flops(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OOOUUO:flops", &nodes_arg, &comp, &orthogonalize, &role_name,
                           &phase_name, &is_recompute))
         return NULL;
-    PyObject *nodes = PySequence_Fast(nodes_arg, "nodes is no sequence");
+    PyObject *nodes = PySequence_Tuple(nodes_arg); /* is_recompute may run any Python code */
     if (nodes == NULL)
         return NULL;
     PyObject *hardware = PyLong_FromLong(0), *model = PyLong_FromLong(0);
     PyObject *recomputed = PyDict_New(), *result = NULL;
     if (hardware == NULL || model == NULL || recomputed == NULL)
         goto done;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(nodes);
-    PyObject **items = PySequence_Fast_ITEMS(nodes);
+    Py_ssize_t n = PyTuple_GET_SIZE(nodes);
+    PyObject **items = &PyTuple_GET_ITEM(nodes, 0);
     for (Py_ssize_t j = 0; j < n; j++) {
         PyObject *node = items[j];
         PyObject *type = PyObject_GetAttr(node, str_type);
@@ -1441,11 +1472,11 @@ static PyObject *bases(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_TypeError, "bases: five attribute names");
         return NULL;
     }
-    PyObject *nodes = PySequence_Fast(nodes_arg, "nodes is no sequence");
+    PyObject *nodes = PySequence_Tuple(nodes_arg); /* callbacks may change a list */
     if (nodes == NULL)
         return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(nodes);
-    PyObject **items = PySequence_Fast_ITEMS(nodes);
+    Py_ssize_t n = PyTuple_GET_SIZE(nodes);
+    PyObject **items = &PyTuple_GET_ITEM(nodes, 0);
     PyObject *out = PyList_New(n);
     if (out == NULL)
         goto fail;
@@ -1507,6 +1538,14 @@ static PyObject *bases(PyObject *self, PyObject *args)
             }
         }
         Py_DECREF(raw);
+        if (found == NULL && !bad && PyErr_ExceptionMatches(PyExc_TypeError)) {
+            /* an unhashable attribute: the Python code works out this node's base only if
+             * it is asked for it (and raises then) */
+            PyErr_Clear();
+            Py_DECREF(out);
+            Py_DECREF(nodes);
+            Py_RETURN_NOTIMPLEMENTED;
+        }
         if (found == NULL)
             goto fail;
         PyList_SET_ITEM(out, j, found);

@@ -132,7 +132,7 @@ activation offload, :mod:`stg.core.offload`): one stream for both directions, as
 Engine's offload stream, beside the compute."""
 HOST_COPIES = (NodeType.MEM_LOAD, NodeType.MEM_STORE)
 
-ENGINE_ABI_VERSION = 1
+ENGINE_ABI_VERSION = 2
 """The version of stg/perf/_engine.c that :meth:`_Sim.run` drives (a stale build is not used)."""
 
 
