@@ -220,6 +220,16 @@ def is_mla(o: GenerateOptions) -> bool:
     return o.model.lower().split(":")[-1] == "deepseek"
 
 
+def has_output_gate(o: GenerateOptions) -> bool:
+    """Whether each attention layer gates its output (``--attention_output_gate true``,
+    Qwen3-Next's gated attention: models/llama.py ``attention``): a projection ``gate_proj``
+    of the layer input (``w_gate``, ``dmodel kvhead qgroup dhead``, as large as the query's,
+    column parallel over tp) and the product ``output_gate`` of the attention's output with
+    its sigmoid, the output projection's input. Llama-family attention only (``llama``,
+    ``moe``); other models refuse the option."""
+    return bool(o.attention_output_gate) and model_family(o.model) == "llama" and not is_mla(o)
+
+
 def is_eager(o: GenerateOptions) -> bool:
     """Whether the stack runs eager PyTorch (``--profile eager``), not Megatron-LM with
     Transformer Engine (``megatron``, the default) or fused kernels of ``torch.compile``
@@ -403,7 +413,9 @@ def layer_parameters_per_rank(o: GenerateOptions, kind: str | None = None) -> in
     a·d in place of h for the heads' width under ``--dhead``;
     column-parallel weights and biases are split by t, row-parallel biases and norms are
     replicated: 12h² + 13h over all TP ranks for F = 4h. Llama: Q and O h·a·d, K and V
-    h·kv·d (d = dhead: h/a unless ``--dhead``), SwiGLU 3hF, two RMSNorms (2h), no biases.
+    h·kv·d (d = dhead: h/a unless ``--dhead``), SwiGLU 3hF, two RMSNorms (2h), no biases;
+    with ``--attention_output_gate`` the gate projection ``w_gate``, h·a·d more
+    (:func:`has_output_gate`), with ``--attention_sinks`` a sink logit per head (a).
     MoE layers (``moe``, ``deepseek``) hold E/ep routed experts' SwiGLUs (3hF each, split
     by etp: t unless ep folds), the router h·E (replicated) and ``shared_experts`` shared
     SwiGLUs of F (split by t); their ``dense`` layers a SwiGLU of ``dense_dff``; DeepSeek's
@@ -416,7 +428,11 @@ def layer_parameters_per_rank(o: GenerateOptions, kind: str | None = None) -> in
         if is_mla(o):
             attention = mla_parameters_per_rank(o)
         else:
-            attention = (2 * h * o.head * d + 2 * h * o.kvhead * d) // t
+            # wq and wo; wk and wv; the output gate's w_gate (gate_proj), as large as wq
+            gates = 1 if has_output_gate(o) else 0
+            attention = ((2 + gates) * h * o.head * d + 2 * h * o.kvhead * d) // t
+            if o.attention_sinks:  # softmax's learned sink logit per head (models/llama.py)
+                attention += o.head // t
         if kind == "dense":
             mlp = 3 * h * (o.dense_dff or f) // t
         elif is_moe(o):
@@ -506,7 +522,11 @@ def activation_bytes_per_layer(
     GEMMs that run natively on it). Llama-family layers store, in
     the activation dtype: the inputs of both norms, of the attention and of the MLP (4sbh,
     split by t under sequence parallelism), Q, K, V and the projection input (s·b·d·(2a +
-    2kv), split by t) and the MLP's gate, up and product (3sbF/t). Multi-head latent
+    2kv), split by t) and the MLP's gate, up and product (3sbF/t); with
+    ``--attention_output_gate`` (:func:`has_output_gate`) also the inputs of the gate's
+    product, the attention's output and the gate projection's output (2s·b·a·d/t, the gated
+    product being the projection input), under no and selective recompute alike (the gate is
+    outside the attention core that ``core_attn`` recomputes). Multi-head latent
     attention stores instead Q, its RoPE part, K, the RoPE key copied to every head, V and the
     projection input (s·b·a·(4d + 2r)/t: the key the attention kernel reads is
     ``[head, d + r]``, as Megatron-LM materialises it) and, replicated over tp, its latents:
@@ -567,6 +587,12 @@ def activation_bytes_per_layer(
             replicated += stats * sb * latent_norms * sp_divisor
         else:
             sharded = e * sb * d * (2 * a + 2 * o.kvhead)
+            if has_output_gate(o):
+                # output_gate = context * sigmoid(gate_proj): its backward reads both inputs,
+                # the attention's output and the gate projection's output (a·d each; the
+                # gated product is the projection input counted above, the gate
+                # projection's input is the QKV input)
+                sharded += e * sb * d * 2 * a
         if kind == "dense":
             mlp = (3 * e + silu_output) * sb * (o.dense_dff or f) / t
             sharded += (3 * e + silu_output) * sb * (o.dense_dff or f)
@@ -670,7 +696,11 @@ def op_checkpoint_layer_bytes(o: GenerateOptions, kind: str | None = None) -> fl
     the checkpointed layer's input and the outputs its policy saves, those of the odd-numbered
     matmuls (Q, V, the MLP's gate and down projections: s·b·(d·(a + kv) + F)/t and sbh) and of
     the flash-attention kernel (its output, s·b·a·d/t, and the fp32 log-sum-exp). Modelled for
-    Llama-family dense layers with fused attention and no precision plan (torchtitan's models)."""
+    Llama-family dense layers with fused attention and no precision plan (torchtitan's models).
+    With ``--attention_output_gate`` the gate projection is the fourth matmul: the odd ones are
+    then Q, V, the output projection and the MLP's up projection, whose outputs are as large
+    as those above (sbh for the output projection's, as the down projection's; sbF/t for up's,
+    as gate's); the gate projection and the sigmoid product run again, so the figure holds."""
     kind = closed_form_kind(o, kind)[0] if kind else kind
     if model_family(o.model) != "llama" or is_mla(o) or is_moe(o) or kind == "moe":
         raise UserError(
@@ -806,7 +836,10 @@ def quantized_input_delta(o: GenerateOptions, recompute: str, kind: str | None =
                 inputs.append((sb * o.q_lora_rank, one, False))  # the query latent after its norm
     elif "layernorm" not in modules:
         inputs.append((sbh / sp_divisor, norm_output, False))  # QKV input
-    inputs.append((sb * o.head * d / t, one, fused_output))  # the projection's input
+    # the projection's input; gated (has_output_gate) it is output_gate's product, which no
+    # other backward reads: its bf16 copy goes (the attention's output, which the product's
+    # backward keeps, is counted in activation_bytes_per_layer)
+    inputs.append((sb * o.head * d / t, one, fused_output and not has_output_gate(o)))
     llama = model_family(o.model) == "llama"
     if llama and is_moe(o) and kind != "dense":
         tokens = (o.micro_batch or o.batch) * o.seq
@@ -846,12 +879,16 @@ def _saved_matmul_inputs(
     # rowsum(dO * O)), the projection's input: that keeps its 16-bit copy beside any cast
     # one (TE's docs name this case: "the attention output which is saved anyway")
     fused_output = recompute == "none" and o.attention != "unfused"
+    # --attention_output_gate: gate_proj reads the QKV input too, and the projection's input
+    # is output_gate's product, kept for no other backward (the attention's output and the
+    # gate, which the product's backward reads, are no matmul's inputs)
+    gated = has_output_gate(o)
     saved = [
-        (sbh / sp_divisor, ("q", "k", "v"), False),
+        (sbh / sp_divisor, ("q", "k", "v", "gate_proj") if gated else ("q", "k", "v"), False),
         (sbw / t, ("scores",), False),
         (kv_fraction * sbw / t, ("scores",), False),
         (kv_fraction * sbw / t, ("context",), False),
-        (sbw / t, ("attn_out",), fused_output),
+        (sbw / t, ("attn_out",), fused_output and not gated),
     ]
     sbf = k * s_local * b * o.dff / t
     scores = o.head * s_local * o.seq * b / t
@@ -958,6 +995,8 @@ def gemm_weights_per_rank(o: GenerateOptions, kind: str | None = None) -> dict[s
             weights["q_down"] = h * o.q_lora_rank
     else:
         weights = {"q": h * a * d / t, "k": h * o.kvhead * d / t, "v": h * o.kvhead * d / t}
+        if has_output_gate(o):  # the output gate's projection of the layer input
+            weights["gate_proj"] = h * a * d / t
     weights["attn_out"] = a * d * h / t
     if kind == "dense":
         ffn = o.dense_dff or f
@@ -1008,6 +1047,8 @@ def gemm_weight_shapes_per_rank(
             shapes["q_down"] = (o.q_lora_rank, h)
     else:
         shapes = {"q": (a * d // t, h), "k": (o.kvhead * d // t, h), "v": (o.kvhead * d // t, h)}
+        if has_output_gate(o):  # the output gate's projection of the layer input
+            shapes["gate_proj"] = (a * d // t, h)
     shapes["attn_out"] = (h, a * d // t)
     if kind == "dense":
         ffn = (o.dense_dff or f) // t
