@@ -31,7 +31,7 @@ from dataclasses import replace
 from math import prod
 
 from stg.core.lowering import Binder, BoundOp, BoundPart, sequence_parallel_collective
-from stg.core.precision import DTYPE_BYTES
+from stg.core.quantization import DTYPE_BITS
 from stg.core.workload import CollectiveType, NodeType
 
 DTENSOR_PROFILES = frozenset({"eager", "compiled", "torchtitan"})
@@ -83,33 +83,33 @@ def with_sequence_parallel_copies(bp: BoundPart, binder: Binder) -> BoundPart:
             if not sequence_parallel_collective(op):
                 out.append(replace(op, inputs=(*op.inputs, *waits)) if waits else op)
                 continue
-            width = DTYPE_BYTES[op.dtype or "bf16"]
+            bits = DTYPE_BITS[op.dtype or "bf16"]  # nvfp4 gathers 4-bit elements
             group = prod(binder.degrees.get(a, 1) for a in op.group_axes)
             if op.comm_type is CollectiveType.REDUCE_SCATTER:
                 done = COPY_KEY_BASE - op.inputs[0]
-                out.append(_copy(SCATTER_COPY, op, op.inputs, done, op.comm_size, width))
+                out.append(_copy(SCATTER_COPY, op, op.inputs, done, op.comm_size, bits))
                 out.append(replace(op, inputs=(*op.inputs, done)))
                 continue
             out.append(op)
             done = COPY_KEY_BASE - op.outputs[0]
             for k in op.outputs:
                 local[k] = done
-            out.append(_copy(GATHER_COPY, op, op.outputs, done, op.comm_size * group, width))
+            out.append(_copy(GATHER_COPY, op, op.outputs, done, op.comm_size * group, bits))
         return out
 
     return replace(bp, forward=with_copies(bp.forward), backward=with_copies(bp.backward))
 
 
 def _copy(
-    name: str, op: BoundOp, reads: tuple[int, ...], done: int, nbytes: int, width: int
+    name: str, op: BoundOp, reads: tuple[int, ...], done: int, nbytes: int, bits: int
 ) -> BoundOp:
-    """The copy kernel of ``nbytes`` bytes beside collective ``op``."""
+    """The copy kernel of ``nbytes`` bytes of ``bits``-bit elements beside collective ``op``."""
     return BoundOp(
         name,
         NodeType.COMP,
         reads,
         (done,),
-        num_ops=nbytes // width,
+        num_ops=nbytes * 8 // bits,
         tensor_size=2 * nbytes,
         tags=op.tags,
         dtype=op.dtype,

@@ -1237,13 +1237,14 @@ class _Sim:
             self.steps[u][i] = fixed_steps(res.duration[i])
 
     def _userbuffers_contended(self, u: int, i: int, link: str, method: str) -> float:
-        """Duration of GEMM ``i`` of unit ``u`` beside userbuffers' ``method`` over ``link``."""
+        """Duration of GEMM ``i`` of unit ``u`` beside userbuffers' ``method`` over ``link``
+        (a contention key: a group spanning nodes is priced over its outermost link)."""
         key = (self.cost_key[u][i], link, method)
         cost = self.contended_cost.get(key)
         if cost is None:
             gpu = contended_system(
                 self.system,
-                link,
+                link.split(SPANNING, 1)[0],
                 USERBUFFERS_SMS[method],
                 USERBUFFERS_HBM_BYTES_PER_WIRE_BYTE[method],
             )
