@@ -4,6 +4,7 @@ predict, or be refused with one line)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +13,8 @@ from stg.core.dtensor import GATHER_COPY
 from stg.core.options import GenerateOptions
 from stg.core.pipeline import build_workload
 from stg.host.registry import load_registry
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 
 def _predict(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
@@ -59,3 +62,27 @@ def test_nvfp4_sequence_parallel_copies_count_4_bit_elements(
             "--system", "b200-180g",
         )  # fmt: skip
         assert report["time"]["iteration_time_s"] > 0
+
+
+def test_an_infinite_iteration_time_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A system file that validates but whose figures give no finite time (docs/systems.md's
+    example cluster with a 5e-324 GB/s NVLink) is refused with one line, exit code 2 and no
+    output, by the replay and by the analytical predictor, instead of printing ``Infinity``
+    (which no JSON reader accepts)."""
+    monkeypatch.setenv("STG_CACHE_DIR", "")
+    text = (DOCS / "systems.md").read_text(encoding="utf-8")
+    system = json.loads(text.split("```json my-cluster.json", 1)[1].split("```", 1)[0])
+    system["network"][0]["bandwidth_gbps"] = 5e-324
+    path = tmp_path / "tiny-bw.json"
+    path.write_text(json.dumps(system))
+    plan = ("--model", "gpt", "--dmodel", "256", "--head", "4", "--kvhead", "4", "--dff", "1024",
+            "--dvocal", "1024", "--seq", "128", "--num_stacks", "2", "--dp", "2")  # fmt: skip
+    for predictor in ("time", "analytical"):
+        with pytest.raises(SystemExit) as done:
+            main(["predict", *plan, "--system", str(path), "--predictor", predictor, "--json"])
+        out, err = capsys.readouterr()
+        assert done.value.code == 2, (predictor, err)
+        assert not out
+        assert len(err.strip().splitlines()) == 1 and "inf" in err, err

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 import os
 import re
 from collections.abc import Callable, Iterator, Mapping
@@ -1471,6 +1472,14 @@ def run_predictors(
             raise UserError(
                 f"predictor {name!r} needs a generated workload; give the options of "
                 "stg generate instead of a trace"
+            )
+    for name, report in reports.items():
+        iteration = report.get("iteration_time_s") if isinstance(report, Mapping) else None
+        if isinstance(iteration, float) and not math.isfinite(iteration):
+            raise UserError(
+                f"predictor {name!r} gives an iteration time of {iteration}: a figure of system "
+                f"{getattr(system, 'name', system)!r} (a bandwidth, a peak or a latency) is out "
+                "of proportion to the work; give it a finite, positive value of the right order"
             )
     return reports
 

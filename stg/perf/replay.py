@@ -66,6 +66,7 @@ import functools
 import gc
 import heapq
 import itertools
+import math
 import operator
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -1653,7 +1654,7 @@ class _Sim:
             )  # fmt: skip
         while heap:  # the reference loop (what the compiled one does, in Python)
             t = heap[0][0]
-            while heap and heap[0][0] == t:
+            while heap and (heap[0][0] is t or heap[0][0] == t):  # as the compiled loop
                 _, _, u, i = heappop(heap)
                 if u < 0:  # a transfer's step ends (unless superseded by a new rate)
                     f = flows[-1 - u]
@@ -1908,7 +1909,7 @@ def replay(
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _Sim(
+        result = _Sim(
             problem,
             system,
             default_dtype,
@@ -1923,6 +1924,13 @@ def replay(
     finally:
         if enabled:
             gc.enable()
+    if not math.isfinite(result.iteration_time):
+        raise UserError(
+            f"the replay's iteration time is {result.iteration_time}: a figure of system "
+            f"{system.name!r} (a bandwidth, a peak or a latency) is out of proportion to the "
+            "work; give it a finite, positive value of the right order"
+        )
+    return result
 
 
 # ---------------------------------------------------------------------------------------------
