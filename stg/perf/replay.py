@@ -1614,36 +1614,35 @@ class _Sim:
         touched_add = touched.add
         compute_stream = [(True, u, 0) for u in range(len(results))]
 
+        def ended(u: int, i: int, k: int, t: float) -> None:
+            """A node of a stream other than compute ends."""
+            s = streams[u][i]
+            busy[u][s] = False
+            touched_add((s == 0, u, s))
+            if k == COLL and i in private[u]:
+                durations[u][i] = t - transfer_starts[u][i]
+                contender = contenders.pop((u, i), None)
+                if contender is not None:
+                    contending[u].remove(contender)
+            if k == SEND:
+                key = p2p_keys[u][i]
+                queue = waiting.get(key)
+                if queue:
+                    ru, ri = queue.popleft()
+                    causes[ru][ri] = (u, i)
+                    heappush(heap, (t, tick(), ru, ri))
+                else:
+                    mailbox.setdefault(key, deque()).append((t, u, i))
+
+        def flow_event(u: int, version: int, t: float) -> None:
+            f = flows[-1 - u]
+            if version == f.version:
+                step_done(f, t)
+
+        def capture(t: float) -> None:
+            states.append(state(t))
+
         if _compiled_loop is not None:
-
-            def ended(u: int, i: int, k: int, t: float) -> None:
-                """A node of a stream other than compute ends (the loop below, in turn)."""
-                s = streams[u][i]
-                busy[u][s] = False
-                touched_add((s == 0, u, s))
-                if k == COLL and i in private[u]:
-                    durations[u][i] = t - transfer_starts[u][i]
-                    contender = contenders.pop((u, i), None)
-                    if contender is not None:
-                        contending[u].remove(contender)
-                if k == SEND:
-                    key = p2p_keys[u][i]
-                    queue = waiting.get(key)
-                    if queue:
-                        ru, ri = queue.popleft()
-                        causes[ru][ri] = (u, i)
-                        heappush(heap, (t, tick(), ru, ri))
-                    else:
-                        mailbox.setdefault(key, deque()).append((t, u, i))
-
-            def flow_event(u: int, version: int, t: float) -> None:
-                f = flows[-1 - u]
-                if version == f.version:
-                    step_done(f, t)
-
-            def capture(t: float) -> None:
-                states.append(state(t))
-
             _compiled_loop(
                 heap, kinds, ends_at, busy, touched, compute_stream, children, pending,
                 ready_times, ready_causes, queue_key, ready, starts, last_on_stream, causes,
@@ -1657,9 +1656,7 @@ class _Sim:
             while heap and (heap[0][0] is t or heap[0][0] == t):  # as the compiled loop
                 _, _, u, i = heappop(heap)
                 if u < 0:  # a transfer's step ends (unless superseded by a new rate)
-                    f = flows[-1 - u]
-                    if i == f.version:
-                        step_done(f, t)
+                    flow_event(u, i, t)
                     continue
                 ends_at[u][i] = t
                 unit_kinds = kinds[u]
@@ -1668,23 +1665,7 @@ class _Sim:
                     busy[u][0] = False
                     touched_add(compute_stream[u])
                 elif k < RECV or k == COPY:
-                    s = streams[u][i]
-                    busy[u][s] = False
-                    touched_add((s == 0, u, s))
-                    if k == COLL and i in private[u]:
-                        durations[u][i] = t - transfer_starts[u][i]
-                        contender = contenders.pop((u, i), None)
-                        if contender is not None:
-                            contending[u].remove(contender)
-                    if k == SEND:
-                        key = p2p_keys[u][i]
-                        queue = waiting.get(key)
-                        if queue:
-                            ru, ri = queue.popleft()
-                            causes[ru][ri] = (u, i)
-                            heappush(heap, (t, tick(), ru, ri))
-                        else:
-                            mailbox.setdefault(key, deque()).append((t, u, i))
+                    ended(u, i, k, t)
                 pend = pending[u]
                 cause = None
                 for c in children[u][i]:
@@ -1731,7 +1712,7 @@ class _Sim:
                 watched < watch_count and starts[states_at[watched][0]][states_at[watched][1]] >= 0
             ):
                 watched += 1
-                states.append(state(t))
+                capture(t)
         self._check_finished()
         end = max((max(r.end, default=0.0) for r in results), default=0.0)
         if not states_at:

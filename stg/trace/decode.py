@@ -53,13 +53,13 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
-import os
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from stg.core.extensions import load_extension
 from stg.core.workload import CollectiveType, Node, NodeType
 from stg.errors import TraceError
 from stg.trace import reader as _ref
@@ -185,16 +185,9 @@ def same_node(a: Node, b: Node) -> bool:
 
 def _load() -> None:
     global _ext, _reason
-    if os.environ.get("STG_DECODER", "").lower() in ("python", "reference"):
-        _ext, _reason = None, "turned off by STG_DECODER=python"
-        return
-    try:
-        from stg.trace import _chakra  # type: ignore[attr-defined]
-    except ImportError as exc:
-        _ext, _reason = None, f"stg.trace._chakra is not built ({exc}); run pip install -e ."
-        return
-    if getattr(_chakra, "ABI_VERSION", None) != ABI_VERSION:
-        _ext, _reason = None, "stg.trace._chakra is stale; run pip install -e . to rebuild it"
+    _chakra, _reason = load_extension("stg.trace._chakra", ABI_VERSION, "STG_DECODER")
+    if _chakra is None:
+        _ext = None
         return
     try:
         _setup(_chakra)
