@@ -2,7 +2,8 @@
 time predictor.
 
 Each entry is a measured run (NeMo / Megatron-Bridge performance summaries on DGX H100,
-Megatron-LM's MoE recipes, torchtitan on A100, H200 and 500 W Grand Teton H100) with its plan
+Megatron-LM's MoE recipes, torchtitan on A100, H200 and 500 W Grand Teton H100, NeMo
+AutoModel, LLM Foundry's FSDP benchmarks of 128-512 H100s) with its plan
 spelled as ``stg generate`` options. The test builds the workload, predicts one iteration on the
 entry's system (a preset, or a system JSON file under tests/data/runs/systems/) with the
 registry's kernel records (what ``stg predict`` does) and turns the published figure into an
@@ -235,6 +236,32 @@ def test_megatron_flops_match_published_pairs(registry: Registry) -> None:
     assert len(checked) >= 5, checked
 
 
+LLM_FOUNDRY_H100_BF16_PEAK = 1.979e15 / 2
+"""The peak LLM Foundry's MFU column divides by: Composer's ``GPU_AVAILABLE_FLOPS['h100-sxm']
+['amp_bf16']`` (composer/callbacks/speed_monitor.py at v0.17.2, the Composer of
+scripts/train/benchmarking/collect_results.py at llm-foundry 5e85bd62d)."""
+
+
+def test_llm_foundry_rows_match_their_mfu(registry: Registry) -> None:
+    """LLM Foundry prints MFU beside tokens/s/GPU, both from the run's throughput
+    (collect_results.py: ``(3·2·NumParams·s + 3·L·4·d·s²)·samples/s / (GPUs·peak)``): for every
+    entry from its table the pair agrees to the table's rounding, so each row's throughput,
+    shapes and GPU count were transcribed as published."""
+    checked = []
+    for entry in RUNS:
+        published = entry.get("published_also", {})
+        if "num_params" not in published:
+            continue
+        options = run_options(entry, registry)
+        s, layers, d = options.seq, options.num_stacks, options.dmodel
+        samples_per_s = entry["value"] * entry["gpus"] / s
+        flops_per_sample = 3 * 2 * published["num_params"] * s + 3 * layers * 4 * d * s * s
+        mfu = 100 * flops_per_sample * samples_per_s / (entry["gpus"] * LLM_FOUNDRY_H100_BF16_PEAK)
+        assert abs(mfu - published["mfu_percent"]) <= 0.05, f"{entry['id']}: {mfu:.3f}"
+        checked.append(entry["id"])
+    assert len(checked) == 12, checked
+
+
 OVER_MEMORY = {
     "mb2509-deepseek-v3-1024gpu-ep64-fp8": "stg spells the plan with dp 1 (ep 64 takes every "
     "rank of a stage), so Megatron's distributed optimizer over data-parallel 64 (the dense "
@@ -288,7 +315,7 @@ def test_plans_fit_their_gpus(registry: Registry, report_table: Callable[..., No
     assert not wrong, "\n".join(wrong)
 
 
-@pytest.mark.slow  # 57 full-size plans, up to 1,024 GPUs
+@pytest.mark.slow  # 77 full-size plans, up to 1,024 GPUs
 def test_cluster_runs(registry: Registry, report_table: Callable[..., None]) -> None:
     """Every run predicts and stays within its guard; the table and its mean and median
     |error| go to the run's summary. One test, so that the statistics see every entry
