@@ -1,0 +1,68 @@
+"""Valid plans that a fuzz of ``stg predict`` (from options, and on the trace ``stg generate``
+writes for the same options) found refused, crashing or disagreeing: each must predict, the
+same from its options as from its trace, or be refused with one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from stg.cli import main
+from stg.perf.system import host_link_bandwidth, load_system, preset_names
+
+
+def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as done:
+        main(list(args))
+    out, err = capsys.readouterr()
+    return int(done.value.code or 0), out, err
+
+
+def _predict(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
+    code, out, err = _run(capsys, "predict", *args, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+@pytest.fixture(autouse=True)
+def _no_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STG_CACHE_DIR", "")
+
+
+OFFLOAD = ("--model", "bert", "--dmodel", "256", "--head", "2", "--kvhead", "1", "--dhead", "16",
+           "--dff", "256", "--dvocal", "128", "--seq", "512", "--num_stacks", "4",
+           "--micro_batch", "2", "--batch", "6", "--cpu_offloading_num_layers", "1")  # fmt: skip
+
+
+def test_every_system_preset_has_a_host_link() -> None:
+    """CPU activation offload writes a trace that validates on any system; its copies are
+    priced at the GPU's host link, which every preset's architecture now has (HGX B200/B300,
+    AMD's, Ada's, Volta's and Turing's PCIe were missing: predict refused the plan)."""
+    for name in preset_names():
+        assert host_link_bandwidth(load_system(name)) > 0, name
+
+
+@pytest.mark.parametrize("system", ["b200-180g", "mi300x-192g", "v100-32g"])
+def test_cpu_offload_predicts_off_hopper_and_ampere(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], system: str
+) -> None:
+    """``--cpu_offloading_num_layers 1 --system b200-180g`` was refused by predict ("no host
+    link bandwidth is known") though generate wrote a trace that validates; it predicts now,
+    from its options as from its trace, its copies at the PCIe rate."""
+    report = _predict(capsys, *OFFLOAD, "--system", system)["time"]
+    assert report["iteration_time_s"] > 0
+    copy = report["ranks"][0]["host_copy_s"]
+    assert copy > 0
+    rate = host_link_bandwidth(load_system(system))
+    out = tmp_path / "trace"
+    code, _, err = _run(capsys, "generate", *OFFLOAD, "--output_dir", str(out))
+    assert code == 0, err
+    code, _, err = _run(capsys, "validate", str(out), "-j", "1")
+    assert code == 0, err
+    traced = _predict(capsys, str(out), "--system", system, "-j", "1")["time"]
+    assert traced["iteration_time_s"] == pytest.approx(report["iteration_time_s"], rel=1e-2)
+    # the same bytes at each system's rate: the copy time scales with 1/rate
+    hopper = _predict(capsys, *OFFLOAD, "--system", "h100-80g")["time"]["ranks"][0]
+    assert copy * rate == pytest.approx(hopper["host_copy_s"] * 64e9, rel=1e-9)
