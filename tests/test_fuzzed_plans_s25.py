@@ -66,3 +66,23 @@ def test_cpu_offload_predicts_off_hopper_and_ampere(
     # the same bytes at each system's rate: the copy time scales with 1/rate
     hopper = _predict(capsys, *OFFLOAD, "--system", "h100-80g")["time"]["ranks"][0]
     assert copy * rate == pytest.approx(hopper["host_copy_s"] * 64e9, rel=1e-9)
+
+
+def test_a_periodic_replay_prints_no_negative_duration(capsys: pytest.CaptureFixture[str]) -> None:
+    """A pipeline of 32 micro-batches replayed for its fill, one period and its drain: the
+    last stage's exposed communication, 0 in every replayed micro-batch, was extrapolated to
+    -6.3e-18 s (the rounding of the two replays' sums, times the periods); every duration of
+    the breakdown is >= 0, and equal to the full replay's."""
+    plan = ("--model", "llama", "--dmodel", "256", "--head", "4", "--kvhead", "4", "--dff",
+            "1024", "--dvocal", "1024", "--seq", "128", "--pp", "2", "--num_stacks", "4",
+            "--batch", "64", "--micro_batch", "2", "--predictor", "time")  # fmt: skip
+    fast = _predict(capsys, *plan)["time"]
+    assert fast["replay"]["kind"] == "periodic"
+    exact = _predict(capsys, *plan, "--exact")["time"]
+    scale = exact["iteration_time_s"]
+    for got, want in zip(fast["ranks"], exact["ranks"], strict=True):
+        for key, value in want.items():
+            if key.endswith("_s"):
+                assert got[key] >= 0 and value >= 0, key
+                assert got[key] == pytest.approx(value, abs=1e-9 * scale), key
+    assert fast["ranks"][1]["exposed_communication_s"] == 0.0
