@@ -86,3 +86,32 @@ def test_a_periodic_replay_prints_no_negative_duration(capsys: pytest.CaptureFix
                 assert got[key] >= 0 and value >= 0, key
                 assert got[key] == pytest.approx(value, abs=1e-9 * scale), key
     assert fast["ranks"][1]["exposed_communication_s"] == 0.0
+
+
+def test_precision_plan_warnings_of_predict_are_warning_lines(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A precision plan naming ops the model lacks (SwiGLU's gate, up, down on gpt): predict
+    from options built its workloads inside the predictors, outside generate's warning
+    capture, so Python printed ``.../pipeline.py:515: PrecisionPlanWarning: ...`` and the
+    source line ``return _build_workload(...)`` (twice each), also before the one error line
+    of a refused plan. Now one ``warning:`` line per entry, as generate prints them."""
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"ops": {"gate": "int8", "up": "int8", "down": "fp8"}}))
+    args = ("--model", "gpt", "--dmodel", "128", "--head", "8", "--kvhead", "8", "--dff",
+            "512", "--dvocal", "1024", "--seq", "128", "--num_stacks", "2",
+            "--precision_plan", str(plan))  # fmt: skip
+    expected = [
+        f"warning: precision plan: op {op!r} matches no op of model 'gpt' and is ignored; "
+        "known ops: attn_out, context, fc1, fc2, k, logits, q, scores, v"
+        for op in ("gate", "up", "down")
+    ]
+    for predictor in ("all", "time", "analytical"):
+        code, out, err = _run(capsys, "predict", *args, "--predictor", predictor, "--json")
+        assert code == 0, err
+        assert json.loads(out)
+        assert err.splitlines() == expected, predictor
+    code, out, err = _run(capsys, "predict", *args, "--activation_recompute", "selective_op")
+    assert code == 2 and not out
+    lines = err.splitlines()
+    assert lines[:-1] == expected and lines[-1].startswith("error: activation_recompute="), err

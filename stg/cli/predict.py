@@ -24,6 +24,7 @@ from stg.cli._shared import (
     max_nodes_parameter,
     option_parameters,
     options_from_cli,
+    plan_warnings,
     print_reports,
     progress_bar,
     read_trace_input,
@@ -254,25 +255,28 @@ def predict(**values: Any) -> None:
         workload = None
         # a calibration's coverage is counted over the workload's nodes: built for it too
         needed = any(registry.predictors.get(n).needs != "options" for n in names)
-        if needed or calibration is not None:
-            check_workload_size(options, registry, max_nodes)
-            from stg.core.pipeline import build_workload
+        # the predictors that take the options build their own workloads: their precision
+        # plan warnings are printed as generate prints them, once each
+        with plan_warnings():
+            if needed or calibration is not None:
+                check_workload_size(options, registry, max_nodes)
+                from stg.core.pipeline import build_workload
 
-            with progress_bar(err_console()) as progress:
-                workload = build_workload(options, registry, progress=progress)
-        with _os_errors():
-            reports = run_predictors(
-                names,
-                registry,
-                system,
-                options=options,
-                workload=workload,
-                timeline=timeline,
-                calibration=calibration,
-                explain=explain,
-                exact=exact,
-                max_nodes=max_nodes,
-            )
+                with progress_bar(err_console()) as progress:
+                    workload = build_workload(options, registry, progress=progress)
+            with _os_errors():
+                reports = run_predictors(
+                    names,
+                    registry,
+                    system,
+                    options=options,
+                    workload=workload,
+                    timeline=timeline,
+                    calibration=calibration,
+                    explain=explain,
+                    exact=exact,
+                    max_nodes=max_nodes,
+                )
         source = f"{options.model} (generated)"
         nodes = [] if workload is None else [n for rc in workload.rank_classes for n in rc.nodes]
         dtype = options.dtype
