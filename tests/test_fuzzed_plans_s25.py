@@ -12,6 +12,8 @@ import pytest
 from stg.cli import main
 from stg.perf.system import host_link_bandwidth, load_system, preset_names
 
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+
 
 def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     with pytest.raises(SystemExit) as done:
@@ -95,7 +97,7 @@ def test_precision_plan_warnings_of_predict_are_warning_lines(
     from options built its workloads inside the predictors, outside generate's warning
     capture, so Python printed ``.../pipeline.py:515: PrecisionPlanWarning: ...`` and the
     source line ``return _build_workload(...)`` (twice each), also before the one error line
-    of a refused plan. Now one ``warning:`` line per entry, as generate prints them."""
+    of a plan refused later. Now one ``warning:`` line per entry, as generate prints them."""
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"ops": {"gate": "int8", "up": "int8", "down": "fp8"}}))
     args = ("--model", "gpt", "--dmodel", "128", "--head", "8", "--kvhead", "8", "--dff",
@@ -111,7 +113,83 @@ def test_precision_plan_warnings_of_predict_are_warning_lines(
         assert code == 0, err
         assert json.loads(out)
         assert err.splitlines() == expected, predictor
-    code, out, err = _run(capsys, "predict", *args, "--activation_recompute", "selective_op")
+    # refused after the predictors built the workloads: a system whose link gives no finite
+    # time (tests/test_fuzzed_plans_predict.py); the warnings, then the one error line
+    text = (DOCS / "systems.md").read_text(encoding="utf-8")
+    system = json.loads(text.split("```json my-cluster.json", 1)[1].split("```", 1)[0])
+    system["network"][0]["bandwidth_gbps"] = 5e-324
+    slow = tmp_path / "tiny-bw.json"
+    slow.write_text(json.dumps(system))
+    code, out, err = _run(capsys, "predict", *args, "--dp", "2", "--system", str(slow))
     assert code == 2 and not out
     lines = err.splitlines()
-    assert lines[:-1] == expected and lines[-1].startswith("error: activation_recompute="), err
+    assert lines[:-1] == expected and lines[-1].startswith("error: "), err
+
+
+SMALL = ("--dmodel", "256", "--head", "4", "--kvhead", "4", "--dff", "512", "--dvocal", "1024",
+         "--seq", "128", "--num_stacks", "2", "--batch", "4", "--tp", "2")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "model",
+    [("gpt",), ("moe",), ("deepseek", "--mtp_depth", "1"), ("llama", "--attention", "unfused")],
+)
+def test_op_level_checkpointing_predicts_for_every_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], model: tuple[str, ...]
+) -> None:
+    """``--activation_recompute selective_op`` on a model other than a Llama dense one (GPT,
+    MoE, DeepSeek's latent attention, unfused attention, a precision plan) wrote a trace that
+    validates, but predict refused it ("the memory of gpt's layers under torchtitan's op-level
+    checkpointing is not modelled"). The memory of such layers now comes from their graph
+    (stg.core.pipeline.op_checkpoint_saved_bytes): between full recompute's and none's, the
+    same from the options as from the trace."""
+    plan = ("--model", *model, *SMALL)
+    kept = {}
+    for mode in ("none", "selective_op", "full"):
+        report = _predict(capsys, *plan, "--activation_recompute", mode)
+        kept[mode] = report["memory"]["classes"][0]["activations"]
+        assert report["time"]["iteration_time_s"] > 0
+    assert kept["full"] < kept["selective_op"] < kept["none"]
+    out = tmp_path / "trace"
+    code, _, err = _run(capsys, "generate", *plan, "--activation_recompute", "selective_op",
+                        "--output_dir", str(out))  # fmt: skip
+    assert code == 0, err
+    traced = _predict(capsys, str(out), "-j", "1")
+    options = _predict(capsys, *plan, "--activation_recompute", "selective_op")
+    assert traced["memory"]["peak_bytes"] == options["memory"]["peak_bytes"]
+    assert traced["time"]["iteration_time_s"] == pytest.approx(
+        options["time"]["iteration_time_s"], rel=1e-2
+    )
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        {"tp": 2},
+        {"tp": 2, "tpsp": False},
+        {"profile": "eager"},
+        {"dtype": "fp32"},
+        {"attention_output_gate": True},
+        {"sp": 2, "dhead": 48},
+    ],
+)
+def test_the_graph_count_of_op_level_checkpointing_is_the_llama_closed_form(
+    extra: dict[str, object],
+) -> None:
+    """The graph's count of what op-level checkpointing keeps (the layer input, the odd
+    matmuls' outputs, a reduce-scatter's shard after a row-parallel one, the attention's
+    output and log-sum-exp) equals the memory predictor's closed form of a Llama dense layer,
+    which it replaces for the other layers."""
+    from stg.core.options import GenerateOptions
+    from stg.core.pipeline import build_workload
+    from stg.host.registry import load_registry
+    from stg.predictors.memory import op_checkpoint_layer_bytes
+
+    o = GenerateOptions(
+        model="llama", dvocal=1024, dmodel=256, dff=688, head=8, kvhead=4, seq=128, batch=8,
+        micro_batch=4, num_stacks=2, activation_recompute="selective_op", **extra,
+    )  # fmt: skip
+    workload = build_workload(o, load_registry(autoload=False))
+    facts = workload.rank_classes[0].facts["op_checkpoint_layer_bytes"]
+    assert facts == {"block": op_checkpoint_layer_bytes(o)}

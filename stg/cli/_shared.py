@@ -1479,10 +1479,11 @@ def run_predictors(
                     "time)"
                 )
             # from the recorded options: the closed forms where they hold, else the workload
-            # they build (memory_predictor.CLOSED_FORM_MODELS)
+            # they build (memory_predictor.CLOSED_FORM_MODELS; op-level checkpointing of
+            # layers without a closed form)
             priced = (
                 memory_predictor.predict_analytic
-                if memory_predictor.closed_form_model(str(recorded["model"]), registry)
+                if memory_predictor.closed_forms_apply(recorded, registry)
                 else memory_predictor.predict_memory_options
             )
             reports[name] = priced(
