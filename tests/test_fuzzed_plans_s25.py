@@ -193,3 +193,28 @@ def test_the_graph_count_of_op_level_checkpointing_is_the_llama_closed_form(
     workload = build_workload(o, load_registry(autoload=False))
     facts = workload.rank_classes[0].facts["op_checkpoint_layer_bytes"]
     assert facts == {"block": op_checkpoint_layer_bytes(o)}
+
+
+def test_precision_plan_with_module_recompute_is_refused_by_generate_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--activation_recompute selective --recompute_modules core_attn,mlp`` with a precision
+    plan: generate wrote a trace that validates, predict refused it (the memory predictor
+    models a plan's saved inputs under core_attn recompute only). Generation refuses it now,
+    in one line naming the allowed values, where a layer's memory comes from the closed forms;
+    a hybrid stack, whose layers' memory comes from their graph, still predicts."""
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"ops": {"q": "fp16", "up": "fp16"}}))
+    args = ("--dmodel", "256", "--head", "4", "--kvhead", "4", "--dff", "512", "--dvocal",
+            "1024", "--seq", "256", "--num_stacks", "2", "--batch", "4",
+            "--activation_recompute", "selective", "--recompute_modules", "core_attn,mlp",
+            "--precision_plan", str(plan))  # fmt: skip
+    for command in (("generate", "--output_dir", str(tmp_path / "out")), ("predict",)):
+        code, out, err = _run(capsys, *command, "--model", "llama", *args)
+        assert not out
+        lines = [line for line in err.splitlines() if not line.startswith("warning:")]
+        assert code == 2, err
+        assert len(lines) == 1 and "allowed: recompute_modules=core_attn" in lines[0], err
+    assert not (tmp_path / "out").exists()
+    report = _predict(capsys, "--model", "hybrid", "--layer_pattern", "*-", *args)
+    assert report["memory"]["peak_bytes"] > 0

@@ -262,6 +262,9 @@ def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> Model
     )
     layer_kinds = LayerKinds((kind, count) for kind, _, count in runs)
     _check_recompute_modules(o, [bound[kind] for kind, _, _ in runs])
+    _check_planned_recompute_modules(
+        o, plan, [kind for kind, _, _ in runs if kind not in graph_kinds]
+    )
     offloaded = {
         kind: layer_saved_bytes(bound[kind].part, binder, fused=o.attention == "fused")
         for kind, _, _ in runs
@@ -286,6 +289,24 @@ def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> Model
             **facts,
         },
     )
+
+
+def _check_planned_recompute_modules(
+    o: GenerateOptions, plan: ParallelPlan, closed_form_kinds: list[str]
+) -> None:
+    """Refuse a precision plan beside selective recompute of modules other than the attention
+    core in layers whose memory the closed forms price (not their graph): the memory
+    predictor models a plan's saved matmul inputs (cast copies beside the 16-bit ones) under
+    ``core_attn`` recompute only, so such a run would write a trace that no prediction
+    takes."""
+    modules = sorted(set(o.recompute_modules) - {"core_attn"})
+    if o.precision and plan.recompute == "selective" and modules and closed_form_kinds:
+        raise OptionError(
+            f"recompute_modules={','.join(o.recompute_modules)} with a precision plan: the "
+            f"saved inputs of the plan's ops are modelled under core_attn recompute only (the "
+            f"{', '.join(closed_form_kinds)} layers of model {o.model}); allowed: "
+            "recompute_modules=core_attn, or no --precision_plan"
+        )
 
 
 def _check_recompute_modules(o: GenerateOptions, blocks: list[BoundPart]) -> None:
