@@ -218,3 +218,27 @@ def test_precision_plan_with_module_recompute_is_refused_by_generate_too(
     assert not (tmp_path / "out").exists()
     report = _predict(capsys, "--model", "hybrid", "--layer_pattern", "*-", *args)
     assert report["memory"]["peak_bytes"] > 0
+
+
+def test_precision_plan_warnings_of_predict_on_a_trace_are_warning_lines(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``stg predict DIR`` on a BERT trace generated with a plan naming ops BERT lacks: the
+    memory predictor builds the workload of the options the trace records (BERT's head has
+    no closed form), and Python printed its plan warnings with their source line. They are
+    ``warning:`` lines now, once each, as from the options."""
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"ops": {"gate": "int8"}}))
+    out = tmp_path / "trace"
+    args = ("--model", "bert", "--dmodel", "256", "--head", "4", "--kvhead", "4", "--dff",
+            "512", "--dvocal", "128", "--seq", "128", "--num_stacks", "1", "--batch", "4",
+            "--precision_plan", str(plan))  # fmt: skip
+    code, _, err = _run(capsys, "generate", *args, "--output_dir", str(out))
+    assert code == 0, err
+    code, out_text, err = _run(capsys, "predict", str(out), "-j", "1", "--json")
+    assert code == 0, err
+    assert json.loads(out_text)["memory"]["peak_bytes"] > 0
+    assert err.splitlines() == [
+        "warning: precision plan: op 'gate' matches no op of model 'bert' and is ignored; "
+        "known ops: attn_out, context, fc1, fc2, k, logits, mlm_dense, q, scores, v"
+    ]

@@ -231,15 +231,18 @@ def predict(**values: Any) -> None:
                     err=True,
                 )
                 names = ["time"]
-            reports = run_predictors(
-                names,
-                registry,
-                system,
-                trace=trace,
-                timeline=timeline,
-                calibration=calibration,
-                explain=explain,
-            )
+            # the memory predictor builds the workload of the options a trace records where
+            # the closed forms do not describe it: its plan warnings are warning: lines too
+            with plan_warnings():
+                reports = run_predictors(
+                    names,
+                    registry,
+                    system,
+                    trace=trace,
+                    timeline=timeline,
+                    calibration=calibration,
+                    explain=explain,
+                )
         source = path
         nodes = [] if calibration is None else [n for ns in trace[0].values() for n in ns]
         dtype = str(trace[2].get("dtype") or "bf16")
