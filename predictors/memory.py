@@ -690,6 +690,18 @@ def mla_up_proj_bytes(o: GenerateOptions) -> float:
     return freed
 
 
+def op_checkpoint_closed_form(o: GenerateOptions, kind: str | None = None) -> bool:
+    """Whether :func:`op_checkpoint_layer_bytes` describes a layer of block ``kind``: a Llama
+    dense layer with fused attention and no precision plan. The others' figure comes from
+    their graph (the workload's fact ``op_checkpoint_layer_bytes``,
+    :func:`stg.core.pipeline.op_checkpoint_saved_bytes`, which equals the closed form where
+    both apply)."""
+    kind = closed_form_kind(o, kind)[0] if kind else kind
+    if model_family(o.model) != "llama" or is_mla(o) or is_moe(o) or kind == "moe":
+        return False
+    return o.attention != "unfused" and not o.precision
+
+
 def op_checkpoint_layer_bytes(o: GenerateOptions, kind: str | None = None) -> float:
     """Bytes one rank keeps for one layer and micro-batch under torchtitan's op-level selective
     checkpointing (``activation_recompute=selective_op``):
@@ -1370,6 +1382,7 @@ def stage_memory(
     weight_copies: float | None = None,
     muon_parameters: tuple[float, float] = (0, 0),
     weight_copy_scales: float | None = None,
+    op_checkpoint_bytes: Mapping[str, float] | None = None,
 ) -> RankMemory:
     """The memory of one rank of pipeline stage ``stage`` whose model replica holds
     ``parameters`` weights; ``sharded_parameters`` is its padded ZeRO / FSDP shard of them
@@ -1389,7 +1402,10 @@ def stage_memory(
     :func:`recipe_weight_copy_bytes`), ``weight_copy_scales`` the scales among them (the fact
     ``low_precision_weight_scale_bytes``). ``muon_parameters``: the matrix elements that
     ``--optimizer muon`` updates, held and this rank's share of them (one state where Adam
-    keeps two, :func:`muon_state`)."""
+    keeps two, :func:`muon_state`). ``op_checkpoint_bytes``: under
+    ``activation_recompute=selective_op``, what one layer of each kind keeps, from the graph
+    (the fact ``op_checkpoint_layer_bytes``), for the layers without a closed form
+    (:func:`op_checkpoint_closed_form`)."""
     o = as_options(options)
     terms = _stage_terms(
         o,
@@ -1409,6 +1425,9 @@ def stage_memory(
         layer_bytes=layer_bytes,
         weight_copies=weight_copies,
         weight_copy_scales=weight_copy_scales,
+        activations=_LayerActivations(o, kernels, system, op_checkpoint_bytes)
+        if op_checkpoint_bytes
+        else None,
     )
     return _stage_memory(o, stage, terms)
 
@@ -1599,17 +1618,32 @@ class _LayerActivations:
     and recompute, found once (the stages of a run share them)."""
 
     def __init__(
-        self, o: GenerateOptions, kernels: KernelTable | None, system: System | None
+        self,
+        o: GenerateOptions,
+        kernels: KernelTable | None,
+        system: System | None,
+        op_checkpoint: Mapping[str, float] | None = None,
     ) -> None:
         self.o, self.kernels, self.system = o, kernels, system
+        self.op_checkpoint = op_checkpoint or {}
+        """per block kind, what op-level checkpointing keeps of a layer, from the graph (the
+        workload's fact ``op_checkpoint_layer_bytes``): for the layers whose closed form
+        :func:`op_checkpoint_layer_bytes` lacks"""
         self.known: dict[tuple[str, str | None], float] = {}
 
     def bytes(self, kind: str, recompute: str | None = None) -> float:
         key = (kind, recompute)
         if key not in self.known:
-            self.known[key] = activation_bytes_per_layer(
-                self.o, recompute=recompute, kernels=self.kernels, kind=kind, system=self.system
-            )
+            if (
+                (recompute or self.o.activation_recompute) == "selective_op"
+                and kind in self.op_checkpoint
+                and not op_checkpoint_closed_form(self.o, kind)
+            ):
+                self.known[key] = float(self.op_checkpoint[kind])
+            else:
+                self.known[key] = activation_bytes_per_layer(
+                    self.o, recompute=recompute, kernels=self.kernels, kind=kind, system=self.system
+                )
         return self.known[key]
 
 
@@ -1996,6 +2030,7 @@ def _class_memory(
             float(facts.get("muon_parameters", 0)),
             float(facts.get("muon_shard_parameters", 0)),
         ),
+        op_checkpoint_bytes=facts.get("op_checkpoint_layer_bytes"),
     )
 
 
@@ -2119,9 +2154,23 @@ built workload."""
 
 
 def _from_options_alone(o: GenerateOptions, system: System, registry: Any) -> bool:
-    if o.inference or is_hybrid(system) or not closed_form_model(o.model, registry):
+    if o.inference or is_hybrid(system) or not closed_forms_apply(o, registry):
         return False
     return workload_cache.layer_kinds(o, registry) > 0
+
+
+def closed_forms_apply(options: Mapping[str, Any] | GenerateOptions, registry: Any) -> bool:
+    """Whether the closed forms describe the memory of the run ``options`` describe: its model
+    is one of :data:`CLOSED_FORM_MODELS` (:func:`closed_form_model`) and, under op-level
+    checkpointing (``activation_recompute=selective_op``), each of its layers has the closed
+    form :func:`op_checkpoint_layer_bytes` (:func:`op_checkpoint_closed_form`); else what the
+    layers keep comes from the workload the options build."""
+    o = as_options(options)
+    if not closed_form_model(o.model, registry):
+        return False
+    return o.activation_recompute != "selective_op" or all(
+        op_checkpoint_closed_form(o, kind) for kind in layer_kinds(o)
+    )
 
 
 def closed_form_model(name: str, registry: Any) -> bool:
@@ -2169,6 +2218,7 @@ __all__ = [
     "activation_bytes_per_layer",
     "analytic_memory",
     "closed_form_model",
+    "closed_forms_apply",
     "count_parameters",
     "fp8_weight_copy_bytes",
     "gemm_weights_per_rank",

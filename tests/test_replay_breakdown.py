@@ -51,15 +51,15 @@ def _reference(res: UnitResult, iteration: float) -> dict[str, float]:
     out = {
         "compute_s": compute_s,
         "communication_s": comm_s,
-        "exposed_communication_s": busy - compute_s,
+        "exposed_communication_s": max(busy - compute_s, 0.0),
         "collective_wait_s": waiting,
-        "bubble_s": iteration - busy,
+        "bubble_s": max(iteration - busy, 0.0),
     }
     if copies:
         with_copies = _union(compute + comm + copies)
         out["host_copy_s"] = sum(e - s for s, e in copies)
-        out["exposed_host_copy_s"] = with_copies - busy
-        out["bubble_s"] = iteration - with_copies
+        out["exposed_host_copy_s"] = max(with_copies - busy, 0.0)
+        out["bubble_s"] = max(iteration - with_copies, 0.0)
     return out
 
 

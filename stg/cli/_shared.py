@@ -1171,20 +1171,40 @@ def progress_bar(console: Any, interval: float | None = None) -> Iterator[Progre
     :class:`ProgressLines`).
 
     The warnings of the work inside (a precision plan naming an unknown op) are printed as
-    ``warning: ...`` lines on stderr when it ends, bar or not.
+    ``warning: ...`` lines on stderr when it ends, bar or not (:func:`plan_warnings`).
     """
+    with plan_warnings(), _bar(console, interval) as update:
+        yield update
+
+
+@contextmanager
+def plan_warnings() -> Iterator[None]:
+    """Print the precision-plan warnings of the work inside (a plan entry that matches no op
+    of the model) as ``warning: ...`` lines on stderr when it ends, each once, before the
+    error line of a failure: not Python's ``file:line: PrecisionPlanWarning`` and source line
+    (the predictors that build their own workloads build it more than once). Inside another
+    one it adds nothing: the outermost prints them all."""
     import warnings
 
     from stg.core.precision import PrecisionPlanWarning
 
+    global _plan_warnings_depth
+    if _plan_warnings_depth:
+        yield
+        return
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", PrecisionPlanWarning)
+        _plan_warnings_depth += 1
         try:
-            with _bar(console, interval) as update:
-                yield update
+            yield
         finally:
+            _plan_warnings_depth -= 1
             for message in dict.fromkeys(str(w.message) for w in caught):
                 typer.echo(f"warning: {message}", err=True)
+
+
+_plan_warnings_depth = 0
+"""How many :func:`plan_warnings` contexts are open (the outermost records and prints)."""
 
 
 @contextmanager
@@ -1459,10 +1479,11 @@ def run_predictors(
                     "time)"
                 )
             # from the recorded options: the closed forms where they hold, else the workload
-            # they build (memory_predictor.CLOSED_FORM_MODELS)
+            # they build (memory_predictor.CLOSED_FORM_MODELS; op-level checkpointing of
+            # layers without a closed form)
             priced = (
                 memory_predictor.predict_analytic
-                if memory_predictor.closed_form_model(str(recorded["model"]), registry)
+                if memory_predictor.closed_forms_apply(recorded, registry)
                 else memory_predictor.predict_memory_options
             )
             reports[name] = priced(

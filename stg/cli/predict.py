@@ -24,6 +24,7 @@ from stg.cli._shared import (
     max_nodes_parameter,
     option_parameters,
     options_from_cli,
+    plan_warnings,
     print_reports,
     progress_bar,
     read_trace_input,
@@ -230,15 +231,18 @@ def predict(**values: Any) -> None:
                     err=True,
                 )
                 names = ["time"]
-            reports = run_predictors(
-                names,
-                registry,
-                system,
-                trace=trace,
-                timeline=timeline,
-                calibration=calibration,
-                explain=explain,
-            )
+            # the memory predictor builds the workload of the options a trace records where
+            # the closed forms do not describe it: its plan warnings are warning: lines too
+            with plan_warnings():
+                reports = run_predictors(
+                    names,
+                    registry,
+                    system,
+                    trace=trace,
+                    timeline=timeline,
+                    calibration=calibration,
+                    explain=explain,
+                )
         source = path
         nodes = [] if calibration is None else [n for ns in trace[0].values() for n in ns]
         dtype = str(trace[2].get("dtype") or "bf16")
@@ -254,25 +258,28 @@ def predict(**values: Any) -> None:
         workload = None
         # a calibration's coverage is counted over the workload's nodes: built for it too
         needed = any(registry.predictors.get(n).needs != "options" for n in names)
-        if needed or calibration is not None:
-            check_workload_size(options, registry, max_nodes)
-            from stg.core.pipeline import build_workload
+        # the predictors that take the options build their own workloads: their precision
+        # plan warnings are printed as generate prints them, once each
+        with plan_warnings():
+            if needed or calibration is not None:
+                check_workload_size(options, registry, max_nodes)
+                from stg.core.pipeline import build_workload
 
-            with progress_bar(err_console()) as progress:
-                workload = build_workload(options, registry, progress=progress)
-        with _os_errors():
-            reports = run_predictors(
-                names,
-                registry,
-                system,
-                options=options,
-                workload=workload,
-                timeline=timeline,
-                calibration=calibration,
-                explain=explain,
-                exact=exact,
-                max_nodes=max_nodes,
-            )
+                with progress_bar(err_console()) as progress:
+                    workload = build_workload(options, registry, progress=progress)
+            with _os_errors():
+                reports = run_predictors(
+                    names,
+                    registry,
+                    system,
+                    options=options,
+                    workload=workload,
+                    timeline=timeline,
+                    calibration=calibration,
+                    explain=explain,
+                    exact=exact,
+                    max_nodes=max_nodes,
+                )
         source = f"{options.model} (generated)"
         nodes = [] if workload is None else [n for rc in workload.rank_classes for n in rc.nodes]
         dtype = options.dtype

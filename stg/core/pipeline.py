@@ -242,6 +242,13 @@ def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> Model
         # layers that are not a transformer's attention and MLP (state-space, linear
         # attention, hybrid layers): the memory predictor reads what their graph keeps
         facts["layer_activation_bytes"] = graph_kinds
+    if plan.recompute == "selective_op" and runs:
+        # what op-level checkpointing keeps of each layer, for the layers whose closed form
+        # the memory predictor lacks (all but Llama's dense ones, which it equals)
+        facts["op_checkpoint_layer_bytes"] = {
+            kind: op_checkpoint_saved_bytes(bound[kind].part, binder, fused=o.attention == "fused")
+            for kind, _, _ in runs
+        }
     master, state, grad = (DTYPE_BYTES[precision[k]] for k in ("master", "optimizer", "grad"))
     # Adam reads and writes the master weights and both moments and reads the gradient; with
     # mixed precision it also writes the 16-bit working copy of the weights.
@@ -255,6 +262,9 @@ def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> Model
     )
     layer_kinds = LayerKinds((kind, count) for kind, _, count in runs)
     _check_recompute_modules(o, [bound[kind] for kind, _, _ in runs])
+    _check_planned_recompute_modules(
+        o, plan, [kind for kind, _, _ in runs if kind not in graph_kinds]
+    )
     offloaded = {
         kind: layer_saved_bytes(bound[kind].part, binder, fused=o.attention == "fused")
         for kind, _, _ in runs
@@ -279,6 +289,24 @@ def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> Model
             **facts,
         },
     )
+
+
+def _check_planned_recompute_modules(
+    o: GenerateOptions, plan: ParallelPlan, closed_form_kinds: list[str]
+) -> None:
+    """Refuse a precision plan beside selective recompute of modules other than the attention
+    core in layers whose memory the closed forms price (not their graph): the memory
+    predictor models a plan's saved matmul inputs (cast copies beside the 16-bit ones) under
+    ``core_attn`` recompute only, so such a run would write a trace that no prediction
+    takes."""
+    modules = sorted(set(o.recompute_modules) - {"core_attn"})
+    if o.precision and plan.recompute == "selective" and modules and closed_form_kinds:
+        raise OptionError(
+            f"recompute_modules={','.join(o.recompute_modules)} with a precision plan: the "
+            f"saved inputs of the plan's ops are modelled under core_attn recompute only (the "
+            f"{', '.join(closed_form_kinds)} layers of model {o.model}); allowed: "
+            "recompute_modules=core_attn, or no --precision_plan"
+        )
 
 
 def _check_recompute_modules(o: GenerateOptions, blocks: list[BoundPart]) -> None:
@@ -344,12 +372,22 @@ def layer_saved_bytes(part: Part, binder: Binder, fused: bool) -> int:
 
     if not fused:
         return sum(nbytes(t) for t in kept)
+    return _kept_bytes(part, binder, kept, nbytes, core_only=False)
+
+
+def _kept_bytes(
+    part: Part, binder: Binder, kept: list[Any], nbytes: Callable[[Any], int], core_only: bool
+) -> int:
+    """:func:`layer_saved_bytes` of ``kept`` under fused attention (``core_only``: of the
+    tensors the attention core makes alone)."""
     core = [op for op in part.forward if "core_attention" in op.tags]
     produced = {id(op.output) for op in core} | {id(op.mask) for op in core if op.mask}
     read_outside = {id(t.base or t) for op in part.forward if op not in core for t in op.inputs}
     scores = next((op.output for op in core if op.kind == "einsum"), None)
     total = 0
     for t in kept:
+        if core_only and id(t) not in produced:
+            continue
         if id(t) in produced and id(t) not in read_outside:
             continue  # scores, probabilities, dropout masks: only the fused kernel reads them
         total += nbytes(t)
@@ -357,6 +395,48 @@ def layer_saved_bytes(part: Part, binder: Binder, fused: bool) -> int:
             keys = binder.local_dim(scores.dims[-1], scores.sharding.dims[-1])
             total += 4 * binder.numel(scores) // keys
     return total
+
+
+def op_checkpoint_saved_bytes(part: Part, binder: Binder, fused: bool) -> int:
+    """Bytes one rank keeps from a layer's forward for its backward under torchtitan's
+    op-level selective checkpointing (``activation_recompute=selective_op``), from the graph:
+    what :func:`stg.core.lowering.op_checkpoint_recomputes` does not run again. The layer's
+    input; the output of each odd-numbered matmul (einsums outside the attention core, in
+    forward order, counted from 1), or where a reduce-scatter over tp follows it (a
+    row-parallel GEMM under sequence parallelism) that reduce-scatter's output, this rank's
+    shard; and what the backward of the attention core, which is not recomputed, reads of the
+    tensors the core makes (fused: its output and fp32 log-sum-exp rows; unfused: its score
+    or probability matrix, mask and output, as :func:`layer_saved_bytes` counts them). For a
+    Llama dense layer this is the memory predictor's closed form (``op_checkpoint_layer_bytes``:
+    input, Q, V, attention output and log-sum-exp, gate and down projection); it prices the
+    layers of other models (MoE, latent attention, GPT's, BERT's) the same way, and a
+    precision plan's dtypes, which the closed form does not take."""
+    from stg.core.modelinfo import saved_activations
+
+    tp = binder.mesh_axes("tp")
+    scattered: dict[int, Any] = {}
+    for op in part.forward:
+        if (
+            tp
+            and op.kind == "collective"
+            and op.collective is CollectiveType.REDUCE_SCATTER
+            and op.axes == tp
+        ):
+            scattered[id(op.inputs[0].base or op.inputs[0])] = op.output
+    total = sum(binder.nbytes(t) for t in part.inputs if t.kind == "input")
+    matmuls = 0
+    for op in part.forward:
+        if op.kind != "einsum" or "core_attention" in op.tags:
+            continue
+        matmuls += 1
+        if matmuls % 2 == 1:
+            total += binder.nbytes(scattered.get(id(op.output), op.output))
+    kept = saved_activations(part)
+    if not fused:
+        made = {id(op.output) for op in part.forward if "core_attention" in op.tags}
+        made |= {id(op.mask) for op in part.forward if "core_attention" in op.tags and op.mask}
+        return total + sum(binder.nbytes(t) for t in kept if id(t) in made)
+    return total + _kept_bytes(part, binder, kept, binder.nbytes, core_only=True)
 
 
 def _shard_of(t: Any) -> dict[str, Any]:

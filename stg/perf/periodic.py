@@ -121,6 +121,7 @@ from stg.perf.replay import (
     Replay,
     Unit,
     UnitResult,
+    nonnegative_duration,
     replay,
     unit_breakdown,
 )
@@ -1847,7 +1848,12 @@ def _extrapolate(
     for s_res, l_res in zip(short.units, long.units, strict=True):
         first = unit_breakdown(s_res, short.iteration_time)
         second = unit_breakdown(l_res, long.iteration_time)
-        breakdowns.append({k: first[k] + periods * (second[k] - first[k]) for k in first})
+        # each figure is a duration (>= 0); one that does not grow with the periods (an
+        # exposed communication of 0) differs between the two replays by rounding, which the
+        # periods multiply: below 0 is that rounding (stg.perf.replay.nonnegative_duration)
+        breakdowns.append(
+            {k: nonnegative_duration(first[k] + periods * (second[k] - first[k])) for k in first}
+        )
     flops = []
     for l_res, index in zip(long.units, indexed, strict=True):
         # the longer problem is the shorter one and micro-batches keep to keep + period (alike

@@ -1943,6 +1943,17 @@ _IS_TRANSFER = bytes(k in (COLL, SEND) for k in range(256))
 """per node kind: whether it is compute, a collective or a send (``bytes.translate`` tables)"""
 
 
+def nonnegative_duration(difference: float) -> float:
+    """A duration found as a difference of sums of interval lengths (a union's length less
+    the compute's, the iteration less the busy time; a periodic replay's extrapolation of
+    them): never below 0. The intervals' ends are the same floats on both sides, so a
+    difference that is 0 in exact arithmetic comes out as a few units of the last place
+    either side of 0 (pieces summed merged on one side and one by one on the other; a
+    period's increment, a difference of two such sums, times the periods): what lies below 0
+    is that rounding, not time, and prints as 0.0 (not -1.5e-16 s)."""
+    return difference if difference > 0.0 else 0.0
+
+
 def unit_breakdown(res: UnitResult, iteration_time: float) -> dict[str, float]:
     """Compute, communication, exposed communication and idle (bubble) time of one unit;
     where it copies to or from host memory (CPU activation offload) also the copies' time
@@ -1967,16 +1978,16 @@ def unit_breakdown(res: UnitResult, iteration_time: float) -> dict[str, float]:
     out = {
         "compute_s": compute_s,
         "communication_s": comm_s,
-        "exposed_communication_s": busy - compute_s,
+        "exposed_communication_s": nonnegative_duration(busy - compute_s),
         "collective_wait_s": waiting,
-        "bubble_s": iteration_time - busy,
+        "bubble_s": nonnegative_duration(iteration_time - busy),
     }
     if COPY in kinds:
         copies = [(start[i], end[i]) for i, k in enumerate(kinds) if k == COPY]
         with_copies = _union_length(compute + comm, copies)
         out["host_copy_s"] = sum(e - s for s, e in copies)
-        out["exposed_host_copy_s"] = with_copies - busy
-        out["bubble_s"] = iteration_time - with_copies
+        out["exposed_host_copy_s"] = nonnegative_duration(with_copies - busy)
+        out["bubble_s"] = nonnegative_duration(iteration_time - with_copies)
     return out
 
 

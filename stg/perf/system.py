@@ -413,9 +413,21 @@ HOST_LINK_BYTES_PER_S = {
     # 128 GB/s both ways), A100 data sheet (PCIe Gen4, 64 GB/s both ways)
     "hopper": 64e9,
     "ampere": 32e9,
+    # HGX B200 and B300 (DGX B200: Xeon Platinum 8570, DGX B300: Xeon 6776P hosts): PCIe Gen5
+    # x16 to the x86 host, as Hopper's (the GB200/GB300 NVL72 presets give their NVLink-C2C)
+    "blackwell": 64e9,
+    # AMD Instinct MI300X, MI325X and MI355X data sheets: PCIe Gen5 x16, 128 GB/s both ways
+    "cdna3": 64e9,
+    "cdna4": 64e9,
+    # L4 and L40S data sheets: PCIe Gen4 x16, 64 GB/s both ways
+    "ada": 32e9,
+    # V100 and T4 data sheets: PCIe Gen3 x16, 32 GB/s both ways
+    "volta": 16e9,
+    "turing": 16e9,
 }
 """Bytes/s a GPU copies to or from host memory (a serving engine's swap preemption, CPU
-activation offload), by architecture."""
+activation offload), by architecture: every architecture a system may name (``arch``), so
+that a plan that offloads, whose trace validates, predicts on every system."""
 
 
 def host_link_bandwidth(system: System) -> float:
@@ -428,8 +440,9 @@ def host_link_bandwidth(system: System) -> float:
     arch = system.arch
     if arch not in HOST_LINK_BYTES_PER_S:
         raise UserError(
-            f"no host link bandwidth is known for {system.name} (a {arch} GPU); host copies "
-            f"are priced for {', '.join(sorted(HOST_LINK_BYTES_PER_S))} GPUs"
+            f"no host link bandwidth is known for {system.name} (a {arch} GPU): give its "
+            "system file host_link_gbps; allowed without one: a GPU of architecture "
+            f"{', '.join(sorted(HOST_LINK_BYTES_PER_S))}"
         )
     return HOST_LINK_BYTES_PER_S[arch]
 
