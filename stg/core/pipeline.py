@@ -381,7 +381,7 @@ def _kept_bytes(
     """:func:`layer_saved_bytes` of ``kept`` under fused attention (``core_only``: of the
     tensors the attention core makes alone)."""
     core = [op for op in part.forward if "core_attention" in op.tags]
-    produced = {id(op.output) for op in core} | {id(op.mask) for op in core if op.mask}
+    produced = _core_tensors(part)
     read_outside = {id(t.base or t) for op in part.forward if op not in core for t in op.inputs}
     scores = next((op.output for op in core if op.kind == "einsum"), None)
     total = 0
@@ -395,6 +395,12 @@ def _kept_bytes(
             keys = binder.local_dim(scores.dims[-1], scores.sharding.dims[-1])
             total += 4 * binder.numel(scores) // keys
     return total
+
+
+def _core_tensors(part: Part) -> set[int]:
+    """Ids of the tensors a layer's attention core makes (its outputs and masks)."""
+    core = [op for op in part.forward if "core_attention" in op.tags]
+    return {id(op.output) for op in core} | {id(op.mask) for op in core if op.mask}
 
 
 def op_checkpoint_saved_bytes(part: Part, binder: Binder, fused: bool) -> int:
@@ -433,8 +439,7 @@ def op_checkpoint_saved_bytes(part: Part, binder: Binder, fused: bool) -> int:
             total += binder.nbytes(scattered.get(id(op.output), op.output))
     kept = saved_activations(part)
     if not fused:
-        made = {id(op.output) for op in part.forward if "core_attention" in op.tags}
-        made |= {id(op.mask) for op in part.forward if "core_attention" in op.tags and op.mask}
+        made = _core_tensors(part)
         return total + sum(binder.nbytes(t) for t in kept if id(t) in made)
     return total + _kept_bytes(part, binder, kept, binder.nbytes, core_only=True)
 
