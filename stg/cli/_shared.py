@@ -1497,10 +1497,10 @@ def run_predictors(
     for name, report in reports.items():
         iteration = report.get("iteration_time_s") if isinstance(report, Mapping) else None
         if isinstance(iteration, float) and not math.isfinite(iteration):
-            raise UserError(
-                f"predictor {name!r} gives an iteration time of {iteration}: a figure of system "
-                f"{getattr(system, 'name', system)!r} (a bandwidth, a peak or a latency) is out "
-                "of proportion to the work; give it a finite, positive value of the right order"
+            from stg.perf.system import non_finite_time
+
+            raise non_finite_time(
+                f"predictor {name!r}", iteration, str(getattr(system, "name", system))
             )
     return reports
 

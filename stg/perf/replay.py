@@ -116,7 +116,7 @@ from stg.perf.costs import (
 from stg.perf.ep_dispatch import Route, dispatch_phases, routed
 from stg.perf.hybrid import device_of, group_of_rank, is_hybrid
 from stg.perf.kernels import KernelTable, kernel_name
-from stg.perf.system import System, op_class
+from stg.perf.system import System, non_finite_time, op_class
 
 COMPUTE, COLL, SEND, RECV, INSTANT, COPY = 0, 1, 2, 3, 4, 5
 KIND_NAMES = {
@@ -1906,11 +1906,7 @@ def replay(
         if enabled:
             gc.enable()
     if not math.isfinite(result.iteration_time):
-        raise UserError(
-            f"the replay's iteration time is {result.iteration_time}: a figure of system "
-            f"{system.name!r} (a bandwidth, a peak or a latency) is out of proportion to the "
-            "work; give it a finite, positive value of the right order"
-        )
+        raise non_finite_time("the replay", result.iteration_time, system.name)
     return result
 
 

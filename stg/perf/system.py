@@ -430,6 +430,16 @@ activation offload), by architecture: every architecture a system may name (``ar
 that a plan that offloads, whose trace validates, predicts on every system."""
 
 
+def non_finite_time(subject: str, seconds: float, system_name: str) -> UserError:
+    """The refusal of an iteration time that is not finite (``subject``: what gave it), which
+    only a system figure out of proportion to the work produces (a 5e-324 GB/s link)."""
+    return UserError(
+        f"{subject} gives an iteration time of {seconds}: a figure of system {system_name!r} "
+        "(a bandwidth, a peak or a latency) is out of proportion to the work; give it a "
+        "finite, positive value of the right order"
+    )
+
+
 def host_link_bandwidth(system: System) -> float:
     """Bytes/s one GPU of ``system`` copies to or from host memory, per direction: the
     system's ``host_link_gbps`` where it gives one (a Grace-Blackwell superchip's NVLink-C2C),
