@@ -267,6 +267,10 @@ def predict(**values: Any) -> None:
 
                 with progress_bar(err_console()) as progress:
                     workload = build_workload(options, registry, progress=progress)
+            else:  # the closed forms take a plan's patterns on trust: checked as a build does
+                from stg.core.pipeline import check_precision_plan
+
+                check_precision_plan(options, registry)
             with _os_errors():
                 reports = run_predictors(
                     names,

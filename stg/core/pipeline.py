@@ -572,6 +572,32 @@ def detached_parts(options: GenerateOptions, registry: Registry) -> ModelParts |
     )
 
 
+def _variant_parts(
+    options: GenerateOptions, plan: ParallelPlan, registry: Registry
+) -> list[ModelParts]:
+    """The bound parts of each precision variant of ``options`` (one per device group's plan,
+    or the one plan), warning about plan entries that match no matmul."""
+    rank_groups, group_plans = _device_group_plans(options)
+    variants = list(dict.fromkeys(group_plans.values())) or [normalize_plan(options.precision)]
+    model = registry.models.get(options.model)
+    variant_parts = []
+    for precision in variants:
+        o = replace(options, precision=precision, placement=())
+        parts = build_parts(model, plan if o == options else make_plan(o), bool(rank_groups))
+        if precision:
+            _warn_unknown_plan_ops(o, parts)
+        variant_parts.append(parts)
+    return variant_parts
+
+
+def check_precision_plan(options: GenerateOptions, registry: Registry) -> None:
+    """Warn (:class:`PrecisionPlanWarning`) about the entries of a training run's precision
+    plan that match no matmul of its model, as :func:`build_workload` does, without lowering:
+    for predictors that read the options alone (the memory predictor's closed forms)."""
+    if options.precision and not options.inference:
+        _variant_parts(options, validate_options(options, registry), registry)
+
+
 def build_workload(
     options: GenerateOptions,
     registry: Registry,
@@ -618,19 +644,8 @@ def _build_workload(
 
         return build_inference_workload(options, plan, registry.models.get(options.model), progress)
     schedule: PipelineSchedule = registry.schedules.get(options.pipeline_schedule)
-    rank_groups, group_plans = _device_group_plans(options)
-    variants = list(dict.fromkeys(group_plans.values())) or [normalize_plan(options.precision)]
-    if given is not None:
-        variant_parts = [given]
-    else:
-        model = registry.models.get(options.model)
-        variant_parts = []
-        for precision in variants:
-            o = replace(options, precision=precision, placement=())
-            parts = build_parts(model, plan if o == options else make_plan(o), bool(rank_groups))
-            if precision:
-                _warn_unknown_plan_ops(o, parts)
-            variant_parts.append(parts)
+    rank_groups, _ = _device_group_plans(options)
+    variant_parts = [given] if given is not None else _variant_parts(options, plan, registry)
     amax_axes = AMAX_AXES
     if len({_fp8_signature(parts) for parts in variant_parts}) > 1:
         # device groups whose fp8 GEMMs differ cannot share an amax buffer across data
