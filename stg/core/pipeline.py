@@ -572,13 +572,25 @@ def detached_parts(options: GenerateOptions, registry: Registry) -> ModelParts |
     )
 
 
+def _precision_variants(
+    options: GenerateOptions,
+) -> tuple[list[str], dict[str, PrecisionPlan], list[PrecisionPlan]]:
+    """Each rank's device group, each group's plan, and the distinct plans (the one plan
+    without device groups)."""
+    rank_groups, group_plans = _device_group_plans(options)
+    variants = list(dict.fromkeys(group_plans.values())) or [normalize_plan(options.precision)]
+    return rank_groups, group_plans, variants
+
+
 def _variant_parts(
-    options: GenerateOptions, plan: ParallelPlan, registry: Registry
+    options: GenerateOptions,
+    plan: ParallelPlan,
+    variants: list[PrecisionPlan],
+    rank_groups: list[str],
+    registry: Registry,
 ) -> list[ModelParts]:
     """The bound parts of each precision variant of ``options`` (one per device group's plan,
     or the one plan), warning about plan entries that match no matmul."""
-    rank_groups, group_plans = _device_group_plans(options)
-    variants = list(dict.fromkeys(group_plans.values())) or [normalize_plan(options.precision)]
     model = registry.models.get(options.model)
     variant_parts = []
     for precision in variants:
@@ -595,7 +607,10 @@ def check_precision_plan(options: GenerateOptions, registry: Registry) -> None:
     plan that match no matmul of its model, as :func:`build_workload` does, without lowering:
     for predictors that read the options alone (the memory predictor's closed forms)."""
     if options.precision and not options.inference:
-        _variant_parts(options, validate_options(options, registry), registry)
+        rank_groups, _, variants = _precision_variants(options)
+        _variant_parts(
+            options, validate_options(options, registry), variants, rank_groups, registry
+        )
 
 
 def build_workload(
@@ -644,8 +659,12 @@ def _build_workload(
 
         return build_inference_workload(options, plan, registry.models.get(options.model), progress)
     schedule: PipelineSchedule = registry.schedules.get(options.pipeline_schedule)
-    rank_groups, _ = _device_group_plans(options)
-    variant_parts = [given] if given is not None else _variant_parts(options, plan, registry)
+    rank_groups, group_plans, variants = _precision_variants(options)
+    variant_parts = (
+        [given]
+        if given is not None
+        else _variant_parts(options, plan, variants, rank_groups, registry)
+    )
     amax_axes = AMAX_AXES
     if len({_fp8_signature(parts) for parts in variant_parts}) > 1:
         # device groups whose fp8 GEMMs differ cannot share an amax buffer across data
