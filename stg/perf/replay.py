@@ -869,13 +869,23 @@ class _Sim:
         """concurrent transfers share their ports' bandwidth (off: each at its full bandwidth)"""
         self.steps: list[list[Steps | None]] = []
         """per unit and node: the steps of a collective's or send's transfer (see ``Steps``)"""
-        for unit in problem.units:
-            self._prepare(unit)
-        for u in range(len(problem.units)):
-            if overlap_param_gather:
+        self.others: dict[int, list[int]] = {}
+        """per unit that others are alike (:func:`_alike_units`): its nodes' positions that
+        are not compute"""
+        self.tp_overlaps: dict[int, list[tuple[int, list[int], int, str]]] = {}
+        """per unit that others are alike: :meth:`_overlap_tp_collectives`' findings"""
+        alike = _alike_units(problem, system)
+        for unit, like in zip(problem.units, alike, strict=True):
+            self._prepare(unit, like)
+        for u, like in enumerate(alike):
+            if like is not None:  # the dependencies of the unit it is alike, as edited there
+                self.children[u] = self.children[like]  # read only from here on
+                self.pending[u] = self.pending[like].copy()
+                self.ordered[u] = self.ordered[like]
+            elif overlap_param_gather:
                 self._gather_before_forward(u)
             if tp_comm_overlap and not is_hybrid(system):
-                self._overlap_tp_collectives(u)
+                self._overlap_tp_collectives(u, like)
 
     def _participants(self, gid: int) -> tuple[int, ...]:
         if gid not in self.participants_cache:
@@ -888,28 +898,29 @@ class _Sim:
             self.shape_cache[gid] = group_shape(members, self.system)
         return self.participants_cache[gid]
 
-    def _prepare(self, unit: Unit) -> None:
+    def _prepare(self, unit: Unit, like: int | None = None) -> None:
+        """Price, stream and match ``unit``'s nodes; ``like``: an earlier unit it is alike
+        (:func:`_alike_units`), whose compute costs it takes, its dependencies left to
+        ``__init__``."""
         nodes = unit.nodes
         n = len(nodes)
-        children, pending, ordered = _dependencies(nodes, unit.rank)
-        kind = [INSTANT] * n
-        duration = [0.0] * n
         coll_key: dict[int, Any] = {}
         coll_needed: dict[int, int] = {}
         p2p_key: dict[int, tuple[int, int, int, int]] = {}
-        stream = [0] * n
-        cost_key: list[Any] = [None] * n
         comm_link: list[str | None] = [None] * n
         steps: list[Steps | None] = [None] * n
-        steps_cache = self.steps_cache
-        group_streams: dict[int, int] = {}
-        group_keys = unit.group_keys
-        system = self.system
-        device = device_of(system, unit.rank)  # hybrid clusters: this rank's group's GPU
+        if like is not None:
+            self._prepare_alike(unit, like, coll_key, coll_needed, p2p_key, comm_link, steps)
+            return
+        children, pending, ordered = _dependencies(nodes, unit.rank)
+        kind = [INSTANT] * n
+        duration = [0.0] * n
+        stream = [0] * n
+        cost_key: list[Any] = [None] * n
+        device = device_of(self.system, unit.rank)  # hybrid clusters: this rank's group's GPU
         kernels = self.kernels
         if isinstance(kernels, Mapping):
             kernels = kernels.get(device.name)
-        unit_of = self.problem.unit_of_rank
         # costs are per device: units on one device share them, and the compute nodes that
         # units of one rank class share (the same objects) are keyed once
         cost_cache = self.cost_caches.setdefault(device.name, {})
@@ -921,8 +932,6 @@ class _Sim:
         intern, cached_cost = interned.setdefault, cost_cache.get
         keyed = self.keyed.setdefault(device.name, {})
         keyed_get = keyed.get
-        collectives: dict[tuple[int, CollectiveType, int], tuple[Any, ...]] = {}
-        """each collective's communicator, type and size priced once (:meth:`_collective`)"""
         positions: Iterable[tuple[int, Any]] = enumerate(nodes)
         if compiled_engine is not None and not memo and not remember:
 
@@ -947,6 +956,115 @@ class _Sim:
                 nodes, comp, keyed, price, kind, duration, cost_key
             )
             positions = zip(others, map(nodes.__getitem__, others), strict=True)
+        self._price_others(
+            unit, positions, kind, duration, stream, cost_key, coll_key, coll_needed, p2p_key,
+            comm_link, steps,
+            compute=(memo, memo_get, remember, key_of, keyed, intern, cached_cost, cost_cache,
+                     device, kernels),
+        )  # fmt: skip
+        if unit.rank_class in self.shared_classes:  # for the units alike it
+            self.others[len(self.results)] = [i for i, k in enumerate(kind) if k != COMPUTE]
+        self._append(unit, children, pending, ordered, kind, duration, stream, cost_key,
+                     coll_key, coll_needed, p2p_key, comm_link, steps)  # fmt: skip
+
+    def _prepare_alike(
+        self,
+        unit: Unit,
+        like: int,
+        coll_key: dict[int, Any],
+        coll_needed: dict[int, int],
+        p2p_key: dict[int, tuple[int, int, int, int]],
+        comm_link: list[str | None],
+        steps: list[Steps | None],
+    ) -> None:
+        """:meth:`_prepare` of a unit alike unit ``like``: its compute nodes' kinds, costs and
+        streams copied, the others priced as its own."""
+        rep = self.results[like]
+        kind, duration = rep.kind.copy(), rep.duration.copy()
+        stream, cost_key = self.stream[like].copy(), self.cost_key[like].copy()
+        nodes = unit.nodes
+        positions = [(i, nodes[i]) for i in self.others[like]]
+        self._price_others(
+            unit, positions, kind, duration, stream, cost_key, coll_key, coll_needed, p2p_key,
+            comm_link, steps, compute=None,
+        )  # fmt: skip
+        # its dependencies: the representative's, set by __init__ once edited there
+        self._append(unit, [], [], True, kind, duration, stream, cost_key, coll_key,
+                     coll_needed, p2p_key, comm_link, steps)  # fmt: skip
+
+    def _append(
+        self,
+        unit: Unit,
+        children: list[list[int]],
+        pending: list[int],
+        ordered: bool,
+        kind: list[int],
+        duration: list[float],
+        stream: list[int],
+        cost_key: list[Any],
+        coll_key: dict[int, Any],
+        coll_needed: dict[int, int],
+        p2p_key: dict[int, tuple[int, int, int, int]],
+        comm_link: list[str | None],
+        steps: list[Steps | None],
+    ) -> None:
+        n = len(unit.nodes)
+        self.children.append(children)
+        self.pending.append(pending)
+        self.ordered.append(ordered)
+        self.ready_time.append([0.0] * n)
+        self.ready_cause.append([None] * n)
+        self.coll_key.append(coll_key)
+        self.coll_needed.append(coll_needed)
+        self.stream.append(stream)
+        self.p2p_key.append(p2p_key)
+        self.cost_key.append(cost_key)
+        self.comm_link.append(comm_link)
+        self.steps.append(steps)
+        self.results.append(
+            UnitResult(
+                unit=unit,
+                kind=kind,
+                duration=duration,
+                start=[-1.0] * n,
+                end=[-1.0] * n,
+                transfer_start=[-1.0] * n,
+                cause=[None] * n,
+            )
+        )
+
+    def _price_others(
+        self,
+        unit: Unit,
+        positions: Iterable[tuple[int, Any]],
+        kind: list[int],
+        duration: list[float],
+        stream: list[int],
+        cost_key: list[Any],
+        coll_key: dict[int, Any],
+        coll_needed: dict[int, int],
+        p2p_key: dict[int, tuple[int, int, int, int]],
+        comm_link: list[str | None],
+        steps: list[Steps | None],
+        compute: tuple[Any, ...] | None,
+    ) -> None:
+        """The loop of :meth:`_prepare` over ``positions``: compute nodes (``compute``: the
+        cost caches, None where there are none among them), host copies, collectives,
+        sends and receives."""
+        system = self.system
+        unit_of = self.problem.unit_of_rank
+        group_keys = unit.group_keys
+        steps_cache = self.steps_cache
+        group_streams: dict[int, int] = {}
+        device = device_of(system, unit.rank)
+        comp = NodeType.COMP
+        collectives: dict[tuple[int, CollectiveType, int], tuple[Any, ...]] = {}
+        """each collective's communicator, type and size priced once (:meth:`_collective`)"""
+        cost_cache = self.cost_caches.setdefault(device.name, {})
+        if compute is not None:
+            (memo, memo_get, remember, key_of, keyed, intern, cached_cost, cost_cache,
+             device, kernels) = compute  # fmt: skip
+            keyed_get = keyed.get
         for i, node in positions:
             t = node.type
             if t is comp:
@@ -1045,29 +1163,6 @@ class _Sim:
                     -1 if node.comm_tag is None else node.comm_tag,
                     node.comm_size,
                 )
-        self.children.append(children)
-        self.pending.append(pending)
-        self.ordered.append(ordered)
-        self.ready_time.append([0.0] * n)
-        self.ready_cause.append([None] * n)
-        self.coll_key.append(coll_key)
-        self.coll_needed.append(coll_needed)
-        self.stream.append(stream)
-        self.p2p_key.append(p2p_key)
-        self.cost_key.append(cost_key)
-        self.comm_link.append(comm_link)
-        self.steps.append(steps)
-        self.results.append(
-            UnitResult(
-                unit=unit,
-                kind=kind,
-                duration=duration,
-                start=[-1.0] * n,
-                end=[-1.0] * n,
-                transfer_start=[-1.0] * n,
-                cause=[None] * n,
-            )
-        )
 
     def _collective(
         self, node: Any, cost_cache: dict[Any, float]
@@ -1190,19 +1285,45 @@ class _Sim:
                 children[g].append(i)
                 pending[i] += 1
 
-    def _overlap_tp_collectives(self, u: int) -> None:
+    def _overlap_tp_collectives(self, u: int, like: int | None = None) -> None:
         """Transformer Engine's ``--tp-comm-overlap`` (userbuffers): sequence parallelism's
         all-gather is split into one chunk per tensor-parallel rank and pipelined with the
         GEMMs that consume it, a reduce-scatter into ``TP_OVERLAP_PIPELINE_SPLITS`` chunks
         with the GEMMs that produce it. Together they take ``chunked_overlap_time`` of the
         GEMMs slowed by the concurrent communication (the contention model) and the
         collective; the collective node keeps what is left beyond the GEMMs' own time (the
-        GEMMs still run as separate nodes, at their own speed)."""
+        GEMMs still run as separate nodes, at their own speed). ``like``: an earlier unit it
+        is alike (:func:`_alike_units`), whose collectives and GEMMs these are."""
+        res = self.results[u]
+        found = self.tp_overlaps.get(like) if like is not None else None
+        if found is None:
+            found = self._tp_overlapped(u)
+            if res.unit.rank_class in self.shared_classes:
+                self.tp_overlaps[u] = found
+        for i, gemms, chunks, method in found:
+            free = sum(res.duration[g] for g in gemms)
+            link = self.comm_link[u][i]
+            slowed = free
+            if link in self.contended:
+                slowed = sum(
+                    max(res.duration[g], self._userbuffers_contended(u, g, link, method))
+                    for g in gemms
+                )
+            together = chunked_overlap_time(slowed, res.duration[i], chunks)
+            res.duration[i] = max(0.0, together - free)
+            self.comm_link[u][i] = None  # its contention is in ``slowed`` already
+            # its bytes cross the links beside the GEMMs: what is left is a fixed time
+            self.steps[u][i] = fixed_steps(res.duration[i])
+
+    def _tp_overlapped(self, u: int) -> list[tuple[int, list[int], int, str]]:
+        """Unit ``u``'s tensor-parallel collectives that overlap GEMMs, each with those GEMMs,
+        its chunks and userbuffers' method (:meth:`_overlap_tp_collectives`)."""
         res = self.results[u]
         nodes = res.unit.nodes
         position: dict[int, int] | None = None
         children = self.children[u]
         claimed: set[int] = set()
+        found = []
         for i, node in enumerate(nodes):
             if res.kind[i] != COLL:
                 continue
@@ -1223,19 +1344,8 @@ class _Sim:
             if not gemms:
                 continue
             claimed.update(gemms)
-            free = sum(res.duration[g] for g in gemms)
-            link = self.comm_link[u][i]
-            slowed = free
-            if link in self.contended:
-                slowed = sum(
-                    max(res.duration[g], self._userbuffers_contended(u, g, link, method))
-                    for g in gemms
-                )
-            together = chunked_overlap_time(slowed, res.duration[i], chunks)
-            res.duration[i] = max(0.0, together - free)
-            self.comm_link[u][i] = None  # its contention is in ``slowed`` already
-            # its bytes cross the links beside the GEMMs: what is left is a fixed time
-            self.steps[u][i] = fixed_steps(res.duration[i])
+            found.append((i, gemms, chunks, method))
+        return found
 
     def _userbuffers_contended(self, u: int, i: int, link: str, method: str) -> float:
         """Duration of GEMM ``i`` of unit ``u`` beside userbuffers' ``method`` over ``link``
@@ -1795,6 +1905,58 @@ class _Sim:
                         f"replay deadlocked: rank {res.unit.rank} node {node.id} "
                         f"({node.name!r}) {state}"
                     )
+
+
+def _alike_units(problem: Problem, system: System) -> list[int | None]:
+    """Per unit: the first unit of its rank class where that one runs the same nodes on the
+    same kind of GPU (the units of a class differ in their communicators and peers only,
+    :func:`problem_from_workload`), else None. A unit alike another takes its compute costs
+    and its dependencies as edited by the overlap options (:class:`_Sim`), which only its
+    node structure decides: per unit they were the replay's largest cost beside the engine
+    (a 256-rank plan on GB300 NVL72 domains has 32 units of 8 rank classes)."""
+    first: dict[int, int] = {}
+    alike: list[int | None] = []
+    groups = problem.comm_groups
+    for u, unit in enumerate(problem.units):
+        rep = None if unit.rank_class is None else first.setdefault(unit.rank_class, u)
+        if rep is None or rep == u:
+            alike.append(None)
+            continue
+        other = problem.units[rep]
+        same = device_of(system, unit.rank).name == device_of(system, other.rank).name
+        alike.append(rep if same and _same_structure(unit.nodes, other.nodes, groups) else None)
+    return alike
+
+
+def _same_structure(
+    nodes: Sequence[Any], others: Sequence[Any], groups: Mapping[int, Sequence[int]]
+) -> bool:
+    """Whether two units' nodes are the same objects or, but for communication nodes'
+    communicators and peers, equal: ids, dependencies, attributes, kinds and sizes (what a
+    node's cost, and the overlap options' edits, read), communicators of equal size."""
+    if len(nodes) != len(others):
+        return False
+    for i in itertools.compress(range(len(nodes)), map(operator.is_not, nodes, others)):
+        a, b = nodes[i], others[i]
+        if a.type is not b.type or a.type not in COMM_TYPES:
+            if a != b:
+                return False
+            continue
+        if (
+            a.id != b.id
+            or a.data_deps != b.data_deps
+            or a.ctrl_deps != b.ctrl_deps
+            or a.comm_type is not b.comm_type
+            or a.comm_size != b.comm_size
+            or a.comm_tag != b.comm_tag
+            or getattr(a, "attrs", None) != getattr(b, "attrs", None)
+            or (
+                a.type is NodeType.COMM_COLL
+                and len(groups.get(a.comm_group, ())) != len(groups.get(b.comm_group, ()))
+            )
+        ):
+            return False
+    return True
 
 
 def _dependencies(nodes: Sequence[Any], rank: int) -> tuple[list[list[int]], list[int], bool]:
