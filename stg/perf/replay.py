@@ -810,6 +810,27 @@ _UNMATCHED = object()
 """a collective without a matching key (:attr:`Unit.group_keys`): matched by communicator"""
 
 
+@dataclass
+class _UnitArrays:
+    """What :meth:`_Sim._prepare` works out per node of a unit (see :class:`_Sim`)."""
+
+    kind: list[int]
+    duration: list[float]
+    stream: list[int]
+    cost_key: list[Any]
+    coll_key: dict[int, Any]
+    coll_needed: dict[int, int]
+    p2p_key: dict[int, tuple[int, int, int, int]]
+    comm_link: list[str | None]
+    steps: list[Steps | None]
+
+    @classmethod
+    def empty(cls, n: int) -> _UnitArrays:
+        return cls(
+            [INSTANT] * n, [0.0] * n, [0] * n, [None] * n, {}, {}, {}, [None] * n, [None] * n
+        )
+
+
 class _Sim:
     """Event-driven replay of all units (see the module docstring)."""
 
@@ -863,6 +884,7 @@ class _Sim:
         classes = Counter(u.rank_class for u in problem.units if u.rank_class is not None)
         self.shared_classes = {c for c, units in classes.items() if units > 1}
         """the rank classes of several units (which share their compute node objects)"""
+        alike = _alike_units(problem, system)
         self.cost_key: list[list[Any]] = []
         self.comm_link: list[list[str | None]] = []
         self.share_links = share_links and not is_hybrid(system)
@@ -874,7 +896,6 @@ class _Sim:
         are not compute"""
         self.tp_overlaps: dict[int, list[tuple[int, list[int], int, str]]] = {}
         """per unit that others are alike: :meth:`_overlap_tp_collectives`' findings"""
-        alike = _alike_units(problem, system)
         for unit, like in zip(problem.units, alike, strict=True):
             self._prepare(unit, like)
         for u, like in enumerate(alike):
@@ -904,19 +925,12 @@ class _Sim:
         ``__init__``."""
         nodes = unit.nodes
         n = len(nodes)
-        coll_key: dict[int, Any] = {}
-        coll_needed: dict[int, int] = {}
-        p2p_key: dict[int, tuple[int, int, int, int]] = {}
-        comm_link: list[str | None] = [None] * n
-        steps: list[Steps | None] = [None] * n
         if like is not None:
-            self._prepare_alike(unit, like, coll_key, coll_needed, p2p_key, comm_link, steps)
+            self._prepare_alike(unit, like)
             return
         children, pending, ordered = _dependencies(nodes, unit.rank)
-        kind = [INSTANT] * n
-        duration = [0.0] * n
-        stream = [0] * n
-        cost_key: list[Any] = [None] * n
+        arrays = _UnitArrays.empty(n)
+        kind, duration, cost_key = arrays.kind, arrays.duration, arrays.cost_key
         device = device_of(self.system, unit.rank)  # hybrid clusters: this rank's group's GPU
         kernels = self.kernels
         if isinstance(kernels, Mapping):
@@ -957,40 +971,27 @@ class _Sim:
             )
             positions = zip(others, map(nodes.__getitem__, others), strict=True)
         self._price_others(
-            unit, positions, kind, duration, stream, cost_key, coll_key, coll_needed, p2p_key,
-            comm_link, steps,
+            unit, positions, arrays,
             compute=(memo, memo_get, remember, key_of, keyed, intern, cached_cost, cost_cache,
                      device, kernels),
         )  # fmt: skip
         if unit.rank_class in self.shared_classes:  # for the units alike it
             self.others[len(self.results)] = [i for i, k in enumerate(kind) if k != COMPUTE]
-        self._append(unit, children, pending, ordered, kind, duration, stream, cost_key,
-                     coll_key, coll_needed, p2p_key, comm_link, steps)  # fmt: skip
+        self._append(unit, children, pending, ordered, arrays)
 
-    def _prepare_alike(
-        self,
-        unit: Unit,
-        like: int,
-        coll_key: dict[int, Any],
-        coll_needed: dict[int, int],
-        p2p_key: dict[int, tuple[int, int, int, int]],
-        comm_link: list[str | None],
-        steps: list[Steps | None],
-    ) -> None:
+    def _prepare_alike(self, unit: Unit, like: int) -> None:
         """:meth:`_prepare` of a unit alike unit ``like``: its compute nodes' kinds, costs and
         streams copied, the others priced as its own."""
         rep = self.results[like]
-        kind, duration = rep.kind.copy(), rep.duration.copy()
-        stream, cost_key = self.stream[like].copy(), self.cost_key[like].copy()
-        nodes = unit.nodes
-        positions = [(i, nodes[i]) for i in self.others[like]]
-        self._price_others(
-            unit, positions, kind, duration, stream, cost_key, coll_key, coll_needed, p2p_key,
-            comm_link, steps, compute=None,
+        n = len(unit.nodes)
+        arrays = _UnitArrays(
+            rep.kind.copy(), rep.duration.copy(), self.stream[like].copy(),
+            self.cost_key[like].copy(), {}, {}, {}, [None] * n, [None] * n,
         )  # fmt: skip
+        nodes = unit.nodes
+        self._price_others(unit, [(i, nodes[i]) for i in self.others[like]], arrays, None)
         # its dependencies: the representative's, set by __init__ once edited there
-        self._append(unit, [], [], True, kind, duration, stream, cost_key, coll_key,
-                     coll_needed, p2p_key, comm_link, steps)  # fmt: skip
+        self._append(unit, [], [], True, arrays)
 
     def _append(
         self,
@@ -998,15 +999,7 @@ class _Sim:
         children: list[list[int]],
         pending: list[int],
         ordered: bool,
-        kind: list[int],
-        duration: list[float],
-        stream: list[int],
-        cost_key: list[Any],
-        coll_key: dict[int, Any],
-        coll_needed: dict[int, int],
-        p2p_key: dict[int, tuple[int, int, int, int]],
-        comm_link: list[str | None],
-        steps: list[Steps | None],
+        arrays: _UnitArrays,
     ) -> None:
         n = len(unit.nodes)
         self.children.append(children)
@@ -1014,18 +1007,18 @@ class _Sim:
         self.ordered.append(ordered)
         self.ready_time.append([0.0] * n)
         self.ready_cause.append([None] * n)
-        self.coll_key.append(coll_key)
-        self.coll_needed.append(coll_needed)
-        self.stream.append(stream)
-        self.p2p_key.append(p2p_key)
-        self.cost_key.append(cost_key)
-        self.comm_link.append(comm_link)
-        self.steps.append(steps)
+        self.coll_key.append(arrays.coll_key)
+        self.coll_needed.append(arrays.coll_needed)
+        self.stream.append(arrays.stream)
+        self.p2p_key.append(arrays.p2p_key)
+        self.cost_key.append(arrays.cost_key)
+        self.comm_link.append(arrays.comm_link)
+        self.steps.append(arrays.steps)
         self.results.append(
             UnitResult(
                 unit=unit,
-                kind=kind,
-                duration=duration,
+                kind=arrays.kind,
+                duration=arrays.duration,
                 start=[-1.0] * n,
                 end=[-1.0] * n,
                 transfer_start=[-1.0] * n,
@@ -1037,20 +1030,20 @@ class _Sim:
         self,
         unit: Unit,
         positions: Iterable[tuple[int, Any]],
-        kind: list[int],
-        duration: list[float],
-        stream: list[int],
-        cost_key: list[Any],
-        coll_key: dict[int, Any],
-        coll_needed: dict[int, int],
-        p2p_key: dict[int, tuple[int, int, int, int]],
-        comm_link: list[str | None],
-        steps: list[Steps | None],
+        arrays: _UnitArrays,
         compute: tuple[Any, ...] | None,
     ) -> None:
         """The loop of :meth:`_prepare` over ``positions``: compute nodes (``compute``: the
         cost caches, None where there are none among them), host copies, collectives,
         sends and receives."""
+        kind, duration, stream, cost_key = (
+            arrays.kind,
+            arrays.duration,
+            arrays.stream,
+            arrays.cost_key,
+        )
+        coll_key, coll_needed, p2p_key = arrays.coll_key, arrays.coll_needed, arrays.p2p_key
+        comm_link, steps = arrays.comm_link, arrays.steps
         system = self.system
         unit_of = self.problem.unit_of_rank
         group_keys = unit.group_keys
