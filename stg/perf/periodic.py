@@ -121,6 +121,7 @@ from stg.perf.replay import (
     Replay,
     Unit,
     UnitResult,
+    alike_units,
     nonnegative_duration,
     replay,
     unit_breakdown,
@@ -404,7 +405,12 @@ def _reduction(
         Problem(units, problem.unit_of_rank, problem.comm_groups, problem.world_size),
         [], [], [], [],
     )  # fmt: skip
+    alike = alike_units(problem)
     for u, (unit, index) in enumerate(zip(problem.units, indexed, strict=True)):
+        like = alike[u]
+        if like is not None:  # the same reduction as that unit's, its own nodes kept
+            _reduce_alike(reduction, problem, u, like)
+            continue
         mbs = index.micro_batch
         nodes = index.nodes
         position = index.position
@@ -479,13 +485,7 @@ def _reduction(
                     new_deps.update(dict.fromkeys(_kept_ancestors(index, k, keep, frontier)))
             kept_nodes[at] = dataclasses.replace(node, data_deps=tuple(new_deps), ctrl_deps=())
             replaced.append((i, kept_nodes[at]))
-        group_keys: dict[int, Any] = {}
-        before = 0  # of the dropped nodes, those before position i
-        for i in sorted(unit.group_keys):
-            while before < len(gone) and gone[before] < i:
-                before += 1
-            if kept_mask[i]:
-                group_keys[i - before] = unit.group_keys[i]
+        group_keys = _kept_group_keys(unit, kept_mask, gone)
         reordered = _placed_ends(index, keep, shift, gone) if place_ends and shift else {}
         priority = {}
         for i, key in reordered.items():
@@ -499,6 +499,44 @@ def _reduction(
         reduction.replaced.append(replaced)
         reduction.reordered.append(reordered)
     return reduction
+
+
+def _kept_group_keys(unit: Unit, kept_mask: bytearray, gone: Sequence[int]) -> dict[int, Any]:
+    """``unit``'s collectives' matching keys (:attr:`Unit.group_keys`) at the reduced
+    problem's positions."""
+    group_keys: dict[int, Any] = {}
+    before = 0  # of the dropped nodes, those before position i
+    for i in sorted(unit.group_keys):
+        while before < len(gone) and gone[before] < i:
+            before += 1
+        if kept_mask[i]:
+            group_keys[i - before] = unit.group_keys[i]
+    return group_keys
+
+
+def _reduce_alike(reduction: _Reduction, problem: Problem, u: int, like: int) -> None:
+    """:func:`_reduction` of unit ``u``, alike unit ``like`` (:func:`alike_units`: the same
+    nodes but for its communication nodes' communicators and peers), whose reduction is
+    done: the same nodes kept and dropped, the same dependencies rewritten, on its own nodes
+    (the rewritten node objects of the nodes the two share, shared)."""
+    unit, nodes, theirs = problem.units[u], problem.units[u].nodes, problem.units[like].nodes
+    kept_mask, gone = reduction.kept[like], reduction.gone[like]
+    kept_nodes = list(itertools.compress(nodes, kept_mask))
+    replaced: list[tuple[int, Any]] = []
+    for i, node in reduction.replaced[like]:
+        if nodes[i] is not theirs[i]:
+            node = dataclasses.replace(nodes[i], data_deps=node.data_deps, ctrl_deps=node.ctrl_deps)
+        kept_nodes[i - bisect_left(gone, i)] = node
+        replaced.append((i, node))
+    group_keys = _kept_group_keys(unit, kept_mask, gone)
+    priority = reduction.problem.units[like].priority
+    reduction.problem.units.append(
+        dataclasses.replace(unit, nodes=kept_nodes, group_keys=group_keys, priority=priority)
+    )
+    reduction.kept.append(kept_mask)
+    reduction.gone.append(gone)
+    reduction.replaced.append(replaced)
+    reduction.reordered.append(reduction.reordered[like])
 
 
 def _placed_ends(index: _Indexed, keep: int, shift: int, gone: Sequence[int]) -> dict[int, float]:

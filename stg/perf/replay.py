@@ -884,7 +884,7 @@ class _Sim:
         classes = Counter(u.rank_class for u in problem.units if u.rank_class is not None)
         self.shared_classes = {c for c, units in classes.items() if units > 1}
         """the rank classes of several units (which share their compute node objects)"""
-        alike = _alike_units(problem, system)
+        alike = alike_units(problem, system)
         self.cost_key: list[list[Any]] = []
         self.comm_link: list[list[str | None]] = []
         self.share_links = share_links and not is_hybrid(system)
@@ -892,7 +892,7 @@ class _Sim:
         self.steps: list[list[Steps | None]] = []
         """per unit and node: the steps of a collective's or send's transfer (see ``Steps``)"""
         self.others: dict[int, list[int]] = {}
-        """per unit that others are alike (:func:`_alike_units`): its nodes' positions that
+        """per unit that others are alike (:func:`alike_units`): its nodes' positions that
         are not compute"""
         self.tp_overlaps: dict[int, list[tuple[int, list[int], int, str]]] = {}
         """per unit that others are alike: :meth:`_overlap_tp_collectives`' findings"""
@@ -921,7 +921,7 @@ class _Sim:
 
     def _prepare(self, unit: Unit, like: int | None = None) -> None:
         """Price, stream and match ``unit``'s nodes; ``like``: an earlier unit it is alike
-        (:func:`_alike_units`), whose compute costs it takes, its dependencies left to
+        (:func:`alike_units`), whose compute costs it takes, its dependencies left to
         ``__init__``."""
         nodes = unit.nodes
         n = len(nodes)
@@ -1286,7 +1286,7 @@ class _Sim:
         GEMMs slowed by the concurrent communication (the contention model) and the
         collective; the collective node keeps what is left beyond the GEMMs' own time (the
         GEMMs still run as separate nodes, at their own speed). ``like``: an earlier unit it
-        is alike (:func:`_alike_units`), whose collectives and GEMMs these are."""
+        is alike (:func:`alike_units`), whose collectives and GEMMs these are."""
         res = self.results[u]
         found = self.tp_overlaps.get(like) if like is not None else None
         if found is None:
@@ -1900,13 +1900,14 @@ class _Sim:
                     )
 
 
-def _alike_units(problem: Problem, system: System) -> list[int | None]:
-    """Per unit: the first unit of its rank class where that one runs the same nodes on the
-    same kind of GPU (the units of a class differ in their communicators and peers only,
-    :func:`problem_from_workload`), else None. A unit alike another takes its compute costs
-    and its dependencies as edited by the overlap options (:class:`_Sim`), which only its
-    node structure decides: per unit they were the replay's largest cost beside the engine
-    (a 256-rank plan on GB300 NVL72 domains has 32 units of 8 rank classes)."""
+def alike_units(problem: Problem, system: System | None = None) -> list[int | None]:
+    """Per unit: the first unit of its rank class where that one runs the same nodes (and,
+    given ``system``, on the same kind of GPU): the units of a class differ in their
+    communicators and peers only (:func:`problem_from_workload`); else None. A unit alike
+    another takes its compute costs and its dependencies as edited by the overlap options
+    (:class:`_Sim`), and its reduction (:func:`stg.perf.periodic.reduced_problem`), which
+    only its node structure decides: per unit they were the replay's largest cost beside
+    the engine (a 256-rank plan on GB300 NVL72 domains has 32 units of 8 rank classes)."""
     first: dict[int, int] = {}
     alike: list[int | None] = []
     groups = problem.comm_groups
@@ -1916,7 +1917,10 @@ def _alike_units(problem: Problem, system: System) -> list[int | None]:
             alike.append(None)
             continue
         other = problem.units[rep]
-        same = device_of(system, unit.rank).name == device_of(system, other.rank).name
+        same = (
+            system is None
+            or device_of(system, unit.rank).name == device_of(system, other.rank).name
+        )
         alike.append(rep if same and _same_structure(unit.nodes, other.nodes, groups) else None)
     return alike
 
