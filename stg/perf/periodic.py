@@ -84,6 +84,7 @@ micro-batch, and within it the type, op, part, phase and role, counted in id ord
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 import operator
@@ -170,7 +171,8 @@ class PeriodicReplay:
 
 class _Indexed:
     """One unit's nodes with their micro-batch, the positions of each micro-batch's nodes, and
-    (worked out per micro-batch where needed) each node's key."""
+    (worked out per micro-batch where needed) each node's key. A unit alike another
+    (:func:`stg.perf.replay.alike_units`) shares all but its nodes with that one's."""
 
     def __init__(
         self,
@@ -308,10 +310,13 @@ def _indexed_units(
     micro-batches there are (as :func:`_micro_batches`); ``first``: the first unit's
     micro-batches, where known."""
     shared: dict[tuple[Any, ...], tuple[Any, ...]] = {}
-    indexed = [
-        _Indexed(unit.nodes, first if u == 0 else None, shared)
-        for u, unit in enumerate(problem.units)
-    ]
+    indexed: list[_Indexed] = []
+    for u, (unit, like) in enumerate(zip(problem.units, alike_units(problem), strict=True)):
+        if like is not None:  # the same index on its own nodes
+            indexed.append(copy.copy(indexed[like]))
+            indexed[u].nodes = unit.nodes
+        else:
+            indexed.append(_Indexed(unit.nodes, first if u == 0 else None, shared))
     counts = set()
     for index in indexed:
         declared = index.members.keys()

@@ -471,6 +471,8 @@ class Problem:
     unit_of_rank: Mapping[int, int]
     comm_groups: Mapping[int, Sequence[int]]
     world_size: int
+    alike: list[int | None] | None = field(default=None, repr=False, compare=False)
+    """:func:`alike_units` without a system, worked out on its first call"""
 
 
 def _refine(
@@ -895,6 +897,9 @@ class _Sim:
         """per unit that others are alike (:func:`alike_units`): its nodes' positions that
         are not compute"""
         self.tp_overlaps: dict[int, list[tuple[int, list[int], int, str]]] = {}
+        self.tp_overlap_done: dict[tuple[Any, ...], tuple[float, Steps]] = {}
+        """per collective's link, duration, chunks and method and its GEMMs' interned cost
+        keys: its duration and steps beside them (:meth:`_overlap_tp_collectives`)"""
         """per unit that others are alike: :meth:`_overlap_tp_collectives`' findings"""
         for unit, like in zip(problem.units, alike, strict=True):
             self._prepare(unit, like)
@@ -1293,20 +1298,33 @@ class _Sim:
             found = self._tp_overlapped(u)
             if res.unit.rank_class in self.shared_classes:
                 self.tp_overlaps[u] = found
+        cost_key, duration, comm_link = self.cost_key[u], res.duration, self.comm_link[u]
+        done = self.tp_overlap_done
         for i, gemms, chunks, method in found:
-            free = sum(res.duration[g] for g in gemms)
-            link = self.comm_link[u][i]
-            slowed = free
-            if link in self.contended:
-                slowed = sum(
-                    max(res.duration[g], self._userbuffers_contended(u, g, link, method))
-                    for g in gemms
-                )
-            together = chunked_overlap_time(slowed, res.duration[i], chunks)
-            res.duration[i] = max(0.0, together - free)
-            self.comm_link[u][i] = None  # its contention is in ``slowed`` already
-            # its bytes cross the links beside the GEMMs: what is left is a fixed time
-            self.steps[u][i] = fixed_steps(res.duration[i])
+            link = comm_link[i]
+            # alike collectives beside alike GEMMs (every layer and micro-batch) once each
+            key = (
+                link,
+                duration[i],
+                chunks,
+                method,
+                *[(id(cost_key[g]), duration[g]) for g in gemms],
+            )
+            known = done.get(key)
+            if known is None:
+                free = sum(duration[g] for g in gemms)
+                slowed = free
+                if link in self.contended:
+                    slowed = sum(
+                        max(duration[g], self._userbuffers_contended(u, g, link, method))
+                        for g in gemms
+                    )
+                together = chunked_overlap_time(slowed, duration[i], chunks)
+                left = max(0.0, together - free)
+                # its bytes cross the links beside the GEMMs: what is left is a fixed time
+                known = done[key] = (left, fixed_steps(left))
+            duration[i], self.steps[u][i] = known
+            comm_link[i] = None  # its contention is in ``slowed`` already
 
     def _tp_overlapped(self, u: int) -> list[tuple[int, list[int], int, str]]:
         """Unit ``u``'s tensor-parallel collectives that overlap GEMMs, each with those GEMMs,
@@ -1908,21 +1926,26 @@ def alike_units(problem: Problem, system: System | None = None) -> list[int | No
     (:class:`_Sim`), and its reduction (:func:`stg.perf.periodic.reduced_problem`), which
     only its node structure decides: per unit they were the replay's largest cost beside
     the engine (a 256-rank plan on GB300 NVL72 domains has 32 units of 8 rank classes)."""
-    first: dict[int, int] = {}
-    alike: list[int | None] = []
-    groups = problem.comm_groups
-    for u, unit in enumerate(problem.units):
-        rep = None if unit.rank_class is None else first.setdefault(unit.rank_class, u)
-        if rep is None or rep == u:
-            alike.append(None)
-            continue
-        other = problem.units[rep]
-        same = (
-            system is None
-            or device_of(system, unit.rank).name == device_of(system, other.rank).name
-        )
-        alike.append(rep if same and _same_structure(unit.nodes, other.nodes, groups) else None)
-    return alike
+    if problem.alike is None:
+        first: dict[int, int] = {}
+        found: list[int | None] = []
+        groups = problem.comm_groups
+        for u, unit in enumerate(problem.units):
+            rep = None if unit.rank_class is None else first.setdefault(unit.rank_class, u)
+            other = problem.units[rep] if rep is not None and rep != u else None
+            same = other is not None and _same_structure(unit.nodes, other.nodes, groups)
+            found.append(rep if same else None)
+        problem.alike = found
+    if system is None:
+        return list(problem.alike)
+    units = problem.units
+    return [
+        None
+        if like is None
+        or device_of(system, units[u].rank).name != device_of(system, units[like].rank).name
+        else like
+        for u, like in enumerate(problem.alike)
+    ]
 
 
 def _same_structure(
@@ -1933,27 +1956,31 @@ def _same_structure(
     node's cost, and the overlap options' edits, read), communicators of equal size."""
     if len(nodes) != len(others):
         return False
+    sizes: dict[int | None, int] = {}
     for i in itertools.compress(range(len(nodes)), map(operator.is_not, nodes, others)):
         a, b = nodes[i], others[i]
         if a.type is not b.type or a.type not in COMM_TYPES:
             if a != b:
                 return False
             continue
-        if (
-            a.id != b.id
-            or a.data_deps != b.data_deps
-            or a.ctrl_deps != b.ctrl_deps
-            or a.comm_type is not b.comm_type
-            or a.comm_size != b.comm_size
-            or a.comm_tag != b.comm_tag
-            or getattr(a, "attrs", None) != getattr(b, "attrs", None)
-            or (
-                a.type is NodeType.COMM_COLL
-                and len(groups.get(a.comm_group, ())) != len(groups.get(b.comm_group, ()))
-            )
-        ):
+        try:
+            if _COMM_FIELDS(a) != _COMM_FIELDS(b):
+                return False
+        except AttributeError:  # a node of another kind: not compared
             return False
+        if a.type is NodeType.COMM_COLL:
+            for g in (a.comm_group, b.comm_group):
+                if g not in sizes:
+                    sizes[g] = len(groups.get(g, ())) if g is not None else 0
+            if sizes[a.comm_group] != sizes[b.comm_group]:
+                return False
     return True
+
+
+_COMM_FIELDS = operator.attrgetter(
+    "id", "data_deps", "ctrl_deps", "comm_type", "comm_size", "comm_tag", "attrs"
+)
+"""What :func:`_same_structure` compares of two communication nodes"""
 
 
 def _dependencies(nodes: Sequence[Any], rank: int) -> tuple[list[list[int]], list[int], bool]:
