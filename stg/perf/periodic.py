@@ -509,14 +509,8 @@ def _reduction(
 def _kept_group_keys(unit: Unit, kept_mask: bytearray, gone: Sequence[int]) -> dict[int, Any]:
     """``unit``'s collectives' matching keys (:attr:`Unit.group_keys`) at the reduced
     problem's positions."""
-    group_keys: dict[int, Any] = {}
-    before = 0  # of the dropped nodes, those before position i
-    for i in sorted(unit.group_keys):
-        while before < len(gone) and gone[before] < i:
-            before += 1
-        if kept_mask[i]:
-            group_keys[i - before] = unit.group_keys[i]
-    return group_keys
+    keys = unit.group_keys
+    return {i - bisect_left(gone, i): keys[i] for i in sorted(keys) if kept_mask[i]}
 
 
 def _reduce_alike(reduction: _Reduction, problem: Problem, u: int, like: int) -> None:
