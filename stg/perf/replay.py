@@ -897,10 +897,11 @@ class _Sim:
         """per unit that others are alike (:func:`alike_units`): its nodes' positions that
         are not compute"""
         self.tp_overlaps: dict[int, list[tuple[int, list[int], int, str]]] = {}
+        """per unit that others are alike: :meth:`_overlap_tp_collectives`' findings"""
         self.tp_overlap_done: dict[tuple[Any, ...], tuple[float, Steps]] = {}
         """per collective's link, duration, chunks and method and its GEMMs' interned cost
-        keys: its duration and steps beside them (:meth:`_overlap_tp_collectives`)"""
-        """per unit that others are alike: :meth:`_overlap_tp_collectives`' findings"""
+        keys and durations: its duration and steps beside them
+        (:meth:`_overlap_tp_collectives`)"""
         for unit, like in zip(problem.units, alike, strict=True):
             self._prepare(unit, like)
         for u, like in enumerate(alike):
