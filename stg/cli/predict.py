@@ -267,8 +267,8 @@ def predict(**values: Any) -> None:
 
                 with progress_bar(err_console()) as progress:
                     workload = build_workload(options, registry, progress=progress)
-            else:  # the closed forms take a plan's patterns on trust: checked as a build does
-                from stg.core.pipeline import check_precision_plan
+            elif options.precision:  # the closed forms take a plan's patterns on trust
+                from stg.core.pipeline import check_precision_plan  # (it imports sympy)
 
                 check_precision_plan(options, registry)
             with _os_errors():
