@@ -130,6 +130,21 @@ def test_deduplication_against_nccls_all_to_all() -> None:
     assert once[0][2] == pytest.approx(deepep[0][2] / distinct_holders(2, QWEN_EXPERTS, TOPK))
 
 
+def test_the_device_presets_name_their_links_for_the_dispatchers() -> None:
+    """The DGX A100 40GB preset has the 80GB's fabric (NVLink 3 at 300 GB/s, one 25 GB/s NIC
+    per GPU): DeepEP's dispatch over two of its nodes takes what it takes on the 80GB preset,
+    on an NVLink inside a node as on the NIC across."""
+    a100 = load_system("a100-80g")
+    small = load_system("a100-40g")
+    deepep = route("deepep", "dispatch")
+    for shape, port in (((8, 1), "nvlink"), ((8, 2), "nic")):
+        ((got_port, _, got),) = dispatch_phases(deepep, nccl_buffer(), "bf16", shape, small)
+        ((_, _, want),) = dispatch_phases(deepep, nccl_buffer(), "bf16", (*shape, 1), a100)
+        assert (got_port, got) == (port, pytest.approx(want))
+    assert [d.link for d in small.network] == ["nvlink", "network"]
+    assert [d.link for d in load_system("t4-16g").network] == ["pcie", "network"]
+
+
 def test_rates_scale_with_the_links_of_another_system() -> None:
     h800 = load_system("h800-80g")  # NVLink 200 GB/s per direction against the H100's 450
     h100 = dispatch_phases(route("deepep", "dispatch"), nccl_buffer(), "bf16", (8, 1, 1), H100)
@@ -229,10 +244,16 @@ def test_the_node_attributes_name_the_route() -> None:
          "moe_sort_by_expert=true is Megatron-core's alltoall token dispatcher: "
          "moe_dispatcher=deepep (whose kernels permute the tokens themselves) is not allowed "
          "with it; allowed: moe_dispatcher=alltoall"),
-        (["--moe_dispatcher", "deepep", "--system", "t4-16g"],
+        (["--moe_dispatcher", "deepep", "--system", "a10-24g"],
          "moe_dispatcher=deepep moves tokens over NVLink inside a node and RDMA between nodes: "
-         "system 't4-16g' joins its GPUs over 'pcie' (a plain link); allowed there: "
+         "system 'a10-24g' joins its GPUs over 'pcie' (a pcie link); allowed there: "
          "moe_dispatcher=alltoall"),
+        (["--moe_dispatcher", "deepep", "--system", "v100-32g"],
+         "moe_dispatcher=deepep runs on ampere, hopper, blackwell, cdna3, cdna4 GPUs: system "
+         "'v100-32g' has volta GPUs; allowed there: moe_dispatcher=alltoall"),
+        (["--moe_dispatcher", "hybridep", "--system", "a100-80g"],
+         "moe_dispatcher=hybridep runs on hopper, blackwell GPUs: system 'a100-80g' has ampere "
+         "GPUs; allowed there: moe_dispatcher=alltoall"),
         (["--moe_dispatcher", "deepep", "--phase", "decode", "--context", "64"],
          "moe_dispatcher=deepep is a training option; phase=decode has no backward, gradients "
          "or optimizer (leave it unset)"),

@@ -147,11 +147,12 @@ def test_collectives_across_groups_closed_form() -> None:
     pcie = 16e9 * 0.75
     nvlink = 150e9 * 0.75
     net = 25e9 * 0.9
-    intra = max(2 * 3 / 4 * size / pcie + 2 * 3 * 5e-6, 2 * 3 / 4 * size / nvlink + 2 * 3e-6)
+    ring = 2 * 3 / 4 * size  # bytes each GPU moves in a 4-GPU ring all-reduce
+    intra = max(ring / pcie + 2 * 3 * 5.7e-6, ring / nvlink + 2 * 3 * 3.4e-6)
     inter = 2 * 1 / 2 * (size / 4) / net + 2 * 1 * 3e-6
     got = system.collective_time(CollectiveType.ALL_REDUCE, size, tuple(range(8)))
     assert got == pytest.approx(intra + inter)
-    assert system.send_time(size, 0, 1) == pytest.approx(size / nvlink + 1e-6)
+    assert system.send_time(size, 0, 1) == pytest.approx(size / nvlink + 3.4e-6)
     assert system.send_time(size, 0, 4) == pytest.approx(size / net + 3e-6)
 
 

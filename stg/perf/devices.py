@@ -39,15 +39,25 @@ hand. No sustained-clock measurement either, so ``sustained_clock_ghz`` is
 the boost clock; the 70-72 W T4 and L4 do throttle below it under sustained tensor load, so
 their predictions are optimistic.
 
-Links: NVLink collectives reach 0.75 of the per-direction bandwidth, as for the A100 preset;
-NCCL over PCIe through the host bridge reaches ~0.75 of the PCIe rate (estimate), with 5 us
-per step (estimate: PCIe round trips through the root complex). Between nodes the presets
-assume 100 Gb/s Ethernet or InfiniBand per node (12.5 GB/s) shared by the node's GPUs.
+Links: each dimension names its kind (``nvlink``, ``pcie``, ``network``), so collectives are
+priced by NCCL's algorithm and protocol model (:mod:`stg.perf.comm_time`) and the MoE
+dispatchers see NVLink inside a node and RDMA between nodes, as on the other presets. NVLink
+collectives reach 0.75 of the per-direction bandwidth, as for the A100 preset; NCCL over PCIe
+through the host bridge reaches ~0.75 of the PCIe rate (estimate). Per-step latencies are
+NCCL's own per link kind (src/graph/tuning.cc, ``hwLat``, Simple ring: NVLink 3.4 us, PCI
+5.7 us, NET 9.6 us). Between nodes the presets assume 100 Gb/s Ethernet or InfiniBand per node
+(12.5 GB/s) shared by the node's GPUs.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+# NCCL's per-step latency of its Simple ring per link kind (NVIDIA/nccl src/graph/tuning.cc,
+# hwLat: NVLink 3.4 us, PCI 5.7 us, NET 9.6 us), as the presets of stg.perf.system use.
+NVLINK_STEP_US = 3.4
+PCIE_STEP_US = 5.7
+NETWORK_STEP_US = 9.6
 
 _EFFICIENCY = {
     "compute_efficiency": {"gemm": 0.8, "attention": 0.6, "other": 0.8},
@@ -57,7 +67,13 @@ _EFFICIENCY = {
 
 
 def _pcie(gbps: float) -> dict[str, Any]:
-    return {"name": "pcie", "bandwidth_gbps": gbps, "latency_us": 5, "efficiency": 0.75}
+    return {
+        "name": "pcie",
+        "bandwidth_gbps": gbps,
+        "latency_us": PCIE_STEP_US,
+        "efficiency": 0.75,
+        "link": "pcie",
+    }
 
 
 def _between_nodes(gpus_per_node: int, gbps_per_node: float = 12.5) -> dict[str, Any]:
@@ -65,8 +81,9 @@ def _between_nodes(gpus_per_node: int, gbps_per_node: float = 12.5) -> dict[str,
         "name": "network",
         "size": 0,
         "bandwidth_gbps": gbps_per_node / gpus_per_node,
-        "latency_us": 5,
+        "latency_us": NETWORK_STEP_US,
         "efficiency": 0.9,
+        "link": "network",
     }
 
 
@@ -96,8 +113,9 @@ DEVICE_PRESETS: dict[str, dict[str, Any]] = {
                 "name": "nvlink",
                 "size": 8,
                 "bandwidth_gbps": 150,
-                "latency_us": 1,
+                "latency_us": NVLINK_STEP_US,
                 "efficiency": 0.75,
+                "link": "nvlink",
             },
             _between_nodes(8, 50),
         ],
@@ -223,15 +241,17 @@ DEVICE_PRESETS: dict[str, dict[str, Any]] = {
                 "name": "nvlink",
                 "size": 8,
                 "bandwidth_gbps": 300,
-                "latency_us": 1,
+                "latency_us": NVLINK_STEP_US,
                 "efficiency": 0.75,
+                "link": "nvlink",
             },
             {
                 "name": "infiniband",
                 "size": 0,
                 "bandwidth_gbps": 25,
-                "latency_us": 3,
+                "latency_us": NETWORK_STEP_US,
                 "efficiency": 0.9,
+                "link": "network",
             },
         ],
     },

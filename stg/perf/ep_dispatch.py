@@ -107,6 +107,16 @@ KERNEL_RATES: dict[tuple[str, str, str, str], dict[int, dict[int, float]]] = {
     ("hybridep", "rdma", "combine", "bf16"): {2048: {8: 33.5e9, 24: 49.3e9}, 7168: {8: 76.5e9}},
 }
 
+ARCHS: Mapping[str, tuple[str, ...]] = {
+    "deepep": ("ampere", "hopper", "blackwell", "cdna3", "cdna4"),
+    "hybridep": ("hopper", "blackwell"),
+}
+"""GPU architectures each library's kernels run on: DeepEP's README (Requirements: "Ampere
+(SM80), Hopper (SM90) GPUs, or other architectures with SM90 PTX ISA support"; AMD's
+Instinct GPUs through ROCm's port of DeepEP); HybridEP moves tokens with the Tensor Memory
+Accelerator (DeepEP ``docs/README_Hybrid-EP.md``: "TMA instructions"), which Hopper
+introduced."""
+
 DEFAULT_SMS = {"deepep": 20, "hybridep": 16}
 """SMs a library's kernels get where the run does not say (``moe_dispatcher_sms``):
 Megatron-core's defaults, ``moe_deepep_num_sms = 20`` and ``moe_hybridep_num_sms = 16``
@@ -249,6 +259,11 @@ def dispatch_phases(
     members = math.prod(shape) if shape else 1
     if members <= 1:
         return ()
+    if system.arch not in ARCHS[library]:
+        raise UserError(
+            f"moe_dispatcher={library} runs on {', '.join(ARCHS[library])} GPUs: system "
+            f"{system.name!r} has {system.arch} GPUs; allowed there: moe_dispatcher=alltoall"
+        )
     kind = "bf16" if transport is None or transport in WIDE_TRANSPORT else "fp8"
     network = system.network
     spanned = [i for i, n in enumerate(shape) if n > 1 and i < len(network)]
@@ -258,11 +273,11 @@ def dispatch_phases(
     for i in spanned:
         link = getattr(network[i], "link", None)
         if link != "network" and not (i == inner and within):
+            kind_of = f"a {link} link" if link else "a link of no declared kind"
             raise UserError(
                 f"moe_dispatcher={library} moves tokens over NVLink inside a node and RDMA "
                 f"between nodes: system {system.name!r} joins its GPUs over "
-                f"{network[i].name!r} ({link or 'a plain link'}); allowed there: "
-                "moe_dispatcher=alltoall"
+                f"{network[i].name!r} ({kind_of}); allowed there: moe_dispatcher=alltoall"
             )
     local = shape[inner] if within else 1
     domains = members // local
@@ -287,6 +302,7 @@ def dispatch_phases(
 
 
 __all__ = [
+    "ARCHS",
     "DEFAULT_SMS",
     "KERNEL_RATES",
     "REFERENCE_SYSTEM",
