@@ -243,3 +243,24 @@ def test_precision_plan_warnings_of_predict_on_a_trace_are_warning_lines(
         "warning: precision plan: op 'gate' matches no op of model 'bert' and is ignored; "
         "known ops: attn_out, context, fc1, fc2, k, logits, mlm_dense, q, scores, v"
     ]
+
+
+def test_a_presets_own_model_options_do_not_refuse_a_layer_pattern(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Nemotron-H's preset sets the Mamba layers' ssm_state; a ``layer_pattern`` without Mamba
+    layers leaves it unread, which is no reason to refuse the plan. The same value given on
+    the command line still is, and nothing of the preset's leaks into the trace's options."""
+    plan = ("--model", "nemotron-h-8b", "--layer_pattern", "*-*-", "--num_stacks", "4",
+            "--seq", "512", "--batch", "1")  # fmt: skip
+    assert _predict(capsys, *plan, "--predictor", "time")["time"]["iteration_time_s"] > 0
+    code, _, err = _run(capsys, "predict", *plan, "--ssm_state", "128")
+    assert code == 2
+    assert err.strip() == (
+        "error: ssm_state=128 does not apply to model 'hybrid': none of its layers reads it "
+        "(leave it unset)"
+    )
+    code, _, err = _run(capsys, "generate", *plan, "--output_dir", str(tmp_path))
+    assert code == 0, err
+    text = "\n".join(p.read_text(errors="replace") for p in tmp_path.rglob("*.json"))
+    assert "preset_fills" not in text

@@ -14,7 +14,7 @@ import stg
 from stg.api import load_presets
 from stg.core.options import resolve_model
 from stg.host.presetfile import source_parts
-from stg.host.records import RecordError
+from stg.host.records import MODEL_OPTIONS, RecordError
 from stg.host.registry import load_registry
 from stg.models.presets import FAMILIES, builtin_presets
 from stg.testing import check_preset, make_registry
@@ -59,6 +59,9 @@ def test_every_preset_of_the_code_is_unchanged_in_the_data() -> None:
         for tp, resolved in old["resolved"].items():
             values, use = resolve_model({"model": old["name"], "tp": int(tp)}, REGISTRY)
             assert use is not None
+            # bookkeeping, not an option: which model options the preset filled
+            filled = values.pop("preset_fills", ())
+            assert set(filled) <= set(MODEL_OPTIONS) & set(values), old["name"]
             assert json.loads(json.dumps(values)) == {**resolved["values"], **since}, (
                 old["name"],
                 tp,

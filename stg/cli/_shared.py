@@ -984,6 +984,8 @@ def option_parameters() -> list[inspect.Parameter]:
 
     params = []
     for f in fields(GenerateOptions):
+        if f.metadata.get("internal"):
+            continue
         if f.name not in SPECS:
             raise RuntimeError(f"stg generate has no option for GenerateOptions.{f.name}")
         panel, spec = SPECS[f.name]

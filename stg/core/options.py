@@ -72,9 +72,13 @@ MODEL_READ_SWITCHES = ("moe_sort_by_expert",)
 
 def check_options_read(options: ReadOptions, model: str) -> None:
     """Refuse an option of :data:`MODEL_OPTIONS` or :data:`MODEL_READ_SWITCHES` that is set
-    but that no part of ``model`` read: it would do nothing."""
+    but that no part of ``model`` read: it would do nothing. Those a preset filled in
+    (``preset_fills``) are left alone."""
+    filled = options._values.get("preset_fills") or ()
     for name in (*MODEL_OPTIONS, *MODEL_READ_SWITCHES):
         value = options._values.get(name)
+        if name in filled:
+            continue
         if value is not None and value is not False and name not in options.read:
             shown = str(value).lower() if isinstance(value, bool) else value
             raise OptionError(
@@ -169,6 +173,9 @@ def resolve_model(
         taken["dvocal"] = -(-published // multiple) * multiple
         padded["dvocal"] = (published, taken["dvocal"], multiple)
     given.update(taken)
+    filled = tuple(k for k in taken if k in MODEL_OPTIONS)
+    if filled:
+        given["preset_fills"] = filled
     use = PresetUse(entry.name, entry.qualified, preset.source, taken, overridden, padded)
     return given, use
 
@@ -469,6 +476,14 @@ class GenerateOptions:
     format: str = "chakra-v0.0.4"
     output_dir: str = "generated"
     output_name: str = "workload.%d.et"
+    preset_fills: tuple[str, ...] = field(
+        default=(), compare=False, repr=False, metadata={"internal": True}
+    )
+    """The options of :data:`stg.host.records.MODEL_OPTIONS` a preset filled in (not given):
+    one of them that the chosen layers do not read (a preset's ``ssm_state`` under a
+    ``layer_pattern`` without Mamba layers) is left unused, not refused
+    (:func:`check_options_read`). Set by :func:`resolve_model`; not an option of the command
+    line, not recorded."""
 
     ATTENTION = ("fused", "unfused")
     ATTENTION_BACKENDS = ("auto", "flash", "fused")
@@ -659,7 +674,7 @@ class GenerateOptions:
         return {
             k: v
             for k, v in self.as_dict().items()
-            if k not in {"output_dir", "output_name", *other}
+            if k not in {"output_dir", "output_name", "preset_fills", *other}
             and not (k in UNSET_OPTIONS and v is None)
             and not (k in self.OFF_UNRECORDED and not v)
             and not (k == "amax_history" and not self.te_delayed_scaling)

@@ -41,7 +41,7 @@ def option_fields() -> dict[str, str]:
     return {
         f.name: (f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "str"))
         for f in fields(GenerateOptions)
-        if f.name not in OUTPUT_FIELDS
+        if f.name not in OUTPUT_FIELDS and not f.metadata.get("internal")
     }
 
 
@@ -242,7 +242,11 @@ class Config:
     system: str
 
     def option_values(self) -> dict[str, Any]:
-        out = {k: v for k, v in self.options.as_dict().items() if k not in OUTPUT_FIELDS}
+        out = {
+            k: v
+            for k, v in self.options.as_dict().items()
+            if k not in OUTPUT_FIELDS and k != "preset_fills"
+        }
         out["precision"] = json.dumps([list(p) for p in self.options.precision])
         return out
 
@@ -282,6 +286,8 @@ def enumerate_configs(
                 resolved[key] = resolve_model({"model": key} if key else {}, registry)[0]
             preset = {k: v for k, v in resolved[key].items() if k not in given}
             merged = {**preset, **given}
+            if "preset_fills" in merged:
+                merged["preset_fills"] = tuple(n for n in merged["preset_fills"] if n not in given)
             if "model" in resolved[key]:
                 merged["model"] = resolved[key]["model"]
             options = GenerateOptions(**merged)
