@@ -33,6 +33,10 @@ CALIBRATION: dict[Group, str] = {
 KNOWN_GAPS: dict[Group, str] = {
     ("a100-80g", "sendrecv", 8): "NCCL's point-to-point path reaches ~195 GB/s on A100 NVLink, "
     "the model the collective ring's 225 GB/s (no source for the p2p figure)",
+    ("a100-40g", "all_gather", 8): "microsoft/superbenchmark's run of an older NCCL (nccl-tests "
+    "without a root column): a collective of 0 bytes takes 34 us there, where NCCL's latency "
+    "model gives an 8-GPU ring about 11 us; the model is 8-63 % faster up to 128 MiB and within "
+    "3 % above (the same run's reduce-scatter and all-reduce groups are counted)",
     ("h100-80g", "alltoall", 4): "the same point-to-point gap: 335 GB/s of bus bandwidth where "
     "the model's sends run at the ring's 369 GB/s",
     ("h100-80g", "all_reduce", 16): "nccl-tests issue #290's cluster (its reporter suspected a "
