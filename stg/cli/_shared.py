@@ -27,6 +27,7 @@ import os
 import re
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, get_args, get_origin
@@ -1190,23 +1191,23 @@ def plan_warnings() -> Iterator[None]:
 
     from stg.core.precision import PrecisionPlanWarning
 
-    global _plan_warnings_depth
-    if _plan_warnings_depth:
+    if _recording_plan_warnings.get():
         yield
         return
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", PrecisionPlanWarning)
-        _plan_warnings_depth += 1
+        token = _recording_plan_warnings.set(True)
         try:
             yield
         finally:
-            _plan_warnings_depth -= 1
+            _recording_plan_warnings.reset(token)
             for message in dict.fromkeys(str(w.message) for w in caught):
                 typer.echo(f"warning: {message}", err=True)
 
 
-_plan_warnings_depth = 0
-"""How many :func:`plan_warnings` contexts are open (the outermost records and prints)."""
+_recording_plan_warnings: ContextVar[bool] = ContextVar("_recording_plan_warnings", default=False)
+"""Whether a :func:`plan_warnings` context is open in this context (the outermost records and
+prints)."""
 
 
 @contextmanager
