@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from stg.errors import UnknownNameError, UserError
+from stg.perf.devices import DEVICE_PRESETS
 from stg.perf.system import (
     DTYPES,
     PRESETS,
@@ -112,3 +113,16 @@ def test_op_classes() -> None:
     assert op_class("mb0/layer3/bwd/context.grad_softmax", 10**12, 10**9) == "attention"
     assert op_class("mb0/layer3/fwd/attn_out", 10**12, 10**9) == "gemm"
     assert op_class("mb0/layer3/fwd/residual1", 10**6, 10**9) == "other"
+
+
+@pytest.mark.parametrize("name", sorted(DEVICE_PRESETS))
+def test_every_hybrid_device_preset_names_its_sources_and_link_kinds(name: str) -> None:
+    """The presets of the GPUs that hybrid clusters mix say where each figure comes from (as
+    ``stg inspect system NAME --json`` shows it) and what kind of link each network dimension
+    is, so NCCL's algorithm and protocol model prices them as it prices the other presets."""
+    system = load_system(name)
+    assert {"peak_tflops", "hbm", "sm_count", "sustained_clock_ghz", "tdp_w", "network"} <= set(
+        system.sources
+    )
+    assert [d.link for d in system.network][1:] == ["network"]
+    assert system.network[0].link in ("nvlink", "pcie")

@@ -58,6 +58,10 @@ from typing import Any
 NVLINK_STEP_US = 3.4
 PCIE_STEP_US = 5.7
 NETWORK_STEP_US = 9.6
+_NCCL_STEPS = (
+    "per-step latencies NCCL's Simple-ring hwLat per link kind (NVIDIA/nccl src/graph/tuning.cc:"
+    " NVLink 3.4 us, PCI 5.7 us, NET 9.6 us)"
+)
 
 _EFFICIENCY = {
     "compute_efficiency": {"gemm": 0.8, "attention": 0.6, "other": 0.8},
@@ -119,6 +123,21 @@ DEVICE_PRESETS: dict[str, dict[str, Any]] = {
             },
             _between_nodes(8, 50),
         ],
+        "sources": {
+            "peak_tflops": (
+                "NVIDIA Tesla V100 data sheet (2020): 15.7 TFLOPS FP32, 125 FP16 tensor; no bf16,"
+                " tf32, fp8 or int8 tensor cores (their kernels run at the FP32, FP16 or DP4A "
+                "rate: stg.perf.devices)"
+            ),
+            "hbm": "NVIDIA Tesla V100 data sheet: 32 GB HBM2 at 900 GB/s",
+            "sm_count": "NVIDIA Volta architecture whitepaper: 80 SMs at 1530 MHz boost",
+            "sustained_clock_ghz": "no measurement: the boost clock",
+            "tdp_w": "NVIDIA Tesla V100 data sheet: 300 W (SXM2)",
+            "network": (
+                "Volta whitepaper: NVLink 2, six links of 25 GB/s per direction; DGX-1: 4 EDR 100"
+                " Gb/s InfiniBand NICs per 8 GPUs; " + _NCCL_STEPS
+            ),
+        },
     },
     "t4-16g": {
         "name": "t4-16g",
@@ -140,6 +159,22 @@ DEVICE_PRESETS: dict[str, dict[str, Any]] = {
         "arch": "turing",
         **_EFFICIENCY,
         "network": [{**_pcie(16), "size": 4}, _between_nodes(4)],
+        "sources": {
+            "peak_tflops": (
+                "NVIDIA T4 data sheet (2019): 8.1 TFLOPS FP32, 65 FP16 tensor, 130 TOPS INT8"
+            ),
+            "hbm": "NVIDIA T4 data sheet: 16 GB GDDR6 at 320 GB/s",
+            "sm_count": "NVIDIA Turing architecture whitepaper: 40 SMs at 1590 MHz boost",
+            "sustained_clock_ghz": (
+                "no measurement: the boost clock (a 70 W T4 throttles below it under sustained "
+                "tensor load)"
+            ),
+            "tdp_w": "NVIDIA T4 data sheet: 70 W",
+            "network": (
+                "NVIDIA T4 data sheet: PCIe Gen3 x16, no NVLink; 100 Gb/s per node assumed "
+                "between nodes; " + _NCCL_STEPS
+            ),
+        },
     },
     "a10-24g": {
         "name": "a10-24g",
@@ -161,6 +196,20 @@ DEVICE_PRESETS: dict[str, dict[str, Any]] = {
         "arch": "ampere",
         **_EFFICIENCY,
         "network": [{**_pcie(32), "size": 4}, _between_nodes(4)],
+        "sources": {
+            "peak_tflops": (
+                "NVIDIA A10 data sheet (2021): 31.2 TFLOPS FP32, 62.5 TF32, 125 BF16/FP16, 250 "
+                "TOPS INT8 (dense)"
+            ),
+            "hbm": "NVIDIA A10 data sheet: 24 GB GDDR6 at 600 GB/s",
+            "sm_count": "NVIDIA A10 data sheet: 72 SMs at 1695 MHz boost",
+            "sustained_clock_ghz": "no measurement: the boost clock",
+            "tdp_w": "NVIDIA A10 data sheet: 150 W",
+            "network": (
+                "NVIDIA A10 data sheet: PCIe Gen4 x16, no NVLink; 100 Gb/s per node assumed "
+                "between nodes; " + _NCCL_STEPS
+            ),
+        },
     },
     "l4-24g": {
         "name": "l4-24g",
@@ -182,6 +231,23 @@ DEVICE_PRESETS: dict[str, dict[str, Any]] = {
         "arch": "ada",
         **_EFFICIENCY,
         "network": [{**_pcie(32), "size": 4}, _between_nodes(4)],
+        "sources": {
+            "peak_tflops": (
+                "NVIDIA L4 data sheet (2023): 30.3 TFLOPS FP32, 60 TF32, 121 BF16/FP16, 242 FP8, "
+                "242 TOPS INT8 (dense)"
+            ),
+            "hbm": "NVIDIA L4 data sheet: 24 GB GDDR6 at 300 GB/s",
+            "sm_count": "NVIDIA L4 data sheet: 58 SMs at 2040 MHz boost",
+            "sustained_clock_ghz": (
+                "no measurement: the boost clock (a 72 W L4 throttles below it under sustained "
+                "tensor load)"
+            ),
+            "tdp_w": "NVIDIA L4 data sheet: 72 W",
+            "network": (
+                "NVIDIA L4 data sheet: PCIe Gen4 x16, no NVLink; 100 Gb/s per node assumed "
+                "between nodes; " + _NCCL_STEPS
+            ),
+        },
     },
     "l40s-48g": {
         "name": "l40s-48g",
@@ -213,7 +279,10 @@ DEVICE_PRESETS: dict[str, dict[str, Any]] = {
             "sustained_clock_ghz": "no measurement: the clock of the data sheet's peaks (data "
             "sheet only)",
             "tdp_w": "NVIDIA L40S data sheet: 350 W",
-            "network": "NVIDIA L40S data sheet: PCIe Gen4 x16, 64 GB/s bidirectional; no NVLink",
+            "network": (
+                "NVIDIA L40S data sheet: PCIe Gen4 x16, 64 GB/s bidirectional; no NVLink; "
+                + _NCCL_STEPS
+            ),
         },
     },
     "a100-40g": {
@@ -254,6 +323,22 @@ DEVICE_PRESETS: dict[str, dict[str, Any]] = {
                 "link": "network",
             },
         ],
+        "sources": {
+            "peak_tflops": (
+                "NVIDIA A100 data sheet: 19.5 TFLOPS FP32, 156 TF32, 312 BF16/FP16, 624 TOPS INT8"
+                " (dense); no fp8 tensor cores (fp8 at the 16-bit rate)"
+            ),
+            "hbm": "NVIDIA A100 data sheet: 40 GB HBM2 at 1555 GB/s (SXM4)",
+            "sm_count": (
+                "NVIDIA A100 Tensor Core GPU architecture whitepaper: 108 SMs at 1410 MHz boost"
+            ),
+            "sustained_clock_ghz": "no measurement: the boost clock",
+            "tdp_w": "NVIDIA A100 data sheet: 400 W (SXM4)",
+            "network": (
+                "A100 whitepaper: NVLink 3, 12 links of 25 GB/s per direction; DGX A100: one HDR "
+                "200 Gb/s InfiniBand NIC per GPU; " + _NCCL_STEPS
+            ),
+        },
     },
 }
 """The presets of this module, by name (merged into :data:`stg.perf.system.PRESETS`)."""
