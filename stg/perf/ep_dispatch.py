@@ -112,10 +112,11 @@ ARCHS: Mapping[str, tuple[str, ...]] = {
     "hybridep": ("hopper", "blackwell"),
 }
 """GPU architectures each library's kernels run on: DeepEP's README (Requirements: "Ampere
-(SM80), Hopper (SM90) GPUs, or other architectures with SM90 PTX ISA support"; AMD's
-Instinct GPUs through ROCm's port of DeepEP); HybridEP moves tokens with the Tensor Memory
-Accelerator (DeepEP ``docs/README_Hybrid-EP.md``: "TMA instructions"), which Hopper
-introduced."""
+(SM80), Hopper (SM90) GPUs, or other architectures with SM90 PTX ISA support"), and AMD's
+Instinct GPUs through ROCm's port of DeepEP (its README: "preliminary AMD GPU (ROCm)
+enablement", xGMI inside a node; which CDNA generations it builds for is not stated, so both
+are allowed); HybridEP moves tokens with the Tensor Memory Accelerator (DeepEP
+``docs/README_Hybrid-EP.md``: "TMA instructions"), which Hopper introduced."""
 
 DEFAULT_SMS = {"deepep": 20, "hybridep": 16}
 """SMs a library's kernels get where the run does not say (``moe_dispatcher_sms``):
