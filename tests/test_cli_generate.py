@@ -177,6 +177,30 @@ def test_bad_values_exit_2_and_write_nothing(tmp_path: Path) -> None:
     assert "gpt" in unknown.stderr
 
 
+def test_a_plan_the_system_refuses_writes_nothing(tmp_path: Path) -> None:
+    """``--predict`` prices the workload before it is written: a plan the system refuses
+    (DeepEP's kernels on V100s) is one error line, exit 2, and no files."""
+    moe = ["--model", "moe", "--num_stacks", "2", "--dmodel", "256", "--dff", "512", "--head",
+           "4", "--kvhead", "4", "--seq", "64", "--dvocal", "512", "--experts", "8",
+           "--kexperts", "2", "--dp", "4", "--ep", "4", "--ep_layout", "fold", "--batch", "8",
+           "--moe_dispatcher", "deepep"]  # fmt: skip
+    out = tmp_path / "never"
+    result = runner.invoke(
+        app, ["generate", *moe, "--system", "v100-32g", "--predict", "--output_dir", str(out)]
+    )
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip() == (
+        "error: moe_dispatcher=deepep runs on ampere, hopper, blackwell, cdna3, cdna4 GPUs: "
+        "system 'v100-32g' has volta GPUs; allowed there: moe_dispatcher=alltoall"
+    )
+    assert not out.exists()
+    written = runner.invoke(
+        app, ["generate", *moe, "--system", "a100-40g", "--predict", "--output_dir", str(out)]
+    )
+    assert written.exit_code == 0, written.output
+    assert sorted(p.name for p in out.glob("*.et")) == [f"workload.{r}.et" for r in range(4)]
+
+
 def test_summary_counts_match_the_rank_graphs() -> None:
     from stg.core.pipeline import build_workload
     from stg.core.workload import NodeType

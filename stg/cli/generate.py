@@ -63,7 +63,7 @@ def default_output_name(extension: str) -> str:
 
 
 def _command_parameters() -> list[inspect.Parameter]:
-    """Options of ``stg generate`` itself (not GenerateOptions): predictions after writing."""
+    """Options of ``stg generate`` itself (not GenerateOptions): predictions of the workload it writes."""
     kw = inspect.Parameter.KEYWORD_ONLY
     return [
         inspect.Parameter(
@@ -229,9 +229,7 @@ def generate(**values: Any) -> None:
             workload = with_durations(
                 workload, timing_system, kernels=registry.kernels, calibration=calibration
             )
-        files = write_workload(
-            workload, emitter, Path(options.output_dir), options.output_name, progress=progress
-        )
+    # predicted before anything is written: a plan the system refuses writes no files
     reports: dict[str, dict[str, Any]] = {}
     if system is not None:
         names = (["time"] if predict else []) + ["memory"]
@@ -239,6 +237,10 @@ def generate(**values: Any) -> None:
             names.append("serving")
         reports = run_predictors(
             names, registry, system, workload=workload, calibration=calibration
+        )
+    with progress_bar(console) as progress:
+        files = write_workload(
+            workload, emitter, Path(options.output_dir), options.output_name, progress=progress
         )
     summary = workload_summary(workload)
     directory = Path(options.output_dir).absolute()
