@@ -63,7 +63,7 @@ def default_output_name(extension: str) -> str:
 
 
 def _command_parameters() -> list[inspect.Parameter]:
-    """Options of ``stg generate`` itself (not GenerateOptions): predictions of the workload it writes."""
+    """Options of ``stg generate`` itself (not GenerateOptions): predictions of what it writes."""
     kw = inspect.Parameter.KEYWORD_ONLY
     return [
         inspect.Parameter(
