@@ -33,6 +33,8 @@ from stg.core.options import GenerateOptions, OptionError, resolve_model
 from stg.errors import UserError
 
 OUTPUT_FIELDS = frozenset({"format", "output_dir", "output_name"})
+INTERNAL_FIELDS = frozenset(f.name for f in fields(GenerateOptions) if f.metadata.get("internal"))
+"""GenerateOptions fields that are no option (``preset_fills``): neither swept nor tabled"""
 SYSTEM_KEY = "system"
 
 
@@ -41,7 +43,7 @@ def option_fields() -> dict[str, str]:
     return {
         f.name: (f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "str"))
         for f in fields(GenerateOptions)
-        if f.name not in OUTPUT_FIELDS and not f.metadata.get("internal")
+        if f.name not in OUTPUT_FIELDS | INTERNAL_FIELDS
     }
 
 
@@ -242,11 +244,8 @@ class Config:
     system: str
 
     def option_values(self) -> dict[str, Any]:
-        out = {
-            k: v
-            for k, v in self.options.as_dict().items()
-            if k not in OUTPUT_FIELDS and k != "preset_fills"
-        }
+        hidden = OUTPUT_FIELDS | INTERNAL_FIELDS
+        out = {k: v for k, v in self.options.as_dict().items() if k not in hidden}
         out["precision"] = json.dumps([list(p) for p in self.options.precision])
         return out
 

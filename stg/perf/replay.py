@@ -1972,7 +1972,7 @@ def _same_structure(
         if a.type is NodeType.COMM_COLL:
             for g in (a.comm_group, b.comm_group):
                 if g not in sizes:
-                    sizes[g] = len(groups.get(g, ())) if g is not None else 0
+                    sizes[g] = len(groups.get(g, ()))
             if sizes[a.comm_group] != sizes[b.comm_group]:
                 return False
     return True
