@@ -112,6 +112,7 @@ from stg.api import (
     bf16_kind,
     cached_weight_bytes,
     check_offload,
+    check_runs_on,
     chunk_layer_counts,
     device_of,
     expert_capacity,
@@ -1980,6 +1981,7 @@ def predict_memory(
 
         return serving_memory(workload, system)
     o = as_options(options)
+    check_runs_on(o, system)
     if is_hybrid(system):
         return _hybrid_memory(workload, system, o, kernels)
     classes = []
@@ -2091,6 +2093,7 @@ def predict_analytic(
             f"the memory of a phase={o.phase} trace needs its per-rank facts: give the options "
             "of stg generate instead of a trace"
         )
+    check_runs_on(o, system)
     table = kernel_table(kernels, system.name)
     classes = []
     ranks_per_stage = o.world_size // o.pp

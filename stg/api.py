@@ -114,6 +114,7 @@ if TYPE_CHECKING:
     from stg.perf.costs import (
         EAGER_OP_HOST_S,
         attention_impl,
+        check_runs_on,
         collective_phases,
         collective_time,
         compute_time,
@@ -207,6 +208,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "SHARE_ATTR": ("stg.core.muon", "SHARE_ATTR"),
     "muon_part_parameters": ("stg.core.muon", "part_parameters"),
     "attention_impl": ("stg.perf.costs", "attention_impl"),
+    "check_runs_on": ("stg.perf.costs", "check_runs_on"),
     "collective_phases": ("stg.perf.costs", "collective_phases"),
     "collective_time": ("stg.perf.costs", "collective_time"),
     "compute_time": ("stg.perf.costs", "compute_time"),
@@ -329,6 +331,7 @@ __all__ = [
     "chakra_v001",
     "chakra_v004",
     "check_offload",
+    "check_runs_on",
     "check_size",
     "chunk_layer_counts",
     "collective_phases",

@@ -270,6 +270,24 @@ def test_refused_plans_get_one_line(args: list[str], message: str) -> None:
     assert result.stderr.strip() == f"error: {message}"
 
 
+@pytest.mark.parametrize("predictor", ["memory", "analytical"])
+def test_a_predictor_that_prices_no_dispatch_refuses_it_as_well(predictor: str) -> None:
+    """The memory predictor prices no all-to-all, and answered for DeepEP on V100s that the
+    time predictor refuses; every predictor refuses it alike now."""
+    base = [
+        "--model", "moe", "--num_stacks", "2", "--dmodel", "256", "--dff", "512", "--head", "4",
+        "--kvhead", "4", "--seq", "64", "--dvocal", "512", "--experts", "8", "--kexperts", "2",
+        "--dp", "4", "--ep", "4", "--ep_layout", "fold", "--batch", "8",
+        "--moe_dispatcher", "deepep", "--system", "v100-32g", "--predictor", predictor,
+    ]  # fmt: skip
+    result = CliRunner().invoke(app, ["predict", "--json", *base])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip() == (
+        "error: moe_dispatcher=deepep runs on ampere, hopper, blackwell, cdna3, cdna4 GPUs: "
+        "system 'v100-32g' has volta GPUs; allowed there: moe_dispatcher=alltoall"
+    )
+
+
 def test_a_trace_with_broken_routing_gets_one_line() -> None:
     with pytest.raises(TraceError, match="lacks valid routing attributes"):
         routed({DISPATCHER_ATTR: "deepep", EP_ROUTE_ATTR: "dispatch"})

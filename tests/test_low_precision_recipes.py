@@ -386,6 +386,27 @@ def test_a_system_without_the_format_is_refused_in_one_line(
     assert err.startswith("error: ") and err.count("\n") == 1 and message in err
 
 
+def test_the_memory_predictor_refuses_a_format_the_system_lacks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """From the trace and from its options, as the time predictor does (it answered)."""
+    out = _generate(tmp_path, "mxfp8")
+    from_options = [*CLI, "--low_precision_recipe", "mxfp8"]
+    for source, system, code in (
+        ([str(out)], "h100-80g", 2),
+        (from_options, "h100-80g", 2),
+        ([str(out)], "b200-180g", 0),
+    ):
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as done:
+            main(["predict", *source, "--system", system, "--predictor", "memory"])
+        err = capsys.readouterr().err
+        assert (done.value.code or 0) == code, err
+        if code:
+            assert err.count("\n") == 1
+            assert "low_precision_recipe=mxfp8 needs block-scaled tensor cores" in err
+
+
 def test_nvfp4_without_an_fp4_peak_is_refused() -> None:
     from stg.errors import UserError
     from stg.perf.costs import recipe_gemm_dtype

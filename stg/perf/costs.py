@@ -44,7 +44,7 @@ from stg.errors import UserError
 from stg.perf import comm_time
 from stg.perf.calibration import Calibration
 from stg.perf.eager import eager_time
-from stg.perf.ep_dispatch import dispatch_phases, routed
+from stg.perf.ep_dispatch import check_arch, dispatch_phases, routed
 from stg.perf.kernel_time import (
     DTYPE_BYTES,
     MEMORY_KERNEL_SPEED,
@@ -362,6 +362,23 @@ BLOCK_SCALED_ARCHS: dict[str, frozenset[str]] = {
 capability 10.0: ``check_mxfp8_support``, ``check_nvfp4_support``) and, for MXFP8, AMD CDNA 4
 (MI355X matrix cores take the OCP MX formats with E8M0 scales, AMD CDNA 4 architecture white
 paper, 2025; NVFP4's E4M3 block scales are NVIDIA's)."""
+
+
+def check_runs_on(options: Any, system: System) -> None:
+    """Raise :class:`UserError` where ``system``'s GPUs cannot run a training plan's
+    low-precision recipe (:func:`recipe_gemm_dtype`) or its expert dispatcher
+    (:func:`stg.perf.ep_dispatch.check_arch`), as the time predictor does on the nodes that
+    use them: for a predictor that prices no kernel (``options``: a
+    :class:`~stg.core.options.GenerateOptions`; a hybrid cluster's every device group)."""
+    if options.inference:
+        return
+    first, last = options.bf16_layers
+    recipe = RECIPES[options.low_precision_recipe]
+    for device in [g.device for g in getattr(system, "groups", ())] or [system]:
+        if options.dtype == "fp8" and first + last < options.num_stacks:
+            recipe_gemm_dtype(device, recipe.name, recipe.dtype)
+        if options.ep > 1:
+            check_arch(options.moe_dispatcher, device)
 
 
 def gemm_scaling(node: Any, recipe: str) -> str:

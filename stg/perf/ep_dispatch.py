@@ -244,6 +244,16 @@ def routed(attrs: Mapping[str, Any] | None) -> Route | None:
     return route
 
 
+def check_arch(library: str, system: System) -> None:
+    """Raise :class:`UserError` where ``system``'s GPUs cannot run ``library``'s kernels
+    (:data:`ARCHS`)."""
+    if library in ARCHS and system.arch not in ARCHS[library]:
+        raise UserError(
+            f"moe_dispatcher={library} runs on {', '.join(ARCHS[library])} GPUs: system "
+            f"{system.name!r} has {system.arch} GPUs; allowed there: moe_dispatcher=alltoall"
+        )
+
+
 def dispatch_phases(
     route: Route,
     comm_size: int,
@@ -260,11 +270,7 @@ def dispatch_phases(
     members = math.prod(shape) if shape else 1
     if members <= 1:
         return ()
-    if system.arch not in ARCHS[library]:
-        raise UserError(
-            f"moe_dispatcher={library} runs on {', '.join(ARCHS[library])} GPUs: system "
-            f"{system.name!r} has {system.arch} GPUs; allowed there: moe_dispatcher=alltoall"
-        )
+    check_arch(library, system)
     kind = "bf16" if transport is None or transport in WIDE_TRANSPORT else "fp8"
     network = system.network
     spanned = [i for i, n in enumerate(shape) if n > 1 and i < len(network)]
@@ -309,6 +315,7 @@ __all__ = [
     "REFERENCE_SYSTEM",
     "WIDE_TRANSPORT",
     "Route",
+    "check_arch",
     "consecutive_holders",
     "dispatch_phases",
     "distinct_holders",
