@@ -46,6 +46,7 @@ from stg.api import (
     Workload,
     attention_impl,
     build_workload,
+    check_capacity,
     check_size,
     collective_phases,
     collective_time,
@@ -104,6 +105,7 @@ def predict_trace(
     the units fails, every rank is replayed (so errors name the rank as before). ``kwargs`` go
     to :func:`predict_problem`; the report adds ``simulated_ranks``."""
     system = load_system(system)
+    check_capacity(system, getattr(trace, "world_size", None) or len(trace), "ranks of the trace")
     problem = problem_from_trace(trace, comm_groups, system)
     if problem is not None:
         try:
@@ -299,10 +301,7 @@ def predict_problem(
     ops by precision; none (the default) means the plain roofline."""
     system = load_system(system)
     table = kernel_table(kernels, system.name)
-    if system.capacity and problem.world_size > system.capacity:
-        raise UserError(
-            f"{problem.world_size} ranks do not fit system {system.name!r} ({system.capacity} GPUs)"
-        )
+    check_capacity(system, problem.world_size)
     tables: KernelTable | dict[str, KernelTable] = table
     if is_hybrid(system):
         tables = hybrid_kernel_tables(kernels, system)
@@ -428,6 +427,7 @@ def predict_time(
         tokens = int(options["batch"]) * int(options["seq"])
     if workload.metadata.get("tokens"):  # a serving run: the new tokens it processes
         tokens = int(workload.metadata["tokens"])
+    check_capacity(system, len(workload.ranks))
     if progress:
         progress("symmetry", 0, 1)
     problem = problem_from_workload(workload, system)

@@ -139,7 +139,7 @@ if TYPE_CHECKING:
         problem_from_workload,
         replay,
     )
-    from stg.perf.system import System, load_system, normalize_dtype, op_class
+    from stg.perf.system import System, check_capacity, load_system, normalize_dtype, op_class
     from stg.trace import chakra_v001, chakra_v004, json_trace
     from stg.trace.writer import (
         frame,
@@ -244,6 +244,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "unit_flops": ("stg.perf.periodic", "unit_flops"),
     "System": ("stg.perf.system", "System"),
     "load_system": ("stg.perf.system", "load_system"),
+    "check_capacity": ("stg.perf.system", "check_capacity"),
     "normalize_dtype": ("stg.perf.system", "normalize_dtype"),
     "op_class": ("stg.perf.system", "op_class"),
     "chakra_v001": ("stg.trace.chakra_v001", None),
@@ -330,6 +331,7 @@ __all__ = [
     "calibrated_time",
     "chakra_v001",
     "chakra_v004",
+    "check_capacity",
     "check_offload",
     "check_runs_on",
     "check_size",

@@ -264,3 +264,26 @@ def test_a_presets_own_model_options_do_not_refuse_a_layer_pattern(
     assert code == 0, err
     text = "\n".join(p.read_text(errors="replace") for p in tmp_path.rglob("*.json"))
     assert "preset_fills" not in text
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [("nemotron-h-8b", "*-"), ("qwen3-next-80b-a3b", "*E"), ("qwen3-next-80b-a3b", "GE"),
+     ("llama4-scout", "M-")],
+)  # fmt: skip
+def test_a_trace_of_a_preset_with_its_own_pattern_predicts_as_its_options(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, pattern: tuple[str, str]
+) -> None:
+    """The trace records the preset's values that the chosen layers do not read
+    (``linear_key_heads`` under ``*E``); ``stg predict DIR`` rebuilt the workload for its
+    memory from them and refused them as if given. Same figures as from the options now."""
+    model, layers = pattern
+    plan = ("--model", model, "--layer_pattern", layers, "--num_stacks", "2", "--seq", "256",
+            "--batch", "1")  # fmt: skip
+    code, _, err = _run(capsys, "generate", *plan, "--output_dir", str(tmp_path))
+    assert code == 0, err
+    from_trace = _predict(capsys, str(tmp_path))
+    from_options = _predict(capsys, *plan)
+    time = from_trace["time"]["iteration_time_s"]
+    assert time == pytest.approx(from_options["time"]["iteration_time_s"], rel=1e-9)
+    assert from_trace["memory"]["classes"] == from_options["memory"]["classes"]

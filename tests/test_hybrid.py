@@ -270,9 +270,7 @@ def test_groups_that_join_dp_and_tp_span_device_groups(registry, dtype: str) -> 
 def test_single_group_generation_is_unchanged(registry) -> None:
     """A placement with one plan for every group builds the same nodes as no placement."""
     plain = build_workload(GenerateOptions(**SMALL), registry)
-    placed = build_workload(
-        GenerateOptions(**SMALL, placement=(("v100", 1), ("t4", 1))), registry
-    )
+    placed = build_workload(GenerateOptions(**SMALL, placement=(("v100", 1), ("t4", 1))), registry)
     assert [n for n in plain.rank_classes[0].nodes] == [n for n in placed.rank_classes[0].nodes]
 
 
@@ -620,3 +618,54 @@ def test_pipeline_boundaries_between_groups_are_sync_points(registry) -> None:
         "recv_gradient"
     }
     assert v100["sync_wait_s"] > t4["sync_wait_s"] >= 0
+
+
+def test_a_trace_larger_than_the_cluster_and_a_foreign_placement_are_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """``stg predict DIR`` of a 16-rank trace on the 8-GPU cluster crashed (an index past the
+    placement); ``--placement`` other than the system file's was neither checked nor used."""
+    system = tmp_path / "v100-t4.json"
+    system.write_text(json.dumps(V100_T4), encoding="utf-8")
+    wide = [*SMALL_ARGS, "--dp", "16", "--batch", "16"]
+    assert run(capsys, "generate", *wide, "--output_dir", str(tmp_path / "t16"))[0] == 0
+    line = (
+        "error: 16 ranks of the trace do not fit system 'v100+t4' (8 GPUs in groups v100: 4, t4: 4)"
+    )
+    for predictor in ("time", "memory"):
+        code, out, err = run(
+            capsys,
+            "predict",
+            str(tmp_path / "t16"),
+            "--system",
+            str(system),
+            "--predictor",
+            predictor,
+        )
+        assert (code, out, err.strip()) == (2, "", line)
+    code, _, err = run(capsys, "predict", *SMALL_ARGS, "--dp", "8", "--batch", "8",
+                       "--system", str(system), "--placement", "v100:8")  # fmt: skip
+    assert code == 2 and err.strip() == (
+        "error: placement=v100:8 differs from where system 'v100+t4' places the 8 ranks "
+        "(v100:4,t4:4): leave --placement out with a hybrid system file, or give its placement"
+    )
+    eight = [*SMALL_ARGS, "--dp", "8", "--batch", "8", "--system", str(system), "--json"]
+    plain = json.loads(run(capsys, "predict", *eight)[1])
+    same = json.loads(run(capsys, "predict", *eight, "--placement", "v100:4,t4:4")[1])
+    assert same == plain
+
+
+def test_memory_from_a_trace_on_a_cluster_is_per_group(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The memory report of a trace on a hybrid cluster was one device's (closed forms against
+    the first group's capacity); it is the same per-group report as from the options."""
+    system = tmp_path / "v100-t4.json"
+    system.write_text(json.dumps(V100_T4), encoding="utf-8")
+    eight = [*SMALL_ARGS, "--dp", "8", "--batch", "8"]
+    assert run(capsys, "generate", *eight, "--output_dir", str(tmp_path / "t8"))[0] == 0
+    flags = ["--system", str(system), "--predictor", "memory", "--json"]
+    from_trace = json.loads(run(capsys, "predict", str(tmp_path / "t8"), *flags)[1])["memory"]
+    from_options = json.loads(run(capsys, "predict", *eight, *flags)[1])["memory"]
+    assert from_trace == from_options
+    assert {c["group"] for c in from_trace["classes"]} == {"v100", "t4"}

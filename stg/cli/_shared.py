@@ -109,22 +109,34 @@ def parse_modules(value: str) -> tuple[str, ...]:
 
 
 def with_placement(options: Any, system: Any) -> Any:
-    """``options`` with the placement of a hybrid ``system`` (rank order; unless
-    ``--placement`` was given); unchanged for a plain system."""
+    """``options`` with the placement of a hybrid ``system`` (its ranks in rank order);
+    unchanged for a plain system. A ``--placement`` given with a hybrid system must be the
+    system's own: the system file places the ranks."""
     from dataclasses import replace
 
     from stg.perf.hybrid import is_hybrid
+    from stg.perf.system import check_capacity
 
-    if not is_hybrid(system) or options.placement:
+    if not is_hybrid(system):
         return options
-    if options.world_size > system.capacity:
+    check_capacity(
+        system,
+        options.world_size,
+        f"ranks (dp x tp x sp x pp{'' if options.ep_folded else ' x ep'})",
+    )
+    runs = system.placement_runs(options.world_size)
+    given = tuple(tuple(run) for run in options.placement)
+    if given and given != runs:
         raise UserError(
-            f"{options.world_size} ranks (dp x tp x sp x pp"
-            f"{'' if options.ep_folded else ' x ep'}) do not fit system "
-            f"{system.name!r} ({system.capacity} GPUs in groups "
-            f"{', '.join(f'{g.name}: {g.size}' for g in system.groups)})"
+            f"placement={_runs_text(given)} differs from where system {system.name!r} places "
+            f"the {options.world_size} ranks ({_runs_text(runs)}): leave --placement out with "
+            "a hybrid system file, or give its placement"
         )
-    return replace(options, placement=system.placement_runs(options.world_size))
+    return replace(options, placement=runs)
+
+
+def _runs_text(runs: Any) -> str:
+    return ",".join(f"{name}:{count}" for name, count in runs)
 
 
 def parse_precision_plan(value: str) -> tuple[tuple[str, str], ...]:
@@ -1483,7 +1495,26 @@ def run_predictors(
                 )
             # from the recorded options: the closed forms where they hold, else the workload
             # they build (memory_predictor.CLOSED_FORM_MODELS; op-level checkpointing of
-            # layers without a closed form)
+            # layers without a closed form). They passed generation's read check: a model
+            # option that the layers do not read is one a preset filled in
+            from stg.host.records import MODEL_OPTIONS
+
+            recorded = {
+                **recorded,
+                "preset_fills": tuple(k for k in MODEL_OPTIONS if recorded.get(k) is not None),
+            }
+            from stg.perf.hybrid import is_hybrid
+
+            if is_hybrid(system):  # its device groups' memory, from the workload built
+                from stg.perf.system import check_capacity
+
+                options = memory_predictor.as_options(recorded)
+                check_capacity(system, options.world_size, "ranks of the trace")
+                placed = with_placement(options, system)
+                reports[name] = memory_predictor.predict_memory_options(
+                    placed, system, kernels=list(registry.kernels), registry=registry
+                )
+                continue
             priced = (
                 memory_predictor.predict_analytic
                 if memory_predictor.closed_forms_apply(recorded, registry)

@@ -430,6 +430,19 @@ activation offload), by architecture: every architecture a system may name (``ar
 that a plan that offloads, whose trace validates, predicts on every system."""
 
 
+def check_capacity(system: System, world_size: int, ranks: str = "ranks") -> None:
+    """Raise :class:`UserError` where ``world_size`` ranks (``ranks``: what they are) exceed
+    the GPUs of a system that counts them (a hybrid cluster, or a network whose outermost
+    dimension has a size)."""
+    if system.capacity and world_size > system.capacity:
+        groups = getattr(system, "groups", ())
+        detail = f" in groups {', '.join(f'{g.name}: {g.size}' for g in groups)}" if groups else ""
+        raise UserError(
+            f"{world_size} {ranks} do not fit system {system.name!r} "
+            f"({system.capacity} GPUs{detail})"
+        )
+
+
 def non_finite_time(subject: str, seconds: float, system_name: str) -> UserError:
     """The refusal of an iteration time that is not finite (``subject``: what gave it), which
     only a system figure out of proportion to the work produces (a 5e-324 GB/s link)."""
