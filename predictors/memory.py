@@ -94,7 +94,7 @@ unsharded gradients of the stage count with the gradients.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from functools import lru_cache
 from itertools import groupby
@@ -769,19 +769,29 @@ def recompute_layer_bytes(
     return kept, largest
 
 
-def offloaded_activations(o: GenerateOptions, per_kind: Mapping[str, float]) -> float:
+def offloaded_activations(
+    o: GenerateOptions,
+    per_kind: Mapping[str, float],
+    layer_runs: Sequence[Sequence[Any]] | None = None,
+) -> float:
     """The layers' saved activations on the device at their peak under CPU activation
     offload (``cpu_offloading_num_layers``, one stage, one micro-batch in flight): the
     first N layers' copies are freed once offloaded and come back before their backward, as
     Transformer Engine schedules them (:func:`stg.api.held_activation_peak`: (L - N) layers'
-    when every layer keeps the same); ``per_kind``: one layer's bytes of each block kind."""
+    when every layer keeps the same); ``per_kind``: one layer's bytes of each block kind;
+    ``layer_runs``: the stack's kinds in layer order as runs ``(kind, count)`` (the
+    workload's fact; default: :func:`layer_kinds`)."""
     check_offload(o)
-    order = layer_kinds(o)
+    order = (
+        layer_kinds(o)
+        if layer_runs is None
+        else [str(kind) for kind, count in layer_runs for _ in range(int(count))]
+    )
     if not set(order) >= set(per_kind):
         raise UserError(
-            f"the memory predictor orders the layers of {o.model} by block kind only for "
-            f"the built-in stacks; CPU offload of a stack of {', '.join(sorted(per_kind))} "
-            "layers is not modelled (allowed: cpu_offloading_num_layers=0)"
+            f"the options alone do not say the order of the {', '.join(sorted(per_kind))} "
+            f"layers of {o.model}, which CPU offload's peak depends on: predict from its "
+            "built workload (the fact layer_runs), or cpu_offloading_num_layers=0"
         )
     return held_activation_peak([per_kind[kind] for kind in order], o.cpu_offloading_num_layers)
 
@@ -1384,6 +1394,7 @@ def stage_memory(
     muon_parameters: tuple[float, float] = (0, 0),
     weight_copy_scales: float | None = None,
     op_checkpoint_bytes: Mapping[str, float] | None = None,
+    layer_runs: Sequence[Sequence[Any]] | None = None,
 ) -> RankMemory:
     """The memory of one rank of pipeline stage ``stage`` whose model replica holds
     ``parameters`` weights; ``sharded_parameters`` is its padded ZeRO / FSDP shard of them
@@ -1406,7 +1417,8 @@ def stage_memory(
     keeps two, :func:`muon_state`). ``op_checkpoint_bytes``: under
     ``activation_recompute=selective_op``, what one layer of each kind keeps, from the graph
     (the fact ``op_checkpoint_layer_bytes``), for the layers without a closed form
-    (:func:`op_checkpoint_closed_form`)."""
+    (:func:`op_checkpoint_closed_form`). ``layer_runs``: the stack's block kinds in layer
+    order (the fact, for CPU offload; :func:`offloaded_activations`)."""
     o = as_options(options)
     terms = _stage_terms(
         o,
@@ -1429,6 +1441,7 @@ def stage_memory(
         activations=_LayerActivations(o, kernels, system, op_checkpoint_bytes)
         if op_checkpoint_bytes
         else None,
+        layer_runs=layer_runs,
     )
     return _stage_memory(o, stage, terms)
 
@@ -1494,6 +1507,7 @@ def _stage_terms(
     activations: _LayerActivations | None = None,
     muon_parameters: tuple[float, float] = (0, 0),
     weight_copy_scales: float | None = None,
+    layer_runs: Sequence[Sequence[Any]] | None = None,
 ) -> _StageTerms:
     layer_activations = activations or _LayerActivations(o, kernels, system)
     if not kinds:
@@ -1560,7 +1574,7 @@ def _stage_terms(
     }
     offloaded = None
     if o.cpu_offloading_num_layers and kinds:
-        offloaded = offloaded_activations(o, per_kind)
+        offloaded = offloaded_activations(o, per_kind, layer_runs)
     b = micro_batch_size(o)
     e = activation_element_bytes(o)
     t = o.tp
@@ -2033,6 +2047,7 @@ def _class_memory(
             float(facts.get("muon_shard_parameters", 0)),
         ),
         op_checkpoint_bytes=facts.get("op_checkpoint_layer_bytes"),
+        layer_runs=facts.get("layer_runs"),
     )
 
 

@@ -341,3 +341,25 @@ def test_the_copies_carry_what_the_memory_predictor_frees(
     ):
         before, after = (predict(x)["classes"][0]["activations"] for x in (plain, o))
         assert before - after == pytest.approx(expected, rel=1e-12)
+
+
+def test_offload_of_a_hybrid_stack_follows_its_layer_order() -> None:
+    """A stack of Mamba, MLP and attention layers (``layer_pattern``) keeps unequal layers:
+    the peak under offload is :func:`held_activation_peak` of them in the pattern's order.
+    Generation and validation accepted such a plan and the memory predictor refused it
+    (it knew the order of the built-in stacks only)."""
+    registry = load_registry()
+    hybrid = dict(
+        model="hybrid", layer_pattern="M-*-", dmodel=256, dff=512, head=4, kvhead=4, seq=256,
+        dvocal=1024, num_stacks=4, batch=1, micro_batch=1, ssm_state=16,
+    )  # fmt: skip
+    base = build_workload(GenerateOptions(**hybrid), registry)
+    per_kind = base.rank_classes[0].facts["layer_activation_bytes"]
+    layers = [per_kind[k] for k in ("mamba", "mlp", "attention", "mlp")]
+    before = predict_memory(base, "h100-80g")["classes"][0]["activations"]
+    for offloaded in (1, 2, 3):
+        o = GenerateOptions(**hybrid, cpu_offloading_num_layers=offloaded)
+        after = predict_memory(build_workload(o, registry), "h100-80g")["classes"][0]
+        assert before - after["activations"] == pytest.approx(
+            sum(layers) - held_activation_peak(layers, offloaded)
+        )

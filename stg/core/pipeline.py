@@ -242,6 +242,10 @@ def build_parts(model: Model, plan: ParallelPlan, hybrid: bool = False) -> Model
         # layers that are not a transformer's attention and MLP (state-space, linear
         # attention, hybrid layers): the memory predictor reads what their graph keeps
         facts["layer_activation_bytes"] = graph_kinds
+    if o.cpu_offloading_num_layers and runs:
+        # the stack's block kinds in layer order (one stage: CPU offload runs without
+        # pipelining), for the offload peak of a stack whose order the options do not say
+        facts["layer_runs"] = tuple((kind, count) for kind, _, count in runs)
     if plan.recompute == "selective_op" and runs:
         # what op-level checkpointing keeps of each layer, for the layers whose closed form
         # the memory predictor lacks (all but Llama's dense ones, which it equals)
