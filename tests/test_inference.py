@@ -290,7 +290,7 @@ BAD = [
     (["--phase", "prefill", "--zero", "1"], "zero=1 is a training option"),
     (["--phase", "decode", "--steps", "0"], "steps=0 must be a positive integer"),
     (["--phase", "prefill", "--steps", "2"], "steps=2 applies to phase=decode only"),
-    (["--phase", "mixed"], "prefill_batch=0 must be a positive integer"),
+    (["--phase", "mixed"], "phase=mixed batches prompts being prefilled with the decoding"),
     (["--phase", "decode", "--chunk", "8"], "chunk=8 applies to phase=mixed only"),
     (["--phase", "decode", "--kv_dtype", "int4"], "kv_dtype='int4' must be one of"),
     (["--phase", "prefill", "--context", "9"], "context=9 applies to phase=decode or mixed"),

@@ -132,7 +132,8 @@ def test_an_embedding_stage_of_its_own_writes_a_valid_trace(tmp_path) -> None:  
         (["--pp", "4", "--decoder_first_pipeline_num_layers", "0"],
          "decoder_first_pipeline_num_layers=0 must be a positive integer"),
         (["--pp", "4", "--account_for_loss_in_pipeline_split", "true"],
-         "(15) must be divisible by pp·virtual_stages=4"),
+         "num_stacks=14 plus the loss counted as layers (15) must be divisible by "
+         "pp·virtual_stages=4; allowed: num_stacks + 1 a multiple of 4 (e.g. 11 or 15)"),
         (["--pp", "2", "--pipeline_layers", "7,7", "--account_for_loss_in_pipeline_split", "t"],
          "cannot be combined; allowed: one way to split the layers"),
     ],

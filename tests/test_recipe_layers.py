@@ -257,7 +257,7 @@ def test_a_serving_phase_refuses_the_option(
               "--first_last_layers_bf16", "true", "--output_dir", str(tmp_path / "o")])  # fmt: skip
     assert done.value.code == 2
     err = capsys.readouterr().err
-    assert "first_last_layers_bf16=True is a training option" in err and err.count("\n") == 1
+    assert "first_last_layers_bf16=true is a training option" in err and err.count("\n") == 1
 
 
 # Saved activations under Transformer Engine (--dtype fp8, megatron profile): everything

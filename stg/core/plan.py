@@ -391,10 +391,21 @@ def chunk_layer_counts(o: GenerateOptions) -> tuple[int, ...]:
             o.account_for_loss_in_pipeline_split
         )
         total = layers + extra
+        counted = " and ".join(
+            name
+            for name, on in (
+                ("embedding", o.account_for_embedding_in_pipeline_split),
+                ("loss", o.account_for_loss_in_pipeline_split),
+            )
+            if on
+        )
+        below, above = total // chunks * chunks, -(-total // chunks) * chunks
+        nearest = [n - extra for n in (below, above) if n - extra >= 1]
         _require(
             total % chunks == 0,
-            f"num_stacks={layers} plus the embedding and loss counted as layers ({total}) "
-            f"must be divisible by pp·virtual_stages={chunks}",
+            f"num_stacks={layers} plus the {counted} counted as layers ({total}) must be "
+            f"divisible by pp·virtual_stages={chunks}; allowed: num_stacks + {extra} a "
+            f"multiple of {chunks} (e.g. {' or '.join(map(str, nearest))})",
         )
         counts_list = [total // chunks] * chunks
         counts_list[0] -= int(o.account_for_embedding_in_pipeline_split)
@@ -464,10 +475,11 @@ def _check_phase(o: GenerateOptions) -> None:
         ("pipeline_flushes", o.pipeline_flushes != 1),
     )
     for name, given in training_only:
+        value = getattr(o, name)
         _require(
             not given,
-            f"{name}={getattr(o, name)} is a training option; phase={o.phase} has no "
-            "backward, gradients or optimizer (leave it unset)",
+            f"{name}={str(value).lower() if isinstance(value, bool) else value} is a training "
+            f"option; phase={o.phase} has no backward, gradients or optimizer (leave it unset)",
         )
     _require(
         o.kv_dtype is None or o.kv_dtype in DTYPE_BYTES,
@@ -492,6 +504,11 @@ def _check_phase(o: GenerateOptions) -> None:
             "cache of its --seq prompt tokens",
         )
     if o.phase == "mixed":
+        _require(
+            o.prefill_batch != 0,
+            "phase=mixed batches prompts being prefilled with the decoding requests: give "
+            "--prefill_batch, the prompts per iteration (a positive integer)",
+        )
         positive("prefill_batch", o.prefill_batch)
         positive("chunk", o.chunk if o.chunk is not None else o.seq)
         _require(
