@@ -111,6 +111,9 @@ def test_sweep_local_and_dask_give_identical_tables(
     )
     assert code == 0, err
     assert (tmp_path / "dask" / "results.csv").read_text() == table
+    # the journal too, though the two workers finish rows in their own order
+    journal = (tmp_path / "local" / "rows.jsonl").read_bytes()
+    assert (tmp_path / "dask" / "rows.jsonl").read_bytes() == journal
     import pyarrow.parquet as pq
 
     rows = pq.read_table(tmp_path / "dask" / "results.parquet").to_pylist()

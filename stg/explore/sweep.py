@@ -708,6 +708,21 @@ class SweepResult:
     seconds: float = 0.0
 
 
+def _rewrite_in_order(path: Path, finished: Mapping[str, Any], order: Sequence[str]) -> None:
+    """The journal rewritten once the sweep is done: the tasks' rows in task order, then any
+    other rows it held, so the same sweep leaves the same bytes with any number of jobs."""
+    first = [ident for ident in order if ident in finished]
+    seen = set(first)
+    rest = [ident for ident in finished if ident not in seen]
+
+    def write(tmp: Path) -> None:
+        with tmp.open("w", encoding="utf-8") as handle:
+            for ident in (*first, *rest):
+                handle.write(json.dumps(finished[ident], sort_keys=True) + "\n")
+
+    write_replacing(path, write)
+
+
 def run_sweep(
     tasks: Sequence[tuple[str, int, Any, str]],
     options_rows: Mapping[str, Mapping[str, Any]],
@@ -722,7 +737,7 @@ def run_sweep(
     progress: Callable[[int, int], None] | None = None,
 ) -> SweepResult:
     """Evaluate the tasks not finished in ``out`` yet, appending rows as they finish, then
-    write the table of every task's row (in task order)."""
+    write the table of every task's row and the rows' journal (both in task order)."""
     out.mkdir(parents=True, exist_ok=True)
     rows_path = out / ROWS_FILE
     finished = read_rows(rows_path)
@@ -768,6 +783,7 @@ def run_sweep(
                 consume(run_dask(context, todo, client, chunk))
         else:
             raise UserError(f"--engine {engine!r} is not allowed; allowed: local, dask")
+    _rewrite_in_order(rows_path, finished, [t[0] for t in tasks])
     rows = []
     for ident, index, _options, system in tasks:
         row = dict(options_rows[ident])
