@@ -575,3 +575,26 @@ def test_serving_doc_capacity_plan_is_the_hand_search() -> None:
     assert two["tpot_s"] == pytest.approx(report["tpot_s"]["p90"], rel=1e-12)
     text = SERVING.read_text(encoding="utf-8")
     assert f"| 8 | 4 | bf16 | aggregated | 2 | {1e3 * two['ttft_s']:.1f} ms |" in text
+
+
+def test_readme_precision_plan_example_says_what_stg_finds(tmp_path: Path) -> None:
+    """The README's figures of ``stg plan precision`` (the example plugin installed) are the
+    command's own: they drifted once the predictors changed."""
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    command = "stg plan precision --tp 8 --num_stacks 8 --memory-budget 21GiB"
+    assert f"`{command}`" in text
+    args = [*shlex.split(command)[1:], "--json", "--out", str(tmp_path / "plan.json")]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    gib = 2**30
+    said = (
+        f"starts from {report['baseline']['iteration_time_s']:.3f} s and "
+        f"{report['baseline']['peak_bytes'] / gib:.2f} GiB per GPU (over budget), lowers "
+        f"{report['steps'][0]['op']} to int8 to fit"
+    )
+    assert said in text
+    assert (
+        f"{report['best']['iteration_time_s']:.3f} s and {report['best']['peak_bytes'] / gib:.2f}"
+        f" GiB, a predicted speedup of {report['speedup']:.2f}\u00d7 ({report['evaluations']} plans"
+    ) in text
