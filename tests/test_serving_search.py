@@ -141,7 +141,7 @@ def test_an_infeasible_limit_is_an_empty_result_with_its_reason(
         capsys, "search", *flags(DECODE), "--gpus", 2, "-s", "h100-80g", "--max-tpot", "50us",
         "--json",
     )  # fmt: skip
-    assert code == 0 and json.loads(out)["best"] == []
+    assert code == 1 and json.loads(out)["best"] == []  # as the text: nothing met the limit
 
 
 @pytest.mark.parametrize(

@@ -69,6 +69,8 @@ CAPACITY_OPTIONS = {
     "routing": "--routing",
 }
 """Options of ``--phase serve`` only: the request stream and the searched replica shapes."""
+PHASES = (*GenerateOptions.PHASES, "serve")
+"""The phases a search plans: training, a serving step, or capacity (``serve``)."""
 DEFAULT_PERCENTILES = {"--max-ttft": 99.0, "--max-tpot": 90.0}
 """The percentile a serving limit applies to when it names none (``2s`` = ``p99:2s``)."""
 
@@ -327,6 +329,18 @@ def _ints(text: str | None) -> list[int] | None:
         raise UserError(f"{text!r}: expected integers (V1,V2,..., A..B or pow2:A..B)") from None
 
 
+def _positive(text: str | None, flag: str, *group: str) -> list[int] | None:
+    """``_ints`` of ``flag``, every value a positive integer (``group``: the options the error
+    line names together, ``flag`` alone by default)."""
+    values = _ints(text)
+    if values is not None and min(values) < 1:
+        if group:
+            raise UserError(f"{flag} {text}: {' and '.join(group)} take positive integers")
+        which = "must be" if len(values) == 1 else "every value must be"
+        raise UserError(f"{flag} {text}: {which} a positive integer")
+    return values
+
+
 def _words(text: str | None, allowed: tuple[str, ...], option: str) -> list[str] | None:
     if text is None:
         return None
@@ -362,6 +376,10 @@ def search(**values: Any) -> None:
         raise UserError(f"--refine {refine}: must be 0 or more")
     engine, jobs, scheduler = values.pop("engine"), values.pop("jobs"), values.pop("scheduler")
     phase = (values.get("phase") or "training").strip().lower()
+    if phase not in PHASES:
+        raise UserError(f"--phase {values['phase']!r} is not allowed; allowed: {', '.join(PHASES)}")
+    if values.get("phase") is not None:
+        values["phase"] = phase
     if phase == "serve":
         _capacity(values, gpus, system, top, as_json, engine, jobs, scheduler)
         return
@@ -390,11 +408,11 @@ def search(**values: Any) -> None:
             )
     default = SearchSpace()
     space = SearchSpace(
-        tp=_ints(values.pop("tp_values")),
-        pp=_ints(values.pop("pp_values")),
-        sp=_ints(values.pop("cp_values")) or default.sp,
-        ep=_ints(values.pop("ep_values")),
-        micro_batch_per_replica=_ints(values.pop("micro_batch_values")),
+        tp=_positive(values.pop("tp_values"), "--tp"),
+        pp=_positive(values.pop("pp_values"), "--pp"),
+        sp=_positive(values.pop("cp_values"), "--cp") or default.sp,
+        ep=_positive(values.pop("ep_values"), "--ep"),
+        micro_batch_per_replica=_positive(values.pop("micro_batch_values"), "--micro-batch"),
         recompute=_words(
             values.pop("recompute_values"), ("none", "selective", "full"), "--recompute"
         )
@@ -405,16 +423,18 @@ def search(**values: Any) -> None:
             values.pop("schedule_values"), ("1f1b", "gpipe", "interleaved"), "--schedule"
         )
         or default.schedules,
-        virtual_stages=_ints(values.pop("virtual_values")) or default.virtual_stages,
+        virtual_stages=_positive(values.pop("virtual_values"), "--virtual-stages")
+        or default.virtual_stages,
         ep_layouts=_words(
             values.pop("ep_layout_values"), GenerateOptions.EP_LAYOUTS, "--ep_layout"
         ),
-        recompute_layers=_ints(values.pop("recompute_layer_values")) or (),
+        recompute_layers=_positive(values.pop("recompute_layer_values"), "--recompute-layers")
+        or (),
         pipeline_splits=_words(
             values.pop("split_values"), tuple(PIPELINE_SPLITS), "--pipeline-split"
         )
         or default.pipeline_splits,
-        last_stage_layers=_ints(values.pop("last_stage_values")) or (),
+        last_stage_layers=_positive(values.pop("last_stage_values"), "--last-stage-layers") or (),
     )
     base = options_from_cli(values)
     registry = get_registry()
@@ -448,6 +468,8 @@ def search(**values: Any) -> None:
             "best": [c.as_dict() for c in result.best],
         }
         typer.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
+        if not result.best:  # the text's exit status: no plan fits
+            raise typer.Exit(1)
         return
     _print(base, gpus, system, result)
 
@@ -589,10 +611,8 @@ def _capacity(
     for name, flag in {**TRAINING_AXES, "replica_batch_values": "--replica-batch"}.items():
         if name != "ep_layout_values" and values.pop(name) is not None:
             raise UserError(f"{flag} is not searched by capacity planning (phase=serve)")
-    pps = _ints(values.pop("pp_values")) or [1]
-    eps = _ints(values.pop("ep_values")) or [1]
-    if min(pps) < 1 or min(eps) < 1:
-        raise UserError("--pp and --ep take positive integers")
+    pps = _positive(values.pop("pp_values"), "--pp", "--pp", "--ep") or [1]
+    eps = _positive(values.pop("ep_values"), "--ep", "--pp", "--ep") or [1]
     limits = Limits(
         ttft=_limit(values.pop("max_ttft"), "--max-ttft"),
         tpot=_limit(values.pop("max_tpot"), "--max-tpot"),
@@ -606,10 +626,9 @@ def _capacity(
             raise UserError(
                 f"--kv_dtype {kv_text!r} is not allowed; allowed: {', '.join(DTYPE_BYTES)}"
             )
-    tps = _ints(values.pop("tp_values")) or [1, 2, 4, 8]
-    budgets = _ints(values.pop("budget_values")) or [DEFAULT_BUDGET]
-    if min(tps) < 1 or min(budgets) < 1:
-        raise UserError("--tp and --max-num-batched-tokens take positive integers")
+    group = ("--tp", "--max-num-batched-tokens")
+    tps = _positive(values.pop("tp_values"), "--tp", *group) or [1, 2, 4, 8]
+    budgets = _positive(values.pop("budget_values"), group[1], *group) or [DEFAULT_BUDGET]
     layouts = _words(values.pop("layout_values"), ("aggregated", "disaggregated"), "--layouts") or [
         "aggregated",
         "disaggregated",
@@ -685,6 +704,8 @@ def _capacity(
             "best": [p.as_dict() for p in result.plans[:top]],
         }
         typer.echo(json.dumps(data, indent=2, sort_keys=True))
+        if not result.plans:  # the text's exit status: no layout meets the limits
+            raise typer.Exit(1)
         return
     from rich.console import Console
     from rich.table import Table
@@ -752,12 +773,10 @@ def _serving(values: dict[str, Any], gpus: int, system: Any, top: int, as_json: 
         )
     kv_dtypes = values.pop("kv_dtype_values")
     batch = values.get("batch")
-    replica = _ints(values.pop("replica_batch_values"))
+    replica = _positive(values.pop("replica_batch_values"), "--replica-batch")
     if batch is not None and replica is not None:
         raise UserError("give --batch (the total, fixed) or --replica-batch (searched), not both")
-    if replica is not None and min(replica) < 1:
-        raise UserError(f"--replica-batch {replica}: batches must be positive integers")
-    tps, pps, eps = (_ints(values.pop(k)) for k in ("tp_values", "pp_values", "ep_values"))
+    tps, pps, eps = (_positive(values.pop(f"{k}_values"), f"--{k}") for k in ("tp", "pp", "ep"))
     base = options_from_cli(values)
     kv = [None] if kv_dtypes is None else [w.strip() for w in kv_dtypes.split(",") if w.strip()]
     from stg.core.precision import DTYPE_BYTES
@@ -806,6 +825,8 @@ def _serving(values: dict[str, Any], gpus: int, system: Any, top: int, as_json: 
             "best": [c.as_dict(gpus) for c in result.best],
         }
         typer.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
+        if not result.best:  # the text's exit status: no plan fits or meets the limit
+            raise typer.Exit(1)
         return
     _print_serving(base, gpus, system, result, seconds)
 

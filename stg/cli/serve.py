@@ -18,7 +18,7 @@ from typing import Any
 import typer
 
 from stg.cli import err_console, get_registry
-from stg.cli._shared import progress_bar
+from stg.cli._shared import check_writable_file, progress_bar
 from stg.core.quantities import parse_duration
 from stg.errors import UserError, write_replacing
 from stg.explore.serve_defaults import (
@@ -106,6 +106,18 @@ def _stages(report: dict[str, Any]) -> str:
     )
 
 
+def _within(goodput: dict[str, Any]) -> str:
+    """The share of requests within the SLOs given (every request where none is)."""
+    slos = [
+        f"{name} {goodput[key]} s"
+        for name, key in (("TTFT", "slo_ttft_s"), ("TPOT", "slo_tpot_s"))
+        if goodput[key] is not None
+    ]
+    return f"{100 * goodput['fraction']:.1f}% within " + (
+        ", ".join(slos) if slos else "the SLOs: none given"
+    )
+
+
 def _text(report: dict[str, Any]) -> str:
     def ms(block: dict[str, float]) -> str:
         return " ".join(f"{k} {1e3 * v:,.1f} ms" for k, v in block.items())
@@ -124,8 +136,7 @@ def _text(report: dict[str, Any]) -> str:
         f"E2E   {ms(report['e2e_s'])}",
         f"throughput {t['requests_per_s']:,.2f} requests/s, {t['output_tokens_per_s']:,.0f} "
         f"output tokens/s, {t['prompt_tokens_per_s']:,.0f} prompt tokens/s",
-        f"goodput {g['requests_per_s']:,.2f} requests/s ({100 * g['fraction']:.1f}% within "
-        f"TTFT {g['slo_ttft_s']} s, TPOT {g['slo_tpot_s']} s)",
+        f"goodput {g['requests_per_s']:,.2f} requests/s ({_within(g)})",
         f"KV cache {report['kv_blocks_per_replica']:,} blocks of {report['block_size']} tokens "
         f"per replica: mean occupancy {100 * report['kv_occupancy']['mean']:.1f}%, max "
         f"{100 * report['kv_occupancy']['max']:.1f}%; {report['preemptions']:,} preemptions",
@@ -342,10 +353,32 @@ def serve(
             from stg.explore.sweep import need
 
             need("pyarrow.parquet", "the Parquet table")
+    outputs = {"--requests-table": requests_table, "--timeline": timeline, "--plot": plot}
+    for flag, path in outputs.items():
+        if path is not None:
+            check_writable_file(flag, Path(path))
+    if (
+        requests_table is not None
+        and timeline is not None
+        and Path(requests_table).resolve() == Path(timeline).resolve()
+    ):
+        raise UserError(
+            f"--requests-table {requests_table} --timeline {timeline}: both name the same "
+            "file; give each its own"
+        )
+    if swap_bandwidth is not None and not (math.isfinite(swap_bandwidth) and swap_bandwidth > 0):
+        raise UserError(f"--swap-bandwidth {swap_bandwidth:g}: must be a positive number (GB/s)")
+    if draft is not None and not speculative:
+        raise UserError(
+            f"--draft {draft}: the draft model of speculative decoding; give --speculative N "
+            "(draft tokens per step) with it"
+        )
     config = EngineConfig(
         scheduler=scheduler,
         max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens or DEFAULT_BUDGET,
+        max_num_batched_tokens=(
+            DEFAULT_BUDGET if max_num_batched_tokens is None else max_num_batched_tokens
+        ),
         block_size=block_size,
         replicas=replicas,
         routing=routing,
@@ -415,7 +448,7 @@ def serve(
         draft=drafter,
     )
     default_host = system_.host_link or HOST_LINK_BYTES_PER_S.get(system_.gpu.arch)
-    host = swap_bandwidth * 1e9 if swap_bandwidth else default_host
+    host = swap_bandwidth * 1e9 if swap_bandwidth is not None else default_host
     if preemption == "swap" and not host:
         raise UserError(
             f"--preemption swap: no host link bandwidth known for {system_.name}; give "

@@ -668,6 +668,24 @@ def _check_ep_layout(o: GenerateOptions) -> FoldedMesh | None:
         raise OptionError(str(exc)) from None
 
 
+SIZES = ("dvocal", "dmodel", "dff", "batch", "seq", "head", "kvhead", "num_stacks", "experts",
+         "kexperts")  # fmt: skip
+"""The model's and the step's sizes: each a positive integer, whatever the parallel plan."""
+
+
+def check_sizes(o: GenerateOptions) -> None:
+    """What no parallel plan makes valid: the serving phase's options against each other and a
+    size of :data:`SIZES` that is not a positive integer (the checks of :func:`make_plan`
+    that read no degree; a search refuses them before trying plans)."""
+    _check_phase(o)
+    for name in SIZES:
+        value = getattr(o, name)
+        _require(
+            isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+            f"{name}={value} must be a positive integer",
+        )
+
+
 def make_plan(o: GenerateOptions) -> ParallelPlan:
     """Check the options against each other and derive the plan; raise OptionError otherwise."""
     _check_phase(o)
@@ -677,22 +695,7 @@ def make_plan(o: GenerateOptions) -> ParallelPlan:
             isinstance(degrees[axis], int) and degrees[axis] >= 1,
             f"{axis}={degrees[axis]} must be a positive integer",
         )
-    for name in (
-        "dvocal",
-        "dmodel",
-        "dff",
-        "batch",
-        "seq",
-        "head",
-        "kvhead",
-        "num_stacks",
-        "experts",
-        "kexperts",
-    ):
-        value = getattr(o, name)
-        _require(
-            isinstance(value, int) and value >= 1, f"{name}={value} must be a positive integer"
-        )
+    check_sizes(o)
     allowed_micro = f"allowed: a positive divisor of batch={o.batch}, or -1 (the whole batch)"
     _require(
         o.micro_batch is None or (isinstance(o.micro_batch, int) and o.micro_batch >= 1),

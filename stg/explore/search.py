@@ -59,6 +59,14 @@ the loss or both counted as a layer (Megatron's ``--account-for-embedding/loss-i
 split``): ``(account_for_embedding, account_for_loss)``."""
 
 
+def check_base(base: GenerateOptions) -> None:
+    """Refuse, before a search, what no plan makes valid (:func:`stg.core.plan.check_sizes`);
+    a plan's own divisibility stays a reason to prune it."""
+    from stg.core.plan import check_sizes
+
+    check_sizes(base)
+
+
 @dataclass(frozen=True)
 class SearchSpace:
     """The values each plan axis may take (``None``: derived from the model and GPU count)."""
@@ -522,6 +530,7 @@ def search(
         raise UserError(f"--gpus {gpus}: must be a positive integer")
     if system.capacity and gpus > system.capacity:
         raise UserError(f"--gpus {gpus} exceeds the {system.capacity} GPUs of {system.name}")
+    check_base(base)
     space = space or SearchSpace()
     fast_record = registry.predictors.get(fast)
     if fast_record.predict_options is None:
@@ -687,4 +696,4 @@ def plan_label(plan: Mapping[str, Any]) -> str:
     return f"dp {plan['dp']} tp {plan['tp']} pp {plan['pp']} ep {plan['ep']} cp {plan['cp']}"
 
 
-__all__ = ["Candidate", "SearchResult", "SearchSpace", "plans", "search"]
+__all__ = ["Candidate", "SearchResult", "SearchSpace", "check_base", "plans", "search"]

@@ -63,7 +63,7 @@ import numpy as np
 
 from stg.errors import UserError
 from stg.explore.serve_cost import Batch, IterationPricer
-from stg.explore.serve_requests import Stream
+from stg.explore.serve_requests import Stream, check_seed
 
 SCHEDULERS = ("vllm", "sarathi", "static")
 ROUTINGS = ("round-robin", "least-outstanding", "kv-aware")
@@ -170,6 +170,7 @@ class EngineConfig:
             raise UserError(f"--iteration-overhead {self.iteration_overhead_s}: must be >= 0")
         if not self.tokenize_rate > 0:
             raise UserError(f"--tokenize-rate {self.tokenize_rate}: must be positive")
+        check_seed(self.seed)
 
 
 class Request:

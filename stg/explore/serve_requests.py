@@ -164,6 +164,12 @@ def arrival_times(
     return times[times < duration]
 
 
+def check_seed(seed: int) -> None:
+    """One error line for a seed numpy cannot take (a negative one)."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise UserError(f"--seed {seed}: must be a non-negative integer")
+
+
 def generate(
     *,
     arrival: str,
@@ -176,6 +182,7 @@ def generate(
     burst: float = 1.0,
 ) -> Stream:
     """A synthetic request stream (see the module docstring)."""
+    check_seed(seed)
     for spec, name in ((prompt, "prompt"), (output, "output")):  # its errors before any draw
         Lengths(spec, name).draw(0, np.random.default_rng(0))
     arrivals_rng, prompt_rng, output_rng = (
@@ -200,6 +207,7 @@ __all__ = [
     "Lengths",
     "Stream",
     "arrival_times",
+    "check_seed",
     "generate",
     "read_trace",
 ]
