@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -70,6 +71,21 @@ def reported_write_faults(path: str | PathLike[str]) -> Iterator[None]:
         raise output_error(path, exc) from None
 
 
+def check_replaceable(path: str | PathLike[str]) -> None:
+    """Refuse an output ``path`` that exists but is not a regular file or a folder (a device
+    such as /dev/null, a pipe, a socket, or a link to one): stg writes a file by renaming a
+    complete one over it, which would remove the device."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise OutputError(
+            f"cannot write {path}: it is not a regular file (a device or a pipe); stg replaces "
+            "its outputs whole: give a file path"
+        )
+
+
 def write_replacing(
     path: str | PathLike[str], write: Callable[[Path], object], suffix: str = ".tmp"
 ) -> None:
@@ -78,6 +94,7 @@ def write_replacing(
     over ``path``. On any failure the temporary file is removed and ``path`` is untouched; a
     :data:`WRITE_FAULTS` error becomes :class:`OutputError` naming ``path``."""
     target = Path(path)
+    check_replaceable(target)
     with reported_write_faults(target):
         handle, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix, dir=target.parent)
         os.close(handle)

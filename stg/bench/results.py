@@ -25,7 +25,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TextIO
 
-from stg.errors import UserError, reported_write_faults
+from stg.errors import UserError, check_replaceable, reported_write_faults
 
 
 def quartiles(values: Sequence[float]) -> tuple[float, float, float]:
@@ -79,6 +79,11 @@ def replace_then(tmp: Path, target: Path, then: Callable[[], object] | None = No
     :class:`stg.errors.OutputError` line naming ``target``; ``tmp`` is gone either way."""
     backup = tmp.with_name(tmp.name + ".old")
     had = False
+    try:
+        check_replaceable(target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     with reported_write_faults(target):
         try:
             if then is not None and os.path.lexists(target):

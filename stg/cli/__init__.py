@@ -60,7 +60,8 @@ COMMAND_SUMMARIES: dict[str, str] = {
     "validate": "Check every rank file of a trace: ids, deps, cycles, attribute types, send/recv "
     "pairs,\ncollective sequences, the comm-group file and, by default, ASTRA-sim's consumption "
     "rules\n(--consumer). Exit 1 on any violation, 2 on unusable input (a file that is not a\n"
-    "readable trace, a partial rank set).",
+    "readable trace, a partial rank set, a --comm_group_file that is missing or not a\n"
+    "comm-group file).",
 }
 """The first paragraph of each built-in command's help, all that ``stg --help`` shows of it:
 the list is made without importing the commands' modules (tests/test_light_start.py checks

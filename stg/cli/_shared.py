@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Optional, get_args, get_origin
 
 import typer
 
-from stg.errors import UserError
+from stg.errors import UserError, check_replaceable
 
 if TYPE_CHECKING:
     from stg.core.options import GenerateOptions, PresetUse
@@ -1138,6 +1138,7 @@ def check_writable_file(option: str, target: Path) -> None:
     shows (a full disk) are reported by the writer, which leaves nothing behind."""
     if target.is_dir():
         raise UserError(f"{option} {target}: it is a directory; give a file name")
+    check_replaceable(target)
     folder = target.parent
     if not folder.is_dir():
         if folder.exists():
@@ -1931,12 +1932,20 @@ def run_analysis(
     progress on stderr (:func:`progress_bar`). ``comm_group_file`` is checked and never read
     as a rank file."""
     from stg.cli import err_console
-    from stg.trace.stats import find_trace_files, iter_stats, select_rank
+    from stg.trace.stats import (
+        check_comm_groups,
+        error_line,
+        find_trace_files,
+        iter_stats,
+        select_rank,
+    )
 
     check_common(deps, window, format)
     check_jobs(jobs)
     check_comm_group_file(comm_group_file)
-    files = select_rank(find_trace_files(path), rank)
+    found = find_trace_files(path)
+    check_comm_groups(path, found, comm_group_file)
+    files = select_rank(found, rank)
     if comm_group_file is not None:
         files = [f for f in files if not _same_file(f.path, comm_group_file)] or files
     console = err_console()
@@ -1946,9 +1955,9 @@ def run_analysis(
         for stats in stats_of:
             results.append(stats)
             progress("reading traces", len(results), len(files))
-    for stats in results:
-        if stats.error is not None:
-            typer.echo(f"error: {stats.error}", err=True)
+    line = error_line(results)
+    if line is not None:
+        typer.echo(f"error: {line}", err=True)
     return results
 
 

@@ -13,7 +13,7 @@ app = typer.Typer(add_completion=False)
 
 @app.command("convert")
 def convert(
-    source: Path = typer.Argument(  # noqa: B008
+    source: str = typer.Argument(
         ...,
         help="A rank file, or a directory / prefix (out/workload) / pattern "
         "(out/workload.%d.et) of rank files.",
@@ -63,8 +63,15 @@ def convert(
     from stg.trace.reader import FORMATS
 
     target_format(to)
-    if source_format == "pytorch" or (source_format is None and _is_pytorch_source(source)):
-        _convert_pytorch(source, destination, to, kineto, force, comm_group_file)
+    for what, text in (("source", source), ("destination", destination), ("--kineto", kineto)):
+        if text is not None and not text:
+            raise UserError(f"{what} '': an empty path; give a file, a directory or a prefix")
+    _check_pattern("source", source)
+    if kineto is not None:
+        _check_pattern("--kineto", kineto)
+    path = Path(source)
+    if source_format == "pytorch" or (source_format is None and _is_pytorch_source(path)):
+        _convert_pytorch(path, destination, to, kineto, force, comm_group_file)
         return
     if kineto is not None:
         raise UserError("--kineto goes with a PyTorch host execution trace (--from pytorch)")
@@ -72,11 +79,11 @@ def convert(
         raise UserError(
             f"--from {source_format}: not known; allowed: {', '.join(FORMATS)}, pytorch"
         )
-    if not source.exists() and "%d" not in source.name and not source.parent.is_dir():
+    if not path.exists() and "%d" not in path.name and not path.parent.is_dir():
         raise UserError(f"{source} does not exist")
     notes: list[str] = []
     paths = convert_trace(
-        source,
+        path,
         destination,
         to,
         source_format=source_format,
@@ -92,25 +99,40 @@ def convert(
         typer.echo(str(path))
 
 
+def _check_pattern(what: str, text: str) -> None:
+    """Refuse a path with more than one ``%d`` (the rank); another ``%`` is literal."""
+    if text.count("%d") > 1:
+        from stg.errors import UserError
+
+        raise UserError(
+            f"{what} {text!r} may contain '%d' once (the rank, e.g. out/workload.%d.et)"
+        )
+
+
+def _rank_file(pattern: str, rank: int) -> Path:
+    """The file of ``rank`` in a ``%d`` pattern."""
+    return Path(pattern.replace("%d", str(rank), 1))
+
+
 def _rank_paths(source: str, what: str) -> list[Path]:
     """The files of a ``%d`` pattern for ranks 0, 1, ... (until one is missing), or the one
     file."""
     if "%d" not in source:
         return [Path(source)]
     paths = []
-    while Path(source % len(paths)).is_file():
-        paths.append(Path(source % len(paths)))
+    while _rank_file(source, len(paths)).is_file():
+        paths.append(_rank_file(source, len(paths)))
     if not paths:
         from stg.errors import UserError
 
-        raise UserError(f"{what} {source}: no file for rank 0 ({source % 0})")
+        raise UserError(f"{what} {source}: no file for rank 0 ({_rank_file(source, 0)})")
     return paths
 
 
 def _is_pytorch_source(source: Path) -> bool:
     from stg.trace.pytorch_et import sniff_host_trace
 
-    first = Path(str(source) % 0) if "%d" in source.name else source
+    first = _rank_file(str(source), 0) if "%d" in source.name else source
     return first.is_file() and sniff_host_trace(first)
 
 

@@ -27,7 +27,8 @@ FEED_HELP = (
     "Feed traces in dependency order and report issue statistics per rank.\n\n"
     "Each rank is drained in rounds: a round issues every ready node (smallest id first) "
     "and completes them all. Exit 0 when every trace feeds, 1 when one reads but cannot be "
-    "fed (a cycle, a dangling or duplicate id), 2 when a file is not a readable trace."
+    "fed (a cycle, a dangling or duplicate id), 2 when a file is not a readable trace or a "
+    "comm-group file that the trace names is missing or does not parse."
 )
 
 
@@ -53,7 +54,7 @@ def feed(
     """Feed traces in dependency order and report issue statistics per rank."""
     results = run_analysis(path, rank, deps, window, format, jobs, comm_group_file)
     code = exit_code(results)
-    if code == 2:  # each unreadable file has had its error line
+    if code == 2:  # the unreadable files have had their error line
         raise typer.Exit(2)
     if as_json:
         typer.echo(json.dumps(feed_report(results, window), indent=2, ensure_ascii=False))

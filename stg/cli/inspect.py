@@ -34,7 +34,7 @@ TRACE_HELP = (
     "Per-rank node counts, FLOPs, bytes per collective, send/recv bytes and critical path; "
     "with --dot, one rank's graph as Graphviz DOT.\n\n"
     "Exit 0 when every trace feeds, 1 when one reads but cannot be fed, 2 when a file is not "
-    "a readable trace."
+    "a readable trace or a comm-group file that the trace names is missing or does not parse."
 )
 
 
@@ -64,6 +64,7 @@ def trace(
     from stg.errors import UserError
     from stg.trace.stats import (
         analyze,
+        check_comm_groups,
         exit_code,
         find_trace_files,
         inspect_report,
@@ -78,7 +79,9 @@ def trace(
         check_common(deps, window, format)
         check_jobs(jobs)
         check_comm_group_file(comm_group_file)
-        files = select_rank(find_trace_files(path), rank)
+        found = find_trace_files(path)
+        check_comm_groups(path, found, comm_group_file)
+        files = select_rank(found, rank)
         if len(files) != 1:
             names = ", ".join(f"{f.name}.{f.rank}" for f in files[:6])
             more = ", ..." if len(files) > 6 else ""
@@ -97,7 +100,7 @@ def trace(
             typer.echo(f"error: {stats.error}", err=True)
         results = [stats]
     code = exit_code(results)
-    if code == 2:  # each unreadable file has had its error line
+    if code == 2:  # the unreadable files have had their error line
         raise typer.Exit(2)
     if as_json:
         typer.echo(json.dumps(inspect_report(results), indent=2, ensure_ascii=False))

@@ -49,14 +49,16 @@ def validate(
     """Check every rank file of a trace: ids, deps, cycles, attribute types, send/recv pairs,
     collective sequences, the comm-group file and, by default, ASTRA-sim's consumption rules
     (--consumer). Exit 1 on any violation, 2 on unusable input (a file that is not a
-    readable trace, a partial rank set)."""
+    readable trace, a partial rank set, a --comm_group_file that is missing or not a
+    comm-group file)."""
     from stg.cli import err_console
-    from stg.cli._shared import progress_bar
+    from stg.cli._shared import check_comm_group_file, progress_bar
     from stg.errors import UserError
     from stg.trace.parallel import resolve_jobs
     from stg.trace.validate import validate_trace
 
     resolve_jobs(jobs)
+    check_comm_group_file(comm_group_file)  # given explicitly, it is input, not the trace
     console = err_console()
     options = {"consumer": consumer, "jobs": jobs, "comm_group_file": comm_group_file}
     with progress_bar(console) as progress:

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from stg.errors import reported_write_faults
+from stg.errors import check_replaceable, reported_write_faults
 from stg.explore.sweep import need
 
 
@@ -188,6 +188,8 @@ def _replace_all(staged: Sequence[tuple[Path, Path]]) -> None:
     """Move each staged file onto its path; if one move fails, the earlier files are put
     back (the new ones removed), so the files change together or not at all."""
     done: list[tuple[Path, Path | None]] = []  # (path, its backup)
+    for _, path in staged:
+        check_replaceable(path)
     try:
         for tmp, path in staged:
             with reported_write_faults(path):

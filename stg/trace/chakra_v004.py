@@ -53,8 +53,11 @@ def _add(msg: Any, name: str, kind: str, value: Any) -> None:
     set_attr(msg.attr.add(), name, kind, value)
 
 
-def node_message(node: Node) -> Any:
-    """The v0.0.4 protobuf ``Node`` of a node."""
+def node_message(node: Node, presence: bool = False) -> Any:
+    """The v0.0.4 protobuf ``Node`` of a node. With ``presence`` (a node read with
+    :func:`stg.trace.reader.iter_nodes`, ``presence=True``), ``is_cpu_op``, ``num_ops``,
+    ``tensor_size`` and ``comm_size`` are written where its file gave them or they are not
+    False or 0, instead of by the rules of the module doc."""
     msg = pb4.Node()
     if node.id:
         msg.id = node.id
@@ -73,20 +76,28 @@ def node_message(node: Node) -> Any:
             io_info = getattr(msg, io_name)
             io_info.SetInParent()
             io_info.values, io_info.shapes, io_info.types = extras[io_name]
-    written = {"is_cpu_op"}
-    _add(msg, "is_cpu_op", "bool_val", bool(node.is_cpu_op))
-    is_comp = node.type is NodeType.COMP
-    is_comm = node.type in COMM_TYPES
-    if is_comp or node.num_ops:
+    written: set[str] = set()
+    given = getattr(attrs, "field_kinds", None) if presence else None
+    if given is None:
+        is_comp = node.type is NodeType.COMP
+        cpu, ops, size = True, is_comp, is_comp
+        comm = node.type in COMM_TYPES
+    else:
+        cpu, ops = "is_cpu_op" in given, "num_ops" in given
+        size, comm = "tensor_size" in given, "comm_size" in given
+    if cpu or node.is_cpu_op:
+        _add(msg, "is_cpu_op", "bool_val", bool(node.is_cpu_op))
+        written.add("is_cpu_op")
+    if ops or node.num_ops:
         _add(msg, "num_ops", "int64_val", node.num_ops)
         written.add("num_ops")
-    if is_comp or node.tensor_size:
+    if size or node.tensor_size:
         _add(msg, "tensor_size", "uint64_val", node.tensor_size)
         written.add("tensor_size")
     if node.comm_type is not None:
         _add(msg, "comm_type", "int64_val", int(node.comm_type))
         written.add("comm_type")
-    if is_comm or node.comm_size:
+    if comm or node.comm_size:
         _add(msg, "comm_size", "int64_val", node.comm_size)
         written.add("comm_size")
     if node.comm_group is not None:
@@ -113,9 +124,9 @@ def node_message(node: Node) -> Any:
     return msg
 
 
-def encode_node(node: Node) -> bytes:
-    """One framed Node record."""
-    return frame(node_message(node).SerializeToString())
+def encode_node(node: Node, presence: bool = False) -> bytes:
+    """One framed Node record (``presence``: see :func:`node_message`)."""
+    return frame(node_message(node, presence).SerializeToString())
 
 
 def metadata_message(attrs: Mapping[str, Any] | None = None, version: str = SCHEMA_VERSION) -> Any:
@@ -153,11 +164,13 @@ def write_stream(
     metadata: Mapping[str, Any] | None = None,
     *,
     version: str = SCHEMA_VERSION,
+    presence: bool = False,
 ) -> int:
-    """Write a whole rank file to a binary stream node by node; return the node count."""
+    """Write a whole rank file to a binary stream node by node; return the node count
+    (``presence``: see :func:`node_message`)."""
     out.write(encode_metadata(metadata, version))
     count = 0
     for node in nodes:
-        out.write(encode_node(node))
+        out.write(encode_node(node, presence))
         count += 1
     return count

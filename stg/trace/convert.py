@@ -2,13 +2,18 @@
 
 v0.0.4 <-> json is lossless: nodes (ids, names, types, deps, every attribute with its value
 kind and doc string, start times, inputs/outputs) and the GlobalMetadata survive
-v0.0.4 -> json -> v0.0.4 unchanged. Well-known attributes (``num_ops``, ``pg_name``, ...)
-are written with the value kinds of TRACES.md, which repairs foreign files that used others.
+v0.0.4 -> json -> v0.0.4 unchanged; ``is_cpu_op``, ``num_ops``, ``tensor_size`` and
+``comm_size`` are written where the source gives them, not added where it does not (see
+"Presence" in :mod:`stg.trace.reader`). Well-known attributes (``num_ops``, ``pg_name``, ...)
+are written with the value kinds of TRACES.md, which repairs foreign files that used others,
+and in their fixed order ahead of the other attributes (a source that puts others between
+them gets them reordered).
 Converting to v0.0.1 loses what that schema cannot hold (see
 :mod:`stg.trace.chakra_v001`) and fails on what it cannot express. Non-scalar top-level
 keys of a JSON source (besides ``workload_graph``) become JSON strings in GlobalMetadata.
 
-Nodes stream through: memory stays bounded for protobuf sources. Output is atomic: files are
+Nodes stream through: memory stays bounded for protobuf sources (a JSON source is parsed a
+second time for the keys its entries give, holding its text). Output is atomic: files are
 written to a temporary directory and moved into place only when every rank converted.
 
 Destinations. A single rank file converts into a file (or into an existing directory, keeping
@@ -91,12 +96,15 @@ def _writer(
     target: str, source: Path, fmt: str, comm_group_name: str | None = None
 ) -> Callable[[BinaryIO], int]:
     """Write ``source`` in ``target``. ``comm_group_name`` is what the output's metadata names
-    as its comm-group file where the source names one (``""``: none; None: as the source)."""
-    nodes = iter_nodes(source, format=fmt)
+    as its comm-group file where the source names one (``""``: none; None: as the source).
+    Attributes that read as False or 0 where left out keep their presence (v0.0.4 and JSON)."""
     if target == "v0.0.1":
         from stg.trace.chakra_v001 import write_stream as write_v001
 
-        return lambda out: write_v001(out, nodes)
+        v001_nodes = iter_nodes(source, format=fmt)
+        return lambda out: write_v001(out, v001_nodes)
+    presence = fmt != "v0.0.1"  # v0.0.1 has no is_cpu_op: nodes get the writer's defaults
+    nodes = iter_nodes(source, format=fmt, presence=presence)
     meta = read_metadata(source, format=fmt)
     attrs = _metadata_attrs(meta)
     if comm_group_name is not None and COMM_GROUP_ATTR in attrs:
@@ -110,10 +118,10 @@ def _writer(
     if target == "json":
         from stg.trace.json_trace import write_stream as write_json
 
-        return lambda out: write_json(out, nodes, attrs, version=version)
+        return lambda out: write_json(out, nodes, attrs, version=version, presence=presence)
     from stg.trace.chakra_v004 import write_stream as write_v004
 
-    return lambda out: write_v004(out, nodes, attrs, version=version)
+    return lambda out: write_v004(out, nodes, attrs, version=version, presence=presence)
 
 
 def convert_file(
@@ -132,6 +140,7 @@ def convert_file(
     fmt = source_format or detect_format(source)
     if destination.is_dir():
         raise UserError(f"destination {destination} is a directory; give a file name")
+    _check_destination_file(destination, target)
     if destination.absolute() == source.absolute():
         raise UserError(f"destination {destination} is the source file")
     counts: list[int] = []
@@ -186,6 +195,7 @@ def convert_trace(
         destination = Path(destination)
         if destination.is_dir():
             destination = destination / _renamed(source.name, EXTENSIONS[target])
+        _check_destination_file(destination, target)
         convert_file(source, destination, target, source_format=source_format, force=force)
         return [destination]
     extension = EXTENSIONS[target]
@@ -241,6 +251,28 @@ def convert_trace(
         return written
 
     return write_atomically(output_dir, output_name, extension, write, "convert")
+
+
+def _check_destination_file(destination: Path, target: str) -> None:
+    """Refuse an output file that is not a regular file (a device, a pipe), or whose name
+    readers take for the other format (a JSON trace named ``.et``, a protobuf one ``.json``)."""
+    if destination.exists() and not destination.is_file() and not destination.is_dir():
+        raise UserError(
+            f"destination {destination} is not a regular file (a device or a pipe); allowed: "
+            "a file path or a directory"
+        )
+    extension = EXTENSIONS[target]
+    name = destination.name.removesuffix(".gz").removesuffix(".GZ")
+    for other in TRACE_EXTENSIONS:
+        if other != extension and name.lower().endswith(other):
+            kind = "JSON" if other == ".json" else "protobuf"
+            example = name[: len(name) - len(other)] + extension
+            raise UserError(
+                f"destination {destination} ends in {other!r}, the extension of {kind} traces "
+                f"(readers would take it for one), but --to {target} writes {extension!r} files; "
+                f"allowed: a name ending in {extension!r} (e.g. {example!r}) or in another "
+                "extension"
+            )
 
 
 _ANY_RANK_FILE = re.compile(r"^(.+)\.(0|[1-9][0-9]*)\.(et|json)(\.gz)?\Z", re.IGNORECASE)

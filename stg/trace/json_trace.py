@@ -11,6 +11,12 @@ nodes ``tensor_size``, ``comm_type``, ``comm_priority``, ``comm_size``, ``comm_s
 :func:`stg.core.workload.implied_op`). Chakra's feeder needs every comm key to
 be an integer, so a comm node's key without a value is written as 0 and listed in
 ``stg_unset``, which stg's reader honours. Keys come in a fixed order; same input, same bytes.
+
+With ``presence`` (nodes read with :func:`stg.trace.reader.iter_nodes`, ``presence=True``, as
+``stg convert`` does), ``is_cpu_op``, ``num_ops``, ``tensor_size`` and ``comm_size`` are
+written where the source gave them (or they are not False or 0); where it did not and Chakra's
+feeder reads the key (``is_cpu_op``; ``tensor_size`` and ``comm_size`` of a comm node), it is
+written as false or 0 and listed in ``stg_unset``.
 """
 
 from __future__ import annotations
@@ -53,8 +59,9 @@ def attr_list(attrs: Mapping[str, Any], skip: Iterable[str] = ()) -> list[dict[s
     return out
 
 
-def node_object(node: Node) -> dict[str, Any]:
-    """The JSON object of one node (keys in their fixed order)."""
+def node_object(node: Node, presence: bool = False) -> dict[str, Any]:
+    """The JSON object of one node (keys in their fixed order; ``presence``: see module
+    doc)."""
     is_comm = node.type in COMM_TYPES
     attrs = node.attrs
     obj: dict[str, Any] = {
@@ -66,10 +73,22 @@ def node_object(node: Node) -> dict[str, Any]:
         "data_deps": list(node.data_deps),
         "ctrl_deps": list(node.ctrl_deps),
     }
-    if node.type is NodeType.COMP or node.num_ops:
+    unset: list[str] = []
+    given = getattr(attrs, "field_kinds", None) if presence else None
+    if given is None:
+        is_comp = node.type is NodeType.COMP
+        ops, size, comm = is_comp, is_comp or is_comm, is_comm
+    else:
+        ops, size, comm = "num_ops" in given, "tensor_size" in given, "comm_size" in given
+        if "is_cpu_op" not in given and not node.is_cpu_op:
+            unset.append("is_cpu_op")
+    if ops or node.num_ops:
         obj["num_ops"] = node.num_ops
-    if node.type is NodeType.COMP or is_comm or node.tensor_size:
+    if size or node.tensor_size:
         obj["tensor_size"] = node.tensor_size
+    elif is_comm:
+        obj["tensor_size"] = 0
+        unset.append("tensor_size")
     priority = attrs.get("comm_priority")
     hoist_priority = (
         priority is not None
@@ -79,12 +98,11 @@ def node_object(node: Node) -> dict[str, Any]:
     values: dict[str, Any] = {
         "comm_type": None if node.comm_type is None else int(node.comm_type),
         "comm_priority": priority if hoist_priority else None,
-        "comm_size": node.comm_size if (is_comm or node.comm_size) else None,
+        "comm_size": node.comm_size if (comm or node.comm_size) else None,
         "comm_src": node.comm_src,
         "comm_dst": node.comm_dst,
         "comm_tag": node.comm_tag,
     }
-    unset = []
     for key in _COMM_KEYS:
         if values[key] is not None:
             obj[key] = values[key]
@@ -115,9 +133,9 @@ def node_object(node: Node) -> dict[str, Any]:
     return obj
 
 
-def encode_node(node: Node) -> bytes:
-    """One node as a line of JSON (no trailing separator)."""
-    return json.dumps(node_object(node), ensure_ascii=False).encode("utf-8")
+def encode_node(node: Node, presence: bool = False) -> bytes:
+    """One node as a line of JSON (no trailing separator; ``presence``: see module doc)."""
+    return json.dumps(node_object(node, presence), ensure_ascii=False).encode("utf-8")
 
 
 def _head(metadata: Mapping[str, Any] | None, version: str) -> bytes:
@@ -144,13 +162,14 @@ def write_stream(
     metadata: Mapping[str, Any] | None = None,
     *,
     version: str = SCHEMA_VERSION,
+    presence: bool = False,
 ) -> int:
     """Write a whole JSON rank file to a binary stream node by node; return the node count.
-    The bytes equal those of :func:`encode_nodes`."""
+    The bytes equal those of :func:`encode_nodes` (``presence``: see module doc)."""
     out.write(_head(metadata, version))
     count = 0
     for node in nodes:
-        out.write((b"\n    " if count == 0 else _SEPARATOR) + encode_node(node))
+        out.write((b"\n    " if count == 0 else _SEPARATOR) + encode_node(node, presence))
         count += 1
     out.write(_TAIL if count else b"]\n}\n")
     return count

@@ -44,6 +44,13 @@ Attribute mapping (v0.0.4): ``is_cpu_op``, ``num_ops``, ``tensor_size``, ``comm_
 ``Node.attrs`` (a :class:`TraceAttrs`) with its Python value (lists as tuples); the attrs also
 remember each attribute's value kind and doc string, and the node's fields that Node has no
 slot for (``start_time_micros``, ``inputs``, ``outputs``), so that writers lose nothing.
+
+Presence: ``is_cpu_op``, ``num_ops``, ``tensor_size`` and ``comm_size`` (:data:`DEFAULTED`)
+read as False or 0 where a file leaves them out. Which ones a v0.0.4 node gives is in its
+``attrs.field_kinds``; for a JSON node only with ``iter_nodes(presence=True)``, which parses
+the file a second time for the keys of each entry (a key listed in the entry's ``stg_unset``
+is not given). Writers told so (``presence=True``, as ``stg convert`` does) write these
+attributes where the source gave them, not by their default rule.
 """
 
 from __future__ import annotations
@@ -83,6 +90,12 @@ WELL_KNOWN: frozenset[str] = frozenset(
     {"is_cpu_op", "num_ops", "tensor_size", "comm_type", "comm_size", "comm_src", "comm_dst",
      "comm_tag", "dtype"}
 )  # fmt: skip
+# Well-known attributes whose Node field reads as False or 0 where a file leaves them out, with
+# their kinds of TRACES.md (see "Presence" in the module doc).
+DEFAULTED: dict[str, str] = {
+    "is_cpu_op": "bool_val", "num_ops": "int64_val", "tensor_size": "uint64_val",
+    "comm_size": "int64_val",
+}  # fmt: skip
 
 
 class TraceAttrs(dict[str, Any]):
@@ -94,7 +107,8 @@ class TraceAttrs(dict[str, Any]):
     that :class:`Node` has no slot for (``start_time_micros``; ``inputs`` and ``outputs`` as
     ``(values, shapes, types)``). ``field_kinds`` records, for the validator, the kinds the
     file used for attributes that became Node fields (``num_ops``, ``pg_name``, ...); writers
-    ignore it and use the kinds of TRACES.md. Equality is that of the dict.
+    use the kinds of TRACES.md, and with ``presence`` only its names (see module doc).
+    Equality is that of the dict.
     """
 
     __slots__ = ("docs", "extras", "field_kinds", "kinds")
@@ -824,18 +838,69 @@ def _resolve_format(path: Path, format: str | None) -> str:
     return format
 
 
-def iter_nodes(path: str | Path, *, format: str | None = None) -> Iterator[Node]:
+def iter_nodes(
+    path: str | Path, *, format: str | None = None, presence: bool = False
+) -> Iterator[Node]:
     """Stream the nodes of one rank file in file order.
 
     ``format`` is ``"v0.0.4"``, ``"v0.0.1"``, ``"json"`` or ``None`` (detect; see module doc).
+    ``presence``: record in ``attrs.field_kinds`` which :data:`DEFAULTED` attributes each node
+    of a JSON file gives (v0.0.4 nodes always have them there; see module doc).
     """
     path = Path(path)
     fmt = _resolve_format(path, format)
     from stg.trace import decode
 
-    if decode.enabled():
-        return decode.iter_nodes(path, fmt)
-    return iter_nodes_reference(path, fmt)
+    nodes = decode.iter_nodes(path, fmt) if decode.enabled() else iter_nodes_reference(path, fmt)
+    if presence and fmt == "json":
+        return _with_json_presence(path, nodes)
+    return nodes
+
+
+_GIVEN_KEYS: dict[tuple[str, ...], tuple[str, ...]] = {}
+
+
+class _Given:
+    """What :func:`_json_given` keeps of a JSON object: the :data:`DEFAULTED` keys it gives
+    (less those in its ``stg_unset``) and its ``workload_graph``."""
+
+    __slots__ = ("graph", "keys")
+
+    def __init__(self, pairs: list[tuple[str, Any]]) -> None:
+        obj = dict(pairs)  # the last of repeated keys, as json.load
+        unset = obj.get("stg_unset")
+        unset = unset if isinstance(unset, list) else ()
+        keys = tuple(k for k in DEFAULTED if k in obj and k not in unset)
+        self.keys = _GIVEN_KEYS.setdefault(keys, keys)  # a few distinct tuples
+        self.graph = obj.get("workload_graph")
+
+
+def _json_given(path: Path) -> list[tuple[str, ...]]:
+    """The :data:`DEFAULTED` keys that each ``workload_graph`` entry of a JSON rank file gives;
+    each object is reduced to those as it is parsed (memory: the file's text)."""
+    try:
+        with _open_binary(path) as stream:
+            top = json.load(io.TextIOWrapper(stream, encoding="utf-8"), object_pairs_hook=_Given)
+    except (ValueError, EOFError, OSError) as exc:  # the decoder read it: it changed since
+        raise TraceError(f"{path}: cannot read: {exc}") from None
+    graph = top.graph if isinstance(top, _Given) else None
+    if not isinstance(graph, list):
+        raise _not_a_trace(path, 'a JSON trace is an object with a "workload_graph" list')
+    return [entry.keys if isinstance(entry, _Given) else () for entry in graph]
+
+
+def _with_json_presence(path: Path, nodes: Iterator[Node]) -> Iterator[Node]:
+    """``nodes`` of a JSON rank file with the :data:`DEFAULTED` keys of their entries recorded
+    in ``attrs.field_kinds`` (the streaming decoder does not report which keys an entry has)."""
+    first = next(nodes, None)  # a file the decoder rejects fails here, with its error
+    if first is None:
+        return
+    given = _json_given(path)
+    for node, keys in zip(itertools.chain([first], nodes), given, strict=True):
+        kinds = node.attrs.field_kinds  # type: ignore[attr-defined]
+        for key in keys:
+            kinds[key] = DEFAULTED[key]
+        yield node
 
 
 def iter_nodes_reference(path: str | Path, fmt: str) -> Iterator[Node]:

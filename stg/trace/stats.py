@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from stg.core.workload import CollectiveType, NodeType
-from stg.errors import TraceError, UserError, reported_write_faults
+from stg.errors import TraceError, UserError, check_replaceable, reported_write_faults
 from stg.trace.feeder import DEFAULT_WINDOW, DepsMode, ETFeeder, ETFeederNode, FeederError
 
 _RANK_FILE = re.compile(r"^(?P<prefix>.+)\.(?P<rank>\d+)(?P<ext>\.[A-Za-z0-9]+)?(?:\.gz)?$")
@@ -118,6 +118,24 @@ def _without_group_files(found: list[TraceFile], folder: Path) -> list[TraceFile
         if match:
             group_files.add(match["prefix"] + ".json")
     return [t for t in found if t.path.name not in group_files]
+
+
+def check_comm_groups(
+    path: str | os.PathLike[str], files: list[TraceFile], explicit: Path | None = None
+) -> None:
+    """Refuse (one :class:`~stg.errors.UserError` line), as ``stg validate`` and ``stg
+    convert`` do, a trace of ``files`` whose metadata names a comm-group file that is missing
+    or does not parse as one. ``explicit`` (``--comm_group_file``, checked by the caller) takes
+    its place; one rank file named alone has none."""
+    if explicit is not None or Path(path).is_file():
+        return
+    from stg.trace.validate import check_recorded_comm_groups
+
+    traces: dict[tuple[Path, str], dict[int, Path]] = {}
+    for trace in files:
+        traces.setdefault((trace.path.parent, trace.name), {})[trace.rank] = trace.path
+    for (folder, _), ranks in traces.items():
+        check_recorded_comm_groups([ranks[r] for r in sorted(ranks)], folder)
 
 
 def select_rank(files: list[TraceFile], rank: int | None) -> list[TraceFile]:
@@ -244,6 +262,31 @@ def analyze(
         stats.error = str(exc)
         stats.unreadable = not isinstance(exc, FeederError)
     return stats
+
+
+def error_line(stats: Iterable[TraceStats]) -> str | None:
+    """The one error line of ``stg feed`` and ``stg inspect trace`` (None: no error): the first
+    unreadable rank file's error, else the first feeder error, and what the other rank files
+    with an error share with it."""
+    errors = [s for s in stats if s.error is not None]
+    if not errors:
+        return None
+    first = next((s for s in errors if s.unreadable), errors[0])
+    rest = [s for s in errors if s is not first]
+    if not rest:
+        return first.error
+
+    def reason(s: TraceStats) -> tuple[bool, str]:
+        return s.unreadable, str(s.error).removeprefix(f"{s.path}: ")
+
+    files = f"rank file{'' if len(rest) == 1 else 's'}"
+    if all(reason(s) == reason(first) for s in rest):
+        return f"{first.error} (the same in {len(rest)} more {files})"
+    unreadable = sum(s.unreadable for s in rest)
+    unfed = len(rest) - unreadable
+    parts = [f"{unreadable} unreadable"] if unreadable else []
+    parts += [f"{unfed} that cannot be fed"] if unfed else []
+    return f"{first.error} (and {len(rest)} more {files}: {', '.join(parts)})"
 
 
 def exit_code(stats: Iterable[TraceStats]) -> int:
@@ -410,6 +453,7 @@ def write_dot(
     folder = target.parent
     if not folder.is_dir():
         raise UserError(f"--dot {target}: directory {folder} does not exist")
+    check_replaceable(target)
     with reported_write_faults(target):
         fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
         try:

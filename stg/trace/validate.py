@@ -861,10 +861,7 @@ def locate_comm_groups(
     named = recorded_comm_group_file(files, default.parent)
     if named is not None:
         if not named.is_file():
-            raise UserError(
-                f"comm-group file {named} is missing (the trace's metadata names it); "
-                "restore it or choose one with --comm_group_file"
-            )
+            raise _missing_named(named)
         return named, None
     if default.exists():
         return default, None
@@ -882,6 +879,30 @@ def locate_comm_groups(
             f"file ({names}); choose one with --comm_group_file"
         )
     return default, None
+
+
+def _missing_named(named: Path) -> UserError:
+    return UserError(
+        f"comm-group file {named} is missing (the trace's metadata names it); "
+        "restore it or choose one with --comm_group_file"
+    )
+
+
+def check_recorded_comm_groups(files: Sequence[Path | None], directory: Path) -> Path | None:
+    """The comm-group file that the trace's metadata names (see :func:`locate_comm_groups`),
+    refused with one :class:`UserError` line when it is missing or does not parse as one;
+    None where the metadata names none. For readers that do not use the groups
+    (``stg feed``, ``stg inspect trace``)."""
+    named = recorded_comm_group_file(files, directory)
+    if named is None:
+        return None
+    if not named.is_file():
+        raise _missing_named(named)
+    try:
+        read_comm_groups(named)
+    except TraceError as exc:
+        raise UserError(f"comm-group file {exc}") from None
+    return named
 
 
 COMM_GROUP_ATTR = "comm_group_file"

@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 import stg
 from stg.core.workload import COMM_TYPES
-from stg.errors import OutputError, UserError, is_write_fault, output_error
+from stg.errors import OutputError, UserError, check_replaceable, is_write_fault, output_error
 
 try:
     import fcntl
@@ -664,6 +664,7 @@ def write_file_atomically(
     path = Path(path).absolute()
     if path.is_dir():
         raise UserError(f"cannot write {path}: it is a directory")
+    check_replaceable(path)
     parent = path.parent
     try:
         created = _make_dirs(parent, path)
