@@ -281,3 +281,11 @@ def test_generate_predict_and_print_gpu_vram(
     code, out, err = run(capsys, "generate", *small, "--output_dir", tmp_path / "c",
                          "--predict", "--system", "nope")
     assert code == 2 and "unknown system 'nope'" in err and not (tmp_path / "c").exists()
+
+
+def test_a_tiny_memory_budget_is_printed_as_given() -> None:
+    from stg.explore.precision_search import format_bytes
+
+    assert format_bytes(1) == "1 B"
+    assert format_bytes(5 * 2**20) == "5.00 MiB"
+    assert format_bytes(38.21 * 2**30) == "38.21 GiB"

@@ -252,8 +252,12 @@ def search_precision(
 
 
 def format_bytes(value: float) -> str:
-    """``38.21 GiB``."""
-    return f"{value / 2**30:.2f} GiB"
+    """``38.21 GiB`` (``12.50 MiB`` or ``1 B`` where GiB would print 0.00)."""
+    if value >= 2**30 / 100:
+        return f"{value / 2**30:.2f} GiB"
+    if value >= 2**20 / 100:
+        return f"{value / 2**20:.2f} MiB"
+    return f"{value:,.0f} B"
 
 
 __all__ = [
