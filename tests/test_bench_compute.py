@@ -221,7 +221,8 @@ def test_failing_cases_are_one_line_each_and_the_run_goes_on(tmp_path: Path) -> 
         ("{", "config '{p}' is not JSON: Expecting property name enclosed in double quotes at "
               "line 1 column 2"),
         ("{}", "config '{p}' has no operator to run"),
-        ('{"ops": {"fc1": "int8"}}', "config '{p}' has no operator to run"),
+        ('{"ops": {"fc1": "int8"}}', "config '{p}' has no operator to run: every entry (ops) "
+         "lacks an input_data_generator, which PARAM needs to run an operator"),
     ],
 )  # fmt: skip
 def test_an_unusable_config_is_exit_2_and_writes_nothing(

@@ -197,7 +197,14 @@ def compute(
         raise UserError(f"--run-batch-size {run_batch_size}: must be >= 1")
     expansion = expand(load_config(config))
     if not expansion.cases:
-        raise UserError(f"config {config!r} has no operator to run")
+        skipped = [w.split(":", 1)[0] for w in expansion.warnings]
+        why = (
+            f": every entry ({', '.join(skipped)}) lacks an input_data_generator, which PARAM "
+            "needs to run an operator"
+            if skipped
+            else ""
+        )
+        raise UserError(f"config {config!r} has no operator to run{why}")
     chosen = select_cases(expansion.cases, resume_id, stop_id)
     target = Path(out)
     _check_plot(plot)
