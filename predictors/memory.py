@@ -111,6 +111,7 @@ from stg.api import (
     System,
     bf16_kind,
     cached_weight_bytes,
+    check_capacity,
     check_offload,
     check_runs_on,
     chunk_layer_counts,
@@ -1996,6 +1997,7 @@ def predict_memory(
         return serving_memory(workload, system)
     o = as_options(options)
     check_runs_on(o, system)
+    check_capacity(system, len(workload.ranks))
     if is_hybrid(system):
         return _hybrid_memory(workload, system, o, kernels)
     classes = []

@@ -269,3 +269,37 @@ def test_convert_into_a_pipe_or_an_empty_path_is_refused(
         what = "destination" if dest == "" else "source"
         assert err == f"error: {what} '': an empty path; give a file, a directory or a prefix\n"
     assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_converting_stg_traces_gives_what_generate_writes_in_the_other_format(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Presence is kept for third-party traces; stg's own files follow its writers' rules in
+    both formats (a generated JSON comm node states ``tensor_size`` 0, which converted to
+    v0.0.4 must not become an attribute that the direct v0.0.4 file lacks)."""
+    plan = ["--model", "moe", "--num_stacks", "2", "--dmodel", "256", "--dff", "512", "--head",
+            "4", "--kvhead", "4", "--seq", "64", "--dvocal", "512", "--experts", "4",
+            "--kexperts", "2", "--tp", "2", "--ep", "2", "--batch", "4"]  # fmt: skip
+    for fmt in ("json", "chakra-v0.0.4"):
+        code, _, err = run(capsys, "generate", *plan, "--format", fmt,
+                           "--output_dir", tmp_path / fmt)  # fmt: skip
+        assert code == 0, err
+    convert_trace(tmp_path / "json", tmp_path / "to_v004", "v0.0.4")
+    convert_trace(tmp_path / "chakra-v0.0.4", tmp_path / "to_json", "json")
+
+    def nodes(folder: Path, pattern: str) -> list[list[bytes]]:
+        files = sorted(f for f in folder.glob(pattern) if f.name != "workload.json")
+        assert files
+        if pattern.endswith(".et"):  # the records after the metadata's
+            out = []
+            for f in files:
+                with _open_binary(f) as stream:
+                    out.append([payload for _, _, payload in iter_records(stream, f)][1:])
+            return out
+        return [
+            [json.dumps(n, sort_keys=True).encode() for n in json.loads(f.read_text())[
+                "workload_graph"]] for f in files
+        ]  # fmt: skip
+
+    assert nodes(tmp_path / "to_v004", "*.et") == nodes(tmp_path / "chakra-v0.0.4", "*.et")
+    assert nodes(tmp_path / "to_json", "*.json") == nodes(tmp_path / "json", "*.json")

@@ -669,3 +669,27 @@ def test_memory_from_a_trace_on_a_cluster_is_per_group(
     from_options = json.loads(run(capsys, "predict", *eight, *flags)[1])["memory"]
     assert from_trace == from_options
     assert {c["group"] for c in from_trace["classes"]} == {"v100", "t4"}
+
+
+def test_a_trace_generated_on_one_cluster_predicts_on_another(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, registry
+) -> None:
+    """The trace records the placement it was generated with; on a cluster that places its
+    groups the other way round, the memory predictor refused it as a --placement nobody gave,
+    where the time predictor answered. Both answer, with this cluster's placement. A workload
+    larger than the cluster is one line from the API too (it was an IndexError)."""
+    first = tmp_path / "v100-first.json"
+    first.write_text(json.dumps(V100_T4), encoding="utf-8")
+    second = tmp_path / "t4-first.json"
+    second.write_text(json.dumps({**V100_T4, "groups": V100_T4["groups"][::-1]}), encoding="utf-8")
+    eight = [*SMALL_ARGS, "--dp", "8", "--batch", "8"]
+    trace = tmp_path / "t8"
+    assert run(capsys, "generate", *eight, "--system", first, "--output_dir", trace)[0] == 0
+    for predictor in ("time", "memory"):
+        code, _, err = run(capsys, "predict", trace, "--system", second, "--predictor", predictor)
+        assert code == 0, err
+    from stg.predictors.memory import predict_memory
+
+    wide = GenerateOptions(**{**SMALL, "dp": 16, "batch": 16})
+    with pytest.raises(UserError, match="16 ranks do not fit system 'v100\\+t4' \\(8 GPUs"):
+        predict_memory(build_workload(wide, registry), load_system(str(first)))

@@ -122,6 +122,8 @@ class Expansion:
 
     cases: list[Case] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    """the operators without an ``input_data_generator``"""
 
     @property
     def errors(self) -> list[Case]:
@@ -161,6 +163,7 @@ def expand(config: Mapping[str, Any]) -> Expansion:
             continue
         if "input_data_generator" not in info:
             if not op_name.startswith("__"):
+                out.skipped.append(op_name)
                 out.warnings.append(
                     f"{op_name}: no input_data_generator, skipped (as PARAM skips it)"
                 )

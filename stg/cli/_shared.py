@@ -1507,11 +1507,15 @@ def run_predictors(
             from stg.perf.hybrid import is_hybrid
 
             if is_hybrid(system):  # its device groups' memory, from the workload built
+                from dataclasses import replace
+
                 from stg.perf.system import check_capacity
 
-                options = memory_predictor.as_options(recorded)
-                check_capacity(system, options.world_size, "ranks of the trace")
-                placed = with_placement(options, system)
+                # placed as this system places its ranks (as the time predictor replays
+                # them), whatever placement the trace was generated with
+                recorded_options = replace(memory_predictor.as_options(recorded), placement=())
+                check_capacity(system, recorded_options.world_size, "ranks of the trace")
+                placed = with_placement(recorded_options, system)
                 reports[name] = memory_predictor.predict_memory_options(
                     placed, system, kernels=list(registry.kernels), registry=registry
                 )

@@ -197,11 +197,10 @@ def compute(
         raise UserError(f"--run-batch-size {run_batch_size}: must be >= 1")
     expansion = expand(load_config(config))
     if not expansion.cases:
-        skipped = [w.split(":", 1)[0] for w in expansion.warnings]
         why = (
-            f": every entry ({', '.join(skipped)}) lacks an input_data_generator, which PARAM "
-            "needs to run an operator"
-            if skipped
+            f": every entry ({', '.join(expansion.skipped)}) lacks an input_data_generator, "
+            "which PARAM needs to run an operator"
+            if expansion.skipped
             else ""
         )
         raise UserError(f"config {config!r} has no operator to run{why}")

@@ -678,6 +678,10 @@ def check_sizes(o: GenerateOptions) -> None:
     size of :data:`SIZES` that is not a positive integer (the checks of :func:`make_plan`
     that read no degree; a search refuses them before trying plans)."""
     _check_phase(o)
+    _check_sizes(o)
+
+
+def _check_sizes(o: GenerateOptions) -> None:
     for name in SIZES:
         value = getattr(o, name)
         _require(
@@ -695,7 +699,7 @@ def make_plan(o: GenerateOptions) -> ParallelPlan:
             isinstance(degrees[axis], int) and degrees[axis] >= 1,
             f"{axis}={degrees[axis]} must be a positive integer",
         )
-    check_sizes(o)
+    _check_sizes(o)
     allowed_micro = f"allowed: a positive divisor of batch={o.batch}, or -1 (the whole batch)"
     _require(
         o.micro_batch is None or (isinstance(o.micro_batch, int) and o.micro_batch >= 1),

@@ -3,11 +3,12 @@
 v0.0.4 <-> json is lossless: nodes (ids, names, types, deps, every attribute with its value
 kind and doc string, start times, inputs/outputs) and the GlobalMetadata survive
 v0.0.4 -> json -> v0.0.4 unchanged; ``is_cpu_op``, ``num_ops``, ``tensor_size`` and
-``comm_size`` are written where the source gives them, not added where it does not (see
-"Presence" in :mod:`stg.trace.reader`). Well-known attributes (``num_ops``, ``pg_name``, ...)
-are written with the value kinds of TRACES.md, which repairs foreign files that used others,
-and in their fixed order ahead of the other attributes (a source that puts others between
-them gets them reordered).
+``comm_size`` of a third-party trace are written where the source gives them, not added where
+it does not (see "Presence" in :mod:`stg.trace.reader`); stg's own traces keep its writers'
+rules, so a converted one is what stg generate writes in that format. Well-known attributes
+(``num_ops``, ``pg_name``, ...) are written with the value kinds of TRACES.md, which repairs
+foreign files that used others, and in their fixed order ahead of the other attributes (a
+source that puts others between them gets them reordered).
 Converting to v0.0.1 loses what that schema cannot hold (see
 :mod:`stg.trace.chakra_v001`) and fails on what it cannot express. Non-scalar top-level
 keys of a JSON source (besides ``workload_graph``) become JSON strings in GlobalMetadata.
@@ -103,10 +104,12 @@ def _writer(
 
         v001_nodes = iter_nodes(source, format=fmt)
         return lambda out: write_v001(out, v001_nodes)
-    presence = fmt != "v0.0.1"  # v0.0.1 has no is_cpu_op: nodes get the writer's defaults
-    nodes = iter_nodes(source, format=fmt, presence=presence)
     meta = read_metadata(source, format=fmt)
     attrs = _metadata_attrs(meta)
+    # v0.0.1 has no is_cpu_op, and stg's own files follow its writers' rules in either format
+    # (a JSON comm node always states tensor_size): both get the writers' defaults
+    presence = fmt != "v0.0.1" and attrs.get("generator") != "stg"
+    nodes = iter_nodes(source, format=fmt, presence=presence)
     if comm_group_name is not None and COMM_GROUP_ATTR in attrs:
         if comm_group_name:
             attrs[COMM_GROUP_ATTR] = comm_group_name

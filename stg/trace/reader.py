@@ -896,11 +896,18 @@ def _with_json_presence(path: Path, nodes: Iterator[Node]) -> Iterator[Node]:
     if first is None:
         return
     given = _json_given(path)
-    for node, keys in zip(itertools.chain([first], nodes), given, strict=True):
+    changed = TraceError(f"{path}: the file changed while it was read; read it again")
+    count = 0
+    for node in itertools.chain([first], nodes):
+        if count == len(given):
+            raise changed
         kinds = node.attrs.field_kinds  # type: ignore[attr-defined]
-        for key in keys:
+        for key in given[count]:
             kinds[key] = DEFAULTED[key]
+        count += 1
         yield node
+    if count != len(given):
+        raise changed
 
 
 def iter_nodes_reference(path: str | Path, fmt: str) -> Iterator[Node]:
