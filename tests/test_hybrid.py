@@ -653,6 +653,8 @@ def test_a_trace_larger_than_the_cluster_and_a_foreign_placement_are_refused(
     plain = json.loads(run(capsys, "predict", *eight)[1])
     same = json.loads(run(capsys, "predict", *eight, "--placement", "v100:4,t4:4")[1])
     assert same == plain
+    split = json.loads(run(capsys, "predict", *eight, "--placement", "v100:2,v100:2,t4:4")[1])
+    assert split == plain
 
 
 def test_memory_from_a_trace_on_a_cluster_is_per_group(

@@ -109,34 +109,11 @@ def parse_modules(value: str) -> tuple[str, ...]:
 
 
 def with_placement(options: Any, system: Any) -> Any:
-    """``options`` with the placement of a hybrid ``system`` (its ranks in rank order);
-    unchanged for a plain system. A ``--placement`` given with a hybrid system must be the
-    system's own: the system file places the ranks."""
-    from dataclasses import replace
+    """``options`` with the placement of a hybrid ``system`` (:func:`stg.perf.hybrid.placed`);
+    unchanged for a plain system."""
+    from stg.perf.hybrid import placed
 
-    from stg.perf.hybrid import is_hybrid
-    from stg.perf.system import check_capacity
-
-    if not is_hybrid(system):
-        return options
-    check_capacity(
-        system,
-        options.world_size,
-        f"ranks (dp x tp x sp x pp{'' if options.ep_folded else ' x ep'})",
-    )
-    runs = system.placement_runs(options.world_size)
-    given = tuple(tuple(run) for run in options.placement)
-    if given and given != runs:
-        raise UserError(
-            f"placement={_runs_text(given)} differs from where system {system.name!r} places "
-            f"the {options.world_size} ranks ({_runs_text(runs)}): leave --placement out with "
-            "a hybrid system file, or give its placement"
-        )
-    return replace(options, placement=runs)
-
-
-def _runs_text(runs: Any) -> str:
-    return ",".join(f"{name}:{count}" for name, count in runs)
+    return placed(options, system)
 
 
 def parse_precision_plan(value: str) -> tuple[tuple[str, str], ...]:

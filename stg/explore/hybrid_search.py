@@ -57,7 +57,7 @@ from stg.core.precision import PrecisionPlan
 from stg.errors import UserError
 from stg.explore.precision_search import RISK, SHARED_INPUT_GROUPS, plan_ops
 from stg.host.registry import Registry
-from stg.perf.hybrid import HybridSystem
+from stg.perf.hybrid import HybridSystem, placed
 from stg.perf.kernels import kernel_table
 from stg.perf.system import normalize_dtype
 
@@ -304,12 +304,7 @@ def _setup(
 
     if options.precision:
         raise UserError("stg plan precision starts from --dtype; do not give --precision_plan")
-    if options.world_size > system.capacity:
-        raise UserError(
-            f"{options.world_size} ranks do not fit system {system.name!r} ({system.capacity} GPUs)"
-        )
-    if not options.placement:
-        options = replace(options, placement=system.placement_runs(options.world_size))
+    options = placed(options, system)
     search = _Search(options, registry, system, budget, kernels, progress)
     base = normalize_dtype(options.dtype)
     allowed = [normalize_dtype(d) for d in dtypes]

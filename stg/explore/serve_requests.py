@@ -18,6 +18,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,7 +167,7 @@ def arrival_times(
 
 def check_seed(seed: int) -> None:
     """One error line for a seed numpy cannot take (a negative one)."""
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
         raise UserError(f"--seed {seed}: must be a non-negative integer")
 
 

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stg.core.workload import CollectiveType
+from stg.errors import UserError
 from stg.perf.system import (
     PRESETS,
     NetworkDim,
@@ -52,6 +53,7 @@ from stg.perf.system import (
     _mapping,
     _num,
     _positive,
+    check_capacity,
     system_from_dict,
 )
 
@@ -420,6 +422,38 @@ def group_of_rank(system: System, rank: int) -> str | None:
     return None
 
 
+def placed(options: Any, system: System) -> Any:
+    """``options`` (a :class:`~stg.core.options.GenerateOptions`) with the placement of a
+    hybrid ``system`` (its ranks in rank order); unchanged for a plain system. Raises
+    :class:`UserError` where the ranks exceed its GPUs, or where ``options`` place them
+    otherwise (``--placement``): the system file places the ranks."""
+    from dataclasses import replace
+
+    if not is_hybrid(system):
+        return options
+    check_capacity(
+        system,
+        options.world_size,
+        f"ranks (dp x tp x sp x pp{'' if options.ep_folded else ' x ep'})",
+    )
+    runs = system.placement_runs(options.world_size)
+    given: list[list[Any]] = []
+    for name, count in options.placement:  # runs of one group split or not alike
+        if given and given[-1][0] == name:
+            given[-1][1] += count
+        else:
+            given.append([name, count])
+    if given and tuple(map(tuple, given)) != runs:
+        text = ",".join(f"{n}:{c}" for n, c in options.placement)
+        theirs = ",".join(f"{n}:{c}" for n, c in runs)
+        raise UserError(
+            f"placement={text} differs from where system {system.name!r} places the "
+            f"{options.world_size} ranks ({theirs}): leave --placement out with a hybrid "
+            "system file, or give its placement"
+        )
+    return replace(options, placement=runs)
+
+
 __all__ = [
     "DeviceGroup",
     "HybridSystem",
@@ -427,4 +461,5 @@ __all__ = [
     "group_of_rank",
     "hybrid_from_dict",
     "is_hybrid",
+    "placed",
 ]
