@@ -259,8 +259,8 @@ def test_convert_into_a_pipe_or_an_empty_path_is_refused(
     os.mkfifo(pipe)
     err = refused(*run(capsys, "convert", trace / "workload.0.et", pipe, "--to", "json"))
     assert (
-        err == f"error: destination {pipe} is not a regular file (a device or a pipe); "
-        "allowed: a file path or a directory\n"
+        err == f"error: cannot write {pipe}: it is not a regular file (a device or a pipe); "
+        "stg replaces its outputs whole: give a file path\n"
     )
     monkeypatch.chdir(tmp_path)
     before = sorted(os.listdir(tmp_path))

@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from stg.errors import TraceError, UserError
+from stg.errors import TraceError, UserError, check_replaceable
 from stg.trace.reader import TraceAttrs, detect_format, infer_kind, iter_nodes, read_metadata
 from stg.trace.validate import COMM_GROUP_ATTR
 from stg.trace.writer import (
@@ -259,11 +259,7 @@ def convert_trace(
 def _check_destination_file(destination: Path, target: str) -> None:
     """Refuse an output file that is not a regular file (a device, a pipe), or whose name
     readers take for the other format (a JSON trace named ``.et``, a protobuf one ``.json``)."""
-    if destination.exists() and not destination.is_file() and not destination.is_dir():
-        raise UserError(
-            f"destination {destination} is not a regular file (a device or a pipe); allowed: "
-            "a file path or a directory"
-        )
+    check_replaceable(destination)
     extension = EXTENSIONS[target]
     name = destination.name.removesuffix(".gz").removesuffix(".GZ")
     for other in TRACE_EXTENSIONS:
