@@ -108,14 +108,6 @@ def parse_modules(value: str) -> tuple[str, ...]:
     return tuple(part.strip().lower() for part in value.split(",") if part.strip())
 
 
-def with_placement(options: Any, system: Any) -> Any:
-    """``options`` with the placement of a hybrid ``system`` (:func:`stg.perf.hybrid.placed`);
-    unchanged for a plain system."""
-    from stg.perf.hybrid import placed
-
-    return placed(options, system)
-
-
 def parse_precision_plan(value: str) -> tuple[tuple[str, str], ...]:
     """A precision plan file (see :mod:`stg.core.precision`) as ``GenerateOptions.precision``."""
     from stg.core.precision import load_plan
@@ -1486,15 +1478,18 @@ def run_predictors(
             if is_hybrid(system):  # its device groups' memory, from the workload built
                 from dataclasses import replace
 
+                from stg.perf.hybrid import placed
                 from stg.perf.system import check_capacity
 
                 # placed as this system places its ranks (as the time predictor replays
                 # them), whatever placement the trace was generated with
                 recorded_options = replace(memory_predictor.as_options(recorded), placement=())
                 check_capacity(system, recorded_options.world_size, "ranks of the trace")
-                placed = with_placement(recorded_options, system)
                 reports[name] = memory_predictor.predict_memory_options(
-                    placed, system, kernels=list(registry.kernels), registry=registry
+                    placed(recorded_options, system),
+                    system,
+                    kernels=list(registry.kernels),
+                    registry=registry,
                 )
                 continue
             priced = (

@@ -39,7 +39,6 @@ from stg.cli._shared import (
     progress_bar,
     run_predictors,
     system_parameter,
-    with_placement,
 )
 from stg.errors import UserError
 
@@ -202,7 +201,9 @@ def generate(**values: Any) -> None:
             "writes compute durations (give it to stg predict --calibration)"
         )
     options, preset = options_and_preset_from_cli(values)
-    options = with_placement(options, system)
+    from stg.perf.hybrid import placed
+
+    options = placed(options, system)
     if not (predict or print_vram):
         system = None
     registry = get_registry()

@@ -23,7 +23,6 @@ from stg.cli._shared import (
     print_table,
     progress_bar,
     system_parameter,
-    with_placement,
 )
 from stg.errors import UserError
 
@@ -260,7 +259,9 @@ def _hybrid(
     budget = None if budget_text is None else parse_size(budget_text, "--memory-budget")
     target = None if target_text is None else parse_duration(target_text, "--target-time")
     sensitivity = None if sensitivity_file is None else load_sensitivity(sensitivity_file)
-    options = with_placement(options_from_cli(values), system)
+    from stg.perf.hybrid import placed
+
+    options = placed(options_from_cli(values), system)
     gen.validate_options(options, registry)
     console = err_console()
     with progress_bar(console) as progress:

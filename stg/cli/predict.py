@@ -30,7 +30,6 @@ from stg.cli._shared import (
     read_trace_input,
     run_predictors,
     system_parameter,
-    with_placement,
 )
 from stg.errors import UserError
 
@@ -250,8 +249,9 @@ def predict(**values: Any) -> None:
         if comm_group_file is not None:
             raise UserError("--comm_group_file names the comm-group file of a trace PATH")
         from stg.core.validation import validate_options
+        from stg.perf.hybrid import placed
 
-        options = with_placement(options_from_cli(values), system)
+        options = placed(options_from_cli(values), system)
         validate_options(options, registry)
         if options.inference and predictor == "all" and "serving" in registry.predictors:
             names = [*names, "serving"]  # TTFT, time per output token, tokens/s

@@ -437,13 +437,8 @@ def placed(options: Any, system: System) -> Any:
         f"ranks (dp x tp x sp x pp{'' if options.ep_folded else ' x ep'})",
     )
     runs = system.placement_runs(options.world_size)
-    given: list[list[Any]] = []
-    for name, count in options.placement:  # runs of one group split or not alike
-        if given and given[-1][0] == name:
-            given[-1][1] += count
-        else:
-            given.append([name, count])
-    if given and tuple(map(tuple, given)) != runs:
+    given = [name for name, count in options.placement for _ in range(count)]
+    if given and given != [name for name, count in runs for _ in range(count)]:
         text = ",".join(f"{n}:{c}" for n, c in options.placement)
         theirs = ",".join(f"{n}:{c}" for n, c in runs)
         raise UserError(
