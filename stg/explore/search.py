@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from stg.core.options import GenerateOptions
+from stg.core.plan import check_sizes
 from stg.errors import UserError
 
 PLAN_FIELDS = (
@@ -57,14 +58,6 @@ PIPELINE_SPLITS = {
 """How a plan may split layers over its stages: as evenly as possible, or with the embedding,
 the loss or both counted as a layer (Megatron's ``--account-for-embedding/loss-in-pipeline-
 split``): ``(account_for_embedding, account_for_loss)``."""
-
-
-def check_base(base: GenerateOptions) -> None:
-    """Refuse, before a search, what no plan makes valid (:func:`stg.core.plan.check_sizes`);
-    a plan's own divisibility stays a reason to prune it."""
-    from stg.core.plan import check_sizes
-
-    check_sizes(base)
 
 
 @dataclass(frozen=True)
@@ -530,7 +523,7 @@ def search(
         raise UserError(f"--gpus {gpus}: must be a positive integer")
     if system.capacity and gpus > system.capacity:
         raise UserError(f"--gpus {gpus} exceeds the {system.capacity} GPUs of {system.name}")
-    check_base(base)
+    check_sizes(base)  # what no plan makes valid; a plan's own divisibility prunes it
     space = space or SearchSpace()
     fast_record = registry.predictors.get(fast)
     if fast_record.predict_options is None:
@@ -696,4 +689,4 @@ def plan_label(plan: Mapping[str, Any]) -> str:
     return f"dp {plan['dp']} tp {plan['tp']} pp {plan['pp']} ep {plan['ep']} cp {plan['cp']}"
 
 
-__all__ = ["Candidate", "SearchResult", "SearchSpace", "check_base", "plans", "search"]
+__all__ = ["Candidate", "SearchResult", "SearchSpace", "plans", "search"]

@@ -49,8 +49,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from stg.core.options import GenerateOptions
+from stg.core.plan import check_sizes
 from stg.errors import UserError
-from stg.explore.search import check_base, divisors, powers_of_two_upto
+from stg.explore.search import divisors, powers_of_two_upto
 
 SERVING_PHASES = ("prefill", "decode", "mixed")
 # Sequences per rank and micro-batch on whose multiples the batch is also tried: GEMM kernels
@@ -294,7 +295,7 @@ def serving_search(
         raise UserError(f"--gpus {gpus}: must be a positive integer")
     if system.capacity and gpus > system.capacity:
         raise UserError(f"--gpus {gpus} exceeds the {system.capacity} GPUs of {system.name}")
-    check_base(base)
+    check_sizes(base)
     limit = max_ttft if base.phase == "prefill" else max_tpot
     space = space or ServingSpace()
     explicit = space.batch is not None or space.replica_batch is not None
